@@ -1,0 +1,123 @@
+// layer.h — the layer contract shared by every engine backend (reference, oneDNN, CUDA),
+// modelled on Caffe's layer.hpp: a layer is built from its LayerSpec and its parameter
+// slots, reshapes its tops from its bottoms, runs forward, and runs backward (data
+// gradients for the bottoms that need them, parameter gradients into its slots).
+//
+// Memory and ownership:
+//  * A Blob is a logical tensor (canonical shape, e.g. N,C,H,W). Its storage lives on the
+//    backend's device and is owned by the layer that produces it (Reshape allocates it;
+//    the net's input blobs are owned by the Backend). `format` is backend-private: a
+//    backend may keep activations in a layout it prefers (oneDNN: blocked / nhwc) between
+//    its own layers; a null format means dense canonical row-major. Only the backend reads
+//    or writes blob memory; the net crosses the host boundary through Backend::CopyIn/Out.
+//  * Parameters are NOT owned by layers: every layer's weights and biases are windows
+//    (ParamSlot) into the net's one contiguous parameter buffer and one contiguous gradient
+//    buffer, in canonical layout (conv OIHW, inner product out×in). A backend that prefers
+//    another weight layout reorders inside the layer, on every step.
+//  * Backward OVERWRITES parameter gradients and bottom gradients (no accumulation): the
+//    net guarantees each blob has at most one consumer that sends a gradient back.
+//
+// Thread-safety: a Layer / Backend is used by one thread at a time (the net's caller);
+// backends may parallelise inside a call (OpenMP, CUDA streams).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/engine/net_spec.h"
+#include "common/status.h"
+#include "common/tensor_spec.h"
+
+namespace downpour::engine {
+
+enum class DeviceKind { kCpu, kGpu };
+
+enum class Phase { kTrain, kTest };
+
+struct Blob {
+  std::string name;
+  std::vector<int> shape;          // logical canonical shape
+  float* data = nullptr;           // backend memory
+  float* grad = nullptr;           // same count as data; null when no gradient flows here
+  std::shared_ptr<void> format;    // backend-private layout tag; null = dense canonical
+  int64_t count() const { return ShapeCount(shape); }
+};
+
+// One learnable tensor as a layer sees it: windows into the net's contiguous buffers
+// (backend memory), canonical layout.
+struct ParamSlot {
+  TensorSpec spec;
+  float* data = nullptr;
+  float* grad = nullptr;
+};
+
+// What a backend needs to build a layer.
+struct LayerContext {
+  const LayerSpec* spec = nullptr;
+  int index = 0;                       // position in NetSpec::layers
+  std::vector<ParamSlot> params;       // weight then bias (0..2 entries)
+  uint64_t seed = 0;                   // per-layer seed (dropout masks), from the net's seed
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  // (Re)allocates the tops for the bottoms' shapes/formats and prepares whatever the
+  // backend needs (primitives, descriptors). Called once after construction and again
+  // whenever the batch size changes. Bad shapes → InvalidArgument naming the layer.
+  virtual Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) = 0;
+
+  virtual void Forward(Phase phase, const std::vector<Blob*>& bottom,
+                       const std::vector<Blob*>& top) = 0;
+
+  // Reads top[i]->grad (for loss layers the implicit top gradient is 1), writes
+  // bottom[i]->grad where propagate_down[i], and writes every ParamSlot::grad.
+  virtual void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                        const std::vector<Blob*>& bottom) = 0;
+
+  // Layers without gradient (Accuracy) say so; the net then skips Backward.
+  virtual bool HasBackward() const { return true; }
+
+  // Dropout-style layers draw a fresh mask per training step: the net calls this with the
+  // step number before Forward so masks are a pure function of (seed, step, layer).
+  virtual void SetStep(int64_t /*step*/) {}
+};
+
+// A backend: a device, its memory, and a layer factory. Chosen explicitly by the net
+// factory (net.h); no registration, no fallback.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind device() const = 0;
+  virtual std::string name() const = 0;  // "reference", "onednn", "cuda"
+
+  // Memory for the net's parameter and gradient buffers (count floats, zeroed); freed by
+  // Free. For host backends these are the very buffers Net::params()/grads() expose.
+  virtual float* Allocate(int64_t count) = 0;
+  virtual void Free(float* ptr) = 0;
+  virtual bool memory_is_host() const = 0;
+  // Host ↔ device copies of `count` floats (plain memcpy on the CPU).
+  virtual void CopyToDevice(const float* host, float* device, int64_t count) = 0;
+  virtual void CopyToHost(const float* device, float* host, int64_t count) = 0;
+
+  // Input edge: make `blob` (shape already set by the net) hold host data in canonical
+  // layout (images N,C,H,W; labels as float class indices). Allocates on first use.
+  virtual void SetInput(const float* host, Blob* blob) = 0;
+  // Output edge: copy a blob's data to host in canonical layout (undoing any private format).
+  virtual void ReadBlob(const Blob& blob, float* host) = 0;
+  // Release blob storage the backend allocated for an input blob.
+  virtual void ReleaseInput(Blob* blob) = 0;
+
+  // Threads for compute inside calls (OpenMP on the CPU); 0 = library default.
+  virtual void SetThreads(int threads) = 0;
+
+  virtual Status CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) = 0;
+
+  // Waits for queued device work (no-op on the CPU).
+  virtual void Synchronize() {}
+};
+
+}  // namespace downpour::engine

@@ -1,0 +1,153 @@
+// net.h — a trainable network: layers from a NetSpec, run on one explicitly chosen Backend.
+//
+// The worker's view of the engine:
+//  * param_specs(): the learnable tensors in net order (per layer weight then bias), Caffe
+//    multipliers; the same list the parameter layout of common/ is built from.
+//  * params() / grads(): ALL parameters in ONE contiguous host float buffer, and all their
+//    gradients in another, in param_specs() order and canonical layout (conv OIHW, inner
+//    product out×in). A pull writes straight into params(); a push reads straight out of
+//    grads(). On a GPU backend these are host mirrors: params() is uploaded at the start of
+//    each step and each tensor's gradient is downloaded before its callback fires.
+//  * ForwardBackward(images N×C×H×W, labels N) → loss, and parameter gradients. The
+//    grad-ready callback fires during backward as soon as a tensor's gradient is final
+//    (later layers first) so pushes overlap the rest of backward.
+//  * Forward(...) for evaluation: loss, top-1 and top-k accuracy.
+//
+// Ownership: the Net owns its Backend, layers, blobs and buffers. Thread-safety: one
+// thread at a time; the callback runs on the calling thread, inside ForwardBackward.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "client/engine/layer.h"
+#include "client/engine/net_spec.h"
+#include "common/status.h"
+#include "common/tensor_spec.h"
+
+namespace downpour::engine {
+
+struct NetOptions {
+  DeviceKind device = DeviceKind::kCpu;  // kCpu → oneDNN (or reference), kGpu → CUDA
+  bool reference = false;  // CPU only: the plain naive-loop backend (the source of truth)
+  int batch = 64;          // initial batch size; Reshape() changes it
+  int threads = 0;         // CPU compute threads (OpenMP); 0 = library default
+  int gpu_id = 0;          // GPU only
+  int top_k = 5;           // k of the top-k accuracy Forward() reports
+};
+
+// Explicit backend choice; kGpu without a CUDA build is an error, never a fallback.
+Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backend);
+
+struct EvalResult {
+  float loss = 0.0f;
+  float top1 = 0.0f;  // fraction of the batch whose arg-max is the label
+  float topk = 0.0f;  // fraction with the label among the k largest scores (k = top_k)
+};
+
+class Net {
+ public:
+  // Builds the backend from options and the net on it (parameters zeroed; call InitParams
+  // or LoadWeights next).
+  static Status Create(const NetSpec& spec, const NetOptions& options, std::unique_ptr<Net>* net);
+  // Same, with a backend built by the caller.
+  static Status CreateWithBackend(const NetSpec& spec, const NetOptions& options,
+                                  std::unique_ptr<Backend> backend, std::unique_ptr<Net>* net);
+  ~Net();
+  Net(const Net&) = delete;
+  Net& operator=(const Net&) = delete;
+
+  const NetSpec& spec() const { return spec_; }
+  const NetShapes& shapes() const { return shapes_; }
+  Backend& backend() { return *backend_; }
+  const std::vector<TensorSpec>& param_specs() const { return shapes_.params; }
+  // Offset of tensor i in params()/grads().
+  int64_t param_offset(int i) const { return param_offsets_[i]; }
+  std::span<float> params() { return {host_params_, static_cast<size_t>(num_params_)}; }
+  std::span<float> grads() { return {host_grads_, static_cast<size_t>(num_params_)}; }
+  std::span<float> param(int i);
+  std::span<float> grad(int i);
+
+  int input_channels() const { return spec_.input_channels; }
+  int input_height() const { return spec_.input_height; }
+  int input_width() const { return spec_.input_width; }
+  int64_t input_count() const;  // batch × C × H × W
+  int batch_size() const { return batch_; }
+  int num_classes() const { return shapes_.num_classes; }
+  Status Reshape(int batch);
+
+  // Seeded initialisation with each layer's fillers; identical on every backend.
+  void InitParams(uint64_t seed);
+
+  // One training step's computation (no update): returns the mean loss and fills grads().
+  // Also computes the batch's top-1 accuracy (last_accuracy()). `images` is N×C×H×W float,
+  // `labels` N class indices in [0, num_classes).
+  float ForwardBackward(const float* images, const int* labels);
+  float last_accuracy() const { return last_accuracy_; }
+  // Evaluation (test phase: no dropout).
+  EvalResult Forward(const float* images, const int* labels);
+
+  // Called during backward with the index (into param_specs()) of each tensor whose
+  // gradient is final; later layers first, bias before weight within a layer.
+  void SetGradReadyCallback(std::function<void(int tensor_index)> callback) {
+    grad_ready_ = std::move(callback);
+  }
+
+  // Plain SGD with momentum and weight decay over params()/grads() (Caffe's rule, with the
+  // per-tensor multipliers), for training on the engine alone (tests, benchmarks). The
+  // servers own the real update; `history` is the caller's momentum buffer (num params).
+  void SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history);
+
+  // Checkpoints in common/tensor_file.h format; names = param_specs() names.
+  Status SaveWeights(const std::string& path) const;
+  Status LoadWeights(const std::string& path);
+
+  // Per-layer timing support for `downpour-time`: run layer i forward / backward alone
+  // (after a full ForwardBackward set up the blobs).
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  void ForwardLayer(int i, Phase phase);
+  void BackwardLayer(int i);
+  // The class scores of the last forward (N × num_classes), host copy.
+  std::vector<float> ReadScores();
+
+ private:
+  Net(NetSpec spec, NetOptions options, std::unique_ptr<Backend> backend);
+  Status Build();
+  Status SetupBlobs();
+  void SetInputs(const float* images, const int* labels);
+  void RunForward(Phase phase);
+  float ReadScalar(const Blob& blob);
+  void AccuracyFromScores(const int* labels, int k, float* top1, float* topk);
+
+  NetSpec spec_;
+  NetOptions options_;
+  std::unique_ptr<Backend> backend_;
+  NetShapes shapes_;
+  int batch_ = 0;
+  int64_t step_ = 0;
+  uint64_t seed_ = 0;
+
+  std::vector<int64_t> param_offsets_;
+  int64_t num_params_ = 0;
+  float* device_params_ = nullptr;  // backend memory (== host_* on host backends)
+  float* device_grads_ = nullptr;
+  float* host_params_ = nullptr;
+  float* host_grads_ = nullptr;
+  std::vector<float> host_params_storage_, host_grads_storage_;  // GPU mirrors only
+
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<Blob>> blobs_;                 // all blobs, owned here
+  std::vector<std::vector<Blob*>> bottoms_, tops_;           // per layer
+  std::vector<std::vector<bool>> propagate_down_;            // per layer, per bottom
+  Blob* data_blob_ = nullptr;
+  Blob* label_blob_ = nullptr;
+  std::vector<float> label_staging_;
+  std::function<void(int)> grad_ready_;
+  float last_accuracy_ = 0.0f;
+};
+
+}  // namespace downpour::engine

@@ -1,0 +1,127 @@
+// net_spec.h — the backend-independent description of a network: a parsed TOML layer list
+// (Caffe-prototxt style: each layer names its bottoms and tops) and shape inference over it.
+//
+// Every backend (reference, oneDNN, CUDA) builds its layers from the same NetSpec and the
+// same inferred shapes, so parameter lists (names, canonical shapes, lr/decay multipliers)
+// are identical across backends and checkpoints are portable.
+//
+// Config format (configs/models/*.toml):
+//   name = "alexnet"
+//   [input]            channels = 3, height = 227, width = 227   (the blob "data" + "label")
+//   [[layer]]          name, type, bottom = [...], top = [...], plus per-type fields below.
+//
+// Thread-safety: plain values; parsing and inference are pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor_spec.h"
+
+namespace downpour::engine {
+
+enum class LayerType {
+  kConvolution,      // bottom: 1 (N,C,H,W) → top: 1 (N,O,Ho,Wo); params weight (O,C/g,kh,kw), bias (O)
+  kReLU,             // elementwise max(0,x) (negative_slope 0)
+  kLRN,              // across channels, Caffe definition (see LayerSpec::lrn_*)
+  kPooling,          // max pooling, Caffe's ceil rounding of the output size
+  kInnerProduct,     // bottom (N, ...) flattened to (N,K) → (N,O); params weight (O,K), bias (O)
+  kDropout,          // inverted dropout, train phase only, seeded mask
+  kSoftmaxWithLoss,  // bottoms (scores (N,K), label (N)) → top loss (1); mean cross-entropy
+  kAccuracy,         // bottoms (scores (N,K), label (N)) → top accuracy (1); top_k
+};
+
+// Name as written in the config ("Convolution", "ReLU", ...).
+const char* LayerTypeName(LayerType type);
+
+enum class FillerType {
+  kConstant,  // value
+  kGaussian,  // mean 0, std
+  kUniform,   // [-scale, scale]
+  kXavier,    // uniform, scale = sqrt(3 / fan_in)            (Caffe's default variance_norm)
+  kMsra,      // gaussian, std = sqrt(2 / fan_in)
+};
+
+struct FillerSpec {
+  FillerType type = FillerType::kConstant;
+  float value = 0.0f;  // constant
+  float std = 0.01f;   // gaussian; default as in Caffe's bvlc_alexnet
+  float scale = 0.05f; // uniform
+};
+
+struct LayerSpec {
+  std::string name;
+  LayerType type = LayerType::kReLU;
+  std::vector<std::string> bottoms;
+  std::vector<std::string> tops;
+
+  // Convolution / InnerProduct.
+  int num_output = 0;
+  bool bias_term = true;                 // default true (Caffe)
+  FillerSpec weight_filler{FillerType::kGaussian};
+  FillerSpec bias_filler{FillerType::kConstant};
+  float weight_lr_mult = 1.0f, weight_decay_mult = 1.0f;  // Caffe defaults
+  float bias_lr_mult = 2.0f, bias_decay_mult = 0.0f;      // Caffe's usual bias multipliers
+
+  // Convolution / Pooling geometry (kernel_size / stride / pad set both h and w).
+  int kernel_h = 0, kernel_w = 0;
+  int stride_h = 1, stride_w = 1;  // default 1
+  int pad_h = 0, pad_w = 0;        // default 0
+  int group = 1;                   // default 1; conv only
+
+  // LRN (across channels): y = x * (k + alpha/local_size * sum_{window} x^2)^-beta,
+  // window of local_size channels centred on the channel, zero padded.
+  int local_size = 5;      // odd; default 5
+  float alpha = 1e-4f;     // default 1e-4
+  float beta = 0.75f;      // default 0.75
+  float k = 1.0f;          // default 1
+
+  float dropout_ratio = 0.5f;  // probability of dropping; default 0.5
+  int top_k = 1;               // accuracy; default 1
+};
+
+struct NetSpec {
+  std::string name;
+  std::string source;  // file it came from (for error messages), "" when parsed from a string
+  int input_channels = 0, input_height = 0, input_width = 0;
+  std::vector<LayerSpec> layers;
+};
+
+// Parses a model config. Errors name the file, the layer and the field, e.g.
+//   "configs/models/x.toml: layer 'conv1' (#0): unknown type 'Conv'".
+Status ParseNetSpecFile(const std::string& path, NetSpec* spec);
+Status ParseNetSpecString(const std::string& toml_text, const std::string& source_name,
+                          NetSpec* spec);
+
+// The result of shape inference for one batch size.
+struct NetShapes {
+  // Every blob by name → logical shape: (N,C,H,W) for images, (N,K) for vectors, (N) for
+  // labels, (1) for loss / accuracy. "data" and "label" are the net's inputs.
+  std::map<std::string, std::vector<int>> blobs;
+  // All learnable tensors in net order: per layer, weight then bias. Names "<layer>.weight"
+  // and "<layer>.bias"; canonical layouts (conv OIHW with I = C/group, inner product O×I).
+  std::vector<TensorSpec> params;
+  // For each layer (same index as NetSpec::layers), indices into `params` (0, 1 or 2).
+  std::vector<std::vector<int>> layer_params;
+  // The layer whose bottom[0] are the class scores (the SoftmaxWithLoss layer) and the
+  // number of classes; every trainable net has exactly one loss layer.
+  int loss_layer = -1;
+  int num_classes = 0;
+};
+
+// Checks the graph (unknown bottoms, duplicate tops, a blob used by two layers that would
+// both send a gradient back) and infers every shape. Errors name the layer.
+Status InferShapes(const NetSpec& spec, int batch, NetShapes* shapes);
+
+// Product of the dims.
+int64_t ShapeCount(const std::vector<int>& shape);
+std::string ShapeString(const std::vector<int>& shape);
+
+// Caffe's output size rules.
+int ConvOutputSize(int in, int kernel, int stride, int pad);   // floor
+int PoolOutputSize(int in, int kernel, int stride, int pad);   // ceil, clipped to the input
+
+}  // namespace downpour::engine
