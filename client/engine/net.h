@@ -80,8 +80,13 @@ class Net {
   int num_classes() const { return shapes_.num_classes; }
   Status Reshape(int batch);
 
-  // Seeded initialisation with each layer's fillers; identical on every backend.
+  // Seeded initialisation with each layer's fillers; identical on every backend. The seed
+  // also drives dropout masks: a mask is a pure function of (seed, step, layer).
   void InitParams(uint64_t seed);
+  // The training-step counter (ForwardBackward increments it before use). Set it to
+  // reproduce a step's dropout masks (resumed runs, gradient checks).
+  int64_t step() const { return step_; }
+  void set_step(int64_t step) { step_ = step; }
 
   // One training step's computation (no update): returns the mean loss and fills grads().
   // Also computes the batch's top-1 accuracy (last_accuracy()). `images` is N×C×H×W float,

@@ -1,0 +1,243 @@
+// net.cc — the backend-generic net executor. See net.h.
+#include "client/engine/net.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "client/engine/fillers.h"
+
+namespace downpour::engine {
+
+Net::Net(NetSpec spec, NetOptions options, std::unique_ptr<Backend> backend)
+    : spec_(std::move(spec)), options_(options), backend_(std::move(backend)) {}
+
+Net::~Net() {
+  layers_.clear();  // layers own blob storage; drop them before the backend
+  if (data_blob_) backend_->ReleaseInput(data_blob_);
+  if (label_blob_) backend_->ReleaseInput(label_blob_);
+  if (device_params_) backend_->Free(device_params_);
+  if (device_grads_) backend_->Free(device_grads_);
+}
+
+Status Net::CreateWithBackend(const NetSpec& spec, const NetOptions& options,
+                              std::unique_ptr<Backend> backend, std::unique_ptr<Net>* net) {
+  if (backend == nullptr) return InvalidArgument("{}: no backend given", spec.source);
+  std::unique_ptr<Net> n(new Net(spec, options, std::move(backend)));
+  n->backend_->SetThreads(options.threads);
+  DP_RETURN_IF_ERROR(n->Build());
+  *net = std::move(n);
+  return Status::Ok();
+}
+
+Status Net::Build() {
+  batch_ = options_.batch;
+  DP_RETURN_IF_ERROR(InferShapes(spec_, batch_, &shapes_));
+  // One contiguous parameter buffer and one gradient buffer, net order.
+  param_offsets_.clear();
+  num_params_ = 0;
+  for (const auto& p : shapes_.params) {
+    param_offsets_.push_back(num_params_);
+    num_params_ += p.numel();
+  }
+  const int64_t alloc = std::max<int64_t>(num_params_, 1);
+  device_params_ = backend_->Allocate(alloc);
+  device_grads_ = backend_->Allocate(alloc);
+  if (backend_->memory_is_host()) {
+    host_params_ = device_params_;
+    host_grads_ = device_grads_;
+  } else {
+    host_params_storage_.assign(alloc, 0.0f);
+    host_grads_storage_.assign(alloc, 0.0f);
+    host_params_ = host_params_storage_.data();
+    host_grads_ = host_grads_storage_.data();
+  }
+
+  std::map<std::string, Blob*> by_name;
+  for (const auto& [name, shape] : shapes_.blobs) {
+    blobs_.push_back(std::make_unique<Blob>());
+    blobs_.back()->name = name;
+    blobs_.back()->shape = shape;
+    by_name[name] = blobs_.back().get();
+  }
+  data_blob_ = by_name.at("data");
+  label_blob_ = by_name.at("label");
+
+  for (size_t li = 0; li < spec_.layers.size(); ++li) {
+    const LayerSpec& l = spec_.layers[li];
+    LayerContext ctx;
+    ctx.spec = &spec_.layers[li];
+    ctx.index = static_cast<int>(li);
+    ctx.seed = SplitMix64(0x5EEDull + li);  // replaced by InitParams(seed)
+    for (int pi : shapes_.layer_params[li])
+      ctx.params.push_back(ParamSlot{shapes_.params[pi], device_params_ + param_offsets_[pi],
+                                     device_grads_ + param_offsets_[pi]});
+    std::unique_ptr<Layer> layer;
+    DP_RETURN_IF_ERROR(backend_->CreateLayer(ctx, &layer));
+    layers_.push_back(std::move(layer));
+    std::vector<Blob*> bottoms, tops;
+    std::vector<bool> down;
+    for (size_t b = 0; b < l.bottoms.size(); ++b) {
+      bottoms.push_back(by_name.at(l.bottoms[b]));
+      // Gradient flows into bottom 0 unless it is the net's input or the layer has none.
+      down.push_back(b == 0 && l.bottoms[b] != "data" && l.type != LayerType::kAccuracy);
+    }
+    for (const auto& t : l.tops) tops.push_back(by_name.at(t));
+    bottoms_.push_back(std::move(bottoms));
+    tops_.push_back(std::move(tops));
+    propagate_down_.push_back(std::move(down));
+  }
+  return SetupBlobs();
+}
+
+Status Net::SetupBlobs() {
+  for (auto& b : blobs_) b->shape = shapes_.blobs.at(b->name);
+  std::vector<float> zeros(std::max(data_blob_->count(), label_blob_->count()), 0.0f);
+  backend_->SetInput(zeros.data(), data_blob_);
+  backend_->SetInput(zeros.data(), label_blob_);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    Status s = layers_[li]->Reshape(bottoms_[li], tops_[li]);
+    if (!s.ok())
+      return Status(s.code(), fmt::format("{}: layer '{}': {}", spec_.source, spec_.layers[li].name,
+                                          s.message()));
+  }
+  return Status::Ok();
+}
+
+Status Net::Reshape(int batch) {
+  if (batch == batch_) return Status::Ok();
+  NetShapes shapes;
+  DP_RETURN_IF_ERROR(InferShapes(spec_, batch, &shapes));
+  shapes_.blobs = shapes.blobs;
+  batch_ = batch;
+  return SetupBlobs();
+}
+
+int64_t Net::input_count() const {
+  return int64_t(batch_) * spec_.input_channels * spec_.input_height * spec_.input_width;
+}
+
+std::span<float> Net::param(int i) {
+  return {host_params_ + param_offsets_[i], static_cast<size_t>(shapes_.params[i].numel())};
+}
+std::span<float> Net::grad(int i) {
+  return {host_grads_ + param_offsets_[i], static_cast<size_t>(shapes_.params[i].numel())};
+}
+
+void Net::InitParams(uint64_t seed) {
+  seed_ = seed;
+  for (size_t li = 0; li < spec_.layers.size(); ++li) {
+    const auto& pis = shapes_.layer_params[li];
+    for (size_t k = 0; k < pis.size(); ++k) {
+      const int pi = pis[k];
+      const FillerSpec& f = k == 0 ? spec_.layers[li].weight_filler : spec_.layers[li].bias_filler;
+      FillTensor(f, shapes_.params[pi], seed, static_cast<uint64_t>(pi), param(pi));
+    }
+  }
+  if (!backend_->memory_is_host())
+    backend_->CopyToDevice(host_params_, device_params_, num_params_);
+}
+
+void Net::SetInputs(const float* images, const int* labels) {
+  backend_->SetInput(images, data_blob_);
+  label_staging_.resize(batch_);
+  for (int i = 0; i < batch_; ++i) {
+    DP_CHECK(labels[i] >= 0 && labels[i] < shapes_.num_classes);
+    label_staging_[i] = static_cast<float>(labels[i]);
+  }
+  backend_->SetInput(label_staging_.data(), label_blob_);
+}
+
+void Net::RunForward(Phase phase) {
+  if (!backend_->memory_is_host()) backend_->CopyToDevice(host_params_, device_params_, num_params_);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    // Masks depend on (init seed, step, layer) only.
+    layers_[li]->SetStep(static_cast<int64_t>(SplitMix64(seed_ * 1000003ull + step_) ^ li));
+    layers_[li]->Forward(phase, bottoms_[li], tops_[li]);
+  }
+}
+
+float Net::ReadScalar(const Blob& blob) {
+  float v = 0.0f;
+  backend_->ReadBlob(blob, &v);
+  return v;
+}
+
+std::vector<float> Net::ReadScores() {
+  const Blob& scores = *bottoms_[shapes_.loss_layer][0];
+  std::vector<float> host(scores.count());
+  backend_->ReadBlob(scores, host.data());
+  return host;
+}
+
+void Net::AccuracyFromScores(const int* labels, int k, float* top1, float* topk) {
+  const std::vector<float> s = ReadScores();
+  const int c = shapes_.num_classes;
+  int c1 = 0, ck = 0;
+  for (int i = 0; i < batch_; ++i) {
+    const float* row = s.data() + int64_t(i) * c;
+    const float ls = row[labels[i]];
+    int better = 0;
+    for (int j = 0; j < c; ++j) better += row[j] > ls;
+    c1 += better < 1;
+    ck += better < k;
+  }
+  *top1 = float(c1) / batch_;
+  *topk = float(ck) / batch_;
+}
+
+float Net::ForwardBackward(const float* images, const int* labels) {
+  ++step_;
+  SetInputs(images, labels);
+  RunForward(Phase::kTrain);
+  const float loss = ReadScalar(*tops_[shapes_.loss_layer][0]);
+  for (int li = num_layers() - 1; li >= 0; --li) BackwardLayer(li);
+  float topk = 0.0f;
+  AccuracyFromScores(labels, 1, &last_accuracy_, &topk);
+  return loss;
+}
+
+EvalResult Net::Forward(const float* images, const int* labels) {
+  SetInputs(images, labels);
+  RunForward(Phase::kTest);
+  EvalResult r;
+  r.loss = ReadScalar(*tops_[shapes_.loss_layer][0]);
+  AccuracyFromScores(labels, std::min(options_.top_k, shapes_.num_classes), &r.top1, &r.topk);
+  return r;
+}
+
+void Net::ForwardLayer(int i, Phase phase) { layers_[i]->Forward(phase, bottoms_[i], tops_[i]); }
+
+void Net::BackwardLayer(int li) {
+  if (!layers_[li]->HasBackward()) return;
+  const auto& pis = shapes_.layer_params[li];
+  const bool any_down = std::any_of(propagate_down_[li].begin(), propagate_down_[li].end(),
+                                    [](bool b) { return b; });
+  if (!any_down && pis.empty()) return;
+  layers_[li]->Backward(tops_[li], propagate_down_[li], bottoms_[li]);
+  for (auto it = pis.rbegin(); it != pis.rend(); ++it) {
+    if (!backend_->memory_is_host()) {
+      backend_->CopyToHost(device_grads_ + param_offsets_[*it], host_grads_ + param_offsets_[*it],
+                           shapes_.params[*it].numel());
+    }
+    if (grad_ready_) grad_ready_(*it);
+  }
+}
+
+void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history) {
+  DP_CHECK_EQ(static_cast<int64_t>(history.size()), num_params_);
+  for (size_t i = 0; i < shapes_.params.size(); ++i) {
+    const float rate = lr * shapes_.params[i].lr_mult;
+    const float decay = weight_decay * shapes_.params[i].decay_mult;
+    float* w = host_params_ + param_offsets_[i];
+    const float* g = host_grads_ + param_offsets_[i];
+    float* v = history.data() + param_offsets_[i];
+    const int64_t n = shapes_.params[i].numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t j = 0; j < n; ++j) {
+      v[j] = momentum * v[j] + rate * (g[j] + decay * w[j]);
+      w[j] -= v[j];
+    }
+  }
+}
+
+}  // namespace downpour::engine

@@ -1,0 +1,10 @@
+# Engine tests (engineer "engine"): parser/shape inference, gradient checks, oneDNN vs
+# reference agreement, and the Fashion-MNIST learning test (heavy).
+if(TARGET downpour_engine)
+  downpour_add_test(engine_spec_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_spec_test.cc
+    LIBS downpour_engine)
+endif()
+downpour_add_test(engine_gradcheck_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_gradcheck_test.cc
+  LIBS downpour_engine_core)
