@@ -8,3 +8,8 @@ endif()
 downpour_add_test(engine_gradcheck_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_gradcheck_test.cc
   LIBS downpour_engine_core)
+if(TARGET downpour_engine)
+  downpour_add_test(engine_agreement_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_agreement_test.cc
+    LIBS downpour_engine)
+endif()

@@ -1,0 +1,37 @@
+// net_factory.cc — the explicit backend choice (STYLE.md §9): no registration, no fallback.
+#include "client/engine/net.h"
+#include "client/engine/onednn_backend.h"
+#include "client/engine/reference_backend.h"
+
+#if DOWNPOUR_ENGINE_HAVE_GPU
+#include "client/engine/gpu/cuda_backend.h"  // Status CreateCudaBackend(int gpu_id, std::unique_ptr<Backend>*)
+#endif
+
+namespace downpour::engine {
+
+Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backend) {
+  switch (options.device) {
+    case DeviceKind::kCpu:
+      *backend = options.reference ? MakeReferenceBackend() : MakeOneDnnBackend();
+      return Status::Ok();
+    case DeviceKind::kGpu:
+      if (options.reference)
+        return InvalidArgument("the reference backend runs on the CPU only (device gpu was asked)");
+#if DOWNPOUR_ENGINE_HAVE_GPU
+      return CreateCudaBackend(options.gpu_id, backend);
+#else
+      return Status(StatusCode::kFailedPrecondition,
+                    "device gpu was asked but this build has no CUDA backend "
+                    "(CUDA/cuDNN not found at configure time, or client/engine/gpu/ absent)");
+#endif
+  }
+  return InvalidArgument("unknown device kind {}", static_cast<int>(options.device));
+}
+
+Status Net::Create(const NetSpec& spec, const NetOptions& options, std::unique_ptr<Net>* net) {
+  std::unique_ptr<Backend> backend;
+  DP_RETURN_IF_ERROR(CreateBackend(options, &backend));
+  return CreateWithBackend(spec, options, std::move(backend), net);
+}
+
+}  // namespace downpour::engine

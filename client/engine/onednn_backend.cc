@@ -1,0 +1,597 @@
+// onednn_backend.cc — see onednn_backend.h.
+#include "client/engine/onednn_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+#include "client/engine/fillers.h"
+
+namespace downpour::engine {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+memory::dims Dims(const std::vector<int>& shape) { return memory::dims(shape.begin(), shape.end()); }
+
+memory::desc PlainDesc(const std::vector<int>& shape) {
+  switch (shape.size()) {
+    case 1: return memory::desc(Dims(shape), dt::f32, tag::a);
+    case 2: return memory::desc(Dims(shape), dt::f32, tag::ab);
+    case 4: return memory::desc(Dims(shape), dt::f32, tag::abcd);
+    default: DP_CHECK(false && "blob rank must be 1, 2 or 4");
+  }
+  return {};
+}
+
+memory::desc DescOf(const Blob& b) {
+  if (b.format) return *std::static_pointer_cast<memory::desc>(b.format);
+  return PlainDesc(b.shape);
+}
+
+// Float storage for a memory descriptor (blocked layouts may pad channels), zeroed so the
+// padding stays zero through elementwise ops.
+struct Buffer {
+  std::vector<float> v;
+  void Resize(const memory::desc& md) { v.assign(md.get_size() / sizeof(float) + 1, 0.0f); }
+  float* data() { return v.data(); }
+};
+
+// Shared per-backend state handed to every layer.
+struct Ctx {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{eng};
+};
+
+// A reorder between two descriptors over caller buffers, built once per Reshape.
+struct Reorder {
+  bool needed = false;
+  memory::desc from, to;
+  dnnl::reorder prim;
+  void Init(Ctx& c, const memory::desc& f, const memory::desc& t) {
+    from = f;
+    to = t;
+    needed = f != t;
+    if (needed) prim = dnnl::reorder(dnnl::reorder::primitive_desc(c.eng, f, c.eng, t));
+  }
+  void Run(Ctx& c, float* src, float* dst) {
+    memory s(from, c.eng, src), d(to, c.eng, dst);
+    prim.execute(c.stream, s, d);
+  }
+};
+
+class DnnLayer : public Layer {
+ public:
+  DnnLayer(Ctx* ctx, const LayerContext& lc) : c_(*ctx), spec_(*lc.spec), params_(lc.params), seed_(lc.seed) {}
+
+ protected:
+  // Gives top[0] storage in `md` and records md as its format.
+  void AllocTop(Blob* top, const memory::desc& md) {
+    top_data_.Resize(md);
+    top_grad_.Resize(md);
+    top->data = top_data_.data();
+    top->grad = top_grad_.data();
+    const memory::desc plain = PlainDesc(top->shape);
+    top->format = md == plain ? nullptr : std::make_shared<memory::desc>(md);
+  }
+  memory Mem(const memory::desc& md, float* p) { return memory(md, c_.eng, p); }
+  void Wait() { c_.stream.wait(); }
+
+  Ctx& c_;
+  LayerSpec spec_;
+  std::vector<ParamSlot> params_;
+  uint64_t seed_;
+  Buffer top_data_, top_grad_;
+};
+
+class DnnConv : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    const auto& x = bottom[0]->shape;
+    const auto& y = top[0]->shape;
+    const int g = spec_.group;
+    bottom_md_ = DescOf(*bottom[0]);
+    memory::dims wdims = g == 1 ? memory::dims{y[1], x[1], spec_.kernel_h, spec_.kernel_w}
+                                : memory::dims{g, y[1] / g, x[1] / g, spec_.kernel_h, spec_.kernel_w};
+    user_w_md_ = memory::desc(wdims, dt::f32, g == 1 ? tag::oihw : tag::goihw);
+    const memory::desc any_src(Dims(x), dt::f32, tag::any), any_dst(Dims(y), dt::f32, tag::any),
+        any_w(wdims, dt::f32, tag::any), bias_md({y[1]}, dt::f32, tag::a);
+    has_bias_ = params_.size() > 1;
+    const memory::dims strides{spec_.stride_h, spec_.stride_w}, pad{spec_.pad_h, spec_.pad_w};
+    // Caffe floors the output size; oneDNN's size check floors too, so symmetric padding fits.
+    const memory::dims pad_r = pad;
+    try {
+      auto fd = has_bias_ ? dnnl::convolution_forward::desc(
+                                dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                                any_src, any_w, bias_md, any_dst, strides, pad, pad_r)
+                          : dnnl::convolution_forward::desc(
+                                dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                                any_src, any_w, any_dst, strides, pad, pad_r);
+      fwd_pd_ = dnnl::convolution_forward::primitive_desc(fd, c_.eng);
+      src_md_ = fwd_pd_.src_desc();
+      w_md_ = fwd_pd_.weights_desc();
+      dst_md_ = fwd_pd_.dst_desc();
+      fwd_ = dnnl::convolution_forward(fwd_pd_);
+      dnnl::convolution_backward_data::desc bdd(dnnl::algorithm::convolution_direct, src_md_, w_md_,
+                                                dst_md_, strides, pad, pad_r);
+      bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(bdd, c_.eng, fwd_pd_);
+      bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
+      const memory::desc any_dw(wdims, dt::f32, tag::any);
+      auto bwd = has_bias_ ? dnnl::convolution_backward_weights::desc(
+                                 dnnl::algorithm::convolution_direct, src_md_, any_dw, bias_md,
+                                 dst_md_, strides, pad, pad_r)
+                           : dnnl::convolution_backward_weights::desc(
+                                 dnnl::algorithm::convolution_direct, src_md_, any_dw, dst_md_,
+                                 strides, pad, pad_r);
+      bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(bwd, c_.eng, fwd_pd_);
+      bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
+    } catch (const dnnl::error& e) {
+      return InvalidArgument("oneDNN convolution setup failed for input {}: {}", ShapeString(x), e.what());
+    }
+    // Edges of this layer: input layout, weight layouts (canonical ↔ preferred).
+    src_reorder_.Init(c_, bottom_md_, src_md_);
+    if (src_reorder_.needed) src_buf_.Resize(src_md_);
+    diff_src_reorder_.Init(c_, src_md_, bottom_md_);
+    if (diff_src_reorder_.needed) diff_src_buf_.Resize(src_md_);
+    w_reorder_.Init(c_, user_w_md_, w_md_);
+    if (w_reorder_.needed) w_buf_.Resize(w_md_);
+    dw_reorder_.Init(c_, bwd_w_pd_.diff_weights_desc(), user_w_md_);
+    if (dw_reorder_.needed) dw_buf_.Resize(bwd_w_pd_.diff_weights_desc());
+    AllocTop(top[0], dst_md_);
+    return Status::Ok();
+  }
+
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    float* src = bottom[0]->data;
+    if (src_reorder_.needed) {
+      src_reorder_.Run(c_, src, src_buf_.data());
+      src = src_buf_.data();
+    }
+    float* w = params_[0].data;
+    if (w_reorder_.needed) {
+      w_reorder_.Run(c_, w, w_buf_.data());
+      w = w_buf_.data();
+    }
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Mem(src_md_, src)},
+                                         {DNNL_ARG_WEIGHTS, Mem(w_md_, w)},
+                                         {DNNL_ARG_DST, Mem(dst_md_, top[0]->data)}};
+    if (has_bias_) args.emplace(DNNL_ARG_BIAS, Mem(fwd_pd_.bias_desc(), params_[1].data));
+    fwd_.execute(c_.stream, args);
+    Wait();
+  }
+
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    float* src = src_reorder_.needed ? src_buf_.data() : bottom[0]->data;  // forward's copy
+    float* w = w_reorder_.needed ? w_buf_.data() : params_[0].data;
+    memory diff_dst = Mem(dst_md_, top[0]->grad);
+    float* dw = dw_reorder_.needed ? dw_buf_.data() : params_[0].grad;
+    std::unordered_map<int, memory> wargs{{DNNL_ARG_SRC, Mem(src_md_, src)},
+                                          {DNNL_ARG_DIFF_DST, diff_dst},
+                                          {DNNL_ARG_DIFF_WEIGHTS, Mem(bwd_w_pd_.diff_weights_desc(), dw)}};
+    if (has_bias_) wargs.emplace(DNNL_ARG_DIFF_BIAS, Mem(bwd_w_pd_.diff_bias_desc(), params_[1].grad));
+    bwd_w_.execute(c_.stream, wargs);
+    if (dw_reorder_.needed) dw_reorder_.Run(c_, dw_buf_.data(), params_[0].grad);
+    if (down[0]) {
+      float* dsrc = diff_src_reorder_.needed ? diff_src_buf_.data() : bottom[0]->grad;
+      bwd_data_.execute(c_.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                                    {DNNL_ARG_WEIGHTS, Mem(w_md_, w)},
+                                    {DNNL_ARG_DIFF_SRC, Mem(src_md_, dsrc)}});
+      if (diff_src_reorder_.needed) diff_src_reorder_.Run(c_, dsrc, bottom[0]->grad);
+    }
+    Wait();
+  }
+
+ private:
+  bool has_bias_ = false;
+  memory::desc bottom_md_, user_w_md_, src_md_, w_md_, dst_md_;
+  dnnl::convolution_forward::primitive_desc fwd_pd_;
+  dnnl::convolution_forward fwd_;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
+  dnnl::convolution_backward_data bwd_data_;
+  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd_;
+  dnnl::convolution_backward_weights bwd_w_;
+  Reorder src_reorder_, diff_src_reorder_, w_reorder_, dw_reorder_;
+  Buffer src_buf_, diff_src_buf_, w_buf_, dw_buf_;
+};
+
+class DnnRelu : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    md_ = DescOf(*bottom[0]);
+    dnnl::eltwise_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::eltwise_relu, md_, 0.0f);
+    auto fpd = dnnl::eltwise_forward::primitive_desc(fd, c_.eng);
+    fwd_ = dnnl::eltwise_forward(fpd);
+    dnnl::eltwise_backward::desc bd(dnnl::algorithm::eltwise_relu, md_, md_, 0.0f);
+    bwd_ = dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(bd, c_.eng, fpd));
+    AllocTop(top[0], md_);
+    return Status::Ok();
+  }
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    fwd_.execute(c_.stream, {{DNNL_ARG_SRC, Mem(md_, bottom[0]->data)}, {DNNL_ARG_DST, Mem(md_, top[0]->data)}});
+    Wait();
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    if (!down[0]) return;
+    bwd_.execute(c_.stream, {{DNNL_ARG_SRC, Mem(md_, bottom[0]->data)},
+                             {DNNL_ARG_DIFF_DST, Mem(md_, top[0]->grad)},
+                             {DNNL_ARG_DIFF_SRC, Mem(md_, bottom[0]->grad)}});
+    Wait();
+  }
+
+ private:
+  memory::desc md_;
+  dnnl::eltwise_forward fwd_;
+  dnnl::eltwise_backward bwd_;
+};
+
+class DnnLrn : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    md_ = DescOf(*bottom[0]);
+    // oneDNN's across-channel LRN divides alpha by local_size, exactly as Caffe does.
+    dnnl::lrn_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::lrn_across_channels,
+                               md_, spec_.local_size, spec_.alpha, spec_.beta, spec_.k);
+    fwd_pd_ = dnnl::lrn_forward::primitive_desc(fd, c_.eng);
+    fwd_ = dnnl::lrn_forward(fwd_pd_);
+    dnnl::lrn_backward::desc bd(dnnl::algorithm::lrn_across_channels, md_, md_, spec_.local_size,
+                                spec_.alpha, spec_.beta, spec_.k);
+    bwd_ = dnnl::lrn_backward(dnnl::lrn_backward::primitive_desc(bd, c_.eng, fwd_pd_));
+    ws_.Resize(fwd_pd_.workspace_desc());
+    AllocTop(top[0], md_);
+    return Status::Ok();
+  }
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    fwd_.execute(c_.stream, {{DNNL_ARG_SRC, Mem(md_, bottom[0]->data)},
+                             {DNNL_ARG_DST, Mem(md_, top[0]->data)},
+                             {DNNL_ARG_WORKSPACE, Mem(fwd_pd_.workspace_desc(), ws_.data())}});
+    Wait();
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    if (!down[0]) return;
+    bwd_.execute(c_.stream, {{DNNL_ARG_SRC, Mem(md_, bottom[0]->data)},
+                             {DNNL_ARG_DIFF_DST, Mem(md_, top[0]->grad)},
+                             {DNNL_ARG_WORKSPACE, Mem(fwd_pd_.workspace_desc(), ws_.data())},
+                             {DNNL_ARG_DIFF_SRC, Mem(md_, bottom[0]->grad)}});
+    Wait();
+  }
+
+ private:
+  memory::desc md_;
+  dnnl::lrn_forward::primitive_desc fwd_pd_;
+  dnnl::lrn_forward fwd_;
+  dnnl::lrn_backward bwd_;
+  Buffer ws_;
+};
+
+class DnnPool : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    const auto& x = bottom[0]->shape;
+    const auto& y = top[0]->shape;
+    src_md_ = DescOf(*bottom[0]);
+    const memory::desc any_dst(Dims(y), dt::f32, tag::any);
+    // Caffe's ceil rounding = extra right/bottom padding; max pooling ignores padded cells.
+    const memory::dims pad_l{spec_.pad_h, spec_.pad_w};
+    const memory::dims pad_r{(y[2] - 1) * spec_.stride_h + spec_.kernel_h - x[2] - spec_.pad_h,
+                             (y[3] - 1) * spec_.stride_w + spec_.kernel_w - x[3] - spec_.pad_w};
+    dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
+                                   src_md_, any_dst, {spec_.stride_h, spec_.stride_w},
+                                   {spec_.kernel_h, spec_.kernel_w}, pad_l, pad_r);
+    fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, c_.eng);
+    dst_md_ = fwd_pd_.dst_desc();
+    fwd_ = dnnl::pooling_forward(fwd_pd_);
+    dnnl::pooling_backward::desc bd(dnnl::algorithm::pooling_max, src_md_, dst_md_,
+                                    {spec_.stride_h, spec_.stride_w}, {spec_.kernel_h, spec_.kernel_w},
+                                    pad_l, pad_r);
+    bwd_ = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(bd, c_.eng, fwd_pd_));
+    ws_.Resize(fwd_pd_.workspace_desc());
+    AllocTop(top[0], dst_md_);
+    return Status::Ok();
+  }
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    fwd_.execute(c_.stream, {{DNNL_ARG_SRC, Mem(src_md_, bottom[0]->data)},
+                             {DNNL_ARG_DST, Mem(dst_md_, top[0]->data)},
+                             {DNNL_ARG_WORKSPACE, Mem(fwd_pd_.workspace_desc(), ws_.data())}});
+    Wait();
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    if (!down[0]) return;
+    bwd_.execute(c_.stream, {{DNNL_ARG_DIFF_DST, Mem(dst_md_, top[0]->grad)},
+                             {DNNL_ARG_WORKSPACE, Mem(fwd_pd_.workspace_desc(), ws_.data())},
+                             {DNNL_ARG_DIFF_SRC, Mem(src_md_, bottom[0]->grad)}});
+    Wait();
+  }
+
+ private:
+  memory::desc src_md_, dst_md_;
+  dnnl::pooling_forward::primitive_desc fwd_pd_;
+  dnnl::pooling_forward fwd_;
+  dnnl::pooling_backward bwd_;
+  Buffer ws_;
+};
+
+class DnnInnerProduct : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    const int n = bottom[0]->shape[0];
+    const int k = static_cast<int>(bottom[0]->count() / n);
+    const int o = spec_.num_output;
+    bottom_md_ = DescOf(*bottom[0]);
+    // The edge: whatever layout the bottom has, the inner product sees plain N×K (NCHW order,
+    // matching the canonical out×in weight's column order).
+    src_md_ = memory::desc({n, k}, dt::f32, tag::ab);
+    const memory::desc bottom_plain = PlainDesc(bottom[0]->shape);
+    src_reorder_.Init(c_, bottom_md_, bottom_plain);
+    diff_src_reorder_.Init(c_, bottom_plain, bottom_md_);
+    if (src_reorder_.needed) src_buf_.Resize(src_md_);
+    if (diff_src_reorder_.needed) diff_src_buf_.Resize(src_md_);
+    w_md_ = memory::desc({o, k}, dt::f32, tag::ab);
+    dst_md_ = memory::desc({n, o}, dt::f32, tag::ab);
+    const memory::desc bias_md({o}, dt::f32, tag::a);
+    has_bias_ = params_.size() > 1;
+    auto fd = has_bias_ ? dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, src_md_,
+                                                            w_md_, bias_md, dst_md_)
+                        : dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, src_md_,
+                                                            w_md_, dst_md_);
+    auto fpd = dnnl::inner_product_forward::primitive_desc(fd, c_.eng);
+    fwd_ = dnnl::inner_product_forward(fpd);
+    dnnl::inner_product_backward_data::desc bdd(src_md_, w_md_, dst_md_);
+    bwd_data_ = dnnl::inner_product_backward_data(
+        dnnl::inner_product_backward_data::primitive_desc(bdd, c_.eng, fpd));
+    auto bwd = has_bias_ ? dnnl::inner_product_backward_weights::desc(src_md_, w_md_, bias_md, dst_md_)
+                         : dnnl::inner_product_backward_weights::desc(src_md_, w_md_, dst_md_);
+    bwd_w_ = dnnl::inner_product_backward_weights(
+        dnnl::inner_product_backward_weights::primitive_desc(bwd, c_.eng, fpd));
+    AllocTop(top[0], dst_md_);
+    return Status::Ok();
+  }
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    float* src = bottom[0]->data;
+    if (src_reorder_.needed) {
+      src_reorder_.Run(c_, src, src_buf_.data());
+      src = src_buf_.data();
+    }
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Mem(src_md_, src)},
+                                         {DNNL_ARG_WEIGHTS, Mem(w_md_, params_[0].data)},
+                                         {DNNL_ARG_DST, Mem(dst_md_, top[0]->data)}};
+    if (has_bias_) args.emplace(DNNL_ARG_BIAS, Mem(memory::desc({spec_.num_output}, dt::f32, tag::a), params_[1].data));
+    fwd_.execute(c_.stream, args);
+    Wait();
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    float* src = src_reorder_.needed ? src_buf_.data() : bottom[0]->data;
+    memory diff_dst = Mem(dst_md_, top[0]->grad);
+    std::unordered_map<int, memory> wargs{{DNNL_ARG_SRC, Mem(src_md_, src)},
+                                          {DNNL_ARG_DIFF_DST, diff_dst},
+                                          {DNNL_ARG_DIFF_WEIGHTS, Mem(w_md_, params_[0].grad)}};
+    if (has_bias_)
+      wargs.emplace(DNNL_ARG_DIFF_BIAS, Mem(memory::desc({spec_.num_output}, dt::f32, tag::a), params_[1].grad));
+    bwd_w_.execute(c_.stream, wargs);
+    if (down[0]) {
+      float* dsrc = diff_src_reorder_.needed ? diff_src_buf_.data() : bottom[0]->grad;
+      bwd_data_.execute(c_.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                                    {DNNL_ARG_WEIGHTS, Mem(w_md_, params_[0].data)},
+                                    {DNNL_ARG_DIFF_SRC, Mem(src_md_, dsrc)}});
+      if (diff_src_reorder_.needed) diff_src_reorder_.Run(c_, dsrc, bottom[0]->grad);
+    }
+    Wait();
+  }
+
+ private:
+  bool has_bias_ = false;
+  memory::desc bottom_md_, src_md_, w_md_, dst_md_;
+  Reorder src_reorder_, diff_src_reorder_;
+  Buffer src_buf_, diff_src_buf_;
+  dnnl::inner_product_forward fwd_;
+  dnnl::inner_product_backward_data bwd_data_;
+  dnnl::inner_product_backward_weights bwd_w_;
+};
+
+class DnnDropout : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  void SetStep(int64_t step) override { step_ = step; }
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    md_ = DescOf(*bottom[0]);
+    // Masks are drawn in canonical element order (identical to every other backend) and
+    // reordered into the activation layout when it differs.
+    mask_plain_.assign(bottom[0]->count(), 0.0f);
+    mask_reorder_.Init(c_, PlainDesc(bottom[0]->shape), md_);
+    mask_.Resize(md_);
+    physical_ = static_cast<int64_t>(md_.get_size() / sizeof(float));
+    AllocTop(top[0], md_);
+    return Status::Ok();
+  }
+  void Forward(Phase phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    const float* x = bottom[0]->data;
+    float* y = top[0]->data;
+    if (phase == Phase::kTest) {
+      std::memcpy(y, x, physical_ * sizeof(float));
+      return;
+    }
+    float* mask = mask_reorder_.needed ? mask_plain_.data() : mask_.data();
+    DropoutMask(seed_, step_, spec_.dropout_ratio, {mask, mask_plain_.size()});
+    if (mask_reorder_.needed) {
+      mask_reorder_.Run(c_, mask_plain_.data(), mask_.data());
+      Wait();
+    }
+    const float* m = mask_.data();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < physical_; ++i) y[i] = x[i] * m[i];
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    if (!down[0]) return;
+    const float* dy = top[0]->grad;
+    float* dx = bottom[0]->grad;
+    const float* m = mask_.data();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < physical_; ++i) dx[i] = dy[i] * m[i];
+  }
+
+ private:
+  int64_t step_ = 0;
+  int64_t physical_ = 0;
+  memory::desc md_;
+  std::vector<float> mask_plain_;
+  Reorder mask_reorder_;
+  Buffer mask_;
+};
+
+// Scores arrive plain N×K (an inner product's output); softmax + cross-entropy on the host.
+class DnnSoftmaxLoss : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    if (bottom[0]->format)
+      return InvalidArgument("scores '{}' must be in plain N×K layout (an inner product's output)",
+                             bottom[0]->name);
+    prob_.assign(bottom[0]->count(), 0.0f);
+    AllocTop(top[0], PlainDesc(top[0]->shape));
+    return Status::Ok();
+  }
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    const int n = bottom[0]->shape[0], k = bottom[0]->shape[1];
+    const float* x = bottom[0]->data;
+    const float* labels = bottom[1]->data;
+    double loss = 0.0;
+#pragma omp parallel for reduction(+ : loss) schedule(static)
+    for (int i = 0; i < n; ++i) {
+      const float* row = x + int64_t(i) * k;
+      float* p = prob_.data() + int64_t(i) * k;
+      const float mx = *std::max_element(row, row + k);
+      double sum = 0.0;
+      for (int j = 0; j < k; ++j) sum += (p[j] = std::exp(row[j] - mx));
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int j = 0; j < k; ++j) p[j] *= inv;
+      loss -= std::log(std::max(static_cast<double>(p[static_cast<int>(labels[i])]), 1e-37));
+    }
+    top[0]->data[0] = static_cast<float>(loss / n);
+  }
+  void Backward(const std::vector<Blob*>&, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    if (!down[0]) return;
+    const int n = bottom[0]->shape[0], k = bottom[0]->shape[1];
+    const float* labels = bottom[1]->data;
+    float* dx = bottom[0]->grad;
+    const float scale = 1.0f / n;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < k; ++j) {
+        const int64_t idx = int64_t(i) * k + j;
+        dx[idx] = (prob_[idx] - (j == static_cast<int>(labels[i]) ? 1.0f : 0.0f)) * scale;
+      }
+  }
+
+ private:
+  std::vector<float> prob_;
+};
+
+class DnnAccuracy : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  bool HasBackward() const override { return false; }
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    if (bottom[0]->format)
+      return InvalidArgument("scores '{}' must be in plain N×K layout", bottom[0]->name);
+    AllocTop(top[0], PlainDesc(top[0]->shape));
+    return Status::Ok();
+  }
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    const int n = bottom[0]->shape[0], k = bottom[0]->shape[1];
+    int correct = 0;
+    for (int i = 0; i < n; ++i) {
+      const float* row = bottom[0]->data + int64_t(i) * k;
+      const float ls = row[static_cast<int>(bottom[1]->data[i])];
+      int better = 0;
+      for (int j = 0; j < k; ++j) better += row[j] > ls;
+      correct += better < spec_.top_k;
+    }
+    top[0]->data[0] = float(correct) / n;
+  }
+  void Backward(const std::vector<Blob*>&, const std::vector<bool>&, const std::vector<Blob*>&) override {}
+};
+
+class OneDnnBackend : public Backend {
+ public:
+  DeviceKind device() const override { return DeviceKind::kCpu; }
+  std::string name() const override { return "onednn"; }
+  float* Allocate(int64_t count) override {
+    // 64-byte aligned for vector loads in reorders and SGD.
+    void* p = std::aligned_alloc(64, ((count * sizeof(float) + 63) / 64) * 64);
+    std::memset(p, 0, count * sizeof(float));
+    return static_cast<float*>(p);
+  }
+  void Free(float* ptr) override { std::free(ptr); }
+  bool memory_is_host() const override { return true; }
+  void CopyToDevice(const float* host, float* device, int64_t count) override {
+    std::memcpy(device, host, count * sizeof(float));
+  }
+  void CopyToHost(const float* device, float* host, int64_t count) override {
+    std::memcpy(host, device, count * sizeof(float));
+  }
+  void SetInput(const float* host, Blob* blob) override {
+    auto& storage = inputs_[blob];
+    storage.resize(blob->count());
+    std::memcpy(storage.data(), host, blob->count() * sizeof(float));
+    blob->data = storage.data();
+    blob->format = nullptr;
+  }
+  void ReadBlob(const Blob& blob, float* host) override {
+    if (!blob.format) {
+      std::memcpy(host, blob.data, blob.count() * sizeof(float));
+      return;
+    }
+    Reorder r;
+    r.Init(ctx_, DescOf(blob), PlainDesc(blob.shape));
+    r.Run(ctx_, blob.data, host);
+    ctx_.stream.wait();
+  }
+  void ReleaseInput(Blob* blob) override {
+    inputs_.erase(blob);
+    blob->data = nullptr;
+  }
+  void SetThreads(int threads) override {
+    if (threads > 0) omp_set_num_threads(threads);
+  }
+  Status CreateLayer(const LayerContext& c, std::unique_ptr<Layer>* layer) override {
+    switch (c.spec->type) {
+      case LayerType::kConvolution: *layer = std::make_unique<DnnConv>(&ctx_, c); break;
+      case LayerType::kReLU: *layer = std::make_unique<DnnRelu>(&ctx_, c); break;
+      case LayerType::kLRN: *layer = std::make_unique<DnnLrn>(&ctx_, c); break;
+      case LayerType::kPooling: *layer = std::make_unique<DnnPool>(&ctx_, c); break;
+      case LayerType::kInnerProduct: *layer = std::make_unique<DnnInnerProduct>(&ctx_, c); break;
+      case LayerType::kDropout: *layer = std::make_unique<DnnDropout>(&ctx_, c); break;
+      case LayerType::kSoftmaxWithLoss: *layer = std::make_unique<DnnSoftmaxLoss>(&ctx_, c); break;
+      case LayerType::kAccuracy: *layer = std::make_unique<DnnAccuracy>(&ctx_, c); break;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Ctx ctx_;
+  std::map<const Blob*, std::vector<float>> inputs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeOneDnnBackend() { return std::make_unique<OneDnnBackend>(); }
+
+}  // namespace downpour::engine

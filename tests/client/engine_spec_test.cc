@@ -1,0 +1,129 @@
+// NetSpec parsing and shape inference: the shipped model configs, and bad configs giving one
+// clear error naming the layer (unknown type, missing bottom, shape mismatch, bad field).
+#include <gtest/gtest.h>
+
+#include "client/engine/net.h"
+#include "downpour_config.h"
+
+namespace downpour::engine {
+namespace {
+
+std::string ModelPath(const char* name) {
+  return std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/" + name;
+}
+
+TEST(EngineSpec, AlexNetHasCaffesParameterCountAndShapes) {
+  NetSpec spec;
+  Status s = ParseNetSpecFile(ModelPath("alexnet.toml"), &spec);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  NetShapes shapes;
+  s = InferShapes(spec, 64, &shapes);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(TotalElements(shapes.params), 60965224);
+  EXPECT_EQ(shapes.num_classes, 1000);
+  EXPECT_EQ(shapes.blobs.at("conv1"), (std::vector<int>{64, 96, 55, 55}));
+  EXPECT_EQ(shapes.blobs.at("pool1"), (std::vector<int>{64, 96, 27, 27}));
+  EXPECT_EQ(shapes.blobs.at("pool2"), (std::vector<int>{64, 256, 13, 13}));
+  EXPECT_EQ(shapes.blobs.at("pool5"), (std::vector<int>{64, 256, 6, 6}));
+  ASSERT_EQ(shapes.params.size(), 16u);
+  EXPECT_EQ(shapes.params[0].name, "conv1.weight");
+  EXPECT_EQ(shapes.params[2].shape, (std::vector<int64_t>{256, 48, 5, 5}));  // groups 2: OIHW, I = C/2
+  EXPECT_EQ(shapes.params[10].name, "fc6.weight");
+  EXPECT_EQ(shapes.params[10].shape, (std::vector<int64_t>{4096, 9216}));
+  EXPECT_EQ(shapes.params[11].lr_mult, 2.0f);     // bias: Caffe multipliers
+  EXPECT_EQ(shapes.params[11].decay_mult, 0.0f);
+  EXPECT_EQ(shapes.params[10].lr_mult, 1.0f);
+  EXPECT_EQ(shapes.params[10].decay_mult, 1.0f);
+}
+
+TEST(EngineSpec, SmallNetsParse) {
+  for (const char* name : {"fmnist_small.toml", "cifar10_small.toml"}) {
+    NetSpec spec;
+    Status s = ParseNetSpecFile(ModelPath(name), &spec);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    NetShapes shapes;
+    s = InferShapes(spec, 8, &shapes);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(shapes.num_classes, 10) << name;
+  }
+}
+
+TEST(EngineSpec, CaffePoolingRoundsUpAndClips) {
+  EXPECT_EQ(PoolOutputSize(55, 3, 2, 0), 27);
+  EXPECT_EQ(PoolOutputSize(24, 3, 2, 0), 12);  // ceil((24-3)/2)+1, floor would give 11
+  EXPECT_EQ(PoolOutputSize(5, 3, 2, 1), 3);    // last window would start in the padding: clipped
+  EXPECT_EQ(ConvOutputSize(227, 11, 4, 0), 55);
+}
+
+constexpr char kHeader[] = "name = \"t\"\n[input]\nchannels = 2\nheight = 8\nwidth = 8\n";
+
+Status Build(const std::string& layers) {
+  NetSpec spec;
+  DP_RETURN_IF_ERROR(ParseNetSpecString(std::string(kHeader) + layers, "t.toml", &spec));
+  NetShapes shapes;
+  return InferShapes(spec, 2, &shapes);
+}
+
+constexpr char kLoss[] =
+    "[[layer]]\nname = \"fc\"\ntype = \"InnerProduct\"\nbottom = \"data\"\ntop = \"fc\"\nnum_output = 3\n"
+    "[[layer]]\nname = \"loss\"\ntype = \"SoftmaxWithLoss\"\nbottom = [\"fc\", \"label\"]\ntop = \"loss\"\n";
+
+TEST(EngineSpec, ValidMinimalNet) {
+  Status s = Build(kLoss);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST(EngineSpec, UnknownLayerTypeNamesTheLayer) {
+  Status s = Build("[[layer]]\nname = \"c1\"\ntype = \"Conv\"\nbottom = \"data\"\ntop = \"c1\"\n");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("t.toml"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'c1'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("unknown type 'Conv'"), std::string::npos) << s.message();
+}
+
+TEST(EngineSpec, MissingBottomNamesTheLayerAndBlob) {
+  Status s = Build("[[layer]]\nname = \"r\"\ntype = \"ReLU\"\nbottom = \"nope\"\ntop = \"r\"\n");
+  EXPECT_NE(s.message().find("'r'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'nope'"), std::string::npos) << s.message();
+}
+
+TEST(EngineSpec, ShapeMismatchNamesTheLayer) {
+  // A 9x9 kernel on an 8x8 input.
+  Status s = Build("[[layer]]\nname = \"big\"\ntype = \"Convolution\"\nbottom = \"data\"\ntop = \"big\"\n"
+                   "num_output = 2\nkernel_size = 9\n");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'big'"), std::string::npos) << s.message();
+  // Group that does not divide the input channels (2).
+  s = Build("[[layer]]\nname = \"g\"\ntype = \"Convolution\"\nbottom = \"data\"\ntop = \"g\"\n"
+            "num_output = 3\nkernel_size = 3\ngroup = 3\n");
+  EXPECT_NE(s.message().find("'g'"), std::string::npos) << s.message();
+  // Scores into a loss must be 2-D.
+  s = Build("[[layer]]\nname = \"loss\"\ntype = \"SoftmaxWithLoss\"\nbottom = [\"data\", \"label\"]\ntop = \"loss\"\n");
+  EXPECT_NE(s.message().find("'loss'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("2-D"), std::string::npos) << s.message();
+}
+
+TEST(EngineSpec, UnknownFieldAndMissingLossAreErrors) {
+  Status s = Build("[[layer]]\nname = \"r\"\ntype = \"ReLU\"\nbottom = \"data\"\ntop = \"r\"\nslope = 1\n");
+  EXPECT_NE(s.message().find("unknown field 'slope'"), std::string::npos) << s.message();
+  s = Build("[[layer]]\nname = \"r\"\ntype = \"ReLU\"\nbottom = \"data\"\ntop = \"r\"\n");
+  EXPECT_NE(s.message().find("no SoftmaxWithLoss"), std::string::npos) << s.message();
+}
+
+TEST(EngineSpec, GpuWithoutCudaBuildIsAnErrorNotAFallback) {
+  NetOptions opt;
+  opt.device = DeviceKind::kGpu;
+  std::unique_ptr<Backend> backend;
+  Status s = CreateBackend(opt, &backend);
+#if DOWNPOUR_HAVE_CUDA
+  if (s.ok()) {
+    EXPECT_EQ(backend->device(), DeviceKind::kGpu);
+  }
+#else
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(backend, nullptr);
+#endif
+}
+
+}  // namespace
+}  // namespace downpour::engine
