@@ -1,0 +1,93 @@
+// layout.h — the parameter layout: how a model's learnable tensors map onto S shard servers.
+//
+// All learnable tensors, in model order, form one flat float address space of N floats.
+// The flat space is split into S contiguous server ranges of floor/ceil(N/S) floats (so every
+// server holds within one float of N/S, even when one tensor such as fc6 (4096x9216 = 37.7M
+// floats) is larger than a server's share), and each server range is cut into chunks that
+// never straddle a tensor boundary or a server boundary and hold at most chunk_elems floats.
+// A chunk is the unit of the wire: one payload frame per chunk (DESIGN.md: frames must stay a
+// few MiB; the default 1<<20 floats = 4 MiB).
+//
+// The layout is a pure function of (specs, servers, chunk_elems); every process computes the
+// same one, and Hash() (names, shapes, S, chunk_elems and all chunks) is compared at
+// rendezvous and carried in every message.
+//
+// Thread-safety: immutable after Build(); safe to share between threads by const reference.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor_spec.h"
+
+namespace downpour {
+
+// Default chunk size: 1<<20 floats = 4 MiB frames (below glibc's mmap threshold trouble).
+inline constexpr int64_t kDefaultChunkElems = int64_t{1} << 20;
+
+struct Chunk {
+  int32_t id = 0;             // index into ParamLayout::chunks(), dense 0..C-1
+  int32_t tensor = 0;         // index into ParamLayout::tensors()
+  int64_t tensor_offset = 0;  // first float of the chunk within its tensor
+  int64_t flat_offset = 0;    // first float of the chunk in the flat address space
+  int64_t count = 0;          // floats in the chunk, 1..chunk_elems
+  int32_t server = 0;         // owning server, 0..S-1
+};
+
+class ParamLayout {
+ public:
+  ParamLayout() = default;
+
+  // Builds the layout. Errors (InvalidArgument): servers < 1, chunk_elems < 1, an empty or
+  // negative shape dimension, duplicate tensor names, or fewer floats than servers.
+  static Status Build(std::vector<TensorSpec> specs, int servers, int64_t chunk_elems,
+                      ParamLayout* out);
+
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  const std::vector<Chunk>& chunks() const { return chunks_; }
+  const Chunk& chunk(int32_t id) const { return chunks_[static_cast<size_t>(id)]; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  int servers() const { return servers_; }
+  int64_t chunk_elems() const { return chunk_elems_; }
+  int64_t total_elems() const { return total_elems_; }
+  uint64_t hash() const { return hash_; }
+
+  // Flat offset of tensor t's first float.
+  int64_t tensor_flat_offset(int t) const { return tensor_offsets_[static_cast<size_t>(t)]; }
+  // Chunk ids owned by server s, ascending (= ascending flat offset).
+  std::span<const int32_t> ServerChunks(int s) const { return server_chunks_[static_cast<size_t>(s)]; }
+  // Floats owned by server s.
+  int64_t ServerElems(int s) const;
+  // Chunk ids overlapping the flat range [begin, end), ascending. Chunks never straddle a tensor,
+  // so a tensor range [tensor_flat_offset(a), tensor_flat_offset(b)) maps to whole chunks.
+  std::vector<int32_t> ChunksInRange(int64_t begin, int64_t end) const;
+  // Index of the tensor named `name`, or -1.
+  int TensorIndex(const std::string& name) const;
+
+ private:
+  std::vector<TensorSpec> tensors_;
+  std::vector<int64_t> tensor_offsets_;  // size T+1; last = total_elems_
+  std::vector<Chunk> chunks_;
+  std::vector<std::vector<int32_t>> server_chunks_;
+  int servers_ = 0;
+  int64_t chunk_elems_ = 0;
+  int64_t total_elems_ = 0;
+  uint64_t hash_ = 0;
+};
+
+// The learnable tensors of AlexNet (Caffe's bvlc_alexnet, grouped conv2/4/5): 16 tensors,
+// 60,965,224 floats. Weights lr_mult 1 decay 1, biases lr_mult 2 decay 0. Used by tests,
+// benchmarks and `--model alexnet-shapes`.
+std::vector<TensorSpec> AlexNetTensorSpecs();
+
+// Parses a tensor list file: one tensor per non-empty, non-# line:
+//   <name> <dim0>x<dim1>x... [lr_mult [decay_mult]]
+// e.g. "fc6.weight 4096x9216 1 1". Errors name the file, line and the bad token.
+Status ParseTensorList(const std::string& text, const std::string& source_name,
+                       std::vector<TensorSpec>* out);
+Status LoadTensorList(const std::string& path, std::vector<TensorSpec>* out);
+
+}  // namespace downpour

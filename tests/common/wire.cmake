@@ -1,0 +1,3 @@
+# Tests of the wire part of common/: layout, codec, transports.
+downpour_add_test(wire_layout_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/wire_layout_test.cc
+                  LIBS downpour_common)
