@@ -1,0 +1,5 @@
+# Tests of the data module (LMDB format, converters, shards, loader).
+downpour_add_test(data_idx_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/idx_test.cc
+  LIBS downpour_data ZLIB::ZLIB
+  LABELS quick TIMEOUT 60)
