@@ -1,0 +1,136 @@
+// codec.h — the one codec between a wire Header (common/messages.capnp) and its plain C++
+// mirror, MessageHeader. Every message type uses the same struct; fields a type does not use
+// keep their defaults. Payload frames are never encoded here: the header only describes them.
+//
+// Decoding is defensive: any byte string (garbage, truncated, oversized, wrong magic or
+// version, unknown enum values, list lengths that disagree) yields an error Status, never a
+// crash or an exception (Cap'n Proto reader limits + kj exceptions caught).
+//
+// Thread-safety: free functions over values; no shared state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace downpour {
+
+enum class MsgType : uint16_t {
+  kInvalid = 0,
+  kRegister = 1,
+  kRegisterReply = 2,
+  kPull = 3,
+  kPullReply = 4,
+  kPush = 5,
+  kAck = 6,
+  kClock = 7,
+  kHeartbeat = 8,
+  kStats = 9,
+  kStatsReply = 10,
+  kCheckpoint = 11,
+  kShutdown = 12,
+  kError = 13,
+};
+inline constexpr uint16_t kMaxMsgType = 13;
+const char* MsgTypeName(MsgType t);
+
+enum class DType : uint16_t { kF32 = 0, kF16 = 1, kBf16 = 2 };
+enum class Encoding : uint16_t { kDense = 0, kTopK = 1, kOneBit = 2 };
+enum class Role : uint16_t { kUnknown = 0, kServer = 1, kWorker = 2, kObserver = 3 };
+
+// Bytes per element of a dense payload of `dtype`.
+inline size_t DTypeSize(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+// Why a server refused a message; indexes ShardStatsWire::rejected_by_reason.
+enum class RejectReason : uint16_t {
+  kUndecodable = 0,      // header is not a valid Header
+  kBadType,              // type a server does not serve
+  kNotRegistered,        // sender id unknown / not matching the peer
+  kLayoutHash,           // layout hash differs from the server's
+  kModelId,              // model id unknown
+  kUnknownChunk,         // chunk id out of range or owned by another server
+  kDType,                // dtype / encoding not supported
+  kElemCount,            // element count differs from the layout's chunk size
+  kByteLength,           // payload frame length differs from the header / count
+  kFrameCount,           // number of payload frames differs from the chunk list
+  kNonFinite,            // NaN or Inf in a gradient
+  kChecksum,             // CRC-32C mismatch
+  kDuplicateChunk,       // same chunk twice in one push
+  kNotInitialized,       // gradient for a chunk that has no weights yet
+  kCount
+};
+const char* RejectReasonName(RejectReason r);
+
+inline constexpr uint32_t kHeaderMagic = 0x44504D31;  // "DPM1"
+inline constexpr uint16_t kHeaderVersion = 1;
+// Header frames larger than this are refused before parsing (a header is a few KiB at most:
+// AlexNet has 68 chunks at the default chunk size).
+inline constexpr size_t kMaxHeaderBytes = size_t{4} << 20;
+inline constexpr uint32_t kFlagInit = 1u << 0;  // push: set weights (init), not a gradient
+
+struct ShardStatsWire {
+  uint64_t pushes_received = 0;
+  uint64_t pushes_applied = 0;
+  uint64_t pushes_rejected = 0;
+  std::vector<uint64_t> rejected_by_reason;  // size RejectReason::kCount
+  uint64_t chunk_updates = 0;
+  uint64_t pulls_served = 0;
+  uint64_t staleness_sum = 0;
+  uint64_t staleness_max = 0;
+  std::vector<uint64_t> staleness_histogram;
+  uint64_t dropped_late = 0;
+  uint64_t checkpoints_written = 0;
+  uint64_t undecodable = 0;
+  bool operator==(const ShardStatsWire&) const = default;
+};
+
+// Plain mirror of capnp Header. See messages.capnp for what each field means per type.
+struct MessageHeader {
+  MsgType type = MsgType::kInvalid;
+  int32_t sender = -1;
+  uint64_t request_id = 0;
+  uint32_t model_id = 0;
+  int64_t clock = 0;
+  uint64_t layout_hash = 0;
+  Role role = Role::kUnknown;
+  uint32_t flags = 0;
+
+  std::vector<uint32_t> chunk_ids;
+  std::vector<int64_t> versions;
+  DType dtype = DType::kF32;
+  Encoding encoding = Encoding::kDense;
+  std::vector<uint64_t> elem_counts;
+  std::vector<uint64_t> byte_lengths;
+  std::vector<uint32_t> checksums;
+
+  uint16_t error_code = 0;  // StatusCode
+  std::string error_text;
+
+  int32_t assigned_id = -1;
+  std::vector<std::string> server_addresses;
+  int32_t server_count = 0;
+  int32_t worker_count = 0;
+  std::vector<int32_t> dead_workers;
+  bool shutdown = false;
+  std::string text;
+
+  ShardStatsWire stats;
+
+  bool operator==(const MessageHeader&) const = default;
+};
+
+// Serialises `h` as a flat (unpacked) Cap'n Proto message. Fails only on inconsistent list
+// lengths (versions / counts / lengths / checksums must be empty or match chunk_ids).
+Status EncodeHeader(const MessageHeader& h, std::string* out);
+
+// Parses a header frame. Errors: kCorrupt for undecodable bytes, kInvalidArgument for a valid
+// message with bad field values; never throws.
+Status DecodeHeader(const void* data, size_t size, MessageHeader* out);
+
+// CRC-32C (Castagnoli) of a payload, for the optional per-frame checksum.
+uint32_t Crc32c(const void* data, size_t size);
+
+}  // namespace downpour

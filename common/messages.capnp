@@ -1,0 +1,101 @@
+# messages.capnp — the one schema for every parameter-service message (STYLE.md §5).
+#
+# A message on the wire is multipart: frame 1 is a Header (flat Cap'n Proto, unpacked),
+# frames 2.. are raw tensor payloads, one per chunk, in the order of `chunkIds`. Payloads never
+# pass through the Cap'n Proto builder; the header only describes them (dtype, encoding,
+# element count, byte length, optional checksum). The C++ mirror and the only codec live in
+# common/codec.h.
+@0xcbf1b5fc57cf82f2;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("downpour::capnpwire");
+
+enum MsgType {
+  invalid @0;
+  register @1;        # process -> coordinator / worker -> server: role, layoutHash
+  registerReply @2;   # assignedId, serverAddresses, serverCount, workerCount (the layout view)
+  pull @3;            # worker -> server: chunkIds wanted (empty = all of the server's), clock
+  pullReply @4;       # server -> worker: chunkIds, versions, payload frames (weights)
+  push @5;            # worker -> server: chunkIds, versions computed from, payload frames (grads)
+  ack @6;             # server -> worker: push applied / accepted (versions = new versions)
+  clock @7;           # worker -> coordinator / server: worker finished iteration `clock`
+  heartbeat @8;       # any -> coordinator; reply carries deadWorkers and shutdown
+  stats @9;           # anyone -> server: ask for counters
+  statsReply @10;     # server -> asker: stats
+  checkpoint @11;     # -> server: write a checkpoint now (text = optional path)
+  shutdown @12;       # -> server / coordinator: stop serving after replying
+  error @13;          # reply to a bad request: errorCode + errorText
+}
+
+# Element type of the payload frames. f32 today; f16/bf16 later (a field, not a message type).
+enum DType {
+  f32 @0;
+  f16 @1;
+  bf16 @2;
+}
+
+# How a payload frame encodes its elements. dense today; topK / oneBit with error feedback later.
+enum Encoding {
+  dense @0;
+  topK @1;
+  oneBit @2;
+}
+
+enum Role {
+  unknown @0;
+  server @1;
+  worker @2;
+  observer @3;   # benchmarks / tools that only read stats
+}
+
+struct Stats {
+  pushesReceived @0 :UInt64;   # push messages that arrived
+  pushesApplied @1 :UInt64;    # push messages whose chunks were all applied (or accumulated)
+  pushesRejected @2 :UInt64;   # refused by validation (counted by reason below)
+  rejectedByReason @3 :List(UInt64);  # indexed by downpour::RejectReason
+  chunkUpdates @4 :UInt64;     # chunk updates applied (SgdUpdate calls)
+  pullsServed @5 :UInt64;
+  stalenessSum @6 :UInt64;     # sum over applied chunk pushes of (version now - version from)
+  stalenessMax @7 :UInt64;
+  stalenessHistogram @8 :List(UInt64);  # bucket i = staleness i, last bucket = ">= last"
+  droppedLate @9 :UInt64;      # sync: pushes for an already applied clock (backup workers)
+  checkpointsWritten @10 :UInt64;
+  undecodable @11 :UInt64;     # messages dropped without a reply (garbage header)
+}
+
+struct Header {
+  magic @0 :UInt32;            # 0x44504D31 "DPM1"
+  version @1 :UInt16;          # schema version, 1
+  type @2 :MsgType;
+  sender @3 :Int32 = -1;       # id given at rendezvous (-1 before it)
+  requestId @4 :UInt64;        # echoed in the reply
+  modelId @5 :UInt32;          # several models on one set of servers (0 today)
+  clock @6 :Int64;             # worker iteration the message belongs to
+  layoutHash @7 :UInt64;
+  role @8 :Role;
+  flags @9 :UInt32;            # bit 0: init push (sets weights instead of a gradient step)
+
+  # Payload description, one entry per payload frame, in frame order.
+  chunkIds @10 :List(UInt32);
+  versions @11 :List(Int64);   # pull reply / ack: current; push: version the grads came from
+  dtype @12 :DType;
+  encoding @13 :Encoding;
+  elemCounts @14 :List(UInt64);
+  byteLengths @15 :List(UInt64);
+  checksums @16 :List(UInt32); # optional CRC-32C per frame; empty = not checked
+
+  # Errors.
+  errorCode @17 :UInt16;       # downpour::StatusCode
+  errorText @18 :Text;
+
+  # Rendezvous / membership.
+  assignedId @19 :Int32 = -1;
+  serverAddresses @20 :List(Text);
+  serverCount @21 :Int32;
+  workerCount @22 :Int32;
+  deadWorkers @23 :List(Int32);
+  shutdown @24 :Bool;          # heartbeat reply: the run is over
+  text @25 :Text;              # free-form argument (checkpoint path, address)
+
+  stats @26 :Stats;
+}
