@@ -1,0 +1,35 @@
+// inproc_transport.h — Transport for threads in one process: no sockets, no copies (a frame
+// crosses as the same bytes with its keepalive). Lets distributed logic (shards, client,
+// coordinator) be tested as threads. Addresses are plain names; Bind of a taken name fails.
+//
+// Thread-safety: InprocTransport is thread-safe; endpoints follow transport.h (one thread at a
+// time each). The transport must outlive its endpoints.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "common/transport.h"
+
+namespace downpour {
+
+namespace inproc_internal {
+struct Mailbox;
+}
+
+class InprocTransport : public Transport {
+ public:
+  InprocTransport();
+  ~InprocTransport() override;
+  Status Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) override;
+  Status Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) override;
+
+  // Shared routing table (internal to the endpoints).
+  struct Registry;
+
+ private:
+  std::shared_ptr<Registry> registry_;
+};
+
+}  // namespace downpour

@@ -1,0 +1,106 @@
+// transport.h — how parameter-service processes exchange multipart messages, as an interface
+// (gloo-style), so server and client logic never see a socket.
+//
+//  * ServerEndpoint: ROUTER semantics. Receives from any peer together with the peer's opaque
+//    identity, and sends a reply to a peer by that identity.
+//  * ClientEndpoint: DEALER semantics. One per server; sends requests, receives replies in the
+//    order the server sent them.
+//  * Transport: a factory for both. ZmqTransport (common/zmq_transport.h, tcp) and
+//    InprocTransport (common/inproc_transport.h, threads in one process) implement it.
+//
+// A message is a vector of Frames: frames[0] is the encoded header (common/codec.h), frames
+// 1.. are raw payloads. A Frame either owns its bytes or borrows them:
+//  * Frame::Copy(...) owns a private copy.
+//  * Frame::Borrow(data, size, keepalive) references the caller's buffer without copying. The
+//    transport holds a copy of `keepalive` until it no longer reads the bytes (ZeroMQ: until its
+//    I/O thread has written them; inproc: until the receiver drops the message). The caller must
+//    not modify or free the buffer until the last copy of `keepalive` is released — attach a
+//    deleter to `keepalive` to learn when that happens (the PS client does, see ps_client.h).
+//    A borrowed frame with a null keepalive is copied at Send (only safe for small frames).
+//  * Received frames own their bytes (ZeroMQ: the zmq message itself, no copy). Their data is
+//    not guaranteed to be aligned for float: use AlignedFloats() (below) before reading floats.
+//
+// Thread-safety: an endpoint is used by one thread at a time (ZeroMQ sockets are not
+// thread-safe); different endpoints may be used on different threads concurrently. A
+// Transport's Bind/Connect are thread-safe. Endpoints must be destroyed before their Transport.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace downpour {
+
+class Frame {
+ public:
+  Frame() = default;
+  static Frame Copy(const void* data, size_t size);
+  static Frame Copy(const std::string& bytes) { return Copy(bytes.data(), bytes.size()); }
+  static Frame Borrow(const void* data, size_t size, std::shared_ptr<const void> keepalive) {
+    Frame f;
+    f.data_ = static_cast<const std::byte*>(data);
+    f.size_ = size;
+    f.owner_ = std::move(keepalive);
+    return f;
+  }
+
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  // The object that keeps data() alive (may be null for borrowed frames, see above).
+  const std::shared_ptr<const void>& owner() const { return owner_; }
+
+ private:
+  const std::byte* data_ = nullptr;
+  size_t size_ = 0;
+  std::shared_ptr<const void> owner_;
+};
+
+using PeerId = std::string;  // opaque routing identity of a client endpoint
+using Frames = std::vector<Frame>;
+
+class ServerEndpoint {
+ public:
+  virtual ~ServerEndpoint() = default;
+  // Waits up to `timeout` for the next message. kTimeout when none arrived.
+  virtual Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) = 0;
+  // Sends `frames` to `to`. kUnavailable when the peer is unknown / gone.
+  virtual Status Send(const PeerId& to, Frames frames) = 0;
+  // The address clients connect to, e.g. "tcp://127.0.0.1:41234" (the real port when bound to
+  // port 0) or "inproc://shard0".
+  virtual std::string address() const = 0;
+};
+
+class ClientEndpoint {
+ public:
+  virtual ~ClientEndpoint() = default;
+  virtual Status Send(Frames frames) = 0;
+  // Waits up to `timeout` for the next reply. kTimeout when none arrived.
+  virtual Status Receive(Frames* frames, std::chrono::milliseconds timeout) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // address: "tcp://127.0.0.1:0" (port 0 = the OS picks one; see ServerEndpoint::address()),
+  // "tcp://*:5555", or for InprocTransport any name.
+  virtual Status Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) = 0;
+  virtual Status Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) = 0;
+};
+
+// A view of a frame's bytes as floats. Returns frame.data() when it is 4-byte aligned,
+// otherwise copies into `scratch` (resized as needed) and returns that.
+inline const float* AlignedFloats(const Frame& frame, std::vector<float>* scratch) {
+  if (reinterpret_cast<uintptr_t>(frame.data()) % alignof(float) == 0) {
+    return reinterpret_cast<const float*>(frame.data());
+  }
+  scratch->resize(frame.size() / sizeof(float));
+  std::memcpy(scratch->data(), frame.data(), scratch->size() * sizeof(float));
+  return scratch->data();
+}
+
+}  // namespace downpour
