@@ -1,0 +1,576 @@
+// run_config.cc — TOML → RunConfig, validation, and RunConfig → TOML.
+#include "common/run_config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <type_traits>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+namespace downpour {
+namespace {
+
+constexpr std::string_view kLrPolicyNames[] = {"fixed", "step", "multistep", "poly", "inv", "exp"};
+
+// A string in double quotes with TOML/JSON basic-string escapes.
+std::string Quote(std::string_view v) {
+  std::string out = "\"";
+  for (char ch : v) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) {
+          out += fmt::format("\\u{:04X}", static_cast<unsigned char>(ch));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// The value of a TOML node as it would be written in the file, for error messages.
+std::string NodeText(const toml::node& node) {
+  if (const auto* s = node.as_string()) return Quote(s->get());
+  if (const auto* arr = node.as_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < arr->size(); ++i) out += (i ? ", " : "") + NodeText(*arr->get(i));
+    return out + "]";
+  }
+  if (node.is_table()) return "{...}";
+  std::ostringstream os;
+  node.visit([&os](const auto& v) { os << v; });
+  return os.str();
+}
+
+// Reads the keys of one table and remembers which ones it consumed, so that Finish() can
+// reject the rest. A missing table (nullptr) reads as all defaults.
+class TableReader {
+ public:
+  TableReader(const toml::table* table, std::string_view name, const std::string& source)
+      : table_(table), name_(name), source_(source) {}
+
+  const toml::node* Get(const char* key) {
+    known_.insert(key);
+    return table_ ? table_->get(key) : nullptr;
+  }
+
+  Status Bad(const char* key, const toml::node& node, std::string_view why) const {
+    return InvalidArgument("{}: {}.{} = {}: {}", source_, name_, key, NodeText(node), why);
+  }
+
+  template <typename T>
+  Status Int(const char* key, T* out) {
+    const toml::node* n = Get(key);
+    if (!n) return Status::Ok();
+    if (!n->is_integer()) return Bad(key, *n, "expected an integer");
+    const int64_t v = n->as_integer()->get();
+    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+        v > static_cast<int64_t>(std::numeric_limits<T>::max())) {
+      return Bad(key, *n, "out of range");
+    }
+    *out = static_cast<T>(v);
+    return Status::Ok();
+  }
+
+  template <typename T>
+  Status Float(const char* key, T* out) {
+    const toml::node* n = Get(key);
+    if (!n) return Status::Ok();
+    if (n->is_integer()) {
+      *out = static_cast<T>(n->as_integer()->get());
+    } else if (n->is_floating_point()) {
+      *out = static_cast<T>(n->as_floating_point()->get());
+    } else {
+      return Bad(key, *n, "expected a number");
+    }
+    return Status::Ok();
+  }
+
+  Status Bool(const char* key, bool* out) {
+    const toml::node* n = Get(key);
+    if (!n) return Status::Ok();
+    if (!n->is_boolean()) return Bad(key, *n, "expected true or false");
+    *out = n->as_boolean()->get();
+    return Status::Ok();
+  }
+
+  Status String(const char* key, std::string* out) {
+    const toml::node* n = Get(key);
+    if (!n) return Status::Ok();
+    if (!n->is_string()) return Bad(key, *n, "expected a string");
+    *out = n->as_string()->get();
+    return Status::Ok();
+  }
+
+  Status IntList(const char* key, std::vector<int64_t>* out) {
+    const toml::node* n = Get(key);
+    if (!n) return Status::Ok();
+    const toml::array* arr = n->as_array();
+    if (!arr) return Bad(key, *n, "expected an array of integers");
+    out->clear();
+    for (const toml::node& e : *arr) {
+      if (!e.is_integer()) return Bad(key, *n, "expected an array of integers");
+      out->push_back(e.as_integer()->get());
+    }
+    return Status::Ok();
+  }
+
+  // Rejects keys this reader was never asked about.
+  Status Finish() const {
+    if (!table_) return Status::Ok();
+    for (const auto& [k, v] : *table_) {
+      if (!known_.count(std::string(k.str()))) {
+        return InvalidArgument("{}: unknown key {}.{} = {} (known keys: {})", source_, name_,
+                               k.str(), NodeText(v), fmt::join(known_, ", "));
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const toml::table* table_;
+  std::string name_;
+  const std::string& source_;
+  std::set<std::string> known_;
+};
+
+Status ReadRun(TableReader& r, RunSection* s) {
+  DP_RETURN_IF_ERROR(r.String("name", &s->name));
+  DP_RETURN_IF_ERROR(r.String("out_dir", &s->out_dir));
+  DP_RETURN_IF_ERROR(r.Int("seed", &s->seed));
+  return r.Finish();
+}
+
+Status ReadModel(TableReader& r, ModelSection* s) {
+  DP_RETURN_IF_ERROR(r.String("config", &s->config));
+  return r.Finish();
+}
+
+Status ReadCluster(TableReader& r, ClusterConfig* c) {
+  DP_RETURN_IF_ERROR(r.Int("servers", &c->servers));
+  DP_RETURN_IF_ERROR(r.Int("workers", &c->workers));
+  DP_RETURN_IF_ERROR(r.String("coordinator", &c->coordinator));
+  DP_RETURN_IF_ERROR(r.Int("base_port", &c->base_port));
+  DP_RETURN_IF_ERROR(r.String("bind", &c->bind));
+  DP_RETURN_IF_ERROR(r.Int("heartbeat_ms", &c->heartbeat_ms));
+  DP_RETURN_IF_ERROR(r.Int("heartbeat_timeout_ms", &c->heartbeat_timeout_ms));
+  DP_RETURN_IF_ERROR(r.Int("chunk_elems", &c->chunk_elems));
+  return r.Finish();
+}
+
+Status ReadSolver(TableReader& r, SolverConfig* s) {
+  DP_RETURN_IF_ERROR(r.Float("base_lr", &s->base_lr));
+  if (const toml::node* n = r.Get("lr_policy")) {
+    const auto text = n->value<std::string>();
+    if (!text || !ParseLrPolicy(*text, &s->lr_policy)) {
+      return r.Bad("lr_policy", *n,
+                   fmt::format("expected one of {}", fmt::join(kLrPolicyNames, "|")));
+    }
+  }
+  DP_RETURN_IF_ERROR(r.Float("gamma", &s->gamma));
+  DP_RETURN_IF_ERROR(r.Float("power", &s->power));
+  DP_RETURN_IF_ERROR(r.Int("stepsize", &s->stepsize));
+  DP_RETURN_IF_ERROR(r.IntList("stepvalues", &s->stepvalues));
+  DP_RETURN_IF_ERROR(r.Int("max_iter", &s->max_iter));
+  DP_RETURN_IF_ERROR(r.Float("momentum", &s->momentum));
+  DP_RETURN_IF_ERROR(r.Float("weight_decay", &s->weight_decay));
+  DP_RETURN_IF_ERROR(r.Float("clip_gradients", &s->clip_gradients));
+  return r.Finish();
+}
+
+// "async" | "sync" | "ssp:<s>" with s a non-negative integer.
+bool ParseConsistencyMode(std::string_view text, ConsistencyConfig* c) {
+  if (text == "async") {
+    c->mode = ConsistencyMode::kAsync;
+    c->staleness_bound = 0;
+    return true;
+  }
+  if (text == "sync") {
+    c->mode = ConsistencyMode::kSync;
+    c->staleness_bound = 0;
+    return true;
+  }
+  if (!text.starts_with("ssp:") || text.size() == 4 || text.size() > 4 + 9) return false;
+  int s = 0;
+  for (char ch : text.substr(4)) {
+    if (ch < '0' || ch > '9') return false;
+    s = s * 10 + (ch - '0');
+  }
+  c->mode = ConsistencyMode::kSsp;
+  c->staleness_bound = s;
+  return true;
+}
+
+Status ReadConsistency(TableReader& r, ConsistencyConfig* c) {
+  if (const toml::node* n = r.Get("mode")) {
+    const auto text = n->value<std::string>();
+    if (!text || !ParseConsistencyMode(*text, c)) {
+      return r.Bad("mode", *n, "expected \"async\", \"sync\" or \"ssp:<s>\" with s >= 0");
+    }
+  }
+  DP_RETURN_IF_ERROR(r.Int("backup_workers", &c->backup_workers));
+  DP_RETURN_IF_ERROR(r.Bool("staleness_aware_lr", &c->staleness_aware_lr));
+  return r.Finish();
+}
+
+// "cpu" | "gpu:N".
+bool ParseDevice(std::string_view text, WorkerConfig* w) {
+  if (text == "cpu") {
+    w->device = DeviceKind::kCpu;
+    w->gpu_index = 0;
+    return true;
+  }
+  if (!text.starts_with("gpu:") || text.size() == 4 || text.size() > 4 + 4) return false;
+  int index = 0;
+  for (char ch : text.substr(4)) {
+    if (ch < '0' || ch > '9') return false;
+    index = index * 10 + (ch - '0');
+  }
+  w->device = DeviceKind::kGpu;
+  w->gpu_index = index;
+  return true;
+}
+
+Status ReadWorker(TableReader& r, WorkerConfig* w) {
+  DP_RETURN_IF_ERROR(r.Int("batch_size", &w->batch_size));
+  DP_RETURN_IF_ERROR(r.Int("steps", &w->steps));
+  DP_RETURN_IF_ERROR(r.Int("epochs", &w->epochs));
+  DP_RETURN_IF_ERROR(r.Int("pull_every", &w->pull_every));
+  DP_RETURN_IF_ERROR(r.Int("push_every", &w->push_every));
+  if (const toml::node* n = r.Get("device")) {
+    const auto text = n->value<std::string>();
+    if (!text || !ParseDevice(*text, w)) return r.Bad("device", *n, "expected \"cpu\" or \"gpu:N\"");
+  }
+  DP_RETURN_IF_ERROR(r.Int("threads", &w->threads));
+  return r.Finish();
+}
+
+Status ReadData(TableReader& r, DataConfig* d) {
+  DP_RETURN_IF_ERROR(r.String("train", &d->train));
+  DP_RETURN_IF_ERROR(r.String("test", &d->test));
+  if (const toml::node* n = r.Get("sharding")) {
+    const auto text = n->value<std::string>();
+    if (text && *text == "slice") {
+      d->sharding = DataSharding::kSlice;
+    } else if (text && *text == "own") {
+      d->sharding = DataSharding::kOwn;
+    } else {
+      return r.Bad("sharding", *n, "expected \"slice\" or \"own\"");
+    }
+  }
+  DP_RETURN_IF_ERROR(r.Int("crop", &d->crop));
+  DP_RETURN_IF_ERROR(r.Bool("mirror", &d->mirror));
+  DP_RETURN_IF_ERROR(r.String("mean_file", &d->mean_file));
+  DP_RETURN_IF_ERROR(r.Float("scale", &d->scale));
+  DP_RETURN_IF_ERROR(r.Int("prefetch", &d->prefetch));
+  return r.Finish();
+}
+
+Status ReadEval(TableReader& r, EvalConfig* e) {
+  DP_RETURN_IF_ERROR(r.Int("every_steps", &e->every_steps));
+  DP_RETURN_IF_ERROR(r.Float("every_seconds", &e->every_seconds));
+  DP_RETURN_IF_ERROR(r.Int("test_batches", &e->test_batches));
+  return r.Finish();
+}
+
+Status ReadCheckpoint(TableReader& r, CheckpointConfig* c) {
+  DP_RETURN_IF_ERROR(r.Int("every_updates", &c->every_updates));
+  DP_RETURN_IF_ERROR(r.String("dir", &c->dir));
+  return r.Finish();
+}
+
+// One range rule: "<source>: <table.key> = <value>: <why>".
+class Validator {
+ public:
+  explicit Validator(const std::string& source) : source_(source) {}
+
+  template <typename T>
+  Validator& Check(bool ok, std::string_view field, const T& value, std::string_view why) {
+    if (ok || !status_.ok()) return *this;
+    if constexpr (std::is_same_v<T, std::string>) {
+      status_ = InvalidArgument("{}: {} = {}: {}", source_, field, Quote(value), why);
+    } else {
+      status_ = InvalidArgument("{}: {} = {}: {}", source_, field, value, why);
+    }
+    return *this;
+  }
+  Status status() const { return status_; }
+
+ private:
+  const std::string& source_;
+  Status status_;
+};
+
+// host:port with a non-empty host and a port in 1..65535.
+bool IsHostPort(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
+  int64_t port = 0;
+  for (size_t i = colon + 1; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9' || i - colon > 5) return false;
+    port = port * 10 + (s[i] - '0');
+  }
+  return port >= 1 && port <= 65535;
+}
+
+// Shortest text that reads back to the same float/double, always with a '.' or exponent so
+// TOML reads it as a float.
+template <typename T>
+std::string FloatText(T v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // 'n': inf / nan
+  return s;
+}
+
+
+}  // namespace
+
+const char* LrPolicyName(LrPolicy policy) {
+  return kLrPolicyNames[static_cast<int>(policy)].data();
+}
+
+bool ParseLrPolicy(std::string_view text, LrPolicy* out) {
+  for (size_t i = 0; i < std::size(kLrPolicyNames); ++i) {
+    if (text == kLrPolicyNames[i]) {
+      *out = static_cast<LrPolicy>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string ConsistencyModeString(const ConsistencyConfig& c) {
+  switch (c.mode) {
+    case ConsistencyMode::kAsync: return "async";
+    case ConsistencyMode::kSync: return "sync";
+    case ConsistencyMode::kSsp: return fmt::format("ssp:{}", c.staleness_bound);
+  }
+  return "?";
+}
+
+std::string DeviceString(const WorkerConfig& w) {
+  return w.device == DeviceKind::kCpu ? std::string("cpu") : fmt::format("gpu:{}", w.gpu_index);
+}
+
+Status ValidateRunConfig(const RunConfig& c, const std::string& src) {
+  Validator v(src);
+  const auto& cl = c.cluster;
+  const auto& so = c.solver;
+  const auto& co = c.consistency;
+  const auto& wo = c.worker;
+  const auto& da = c.data;
+  const auto& ev = c.eval;
+  const auto& ck = c.checkpoint;
+  v.Check(!c.run.name.empty() && c.run.name.find('/') == std::string::npos, "run.name", c.run.name,
+          "must be non-empty and contain no '/'")
+      .Check(!c.run.out_dir.empty(), "run.out_dir", c.run.out_dir, "must be non-empty")
+      .Check(c.run.seed >= 0, "run.seed", c.run.seed, "must be >= 0")
+      .Check(!c.model.config.empty(), "model.config", c.model.config, "must name a model TOML")
+      .Check(cl.servers >= 1, "cluster.servers", cl.servers, "must be >= 1")
+      .Check(cl.workers >= 1, "cluster.workers", cl.workers, "must be >= 1")
+      .Check(IsHostPort(cl.coordinator), "cluster.coordinator", cl.coordinator,
+             "expected host:port with port in 1..65535")
+      .Check(cl.base_port >= 1 && cl.base_port + cl.servers - 1 <= 65535, "cluster.base_port",
+             cl.base_port, fmt::format("servers use base_port..base_port+{}, must lie in 1..65535",
+                                       cl.servers - 1))
+      .Check(!cl.bind.empty(), "cluster.bind", cl.bind, "must name an interface address")
+      .Check(cl.heartbeat_ms > 0, "cluster.heartbeat_ms", cl.heartbeat_ms, "must be > 0")
+      .Check(cl.heartbeat_timeout_ms > cl.heartbeat_ms, "cluster.heartbeat_timeout_ms",
+             cl.heartbeat_timeout_ms,
+             fmt::format("must be > cluster.heartbeat_ms ({})", cl.heartbeat_ms))
+      .Check(cl.chunk_elems >= 1, "cluster.chunk_elems", cl.chunk_elems, "must be >= 1")
+      .Check(so.base_lr > 0 && std::isfinite(so.base_lr), "solver.base_lr", so.base_lr,
+             "must be finite and > 0")
+      .Check(so.gamma > 0 && std::isfinite(so.gamma), "solver.gamma", so.gamma,
+             "must be finite and > 0")
+      .Check(so.power >= 0 && std::isfinite(so.power), "solver.power", so.power,
+             "must be finite and >= 0")
+      .Check(so.stepsize > 0, "solver.stepsize", so.stepsize, "must be > 0")
+      .Check(so.max_iter > 0, "solver.max_iter", so.max_iter, "must be > 0")
+      .Check(so.momentum >= 0 && so.momentum < 1, "solver.momentum", so.momentum,
+             "must be in [0, 1)")
+      .Check(so.weight_decay >= 0 && std::isfinite(so.weight_decay), "solver.weight_decay",
+             so.weight_decay, "must be finite and >= 0")
+      .Check(!std::isnan(so.clip_gradients), "solver.clip_gradients", so.clip_gradients,
+             "must be a number (<= 0 turns clipping off)")
+      .Check(so.lr_policy != LrPolicy::kMultistep || !so.stepvalues.empty(), "solver.stepvalues",
+             fmt::format("[{}]", fmt::join(so.stepvalues, ", ")).c_str(),
+             "lr_policy \"multistep\" needs at least one step value");
+  for (size_t i = 0; i < so.stepvalues.size(); ++i) {
+    v.Check(so.stepvalues[i] > 0 && (i == 0 || so.stepvalues[i] > so.stepvalues[i - 1]),
+            "solver.stepvalues", fmt::format("[{}]", fmt::join(so.stepvalues, ", ")).c_str(),
+            "must be positive and strictly increasing");
+  }
+  v.Check(co.staleness_bound >= 0, "consistency.mode", ConsistencyModeString(co),
+          "staleness bound must be >= 0")
+      .Check(co.backup_workers >= 0, "consistency.backup_workers", co.backup_workers,
+             "must be >= 0")
+      .Check(co.backup_workers == 0 || co.mode == ConsistencyMode::kSync,
+             "consistency.backup_workers", co.backup_workers,
+             fmt::format("only mode \"sync\" has backup workers (mode is \"{}\")",
+                         ConsistencyModeString(co)))
+      .Check(co.backup_workers < cl.workers, "consistency.backup_workers", co.backup_workers,
+             fmt::format("must be < cluster.workers ({})", cl.workers))
+      .Check(!co.staleness_aware_lr || co.mode != ConsistencyMode::kSync,
+             "consistency.staleness_aware_lr", co.staleness_aware_lr,
+             "applies to async and ssp only (sync has no staleness)")
+      .Check(wo.batch_size >= 1, "worker.batch_size", wo.batch_size, "must be >= 1")
+      .Check(wo.steps >= 1, "worker.steps", wo.steps, "must be >= 1")
+      .Check(wo.epochs >= 0, "worker.epochs", wo.epochs, "must be >= 0 (0 = use steps)")
+      .Check(wo.pull_every >= 1, "worker.pull_every", wo.pull_every, "must be >= 1")
+      .Check(wo.push_every >= 1, "worker.push_every", wo.push_every, "must be >= 1")
+      .Check(wo.gpu_index >= 0, "worker.device", DeviceString(wo), "GPU index must be >= 0")
+      .Check(wo.threads >= 0, "worker.threads", wo.threads, "must be >= 0 (0 = all cores)")
+      .Check(da.crop >= 0, "data.crop", da.crop, "must be >= 0 (0 = no crop)")
+      .Check(da.scale > 0 && std::isfinite(da.scale), "data.scale", da.scale,
+             "must be finite and > 0")
+      .Check(da.prefetch >= 1, "data.prefetch", da.prefetch, "must be >= 1")
+      .Check(ev.every_steps >= 0, "eval.every_steps", ev.every_steps, "must be >= 0 (0 = off)")
+      .Check(ev.every_seconds >= 0 && std::isfinite(ev.every_seconds), "eval.every_seconds",
+             ev.every_seconds, "must be finite and >= 0 (0 = off)")
+      .Check(ev.test_batches >= 0, "eval.test_batches", ev.test_batches,
+             "must be >= 0 (0 = whole test set)")
+      .Check(ck.every_updates >= 0, "checkpoint.every_updates", ck.every_updates,
+             "must be >= 0 (0 = off)")
+      .Check(!ck.dir.empty(), "checkpoint.dir", ck.dir, "must be non-empty");
+  return v.status();
+}
+
+Status ParseRunConfig(std::string_view toml_text, const std::string& source_name, RunConfig* out) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source_name);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    return InvalidArgument("{}:{}:{}: TOML syntax error: {}", source_name, where.line,
+                           where.column, e.description());
+  }
+  RunConfig c;
+  struct Section {
+    const char* name;
+    std::function<Status(TableReader&)> read;
+  };
+  const Section sections[] = {
+      {"run", [&](TableReader& r) { return ReadRun(r, &c.run); }},
+      {"model", [&](TableReader& r) { return ReadModel(r, &c.model); }},
+      {"cluster", [&](TableReader& r) { return ReadCluster(r, &c.cluster); }},
+      {"solver", [&](TableReader& r) { return ReadSolver(r, &c.solver); }},
+      {"consistency", [&](TableReader& r) { return ReadConsistency(r, &c.consistency); }},
+      {"worker", [&](TableReader& r) { return ReadWorker(r, &c.worker); }},
+      {"data", [&](TableReader& r) { return ReadData(r, &c.data); }},
+      {"eval", [&](TableReader& r) { return ReadEval(r, &c.eval); }},
+      {"checkpoint", [&](TableReader& r) { return ReadCheckpoint(r, &c.checkpoint); }},
+  };
+  for (const auto& [key, node] : root) {
+    bool known = false;
+    for (const Section& s : sections) known = known || key.str() == s.name;
+    if (!known) {
+      return InvalidArgument(
+          "{}: unknown {} '{}' (known tables: run, model, cluster, solver, consistency, worker, "
+          "data, eval, checkpoint)",
+          source_name, node.is_table() ? "table" : "top-level key", key.str());
+    }
+    if (!node.is_table()) {
+      return InvalidArgument("{}: '{}' = {} must be a table [{}]", source_name, key.str(),
+                             NodeText(node), key.str());
+    }
+  }
+  for (const Section& s : sections) {
+    TableReader reader(root[s.name].as_table(), s.name, source_name);
+    DP_RETURN_IF_ERROR(s.read(reader));
+  }
+  DP_RETURN_IF_ERROR(ValidateRunConfig(c, source_name));
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status LoadRunConfig(const std::string& path, RunConfig* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("{}: cannot open run config: {}", path, std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return IoError("{}: read failed", path);
+  return ParseRunConfig(text.str(), path, out);
+}
+
+std::string ToToml(const RunConfig& c) {
+  std::string s;
+  auto line = [&s](std::string_view key, const std::string& value) {
+    s += fmt::format("{} = {}\n", key, value);
+  };
+  auto str = [](const std::string& v) { return Quote(v); };
+  auto num = [](auto v) { return fmt::format("{}", v); };
+  auto flt = [](auto v) { return FloatText(v); };
+  auto boolean = [](bool v) { return std::string(v ? "true" : "false"); };
+
+  s += "# Run configuration as used (written by ToToml; every field explicit).\n[run]\n";
+  line("name", str(c.run.name));
+  line("out_dir", str(c.run.out_dir));
+  line("seed", num(c.run.seed));
+  s += "\n[model]\n";
+  line("config", str(c.model.config));
+  s += "\n[cluster]\n";
+  line("servers", num(c.cluster.servers));
+  line("workers", num(c.cluster.workers));
+  line("coordinator", str(c.cluster.coordinator));
+  line("base_port", num(c.cluster.base_port));
+  line("bind", str(c.cluster.bind));
+  line("heartbeat_ms", num(c.cluster.heartbeat_ms));
+  line("heartbeat_timeout_ms", num(c.cluster.heartbeat_timeout_ms));
+  line("chunk_elems", num(c.cluster.chunk_elems));
+  s += "\n[solver]\n";
+  line("base_lr", flt(c.solver.base_lr));
+  line("lr_policy", str(LrPolicyName(c.solver.lr_policy)));
+  line("gamma", flt(c.solver.gamma));
+  line("power", flt(c.solver.power));
+  line("stepsize", num(c.solver.stepsize));
+  line("stepvalues", fmt::format("[{}]", fmt::join(c.solver.stepvalues, ", ")));
+  line("max_iter", num(c.solver.max_iter));
+  line("momentum", flt(c.solver.momentum));
+  line("weight_decay", flt(c.solver.weight_decay));
+  line("clip_gradients", flt(c.solver.clip_gradients));
+  s += "\n[consistency]\n";
+  line("mode", str(ConsistencyModeString(c.consistency)));
+  line("backup_workers", num(c.consistency.backup_workers));
+  line("staleness_aware_lr", boolean(c.consistency.staleness_aware_lr));
+  s += "\n[worker]\n";
+  line("batch_size", num(c.worker.batch_size));
+  line("steps", num(c.worker.steps));
+  line("epochs", num(c.worker.epochs));
+  line("pull_every", num(c.worker.pull_every));
+  line("push_every", num(c.worker.push_every));
+  line("device", str(DeviceString(c.worker)));
+  line("threads", num(c.worker.threads));
+  s += "\n[data]\n";
+  line("train", str(c.data.train));
+  line("test", str(c.data.test));
+  line("sharding", str(c.data.sharding == DataSharding::kSlice ? "slice" : "own"));
+  line("crop", num(c.data.crop));
+  line("mirror", boolean(c.data.mirror));
+  line("mean_file", str(c.data.mean_file));
+  line("scale", flt(c.data.scale));
+  line("prefetch", num(c.data.prefetch));
+  s += "\n[eval]\n";
+  line("every_steps", num(c.eval.every_steps));
+  line("every_seconds", flt(c.eval.every_seconds));
+  line("test_batches", num(c.eval.test_batches));
+  s += "\n[checkpoint]\n";
+  line("every_updates", num(c.checkpoint.every_updates));
+  line("dir", str(c.checkpoint.dir));
+  return s;
+}
+
+}  // namespace downpour

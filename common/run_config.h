@@ -1,0 +1,174 @@
+// run_config.h — the typed run configuration: one TOML file describes a whole training run
+// (cluster shape, solver, consistency model, worker loop, data, evaluation, checkpoints).
+//
+// It is loaded once, by the launcher and by every process it starts (they all read the
+// config.toml the launcher stored in the run directory), and then passed around as a value.
+// Every field's default is documented where it is declared. Loading rejects unknown tables,
+// unknown keys, wrong types and out-of-range values with one error that names the file,
+// the table.key and the offending value, e.g.
+//   configs/runs/x.toml: solver.lr_policy = "cosine": expected one of fixed|step|...
+//
+// Policies (lr policy, consistency mode, sharding, device) are enums parsed here, once, so
+// nothing downstream compares strings.
+//
+// Thread-safety: plain value types; the free functions are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace downpour {
+
+// [run] — naming and reproducibility.
+struct RunSection {
+  std::string name = "run";     // run name; the launcher's default run dir is <out_dir>/<name>-<time>
+  std::string out_dir = "runs"; // root of run directories (relative to the launcher's cwd)
+  int64_t seed = 1;             // base RNG seed (>= 0); process k derives its own from it
+  bool operator==(const RunSection&) const = default;
+};
+
+// [model] — which net to train.
+struct ModelSection {
+  std::string config = "configs/models/fmnist_small.toml";  // model TOML (client/engine NetSpec)
+  bool operator==(const ModelSection&) const = default;
+};
+
+// [cluster] — processes and endpoints of one job.
+struct ClusterConfig {
+  int servers = 1;                          // S parameter-server shards (>= 1)
+  int workers = 1;                          // W workers (>= 1)
+  std::string coordinator = "127.0.0.1:5555";  // host:port of the coordinator's endpoint
+  int base_port = 5600;                     // server i listens on base_port + i
+  std::string bind = "127.0.0.1";           // interface servers bind; loopback unless told otherwise
+  int heartbeat_ms = 500;                   // interval between heartbeats (> 0)
+  int heartbeat_timeout_ms = 5000;          // peer declared dead after this silence (> heartbeat_ms)
+  int64_t chunk_elems = int64_t{1} << 20;   // layout chunk size in floats (4 MiB frames; DESIGN.md)
+  bool operator==(const ClusterConfig&) const = default;
+};
+
+// Learning-rate policies, exactly as Caffe's SGDSolver::GetLearningRate defines them
+// (server/update/lr_policy.h computes them).
+enum class LrPolicy {
+  kFixed,      // base_lr
+  kStep,       // base_lr * gamma ^ floor(iter / stepsize)
+  kMultistep,  // base_lr * gamma ^ (number of stepvalues <= iter)
+  kPoly,       // base_lr * (1 - iter / max_iter) ^ power
+  kInv,        // base_lr * (1 + gamma * iter) ^ (-power)
+  kExp,        // base_lr * gamma ^ iter
+};
+const char* LrPolicyName(LrPolicy policy);
+// Parses "fixed" | "step" | "multistep" | "poly" | "inv" | "exp"; false if unknown.
+bool ParseLrPolicy(std::string_view text, LrPolicy* out);
+
+// [solver] — the server-side optimizer (SGD with momentum, Caffe's semantics). The server
+// takes this struct alone.
+struct SolverConfig {
+  float base_lr = 0.01f;             // > 0
+  LrPolicy lr_policy = LrPolicy::kFixed;
+  float gamma = 0.1f;                // decay factor for step/multistep/exp; rate for inv (> 0)
+  float power = 1.0f;                // exponent for poly and inv (>= 0)
+  int64_t stepsize = 1000;           // iterations per step for "step" (> 0)
+  std::vector<int64_t> stepvalues;   // strictly increasing iterations for "multistep" (non-empty then)
+  int64_t max_iter = 10000;          // horizon for "poly" and the server's update budget (> 0)
+  float momentum = 0.9f;             // in [0, 1)
+  float weight_decay = 0.0005f;      // L2 coefficient (>= 0), times each tensor's decay_mult
+  float clip_gradients = -1.0f;      // L2-norm threshold; <= 0 turns clipping off
+  bool operator==(const SolverConfig&) const = default;
+};
+
+enum class ConsistencyMode {
+  kAsync,  // Downpour: apply every gradient on arrival
+  kSync,   // BSP: average all live workers' gradients for clock t, apply once
+  kSsp,    // bounded staleness: a pull at clock c waits for the slowest worker to reach c - s
+};
+
+// [consistency]
+struct ConsistencyConfig {
+  ConsistencyMode mode = ConsistencyMode::kAsync;  // TOML: mode = "async" | "sync" | "ssp:<s>"
+  int staleness_bound = 0;          // s of "ssp:<s>" (>= 0); 0 for async and sync
+  int backup_workers = 0;           // sync only: apply after W - b arrivals (0 <= b < W)
+  bool staleness_aware_lr = false;  // async/ssp: divide lr by the measured staleness (>= 1)
+  bool operator==(const ConsistencyConfig&) const = default;
+};
+// "async", "sync" or "ssp:<s>".
+std::string ConsistencyModeString(const ConsistencyConfig& c);
+
+enum class DeviceKind { kCpu, kGpu };
+
+// [worker] — the training loop of one worker.
+struct WorkerConfig {
+  int batch_size = 64;          // images per step (>= 1)
+  int64_t steps = 1000;         // steps per worker (>= 1); epochs > 0 takes precedence
+  int epochs = 0;               // passes over this worker's shard; 0 = use steps
+  int pull_every = 1;           // n_fetch: pull weights every n steps (>= 1)
+  int push_every = 1;           // n_push: push accumulated gradients every n steps (>= 1)
+  DeviceKind device = DeviceKind::kCpu;  // TOML: device = "cpu" | "gpu:N"
+  int gpu_index = 0;            // N of "gpu:N" (>= 0)
+  int threads = 0;              // CPU compute threads; 0 = all cores
+  bool operator==(const WorkerConfig&) const = default;
+};
+// "cpu" or "gpu:N".
+std::string DeviceString(const WorkerConfig& w);
+
+enum class DataSharding {
+  kSlice,  // worker j of W reads records j, j+W, ... of the shared train LMDB
+  kOwn,    // worker j reads its own LMDB: <train>/<j> (a folder of per-worker LMDBs)
+};
+
+// [data]
+struct DataConfig {
+  std::string train = "data-cache/fashion-mnist/train_lmdb";  // train LMDB path
+  std::string test = "data-cache/fashion-mnist/test_lmdb";    // test LMDB path; "" = no test set
+  DataSharding sharding = DataSharding::kSlice;  // TOML: sharding = "slice" | "own"
+  int crop = 0;              // random crop side (center crop at test); 0 = no crop
+  bool mirror = false;       // random horizontal flips during training
+  std::string mean_file;     // mean image (TensorFile) to subtract; "" = none
+  float scale = 0.00390625f; // multiply pixels after mean subtraction (1/256, Caffe's MNIST)
+  int prefetch = 4;          // batches the loader keeps ready (>= 1)
+  bool operator==(const DataConfig&) const = default;
+};
+
+// [eval] — periodic test-set evaluation (by worker 0).
+struct EvalConfig {
+  int64_t every_steps = 500;   // evaluate every n steps; 0 = off
+  double every_seconds = 0.0;  // and/or every t seconds of wall time; 0 = off
+  int test_batches = 0;        // batches per evaluation; 0 = the whole test set
+  bool operator==(const EvalConfig&) const = default;
+};
+
+// [checkpoint] — server shard checkpoints (common/tensor_file.h format).
+struct CheckpointConfig {
+  int64_t every_updates = 1000;     // a shard checkpoints after every n applied updates; 0 = off
+  std::string dir = "checkpoints";  // relative paths are inside the run directory
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
+struct RunConfig {
+  RunSection run;
+  ModelSection model;
+  ClusterConfig cluster;
+  SolverConfig solver;
+  ConsistencyConfig consistency;
+  WorkerConfig worker;
+  DataConfig data;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+  bool operator==(const RunConfig&) const = default;
+};
+
+// Reads and validates the TOML file at `path`. On error `out` is unspecified.
+Status LoadRunConfig(const std::string& path, RunConfig* out);
+// Same, from text; `source_name` names the text in errors (usually the file path).
+Status ParseRunConfig(std::string_view toml_text, const std::string& source_name, RunConfig* out);
+// Checks cross-field rules (e.g. backup_workers < workers) of a config built or modified in
+// code, such as after the launcher's --servers/--workers overrides.
+Status ValidateRunConfig(const RunConfig& config, const std::string& source_name);
+// Every field, as TOML that ParseRunConfig reads back to an equal RunConfig (the run
+// directory stores the config used this way).
+std::string ToToml(const RunConfig& config);
+
+}  // namespace downpour

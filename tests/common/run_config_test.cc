@@ -1,0 +1,276 @@
+// Tests for common/run_config.h: defaults, every section parsed, bad input rejected with the
+// file, the table.key and the value, and ToToml round trips.
+#include "common/run_config.h"
+
+#include <filesystem>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "downpour_config.h"
+
+namespace downpour {
+namespace {
+
+using ::testing::HasSubstr;
+
+RunConfig ParseOk(std::string_view text) {
+  RunConfig c;
+  Status s = ParseRunConfig(text, "test.toml", &c);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return c;
+}
+
+std::string ParseError(std::string_view text) {
+  RunConfig c;
+  Status s = ParseRunConfig(text, "bad.toml", &c);
+  EXPECT_FALSE(s.ok()) << "accepted:\n" << text;
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  return s.message();
+}
+
+TEST(RunConfigTest, EmptyFileGivesDocumentedDefaults) {
+  RunConfig c = ParseOk("");
+  EXPECT_EQ(c, RunConfig{});
+  EXPECT_EQ(c.run.out_dir, "runs");
+  EXPECT_EQ(c.cluster.bind, "127.0.0.1");
+  EXPECT_EQ(c.cluster.coordinator, "127.0.0.1:5555");
+  EXPECT_EQ(c.cluster.chunk_elems, 1 << 20);
+  EXPECT_EQ(c.solver.lr_policy, LrPolicy::kFixed);
+  EXPECT_EQ(c.consistency.mode, ConsistencyMode::kAsync);
+  EXPECT_EQ(c.worker.device, DeviceKind::kCpu);
+  EXPECT_LE(c.solver.clip_gradients, 0.0f);
+}
+
+TEST(RunConfigTest, ParsesEverySection) {
+  RunConfig c = ParseOk(R"(
+[run]
+name = "exp1"
+out_dir = "/tmp/runs"
+seed = 42
+[model]
+config = "configs/models/alexnet.toml"
+[cluster]
+servers = 4
+workers = 8
+coordinator = "10.0.0.1:6000"
+base_port = 7000
+bind = "0.0.0.0"
+heartbeat_ms = 100
+heartbeat_timeout_ms = 1000
+chunk_elems = 4096
+[solver]
+base_lr = 0.02
+lr_policy = "multistep"
+gamma = 0.5
+power = 2
+stepsize = 10
+stepvalues = [100, 200, 300]
+max_iter = 400
+momentum = 0.95
+weight_decay = 0.001
+clip_gradients = 35.0
+[consistency]
+mode = "ssp:4"
+staleness_aware_lr = true
+[worker]
+batch_size = 128
+steps = 50
+pull_every = 2
+push_every = 3
+device = "gpu:1"
+threads = 4
+[data]
+train = "a_lmdb"
+test = "b_lmdb"
+sharding = "own"
+crop = 227
+mirror = true
+mean_file = "mean.dpt"
+scale = 1.0
+prefetch = 8
+[eval]
+every_steps = 10
+every_seconds = 30.5
+test_batches = 5
+[checkpoint]
+every_updates = 77
+dir = "/tmp/ck"
+)");
+  EXPECT_EQ(c.run.name, "exp1");
+  EXPECT_EQ(c.run.seed, 42);
+  EXPECT_EQ(c.model.config, "configs/models/alexnet.toml");
+  EXPECT_EQ(c.cluster.servers, 4);
+  EXPECT_EQ(c.cluster.workers, 8);
+  EXPECT_EQ(c.cluster.base_port, 7000);
+  EXPECT_EQ(c.cluster.bind, "0.0.0.0");
+  EXPECT_EQ(c.cluster.chunk_elems, 4096);
+  EXPECT_FLOAT_EQ(c.solver.base_lr, 0.02f);
+  EXPECT_EQ(c.solver.lr_policy, LrPolicy::kMultistep);
+  EXPECT_FLOAT_EQ(c.solver.power, 2.0f);  // an integer is accepted for a float field
+  EXPECT_EQ(c.solver.stepvalues, (std::vector<int64_t>{100, 200, 300}));
+  EXPECT_FLOAT_EQ(c.solver.clip_gradients, 35.0f);
+  EXPECT_EQ(c.consistency.mode, ConsistencyMode::kSsp);
+  EXPECT_EQ(c.consistency.staleness_bound, 4);
+  EXPECT_TRUE(c.consistency.staleness_aware_lr);
+  EXPECT_EQ(c.worker.batch_size, 128);
+  EXPECT_EQ(c.worker.steps, 50);
+  EXPECT_EQ(c.worker.pull_every, 2);
+  EXPECT_EQ(c.worker.push_every, 3);
+  EXPECT_EQ(c.worker.device, DeviceKind::kGpu);
+  EXPECT_EQ(c.worker.gpu_index, 1);
+  EXPECT_EQ(c.data.sharding, DataSharding::kOwn);
+  EXPECT_EQ(c.data.crop, 227);
+  EXPECT_TRUE(c.data.mirror);
+  EXPECT_EQ(c.data.prefetch, 8);
+  EXPECT_DOUBLE_EQ(c.eval.every_seconds, 30.5);
+  EXPECT_EQ(c.eval.test_batches, 5);
+  EXPECT_EQ(c.checkpoint.every_updates, 77);
+  EXPECT_EQ(c.checkpoint.dir, "/tmp/ck");
+}
+
+TEST(RunConfigTest, ConsistencyModes) {
+  EXPECT_EQ(ParseOk("[consistency]\nmode = \"sync\"\n").consistency.mode, ConsistencyMode::kSync);
+  RunConfig c = ParseOk("[consistency]\nmode = \"ssp:0\"\n");
+  EXPECT_EQ(c.consistency.mode, ConsistencyMode::kSsp);
+  EXPECT_EQ(c.consistency.staleness_bound, 0);
+  EXPECT_EQ(ConsistencyModeString(c.consistency), "ssp:0");
+  c = ParseOk("[cluster]\nworkers = 4\n[consistency]\nmode = \"sync\"\nbackup_workers = 1\n");
+  EXPECT_EQ(c.consistency.backup_workers, 1);
+  for (const char* bad : {"ssp", "ssp:", "ssp:-1", "ssp:x", "SYNC", "bsp"}) {
+    EXPECT_THAT(ParseError(fmt::format("[consistency]\nmode = \"{}\"\n", bad)),
+                HasSubstr(fmt::format("bad.toml: consistency.mode = \"{}\"", bad)));
+  }
+}
+
+TEST(RunConfigTest, LrPolicyNamesRoundTrip) {
+  for (LrPolicy p : {LrPolicy::kFixed, LrPolicy::kStep, LrPolicy::kMultistep, LrPolicy::kPoly,
+                     LrPolicy::kInv, LrPolicy::kExp}) {
+    LrPolicy back = LrPolicy::kFixed;
+    ASSERT_TRUE(ParseLrPolicy(LrPolicyName(p), &back)) << LrPolicyName(p);
+    EXPECT_EQ(back, p);
+  }
+  LrPolicy unused;
+  EXPECT_FALSE(ParseLrPolicy("sigmoid", &unused));
+}
+
+TEST(RunConfigTest, ErrorsNameFileTableKeyAndValue) {
+  EXPECT_THAT(ParseError("[solver]\nlr_policy = \"cosine\"\n"),
+              HasSubstr("bad.toml: solver.lr_policy = \"cosine\": expected one of "
+                        "fixed|step|multistep|poly|inv|exp"));
+  EXPECT_THAT(ParseError("[solver]\nbase_lr = -0.1\n"),
+              HasSubstr("bad.toml: solver.base_lr = -0.1: must be finite and > 0"));
+  EXPECT_THAT(ParseError("[solver]\nmomentum = 1.0\n"),
+              HasSubstr("bad.toml: solver.momentum = 1: must be in [0, 1)"));
+  EXPECT_THAT(ParseError("[cluster]\nservers = 0\n"),
+              HasSubstr("bad.toml: cluster.servers = 0: must be >= 1"));
+  EXPECT_THAT(ParseError("[cluster]\nservers = \"two\"\n"),
+              HasSubstr("bad.toml: cluster.servers = \"two\": expected an integer"));
+  EXPECT_THAT(ParseError("[cluster]\nservers = 5000000000\n"),
+              HasSubstr("bad.toml: cluster.servers = 5000000000: out of range"));
+  EXPECT_THAT(ParseError("[cluster]\ncoordinator = \"localhost\"\n"),
+              HasSubstr("bad.toml: cluster.coordinator = \"localhost\": expected host:port"));
+  EXPECT_THAT(ParseError("[cluster]\nbase_port = 65535\nservers = 2\n"),
+              HasSubstr("bad.toml: cluster.base_port = 65535"));
+  EXPECT_THAT(ParseError("[cluster]\nheartbeat_ms = 500\nheartbeat_timeout_ms = 400\n"),
+              HasSubstr("cluster.heartbeat_timeout_ms = 400: must be > cluster.heartbeat_ms (500)"));
+  EXPECT_THAT(ParseError("[worker]\ndevice = \"tpu\"\n"),
+              HasSubstr("bad.toml: worker.device = \"tpu\": expected \"cpu\" or \"gpu:N\""));
+  EXPECT_THAT(ParseError("[worker]\nbatch_size = 0\n"),
+              HasSubstr("bad.toml: worker.batch_size = 0: must be >= 1"));
+  EXPECT_THAT(ParseError("[data]\nsharding = \"random\"\n"),
+              HasSubstr("bad.toml: data.sharding = \"random\": expected \"slice\" or \"own\""));
+  EXPECT_THAT(ParseError("[data]\nmirror = 1\n"),
+              HasSubstr("bad.toml: data.mirror = 1: expected true or false"));
+  EXPECT_THAT(ParseError("[solver]\nlr_policy = \"multistep\"\n"),
+              HasSubstr("solver.stepvalues = []: lr_policy \"multistep\" needs at least one"));
+  EXPECT_THAT(ParseError("[solver]\nstepvalues = [10, 5]\n"),
+              HasSubstr("solver.stepvalues = [10, 5]: must be positive and strictly increasing"));
+  EXPECT_THAT(ParseError("[solver]\nstepvalues = [10, \"x\"]\n"),
+              HasSubstr("solver.stepvalues = [10, \"x\"]: expected an array of integers"));
+  EXPECT_THAT(ParseError("[consistency]\nmode = \"async\"\nbackup_workers = 1\n"),
+              HasSubstr("consistency.backup_workers = 1: only mode \"sync\" has backup workers"));
+  EXPECT_THAT(ParseError("[cluster]\nworkers = 2\n[consistency]\nmode = \"sync\"\n"
+                         "backup_workers = 2\n"),
+              HasSubstr("consistency.backup_workers = 2: must be < cluster.workers (2)"));
+}
+
+TEST(RunConfigTest, RejectsUnknownKeysAndTables) {
+  EXPECT_THAT(ParseError("[solver]\nlearning_rate = 0.1\n"),
+              HasSubstr("bad.toml: unknown key solver.learning_rate = 0.1"));
+  EXPECT_THAT(ParseError("[optimizer]\nlr = 0.1\n"),
+              HasSubstr("bad.toml: unknown table 'optimizer'"));
+  EXPECT_THAT(ParseError("lr = 0.1\n"), HasSubstr("bad.toml: unknown top-level key 'lr'"));
+  EXPECT_THAT(ParseError("solver = 3\n"), HasSubstr("bad.toml: 'solver' = 3 must be a table"));
+  EXPECT_THAT(ParseError("[solver\n"), HasSubstr("bad.toml:1:"));
+}
+
+TEST(RunConfigTest, ToTomlRoundTrips) {
+  RunConfig c;
+  c.run.name = "quote\"d \\ name";
+  c.cluster.servers = 3;
+  c.solver.base_lr = 0.1f / 3.0f;  // not exactly representable in decimal
+  c.solver.lr_policy = LrPolicy::kMultistep;
+  c.solver.stepvalues = {5, 50, 500};
+  c.solver.clip_gradients = 1e-7f;
+  c.consistency.mode = ConsistencyMode::kSsp;
+  c.consistency.staleness_bound = 12;
+  c.worker.device = DeviceKind::kGpu;
+  c.worker.gpu_index = 3;
+  c.worker.epochs = 2;
+  c.data.sharding = DataSharding::kOwn;
+  c.data.scale = 1.0f;
+  c.eval.every_seconds = 0.1;
+  RunConfig back;
+  Status s = ParseRunConfig(ToToml(c), "roundtrip.toml", &back);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << ToToml(c);
+  EXPECT_EQ(back, c) << ToToml(c);
+  // Defaults too.
+  ASSERT_TRUE(ParseRunConfig(ToToml(RunConfig{}), "defaults.toml", &back).ok());
+  EXPECT_EQ(back, RunConfig{});
+}
+
+TEST(RunConfigTest, ValidateCatchesCodeMadeConfigs) {
+  RunConfig c;
+  c.cluster.workers = 0;  // e.g. a bad --workers override
+  Status s = ValidateRunConfig(c, "--workers");
+  EXPECT_THAT(s.message(), HasSubstr("--workers: cluster.workers = 0: must be >= 1"));
+}
+
+TEST(RunConfigTest, LoadMissingFileNamesIt) {
+  RunConfig c;
+  Status s = LoadRunConfig("/nonexistent/run.toml", &c);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("/nonexistent/run.toml"));
+}
+
+// Every example in configs/runs/ must load, and the three documented ones say what they claim.
+TEST(RunConfigTest, ExampleConfigsLoad) {
+  const std::filesystem::path dir = std::filesystem::path(DOWNPOUR_SOURCE_DIR) / "configs/runs";
+  int loaded = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    RunConfig c;
+    Status s = LoadRunConfig(entry.path().string(), &c);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(DOWNPOUR_SOURCE_DIR) / c.model.config))
+        << entry.path() << ": model.config " << c.model.config << " does not exist";
+    ++loaded;
+  }
+  EXPECT_GE(loaded, 3);
+  RunConfig c;
+  ASSERT_TRUE(LoadRunConfig((dir / "default.toml").string(), &c).ok());
+  EXPECT_EQ(c.consistency.mode, ConsistencyMode::kAsync);
+  EXPECT_EQ(c.cluster.servers, 2);
+  EXPECT_EQ(c.cluster.workers, 2);
+  EXPECT_EQ(c.worker.batch_size, 64);
+  ASSERT_TRUE(LoadRunConfig((dir / "sync.toml").string(), &c).ok());
+  EXPECT_EQ(c.consistency.mode, ConsistencyMode::kSync);
+  ASSERT_TRUE(LoadRunConfig((dir / "ssp.toml").string(), &c).ok());
+  EXPECT_EQ(c.consistency.mode, ConsistencyMode::kSsp);
+  EXPECT_GT(c.consistency.staleness_bound, 0);
+}
+
+}  // namespace
+}  // namespace downpour

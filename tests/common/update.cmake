@@ -1,0 +1,3 @@
+# Tests of the "update" part of common/: run config, tensor files, metrics, process group.
+downpour_add_test(common_run_config_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/run_config_test.cc
+                  LIBS downpour_common)
