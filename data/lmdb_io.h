@@ -1,0 +1,108 @@
+// lmdb_io.h — thin RAII wrappers over LMDB: a read-only environment shared by threads, a
+// per-thread read transaction with a cursor, and a batching writer.
+//
+// LMDB's rule (STYLE.md §13): a read transaction belongs to one thread. LmdbEnv is opened
+// with MDB_NOTLS so each thread can own its own ReadTxn; share the LmdbEnv by pointer and
+// create one ReadTxn per thread. Values returned by ReadTxn point into the memory map and
+// stay valid until that ReadTxn's next call or its destruction.
+//
+// Thread-safety: LmdbEnv is safe to share (const use). ReadTxn and LmdbWriter are
+// single-thread objects. Ownership: LmdbEnv owns the MDB_env; ReadTxn owns its txn + cursor
+// and must not outlive its env; LmdbWriter owns its env and write transaction.
+#pragma once
+
+#include <lmdb.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace downpour::data {
+
+class LmdbEnv {
+ public:
+  // Opens an existing LMDB directory read-only. A missing path or a directory without
+  // data.mdb is kNotFound naming the path.
+  static Status OpenReadOnly(const std::string& path, std::unique_ptr<LmdbEnv>* out);
+  ~LmdbEnv();
+  LmdbEnv(const LmdbEnv&) = delete;
+  LmdbEnv& operator=(const LmdbEnv&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t entries() const { return entries_; }  // records in the main database
+  MDB_env* env() const { return env_; }
+  MDB_dbi dbi() const { return dbi_; }
+
+ private:
+  LmdbEnv() = default;
+  std::string path_;
+  MDB_env* env_ = nullptr;
+  MDB_dbi dbi_ = 0;
+  int64_t entries_ = 0;
+};
+
+// One thread's read transaction and cursor over an LmdbEnv.
+class ReadTxn {
+ public:
+  static Status Begin(const LmdbEnv* env, std::unique_ptr<ReadTxn>* out);
+  ~ReadTxn();
+  ReadTxn(const ReadTxn&) = delete;
+  ReadTxn& operator=(const ReadTxn&) = delete;
+
+  // Cursor walk in key order. *found is false past the end.
+  Status First(bool* found);
+  Status Next(bool* found);
+  // Positions the cursor at `key` exactly (kNotFound if absent).
+  Status Seek(std::string_view key);
+  std::string_view key() const { return key_; }
+  std::string_view value() const { return value_; }
+  // Point lookup without moving the cursor.
+  Status Get(std::string_view key, std::string_view* value) const;
+
+ private:
+  ReadTxn() = default;
+  Status Move(MDB_cursor_op op, bool* found);
+  const LmdbEnv* env_ = nullptr;
+  MDB_txn* txn_ = nullptr;
+  MDB_cursor* cursor_ = nullptr;
+  std::string_view key_, value_;
+};
+
+// Writes key/value records, committing every `commit_every` puts (Caffe uses 1000).
+class LmdbWriter {
+ public:
+  // Creates a new LMDB directory at `path`; an existing non-empty directory is refused
+  // (kFailedPrecondition) so a converter never appends to or mixes with an old dataset.
+  // The map size is 1 TiB of sparse address space, grown by nothing on disk.
+  static Status Create(const std::string& path, std::unique_ptr<LmdbWriter>* out,
+                       int commit_every = 1000);
+  ~LmdbWriter();
+  LmdbWriter(const LmdbWriter&) = delete;
+  LmdbWriter& operator=(const LmdbWriter&) = delete;
+
+  Status Put(std::string_view key, std::string_view value);
+  // Commits what is pending and closes the environment. Call once; the destructor aborts an
+  // unfinished transaction (a half-written dataset then holds only committed records).
+  Status Finish();
+  int64_t written() const { return written_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  LmdbWriter() = default;
+  Status BeginTxn();
+  std::string path_;
+  MDB_env* env_ = nullptr;
+  MDB_txn* txn_ = nullptr;
+  MDB_dbi dbi_ = 0;
+  int commit_every_ = 1000;
+  int pending_ = 0;
+  int64_t written_ = 0;
+};
+
+// Caffe's key style: zero-padded index so insertion order is key order ("%08d_<name>").
+std::string RecordKey(int64_t index, std::string_view name);
+
+}  // namespace downpour::data
