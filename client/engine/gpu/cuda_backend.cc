@@ -1,0 +1,143 @@
+// cuda_backend.cc — see cuda_backend.h.
+#include "client/engine/gpu/cuda_backend.h"
+
+#include "client/engine/gpu/cuda_check.h"
+#include "client/engine/gpu/cuda_context.h"
+#include "client/engine/gpu/cuda_layers.h"
+
+namespace downpour::engine {
+namespace {
+
+using gpu::CudaContext;
+using gpu::DeviceBuffer;
+
+constexpr struct {
+  ConvAlgoMode mode;
+  const char* name;
+} kConvAlgoNames[] = {
+    {ConvAlgoMode::kSearch, "search"},       {ConvAlgoMode::kHeuristic, "heuristic"},
+    {ConvAlgoMode::kGemm, "gemm"},           {ConvAlgoMode::kImplicitGemm, "implicit_gemm"},
+    {ConvAlgoMode::kFft, "fft"},             {ConvAlgoMode::kWinograd, "winograd"},
+};
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(std::shared_ptr<CudaContext> context) : ctx_(std::move(context)) {}
+
+  DeviceKind device() const override { return DeviceKind::kGpu; }
+  std::string name() const override { return "cuda"; }
+  float* Allocate(int64_t count) override { return ctx_->Allocate(count); }
+  void Free(float* ptr) override { ctx_->Free(ptr); }
+  bool memory_is_host() const override { return false; }
+  void CopyToDevice(const float* host, float* device, int64_t count) override {
+    ctx_->CopyToDevice(host, device, count);
+  }
+  void CopyToHost(const float* device, float* host, int64_t count) override {
+    ctx_->CopyToHost(device, host, count);
+  }
+
+  // Input blobs keep their device storage in the format slot (only this backend reads it).
+  void SetInput(const float* host, Blob* blob) override {
+    ctx_->MakeCurrent();
+    auto* storage = static_cast<DeviceBuffer*>(blob->format.get());
+    const size_t bytes = static_cast<size_t>(blob->count()) * sizeof(float);
+    if (storage == nullptr || storage->bytes() != bytes) {
+      auto owned = std::make_shared<DeviceBuffer>();
+      ThrowIfError(owned->Resize(bytes, blob->name.c_str()));
+      blob->format = owned;
+      storage = owned.get();
+    }
+    ctx_->UploadBlob(host, storage->floats(), blob->count());
+    blob->data = storage->floats();
+  }
+  void ReadBlob(const Blob& blob, float* host) override {
+    ctx_->DownloadBlob(blob.data, host, blob.count());
+  }
+  void ReleaseInput(Blob* blob) override {
+    ctx_->MakeCurrent();
+    ctx_->Synchronize();  // queued kernels may still read it
+    blob->format.reset();
+    blob->data = nullptr;
+  }
+  void SetThreads(int) override {}  // device parallelism is the GPU's own
+
+  Status CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) override {
+    ctx_->MakeCurrent();
+    return gpu::CreateCudaLayer(ctx_, context, layer);
+  }
+  void Synchronize() override { ctx_->Synchronize(); }
+
+  const CudaContext& context() const { return *ctx_; }
+
+ private:
+  std::shared_ptr<CudaContext> ctx_;
+};
+
+}  // namespace
+
+Status ParseConvAlgoMode(const std::string& text, const std::string& field, ConvAlgoMode* mode) {
+  std::string accepted;
+  for (const auto& e : kConvAlgoNames) {
+    if (text == e.name) {
+      *mode = e.mode;
+      return Status::Ok();
+    }
+    accepted += accepted.empty() ? e.name : std::string(", ") + e.name;
+  }
+  return InvalidArgument("{}: unknown convolution algorithm mode '{}' (one of: {})", field, text, accepted);
+}
+
+const char* ConvAlgoModeName(ConvAlgoMode mode) {
+  for (const auto& e : kConvAlgoNames)
+    if (e.mode == mode) return e.name;
+  return "?";
+}
+
+int CudaDeviceCount(std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = fmt::format("cudaGetDeviceCount: {} ({})", cudaGetErrorString(e), static_cast<int>(e));
+    return 0;
+  }
+  if (count == 0 && why) *why = "cudaGetDeviceCount reports 0 devices";
+  return count;
+}
+
+Status CreateCudaBackend(int gpu_id, std::unique_ptr<Backend>* backend) {
+  CudaOptions options;
+  options.gpu_id = gpu_id;
+  return CreateCudaBackend(options, backend);
+}
+
+Status CreateCudaBackend(const CudaOptions& options, std::unique_ptr<Backend>* backend) {
+  std::string why;
+  const int count = CudaDeviceCount(&why);
+  if (count == 0)
+    return Status(StatusCode::kFailedPrecondition,
+                  fmt::format("device gpu:{} was asked but there is no CUDA device: {}", options.gpu_id, why));
+  if (options.gpu_id < 0 || options.gpu_id >= count)
+    return InvalidArgument("device gpu:{}: no such GPU ({} visible, ordinals 0..{})", options.gpu_id, count,
+                           count - 1);
+  if (options.workspace_limit_mb < 0)
+    return InvalidArgument("workspace_limit_mb {} must be >= 0", options.workspace_limit_mb);
+  if (options.upload_chunk_floats <= 0)
+    return InvalidArgument("upload_chunk_floats {} must be > 0", options.upload_chunk_floats);
+  std::shared_ptr<CudaContext> context;
+  DP_RETURN_IF_ERROR(CudaContext::Create(options, &context));
+  *backend = std::make_unique<CudaBackend>(std::move(context));
+  return Status::Ok();
+}
+
+std::vector<ConvAlgoChoice> CudaConvAlgorithms(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda ? cuda->context().conv_choices() : std::vector<ConvAlgoChoice>{};
+}
+
+std::string CudaDeviceDescription(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda ? cuda->context().Describe() : std::string("not a CUDA backend");
+}
+
+}  // namespace downpour::engine

@@ -1,0 +1,277 @@
+// cuda_context.cc — see cuda_context.h.
+#include "client/engine/gpu/cuda_context.h"
+
+#include <algorithm>
+
+#include "client/engine/gpu/cuda_check.h"
+#include "client/engine/gpu/cuda_kernels.h"
+
+namespace downpour::engine::gpu {
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);  // errors here have nowhere to go; the memory is gone either way
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
+  other.ptr_ = nullptr;
+  other.bytes_ = 0;
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = other.ptr_;
+    bytes_ = other.bytes_;
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+Status DeviceBuffer::Resize(size_t bytes, const char* what) {
+  if (bytes == bytes_) return Status::Ok();
+  if (ptr_) {
+    DP_CUDA_RETURN(cudaFree(ptr_));
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  if (bytes == 0) return Status::Ok();
+  const cudaError_t e = cudaMalloc(&ptr_, bytes);
+  if (e != cudaSuccess) {
+    ptr_ = nullptr;
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return Status(StatusCode::kInternal,
+                  fmt::format("cudaMalloc of {} bytes for {} failed: {} ({} MiB free of {} MiB)",
+                              bytes, what, cudaGetErrorString(e), free_b >> 20, total_b >> 20));
+  }
+  bytes_ = bytes;
+  return Status::Ok();
+}
+
+Status CudaContext::Create(const CudaOptions& options, std::shared_ptr<CudaContext>* context) {
+  std::shared_ptr<CudaContext> c(new CudaContext(options));
+  DP_RETURN_IF_ERROR(c->Init());
+  *context = std::move(c);
+  return Status::Ok();
+}
+
+Status CudaContext::Init() {
+  DP_CUDA_RETURN(cudaSetDevice(options_.gpu_id));
+  DP_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DP_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  DP_CUDA_RETURN(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+  DP_CUDA_RETURN(cudaEventCreateWithFlags(&grads_event_, cudaEventDisableTiming));
+  DP_CUDNN_RETURN(cudnnCreate(&cudnn_));
+  DP_CUDNN_RETURN(cudnnSetStream(cudnn_, stream_));
+  DP_CUBLAS_RETURN(cublasCreate(&cublas_));
+  DP_CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
+  DP_CUBLAS_RETURN(cublasSetMathMode(cublas_, options_.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                            : CUBLAS_DEFAULT_MATH));
+  return Status::Ok();
+}
+
+CudaContext::~CudaContext() {
+  MakeCurrent();
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  for (auto& a : allocations_) {
+    if (a->pinned) cudaHostUnregister(const_cast<float*>(a->host_mirror));
+    for (cudaEvent_t e : a->event_pool) cudaEventDestroy(e);
+    cudaFree(a->device);
+  }
+  workspace_ = DeviceBuffer();
+  ones_ = DeviceBuffer();
+  if (cublas_) cublasDestroy(cublas_);
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (grads_event_) cudaEventDestroy(grads_event_);
+  if (compute_done_) cudaEventDestroy(compute_done_);
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaContext::MakeCurrent() const { DP_CUDA_THROW(cudaSetDevice(options_.gpu_id)); }
+
+Status CudaContext::EnsureWorkspace(size_t bytes) {
+  if (bytes <= workspace_.bytes()) return Status::Ok();
+  // The old workspace may still be in use by queued kernels.
+  DP_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  return workspace_.Resize(bytes, "the convolution workspace");
+}
+
+Status CudaContext::EnsureOnes(int64_t n) {
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (bytes <= ones_.bytes()) return Status::Ok();
+  DP_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  DP_RETURN_IF_ERROR(ones_.Resize(bytes, "the bias ones vector"));
+  DP_CUDA_RETURN(Fill(stream_, n, 1.0f, ones_.floats()));
+  return Status::Ok();
+}
+
+float* CudaContext::Allocate(int64_t count) {
+  MakeCurrent();
+  auto a = std::make_unique<Allocation>();
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  DP_CUDA_THROW(cudaMalloc(reinterpret_cast<void**>(&a->device), bytes));
+  DP_CUDA_THROW(cudaMemsetAsync(a->device, 0, bytes, stream_));
+  DP_CUDA_THROW(cudaStreamSynchronize(stream_));
+  a->count = count;
+  allocations_.push_back(std::move(a));
+  return allocations_.back()->device;
+}
+
+void CudaContext::Free(float* ptr) {
+  MakeCurrent();
+  auto it = std::find_if(allocations_.begin(), allocations_.end(),
+                         [ptr](const auto& a) { return a->device == ptr; });
+  DP_CHECK(it != allocations_.end());  // Free of a pointer Allocate did not return
+  Synchronize();
+  Allocation& a = **it;
+  if (a.pinned) DP_CUDA_THROW(cudaHostUnregister(const_cast<float*>(a.host_mirror)));
+  for (cudaEvent_t e : a.event_pool) DP_CUDA_THROW(cudaEventDestroy(e));
+  DP_CUDA_THROW(cudaFree(a.device));
+  allocations_.erase(it);
+}
+
+CudaContext::Allocation* CudaContext::FindAllocation(const float* device) {
+  for (auto& a : allocations_)
+    if (device >= a->device && device < a->device + a->count) return a.get();
+  return nullptr;
+}
+
+// The net copies between one host mirror and one device buffer at matching offsets; the first
+// copy tells us where the mirror starts. Page-locking it turns every later copy into a true
+// asynchronous DMA. A range that cannot be registered (not one mapping) is simply left
+// pageable: copies stay correct, only slower.
+void CudaContext::MaybePin(Allocation* a, const float* host, int64_t offset) {
+  if (a->host_mirror != nullptr) return;
+  a->host_mirror = host - offset;
+  if (!options_.pin_host_mirrors) return;
+  const cudaError_t e = cudaHostRegister(const_cast<float*>(a->host_mirror),
+                                         static_cast<size_t>(a->count) * sizeof(float),
+                                         cudaHostRegisterDefault);
+  if (e == cudaSuccess) a->pinned = true;
+  else cudaGetLastError();
+}
+
+cudaEvent_t CudaContext::PoolEvent(Allocation* a, size_t i) {
+  while (a->event_pool.size() <= i) {
+    cudaEvent_t e = nullptr;
+    DP_CUDA_THROW(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    a->event_pool.push_back(e);
+  }
+  return a->event_pool[i];
+}
+
+void CudaContext::CopyToDevice(const float* host, float* device, int64_t count) {
+  MakeCurrent();
+  Allocation* a = FindAllocation(device);
+  if (a == nullptr || count <= 0) {
+    UploadBlob(host, device, count);
+    return;
+  }
+  const int64_t offset = device - a->device;
+  DP_CHECK_LE(offset + count, a->count);
+  MaybePin(a, host, offset);
+  // Kernels of the previous step may still read these weights.
+  DP_CUDA_THROW(cudaEventRecord(compute_done_, stream_));
+  DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
+  const int64_t chunk = std::max<int64_t>(options_.upload_chunk_floats, 1);
+  a->chunks.clear();
+  a->upload_begin = offset;
+  a->upload_end = offset + count;
+  for (int64_t done = 0; done < count; done += chunk) {
+    const int64_t n = std::min(chunk, count - done);
+    DP_CUDA_THROW(cudaMemcpyAsync(device + done, host + done, static_cast<size_t>(n) * sizeof(float),
+                                  cudaMemcpyHostToDevice, copy_stream_));
+    cudaEvent_t e = PoolEvent(a, a->chunks.size());
+    DP_CUDA_THROW(cudaEventRecord(e, copy_stream_));
+    a->chunks.push_back({offset + done + n, e});
+  }
+  a->last_upload = a->chunks.back().event;
+  if (!a->pinned) {
+    // Pageable source: cudaMemcpyAsync has staged it already, but keep the contract simple —
+    // the caller may overwrite `host` as soon as we return.
+    DP_CUDA_THROW(cudaStreamSynchronize(copy_stream_));
+  }
+}
+
+void CudaContext::WaitForParams(const float* device, int64_t count) {
+  Allocation* a = FindAllocation(device);
+  if (a == nullptr || a->last_upload == nullptr || count <= 0) return;
+  const int64_t begin = device - a->device, end = begin + count;
+  cudaEvent_t wait = a->last_upload;
+  if (begin >= a->upload_begin && end <= a->upload_end) {
+    // The copy stream is in order: the chunk holding our last float covers everything before.
+    for (const UploadChunk& c : a->chunks)
+      if (c.end >= end) { wait = c.event; break; }
+  }
+  DP_CUDA_THROW(cudaStreamWaitEvent(stream_, wait, 0));
+}
+
+void CudaContext::MarkParamGradsReady() {
+  DP_CUDA_THROW(cudaEventRecord(grads_event_, stream_));
+  grads_event_valid_ = true;
+}
+
+void CudaContext::CopyToHost(const float* device, float* host, int64_t count) {
+  MakeCurrent();
+  if (count <= 0) return;
+  Allocation* a = FindAllocation(device);
+  if (a != nullptr) MaybePin(a, host, device - a->device);
+  // With a grads-ready event only the layer's parameter-gradient kernels are waited for; its
+  // data-gradient kernels keep running on the compute stream while the bytes move.
+  if (!grads_event_valid_) DP_CUDA_THROW(cudaEventRecord(grads_event_, stream_));
+  DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, grads_event_, 0));
+  DP_CUDA_THROW(cudaMemcpyAsync(host, device, static_cast<size_t>(count) * sizeof(float),
+                                cudaMemcpyDeviceToHost, copy_stream_));
+  DP_CUDA_THROW(cudaStreamSynchronize(copy_stream_));
+}
+
+void CudaContext::UploadBlob(const float* host, float* device, int64_t count) {
+  MakeCurrent();
+  DP_CUDA_THROW(cudaMemcpyAsync(device, host, static_cast<size_t>(count) * sizeof(float),
+                                cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaContext::DownloadBlob(const float* device, float* host, int64_t count) {
+  MakeCurrent();
+  DP_CUDA_THROW(cudaMemcpyAsync(host, device, static_cast<size_t>(count) * sizeof(float),
+                                cudaMemcpyDeviceToHost, stream_));
+  DP_CUDA_THROW(cudaStreamSynchronize(stream_));
+  // After a read-back every upload has landed too, so the caller may refill its host mirror
+  // (a pull) without racing a pinned copy still in flight.
+  DP_CUDA_THROW(cudaStreamSynchronize(copy_stream_));
+}
+
+void CudaContext::Synchronize() {
+  MakeCurrent();
+  DP_CUDA_THROW(cudaStreamSynchronize(stream_));
+  DP_CUDA_THROW(cudaStreamSynchronize(copy_stream_));
+}
+
+void CudaContext::RecordConvChoice(const ConvAlgoChoice& choice) {
+  for (auto& c : conv_choices_)
+    if (c.layer == choice.layer) {
+      c = choice;
+      return;
+    }
+  conv_choices_.push_back(choice);
+}
+
+std::string CudaContext::Describe() const {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, options_.gpu_id) != cudaSuccess) {
+    cudaGetLastError();
+    return fmt::format("gpu:{} (properties unavailable)", options_.gpu_id);
+  }
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  return fmt::format("gpu:{} {} (sm_{}{}, {} MiB), CUDA runtime {} driver {}, cuDNN {}, TF32 {}, "
+                     "conv algorithms: {}",
+                     options_.gpu_id, prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20,
+                     runtime, driver, cudnnGetVersion(), options_.tf32 ? "on" : "off",
+                     ConvAlgoModeName(options_.conv_algo));
+}
+
+}  // namespace downpour::engine::gpu

@@ -1,0 +1,128 @@
+// cuda_context.h — the GPU backend's context object (STYLE.md §7: no singletons): the device,
+// a compute stream and a copy stream, the cuDNN and cuBLAS handles bound to the compute stream,
+// the ONE convolution workspace every layer shares (layers run in order on one stream, so one
+// buffer sized to the largest need is enough), a ones vector for bias GEMMs, and the net's
+// parameter/gradient allocations with their transfer bookkeeping (see cuda_backend.h).
+//
+// Ownership: created by the backend, shared (shared_ptr) with its layers; it owns every handle,
+// stream, event and device buffer it creates. DeviceBuffer is a move-only RAII cudaMalloc.
+// Thread-safety: one thread at a time, like the net.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "client/engine/gpu/cuda_backend.h"
+#include "common/status.h"
+
+namespace downpour::engine::gpu {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // Exactly `bytes` (contents undefined after a size change); 0 frees. Out of memory → a
+  // Status naming `what` and the size.
+  Status Resize(size_t bytes, const char* what);
+  void* get() const { return ptr_; }
+  float* floats() const { return static_cast<float*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaContext {
+ public:
+  static Status Create(const CudaOptions& options, std::shared_ptr<CudaContext>* context);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  const CudaOptions& options() const { return options_; }
+  // Makes this context's device current on the calling thread (cheap; every entry point calls it).
+  void MakeCurrent() const;
+  cudaStream_t stream() const { return stream_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  cudnnMathType_t conv_math() const { return options_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+
+  // The shared convolution workspace: grown (never shrunk) to the largest request.
+  Status EnsureWorkspace(size_t bytes);
+  void* workspace() const { return workspace_.get(); }
+  size_t workspace_bytes() const { return workspace_.bytes(); }
+  // A device vector of at least n ones (bias GEMMs: y += b·1ᵀ, db = dy·1).
+  Status EnsureOnes(int64_t n);
+  const float* ones() const { return ones_.floats(); }
+
+  // The net's parameter / gradient buffers (zeroed). Backend::Allocate has no error channel:
+  // out of memory throws downpour::Error naming the size and the device.
+  float* Allocate(int64_t count);
+  void Free(float* ptr);
+  void CopyToDevice(const float* host, float* device, int64_t count);
+  void CopyToHost(const float* device, float* host, int64_t count);
+  // Host ↔ device for blobs (inputs, read-backs): on the compute stream; ToHost waits.
+  void UploadBlob(const float* host, float* device, int64_t count);
+  void DownloadBlob(const float* device, float* host, int64_t count);
+
+  // Compute stream waits until [device, device+count) of the last parameter upload has landed.
+  void WaitForParams(const float* device, int64_t count);
+  // A layer starts: forget the previous layer's grads-ready event.
+  void BeginLayer() { grads_event_valid_ = false; }
+  // A layer's parameter gradients are enqueued (its data gradient is not yet): downloads of
+  // them may start now, on the copy stream, overlapping the rest of the layer's backward.
+  void MarkParamGradsReady();
+  void Synchronize();
+
+  void RecordConvChoice(const ConvAlgoChoice& choice);
+  const std::vector<ConvAlgoChoice>& conv_choices() const { return conv_choices_; }
+  std::string Describe() const;
+
+ private:
+  struct UploadChunk {
+    int64_t end;  // offset (floats) one past the chunk, within the allocation
+    cudaEvent_t event;
+  };
+  struct Allocation {
+    float* device = nullptr;
+    int64_t count = 0;
+    const float* host_mirror = nullptr;  // inferred on the first copy; page-locked when pinned
+    bool pinned = false;
+    int64_t upload_begin = 0, upload_end = 0;  // the range of the last upload
+    std::vector<UploadChunk> chunks;           // its chunks, in order
+    std::vector<cudaEvent_t> event_pool;       // reused across steps
+    cudaEvent_t last_upload = nullptr;         // end of the last upload of any range
+  };
+
+  explicit CudaContext(const CudaOptions& options) : options_(options) {}
+  Status Init();
+  Allocation* FindAllocation(const float* device);
+  void MaybePin(Allocation* a, const float* host, int64_t offset);
+  cudaEvent_t PoolEvent(Allocation* a, size_t i);
+
+  CudaOptions options_;
+  cudaStream_t stream_ = nullptr;       // compute: every kernel, cuDNN and cuBLAS call
+  cudaStream_t copy_stream_ = nullptr;  // parameter uploads and gradient downloads
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr;  // scratch: "compute stream reached here"
+  cudaEvent_t grads_event_ = nullptr;
+  bool grads_event_valid_ = false;
+  DeviceBuffer workspace_, ones_;
+  std::vector<std::unique_ptr<Allocation>> allocations_;
+  std::vector<ConvAlgoChoice> conv_choices_;
+};
+
+}  // namespace downpour::engine::gpu

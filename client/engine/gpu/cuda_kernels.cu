@@ -1,0 +1,193 @@
+// cuda_kernels.cu — see cuda_kernels.h. Kept small: nvcc is the slow part of the build.
+#include "client/engine/gpu/cuda_kernels.h"
+
+#include <cfloat>
+
+namespace downpour::engine::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
+// Must match fillers.h SplitMix64 / CounterUniform bit for bit (the agreement tests check it
+// through dropout layers).
+__device__ uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+__device__ float CounterUniform(uint64_t seed, uint64_t stream, uint64_t index) {
+  const uint64_t h = SplitMix64(SplitMix64(seed ^ (stream * 0xD1B54A32D192ED03ull)) + index);
+  return static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+}
+
+__global__ void DropoutForwardKernel(int64_t n, uint64_t seed, uint64_t step, float ratio,
+                                     float keep_scale, const float* x, float* mask, float* y) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float m = CounterUniform(seed, step, static_cast<uint64_t>(i)) < ratio ? 0.0f : keep_scale;
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+__global__ void MulKernel(int64_t n, const float* a, const float* b, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = a[i] * b[i];
+}
+
+__global__ void FillKernel(int64_t n, float value, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = value;
+}
+
+// Block-wide sum over kThreads threads; the result is valid in thread 0.
+__device__ double BlockSum(double v) {
+  __shared__ double partial[kThreads];
+  partial[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  return partial[0];
+}
+
+// One block: the batch is at most a few thousand rows, the sum is done in double.
+__global__ void SoftmaxLossKernel(int n, int k, const float* prob, const float* labels, float* loss) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int l = static_cast<int>(labels[i]);
+    sum -= log(fmax(static_cast<double>(prob[int64_t(i) * k + l]), static_cast<double>(FLT_MIN)));
+  }
+  const double total = BlockSum(sum);
+  if (threadIdx.x == 0) *loss = static_cast<float>(total / n);
+}
+
+__global__ void SoftmaxLossBackwardKernel(int n, int k, const float* prob, const float* labels,
+                                          float* dx) {
+  const int64_t total = int64_t(n) * k;
+  const float inv_n = 1.0f / n;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int row = static_cast<int>(i / k), col = static_cast<int>(i % k);
+    dx[i] = (prob[i] - (col == static_cast<int>(labels[row]) ? 1.0f : 0.0f)) * inv_n;
+  }
+}
+
+__global__ void AccuracyKernel(int n, int k, const float* scores, const float* labels, int top_k,
+                               float* accuracy) {
+  double correct = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float* row = scores + int64_t(i) * k;
+    const float label_score = row[static_cast<int>(labels[i])];
+    int better = 0;
+    for (int j = 0; j < k; ++j) better += row[j] > label_score;
+    correct += better < top_k ? 1.0 : 0.0;
+  }
+  const double total = BlockSum(correct);
+  if (threadIdx.x == 0) *accuracy = static_cast<float>(total / n);
+}
+
+__global__ void MaxPoolForwardKernel(PoolShape s, const float* x, float* y, int* argmax) {
+  const int64_t total = int64_t(s.n) * s.c * s.ho * s.wo;
+  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < total;
+       o += int64_t(gridDim.x) * blockDim.x) {
+    const int ow = o % s.wo, oh = (o / s.wo) % s.ho;
+    const int64_t nc = o / (int64_t(s.wo) * s.ho);
+    const int hs = max(oh * s.sh - s.ph, 0), ws = max(ow * s.sw - s.pw, 0);
+    const int he = min(oh * s.sh - s.ph + s.kh, s.h), we = min(ow * s.sw - s.pw + s.kw, s.w);
+    const int64_t base = nc * s.h * s.w;
+    float best = -FLT_MAX;
+    int best_i = -1;
+    for (int ih = hs; ih < he; ++ih)
+      for (int iw = ws; iw < we; ++iw) {
+        const int i = ih * s.w + iw;
+        if (x[base + i] > best) { best = x[base + i]; best_i = i; }
+      }
+    y[o] = best;
+    argmax[o] = best_i;  // index within the (h,w) plane; -1 for an empty window
+  }
+}
+
+// For input (ih, iw), the outputs whose window can contain it: oh in
+// [ceil((ih+ph-kh+1)/sh), floor((ih+ph)/sh)] clipped to [0, ho).
+__global__ void MaxPoolBackwardKernel(PoolShape s, const int* argmax, const float* dy, float* dx) {
+  const int64_t total = int64_t(s.n) * s.c * s.h * s.w;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int iw = i % s.w, ih = (i / s.w) % s.h;
+    const int64_t nc = i / (int64_t(s.w) * s.h);
+    const int plane_i = ih * s.w + iw;
+    const int oh0 = ih + s.ph < s.kh ? 0 : (ih + s.ph - s.kh) / s.sh + 1;
+    const int ow0 = iw + s.pw < s.kw ? 0 : (iw + s.pw - s.kw) / s.sw + 1;
+    const int oh1 = min((ih + s.ph) / s.sh + 1, s.ho), ow1 = min((iw + s.pw) / s.sw + 1, s.wo);
+    const int64_t obase = nc * s.ho * s.wo;
+    float sum = 0.0f;
+    for (int oh = oh0; oh < oh1; ++oh)
+      for (int ow = ow0; ow < ow1; ++ow) {
+        const int64_t o = obase + int64_t(oh) * s.wo + ow;
+        if (argmax[o] == plane_i) sum += dy[o];
+      }
+    dx[i] = sum;
+  }
+}
+
+}  // namespace
+
+cudaError_t DropoutForward(cudaStream_t stream, int64_t n, uint64_t seed, uint64_t step, float ratio,
+                           const float* x, float* mask, float* y) {
+  DropoutForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, seed, step, ratio,
+                                                           1.0f / (1.0f - ratio), x, mask, y);
+  return cudaGetLastError();
+}
+
+cudaError_t DropoutBackward(cudaStream_t stream, int64_t n, const float* mask, const float* dy,
+                            float* dx) {
+  MulKernel<<<Blocks(n), kThreads, 0, stream>>>(n, dy, mask, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t SoftmaxLossForward(cudaStream_t stream, int n, int k, const float* prob,
+                               const float* labels, float* loss) {
+  SoftmaxLossKernel<<<1, kThreads, 0, stream>>>(n, k, prob, labels, loss);
+  return cudaGetLastError();
+}
+
+cudaError_t SoftmaxLossBackward(cudaStream_t stream, int n, int k, const float* prob,
+                                const float* labels, float* dx) {
+  SoftmaxLossBackwardKernel<<<Blocks(int64_t(n) * k), kThreads, 0, stream>>>(n, k, prob, labels, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t Accuracy(cudaStream_t stream, int n, int k, const float* scores, const float* labels,
+                     int top_k, float* accuracy) {
+  AccuracyKernel<<<1, kThreads, 0, stream>>>(n, k, scores, labels, top_k, accuracy);
+  return cudaGetLastError();
+}
+
+cudaError_t MaxPoolForward(cudaStream_t stream, const PoolShape& s, const float* x, float* y,
+                           int* argmax) {
+  MaxPoolForwardKernel<<<Blocks(int64_t(s.n) * s.c * s.ho * s.wo), kThreads, 0, stream>>>(s, x, y, argmax);
+  return cudaGetLastError();
+}
+
+cudaError_t MaxPoolBackward(cudaStream_t stream, const PoolShape& s, const int* argmax,
+                            const float* dy, float* dx) {
+  MaxPoolBackwardKernel<<<Blocks(int64_t(s.n) * s.c * s.h * s.w), kThreads, 0, stream>>>(s, argmax, dy, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr) {
+  FillKernel<<<Blocks(n), kThreads, 0, stream>>>(n, value, ptr);
+  return cudaGetLastError();
+}
+
+}  // namespace downpour::engine::gpu

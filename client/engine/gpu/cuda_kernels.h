@@ -1,0 +1,55 @@
+// cuda_kernels.h — the few layer pieces that are small CUDA kernels rather than cuDNN/cuBLAS
+// calls: the seeded dropout mask (bit-identical to fillers.h DropoutMask, so the GPU and CPU
+// drop the same units), softmax cross-entropy loss and its gradient from cuDNN's probabilities,
+// top-k accuracy, and Caffe's max pooling for shapes cuDNN cannot express (ceil-rounded output
+// size or padding), with an argmax so backward routes each gradient exactly as the reference.
+//
+// Every launcher is asynchronous on `stream`; pointers are device memory; it returns the
+// launch's cudaError_t (callers wrap it in DP_CUDA_THROW, which names the launcher). This file
+// and the .cu include no project headers, so nvcc compiles only the kernels. Shapes are given
+// per function.
+// Thread-safety: stateless.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace downpour::engine::gpu {
+
+// mask (n) = 0 with probability ratio else 1/(1-ratio), from CounterUniform(seed, step, i);
+// y = x * mask.
+cudaError_t DropoutForward(cudaStream_t stream, int64_t n, uint64_t seed, uint64_t step, float ratio,
+                    const float* x, float* mask, float* y);
+// dx = dy * mask.
+cudaError_t DropoutBackward(cudaStream_t stream, int64_t n, const float* mask, const float* dy, float* dx);
+
+// prob (N,K) softmax rows, labels (N) float class ids → *loss = mean_i -log(max(p[i,l_i], FLT_MIN)).
+cudaError_t SoftmaxLossForward(cudaStream_t stream, int n, int k, const float* prob, const float* labels,
+                        float* loss);
+// dx (N,K) = (prob - onehot(label)) / N.
+cudaError_t SoftmaxLossBackward(cudaStream_t stream, int n, int k, const float* prob, const float* labels,
+                         float* dx);
+
+// scores (N,K), labels (N) → *accuracy = fraction of rows with fewer than top_k scores
+// strictly above the label's (Caffe's tie rule).
+cudaError_t Accuracy(cudaStream_t stream, int n, int k, const float* scores, const float* labels,
+              int top_k, float* accuracy);
+
+struct PoolShape {
+  int n, c, h, w;           // input (N,C,H,W)
+  int kh, kw, sh, sw, ph, pw;
+  int ho, wo;               // output (Caffe's ceil rule, clipped)
+};
+// y (N,C,Ho,Wo) = max over each window clipped to the input; argmax (N,C,Ho,Wo) = flat
+// input index of the first maximum (row-major scan, strict >), as ref::MaxPoolForward.
+cudaError_t MaxPoolForward(cudaStream_t stream, const PoolShape& s, const float* x, float* y, int* argmax);
+// dx (N,C,H,W) = sum of dy over the outputs whose argmax is that input (a gather: no atomics,
+// deterministic).
+cudaError_t MaxPoolBackward(cudaStream_t stream, const PoolShape& s, const int* argmax, const float* dy,
+                     float* dx);
+
+// ptr[0..n) = value.
+cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr);
+
+}  // namespace downpour::engine::gpu
