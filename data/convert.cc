@@ -1,0 +1,287 @@
+// convert.cc — IDX, CIFAR-10 and image-folder converters; the inspector.
+#include "data/convert.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "data/datum.h"
+#include "data/idx.h"
+#include "data/image.h"
+#include "data/lmdb_io.h"
+#include "data/transform.h"
+
+namespace downpour::data {
+namespace {
+
+// Writes records round robin into `shards` LMDBs.
+class ShardedWriter {
+ public:
+  Status Open(const ConvertOptions& options) {
+    if (options.out.empty()) return InvalidArgument("convert: --out is empty");
+    if (options.shards < 1 || options.shards > 4096) {
+      return InvalidArgument("convert: --shards is {}, must be in [1, 4096]", options.shards);
+    }
+    paths_ = ShardPaths(options.out, options.shards);
+    for (const auto& p : paths_) {
+      std::unique_ptr<LmdbWriter> w;
+      DP_RETURN_IF_ERROR(LmdbWriter::Create(p, &w));
+      writers_.push_back(std::move(w));
+    }
+    return Status::Ok();
+  }
+  Status Put(int64_t index, std::string_view name, const std::string& value) {
+    return writers_[static_cast<size_t>(index % static_cast<int64_t>(writers_.size()))]->Put(
+        RecordKey(index, name), value);
+  }
+  Status Finish(ConvertReport* report) {
+    for (auto& w : writers_) DP_RETURN_IF_ERROR(w->Finish());
+    report->lmdbs = paths_;
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<LmdbWriter>> writers_;
+};
+
+// The record order: identity, or a seeded permutation.
+std::vector<int64_t> WriteOrder(int64_t n, const ConvertOptions& options) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  if (options.shuffle) {
+    std::mt19937_64 rng(Mix64(options.seed));
+    // Fisher-Yates with our own index draw: the same permutation on every standard library.
+    for (int64_t i = n - 1; i > 0; --i) {
+      std::swap(order[i], order[rng() % static_cast<uint64_t>(i + 1)]);
+    }
+  }
+  return order;
+}
+
+}  // namespace
+
+std::vector<std::string> ShardPaths(const std::string& out, int shards) {
+  if (shards == 1) return {out};
+  std::vector<std::string> paths;
+  for (int i = 0; i < shards; ++i) {
+    paths.push_back((std::filesystem::path(out) / fmt::format("shard_{}_of_{}", i, shards)).string());
+  }
+  return paths;
+}
+
+Status ConvertIdx(const std::string& images, const std::string& labels,
+                  const ConvertOptions& options, ConvertReport* report) {
+  IdxImages img;
+  DP_RETURN_IF_ERROR(ReadIdxImages(images, &img));
+  std::vector<uint8_t> lab;
+  DP_RETURN_IF_ERROR(ReadIdxLabels(labels, &lab));
+  if (static_cast<int64_t>(lab.size()) != img.count) {
+    return InvalidArgument("convert-idx: {} holds {} images but {} holds {} labels", images,
+                           img.count, labels, lab.size());
+  }
+  ShardedWriter writer;
+  DP_RETURN_IF_ERROR(writer.Open(options));
+  ConvertReport r;
+  const size_t image_bytes = size_t(img.rows) * img.cols;
+  const auto order = WriteOrder(img.count, options);
+  for (int64_t k = 0; k < img.count; ++k) {
+    const int64_t i = order[static_cast<size_t>(k)];
+    const std::string value = MakeRawDatum(1, static_cast<int>(img.rows), static_cast<int>(img.cols),
+                                           img.pixels.data() + i * image_bytes, lab[i]);
+    DP_RETURN_IF_ERROR(writer.Put(k, std::to_string(i), value));
+    ++r.label_counts[lab[i]];
+  }
+  r.records = img.count;
+  DP_RETURN_IF_ERROR(writer.Finish(&r));
+  *report = std::move(r);
+  return Status::Ok();
+}
+
+Status ConvertCifar(const std::vector<std::string>& batches, const ConvertOptions& options,
+                    ConvertReport* report) {
+  constexpr size_t kRecord = 1 + 3 * 32 * 32;
+  if (batches.empty()) return InvalidArgument("convert-cifar: no batch files given");
+  // Read every batch first: all input problems are reported before anything is written.
+  std::string all;
+  std::vector<std::string> names;
+  for (const auto& path : batches) {
+    std::string bytes;
+    DP_RETURN_IF_ERROR(ReadFileBytes(path, &bytes));
+    if (bytes.empty() || bytes.size() % kRecord != 0) {
+      return InvalidArgument("convert-cifar: {} has {} bytes, not a multiple of the {}-byte "
+                             "CIFAR-10 record", path, bytes.size(), kRecord);
+    }
+    for (size_t off = 0; off < bytes.size(); off += kRecord) {
+      const int label = static_cast<uint8_t>(bytes[off]);
+      if (label > 9) {
+        return InvalidArgument("convert-cifar: {} record {} has label {}, CIFAR-10 labels are "
+                               "0..9", path, off / kRecord, label);
+      }
+      names.push_back(fmt::format("{}_{}", std::filesystem::path(path).stem().string(), off / kRecord));
+    }
+    all += bytes;
+  }
+  const int64_t n = static_cast<int64_t>(all.size() / kRecord);
+  ShardedWriter writer;
+  DP_RETURN_IF_ERROR(writer.Open(options));
+  ConvertReport r;
+  const auto order = WriteOrder(n, options);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t i = order[static_cast<size_t>(k)];
+    const auto* rec = reinterpret_cast<const uint8_t*>(all.data()) + i * kRecord;
+    DP_RETURN_IF_ERROR(writer.Put(k, names[static_cast<size_t>(i)], MakeRawDatum(3, 32, 32, rec + 1, rec[0])));
+    ++r.label_counts[rec[0]];
+  }
+  r.records = n;
+  DP_RETURN_IF_ERROR(writer.Finish(&r));
+  *report = std::move(r);
+  return Status::Ok();
+}
+
+Status ConvertFolder(const FolderOptions& folder, const ConvertOptions& options,
+                     ConvertReport* report) {
+  if (folder.encoded != "" && folder.encoded != "jpg" && folder.encoded != "png") {
+    return InvalidArgument("convert-folder: --encoded is '{}', must be jpg, png or empty", folder.encoded);
+  }
+  if (folder.channels != 1 && folder.channels != 3) {
+    return InvalidArgument("convert-folder: channels is {}, must be 1 or 3", folder.channels);
+  }
+  if (folder.resize_h < 0 || folder.resize_w < 0 || (folder.resize_h == 0) != (folder.resize_w == 0)) {
+    return InvalidArgument("convert-folder: resize {}x{}: give both sides > 0, or neither",
+                           folder.resize_h, folder.resize_w);
+  }
+  std::ifstream list(folder.list);
+  if (!list) return NotFound("convert-folder: label list {}: cannot open", folder.list);
+  struct Entry {
+    std::string path;
+    int label;
+  };
+  std::vector<Entry> entries;
+  std::string line;
+  for (int line_no = 1; std::getline(list, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // The label is the last field, so paths may contain spaces (as in Caffe's list files).
+    const size_t sep = line.find_last_of(" \t");
+    int label = 0;
+    std::istringstream label_in(sep == std::string::npos ? "" : line.substr(sep + 1));
+    if (sep == std::string::npos || !(label_in >> label)) {
+      return InvalidArgument("convert-folder: {} line {}: expected '<path> <label>', got '{}'",
+                             folder.list, line_no, line);
+    }
+    Entry e{line.substr(0, line.find_last_not_of(" \t", sep) + 1), label};
+    const std::string full = (std::filesystem::path(folder.root) / e.path).string();
+    if (!std::filesystem::is_regular_file(full)) {
+      return NotFound("convert-folder: {} line {}: image file {} does not exist", folder.list,
+                      line_no, full);
+    }
+    entries.push_back(std::move(e));
+  }
+  if (entries.empty()) return InvalidArgument("convert-folder: label list {} is empty", folder.list);
+  ShardedWriter writer;
+  DP_RETURN_IF_ERROR(writer.Open(options));
+  ConvertReport r;
+  const auto order = WriteOrder(static_cast<int64_t>(entries.size()), options);
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Entry& e = entries[static_cast<size_t>(order[k])];
+    const std::string full = (std::filesystem::path(folder.root) / e.path).string();
+    std::string bytes;
+    DP_RETURN_IF_ERROR(ReadFileBytes(full, &bytes));
+    Image img;
+    DP_RETURN_IF_ERROR(DecodeImage(bytes, folder.channels, full, &img));
+    const bool resize = folder.resize_h > 0 && (img.h != folder.resize_h || img.w != folder.resize_w);
+    if (resize) img = ResizeBilinear(img, folder.resize_h, folder.resize_w);
+    std::string value;
+    if (folder.encoded.empty()) {
+      const Image chw = ToLayout(img, Layout::kChw);
+      value = MakeRawDatum(chw.c, chw.h, chw.w, chw.pixels.data(), e.label);
+    } else {
+      // Caffe stores an untouched file of the right kind as is, and re-encodes otherwise.
+      const bool is_jpeg = static_cast<uint8_t>(bytes[0]) == 0xFF;
+      std::string encoded;
+      if (!resize && (folder.encoded == "jpg") == is_jpeg) {
+        encoded = std::move(bytes);
+      } else if (folder.encoded == "jpg") {
+        DP_RETURN_IF_ERROR(EncodeJpeg(img, folder.jpeg_quality, &encoded));
+      } else {
+        DP_RETURN_IF_ERROR(EncodePng(img, &encoded));
+      }
+      value = MakeEncodedDatum(encoded, img.c, img.h, img.w, e.label);
+    }
+    DP_RETURN_IF_ERROR(writer.Put(static_cast<int64_t>(k), e.path, value));
+    ++r.label_counts[e.label];
+  }
+  r.records = static_cast<int64_t>(order.size());
+  DP_RETURN_IF_ERROR(writer.Finish(&r));
+  *report = std::move(r);
+  return Status::Ok();
+}
+
+Status InspectLmdb(const std::string& path, const std::string& sheet_path, int sheet_images,
+                   InspectReport* report) {
+  std::unique_ptr<LmdbEnv> env;
+  DP_RETURN_IF_ERROR(LmdbEnv::OpenReadOnly(path, &env));
+  std::unique_ptr<ReadTxn> txn;
+  DP_RETURN_IF_ERROR(ReadTxn::Begin(env.get(), &txn));
+  InspectReport r;
+  std::vector<Image> sheet;  // the first images, planar uint8
+  caffe::Datum datum;
+  Image scratch;
+  bool found = false;
+  DP_RETURN_IF_ERROR(txn->First(&found));
+  while (found) {
+    const std::string where = fmt::format("LMDB {} key {}", path, txn->key());
+    ImageView v;
+    Status s = ParseDatum(txn->value(), where, &datum);
+    if (s.ok()) s = ViewDatum(datum, 0, where, &scratch, &v);
+    ++r.records;
+    if (!s.ok()) {
+      if (r.bad++ == 0) r.first_bad = s.message();
+    } else {
+      r.encoded += datum.encoded() ? 1 : 0;
+      ++r.shapes[fmt::format("{}x{}x{}", v.c, v.h, v.w)];
+      ++r.label_counts[datum.label()];
+      if (!sheet_path.empty() && static_cast<int>(sheet.size()) < sheet_images) {
+        sheet.push_back(ViewToImage(v));
+      }
+    }
+    DP_RETURN_IF_ERROR(txn->Next(&found));
+  }
+  if (!sheet_path.empty()) {
+    if (sheet.empty()) return InvalidArgument("inspect: LMDB {} has no readable image for a sheet", path);
+    // Cells of the largest image size (capped at 128 px: big images are shrunk), 8 per row,
+    // 2 px gaps; greyscale cells are drawn into all three channels.
+    int cell_h = 0, cell_w = 0;
+    for (const auto& im : sheet) {
+      cell_h = std::max(cell_h, std::min(im.h, 128));
+      cell_w = std::max(cell_w, std::min(im.w, 128));
+    }
+    const int cols = std::min<int>(8, static_cast<int>(sheet.size()));
+    const int rows = (static_cast<int>(sheet.size()) + cols - 1) / cols;
+    Image out;
+    out.c = 3;
+    out.h = rows * (cell_h + 2) + 2;
+    out.w = cols * (cell_w + 2) + 2;
+    out.layout = Layout::kChw;
+    out.pixels.assign(size_t(3) * out.h * out.w, 40);
+    for (size_t k = 0; k < sheet.size(); ++k) {
+      Image im = sheet[k];
+      if (im.h > 128 || im.w > 128) im = ResizeBilinear(im, std::min(im.h, 128), std::min(im.w, 128));
+      const int oy = 2 + static_cast<int>(k / cols) * (cell_h + 2);
+      const int ox = 2 + static_cast<int>(k % cols) * (cell_w + 2);
+      for (int ch = 0; ch < 3; ++ch)
+        for (int y = 0; y < im.h; ++y)
+          for (int x = 0; x < im.w; ++x)
+            out.pixels[(size_t(ch) * out.h + oy + y) * out.w + ox + x] = im.At(std::min(ch, im.c - 1), y, x);
+    }
+    DP_RETURN_IF_ERROR(WritePngFile(out, sheet_path));
+  }
+  *report = std::move(r);
+  return Status::Ok();
+}
+
+}  // namespace downpour::data
