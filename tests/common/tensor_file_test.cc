@@ -1,0 +1,265 @@
+// Tests for common/tensor_file.h: round trip, CRC-32 against the standard check value, every
+// kind of corruption named in the error, and atomic writes that leave the old file intact.
+#include "common/tensor_file.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace downpour {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class TensorFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           fmt::format("downpour_tensor_file_test_{}_{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  static TensorFile Sample(float offset = 0.0f) {
+    TensorFile f;
+    f.meta["model"] = "fmnist_small";
+    f.meta["updates"] = "1234";
+    f.meta["empty"] = "";
+    f.tensors.push_back({"conv1.weight", {2, 1, 3, 3}, std::vector<float>(18)});
+    for (size_t i = 0; i < 18; ++i) f.tensors[0].data[i] = offset + 0.5f * float(i) - 3.0f;
+    f.tensors.push_back({"conv1.bias", {2}, {offset + 1.0f, -1.0f}});
+    f.tensors.push_back({"scalar", {}, {offset + 42.0f}});
+    f.tensors.push_back({"empty", {0, 5}, {}});
+    return f;
+  }
+
+  std::vector<char> Bytes(const std::string& path) const {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  }
+  void PutBytes(const std::string& path, const std::vector<char>& b) const {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(b.data(), static_cast<std::streamsize>(b.size()));
+  }
+  int CountEntries() const {
+    return static_cast<int>(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
+  }
+
+  fs::path dir_;
+};
+
+TEST(Crc32Test, StandardCheckValueAndIncremental) {
+  const std::string s = "123456789";
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  EXPECT_EQ(Crc32({p, s.size()}), 0xCBF43926u);
+  EXPECT_EQ(Crc32({p + 4, 5}, Crc32({p, 4})), 0xCBF43926u);
+  EXPECT_EQ(Crc32({}), 0u);
+  // Slicing-by-8 agrees with the bytewise path at every alignment and length.
+  std::vector<uint8_t> buf(300);
+  std::mt19937 rng(1);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t start = 0; start < 9; ++start) {
+    for (size_t len : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{250}}) {
+      uint32_t bytewise = 0;
+      for (size_t i = 0; i < len; ++i) bytewise = Crc32({&buf[start + i], 1}, bytewise);
+      EXPECT_EQ(Crc32({&buf[start], len}), bytewise) << start << "+" << len;
+    }
+  }
+}
+
+TEST_F(TensorFileTest, RoundTrip) {
+  const TensorFile f = Sample();
+  ASSERT_TRUE(WriteTensorFile(Path("a.dpt"), f).ok());
+  TensorFile back;
+  Status s = ReadTensorFile(Path("a.dpt"), &back);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(back, f);
+  ASSERT_NE(FindTensor(back, "conv1.bias"), nullptr);
+  EXPECT_EQ(FindTensor(back, "conv1.bias")->data, (std::vector<float>{1.0f, -1.0f}));
+  EXPECT_EQ(FindTensor(back, "nope"), nullptr);
+  EXPECT_EQ(CountEntries(), 1) << "temporary file left behind";
+}
+
+TEST_F(TensorFileTest, LargeTensorCrossesIoBuffers) {
+  TensorFile f;
+  f.tensors.push_back({"big", {3, 500001}, std::vector<float>(1500003)});
+  for (size_t i = 0; i < f.tensors[0].data.size(); ++i) f.tensors[0].data[i] = float(i % 9973);
+  ASSERT_TRUE(WriteTensorFile(Path("big.dpt"), f).ok());
+  TensorFile back;
+  ASSERT_TRUE(ReadTensorFile(Path("big.dpt"), &back).ok());
+  EXPECT_EQ(back, f);
+}
+
+TEST_F(TensorFileTest, LayoutIsTheDocumentedOne) {
+  TensorFile f;
+  f.tensors.push_back({"x", {2}, {1.0f, 2.0f}});
+  ASSERT_TRUE(WriteTensorFile(Path("x.dpt"), f).ok());
+  const std::vector<char> b = Bytes(Path("x.dpt"));
+  // 16 header + 4 header_crc + (4 + 1 name + 4 ndim + 8 dim + 8 numel + 8 data + 4 crc).
+  ASSERT_EQ(b.size(), 16u + 4u + 37u);
+  EXPECT_EQ(std::string(b.data(), 4), "DPTF");
+  uint32_t version;
+  std::memcpy(&version, b.data() + 4, 4);
+  EXPECT_EQ(version, kTensorFileVersion);
+  uint32_t header_crc;
+  std::memcpy(&header_crc, b.data() + 16, 4);
+  EXPECT_EQ(header_crc, Crc32({reinterpret_cast<const uint8_t*>(b.data()), 16}));
+  uint32_t tensor_crc;
+  std::memcpy(&tensor_crc, b.data() + 20 + 33, 4);
+  EXPECT_EQ(tensor_crc, Crc32({reinterpret_cast<const uint8_t*>(b.data()) + 20, 33}));
+  float second;
+  std::memcpy(&second, b.data() + 20 + 29, 4);
+  EXPECT_EQ(second, 2.0f);
+}
+
+TEST_F(TensorFileTest, CorruptDataNamesTheTensor) {
+  ASSERT_TRUE(WriteTensorFile(Path("c.dpt"), Sample()).ok());
+  std::vector<char> b = Bytes(Path("c.dpt"));
+  // The file ends with the records of "scalar" (..., value f32, crc u32) and "empty"
+  // (4 + 5 name + 4 ndim + 16 dims + 8 numel + 4 crc = 41 bytes): flip a bit of the scalar.
+  const size_t scalar_value = b.size() - 41 - 4 - 4;
+  b[scalar_value] ^= 0x01;
+  PutBytes(Path("c.dpt"), b);
+  TensorFile back;
+  Status s = ReadTensorFile(Path("c.dpt"), &back);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(s.message(), HasSubstr(Path("c.dpt")));
+  EXPECT_THAT(s.message(), HasSubstr("crc mismatch in tensor \"scalar\""));
+}
+
+TEST_F(TensorFileTest, CorruptMetaIsCaughtByHeaderCrc) {
+  ASSERT_TRUE(WriteTensorFile(Path("m.dpt"), Sample()).ok());
+  std::vector<char> b = Bytes(Path("m.dpt"));
+  b[16 + 4 + 2] ^= 0x20;  // a character of the first meta key
+  PutBytes(Path("m.dpt"), b);
+  TensorFile back;
+  EXPECT_THAT(ReadTensorFile(Path("m.dpt"), &back).message(),
+              HasSubstr("crc mismatch in header/meta"));
+}
+
+TEST_F(TensorFileTest, BadMagicAndVersion) {
+  ASSERT_TRUE(WriteTensorFile(Path("v.dpt"), Sample()).ok());
+  std::vector<char> b = Bytes(Path("v.dpt"));
+  std::vector<char> bad_magic = b;
+  bad_magic[0] = 'X';
+  PutBytes(Path("magic.dpt"), bad_magic);
+  TensorFile back;
+  Status s = ReadTensorFile(Path("magic.dpt"), &back);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(s.message(), HasSubstr(Path("magic.dpt") + ": bad magic"));
+  b[4] = 9;
+  PutBytes(Path("v.dpt"), b);
+  s = ReadTensorFile(Path("v.dpt"), &back);
+  EXPECT_THAT(s.message(), HasSubstr(Path("v.dpt") + ": bad version 9 (this build reads version 1)"));
+}
+
+TEST_F(TensorFileTest, EveryTruncationIsReported) {
+  ASSERT_TRUE(WriteTensorFile(Path("t.dpt"), Sample()).ok());
+  const std::vector<char> b = Bytes(Path("t.dpt"));
+  for (size_t len = 0; len < b.size(); ++len) {
+    PutBytes(Path("t.dpt"), std::vector<char>(b.begin(), b.begin() + static_cast<long>(len)));
+    TensorFile back;
+    Status s = ReadTensorFile(Path("t.dpt"), &back);
+    ASSERT_EQ(s.code(), StatusCode::kCorrupt) << "length " << len << ": " << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr("truncated")) << "length " << len;
+  }
+  std::vector<char> longer = b;
+  longer.push_back(0);
+  PutBytes(Path("t.dpt"), longer);
+  TensorFile back;
+  EXPECT_THAT(ReadTensorFile(Path("t.dpt"), &back).message(),
+              HasSubstr("1 unexpected bytes after the last tensor"));
+}
+
+TEST_F(TensorFileTest, MissingFileIsNotFound) {
+  TensorFile back;
+  Status s = ReadTensorFile(Path("none.dpt"), &back);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr(Path("none.dpt")));
+}
+
+TEST_F(TensorFileTest, InvalidTensorsAreRejectedBeforeTouchingDisk) {
+  TensorFile f;
+  f.tensors.push_back({"w", {2, 3}, std::vector<float>(5)});
+  Status s = WriteTensorFile(Path("bad.dpt"), f);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tensor \"w\" has shape [2, 3] but 5 values"));
+  f.tensors[0].data.resize(6);
+  f.tensors.push_back(f.tensors[0]);
+  EXPECT_THAT(WriteTensorFile(Path("bad.dpt"), f).message(), HasSubstr("duplicate tensor name \"w\""));
+  EXPECT_EQ(CountEntries(), 0);
+}
+
+TEST_F(TensorFileTest, WriteIntoMissingDirectoryFails) {
+  Status s = WriteTensorFile(Path("no/such/dir/x.dpt"), Sample());
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_THAT(s.message(), HasSubstr("no/such/dir/x.dpt"));
+}
+
+// Runs in a death-test child: caps the file size so the write fails half-way, and exits 0
+// when WriteTensorFile reported that failure with the file's name.
+void WriteUnderFileSizeLimit(const std::string& path, const TensorFile& file, rlim_t limit) {
+  std::signal(SIGXFSZ, SIG_IGN);
+  rlimit lim{};
+  ::getrlimit(RLIMIT_FSIZE, &lim);
+  lim.rlim_cur = limit;
+  ::setrlimit(RLIMIT_FSIZE, &lim);
+  Status s = WriteTensorFile(path, file);
+  std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  std::exit(!s.ok() && s.message().find(path) != std::string::npos ? 0 : 1);
+}
+
+// A write that fails half-way (the file-size limit stops it with EFBIG, even for root)
+// leaves the previous checkpoint loadable and no temporary behind.
+TEST_F(TensorFileTest, FailedWriteLeavesOldFileIntact) {
+  const std::string path = Path("ckpt.dpt");
+  const TensorFile old_file = Sample(0.0f);
+  ASSERT_TRUE(WriteTensorFile(path, old_file).ok());
+  TensorFile big = Sample(1.0f);
+  big.tensors.push_back({"fc6.weight", {1 << 18}, std::vector<float>(1 << 18, 0.25f)});  // 1 MiB
+
+  EXPECT_EXIT(WriteUnderFileSizeLimit(path, big, 64 * 1024), ::testing::ExitedWithCode(0),
+              "write failed");
+
+  TensorFile back;
+  Status s = ReadTensorFile(path, &back);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(back, old_file);
+  EXPECT_EQ(CountEntries(), 1) << "temporary file left behind";
+}
+
+// The rename itself fails (the target is a non-empty directory): temp removed, error named.
+TEST_F(TensorFileTest, FailedRenameCleansUp) {
+  fs::create_directories(dir_ / "occupied" / "child");
+  Status s = WriteTensorFile(Path("occupied"), Sample());
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_THAT(s.message(), HasSubstr("rename"));
+  EXPECT_EQ(CountEntries(), 1);
+}
+
+TEST_F(TensorFileTest, OverwriteReplacesAtomically) {
+  const std::string path = Path("w.dpt");
+  ASSERT_TRUE(WriteTensorFile(path, Sample(0.0f)).ok());
+  ASSERT_TRUE(WriteTensorFile(path, Sample(5.0f)).ok());
+  TensorFile back;
+  ASSERT_TRUE(ReadTensorFile(path, &back).ok());
+  EXPECT_EQ(back, Sample(5.0f));
+  EXPECT_EQ(CountEntries(), 1);
+}
+
+}  // namespace
+}  // namespace downpour
