@@ -3,3 +3,5 @@ downpour_add_test(common_run_config_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/run
                   LIBS downpour_common)
 downpour_add_test(common_tensor_file_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tensor_file_test.cc
                   LIBS downpour_common)
+downpour_add_test(common_metrics_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/metrics_test.cc
+                  LIBS downpour_common)
