@@ -29,7 +29,7 @@ const char* RejectReasonName(RejectReason r) {
   static constexpr const char* kNames[] = {
       "undecodable", "bad_type", "not_registered", "layout_hash", "model_id",
       "unknown_chunk", "dtype", "elem_count", "byte_length", "frame_count",
-      "non_finite", "checksum", "duplicate_chunk", "not_initialized"};
+      "non_finite", "checksum", "duplicate_chunk", "not_initialized", "clock"};
   static_assert(std::size(kNames) == static_cast<size_t>(RejectReason::kCount));
   const auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";
@@ -241,6 +241,41 @@ uint32_t Crc32c(const void* data, size_t size) {
   while (size--) crc = table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
 #endif
   return crc ^ 0xFFFFFFFFu;
+}
+
+}  // namespace downpour
+
+namespace downpour {
+
+Status HeaderFrame(const MessageHeader& h, Frame* out) {
+  std::string bytes;
+  DP_RETURN_IF_ERROR(EncodeHeader(h, &bytes));
+  *out = Frame::Copy(bytes);
+  return Status::Ok();
+}
+
+Status ParseHeader(const Frames& frames, MessageHeader* out) {
+  if (frames.empty()) return Corrupt("message has no frames");
+  return DecodeHeader(frames[0].data(), frames[0].size(), out);
+}
+
+MessageHeader ErrorReply(const MessageHeader& request, const Status& status) {
+  MessageHeader h;
+  h.type = MsgType::kError;
+  h.request_id = request.request_id;
+  h.model_id = request.model_id;
+  h.error_code = static_cast<uint16_t>(status.code());
+  h.error_text = status.message();
+  return h;
+}
+
+Status StatusFromReply(const MessageHeader& h) {
+  if (h.type != MsgType::kError) return Status::Ok();
+  auto code = static_cast<StatusCode>(h.error_code);
+  if (h.error_code == 0 || h.error_code > static_cast<uint16_t>(StatusCode::kInternal)) {
+    code = StatusCode::kInternal;
+  }
+  return Status(code, h.error_text);
 }
 
 }  // namespace downpour

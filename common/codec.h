@@ -60,6 +60,7 @@ enum class RejectReason : uint16_t {
   kChecksum,             // CRC-32C mismatch
   kDuplicateChunk,       // same chunk twice in one push
   kNotInitialized,       // gradient for a chunk that has no weights yet
+  kClock,                // refused by the consistency policy (e.g. sync: wrong clock)
   kCount
 };
 const char* RejectReasonName(RejectReason r);
@@ -132,5 +133,24 @@ Status DecodeHeader(const void* data, size_t size, MessageHeader* out);
 
 // CRC-32C (Castagnoli) of a payload, for the optional per-frame checksum.
 uint32_t Crc32c(const void* data, size_t size);
+
+}  // namespace downpour
+
+// ---- Helpers shared by server and client: build / parse whole messages. ----
+#include "common/transport.h"
+
+namespace downpour {
+
+// Encodes `h` into a header frame (owning).
+Status HeaderFrame(const MessageHeader& h, Frame* out);
+
+// Decodes frames[0] of a received message.
+Status ParseHeader(const Frames& frames, MessageHeader* out);
+
+// An error reply to `request`: type kError, same request id / model id, the status' code/text.
+MessageHeader ErrorReply(const MessageHeader& request, const Status& status);
+
+// The Status carried by an error reply (kOk if `h` is not an error).
+Status StatusFromReply(const MessageHeader& h);
 
 }  // namespace downpour

@@ -112,7 +112,8 @@ class PsClient {
  private:
   PsClient(const ParamLayout& layout, PsClientOptions options);
   RequestId Submit(MsgType type, std::span<float> out, std::span<const float> in,
-                   std::span<const int32_t> chunk_ids, int64_t clock, uint32_t flags);
+                   std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
+                   uint32_t flags);
 
   ParamLayout layout_;
   PsClientOptions options_;

@@ -1,0 +1,73 @@
+// consistency.h — consistency control of a shard as a pluggable policy object (DESIGN.md
+// "Consistency"): async (Downpour), sync (BSP with optional backup workers) and ssp:s.
+//
+// The shard validates every message first (shard.cc) and then asks the policy:
+//  * CheckPush — may this push be taken at all (all chunks are checked before any is touched);
+//  * OnPush    — apply now (async, ssp) or accumulate until the clock is complete (sync);
+//  * PullReady — may a pull by `worker` at `clock` be answered now, or must it wait;
+//  * OnClock / OnWorkerDead — membership and progress, so a dead worker leaves the accounting.
+// The policy changes weights only through ShardUpdater (one SgdUpdate per call).
+//
+// Thread-safety: not thread-safe; owned and called by the shard's loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/run_config.h"
+#include "common/status.h"
+
+namespace downpour {
+
+// One validated chunk of a gradient push. `grad` (count floats) stays valid during OnPush only.
+struct PushChunk {
+  int local = 0;              // index among the shard's own chunks
+  const float* grad = nullptr;
+  int64_t count = 0;
+  int64_t version_from = 0;   // chunk version the worker computed the gradient from
+};
+
+struct PushContext {
+  int32_t worker = 0;
+  int64_t clock = 0;  // the worker's iteration that produced the gradient
+};
+
+// What a policy may do to the shard's chunks.
+class ShardUpdater {
+ public:
+  virtual ~ShardUpdater() = default;
+  virtual int num_local() const = 0;
+  virtual int64_t version(int local) const = 0;
+  virtual int64_t count(int local) const = 0;
+  // One SgdUpdate of chunk `local` with grad * grad_scale at lr (from the lr policy at the
+  // chunk's version) times lr_scale; bumps the version.
+  virtual void Apply(int local, const float* grad, float grad_scale, float lr_scale) = 0;
+  // Records one measured staleness (versions the gradient was behind when taken).
+  virtual void RecordStaleness(int64_t staleness) = 0;
+};
+
+enum class PushOutcome { kApplied, kAccumulated, kDroppedLate };
+
+class ConsistencyPolicy {
+ public:
+  virtual ~ConsistencyPolicy() = default;
+  virtual Status CheckPush(const ShardUpdater& shard, const PushContext& ctx,
+                           std::span<const PushChunk> chunks) const = 0;
+  virtual PushOutcome OnPush(ShardUpdater& shard, const PushContext& ctx,
+                             std::span<const PushChunk> chunks) = 0;
+  virtual bool PullReady(const ShardUpdater& shard, int32_t worker, int64_t clock,
+                         std::span<const int> locals) const = 0;
+  // The worker has finished iteration `clock` (clock messages, and implied by its pushes).
+  virtual void OnClock(int32_t worker, int64_t clock) = 0;
+  // The coordinator declared `worker` dead: drop it from the accounting (sync may now complete
+  // a clock and apply).
+  virtual void OnWorkerDead(ShardUpdater& shard, int32_t worker) = 0;
+};
+
+// expected_workers: W of the run (worker ids 0..W-1), for sync/ssp accounting.
+std::unique_ptr<ConsistencyPolicy> MakeConsistencyPolicy(const ConsistencyConfig& config,
+                                                         int expected_workers);
+
+}  // namespace downpour

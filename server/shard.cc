@@ -1,0 +1,617 @@
+// shard.cc — see shard.h. Handling order for every message: decode → validate → act → reply.
+#include "server/shard.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "common/tensor_file.h"
+#include "server/update/lr_policy.h"
+#include "server/update/sgd.h"
+
+namespace downpour {
+
+struct ShardServer::ChunkState {
+  // Shared with in-flight pull replies; replaced (copy-on-write) before an update if shared.
+  std::shared_ptr<std::vector<float>> weights;
+  std::vector<float> history;  // momentum, count floats
+  int64_t version = 0;         // applied updates
+  bool initialized = false;
+};
+
+struct ShardServer::PendingPull {
+  PeerId peer;
+  MessageHeader request;
+  std::vector<int> locals;
+};
+
+// The policy's view of the shard (consistency.h). Called with mu_ held, on the loop thread.
+class ShardServer::Updater : public ShardUpdater {
+ public:
+  explicit Updater(ShardServer* s) : s_(s) {}
+  int num_local() const override { return static_cast<int>(s_->chunks_.size()); }
+  int64_t version(int local) const override { return s_->chunks_[static_cast<size_t>(local)].version; }
+  int64_t count(int local) const override {
+    return s_->layout_.chunk(s_->owned_[static_cast<size_t>(local)]).count;
+  }
+  void Apply(int local, const float* grad, float grad_scale, float lr_scale) override {
+    s_->ApplyGradient(local, grad, grad_scale, lr_scale);
+  }
+  void RecordStaleness(int64_t staleness) override {
+    auto& st = s_->stats_;
+    const auto v = static_cast<uint64_t>(std::max<int64_t>(0, staleness));
+    st.staleness_sum += v;
+    st.staleness_max = std::max(st.staleness_max, v);
+    const size_t b = std::min<size_t>(v, st.staleness_histogram.size() - 1);
+    ++st.staleness_histogram[b];
+  }
+
+ private:
+  ShardServer* s_;
+};
+
+Status ShardServer::Create(const ParamLayout& layout, ShardOptions options,
+                           std::unique_ptr<ShardServer>* out) {
+  if (options.server_id < 0 || options.server_id >= layout.servers()) {
+    return InvalidArgument("shard: --id {} is outside 0..{} (layout has {} servers)", options.server_id,
+                           layout.servers() - 1, layout.servers());
+  }
+  if (options.expected_workers < 1) {
+    return InvalidArgument("shard: expected_workers must be >= 1, got {}", options.expected_workers);
+  }
+  if (options.staleness_buckets < 2) options.staleness_buckets = 2;
+  out->reset(new ShardServer(layout, std::move(options)));
+  return Status::Ok();
+}
+
+ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
+    : layout_(layout), options_(std::move(options)) {
+  local_of_.assign(static_cast<size_t>(layout_.num_chunks()), -1);
+  for (int32_t id : layout_.ServerChunks(options_.server_id)) {
+    local_of_[static_cast<size_t>(id)] = static_cast<int>(owned_.size());
+    owned_.push_back(id);
+  }
+  chunks_.resize(owned_.size());
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const auto n = static_cast<size_t>(layout_.chunk(owned_[i]).count);
+    chunks_[i].weights = std::make_shared<std::vector<float>>(n, 0.0f);
+    chunks_[i].history.assign(n, 0.0f);
+  }
+  policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers);
+  updater_ = std::make_unique<Updater>(this);
+  stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
+  stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
+}
+
+ShardServer::~ShardServer() {
+  Stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loop.
+
+Status ShardServer::Serve(ServerEndpoint* ep) {
+  while (!stop_.load()) {
+    PeerId peer;
+    Frames frames;
+    Status s = ep->Receive(&peer, &frames, options_.poll_interval);
+    if (s.ok()) {
+      HandleMessage(ep, peer, frames);
+    } else if (s.code() != StatusCode::kTimeout) {
+      return s;
+    }
+    ServePending(ep);
+  }
+  return Status::Ok();
+}
+
+void ShardServer::Start(std::unique_ptr<ServerEndpoint> endpoint) {
+  owned_endpoint_ = std::move(endpoint);
+  thread_ = std::thread([this] { thread_status_ = Serve(owned_endpoint_.get()); });
+}
+
+Status ShardServer::Join() {
+  if (thread_.joinable()) thread_.join();
+  return thread_status_;
+}
+
+void ShardServer::Stop() { stop_.store(true); }
+
+void ShardServer::MarkWorkerDead(int32_t worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  dead_queue_.push_back(worker);
+}
+
+void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, Frames payload) {
+  Frames frames;
+  frames.reserve(payload.size() + 1);
+  frames.emplace_back();
+  Status s = HeaderFrame(h, &frames[0]);
+  if (!s.ok()) {
+    spdlog::error("shard {}: cannot encode a {} reply: {}", options_.server_id, MsgTypeName(h.type), s.ToString());
+    return;
+  }
+  for (auto& f : payload) frames.push_back(std::move(f));
+  s = ep->Send(peer, std::move(frames));
+  if (!s.ok()) spdlog::warn("shard {}: reply to a peer failed: {}", options_.server_id, s.ToString());
+}
+
+void ShardServer::Reject(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& request,
+                         const Status& status, RejectReason reason) {
+  ++stats_.rejected_by_reason[static_cast<size_t>(reason)];
+  if (request.type == MsgType::kPush) ++stats_.pushes_rejected;
+  spdlog::debug("shard {}: rejected {} ({}): {}", options_.server_id, MsgTypeName(request.type),
+                RejectReasonName(reason), status.message());
+  Reply(ep, peer, ErrorReply(request, status));
+}
+
+void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& frames) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MessageHeader h;
+  Status s = ParseHeader(frames, &h);
+  if (!s.ok()) {
+    ++stats_.undecodable;
+    Reject(ep, peer, MessageHeader{}, s, RejectReason::kUndecodable);
+    return;
+  }
+  if (h.type == MsgType::kPush) ++stats_.pushes_received;
+  MessageHeader reply;
+  reply.request_id = h.request_id;
+  reply.model_id = options_.model_id;
+  reply.sender = options_.server_id;
+  reply.layout_hash = layout_.hash();
+  RejectReason reason = RejectReason::kBadType;
+  switch (h.type) {
+    case MsgType::kRegister:
+      s = HandleRegister(peer, h, &reply);
+      reason = RejectReason::kLayoutHash;
+      break;
+    case MsgType::kPush:
+      s = HandlePush(peer, h, frames, &reply, &reason);
+      break;
+    case MsgType::kPull: {
+      s = CheckSender(peer, h, &reason);
+      PendingPull p{peer, h, {}};
+      if (s.ok()) s = ResolveChunks(h, /*all_if_empty=*/true, &p.locals, &reason);
+      if (s.ok()) {
+        if (PullReady(p)) {
+          ServePull(ep, p);
+        } else {
+          pending_.push_back(std::move(p));
+        }
+        return;
+      }
+      break;
+    }
+    case MsgType::kClock:
+      s = CheckSender(peer, h, &reason);
+      if (s.ok()) {
+        policy_->OnClock(h.sender, h.clock);
+        reply.type = MsgType::kAck;
+      }
+      break;
+    case MsgType::kStats:
+      reply.type = MsgType::kStatsReply;
+      reply.stats = StatsLocked();
+      break;
+    case MsgType::kHeartbeat:
+      reply.type = MsgType::kHeartbeat;
+      break;
+    case MsgType::kCheckpoint: {
+      const std::string path = h.text.empty() ? options_.checkpoint_path : h.text;
+      if (path.empty()) {
+        s = InvalidArgument("checkpoint: no path in the request and the server has no --run-dir");
+      } else {
+        s = SaveCheckpointLocked(path);
+      }
+      reason = RejectReason::kBadType;
+      reply.type = MsgType::kAck;
+      reply.text = path;
+      break;
+    }
+    case MsgType::kShutdown:
+      reply.type = MsgType::kAck;
+      shutdown_.store(true);
+      stop_.store(true);
+      break;
+    default:
+      s = InvalidArgument("server {} does not serve message type {}", options_.server_id, MsgTypeName(h.type));
+      reason = RejectReason::kBadType;
+      break;
+  }
+  if (!s.ok()) {
+    Reject(ep, peer, h, s, reason);
+    return;
+  }
+  Reply(ep, peer, reply);
+}
+
+Status ShardServer::HandleRegister(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
+  if (h.layout_hash != layout_.hash()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  fmt::format("register: layout hash mismatch: worker {} has {:#018x}, server {} has "
+                              "{:#018x} (different model, server count or chunk size)",
+                              h.sender, h.layout_hash, options_.server_id, layout_.hash()));
+  }
+  if (h.sender < 0) return InvalidArgument("register: sender id {} must be >= 0", h.sender);
+  if (h.model_id != options_.model_id) {
+    return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
+                           options_.model_id);
+  }
+  registered_[peer] = h.sender;
+  reply->type = MsgType::kRegisterReply;
+  reply->assigned_id = h.sender;
+  reply->server_count = layout_.servers();
+  reply->worker_count = options_.expected_workers;
+  return Status::Ok();
+}
+
+Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const {
+  auto it = registered_.find(peer);
+  if (it == registered_.end() || it->second != h.sender) {
+    *reason = RejectReason::kNotRegistered;
+    return Status(StatusCode::kFailedPrecondition,
+                  fmt::format("{}: sender {} is not registered with server {} on this connection",
+                              MsgTypeName(h.type), h.sender, options_.server_id));
+  }
+  if (h.layout_hash != layout_.hash()) {
+    *reason = RejectReason::kLayoutHash;
+    return Status(StatusCode::kFailedPrecondition,
+                  fmt::format("{}: layout hash {:#018x} differs from server {}'s {:#018x}",
+                              MsgTypeName(h.type), h.layout_hash, options_.server_id, layout_.hash()));
+  }
+  if (h.model_id != options_.model_id) {
+    *reason = RejectReason::kModelId;
+    return InvalidArgument("{}: model id {} is not served by server {} (serves {})", MsgTypeName(h.type),
+                           h.model_id, options_.server_id, options_.model_id);
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::ResolveChunks(const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
+                                  RejectReason* reason) const {
+  locals->clear();
+  if (h.chunk_ids.empty() && all_if_empty) {
+    for (size_t i = 0; i < owned_.size(); ++i) locals->push_back(static_cast<int>(i));
+    return Status::Ok();
+  }
+  std::vector<bool> seen(owned_.size(), false);
+  for (uint32_t id : h.chunk_ids) {
+    if (id >= local_of_.size()) {
+      *reason = RejectReason::kUnknownChunk;
+      return InvalidArgument("{}: chunk id {} is unknown (layout has {} chunks)", MsgTypeName(h.type), id,
+                             local_of_.size());
+    }
+    const int local = local_of_[id];
+    if (local < 0) {
+      *reason = RejectReason::kUnknownChunk;
+      return InvalidArgument("{}: chunk {} belongs to server {}, not server {}", MsgTypeName(h.type), id,
+                             layout_.chunk(static_cast<int32_t>(id)).server, options_.server_id);
+    }
+    if (seen[static_cast<size_t>(local)]) {
+      *reason = RejectReason::kDuplicateChunk;
+      return InvalidArgument("{}: chunk {} listed twice", MsgTypeName(h.type), id);
+    }
+    seen[static_cast<size_t>(local)] = true;
+    locals->push_back(local);
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Push: validate every chunk, then hand the whole push to the policy.
+
+Status ShardServer::HandlePush(const PeerId& peer, const MessageHeader& h, const Frames& frames,
+                               MessageHeader* reply, RejectReason* reason) {
+  DP_RETURN_IF_ERROR(CheckSender(peer, h, reason));
+  const bool init = (h.flags & kFlagInit) != 0;
+  if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) {
+    *reason = RejectReason::kDType;
+    return InvalidArgument("push: dtype {} / encoding {} not supported (server takes f32 dense)",
+                           static_cast<int>(h.dtype), static_cast<int>(h.encoding));
+  }
+  const size_t n = h.chunk_ids.size();
+  if (n == 0) {
+    *reason = RejectReason::kFrameCount;
+    return InvalidArgument("push: no chunks");
+  }
+  if (frames.size() != n + 1 || h.elem_counts.size() != n || h.byte_lengths.size() != n ||
+      (!init && h.versions.size() != n)) {
+    *reason = RejectReason::kFrameCount;
+    return InvalidArgument("push: {} chunk ids but {} payload frames, {} elemCounts, {} byteLengths, {} versions",
+                           n, frames.size() - 1, h.elem_counts.size(), h.byte_lengths.size(), h.versions.size());
+  }
+  std::vector<int> locals;
+  DP_RETURN_IF_ERROR(ResolveChunks(h, /*all_if_empty=*/false, &locals, reason));
+  // Per-chunk checks. Payloads are read in place when aligned; misaligned ones are copied once.
+  std::vector<std::vector<float>> scratch(n);
+  std::vector<PushChunk> chunks(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t id = h.chunk_ids[i];
+    const int64_t count = layout_.chunk(static_cast<int32_t>(id)).count;
+    if (h.elem_counts[i] != static_cast<uint64_t>(count)) {
+      *reason = RejectReason::kElemCount;
+      return InvalidArgument("push: chunk {} has {} elements in the layout, header says {}", id, count,
+                             h.elem_counts[i]);
+    }
+    const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(float);
+    if (h.byte_lengths[i] != bytes || frames[i + 1].size() != bytes) {
+      *reason = RejectReason::kByteLength;
+      return InvalidArgument("push: chunk {} needs {} bytes; header says {}, frame has {}", id, bytes,
+                             h.byte_lengths[i], frames[i + 1].size());
+    }
+    if (!h.checksums.empty()) {
+      const uint32_t crc = Crc32c(frames[i + 1].data(), frames[i + 1].size());
+      if (crc != h.checksums[i]) {
+        *reason = RejectReason::kChecksum;
+        return Corrupt("push: chunk {} CRC-32C {:#010x}, header says {:#010x}", id, crc, h.checksums[i]);
+      }
+    }
+    const float* data = AlignedFloats(frames[i + 1], &scratch[i]);
+    if (!AllFinite(std::span<const float>(data, static_cast<size_t>(count)))) {
+      *reason = RejectReason::kNonFinite;
+      return InvalidArgument("push: chunk {} (tensor '{}') holds NaN or Inf", id,
+                             layout_.tensors()[static_cast<size_t>(layout_.chunk(static_cast<int32_t>(id)).tensor)].name);
+    }
+    const int local = locals[i];
+    if (!init && !chunks_[static_cast<size_t>(local)].initialized) {
+      *reason = RejectReason::kNotInitialized;
+      return Status(StatusCode::kFailedPrecondition,
+                    fmt::format("push: gradient for chunk {} before its weights were initialised", id));
+    }
+    chunks[i] = PushChunk{local, data, count, init ? 0 : h.versions[i]};
+  }
+  reply->type = MsgType::kAck;
+  reply->chunk_ids = h.chunk_ids;
+  if (init) {
+    for (const PushChunk& c : chunks) {
+      ChunkState& st = chunks_[static_cast<size_t>(c.local)];
+      if (st.initialized) continue;  // first init wins; later ones (or after restore) are no-ops
+      std::memcpy(MutableWeights(c.local).data(), c.grad, static_cast<size_t>(c.count) * sizeof(float));
+      st.initialized = true;
+    }
+  } else {
+    const PushContext ctx{h.sender, h.clock};
+    Status policy_ok = policy_->CheckPush(*updater_, ctx, chunks);
+    if (!policy_ok.ok()) {
+      *reason = RejectReason::kClock;
+      return policy_ok;
+    }
+    if (policy_->OnPush(*updater_, ctx, chunks) == PushOutcome::kDroppedLate) ++stats_.dropped_late;
+  }
+  ++stats_.pushes_applied;
+  for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
+  MaybeCheckpoint();
+  return Status::Ok();
+}
+
+std::vector<float>& ShardServer::MutableWeights(int local) {
+  auto& w = chunks_[static_cast<size_t>(local)].weights;
+  if (w.use_count() > 1) {
+    // An in-flight pull reply still reads this buffer: the update goes to a fresh copy.
+    w = std::make_shared<std::vector<float>>(*w);
+  } else {
+    // Pair with the release in the transport's final shared_ptr decrement.
+    std::atomic_thread_fence(std::memory_order_acquire);
+  }
+  return *w;
+}
+
+void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale) {
+  ChunkState& st = chunks_[static_cast<size_t>(local)];
+  const Chunk& c = layout_.chunk(owned_[static_cast<size_t>(local)]);
+  const TensorSpec& t = layout_.tensors()[static_cast<size_t>(c.tensor)];
+  UpdateParams p = MakeUpdateParams(options_.solver, st.version, t.lr_mult, t.decay_mult, grad_scale);
+  p.lr *= lr_scale;
+  const auto n = static_cast<size_t>(c.count);
+  SgdUpdate(p, std::span<const float>(grad, n), std::span<float>(MutableWeights(local).data(), n),
+            std::span<float>(st.history.data(), n));
+  ++st.version;
+  ++stats_.chunk_updates;
+  ++updates_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pull.
+
+bool ShardServer::PullReady(const PendingPull& p) const {
+  for (int l : p.locals) {
+    if (!chunks_[static_cast<size_t>(l)].initialized) return false;
+  }
+  return policy_->PullReady(*updater_, p.request.sender, p.request.clock, p.locals);
+}
+
+void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
+  MessageHeader reply;
+  reply.type = MsgType::kPullReply;
+  reply.request_id = p.request.request_id;
+  reply.model_id = options_.model_id;
+  reply.sender = options_.server_id;
+  reply.layout_hash = layout_.hash();
+  reply.clock = p.request.clock;
+  Frames payload;
+  payload.reserve(p.locals.size());
+  for (int l : p.locals) {
+    const ChunkState& st = chunks_[static_cast<size_t>(l)];
+    const int32_t id = owned_[static_cast<size_t>(l)];
+    const uint64_t bytes = st.weights->size() * sizeof(float);
+    reply.chunk_ids.push_back(static_cast<uint32_t>(id));
+    reply.versions.push_back(st.version);
+    reply.elem_counts.push_back(st.weights->size());
+    reply.byte_lengths.push_back(bytes);
+    payload.push_back(Frame::Borrow(st.weights->data(), bytes, st.weights));  // zero-copy, COW
+  }
+  ++stats_.pulls_served;
+  Reply(ep, p.peer, reply, std::move(payload));
+}
+
+void ShardServer::ServePending(ServerEndpoint* ep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int32_t w : dead_queue_) {
+    policy_->OnWorkerDead(*updater_, w);
+    spdlog::info("shard {}: worker {} declared dead; dropped from consistency accounting", options_.server_id, w);
+  }
+  if (!dead_queue_.empty()) MaybeCheckpoint();
+  dead_queue_.clear();
+  if (pending_.empty()) return;
+  std::vector<PendingPull> still;
+  for (auto& p : pending_) {
+    if (PullReady(p)) {
+      ServePull(ep, p);
+    } else {
+      still.push_back(std::move(p));
+    }
+  }
+  pending_ = std::move(still);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stats, snapshots.
+
+ShardStatsWire ShardServer::StatsLocked() const { return stats_; }
+
+ShardStatsWire ShardServer::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return StatsLocked();
+}
+
+std::vector<float> ShardServer::ChunkWeights(int32_t chunk) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return {};
+  const ChunkState& st = chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])];
+  if (!st.initialized) return {};
+  return *st.weights;
+}
+
+int64_t ShardServer::ChunkVersion(int32_t chunk) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return -1;
+  return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].version;
+}
+
+int64_t ShardServer::updates() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return updates_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints.
+
+void ShardServer::MaybeCheckpoint() {
+  const int64_t every = options_.checkpoint_every_updates;
+  if (every <= 0 || options_.checkpoint_path.empty() || owned_.empty()) return;
+  // "Updates of the shard" = chunk updates / owned chunks: one full round of the shard.
+  const int64_t rounds = updates_ / static_cast<int64_t>(owned_.size());
+  if (rounds - updates_at_last_checkpoint_ < every) return;
+  Status s = SaveCheckpointLocked(options_.checkpoint_path);
+  if (!s.ok()) spdlog::error("shard {}: periodic checkpoint failed: {}", options_.server_id, s.ToString());
+  updates_at_last_checkpoint_ = rounds;
+}
+
+Status ShardServer::SaveCheckpoint(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return SaveCheckpointLocked(path);
+}
+
+Status ShardServer::SaveCheckpointLocked(const std::string& path) {
+  TensorFile file;
+  file.meta["kind"] = "downpour-shard";
+  file.meta["server_id"] = std::to_string(options_.server_id);
+  file.meta["server_count"] = std::to_string(layout_.servers());
+  file.meta["layout_hash"] = std::to_string(layout_.hash());
+  file.meta["model_id"] = std::to_string(options_.model_id);
+  file.meta["updates"] = std::to_string(updates_);
+  std::ostringstream versions, inited;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    versions << (i ? "," : "") << chunks_[i].version;
+    inited << (i ? "," : "") << (chunks_[i].initialized ? 1 : 0);
+  }
+  file.meta["versions"] = versions.str();
+  file.meta["initialized"] = inited.str();
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(chunks_[i].history.size());
+    file.tensors.push_back(NamedTensor{fmt::format("chunk{}.weights", owned_[i]), {n}, *chunks_[i].weights});
+    file.tensors.push_back(NamedTensor{fmt::format("chunk{}.history", owned_[i]), {n}, chunks_[i].history});
+  }
+  DP_RETURN_IF_ERROR(WriteTensorFile(path, file));
+  ++stats_.checkpoints_written;
+  spdlog::info("shard {}: checkpoint written to {} ({} updates)", options_.server_id, path, updates_);
+  return Status::Ok();
+}
+
+namespace {
+
+Status ParseIntList(const std::string& text, const std::string& path, const char* field, size_t n,
+                    std::vector<int64_t>* out) {
+  out->clear();
+  std::istringstream in(text);
+  std::string tok;
+  while (std::getline(in, tok, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (tok.empty() || *end != '\0') return Corrupt("{}: meta '{}': bad entry '{}'", path, field, tok);
+    out->push_back(v);
+  }
+  if (out->size() != n) {
+    return Corrupt("{}: meta '{}' has {} entries, the shard has {} chunks", path, field, out->size(), n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ShardServer::LoadCheckpoint(const std::string& path) {
+  TensorFile file;
+  DP_RETURN_IF_ERROR(ReadTensorFile(path, &file));
+  auto meta = [&](const char* key) -> std::string {
+    auto it = file.meta.find(key);
+    return it == file.meta.end() ? std::string() : it->second;
+  };
+  if (meta("kind") != "downpour-shard") {
+    return Corrupt("{}: not a shard checkpoint (meta kind = '{}')", path, meta("kind"));
+  }
+  if (meta("layout_hash") != std::to_string(layout_.hash()) ||
+      meta("server_id") != std::to_string(options_.server_id)) {
+    return Status(StatusCode::kFailedPrecondition,
+                  fmt::format("{}: checkpoint of server {} with layout hash {}; this is server {} with "
+                              "layout hash {}", path, meta("server_id"), meta("layout_hash"),
+                              options_.server_id, layout_.hash()));
+  }
+  std::vector<int64_t> versions, inited;
+  DP_RETURN_IF_ERROR(ParseIntList(meta("versions"), path, "versions", chunks_.size(), &versions));
+  DP_RETURN_IF_ERROR(ParseIntList(meta("initialized"), path, "initialized", chunks_.size(), &inited));
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const auto& t : file.tensors) by_name[t.name] = &t;
+  // Check everything before changing anything.
+  std::vector<const NamedTensor*> w(chunks_.size()), hist(chunks_.size());
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const size_t n = chunks_[i].history.size();
+    for (auto [name, slot] : {std::pair{fmt::format("chunk{}.weights", owned_[i]), &w[i]},
+                              std::pair{fmt::format("chunk{}.history", owned_[i]), &hist[i]}}) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) return Corrupt("{}: tensor '{}' is missing", path, name);
+      if (it->second->data.size() != n) {
+        return Corrupt("{}: tensor '{}' has {} floats, chunk needs {}", path, name, it->second->data.size(), n);
+      }
+      *slot = it->second;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    chunks_[i].weights = std::make_shared<std::vector<float>>(w[i]->data);
+    chunks_[i].history = hist[i]->data;
+    chunks_[i].version = versions[i];
+    chunks_[i].initialized = inited[i] != 0;
+  }
+  updates_ = std::strtoll(meta("updates").c_str(), nullptr, 10);
+  updates_at_last_checkpoint_ = owned_.empty() ? 0 : updates_ / static_cast<int64_t>(owned_.size());
+  spdlog::info("shard {}: restored from {} ({} updates)", options_.server_id, path, updates_);
+  return Status::Ok();
+}
+
+}  // namespace downpour

@@ -1,0 +1,538 @@
+// shard_test.cc — the shard server through its message path (in-process transport): update math
+// equals SgdUpdate, validation of every bad input, consistency policies, checkpoints.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "client/ps/ps_client.h"
+#include "common/inproc_transport.h"
+#include "server/shard.h"
+#include "server/update/lr_policy.h"
+#include "server/update/sgd.h"
+
+namespace downpour {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<TensorSpec> SmallModel() {
+  return {{"w", {6, 5}, 1.0f, 1.0f}, {"b", {6}, 2.0f, 0.0f}, {"v", {17}, 1.0f, 1.0f}};
+}
+
+// A raw peer that speaks the wire by hand, to send malformed messages.
+class RawPeer {
+ public:
+  RawPeer(Transport* t, const std::string& address) { EXPECT_TRUE(t->Connect(address, &ep_).ok()); }
+  void SendFrames(Frames f) { ASSERT_TRUE(ep_->Send(std::move(f)).ok()); }
+  void Send(const MessageHeader& h, Frames payload = {}) {
+    Frames f(1);
+    ASSERT_TRUE(HeaderFrame(h, &f[0]).ok());
+    for (auto& p : payload) f.push_back(std::move(p));
+    SendFrames(std::move(f));
+  }
+  MessageHeader Receive() {
+    Frames f;
+    Status s = ep_->Receive(&f, 5000ms);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    MessageHeader h;
+    if (s.ok()) {
+      EXPECT_TRUE(ParseHeader(f, &h).ok());
+    }
+    last_frames_ = std::move(f);
+    return h;
+  }
+  const Frames& last_frames() const { return last_frames_; }
+
+ private:
+  std::unique_ptr<ClientEndpoint> ep_;
+  Frames last_frames_;
+};
+
+class ShardFixture : public ::testing::Test {
+ protected:
+  void StartShards(std::vector<TensorSpec> specs, int servers, int64_t chunk_elems, ShardOptions base) {
+    ASSERT_TRUE(ParamLayout::Build(std::move(specs), servers, chunk_elems, &layout_).ok());
+    for (int s = 0; s < servers; ++s) {
+      ShardOptions o = base;
+      o.server_id = s;
+      std::unique_ptr<ShardServer> shard;
+      ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
+      std::unique_ptr<ServerEndpoint> ep;
+      ASSERT_TRUE(transport_.Bind("shard" + std::to_string(s), &ep).ok());
+      addresses_.push_back(ep->address());
+      shard->Start(std::move(ep));
+      shards_.push_back(std::move(shard));
+    }
+  }
+  void TearDown() override {
+    for (auto& s : shards_) s->Stop();
+    for (auto& s : shards_) EXPECT_TRUE(s->Join().ok());
+  }
+  std::unique_ptr<PsClient> Client(int worker) {
+    PsClientOptions o;
+    o.server_addresses = addresses_;
+    o.worker_id = worker;
+    o.reply_timeout = 10000ms;
+    std::unique_ptr<PsClient> c;
+    EXPECT_TRUE(PsClient::Create(&transport_, layout_, o, &c).ok());
+    EXPECT_TRUE(c->Connect(5000ms).ok());
+    return c;
+  }
+  std::vector<float> AllWeights() const {
+    std::vector<float> w(static_cast<size_t>(layout_.total_elems()));
+    for (const Chunk& c : layout_.chunks()) {
+      auto cw = shards_[static_cast<size_t>(c.server)]->ChunkWeights(c.id);
+      EXPECT_EQ(cw.size(), static_cast<size_t>(c.count));
+      std::copy(cw.begin(), cw.end(), w.begin() + c.flat_offset);
+    }
+    return w;
+  }
+  // A registered raw peer for server `s`, worker id `worker`.
+  std::unique_ptr<RawPeer> Raw(int s, int worker) {
+    auto p = std::make_unique<RawPeer>(&transport_, addresses_[static_cast<size_t>(s)]);
+    MessageHeader h;
+    h.type = MsgType::kRegister;
+    h.sender = worker;
+    h.layout_hash = layout_.hash();
+    p->Send(h);
+    EXPECT_EQ(p->Receive().type, MsgType::kRegisterReply);
+    return p;
+  }
+
+  InprocTransport transport_;
+  ParamLayout layout_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<ShardServer>> shards_;
+};
+
+std::vector<float> Iota(size_t n, float start, float step) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = start + step * static_cast<float>(i);
+  return v;
+}
+
+TEST_F(ShardFixture, UpdateThroughTheMessagePathEqualsSgdUpdate) {
+  ShardOptions o;
+  o.solver.base_lr = 0.05f;
+  o.solver.lr_policy = LrPolicy::kStep;
+  o.solver.stepsize = 2;
+  o.solver.gamma = 0.5f;
+  o.solver.momentum = 0.9f;
+  o.solver.weight_decay = 0.01f;
+  StartShards(SmallModel(), 2, 8, o);
+  auto client = Client(0);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  std::vector<float> w0 = Iota(n, -1.0f, 0.03125f);
+  ASSERT_TRUE(client->Wait(client->PushInit(w0), 5000ms).ok());
+
+  // Reference: per tensor, SgdUpdate with that tensor's multipliers and lr at the version.
+  std::vector<float> ref = w0, hist(n, 0.0f);
+  std::vector<float> pulled(n);
+  for (int step = 0; step < 5; ++step) {
+    ASSERT_TRUE(client->Wait(client->Pull(pulled), 5000ms).ok());
+    EXPECT_EQ(pulled, ref) << "step " << step;
+    std::vector<float> g = Iota(n, 0.1f * static_cast<float>(step + 1), -0.0078125f);
+    ASSERT_TRUE(client->Wait(client->Push(g, step), 5000ms).ok());
+    for (size_t t = 0; t < layout_.tensors().size(); ++t) {
+      const TensorSpec& spec = layout_.tensors()[t];
+      const auto off = static_cast<size_t>(layout_.tensor_flat_offset(static_cast<int>(t)));
+      const auto len = static_cast<size_t>(spec.numel());
+      // Each chunk's version equals `step` here (one push per step).
+      UpdateParams p = MakeUpdateParams(o.solver, step, spec.lr_mult, spec.decay_mult, 1.0f);
+      SgdUpdate(p, std::span<const float>(g.data() + off, len), std::span<float>(ref.data() + off, len),
+                std::span<float>(hist.data() + off, len));
+    }
+  }
+  EXPECT_EQ(AllWeights(), ref);  // bit for bit
+  ASSERT_TRUE(client->Wait(client->Pull(pulled), 5000ms).ok());
+  EXPECT_EQ(pulled, ref);
+  for (const Chunk& c : layout_.chunks()) EXPECT_EQ(client->last_versions()[static_cast<size_t>(c.id)], 5);
+}
+
+TEST_F(ShardFixture, AsyncWorkersThreadsExactSum) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.expected_workers = 4;
+  std::vector<TensorSpec> specs = {{"a", {1000}, 1, 1}, {"b", {333}, 1, 1}};
+  StartShards(specs, 2, 128, o);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  {
+    auto c0 = Client(0);
+    std::vector<float> init(n, 1024.0f);
+    ASSERT_TRUE(c0->Wait(c0->PushInit(init), 5000ms).ok());
+  }
+  constexpr int kWorkers = 4, kSteps = 20;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      auto c = Client(w);
+      std::vector<float> weights(n), g(n);
+      for (int step = 0; step < kSteps; ++step) {
+        EXPECT_TRUE(c->Wait(c->Pull(weights), 5000ms).ok());
+        // Integer gradients: every order of addition gives the same float.
+        for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((w + 1) * ((i + step) % 3));
+        EXPECT_TRUE(c->Wait(c->Push(g, step), 5000ms).ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<float> expect(n, 1024.0f);
+  for (int w = 0; w < kWorkers; ++w)
+    for (int step = 0; step < kSteps; ++step)
+      for (size_t i = 0; i < n; ++i) expect[i] -= static_cast<float>((w + 1) * ((i + step) % 3));
+  EXPECT_EQ(AllWeights(), expect);
+  uint64_t received = 0, applied = 0;
+  for (auto& s : shards_) {
+    ShardStatsWire st = s->Stats();
+    received += st.pushes_received;
+    applied += st.pushes_applied;
+    EXPECT_EQ(st.pushes_rejected, 0u);
+  }
+  EXPECT_EQ(received, static_cast<uint64_t>(2 + 2 * kWorkers * kSteps));  // + the init push per server
+  EXPECT_EQ(applied, received);
+  for (const Chunk& c : layout_.chunks()) {
+    EXPECT_EQ(shards_[static_cast<size_t>(c.server)]->ChunkVersion(c.id), kWorkers * kSteps);
+  }
+}
+
+// --- Bad input: each gets an error reply, is counted, and leaves the weights byte-identical. ---
+
+class BadInput : public ShardFixture {
+ protected:
+  void SetUp() override {
+    ShardOptions o;
+    o.solver.base_lr = 1.0f;
+    o.solver.momentum = 0.0f;
+    o.solver.weight_decay = 0.0f;
+    StartShards(SmallModel(), 2, 8, o);
+    client_ = Client(0);
+    std::vector<float> w0 = Iota(static_cast<size_t>(layout_.total_elems()), 0.5f, 0.25f);
+    ASSERT_TRUE(client_->Wait(client_->PushInit(w0), 5000ms).ok());
+    before_ = AllWeights();
+    peer_ = Raw(0, 0);
+    chunk_ = layout_.ServerChunks(0)[0];
+    grad_.assign(static_cast<size_t>(layout_.chunk(chunk_).count), 1.0f);
+  }
+  // A valid push of chunk_ from worker 0 to server 0; tests break one thing.
+  MessageHeader GoodPush() const {
+    MessageHeader h;
+    h.type = MsgType::kPush;
+    h.sender = 0;
+    h.request_id = 99;
+    h.layout_hash = layout_.hash();
+    h.chunk_ids = {static_cast<uint32_t>(chunk_)};
+    h.versions = {0};
+    h.elem_counts = {grad_.size()};
+    h.byte_lengths = {grad_.size() * 4};
+    return h;
+  }
+  Frames GradFrames(const std::vector<float>& g) const {
+    Frames f;
+    f.push_back(Frame::Copy(g.data(), g.size() * 4));
+    return f;
+  }
+  // Expects an error reply counted under `reason`, unchanged weights, and a server that still
+  // answers a good pull.
+  void ExpectRejected(RejectReason reason, const std::string& text_part) {
+    MessageHeader r = peer_->Receive();
+    EXPECT_EQ(r.type, MsgType::kError);
+    EXPECT_NE(r.error_text.find(text_part), std::string::npos) << r.error_text;
+    ShardStatsWire st = shards_[0]->Stats();
+    EXPECT_EQ(st.rejected_by_reason[static_cast<size_t>(reason)], 1u) << RejectReasonName(reason);
+    std::vector<float> now = AllWeights();
+    ASSERT_EQ(now.size(), before_.size());
+    EXPECT_EQ(std::memcmp(now.data(), before_.data(), now.size() * 4), 0) << "weights changed";
+    std::vector<float> pulled(before_.size());
+    EXPECT_TRUE(client_->Wait(client_->Pull(pulled), 5000ms).ok());
+    EXPECT_EQ(pulled, before_);
+  }
+
+  std::unique_ptr<PsClient> client_;
+  std::unique_ptr<RawPeer> peer_;
+  std::vector<float> before_;
+  std::vector<float> grad_;
+  int32_t chunk_ = 0;
+};
+
+TEST_F(BadInput, GarbageFrame) {
+  Frames f;
+  f.push_back(Frame::Copy(std::string("this is not a capnp header!!")));
+  peer_->SendFrames(std::move(f));
+  ExpectRejected(RejectReason::kUndecodable, "header");
+  EXPECT_EQ(shards_[0]->Stats().undecodable, 1u);
+}
+
+TEST_F(BadInput, TruncatedHeader) {
+  std::string bytes;
+  ASSERT_TRUE(EncodeHeader(GoodPush(), &bytes).ok());
+  Frames f;
+  f.push_back(Frame::Copy(bytes.data(), bytes.size() - 16));
+  f.push_back(Frame::Copy(grad_.data(), grad_.size() * 4));
+  peer_->SendFrames(std::move(f));
+  ExpectRejected(RejectReason::kUndecodable, "header");
+}
+
+TEST_F(BadInput, PayloadLengthDisagreesWithHeader) {
+  std::vector<float> shorter(grad_.begin(), grad_.end() - 1);
+  peer_->Send(GoodPush(), GradFrames(shorter));
+  ExpectRejected(RejectReason::kByteLength, "bytes");
+}
+
+TEST_F(BadInput, UnknownChunkId) {
+  MessageHeader h = GoodPush();
+  h.chunk_ids = {100000};
+  peer_->Send(h, GradFrames(grad_));
+  ExpectRejected(RejectReason::kUnknownChunk, "100000");
+}
+
+TEST_F(BadInput, ChunkOwnedByAnotherServer) {
+  MessageHeader h = GoodPush();
+  const int32_t other = layout_.ServerChunks(1)[0];
+  h.chunk_ids = {static_cast<uint32_t>(other)};
+  h.elem_counts = {static_cast<uint64_t>(layout_.chunk(other).count)};
+  h.byte_lengths = {static_cast<uint64_t>(layout_.chunk(other).count * 4)};
+  peer_->Send(h, GradFrames(std::vector<float>(static_cast<size_t>(layout_.chunk(other).count), 1.0f)));
+  ExpectRejected(RejectReason::kUnknownChunk, "belongs to server 1");
+}
+
+TEST_F(BadInput, DTypeMismatch) {
+  MessageHeader h = GoodPush();
+  h.dtype = DType::kF16;
+  peer_->Send(h, GradFrames(grad_));
+  ExpectRejected(RejectReason::kDType, "dtype");
+}
+
+TEST_F(BadInput, ElementCountMismatch) {
+  MessageHeader h = GoodPush();
+  h.elem_counts = {grad_.size() + 1};
+  peer_->Send(h, GradFrames(grad_));
+  ExpectRejected(RejectReason::kElemCount, "elements");
+}
+
+TEST_F(BadInput, NaNGradient) {
+  std::vector<float> g = grad_;
+  g[g.size() / 2] = std::nanf("");
+  peer_->Send(GoodPush(), GradFrames(g));
+  ExpectRejected(RejectReason::kNonFinite, "NaN");
+}
+
+TEST_F(BadInput, InfGradientInSecondChunkAppliesNothing) {
+  // Two chunks; the second is bad: the first must not be applied either (no partial update).
+  auto ids = layout_.ServerChunks(0);
+  ASSERT_GE(ids.size(), 2u);
+  MessageHeader h = GoodPush();
+  h.chunk_ids = {static_cast<uint32_t>(ids[0]), static_cast<uint32_t>(ids[1])};
+  h.versions = {0, 0};
+  const size_t n1 = static_cast<size_t>(layout_.chunk(ids[1]).count);
+  h.elem_counts = {grad_.size(), n1};
+  h.byte_lengths = {grad_.size() * 4, n1 * 4};
+  std::vector<float> g2(n1, 1.0f);
+  g2[0] = INFINITY;
+  Frames f = GradFrames(grad_);
+  f.push_back(Frame::Copy(g2.data(), n1 * 4));
+  peer_->Send(h, std::move(f));
+  ExpectRejected(RejectReason::kNonFinite, "NaN or Inf");
+}
+
+TEST_F(BadInput, WrongLayoutHash) {
+  MessageHeader h = GoodPush();
+  h.layout_hash ^= 1;
+  peer_->Send(h, GradFrames(grad_));
+  ExpectRejected(RejectReason::kLayoutHash, "layout hash");
+}
+
+TEST_F(BadInput, UnregisteredSender) {
+  MessageHeader h = GoodPush();
+  h.sender = 7;  // the peer registered as worker 0
+  peer_->Send(h, GradFrames(grad_));
+  ExpectRejected(RejectReason::kNotRegistered, "not registered");
+}
+
+TEST_F(BadInput, FrameCountMismatch) {
+  Frames f = GradFrames(grad_);
+  f.push_back(Frame::Copy(grad_.data(), 4));
+  peer_->Send(GoodPush(), std::move(f));
+  ExpectRejected(RejectReason::kFrameCount, "payload frames");
+}
+
+TEST_F(BadInput, ChecksumMismatch) {
+  MessageHeader h = GoodPush();
+  h.checksums = {Crc32c(grad_.data(), grad_.size() * 4) ^ 1u};
+  peer_->Send(h, GradFrames(grad_));
+  ExpectRejected(RejectReason::kChecksum, "CRC");
+}
+
+TEST_F(BadInput, RegisterWithWrongLayoutHashNamesBothHashes) {
+  RawPeer p(&transport_, addresses_[0]);
+  MessageHeader h;
+  h.type = MsgType::kRegister;
+  h.sender = 3;
+  h.layout_hash = 0x1234;
+  p.Send(h);
+  MessageHeader r = p.Receive();
+  ASSERT_EQ(r.type, MsgType::kError);
+  EXPECT_NE(r.error_text.find("0x0000000000001234"), std::string::npos) << r.error_text;
+  EXPECT_NE(r.error_text.find(fmt::format("{:#018x}", layout_.hash())), std::string::npos) << r.error_text;
+}
+
+// --- Consistency policies. ---
+
+TEST_F(ShardFixture, SyncAveragesLiveWorkersAndPullWaitsForTheClock) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 2;
+  StartShards({{"a", {16}, 1, 1}}, 1, 8, o);
+  auto c0 = Client(0), c1 = Client(1);
+  const size_t n = 16;
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(n, 10.0f)), 5000ms).ok());
+  std::vector<float> w(n);
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Pull(w, 0), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(n, 2.0f), 0), 5000ms).ok());
+  // Worker 0's pull for clock 1 must wait for worker 1's clock-0 gradient.
+  RequestId r = c0->Pull(w, 1);
+  EXPECT_EQ(c0->Wait(r, 150ms).code(), StatusCode::kTimeout);
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, 10.0f));  // not applied yet
+  ASSERT_TRUE(c1->Wait(c1->Push(std::vector<float>(n, 4.0f), 0), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(r, 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n, 7.0f));  // 10 - (2 + 4) / 2
+  // A second push for clock 0 (late) is dropped and counted, not applied.
+  ASSERT_TRUE(c1->Wait(c1->Push(std::vector<float>(n, 100.0f), 0), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->Stats().dropped_late, 1u);
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, 7.0f));
+}
+
+TEST_F(ShardFixture, SyncDeadWorkerIsDroppedSoTheClockCompletes) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 3;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c0 = Client(0), c1 = Client(1);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Push(std::vector<float>(8, 3.0f), 0), 5000ms).ok());
+  std::vector<float> w(8);
+  RequestId r = c0->Pull(w, 1);
+  EXPECT_EQ(c0->Wait(r, 150ms).code(), StatusCode::kTimeout);  // worker 2 never pushes
+  shards_[0]->MarkWorkerDead(2);
+  ASSERT_TRUE(c0->Wait(r, 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(8, -2.0f));
+}
+
+TEST_F(ShardFixture, SyncBackupWorkerAppliesAfterWMinusB) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.consistency.backup_workers = 1;
+  o.expected_workers = 3;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c0 = Client(0), c1 = Client(1), c2 = Client(2);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(8, 2.0f), 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Push(std::vector<float>(8, 4.0f), 0), 5000ms).ok());
+  std::vector<float> w(8);
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 1), 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(8, -3.0f));
+  ASSERT_TRUE(c2->Wait(c2->Push(std::vector<float>(8, 50.0f), 0), 5000ms).ok());  // the backup: late
+  EXPECT_EQ(shards_[0]->Stats().dropped_late, 1u);
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
+}
+
+TEST_F(ShardFixture, SspPullWaitsForTheSlowestWorker) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSsp;
+  o.consistency.staleness_bound = 1;
+  o.expected_workers = 2;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto fast = Client(0), slow = Client(1);
+  ASSERT_TRUE(fast->Wait(fast->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  std::vector<float> w(8), g(8, 1.0f);
+  // Fast worker: clocks 0 and 1 are within the bound of a slow worker at clock 0.
+  ASSERT_TRUE(fast->Wait(fast->Pull(w, 0), 5000ms).ok());
+  ASSERT_TRUE(fast->Wait(fast->Push(g, 0), 5000ms).ok());
+  ASSERT_TRUE(fast->Wait(fast->Pull(w, 1), 5000ms).ok());
+  ASSERT_TRUE(fast->Wait(fast->Push(g, 1), 5000ms).ok());
+  RequestId r = fast->Pull(w, 2);  // needs the slow worker to have finished clock 0
+  EXPECT_EQ(fast->Wait(r, 150ms).code(), StatusCode::kTimeout);
+  ASSERT_TRUE(slow->Wait(slow->Push(g, 0), 5000ms).ok());
+  ASSERT_TRUE(fast->Wait(r, 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(8, -3.0f));
+  // Staleness was measured: the slow push came from version 0 while the chunk was at 2.
+  ShardStatsWire st = shards_[0]->Stats();
+  EXPECT_EQ(st.staleness_max, 2u);
+  EXPECT_EQ(st.staleness_histogram[2], 1u);
+}
+
+// --- Checkpoints. ---
+
+TEST_F(ShardFixture, CheckpointRoundTripRestoresWeightsHistoryAndVersions) {
+  ShardOptions o;
+  o.solver.base_lr = 0.1f;
+  o.solver.momentum = 0.9f;
+  StartShards(SmallModel(), 2, 8, o);
+  auto c = Client(0);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  ASSERT_TRUE(c->Wait(c->PushInit(Iota(n, 1.0f, 0.5f)), 5000ms).ok());
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(c->Wait(c->Push(Iota(n, 0.25f, 0.125f), step), 5000ms).ok());
+  const std::string dir = ::testing::TempDir() + "/shard_ckpt_test";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/shard0.dpt";
+  ASSERT_TRUE(c->Checkpoint(0, path, 5000ms).ok());
+  EXPECT_EQ(shards_[0]->Stats().checkpoints_written, 1u);
+
+  std::unique_ptr<ShardServer> fresh;
+  o.server_id = 0;
+  ASSERT_TRUE(ShardServer::Create(layout_, o, &fresh).ok());
+  ASSERT_TRUE(fresh->LoadCheckpoint(path).ok());
+  for (int32_t id : layout_.ServerChunks(0)) {
+    EXPECT_EQ(fresh->ChunkWeights(id), shards_[0]->ChunkWeights(id));
+    EXPECT_EQ(fresh->ChunkVersion(id), 3);
+  }
+  // Another server's checkpoint is refused with both identities named.
+  std::unique_ptr<ShardServer> other;
+  o.server_id = 1;
+  ASSERT_TRUE(ShardServer::Create(layout_, o, &other).ok());
+  Status s = other->LoadCheckpoint(path);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("server 0"), std::string::npos) << s.message();
+}
+
+TEST_F(ShardFixture, PeriodicCheckpointEveryNUpdates) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  const std::string dir = ::testing::TempDir() + "/shard_periodic_test";
+  std::filesystem::create_directories(dir);
+  o.checkpoint_path = dir + "/shard.dpt";
+  o.checkpoint_every_updates = 2;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), i), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->Stats().checkpoints_written, 2u);  // after updates 2 and 4
+  std::unique_ptr<ShardServer> fresh;
+  ASSERT_TRUE(ShardServer::Create(layout_, o, &fresh).ok());
+  ASSERT_TRUE(fresh->LoadCheckpoint(o.checkpoint_path).ok());
+  EXPECT_EQ(fresh->ChunkVersion(0), 4);
+  EXPECT_EQ(fresh->ChunkWeights(0), std::vector<float>(8, -4.0f));
+}
+
+}  // namespace
+}  // namespace downpour
