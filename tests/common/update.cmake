@@ -5,3 +5,5 @@ downpour_add_test(common_tensor_file_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/te
                   LIBS downpour_common)
 downpour_add_test(common_metrics_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/metrics_test.cc
                   LIBS downpour_common)
+downpour_add_test(common_process_group_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/process_group_test.cc
+                  LIBS downpour_common TIMEOUT 60)
