@@ -1,0 +1,122 @@
+// loader_sources.cc — see loader_sources.h.
+#include "client/worker/loader_sources.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "data/loader.h"
+
+namespace downpour::worker {
+namespace {
+
+// Shuffle window of the training stream (records); a few thousand Fashion-MNIST records mix
+// classes well while keeping LMDB reads mostly sequential.
+constexpr int64_t kShuffleBuffer = 4096;
+
+class LoaderTrainSource : public TrainSource {
+ public:
+  explicit LoaderTrainSource(data::LoaderOptions o) : batch_size_(o.batch_size), loader_(std::move(o)) {}
+  Status Open() { return loader_.Open(); }
+
+  Status Next(BatchView* view) override {
+    for (;;) {
+      if (held_ != nullptr) loader_.Release(held_);
+      held_ = loader_.Next();
+      if (held_ == nullptr) {
+        Status s = loader_.status();
+        return s.ok() ? Status(StatusCode::kInternal, "training loader ended (it should be endless)") : s;
+      }
+      if (held_->n == batch_size_) break;  // drop the short last batch of an epoch
+    }
+    view->data = held_->data;
+    view->labels = held_->labels;
+    view->n = held_->n;
+    view->c = held_->c;
+    view->h = held_->h;
+    view->w = held_->w;
+    view->epoch = static_cast<int>(held_->epoch);
+    return Status::Ok();
+  }
+  int64_t shard_size() const override { return loader_.stats().records_in_shard; }
+  ~LoaderTrainSource() override {
+    if (held_ != nullptr) loader_.Release(held_);
+  }
+
+ private:
+  int batch_size_;
+  data::Loader loader_;
+  const data::Batch* held_ = nullptr;
+};
+
+class LoaderTestSource : public TestSource {
+ public:
+  explicit LoaderTestSource(data::LoaderOptions o) : options_(std::move(o)) {}
+
+  Status Rewind() override {
+    held_ = nullptr;
+    loader_.reset();  // releases its ring
+    loader_ = std::make_unique<data::Loader>(options_);
+    return loader_->Open();
+  }
+  Status Next(BatchView* view, bool* has_batch) override {
+    if (held_ != nullptr) loader_->Release(held_);
+    held_ = loader_->Next();
+    *has_batch = held_ != nullptr;
+    if (held_ == nullptr) return loader_->status();
+    view->data = held_->data;
+    view->labels = held_->labels;
+    view->n = held_->n;
+    view->c = held_->c;
+    view->h = held_->h;
+    view->w = held_->w;
+    view->epoch = 0;
+    return Status::Ok();
+  }
+  ~LoaderTestSource() override {
+    if (held_ != nullptr && loader_ != nullptr) loader_->Release(held_);
+  }
+
+ private:
+  data::LoaderOptions options_;
+  std::unique_ptr<data::Loader> loader_;
+  const data::Batch* held_ = nullptr;
+};
+
+}  // namespace
+
+Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, std::unique_ptr<TrainSource>* out) {
+  data::LoaderOptions o;
+  if (c.data.sharding == DataSharding::kOwn) {
+    o.db_path = (std::filesystem::path(c.data.train) / std::to_string(worker_id)).string();
+  } else {
+    o.db_path = c.data.train;
+    o.shard_index = worker_id;
+    o.shard_count = c.cluster.workers;
+  }
+  o.batch_size = c.worker.batch_size;
+  o.crop = c.data.crop;
+  o.train = true;
+  o.mirror = c.data.mirror;
+  o.mean_file = c.data.mean_file;
+  o.scale = c.data.scale;
+  o.shuffle_buffer = kShuffleBuffer;
+  o.seed = static_cast<uint64_t>(c.run.seed) * 1000003u + static_cast<uint64_t>(worker_id);
+  o.queue_depth = std::max(2, c.data.prefetch);
+  auto source = std::make_unique<LoaderTrainSource>(o);
+  DP_RETURN_IF_ERROR(source->Open());
+  *out = std::move(source);
+  return Status::Ok();
+}
+
+Status OpenLoaderTestSource(const RunConfig& c, int batch, std::unique_ptr<TestSource>* out) {
+  data::LoaderOptions o = data::EvalOptions(c.data.test, batch, c.data.crop);
+  o.mean_file = c.data.mean_file;
+  o.scale = c.data.scale;
+  auto source = std::make_unique<LoaderTestSource>(o);
+  DP_RETURN_IF_ERROR(source->Rewind());  // checks the LMDB now, not at the first evaluation
+  *out = std::move(source);
+  return Status::Ok();
+}
+
+}  // namespace downpour::worker

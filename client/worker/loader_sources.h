@@ -1,0 +1,23 @@
+// loader_sources.h — TrainSource / TestSource over data/'s prefetching LMDB Loader.
+//
+// Training: the worker's slice (data.sharding = "slice": records j, j+W, ... of data.train)
+// or its own LMDB ("own": <data.train>/<j>), shuffled with a window, random crop / mirror /
+// mean / scale from [data]; endless. A short batch at the end of an epoch is dropped
+// (drop-last), so every step has the net's batch size.
+// Test: data.test in key order, centre crop, in batches of `batch`; every evaluation
+// re-opens the loader (Rewind), which keeps the stream deterministic.
+//
+// Ownership: each source owns its Loader. Thread-safety: one consumer thread.
+#pragma once
+
+#include <memory>
+
+#include "client/worker/sources.h"
+#include "common/run_config.h"
+
+namespace downpour::worker {
+
+Status OpenLoaderTrainSource(const RunConfig& config, int worker_id, std::unique_ptr<TrainSource>* out);
+Status OpenLoaderTestSource(const RunConfig& config, int batch, std::unique_ptr<TestSource>* out);
+
+}  // namespace downpour::worker

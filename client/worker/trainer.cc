@@ -1,0 +1,327 @@
+// trainer.cc — see trainer.h.
+#include "client/worker/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "common/tensor_file.h"
+
+namespace downpour::worker {
+namespace {
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Steps this worker runs: `steps`, or enough whole batches for `epochs` passes of its shard.
+int64_t PlannedSteps(const WorkerConfig& w, int64_t shard_size) {
+  if (w.epochs > 0 && shard_size > 0)
+    return (static_cast<int64_t>(w.epochs) * shard_size + w.batch_size - 1) / w.batch_size;
+  return w.steps;
+}
+
+// The evaluated weights as a tensor file (common/tensor_file.h), one tensor per parameter,
+// named as param_specs() names them (what Net::LoadWeights reads).
+Status SaveModel(engine::Net& net, const std::string& path) {
+  TensorFile file;
+  file.meta["model"] = net.spec().name;
+  for (int i = 0; i < static_cast<int>(net.param_specs().size()); ++i) {
+    const TensorSpec& spec = net.param_specs()[static_cast<size_t>(i)];
+    const auto p = net.param(i);
+    file.tensors.push_back(NamedTensor{spec.name, spec.shape, std::vector<float>(p.begin(), p.end())});
+  }
+  return WriteTensorFile(path, file);
+}
+
+}  // namespace
+
+double LearningRate(const SolverConfig& s, int64_t iter) {
+  const double it = static_cast<double>(iter);
+  switch (s.lr_policy) {
+    case LrPolicy::kFixed: return s.base_lr;
+    case LrPolicy::kStep: return s.base_lr * std::pow(s.gamma, std::floor(it / static_cast<double>(s.stepsize)));
+    case LrPolicy::kMultistep: {
+      const auto passed = std::count_if(s.stepvalues.begin(), s.stepvalues.end(), [&](int64_t v) { return v <= iter; });
+      return s.base_lr * std::pow(s.gamma, static_cast<double>(passed));
+    }
+    case LrPolicy::kPoly:
+      return s.base_lr * std::pow(std::max(0.0, 1.0 - it / static_cast<double>(s.max_iter)), s.power);
+    case LrPolicy::kInv: return s.base_lr * std::pow(1.0 + s.gamma * it, -s.power);
+    case LrPolicy::kExp: return s.base_lr * std::pow(s.gamma, it);
+  }
+  return s.base_lr;
+}
+
+Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net, const ParamLayout* layout,
+                 ParamChannel* channel, TrainSource* train, TestSource* test, MetricsWriter* metrics,
+                 ProgressReporter* progress)
+    : o_(std::move(options)),
+      net_(net),
+      eval_net_(eval_net),
+      layout_(layout),
+      channel_(channel),
+      train_(train),
+      test_(test),
+      metrics_(metrics),
+      progress_(progress),
+      planner_(*layout, o_.min_push_elems) {
+  DP_CHECK_EQ(layout_->total_elems(), static_cast<int64_t>(net_->params().size()));
+  DP_CHECK_EQ(layout_->tensors().size(), net_->param_specs().size());
+  if (o_.worker.push_every > 1) accum_.assign(net_->params().size(), 0.0f);
+  if (channel_ == nullptr) history_.assign(net_->params().size(), 0.0f);
+  net_->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
+}
+
+double Trainer::Elapsed() const { return NowS() - start_; }
+
+// Runs inside backward on the training thread. Tensor `tensor`'s gradient is final: fold it
+// into the accumulator when pushes stand for several steps, then push what became ready.
+void Trainer::OnGradReady(int tensor) {
+  if (!pushing_ || !callback_status_.ok()) return;
+  std::span<const float> source = net_->grads();
+  if (!accum_.empty()) {
+    const int64_t off = net_->param_offset(tensor);
+    const auto g = net_->grad(tensor);
+    const float inv = 1.0f / static_cast<float>(o_.worker.push_every);
+    float* acc = accum_.data() + off;
+    for (size_t i = 0; i < g.size(); ++i) acc[i] = (acc[i] + g[i]) * inv;
+    source = accum_;
+  }
+  for (const PushGroup& group : planner_.OnTensorReady(tensor)) {
+    Status s = channel_->StartPush(clock_, group, source);
+    if (!s.ok()) {
+      callback_status_ = s;
+      return;
+    }
+  }
+}
+
+void Trainer::ApplyLocalUpdate() {
+  auto grads = net_->grads();
+  if (!accum_.empty()) {
+    const float inv = 1.0f / static_cast<float>(o_.worker.push_every);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = (accum_[i] + grads[i]) * inv;
+    std::fill(accum_.begin(), accum_.end(), 0.0f);
+  }
+  const float lr = static_cast<float>(LearningRate(o_.solver, local_iter_));
+  net_->SgdUpdate(lr, o_.solver.momentum, o_.solver.weight_decay, history_);
+  ++local_iter_;
+}
+
+Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step) {
+  pushing_ = channel_ != nullptr && push_step;
+  planner_.Reset();
+  callback_status_ = Status::Ok();
+  const double t0 = NowS();
+  const float loss = net_->ForwardBackward(batch.data, batch.labels);
+  const double t1 = NowS();
+  compute_ms_ = 1e3 * (t1 - t0);
+  push_wait_ms_ = 0;
+  DP_RETURN_IF_ERROR(callback_status_);
+  if (!std::isfinite(loss))
+    return Status(StatusCode::kInternal, fmt::format("worker {}: training loss is {} at step {} (diverged; "
+                                                     "lower solver.base_lr)", o_.worker_id, loss, step));
+  loss_last_ = loss;
+  loss_ema_ = loss_ema_ < 0 ? loss : 0.95 * loss_ema_ + 0.05 * loss;
+
+  if (pushing_) {
+    // Tensors whose callback never fired (none, for a well-formed net) still go out.
+    for (const PushGroup& group : planner_.Flush()) {
+      DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, accum_.empty() ? net_->grads() : std::span<const float>(accum_)));
+    }
+    DP_CHECK(planner_.AllReleased());
+    DP_RETURN_IF_ERROR(channel_->WaitPushes(&push_info_));
+    if (!accum_.empty()) std::fill(accum_.begin(), accum_.end(), 0.0f);
+    ++clock_;
+    DP_RETURN_IF_ERROR(channel_->Clock(clock_));
+    push_wait_ms_ = 1e3 * (NowS() - t1);
+  } else if (channel_ == nullptr && push_step) {
+    ApplyLocalUpdate();
+  } else {
+    const auto g = net_->grads();
+    for (size_t i = 0; i < g.size(); ++i) accum_[i] += g[i];
+  }
+  pushing_ = false;
+  return Status::Ok();
+}
+
+bool Trainer::EvalDue(int64_t steps_done) const {
+  if (!o_.evaluate || test_ == nullptr) return false;
+  if (o_.eval.every_steps > 0 && steps_done % o_.eval.every_steps == 0) return true;
+  return o_.eval.every_seconds > 0 && Elapsed() - last_eval_time_ >= o_.eval.every_seconds;
+}
+
+Status Trainer::Evaluate(bool final_eval, EvalRecord* out) {
+  DP_CHECK(eval_net_ != nullptr && test_ != nullptr);
+  const double t0 = NowS();
+  *out = EvalRecord{};
+  if (channel_ != nullptr) {
+    PullInfo info;
+    DP_RETURN_IF_ERROR(channel_->Pull(clock_, eval_net_->params(), &info));
+    out->versions = info.version_sum;
+  } else {
+    std::copy(net_->params().begin(), net_->params().end(), eval_net_->params().begin());
+    out->versions = local_iter_;
+  }
+  DP_RETURN_IF_ERROR(test_->Rewind());
+  double loss_sum = 0, top1_sum = 0, top5_sum = 0;
+  for (int b = 0; o_.eval.test_batches == 0 || b < o_.eval.test_batches; ++b) {
+    BatchView batch;
+    bool has = false;
+    DP_RETURN_IF_ERROR(test_->Next(&batch, &has));
+    if (!has) break;
+    if (batch.n != eval_net_->batch_size()) DP_RETURN_IF_ERROR(eval_net_->Reshape(batch.n));
+    const engine::EvalResult r = eval_net_->Forward(batch.data, batch.labels);
+    loss_sum += static_cast<double>(r.loss) * batch.n;
+    top1_sum += static_cast<double>(r.top1) * batch.n;
+    top5_sum += static_cast<double>(r.topk) * batch.n;
+    out->images += batch.n;
+  }
+  if (out->images == 0) return NotFound("evaluation: the test set gave no batches (data.test is empty?)");
+  const double n = static_cast<double>(out->images);
+  out->loss = loss_sum / n;
+  out->top1 = top1_sum / n;
+  out->top5 = top5_sum / n;
+  out->step = steps_done_;
+  const int64_t shard = train_->shard_size();
+  out->epoch = shard > 0 ? static_cast<double>(images_) / static_cast<double>(shard) : 0.0;
+  out->wall_s = Elapsed();
+  eval_s_ += NowS() - t0;
+  last_eval_time_ = Elapsed();
+  LogEval(*out, final_eval);
+  if (progress_ != nullptr)
+    progress_->Note(fmt::format("w{} {}eval step {} epoch {:.2f}: test loss {:.4f} top-1 {:.2f}% top-5 {:.2f}% ({} images)",
+                                o_.worker_id, final_eval ? "final " : "", out->step, out->epoch, out->loss,
+                                100 * out->top1, 100 * out->top5, out->images));
+  return Status::Ok();
+}
+
+void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s) {
+  const int64_t shard = train_->shard_size();
+  const double rate = step_s > 0 ? batch.n / step_s : 0.0;
+  rate_ema_ = rate_ema_ == 0 ? rate : 0.9 * rate_ema_ + 0.1 * rate;
+  if (metrics_ == nullptr) return;
+  const double epoch = shard > 0 ? static_cast<double>(images_) / static_cast<double>(shard) : 0.0;
+  const int64_t chunks = push_info_.chunks - last_push_chunks_;
+  const double staleness =
+      push_info_.staleness_known && chunks > 0
+          ? static_cast<double>(push_info_.staleness_sum - last_push_sum_) / static_cast<double>(chunks)
+          : std::numeric_limits<double>::quiet_NaN();  // written as null: the servers measure it
+  last_push_chunks_ = push_info_.chunks;
+  last_push_sum_ = push_info_.staleness_sum;
+  // Metrics are best effort: a full disk must not stop training.
+  (void)metrics_->Write("step", {{"wall_s", Elapsed()},
+                                 {"step", steps_done},
+                                 {"clock", clock_},
+                                 {"epoch", epoch},
+                                 {"loss", loss_last_},
+                                 {"loss_ema", loss_ema_},
+                                 {"batch_acc", net_->last_accuracy()},
+                                 {"images", images_},
+                                 {"images_per_s", rate},
+                                 {"pull_ms", pull_ms_},
+                                 {"compute_ms", compute_ms_},
+                                 {"push_wait_ms", push_wait_ms_},
+                                 {"version_min", pull_info_.version_min},
+                                 {"version_max", pull_info_.version_max},
+                                 {"staleness_mean", staleness}});
+}
+
+void Trainer::LogEval(const EvalRecord& r, bool final_eval) {
+  if (metrics_ == nullptr) return;
+  (void)metrics_->Write("eval", {{"wall_s", r.wall_s},
+                                 {"final", final_eval},
+                                 {"step", r.step},
+                                 {"epoch", r.epoch},
+                                 {"test_loss", r.loss},
+                                 {"top1", r.top1},
+                                 {"top5", r.top5},
+                                 {"test_images", r.images},
+                                 {"server_versions", r.versions}});
+}
+
+Status Trainer::Run(TrainResult* result) {
+  *result = TrainResult{};
+  const WorkerConfig& w = o_.worker;
+  const int64_t planned = PlannedSteps(w, train_->shard_size());
+  start_ = NowS();
+  last_eval_time_ = 0;
+  if (metrics_ != nullptr) {
+    (void)metrics_->Write("start", {{"planned_steps", planned},
+                                    {"batch_size", w.batch_size},
+                                    {"pull_every", w.pull_every},
+                                    {"push_every", w.push_every},
+                                    {"shard_size", train_->shard_size()},
+                                    {"params", static_cast<int64_t>(net_->params().size())},
+                                    {"distributed", channel_ != nullptr}});
+  }
+  for (int64_t step = 0; step < planned; ++step) {
+    const double t0 = NowS();
+    pull_ms_ = 0;
+    if (channel_ != nullptr && step % w.pull_every == 0) {
+      DP_RETURN_IF_ERROR(channel_->Pull(clock_, net_->params(), &pull_info_));
+      pull_ms_ = 1e3 * (NowS() - t0);
+    }
+    BatchView batch;
+    DP_RETURN_IF_ERROR(train_->Next(&batch));
+    if (batch.n != net_->batch_size() || batch.c != net_->input_channels() || batch.h != net_->input_height() ||
+        batch.w != net_->input_width())
+      return InvalidArgument("worker {}: batch {}x{}x{}x{} does not match the net's input {}x{}x{}x{}", o_.worker_id,
+                             batch.n, batch.c, batch.h, batch.w, net_->batch_size(), net_->input_channels(),
+                             net_->input_height(), net_->input_width());
+    const bool push_step = (step + 1) % w.push_every == 0 || step + 1 == planned;
+    DP_RETURN_IF_ERROR(Step(step, batch, push_step));
+    images_ += batch.n;
+    steps_done_ = step + 1;
+    epoch_ = batch.epoch;
+    LogStep(steps_done_, batch, NowS() - t0);
+    if (progress_ != nullptr) {
+      ProgressState p;
+      p.worker_id = o_.worker_id;
+      p.epoch = epoch_;
+      p.step = steps_done_;
+      p.total_steps = planned;
+      p.images_per_s = rate_ema_;
+      p.loss = loss_ema_;
+      p.elapsed_s = Elapsed() - eval_s_;
+      progress_->Update(p, steps_done_ == planned);
+    }
+    if (steps_done_ < planned && EvalDue(steps_done_)) {
+      EvalRecord r;
+      DP_RETURN_IF_ERROR(Evaluate(false, &r));
+    }
+  }
+  if (progress_ != nullptr) progress_->Finish();
+  result->steps = steps_done_;
+  result->images = images_;
+  const double train_end = Elapsed();
+  result->train_s = train_end - eval_s_;
+  result->images_per_s = result->train_s > 0 ? static_cast<double>(images_) / result->train_s : 0;
+  if (o_.evaluate && test_ != nullptr) {
+    DP_RETURN_IF_ERROR(Evaluate(true, &result->final_eval));
+    result->has_eval = true;
+    if (!o_.model_out.empty()) DP_RETURN_IF_ERROR(SaveModel(*eval_net_, o_.model_out));
+  }
+  result->wall_s = Elapsed();
+  result->staleness_chunks = push_info_.chunks;
+  result->staleness_sum = push_info_.staleness_sum;
+  result->staleness_max = push_info_.staleness_max;
+  if (metrics_ != nullptr) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    (void)metrics_->Write("done", {{"steps", result->steps},
+                                   {"images", result->images},
+                                   {"wall_s", result->wall_s},
+                                   {"train_s", result->train_s},
+                                   {"images_per_s", result->images_per_s},
+                                   {"final_top1", result->has_eval ? result->final_eval.top1 : nan},
+                                   {"final_top5", result->has_eval ? result->final_eval.top5 : nan},
+                                   {"final_test_loss", result->has_eval ? result->final_eval.loss : nan}});
+  }
+  return Status::Ok();
+}
+
+}  // namespace downpour::worker

@@ -1,0 +1,129 @@
+// trainer.h — the worker's training loop (DESIGN.md, "Data flow of one training step"):
+//
+//   every pull_every steps: pull all weights into the net          (ParamChannel::Pull)
+//   next prefetched batch                                           (TrainSource)
+//   forward + backward; during backward, as each tensor's gradient is final, its chunks
+//   are handed to the PushPlanner, and released groups are pushed at once, so the wire
+//   overlaps the rest of backward (later layers first)
+//   every push_every steps: the pushed gradient is the MEAN of the last push_every steps'
+//   gradients (local accumulation — a push then stands for a batch of push_every × B); the
+//   worker waits for the acks, then reports its clock
+//   metrics → JSONL, progress line; evaluation on a schedule (the evaluating worker).
+//
+// Without a channel (nullptr) the loop is the single-process reference run: it applies the
+// solver's SGD rule itself (Net::SgdUpdate, Caffe's lr policies), which is what a
+// distributed sync run must agree with.
+//
+// Clocks: clock = number of pushes this worker has completed; pulls and pushes carry it.
+//
+// Ownership: the Trainer borrows everything it is given; all must outlive Run().
+// Thread-safety: one thread; the grad-ready callback runs on it inside ForwardBackward.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client/engine/net.h"
+#include "client/worker/param_channel.h"
+#include "client/worker/progress.h"
+#include "client/worker/push_planner.h"
+#include "client/worker/sources.h"
+#include "common/layout.h"
+#include "common/metrics.h"
+#include "common/run_config.h"
+
+namespace downpour::worker {
+
+struct TrainerOptions {
+  int worker_id = 0;            // this worker's id (0-based)
+  WorkerConfig worker;          // batch_size, steps/epochs, pull_every, push_every
+  EvalConfig eval;              // schedule of evaluations (used when `evaluate`)
+  SolverConfig solver;          // the update rule of the reference run (no channel) only
+  bool evaluate = false;        // this worker runs the test-set evaluations (worker 0)
+  std::string model_out;        // final weights file (evaluating worker); "" = not saved
+  int64_t min_push_elems = int64_t{1} << 18;  // PushPlanner release threshold (floats)
+};
+
+struct EvalRecord {
+  double loss = 0;          // mean test loss
+  double top1 = 0;          // fraction correct
+  double top5 = 0;          // fraction with the label in the 5 best scores
+  int64_t images = 0;       // test images evaluated
+  int64_t versions = 0;     // sum of the pulled chunks' server versions
+  int64_t step = 0;         // this worker's steps done
+  double epoch = 0;         // this worker's passes over its shard
+  double wall_s = 0;        // since training started
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  int64_t images = 0;
+  double wall_s = 0;         // whole loop, evaluations included
+  double train_s = 0;        // wall_s minus evaluation time
+  double images_per_s = 0;   // images / train_s
+  bool has_eval = false;
+  EvalRecord final_eval;
+  int64_t staleness_chunks = 0;
+  int64_t staleness_sum = 0;
+  int64_t staleness_max = 0;
+};
+
+class Trainer {
+ public:
+  // `eval_net` (same spec as `net`; may be null when not evaluating) runs evaluations so
+  // the training net keeps its batch shape. `layout` must be built from net->param_specs().
+  // `metrics` and `progress` may be null.
+  Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net, const ParamLayout* layout,
+          ParamChannel* channel, TrainSource* train, TestSource* test, MetricsWriter* metrics,
+          ProgressReporter* progress);
+
+  Status Run(TrainResult* result);
+  // One evaluation on freshly pulled weights (or the net's own in the reference run).
+  Status Evaluate(bool final_eval, EvalRecord* out);
+
+ private:
+  Status Step(int64_t step, const BatchView& batch, bool push_step);
+  void OnGradReady(int tensor);
+  void ApplyLocalUpdate();
+  bool EvalDue(int64_t steps_done) const;
+  void LogStep(int64_t steps_done, const BatchView& batch, double step_s);
+  void LogEval(const EvalRecord& r, bool final_eval);
+  double Elapsed() const;
+
+  TrainerOptions o_;
+  engine::Net* net_;
+  engine::Net* eval_net_;
+  const ParamLayout* layout_;
+  ParamChannel* channel_;
+  TrainSource* train_;
+  TestSource* test_;
+  MetricsWriter* metrics_;
+  ProgressReporter* progress_;
+  PushPlanner planner_;
+
+  std::vector<float> accum_;     // sum of gradients since the last push (push_every > 1)
+  std::vector<float> history_;   // momentum (reference run only)
+  bool pushing_ = false;         // the current backward pushes
+  Status callback_status_;       // first error raised inside the grad-ready callback
+  int64_t clock_ = 0;
+  int64_t local_iter_ = 0;       // reference run: updates applied
+  int64_t images_ = 0;
+  int64_t steps_done_ = 0;
+  int epoch_ = 0;
+  double start_ = 0;
+  double eval_s_ = 0;            // time spent evaluating
+  double last_eval_time_ = 0;
+  PullInfo pull_info_;
+  PushInfo push_info_;           // cumulative
+  int64_t last_push_chunks_ = 0, last_push_sum_ = 0;
+  double pull_ms_ = 0, push_wait_ms_ = 0, compute_ms_ = 0;  // last step
+  double loss_last_ = 0;
+  double loss_ema_ = -1;
+  double rate_ema_ = 0;
+};
+
+// Caffe's SGDSolver::GetLearningRate for the reference run.
+double LearningRate(const SolverConfig& s, int64_t iter);
+
+}  // namespace downpour::worker

@@ -1,0 +1,237 @@
+// worker_app.cc — see worker_app.h.
+#include "client/worker/worker_app.h"
+
+#include <filesystem>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "client/engine/net.h"
+#include "client/engine/net_spec.h"
+#include "client/worker/progress.h"
+#include "client/worker/sources.h"
+#include "common/layout.h"
+#include "common/metrics.h"
+
+#ifndef DOWNPOUR_WORKER_HAVE_PS
+#define DOWNPOUR_WORKER_HAVE_PS 0
+#endif
+#ifndef DOWNPOUR_WORKER_HAVE_LOADER
+#define DOWNPOUR_WORKER_HAVE_LOADER 0
+#endif
+#if DOWNPOUR_WORKER_HAVE_PS
+#include "client/ps/ps_client.h"
+#include "client/worker/ps_channel.h"
+#include "common/zmq_transport.h"
+#endif
+#if DOWNPOUR_WORKER_HAVE_LOADER
+#include "client/worker/loader_sources.h"
+#endif
+
+namespace downpour::worker {
+namespace {
+
+constexpr int kEvalBatch = 100;  // test batches (divides the 10k Fashion-MNIST test set)
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Status OpenTrainSource(const RunConfig& c, int id, std::unique_ptr<TrainSource>* out) {
+  std::string labels;
+  if (IsIdxImagePath(c.data.train, &labels)) {
+    if (c.data.sharding != DataSharding::kSlice)
+      return InvalidArgument("data.sharding = \"own\" needs per-worker LMDBs; data.train = {} is one IDX file",
+                             c.data.train);
+    IdxSourceOptions o;
+    o.images_path = c.data.train;
+    o.labels_path = labels;
+    o.batch_size = c.worker.batch_size;
+    o.scale = c.data.scale;
+    o.shard_index = id;
+    o.shard_count = c.cluster.workers;
+    o.shuffle = true;
+    o.seed = static_cast<uint64_t>(c.run.seed);
+    return OpenIdxTrainSource(o, out);
+  }
+#if DOWNPOUR_WORKER_HAVE_LOADER
+  return OpenLoaderTrainSource(c, id, out);
+#else
+  return Status(StatusCode::kFailedPrecondition,
+                fmt::format("data.train = {}: LMDB input needs the data loader (data/loader.h), which this build "
+                            "lacks; use an IDX path", c.data.train));
+#endif
+}
+
+Status OpenTestSource(const RunConfig& c, std::unique_ptr<TestSource>* out) {
+  std::string labels;
+  if (IsIdxImagePath(c.data.test, &labels)) {
+    IdxSourceOptions o;
+    o.images_path = c.data.test;
+    o.labels_path = labels;
+    o.batch_size = kEvalBatch;
+    o.scale = c.data.scale;
+    return OpenIdxTestSource(o, out);
+  }
+#if DOWNPOUR_WORKER_HAVE_LOADER
+  return OpenLoaderTestSource(c, kEvalBatch, out);
+#else
+  return Status(StatusCode::kFailedPrecondition,
+                fmt::format("data.test = {}: LMDB input needs the data loader (data/loader.h), which this build "
+                            "lacks; use an IDX path", c.data.test));
+#endif
+}
+
+Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net>* net,
+                 std::unique_ptr<engine::Net>* eval_net) {
+  engine::NetSpec spec;
+  DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(c.model.config, &spec));
+  engine::NetOptions o;
+  o.device = c.worker.device == DeviceKind::kGpu ? engine::DeviceKind::kGpu : engine::DeviceKind::kCpu;
+  o.gpu_id = c.worker.gpu_index;
+  o.threads = c.worker.threads;
+  o.batch = c.worker.batch_size;
+  DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, net));
+  (*net)->InitParams(static_cast<uint64_t>(c.run.seed));
+  if (need_eval) {
+    o.batch = kEvalBatch;
+    DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, eval_net));
+  }
+  return Status::Ok();
+}
+
+#if DOWNPOUR_WORKER_HAVE_PS
+// Server i listens on <bind>:<base_port + i> (the launcher's convention); a wildcard bind is
+// reached through loopback on this machine.
+std::vector<std::string> ServerAddresses(const ClusterConfig& c) {
+  const std::string host = (c.bind == "0.0.0.0" || c.bind == "*") ? "127.0.0.1" : c.bind;
+  std::vector<std::string> out;
+  for (int i = 0; i < c.servers; ++i) out.push_back(fmt::format("tcp://{}:{}", host, c.base_port + i));
+  return out;
+}
+
+// After training: every server's counters (staleness histogram included) into the metrics,
+// so the run's summary has the servers' own staleness measurements.
+void LogServerStats(PsClient* client, int servers, MetricsWriter* metrics) {
+  for (int s = 0; s < servers; ++s) {
+    ShardStatsWire st;
+    const Status status = client->Stats(s, &st, std::chrono::milliseconds(5000));
+    if (!status.ok()) {
+      (void)metrics->Write("server_stats", {{"server", s}, {"ok", false}, {"error", status.ToString()}});
+      continue;
+    }
+    std::string hist = "[";
+    for (size_t i = 0; i < st.staleness_histogram.size(); ++i)
+      hist += fmt::format("{}{}", i ? "," : "", st.staleness_histogram[i]);
+    hist += "]";
+    (void)metrics->Write("server_stats", {{"server", s},
+                                          {"ok", true},
+                                          {"pushes_applied", st.pushes_applied},
+                                          {"pushes_rejected", st.pushes_rejected},
+                                          {"chunk_updates", st.chunk_updates},
+                                          {"staleness_sum", st.staleness_sum},
+                                          {"staleness_max", st.staleness_max},
+                                          {"dropped_late", st.dropped_late},
+                                          {"staleness_histogram", hist}});
+  }
+}
+
+Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const ParamLayout& layout,
+                      const TrainerOptions& to, engine::Net* net, engine::Net* eval_net, TrainSource* train,
+                      TestSource* test, MetricsWriter* metrics, ProgressReporter* progress, TrainResult* out) {
+  ZmqTransport transport;
+  PsClientOptions po;
+  po.server_addresses = ServerAddresses(config.cluster);
+  po.worker_id = args.id;
+  std::unique_ptr<PsClient> client;
+  DP_RETURN_IF_ERROR(PsClient::Create(&transport, layout, po, &client));
+  DP_RETURN_IF_ERROR(client->Connect(std::chrono::milliseconds(60000)));
+  // Every worker offers the same seeded initial weights; servers keep the first and pulls
+  // wait until every chunk has weights.
+  DP_RETURN_IF_ERROR(client->Wait(client->PushInit(net->params()), std::chrono::milliseconds(60000)));
+  // Sync/ssp pulls wait for the slowest live worker; a dead one is dropped after the
+  // heartbeat timeout, so wait comfortably longer than that.
+  const auto wait = std::chrono::milliseconds(std::max(120000, 4 * config.cluster.heartbeat_timeout_ms));
+  PsChannel channel(client.get(), wait);
+  Trainer trainer(to, net, eval_net, &layout, &channel, train, test, metrics, progress);
+  DP_RETURN_IF_ERROR(trainer.Run(out));
+  LogServerStats(client.get(), config.cluster.servers, metrics);
+  return channel.Leave();
+}
+#endif
+
+}  // namespace
+
+bool IsIdxImagePath(const std::string& path, std::string* labels_path) {
+  if (!EndsWith(path, "idx3-ubyte") && !EndsWith(path, "idx3-ubyte.gz")) return false;
+  std::string labels = path;
+  const auto pos = labels.rfind("images-idx3");
+  if (pos == std::string::npos) {
+    labels.clear();
+  } else {
+    labels.replace(pos, std::string("images-idx3").size(), "labels-idx1");
+  }
+  if (labels_path != nullptr) *labels_path = labels;
+  return !labels.empty();
+}
+
+Status RunWorker(const WorkerArgs& args, TrainResult* result) {
+  const std::string config_path =
+      args.config_path.empty() ? (std::filesystem::path(args.run_dir) / "config.toml").string() : args.config_path;
+  RunConfig config;
+  DP_RETURN_IF_ERROR(LoadRunConfig(config_path, &config));
+  if (args.steps_override > 0) {
+    config.worker.steps = args.steps_override;
+    config.worker.epochs = 0;
+  }
+  if (args.id >= config.cluster.workers)
+    return InvalidArgument("--id {} is out of range: {} has cluster.workers = {}", args.id, config_path,
+                           config.cluster.workers);
+  const bool evaluate = args.id == 0 && !config.data.test.empty();
+
+  std::unique_ptr<engine::Net> net, eval_net;
+  DP_RETURN_IF_ERROR(BuildNets(config, evaluate, &net, &eval_net));
+  ParamLayout layout;
+  DP_RETURN_IF_ERROR(ParamLayout::Build(net->param_specs(), args.local ? 1 : config.cluster.servers,
+                                        config.cluster.chunk_elems, &layout));
+
+  std::unique_ptr<TrainSource> train;
+  std::unique_ptr<TestSource> test;
+  DP_RETURN_IF_ERROR(OpenTrainSource(config, args.local ? 0 : args.id, &train));
+  if (evaluate) DP_RETURN_IF_ERROR(OpenTestSource(config, &test));
+
+  const auto metrics_dir = std::filesystem::path(args.run_dir) / "metrics";
+  std::error_code ec;
+  std::filesystem::create_directories(metrics_dir, ec);
+  if (ec) return IoError("run dir {}: cannot create {}: {}", args.run_dir, metrics_dir.string(), ec.message());
+  std::unique_ptr<MetricsWriter> metrics;
+  DP_RETURN_IF_ERROR(
+      MetricsWriter::Open((metrics_dir / fmt::format("worker-{}.jsonl", args.id)).string(), "worker", args.id, &metrics));
+  ProgressReporter progress(stderr, args.quiet ? ProgressReporter::Mode::kQuiet : ProgressReporter::Mode::kAuto);
+
+  TrainerOptions to;
+  to.worker_id = args.id;
+  to.worker = config.worker;
+  to.eval = config.eval;
+  to.solver = config.solver;
+  to.evaluate = evaluate;
+  if (evaluate) to.model_out = (std::filesystem::path(args.run_dir) / "model_final.dpt").string();
+
+  TrainResult local_result;
+  TrainResult* out = result != nullptr ? result : &local_result;
+  if (args.local) {
+    if (config.cluster.workers != 1 && args.id != 0)
+      return InvalidArgument("--local runs one process: use --id 0 (got {})", args.id);
+    Trainer trainer(to, net.get(), eval_net.get(), &layout, nullptr, train.get(), test.get(), metrics.get(), &progress);
+    return trainer.Run(out);
+  }
+#if DOWNPOUR_WORKER_HAVE_PS
+  return RunDistributed(config, args, layout, to, net.get(), eval_net.get(), train.get(), test.get(), metrics.get(),
+                        &progress, out);
+#else
+  return Status(StatusCode::kFailedPrecondition,
+                "this build has no parameter-service client (client/ps); only --local runs are possible");
+#endif
+}
+
+}  // namespace downpour::worker

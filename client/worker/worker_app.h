@@ -1,0 +1,41 @@
+// worker_app.h — one worker process, assembled from the run configuration: the net (engine),
+// its data (LMDB loader, or IDX files), the parameter service (PsClient over ZeroMQ), the
+// Trainer, the metrics file and the progress line. `downpour-worker` is a thin main over it.
+//
+// Run directory (DESIGN.md "Runs"): this process writes
+//   <run-dir>/metrics/worker-<id>.jsonl   start / step / eval / server_stats / done records
+//   <run-dir>/model_final.dpt             final weights (the evaluating worker; tensor file)
+// and reads <run-dir>/config.toml unless --config says otherwise.
+//
+// Data: data.train / data.test name LMDBs; a path ending in "idx3-ubyte" or
+// "idx3-ubyte.gz" is read as an IDX image file instead (its labels file is the same name with
+// "images-idx3" → "labels-idx1"), which lets runs use Debian's Fashion-MNIST files directly.
+//
+// Thread-safety: RunWorker is reentrant (no globals); it owns everything it builds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "client/worker/trainer.h"
+#include "common/run_config.h"
+#include "common/status.h"
+
+namespace downpour::worker {
+
+struct WorkerArgs {
+  int id = 0;                   // worker id, 0 .. cluster.workers-1
+  std::string config_path;      // run config; default <run_dir>/config.toml
+  std::string run_dir = ".";    // where metrics and the model go
+  bool quiet = false;           // no progress line (CI logs)
+  bool local = false;           // single-process reference run: no servers, local SGD
+  int64_t steps_override = 0;   // > 0: replaces worker.steps (tests, smoke runs)
+};
+
+// Runs the worker to completion. `result` receives the loop's result (may be null).
+Status RunWorker(const WorkerArgs& args, TrainResult* result);
+
+// "…/train-images-idx3-ubyte.gz" → true (and the matching labels path).
+bool IsIdxImagePath(const std::string& path, std::string* labels_path);
+
+}  // namespace downpour::worker
