@@ -21,13 +21,25 @@ namespace {
 // Writes records round robin into `shards` LMDBs.
 class ShardedWriter {
  public:
+  // Writes under `out`.incomplete and renames it to `out` in Finish(), so a conversion that
+  // fails half-way never leaves something that looks like a dataset.
   Status Open(const ConvertOptions& options) {
+    namespace fs = std::filesystem;
     if (options.out.empty()) return InvalidArgument("convert: --out is empty");
     if (options.shards < 1 || options.shards > 4096) {
       return InvalidArgument("convert: --shards is {}, must be in [1, 4096]", options.shards);
     }
+    std::error_code ec;
+    if (fs::exists(options.out, ec) && !fs::is_empty(options.out, ec)) {
+      return Status(StatusCode::kFailedPrecondition,
+                    fmt::format("convert: output {} exists and is not empty; remove it first",
+                                options.out));
+    }
+    out_ = options.out;
+    staging_ = options.out + ".incomplete";
+    fs::remove_all(staging_, ec);  // our own leftover from a failed run
     paths_ = ShardPaths(options.out, options.shards);
-    for (const auto& p : paths_) {
+    for (const auto& p : ShardPaths(staging_, options.shards)) {
       std::unique_ptr<LmdbWriter> w;
       DP_RETURN_IF_ERROR(LmdbWriter::Create(p, &w));
       writers_.push_back(std::move(w));
@@ -40,11 +52,16 @@ class ShardedWriter {
   }
   Status Finish(ConvertReport* report) {
     for (auto& w : writers_) DP_RETURN_IF_ERROR(w->Finish());
+    std::error_code ec;
+    std::filesystem::remove(out_, ec);  // an empty directory given as --out
+    std::filesystem::rename(staging_, out_, ec);
+    if (ec) return IoError("convert: renaming {} to {} failed: {}", staging_, out_, ec.message());
     report->lmdbs = paths_;
     return Status::Ok();
   }
 
  private:
+  std::string out_, staging_;
   std::vector<std::string> paths_;
   std::vector<std::unique_ptr<LmdbWriter>> writers_;
 };

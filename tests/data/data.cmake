@@ -7,3 +7,7 @@ downpour_add_test(data_datum_compat_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/datum_compat_test.cc
   LIBS downpour_data ZLIB::ZLIB
   LABELS quick TIMEOUT 60)
+downpour_add_test(data_convert_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/convert_test.cc
+  LIBS downpour_data ZLIB::ZLIB
+  LABELS quick TIMEOUT 60)
