@@ -208,3 +208,21 @@ Status LoadTensorList(const std::string& path, std::vector<TensorSpec>* out) {
 }
 
 }  // namespace downpour
+
+namespace downpour {
+
+Status ResolveTensorList(const std::string& tensors_file, const std::string& model,
+                         std::vector<TensorSpec>* out) {
+  if (!tensors_file.empty() && !model.empty()) {
+    return InvalidArgument("give either --tensors ({}) or --model ({}), not both", tensors_file, model);
+  }
+  if (!tensors_file.empty()) return LoadTensorList(tensors_file, out);
+  if (model == "alexnet-shapes") {
+    *out = AlexNetTensorSpecs();
+    return Status::Ok();
+  }
+  if (model.empty()) return InvalidArgument("the model's tensor list is needed: give --tensors <file> or --model alexnet-shapes");
+  return InvalidArgument("--model '{}' is not built in (known: alexnet-shapes); use --tensors <file>", model);
+}
+
+}  // namespace downpour

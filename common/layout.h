@@ -91,3 +91,13 @@ Status ParseTensorList(const std::string& text, const std::string& source_name,
 Status LoadTensorList(const std::string& path, std::vector<TensorSpec>* out);
 
 }  // namespace downpour
+
+namespace downpour {
+
+// The model's tensor list for processes that do not build the net (servers, coordinator):
+// `tensors_file` (ParseTensorList format) if non-empty, else the built-in `model` ("alexnet-shapes").
+// Exactly one of them must be given; errors name the flag.
+Status ResolveTensorList(const std::string& tensors_file, const std::string& model,
+                         std::vector<TensorSpec>* out);
+
+}  // namespace downpour

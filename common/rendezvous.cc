@@ -1,0 +1,109 @@
+// rendezvous.cc — see rendezvous.h.
+#include "common/rendezvous.h"
+
+#include <set>
+
+namespace downpour {
+
+std::string RendezvousClient::ToAddress(const std::string& host_port) {
+  if (host_port.find("://") != std::string::npos) return host_port;
+  return "tcp://" + host_port;
+}
+
+Status RendezvousClient::Exchange(const MessageHeader& request, MessageHeader* reply,
+                                  std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(endpoint_mu_);
+  MessageHeader h = request;
+  h.request_id = next_request_++;
+  Frames frames(1);
+  DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
+  DP_RETURN_IF_ERROR(endpoint_->Send(std::move(frames)));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return Status(StatusCode::kTimeout, fmt::format("coordinator {}: no reply to {} within {} ms",
+                                                      options_.coordinator, MsgTypeName(h.type), timeout.count()));
+    }
+    Frames got;
+    Status s = endpoint_->Receive(&got, left);
+    if (s.code() == StatusCode::kTimeout) continue;
+    DP_RETURN_IF_ERROR(s);
+    DP_RETURN_IF_ERROR(ParseHeader(got, reply));
+    if (reply->request_id != h.request_id) continue;  // late reply to an earlier request
+    return StatusFromReply(*reply);
+  }
+}
+
+Status RendezvousClient::Register(Transport* transport, RendezvousOptions options, std::chrono::milliseconds timeout,
+                                  std::unique_ptr<RendezvousClient>* out, RendezvousInfo* info) {
+  std::unique_ptr<RendezvousClient> c(new RendezvousClient());
+  c->options_ = std::move(options);
+  DP_RETURN_IF_ERROR(transport->Connect(ToAddress(c->options_.coordinator), &c->endpoint_));
+  MessageHeader h;
+  h.type = MsgType::kRegister;
+  h.role = c->options_.role;
+  h.sender = c->options_.requested_id;
+  h.layout_hash = c->options_.layout_hash;
+  h.model_id = c->options_.model_id;
+  h.text = c->options_.address;
+  MessageHeader reply;
+  DP_RETURN_IF_ERROR(c->Exchange(h, &reply, timeout));
+  if (reply.type != MsgType::kRegisterReply) {
+    return Corrupt("coordinator {}: register answered with {}", c->options_.coordinator, MsgTypeName(reply.type));
+  }
+  c->id_ = reply.assigned_id;
+  info->id = reply.assigned_id;
+  info->server_addresses = reply.server_addresses;
+  info->workers = reply.worker_count;
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+RendezvousClient::~RendezvousClient() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void RendezvousClient::StartHeartbeats(std::function<void(const std::vector<int32_t>&)> on_dead) {
+  thread_ = std::thread([this, cb = std::move(on_dead)] { HeartbeatLoop(cb); });
+}
+
+void RendezvousClient::HeartbeatLoop(std::function<void(const std::vector<int32_t>&)> on_dead) {
+  std::set<int32_t> known_dead;
+  while (!stop_.load()) {
+    MessageHeader h;
+    h.type = MsgType::kHeartbeat;
+    h.role = options_.role;
+    h.sender = id_;
+    h.clock = clock_.load();
+    h.layout_hash = options_.layout_hash;
+    MessageHeader reply;
+    Status s = Exchange(h, &reply, options_.heartbeat_interval * 4);
+    if (s.ok()) {
+      std::vector<int32_t> fresh;
+      for (int32_t w : reply.dead_workers) {
+        if (known_dead.insert(w).second) fresh.push_back(w);
+      }
+      if (!fresh.empty() && on_dead) on_dead(fresh);
+      if (reply.shutdown) shutdown_.store(true);
+    }
+    // Sleep in small steps so destruction is prompt.
+    const auto until = std::chrono::steady_clock::now() + options_.heartbeat_interval;
+    while (!stop_.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+Status RendezvousClient::RequestShutdown(std::chrono::milliseconds timeout) {
+  MessageHeader h;
+  h.type = MsgType::kShutdown;
+  h.role = options_.role;
+  h.sender = id_;
+  h.layout_hash = options_.layout_hash;
+  MessageHeader reply;
+  return Exchange(h, &reply, timeout);
+}
+
+}  // namespace downpour

@@ -1,0 +1,79 @@
+// coordinator.h — the run's one well-known endpoint (DESIGN.md "Coordinator"): rendezvous,
+// membership by heartbeats, clocks, shutdown broadcast.
+//
+//  * register: servers register with their --id and address, workers get the next free id
+//    (or the one they ask for). Everyone's layout hash must equal the coordinator's; a mismatch
+//    is refused with an error naming both hashes. A worker's register reply is held until every
+//    server has registered, so it always carries the complete server list.
+//  * heartbeat: marks the sender alive and records its clock; the reply lists every worker
+//    declared dead (silent for longer than heartbeat_timeout) and whether the run is shutting
+//    down. Servers pass the dead list to their consistency policy; so the run finishes.
+//  * shutdown: from anyone; every later heartbeat reply says shutdown. Serve() returns once
+//    every registered process has heard it, or after `shutdown_grace` at the latest.
+//
+// Thread-safety: Serve() runs on one thread; Stop() and the accessors are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/codec.h"
+#include "common/transport.h"
+
+namespace downpour {
+
+struct CoordinatorOptions {
+  int servers = 1;                                   // S
+  int workers = 1;                                   // W (worker ids 0..W-1)
+  uint64_t layout_hash = 0;                          // the layout every process must have
+  uint32_t model_id = 0;
+  std::chrono::milliseconds heartbeat_timeout{5000};  // silence after which a worker is dead
+  std::chrono::milliseconds shutdown_grace{3000};     // longest wait for everyone to hear shutdown
+  std::chrono::milliseconds poll_interval{20};
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(CoordinatorOptions options);
+
+  Status Serve(ServerEndpoint* endpoint);
+  void Stop() { stop_.store(true); }
+
+  std::vector<int32_t> dead_workers() const;
+  std::vector<std::string> server_addresses() const;
+  bool shutting_down() const { return shutdown_.load(); }
+
+ private:
+  struct PendingRegister {
+    PeerId peer;
+    MessageHeader request;
+  };
+  void Handle(ServerEndpoint* ep, const PeerId& peer, const Frames& frames);
+  Status HandleRegister(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h);
+  void ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, int32_t id);
+  void CheckLiveness();
+  bool AllServersRegistered() const;
+  void Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h);
+
+  const CoordinatorOptions options_;
+  mutable std::mutex mu_;
+  std::vector<std::string> server_addresses_;  // "" until registered
+  std::map<int32_t, std::chrono::steady_clock::time_point> worker_seen_;
+  std::map<int32_t, int64_t> worker_clock_;
+  std::set<int32_t> dead_;
+  std::set<PeerId> told_shutdown_;
+  std::set<PeerId> peers_;  // registered processes
+  std::vector<PendingRegister> pending_;
+  int32_t next_worker_ = 0;
+  std::chrono::steady_clock::time_point shutdown_at_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> shutdown_{false};
+};
+
+}  // namespace downpour

@@ -1,0 +1,132 @@
+// server_main.cc — downpour-server: one parameter shard as a process (thin main over
+// ShardServer, ZmqTransport and RendezvousClient).
+//
+//   downpour-server --config run.toml --id i --run-dir D [--restore ckpt]
+//                   (--tensors list.txt | --model alexnet-shapes) [--port P] [--standalone]
+//
+// Binds tcp://<cluster.bind>:<cluster.base_port + i> (or --port; 0 = the OS picks) and writes
+// the bound address to D/server-<i>.addr. Registers with cluster.coordinator (unless
+// --standalone), heartbeats, drops workers the coordinator declares dead, and exits 0 on a
+// shutdown message, the coordinator's shutdown, or SIGINT/SIGTERM.
+#include <filesystem>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/layout.h"
+#include "common/rendezvous.h"
+#include "common/run_config.h"
+#include "common/zmq_transport.h"
+#include "server/process_util.h"
+#include "server/shard.h"
+
+namespace downpour {
+namespace {
+
+struct Flags {
+  std::string config, run_dir, restore, tensors, model, coordinator;
+  int id = 0;
+  int port = -1;
+  bool standalone = false;
+};
+
+std::string ResolveInRunDir(const std::string& run_dir, const std::string& p) {
+  return std::filesystem::path(p).is_absolute() ? p : (std::filesystem::path(run_dir) / p).string();
+}
+
+Status Run(const Flags& f) {
+  RunConfig cfg;
+  DP_RETURN_IF_ERROR(LoadRunConfig(f.config, &cfg));
+  std::vector<TensorSpec> specs;
+  DP_RETURN_IF_ERROR(ResolveTensorList(f.tensors, f.model, &specs));
+  ParamLayout layout;
+  DP_RETURN_IF_ERROR(ParamLayout::Build(specs, cfg.cluster.servers, cfg.cluster.chunk_elems, &layout));
+
+  ShardOptions o;
+  o.server_id = f.id;
+  o.solver = cfg.solver;
+  o.consistency = cfg.consistency;
+  o.expected_workers = cfg.cluster.workers;
+  o.checkpoint_every_updates = cfg.checkpoint.every_updates;
+  o.checkpoint_path = ResolveInRunDir(f.run_dir, (std::filesystem::path(cfg.checkpoint.dir) /
+                                                  fmt::format("server-{}.dpt", f.id)).string());
+  std::filesystem::create_directories(std::filesystem::path(o.checkpoint_path).parent_path());
+  std::unique_ptr<ShardServer> shard;
+  DP_RETURN_IF_ERROR(ShardServer::Create(layout, o, &shard));
+  if (!f.restore.empty()) DP_RETURN_IF_ERROR(shard->LoadCheckpoint(f.restore));
+
+  ZmqTransport transport;
+  const int port = f.port >= 0 ? f.port : cfg.cluster.base_port + f.id;
+  std::unique_ptr<ServerEndpoint> endpoint;
+  DP_RETURN_IF_ERROR(transport.Bind(fmt::format("tcp://{}:{}", cfg.cluster.bind, port), &endpoint));
+  std::string address = endpoint->address();
+  if (cfg.cluster.bind == "*" || cfg.cluster.bind == "0.0.0.0") {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    address = fmt::format("tcp://{}:{}", host, address.substr(address.rfind(':') + 1));
+  }
+  DP_RETURN_IF_ERROR(WriteFileAtomic(ResolveInRunDir(f.run_dir, fmt::format("server-{}.addr", f.id)), address + "\n"));
+  spdlog::info("server {}/{}: {} chunks, {} floats, layout hash {:#018x}, listening on {}", f.id,
+               layout.servers(), layout.ServerChunks(f.id).size(), layout.ServerElems(f.id), layout.hash(), address);
+
+  std::unique_ptr<RendezvousClient> link;
+  if (!f.standalone) {
+    RendezvousOptions ro;
+    ro.coordinator = f.coordinator.empty() ? cfg.cluster.coordinator : f.coordinator;
+    ro.role = Role::kServer;
+    ro.requested_id = f.id;
+    ro.layout_hash = layout.hash();
+    ro.address = address;
+    ro.heartbeat_interval = std::chrono::milliseconds(cfg.cluster.heartbeat_ms);
+    RendezvousInfo info;
+    DP_RETURN_IF_ERROR(RendezvousClient::Register(&transport, ro, std::chrono::seconds(60), &link, &info));
+    link->StartHeartbeats([s = shard.get()](const std::vector<int32_t>& dead) {
+      for (int32_t w : dead) s->MarkWorkerDead(w);
+    });
+  }
+
+  shard->Start(std::move(endpoint));
+  while (true) {
+    if (StopSignalArrived(std::chrono::milliseconds(100))) {
+      spdlog::info("server {}: signal, stopping", f.id);
+      break;
+    }
+    if (shard->shutdown_requested()) break;
+    if (link && link->shutdown_requested()) {
+      spdlog::info("server {}: coordinator says the run is over", f.id);
+      break;
+    }
+  }
+  shard->Stop();
+  Status s = shard->Join();
+  const ShardStatsWire st = shard->Stats();
+  spdlog::info("server {}: pushes received {} applied {} rejected {}, pulls {}, chunk updates {}", f.id,
+               st.pushes_received, st.pushes_applied, st.pushes_rejected, st.pulls_served, st.chunk_updates);
+  return s;
+}
+
+}  // namespace
+}  // namespace downpour
+
+int main(int argc, char** argv) {
+  downpour::BlockStopSignals();
+  downpour::Flags f;
+  CLI::App app{"downpour-server: one parameter-server shard"};
+  app.add_option("--config", f.config, "run config (TOML)")->required();
+  app.add_option("--id", f.id, "server id, 0..cluster.servers-1")->required();
+  app.add_option("--run-dir", f.run_dir, "run directory (address file, checkpoints)")->required();
+  app.add_option("--restore", f.restore, "shard checkpoint to restore before serving");
+  app.add_option("--tensors", f.tensors, "tensor list file: '<name> <d0>x<d1>.. [lr_mult [decay_mult]]' per line");
+  app.add_option("--model", f.model, "built-in tensor list: alexnet-shapes");
+  app.add_option("--port", f.port, "port to bind (default cluster.base_port + id; 0 = any free port)");
+  app.add_option("--coordinator", f.coordinator, "coordinator host:port (default cluster.coordinator)");
+  app.add_flag("--standalone", f.standalone, "serve without a coordinator");
+  CLI11_PARSE(app, argc, argv);
+  downpour::Status s = downpour::Run(f);
+  if (!s.ok()) {
+    spdlog::error("downpour-server: {}", s.ToString());
+    return 1;
+  }
+  return 0;
+}
