@@ -208,9 +208,10 @@ void CudaContext::WaitForParams(const float* device, int64_t count) {
   DP_CUDA_THROW(cudaStreamWaitEvent(stream_, wait, 0));
 }
 
-void CudaContext::MarkParamGradsReady() {
+void CudaContext::MarkParamGradsReady(const std::vector<ParamSlot>& params) {
   DP_CUDA_THROW(cudaEventRecord(grads_event_, stream_));
-  grads_event_valid_ = true;
+  grads_ready_ranges_.clear();
+  for (const ParamSlot& p : params) grads_ready_ranges_.emplace_back(p.grad, p.spec.numel());
 }
 
 void CudaContext::CopyToHost(const float* device, float* host, int64_t count) {
@@ -218,10 +219,18 @@ void CudaContext::CopyToHost(const float* device, float* host, int64_t count) {
   if (count <= 0) return;
   Allocation* a = FindAllocation(device);
   if (a != nullptr) MaybePin(a, host, device - a->device);
-  // With a grads-ready event only the layer's parameter-gradient kernels are waited for; its
-  // data-gradient kernels keep running on the compute stream while the bytes move.
-  if (!grads_event_valid_) DP_CUDA_THROW(cudaEventRecord(grads_event_, stream_));
-  DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, grads_event_, 0));
+  // Inside the current layer's parameter-gradient windows only the kernels up to its grads-ready
+  // event are waited for; its data-gradient kernels keep running while the bytes move.
+  // Anything else waits for all work queued so far.
+  const bool ready = std::any_of(grads_ready_ranges_.begin(), grads_ready_ranges_.end(), [&](const auto& r) {
+    return device >= r.first && device + count <= r.first + r.second;
+  });
+  cudaEvent_t wait = grads_event_;
+  if (!ready) {
+    DP_CUDA_THROW(cudaEventRecord(compute_done_, stream_));
+    wait = compute_done_;
+  }
+  DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, wait, 0));
   DP_CUDA_THROW(cudaMemcpyAsync(host, device, static_cast<size_t>(count) * sizeof(float),
                                 cudaMemcpyDeviceToHost, copy_stream_));
   DP_CUDA_THROW(cudaStreamSynchronize(copy_stream_));

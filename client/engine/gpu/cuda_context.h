@@ -19,6 +19,7 @@
 #include <cudnn.h>
 
 #include "client/engine/gpu/cuda_backend.h"
+#include "client/engine/layer.h"
 #include "common/status.h"
 
 namespace downpour::engine::gpu {
@@ -80,10 +81,11 @@ class CudaContext {
   // Compute stream waits until [device, device+count) of the last parameter upload has landed.
   void WaitForParams(const float* device, int64_t count);
   // A layer starts: forget the previous layer's grads-ready event.
-  void BeginLayer() { grads_event_valid_ = false; }
-  // A layer's parameter gradients are enqueued (its data gradient is not yet): downloads of
-  // them may start now, on the copy stream, overlapping the rest of the layer's backward.
-  void MarkParamGradsReady();
+  void BeginLayer() { grads_ready_ranges_.clear(); }
+  // A layer's parameter gradients (these slots' grad windows) are enqueued, its data gradient
+  // is not yet: downloads of exactly those windows may start now, on the copy stream,
+  // overlapping the rest of the layer's backward. Any other download waits for all queued work.
+  void MarkParamGradsReady(const std::vector<ParamSlot>& params);
   void Synchronize();
 
   void RecordConvChoice(const ConvAlgoChoice& choice);
@@ -119,7 +121,7 @@ class CudaContext {
   cublasHandle_t cublas_ = nullptr;
   cudaEvent_t compute_done_ = nullptr;  // scratch: "compute stream reached here"
   cudaEvent_t grads_event_ = nullptr;
-  bool grads_event_valid_ = false;
+  std::vector<std::pair<const float*, int64_t>> grads_ready_ranges_;  // covered by grads_event_
   DeviceBuffer workspace_, ones_;
   std::vector<std::unique_ptr<Allocation>> allocations_;
   std::vector<ConvAlgoChoice> conv_choices_;

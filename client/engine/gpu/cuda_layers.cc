@@ -207,7 +207,7 @@ class CudaConv : public CudaLayer {
                                                   y_desc_.get(), top[0]->grad, conv_desc_, bwd_filter_,
                                                   ctx_->workspace(), ctx_->workspace_bytes(), &kZero,
                                                   w_desc_, params_[0].grad));
-    ctx_->MarkParamGradsReady();
+    ctx_->MarkParamGradsReady(params_);
     if (down[0])
       DP_CUDNN_THROW(cudnnConvolutionBackwardData(ctx_->cudnn(), &kOne, w_desc_, params_[0].data,
                                                   y_desc_.get(), top[0]->grad, conv_desc_, bwd_data_,
@@ -296,7 +296,17 @@ class CudaConv : public CudaLayer {
     fwd_ = fwd.algo;
     bwd_data_ = need_data ? data.algo : CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     bwd_filter_ = filter.algo;
-    const size_t need = std::max({fwd.memory, need_data ? data.memory : size_t{0}, filter.memory});
+    // Ask for the exact sizes (heuristic perf entries only estimate them).
+    size_t fwd_bytes = 0, data_bytes = 0, filter_bytes = 0;
+    DP_CUDNN_RETURN(cudnnGetConvolutionForwardWorkspaceSize(ctx_->cudnn(), x_desc_.get(), w_desc_, conv_desc_,
+                                                            y_desc_.get(), fwd_, &fwd_bytes));
+    if (need_data)
+      DP_CUDNN_RETURN(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx_->cudnn(), w_desc_, y_desc_.get(), conv_desc_,
+                                                                   x_desc_.get(), bwd_data_, &data_bytes));
+    DP_CUDNN_RETURN(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx_->cudnn(), x_desc_.get(), y_desc_.get(),
+                                                                   conv_desc_, w_desc_, bwd_filter_, &filter_bytes));
+    const size_t need = std::max({fwd_bytes, data_bytes, filter_bytes, fwd.memory,
+                                  need_data ? data.memory : size_t{0}, filter.memory});
     DP_RETURN_IF_ERROR(ctx_->EnsureWorkspace(need));
 
     choice.forward = FwdAlgoName(fwd_);
@@ -472,7 +482,7 @@ class CudaInnerProduct : public CudaLayer {
     if (bias_grad())  // db (O) = dyᵀ (O×N) · 1 (N)
       DP_CUBLAS_THROW(cublasSgemv(ctx_->cublas(), CUBLAS_OP_N, o_, n_, &kOne, top[0]->grad, o_, ctx_->ones(), 1,
                                   &kZero, bias_grad(), 1));
-    ctx_->MarkParamGradsReady();
+    ctx_->MarkParamGradsReady(params_);
     if (down[0])  // dxᵀ (K×N) = W (K×O col-major) · dyᵀ (O×N)
       DP_CUBLAS_THROW(cublasSgemm(ctx_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, k_, n_, o_, &kOne, params_[0].data,
                                   k_, top[0]->grad, o_, &kZero, bottom[0]->grad, k_));
