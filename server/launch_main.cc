@@ -1,0 +1,232 @@
+// launch_main.cc — downpour-launch: runs one training job on this machine.
+//
+//   downpour-launch --config configs/runs/default.toml [--servers S] [--workers W]
+//                   [--run-dir D] [--tensors FILE | --model NAME]
+//                   [--worker-cmd CMD] [--server-cmd CMD] [--coordinator-cmd CMD]
+//                   [--grace-ms 5000] [--timeout-s 0] [--bin-dir DIR] [--dry-run]
+//
+// Reads the run config, applies the overrides, creates the run directory
+//   D/config.toml            the config used (every field explicit; children read this one)
+//   D/logs/<role>-<i>.log    each child's stdout+stderr
+//   D/launch.jsonl           the launcher's metrics: one "exit" line per child, one "end"
+// and starts downpour-coordinator, S × downpour-server --id i, W × downpour-worker --id j,
+// each with --config D/config.toml --run-dir D (servers and the coordinator also get
+// --tensors/--model when given). Binaries are found next to this executable (or --bin-dir).
+// A --*-cmd override replaces a role's program with a shell command that receives the same
+// arguments: /bin/sh -c 'exec CMD "$@"' ... (the load benchmark's synthetic workers).
+//
+// The job ends when every worker exited 0 (then coordinator and servers get SIGTERM), when any
+// process fails (all are stopped; the exit code is the failed one's), or on SIGINT/SIGTERM.
+// Semantics of stopping: common/process_group.h.
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "common/metrics.h"
+#include "common/process_group.h"
+#include "common/run_config.h"
+#include "common/status.h"
+
+namespace downpour {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct LaunchFlags {
+  std::string config;
+  int servers = 0;  // 0 = from the config
+  int workers = 0;  // 0 = from the config
+  std::string run_dir;
+  std::string tensors, model;
+  std::string worker_cmd, server_cmd, coordinator_cmd;
+  std::string bin_dir;
+  int grace_ms = 5000;
+  double timeout_s = 0;
+  bool dry_run = false;
+};
+
+// <out_dir>/<name>-<YYYYmmdd-HHMMSS>, local time.
+std::string DefaultRunDir(const RunConfig& cfg) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
+  return (fs::path(cfg.run.out_dir) / fmt::format("{}-{}", cfg.run.name, stamp)).string();
+}
+
+std::string ExecutableDir() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
+}
+
+Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return IoError("{}: cannot write: {}", path, std::strerror(errno));
+  return Status::Ok();
+}
+
+// argv for one role: the built program, or the shell override with the same arguments.
+Status RoleArgv(const LaunchFlags& f, const std::string& program, const std::string& override_cmd,
+                const std::string& override_flag, const std::vector<std::string>& args,
+                std::vector<std::string>* argv) {
+  argv->clear();
+  if (!override_cmd.empty()) {
+    *argv = {"/bin/sh", "-c", fmt::format("exec {} \"$@\"", override_cmd), program};
+  } else {
+    const fs::path bin = fs::path(f.bin_dir.empty() ? ExecutableDir() : f.bin_dir) / program;
+    if (!fs::exists(bin)) {
+      return NotFound("{} not found (looked in {}); build target {} or pass {}",
+                      program, bin.parent_path().string(), program, override_flag);
+    }
+    argv->push_back(bin.string());
+  }
+  argv->insert(argv->end(), args.begin(), args.end());
+  return Status::Ok();
+}
+
+Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::string& run_dir,
+                     std::vector<ChildSpec>* children) {
+  const std::string config_path = (fs::path(run_dir) / "config.toml").string();
+  const std::string logs = (fs::path(run_dir) / "logs").string();
+  std::vector<std::string> model_args;
+  if (!f.tensors.empty()) model_args = {"--tensors", fs::absolute(f.tensors).string()};
+  if (!f.model.empty()) model_args = {"--model", f.model};
+
+  ChildSpec c;
+  std::vector<std::string> args = {"--config", config_path, "--run-dir", run_dir};
+  args.insert(args.end(), model_args.begin(), model_args.end());
+  DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-coordinator", f.coordinator_cmd, "--coordinator-cmd",
+                              args, &c.argv));
+  c.name = "coordinator";
+  c.log_path = logs + "/coordinator.log";
+  children->push_back(c);
+
+  for (int i = 0; i < cfg.cluster.servers; ++i) {
+    ChildSpec s;
+    args = {"--id", std::to_string(i), "--config", config_path, "--run-dir", run_dir};
+    args.insert(args.end(), model_args.begin(), model_args.end());
+    DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-server", f.server_cmd, "--server-cmd", args, &s.argv));
+    s.name = fmt::format("server {}", i);
+    s.log_path = fmt::format("{}/server-{}.log", logs, i);
+    children->push_back(s);
+  }
+  for (int j = 0; j < cfg.cluster.workers; ++j) {
+    ChildSpec w;
+    args = {"--id", std::to_string(j), "--config", config_path, "--run-dir", run_dir};
+    DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-worker", f.worker_cmd, "--worker-cmd", args, &w.argv));
+    w.name = fmt::format("worker {}", j);
+    w.log_path = fmt::format("{}/worker-{}.log", logs, j);
+    w.primary = true;
+    children->push_back(w);
+  }
+  return Status::Ok();
+}
+
+// Returns the process exit code; errors before any child starts are printed and give 2.
+int Launch(const LaunchFlags& f) {
+  RunConfig cfg;
+  Status s = LoadRunConfig(f.config, &cfg);
+  if (s.ok()) {
+    if (f.servers > 0) cfg.cluster.servers = f.servers;
+    if (f.workers > 0) cfg.cluster.workers = f.workers;
+    s = ValidateRunConfig(cfg, fmt::format("{} with --servers/--workers", f.config));
+  }
+  if (s.ok() && !f.tensors.empty() && !f.model.empty()) {
+    s = InvalidArgument("downpour-launch: give either --tensors ({}) or --model ({}), not both",
+                        f.tensors, f.model);
+  }
+  const std::string run_dir = fs::absolute(f.run_dir.empty() ? DefaultRunDir(cfg) : f.run_dir)
+                                  .lexically_normal().string();
+  std::vector<ChildSpec> children;
+  if (s.ok()) s = BuildChildren(f, cfg, run_dir, &children);
+  if (s.ok()) {
+    std::error_code ec;
+    fs::create_directories(fs::path(run_dir) / "logs", ec);
+    if (ec) s = IoError("{}: cannot create run directory: {}", run_dir, ec.message());
+  }
+  if (s.ok()) s = WriteTextFile((fs::path(run_dir) / "config.toml").string(), ToToml(cfg));
+  if (!s.ok()) {
+    std::fprintf(stderr, "downpour-launch: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  std::printf("[launch] run %s: %d server(s), %d worker(s), %s; run dir %s\n", cfg.run.name.c_str(),
+              cfg.cluster.servers, cfg.cluster.workers, ConsistencyModeString(cfg.consistency).c_str(),
+              run_dir.c_str());
+  if (f.dry_run) {
+    for (const ChildSpec& c : children) {
+      std::printf("[launch] %s: %s\n", c.name.c_str(), fmt::format("{}", fmt::join(c.argv, " ")).c_str());
+    }
+    return 0;
+  }
+  std::fflush(stdout);
+  std::unique_ptr<MetricsWriter> metrics;
+  s = MetricsWriter::Open((fs::path(run_dir) / "launch.jsonl").string(), "launcher", 0, &metrics);
+  if (!s.ok()) {
+    std::fprintf(stderr, "downpour-launch: %s\n", s.ToString().c_str());
+    return 2;
+  }
+
+  ProcessGroupOptions options;
+  options.grace_period = std::chrono::milliseconds(f.grace_ms);
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+  ProcessGroup group(options);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const ChildSpec& c : children) {
+    s = group.Start(c);
+    if (!s.ok()) {
+      std::fprintf(stderr, "downpour-launch: %s; stopping the ones already started\n",
+                   s.ToString().c_str());
+      return 2;  // ~ProcessGroup kills what was started
+    }
+  }
+  [[maybe_unused]] Status ms = metrics->Write("start", {{"servers", cfg.cluster.servers},
+                                                        {"workers", cfg.cluster.workers},
+                                                        {"mode", ConsistencyModeString(cfg.consistency)}});
+  const int code = group.Run();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const ChildResult& r : group.results()) {
+    ms = metrics->Write("exit", {{"child", r.name}, {"code", r.Code()}, {"stopped", r.stopped_by_us}});
+  }
+  ms = metrics->Write("end", {{"code", code}, {"reason", group.reason()}, {"seconds", seconds}});
+  std::printf("[launch] %s after %.1f s: %s (exit code %d)\n", code == 0 ? "done" : "FAILED", seconds,
+              group.reason().c_str(), code);
+  return code;
+}
+
+}  // namespace
+}  // namespace downpour
+
+int main(int argc, char** argv) {
+  downpour::LaunchFlags f;
+  CLI::App app{"downpour-launch: start a coordinator, S servers and W workers as one job"};
+  app.add_option("--config", f.config, "run config (TOML)")->required();
+  app.add_option("--servers", f.servers, "override cluster.servers")->check(CLI::PositiveNumber);
+  app.add_option("--workers", f.workers, "override cluster.workers")->check(CLI::PositiveNumber);
+  app.add_option("--run-dir", f.run_dir, "run directory (default <run.out_dir>/<run.name>-<time>)");
+  app.add_option("--tensors", f.tensors, "tensor list file, passed to coordinator and servers");
+  app.add_option("--model", f.model, "built-in tensor list (e.g. alexnet-shapes), passed to coordinator and servers");
+  app.add_option("--worker-cmd", f.worker_cmd, "shell command instead of downpour-worker (gets the same args)");
+  app.add_option("--server-cmd", f.server_cmd, "shell command instead of downpour-server (gets the same args)");
+  app.add_option("--coordinator-cmd", f.coordinator_cmd, "shell command instead of downpour-coordinator");
+  app.add_option("--bin-dir", f.bin_dir, "where the downpour binaries are (default: next to this one)");
+  app.add_option("--grace-ms", f.grace_ms, "SIGTERM -> SIGKILL grace period when stopping (ms)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout-s", f.timeout_s, "stop everything after this many seconds (0 = never)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--dry-run", f.dry_run, "create the run directory and print the commands only");
+  CLI11_PARSE(app, argc, argv);
+  return downpour::Launch(f);
+}
