@@ -11,3 +11,7 @@ downpour_add_test(data_convert_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/convert_test.cc
   LIBS downpour_data ZLIB::ZLIB
   LABELS quick TIMEOUT 60)
+downpour_add_test(data_loader_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/loader_test.cc
+  LIBS downpour_data ZLIB::ZLIB
+  LABELS quick TIMEOUT 60)

@@ -1,0 +1,413 @@
+// loader_test.cc — shard slices partition the records exactly; epoch order and
+// augmentation are deterministic for a seed (whatever the thread count); crops stay inside
+// the image; mean/scale/mirror are Caffe's; bad records follow the documented policy.
+#include "data/loader.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "data/datum.h"
+#include "data/image.h"
+#include "data/lmdb_io.h"
+#include "data/mean_file.h"
+#include "data/shard.h"
+#include "tests/data/test_util.h"
+
+namespace downpour::data {
+namespace {
+
+using testing::TempDir;
+
+// Raw records c x h x w, label = index, pixel values depending on (index, position).
+void WriteRawDb(const std::string& path, int n, int c, int h, int w) {
+  std::unique_ptr<LmdbWriter> writer;
+  ASSERT_TRUE(LmdbWriter::Create(path, &writer).ok());
+  std::vector<uint8_t> px(size_t(c) * h * w);
+  for (int i = 0; i < n; ++i) {
+    for (size_t p = 0; p < px.size(); ++p) px[p] = static_cast<uint8_t>((i * 31 + p * 7) & 0xff);
+    ASSERT_TRUE(writer->Put(RecordKey(i, "r"), MakeRawDatum(c, h, w, px.data(), i)).ok());
+  }
+  ASSERT_TRUE(writer->Finish().ok());
+}
+
+// float_data records 1 x h x w whose value at (y, x) is 1000*index + 32*y + x, so any output
+// pixel tells where in which image it came from.
+void WriteCoordinateDb(const std::string& path, int n, int h, int w) {
+  std::unique_ptr<LmdbWriter> writer;
+  ASSERT_TRUE(LmdbWriter::Create(path, &writer).ok());
+  for (int i = 0; i < n; ++i) {
+    caffe::Datum d;
+    d.set_channels(1);
+    d.set_height(h);
+    d.set_width(w);
+    d.set_label(i);
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) d.add_float_data(static_cast<float>(1000 * i + 32 * y + x));
+    ASSERT_TRUE(writer->Put(RecordKey(i, "coord"), d.SerializeAsString()).ok());
+  }
+  ASSERT_TRUE(writer->Finish().ok());
+}
+
+std::vector<int> LabelsOfOnePass(LoaderOptions o) {
+  Loader loader(std::move(o));
+  EXPECT_TRUE(loader.Open().ok()) << loader.status().ToString();
+  std::vector<int> labels;
+  while (const Batch* b = loader.Next()) {
+    labels.insert(labels.end(), b->labels, b->labels + b->n);
+    loader.Release(b);
+  }
+  EXPECT_TRUE(loader.status().ok()) << loader.status().ToString();
+  return labels;
+}
+
+TEST(Shard, SlicesPartitionEveryRecordExactlyOnce) {
+  for (int64_t n : {1, 7, 100, 1001}) {
+    for (int w = 1; w <= 9; ++w) {
+      if (w > n) continue;
+      int64_t expect_begin = 0;
+      for (int i = 0; i < w; ++i) {
+        const SliceRange r = SliceOf(n, i, w);
+        EXPECT_EQ(r.begin, expect_begin) << n << " " << i << "/" << w;
+        EXPECT_GE(r.size(), n / w);
+        EXPECT_LE(r.size(), n / w + 1);
+        expect_begin = r.end;
+      }
+      EXPECT_EQ(expect_begin, n);
+    }
+  }
+}
+
+TEST(Shard, EpochOrderIsASeededPermutation) {
+  for (int64_t buffer : {0, 1, 8, 1000}) {
+    const auto a = EpochOrder(257, buffer, 42, 3);
+    std::vector<int64_t> sorted = a;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t i = 0; i < 257; ++i) ASSERT_EQ(sorted[i], i);
+    EXPECT_EQ(a, EpochOrder(257, buffer, 42, 3));
+    if (buffer > 1) {
+      EXPECT_NE(a, EpochOrder(257, buffer, 42, 4)) << "epochs differ";
+      EXPECT_NE(a, EpochOrder(257, buffer, 43, 3)) << "seeds differ";
+      EXPECT_NE(a, sorted);
+    } else {
+      EXPECT_EQ(a, sorted);
+    }
+  }
+  // A window of 8 never moves a record earlier than 7 places before its key position.
+  const auto w = EpochOrder(500, 8, 1, 0);
+  for (size_t p = 0; p < w.size(); ++p) EXPECT_LE(w[p], static_cast<int64_t>(p) + 7);
+}
+
+TEST(Loader, WorkersSlicesOfASharedLmdbCoverItExactly) {
+  TempDir dir;
+  const int n = 103;
+  WriteRawDb(dir / "db", n, 1, 2, 2);
+  for (int workers : {1, 2, 3, 7}) {
+    std::vector<int> all;
+    for (int i = 0; i < workers; ++i) {
+      LoaderOptions o = EvalOptions(dir / "db", 10, 0);
+      o.shard_index = i;
+      o.shard_count = workers;
+      o.shuffle_buffer = 16;  // order within a slice may change, membership may not
+      o.threads = 2;
+      const auto labels = LabelsOfOnePass(o);
+      const SliceRange r = SliceOf(n, i, workers);
+      EXPECT_EQ(static_cast<int64_t>(labels.size()), r.size());
+      for (int l : labels) {
+        EXPECT_GE(l, r.begin);
+        EXPECT_LT(l, r.end);
+      }
+      all.insert(all.end(), labels.begin(), labels.end());
+    }
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), size_t(n)) << workers << " workers";
+    for (int i = 0; i < n; ++i) EXPECT_EQ(all[i], i) << "missed or doubled with " << workers;
+  }
+}
+
+TEST(Loader, EpochsRepeatTheSliceAndTheLastBatchIsPartial) {
+  TempDir dir;
+  WriteRawDb(dir / "db", 10, 1, 2, 2);
+  LoaderOptions o = EvalOptions(dir / "db", 4, 0);
+  o.epochs = 3;
+  o.shuffle_buffer = 10;
+  Loader loader(o);
+  ASSERT_TRUE(loader.Open().ok());
+  EXPECT_EQ(loader.batches_per_epoch(), 3);
+  std::vector<int> sizes, epochs, labels;
+  while (const Batch* b = loader.Next()) {
+    sizes.push_back(b->n);
+    epochs.push_back(static_cast<int>(b->epoch));
+    labels.insert(labels.end(), b->labels, b->labels + b->n);
+    loader.Release(b);
+  }
+  EXPECT_EQ(sizes, (std::vector<int>{4, 4, 4, 4, 4, 4, 4, 2}));  // 30 images
+  EXPECT_EQ(epochs, (std::vector<int>{0, 0, 0, 1, 1, 2, 2, 2}));
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int> one(labels.begin() + 10 * e, labels.begin() + 10 * (e + 1));
+    std::sort(one.begin(), one.end());
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(one[i], i) << "epoch " << e;
+  }
+  EXPECT_EQ(loader.stats().images, 30);
+}
+
+// All data and labels of `batches` batches, released as they come.
+std::vector<float> Stream(LoaderOptions o, int batches, std::vector<int>* labels) {
+  Loader loader(std::move(o));
+  EXPECT_TRUE(loader.Open().ok()) << loader.status().ToString();
+  std::vector<float> out;
+  for (int k = 0; k < batches; ++k) {
+    const Batch* b = loader.Next();
+    EXPECT_NE(b, nullptr) << loader.status().ToString();
+    if (!b) break;
+    EXPECT_EQ(b->index, k);
+    out.insert(out.end(), b->data, b->data + size_t(b->n) * b->c * b->h * b->w);
+    labels->insert(labels->end(), b->labels, b->labels + b->n);
+    loader.Release(b);
+  }
+  return out;
+}
+
+TEST(Loader, AugmentationIsDeterministicForASeedWhateverTheThreads) {
+  TempDir dir;
+  WriteRawDb(dir / "db", 37, 3, 12, 10);
+  LoaderOptions o;
+  o.db_path = dir / "db";
+  o.batch_size = 5;
+  o.crop = 7;
+  o.mirror = true;
+  o.shuffle_buffer = 16;
+  o.seed = 99;
+  o.mean_values = {10, 20, 30};
+  o.scale = 0.5f;
+  std::vector<int> l1, l3, l_other;
+  o.threads = 1;
+  const auto a = Stream(o, 20, &l1);  // 100 images: crosses two epoch boundaries
+  o.threads = 3;
+  o.queue_depth = 3;
+  const auto b = Stream(o, 20, &l3);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(l1, l3);
+  o.seed = 100;
+  const auto c = Stream(o, 20, &l_other);
+  EXPECT_NE(a, c);
+  EXPECT_NE(l1, l_other);
+}
+
+TEST(Loader, CropsStayInsideTheImageAndMirrorAsCaffe) {
+  TempDir dir;
+  const int h = 20, w = 24, crop = 11;
+  WriteCoordinateDb(dir / "db", 40, h, w);
+  LoaderOptions o;
+  o.db_path = dir / "db";
+  o.batch_size = 8;
+  o.crop = crop;
+  o.mirror = true;
+  o.seed = 5;
+  o.epochs = 5;
+  Loader loader(o);
+  ASSERT_TRUE(loader.Open().ok()) << loader.status().ToString();
+  std::set<std::pair<int, int>> offsets;
+  int mirrored = 0, images = 0;
+  while (const Batch* b = loader.Next()) {
+    for (int i = 0; i < b->n; ++i) {
+      const float* img = b->data + size_t(i) * crop * crop;
+      const int index = b->labels[i];
+      // Recover the crop origin from the corner pixels, then check every pixel.
+      const bool mirror = img[1] < img[0];
+      const int v0 = static_cast<int>(img[mirror ? crop - 1 : 0]) - 1000 * index;
+      const int y0 = v0 / 32, x0 = v0 % 32;
+      ASSERT_GE(y0, 0);
+      ASSERT_GE(x0, 0);
+      ASSERT_LE(y0 + crop, h) << "crop leaves the image";
+      ASSERT_LE(x0 + crop, w) << "crop leaves the image";
+      for (int y = 0; y < crop; ++y)
+        for (int x = 0; x < crop; ++x) {
+          const int sx = x0 + (mirror ? crop - 1 - x : x);
+          ASSERT_EQ(img[y * crop + x], static_cast<float>(1000 * index + 32 * (y0 + y) + sx));
+        }
+      offsets.insert({y0, x0});
+      mirrored += mirror;
+      ++images;
+    }
+    loader.Release(b);
+  }
+  ASSERT_EQ(images, 200);
+  EXPECT_GT(offsets.size(), 40u) << "random crops cover many offsets";
+  EXPECT_GT(mirrored, 60);
+  EXPECT_LT(mirrored, 140);
+}
+
+TEST(Loader, EvalIsCentreCropInKeyOrderWithMeanImageAndScale) {
+  TempDir dir;
+  WriteCoordinateDb(dir / "db", 3, 9, 8);
+  MeanImage mean;
+  mean.c = 1;
+  mean.h = 9;
+  mean.w = 8;
+  for (int p = 0; p < 72; ++p) mean.values.push_back(static_cast<float>(p % 5));
+  ASSERT_TRUE(WriteMeanFile(mean, dir / "mean.tensor").ok());
+  LoaderOptions o = EvalOptions(dir / "db", 2, 5);
+  o.mean_file = dir / "mean.tensor";
+  o.scale = 0.25f;
+  Loader loader(o);
+  ASSERT_TRUE(loader.Open().ok()) << loader.status().ToString();
+  int seen = 0;
+  while (const Batch* b = loader.Next()) {
+    for (int i = 0; i < b->n; ++i, ++seen) {
+      EXPECT_EQ(b->labels[i], seen);
+      const int y0 = (9 - 5) / 2, x0 = (8 - 5) / 2;
+      for (int y = 0; y < 5; ++y)
+        for (int x = 0; x < 5; ++x) {
+          const float src = static_cast<float>(1000 * seen + 32 * (y0 + y) + x0 + x);
+          const float m = mean.values[(y0 + y) * 8 + x0 + x];
+          EXPECT_FLOAT_EQ(b->data[(i * 5 + y) * 5 + x], (src - m) * 0.25f);
+        }
+    }
+    loader.Release(b);
+  }
+  EXPECT_EQ(seen, 3);
+}
+
+TEST(Loader, MissingLmdbAndBadOptionsNameTheCulprit) {
+  Loader missing(EvalOptions("/nonexistent/train_lmdb", 4, 0));
+  Status s = missing.Open();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("/nonexistent/train_lmdb"), std::string::npos) << s.message();
+
+  TempDir dir;
+  WriteRawDb(dir / "db", 4, 1, 6, 6);
+  LoaderOptions o = EvalOptions(dir / "db", 2, 7);
+  Loader too_big(o);
+  s = too_big.Open();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("crop 7"), std::string::npos) << s.message();
+  o.crop = 0;
+  o.shard_index = 3;
+  o.shard_count = 3;
+  Loader bad_shard(o);
+  s = bad_shard.Open();
+  EXPECT_NE(s.message().find("shard_index 3"), std::string::npos) << s.message();
+  o.shard_index = 0;
+  o.mean_values = {1, 2};
+  Loader bad_mean(o);
+  s = bad_mean.Open();
+  EXPECT_NE(s.message().find("2 mean_values"), std::string::npos) << s.message();
+}
+
+// An LMDB of 12 raw 3x8x8 records (pixels = label = index) with `bad` records swapped in.
+void WriteDbWithBadRecords(const std::string& path, int n,
+                           const std::map<int, std::string>& bad) {
+  std::unique_ptr<LmdbWriter> writer;
+  ASSERT_TRUE(LmdbWriter::Create(path, &writer).ok());
+  std::vector<uint8_t> px(3 * 8 * 8);
+  for (int i = 0; i < n; ++i) {
+    std::fill(px.begin(), px.end(), static_cast<uint8_t>(i));
+    auto it = bad.find(i);
+    ASSERT_TRUE(writer->Put(RecordKey(i, "x"), it != bad.end() ? it->second
+                                                               : MakeRawDatum(3, 8, 8, px.data(), i)).ok());
+  }
+  ASSERT_TRUE(writer->Finish().ok());
+}
+
+// Record 3: not a Datum; 6: data length disagrees with c*h*w; 9: a corrupt JPEG.
+std::map<int, std::string> BadRecords() {
+  Image img;
+  img.c = 3;
+  img.h = 8;
+  img.w = 8;
+  img.pixels.assign(3 * 8 * 8, 128);
+  std::string jpeg;
+  EXPECT_TRUE(EncodeJpeg(img, 90, &jpeg).ok());
+  std::string corrupt_jpeg = jpeg.substr(0, jpeg.size() / 2);
+  caffe::Datum short_data;  // claims 3x8x8 = 192 bytes, carries 100
+  short_data.set_channels(3);
+  short_data.set_height(8);
+  short_data.set_width(8);
+  short_data.set_data(std::string(100, '\1'));
+  short_data.set_label(6);
+  return {
+      {3, "this is not a protobuf Datum, just some text bytes"},
+      {6, short_data.SerializeAsString()},
+      {9, MakeEncodedDatum(corrupt_jpeg, 3, 8, 8, 9)},
+  };
+}
+
+TEST(Loader, BadRecordsMidEpochAreSkippedAndCounted) {
+  TempDir dir;
+  const auto bad = BadRecords();
+  WriteDbWithBadRecords(dir / "db", 12, bad);
+  LoaderOptions o = EvalOptions(dir / "db", 4, 0);
+  Loader loader(o);
+  ASSERT_TRUE(loader.Open().ok()) << loader.status().ToString();
+  std::vector<int> labels;
+  int skipped = 0;
+  while (const Batch* b = loader.Next()) {
+    EXPECT_EQ(b->n, 4) << "batches keep their shape";
+    skipped += b->skipped;
+    for (int i = 0; i < b->n; ++i) {
+      labels.push_back(b->labels[i]);
+      // A replaced slot holds a copy of a good image of the batch: its pixels match its label.
+      EXPECT_EQ(b->data[size_t(i) * 3 * 8 * 8], static_cast<float>(b->labels[i]));
+    }
+    loader.Release(b);
+  }
+  EXPECT_TRUE(loader.status().ok()) << loader.status().ToString();
+  EXPECT_EQ(skipped, 3);
+  EXPECT_EQ(loader.stats().skipped_records, 3);
+  std::set<int> good(labels.begin(), labels.end());
+  EXPECT_EQ(good, (std::set<int>{0, 1, 2, 4, 5, 7, 8, 10, 11}));
+}
+
+TEST(Loader, FailPolicyStopsAtTheFirstBadRecordNamingIt) {
+  struct Case {
+    int index;
+    std::string want;
+  };
+  auto bad = BadRecords();
+  for (const Case& c : {Case{3, "not a Caffe Datum"}, Case{6, "100 bytes but channels x height x width = 3x8x8 = 192"},
+                        Case{9, "JPEG"}}) {
+    TempDir dir;
+    WriteDbWithBadRecords(dir / "db", 12, {{c.index, bad[c.index]}});
+    LoaderOptions o = EvalOptions(dir / "db", 4, 0);
+    o.on_bad_record = BadRecordPolicy::kFail;
+    Loader loader(o);
+    ASSERT_TRUE(loader.Open().ok()) << loader.status().ToString();
+    int batches = 0;
+    while (const Batch* b = loader.Next()) {
+      ++batches;
+      loader.Release(b);
+    }
+    const Status s = loader.status();
+    EXPECT_EQ(s.code(), StatusCode::kCorrupt) << c.index;
+    EXPECT_NE(s.message().find(fmt::format("key {:08d}_x", c.index)), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(dir / "db"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(c.want), std::string::npos) << s.message();
+    EXPECT_LT(batches, 3) << "the batch holding the bad record is never handed out";
+  }
+}
+
+TEST(Loader, AllocatorHookOwnsTheBatchMemory) {
+  TempDir dir;
+  WriteRawDb(dir / "db", 9, 1, 4, 4);
+  int allocs = 0, frees = 0;
+  {
+    LoaderOptions o = EvalOptions(dir / "db", 3, 0);
+    o.queue_depth = 2;
+    o.allocate = [&](size_t bytes) { ++allocs; return std::malloc(bytes); };
+    o.deallocate = [&](void* p) { ++frees; std::free(p); };
+    Loader loader(o);
+    ASSERT_TRUE(loader.Open().ok());
+    EXPECT_EQ(allocs, 4);  // data + labels per ring slot
+    const Batch* a = loader.Next();
+    const Batch* b = loader.Next();
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(loader.Next(), nullptr) << "a third batch while both slots are held is refused";
+    EXPECT_EQ(loader.status().code(), StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(frees, 4);
+}
+
+}  // namespace
+}  // namespace downpour::data
