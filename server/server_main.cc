@@ -52,11 +52,13 @@ Status Run(const Flags& f) {
   o.checkpoint_path = ResolveInRunDir(f.run_dir, (std::filesystem::path(cfg.checkpoint.dir) /
                                                   fmt::format("server-{}.dpt", f.id)).string());
   std::filesystem::create_directories(std::filesystem::path(o.checkpoint_path).parent_path());
+  // Declared before the shard: the shard owns the endpoint, which must close before the
+  // transport's ZeroMQ context terminates.
+  ZmqTransport transport;
   std::unique_ptr<ShardServer> shard;
   DP_RETURN_IF_ERROR(ShardServer::Create(layout, o, &shard));
   if (!f.restore.empty()) DP_RETURN_IF_ERROR(shard->LoadCheckpoint(f.restore));
 
-  ZmqTransport transport;
   const int port = f.port >= 0 ? f.port : cfg.cluster.base_port + f.id;
   std::unique_ptr<ServerEndpoint> endpoint;
   DP_RETURN_IF_ERROR(transport.Bind(fmt::format("tcp://{}:{}", cfg.cluster.bind, port), &endpoint));

@@ -1,0 +1,284 @@
+// ps_multiprocess_test.cc — the parameter service as real processes over real sockets:
+// the downpour-coordinator and downpour-server binaries (fork/exec), worker processes (fork)
+// with their own ZeroMQ clients. Exact-result async test, and SIGKILL + --restore.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "client/ps/ps_client.h"
+#include "common/rendezvous.h"
+#include "common/zmq_transport.h"
+
+namespace downpour {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// A child process running one of our binaries; killed (SIGKILL) on destruction if still alive.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& argv, const std::string& log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  void Kill(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+  // Exit status, or -1 if it did not exit within `timeout`.
+  int WaitExit(std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+std::string ReadAddress(const std::string& path, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    std::ifstream f(path);
+    std::string a;
+    if (f >> a && !a.empty()) return a;
+    std::this_thread::sleep_for(20ms);
+  }
+  return "";
+}
+
+class PsMultiProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / fmt::format("ps_mp_{}_{}", getpid(),
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "tensors.txt") << "w 40x25 1 1\nb 40 2 0\nv 333\n";
+    specs_ = {{"w", {40, 25}, 1, 1}, {"b", {40}, 2, 0}, {"v", {333}, 1, 1}};
+  }
+  void WriteConfig(int servers, int workers, const std::string& extra = "") {
+    std::ofstream(dir_ / "run.toml") << fmt::format(
+        "[cluster]\nservers = {}\nworkers = {}\ncoordinator = \"127.0.0.1:5555\"\nheartbeat_ms = 100\n"
+        "heartbeat_timeout_ms = 2000\nchunk_elems = 128\n"
+        "[solver]\nbase_lr = 1.0\nmomentum = 0.0\nweight_decay = 0.0\n"
+        "[checkpoint]\nevery_updates = 0\ndir = \"ckpt\"\n{}", servers, workers, extra);
+    ASSERT_TRUE(ParamLayout::Build(specs_, servers, 128, &layout_).ok());
+  }
+  std::unique_ptr<Child> StartServer(int id, const std::string& coordinator, const std::string& restore = "") {
+    std::vector<std::string> argv = {DOWNPOUR_SERVER_BIN, "--config", (dir_ / "run.toml").string(), "--id",
+                                     std::to_string(id), "--run-dir", dir_.string(), "--tensors",
+                                     (dir_ / "tensors.txt").string(), "--port", "0"};
+    if (coordinator.empty()) {
+      argv.push_back("--standalone");
+    } else {
+      argv.push_back("--coordinator");
+      argv.push_back(coordinator);
+    }
+    if (!restore.empty()) {
+      argv.push_back("--restore");
+      argv.push_back(restore);
+    }
+    return std::make_unique<Child>(argv, (dir_ / fmt::format("server-{}.log", id)).string());
+  }
+  std::string Log(const std::string& name) {
+    std::ifstream f(dir_ / name);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+
+  fs::path dir_;
+  std::vector<TensorSpec> specs_;
+  ParamLayout layout_;
+};
+
+// The gradient worker w pushes at step s: small integers, so every order of float additions
+// gives the same result and the final weights are exact.
+float Grad(int w, int step, size_t i) { return static_cast<float>(((w + 1) * (step + 1) + static_cast<int>(i)) % 5 - 2); }
+
+// Body of a forked worker process. Returns the exit code (0 = all good).
+int WorkerProcess(const std::string& coordinator, uint64_t layout_hash, const ParamLayout& layout, int steps) {
+  ZmqTransport transport;
+  RendezvousOptions ro;
+  ro.coordinator = coordinator;
+  ro.role = Role::kWorker;
+  ro.layout_hash = layout_hash;
+  ro.heartbeat_interval = 100ms;
+  std::unique_ptr<RendezvousClient> link;
+  RendezvousInfo info;
+  if (!RendezvousClient::Register(&transport, ro, 20s, &link, &info).ok()) return 2;
+  link->StartHeartbeats(nullptr);
+  PsClientOptions o;
+  o.server_addresses = info.server_addresses;
+  o.worker_id = info.id;
+  o.reply_timeout = 20s;
+  std::unique_ptr<PsClient> c;
+  if (!PsClient::Create(&transport, layout, o, &c).ok()) return 3;
+  if (!c->Connect(20s).ok()) return 4;
+  const size_t n = static_cast<size_t>(layout.total_elems());
+  if (info.id == 0 && !c->Wait(c->PushInit(std::vector<float>(n, 100.0f)), 20s).ok()) return 5;
+  std::vector<float> w(n), g(n);
+  for (int step = 0; step < steps; ++step) {
+    if (!c->Wait(c->Pull(w, step), 20s).ok()) return 6;  // waits for worker 0's init
+    for (size_t i = 0; i < n; ++i) g[i] = Grad(info.id, step, i);
+    if (!c->Wait(c->Push(g, step), 20s).ok()) return 7;
+  }
+  return 0;
+}
+
+TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
+  constexpr int kServers = 2, kWorkers = 4, kSteps = 25;
+  WriteConfig(kServers, kWorkers);
+  Child coordinator({DOWNPOUR_COORDINATOR_BIN, "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
+                     "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
+                    (dir_ / "coordinator.log").string());
+  const std::string co = ReadAddress((dir_ / "coordinator.addr").string(), 10s);
+  ASSERT_FALSE(co.empty()) << Log("coordinator.log");
+  std::vector<std::unique_ptr<Child>> servers;
+  for (int s = 0; s < kServers; ++s) servers.push_back(StartServer(s, co));
+
+  std::vector<pid_t> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(WorkerProcess(co, layout_.hash(), layout_, kSteps));
+    workers.push_back(pid);
+  }
+  for (pid_t pid : workers) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "worker exit " << WEXITSTATUS(status) << "\n" << Log("server-0.log") << Log("coordinator.log");
+  }
+
+  // Read back through a fresh client (the test process registers as observer worker id 0).
+  ZmqTransport transport;
+  PsClientOptions o;
+  for (int s = 0; s < kServers; ++s) o.server_addresses.push_back(ReadAddress((dir_ / fmt::format("server-{}.addr", s)).string(), 5s));
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport, layout_, o, &c).ok());
+  ASSERT_TRUE(c->Connect(10s).ok());
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  std::vector<float> got(n), expect(n, 100.0f);
+  // Worker ids are 0..W-1 in some order; the sum over all of them is order-free.
+  for (int w = 0; w < kWorkers; ++w)
+    for (int step = 0; step < kSteps; ++step)
+      for (size_t i = 0; i < n; ++i) expect[i] -= Grad(w, step, i);
+  ASSERT_TRUE(c->Wait(c->Pull(got), 10s).ok());
+  EXPECT_EQ(got, expect);
+  for (const Chunk& ch : layout_.chunks()) {
+    EXPECT_EQ(c->last_versions()[static_cast<size_t>(ch.id)], kWorkers * kSteps) << "chunk " << ch.id;
+  }
+  for (int s = 0; s < kServers; ++s) {
+    ShardStatsWire st;
+    ASSERT_TRUE(c->Stats(s, &st, 5s).ok());
+    EXPECT_EQ(st.pushes_received, static_cast<uint64_t>(kWorkers * kSteps + 1)) << "server " << s;
+    EXPECT_EQ(st.pushes_applied, st.pushes_received) << "server " << s;
+    EXPECT_EQ(st.pushes_rejected, 0u);
+    EXPECT_EQ(st.chunk_updates, static_cast<uint64_t>(kWorkers * kSteps) * layout_.ServerChunks(s).size());
+  }
+  // Orderly end: shutdown message to each server, then the coordinator.
+  for (int s = 0; s < kServers; ++s) ASSERT_TRUE(c->Shutdown(s, 5s).ok());
+  for (auto& s : servers) EXPECT_EQ(s->WaitExit(10s), 0);
+  coordinator.Kill(SIGTERM);
+  EXPECT_EQ(coordinator.WaitExit(10s), 0);
+}
+
+TEST_F(PsMultiProcess, SigkilledServerRestoresExactlyTheCheckpoint) {
+  WriteConfig(1, 1);
+  auto server = StartServer(0, "");
+  const std::string addr_file = (dir_ / "server-0.addr").string();
+  ZmqTransport transport;
+  PsClientOptions o;
+  o.server_addresses = {ReadAddress(addr_file, 10s)};
+  o.reply_timeout = 10s;
+  ASSERT_FALSE(o.server_addresses[0].empty()) << Log("server-0.log");
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport, layout_, o, &c).ok());
+  ASSERT_TRUE(c->Connect(10s).ok());
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  std::vector<float> w0(n);
+  for (size_t i = 0; i < n; ++i) w0[i] = 0.5f * static_cast<float>(i % 97);
+  ASSERT_TRUE(c->Wait(c->PushInit(w0), 10s).ok());
+  std::vector<float> g(n, 0.25f);
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(c->Wait(c->Push(g, step), 10s).ok());
+  const std::string ckpt = (dir_ / "ckpt" / "manual.dpt").string();
+  ASSERT_TRUE(c->Checkpoint(0, ckpt, 10s).ok());
+  std::vector<float> at_checkpoint(n);
+  ASSERT_TRUE(c->Wait(c->Pull(at_checkpoint), 10s).ok());
+  const std::vector<int64_t> versions_at_checkpoint(c->last_versions().begin(), c->last_versions().end());
+  // More updates after the checkpoint: they must be lost by the kill.
+  for (int step = 3; step < 5; ++step) ASSERT_TRUE(c->Wait(c->Push(g, step), 10s).ok());
+  c.reset();
+
+  server->Kill(SIGKILL);
+  EXPECT_EQ(server->WaitExit(10s), 128 + SIGKILL);
+  fs::remove(addr_file);
+  server = StartServer(0, "", ckpt);
+  o.server_addresses = {ReadAddress(addr_file, 10s)};
+  ASSERT_FALSE(o.server_addresses[0].empty()) << Log("server-0.log");
+  ASSERT_TRUE(PsClient::Create(&transport, layout_, o, &c).ok());
+  ASSERT_TRUE(c->Connect(10s).ok());
+  std::vector<float> restored(n);
+  ASSERT_TRUE(c->Wait(c->Pull(restored), 10s).ok());
+  EXPECT_EQ(restored, at_checkpoint);
+  EXPECT_EQ(std::vector<int64_t>(c->last_versions().begin(), c->last_versions().end()), versions_at_checkpoint);
+  // An init push after restore is ignored (the checkpoint's weights stay).
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(n, -1.0f)), 10s).ok());
+  ASSERT_TRUE(c->Wait(c->Pull(restored), 10s).ok());
+  EXPECT_EQ(restored, at_checkpoint);
+  ASSERT_TRUE(c->Shutdown(0, 5s).ok());
+  EXPECT_EQ(server->WaitExit(10s), 0);
+}
+
+TEST_F(PsMultiProcess, CoordinatorRefusesAMismatchedLayoutNamingBothHashes) {
+  WriteConfig(1, 1);
+  Child coordinator({DOWNPOUR_COORDINATOR_BIN, "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
+                     "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
+                    (dir_ / "coordinator.log").string());
+  const std::string co = ReadAddress((dir_ / "coordinator.addr").string(), 10s);
+  ASSERT_FALSE(co.empty());
+  ZmqTransport transport;
+  RendezvousOptions ro;
+  ro.coordinator = co;
+  ro.role = Role::kWorker;
+  ro.layout_hash = layout_.hash() ^ 0xff;
+  std::unique_ptr<RendezvousClient> link;
+  RendezvousInfo info;
+  Status s = RendezvousClient::Register(&transport, ro, 10s, &link, &info);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find(fmt::format("{:#018x}", layout_.hash())), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(fmt::format("{:#018x}", layout_.hash() ^ 0xff)), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace downpour
