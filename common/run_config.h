@@ -121,8 +121,8 @@ enum class DataSharding {
 
 // [data]
 struct DataConfig {
-  std::string train = "data-cache/fashion-mnist/train_lmdb";  // train LMDB path
-  std::string test = "data-cache/fashion-mnist/test_lmdb";    // test LMDB path; "" = no test set
+  std::string train = "data-sets/fashion-mnist/train_lmdb";  // train LMDB path
+  std::string test = "data-sets/fashion-mnist/test_lmdb";    // test LMDB path; "" = no test set
   DataSharding sharding = DataSharding::kSlice;  // TOML: sharding = "slice" | "own"
   int crop = 0;              // random crop side (center crop at test); 0 = no crop
   bool mirror = false;       // random horizontal flips during training
