@@ -61,7 +61,7 @@ class ShardFixture : public ::testing::Test {
       std::unique_ptr<ShardServer> shard;
       ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
       std::unique_ptr<ServerEndpoint> ep;
-      ASSERT_TRUE(transport_.Bind("shard" + std::to_string(s), &ep).ok());
+      ASSERT_TRUE(transport_.Bind(fmt::format("shard{}", s), &ep).ok());
       addresses_.push_back(ep->address());
       shard->Start(std::move(ep));
       shards_.push_back(std::move(shard));

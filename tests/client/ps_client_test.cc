@@ -1,0 +1,174 @@
+// ps_client_test.cc — the PS client's own contract: request ids and Wait, errors surfacing at
+// Wait, buffer lifetime of zero-copy pushes, chunk / tensor subsets, versions.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "client/ps/ps_client.h"
+#include "common/inproc_transport.h"
+#include "server/shard.h"
+
+namespace downpour {
+namespace {
+
+using namespace std::chrono_literals;
+
+class PsClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}, {"b", {10}, 1, 1}, {"c", {50}, 1, 1}}, 2, 32, &layout_).ok());
+    ShardOptions o;
+    o.solver.base_lr = 1.0f;
+    o.solver.momentum = 0.0f;
+    o.solver.weight_decay = 0.0f;
+    for (int s = 0; s < 2; ++s) {
+      o.server_id = s;
+      std::unique_ptr<ShardServer> shard;
+      ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
+      std::unique_ptr<ServerEndpoint> ep;
+      ASSERT_TRUE(transport_.Bind(fmt::format("s{}", s), &ep).ok());
+      shard->Start(std::move(ep));
+      shards_.push_back(std::move(shard));
+    }
+    PsClientOptions co;
+    co.server_addresses = {"s0", "s1"};
+    co.reply_timeout = 5000ms;
+    ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &client_).ok());
+    ASSERT_TRUE(client_->Connect(5000ms).ok());
+    n_ = static_cast<size_t>(layout_.total_elems());
+  }
+  void TearDown() override {
+    client_.reset();
+    for (auto& s : shards_) s->Stop();
+    for (auto& s : shards_) EXPECT_TRUE(s->Join().ok());
+  }
+  InprocTransport transport_;
+  ParamLayout layout_;
+  std::vector<std::unique_ptr<ShardServer>> shards_;
+  std::unique_ptr<PsClient> client_;
+  size_t n_ = 0;
+};
+
+TEST_F(PsClientTest, WaitForgetsFinishedRequests) {
+  const RequestId id = client_->PushInit(std::vector<float>(n_, 1.0f));
+  ASSERT_TRUE(client_->Wait(id, 5000ms).ok());
+  Status again = client_->Wait(id, 10ms);
+  EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(again.message().find("already waited"), std::string::npos);
+}
+
+TEST_F(PsClientTest, WrongBufferSizeSurfacesAtWait) {
+  std::vector<float> small(n_ - 1);
+  Status s = client_->Wait(client_->Pull(small), 1000ms);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(std::to_string(n_)), std::string::npos) << s.message();
+}
+
+TEST_F(PsClientTest, ServerErrorSurfacesAtWaitWithTheServerNamed) {
+  // A gradient before any init is refused by the server.
+  std::vector<float> g(n_, 1.0f);
+  Status s = client_->Wait(client_->Push(g, 0), 5000ms);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("server "), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("initialised"), std::string::npos) << s.message();
+}
+
+TEST_F(PsClientTest, PullWaitsForInitThenTimesOutCleanly) {
+  // Requests to one server run one at a time, so the init comes from another worker's client.
+  PsClientOptions co;
+  co.server_addresses = {"s0", "s1"};
+  co.worker_id = 1;
+  std::unique_ptr<PsClient> other;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &other).ok());
+  ASSERT_TRUE(other->Connect(5000ms).ok());
+  std::vector<float> w(n_);
+  const RequestId id = other->Pull(w);
+  EXPECT_EQ(other->Wait(id, 100ms).code(), StatusCode::kTimeout);  // no init yet
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 3.0f)), 5000ms).ok());
+  ASSERT_TRUE(other->Wait(id, 5000ms).ok());  // the same request completes after init
+  EXPECT_EQ(w, std::vector<float>(n_, 3.0f));
+}
+
+TEST_F(PsClientTest, PushTensorsTouchesOnlyThoseTensors) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
+  std::vector<float> w(n_);
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  std::vector<float> g(n_, 1.0f);
+  ASSERT_TRUE(client_->Wait(client_->PushTensors(g, 1, 2, 0), 5000ms).ok());  // tensor "b" only
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  for (size_t i = 0; i < n_; ++i) {
+    const bool in_b = i >= 100 && i < 110;
+    EXPECT_EQ(w[i], in_b ? -1.0f : 0.0f) << i;
+  }
+  for (const Chunk& c : layout_.chunks()) {
+    EXPECT_EQ(client_->last_versions()[static_cast<size_t>(c.id)], c.tensor == 1 ? 1 : 0);
+  }
+  // An empty tensor range pushes nothing.
+  ASSERT_TRUE(client_->Wait(client_->PushTensors(g, 2, 2, 0), 5000ms).ok());
+  uint64_t updates = 0;
+  for (int s = 0; s < 2; ++s) {
+    ShardStatsWire st;
+    ASSERT_TRUE(client_->Stats(s, &st, 5000ms).ok());
+    updates += st.chunk_updates;
+  }
+  EXPECT_EQ(updates, layout_.ChunksInRange(100, 110).size());
+}
+
+TEST_F(PsClientTest, PushCarriesThePulledVersionsSoStalenessIsMeasured) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
+  std::vector<float> w(n_), g(n_, 1.0f);
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());  // versions 0
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client_->Wait(client_->Push(g, i), 5000ms).ok());
+  // Pushes 2 and 3 were computed from version 0 while the chunks were at 1 and 2.
+  for (int s = 0; s < 2; ++s) {
+    ShardStatsWire st;
+    ASSERT_TRUE(client_->Stats(s, &st, 5000ms).ok());
+    const uint64_t chunks = layout_.ServerChunks(s).size();
+    EXPECT_EQ(st.staleness_histogram[0], chunks);
+    EXPECT_EQ(st.staleness_histogram[1], chunks);
+    EXPECT_EQ(st.staleness_histogram[2], chunks);
+    EXPECT_EQ(st.staleness_max, 2u);
+  }
+}
+
+TEST_F(PsClientTest, ManyRequestsInFlightAcrossServers) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
+  std::vector<float> g(n_, 1.0f);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 50; ++i) ids.push_back(client_->Push(g, i));
+  for (RequestId id : ids) ASSERT_TRUE(client_->Wait(id, 5000ms).ok());
+  std::vector<float> w(n_);
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n_, -50.0f));
+}
+
+TEST(PsClientCreate, AddressCountMustMatchTheLayout) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {10}, 1, 1}}, 2, 32, &layout).ok());
+  InprocTransport t;
+  PsClientOptions o;
+  o.server_addresses = {"only-one"};
+  std::unique_ptr<PsClient> c;
+  Status s = PsClient::Create(&t, layout, o, &c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PsClientCreate, NoServerGivesATimeoutNamingTheServer) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {10}, 1, 1}}, 1, 32, &layout).ok());
+  InprocTransport t;
+  std::unique_ptr<ServerEndpoint> silent;  // bound but never answers
+  ASSERT_TRUE(t.Bind("silent", &silent).ok());
+  PsClientOptions o;
+  o.server_addresses = {"silent"};
+  o.reply_timeout = 100ms;
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&t, layout, o, &c).ok());
+  std::vector<float> w(10);
+  Status s = c->Wait(c->Pull(w), 5000ms);
+  EXPECT_EQ(s.code(), StatusCode::kTimeout);
+  EXPECT_NE(s.message().find("server 0"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace downpour
