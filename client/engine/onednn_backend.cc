@@ -120,9 +120,12 @@ class DnnConv : public DnnLayer {
       w_md_ = fwd_pd_.weights_desc();
       dst_md_ = fwd_pd_.dst_desc();
       fwd_ = dnnl::convolution_forward(fwd_pd_);
-      dnnl::convolution_backward_data::desc bdd(dnnl::algorithm::convolution_direct, src_md_, w_md_,
+      // Backward-data gets its own weight layout: with the forward's (e.g. ABcd16b16a)
+      // oneDNN v2 falls back to its reference kernel, ~1000× slower than the JIT one.
+      dnnl::convolution_backward_data::desc bdd(dnnl::algorithm::convolution_direct, src_md_, any_w,
                                                 dst_md_, strides, pad, pad_r);
       bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(bdd, c_.eng, fwd_pd_);
+      bwd_data_w_md_ = bwd_data_pd_.weights_desc();
       bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
       const memory::desc any_dw(wdims, dt::f32, tag::any);
       auto bwd = has_bias_ ? dnnl::convolution_backward_weights::desc(
@@ -143,6 +146,8 @@ class DnnConv : public DnnLayer {
     if (diff_src_reorder_.needed) diff_src_buf_.Resize(src_md_);
     w_reorder_.Init(c_, user_w_md_, w_md_);
     if (w_reorder_.needed) w_buf_.Resize(w_md_);
+    bwd_data_w_reorder_.Init(c_, user_w_md_, bwd_data_w_md_);
+    if (bwd_data_w_reorder_.needed) bwd_data_w_buf_.Resize(bwd_data_w_md_);
     dw_reorder_.Init(c_, bwd_w_pd_.diff_weights_desc(), user_w_md_);
     if (dw_reorder_.needed) dw_buf_.Resize(bwd_w_pd_.diff_weights_desc());
     AllocTop(top[0], dst_md_);
@@ -171,7 +176,6 @@ class DnnConv : public DnnLayer {
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
                 const std::vector<Blob*>& bottom) override {
     float* src = src_reorder_.needed ? src_buf_.data() : bottom[0]->data;  // forward's copy
-    float* w = w_reorder_.needed ? w_buf_.data() : params_[0].data;
     memory diff_dst = Mem(dst_md_, top[0]->grad);
     float* dw = dw_reorder_.needed ? dw_buf_.data() : params_[0].grad;
     std::unordered_map<int, memory> wargs{{DNNL_ARG_SRC, Mem(src_md_, src)},
@@ -182,8 +186,13 @@ class DnnConv : public DnnLayer {
     if (dw_reorder_.needed) dw_reorder_.Run(c_, dw_buf_.data(), params_[0].grad);
     if (down[0]) {
       float* dsrc = diff_src_reorder_.needed ? diff_src_buf_.data() : bottom[0]->grad;
+      float* w = params_[0].data;
+      if (bwd_data_w_reorder_.needed) {
+        bwd_data_w_reorder_.Run(c_, w, bwd_data_w_buf_.data());
+        w = bwd_data_w_buf_.data();
+      }
       bwd_data_.execute(c_.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
-                                    {DNNL_ARG_WEIGHTS, Mem(w_md_, w)},
+                                    {DNNL_ARG_WEIGHTS, Mem(bwd_data_w_md_, w)},
                                     {DNNL_ARG_DIFF_SRC, Mem(src_md_, dsrc)}});
       if (diff_src_reorder_.needed) diff_src_reorder_.Run(c_, dsrc, bottom[0]->grad);
     }
@@ -192,15 +201,15 @@ class DnnConv : public DnnLayer {
 
  private:
   bool has_bias_ = false;
-  memory::desc bottom_md_, user_w_md_, src_md_, w_md_, dst_md_;
+  memory::desc bottom_md_, user_w_md_, src_md_, w_md_, dst_md_, bwd_data_w_md_;
   dnnl::convolution_forward::primitive_desc fwd_pd_;
   dnnl::convolution_forward fwd_;
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
   dnnl::convolution_backward_data bwd_data_;
   dnnl::convolution_backward_weights::primitive_desc bwd_w_pd_;
   dnnl::convolution_backward_weights bwd_w_;
-  Reorder src_reorder_, diff_src_reorder_, w_reorder_, dw_reorder_;
-  Buffer src_buf_, diff_src_buf_, w_buf_, dw_buf_;
+  Reorder src_reorder_, diff_src_reorder_, w_reorder_, dw_reorder_, bwd_data_w_reorder_;
+  Buffer src_buf_, diff_src_buf_, w_buf_, dw_buf_, bwd_data_w_buf_;
 };
 
 class DnnRelu : public DnnLayer {

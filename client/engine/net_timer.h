@@ -1,0 +1,39 @@
+// net_timer.h — Caffe's `time` as a library: per-layer forward/backward milliseconds and the
+// full training step (forward, backward, SGD update) in images/s, for a Net of any backend.
+// Used by `downpour-time` and bench/engine.
+//
+// Thread-safety: drives the Net from the calling thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "client/engine/net.h"
+
+namespace downpour::engine {
+
+struct LayerTiming {
+  std::string name;
+  std::string type;
+  double forward_ms = 0.0;   // mean per iteration
+  double backward_ms = 0.0;  // mean per iteration (0 for layers without backward)
+};
+
+struct NetTiming {
+  std::vector<LayerTiming> layers;
+  double forward_ms = 0.0;   // sum over layers
+  double backward_ms = 0.0;  // sum over layers
+  double step_ms = 0.0;      // mean full training step: ForwardBackward + SgdUpdate
+  double images_per_s = 0.0; // batch / step time
+  int iterations = 0;
+  int batch = 0;
+};
+
+// Runs `warmup` untimed steps, then `iterations` timed ones (per layer, then whole steps).
+// Inputs are random images and labels, fixed seed; parameters must be initialised.
+NetTiming TimeNet(Net& net, int iterations, int warmup = 1);
+
+// A human-readable table in Caffe's style.
+std::string FormatTiming(const NetTiming& t);
+
+}  // namespace downpour::engine
