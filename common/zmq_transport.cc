@@ -24,7 +24,9 @@ void ReleaseKeepalive(void* /*data*/, void* hint) {
 }
 
 zmq::message_t ToMessage(const Frame& f, size_t zero_copy_min) {
-  if (f.owner() && f.size() >= zero_copy_min) {
+  // use_count, not operator bool: a keepalive may own a deleter with a null pointer (the ps
+  // client's per-request completion signal); only a frame with no keepalive at all is copied.
+  if (f.owner().use_count() > 0 && f.size() >= zero_copy_min) {
     auto* hint = new std::shared_ptr<const void>(f.owner());
     return zmq::message_t(const_cast<std::byte*>(f.data()), f.size(), &ReleaseKeepalive, hint);
   }
