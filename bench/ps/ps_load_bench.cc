@@ -1,0 +1,172 @@
+// ps_load_bench.cc — W synthetic workers push and pull an AlexNet-sized model (16 tensors,
+// 60,965,224 floats) through S shard servers over loopback TCP, and the same payloads over a
+// bare ZeroMQ ROUTER/DEALER pair in the same run (bench/ps/bare_zmq.h) as the limit.
+//
+// One round per worker = Push(all gradients) then Pull(all weights), both in flight at once
+// across all servers, then Wait on both. Servers apply every push (async SGD with momentum) as
+// in a real run: the update cost is part of what the system moves per second; the bare peer
+// does no work at all, so the ratio is an honest lower bound on transport efficiency.
+//
+//   downpour-bench-ps --servers 2 --workers 1 --rounds 10
+//   downpour-bench-ps --grid            # (S,W) in {(1,1),(2,1),(2,2),(4,4)}
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "bench/ps/bare_zmq.h"
+#include "client/ps/ps_client.h"
+#include "common/layout.h"
+#include "common/status.h"
+#include "common/zmq_transport.h"
+#include "server/shard.h"
+
+namespace downpour::bench {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct PsResult {
+  double seconds = 0;
+  double bytes_moved = 0;
+  int64_t applied = 0;
+  int64_t received = 0;
+  int64_t rejected = 0;
+};
+
+PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup, int rounds,
+                             int base_port) {
+  const int servers = layout.servers();
+  ZmqTransport server_transport;
+  std::vector<std::unique_ptr<ShardServer>> shards;
+  std::vector<std::string> addresses;
+  for (int s = 0; s < servers; ++s) {
+    ShardOptions o;
+    o.server_id = s;
+    o.expected_workers = workers;
+    o.solver.base_lr = 1e-6f;  // any finite step: the work per update is what matters
+    o.solver.momentum = 0.9f;
+    o.solver.weight_decay = 5e-4f;
+    std::unique_ptr<ShardServer> shard;
+    ThrowIfError(ShardServer::Create(layout, o, &shard));
+    std::string address = fmt::format("tcp://127.0.0.1:{}", base_port + s);
+    std::unique_ptr<ServerEndpoint> ep;
+    ThrowIfError(server_transport.Bind(address, &ep));
+    shard->Start(std::move(ep));
+    shards.push_back(std::move(shard));
+    addresses.push_back(address);
+  }
+
+  const auto n = static_cast<size_t>(layout.total_elems());
+  std::atomic<int> at_start{0};
+  std::atomic<int> init_done{0};
+  std::chrono::steady_clock::time_point t0, t1;
+  std::vector<std::thread> threads;
+  std::vector<Status> worker_status(static_cast<size_t>(workers));
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      auto run = [&]() -> Status {
+        ZmqTransport transport;
+        PsClientOptions co;
+        co.server_addresses = addresses;
+        co.worker_id = w;
+        std::unique_ptr<PsClient> client;
+        DP_RETURN_IF_ERROR(PsClient::Create(&transport, layout, co, &client));
+        DP_RETURN_IF_ERROR(client->Connect(30s));
+        std::vector<float> weights(n, 0.01f);
+        std::vector<float> grads(n, 1e-3f);
+        if (w == 0) {
+          DP_RETURN_IF_ERROR(client->Wait(client->PushInit(weights), 120s));
+          init_done = 1;
+        }
+        while (!init_done) std::this_thread::sleep_for(1ms);
+        for (int r = 0; r < warmup + rounds; ++r) {
+          if (r == warmup && at_start.fetch_add(1) == 0) t0 = std::chrono::steady_clock::now();
+          RequestId push = client->Push(grads, r);
+          RequestId pull = client->Pull(weights, r + 1);
+          DP_RETURN_IF_ERROR(client->Wait(push, 120s));
+          DP_RETURN_IF_ERROR(client->Wait(pull, 120s));
+        }
+        return Status::Ok();
+      };
+      worker_status[static_cast<size_t>(w)] = run();
+    });
+  }
+  for (auto& t : threads) t.join();
+  t1 = std::chrono::steady_clock::now();
+  for (const Status& s : worker_status) ThrowIfError(s);
+
+  PsResult result;
+  for (auto& shard : shards) {
+    ShardStatsWire st = shard->Stats();
+    result.applied += st.pushes_applied;
+    result.received += st.pushes_received;
+    result.rejected += st.pushes_rejected;
+    shard->Stop();
+    ThrowIfError(shard->Join());
+  }
+  result.seconds = std::chrono::duration<double>(t1 - t0).count();
+  result.bytes_moved = 2.0 * static_cast<double>(n) * sizeof(float) * workers * rounds;
+  return result;
+}
+
+void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_elems, int port) {
+  ParamLayout layout;
+  ThrowIfError(ParamLayout::Build(AlexNetTensorSpecs(), servers, chunk_elems, &layout));
+  std::vector<std::vector<int64_t>> frames(static_cast<size_t>(servers));
+  for (const Chunk& c : layout.chunks()) frames[static_cast<size_t>(c.server)].push_back(c.count);
+
+  BareResult bare = RunBareZmq(frames, workers, warmup, rounds, port);
+  PsResult ps = RunParameterService(layout, workers, warmup, rounds, port + 100);
+
+  const double gb = 1e9;
+  const double bare_gbs = bare.bytes_moved / bare.seconds / gb;
+  const double ps_gbs = ps.bytes_moved / ps.seconds / gb;
+  fmt::print(
+      "S={} W={} chunks={} | downpour: {:.2f} rounds/s/worker {:.2f} GB/s | bare zmq: {:.2f} "
+      "rounds/s/worker {:.2f} GB/s | ratio {:.0f}% | pushes recv/applied/rejected {}/{}/{}\n",
+      servers, workers, layout.num_chunks(), rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
+      bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected);
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace downpour::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"downpour parameter-service load benchmark (AlexNet-sized, loopback)"};
+  int servers = 2, workers = 1, rounds = 10, warmup = 2, port = 47000;
+  int64_t chunk_elems = downpour::kDefaultChunkElems;
+  bool grid = false;
+  app.add_option("--servers", servers, "shard servers S")->check(CLI::Range(1, 64));
+  app.add_option("--workers", workers, "synthetic workers W")->check(CLI::Range(1, 64));
+  app.add_option("--rounds", rounds, "timed push+pull rounds per worker")->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", warmup, "untimed rounds first")->check(CLI::Range(0, 1000));
+  app.add_option("--chunk-elems", chunk_elems, "floats per chunk/frame")->check(CLI::Range(int64_t{1}, int64_t{1} << 28));
+  app.add_option("--port", port, "first loopback port used")->check(CLI::Range(1024, 60000));
+  app.add_flag("--grid", grid, "run (S,W) in {(1,1),(2,1),(2,2),(4,4)}");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    fmt::print("model: AlexNet tensors, {} floats ({:.1f} MB) each way per round\n",
+               downpour::TotalElements(downpour::AlexNetTensorSpecs()),
+               downpour::TotalElements(downpour::AlexNetTensorSpecs()) * 4 / 1e6);
+    if (grid) {
+      int p = port;
+      for (auto [s, w] : {std::pair{1, 1}, {2, 1}, {2, 2}, {4, 4}}) {
+        downpour::bench::RunCase(s, w, warmup, rounds, chunk_elems, p);
+        p += 200;
+      }
+    } else {
+      downpour::bench::RunCase(servers, workers, warmup, rounds, chunk_elems, port);
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "downpour-bench-ps: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
