@@ -13,3 +13,11 @@ if(TARGET downpour_engine)
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_agreement_test.cc
     LIBS downpour_engine)
 endif()
+# The learning test needs the IDX reader (data) and the servers' update rule (server/update).
+if(TARGET downpour_engine AND TARGET downpour_data AND TARGET downpour_server_update)
+  downpour_add_test(engine_learning_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_learning_test.cc
+    LIBS downpour_engine downpour_data downpour_server_update
+    LABELS heavy
+    TIMEOUT 600)
+endif()
