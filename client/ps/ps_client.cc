@@ -74,7 +74,8 @@ struct PsClient::Impl {
   }
   void RunLink(Link& link);
   Status Execute(Link& link, Op& op, MessageHeader* reply);
-  Status AcceptPullReply(const Link& link, const Op& op, const MessageHeader& h, const Frames& frames);
+  Status AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
+                         const MessageHeader& h, const Frames& frames);
 };
 
 PsClient::PsClient(const ParamLayout& layout, PsClientOptions options)
@@ -140,28 +141,67 @@ void PsClient::Impl::RunLink(Link& link) {
   }
 }
 
+namespace {
+
+// Sub-message k of a request travels with request id (id << 16) | k, so replies are matched to
+// the part they answer.
+constexpr int kSubBits = 16;
+
+template <typename T>
+std::vector<T> Slice(const std::vector<T>& v, size_t begin, size_t end) {
+  if (v.empty()) return {};
+  return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(begin), v.begin() + static_cast<std::ptrdiff_t>(end));
+}
+
+}  // namespace
+
 Status PsClient::Impl::Execute(Link& link, Op& op, MessageHeader* reply) {
-  op.header.request_id = op.id;
-  Frames frames;
-  frames.reserve(op.payload.size() + 1);
-  frames.emplace_back();
-  DP_RETURN_IF_ERROR(HeaderFrame(op.header, &frames[0]));
-  for (auto& f : op.payload) frames.push_back(std::move(f));
-  op.payload.clear();
-  Status s = link.endpoint->Send(std::move(frames));
-  if (!s.ok()) {
-    return Status(s.code(), fmt::format("server {}: {} failed: {}", link.server, MsgTypeName(op.header.type), s.message()));
+  // Split the op into messages of at most max_chunks_per_message chunks: the server validates and
+  // applies part k while part k+1 is still on the wire, and pull replies are copied out as they
+  // arrive.
+  const size_t n = op.header.chunk_ids.size();
+  const size_t per = owner->options_.max_chunks_per_message > 0
+                         ? static_cast<size_t>(owner->options_.max_chunks_per_message) : std::max<size_t>(n, 1);
+  const size_t parts = std::max<size_t>(1, (n + per - 1) / per);
+  if (parts >= (size_t{1} << kSubBits)) return InvalidArgument("ps client: {} sub-messages is too many", parts);
+  std::vector<std::vector<uint32_t>> part_chunks(parts);
+  for (size_t k = 0; k < parts; ++k) {
+    const size_t b = k * per, e = std::min(n, b + per);
+    MessageHeader h = op.header;
+    h.request_id = (op.id << kSubBits) | k;
+    h.chunk_ids = Slice(op.header.chunk_ids, b, e);
+    h.versions = Slice(op.header.versions, b, e);
+    h.elem_counts = Slice(op.header.elem_counts, b, e);
+    h.byte_lengths = Slice(op.header.byte_lengths, b, e);
+    h.checksums = Slice(op.header.checksums, b, e);
+    part_chunks[k] = h.chunk_ids;
+    Frames frames;
+    frames.reserve(e - b + 1);
+    frames.emplace_back();
+    DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
+    if (!op.payload.empty()) {
+      for (size_t i = b; i < e; ++i) frames.push_back(std::move(op.payload[i]));
+    }
+    Status s = link.endpoint->Send(std::move(frames));
+    if (!s.ok()) {
+      return Status(s.code(), fmt::format("server {}: {} failed: {}", link.server, MsgTypeName(op.header.type), s.message()));
+    }
   }
+  op.payload.clear();
+  std::vector<bool> answered(parts, false);
+  size_t pending = parts;
+  Status first_error;
   const auto deadline = std::chrono::steady_clock::now() + owner->options_.reply_timeout;
-  while (true) {
+  while (pending > 0) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      return Status(StatusCode::kTimeout, fmt::format("server {}: no reply to {} (request {}) within {} ms",
-                                                      link.server, MsgTypeName(op.header.type), op.id,
+      return Status(StatusCode::kTimeout, fmt::format("server {}: no reply to {} (request {}, {} of {} parts "
+                                                      "outstanding) within {} ms", link.server,
+                                                      MsgTypeName(op.header.type), op.id, pending, parts,
                                                       owner->options_.reply_timeout.count()));
     }
     Frames got;
-    s = link.endpoint->Receive(&got, std::min(left, std::chrono::milliseconds(200)));
+    Status s = link.endpoint->Receive(&got, std::min(left, std::chrono::milliseconds(200)));
     if (s.code() == StatusCode::kTimeout) {
       std::lock_guard<std::mutex> lock(link.mu);
       if (link.stopping) return Status(StatusCode::kUnavailable, "ps client destroyed while waiting for a reply");
@@ -171,23 +211,32 @@ Status PsClient::Impl::Execute(Link& link, Op& op, MessageHeader* reply) {
     MessageHeader h;
     s = ParseHeader(got, &h);
     if (!s.ok()) return Status(s.code(), fmt::format("server {}: bad reply: {}", link.server, s.message()));
-    if (h.request_id != op.id) continue;  // a late reply to an earlier, timed-out request
+    const uint64_t k = h.request_id & ((uint64_t{1} << kSubBits) - 1);
+    // A reply to an earlier, timed-out request (or an error about an undecodable one): skip.
+    if ((h.request_id >> kSubBits) != op.id || k >= parts || answered[k]) continue;
+    answered[k] = true;
+    --pending;
     if (h.type == MsgType::kError) {
       Status e = StatusFromReply(h);
-      return Status(e.code(), fmt::format("server {}: {}", link.server, e.message()));
+      if (first_error.ok()) first_error = Status(e.code(), fmt::format("server {}: {}", link.server, e.message()));
+      continue;
     }
-    if (op.header.type == MsgType::kPull) DP_RETURN_IF_ERROR(AcceptPullReply(link, op, h, got));
+    if (op.header.type == MsgType::kPull) {
+      s = AcceptPullReply(link, op, part_chunks[k], h, got);
+      if (!s.ok() && first_error.ok()) first_error = s;
+    }
     *reply = std::move(h);
-    return Status::Ok();
   }
+  return first_error;
 }
 
-Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const MessageHeader& h, const Frames& frames) {
+Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
+                                       const MessageHeader& h, const Frames& frames) {
   const ParamLayout& layout = owner->layout_;
-  if (h.type != MsgType::kPullReply || h.chunk_ids != op.header.chunk_ids ||
+  if (h.type != MsgType::kPullReply || h.chunk_ids != expected ||
       h.versions.size() != h.chunk_ids.size() || frames.size() != h.chunk_ids.size() + 1) {
     return Corrupt("server {}: pull reply of type {} with {} chunks / {} frames does not match the {} requested",
-                   link.server, MsgTypeName(h.type), h.chunk_ids.size(), frames.size() - 1, op.header.chunk_ids.size());
+                   link.server, MsgTypeName(h.type), h.chunk_ids.size(), frames.size() - 1, expected.size());
   }
   // Check all, then write all: a bad reply leaves the caller's buffer untouched.
   for (size_t i = 0; i < h.chunk_ids.size(); ++i) {

@@ -55,6 +55,11 @@ struct PsClientOptions {
   int32_t worker_id = 0;                      // id given at rendezvous (coordinator)
   uint32_t model_id = 0;                      // several models on one set of servers (later)
   bool checksums = false;                     // send CRC-32C per push frame (servers verify)
+  // A request to one server is sent as messages of at most this many chunks (0 = one message),
+  // so the server applies part k while part k+1 is on the wire. The server validates and
+  // applies each message as a whole: a rejected part never applies, but the other parts of the
+  // same Push may have been applied (Wait reports the first error).
+  int max_chunks_per_message = 4;
   // How long an I/O thread waits for one server reply before failing the request.
   std::chrono::milliseconds reply_timeout{60000};
 };

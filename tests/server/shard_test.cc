@@ -76,6 +76,7 @@ class ShardFixture : public ::testing::Test {
     o.server_addresses = addresses_;
     o.worker_id = worker;
     o.reply_timeout = 10000ms;
+    o.max_chunks_per_message = 4;  // the counter checks below depend on it
     std::unique_ptr<PsClient> c;
     EXPECT_TRUE(PsClient::Create(&transport_, layout_, o, &c).ok());
     EXPECT_TRUE(c->Connect(5000ms).ok());
@@ -193,7 +194,11 @@ TEST_F(ShardFixture, AsyncWorkersThreadsExactSum) {
     applied += st.pushes_applied;
     EXPECT_EQ(st.pushes_rejected, 0u);
   }
-  EXPECT_EQ(received, static_cast<uint64_t>(2 + 2 * kWorkers * kSteps));  // + the init push per server
+  // Every push to a server travels as ceil(its chunks / max_chunks_per_message) messages; each
+  // message is counted once. + the init push.
+  uint64_t messages_per_push = 0;
+  for (int s = 0; s < 2; ++s) messages_per_push += (layout_.ServerChunks(s).size() + 3) / 4;
+  EXPECT_EQ(received, messages_per_push * (1 + kWorkers * kSteps));
   EXPECT_EQ(applied, received);
   for (const Chunk& c : layout_.chunks()) {
     EXPECT_EQ(shards_[static_cast<size_t>(c.server)]->ChunkVersion(c.id), kWorkers * kSteps);
