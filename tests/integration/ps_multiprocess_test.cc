@@ -216,6 +216,85 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
   EXPECT_EQ(coordinator.WaitExit(10s), 0);
 }
 
+// Body of a forked sync worker: `steps` iterations of pull(clock t) -> push(g, t), gradient
+// `grad` everywhere; then it exits (its heartbeats stop, as if it had crashed).
+int SyncWorkerProcess(const std::string& coordinator, const ParamLayout& layout, int steps, float grad) {
+  ZmqTransport transport;
+  RendezvousOptions ro;
+  ro.coordinator = coordinator;
+  ro.role = Role::kWorker;
+  ro.layout_hash = layout.hash();
+  ro.heartbeat_interval = 100ms;
+  std::unique_ptr<RendezvousClient> link;
+  RendezvousInfo info;
+  if (!RendezvousClient::Register(&transport, ro, 20s, &link, &info).ok()) return 2;
+  link->StartHeartbeats(nullptr);
+  PsClientOptions o;
+  o.server_addresses = info.server_addresses;
+  o.worker_id = info.id;
+  o.reply_timeout = 30s;
+  std::unique_ptr<PsClient> c;
+  if (!PsClient::Create(&transport, layout, o, &c).ok()) return 3;
+  if (!c->Connect(20s).ok()) return 4;
+  const size_t n = static_cast<size_t>(layout.total_elems());
+  if (!c->Wait(c->PushInit(std::vector<float>(n, 0.0f)), 20s).ok()) return 5;  // first init wins
+  std::vector<float> w(n), g(n, grad);
+  for (int step = 0; step < steps; ++step) {
+    if (!c->Wait(c->Pull(w, step), 30s).ok()) return 6;
+    if (!c->Wait(c->Push(g, step), 30s).ok()) return 7;
+  }
+  return 0;
+}
+
+TEST_F(PsMultiProcess, SyncRunFinishesAfterAWorkerDiesByHeartbeatTimeout) {
+  WriteConfig(2, 2, "[consistency]\nmode = \"sync\"\n");
+  {  // a short heartbeat timeout keeps the test quick
+    std::string text;
+    {
+      std::ifstream f(dir_ / "run.toml");
+      text.assign(std::istreambuf_iterator<char>(f), {});
+    }
+    text.replace(text.find("heartbeat_timeout_ms = 2000"), 27, "heartbeat_timeout_ms = 600");
+    std::ofstream(dir_ / "run.toml") << text;
+  }
+  Child coordinator({DOWNPOUR_COORDINATOR_BIN, "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
+                     "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
+                    (dir_ / "coordinator.log").string());
+  const std::string co = ReadAddress((dir_ / "coordinator.addr").string(), 10s);
+  ASSERT_FALSE(co.empty()) << Log("coordinator.log");
+  std::vector<std::unique_ptr<Child>> servers;
+  for (int s = 0; s < 2; ++s) servers.push_back(StartServer(s, co));
+  // Both workers push the same gradient at a clock, so which id each gets does not matter:
+  // the long-lived one pushes 2.0 for 10 clocks, the short-lived one 2.0 for 2 clocks and exits.
+  constexpr int kLong = 10, kShort = 2;
+  const pid_t long_lived = fork();
+  if (long_lived == 0) _exit(SyncWorkerProcess(co, layout_, kLong, 2.0f));
+  const pid_t short_lived = fork();
+  if (short_lived == 0) _exit(SyncWorkerProcess(co, layout_, kShort, 2.0f));
+  for (pid_t pid : {short_lived, long_lived}) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "worker exit " << WEXITSTATUS(status) << "\n" << Log("server-0.log") << Log("coordinator.log");
+  }
+  // Every clock applied once, as the average of the live workers' gradients (2.0): 10 steps.
+  ZmqTransport transport;
+  PsClientOptions o;
+  for (int s = 0; s < 2; ++s) o.server_addresses.push_back(ReadAddress((dir_ / fmt::format("server-{}.addr", s)).string(), 5s));
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport, layout_, o, &c).ok());
+  ASSERT_TRUE(c->Connect(10s).ok());
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  std::vector<float> got(n);
+  ASSERT_TRUE(c->Wait(c->Pull(got, kLong), 10s).ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], -2.0f * kLong * (i >= 1000 && i < 1040 ? 2.0f : 1.0f)) << i;
+  for (const Chunk& ch : layout_.chunks()) EXPECT_EQ(c->last_versions()[static_cast<size_t>(ch.id)], kLong);
+  EXPECT_NE(Log("coordinator.log").find("declared dead"), std::string::npos);
+  EXPECT_NE(Log("server-0.log").find("dropped from consistency accounting"), std::string::npos);
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(c->Shutdown(s, 5s).ok());
+  for (auto& s : servers) EXPECT_EQ(s->WaitExit(10s), 0);
+}
+
 TEST_F(PsMultiProcess, SigkilledServerRestoresExactlyTheCheckpoint) {
   WriteConfig(1, 1);
   auto server = StartServer(0, "");
