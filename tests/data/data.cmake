@@ -15,3 +15,8 @@ downpour_add_test(data_loader_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/loader_test.cc
   LIBS downpour_data ZLIB::ZLIB
   LABELS quick TIMEOUT 60)
+downpour_add_test(data_cli_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/cli_test.cc
+  LIBS downpour_data ZLIB::ZLIB
+  LABELS quick TIMEOUT 60)
+add_dependencies(data_cli_test downpour-data)
