@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "client/engine/fillers.h"
+#include "common/tensor_file.h"
 
 namespace downpour::engine {
 
@@ -238,6 +242,56 @@ void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<floa
       w[j] -= v[j];
     }
   }
+}
+
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+}  // namespace
+
+Status Net::SaveWeights(const std::string& path) const {
+  TensorFile file;
+  file.meta["kind"] = "engine-weights";
+  file.meta["model"] = spec_.name;
+  file.meta["step"] = std::to_string(step_);
+  for (size_t i = 0; i < shapes_.params.size(); ++i) {
+    const TensorSpec& t = shapes_.params[i];
+    const float* p = host_params_ + param_offsets_[i];
+    file.tensors.push_back(NamedTensor{t.name, t.shape, std::vector<float>(p, p + t.numel())});
+  }
+  return WriteTensorFile(path, file);
+}
+
+Status Net::LoadWeights(const std::string& path) {
+  TensorFile file;
+  DP_RETURN_IF_ERROR(ReadTensorFile(path, &file));
+  // Check everything before touching a weight: a bad file leaves the net as it was.
+  for (const TensorSpec& t : shapes_.params) {
+    const NamedTensor* found = FindTensor(file, t.name);
+    if (found == nullptr)
+      return NotFound("{}: tensor '{}' of model '{}' is missing from the file", path, t.name,
+                      spec_.name);
+    if (found->shape != t.shape)
+      return InvalidArgument("{}: tensor '{}' has shape {} in the file but {} in model '{}'", path,
+                             t.name, ShapeText(found->shape), ShapeText(t.shape), spec_.name);
+  }
+  for (const NamedTensor& t : file.tensors) {
+    const bool known = std::any_of(shapes_.params.begin(), shapes_.params.end(),
+                                   [&](const TensorSpec& p) { return p.name == t.name; });
+    if (!known)
+      return InvalidArgument("{}: tensor '{}' in the file is not a parameter of model '{}'", path,
+                             t.name, spec_.name);
+  }
+  for (size_t i = 0; i < shapes_.params.size(); ++i) {
+    const NamedTensor* t = FindTensor(file, shapes_.params[i].name);
+    std::copy(t->data.begin(), t->data.end(), host_params_ + param_offsets_[i]);
+  }
+  if (!backend_->memory_is_host())
+    backend_->CopyToDevice(host_params_, device_params_, num_params_);
+  return Status::Ok();
 }
 
 }  // namespace downpour::engine

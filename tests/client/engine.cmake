@@ -21,3 +21,8 @@ if(TARGET downpour_engine AND TARGET downpour_data AND TARGET downpour_server_up
     LABELS heavy
     TIMEOUT 600)
 endif()
+if(TARGET downpour_engine)
+  downpour_add_test(engine_weights_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_weights_test.cc
+    LIBS downpour_engine)
+endif()
