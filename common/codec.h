@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/transport.h"
 
 namespace downpour {
 
@@ -137,8 +138,6 @@ uint32_t Crc32c(const void* data, size_t size);
 }  // namespace downpour
 
 // ---- Helpers shared by server and client: build / parse whole messages. ----
-#include "common/transport.h"
-
 namespace downpour {
 
 // Encodes `h` into a header frame (owning).
