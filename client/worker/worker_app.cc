@@ -22,6 +22,7 @@
 #if DOWNPOUR_WORKER_HAVE_PS
 #include "client/ps/ps_client.h"
 #include "client/worker/ps_channel.h"
+#include "common/rendezvous.h"
 #include "common/zmq_transport.h"
 #endif
 #if DOWNPOUR_WORKER_HAVE_LOADER
@@ -140,8 +141,21 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
                       const TrainerOptions& to, engine::Net* net, engine::Net* eval_net, TrainSource* train,
                       TestSource* test, MetricsWriter* metrics, ProgressReporter* progress, TrainResult* out) {
   ZmqTransport transport;
+  // Rendezvous: the coordinator answers once every server has registered, with their
+  // addresses; heartbeats then carry this worker's clock (sync/ssp membership, dead-worker
+  // detection).
+  RendezvousOptions ro;
+  ro.coordinator = config.cluster.coordinator;
+  ro.role = Role::kWorker;
+  ro.requested_id = args.id;
+  ro.layout_hash = layout.hash();
+  ro.heartbeat_interval = std::chrono::milliseconds(config.cluster.heartbeat_ms);
+  std::unique_ptr<RendezvousClient> link;
+  RendezvousInfo info;
+  DP_RETURN_IF_ERROR(RendezvousClient::Register(&transport, ro, std::chrono::seconds(120), &link, &info));
+  link->StartHeartbeats([](const std::vector<int32_t>&) {});
   PsClientOptions po;
-  po.server_addresses = ServerAddresses(config.cluster);
+  po.server_addresses = info.server_addresses.empty() ? ServerAddresses(config.cluster) : info.server_addresses;
   po.worker_id = args.id;
   std::unique_ptr<PsClient> client;
   DP_RETURN_IF_ERROR(PsClient::Create(&transport, layout, po, &client));
@@ -152,7 +166,11 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
   // Sync/ssp pulls wait for the slowest live worker; a dead one is dropped after the
   // heartbeat timeout, so wait comfortably longer than that.
   const auto wait = std::chrono::milliseconds(std::max(120000, 4 * config.cluster.heartbeat_timeout_ms));
-  PsChannel channel(client.get(), wait);
+  RendezvousClient* rendezvous = link.get();
+  PsChannel channel(client.get(), wait, [rendezvous](int64_t clock) {
+    rendezvous->set_clock(clock);
+    return Status::Ok();
+  });
   Trainer trainer(to, net, eval_net, &layout, &channel, train, test, metrics, progress);
   DP_RETURN_IF_ERROR(trainer.Run(out));
   LogServerStats(client.get(), config.cluster.servers, metrics);
@@ -173,6 +191,26 @@ bool IsIdxImagePath(const std::string& path, std::string* labels_path) {
   }
   if (labels_path != nullptr) *labels_path = labels;
   return !labels.empty();
+}
+
+Status WriteTensorList(const std::string& config_path, const std::string& out_path) {
+  RunConfig config;
+  DP_RETURN_IF_ERROR(LoadRunConfig(config_path, &config));
+  engine::NetSpec spec;
+  DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(config.model.config, &spec));
+  engine::NetShapes shapes;
+  DP_RETURN_IF_ERROR(engine::InferShapes(spec, 1, &shapes));
+  std::string text = fmt::format("# tensors of {} ({})\n", spec.name, config.model.config);
+  for (const TensorSpec& t : shapes.params) {
+    std::string dims;
+    for (size_t i = 0; i < t.shape.size(); ++i) dims += fmt::format("{}{}", i ? "x" : "", t.shape[i]);
+    text += fmt::format("{} {} {} {}\n", t.name, dims, t.lr_mult, t.decay_mult);
+  }
+  std::FILE* f = std::fopen(out_path.c_str(), "w");
+  if (f == nullptr) return IoError("tensor list {}: cannot open for writing", out_path);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return IoError("tensor list {}: write failed", out_path);
+  return Status::Ok();
 }
 
 Status RunWorker(const WorkerArgs& args, TrainResult* result) {

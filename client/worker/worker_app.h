@@ -32,6 +32,10 @@ struct WorkerArgs {
   int64_t steps_override = 0;   // > 0: replaces worker.steps (tests, smoke runs)
 };
 
+// The model's learnable tensors (model.config of the run config at `config_path`) as a
+// tensor list (common/layout.h ParseTensorList format), for servers' --tensors.
+Status WriteTensorList(const std::string& config_path, const std::string& out_path);
+
 // Runs the worker to completion. `result` receives the loop's result (may be null).
 Status RunWorker(const WorkerArgs& args, TrainResult* result);
 
