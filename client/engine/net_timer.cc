@@ -14,25 +14,46 @@ double NowMs() {
              std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Random images (N(0,1)) and labels with a fixed seed, and the SGD state of a timing run.
+struct TimingInputs {
+  std::vector<float> images;
+  std::vector<int> labels;
+  std::vector<float> history;
+  explicit TimingInputs(Net& net) : images(net.input_count()), labels(net.batch_size()),
+                                    history(net.params().size(), 0.0f) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (auto& v : images) v = g(rng);
+    for (auto& l : labels) l = std::uniform_int_distribution<int>(0, net.num_classes() - 1)(rng);
+  }
+  void Step(Net& net) {
+    constexpr float kLr = 1e-5f;  // tiny, so timing runs do not blow the weights up
+    net.ForwardBackward(images.data(), labels.data());
+    net.SgdUpdate(kLr, 0.9f, 5e-4f, history);
+  }
+};
+
+double RunSteps(Net& net, TimingInputs& in, int iterations) {
+  const double t0 = NowMs();
+  for (int it = 0; it < iterations; ++it) in.Step(net);
+  net.backend().Synchronize();
+  return (NowMs() - t0) / iterations;
+}
+
 }  // namespace
+
+double TimeTrainingStepMs(Net& net, int iterations, int warmup) {
+  TimingInputs in(net);
+  RunSteps(net, in, warmup);
+  return RunSteps(net, in, std::max(iterations, 1));
+}
 
 NetTiming TimeNet(Net& net, int iterations, int warmup) {
   NetTiming t;
   t.iterations = iterations;
   t.batch = net.batch_size();
-  std::mt19937 rng(1);
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> images(net.input_count());
-  for (auto& v : images) v = g(rng);
-  std::vector<int> labels(net.batch_size());
-  for (auto& l : labels) l = std::uniform_int_distribution<int>(0, net.num_classes() - 1)(rng);
-  std::vector<float> history(net.params().size(), 0.0f);
-  const float lr = 1e-5f;  // tiny, so timing runs do not blow the weights up
-
-  for (int i = 0; i < std::max(warmup, 1); ++i) {
-    net.ForwardBackward(images.data(), labels.data());
-    net.SgdUpdate(lr, 0.9f, 5e-4f, history);
-  }
+  TimingInputs in(net);
+  RunSteps(net, in, std::max(warmup, 1));  // also sets up every blob for the per-layer runs
   t.layers.resize(net.num_layers());
   for (int l = 0; l < net.num_layers(); ++l) {
     t.layers[l].name = net.spec().layers[l].name;
@@ -58,13 +79,7 @@ NetTiming TimeNet(Net& net, int iterations, int warmup) {
     t.forward_ms += lt.forward_ms;
     t.backward_ms += lt.backward_ms;
   }
-  const double t0 = NowMs();
-  for (int it = 0; it < iterations; ++it) {
-    net.ForwardBackward(images.data(), labels.data());
-    net.SgdUpdate(lr, 0.9f, 5e-4f, history);
-  }
-  net.backend().Synchronize();
-  t.step_ms = (NowMs() - t0) / iterations;
+  t.step_ms = RunSteps(net, in, iterations);
   t.images_per_s = 1000.0 * t.batch / t.step_ms;
   return t;
 }

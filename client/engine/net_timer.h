@@ -33,6 +33,11 @@ struct NetTiming {
 // Inputs are random images and labels, fixed seed; parameters must be initialised.
 NetTiming TimeNet(Net& net, int iterations, int warmup = 1);
 
+// Only the full training step (ForwardBackward + SgdUpdate on random inputs): `warmup`
+// untimed steps, then the mean milliseconds of `iterations` timed ones. Parameters must be
+// initialised. For benchmarks that do not need the per-layer breakdown.
+double TimeTrainingStepMs(Net& net, int iterations, int warmup = 1);
+
 // A human-readable table in Caffe's style.
 std::string FormatTiming(const NetTiming& t);
 
