@@ -73,7 +73,8 @@ struct Header {
   clock @6 :Int64;             # worker iteration the message belongs to
   layoutHash @7 :UInt64;
   role @8 :Role;
-  flags @9 :UInt32;            # bit 0: init push (sets weights instead of a gradient step)
+  flags @9 :UInt32;            # push: bit 0 = init (sets weights, not a gradient step);
+                               # error reply from a server: the RejectReason (common/codec.h)
 
   # Payload description, one entry per payload frame, in frame order.
   chunkIds @10 :List(UInt32);

@@ -147,7 +147,9 @@ void ShardServer::Reject(ServerEndpoint* ep, const PeerId& peer, const MessageHe
   if (request.type == MsgType::kPush) ++stats_.pushes_rejected;
   spdlog::debug("shard {}: rejected {} ({}): {}", options_.server_id, MsgTypeName(request.type),
                 RejectReasonName(reason), status.message());
-  Reply(ep, peer, ErrorReply(request, status));
+  MessageHeader reply = ErrorReply(request, status);
+  reply.flags = static_cast<uint32_t>(reason);  // lets a client react (e.g. register again)
+  Reply(ep, peer, reply);
 }
 
 void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& frames) {

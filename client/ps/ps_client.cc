@@ -74,6 +74,7 @@ struct PsClient::Impl {
   }
   void RunLink(Link& link);
   Status Execute(Link& link, Op& op, MessageHeader* reply);
+  Status Reregister(Link& link, RequestId id, std::chrono::steady_clock::time_point deadline);
   Status AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
                          const MessageHeader& h, const Frames& frames);
 };
@@ -163,8 +164,9 @@ Status PsClient::Impl::Execute(Link& link, Op& op, MessageHeader* reply) {
   const size_t per = owner->options_.max_chunks_per_message > 0
                          ? static_cast<size_t>(owner->options_.max_chunks_per_message) : std::max<size_t>(n, 1);
   const size_t parts = std::max<size_t>(1, (n + per - 1) / per);
-  if (parts >= (size_t{1} << kSubBits)) return InvalidArgument("ps client: {} sub-messages is too many", parts);
+  if (parts + 1 >= (size_t{1} << kSubBits)) return InvalidArgument("ps client: {} sub-messages is too many", parts);
   std::vector<std::vector<uint32_t>> part_chunks(parts);
+  std::vector<Frames> part_frames(parts);  // kept until the op ends: a part may be sent again
   for (size_t k = 0; k < parts; ++k) {
     const size_t b = k * per, e = std::min(n, b + per);
     MessageHeader h = op.header;
@@ -175,59 +177,106 @@ Status PsClient::Impl::Execute(Link& link, Op& op, MessageHeader* reply) {
     h.byte_lengths = Slice(op.header.byte_lengths, b, e);
     h.checksums = Slice(op.header.checksums, b, e);
     part_chunks[k] = h.chunk_ids;
-    Frames frames;
+    Frames& frames = part_frames[k];
     frames.reserve(e - b + 1);
     frames.emplace_back();
     DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
     if (!op.payload.empty()) {
       for (size_t i = b; i < e; ++i) frames.push_back(std::move(op.payload[i]));
     }
-    Status s = link.endpoint->Send(std::move(frames));
-    if (!s.ok()) {
-      return Status(s.code(), fmt::format("server {}: {} failed: {}", link.server, MsgTypeName(op.header.type), s.message()));
-    }
   }
   op.payload.clear();
-  std::vector<bool> answered(parts, false);
-  size_t pending = parts;
-  Status first_error;
+
   const auto deadline = std::chrono::steady_clock::now() + owner->options_.reply_timeout;
-  while (pending > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      return Status(StatusCode::kTimeout, fmt::format("server {}: no reply to {} (request {}, {} of {} parts "
-                                                      "outstanding) within {} ms", link.server,
-                                                      MsgTypeName(op.header.type), op.id, pending, parts,
-                                                      owner->options_.reply_timeout.count()));
+  std::vector<size_t> to_send(parts);
+  for (size_t k = 0; k < parts; ++k) to_send[k] = k;
+  Status first_error;
+  // Attempt 2 happens only after a server restart: parts refused because this connection is not
+  // registered (the restarted server forgot it) are sent again after registering anew. Refused
+  // parts were not applied, so nothing is applied twice.
+  for (int attempt = 0; attempt < 2 && !to_send.empty(); ++attempt) {
+    for (size_t k : to_send) {
+      Status s = link.endpoint->Send(part_frames[k]);  // copies Frame handles, not bytes
+      if (!s.ok()) {
+        return Status(s.code(), fmt::format("server {}: {} failed: {}", link.server, MsgTypeName(op.header.type), s.message()));
+      }
     }
-    Frames got;
-    Status s = link.endpoint->Receive(&got, std::min(left, std::chrono::milliseconds(200)));
-    if (s.code() == StatusCode::kTimeout) {
-      std::lock_guard<std::mutex> lock(link.mu);
-      if (link.stopping) return Status(StatusCode::kUnavailable, "ps client destroyed while waiting for a reply");
-      continue;
+    std::vector<bool> waiting(parts, false);
+    for (size_t k : to_send) waiting[k] = true;
+    size_t pending = to_send.size();
+    std::vector<size_t> unregistered;
+    while (pending > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        return Status(StatusCode::kTimeout, fmt::format("server {}: no reply to {} (request {}, {} of {} parts "
+                                                        "outstanding) within {} ms", link.server,
+                                                        MsgTypeName(op.header.type), op.id, pending, parts,
+                                                        owner->options_.reply_timeout.count()));
+      }
+      Frames got;
+      Status s = link.endpoint->Receive(&got, std::min(left, std::chrono::milliseconds(200)));
+      if (s.code() == StatusCode::kTimeout) {
+        std::lock_guard<std::mutex> lock(link.mu);
+        if (link.stopping) return Status(StatusCode::kUnavailable, "ps client destroyed while waiting for a reply");
+        continue;
+      }
+      DP_RETURN_IF_ERROR(s);
+      MessageHeader h;
+      s = ParseHeader(got, &h);
+      if (!s.ok()) return Status(s.code(), fmt::format("server {}: bad reply: {}", link.server, s.message()));
+      const uint64_t k = h.request_id & ((uint64_t{1} << kSubBits) - 1);
+      // A reply to an earlier, timed-out request (or an error about an undecodable one): skip.
+      if ((h.request_id >> kSubBits) != op.id || k >= parts || !waiting[k]) continue;
+      waiting[k] = false;
+      --pending;
+      if (h.type == MsgType::kError) {
+        if (attempt == 0 && op.header.type != MsgType::kRegister && owner->connected_.load() &&
+            h.flags == static_cast<uint32_t>(RejectReason::kNotRegistered)) {
+          unregistered.push_back(k);
+          continue;
+        }
+        Status e = StatusFromReply(h);
+        if (first_error.ok()) first_error = Status(e.code(), fmt::format("server {}: {}", link.server, e.message()));
+        continue;
+      }
+      if (op.header.type == MsgType::kPull) {
+        s = AcceptPullReply(link, op, part_chunks[k], h, got);
+        if (!s.ok() && first_error.ok()) first_error = s;
+      }
+      *reply = std::move(h);
     }
-    DP_RETURN_IF_ERROR(s);
-    MessageHeader h;
-    s = ParseHeader(got, &h);
-    if (!s.ok()) return Status(s.code(), fmt::format("server {}: bad reply: {}", link.server, s.message()));
-    const uint64_t k = h.request_id & ((uint64_t{1} << kSubBits) - 1);
-    // A reply to an earlier, timed-out request (or an error about an undecodable one): skip.
-    if ((h.request_id >> kSubBits) != op.id || k >= parts || answered[k]) continue;
-    answered[k] = true;
-    --pending;
-    if (h.type == MsgType::kError) {
-      Status e = StatusFromReply(h);
-      if (first_error.ok()) first_error = Status(e.code(), fmt::format("server {}: {}", link.server, e.message()));
-      continue;
-    }
-    if (op.header.type == MsgType::kPull) {
-      s = AcceptPullReply(link, op, part_chunks[k], h, got);
-      if (!s.ok() && first_error.ok()) first_error = s;
-    }
-    *reply = std::move(h);
+    to_send = std::move(unregistered);
+    if (!to_send.empty()) DP_RETURN_IF_ERROR(Reregister(link, op.id, deadline));
   }
   return first_error;
+}
+
+Status PsClient::Impl::Reregister(Link& link, RequestId id, std::chrono::steady_clock::time_point deadline) {
+  MessageHeader h;
+  h.type = MsgType::kRegister;
+  h.request_id = (id << kSubBits) | ((uint64_t{1} << kSubBits) - 1);
+  h.sender = owner->options_.worker_id;
+  h.model_id = owner->options_.model_id;
+  h.layout_hash = owner->layout_.hash();
+  h.role = Role::kWorker;
+  Frames frames(1);
+  DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
+  DP_RETURN_IF_ERROR(link.endpoint->Send(std::move(frames)));
+  while (std::chrono::steady_clock::now() < deadline) {
+    Frames got;
+    Status s = link.endpoint->Receive(&got, std::chrono::milliseconds(200));
+    if (s.code() == StatusCode::kTimeout) continue;
+    DP_RETURN_IF_ERROR(s);
+    MessageHeader r;
+    DP_RETURN_IF_ERROR(ParseHeader(got, &r));
+    if (r.request_id != h.request_id) continue;
+    if (r.type == MsgType::kError) {
+      Status e = StatusFromReply(r);
+      return Status(e.code(), fmt::format("server {}: registering again after a restart: {}", link.server, e.message()));
+    }
+    return Status::Ok();
+  }
+  return Status(StatusCode::kTimeout, fmt::format("server {}: no reply to register (after a restart)", link.server));
 }
 
 Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
@@ -435,6 +484,7 @@ Status PsClient::Connect(std::chrono::milliseconds timeout) {
       return Corrupt("server {}: register answered with {}", s, MsgTypeName(reply.type));
     }
   }
+  connected_.store(true);
   return Status::Ok();
 }
 

@@ -25,6 +25,11 @@
 // server's error reply, a timeout, a transport failure) are attached to the request and
 // returned by its Wait; errors not tied to a request surface at the next Wait.
 //
+// Server restarts: a restarted server (same address, e.g. from --restore) has forgotten this
+// client's registration; after Connect() succeeded once, the client registers again on its own
+// and resends exactly the parts the server refused for that reason (refused parts were not
+// applied, so nothing is applied twice).
+//
 // Versions: each pull records the version of every chunk it received (last_versions()); each
 // push carries, per chunk, the version its gradient was computed from (the last pulled one),
 // so the server measures staleness.
@@ -34,6 +39,7 @@
 // outlive the client.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -123,6 +129,7 @@ class PsClient {
   ParamLayout layout_;
   PsClientOptions options_;
   std::vector<int64_t> versions_;  // per chunk, written by the owning server's I/O thread
+  std::atomic<bool> connected_{false};  // Connect() succeeded: re-register after a server restart
   std::unique_ptr<Impl> impl_;
 };
 

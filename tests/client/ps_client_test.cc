@@ -33,6 +33,7 @@ class PsClientTest : public ::testing::Test {
     PsClientOptions co;
     co.server_addresses = {"s0", "s1"};
     co.reply_timeout = 5000ms;
+    co.max_chunks_per_message = 4;
     ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &client_).ok());
     ASSERT_TRUE(client_->Connect(5000ms).ok());
     n_ = static_cast<size_t>(layout_.total_elems());
@@ -140,6 +141,35 @@ TEST_F(PsClientTest, ManyRequestsInFlightAcrossServers) {
   std::vector<float> w(n_);
   ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
   EXPECT_EQ(w, std::vector<float>(n_, -50.0f));
+}
+
+TEST_F(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedTwice) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
+  std::vector<float> g(n_, 1.0f), w(n_);
+  ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
+  const std::string path = ::testing::TempDir() + "/ps_client_restart.dpt";
+  ASSERT_TRUE(client_->Checkpoint(0, path, 5000ms).ok());
+  // Server 0 dies and comes back from its checkpoint under the same address.
+  shards_[0]->Stop();
+  ASSERT_TRUE(shards_[0]->Join().ok());
+  shards_[0].reset();
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  ASSERT_TRUE(ShardServer::Create(layout_, o, &shards_[0]).ok());
+  ASSERT_TRUE(shards_[0]->LoadCheckpoint(path).ok());
+  std::unique_ptr<ServerEndpoint> ep;
+  ASSERT_TRUE(transport_.Bind("s0", &ep).ok());
+  shards_[0]->Start(std::move(ep));
+  // The same client keeps working: its push is refused as unregistered, it registers again and
+  // resends exactly once.
+  ASSERT_TRUE(client_->Wait(client_->Push(g, 1), 5000ms).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n_, -2.0f));
+  for (const Chunk& c : layout_.chunks()) EXPECT_EQ(client_->last_versions()[static_cast<size_t>(c.id)], 2);
+  EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kNotRegistered)],
+            (layout_.ServerChunks(0).size() + 3) / 4);
 }
 
 TEST(PsClientCreate, AddressCountMustMatchTheLayout) {
