@@ -116,6 +116,7 @@ class Net {
   int num_layers() const { return static_cast<int>(layers_.size()); }
   void ForwardLayer(int i, Phase phase);
   void BackwardLayer(int i);
+  bool LayerHasBackward(int i) const { return layers_[i]->HasBackward(); }
   // The class scores of the last forward (N × num_classes), host copy.
   std::vector<float> ReadScores();
 

@@ -67,6 +67,7 @@ NetTiming TimeNet(Net& net, int iterations, int warmup) {
       t.layers[l].forward_ms += NowMs() - t0;
     }
     for (int l = net.num_layers() - 1; l >= 0; --l) {
+      if (!net.LayerHasBackward(l)) continue;
       const double t0 = NowMs();
       net.BackwardLayer(l);
       net.backend().Synchronize();

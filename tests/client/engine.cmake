@@ -26,3 +26,8 @@ if(TARGET downpour_engine)
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_weights_test.cc
     LIBS downpour_engine)
 endif()
+if(TARGET downpour_engine)
+  downpour_add_test(engine_timer_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_timer_test.cc
+    LIBS downpour_engine)
+endif()
