@@ -53,14 +53,14 @@ int main(int argc, char** argv) {
   double flops_per_image = 0.0;
   bool gemm_only = false;
   app.add_option("--model", model, "model config (TOML)");
-  app.add_option("--batch", batch, "batch size (default 64)")->check(CLI::PositiveNumber);
-  app.add_option("--iterations", iterations, "timed training steps (default 5)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed steps first (default 1)")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "compute threads (default 2)")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "batch size (default 64)")->check(CLI::Range(1, 1000000));
+  app.add_option("--iterations", iterations, "timed training steps (default 5)")->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", warmup, "untimed steps first (default 1)")->check(CLI::Range(0, 1000000));
+  app.add_option("--threads", threads, "compute threads (default 2)")->check(CLI::Range(1, 1000000));
   app.add_option("--flops-per-image", flops_per_image,
                  "training FLOP per image, to report achieved GFLOP/s (AlexNet: 4.35e9)");
-  app.add_option("--gemm-size", gemm_size, "M=N=K of the ceiling sgemm (default 4096)")->check(CLI::PositiveNumber);
-  app.add_option("--gemm-repeats", gemm_repeats, "timed sgemm calls, best kept (default 3)")->check(CLI::PositiveNumber);
+  app.add_option("--gemm-size", gemm_size, "M=N=K of the ceiling sgemm (default 4096)")->check(CLI::Range(1, 1000000));
+  app.add_option("--gemm-repeats", gemm_repeats, "timed sgemm calls, best kept (default 3)")->check(CLI::Range(1, 1000000));
   app.add_flag("--gemm-only", gemm_only, "only measure the sgemm ceiling");
   CLI11_PARSE(app, argc, argv);
   omp_set_num_threads(threads);

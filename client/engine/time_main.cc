@@ -43,9 +43,9 @@ int main(int argc, char** argv) {
   std::string device = "cpu";
   bool reference = false;
   app.add_option("--model", model, "model config (TOML), e.g. configs/models/alexnet.toml")->required();
-  app.add_option("--batch", batch, "batch size (default 64)")->check(CLI::PositiveNumber);
-  app.add_option("--iterations", iterations, "timed iterations (default 10)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed iterations first (default 1)")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", batch, "batch size (default 64)")->check(CLI::Range(1, 1000000));
+  app.add_option("--iterations", iterations, "timed iterations (default 10)")->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", warmup, "untimed iterations first (default 1)")->check(CLI::Range(0, 1000000));
   app.add_option("--threads", threads, "CPU compute threads (default: library default)");
   app.add_option("--device", device, "cpu, gpu or gpu:N (default cpu)");
   app.add_flag("--reference", reference, "use the naive reference backend (CPU, slow)");
