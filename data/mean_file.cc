@@ -1,10 +1,11 @@
-// mean_file.cc — mean image over an LMDB; the DPMN file format.
+// mean_file.cc — mean image over an LMDB, stored as a common tensor file.
 #include "data/mean_file.h"
 
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
+#include <fmt/ranges.h>
 
+#include <cstdlib>
+
+#include "common/tensor_file.h"
 #include "data/datum.h"
 #include "data/lmdb_io.h"
 
@@ -50,60 +51,47 @@ Status ComputeMean(const std::string& db_path, MeanImage* out) {
   if (count == 0) return InvalidArgument("LMDB {}: empty, no mean to compute", db_path);
   mean.values.resize(sum.size());
   for (size_t i = 0; i < sum.size(); ++i) mean.values[i] = static_cast<float>(sum[i] / count);
+  mean.source = db_path;
+  mean.records = count;
   *out = std::move(mean);
   return Status::Ok();
 }
 
 Status WriteMeanFile(const MeanImage& mean, const std::string& path) {
   DP_CHECK_EQ(mean.values.size(), size_t(mean.c) * mean.h * mean.w);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return IoError("mean file {}: cannot create", tmp);
-    const uint32_t head[2] = {kMeanFileMagic, kMeanFileVersion};
-    const int32_t dims[3] = {mean.c, mean.h, mean.w};
-    f.write(reinterpret_cast<const char*>(head), sizeof(head));
-    f.write(reinterpret_cast<const char*>(dims), sizeof(dims));
-    f.write(reinterpret_cast<const char*>(mean.values.data()),
-            static_cast<std::streamsize>(mean.values.size() * sizeof(float)));
-    f.flush();
-    if (!f.good()) return IoError("mean file {}: write failed", tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return IoError("mean file {}: rename from {} failed: {}", path, tmp, ec.message());
+  TensorFile file;
+  file.meta["kind"] = kMeanFileKind;
+  if (!mean.source.empty()) file.meta["source"] = mean.source;
+  if (mean.records > 0) file.meta["records"] = std::to_string(mean.records);
+  file.tensors.push_back(NamedTensor{kMeanTensorName, {mean.c, mean.h, mean.w}, mean.values});
+  Status s = WriteTensorFile(path, file);
+  if (!s.ok()) return Status(s.code(), fmt::format("mean file {}: {}", path, s.message()));
   return Status::Ok();
 }
 
 Status ReadMeanFile(const std::string& path, MeanImage* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return NotFound("mean file {}: cannot open", path);
-  uint32_t head[2] = {0, 0};
-  int32_t dims[3] = {0, 0, 0};
-  f.read(reinterpret_cast<char*>(head), sizeof(head));
-  f.read(reinterpret_cast<char*>(dims), sizeof(dims));
-  if (!f) return Corrupt("mean file {}: truncated header", path);
-  if (head[0] != kMeanFileMagic) {
-    return Corrupt("mean file {}: bad magic 0x{:08x}, expected 0x{:08x}", path, head[0],
-                   kMeanFileMagic);
+  TensorFile file;
+  Status s = ReadTensorFile(path, &file);
+  if (!s.ok()) return Status(s.code(), fmt::format("mean file {}: {}", path, s.message()));
+  const auto kind = file.meta.find("kind");
+  if (kind == file.meta.end() || kind->second != kMeanFileKind) {
+    return Corrupt("mean file {}: metadata kind is '{}', expected '{}'", path,
+                   kind == file.meta.end() ? "" : kind->second, kMeanFileKind);
   }
-  if (head[1] != kMeanFileVersion) {
-    return Corrupt("mean file {}: version {}, this build reads {}", path, head[1],
-                   kMeanFileVersion);
-  }
-  if (dims[0] <= 0 || dims[1] <= 0 || dims[2] <= 0 || dims[0] > 64 || dims[1] > 65536 ||
-      dims[2] > 65536) {
-    return Corrupt("mean file {}: bad shape {}x{}x{}", path, dims[0], dims[1], dims[2]);
+  const NamedTensor* t = FindTensor(file, kMeanTensorName);
+  if (t == nullptr) return Corrupt("mean file {}: no tensor named '{}'", path, kMeanTensorName);
+  if (t->shape.size() != 3 || t->shape[0] <= 0 || t->shape[0] > 64 || t->shape[1] <= 0 ||
+      t->shape[1] > 65536 || t->shape[2] <= 0 || t->shape[2] > 65536) {
+    return Corrupt("mean file {}: tensor '{}' has shape [{}], expected [c, h, w]", path,
+                   kMeanTensorName, fmt::join(t->shape, ", "));
   }
   MeanImage m;
-  m.c = dims[0];
-  m.h = dims[1];
-  m.w = dims[2];
-  m.values.resize(size_t(m.c) * m.h * m.w);
-  f.read(reinterpret_cast<char*>(m.values.data()),
-         static_cast<std::streamsize>(m.values.size() * sizeof(float)));
-  if (!f) return Corrupt("mean file {}: truncated: shape {}x{}x{} needs {} floats", path, m.c,
-                         m.h, m.w, m.values.size());
+  m.c = static_cast<int>(t->shape[0]);
+  m.h = static_cast<int>(t->shape[1]);
+  m.w = static_cast<int>(t->shape[2]);
+  m.values = t->data;
+  if (auto it = file.meta.find("source"); it != file.meta.end()) m.source = it->second;
+  if (auto it = file.meta.find("records"); it != file.meta.end()) m.records = std::atoll(it->second.c_str());
   *out = std::move(m);
   return Status::Ok();
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "common/tensor_file.h"
 #include "data/datum.h"
 #include "data/image.h"
 #include "data/lmdb_io.h"
@@ -348,6 +349,16 @@ TEST(InspectAndMean, AgreeWithTheData) {
   ASSERT_TRUE(ReadMeanFile(dir / "mean.tensor", &back).ok());
   EXPECT_EQ(back.values, m.values);
   EXPECT_EQ(back.c, 1);
+  EXPECT_EQ(back.records, n);
+  EXPECT_EQ(back.source, o.out);
+  // A tensor file that is not a mean image (e.g. weights) is refused, naming the kind.
+  TensorFile weights;
+  weights.meta["kind"] = "weights";
+  weights.tensors.push_back(NamedTensor{"mean", {1, 2, 2}, {1, 2, 3, 4}});
+  ASSERT_TRUE(WriteTensorFile(dir / "weights.tensor", weights).ok());
+  const Status not_mean = ReadMeanFile(dir / "weights.tensor", &back);
+  EXPECT_EQ(not_mean.code(), StatusCode::kCorrupt);
+  EXPECT_NE(not_mean.message().find("kind is 'weights'"), std::string::npos) << not_mean.message();
   WriteBytes(dir / "junk.tensor", std::vector<uint8_t>(40, 7));
   const Status s = ReadMeanFile(dir / "junk.tensor", &back);
   EXPECT_EQ(s.code(), StatusCode::kCorrupt);
