@@ -15,9 +15,22 @@
 
 namespace downpour {
 
+namespace {
+
+// A chunk's weights plus the number of pull-reply frames the transport still reads from them.
+// `readers` is decremented with release by the frame's keepalive when the transport is done, and
+// read with acquire before an update, so an update never races a reply (copy-on-write).
+struct WeightBuffer {
+  explicit WeightBuffer(std::vector<float> d) : data(std::move(d)) {}
+  std::vector<float> data;
+  std::atomic<int> readers{0};
+};
+
+}  // namespace
+
 struct ShardServer::ChunkState {
-  // Shared with in-flight pull replies; replaced (copy-on-write) before an update if shared.
-  std::shared_ptr<std::vector<float>> weights;
+  // Shared with in-flight pull replies; replaced (copy-on-write) before an update if read.
+  std::shared_ptr<WeightBuffer> weights;
   std::vector<float> history;  // momentum, count floats
   int64_t version = 0;         // applied updates
   bool initialized = false;
@@ -78,7 +91,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   chunks_.resize(owned_.size());
   for (size_t i = 0; i < owned_.size(); ++i) {
     const auto n = static_cast<size_t>(layout_.chunk(owned_[i]).count);
-    chunks_[i].weights = std::make_shared<std::vector<float>>(n, 0.0f);
+    chunks_[i].weights = std::make_shared<WeightBuffer>(std::vector<float>(n, 0.0f));
     chunks_[i].history.assign(n, 0.0f);
   }
   policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers);
@@ -394,14 +407,12 @@ Status ShardServer::HandlePush(const PeerId& peer, const MessageHeader& h, const
 
 std::vector<float>& ShardServer::MutableWeights(int local) {
   auto& w = chunks_[static_cast<size_t>(local)].weights;
-  if (w.use_count() > 1) {
-    // An in-flight pull reply still reads this buffer: the update goes to a fresh copy.
-    w = std::make_shared<std::vector<float>>(*w);
-  } else {
-    // Pair with the release in the transport's final shared_ptr decrement.
-    std::atomic_thread_fence(std::memory_order_acquire);
+  if (w->readers.load(std::memory_order_acquire) != 0) {
+    // An in-flight pull reply still reads this buffer: the update goes to a fresh copy; the old
+    // buffer lives on in the reply's keepalive until the transport lets go of it.
+    w = std::make_shared<WeightBuffer>(w->data);
   }
-  return *w;
+  return w->data;
 }
 
 void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale) {
@@ -441,12 +452,17 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];
     const int32_t id = owned_[static_cast<size_t>(l)];
-    const uint64_t bytes = st.weights->size() * sizeof(float);
+    const std::shared_ptr<WeightBuffer>& buf = st.weights;
+    const uint64_t bytes = buf->data.size() * sizeof(float);
     reply.chunk_ids.push_back(static_cast<uint32_t>(id));
     reply.versions.push_back(st.version);
-    reply.elem_counts.push_back(st.weights->size());
+    reply.elem_counts.push_back(buf->data.size());
     reply.byte_lengths.push_back(bytes);
-    payload.push_back(Frame::Borrow(st.weights->data(), bytes, st.weights));  // zero-copy, COW
+    buf->readers.fetch_add(1, std::memory_order_relaxed);
+    std::shared_ptr<const void> keep(buf->data.data(), [buf](const void*) {
+      buf->readers.fetch_sub(1, std::memory_order_release);
+    });
+    payload.push_back(Frame::Borrow(buf->data.data(), bytes, std::move(keep)));  // zero-copy, COW
   }
   ++stats_.pulls_served;
   Reply(ep, p.peer, reply, std::move(payload));
@@ -487,7 +503,7 @@ std::vector<float> ShardServer::ChunkWeights(int32_t chunk) const {
   if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return {};
   const ChunkState& st = chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])];
   if (!st.initialized) return {};
-  return *st.weights;
+  return st.weights->data;
 }
 
 int64_t ShardServer::ChunkVersion(int32_t chunk) const {
@@ -537,7 +553,7 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
   file.meta["initialized"] = inited.str();
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const int64_t n = static_cast<int64_t>(chunks_[i].history.size());
-    file.tensors.push_back(NamedTensor{fmt::format("chunk{}.weights", owned_[i]), {n}, *chunks_[i].weights});
+    file.tensors.push_back(NamedTensor{fmt::format("chunk{}.weights", owned_[i]), {n}, chunks_[i].weights->data});
     file.tensors.push_back(NamedTensor{fmt::format("chunk{}.history", owned_[i]), {n}, chunks_[i].history});
   }
   DP_RETURN_IF_ERROR(WriteTensorFile(path, file));
@@ -605,7 +621,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < chunks_.size(); ++i) {
-    chunks_[i].weights = std::make_shared<std::vector<float>>(w[i]->data);
+    chunks_[i].weights = std::make_shared<WeightBuffer>(w[i]->data);
     chunks_[i].history = hist[i]->data;
     chunks_[i].version = versions[i];
     chunks_[i].initialized = inited[i] != 0;

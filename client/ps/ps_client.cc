@@ -2,9 +2,10 @@
 // operations one at a time (send, then wait for the matching reply).
 #include "client/ps/ps_client.h"
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <algorithm>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -298,7 +299,8 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
   for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
     const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
     std::memcpy(op.pull_out.data() + c.flat_offset, frames[i + 1].data(), frames[i + 1].size());
-    owner->versions_[static_cast<size_t>(c.id)] = h.versions[i];
+    // atomic_ref: a Push on the caller's thread may read this version concurrently.
+    std::atomic_ref<int64_t>(owner->versions_[static_cast<size_t>(c.id)]).store(h.versions[i], std::memory_order_relaxed);
   }
   return Status::Ok();
 }
@@ -373,7 +375,8 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
         const Chunk& ch = layout_.chunk(c);
         const float* p = in.data() + ch.flat_offset;
         const uint64_t bytes = static_cast<uint64_t>(ch.count) * sizeof(float);
-        h.versions.push_back(std::max<int64_t>(0, versions_[static_cast<size_t>(c)]));
+        const int64_t v = std::atomic_ref<int64_t>(versions_[static_cast<size_t>(c)]).load(std::memory_order_relaxed);
+        h.versions.push_back(std::max<int64_t>(0, v));
         h.elem_counts.push_back(static_cast<uint64_t>(ch.count));
         h.byte_lengths.push_back(bytes);
         if (options_.checksums) h.checksums.push_back(Crc32c(p, bytes));

@@ -51,7 +51,8 @@ class PsClientTest : public ::testing::Test {
 };
 
 TEST_F(PsClientTest, WaitForgetsFinishedRequests) {
-  const RequestId id = client_->PushInit(std::vector<float>(n_, 1.0f));
+  const std::vector<float> init(n_, 1.0f);  // must outlive the Wait (zero-copy push)
+  const RequestId id = client_->PushInit(init);
   ASSERT_TRUE(client_->Wait(id, 5000ms).ok());
   Status again = client_->Wait(id, 10ms);
   EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
