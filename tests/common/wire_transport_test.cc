@@ -49,7 +49,8 @@ TEST_P(TransportTest, MultipartRoundTripRoutesRepliesToTheRightPeer) {
   for (int i = 0; i < 2; ++i) {
     PeerId from;
     Frames got;
-    ASSERT_TRUE(server->Receive(&from, &got, 5000ms).ok());
+    Status s = server->Receive(&from, &got, 5000ms);
+    ASSERT_TRUE(s.ok()) << "message " << i << ": " << s.ToString();
     const std::string hdr = AsString(got[0]);
     if (hdr == "hdr-a") {
       ASSERT_EQ(got.size(), 2u);
