@@ -85,7 +85,7 @@ class LoaderTestSource : public TestSource {
 
 }  // namespace
 
-Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, std::unique_ptr<TrainSource>* out) {
+Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, std::unique_ptr<TrainSource>* out) {
   data::LoaderOptions o;
   if (c.data.sharding == DataSharding::kOwn) {
     o.db_path = (std::filesystem::path(c.data.train) / std::to_string(worker_id)).string();
@@ -100,7 +100,7 @@ Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, std::unique_ptr<
   o.mirror = c.data.mirror;
   o.mean_file = c.data.mean_file;
   o.scale = c.data.scale;
-  o.shuffle_buffer = kShuffleBuffer;
+  o.shuffle_buffer = shuffle ? kShuffleBuffer : 0;
   o.seed = static_cast<uint64_t>(c.run.seed) * 1000003u + static_cast<uint64_t>(worker_id);
   o.queue_depth = std::max(2, c.data.prefetch);
   auto source = std::make_unique<LoaderTrainSource>(o);

@@ -17,7 +17,8 @@
 
 namespace downpour::worker {
 
-Status OpenLoaderTrainSource(const RunConfig& config, int worker_id, std::unique_ptr<TrainSource>* out);
+// shuffle = false reads the shard in key order (reproducible runs).
+Status OpenLoaderTrainSource(const RunConfig& config, int worker_id, bool shuffle, std::unique_ptr<TrainSource>* out);
 Status OpenLoaderTestSource(const RunConfig& config, int batch, std::unique_ptr<TestSource>* out);
 
 }  // namespace downpour::worker

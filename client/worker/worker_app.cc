@@ -38,7 +38,7 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-Status OpenTrainSource(const RunConfig& c, int id, std::unique_ptr<TrainSource>* out) {
+Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, std::unique_ptr<TrainSource>* out) {
   std::string labels;
   if (IsIdxImagePath(c.data.train, &labels)) {
     if (c.data.sharding != DataSharding::kSlice)
@@ -51,12 +51,12 @@ Status OpenTrainSource(const RunConfig& c, int id, std::unique_ptr<TrainSource>*
     o.scale = c.data.scale;
     o.shard_index = id;
     o.shard_count = c.cluster.workers;
-    o.shuffle = true;
+    o.shuffle = shuffle;
     o.seed = static_cast<uint64_t>(c.run.seed);
     return OpenIdxTrainSource(o, out);
   }
 #if DOWNPOUR_WORKER_HAVE_LOADER
-  return OpenLoaderTrainSource(c, id, out);
+  return OpenLoaderTrainSource(c, id, shuffle, out);
 #else
   return Status(StatusCode::kFailedPrecondition,
                 fmt::format("data.train = {}: LMDB input needs the data loader (data/loader.h), which this build "
@@ -235,7 +235,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result) {
 
   std::unique_ptr<TrainSource> train;
   std::unique_ptr<TestSource> test;
-  DP_RETURN_IF_ERROR(OpenTrainSource(config, args.local ? 0 : args.id, &train));
+  DP_RETURN_IF_ERROR(OpenTrainSource(config, args.local ? 0 : args.id, args.shuffle, &train));
   if (evaluate) DP_RETURN_IF_ERROR(OpenTestSource(config, &test));
 
   const auto metrics_dir = std::filesystem::path(args.run_dir) / "metrics";

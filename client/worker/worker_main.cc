@@ -15,11 +15,14 @@ int main(int argc, char** argv) {
   app.add_option("--config", args.config_path, "run config (default <run-dir>/config.toml)");
   app.add_flag("--quiet", args.quiet, "no progress line");
   app.add_flag("--local", args.local, "single-process reference run: no servers, local SGD");
+  bool no_shuffle = false;
+  app.add_flag("--no-shuffle", no_shuffle, "read the data shard in record order (reproducible runs)");
   app.add_option("--steps", args.steps_override, "override worker.steps (smoke runs)")->check(CLI::PositiveNumber);
   std::string tensors_out;
   app.add_option("--write-tensors", tensors_out,
                  "write the model's tensor list (for downpour-server --tensors) to this file and exit");
   CLI11_PARSE(app, argc, argv);
+  args.shuffle = !no_shuffle;
   if (!tensors_out.empty()) {
     const downpour::Status s = downpour::worker::WriteTensorList(args.config_path, tensors_out);
     if (!s.ok()) std::fprintf(stderr, "downpour-worker: %s\n", s.ToString().c_str());

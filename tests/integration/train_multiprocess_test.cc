@@ -1,0 +1,326 @@
+// Multi-process tests of the training loop through real servers (coordinator, shard servers
+// and workers as separate processes over ZeroMQ on 127.0.0.1), on Debian's Fashion-MNIST IDX
+// files. Every loop is bounded; every process is reaped.
+//   * sync with 2 workers == one process with the doubled batch (final weights, float tol.)
+//   * async with 4 workers converges on a short run
+//   * a worker killed with SIGKILL mid-run: async — the other finishes; sync — the servers
+//     drop it after the heartbeat timeout and the run finishes.
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "common/metrics.h"
+#include "common/tensor_file.h"
+#include "downpour_config.h"
+
+namespace downpour {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+const char* kFmnist = "/usr/share/datasets/fashion-mnist";
+
+std::string BuildDir() {
+  const char* d = std::getenv("DOWNPOUR_BUILD_DIR");
+  return d != nullptr ? d : "";
+}
+
+struct Bins {
+  std::string worker, server, coordinator, launch;
+};
+
+Bins FindBins() {
+  const fs::path b = BuildDir();
+  return {(b / "client/worker/downpour-worker").string(), (b / "server/downpour-server").string(),
+          (b / "server/downpour-coordinator").string(), (b / "server/downpour-launch").string()};
+}
+
+class TrainProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    bins_ = FindBins();
+    for (const auto& p : {bins_.worker, bins_.server, bins_.coordinator, bins_.launch})
+      ASSERT_TRUE(fs::exists(p)) << p << " not built";
+    dir_ = fs::temp_directory_path() /
+           fmt::format("train_mp_{}_{}", ::testing::UnitTest::GetInstance()->current_test_info()->name(), getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    for (pid_t pid : children_) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // The run config text. Ports are unique per test (tests may run in parallel).
+  std::string Config(const std::string& model, const std::string& mode, int workers, int servers, int batch,
+                     int steps, int port, double lr, int test_batches) {
+    return fmt::format(R"([run]
+seed = 3
+[model]
+config = "{}"
+[cluster]
+servers = {}
+workers = {}
+coordinator = "127.0.0.1:{}"
+base_port = {}
+heartbeat_ms = 200
+heartbeat_timeout_ms = 2000
+[solver]
+base_lr = {}
+lr_policy = "fixed"
+momentum = 0.9
+weight_decay = 0.0005
+[consistency]
+mode = "{}"
+[worker]
+batch_size = {}
+steps = {}
+threads = 1
+[data]
+train = "{}/train-images-idx3-ubyte.gz"
+test = "{}/t10k-images-idx3-ubyte.gz"
+[eval]
+every_steps = 0
+test_batches = {}
+[checkpoint]
+every_updates = 0
+)",
+                       model, servers, workers, port, port + 10, lr, mode, batch, steps, kFmnist, kFmnist, test_batches);
+  }
+
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string p = (dir_ / name).string();
+    std::ofstream(p) << text;
+    return p;
+  }
+
+  pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    children_.push_back(pid);
+    return pid;
+  }
+
+  // Exit status of `pid`, or -1 if it did not exit within `limit`.
+  int WaitExit(pid_t pid, std::chrono::seconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        std::erase(children_, pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    return -1;
+  }
+
+  std::string Log(const std::string& name) {
+    std::ifstream in(dir_ / name);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
+  // Runs a whole job through downpour-launch; returns its exit code.
+  int Launch(const std::string& config, const std::string& run_dir, const std::string& tensors,
+             const std::string& worker_flags) {
+    const fs::path bin = dir_ / "bin";
+    fs::create_directories(bin);
+    for (const auto& p : {bins_.worker, bins_.server, bins_.coordinator, bins_.launch})
+      fs::create_symlink(p, bin / fs::path(p).filename());
+    const pid_t pid = Spawn({bins_.launch, "--bin-dir", bin.string(), "--config", config, "--run-dir", run_dir,
+                             "--tensors", tensors, "--worker-cmd", bins_.worker + " --quiet " + worker_flags},
+                            (dir_ / "launch.log").string());
+    return WaitExit(pid, 150s);
+  }
+
+  std::string Tensors(const std::string& config) {
+    const std::string out = (dir_ / "tensors.txt").string();
+    const pid_t pid = Spawn({bins_.worker, "--config", config, "--write-tensors", out}, (dir_ / "tensors.log").string());
+    EXPECT_EQ(WaitExit(pid, 30s), 0) << Log("tensors.log");
+    return out;
+  }
+
+  std::vector<MetricRecord> Records(const std::string& run_dir, int worker, const std::string& event) {
+    std::vector<MetricRecord> all, out;
+    const Status s = ReadMetrics((fs::path(run_dir) / "metrics" / fmt::format("worker-{}.jsonl", worker)).string(), &all);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    for (auto& r : all)
+      if (r.Get("event").AsString() == event) out.push_back(std::move(r));
+    return out;
+  }
+
+  void KillOneWorker(const std::string& mode, int port);
+
+  Bins bins_;
+  fs::path dir_;
+  std::vector<pid_t> children_;
+};
+
+// A small net without dropout (a doubled batch must see the same computation) for 28×28×1.
+const char* kTinyNet = R"(name = "tiny"
+[input]
+channels = 1
+height = 28
+width = 28
+[[layer]]
+name = "conv1"
+type = "Convolution"
+bottom = ["data"]
+top = ["conv1"]
+num_output = 4
+kernel_size = 5
+stride = 2
+weight_filler = { type = "msra" }
+bias_filler = { type = "constant", value = 0.1 }
+[[layer]]
+name = "relu1"
+type = "ReLU"
+bottom = ["conv1"]
+top = ["relu1"]
+[[layer]]
+name = "fc1"
+type = "InnerProduct"
+bottom = ["relu1"]
+top = ["fc1"]
+num_output = 10
+weight_filler = { type = "xavier" }
+bias_filler = { type = "constant", value = 0.0 }
+[[layer]]
+name = "loss"
+type = "SoftmaxWithLoss"
+bottom = ["fc1", "label"]
+top = ["loss"]
+)";
+
+TEST_F(TrainProcessTest, SyncTwoWorkersEqualsOneProcessWithDoubledBatch) {
+  const std::string model = Write("tiny.toml", kTinyNet);
+  constexpr int kSteps = 6, kBatch = 16;
+  const std::string sync_cfg = Write("sync.toml", Config(model, "sync", 2, 2, kBatch, kSteps, 7310, 0.05, 2));
+  const std::string local_cfg = Write("local.toml", Config(model, "async", 1, 1, 2 * kBatch, kSteps, 7330, 0.05, 2));
+  const std::string sync_dir = (dir_ / "sync").string(), local_dir = (dir_ / "local").string();
+
+  ASSERT_EQ(Launch(sync_cfg, sync_dir, Tensors(sync_cfg), "--no-shuffle"), 0) << Log("launch.log");
+  const pid_t local = Spawn({bins_.worker, "--local", "--quiet", "--no-shuffle", "--config", local_cfg, "--run-dir",
+                             local_dir},
+                            (dir_ / "local.log").string());
+  ASSERT_EQ(WaitExit(local, 60s), 0) << Log("local.log");
+
+  TensorFile a, b;
+  ASSERT_TRUE(ReadTensorFile(sync_dir + "/model_final.dpt", &a).ok());
+  ASSERT_TRUE(ReadTensorFile(local_dir + "/model_final.dpt", &b).ok());
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    ASSERT_EQ(a.tensors[t].name, b.tensors[t].name);
+    ASSERT_EQ(a.tensors[t].data.size(), b.tensors[t].data.size());
+    for (size_t i = 0; i < a.tensors[t].data.size(); ++i) {
+      const float x = a.tensors[t].data[i], y = b.tensors[t].data[i];
+      ASSERT_NEAR(x, y, 2e-5f + 2e-4f * std::fabs(y)) << a.tensors[t].name << "[" << i << "]";
+    }
+  }
+  // Sanity: both runs trained (the final loss is below the initial ln(10) ≈ 2.30).
+  const auto steps = Records(local_dir, 0, "step");
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  // Every sync push carried the clock: the servers saw exactly kSteps clocks per worker.
+  for (int w = 0; w < 2; ++w) {
+    const auto done = Records(sync_dir, w, "done");
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].Get("steps").AsInt(), kSteps);
+  }
+}
+
+TEST_F(TrainProcessTest, AsyncFourWorkersConverge) {
+  const std::string model = (fs::path(DOWNPOUR_SOURCE_DIR) / "configs/models/fmnist_small.toml").string();
+  const std::string cfg = Write("async.toml", Config(model, "async", 4, 2, 64, 120, 7350, 0.01, 20));
+  const std::string run = (dir_ / "run").string();
+  ASSERT_EQ(Launch(cfg, run, Tensors(cfg), ""), 0) << Log("launch.log");
+  for (int w = 0; w < 4; ++w) EXPECT_EQ(Records(run, w, "done").size(), 1u) << "worker " << w;
+  const auto evals = Records(run, 0, "eval");
+  ASSERT_FALSE(evals.empty());
+  const double top1 = evals.back().Get("top1").AsDouble();
+  // 4 × 120 × 64 = 30,720 images (half an epoch): the net is well past chance (10%).
+  EXPECT_GT(top1, 0.72) << "final test accuracy";
+  EXPECT_TRUE(fs::exists(run + "/model_final.dpt"));
+}
+
+// Starts coordinator + 2 servers + 2 workers by hand (the launcher stops a job when any child
+// fails, which is the opposite of what this test needs), SIGKILLs worker 1 once it has taken
+// some steps, and expects worker 0 to finish all its steps.
+void TrainProcessTest::KillOneWorker(const std::string& mode, int port) {
+  const std::string model = (fs::path(DOWNPOUR_SOURCE_DIR) / "configs/models/fmnist_small.toml").string();
+  const std::string cfg = Write("cfg.toml", Config(model, mode, 2, 2, 32, 300, port, 0.01, 5));
+  const std::string tensors = Tensors(cfg);
+  const std::string run = (dir_ / "run").string();
+  fs::create_directories(run);
+  const pid_t coord = Spawn({bins_.coordinator, "--config", cfg, "--run-dir", run, "--tensors", tensors},
+                               (dir_ / "coordinator.log").string());
+  std::vector<pid_t> servers;
+  for (int s = 0; s < 2; ++s)
+    servers.push_back(Spawn({bins_.server, "--config", cfg, "--id", std::to_string(s), "--run-dir", run,
+                                "--tensors", tensors},
+                               (dir_ / fmt::format("server-{}.log", s)).string()));
+  std::vector<pid_t> workers;
+  for (int w = 0; w < 2; ++w)
+    workers.push_back(Spawn({bins_.worker, "--quiet", "--id", std::to_string(w), "--config", cfg,
+                                "--run-dir", run},
+                               (dir_ / fmt::format("worker-{}.log", w)).string()));
+  // Wait (bounded) until worker 1 has logged 20 steps, then kill it without warning.
+  const auto metrics = fs::path(run) / "metrics" / "worker-1.jsonl";
+  bool killed = false;
+  for (int i = 0; i < 1200 && !killed; ++i) {
+    std::vector<MetricRecord> recs;
+    if (fs::exists(metrics) && ReadMetrics(metrics.string(), &recs).ok()) {
+      int steps = 0;
+      for (const auto& r : recs) steps += r.Get("event").AsString() == "step";
+      if (steps >= 20) {
+        ASSERT_EQ(kill(workers[1], SIGKILL), 0);
+        killed = true;
+      }
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(killed) << "worker 1 never reached 20 steps:\n" << Log("worker-1.log");
+  EXPECT_EQ(WaitExit(workers[1], 10s), 128 + SIGKILL);
+  EXPECT_EQ(WaitExit(workers[0], 150s), 0) << Log("worker-0.log") << Log("server-0.log");
+  const auto done = Records(run, 0, "done");
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].Get("steps").AsInt(), 300);
+  for (pid_t p : servers) kill(p, SIGTERM);
+  kill(coord, SIGTERM);
+  for (pid_t p : servers) EXPECT_GE(WaitExit(p, 20s), 0);
+  EXPECT_GE(WaitExit(coord, 20s), 0);
+}
+
+TEST_F(TrainProcessTest, AsyncSurvivesKilledWorker) { KillOneWorker("async", 7370); }
+TEST_F(TrainProcessTest, SyncDropsKilledWorkerAfterHeartbeatTimeout) { KillOneWorker("sync", 7390); }
+
+}  // namespace
+}  // namespace downpour
