@@ -39,14 +39,16 @@ class Membership {
   std::vector<bool> dead_;
 };
 
-// Downpour: apply every gradient on arrival; optional lr / staleness.
+// Downpour: apply every gradient on arrival; optional lr / staleness. Clocks are tracked only to
+// be reported (MinLiveClock); nothing waits on them.
 class AsyncPolicy : public ConsistencyPolicy {
  public:
-  explicit AsyncPolicy(bool staleness_aware) : staleness_aware_(staleness_aware) {}
+  AsyncPolicy(bool staleness_aware, int workers) : staleness_aware_(staleness_aware), members_(workers) {}
   Status CheckPush(const ShardUpdater&, const PushContext&, std::span<const PushChunk>) const override {
     return Status::Ok();
   }
-  PushOutcome OnPush(ShardUpdater& shard, const PushContext&, std::span<const PushChunk> chunks) override {
+  PushOutcome OnPush(ShardUpdater& shard, const PushContext& ctx, std::span<const PushChunk> chunks) override {
+    members_.Advance(ctx.worker, ctx.clock + 1);
     for (const PushChunk& c : chunks) {
       const int64_t s = Staleness(shard, c);
       shard.RecordStaleness(s);
@@ -56,32 +58,26 @@ class AsyncPolicy : public ConsistencyPolicy {
     return PushOutcome::kApplied;
   }
   bool PullReady(const ShardUpdater&, int32_t, int64_t, std::span<const int>) const override { return true; }
-  void OnClock(int32_t, int64_t) override {}
-  void OnWorkerDead(ShardUpdater&, int32_t) override {}
+  void OnClock(int32_t worker, int64_t clock) override { members_.Advance(worker, clock + 1); }
+  void OnWorkerDead(ShardUpdater&, int32_t worker) override { members_.Kill(worker); }
+  int64_t MinLiveClock() const override { return members_.MinLiveClock(); }
 
  private:
   bool staleness_aware_;
+  Membership members_;
 };
 
 // ssp:s — apply on arrival like async; a pull at clock c waits until the slowest live worker
-// has finished c - s iterations.
+// has finished c - s iterations, so no worker reads weights while more than s clocks ahead.
 class SspPolicy : public AsyncPolicy {
  public:
-  SspPolicy(int bound, bool staleness_aware, int workers)
-      : AsyncPolicy(staleness_aware), bound_(bound), members_(workers) {}
-  PushOutcome OnPush(ShardUpdater& shard, const PushContext& ctx, std::span<const PushChunk> chunks) override {
-    members_.Advance(ctx.worker, ctx.clock + 1);
-    return AsyncPolicy::OnPush(shard, ctx, chunks);
-  }
+  SspPolicy(int bound, bool staleness_aware, int workers) : AsyncPolicy(staleness_aware, workers), bound_(bound) {}
   bool PullReady(const ShardUpdater&, int32_t, int64_t clock, std::span<const int>) const override {
-    return members_.MinLiveClock() >= clock - bound_;
+    return MinLiveClock() >= clock - bound_;
   }
-  void OnClock(int32_t worker, int64_t clock) override { members_.Advance(worker, clock + 1); }
-  void OnWorkerDead(ShardUpdater&, int32_t worker) override { members_.Kill(worker); }
 
  private:
   int bound_;
-  Membership members_;
 };
 
 // BSP: per chunk, gradients of clock t (t = the chunk's version) are summed until
@@ -124,6 +120,7 @@ class SyncPolicy : public ConsistencyPolicy {
       a.workers.push_back(ctx.worker);
       MaybeApply(shard, c.local);
     }
+    members_.Advance(ctx.worker, ctx.clock + 1);
     return any_taken ? PushOutcome::kAccumulated : PushOutcome::kDroppedLate;
   }
 
@@ -133,7 +130,8 @@ class SyncPolicy : public ConsistencyPolicy {
     }
     return true;
   }
-  void OnClock(int32_t, int64_t) override {}
+  void OnClock(int32_t worker, int64_t clock) override { members_.Advance(worker, clock + 1); }
+  int64_t MinLiveClock() const override { return members_.MinLiveClock(); }
   void OnWorkerDead(ShardUpdater& shard, int32_t worker) override {
     members_.Kill(worker);
     EnsureSized(shard);
@@ -179,7 +177,7 @@ std::unique_ptr<ConsistencyPolicy> MakeConsistencyPolicy(const ConsistencyConfig
     case ConsistencyMode::kAsync:
       break;
   }
-  return std::make_unique<AsyncPolicy>(config.staleness_aware_lr);
+  return std::make_unique<AsyncPolicy>(config.staleness_aware_lr, expected_workers);
 }
 
 }  // namespace downpour

@@ -64,6 +64,10 @@ class ConsistencyPolicy {
   // The coordinator declared `worker` dead: drop it from the accounting (sync may now complete
   // a clock and apply).
   virtual void OnWorkerDead(ShardUpdater& shard, int32_t worker) = 0;
+  // The slowest live worker's clock (iterations finished) as this shard knows it, from pushes
+  // and clock messages, in every mode (ssp waits on it; the others report it for the logs);
+  // INT64_MAX when no worker is live.
+  virtual int64_t MinLiveClock() const = 0;
 };
 
 // expected_workers: W of the run (worker ids 0..W-1), for sync/ssp accounting.

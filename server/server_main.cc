@@ -8,13 +8,21 @@
 // the bound address to D/server-<i>.addr. Registers with cluster.coordinator (unless
 // --standalone), heartbeats, drops workers the coordinator declares dead, and exits 0 on a
 // shutdown message, the coordinator's shutdown, or SIGINT/SIGTERM.
+//
+// Metrics: D/metrics/server-<i>.jsonl — "server_start" (mode, bound, workers, chunks), one
+// "pull" line per served pull (worker, clock, min_clock = slowest live worker's clock as this
+// shard knows it, ahead = clock - min_clock, wait_ms held back by the consistency policy,
+// version_sum), and "server_end" with the shard's counters. The pull lines are the log the
+// ssp bound is checked against (ahead <= s always).
 #include <filesystem>
+#include <limits>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/layout.h"
+#include "common/metrics.h"
 #include "common/rendezvous.h"
 #include "common/run_config.h"
 #include "common/zmq_transport.h"
@@ -52,6 +60,27 @@ Status Run(const Flags& f) {
   o.checkpoint_path = ResolveInRunDir(f.run_dir, (std::filesystem::path(cfg.checkpoint.dir) /
                                                   fmt::format("server-{}.dpt", f.id)).string());
   std::filesystem::create_directories(std::filesystem::path(o.checkpoint_path).parent_path());
+  const std::filesystem::path metrics_dir = std::filesystem::path(f.run_dir) / "metrics";
+  std::filesystem::create_directories(metrics_dir);
+  std::unique_ptr<MetricsWriter> metrics;
+  DP_RETURN_IF_ERROR(MetricsWriter::Open((metrics_dir / fmt::format("server-{}.jsonl", f.id)).string(), "server", f.id,
+                                         &metrics));
+  o.on_pull_served = [m = metrics.get()](const PullServedEvent& e) {
+    const bool none_live = e.min_live_clock == std::numeric_limits<int64_t>::max();
+    (void)m->Write("pull", {{"worker", e.worker},
+                            {"clock", e.clock},
+                            {"min_clock", none_live ? MetricValue() : MetricValue(e.min_live_clock)},
+                            {"ahead", none_live ? MetricValue() : MetricValue(e.clock - e.min_live_clock)},
+                            {"wait_ms", 1e3 * e.waited_s},
+                            {"chunks", e.chunks},
+                            {"version_sum", e.version_sum}});
+  };
+  (void)metrics->Write("server_start", {{"mode", ConsistencyModeString(cfg.consistency)},
+                                        {"staleness_bound", cfg.consistency.staleness_bound},
+                                        {"workers", cfg.cluster.workers},
+                                        {"servers", cfg.cluster.servers},
+                                        {"chunks", static_cast<int64_t>(layout.ServerChunks(f.id).size())},
+                                        {"floats", layout.ServerElems(f.id)}});
   // Declared before the shard: the shard owns the endpoint, which must close before the
   // transport's ZeroMQ context terminates.
   ZmqTransport transport;
@@ -105,6 +134,14 @@ Status Run(const Flags& f) {
   const ShardStatsWire st = shard->Stats();
   spdlog::info("server {}: pushes received {} applied {} rejected {}, pulls {}, chunk updates {}", f.id,
                st.pushes_received, st.pushes_applied, st.pushes_rejected, st.pulls_served, st.chunk_updates);
+  (void)metrics->Write("server_end", {{"pushes_received", st.pushes_received},
+                                      {"pushes_applied", st.pushes_applied},
+                                      {"pushes_rejected", st.pushes_rejected},
+                                      {"pulls_served", st.pulls_served},
+                                      {"chunk_updates", st.chunk_updates},
+                                      {"staleness_sum", st.staleness_sum},
+                                      {"staleness_max", st.staleness_max},
+                                      {"ok", s.ok()}});
   return s;
 }
 

@@ -40,6 +40,7 @@ struct ShardServer::PendingPull {
   PeerId peer;
   MessageHeader request;
   std::vector<int> locals;
+  std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
 };
 
 // The policy's view of the shard (consistency.h). Called with mu_ held, on the loop thread.
@@ -191,7 +192,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& 
       break;
     case MsgType::kPull: {
       s = CheckSender(peer, h, &reason);
-      PendingPull p{peer, h, {}};
+      PendingPull p{peer, h, {}, std::chrono::steady_clock::now()};
       if (s.ok()) s = ResolveChunks(h, /*all_if_empty=*/true, &p.locals, &reason);
       if (s.ok()) {
         if (PullReady(p)) {
@@ -465,6 +466,16 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
     payload.push_back(Frame::Borrow(buf->data.data(), bytes, std::move(keep)));  // zero-copy, COW
   }
   ++stats_.pulls_served;
+  if (options_.on_pull_served) {
+    PullServedEvent e;
+    e.worker = p.request.sender;
+    e.clock = p.request.clock;
+    e.min_live_clock = policy_->MinLiveClock();
+    e.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.arrived).count();
+    e.chunks = static_cast<int>(p.locals.size());
+    for (int64_t v : reply.versions) e.version_sum += v;
+    options_.on_pull_served(e);
+  }
   Reply(ep, p.peer, reply, std::move(payload));
 }
 

@@ -39,6 +39,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,16 @@
 
 namespace downpour {
 
+// One served pull, as the consistency log records it (ShardOptions::on_pull_served).
+struct PullServedEvent {
+  int32_t worker = 0;        // who pulled
+  int64_t clock = 0;         // the clock the pull was made at (iterations the worker finished)
+  int64_t min_live_clock = 0;  // slowest live worker's clock when served; INT64_MAX if none
+  double waited_s = 0;       // time the pull was held back by the consistency policy
+  int chunks = 0;            // chunks served
+  int64_t version_sum = 0;   // sum of the served chunks' versions
+};
+
 struct ShardOptions {
   int server_id = 0;                   // which of layout.servers() this is
   uint32_t model_id = 0;               // model served (several models later)
@@ -65,6 +76,9 @@ struct ShardOptions {
   std::string checkpoint_path;         // where periodic / default checkpoints go ("" = none)
   std::chrono::milliseconds poll_interval{20};  // loop wakes this often to check Stop / waits
   int staleness_buckets = 32;          // histogram buckets; the last one is ">= buckets-1"
+  // Called for every served pull, on the loop thread with the shard's lock held: keep it short
+  // (downpour-server appends one JSONL line, which is how the ssp bound is checked from logs).
+  std::function<void(const PullServedEvent&)> on_pull_served;
 };
 
 class ShardServer {

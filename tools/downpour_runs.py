@@ -44,8 +44,13 @@ def load_run(run_dir):
 
 def summarize(run_dir):
     config, records = load_run(run_dir)
-    starts = [r for r in records if r.get("event") == "start"]
-    dones = [r for r in records if r.get("event") == "done"]
+    starts = [r for r in records if r.get("event") == "start" and r.get("role") == "worker"]
+    dones = [r for r in records if r.get("event") == "done" and r.get("role") == "worker"]
+    # Servers log every pull they serve: how far ahead of the slowest worker the puller was, and
+    # how long the consistency policy held the pull back.
+    pulls = [r for r in records if r.get("event") == "pull" and r.get("role") == "server"]
+    aheads = [r["ahead"] for r in pulls if r.get("ahead") is not None]
+    waits = [r.get("wait_ms") or 0 for r in pulls]
     evals = [r for r in records if r.get("event") == "eval"]
     t0 = min(r["t"] for r in starts) if starts else records[0]["t"]
     t_end = max(r["t"] for r in dones) if dones else records[-1]["t"]
@@ -94,6 +99,9 @@ def summarize(run_dir):
         "staleness_mean": (stale_sum / updates) if updates else None,
         "staleness_max": max((r["staleness_max"] for r in per_server.values()), default=None),
         "staleness_histogram": hist,
+        "pulls_logged": len(pulls),
+        "clock_ahead_max": max(aheads) if aheads else None,
+        "pull_wait_ms_mean": (sum(waits) / len(waits)) if waits else None,
         "evals": [{"wall_s": e["t"] - t0, "epoch": e.get("epoch"), "step": e.get("step"), "top1": e.get("top1"),
                    "top5": e.get("top5"), "test_loss": e.get("test_loss"), "server_versions": e.get("server_versions")}
                   for e in evals],

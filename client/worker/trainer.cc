@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -275,6 +276,7 @@ Status Trainer::Run(TrainResult* result) {
                              net_->input_height(), net_->input_width());
     const bool push_step = (step + 1) % w.push_every == 0 || step + 1 == planned;
     DP_RETURN_IF_ERROR(Step(step, batch, push_step));
+    if (o_.step_delay.count() > 0) std::this_thread::sleep_for(o_.step_delay);
     images_ += batch.n;
     steps_done_ = step + 1;
     epoch_ = batch.epoch;

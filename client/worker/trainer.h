@@ -20,6 +20,7 @@
 // Thread-safety: one thread; the grad-ready callback runs on it inside ForwardBackward.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ struct TrainerOptions {
   bool evaluate = false;        // this worker runs the test-set evaluations (worker 0)
   std::string model_out;        // final weights file (evaluating worker); "" = not saved
   int64_t min_push_elems = int64_t{1} << 18;  // PushPlanner release threshold (floats)
+  // Sleep after every step (straggler emulation for consistency experiments and tests); the
+  // sleep counts as step time, as a slow machine's would.
+  std::chrono::milliseconds step_delay{0};
 };
 
 struct EvalRecord {

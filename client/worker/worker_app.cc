@@ -249,6 +249,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result) {
 
   TrainerOptions to;
   to.worker_id = args.id;
+  to.step_delay = std::chrono::milliseconds(args.step_delay_ms);
   to.worker = config.worker;
   to.eval = config.eval;
   to.solver = config.solver;

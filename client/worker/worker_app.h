@@ -31,6 +31,7 @@ struct WorkerArgs {
   bool local = false;           // single-process reference run: no servers, local SGD
   int64_t steps_override = 0;   // > 0: replaces worker.steps (tests, smoke runs)
   bool shuffle = true;          // false: read the shard in record order (reproducible tests)
+  int step_delay_ms = 0;        // > 0: sleep this long after every step (emulates a straggler)
 };
 
 // The model's learnable tensors (model.config of the run config at `config_path`) as a

@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   app.add_flag("--local", args.local, "single-process reference run: no servers, local SGD");
   bool no_shuffle = false;
   app.add_flag("--no-shuffle", no_shuffle, "read the data shard in record order (reproducible runs)");
+  app.add_option("--step-delay-ms", args.step_delay_ms,
+                 "sleep this long after every step: emulates a straggler (consistency experiments)")
+      ->check(CLI::Range(0, 600000));
   app.add_option("--steps", args.steps_override, "override worker.steps (smoke runs)")->check(CLI::PositiveNumber);
   std::string tensors_out;
   app.add_option("--write-tensors", tensors_out,
