@@ -4,7 +4,7 @@
 // takes each batch and releases it at once, so the number is the loader's capacity; compare
 // it with the rate a worker's engine consumes images (printed from --consumer-rate).
 //
-//   downpour_data_bench [--records 512] [--seconds 5] [--threads 1,2] [--dir /tmp]
+//   downpour-bench-data [--records 512] [--seconds 5] [--threads 1,2] [--dir /tmp]
 #include <sys/resource.h>
 
 #include <chrono>

@@ -1,10 +1,10 @@
-// downpour_engine_bench — images/s of the CPU engine's full training step (ForwardBackward +
+// downpour-bench-engine — images/s of the CPU engine's full training step (ForwardBackward +
 // SgdUpdate, random inputs) for one model and batch, and the machine's compute ceiling: a
 // large oneDNN sgemm (M=N=K=--gemm-size) in GFLOP/s with the same thread count. Prints one
 // JSON object per measurement on stdout (for run_engine_vs_pytorch.sh), progress on stderr.
 //
-//   downpour_engine_bench --model configs/models/alexnet.toml --batch 64 --iterations 5 --threads 2
-//   downpour_engine_bench --gemm-only --threads 2
+//   downpour-bench-engine --model configs/models/alexnet.toml --batch 64 --iterations 5 --threads 2
+//   downpour-bench-engine --gemm-only --threads 2
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -47,7 +47,7 @@ double SgemmGflops(int n, int repeats) {
 
 int main(int argc, char** argv) {
   using namespace downpour::engine;
-  CLI::App app{"downpour_engine_bench: CPU engine training-step throughput and sgemm ceiling"};
+  CLI::App app{"downpour-bench-engine: CPU engine training-step throughput and sgemm ceiling"};
   std::string model;
   int batch = 64, iterations = 5, warmup = 1, threads = 2, gemm_size = 4096, gemm_repeats = 3;
   double flops_per_image = 0.0;
@@ -68,14 +68,14 @@ int main(int argc, char** argv) {
   if (gemm_only) {
     const double gf = SgemmGflops(gemm_size, gemm_repeats);
     if (gf < 0) {
-      std::fprintf(stderr, "downpour_engine_bench: dnnl_sgemm failed\n");
+      std::fprintf(stderr, "downpour-bench-engine: dnnl_sgemm failed\n");
       return 1;
     }
     std::printf("{\"what\":\"sgemm\",\"n\":%d,\"threads\":%d,\"gflops\":%.2f}\n", gemm_size, threads, gf);
     return 0;
   }
   if (model.empty()) {
-    std::fprintf(stderr, "downpour_engine_bench: --model is required (or --gemm-only)\n");
+    std::fprintf(stderr, "downpour-bench-engine: --model is required (or --gemm-only)\n");
     return 2;
   }
   NetSpec spec;
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<Net> net;
   if (s.ok()) s = Net::Create(spec, opt, &net);
   if (!s.ok()) {
-    std::fprintf(stderr, "downpour_engine_bench: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "downpour-bench-engine: %s\n", s.ToString().c_str());
     return 1;
   }
   net->InitParams(1);

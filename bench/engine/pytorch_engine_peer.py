@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch CPU peer of downpour_engine_bench: images/s of a full fp32 training step.
+"""PyTorch CPU peer of downpour-bench-engine: images/s of a full fp32 training step.
 
 A training step is forward, softmax cross-entropy, backward and an SGD update (momentum 0.9,
 weight decay 5e-4), on random N(0,1) images and random labels, exactly what the engine's

@@ -9,22 +9,22 @@
 # load; the table reports the best round (least disturbed) and the median.
 #
 # usage: bench/engine/run_engine_vs_pytorch.sh [BUILD_DIR] [ROUNDS] [THREADS]
-#   BUILD_DIR  default build-engine (needs target downpour_engine_bench built)
+#   BUILD_DIR  default build (needs target downpour-bench-engine built)
 #   ROUNDS     default 3;  THREADS default 2
 # env: ALEXNET_ITERS (default 3), SMALL_ITERS (default 10), PYTHON (default /usr/bin/python3)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="${1:-$root/build-engine}"
+build="${1:-$root/build}"
 rounds="${2:-3}"
 threads="${3:-2}"
 alex_iters="${ALEXNET_ITERS:-3}"
 small_iters="${SMALL_ITERS:-10}"
 python="${PYTHON:-/usr/bin/python3}"
-bench="$build/bench/engine/downpour_engine_bench"
+bench="$build/bench/engine/downpour-bench-engine"
 peer="$root/bench/engine/pytorch_engine_peer.py"
 if [[ ! -x "$bench" ]]; then
   echo "run_engine_vs_pytorch.sh: $bench not found; build it first:" >&2
-  echo "  cmake --build $build --target downpour_engine_bench -j2" >&2
+  echo "  cmake --build $build --target downpour-bench-engine -j2" >&2
   exit 1
 fi
 out="$(mktemp)"
