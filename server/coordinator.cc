@@ -55,6 +55,10 @@ void Coordinator::Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHea
   if (!s.ok()) spdlog::warn("coordinator: reply {} failed: {}", MsgTypeName(h.type), s.ToString());
 }
 
+void Coordinator::Emit(const char* kind, int32_t id, std::string detail) {
+  if (options_.on_event) options_.on_event(CoordinatorEvent{kind, id, std::move(detail)});
+}
+
 void Coordinator::CheckLiveness() {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
@@ -63,6 +67,9 @@ void Coordinator::CheckLiveness() {
       dead_.insert(w);
       spdlog::warn("coordinator: worker {} silent for more than {} ms: declared dead", w,
                    options_.heartbeat_timeout.count());
+      const auto clock = worker_clock_.find(w);
+      Emit("worker_dead", w, fmt::format("last clock {}, silent > {} ms", clock == worker_clock_.end() ? 0 : clock->second,
+                                         options_.heartbeat_timeout.count()));
     }
   }
 }
@@ -96,6 +103,7 @@ Status Coordinator::HandleRegister(ServerEndpoint* ep, const PeerId& peer, const
     server_addresses_[static_cast<size_t>(h.sender)] = h.text;  // a restarted server re-registers
     peers_.insert(peer);
     spdlog::info("coordinator: server {} at {}", h.sender, h.text);
+    Emit("server_registered", h.sender, h.text);
     ReplyRegister(ep, peer, h, h.sender);
     if (AllServersRegistered()) {
       for (const auto& p : pending_) ReplyRegister(ep, p.peer, p.request, p.request.sender);
@@ -123,6 +131,7 @@ Status Coordinator::HandleRegister(ServerEndpoint* ep, const PeerId& peer, const
   dead_.erase(id);  // a worker that comes back is alive again
   peers_.insert(peer);
   spdlog::info("coordinator: worker {} registered", id);
+  Emit("worker_registered", id, "");
   MessageHeader assigned = h;
   assigned.sender = id;
   if (AllServersRegistered()) {
@@ -166,6 +175,7 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const Frames& f
       if (!shutdown_.exchange(true)) {
         shutdown_at_ = Clock::now();
         spdlog::info("coordinator: shutdown requested by {} {}", h.role == Role::kServer ? "server" : "process", h.sender);
+        Emit("shutdown", h.sender, h.role == Role::kServer ? "server" : h.role == Role::kWorker ? "worker" : "process");
       }
       told_shutdown_.insert(peer);
       r.type = MsgType::kAck;

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -28,6 +29,13 @@
 
 namespace downpour {
 
+// A membership event, for the run's metrics (downpour-coordinator writes one JSONL line each).
+struct CoordinatorEvent {
+  std::string kind;      // "server_registered", "worker_registered", "worker_dead", "shutdown"
+  int32_t id = -1;       // server or worker id (shutdown: the requester's id)
+  std::string detail;    // server address; dead worker: last clock and silence; shutdown: role
+};
+
 struct CoordinatorOptions {
   int servers = 1;                                   // S
   int workers = 1;                                   // W (worker ids 0..W-1)
@@ -36,6 +44,8 @@ struct CoordinatorOptions {
   std::chrono::milliseconds heartbeat_timeout{5000};  // silence after which a worker is dead
   std::chrono::milliseconds shutdown_grace{3000};     // longest wait for everyone to hear shutdown
   std::chrono::milliseconds poll_interval{20};
+  // Called on the Serve thread with the coordinator's lock held; keep it short.
+  std::function<void(const CoordinatorEvent&)> on_event;
 };
 
 class Coordinator {
@@ -58,6 +68,7 @@ class Coordinator {
   Status HandleRegister(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h);
   void ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, int32_t id);
   void CheckLiveness();
+  void Emit(const char* kind, int32_t id, std::string detail);  // with mu_ held
   bool AllServersRegistered() const;
   void Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h);
 

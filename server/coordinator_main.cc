@@ -6,7 +6,8 @@
 //
 // Binds tcp://<cluster.bind>:<port of cluster.coordinator> (or --port; 0 = the OS picks), writes
 // the bound address to D/coordinator.addr, and exits 0 after a shutdown has been heard by every
-// registered process (or its grace period ran out), or on SIGINT/SIGTERM.
+// registered process (or its grace period ran out), or on SIGINT/SIGTERM. Membership events
+// (registrations, dead workers, shutdown) go to D/metrics/coordinator.jsonl.
 #include <filesystem>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/layout.h"
+#include "common/metrics.h"
 #include "common/run_config.h"
 #include "common/zmq_transport.h"
 #include "server/coordinator.h"
@@ -43,6 +45,17 @@ Status Run(const Flags& f) {
   o.layout_hash = layout.hash();
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.shutdown_grace = std::chrono::milliseconds(4 * cfg.cluster.heartbeat_ms + 1000);
+  // Membership events go to <run-dir>/metrics/coordinator.jsonl, next to every other process's.
+  const std::filesystem::path metrics_dir = std::filesystem::path(f.run_dir) / "metrics";
+  std::filesystem::create_directories(metrics_dir);
+  std::unique_ptr<MetricsWriter> metrics;
+  DP_RETURN_IF_ERROR(MetricsWriter::Open((metrics_dir / "coordinator.jsonl").string(), "coordinator", 0, &metrics));
+  o.on_event = [m = metrics.get()](const CoordinatorEvent& e) {
+    (void)m->Write(e.kind, {{"who", e.id}, {"detail", e.detail}});
+  };
+  (void)metrics->Write("coordinator_start", {{"servers", o.servers},
+                                             {"workers", o.workers},
+                                             {"heartbeat_timeout_ms", static_cast<int64_t>(o.heartbeat_timeout.count())}});
   Coordinator coordinator(o);
 
   ZmqTransport transport;
@@ -69,6 +82,8 @@ Status Run(const Flags& f) {
   loop.join();
   done.store(true);
   watcher.join();
+  const std::vector<int32_t> dead = coordinator.dead_workers();
+  (void)metrics->Write("coordinator_end", {{"dead_workers", static_cast<int64_t>(dead.size())}, {"ok", serve_status.ok()}});
   return serve_status;
 }
 

@@ -368,6 +368,22 @@ void TrainProcessTest::KillOneWorker(const std::string& mode, int port) {
   kill(coord, SIGTERM);
   for (pid_t p : servers) EXPECT_GE(WaitExit(p, 20s), 0);
   EXPECT_GE(WaitExit(coord, 20s), 0);
+  // The coordinator's own log of membership: both servers and both workers registered, and in
+  // sync (where the run had to wait for it) worker 1 was declared dead.
+  std::vector<MetricRecord> events;
+  ASSERT_TRUE(ReadMetrics((fs::path(run) / "metrics" / "coordinator.jsonl").string(), &events).ok());
+  int servers_registered = 0, workers_registered = 0, dead1 = 0;
+  for (const auto& r : events) {
+    const std::string e = r.Get("event").AsString();
+    servers_registered += e == "server_registered";
+    workers_registered += e == "worker_registered";
+    dead1 += e == "worker_dead" && r.Get("who").AsInt() == 1;
+  }
+  EXPECT_EQ(servers_registered, 2);
+  EXPECT_EQ(workers_registered, 2);
+  if (mode == "sync") {
+    EXPECT_EQ(dead1, 1);
+  }
 }
 
 int64_t TrainProcessTest::StragglerRun(const std::string& mode, int port, int64_t* max_wait_ms_worker0,
