@@ -226,6 +226,12 @@ Status ReadConsistency(TableReader& r, ConsistencyConfig* c) {
   return r.Finish();
 }
 
+bool IsConvAlgoName(std::string_view s) {
+  for (std::string_view n : {"search", "heuristic", "gemm", "implicit_gemm", "fft", "winograd"})
+    if (s == n) return true;
+  return false;
+}
+
 // "cpu" | "gpu:N".
 bool ParseDevice(std::string_view text, WorkerConfig* w) {
   if (text == "cpu") {
@@ -255,6 +261,8 @@ Status ReadWorker(TableReader& r, WorkerConfig* w) {
     if (!text || !ParseDevice(*text, w)) return r.Bad("device", *n, "expected \"cpu\" or \"gpu:N\"");
   }
   DP_RETURN_IF_ERROR(r.Int("threads", &w->threads));
+  DP_RETURN_IF_ERROR(r.Bool("tf32", &w->tf32));
+  DP_RETURN_IF_ERROR(r.String("conv_algo", &w->conv_algo));
   return r.Finish();
 }
 
@@ -434,6 +442,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src) {
       .Check(wo.push_every >= 1, "worker.push_every", wo.push_every, "must be >= 1")
       .Check(wo.gpu_index >= 0, "worker.device", DeviceString(wo), "GPU index must be >= 0")
       .Check(wo.threads >= 0, "worker.threads", wo.threads, "must be >= 0 (0 = all cores)")
+      .Check(IsConvAlgoName(wo.conv_algo), "worker.conv_algo", wo.conv_algo,
+             "expected search, heuristic, gemm, implicit_gemm, fft or winograd")
       .Check(da.crop >= 0, "data.crop", da.crop, "must be >= 0 (0 = no crop)")
       .Check(da.scale > 0 && std::isfinite(da.scale), "data.scale", da.scale,
              "must be finite and > 0")
@@ -554,6 +564,8 @@ std::string ToToml(const RunConfig& c) {
   line("push_every", num(c.worker.push_every));
   line("device", str(DeviceString(c.worker)));
   line("threads", num(c.worker.threads));
+  line("tf32", boolean(c.worker.tf32));
+  line("conv_algo", str(c.worker.conv_algo));
   s += "\n[data]\n";
   line("train", str(c.data.train));
   line("test", str(c.data.test));

@@ -109,6 +109,11 @@ struct WorkerConfig {
   DeviceKind device = DeviceKind::kCpu;  // TOML: device = "cpu" | "gpu:N"
   int gpu_index = 0;            // N of "gpu:N" (>= 0)
   int threads = 0;              // CPU compute threads; 0 = all cores
+  bool tf32 = true;             // GPU: TF32 tensor cores for fp32 convolutions/GEMMs (off = exact fp32)
+  // GPU: how cuDNN convolution algorithms are chosen: "search" (measured per layer, as
+  // torch.backends.cudnn.benchmark), "heuristic", or forced "gemm", "implicit_gemm", "fft",
+  // "winograd" (for comparing them).
+  std::string conv_algo = "search";
   bool operator==(const WorkerConfig&) const = default;
 };
 // "cpu" or "gpu:N".

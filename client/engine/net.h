@@ -37,6 +37,8 @@ struct NetOptions {
   int batch = 64;          // initial batch size; Reshape() changes it
   int threads = 0;         // CPU compute threads (OpenMP); 0 = library default
   int gpu_id = 0;          // GPU only
+  bool tf32 = true;        // GPU only: TF32 tensor cores for fp32 conv/GEMM (off = exact fp32)
+  std::string conv_algo = "search";  // GPU only: search | heuristic | gemm | implicit_gemm | fft | winograd
   int top_k = 5;           // k of the top-k accuracy Forward() reports
 };
 

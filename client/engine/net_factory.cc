@@ -4,7 +4,7 @@
 #include "client/engine/reference_backend.h"
 
 #if DOWNPOUR_ENGINE_HAVE_GPU
-#include "client/engine/gpu/cuda_backend.h"  // Status CreateCudaBackend(int gpu_id, std::unique_ptr<Backend>*)
+#include "client/engine/gpu/cuda_backend.h"  // CudaOptions, CreateCudaBackend
 #endif
 
 namespace downpour::engine {
@@ -18,7 +18,13 @@ Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backen
       if (options.reference)
         return InvalidArgument("the reference backend runs on the CPU only (device gpu was asked)");
 #if DOWNPOUR_ENGINE_HAVE_GPU
-      return CreateCudaBackend(options.gpu_id, backend);
+    {
+      CudaOptions cuda;
+      cuda.gpu_id = options.gpu_id;
+      cuda.tf32 = options.tf32;
+      DP_RETURN_IF_ERROR(ParseConvAlgoMode(options.conv_algo, "conv_algo", &cuda.conv_algo));
+      return CreateCudaBackend(cuda, backend);
+    }
 #else
       return Status(StatusCode::kFailedPrecondition,
                     "device gpu was asked but this build has no CUDA backend "

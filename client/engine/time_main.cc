@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   int batch = 64, iterations = 10, threads = 0, warmup = 1;
   std::string device = "cpu";
   bool reference = false;
+  std::string tf32 = "on", conv_algo = "search";
   app.add_option("--model", model, "model config (TOML), e.g. configs/models/alexnet.toml")->required();
   app.add_option("--batch", batch, "batch size (default 64)")->check(CLI::Range(1, 1000000));
   app.add_option("--iterations", iterations, "timed iterations (default 10)")->check(CLI::Range(1, 1000000));
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU compute threads (default: library default)");
   app.add_option("--device", device, "cpu, gpu or gpu:N (default cpu)");
   app.add_flag("--reference", reference, "use the naive reference backend (CPU, slow)");
+  app.add_option("--tf32", tf32, "GPU: TF32 tensor cores for fp32 conv/GEMM (default on)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--conv-algo", conv_algo, "GPU: cuDNN convolution algorithm choice (default search)")
+      ->check(CLI::IsMember({"search", "heuristic", "gemm", "implicit_gemm", "fft", "winograd"}));
   CLI11_PARSE(app, argc, argv);
 
   NetOptions opt;
@@ -66,6 +71,8 @@ int main(int argc, char** argv) {
   opt.reference = reference;
   opt.batch = batch;
   opt.threads = threads;
+  opt.tf32 = tf32 == "on";
+  opt.conv_algo = conv_algo;
   std::unique_ptr<Net> net;
   s = Net::Create(spec, opt, &net);
   if (!s.ok()) {

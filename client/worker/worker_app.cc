@@ -90,6 +90,8 @@ Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net
   engine::NetOptions o;
   o.device = c.worker.device == DeviceKind::kGpu ? engine::DeviceKind::kGpu : engine::DeviceKind::kCpu;
   o.gpu_id = c.worker.gpu_index;
+  o.tf32 = c.worker.tf32;
+  o.conv_algo = c.worker.conv_algo;
   o.threads = c.worker.threads;
   o.batch = c.worker.batch_size;
   DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, net));

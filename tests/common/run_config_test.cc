@@ -81,6 +81,8 @@ pull_every = 2
 push_every = 3
 device = "gpu:1"
 threads = 4
+tf32 = false
+conv_algo = "winograd"
 [data]
 train = "a_lmdb"
 test = "b_lmdb"
@@ -120,6 +122,8 @@ dir = "/tmp/ck"
   EXPECT_EQ(c.worker.push_every, 3);
   EXPECT_EQ(c.worker.device, DeviceKind::kGpu);
   EXPECT_EQ(c.worker.gpu_index, 1);
+  EXPECT_FALSE(c.worker.tf32);
+  EXPECT_EQ(c.worker.conv_algo, "winograd");
   EXPECT_EQ(c.data.sharding, DataSharding::kOwn);
   EXPECT_EQ(c.data.crop, 227);
   EXPECT_TRUE(c.data.mirror);
@@ -177,6 +181,9 @@ TEST(RunConfigTest, ErrorsNameFileTableKeyAndValue) {
               HasSubstr("cluster.heartbeat_timeout_ms = 400: must be > cluster.heartbeat_ms (500)"));
   EXPECT_THAT(ParseError("[worker]\ndevice = \"tpu\"\n"),
               HasSubstr("bad.toml: worker.device = \"tpu\": expected \"cpu\" or \"gpu:N\""));
+  EXPECT_THAT(ParseError("[worker]\nconv_algo = \"fastest\"\n"),
+              HasSubstr("bad.toml: worker.conv_algo = \"fastest\": expected search, heuristic, gemm, "
+                        "implicit_gemm, fft or winograd"));
   EXPECT_THAT(ParseError("[worker]\nbatch_size = 0\n"),
               HasSubstr("bad.toml: worker.batch_size = 0: must be >= 1"));
   EXPECT_THAT(ParseError("[data]\nsharding = \"random\"\n"),
@@ -218,6 +225,8 @@ TEST(RunConfigTest, ToTomlRoundTrips) {
   c.consistency.staleness_bound = 12;
   c.worker.device = DeviceKind::kGpu;
   c.worker.gpu_index = 3;
+  c.worker.tf32 = false;
+  c.worker.conv_algo = "implicit_gemm";
   c.worker.epochs = 2;
   c.data.sharding = DataSharding::kOwn;
   c.data.scale = 1.0f;
