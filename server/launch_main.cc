@@ -11,16 +11,24 @@
 //   D/launch.jsonl           the launcher's metrics: one "exit" line per child, one "end"
 // and starts downpour-coordinator, S × downpour-server --id i, W × downpour-worker --id j,
 // each with --config D/config.toml --run-dir D (servers and the coordinator also get
-// --tensors/--model when given). Binaries are found next to this executable (or --bin-dir).
+// --tensors/--model). With neither (and no --worker-cmd), the tensor list comes from the model
+// config itself: `downpour-worker --config D/config.toml --write-tensors D/tensors.txt` runs
+// first (servers never parse a net; the worker owns that) and D/tensors.txt is passed on.
+// Binaries are found in --bin-dir, else next to this executable, else in the build tree (build/server/,
+// build/client/worker/).
 // A --*-cmd override replaces a role's program with a shell command that receives the same
 // arguments: /bin/sh -c 'exec CMD "$@"' ... (the load benchmark's synthetic workers).
 //
 // The job ends when every worker exited 0 (then coordinator and servers get SIGTERM), when any
 // process fails (all are stopped; the exit code is the failed one's), or on SIGINT/SIGTERM.
 // Semantics of stopping: common/process_group.h.
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -70,6 +78,20 @@ std::string ExecutableDir() {
   return ec ? std::string(".") : self.parent_path().string();
 }
 
+// Where `program` is: in --bin-dir when given; else next to this executable (an install or a
+// folder of links), else where the build tree puts it (this is build/server/downpour-launch,
+// the worker is build/client/worker/downpour-worker). Returns the first candidate if none exists.
+fs::path FindProgram(const LaunchFlags& f, const std::string& program) {
+  if (!f.bin_dir.empty()) return fs::path(f.bin_dir) / program;
+  const fs::path here = ExecutableDir();
+  const fs::path candidates[] = {here / program, here.parent_path() / "server" / program,
+                                 here.parent_path() / "client" / "worker" / program};
+  for (const fs::path& p : candidates) {
+    if (fs::exists(p)) return p;
+  }
+  return candidates[0];
+}
+
 Status WriteTextFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   out << text;
@@ -86,7 +108,7 @@ Status RoleArgv(const LaunchFlags& f, const std::string& program, const std::str
   if (!override_cmd.empty()) {
     *argv = {"/bin/sh", "-c", fmt::format("exec {} \"$@\"", override_cmd), program};
   } else {
-    const fs::path bin = fs::path(f.bin_dir.empty() ? ExecutableDir() : f.bin_dir) / program;
+    const fs::path bin = FindProgram(f, program);
     if (!fs::exists(bin)) {
       return NotFound("{} not found (looked in {}); build target {} or pass {}",
                       program, bin.parent_path().string(), program, override_flag);
@@ -135,6 +157,43 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
   return Status::Ok();
 }
 
+// Runs `downpour-worker --config <config> --write-tensors <out>` (the model's tensor list from
+// its net config) and waits for it; its output goes to <log>.
+Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config, const std::string& out,
+                                 const std::string& log) {
+  const fs::path bin = FindProgram(f, "downpour-worker");
+  if (!fs::exists(bin)) {
+    return NotFound("downpour-worker not found (looked in {}); it writes the model's tensor list when "
+                    "neither --tensors nor --model is given", bin.parent_path().string());
+  }
+  std::vector<std::string> argv = {bin.string(), "--config", config, "--write-tensors", out};
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) return IoError("fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    return InvalidArgument("cannot get the model's tensor list from {}: {}", config,
+                           text.empty() ? std::string("downpour-worker failed") : text);
+  }
+  return Status::Ok();
+}
+
 // Returns the process exit code; errors before any child starts are printed and give 2.
 int Launch(const LaunchFlags& f) {
   RunConfig cfg;
@@ -150,14 +209,23 @@ int Launch(const LaunchFlags& f) {
   }
   const std::string run_dir = fs::absolute(f.run_dir.empty() ? DefaultRunDir(cfg) : f.run_dir)
                                   .lexically_normal().string();
+  LaunchFlags flags = f;
+  // Without --tensors/--model, downpour-worker supplies the tensor list from the model config;
+  // a job whose workers are a --worker-cmd stand-in passes none (the stand-in decides).
+  const bool auto_tensors = flags.tensors.empty() && flags.model.empty() && flags.worker_cmd.empty();
+  if (auto_tensors) flags.tensors = (fs::path(run_dir) / "tensors.txt").string();
   std::vector<ChildSpec> children;
-  if (s.ok()) s = BuildChildren(f, cfg, run_dir, &children);
+  if (s.ok()) s = BuildChildren(flags, cfg, run_dir, &children);
   if (s.ok()) {
     std::error_code ec;
     fs::create_directories(fs::path(run_dir) / "logs", ec);
     if (ec) s = IoError("{}: cannot create run directory: {}", run_dir, ec.message());
   }
   if (s.ok()) s = WriteTextFile((fs::path(run_dir) / "config.toml").string(), ToToml(cfg));
+  if (s.ok() && auto_tensors) {
+    s = WriteTensorListWithWorker(flags, (fs::path(run_dir) / "config.toml").string(), flags.tensors,
+                                  (fs::path(run_dir) / "logs" / "tensors.log").string());
+  }
   if (!s.ok()) {
     std::fprintf(stderr, "downpour-launch: %s\n", s.ToString().c_str());
     return 2;

@@ -154,16 +154,19 @@ every_updates = 0
     return std::string((std::istreambuf_iterator<char>(in)), {});
   }
 
-  // Runs a whole job through downpour-launch; returns its exit code.
+  // Runs a whole job through downpour-launch; returns its exit code. With `tensors` empty the
+  // job runs as users run it (no --tensors, no --worker-cmd; `worker_flags` must be empty).
   int Launch(const std::string& config, const std::string& run_dir, const std::string& tensors,
              const std::string& worker_flags) {
     const fs::path bin = dir_ / "bin";
     fs::create_directories(bin);
     for (const auto& p : {bins_.worker, bins_.server, bins_.coordinator, bins_.launch})
       fs::create_symlink(p, bin / fs::path(p).filename());
-    const pid_t pid = Spawn({bins_.launch, "--bin-dir", bin.string(), "--config", config, "--run-dir", run_dir,
-                             "--tensors", tensors, "--worker-cmd", bins_.worker + " --quiet " + worker_flags},
-                            (dir_ / "launch.log").string());
+    std::vector<std::string> argv = {bins_.launch, "--bin-dir", bin.string(), "--config", config, "--run-dir", run_dir};
+    if (!tensors.empty()) {
+      argv.insert(argv.end(), {"--tensors", tensors, "--worker-cmd", bins_.worker + " --quiet " + worker_flags});
+    }  // else as users run it: the launcher asks downpour-worker for the model's tensor list
+    const pid_t pid = Spawn(argv, (dir_ / "launch.log").string());
     return WaitExit(pid, 150s);
   }
 
@@ -312,7 +315,9 @@ TEST_F(TrainProcessTest, AsyncFourWorkersConverge) {
   const std::string model = (fs::path(DOWNPOUR_SOURCE_DIR) / "configs/models/fmnist_small.toml").string();
   const std::string cfg = Write("async.toml", Config(model, "async", 4, 2, 64, 120, 7350, 0.01, 20));
   const std::string run = (dir_ / "run").string();
-  ASSERT_EQ(Launch(cfg, run, Tensors(cfg), ""), 0) << Log("launch.log");
+  // No --tensors: the launcher derives the tensor list from the model config (the way users run it).
+  ASSERT_EQ(Launch(cfg, run, "", ""), 0) << Log("launch.log");
+  EXPECT_TRUE(fs::exists(run + "/tensors.txt"));
   for (int w = 0; w < 4; ++w) EXPECT_EQ(Records(run, w, "done").size(), 1u) << "worker " << w;
   const auto evals = Records(run, 0, "eval");
   ASSERT_FALSE(evals.empty());
@@ -320,6 +325,17 @@ TEST_F(TrainProcessTest, AsyncFourWorkersConverge) {
   // 4 × 120 × 64 = 30,720 images (half an epoch): the net is well past chance (10%).
   EXPECT_GT(top1, 0.72) << "final test accuracy";
   EXPECT_TRUE(fs::exists(run + "/model_final.dpt"));
+}
+
+TEST_F(TrainProcessTest, LauncherNamesAMissingModelConfigAndStartsNothing) {
+  const std::string missing = (dir_ / "no_such_model.toml").string();
+  const std::string cfg = Write("bad.toml", Config(missing, "async", 2, 2, 16, 5, 7450, 0.01, 1));
+  const std::string run = (dir_ / "run").string();
+  EXPECT_EQ(Launch(cfg, run, "", ""), 2);
+  const std::string log = Log("launch.log");
+  EXPECT_NE(log.find("no_such_model.toml"), std::string::npos) << log;
+  EXPECT_EQ(log.find("[launch] done"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(run + "/metrics")) << "a process was started";
 }
 
 // Starts coordinator + 2 servers + 2 workers by hand (the launcher stops a job when any child
