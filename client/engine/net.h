@@ -42,6 +42,15 @@ struct NetOptions {
   int top_k = 5;           // k of the top-k accuracy Forward() reports
 };
 
+// Host memory for buffers a device uploads from (data batches): page-locked on a GPU in a CUDA
+// build (allocate returns nullptr when pinning fails, e.g. no driver); empty functions, meaning
+// "the caller's default", for the CPU or a build without CUDA.
+struct HostAllocator {
+  std::function<void*(size_t bytes)> allocate;
+  std::function<void(void*)> deallocate;
+};
+HostAllocator HostAllocatorFor(DeviceKind device);
+
 // Explicit backend choice; kGpu without a CUDA build is an error, never a fallback.
 Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backend);
 

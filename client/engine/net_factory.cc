@@ -34,6 +34,19 @@ Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backen
   return InvalidArgument("unknown device kind {}", static_cast<int>(options.device));
 }
 
+HostAllocator HostAllocatorFor(DeviceKind device) {
+  HostAllocator a;
+#if DOWNPOUR_ENGINE_HAVE_GPU
+  if (device == DeviceKind::kGpu) {
+    a.allocate = AllocPinnedHost;
+    a.deallocate = FreePinnedHost;
+  }
+#else
+  (void)device;
+#endif
+  return a;
+}
+
 Status Net::Create(const NetSpec& spec, const NetOptions& options, std::unique_ptr<Net>* net) {
   std::unique_ptr<Backend> backend;
   DP_RETURN_IF_ERROR(CreateBackend(options, &backend));

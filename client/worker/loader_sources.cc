@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "client/engine/net.h"
 #include "data/loader.h"
 
 namespace downpour::worker {
@@ -13,6 +14,15 @@ namespace {
 // Shuffle window of the training stream (records); a few thousand Fashion-MNIST records mix
 // classes well while keeping LMDB reads mostly sequential.
 constexpr int64_t kShuffleBuffer = 4096;
+
+// A GPU worker's batches live in page-locked memory (async uploads); a CPU worker's in the
+// loader's default aligned memory.
+void SetBatchMemory(const RunConfig& c, data::LoaderOptions* o) {
+  engine::HostAllocator a =
+      engine::HostAllocatorFor(c.worker.device == DeviceKind::kGpu ? engine::DeviceKind::kGpu : engine::DeviceKind::kCpu);
+  o->allocate = std::move(a.allocate);
+  o->deallocate = std::move(a.deallocate);
+}
 
 class LoaderTrainSource : public TrainSource {
  public:
@@ -103,6 +113,7 @@ Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, st
   o.shuffle_buffer = shuffle ? kShuffleBuffer : 0;
   o.seed = static_cast<uint64_t>(c.run.seed) * 1000003u + static_cast<uint64_t>(worker_id);
   o.queue_depth = std::max(2, c.data.prefetch);
+  SetBatchMemory(c, &o);
   auto source = std::make_unique<LoaderTrainSource>(o);
   DP_RETURN_IF_ERROR(source->Open());
   *out = std::move(source);
@@ -113,6 +124,7 @@ Status OpenLoaderTestSource(const RunConfig& c, int batch, std::unique_ptr<TestS
   data::LoaderOptions o = data::EvalOptions(c.data.test, batch, c.data.crop);
   o.mean_file = c.data.mean_file;
   o.scale = c.data.scale;
+  SetBatchMemory(c, &o);
   auto source = std::make_unique<LoaderTestSource>(o);
   DP_RETURN_IF_ERROR(source->Rewind());  // checks the LMDB now, not at the first evaluation
   *out = std::move(source);

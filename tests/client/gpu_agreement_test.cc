@@ -7,6 +7,7 @@
 // against oneDNN, the grad-ready callback seeing final gradients, chunked uploads, batch
 // reshapes. Every GPU test skips with "no CUDA device: ..." when there is none; the tests of
 // the error paths run everywhere.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -614,6 +615,22 @@ TEST(GpuBackendErrors, BadOptionsAreRefused) {
   const Status s = CreateCudaBackend(o, &b);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("workspace_limit_mb"), std::string::npos) << s.ToString();
+}
+
+// The data loader's batches on a GPU worker: page-locked host memory (true async uploads); a CPU
+// worker keeps the loader's default memory.
+TEST(GpuHostMemory, GpuWorkerBatchesArePageLocked) {
+  EXPECT_FALSE(HostAllocatorFor(DeviceKind::kCpu).allocate);
+  DP_SKIP_WITHOUT_GPU();
+  const HostAllocator a = HostAllocatorFor(DeviceKind::kGpu);
+  ASSERT_TRUE(a.allocate && a.deallocate);
+  void* p = a.allocate(size_t{64} * 3 * 227 * 227 * sizeof(float));
+  ASSERT_NE(p, nullptr);
+  static_cast<float*>(p)[0] = 1.0f;  // writable host memory
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, p), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+  a.deallocate(p);
 }
 
 }  // namespace

@@ -105,6 +105,19 @@ int CudaDeviceCount(std::string* why) {
   return count;
 }
 
+void* AllocPinnedHost(size_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls are unaffected
+    return nullptr;
+  }
+  return p;
+}
+
+void FreePinnedHost(void* p) {
+  if (p != nullptr) cudaFreeHost(p);
+}
+
 Status CreateCudaBackend(int gpu_id, std::unique_ptr<Backend>* backend) {
   CudaOptions options;
   options.gpu_id = gpu_id;

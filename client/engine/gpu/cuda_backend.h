@@ -60,6 +60,12 @@ struct CudaOptions {
 Status CreateCudaBackend(int gpu_id, std::unique_ptr<Backend>* backend);
 Status CreateCudaBackend(const CudaOptions& options, std::unique_ptr<Backend>* backend);
 
+// Page-locked (pinned, portable) host memory, for buffers a GPU worker uploads from (the data
+// loader's batches): uploads from it are true async DMA. nullptr when cudaHostAlloc fails (no
+// driver, no device, out of memory). Free with FreePinnedHost.
+void* AllocPinnedHost(size_t bytes);
+void FreePinnedHost(void* p);
+
 // Number of CUDA devices visible (0 when there is no driver or device), with the reason in
 // `why` when 0. For tests that skip and tools that say why.
 int CudaDeviceCount(std::string* why);
