@@ -76,7 +76,8 @@ struct SolverConfig {
   int64_t max_iter = 10000;          // horizon for "poly" and the server's update budget (> 0)
   float momentum = 0.9f;             // in [0, 1)
   float weight_decay = 0.0005f;      // L2 coefficient (>= 0), times each tensor's decay_mult
-  float clip_gradients = -1.0f;      // L2-norm threshold; <= 0 turns clipping off
+  float clip_gradients = -1.0f;      // global L2-norm threshold, applied by each worker to its
+                                     // gradient before pushing (Caffe's); <= 0 turns it off
   bool operator==(const SolverConfig&) const = default;
 };
 

@@ -22,8 +22,8 @@
 // Update. Async/ssp: each validated gradient is applied on arrival with SgdUpdate at
 // lr = LearningRateAt(solver, chunk version) (× 1/staleness if staleness_aware_lr); sync
 // averages a clock's gradients first. Staleness = chunk version now − version the push was
-// computed from (≥ 0), counted in a histogram. Gradient clipping by global norm is not applied
-// here (it needs every shard's norm).
+// computed from (≥ 0), counted in a histogram. Gradient clipping by global norm is not
+// applied here (it needs every shard's norm): each worker clips before pushing.
 //
 // Checkpoints: SaveCheckpoint/LoadCheckpoint (common/tensor_file.h, atomic), on a checkpoint
 // message, and every `checkpoint_every_updates` applied updates of the shard.

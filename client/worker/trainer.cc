@@ -92,12 +92,28 @@ void Trainer::OnGradReady(int tensor) {
     for (size_t i = 0; i < g.size(); ++i) acc[i] = (acc[i] + g[i]) * inv;
     source = accum_;
   }
+  // Clipping by the global norm needs every tensor's gradient first: pushes wait for Flush.
+  if (clipping()) return;
   for (const PushGroup& group : planner_.OnTensorReady(tensor)) {
     Status s = channel_->StartPush(clock_, group, source);
     if (!s.ok()) {
       callback_status_ = s;
       return;
     }
+  }
+}
+
+// Caffe's ClipGradients: when the L2 norm of the whole gradient (every tensor, after the
+// push_every average) exceeds solver.clip_gradients, scale it down to that norm.
+void Trainer::ClipGradient(std::span<float> g) {
+  double sumsq = 0;
+  for (float x : g) sumsq += static_cast<double>(x) * x;
+  grad_norm_ = std::sqrt(sumsq);
+  const double limit = o_.solver.clip_gradients;
+  if (grad_norm_ > limit) {
+    const float scale = static_cast<float>(limit / grad_norm_);
+    for (float& x : g) x *= scale;
+    ++clipped_steps_;
   }
 }
 
@@ -108,6 +124,7 @@ void Trainer::ApplyLocalUpdate() {
     for (size_t i = 0; i < grads.size(); ++i) grads[i] = (accum_[i] + grads[i]) * inv;
     std::fill(accum_.begin(), accum_.end(), 0.0f);
   }
+  if (clipping()) ClipGradient(grads);
   const float lr = static_cast<float>(LearningRate(o_.solver, local_iter_));
   net_->SgdUpdate(lr, o_.solver.momentum, o_.solver.weight_decay, history_);
   ++local_iter_;
@@ -130,9 +147,19 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step) {
   loss_ema_ = loss_ema_ < 0 ? loss : 0.95 * loss_ema_ + 0.05 * loss;
 
   if (pushing_) {
-    // Tensors whose callback never fired (none, for a well-formed net) still go out.
+    const std::span<float> source = accum_.empty() ? net_->grads() : std::span<float>(accum_);
+    if (clipping()) {
+      // Every tensor's gradient is final now: clip the whole, then push it all.
+      ClipGradient(source);
+      for (int t = 0; t < static_cast<int>(layout_->tensors().size()); ++t) {
+        for (const PushGroup& group : planner_.OnTensorReady(t)) {
+          DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, source));
+        }
+      }
+    }
+    // Groups held back below the push-size threshold go out now.
     for (const PushGroup& group : planner_.Flush()) {
-      DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, accum_.empty() ? net_->grads() : std::span<const float>(accum_)));
+      DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, source));
     }
     DP_CHECK(planner_.AllReleased());
     DP_RETURN_IF_ERROR(channel_->WaitPushes(&push_info_));
@@ -229,7 +256,8 @@ void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s)
                                  {"push_wait_ms", push_wait_ms_},
                                  {"version_min", pull_info_.version_min},
                                  {"version_max", pull_info_.version_max},
-                                 {"staleness_mean", staleness}});
+                                 {"staleness_mean", staleness},
+                                 {"grad_norm", clipping() ? MetricValue(grad_norm_) : MetricValue()}});
 }
 
 void Trainer::LogEval(const EvalRecord& r, bool final_eval) {
@@ -321,7 +349,8 @@ Status Trainer::Run(TrainResult* result) {
                                    {"images_per_s", result->images_per_s},
                                    {"final_top1", result->has_eval ? result->final_eval.top1 : nan},
                                    {"final_top5", result->has_eval ? result->final_eval.top5 : nan},
-                                   {"final_test_loss", result->has_eval ? result->final_eval.loss : nan}});
+                                   {"final_test_loss", result->has_eval ? result->final_eval.loss : nan},
+                                   {"clipped_steps", clipped_steps_}});
   }
   return Status::Ok();
 }

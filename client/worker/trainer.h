@@ -40,7 +40,10 @@ struct TrainerOptions {
   int worker_id = 0;            // this worker's id (0-based)
   WorkerConfig worker;          // batch_size, steps/epochs, pull_every, push_every
   EvalConfig eval;              // schedule of evaluations (used when `evaluate`)
-  SolverConfig solver;          // the update rule of the reference run (no channel) only
+  SolverConfig solver;          // the update rule of the reference run (no channel); its
+                                // clip_gradients applies to pushed gradients too (Caffe's
+                                // global-norm clipping, per worker, before the push — so with
+                                // clipping on, pushes wait for the end of backward)
   bool evaluate = false;        // this worker runs the test-set evaluations (worker 0)
   std::string model_out;        // final weights file (evaluating worker); "" = not saved
   int64_t min_push_elems = int64_t{1} << 18;  // PushPlanner release threshold (floats)
@@ -108,6 +111,10 @@ class Trainer {
 
   std::vector<float> accum_;     // sum of gradients since the last push (push_every > 1)
   std::vector<float> history_;   // momentum (reference run only)
+  bool clipping() const { return o_.solver.clip_gradients > 0; }
+  void ClipGradient(std::span<float> grad);
+  double grad_norm_ = 0;         // L2 norm of the last clipped-or-not gradient (clipping on)
+  int64_t clipped_steps_ = 0;    // steps whose gradient was scaled down
   bool pushing_ = false;         // the current backward pushes
   Status callback_status_;       // first error raised inside the grad-ready callback
   int64_t clock_ = 0;
