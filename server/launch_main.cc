@@ -22,8 +22,6 @@
 // The job ends when every worker exited 0 (then coordinator and servers get SIGTERM), when any
 // process fails (all are stopped; the exit code is the failed one's), or on SIGINT/SIGTERM.
 // Semantics of stopping: common/process_group.h.
-#include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -158,7 +156,8 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
 }
 
 // Runs `downpour-worker --config <config> --write-tensors <out>` (the model's tensor list from
-// its net config) and waits for it; its output goes to <log>.
+// its net config) as a one-child job and waits for it; its output goes to <log>, and to stderr
+// prefixed "[tensors] " (where its error, naming the bad file, is seen).
 Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config, const std::string& out,
                                  const std::string& log) {
   const fs::path bin = FindProgram(f, "downpour-worker");
@@ -166,30 +165,15 @@ Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config
     return NotFound("downpour-worker not found (looked in {}); it writes the model's tensor list when "
                     "neither --tensors nor --model is given", bin.parent_path().string());
   }
-  std::vector<std::string> argv = {bin.string(), "--config", config, "--write-tensors", out};
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid < 0) return IoError("fork: {}", std::strerror(errno));
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::ifstream in(log);
-    const std::string text((std::istreambuf_iterator<char>(in)), {});
-    return InvalidArgument("cannot get the model's tensor list from {}: {}", config,
-                           text.empty() ? std::string("downpour-worker failed") : text);
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.output = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); };
+  ProcessGroup group(options);
+  DP_RETURN_IF_ERROR(group.Start(ChildSpec{"tensors", {bin.string(), "--config", config, "--write-tensors", out}, log, true}));
+  const int code = group.Run();
+  if (code != 0) {
+    return InvalidArgument("cannot get the model's tensor list from {} (downpour-worker --write-tensors exited {}; "
+                           "its output is above and in {})", config, code, log);
   }
   return Status::Ok();
 }
