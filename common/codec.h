@@ -72,6 +72,9 @@ inline constexpr uint16_t kHeaderVersion = 1;
 // AlexNet has 68 chunks at the default chunk size).
 inline constexpr size_t kMaxHeaderBytes = size_t{4} << 20;
 inline constexpr uint32_t kFlagInit = 1u << 0;  // push: set weights (init), not a gradient
+// heartbeat from a worker: it has finished training and pushes no more (the coordinator
+// reports it with the dead workers at once, so sync/ssp stop waiting for it).
+inline constexpr uint32_t kFlagFinished = 1u << 1;
 
 struct ShardStatsWire {
   uint64_t pushes_received = 0;

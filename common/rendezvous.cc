@@ -78,9 +78,14 @@ void RendezvousClient::HeartbeatLoop(std::function<void(const std::vector<int32_
     h.sender = id_;
     h.clock = clock_.load();
     h.layout_hash = options_.layout_hash;
+    if (finished_.load()) h.flags |= kFlagFinished;
     MessageHeader reply;
     Status s = Exchange(h, &reply, options_.heartbeat_interval * 4);
     if (s.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(gone_mu_);
+        gone_ = reply.dead_workers;
+      }
       std::vector<int32_t> fresh;
       for (int32_t w : reply.dead_workers) {
         if (known_dead.insert(w).second) fresh.push_back(w);
@@ -104,6 +109,27 @@ Status RendezvousClient::RequestShutdown(std::chrono::milliseconds timeout) {
   h.layout_hash = options_.layout_hash;
   MessageHeader reply;
   return Exchange(h, &reply, timeout);
+}
+
+Status RendezvousClient::AnnounceFinished(std::chrono::milliseconds timeout) {
+  finished_.store(true);
+  MessageHeader h;
+  h.type = MsgType::kHeartbeat;
+  h.role = options_.role;
+  h.sender = id_;
+  h.clock = clock_.load();
+  h.layout_hash = options_.layout_hash;
+  h.flags |= kFlagFinished;
+  MessageHeader reply;
+  DP_RETURN_IF_ERROR(Exchange(h, &reply, timeout));
+  std::lock_guard<std::mutex> lock(gone_mu_);
+  gone_ = reply.dead_workers;
+  return Status::Ok();
+}
+
+std::vector<int32_t> RendezvousClient::gone_workers() const {
+  std::lock_guard<std::mutex> lock(gone_mu_);
+  return gone_;
 }
 
 }  // namespace downpour

@@ -54,6 +54,11 @@ class RendezvousClient {
   void set_clock(int64_t clock) { clock_.store(clock); }
   // Asks the coordinator to end the run (every process hears it at its next heartbeat).
   Status RequestShutdown(std::chrono::milliseconds timeout);
+  // A worker that has finished training (its last push acknowledged) says so now, and in
+  // every later heartbeat; the coordinator then lists it with the dead ("gone") workers.
+  Status AnnounceFinished(std::chrono::milliseconds timeout);
+  // Workers the coordinator's latest reply listed as gone: dead (silent) or finished.
+  std::vector<int32_t> gone_workers() const;
 
   // "host:port" -> "tcp://host:port"; full addresses are returned unchanged.
   static std::string ToAddress(const std::string& host_port);
@@ -69,6 +74,9 @@ class RendezvousClient {
   std::mutex endpoint_mu_;  // Exchange() from the heartbeat thread and RequestShutdown()
   uint64_t next_request_ = 1;
   std::atomic<int64_t> clock_{0};
+  std::atomic<bool> finished_{false};
+  mutable std::mutex gone_mu_;
+  std::vector<int32_t> gone_;  // the latest reply's dead_workers
   std::atomic<bool> shutdown_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -129,6 +129,7 @@ Status Coordinator::HandleRegister(ServerEndpoint* ep, const PeerId& peer, const
   }
   worker_seen_[id] = Clock::now();
   dead_.erase(id);  // a worker that comes back is alive again
+  finished_.erase(id);
   peers_.insert(peer);
   spdlog::info("coordinator: worker {} registered", id);
   Emit("worker_registered", id, "");
@@ -164,6 +165,13 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const Frames& f
       if (h.role == Role::kWorker && h.sender >= 0) {
         worker_seen_[h.sender] = Clock::now();
         worker_clock_[h.sender] = std::max(worker_clock_[h.sender], h.clock);
+        // A finished worker is gone at once (not after the heartbeat timeout): listed with the
+        // dead, so servers stop waiting for it and the evaluating worker knows it is done.
+        if ((h.flags & kFlagFinished) != 0 && finished_.insert(h.sender).second) {
+          dead_.insert(h.sender);
+          spdlog::info("coordinator: worker {} finished at clock {}", h.sender, h.clock);
+          Emit("worker_finished", h.sender, fmt::format("clock {}", h.clock));
+        }
       }
       r.type = h.type == MsgType::kClock ? MsgType::kAck : MsgType::kHeartbeat;
       r.dead_workers.assign(dead_.begin(), dead_.end());

@@ -6,8 +6,8 @@
 //    is refused with an error naming both hashes. A worker's register reply is held until every
 //    server has registered, so it always carries the complete server list.
 //  * heartbeat: marks the sender alive and records its clock; the reply lists every worker
-//    declared dead (silent for longer than heartbeat_timeout) and whether the run is shutting
-//    down. Servers pass the dead list to their consistency policy; so the run finishes.
+//    declared dead (silent for longer than heartbeat_timeout, or finished: a heartbeat with
+//    kFlagFinished) and whether the run is shutting down. Servers pass the dead list to their consistency policy; so the run finishes.
 //  * shutdown: from anyone; every later heartbeat reply says shutdown. Serve() returns once
 //    every registered process has heard it, or after `shutdown_grace` at the latest.
 //
@@ -77,7 +77,8 @@ class Coordinator {
   std::vector<std::string> server_addresses_;  // "" until registered
   std::map<int32_t, std::chrono::steady_clock::time_point> worker_seen_;
   std::map<int32_t, int64_t> worker_clock_;
-  std::set<int32_t> dead_;
+  std::set<int32_t> dead_;      // gone: silent past the timeout, or finished
+  std::set<int32_t> finished_;  // said they finished (kFlagFinished)
   std::set<PeerId> told_shutdown_;
   std::set<PeerId> peers_;  // registered processes
   std::vector<PendingRegister> pending_;

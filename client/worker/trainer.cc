@@ -331,6 +331,7 @@ Status Trainer::Run(TrainResult* result) {
   const double train_end = Elapsed();
   result->train_s = train_end - eval_s_;
   result->images_per_s = result->train_s > 0 ? static_cast<double>(images_) / result->train_s : 0;
+  if (o_.on_training_done) DP_RETURN_IF_ERROR(o_.on_training_done());
   if (o_.evaluate && test_ != nullptr) {
     DP_RETURN_IF_ERROR(Evaluate(true, &result->final_eval));
     result->has_eval = true;

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,10 @@ struct TrainerOptions {
   // Sleep after every step (straggler emulation for consistency experiments and tests); the
   // sleep counts as step time, as a slow machine's would.
   std::chrono::milliseconds step_delay{0};
+  // Runs once after the last step (its pushes acknowledged), before the final evaluation. A
+  // distributed worker announces it has finished there, and the evaluating worker waits for
+  // every other worker to finish, so the final evaluation and the saved model see every update.
+  std::function<Status()> on_training_done;
 };
 
 struct EvalRecord {

@@ -1,10 +1,15 @@
 // worker_app.cc — see worker_app.h.
 #include "client/worker/worker_app.h"
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "client/engine/net.h"
 #include "client/engine/net_spec.h"
@@ -173,7 +178,34 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
     rendezvous->set_clock(clock);
     return Status::Ok();
   });
-  Trainer trainer(to, net, eval_net, &layout, &channel, train, test, metrics, progress);
+  TrainerOptions topts = to;
+  const bool final_eval = to.evaluate && test != nullptr;
+  topts.on_training_done = [&, final_eval]() -> Status {
+    DP_RETURN_IF_ERROR(rendezvous->AnnounceFinished(std::chrono::milliseconds(10000)));
+    if (!final_eval) return Status::Ok();
+    // The final evaluation and the saved model are of the finished run: wait until every other
+    // worker has finished (or died), however far behind it is.
+    const auto t0 = std::chrono::steady_clock::now();
+    bool said = false;
+    while (!rendezvous->shutdown_requested()) {
+      std::vector<int32_t> gone = rendezvous->gone_workers();
+      std::vector<int32_t> waiting;
+      for (int32_t w = 0; w < config.cluster.workers; ++w) {
+        if (w != args.id && std::find(gone.begin(), gone.end(), w) == gone.end()) waiting.push_back(w);
+      }
+      if (waiting.empty()) break;
+      if (!said) {
+        spdlog::info("worker {}: waiting for worker(s) {} to finish before the final evaluation", args.id,
+                     fmt::join(waiting, ", "));
+        said = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (metrics != nullptr) (void)metrics->Write("final_wait", {{"seconds", waited}});
+    return Status::Ok();
+  };
+  Trainer trainer(topts, net, eval_net, &layout, &channel, train, test, metrics, progress);
   DP_RETURN_IF_ERROR(trainer.Run(out));
   LogServerStats(client.get(), config.cluster.servers, metrics);
   return channel.Leave();
