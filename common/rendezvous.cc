@@ -72,20 +72,9 @@ void RendezvousClient::StartHeartbeats(std::function<void(const std::vector<int3
 void RendezvousClient::HeartbeatLoop(std::function<void(const std::vector<int32_t>&)> on_dead) {
   std::set<int32_t> known_dead;
   while (!stop_.load()) {
-    MessageHeader h;
-    h.type = MsgType::kHeartbeat;
-    h.role = options_.role;
-    h.sender = id_;
-    h.clock = clock_.load();
-    h.layout_hash = options_.layout_hash;
-    if (finished_.load()) h.flags |= kFlagFinished;
     MessageHeader reply;
-    Status s = Exchange(h, &reply, options_.heartbeat_interval * 4);
+    Status s = SendHeartbeat(options_.heartbeat_interval * 4, &reply);
     if (s.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(gone_mu_);
-        gone_ = reply.dead_workers;
-      }
       std::vector<int32_t> fresh;
       for (int32_t w : reply.dead_workers) {
         if (known_dead.insert(w).second) fresh.push_back(w);
@@ -111,20 +100,24 @@ Status RendezvousClient::RequestShutdown(std::chrono::milliseconds timeout) {
   return Exchange(h, &reply, timeout);
 }
 
-Status RendezvousClient::AnnounceFinished(std::chrono::milliseconds timeout) {
-  finished_.store(true);
+Status RendezvousClient::SendHeartbeat(std::chrono::milliseconds timeout, MessageHeader* reply) {
   MessageHeader h;
   h.type = MsgType::kHeartbeat;
   h.role = options_.role;
   h.sender = id_;
   h.clock = clock_.load();
   h.layout_hash = options_.layout_hash;
-  h.flags |= kFlagFinished;
-  MessageHeader reply;
-  DP_RETURN_IF_ERROR(Exchange(h, &reply, timeout));
+  if (finished_.load()) h.flags |= kFlagFinished;
+  DP_RETURN_IF_ERROR(Exchange(h, reply, timeout));
   std::lock_guard<std::mutex> lock(gone_mu_);
-  gone_ = reply.dead_workers;
+  gone_ = reply->dead_workers;
   return Status::Ok();
+}
+
+Status RendezvousClient::AnnounceFinished(std::chrono::milliseconds timeout) {
+  finished_.store(true);
+  MessageHeader reply;
+  return SendHeartbeat(timeout, &reply);
 }
 
 std::vector<int32_t> RendezvousClient::gone_workers() const {

@@ -67,6 +67,8 @@ class RendezvousClient {
   RendezvousClient() = default;
   Status Exchange(const MessageHeader& request, MessageHeader* reply, std::chrono::milliseconds timeout);
   void HeartbeatLoop(std::function<void(const std::vector<int32_t>&)> on_dead);
+  // One heartbeat now (clock, finished flag); records the reply's gone workers.
+  Status SendHeartbeat(std::chrono::milliseconds timeout, MessageHeader* reply);
 
   RendezvousOptions options_;
   int32_t id_ = -1;
