@@ -1,6 +1,7 @@
 // run_config.cc — TOML → RunConfig, validation, and RunConfig → TOML.
 #include "common/run_config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -226,12 +227,6 @@ Status ReadConsistency(TableReader& r, ConsistencyConfig* c) {
   return r.Finish();
 }
 
-bool IsConvAlgoName(std::string_view s) {
-  for (std::string_view n : {"search", "heuristic", "gemm", "implicit_gemm", "fft", "winograd"})
-    if (s == n) return true;
-  return false;
-}
-
 // "cpu" | "gpu:N".
 bool ParseDevice(std::string_view text, WorkerConfig* w) {
   if (text == "cpu") {
@@ -442,7 +437,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src) {
       .Check(wo.push_every >= 1, "worker.push_every", wo.push_every, "must be >= 1")
       .Check(wo.gpu_index >= 0, "worker.device", DeviceString(wo), "GPU index must be >= 0")
       .Check(wo.threads >= 0, "worker.threads", wo.threads, "must be >= 0 (0 = all cores)")
-      .Check(IsConvAlgoName(wo.conv_algo), "worker.conv_algo", wo.conv_algo,
+      .Check(std::find(kConvAlgoNames.begin(), kConvAlgoNames.end(), wo.conv_algo) != kConvAlgoNames.end(),
+             "worker.conv_algo", wo.conv_algo,
              "expected search, heuristic, gemm, implicit_gemm, fft or winograd")
       .Check(da.crop >= 0, "data.crop", da.crop, "must be >= 0 (0 = no crop)")
       .Check(da.scale > 0 && std::isfinite(da.scale), "data.scale", da.scale,

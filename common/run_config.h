@@ -119,6 +119,10 @@ struct WorkerConfig {
 };
 // "cpu" or "gpu:N".
 std::string DeviceString(const WorkerConfig& w);
+// The accepted worker.conv_algo values (also downpour-time --conv-algo); the CUDA backend maps
+// each to its cuDNN algorithm choice (client/engine/gpu/cuda_backend.h ConvAlgoMode).
+inline const std::vector<std::string> kConvAlgoNames = {"search", "heuristic", "gemm",
+                                                        "implicit_gemm", "fft", "winograd"};
 
 enum class DataSharding {
   kSlice,  // worker j of W reads records j, j+W, ... of the shared train LMDB

@@ -8,6 +8,7 @@
 
 #include "client/engine/net.h"
 #include "client/engine/net_timer.h"
+#include "common/run_config.h"
 
 namespace {
 
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--tf32", tf32, "GPU: TF32 tensor cores for fp32 conv/GEMM (default on)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--conv-algo", conv_algo, "GPU: cuDNN convolution algorithm choice (default search)")
-      ->check(CLI::IsMember({"search", "heuristic", "gemm", "implicit_gemm", "fft", "winograd"}));
+      ->check(CLI::IsMember(downpour::kConvAlgoNames));
   CLI11_PARSE(app, argc, argv);
 
   NetOptions opt;
