@@ -177,13 +177,20 @@ every_updates = 0
     return out;
   }
 
-  std::vector<MetricRecord> Records(const std::string& run_dir, int worker, const std::string& event) {
+  // The `event` records of <run_dir>/metrics/<file>.
+  std::vector<MetricRecord> MetricsOf(const std::string& run_dir, const std::string& file, const std::string& event) {
     std::vector<MetricRecord> all, out;
-    const Status s = ReadMetrics((fs::path(run_dir) / "metrics" / fmt::format("worker-{}.jsonl", worker)).string(), &all);
+    const Status s = ReadMetrics((fs::path(run_dir) / "metrics" / file).string(), &all);
     EXPECT_TRUE(s.ok()) << s.ToString();
     for (auto& r : all)
       if (r.Get("event").AsString() == event) out.push_back(std::move(r));
     return out;
+  }
+  std::vector<MetricRecord> Records(const std::string& run_dir, int worker, const std::string& event) {
+    return MetricsOf(run_dir, fmt::format("worker-{}.jsonl", worker), event);
+  }
+  std::vector<MetricRecord> ServerRecords(const std::string& run_dir, int server, const std::string& event) {
+    return MetricsOf(run_dir, fmt::format("server-{}.jsonl", server), event);
   }
 
   void KillOneWorker(const std::string& mode, int port);
@@ -220,14 +227,6 @@ every_updates = 0
     kill(job.coordinator, SIGTERM);
     for (pid_t p : job.servers) EXPECT_EQ(WaitExit(p, 20s), 0);
     EXPECT_GE(WaitExit(job.coordinator, 20s), 0);
-  }
-  std::vector<MetricRecord> ServerRecords(const std::string& run_dir, int server, const std::string& event) {
-    std::vector<MetricRecord> all, out;
-    const Status s = ReadMetrics((fs::path(run_dir) / "metrics" / fmt::format("server-{}.jsonl", server)).string(), &all);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    for (auto& r : all)
-      if (r.Get("event").AsString() == event) out.push_back(std::move(r));
-    return out;
   }
   // Runs 2 workers x 2 servers of the tiny net in `mode`, worker 1 a straggler; returns the
   // largest "ahead" (pull clock − slowest live clock) of worker 0's pulls over both servers'
@@ -356,21 +355,9 @@ TEST_F(TrainProcessTest, LauncherNamesAMissingModelConfigAndStartsNothing) {
 void TrainProcessTest::KillOneWorker(const std::string& mode, int port) {
   const std::string model = (fs::path(DOWNPOUR_SOURCE_DIR) / "configs/models/fmnist_small.toml").string();
   const std::string cfg = Write("cfg.toml", Config(model, mode, 2, 2, 32, 300, port, 0.01, 5));
-  const std::string tensors = Tensors(cfg);
-  const std::string run = (dir_ / "run").string();
-  fs::create_directories(run);
-  const pid_t coord = Spawn({bins_.coordinator, "--config", cfg, "--run-dir", run, "--tensors", tensors},
-                               (dir_ / "coordinator.log").string());
-  std::vector<pid_t> servers;
-  for (int s = 0; s < 2; ++s)
-    servers.push_back(Spawn({bins_.server, "--config", cfg, "--id", std::to_string(s), "--run-dir", run,
-                                "--tensors", tensors},
-                               (dir_ / fmt::format("server-{}.log", s)).string()));
-  std::vector<pid_t> workers;
-  for (int w = 0; w < 2; ++w)
-    workers.push_back(Spawn({bins_.worker, "--quiet", "--id", std::to_string(w), "--config", cfg,
-                                "--run-dir", run},
-                               (dir_ / fmt::format("worker-{}.log", w)).string()));
+  const Job job = StartJob(cfg, Tensors(cfg), 2, {{}, {}});
+  const std::string& run = job.run;
+  const std::vector<pid_t>& workers = job.workers;
   // Wait (bounded) until worker 1 has logged 20 steps, then kill it without warning.
   const auto metrics = fs::path(run) / "metrics" / "worker-1.jsonl";
   bool killed = false;
@@ -392,23 +379,13 @@ void TrainProcessTest::KillOneWorker(const std::string& mode, int port) {
   const auto done = Records(run, 0, "done");
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].Get("steps").AsInt(), 300);
-  for (pid_t p : servers) kill(p, SIGTERM);
-  kill(coord, SIGTERM);
-  for (pid_t p : servers) EXPECT_GE(WaitExit(p, 20s), 0);
-  EXPECT_GE(WaitExit(coord, 20s), 0);
+  StopJob(job);
   // The coordinator's own log of membership: both servers and both workers registered, and in
   // sync (where the run had to wait for it) worker 1 was declared dead.
-  std::vector<MetricRecord> events;
-  ASSERT_TRUE(ReadMetrics((fs::path(run) / "metrics" / "coordinator.jsonl").string(), &events).ok());
-  int servers_registered = 0, workers_registered = 0, dead1 = 0;
-  for (const auto& r : events) {
-    const std::string e = r.Get("event").AsString();
-    servers_registered += e == "server_registered";
-    workers_registered += e == "worker_registered";
-    dead1 += e == "worker_dead" && r.Get("who").AsInt() == 1;
-  }
-  EXPECT_EQ(servers_registered, 2);
-  EXPECT_EQ(workers_registered, 2);
+  EXPECT_EQ(MetricsOf(run, "coordinator.jsonl", "server_registered").size(), 2u);
+  EXPECT_EQ(MetricsOf(run, "coordinator.jsonl", "worker_registered").size(), 2u);
+  int dead1 = 0;
+  for (const auto& r : MetricsOf(run, "coordinator.jsonl", "worker_dead")) dead1 += r.Get("who").AsInt() == 1;
   if (mode == "sync") {
     EXPECT_EQ(dead1, 1);
   }
