@@ -7,7 +7,8 @@
 //    server has registered, so it always carries the complete server list.
 //  * heartbeat: marks the sender alive and records its clock; the reply lists every worker
 //    declared dead (silent for longer than heartbeat_timeout, or finished: a heartbeat with
-//    kFlagFinished) and whether the run is shutting down. Servers pass the dead list to their consistency policy; so the run finishes.
+//    kFlagFinished) and whether the run is shutting down. Servers pass the dead list to their
+//    consistency policy; so the run finishes.
 //  * shutdown: from anyone; every later heartbeat reply says shutdown. Serve() returns once
 //    every registered process has heard it, or after `shutdown_grace` at the latest.
 //
@@ -31,7 +32,8 @@ namespace downpour {
 
 // A membership event, for the run's metrics (downpour-coordinator writes one JSONL line each).
 struct CoordinatorEvent {
-  std::string kind;      // "server_registered", "worker_registered", "worker_dead", "shutdown"
+  std::string kind;      // "server_registered", "worker_registered", "worker_finished",
+                         // "worker_dead", "shutdown"
   int32_t id = -1;       // server or worker id (shutdown: the requester's id)
   std::string detail;    // server address; dead worker: last clock and silence; shutdown: role
 };

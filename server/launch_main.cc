@@ -14,8 +14,8 @@
 // --tensors/--model). With neither (and no --worker-cmd), the tensor list comes from the model
 // config itself: `downpour-worker --config D/config.toml --write-tensors D/tensors.txt` runs
 // first (servers never parse a net; the worker owns that) and D/tensors.txt is passed on.
-// Binaries are found in --bin-dir, else next to this executable, else in the build tree (build/server/,
-// build/client/worker/).
+// Binaries are found in --bin-dir, else next to this executable, else in the build tree
+// (build/server/, build/client/worker/).
 // A --*-cmd override replaces a role's program with a shell command that receives the same
 // arguments: /bin/sh -c 'exec CMD "$@"' ... (the load benchmark's synthetic workers).
 //
