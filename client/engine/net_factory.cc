@@ -2,8 +2,9 @@
 #include "client/engine/net.h"
 #include "client/engine/onednn_backend.h"
 #include "client/engine/reference_backend.h"
+#include "downpour_config.h"
 
-#if DOWNPOUR_ENGINE_HAVE_GPU
+#if DOWNPOUR_HAVE_CUDA
 #include "client/engine/gpu/cuda_backend.h"  // CudaOptions, CreateCudaBackend
 #endif
 
@@ -17,7 +18,7 @@ Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backen
     case DeviceKind::kGpu:
       if (options.reference)
         return InvalidArgument("the reference backend runs on the CPU only (device gpu was asked)");
-#if DOWNPOUR_ENGINE_HAVE_GPU
+#if DOWNPOUR_HAVE_CUDA
     {
       CudaOptions cuda;
       cuda.gpu_id = options.gpu_id;
@@ -26,9 +27,8 @@ Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backen
       return CreateCudaBackend(cuda, backend);
     }
 #else
-      return Status(StatusCode::kFailedPrecondition,
-                    "device gpu was asked but this build has no CUDA backend "
-                    "(CUDA/cuDNN not found at configure time, or client/engine/gpu/ absent)");
+      return FailedPrecondition(
+          "device gpu was asked but this build has no CUDA backend (CUDA/cuDNN not found at configure time)");
 #endif
   }
   return InvalidArgument("unknown device kind {}", static_cast<int>(options.device));
@@ -36,7 +36,7 @@ Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backen
 
 HostAllocator HostAllocatorFor(DeviceKind device) {
   HostAllocator a;
-#if DOWNPOUR_ENGINE_HAVE_GPU
+#if DOWNPOUR_HAVE_CUDA
   if (device == DeviceKind::kGpu) {
     a.allocate = AllocPinnedHost;
     a.deallocate = FreePinnedHost;

@@ -18,21 +18,11 @@
 #include "common/layout.h"
 #include "common/metrics.h"
 
-#ifndef DOWNPOUR_WORKER_HAVE_PS
-#define DOWNPOUR_WORKER_HAVE_PS 0
-#endif
-#ifndef DOWNPOUR_WORKER_HAVE_LOADER
-#define DOWNPOUR_WORKER_HAVE_LOADER 0
-#endif
-#if DOWNPOUR_WORKER_HAVE_PS
 #include "client/ps/ps_client.h"
+#include "client/worker/loader_sources.h"
 #include "client/worker/ps_channel.h"
 #include "common/rendezvous.h"
 #include "common/zmq_transport.h"
-#endif
-#if DOWNPOUR_WORKER_HAVE_LOADER
-#include "client/worker/loader_sources.h"
-#endif
 
 namespace downpour::worker {
 namespace {
@@ -60,13 +50,7 @@ Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, std::unique_ptr
     o.seed = static_cast<uint64_t>(c.run.seed);
     return OpenIdxTrainSource(o, out);
   }
-#if DOWNPOUR_WORKER_HAVE_LOADER
   return OpenLoaderTrainSource(c, id, shuffle, out);
-#else
-  return Status(StatusCode::kFailedPrecondition,
-                fmt::format("data.train = {}: LMDB input needs the data loader (data/loader.h), which this build "
-                            "lacks; use an IDX path", c.data.train));
-#endif
 }
 
 Status OpenTestSource(const RunConfig& c, std::unique_ptr<TestSource>* out) {
@@ -79,13 +63,7 @@ Status OpenTestSource(const RunConfig& c, std::unique_ptr<TestSource>* out) {
     o.scale = c.data.scale;
     return OpenIdxTestSource(o, out);
   }
-#if DOWNPOUR_WORKER_HAVE_LOADER
   return OpenLoaderTestSource(c, kEvalBatch, out);
-#else
-  return Status(StatusCode::kFailedPrecondition,
-                fmt::format("data.test = {}: LMDB input needs the data loader (data/loader.h), which this build "
-                            "lacks; use an IDX path", c.data.test));
-#endif
 }
 
 Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net>* net,
@@ -93,7 +71,7 @@ Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net
   engine::NetSpec spec;
   DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(c.model.config, &spec));
   engine::NetOptions o;
-  o.device = c.worker.device == DeviceKind::kGpu ? engine::DeviceKind::kGpu : engine::DeviceKind::kCpu;
+  o.device = c.worker.device;
   o.gpu_id = c.worker.gpu_index;
   o.tf32 = c.worker.tf32;
   o.conv_algo = c.worker.conv_algo;
@@ -108,7 +86,6 @@ Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net
   return Status::Ok();
 }
 
-#if DOWNPOUR_WORKER_HAVE_PS
 // Server i listens on <bind>:<base_port + i> (the launcher's convention); a wildcard bind is
 // reached through loopback on this machine.
 std::vector<std::string> ServerAddresses(const ClusterConfig& c) {
@@ -210,7 +187,6 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
   LogServerStats(client.get(), config.cluster.servers, metrics);
   return channel.Leave();
 }
-#endif
 
 }  // namespace
 
@@ -227,9 +203,10 @@ bool IsIdxImagePath(const std::string& path, std::string* labels_path) {
   return !labels.empty();
 }
 
-Status WriteTensorList(const std::string& config_path, const std::string& out_path) {
+Status WriteTensorList(const std::string& config_path, const std::vector<std::string>& sets,
+                       const std::string& out_path) {
   RunConfig config;
-  DP_RETURN_IF_ERROR(LoadRunConfig(config_path, &config));
+  DP_RETURN_IF_ERROR(LoadRunConfig(config_path, sets, &config));
   engine::NetSpec spec;
   DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(config.model.config, &spec));
   engine::NetShapes shapes;
@@ -247,11 +224,11 @@ Status WriteTensorList(const std::string& config_path, const std::string& out_pa
   return Status::Ok();
 }
 
-Status RunWorker(const WorkerArgs& args, TrainResult* result) {
+Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   const std::string config_path =
       args.config_path.empty() ? (std::filesystem::path(args.run_dir) / "config.toml").string() : args.config_path;
   RunConfig config;
-  DP_RETURN_IF_ERROR(LoadRunConfig(config_path, &config));
+  DP_RETURN_IF_ERROR(LoadRunConfig(config_path, args.sets, &config));
   if (args.steps_override > 0) {
     config.worker.steps = args.steps_override;
     config.worker.epochs = 0;
@@ -292,19 +269,15 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result) {
 
   TrainResult local_result;
   TrainResult* out = result != nullptr ? result : &local_result;
+  if (started != nullptr) *started = true;
   if (args.local) {
     if (config.cluster.workers != 1 && args.id != 0)
       return InvalidArgument("--local runs one process: use --id 0 (got {})", args.id);
     Trainer trainer(to, net.get(), eval_net.get(), &layout, nullptr, train.get(), test.get(), metrics.get(), &progress);
     return trainer.Run(out);
   }
-#if DOWNPOUR_WORKER_HAVE_PS
   return RunDistributed(config, args, layout, to, net.get(), eval_net.get(), train.get(), test.get(), metrics.get(),
                         &progress, out);
-#else
-  return Status(StatusCode::kFailedPrecondition,
-                "this build has no parameter-service client (client/ps); only --local runs are possible");
-#endif
 }
 
 }  // namespace downpour::worker

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "client/worker/trainer.h"
 #include "common/run_config.h"
@@ -26,6 +27,7 @@ namespace downpour::worker {
 struct WorkerArgs {
   int id = 0;                   // worker id, 0 .. cluster.workers-1
   std::string config_path;      // run config; default <run_dir>/config.toml
+  std::vector<std::string> sets;  // --set section.key=value overrides of the run config
   std::string run_dir = ".";    // where metrics and the model go
   bool quiet = false;           // no progress line (CI logs)
   bool local = false;           // single-process reference run: no servers, local SGD
@@ -34,12 +36,16 @@ struct WorkerArgs {
   int step_delay_ms = 0;        // > 0: sleep this long after every step (emulates a straggler)
 };
 
-// The model's learnable tensors (model.config of the run config at `config_path`) as a
-// tensor list (common/layout.h ParseTensorList format), for servers' --tensors.
-Status WriteTensorList(const std::string& config_path, const std::string& out_path);
+// The model's learnable tensors (model.config of the run config at `config_path`, with the
+// `sets` overrides) as a tensor list (common/layout.h ParseTensorList format), for servers'
+// --tensors.
+Status WriteTensorList(const std::string& config_path, const std::vector<std::string>& sets,
+                       const std::string& out_path);
 
 // Runs the worker to completion. `result` receives the loop's result (may be null).
-Status RunWorker(const WorkerArgs& args, TrainResult* result);
+// `*started` (may be null) turns true once the config, the net, the data and the metrics are
+// set up: an error before that is bad input (exit 2), after it a runtime failure (exit 1).
+Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started = nullptr);
 
 // "…/train-images-idx3-ubyte.gz" → true (and the matching labels path).
 bool IsIdxImagePath(const std::string& path, std::string* labels_path);

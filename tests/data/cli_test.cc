@@ -2,15 +2,12 @@
 // inspect (with contact sheet), mean, and a bad path giving one clear error and exit 1.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <memory>
 
 #include "data/mean_file.h"
 #include "downpour_config.h"
 #include "tests/data/test_util.h"
+#include "tests/testing/harness.h"
 
 namespace downpour::data {
 namespace {
@@ -20,22 +17,10 @@ using testing::IdxLabelBytes;
 using testing::TempDir;
 using testing::WriteBytes;
 
-std::string Binary() {
-  const char* build = std::getenv("DOWNPOUR_BUILD_DIR");
-  return std::string(build ? build : "build") + "/data/downpour-data";
-}
+std::string Binary() { return test::Binary("downpour-data"); }
 
 // Runs a shell command; returns its exit status and stdout+stderr.
-int RunCommand(const std::string& cmd, std::string* output) {
-  output->clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) output->append(buf.data(), got);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int RunCommand(const std::string& cmd, std::string* output) { return test::RunShell(cmd, output); }
 
 TEST(DataCli, ConvertInspectMean) {
   if (!std::filesystem::exists(Binary())) GTEST_SKIP() << Binary() << " not built";
@@ -62,10 +47,10 @@ TEST(DataCli, ConvertInspectMean) {
   ASSERT_EQ(m.values.size(), 9u);
   EXPECT_FLOAT_EQ(m.values[0], 90.0f);  // shard 0 holds images 0, 2, ..., 18: mean 10*9
 
-  EXPECT_EQ(RunCommand(Binary() + " inspect " + (dir / "nope"), &out), 1);
+  EXPECT_EQ(RunCommand(Binary() + " inspect " + (dir / "nope"), &out), 2);  // bad input: exit 2
   EXPECT_NE(out.find("LMDB " + (dir / "nope") + ": no such directory"), std::string::npos) << out;
   EXPECT_EQ(RunCommand(Binary() + " convert-idx --images " + (dir / "missing.gz") + " --labels " +
-                    (dir / "lab.gz") + " --out " + (dir / "db2"), &out), 1);
+                    (dir / "lab.gz") + " --out " + (dir / "db2"), &out), 2);
   EXPECT_NE(out.find("missing.gz"), std::string::npos) << out;
 }
 

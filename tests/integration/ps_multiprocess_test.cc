@@ -3,7 +3,6 @@
 // with their own ZeroMQ clients. Exact-result async test, and SIGKILL + --restore.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include "client/ps/ps_client.h"
 #include "common/rendezvous.h"
 #include "common/zmq_transport.h"
+#include "tests/testing/harness.h"
 
 namespace downpour {
 namespace {
@@ -22,69 +22,16 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-// A child process running one of our binaries; killed (SIGKILL) on destruction if still alive.
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& argv, const std::string& log) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  void Kill(int sig) {
-    if (pid_ > 0) kill(pid_, sig);
-  }
-  // Exit status, or -1 if it did not exit within `timeout`.
-  int WaitExit(std::chrono::milliseconds timeout) {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
-  }
+using test::Child;
 
- private:
-  pid_t pid_ = -1;
-};
-
-std::string ReadAddress(const std::string& path, std::chrono::milliseconds timeout) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < until) {
-    std::ifstream f(path);
-    std::string a;
-    if (f >> a && !a.empty()) return a;
-    std::this_thread::sleep_for(20ms);
-  }
-  return "";
+std::string ReadAddress(const fs::path& path, std::chrono::milliseconds timeout) {
+  return test::WaitForWord(path, timeout);
 }
 
 class PsMultiProcess : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("ps_mp_{}_{}", getpid(),
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::ScratchDir("ps_mp");
     std::ofstream(dir_ / "tensors.txt") << "w 40x25 1 1\nb 40 2 0\nv 333\n";
     specs_ = {{"w", {40, 25}, 1, 1}, {"b", {40}, 2, 0}, {"v", {333}, 1, 1}};
   }
@@ -97,7 +44,7 @@ class PsMultiProcess : public ::testing::Test {
     ASSERT_TRUE(ParamLayout::Build(specs_, servers, 128, &layout_).ok());
   }
   std::unique_ptr<Child> StartServer(int id, const std::string& coordinator, const std::string& restore = "") {
-    std::vector<std::string> argv = {DOWNPOUR_SERVER_BIN, "--config", (dir_ / "run.toml").string(), "--id",
+    std::vector<std::string> argv = {test::Binary("downpour-server"), "--config", (dir_ / "run.toml").string(), "--id",
                                      std::to_string(id), "--run-dir", dir_.string(), "--tensors",
                                      (dir_ / "tensors.txt").string(), "--port", "0"};
     if (coordinator.empty()) {
@@ -110,12 +57,9 @@ class PsMultiProcess : public ::testing::Test {
       argv.push_back("--restore");
       argv.push_back(restore);
     }
-    return std::make_unique<Child>(argv, (dir_ / fmt::format("server-{}.log", id)).string());
+    return std::make_unique<Child>(argv, dir_ / fmt::format("server-{}.log", id));
   }
-  std::string Log(const std::string& name) {
-    std::ifstream f(dir_ / name);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  }
+  std::string Log(const std::string& name) { return test::ReadFile(dir_ / name); }
 
   fs::path dir_;
   std::vector<TensorSpec> specs_;
@@ -159,10 +103,10 @@ int WorkerProcess(const std::string& coordinator, uint64_t layout_hash, const Pa
 TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
   constexpr int kServers = 2, kWorkers = 4, kSteps = 25;
   WriteConfig(kServers, kWorkers);
-  Child coordinator({DOWNPOUR_COORDINATOR_BIN, "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
+  Child coordinator({test::Binary("downpour-coordinator"), "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
                      "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
-                    (dir_ / "coordinator.log").string());
-  const std::string co = ReadAddress((dir_ / "coordinator.addr").string(), 10s);
+                    dir_ / "coordinator.log");
+  const std::string co = ReadAddress(dir_ / "coordinator.addr", 10s);
   ASSERT_FALSE(co.empty()) << Log("coordinator.log");
   std::vector<std::unique_ptr<Child>> servers;
   for (int s = 0; s < kServers; ++s) servers.push_back(StartServer(s, co));
@@ -183,7 +127,7 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
   // Read back through a fresh client (the test process registers as observer worker id 0).
   ZmqTransport transport;
   PsClientOptions o;
-  for (int s = 0; s < kServers; ++s) o.server_addresses.push_back(ReadAddress((dir_ / fmt::format("server-{}.addr", s)).string(), 5s));
+  for (int s = 0; s < kServers; ++s) o.server_addresses.push_back(ReadAddress(dir_ / fmt::format("server-{}.addr", s), 5s));
   std::unique_ptr<PsClient> c;
   ASSERT_TRUE(PsClient::Create(&transport, layout_, o, &c).ok());
   ASSERT_TRUE(c->Connect(10s).ok());
@@ -212,7 +156,7 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
   // Orderly end: shutdown message to each server, then the coordinator.
   for (int s = 0; s < kServers; ++s) ASSERT_TRUE(c->Shutdown(s, 5s).ok());
   for (auto& s : servers) EXPECT_EQ(s->WaitExit(10s), 0);
-  coordinator.Kill(SIGTERM);
+  coordinator.Signal(SIGTERM);
   EXPECT_EQ(coordinator.WaitExit(10s), 0);
 }
 
@@ -257,10 +201,10 @@ TEST_F(PsMultiProcess, SyncRunFinishesAfterAWorkerDiesByHeartbeatTimeout) {
     text.replace(text.find("heartbeat_timeout_ms = 2000"), 27, "heartbeat_timeout_ms = 600");
     std::ofstream(dir_ / "run.toml") << text;
   }
-  Child coordinator({DOWNPOUR_COORDINATOR_BIN, "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
+  Child coordinator({test::Binary("downpour-coordinator"), "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
                      "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
-                    (dir_ / "coordinator.log").string());
-  const std::string co = ReadAddress((dir_ / "coordinator.addr").string(), 10s);
+                    dir_ / "coordinator.log");
+  const std::string co = ReadAddress(dir_ / "coordinator.addr", 10s);
   ASSERT_FALSE(co.empty()) << Log("coordinator.log");
   std::vector<std::unique_ptr<Child>> servers;
   for (int s = 0; s < 2; ++s) servers.push_back(StartServer(s, co));
@@ -280,7 +224,7 @@ TEST_F(PsMultiProcess, SyncRunFinishesAfterAWorkerDiesByHeartbeatTimeout) {
   // Every clock applied once, as the average of the live workers' gradients (2.0): 10 steps.
   ZmqTransport transport;
   PsClientOptions o;
-  for (int s = 0; s < 2; ++s) o.server_addresses.push_back(ReadAddress((dir_ / fmt::format("server-{}.addr", s)).string(), 5s));
+  for (int s = 0; s < 2; ++s) o.server_addresses.push_back(ReadAddress(dir_ / fmt::format("server-{}.addr", s), 5s));
   std::unique_ptr<PsClient> c;
   ASSERT_TRUE(PsClient::Create(&transport, layout_, o, &c).ok());
   ASSERT_TRUE(c->Connect(10s).ok());
@@ -322,7 +266,7 @@ TEST_F(PsMultiProcess, SigkilledServerRestoresExactlyTheCheckpoint) {
   for (int step = 3; step < 5; ++step) ASSERT_TRUE(c->Wait(c->Push(g, step), 10s).ok());
   c.reset();
 
-  server->Kill(SIGKILL);
+  server->Signal(SIGKILL);
   EXPECT_EQ(server->WaitExit(10s), 128 + SIGKILL);
   fs::remove(addr_file);
   server = StartServer(0, "", ckpt);
@@ -344,10 +288,10 @@ TEST_F(PsMultiProcess, SigkilledServerRestoresExactlyTheCheckpoint) {
 
 TEST_F(PsMultiProcess, CoordinatorRefusesAMismatchedLayoutNamingBothHashes) {
   WriteConfig(1, 1);
-  Child coordinator({DOWNPOUR_COORDINATOR_BIN, "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
+  Child coordinator({test::Binary("downpour-coordinator"), "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
                      "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
-                    (dir_ / "coordinator.log").string());
-  const std::string co = ReadAddress((dir_ / "coordinator.addr").string(), 10s);
+                    dir_ / "coordinator.log");
+  const std::string co = ReadAddress(dir_ / "coordinator.addr", 10s);
   ASSERT_FALSE(co.empty());
   ZmqTransport transport;
   RendezvousOptions ro;

@@ -9,9 +9,6 @@
 //     clocks ahead of the slowest worker, and the bound was reached (the fast worker waited);
 //     the same job in async lets the fast worker run far ahead (negative control).
 #include <signal.h>
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,7 +26,7 @@
 
 #include "common/metrics.h"
 #include "common/tensor_file.h"
-#include "downpour_config.h"
+#include "tests/testing/harness.h"
 
 namespace downpour {
 namespace {
@@ -39,44 +36,22 @@ using namespace std::chrono_literals;
 
 const char* kFmnist = "/usr/share/datasets/fashion-mnist";
 
-std::string BuildDir() {
-  const char* d = std::getenv("DOWNPOUR_BUILD_DIR");
-  return d != nullptr ? d : "";
-}
-
-struct Bins {
-  std::string worker, server, coordinator, launch;
-};
-
-Bins FindBins() {
-  const fs::path b = BuildDir();
-  return {(b / "client/worker/downpour-worker").string(), (b / "server/downpour-server").string(),
-          (b / "server/downpour-coordinator").string(), (b / "server/downpour-launch").string()};
-}
-
 class TrainProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
-    bins_ = FindBins();
-    for (const auto& p : {bins_.worker, bins_.server, bins_.coordinator, bins_.launch})
-      ASSERT_TRUE(fs::exists(p)) << p << " not built";
-    dir_ = fs::temp_directory_path() /
-           fmt::format("train_mp_{}_{}", ::testing::UnitTest::GetInstance()->current_test_info()->name(), getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
+      ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
+    dir_ = test::ScratchDir("train_mp");
   }
   void TearDown() override {
-    for (pid_t pid : children_) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // The run config text. Ports are unique per test (tests may run in parallel).
+  // The run config text; the coordinator and servers take ports free on this machine now.
   std::string Config(const std::string& model, const std::string& mode, int workers, int servers, int batch,
-                     int steps, int port, double lr, int test_batches) {
+                     int steps, double lr, int test_batches) {
+    const int port = test::FreePortRange(1 + servers);
     return fmt::format(R"([run]
 seed = 3
 [model]
@@ -108,134 +83,53 @@ test_batches = {}
 [checkpoint]
 every_updates = 0
 )",
-                       model, servers, workers, port, port + 10, lr, mode, batch, steps, kFmnist, kFmnist, test_batches);
+                       model, servers, workers, port, port + 1, lr, mode, batch, steps, kFmnist, kFmnist, test_batches);
   }
 
   std::string Write(const std::string& name, const std::string& text) {
-    const std::string p = (dir_ / name).string();
-    std::ofstream(p) << text;
-    return p;
+    test::WriteFile(dir_ / name, text);
+    return (dir_ / name).string();
   }
+  std::string Log(const std::string& name) { return test::ReadFile(dir_ / name); }
 
-  pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    children_.push_back(pid);
-    return pid;
-  }
-
-  // Exit status of `pid`, or -1 if it did not exit within `limit`.
-  int WaitExit(pid_t pid, std::chrono::seconds limit) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        std::erase(children_, pid);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    return -1;
-  }
-
-  std::string Log(const std::string& name) {
-    std::ifstream in(dir_ / name);
-    return std::string((std::istreambuf_iterator<char>(in)), {});
-  }
-
-  // Runs a whole job through downpour-launch; returns its exit code. With `tensors` empty the
-  // job runs as users run it (no --tensors, no --worker-cmd; `worker_flags` must be empty).
+  // Runs a whole job through downpour-launch as users run it (it finds its sibling programs in
+  // the build tree); with `tensors` given, the workers are `downpour-worker --quiet
+  // <worker_flags>` through --worker-cmd. Returns the launcher's exit code.
   int Launch(const std::string& config, const std::string& run_dir, const std::string& tensors,
              const std::string& worker_flags) {
-    const fs::path bin = dir_ / "bin";
-    fs::create_directories(bin);
-    for (const auto& p : {bins_.worker, bins_.server, bins_.coordinator, bins_.launch})
-      fs::create_symlink(p, bin / fs::path(p).filename());
-    std::vector<std::string> argv = {bins_.launch, "--bin-dir", bin.string(), "--config", config, "--run-dir", run_dir};
+    std::vector<std::string> argv = {test::Binary("downpour-launch"), "--config", config, "--run-dir", run_dir};
     if (!tensors.empty()) {
-      argv.insert(argv.end(), {"--tensors", tensors, "--worker-cmd", bins_.worker + " --quiet " + worker_flags});
-    }  // else as users run it: the launcher asks downpour-worker for the model's tensor list
-    const pid_t pid = Spawn(argv, (dir_ / "launch.log").string());
-    return WaitExit(pid, 150s);
+      argv.insert(argv.end(), {"--tensors", tensors, "--worker-cmd",
+                               test::Binary("downpour-worker") + " --quiet " + worker_flags});
+    }  // else the launcher asks downpour-worker for the model's tensor list
+    test::Child launcher(argv, dir_ / "launch.log");
+    return launcher.WaitExit(150s);
   }
 
   std::string Tensors(const std::string& config) {
     const std::string out = (dir_ / "tensors.txt").string();
-    const pid_t pid = Spawn({bins_.worker, "--config", config, "--write-tensors", out}, (dir_ / "tensors.log").string());
-    EXPECT_EQ(WaitExit(pid, 30s), 0) << Log("tensors.log");
+    std::string log;
+    EXPECT_EQ(test::RunCommand({test::Binary("downpour-worker"), "--config", config, "--write-tensors", out}, &log),
+              0)
+        << log;
     return out;
   }
 
-  // The `event` records of <run_dir>/metrics/<file>.
-  std::vector<MetricRecord> MetricsOf(const std::string& run_dir, const std::string& file, const std::string& event) {
-    std::vector<MetricRecord> all, out;
-    const Status s = ReadMetrics((fs::path(run_dir) / "metrics" / file).string(), &all);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    for (auto& r : all)
-      if (r.Get("event").AsString() == event) out.push_back(std::move(r));
-    return out;
-  }
   std::vector<MetricRecord> Records(const std::string& run_dir, int worker, const std::string& event) {
-    return MetricsOf(run_dir, fmt::format("worker-{}.jsonl", worker), event);
+    return test::Metrics(run_dir, fmt::format("worker-{}.jsonl", worker), event);
   }
   std::vector<MetricRecord> ServerRecords(const std::string& run_dir, int server, const std::string& event) {
-    return MetricsOf(run_dir, fmt::format("server-{}.jsonl", server), event);
+    return test::Metrics(run_dir, fmt::format("server-{}.jsonl", server), event);
   }
 
-  void KillOneWorker(const std::string& mode, int port);
+  void KillOneWorker(const std::string& mode);
 
-  // A job started by hand: coordinator, servers and workers as separate processes, so each
-  // worker can get its own flags (the launcher gives every worker the same command).
-  struct Job {
-    pid_t coordinator = -1;
-    std::vector<pid_t> servers, workers;
-    std::string run;
-  };
-  Job StartJob(const std::string& cfg, const std::string& tensors, int servers,
-               const std::vector<std::vector<std::string>>& worker_flags) {
-    Job job;
-    job.run = (dir_ / "run").string();
-    fs::create_directories(job.run);
-    job.coordinator = Spawn({bins_.coordinator, "--config", cfg, "--run-dir", job.run, "--tensors", tensors},
-                            (dir_ / "coordinator.log").string());
-    for (int s = 0; s < servers; ++s)
-      job.servers.push_back(Spawn({bins_.server, "--config", cfg, "--id", std::to_string(s), "--run-dir", job.run,
-                                   "--tensors", tensors},
-                                  (dir_ / fmt::format("server-{}.log", s)).string()));
-    for (size_t w = 0; w < worker_flags.size(); ++w) {
-      std::vector<std::string> argv{bins_.worker, "--quiet", "--id", std::to_string(w), "--config", cfg,
-                                    "--run-dir", job.run};
-      argv.insert(argv.end(), worker_flags[w].begin(), worker_flags[w].end());
-      job.workers.push_back(Spawn(argv, (dir_ / fmt::format("worker-{}.log", w)).string()));
-    }
-    return job;
-  }
-  // SIGTERM servers and coordinator (they exit cleanly, writing their last metrics) and reap.
-  void StopJob(const Job& job) {
-    for (pid_t p : job.servers) kill(p, SIGTERM);
-    kill(job.coordinator, SIGTERM);
-    for (pid_t p : job.servers) EXPECT_EQ(WaitExit(p, 20s), 0);
-    EXPECT_GE(WaitExit(job.coordinator, 20s), 0);
-  }
   // Runs 2 workers x 2 servers of the tiny net in `mode`, worker 1 a straggler; returns the
   // largest "ahead" (pull clock − slowest live clock) of worker 0's pulls over both servers'
   // logs, and checks what holds in every mode.
-  int64_t StragglerRun(const std::string& mode, int port, int64_t* max_wait_ms_worker0, int64_t* pulls_at_bound);
+  int64_t StragglerRun(const std::string& mode, int64_t* max_wait_ms_worker0, int64_t* pulls_at_bound);
 
-  Bins bins_;
   fs::path dir_;
-  std::vector<pid_t> children_;
 };
 
 // A small net without dropout (a doubled batch must see the same computation) for 28×28×1.
@@ -277,15 +171,17 @@ top = ["loss"]
 TEST_F(TrainProcessTest, SyncTwoWorkersEqualsOneProcessWithDoubledBatch) {
   const std::string model = Write("tiny.toml", kTinyNet);
   constexpr int kSteps = 6, kBatch = 16;
-  const std::string sync_cfg = Write("sync.toml", Config(model, "sync", 2, 2, kBatch, kSteps, 7310, 0.05, 2));
-  const std::string local_cfg = Write("local.toml", Config(model, "async", 1, 1, 2 * kBatch, kSteps, 7330, 0.05, 2));
+  const std::string sync_cfg = Write("sync.toml", Config(model, "sync", 2, 2, kBatch, kSteps, 0.05, 2));
+  const std::string local_cfg = Write("local.toml", Config(model, "async", 1, 1, 2 * kBatch, kSteps, 0.05, 2));
   const std::string sync_dir = (dir_ / "sync").string(), local_dir = (dir_ / "local").string();
 
   ASSERT_EQ(Launch(sync_cfg, sync_dir, Tensors(sync_cfg), "--no-shuffle"), 0) << Log("launch.log");
-  const pid_t local = Spawn({bins_.worker, "--local", "--quiet", "--no-shuffle", "--config", local_cfg, "--run-dir",
-                             local_dir},
-                            (dir_ / "local.log").string());
-  ASSERT_EQ(WaitExit(local, 60s), 0) << Log("local.log");
+  std::string local_log;
+  ASSERT_EQ(test::RunCommand({test::Binary("downpour-worker"), "--local", "--quiet", "--no-shuffle", "--config",
+                              local_cfg, "--run-dir", local_dir},
+                             &local_log, 60s),
+            0)
+      << local_log;
 
   TensorFile a, b;
   ASSERT_TRUE(ReadTensorFile(sync_dir + "/model_final.dpt", &a).ok());
@@ -299,9 +195,18 @@ TEST_F(TrainProcessTest, SyncTwoWorkersEqualsOneProcessWithDoubledBatch) {
       ASSERT_NEAR(x, y, 2e-5f + 2e-4f * std::fabs(y)) << a.tensors[t].name << "[" << i << "]";
     }
   }
-  // Sanity: both runs trained (the final loss is below the initial ln(10) ≈ 2.30).
+  // Sanity: both runs trained — the final test loss of each is finite and below ln(10) ≈ 2.3026,
+  // the loss of a net that knows nothing (a NaN fails these comparisons).
   const auto steps = Records(local_dir, 0, "step");
   ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  for (const std::string& run : {sync_dir, local_dir}) {
+    const auto evals = Records(run, 0, "eval");
+    ASSERT_FALSE(evals.empty()) << run;
+    ASSERT_TRUE(evals.back().Get("final").AsBool()) << run;
+    const double loss = evals.back().Get("test_loss").AsDouble();
+    EXPECT_TRUE(std::isfinite(loss)) << run;
+    EXPECT_LT(loss, std::log(10.0)) << run << ": the net did not learn";
+  }
   // Every sync push carried the clock: the servers saw exactly kSteps clocks per worker.
   for (int w = 0; w < 2; ++w) {
     const auto done = Records(sync_dir, w, "done");
@@ -311,8 +216,8 @@ TEST_F(TrainProcessTest, SyncTwoWorkersEqualsOneProcessWithDoubledBatch) {
 }
 
 TEST_F(TrainProcessTest, AsyncFourWorkersConverge) {
-  const std::string model = (fs::path(DOWNPOUR_SOURCE_DIR) / "configs/models/fmnist_small.toml").string();
-  const std::string cfg = Write("async.toml", Config(model, "async", 4, 2, 64, 120, 7350, 0.01, 20));
+  const std::string model = test::SourcePath("configs/models/fmnist_small.toml");
+  const std::string cfg = Write("async.toml", Config(model, "async", 4, 2, 64, 120, 0.01, 20));
   const std::string run = (dir_ / "run").string();
   // No --tensors: the launcher derives the tensor list from the model config (the way users run it).
   ASSERT_EQ(Launch(cfg, run, "", ""), 0) << Log("launch.log");
@@ -340,7 +245,7 @@ TEST_F(TrainProcessTest, AsyncFourWorkersConverge) {
 
 TEST_F(TrainProcessTest, LauncherNamesAMissingModelConfigAndStartsNothing) {
   const std::string missing = (dir_ / "no_such_model.toml").string();
-  const std::string cfg = Write("bad.toml", Config(missing, "async", 2, 2, 16, 5, 7450, 0.01, 1));
+  const std::string cfg = Write("bad.toml", Config(missing, "async", 2, 2, 16, 5, 0.01, 1));
   const std::string run = (dir_ / "run").string();
   EXPECT_EQ(Launch(cfg, run, "", ""), 2);
   const std::string log = Log("launch.log");
@@ -352,12 +257,11 @@ TEST_F(TrainProcessTest, LauncherNamesAMissingModelConfigAndStartsNothing) {
 // Starts coordinator + 2 servers + 2 workers by hand (the launcher stops a job when any child
 // fails, which is the opposite of what this test needs), SIGKILLs worker 1 once it has taken
 // some steps, and expects worker 0 to finish all its steps.
-void TrainProcessTest::KillOneWorker(const std::string& mode, int port) {
-  const std::string model = (fs::path(DOWNPOUR_SOURCE_DIR) / "configs/models/fmnist_small.toml").string();
-  const std::string cfg = Write("cfg.toml", Config(model, mode, 2, 2, 32, 300, port, 0.01, 5));
-  const Job job = StartJob(cfg, Tensors(cfg), 2, {{}, {}});
-  const std::string& run = job.run;
-  const std::vector<pid_t>& workers = job.workers;
+void TrainProcessTest::KillOneWorker(const std::string& mode) {
+  const std::string model = test::SourcePath("configs/models/fmnist_small.toml");
+  const std::string cfg = Write("cfg.toml", Config(model, mode, 2, 2, 32, 300, 0.01, 5));
+  const std::string run = (dir_ / "run").string();
+  test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}}});
   // Wait (bounded) until worker 1 has logged 20 steps, then kill it without warning.
   const auto metrics = fs::path(run) / "metrics" / "worker-1.jsonl";
   bool killed = false;
@@ -367,44 +271,44 @@ void TrainProcessTest::KillOneWorker(const std::string& mode, int port) {
       int steps = 0;
       for (const auto& r : recs) steps += r.Get("event").AsString() == "step";
       if (steps >= 20) {
-        ASSERT_EQ(kill(workers[1], SIGKILL), 0);
+        job.worker(1).Signal(SIGKILL);
         killed = true;
       }
     }
     std::this_thread::sleep_for(100ms);
   }
-  ASSERT_TRUE(killed) << "worker 1 never reached 20 steps:\n" << Log("worker-1.log");
-  EXPECT_EQ(WaitExit(workers[1], 10s), 128 + SIGKILL);
-  EXPECT_EQ(WaitExit(workers[0], 150s), 0) << Log("worker-0.log") << Log("server-0.log");
+  ASSERT_TRUE(killed) << "worker 1 never reached 20 steps:\n" << job.Log("worker-1");
+  EXPECT_EQ(job.worker(1).WaitExit(10s), 128 + SIGKILL);
+  EXPECT_EQ(job.worker(0).WaitExit(150s), 0) << job.Log("worker-0") << job.Log("server-0");
   const auto done = Records(run, 0, "done");
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].Get("steps").AsInt(), 300);
-  StopJob(job);
+  EXPECT_TRUE(job.Stop());
   // The coordinator's own log of membership: both servers and both workers registered, and in
   // sync (where the run had to wait for it) worker 1 was declared dead.
-  EXPECT_EQ(MetricsOf(run, "coordinator.jsonl", "server_registered").size(), 2u);
-  EXPECT_EQ(MetricsOf(run, "coordinator.jsonl", "worker_registered").size(), 2u);
+  EXPECT_EQ(test::Metrics(run, "coordinator.jsonl", "server_registered").size(), 2u);
+  EXPECT_EQ(test::Metrics(run, "coordinator.jsonl", "worker_registered").size(), 2u);
   int dead1 = 0;
-  for (const auto& r : MetricsOf(run, "coordinator.jsonl", "worker_dead")) dead1 += r.Get("who").AsInt() == 1;
+  for (const auto& r : test::Metrics(run, "coordinator.jsonl", "worker_dead")) dead1 += r.Get("who").AsInt() == 1;
   if (mode == "sync") {
     EXPECT_EQ(dead1, 1);
   }
 }
 
-int64_t TrainProcessTest::StragglerRun(const std::string& mode, int port, int64_t* max_wait_ms_worker0,
+int64_t TrainProcessTest::StragglerRun(const std::string& mode, int64_t* max_wait_ms_worker0,
                                        int64_t* pulls_at_bound) {
   constexpr int kSteps = 40;
   const std::string model = Write("tiny.toml", kTinyNet);
-  const std::string cfg = Write("cfg.toml", Config(model, mode, 2, 2, 16, kSteps, port, 0.05, 2));
-  const Job job = StartJob(cfg, Tensors(cfg), 2, {{}, {"--step-delay-ms", "60"}});
-  for (int w = 0; w < 2; ++w)
-    EXPECT_EQ(WaitExit(job.workers[static_cast<size_t>(w)], 120s), 0) << Log(fmt::format("worker-{}.log", w));
-  StopJob(job);
+  const std::string cfg = Write("cfg.toml", Config(model, mode, 2, 2, 16, kSteps, 0.05, 2));
+  const std::string run = (dir_ / "run").string();
+  test::Job job({cfg, run, Tensors(cfg), 2, {{}, {"--step-delay-ms", "60"}}});
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
+  EXPECT_TRUE(job.Stop());
   int64_t max_ahead = -1;
   *max_wait_ms_worker0 = 0;
   *pulls_at_bound = 0;
   for (int s = 0; s < 2; ++s) {
-    const auto pulls = ServerRecords(job.run, s, "pull");
+    const auto pulls = ServerRecords(run, s, "pull");
     // Every step pulls (pull_every = 1) and worker 0 pulls once more for its final evaluation.
     EXPECT_GE(pulls.size(), static_cast<size_t>(2 * kSteps + 1)) << "server " << s;
     int no_live_worker = 0;
@@ -425,14 +329,14 @@ int64_t TrainProcessTest::StragglerRun(const std::string& mode, int port, int64_
       *max_wait_ms_worker0 = std::max(*max_wait_ms_worker0, static_cast<int64_t>(r.Get("wait_ms").AsDouble()));
     }
     EXPECT_LE(no_live_worker, 1) << "server " << s;
-    const auto end = ServerRecords(job.run, s, "server_end");
+    const auto end = ServerRecords(run, s, "server_end");
     EXPECT_EQ(end.size(), 1u) << "server " << s << " wrote no server_end";
     if (end.empty()) continue;
     EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0);
     EXPECT_EQ(end[0].Get("pushes_applied").AsInt(), end[0].Get("pushes_received").AsInt());
   }
   for (int w = 0; w < 2; ++w) {
-    const auto done = Records(job.run, w, "done");
+    const auto done = Records(run, w, "done");
     EXPECT_EQ(done.size(), 1u);
     if (!done.empty()) {
       EXPECT_EQ(done[0].Get("steps").AsInt(), kSteps);
@@ -445,7 +349,7 @@ int64_t TrainProcessTest::StragglerRun(const std::string& mode, int port, int64_
 
 TEST_F(TrainProcessTest, SspNeverLetsAWorkerRunMoreThanBoundAhead) {
   int64_t max_wait_ms = 0, at_bound = 0;
-  const int64_t max_ahead = StragglerRun("ssp:2", 7410, &max_wait_ms, &at_bound);
+  const int64_t max_ahead = StragglerRun("ssp:2", &max_wait_ms, &at_bound);
   // The guarantee, from the servers' own logs: no pull was served more than 2 clocks ahead.
   EXPECT_LE(max_ahead, 2);
   // And the bound was what held worker 0 back (not luck): it reached the bound and waited.
@@ -458,13 +362,13 @@ TEST_F(TrainProcessTest, AsyncLetsAFastWorkerRunAheadOfAStraggler) {
   // Negative control for the ssp test: the same job in async mode runs far past the bound, so
   // the ssp assertion above measures the policy, not the timing of the run.
   int64_t max_wait_ms = 0, at_bound = 0;
-  const int64_t max_ahead = StragglerRun("async", 7430, &max_wait_ms, &at_bound);
+  const int64_t max_ahead = StragglerRun("async", &max_wait_ms, &at_bound);
   EXPECT_GE(max_ahead, 6);
   EXPECT_LT(max_wait_ms, 1000);  // async never holds a pull back (only loop latency)
 }
 
-TEST_F(TrainProcessTest, AsyncSurvivesKilledWorker) { KillOneWorker("async", 7370); }
-TEST_F(TrainProcessTest, SyncDropsKilledWorkerAfterHeartbeatTimeout) { KillOneWorker("sync", 7390); }
+TEST_F(TrainProcessTest, AsyncSurvivesKilledWorker) { KillOneWorker("async"); }
+TEST_F(TrainProcessTest, SyncDropsKilledWorkerAfterHeartbeatTimeout) { KillOneWorker("sync"); }
 
 }  // namespace
 }  // namespace downpour

@@ -1,4 +1,4 @@
-// wire_transport_test.cc — the Transport contract, run against both implementations.
+// transport_test.cc — the Transport contract, run against both implementations.
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -17,7 +17,7 @@
 
 #include "common/metrics.h"
 #include "common/run_config.h"
-#include "downpour_config.h"
+#include "tests/testing/harness.h"
 
 namespace downpour {
 namespace {
@@ -26,14 +26,12 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
+std::string Launcher() { return test::Binary("downpour-launch"); }
+
 class LaunchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           fmt::format("downpour_launch_test_{}_{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::ScratchDir("launch_test");
     // A server/coordinator stand-in: says what it got, exits 0 on SIGTERM.
     Write("serve.sh", "trap 'echo stopping; exit 0' TERM\necho \"serving $*\"\n"
                       "while :; do sleep 0.05; done\n");
@@ -41,31 +39,17 @@ class LaunchTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-  void Write(const std::string& name, const std::string& text) const {
-    std::ofstream(Path(name)) << text;
-  }
-  static std::string Slurp(const std::string& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
+  void Write(const std::string& name, const std::string& text) const { test::WriteFile(Path(name), text); }
   std::string Command(const std::string& worker_script, const std::string& extra = "") const {
     return fmt::format(
         "'{}' --config '{}/configs/runs/default.toml' --run-dir '{}' --grace-ms 2000 "
         "--timeout-s 60 --coordinator-cmd '/bin/sh {}' --server-cmd '/bin/sh {}' "
         "--worker-cmd '/bin/sh {}' {}",
-        DOWNPOUR_LAUNCH_BIN, DOWNPOUR_SOURCE_DIR, Path("run"), Path("serve.sh"), Path("serve.sh"),
+        Launcher(), test::SourcePath(""), Path("run"), Path("serve.sh"), Path("serve.sh"),
         Path(worker_script), extra);
   }
   // Runs a shell command; returns its exit code and its stdout+stderr.
-  static int Run(const std::string& cmd, std::string* output) {
-    FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-    if (!p) return -1;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
-    const int status = ::pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
+  static int Run(const std::string& cmd, std::string* output) { return test::RunShell(cmd, output); }
 
   fs::path dir_;
 };
@@ -88,12 +72,12 @@ TEST_F(LaunchTest, RunsAJobAndFillsTheRunDirectory) {
   // The stored config is the example plus the overrides, and loads.
   RunConfig stored, example;
   ASSERT_TRUE(LoadRunConfig(run + "/config.toml", &stored).ok());
-  ASSERT_TRUE(LoadRunConfig(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/runs/default.toml", &example).ok());
+  ASSERT_TRUE(LoadRunConfig(test::SourcePath("configs/runs/default.toml"), &example).ok());
   example.cluster.servers = 3;
   example.cluster.workers = 2;
   EXPECT_EQ(stored, example);
   // One raw log per child.
-  EXPECT_EQ(Slurp(run + "/logs/worker-0.log"),
+  EXPECT_EQ(test::ReadFile(run + "/logs/worker-0.log"),
             fmt::format("worker args: --id 0 --config {0}/config.toml --run-dir {0}\nfinished\n", run));
   for (const char* log : {"coordinator.log", "server-0.log", "server-1.log", "server-2.log", "worker-1.log"}) {
     EXPECT_TRUE(fs::exists(run + "/logs/" + log)) << log;
@@ -120,12 +104,12 @@ TEST_F(LaunchTest, FailingWorkerStopsEverythingAndSetsTheExitCode) {
 
 TEST_F(LaunchTest, BadInputGivesOneClearError) {
   std::string out;
-  EXPECT_EQ(Run(fmt::format("'{}' --config /nonexistent/run.toml", DOWNPOUR_LAUNCH_BIN), &out), 2);
+  EXPECT_EQ(Run(fmt::format("'{}' --config /nonexistent/run.toml", Launcher()), &out), 2);
   EXPECT_THAT(out, HasSubstr("/nonexistent/run.toml"));
   out.clear();
   // Missing binary (no override, empty --bin-dir): names the program and the way out.
   EXPECT_EQ(Run(fmt::format("'{}' --config '{}/configs/runs/default.toml' --run-dir '{}' --bin-dir '{}'",
-                            DOWNPOUR_LAUNCH_BIN, DOWNPOUR_SOURCE_DIR, Path("run"), Path("empty")),
+                            Launcher(), test::SourcePath(""), Path("run"), Path("empty")),
                 &out),
             2);
   EXPECT_THAT(out, HasSubstr("downpour-coordinator not found"));

@@ -1,4 +1,4 @@
-// wire_codec_test.cc — one round trip per message type; bad header bytes give an error Status.
+// codec_test.cc — one round trip per message type; bad header bytes give an error Status.
 #include <gtest/gtest.h>
 
 #include <random>

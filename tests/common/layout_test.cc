@@ -1,4 +1,4 @@
-// wire_layout_test.cc — the parameter layout: balance, coverage, determinism, hash.
+// layout_test.cc — the parameter layout: balance, coverage, determinism, hash.
 #include <gtest/gtest.h>
 
 #include <vector>

@@ -1,0 +1,213 @@
+// harness.cc — see harness.h.
+#include "tests/testing/harness.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "downpour_config.h"
+
+namespace downpour::test {
+
+using namespace std::chrono_literals;
+
+std::string BuildDir() {
+  const char* d = std::getenv("DOWNPOUR_BUILD_DIR");
+  return d != nullptr ? d : DOWNPOUR_BINARY_DIR;
+}
+
+std::string SourcePath(const std::string& relative) { return (fs::path(DOWNPOUR_SOURCE_DIR) / relative).string(); }
+
+std::string Binary(const std::string& name) {
+  static const std::pair<const char*, const char*> kWhere[] = {
+      {"downpour-worker", "client/worker"}, {"downpour-time", "client/engine"}, {"downpour-test", "client/worker"},
+      {"downpour-caffe", "client/caffe"},   {"downpour-data", "data"},
+  };
+  for (const auto& [program, dir] : kWhere) {
+    if (name == program) return (fs::path(BuildDir()) / dir / name).string();
+  }
+  return (fs::path(BuildDir()) / "server" / name).string();  // launcher, server, coordinator
+}
+
+fs::path ScratchDir(const std::string& prefix) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info != nullptr ? fmt::format("{}_{}", info->test_suite_name(), info->name()) : "none";
+  for (char& c : name) {
+    if (c == '/') c = '_';
+  }
+  const fs::path dir = fs::temp_directory_path() / fmt::format("{}_{}_{}", prefix, name, ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+namespace {
+
+bool PortFree(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+int FreePort() { return FreePortRange(1); }
+
+int FreePortRange(int count) {
+  static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(std::random_device{}()));
+  std::uniform_int_distribution<int> pick(20000, 60000 - count);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int first = pick(rng);
+    bool all = true;
+    for (int p = first; p < first + count && all; ++p) all = PortFree(p);
+    if (all) return first;
+  }
+  ADD_FAILURE() << "no " << count << " consecutive free ports on 127.0.0.1";
+  return 0;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) ADD_FAILURE() << "cannot write " << path;
+}
+
+std::string WaitForWord(const fs::path& path, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    std::ifstream f(path);
+    std::string word;
+    if (f >> word && !word.empty()) return word;
+    std::this_thread::sleep_for(20ms);
+  }
+  return "";
+}
+
+Child::Child(const std::vector<std::string>& argv, const fs::path& log) {
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+}
+
+Child::~Child() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+void Child::Signal(int sig) const {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+int Child::WaitExit(std::chrono::milliseconds limit) {
+  if (pid_ <= 0) return -1;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  do {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(10ms);
+  } while (std::chrono::steady_clock::now() < until);
+  return -1;
+}
+
+int RunCommand(const std::vector<std::string>& argv, std::string* output, std::chrono::seconds limit) {
+  char path[] = "/tmp/downpour_test_output_XXXXXX";
+  const int fd = ::mkstemp(path);
+  if (fd < 0) return -1;
+  ::close(fd);
+  int code = -1;
+  {
+    Child child(argv, path);
+    code = child.WaitExit(limit);
+  }  // a child past its limit is killed here
+  if (output != nullptr) *output = ReadFile(path);
+  ::unlink(path);
+  return code;
+}
+
+int RunShell(const std::string& command, std::string* output, std::chrono::seconds limit) {
+  return RunCommand({"/bin/sh", "-c", command}, output, limit);
+}
+
+std::vector<MetricRecord> Metrics(const fs::path& run_dir, const std::string& file, const std::string& event) {
+  std::vector<MetricRecord> all, out;
+  const Status s = ReadMetrics((run_dir / "metrics" / file).string(), &all);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  for (auto& r : all) {
+    if (r.Get("event").AsString() == event) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Job::Job(const JobSpec& spec) : spec_(spec) {
+  const fs::path logs = spec.run_dir / "logs";
+  fs::create_directories(logs);
+  const std::string run = spec.run_dir.string();
+  coordinator_ = std::make_unique<Child>(
+      std::vector<std::string>{Binary("downpour-coordinator"), "--config", spec.config, "--run-dir", run, "--tensors",
+                               spec.tensors},
+      logs / "coordinator.log");
+  for (int s = 0; s < spec.servers; ++s) {
+    servers_.push_back(std::make_unique<Child>(
+        std::vector<std::string>{Binary("downpour-server"), "--config", spec.config, "--id", std::to_string(s),
+                                 "--run-dir", run, "--tensors", spec.tensors},
+        logs / fmt::format("server-{}.log", s)));
+  }
+  for (size_t w = 0; w < spec.workers.size(); ++w) {
+    std::vector<std::string> argv{Binary("downpour-worker"), "--quiet", "--id", std::to_string(w), "--config",
+                                  spec.config, "--run-dir", run};
+    argv.insert(argv.end(), spec.workers[w].begin(), spec.workers[w].end());
+    workers_.push_back(std::make_unique<Child>(argv, logs / fmt::format("worker-{}.log", w)));
+  }
+}
+
+std::string Job::Log(const std::string& role) const { return ReadFile(spec_.run_dir / "logs" / (role + ".log")); }
+
+bool Job::Stop(std::chrono::seconds limit) {
+  for (auto& s : servers_) s->Signal(SIGTERM);
+  coordinator_->Signal(SIGTERM);
+  bool ok = true;
+  for (auto& s : servers_) ok = s->WaitExit(limit) == 0 && ok;
+  ok = coordinator_->WaitExit(limit) == 0 && ok;
+  return ok;
+}
+
+}  // namespace downpour::test
