@@ -9,6 +9,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <type_traits>
 #include <set>
 #include <sstream>
@@ -60,8 +61,10 @@ std::string NodeText(const toml::node& node) {
 // reject the rest. A missing table (nullptr) reads as all defaults.
 class TableReader {
  public:
-  TableReader(const toml::table* table, std::string_view name, const std::string& source)
-      : table_(table), name_(name), source_(source) {}
+  // `overridden`: "table.key" → the --set text that gave it, so errors name the flag.
+  TableReader(const toml::table* table, std::string_view name, const std::string& source,
+              const std::map<std::string, std::string>& overridden)
+      : table_(table), name_(name), source_(source), overridden_(overridden) {}
 
   const toml::node* Get(const char* key) {
     known_.insert(key);
@@ -69,7 +72,7 @@ class TableReader {
   }
 
   Status Bad(const char* key, const toml::node& node, std::string_view why) const {
-    return InvalidArgument("{}: {}.{} = {}: {}", source_, name_, key, NodeText(node), why);
+    return InvalidArgument("{}: {}.{} = {}: {}", SourceOf(key), name_, key, NodeText(node), why);
   }
 
   template <typename T>
@@ -134,7 +137,7 @@ class TableReader {
     if (!table_) return Status::Ok();
     for (const auto& [k, v] : *table_) {
       if (!known_.count(std::string(k.str()))) {
-        return InvalidArgument("{}: unknown key {}.{} = {} (known keys: {})", source_, name_,
+        return InvalidArgument("{}: unknown key {}.{} = {} (known keys: {})", SourceOf(k.str()), name_,
                                k.str(), NodeText(v), fmt::join(known_, ", "));
       }
     }
@@ -142,9 +145,15 @@ class TableReader {
   }
 
  private:
+  std::string SourceOf(std::string_view key) const {
+    const auto it = overridden_.find(fmt::format("{}.{}", name_, key));
+    return it == overridden_.end() ? source_ : fmt::format("--set {}", it->second);
+  }
+
   const toml::table* table_;
   std::string name_;
   const std::string& source_;
+  const std::map<std::string, std::string>& overridden_;
   std::set<std::string> known_;
 };
 
@@ -298,15 +307,18 @@ Status ReadCheckpoint(TableReader& r, CheckpointConfig* c) {
 // One range rule: "<source>: <table.key> = <value>: <why>".
 class Validator {
  public:
-  explicit Validator(const std::string& source) : source_(source) {}
+  Validator(const std::string& source, const std::map<std::string, std::string>& overridden)
+      : source_(source), overridden_(overridden) {}
 
   template <typename T>
   Validator& Check(bool ok, std::string_view field, const T& value, std::string_view why) {
     if (ok || !status_.ok()) return *this;
+    const auto it = overridden_.find(std::string(field));
+    const std::string source = it == overridden_.end() ? source_ : fmt::format("--set {}", it->second);
     if constexpr (std::is_same_v<T, std::string>) {
-      status_ = InvalidArgument("{}: {} = {}: {}", source_, field, Quote(value), why);
+      status_ = InvalidArgument("{}: {} = {}: {}", source, field, Quote(value), why);
     } else {
-      status_ = InvalidArgument("{}: {} = {}: {}", source_, field, value, why);
+      status_ = InvalidArgument("{}: {} = {}: {}", source, field, value, why);
     }
     return *this;
   }
@@ -314,8 +326,36 @@ class Validator {
 
  private:
   const std::string& source_;
+  const std::map<std::string, std::string>& overridden_;
   Status status_;
 };
+
+// Applies one "table.key=value" override to the parsed file. The value is TOML (7, 0.5, true,
+// "text", [1, 2]); text that is not valid TOML is taken as a bare string (gpu:0, /data/x).
+Status ApplyOverride(const std::string& text, toml::table* root, std::map<std::string, std::string>* overridden) {
+  const size_t eq = text.find('=');
+  const std::string key = eq == std::string::npos ? text : text.substr(0, eq);
+  const size_t dot = key.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot == 0 || dot + 1 == key.size() ||
+      key.find('.', dot + 1) != std::string::npos) {
+    return InvalidArgument("--set {}: expected section.key=value, e.g. --set worker.steps=500", text);
+  }
+  const std::string table = key.substr(0, dot), name = key.substr(dot + 1), value = text.substr(eq + 1);
+  toml::node_view<toml::node> existing = (*root)[table];
+  if (existing && !existing.is_table()) {
+    return InvalidArgument("--set {}: '{}' is not a table in the config", text, table);
+  }
+  if (!existing) root->insert(table, toml::table{});
+  toml::table& t = *(*root)[table].as_table();
+  try {
+    toml::table parsed = toml::parse("v = " + value);
+    t.insert_or_assign(name, std::move(*parsed.get("v")));
+  } catch (const toml::parse_error&) {
+    t.insert_or_assign(name, value);
+  }
+  (*overridden)[key] = text;
+  return Status::Ok();
+}
 
 // host:port with a non-empty host and a port in 1..65535.
 bool IsHostPort(const std::string& s) {
@@ -368,8 +408,11 @@ std::string DeviceString(const WorkerConfig& w) {
   return w.device == DeviceKind::kCpu ? std::string("cpu") : fmt::format("gpu:{}", w.gpu_index);
 }
 
-Status ValidateRunConfig(const RunConfig& c, const std::string& src) {
-  Validator v(src);
+Status ValidateRunConfig(const RunConfig& c, const std::string& src) { return ValidateRunConfig(c, src, {}); }
+
+Status ValidateRunConfig(const RunConfig& c, const std::string& src,
+                         const std::map<std::string, std::string>& overridden) {
+  Validator v(src, overridden);
   const auto& cl = c.cluster;
   const auto& so = c.solver;
   const auto& co = c.consistency;
@@ -456,6 +499,11 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src) {
 }
 
 Status ParseRunConfig(std::string_view toml_text, const std::string& source_name, RunConfig* out) {
+  return ParseRunConfig(toml_text, source_name, {}, out);
+}
+
+Status ParseRunConfig(std::string_view toml_text, const std::string& source_name, const std::vector<std::string>& sets,
+                      RunConfig* out) {
   toml::table root;
   try {
     root = toml::parse(toml_text, source_name);
@@ -464,6 +512,8 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
     return InvalidArgument("{}:{}:{}: TOML syntax error: {}", source_name, where.line,
                            where.column, e.description());
   }
+  std::map<std::string, std::string> overridden;  // "table.key" → the --set text
+  for (const std::string& set : sets) DP_RETURN_IF_ERROR(ApplyOverride(set, &root, &overridden));
   RunConfig c;
   struct Section {
     const char* name;
@@ -484,10 +534,14 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
     bool known = false;
     for (const Section& s : sections) known = known || key.str() == s.name;
     if (!known) {
+      std::string source = source_name;
+      for (const auto& [k, text] : overridden) {
+        if (k.starts_with(std::string(key.str()) + ".")) source = "--set " + text;
+      }
       return InvalidArgument(
           "{}: unknown {} '{}' (known tables: run, model, cluster, solver, consistency, worker, "
           "data, eval, checkpoint)",
-          source_name, node.is_table() ? "table" : "top-level key", key.str());
+          source, node.is_table() ? "table" : "top-level key", key.str());
     }
     if (!node.is_table()) {
       return InvalidArgument("{}: '{}' = {} must be a table [{}]", source_name, key.str(),
@@ -495,21 +549,23 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
     }
   }
   for (const Section& s : sections) {
-    TableReader reader(root[s.name].as_table(), s.name, source_name);
+    TableReader reader(root[s.name].as_table(), s.name, source_name, overridden);
     DP_RETURN_IF_ERROR(s.read(reader));
   }
-  DP_RETURN_IF_ERROR(ValidateRunConfig(c, source_name));
+  DP_RETURN_IF_ERROR(ValidateRunConfig(c, source_name, overridden));
   *out = std::move(c);
   return Status::Ok();
 }
 
-Status LoadRunConfig(const std::string& path, RunConfig* out) {
+Status LoadRunConfig(const std::string& path, RunConfig* out) { return LoadRunConfig(path, {}, out); }
+
+Status LoadRunConfig(const std::string& path, const std::vector<std::string>& sets, RunConfig* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("{}: cannot open run config: {}", path, std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return IoError("{}: read failed", path);
-  return ParseRunConfig(text.str(), path, out);
+  return ParseRunConfig(text.str(), path, sets, out);
 }
 
 std::string ToToml(const RunConfig& c) {

@@ -15,10 +15,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/device.h"
 #include "common/status.h"
 
 namespace downpour {
@@ -98,8 +100,6 @@ struct ConsistencyConfig {
 // "async", "sync" or "ssp:<s>".
 std::string ConsistencyModeString(const ConsistencyConfig& c);
 
-enum class DeviceKind { kCpu, kGpu };
-
 // [worker] — the training loop of one worker.
 struct WorkerConfig {
   int batch_size = 64;          // images per step (>= 1)
@@ -172,11 +172,21 @@ struct RunConfig {
 
 // Reads and validates the TOML file at `path`. On error `out` is unspecified.
 Status LoadRunConfig(const std::string& path, RunConfig* out);
+// Same, with command-line overrides applied to the file before it is read: each entry is
+// "section.key=value" (--set), the value TOML (7, 0.5, true, "text", [1, 2]) or, when it is not
+// valid TOML, a bare string (gpu:0, /data/train_lmdb). Overridden keys are validated like the
+// file's, and an error about one names the flag: "--set worker.steps=0: worker.steps = 0: ...".
+Status LoadRunConfig(const std::string& path, const std::vector<std::string>& sets, RunConfig* out);
 // Same, from text; `source_name` names the text in errors (usually the file path).
 Status ParseRunConfig(std::string_view toml_text, const std::string& source_name, RunConfig* out);
+Status ParseRunConfig(std::string_view toml_text, const std::string& source_name,
+                      const std::vector<std::string>& sets, RunConfig* out);
 // Checks cross-field rules (e.g. backup_workers < workers) of a config built or modified in
-// code, such as after the launcher's --servers/--workers overrides.
+// code, such as after the launcher's --servers/--workers overrides. `overridden` maps
+// "table.key" to the --set text that gave it (errors then name the flag).
 Status ValidateRunConfig(const RunConfig& config, const std::string& source_name);
+Status ValidateRunConfig(const RunConfig& config, const std::string& source_name,
+                         const std::map<std::string, std::string>& overridden);
 // Every field, as TOML that ParseRunConfig reads back to an equal RunConfig (the run
 // directory stores the config used this way).
 std::string ToToml(const RunConfig& config);

@@ -2,7 +2,7 @@
 // inspect an LMDB, compute its mean image. A thin main over data/convert.h, mean_file.h.
 //
 //   downpour-data convert-idx --images X --labels Y --out DIR [--shards N] [--shuffle --seed S]
-//   downpour-data convert-cifar --batch data_batch_1.bin ... --out DIR [--shards N]
+//   downpour-data convert-cifar data_batch_1.bin ... --out DIR [--shards N]
 //   downpour-data convert-folder --root R --list L --out DIR [--resize 256] [--shuffle]
 //                                [--encoded jpg|png] [--gray] [--shards N]
 //   downpour-data inspect DB [--sheet out.png] [--sheet-images 64]
@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/cli.h"
 #include "data/convert.h"
 #include "data/mean_file.h"
 
@@ -19,13 +20,13 @@ namespace {
 
 using downpour::Status;
 using namespace downpour::data;
+namespace cli = downpour::cli;
 
+// Bad input named on the command line (a missing file, a bad value) exits 2, a failure while
+// reading or writing (a corrupt record, a full disk) 1 (common/cli.h).
 int Report(const Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "downpour-data: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  if (s.ok()) return cli::kExitOk;
+  return cli::Fail("downpour-data", s, cli::SetupExitCode(s));
 }
 
 void PrintLabels(const std::map<int, int64_t>& counts) {
@@ -49,10 +50,9 @@ void AddConvertFlags(CLI::App* cmd, ConvertOptions* o) {
   cmd->add_option("--seed", o->seed, "shuffle seed");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"downpour-data: LMDB datasets of Caffe Datum records"};
+  cli::AddStandardFlags(&app, "downpour-data");
   app.require_subcommand(1);
 
   ConvertOptions idx_opts;
@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
   ConvertOptions cifar_opts;
   std::vector<std::string> cifar_batches;
   auto* cifar = app.add_subcommand("convert-cifar", "CIFAR-10 binary batches -> LMDB");
-  cifar->add_option("--batch,batches", cifar_batches, "data_batch_*.bin files")->required();
+  cifar->add_option("batches", cifar_batches, "CIFAR-10 binary batch files (data_batch_*.bin, test_batch.bin)")
+      ->required();
   AddConvertFlags(cifar, &cifar_opts);
 
   ConvertOptions folder_opts;
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
   mean->add_option("db", mean_db, "LMDB directory")->required();
   mean->add_option("--out", mean_out, "mean file to write")->required();
 
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = cli::Parse(app, argc, argv)) return *code;
 
   ConvertReport report;
   if (*idx) return PrintConvert(ConvertIdx(idx_images, idx_labels, idx_opts, &report), report);
@@ -114,7 +115,7 @@ int main(int argc, char** argv) {
     PrintLabels(r.label_counts);
     if (r.bad > 0) fmt::print("first bad record: {}\n", r.first_bad);
     if (!sheet.empty()) fmt::print("contact sheet: {}\n", sheet);
-    return r.bad > 0 ? 2 : 0;
+    return r.bad > 0 ? cli::kExitFailure : cli::kExitOk;
   }
   if (*mean) {
     MeanImage m;
@@ -127,5 +128,11 @@ int main(int argc, char** argv) {
                avg / static_cast<double>(m.values.size()), mean_out);
     return 0;
   }
-  return 1;
+  return cli::kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return cli::Main("downpour-data", [&] { return Run(argc, argv); });
 }

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/cli.h"
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/run_config.h"
@@ -29,7 +30,9 @@ struct Flags {
   int port = -1;
 };
 
-Status Run(const Flags& f) {
+// `*serving` turns true once setup (config, tensor list, layout, bind) is done: an error before
+// that is a usage or config error (exit 2 for bad input), after it a runtime failure (exit 1).
+Status Run(const Flags& f, bool* serving) {
   RunConfig cfg;
   DP_RETURN_IF_ERROR(LoadRunConfig(f.config, &cfg));
   std::vector<TensorSpec> specs;
@@ -67,6 +70,7 @@ Status Run(const Flags& f) {
   spdlog::info("coordinator: {} servers, {} workers, layout hash {:#018x}, listening on {}", o.servers,
                o.workers, o.layout_hash, address);
 
+  *serving = true;
   Status serve_status;
   std::thread loop([&] { serve_status = coordinator.Serve(endpoint.get()); });
   std::atomic<bool> done{false};
@@ -91,19 +95,23 @@ Status Run(const Flags& f) {
 }  // namespace downpour
 
 int main(int argc, char** argv) {
+  namespace cli = downpour::cli;
   downpour::BlockStopSignals();
   downpour::Flags f;
   CLI::App app{"downpour-coordinator: rendezvous, heartbeats, shutdown"};
-  app.add_option("--config", f.config, "run config (TOML)")->required();
+  cli::AddStandardFlags(&app, "downpour-coordinator");
+  app.add_option("-c,--config", f.config, "run config (TOML)")->required();
   app.add_option("--run-dir", f.run_dir, "run directory (address file)")->required();
   app.add_option("--tensors", f.tensors, "tensor list file: '<name> <d0>x<d1>.. [lr_mult [decay_mult]]' per line");
   app.add_option("--model", f.model, "built-in tensor list: alexnet-shapes");
-  app.add_option("--port", f.port, "port to bind (default: cluster.coordinator's; 0 = any free port)");
-  CLI11_PARSE(app, argc, argv);
-  downpour::Status s = downpour::Run(f);
-  if (!s.ok()) {
+  app.add_option("--port", f.port, "port to bind (default: cluster.coordinator's; 0 = any free port)")
+      ->check(cli::Between(0, 65535));
+  if (const auto code = cli::Parse(app, argc, argv)) return *code;
+  return cli::Main("downpour-coordinator", [&] {
+    bool serving = false;
+    const downpour::Status s = downpour::Run(f, &serving);
+    if (s.ok()) return cli::kExitOk;
     spdlog::error("downpour-coordinator: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+    return serving ? cli::kExitFailure : cli::SetupExitCode(s);
+  });
 }

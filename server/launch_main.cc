@@ -37,6 +37,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/cli.h"
 #include "common/metrics.h"
 #include "common/process_group.h"
 #include "common/run_config.h"
@@ -49,6 +50,7 @@ namespace fs = std::filesystem;
 
 struct LaunchFlags {
   std::string config;
+  std::vector<std::string> sets;  // --set section.key=value
   int servers = 0;  // 0 = from the config
   int workers = 0;  // 0 = from the config
   std::string run_dir;
@@ -181,7 +183,7 @@ Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config
 // Returns the process exit code; errors before any child starts are printed and give 2.
 int Launch(const LaunchFlags& f) {
   RunConfig cfg;
-  Status s = LoadRunConfig(f.config, &cfg);
+  Status s = LoadRunConfig(f.config, f.sets, &cfg);
   if (s.ok()) {
     if (f.servers > 0) cfg.cluster.servers = f.servers;
     if (f.workers > 0) cfg.cluster.workers = f.workers;
@@ -262,12 +264,15 @@ int Launch(const LaunchFlags& f) {
 }  // namespace downpour
 
 int main(int argc, char** argv) {
+  namespace cli = downpour::cli;
   downpour::LaunchFlags f;
   CLI::App app{"downpour-launch: start a coordinator, S servers and W workers as one job"};
-  app.add_option("--config", f.config, "run config (TOML)")->required();
-  app.add_option("--servers", f.servers, "override cluster.servers")->check(CLI::PositiveNumber);
-  app.add_option("--workers", f.workers, "override cluster.workers")->check(CLI::PositiveNumber);
-  app.add_option("--run-dir", f.run_dir, "run directory (default <run.out_dir>/<run.name>-<time>)");
+  cli::AddStandardFlags(&app, "downpour-launch");
+  app.add_option("-c,--config", f.config, "run config (TOML)")->required();
+  cli::AddSetOption(&app, &f.sets);
+  app.add_option("-s,--servers", f.servers, "override cluster.servers")->check(cli::AtLeast(1));
+  app.add_option("-w,--workers", f.workers, "override cluster.workers")->check(cli::AtLeast(1));
+  app.add_option("-o,--run-dir", f.run_dir, "run directory (default <run.out_dir>/<run.name>-<time>)");
   app.add_option("--tensors", f.tensors, "tensor list file, passed to coordinator and servers");
   app.add_option("--model", f.model, "built-in tensor list (e.g. alexnet-shapes), passed to coordinator and servers");
   app.add_option("--worker-cmd", f.worker_cmd, "shell command instead of downpour-worker (gets the same args)");
@@ -275,10 +280,10 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator-cmd", f.coordinator_cmd, "shell command instead of downpour-coordinator");
   app.add_option("--bin-dir", f.bin_dir, "where the downpour binaries are (default: next to this one)");
   app.add_option("--grace-ms", f.grace_ms, "SIGTERM -> SIGKILL grace period when stopping (ms)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::Between(0, 3600000));
   app.add_option("--timeout-s", f.timeout_s, "stop everything after this many seconds (0 = never)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1e7));
   app.add_flag("--dry-run", f.dry_run, "create the run directory and print the commands only");
-  CLI11_PARSE(app, argc, argv);
-  return downpour::Launch(f);
+  if (const auto code = cli::Parse(app, argc, argv)) return *code;
+  return cli::Main("downpour-launch", [&] { return downpour::Launch(f); });
 }

@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/cli.h"
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/rendezvous.h"
@@ -43,7 +44,9 @@ std::string ResolveInRunDir(const std::string& run_dir, const std::string& p) {
   return std::filesystem::path(p).is_absolute() ? p : (std::filesystem::path(run_dir) / p).string();
 }
 
-Status Run(const Flags& f) {
+// `*serving` turns true once setup (config, tensor list, layout, restore, bind, rendezvous) is
+// done: an error before that exits 2 for bad input, after it 1 (cli.h).
+Status Run(const Flags& f, bool* serving) {
   RunConfig cfg;
   DP_RETURN_IF_ERROR(LoadRunConfig(f.config, &cfg));
   std::vector<TensorSpec> specs;
@@ -117,6 +120,7 @@ Status Run(const Flags& f) {
     });
   }
 
+  *serving = true;
   shard->Start(std::move(endpoint));
   while (true) {
     if (StopSignalArrived(std::chrono::milliseconds(100))) {
@@ -149,23 +153,27 @@ Status Run(const Flags& f) {
 }  // namespace downpour
 
 int main(int argc, char** argv) {
+  namespace cli = downpour::cli;
   downpour::BlockStopSignals();
   downpour::Flags f;
   CLI::App app{"downpour-server: one parameter-server shard"};
-  app.add_option("--config", f.config, "run config (TOML)")->required();
-  app.add_option("--id", f.id, "server id, 0..cluster.servers-1")->required();
+  cli::AddStandardFlags(&app, "downpour-server");
+  app.add_option("-c,--config", f.config, "run config (TOML)")->required();
+  app.add_option("-i,--id", f.id, "server id, 0..cluster.servers-1")->required()->check(cli::AtLeast(0));
   app.add_option("--run-dir", f.run_dir, "run directory (address file, checkpoints)")->required();
   app.add_option("--restore", f.restore, "shard checkpoint to restore before serving");
   app.add_option("--tensors", f.tensors, "tensor list file: '<name> <d0>x<d1>.. [lr_mult [decay_mult]]' per line");
   app.add_option("--model", f.model, "built-in tensor list: alexnet-shapes");
-  app.add_option("--port", f.port, "port to bind (default cluster.base_port + id; 0 = any free port)");
+  app.add_option("--port", f.port, "port to bind (default cluster.base_port + id; 0 = any free port)")
+      ->check(cli::Between(0, 65535));
   app.add_option("--coordinator", f.coordinator, "coordinator host:port (default cluster.coordinator)");
   app.add_flag("--standalone", f.standalone, "serve without a coordinator");
-  CLI11_PARSE(app, argc, argv);
-  downpour::Status s = downpour::Run(f);
-  if (!s.ok()) {
+  if (const auto code = cli::Parse(app, argc, argv)) return *code;
+  return cli::Main("downpour-server", [&] {
+    bool serving = false;
+    const downpour::Status s = downpour::Run(f, &serving);
+    if (s.ok()) return cli::kExitOk;
     spdlog::error("downpour-server: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+    return serving ? cli::kExitFailure : cli::SetupExitCode(s);
+  });
 }

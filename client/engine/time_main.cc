@@ -1,20 +1,24 @@
 // downpour-time — Caffe's `time` command: per-layer forward/backward ms and images/s of a
 // full training step for a model config and batch size.
 //   downpour-time --model configs/models/alexnet.toml --batch 64 --iterations 10 --threads 2 --device cpu
-#include <CLI/CLI.hpp>
+#include <omp.h>
 
 #include <cstdio>
 #include <string>
 
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
 #include "client/engine/net.h"
 #include "client/engine/net_timer.h"
+#include "common/cli.h"
 #include "common/run_config.h"
 
 namespace {
 
 // "cpu" | "gpu" | "gpu:N" → device kind and GPU id.
 downpour::Status ParseDevice(const std::string& device, downpour::engine::NetOptions* opt) {
-  using downpour::engine::DeviceKind;
+  using downpour::DeviceKind;
   if (device == "cpu") {
     opt->device = DeviceKind::kCpu;
     return downpour::Status::Ok();
@@ -34,41 +38,42 @@ downpour::Status ParseDevice(const std::string& device, downpour::engine::NetOpt
   return downpour::InvalidArgument("--device '{}': expected cpu, gpu or gpu:N", device);
 }
 
-}  // namespace
+// "2 (all cores)" for threads = 0, else the count asked for; GPU timings use no CPU threads.
+std::string ThreadsText(const downpour::engine::NetOptions& opt) {
+  if (opt.device == downpour::DeviceKind::kGpu) return "n/a (GPU)";
+  if (opt.threads > 0) return std::to_string(opt.threads);
+  return fmt::format("{} (all cores)", omp_get_max_threads());
+}
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   using namespace downpour::engine;
+  namespace cli = downpour::cli;
   CLI::App app{"downpour-time: per-layer and full-step timing of a model"};
+  cli::AddStandardFlags(&app, "downpour-time");
   std::string model;
   int batch = 64, iterations = 10, threads = 0, warmup = 1;
   std::string device = "cpu";
   bool reference = false;
   std::string tf32 = "on", conv_algo = "search";
-  app.add_option("--model", model, "model config (TOML), e.g. configs/models/alexnet.toml")->required();
-  app.add_option("--batch", batch, "batch size (default 64)")->check(CLI::Range(1, 1000000));
-  app.add_option("--iterations", iterations, "timed iterations (default 10)")->check(CLI::Range(1, 1000000));
-  app.add_option("--warmup", warmup, "untimed iterations first (default 1)")->check(CLI::Range(0, 1000000));
-  app.add_option("--threads", threads, "CPU compute threads (default: library default)");
-  app.add_option("--device", device, "cpu, gpu or gpu:N (default cpu)");
+  app.add_option("-m,--model", model, "model config (TOML), e.g. configs/models/alexnet.toml")->required();
+  app.add_option("-b,--batch", batch, "batch size (default 64)")->check(cli::Between(1, 1000000));
+  app.add_option("-n,--iterations", iterations, "timed iterations (default 10)")->check(cli::Between(1, 1000000));
+  app.add_option("--warmup", warmup, "untimed iterations first (default 1)")->check(cli::Between(0, 1000000));
+  app.add_option("-t,--threads", threads, "CPU compute threads (default 0: all cores)")->check(cli::Between(0, 4096));
+  app.add_option("-d,--device", device, "cpu, gpu or gpu:N (default cpu)");
   app.add_flag("--reference", reference, "use the naive reference backend (CPU, slow)");
   app.add_option("--tf32", tf32, "GPU: TF32 tensor cores for fp32 conv/GEMM (default on)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--conv-algo", conv_algo, "GPU: cuDNN convolution algorithm choice (default search)")
       ->check(CLI::IsMember(downpour::kConvAlgoNames));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = cli::Parse(app, argc, argv)) return *code;
 
   NetOptions opt;
   downpour::Status s = ParseDevice(device, &opt);
-  if (!s.ok()) {
-    std::fprintf(stderr, "downpour-time: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (!s.ok()) return cli::Fail("downpour-time", s, cli::kExitUsage);
   NetSpec spec;
   s = ParseNetSpecFile(model, &spec);
-  if (!s.ok()) {
-    std::fprintf(stderr, "downpour-time: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (!s.ok()) return cli::Fail("downpour-time", s, cli::SetupExitCode(s));
   opt.reference = reference;
   opt.batch = batch;
   opt.threads = threads;
@@ -76,15 +81,18 @@ int main(int argc, char** argv) {
   opt.conv_algo = conv_algo;
   std::unique_ptr<Net> net;
   s = Net::Create(spec, opt, &net);
-  if (!s.ok()) {
-    std::fprintf(stderr, "downpour-time: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (!s.ok()) return cli::Fail("downpour-time", s, cli::kExitFailure);
   net->InitParams(1);
-  std::printf("model %s (%s), backend %s, batch %d, %lld parameters, threads %d\n",
-              spec.name.c_str(), model.c_str(), net->backend().name().c_str(), batch,
-              static_cast<long long>(net->params().size()), threads);
+  std::printf("model %s (%s), backend %s, batch %d, %lld parameters, threads %s\n", spec.name.c_str(), model.c_str(),
+              net->backend().name().c_str(), batch, static_cast<long long>(net->params().size()),
+              ThreadsText(opt).c_str());
   const NetTiming t = TimeNet(*net, iterations, warmup);
   std::fputs(FormatTiming(t).c_str(), stdout);
-  return 0;
+  return cli::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return downpour::cli::Main("downpour-time", [&] { return Run(argc, argv); });
 }

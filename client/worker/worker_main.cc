@@ -1,50 +1,56 @@
 // downpour-worker — one training worker of a run (usually started by downpour-launch):
-//   downpour-worker --id J --run-dir RUN [--config RUN/config.toml] [--quiet] [--local]
-// Prints the final test accuracy (evaluating worker) and exits non-zero on any error.
+//   downpour-worker --id J --run-dir RUN [--config RUN/config.toml] [--set K=V]... [--quiet] [--local]
+// Prints the final test accuracy (evaluating worker). Exit codes (common/cli.h): 0 ok, 1 a
+// failure while training, 2 a bad flag, config or input found before training started.
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "client/worker/worker_app.h"
+#include "common/cli.h"
 
 int main(int argc, char** argv) {
+  namespace cli = downpour::cli;
   downpour::worker::WorkerArgs args;
   CLI::App app{"downpour worker: pull weights, compute gradients, push them"};
-  app.add_option("--id", args.id, "worker id (0 .. cluster.workers-1); worker 0 evaluates")->check(CLI::NonNegativeNumber);
+  cli::AddStandardFlags(&app, "downpour-worker");
+  app.add_option("-i,--id", args.id, "worker id (0 .. cluster.workers-1); worker 0 evaluates")
+      ->check(cli::AtLeast(0));
   app.add_option("--run-dir", args.run_dir, "run directory (metrics, model)");
-  app.add_option("--config", args.config_path, "run config (default <run-dir>/config.toml)");
-  app.add_flag("--quiet", args.quiet, "no progress line");
+  app.add_option("-c,--config", args.config_path, "run config (default <run-dir>/config.toml)");
+  cli::AddSetOption(&app, &args.sets);
+  app.add_flag("-q,--quiet", args.quiet, "no progress line");
   app.add_flag("--local", args.local, "single-process reference run: no servers, local SGD");
   bool no_shuffle = false;
   app.add_flag("--no-shuffle", no_shuffle, "read the data shard in record order (reproducible runs)");
   app.add_option("--step-delay-ms", args.step_delay_ms,
                  "sleep this long after every step: emulates a straggler (consistency experiments)")
-      ->check(CLI::Range(0, 600000));
-  app.add_option("--steps", args.steps_override, "override worker.steps (smoke runs)")->check(CLI::PositiveNumber);
+      ->check(cli::Between(0, 600000));
+  app.add_option("--steps", args.steps_override, "override worker.steps (smoke runs)")->check(cli::AtLeast(1));
   std::string tensors_out;
   app.add_option("--write-tensors", tensors_out,
                  "write the model's tensor list (for downpour-server --tensors) to this file and exit");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = cli::Parse(app, argc, argv)) return *code;
   args.shuffle = !no_shuffle;
-  if (!tensors_out.empty()) {
-    const downpour::Status s = downpour::worker::WriteTensorList(args.config_path, tensors_out);
-    if (!s.ok()) std::fprintf(stderr, "downpour-worker: %s\n", s.ToString().c_str());
-    return s.ok() ? 0 : 1;
-  }
-
-  downpour::worker::TrainResult result;
-  const downpour::Status s = downpour::worker::RunWorker(args, &result);
-  if (!s.ok()) {
-    std::fprintf(stderr, "downpour-worker %d: %s\n", args.id, s.ToString().c_str());
-    return 1;
-  }
-  if (result.has_eval) {
-    std::printf("worker %d: final test accuracy %.2f%% (top-5 %.2f%%, loss %.4f) after %lld steps, %.0f img/s\n",
-                args.id, 100 * result.final_eval.top1, 100 * result.final_eval.top5, result.final_eval.loss,
-                static_cast<long long>(result.steps), result.images_per_s);
-  } else {
-    std::printf("worker %d: done, %lld steps, %.0f img/s\n", args.id, static_cast<long long>(result.steps),
-                result.images_per_s);
-  }
-  return 0;
+  const std::string program = fmt::format("downpour-worker {}", args.id);
+  return cli::Main(program, [&] {
+    if (!tensors_out.empty()) {
+      const downpour::Status s = downpour::worker::WriteTensorList(args.config_path, args.sets, tensors_out);
+      return s.ok() ? cli::kExitOk : cli::Fail("downpour-worker", s, cli::SetupExitCode(s));
+    }
+    downpour::worker::TrainResult result;
+    bool started = false;
+    const downpour::Status s = downpour::worker::RunWorker(args, &result, &started);
+    if (!s.ok()) return cli::Fail(program, s, started ? cli::kExitFailure : cli::SetupExitCode(s));
+    if (result.has_eval) {
+      std::printf("worker %d: final test accuracy %.2f%% (top-5 %.2f%%, loss %.4f) after %lld steps, %.0f img/s\n",
+                  args.id, 100 * result.final_eval.top1, 100 * result.final_eval.top5, result.final_eval.loss,
+                  static_cast<long long>(result.steps), result.images_per_s);
+    } else {
+      std::printf("worker %d: done, %lld steps, %.0f img/s\n", args.id, static_cast<long long>(result.steps),
+                  result.images_per_s);
+    }
+    return cli::kExitOk;
+  });
 }
