@@ -24,7 +24,7 @@ struct Mailbox {
   Status Take(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu);
     if (!cv.wait_for(lock, timeout, [&] { return !queue.empty(); })) {
-      return Status(StatusCode::kTimeout, fmt::format("inproc: no message within {} ms", timeout.count()));
+      return Timeout("inproc: no message within {} ms", timeout.count());
     }
     if (from) *from = std::move(queue.front().first);
     *frames = std::move(queue.front().second);
@@ -65,7 +65,7 @@ class InprocServer : public ServerEndpoint {
       auto it = registry_->clients.find(to);
       if (it != registry_->clients.end()) peer = it->second.lock();
     }
-    if (!peer) return Status(StatusCode::kUnavailable, fmt::format("inproc: peer '{}' is gone", to));
+    if (!peer) return Unavailable("inproc: peer '{}' is gone", to);
     peer->Put(address_, std::move(frames));
     return Status::Ok();
   }
@@ -95,7 +95,7 @@ class InprocClient : public ClientEndpoint {
       if (it != registry_->servers.end()) server = it->second.lock();
     }
     if (!server) {
-      return Status(StatusCode::kUnavailable, fmt::format("inproc: no server bound at '{}'", address_));
+      return Unavailable("inproc: no server bound at '{}'", address_);
     }
     server->Put(id_, std::move(frames));
     return Status::Ok();

@@ -22,8 +22,8 @@ Status RendezvousClient::Exchange(const MessageHeader& request, MessageHeader* r
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      return Status(StatusCode::kTimeout, fmt::format("coordinator {}: no reply to {} within {} ms",
-                                                      options_.coordinator, MsgTypeName(h.type), timeout.count()));
+      return Timeout("coordinator {}: no reply to {} within {} ms", options_.coordinator, MsgTypeName(h.type),
+                     timeout.count());
     }
     Frames got;
     Status s = endpoint_->Receive(&got, left);

@@ -38,6 +38,7 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
+  // One factory per code below (InvalidArgument(...), NotFound(...), ...), fmt-formatted.
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
@@ -63,6 +64,22 @@ Status IoError(fmt::format_string<Args...> f, Args&&... args) {
 template <typename... Args>
 Status Corrupt(fmt::format_string<Args...> f, Args&&... args) {
   return Status(StatusCode::kCorrupt, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+Status Timeout(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(StatusCode::kTimeout, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+Status Unavailable(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(StatusCode::kUnavailable, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+Status FailedPrecondition(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(StatusCode::kFailedPrecondition, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+Status Internal(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(StatusCode::kInternal, fmt::format(f, std::forward<Args>(args)...));
 }
 
 // Typed exception for recoverable errors that must unwind (constructors, config loading).

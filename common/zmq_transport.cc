@@ -14,8 +14,7 @@ struct ZmqTransport::Impl {
 namespace {
 
 Status ZmqError(const char* what, const std::string& address, const zmq::error_t& e) {
-  return Status(StatusCode::kUnavailable,
-                fmt::format("zmq {} '{}': {} (errno {})", what, address, e.what(), e.num()));
+  return Unavailable("zmq {} '{}': {} (errno {})", what, address, e.what(), e.num());
 }
 
 // Called by ZeroMQ's I/O thread once it no longer reads a zero-copy frame's bytes.
@@ -42,14 +41,14 @@ Status SendAll(zmq::socket_t& socket, const std::string* prefix, Frames& frames,
     if (prefix) {
       zmq::message_t id(prefix->data(), prefix->size());
       if (!socket.send(id, zmq::send_flags::sndmore)) {
-        return Status(StatusCode::kTimeout, fmt::format("zmq send to '{}' timed out", address));
+        return Timeout("zmq send to '{}' timed out", address);
       }
     }
     for (size_t i = 0; i < frames.size(); ++i) {
       zmq::message_t m = ToMessage(frames[i], zero_copy_min);
       const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
       if (!socket.send(m, flags)) {
-        return Status(StatusCode::kTimeout, fmt::format("zmq send to '{}' timed out", address));
+        return Timeout("zmq send to '{}' timed out", address);
       }
     }
   } catch (const zmq::error_t& e) {
@@ -64,15 +63,14 @@ Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames,
   try {
     zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, timeout) == 0) {
-      return Status(StatusCode::kTimeout,
-                    fmt::format("zmq '{}': no message within {} ms", address, timeout.count()));
+      return Timeout("zmq '{}': no message within {} ms", address, timeout.count());
     }
     frames->clear();
     bool first = true;
     while (true) {
       auto msg = std::make_shared<zmq::message_t>();
       if (!socket.recv(*msg, zmq::recv_flags::dontwait)) {
-        return Status(StatusCode::kInternal, fmt::format("zmq '{}': multipart message cut short", address));
+        return Internal("zmq '{}': multipart message cut short", address);
       }
       const bool more = msg->more();
       if (first && identity) {
@@ -98,7 +96,7 @@ class ZmqServer : public ServerEndpoint {
   Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) override {
     Status s = ReceiveAll(socket_, from, frames, timeout, address_);
     if (s.ok() && frames->empty()) {
-      return Status(StatusCode::kCorrupt, fmt::format("zmq '{}': message without frames", address_));
+      return Corrupt("zmq '{}': message without frames", address_);
     }
     return s;
   }

@@ -31,9 +31,7 @@ class ShardedWriter {
     }
     std::error_code ec;
     if (fs::exists(options.out, ec) && !fs::is_empty(options.out, ec)) {
-      return Status(StatusCode::kFailedPrecondition,
-                    fmt::format("convert: output {} exists and is not empty; remove it first",
-                                options.out));
+      return FailedPrecondition("convert: output {} exists and is not empty; remove it first", options.out);
     }
     out_ = options.out;
     staging_ = options.out + ".incomplete";

@@ -41,7 +41,7 @@ Image ToLayout(const Image& in, Layout layout) {
 Status DecodeJpeg(std::string_view bytes, int want_channels, const std::string& what,
                   Image* out) {
   TjHandle tj(tjInitDecompress());
-  if (!tj) return Status(StatusCode::kInternal, "tjInitDecompress failed");
+  if (!tj) return Internal("tjInitDecompress failed");
   int w = 0, h = 0, subsamp = 0, colorspace = 0;
   auto* src = reinterpret_cast<const unsigned char*>(bytes.data());
   if (tjDecompressHeader3(tj.get(), src, bytes.size(), &w, &h, &subsamp, &colorspace) != 0) {
@@ -119,7 +119,7 @@ Status EncodeJpeg(const Image& in, int quality, std::string* out) {
                   quality, TJFLAG_FASTDCT) != 0) {
     const std::string msg = tjGetErrorStr2(tj.get());
     tjFree(buf);
-    return Status(StatusCode::kInternal, "JPEG encode failed: " + msg);
+    return Internal("JPEG encode failed: {}", msg);
   }
   out->assign(reinterpret_cast<const char*>(buf), size);
   tjFree(buf);
@@ -137,11 +137,11 @@ Status EncodePng(const Image& in, std::string* out) {
   png.format = in.c == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_BGR;
   png_alloc_size_t size = 0;
   if (!png_image_write_to_memory(&png, nullptr, &size, 0, hwc.pixels.data(), 0, nullptr)) {
-    return Status(StatusCode::kInternal, std::string("PNG size query failed: ") + png.message);
+    return Internal("PNG size query failed: {}", png.message);
   }
   out->resize(size);
   if (!png_image_write_to_memory(&png, out->data(), &size, 0, hwc.pixels.data(), 0, nullptr)) {
-    return Status(StatusCode::kInternal, std::string("PNG encode failed: ") + png.message);
+    return Internal("PNG encode failed: {}", png.message);
   }
   out->resize(size);
   return Status::Ok();

@@ -114,8 +114,7 @@ Status LmdbWriter::Create(const std::string& path, std::unique_ptr<LmdbWriter>* 
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(path, ec) && !fs::is_empty(path, ec)) {
-    return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("LMDB {}: output exists and is not empty; remove it first", path));
+    return FailedPrecondition("LMDB {}: output exists and is not empty; remove it first", path);
   }
   fs::create_directories(path, ec);
   if (ec) return IoError("LMDB {}: cannot create directory: {}", path, ec.message());

@@ -182,8 +182,7 @@ Status Loader::Open() {
     slot.batch.data = static_cast<float*>(options_.allocate(data_bytes));
     slot.batch.labels = static_cast<int*>(options_.allocate(options_.batch_size * sizeof(int)));
     if (slot.batch.data == nullptr || slot.batch.labels == nullptr) {
-      return Status(StatusCode::kInternal,
-                    fmt::format("loader: allocating a {} byte batch buffer failed", data_bytes));
+      return Internal("loader: allocating a {} byte batch buffer failed", data_bytes);
     }
     slot.batch.c = out_c_;
     slot.batch.h = out_h_;
@@ -338,9 +337,10 @@ const Batch* Loader::Next() {
   if (total_batches_ >= 0 && next_consume_ >= total_batches_) return nullptr;
   Slot& slot = slots_[next_consume_ % slots_.size()];
   if (slot.state == SlotState::kTaken) {
-    Fail(Status(StatusCode::kFailedPrecondition,
-                fmt::format("loader: Next() with all {} batches of the ring unreleased; "
-                            "Release() a batch first", slots_.size())));
+    Fail(
+        FailedPrecondition("loader: Next() with all {} batches of the ring unreleased; "
+                           "Release() a batch first",
+                           slots_.size()));
     return nullptr;
   }
   const auto t0 = std::chrono::steady_clock::now();

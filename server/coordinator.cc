@@ -89,11 +89,10 @@ void Coordinator::ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const Me
 
 Status Coordinator::HandleRegister(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h) {
   if (h.layout_hash != options_.layout_hash) {
-    return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("register refused: layout hash mismatch: {} {} has {:#018x}, coordinator has "
-                              "{:#018x} (different model, server count or chunk size)",
-                              h.role == Role::kServer ? "server" : "worker", h.sender, h.layout_hash,
-                              options_.layout_hash));
+    return FailedPrecondition(
+        "register refused: layout hash mismatch: {} {} has {:#018x}, coordinator has "
+        "{:#018x} (different model, server count or chunk size)",
+        h.role == Role::kServer ? "server" : "worker", h.sender, h.layout_hash, options_.layout_hash);
   }
   if (h.role == Role::kServer) {
     if (h.sender < 0 || h.sender >= options_.servers) {

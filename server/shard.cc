@@ -249,10 +249,10 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& 
 
 Status ShardServer::HandleRegister(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
   if (h.layout_hash != layout_.hash()) {
-    return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("register: layout hash mismatch: worker {} has {:#018x}, server {} has "
-                              "{:#018x} (different model, server count or chunk size)",
-                              h.sender, h.layout_hash, options_.server_id, layout_.hash()));
+    return FailedPrecondition(
+        "register: layout hash mismatch: worker {} has {:#018x}, server {} has "
+        "{:#018x} (different model, server count or chunk size)",
+        h.sender, h.layout_hash, options_.server_id, layout_.hash());
   }
   if (h.sender < 0) return InvalidArgument("register: sender id {} must be >= 0", h.sender);
   if (h.model_id != options_.model_id) {
@@ -271,15 +271,13 @@ Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, Reje
   auto it = registered_.find(peer);
   if (it == registered_.end() || it->second != h.sender) {
     *reason = RejectReason::kNotRegistered;
-    return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("{}: sender {} is not registered with server {} on this connection",
-                              MsgTypeName(h.type), h.sender, options_.server_id));
+    return FailedPrecondition("{}: sender {} is not registered with server {} on this connection", MsgTypeName(h.type),
+                              h.sender, options_.server_id);
   }
   if (h.layout_hash != layout_.hash()) {
     *reason = RejectReason::kLayoutHash;
-    return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("{}: layout hash {:#018x} differs from server {}'s {:#018x}",
-                              MsgTypeName(h.type), h.layout_hash, options_.server_id, layout_.hash()));
+    return FailedPrecondition("{}: layout hash {:#018x} differs from server {}'s {:#018x}", MsgTypeName(h.type),
+                              h.layout_hash, options_.server_id, layout_.hash());
   }
   if (h.model_id != options_.model_id) {
     *reason = RejectReason::kModelId;
@@ -377,8 +375,7 @@ Status ShardServer::HandlePush(const PeerId& peer, const MessageHeader& h, const
     const int local = locals[i];
     if (!init && !chunks_[static_cast<size_t>(local)].initialized) {
       *reason = RejectReason::kNotInitialized;
-      return Status(StatusCode::kFailedPrecondition,
-                    fmt::format("push: gradient for chunk {} before its weights were initialised", id));
+      return FailedPrecondition("push: gradient for chunk {} before its weights were initialised", id);
     }
     chunks[i] = PushChunk{local, data, count, init ? 0 : h.versions[i]};
   }
@@ -606,10 +603,10 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   }
   if (meta("layout_hash") != std::to_string(layout_.hash()) ||
       meta("server_id") != std::to_string(options_.server_id)) {
-    return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("{}: checkpoint of server {} with layout hash {}; this is server {} with "
-                              "layout hash {}", path, meta("server_id"), meta("layout_hash"),
-                              options_.server_id, layout_.hash()));
+    return FailedPrecondition(
+        "{}: checkpoint of server {} with layout hash {}; this is server {} with "
+        "layout hash {}",
+        path, meta("server_id"), meta("layout_hash"), options_.server_id, layout_.hash());
   }
   std::vector<int64_t> versions, inited;
   DP_RETURN_IF_ERROR(ParseIntList(meta("versions"), path, "versions", chunks_.size(), &versions));

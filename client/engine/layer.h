@@ -27,12 +27,13 @@
 #include <vector>
 
 #include "client/engine/net_spec.h"
+#include "common/device.h"
 #include "common/status.h"
 #include "common/tensor_spec.h"
 
 namespace downpour::engine {
 
-enum class DeviceKind { kCpu, kGpu };
+using ::downpour::DeviceKind;  // common/device.h
 
 enum class Phase { kTrain, kTest };
 

@@ -128,7 +128,7 @@ void PsClient::Impl::RunLink(Link& link) {
       link.cv.wait(lock, [&] { return link.stopping || !link.queue.empty(); });
       if (link.stopping) {
         for (Op& q : link.queue) {
-          FinishOp(*q.request, Status(StatusCode::kUnavailable, "ps client destroyed before the request ran"), nullptr);
+          FinishOp(*q.request, Unavailable("ps client destroyed before the request ran"), nullptr);
         }
         link.queue.clear();
         return;
@@ -209,16 +209,16 @@ Status PsClient::Impl::Execute(Link& link, Op& op, MessageHeader* reply) {
     while (pending > 0) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
-        return Status(StatusCode::kTimeout, fmt::format("server {}: no reply to {} (request {}, {} of {} parts "
-                                                        "outstanding) within {} ms", link.server,
-                                                        MsgTypeName(op.header.type), op.id, pending, parts,
-                                                        owner->options_.reply_timeout.count()));
+        return Timeout(
+            "server {}: no reply to {} (request {}, {} of {} parts "
+            "outstanding) within {} ms",
+            link.server, MsgTypeName(op.header.type), op.id, pending, parts, owner->options_.reply_timeout.count());
       }
       Frames got;
       Status s = link.endpoint->Receive(&got, std::min(left, std::chrono::milliseconds(200)));
       if (s.code() == StatusCode::kTimeout) {
         std::lock_guard<std::mutex> lock(link.mu);
-        if (link.stopping) return Status(StatusCode::kUnavailable, "ps client destroyed while waiting for a reply");
+        if (link.stopping) return Unavailable("ps client destroyed while waiting for a reply");
         continue;
       }
       DP_RETURN_IF_ERROR(s);
@@ -277,7 +277,7 @@ Status PsClient::Impl::Reregister(Link& link, RequestId id, std::chrono::steady_
     }
     return Status::Ok();
   }
-  return Status(StatusCode::kTimeout, fmt::format("server {}: no reply to register (after a restart)", link.server));
+  return Timeout("server {}: no reply to register (after a restart)", link.server);
 }
 
 Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
@@ -433,8 +433,10 @@ Status PsClient::Wait(RequestId id, std::chrono::milliseconds timeout) {
   {
     std::unique_lock<std::mutex> lock(req->mu);
     if (!req->cv.wait_for(lock, timeout, [&] { return req->pending_ops == 0 && req->pending_buffers == 0; })) {
-      return Status(StatusCode::kTimeout, fmt::format("ps client: request {} not done within {} ms ({} server "
-                                                      "replies outstanding)", id, timeout.count(), req->pending_ops));
+      return Timeout(
+          "ps client: request {} not done within {} ms ({} server "
+          "replies outstanding)",
+          id, timeout.count(), req->pending_ops);
     }
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -467,8 +469,7 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
   impl.Enqueue(*impl.links[static_cast<size_t>(server)], std::move(op));
   std::unique_lock<std::mutex> lock(req->mu);
   if (!req->cv.wait_for(lock, timeout, [&] { return req->pending_ops == 0; })) {
-    return Status(StatusCode::kTimeout, fmt::format("ps client: no {} reply from server {} within {} ms",
-                                                    MsgTypeName(type), server, timeout.count()));
+    return Timeout("ps client: no {} reply from server {} within {} ms", MsgTypeName(type), server, timeout.count());
   }
   if (reply) *reply = req->reply;
   return req->status;

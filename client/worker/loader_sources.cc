@@ -35,7 +35,7 @@ class LoaderTrainSource : public TrainSource {
       held_ = loader_.Next();
       if (held_ == nullptr) {
         Status s = loader_.status();
-        return s.ok() ? Status(StatusCode::kInternal, "training loader ended (it should be endless)") : s;
+        return s.ok() ? Internal("training loader ended (it should be endless)") : s;
       }
       if (held_->n == batch_size_) break;  // drop the short last batch of an epoch
     }

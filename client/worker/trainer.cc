@@ -141,8 +141,10 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step) {
   push_wait_ms_ = 0;
   DP_RETURN_IF_ERROR(callback_status_);
   if (!std::isfinite(loss))
-    return Status(StatusCode::kInternal, fmt::format("worker {}: training loss is {} at step {} (diverged; "
-                                                     "lower solver.base_lr)", o_.worker_id, loss, step));
+    return Internal(
+        "worker {}: training loss is {} at step {} (diverged; "
+        "lower solver.base_lr)",
+        o_.worker_id, loss, step);
   loss_last_ = loss;
   loss_ema_ = loss_ema_ < 0 ? loss : 0.95 * loss_ema_ + 0.05 * loss;
 

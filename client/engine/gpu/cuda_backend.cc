@@ -128,8 +128,7 @@ Status CreateCudaBackend(const CudaOptions& options, std::unique_ptr<Backend>* b
   std::string why;
   const int count = CudaDeviceCount(&why);
   if (count == 0)
-    return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("device gpu:{} was asked but there is no CUDA device: {}", options.gpu_id, why));
+    return FailedPrecondition("device gpu:{} was asked but there is no CUDA device: {}", options.gpu_id, why);
   if (options.gpu_id < 0 || options.gpu_id >= count)
     return InvalidArgument("device gpu:{}: no such GPU ({} visible, ordinals 0..{})", options.gpu_id, count,
                            count - 1);

@@ -21,18 +21,15 @@ namespace downpour::engine::gpu {
 inline Status CudaError(cudaError_t e, const char* call, const char* file, int line) {
   if (e == cudaSuccess) return Status::Ok();
   cudaGetLastError();  // clear the sticky-free error so later calls are not blamed for it
-  return Status(StatusCode::kInternal, fmt::format("{}:{}: {} failed: {} ({})", file, line, call,
-                                                   cudaGetErrorString(e), static_cast<int>(e)));
+  return Internal("{}:{}: {} failed: {} ({})", file, line, call, cudaGetErrorString(e), static_cast<int>(e));
 }
 inline Status CudnnError(cudnnStatus_t e, const char* call, const char* file, int line) {
   if (e == CUDNN_STATUS_SUCCESS) return Status::Ok();
-  return Status(StatusCode::kInternal, fmt::format("{}:{}: {} failed: {} ({})", file, line, call,
-                                                   cudnnGetErrorString(e), static_cast<int>(e)));
+  return Internal("{}:{}: {} failed: {} ({})", file, line, call, cudnnGetErrorString(e), static_cast<int>(e));
 }
 inline Status CublasError(cublasStatus_t e, const char* call, const char* file, int line) {
   if (e == CUBLAS_STATUS_SUCCESS) return Status::Ok();
-  return Status(StatusCode::kInternal, fmt::format("{}:{}: {} failed: {} ({})", file, line, call,
-                                                   cublasGetStatusString(e), static_cast<int>(e)));
+  return Internal("{}:{}: {} failed: {} ({})", file, line, call, cublasGetStatusString(e), static_cast<int>(e));
 }
 
 }  // namespace downpour::engine::gpu

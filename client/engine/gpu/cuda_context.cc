@@ -40,9 +40,8 @@ Status DeviceBuffer::Resize(size_t bytes, const char* what) {
     cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    return Status(StatusCode::kInternal,
-                  fmt::format("cudaMalloc of {} bytes for {} failed: {} ({} MiB free of {} MiB)",
-                              bytes, what, cudaGetErrorString(e), free_b >> 20, total_b >> 20));
+    return Internal("cudaMalloc of {} bytes for {} failed: {} ({} MiB free of {} MiB)", bytes, what,
+                    cudaGetErrorString(e), free_b >> 20, total_b >> 20);
   }
   bytes_ = bytes;
   return Status::Ok();

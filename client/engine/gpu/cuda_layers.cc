@@ -288,11 +288,13 @@ class CudaConv : public CudaLayer {
       }
     }
     if (!fwd_ok || !data_ok || !filter_ok)
-      return Status(StatusCode::kFailedPrecondition,
-                    fmt::format("cuDNN offers no {} algorithm for input {} within the workspace limit "
-                                "of {} MiB (workspace_limit_mb)",
-                                !fwd_ok ? "forward" : !data_ok ? "backward-data" : "backward-filter",
-                                ShapeString(bottom->shape), o.workspace_limit_mb));
+      return FailedPrecondition(
+          "cuDNN offers no {} algorithm for input {} within the workspace limit "
+          "of {} MiB (workspace_limit_mb)",
+          !fwd_ok    ? "forward"
+          : !data_ok ? "backward-data"
+                     : "backward-filter",
+          ShapeString(bottom->shape), o.workspace_limit_mb);
     fwd_ = fwd.algo;
     bwd_data_ = need_data ? data.algo : CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     bwd_filter_ = filter.algo;
