@@ -1,18 +1,107 @@
-"""downpour_runs — read a run directory (config.toml, metrics/*.jsonl) into one summary.
+"""downpour_runs — what the Python tools (tools/downpour-*) share: reading a run directory into
+one summary, the version string, and one error and exit-code scheme.
 
-Used by tools/downpour-summarize, tools/downpour-compare and tools/downpour-experiment.
-A run directory holds (DESIGN.md "Runs"): config.toml, logs/, metrics/<role>-<id>.jsonl
-(one JSON object per line: t, role, id, event, fields), model_final.dpt, summary.json.
+A run directory holds (DESIGN.md "Runs"): config.toml, logs/, launch.jsonl,
+metrics/<role>-<id>.jsonl (one JSON object per line: t, role, id, event, fields),
+model_final.dpt, summary.json.
+
+Resumed runs. A run directory may hold several segments: the first launch, then one per
+`downpour-launch --resume`. Worker files are appended to; a resumed worker's `start` record
+carries "resumed": true, "resume_step": S (the step it continues after) and "wall_offset_s": X
+(training time it had before), and its later `step`/`eval` records have step > S and a `wall_s`
+that continues from X. When a worker resumes at a step below what it had already logged (sync
+mode: the servers' checkpoint was older), its earlier records with step > S are superseded and
+dropped. A worker's k-th `start` record opens its k-th segment; the run's segment k is the k-th
+segment of every worker (a resume restarts the whole job).
+
+Exit codes, the same for every tool:
+  0  ok
+  1  runtime failure: a run failed, a file could not be read or written, gnuplot failed
+  2  usage or config error: bad arguments, a bad experiment file, a directory that is not a
+     run directory
 """
 import glob
 import json
+import math
 import os
+import subprocess
+import sys
 import tomllib
 
 TARGET_TOP1 = 0.89  # the Fashion-MNIST accuracy the default job must reach
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+LOSS_CURVE_POINTS = 300  # the training-loss curve in summary.json is averaged down to this many points
 
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_CODES_HELP = """exit codes:
+  0  ok
+  1  runtime failure: a run failed, a file could not be read or written, gnuplot failed
+  2  usage or config error: bad arguments, a bad experiment file, a directory that is not a
+     run directory"""
+
+
+class ToolError(Exception):
+    """A runtime failure: the tool exits 1."""
+    exit_code = EXIT_FAILURE
+
+
+class UsageError(ToolError):
+    """Bad arguments or configuration: the tool exits 2."""
+    exit_code = EXIT_USAGE
+
+
+# ---------------------------------------------------------------------------------------------
+# Command-line pieces shared by the tools.
+
+def version_string(tool):
+    """`<tool> <version> (commit <short sha>)`: the version is the first line of ROOT/VERSION."""
+    try:
+        with open(os.path.join(ROOT, "VERSION")) as f:
+            version = f.readline().strip() or "unknown"
+    except OSError:
+        version = "unknown"
+    try:
+        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                           timeout=10)
+        commit = r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return f"{tool} {version} (commit {commit})"
+
+
+def add_version_arg(parser, tool):
+    parser.add_argument("-V", "--version", action="version", version=version_string(tool),
+                        help="print the tool's version and commit, then exit")
+
+
+def fail(tool, message, code):
+    """Prints `<tool>: <message>` to stderr and exits with `code`."""
+    print(f"{tool}: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def run_main(tool, main):
+    """Runs main() and turns its errors into the exit-code scheme above."""
+    try:
+        main()
+    except ToolError as e:
+        fail(tool, str(e), e.exit_code)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        fail(tool, f"{where}{e.strerror or e}", EXIT_FAILURE)
+
+
+def fmt(v, spec, none="—"):
+    return none if v is None else format(v, spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a run directory.
 
 def read_jsonl(path):
+    """The records of one JSONL file, in file order. Each gets "_line" (its line number)."""
     records = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -20,92 +109,256 @@ def read_jsonl(path):
             if not line:
                 continue
             try:
-                records.append(json.loads(line))
+                r = json.loads(line)
             except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{n}: not a JSON object: {e}")
+                raise ToolError(f"{path}:{n}: not a JSON object: {e}") from None
+            if not isinstance(r, dict):
+                raise ToolError(f"{path}:{n}: not a JSON object")
+            r["_line"] = n
+            records.append(r)
     return records
 
 
-def load_run(run_dir):
-    """Returns (config dict, list of metric records of every process, sorted by time)."""
+def read_config(run_dir):
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir}: no such directory")
     config_path = os.path.join(run_dir, "config.toml")
     if not os.path.exists(config_path):
-        raise SystemExit(f"{run_dir}: no config.toml (not a run directory)")
+        raise UsageError(f"{run_dir}: no config.toml (not a run directory)")
     with open(config_path, "rb") as f:
-        config = tomllib.load(f)
-    records = []
+        try:
+            return tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise UsageError(f"{config_path}: {e}") from None
+
+
+def load_run(run_dir):
+    """Returns (config dict, {path: records in file order} for every metrics/*.jsonl)."""
+    config = read_config(run_dir)
+    files = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "metrics", "*.jsonl"))):
-        records += read_jsonl(path)
-    if not records:
-        raise SystemExit(f"{run_dir}: no metrics/*.jsonl records")
-    records.sort(key=lambda r: r.get("t", 0))
-    return config, records
+        files[path] = read_jsonl(path)
+    if not any(files.values()):
+        raise ToolError(f"{run_dir}: no metrics/*.jsonl records (did the run start?)")
+    return config, files
+
+
+def split_segments(path, records):
+    """One worker's records (file order) → its segments, each opened by a `start` record."""
+    segments = [[]]
+    for r in records:
+        if r.get("event") == "start" and segments[-1]:
+            segments.append([])
+        if "t" not in r:
+            raise ToolError(f"{path}:{r['_line']}: record has no \"t\" field")
+        segments[-1].append(r)
+    return segments
+
+
+def drop_superseded(path, segments):
+    """Drops `step`/`eval` records that a later segment's resume_step supersedes (in place).
+
+    A resumed start with resume_step S means the worker's history continues after step S, so
+    records of earlier segments with step > S never happened as far as the run is concerned."""
+    cutoff = math.inf
+    for seg in reversed(segments):
+        seg[:] = [r for r in seg if not (r.get("event") in ("step", "eval") and (r.get("step") or 0) > cutoff)]
+        start = seg[0] if seg and seg[0].get("event") == "start" else None
+        if start is not None and start.get("resumed"):
+            if not isinstance(start.get("resume_step"), int):
+                raise ToolError(f"{path}:{start['_line']}: resumed start record needs an integer \"resume_step\"")
+            cutoff = min(cutoff, start["resume_step"])
+
+
+class Worker:
+    """One worker's segments (superseded records dropped) and its id."""
+
+    def __init__(self, path, records):
+        self.path = path
+        self.id = records[0].get("id") if records else None
+        self.segments = split_segments(path, records)
+        self.segment_bounds = [self._bounds(seg) for seg in self.segments]  # before dropping: time spent
+        drop_superseded(path, self.segments)
+
+    @staticmethod
+    def _bounds(seg):
+        """(first start t, end t): the end is the segment's last `done`, else its last record."""
+        starts = [r["t"] for r in seg if r.get("event") == "start"]
+        dones = [r["t"] for r in seg if r.get("event") == "done"]
+        return (min(starts) if starts else seg[0]["t"], max(dones) if dones else seg[-1]["t"])
+
+    def records(self, event):
+        """(segment index, record) for every kept record of this event."""
+        return [(k, r) for k, seg in enumerate(self.segments) for r in seg if r.get("event") == event]
+
+
+def worker_files(files):
+    """{path: records} → [Worker], one per file whose records are worker records."""
+    workers = []
+    for path, records in files.items():
+        if records and records[0].get("role") == "worker":
+            workers.append(Worker(path, records))
+    return workers
+
+
+def segment_times(workers):
+    """Per run segment: (t0, t_end, active seconds before it). t0 = the segment's first worker
+    start, t_end = its last worker end; downtime between segments is not counted."""
+    count = max(len(w.segments) for w in workers)
+    spans = []
+    for k in range(count):
+        bounds = [w.segment_bounds[k] for w in workers if k < len(w.segment_bounds)]
+        spans.append((min(b[0] for b in bounds), max(b[1] for b in bounds)))
+    out, before = [], 0.0
+    for t0, t_end in spans:
+        out.append((t0, t_end, before))
+        before += t_end - t0
+    return out
+
+
+def active_time(record, k, times):
+    """A record's time on the run's active clock: its own wall_s (the worker's training clock,
+    which a resumed worker continues) when present, else t − t0 of its segment plus the active
+    time of the segments before (runs written before wall_s was logged)."""
+    if record.get("wall_s") is not None:
+        return record["wall_s"]
+    t0, _, before = times[k]
+    return record["t"] - t0 + before
+
+
+def staleness_from_server_stats(workers):
+    """Servers' own staleness counters: each worker asks every server at its end; per server and
+    segment the most complete answer (most chunk updates) counts. A restarted server counts from
+    zero, so the segments' counters add up."""
+    best = {}
+    for w in workers:
+        for k, r in w.records("server_stats"):
+            if not r.get("ok"):
+                continue
+            key = (k, r["server"])
+            if key not in best or r["chunk_updates"] >= best[key]["chunk_updates"]:
+                best[key] = r
+    hist = []
+    for r in best.values():
+        h = r["staleness_histogram"]
+        h = json.loads(h) if isinstance(h, str) else h
+        hist += [0] * (len(h) - len(hist))
+        for i, v in enumerate(h):
+            hist[i] += v
+    updates = sum(hist)
+    stale_sum = sum(r["staleness_sum"] for r in best.values())
+    return {
+        "staleness_mean": (stale_sum / updates) if updates else None,
+        "staleness_max": max((r["staleness_max"] for r in best.values()), default=None),
+        "staleness_histogram": hist,
+    }
+
+
+def loss_curve(workers, times, points=LOSS_CURVE_POINTS):
+    """Training loss over active time: step records of every worker, averaged per time bucket
+    (at most `points` buckets) → [{wall_s, epoch, loss, loss_ema}]."""
+    steps = []
+    for w in workers:
+        for k, r in w.records("step"):
+            loss_ema = r.get("loss_ema")
+            if loss_ema is None or not math.isfinite(loss_ema):
+                continue
+            steps.append((active_time(r, k, times), r.get("epoch") or 0.0, r.get("loss"), loss_ema))
+    if not steps:
+        return []
+    t_max = max(s[0] for s in steps) or 1.0
+    buckets = {}
+    for s in steps:
+        buckets.setdefault(min(int(s[0] / t_max * points), points - 1), []).append(s)
+    curve = []
+    for b in sorted(buckets):
+        group = buckets[b]
+        losses = [s[2] for s in group if s[2] is not None and math.isfinite(s[2])]
+        curve.append({"wall_s": sum(s[0] for s in group) / len(group),
+                      "epoch": sum(s[1] for s in group) / len(group),
+                      "loss": sum(losses) / len(losses) if losses else None,
+                      "loss_ema": sum(s[3] for s in group) / len(group)})
+    return curve
+
+
+def last_done_per_worker(workers):
+    """The last `done` record of each worker id: a worker resumed after it finished writes a
+    second done with the same totals, so totals come from the last one, never a sum."""
+    last = {}
+    for w in workers:
+        for _, r in w.records("done"):
+            last[w.id] = r
+    return list(last.values())
+
+
+def images_per_s(done):
+    train_s = done.get("train_s")
+    if train_s:
+        return (done.get("images") or 0) / train_s
+    return done.get("images_per_s") or 0.0
+
+
+def server_pulls(files):
+    """Servers log every pull they serve: how far ahead of the slowest worker the puller was and
+    how long the consistency policy held the pull back."""
+    pulls = [r for records in files.values() for r in records
+             if r.get("role") == "server" and r.get("event") == "pull"]
+    aheads = [r["ahead"] for r in pulls if r.get("ahead") is not None]
+    waits = [r.get("wait_ms") or 0 for r in pulls]
+    return {
+        "pulls_logged": len(pulls),
+        "clock_ahead_max": max(aheads) if aheads else None,
+        "pull_wait_ms_mean": (sum(waits) / len(waits)) if waits else None,
+    }
 
 
 def summarize(run_dir):
-    config, records = load_run(run_dir)
-    starts = [r for r in records if r.get("event") == "start" and r.get("role") == "worker"]
-    dones = [r for r in records if r.get("event") == "done" and r.get("role") == "worker"]
-    # Servers log every pull they serve: how far ahead of the slowest worker the puller was, and
-    # how long the consistency policy held the pull back.
-    pulls = [r for r in records if r.get("event") == "pull" and r.get("role") == "server"]
-    aheads = [r["ahead"] for r in pulls if r.get("ahead") is not None]
-    waits = [r.get("wait_ms") or 0 for r in pulls]
-    evals = [r for r in records if r.get("event") == "eval"]
-    t0 = min(r["t"] for r in starts) if starts else records[0]["t"]
-    t_end = max(r["t"] for r in dones) if dones else records[-1]["t"]
-    final = [e for e in evals if e.get("final")]
-    final = final[-1] if final else (evals[-1] if evals else None)
-    reached = [e for e in evals if (e.get("top1") or 0) >= TARGET_TOP1]
-
-    # Servers' own staleness counters: each worker asks every server at its end; the most
-    # complete answer per server (most chunk updates) is the run's.
-    per_server = {}
-    for r in records:
-        if r.get("event") == "server_stats" and r.get("ok"):
-            s = r["server"]
-            if s not in per_server or r["chunk_updates"] >= per_server[s]["chunk_updates"]:
-                per_server[s] = r
-    hist = []
-    for r in per_server.values():
-        h = json.loads(r["staleness_histogram"]) if isinstance(r["staleness_histogram"], str) else r["staleness_histogram"]
-        hist = [a + b for a, b in zip(hist + [0] * (len(h) - len(hist)), h + [0] * (len(hist) - len(h)))]
-    updates = sum(hist) if hist else 0
-    stale_sum = sum(r["staleness_sum"] for r in per_server.values())
+    """The run's summary (the fields of summary.json)."""
+    config, files = load_run(run_dir)
+    workers = worker_files(files)
+    if not workers:
+        raise ToolError(f"{run_dir}: no worker records in metrics/ (did any worker start?)")
+    times = segment_times(workers)
+    evals = sorted(((active_time(r, k, times), r) for w in workers for k, r in w.records("eval")),
+                   key=lambda e: e[0])
+    finals = [e for e in evals if e[1].get("final")]
+    final = finals[-1][1] if finals else None
+    reached = [e for e in evals if (e[1].get("top1") or 0) >= TARGET_TOP1]
+    dones = last_done_per_worker(workers)
+    resumed = any(r.get("resumed") for w in workers for _, r in w.records("start"))
 
     consistency = config.get("consistency", {})
     cluster = config.get("cluster", {})
-    worker = config.get("worker", {})
     summary = {
         "run_dir": os.path.abspath(run_dir),
         "name": config.get("run", {}).get("name", ""),
         "mode": consistency.get("mode", "async"),
         "servers": cluster.get("servers"),
         "workers": cluster.get("workers"),
-        "batch_size": worker.get("batch_size"),
-        "wall_s": t_end - t0,
+        "batch_size": config.get("worker", {}).get("batch_size"),
+        # Active time: the segments' spans added up, downtime between segments excluded.
+        "wall_s": sum(t_end - t0 for t0, t_end, _ in times),
+        "segments": len(times),
+        "resumed": resumed or len(times) > 1,
         "steps": sum(d.get("steps", 0) for d in dones),
         "images": sum(d.get("images", 0) for d in dones),
         # Aggregate training throughput: every worker's images over its own training time.
-        "images_per_s": sum(d.get("images_per_s", 0) or 0 for d in dones),
+        "images_per_s": sum(images_per_s(d) for d in dones),
         "workers_done": len(dones),
         "final_top1": final.get("top1") if final else None,
         "final_top5": final.get("top5") if final else None,
         "final_test_loss": final.get("test_loss") if final else None,
         "final_epoch": final.get("epoch") if final else None,
         "target_top1": TARGET_TOP1,
-        "time_to_target_s": (reached[0]["t"] - t0) if reached else None,
-        "epochs_to_target": reached[0].get("epoch") if reached else None,
-        "staleness_mean": (stale_sum / updates) if updates else None,
-        "staleness_max": max((r["staleness_max"] for r in per_server.values()), default=None),
-        "staleness_histogram": hist,
-        "pulls_logged": len(pulls),
-        "clock_ahead_max": max(aheads) if aheads else None,
-        "pull_wait_ms_mean": (sum(waits) / len(waits)) if waits else None,
-        "evals": [{"wall_s": e["t"] - t0, "epoch": e.get("epoch"), "step": e.get("step"), "top1": e.get("top1"),
-                   "top5": e.get("top5"), "test_loss": e.get("test_loss"), "server_versions": e.get("server_versions")}
-                  for e in evals],
+        "time_to_target_s": reached[0][0] if reached else None,
+        "epochs_to_target": reached[0][1].get("epoch") if reached else None,
     }
+    summary.update(staleness_from_server_stats(workers))
+    summary.update(server_pulls(files))
+    summary["evals"] = [{"wall_s": t, "epoch": e.get("epoch"), "step": e.get("step"), "top1": e.get("top1"),
+                         "top5": e.get("top5"), "test_loss": e.get("test_loss"), "final": bool(e.get("final")),
+                         "server_versions": e.get("server_versions")} for t, e in evals]
+    summary["train_loss"] = loss_curve(workers, times)
     return summary
 
 
@@ -114,7 +367,3 @@ def write_summary(run_dir):
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(s, f, indent=1)
     return s
-
-
-def fmt(v, spec, none="—"):
-    return none if v is None else format(v, spec)

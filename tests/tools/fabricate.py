@@ -1,0 +1,105 @@
+"""fabricate — hand-written run directories for the tools' tests (config.toml + metrics JSONL in
+the format the worker, server and launcher write; see tools/downpour_runs.py), and a way to run
+a tool as a user does."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TOOLS = os.path.join(ROOT, "tools")
+BATCH = 64
+SHARD = 30000  # images per worker shard: epoch = images / SHARD
+
+
+def run_tool(tool, *args, env=None, cwd=None):
+    """Runs tools/<tool> with this interpreter; returns the CompletedProcess (text)."""
+    return subprocess.run([sys.executable, os.path.join(TOOLS, tool), *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=120)
+
+
+def write_config(run_dir, mode="async", workers=2, servers=2, name="fabricated"):
+    os.makedirs(os.path.join(run_dir, "metrics"), exist_ok=True)
+    with open(os.path.join(run_dir, "config.toml"), "w") as f:
+        f.write(f'[run]\nname = "{name}"\n\n[cluster]\nservers = {servers}\nworkers = {workers}\n\n'
+                f'[consistency]\nmode = "{mode}"\n\n[worker]\nbatch_size = {BATCH}\nsteps = 200\n')
+
+
+def append_jsonl(run_dir, name, records):
+    """Appends records to metrics/<name>.jsonl, as the processes do (files are never rewritten)."""
+    with open(os.path.join(run_dir, "metrics", name + ".jsonl"), "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def top1_at(step):
+    """A made-up accuracy curve: 0.50 at step 0, 0.89 reached at step 150, at most 0.93."""
+    return round(min(0.5 + 0.39 * step / 150, 0.93), 6)
+
+
+def loss_at(step):
+    return 0.3 + 2.0 * math.exp(-step / 60)
+
+
+def worker_segment(wid, t0, first_step, last_step, wall0=0.0, resumed=False, step_s=1.0, eval_every=0,
+                   final=False, done=True, loss=loss_at, top1=top1_at, eval_wall=True, stats=None):
+    """One worker's records for one segment: start, then steps first_step+1..last_step, one per
+    step_s seconds of both wall clock (t) and training clock (wall_s, continuing from wall0).
+    Worker 0 evaluates every eval_every steps, and at the end when final. stats: [(server,
+    chunk_updates, staleness_sum, staleness_max, histogram)] for server_stats records after done."""
+    def rec(t, event, **fields):
+        return {"t": t, "role": "worker", "id": wid, "event": event, **fields}
+
+    start = rec(t0, "start", planned_steps=last_step, batch_size=BATCH, shard_size=SHARD)
+    if resumed:
+        start.update(resumed=True, resume_step=first_step, wall_offset_s=wall0)
+    out = [start]
+
+    def eval_rec(t, wall, step, is_final):
+        r = rec(t, "eval", final=is_final, step=step, epoch=step * BATCH / SHARD, test_loss=loss(step),
+                top1=top1(step), top5=0.99, test_images=10000, server_versions=step)
+        if eval_wall:
+            r["wall_s"] = wall
+        return r
+
+    for step in range(first_step + 1, last_step + 1):
+        t, wall = t0 + (step - first_step) * step_s, wall0 + (step - first_step) * step_s
+        out.append(rec(t, "step", wall_s=wall, step=step, epoch=step * BATCH / SHARD, loss=loss(step),
+                       loss_ema=loss(step), images=step * BATCH, images_per_s=BATCH / step_s))
+        if wid == 0 and eval_every and step % eval_every == 0 and step < last_step:
+            out.append(eval_rec(t, wall, step, False))
+    t_end = t0 + (last_step - first_step) * step_s
+    wall_end = wall0 + (last_step - first_step) * step_s
+    if wid == 0 and final:
+        out.append(eval_rec(t_end, wall_end, last_step, True))
+    if done:
+        out.append(rec(t_end, "done", steps=last_step, images=last_step * BATCH, wall_s=wall_end, train_s=wall_end,
+                       images_per_s=last_step * BATCH / wall_end if wall_end else 0, final_top1=None))
+    for server, updates, stale_sum, stale_max, hist in stats or []:
+        out.append(rec(t_end + 0.01, "server_stats", server=server, ok=True, pushes_applied=updates,
+                       pushes_rejected=0, chunk_updates=updates, staleness_sum=stale_sum, staleness_max=stale_max,
+                       dropped_late=0, staleness_histogram=json.dumps(hist)))
+    return out
+
+
+def server_records(sid, t0, pulls):
+    """server_start then one pull record per (ahead, wait_ms)."""
+    out = [{"t": t0 - 1, "role": "server", "id": sid, "event": "server_start", "mode": "async"}]
+    for k, (ahead, wait_ms) in enumerate(pulls):
+        out.append({"t": t0 + k, "role": "server", "id": sid, "event": "pull", "worker": 0, "ahead": ahead,
+                    "wait_ms": wait_ms})
+    return out
+
+
+def simple_run(run_dir, mode="async", steps=100, t0=1000.0, with_stats=True, name="fabricated"):
+    """A finished, never-resumed run: 2 workers, 2 servers, worker 0 evaluates every 20 steps."""
+    write_config(run_dir, mode=mode, name=name)
+    stats = [(0, 300, 300, 3, [100, 100, 50, 50]), (1, 300, 150, 2, [200, 50, 50])] if with_stats else None
+    for wid in range(2):
+        append_jsonl(run_dir, f"worker-{wid}",
+                     worker_segment(wid, t0 + 0.5 * wid, 0, steps, eval_every=20, final=True, stats=stats))
+    for sid in range(2):
+        append_jsonl(run_dir, f"server-{sid}", server_records(sid, t0, [(0, 0.0), (2, 4.0)]))
+    return run_dir
