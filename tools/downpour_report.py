@@ -1,0 +1,138 @@
+"""downpour_report — the comparison table (one column list for Markdown and HTML) and the
+one-page HTML reports of tools/downpour-compare and tools/downpour-experiment.
+
+The pages are plain HTML with inline CSS: no JavaScript, no external URLs, images by relative
+path, so a report opens from the file system. Every inserted text goes through html.escape.
+"""
+import datetime
+import html
+import os
+import urllib.parse
+
+import downpour_runs as dr
+
+
+def _pct(v):
+    return None if v is None else 100 * v
+
+
+# (header, right-aligned, value of (label, summary) as text). One list, so comparison.md and
+# report.html always show the same columns.
+COLUMNS = [
+    ("run", False, lambda label, s: label),
+    ("mode", False, lambda label, s: str(s["mode"])),
+    ("workers", True, lambda label, s: dr.fmt(s["workers"], "d")),
+    ("servers", True, lambda label, s: dr.fmt(s["servers"], "d")),
+    ("segments", True, lambda label, s: dr.fmt(s.get("segments", 1), "d")),
+    (f"time to {100 * dr.TARGET_TOP1:.0f}% (s)", True, lambda label, s: dr.fmt(s["time_to_target_s"], ".1f", "not reached")),
+    (f"epochs to {100 * dr.TARGET_TOP1:.0f}%", True, lambda label, s: dr.fmt(s["epochs_to_target"], ".2f")),
+    ("final top-1", True, lambda label, s: dr.fmt(_pct(s["final_top1"]), ".2f") + "%"),
+    ("images/s", True, lambda label, s: dr.fmt(s["images_per_s"], ".0f")),
+    ("wall (s)", True, lambda label, s: dr.fmt(s["wall_s"], ".1f")),
+    ("mean staleness", True, lambda label, s: dr.fmt(s["staleness_mean"], ".2f")),
+    ("max staleness", True, lambda label, s: dr.fmt(s["staleness_max"], "d")),
+    ("max clocks ahead", True, lambda label, s: dr.fmt(s.get("clock_ahead_max"), "d")),
+    ("mean pull wait (ms)", True, lambda label, s: dr.fmt(s.get("pull_wait_ms_mean"), ".1f")),
+]
+
+
+def table_cells(runs):
+    """runs: [(label, summary)] → (headers, rows of cell texts), in the runs' order."""
+    return [c[0] for c in COLUMNS], [[c[2](label, s) for c in COLUMNS] for label, s in runs]
+
+
+def markdown_table(runs):
+    headers, rows = table_cells(runs)
+    md_cell = lambda text: text.replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(headers) + " |",
+             "| " + " | ".join("---:" if c[1] else "---" for c in COLUMNS) + " |"]
+    lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def html_table(runs):
+    headers, rows = table_cells(runs)
+    align = lambda i: ' class="num"' if COLUMNS[i][1] else ""  # noqa: E731
+    out = ["<table>", "<tr>" + "".join(f"<th{align(i)}>{html.escape(h)}</th>" for i, h in enumerate(headers)) + "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td{align(i)}>{html.escape(c)}</td>" for i, c in enumerate(row)) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+CSS = """
+body { font-family: sans-serif; margin: 2em auto; max-width: 1700px; padding: 0 1em; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; font-size: 0.9em; }
+th, td { border: 1px solid #bbb; padding: 0.25em 0.6em; }
+th { background: #eee; } td.num, th.num { text-align: right; }
+.plots { display: flex; flex-wrap: wrap; gap: 1em; }
+.plots figure { margin: 0; } .plots img { max-width: 100%; width: 800px; border: 1px solid #ddd; }
+figcaption { font-size: 0.85em; color: #555; }
+pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
+.meta { color: #666; font-size: 0.85em; }
+"""
+
+
+def page(title, body, generator):
+    """A whole HTML document: `body` is already-escaped HTML."""
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            f"<h1>{html.escape(title)}</h1>\n"
+            f"<p class=\"meta\">written {html.escape(when)} by {html.escape(generator)}</p>\n"
+            f"{body}\n</body>\n</html>\n")
+
+
+def plot_section(out_dir, plots):
+    """plots: [(file name, caption)]; the images that exist in out_dir, by relative path."""
+    figures = []
+    for name, caption in plots:
+        if os.path.exists(os.path.join(out_dir, name)):
+            figures.append(f"<figure><img src=\"{html.escape(name)}\" alt=\"{html.escape(caption)}\">"
+                           f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    if not figures:
+        return "<p>No plots: the runs logged no evaluations, training steps or staleness counters.</p>"
+    return "<div class=\"plots\">\n" + "\n".join(figures) + "\n</div>"
+
+
+def config_section(runs):
+    """Each run's config.toml, folded."""
+    parts = []
+    for label, s in runs:
+        path = os.path.join(s["run_dir"], "config.toml")
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            text = f"(could not read {path}: {e.strerror})"
+        parts.append(f"<details><summary>{html.escape(label)}: {html.escape(path)}</summary>\n"
+                     f"<pre>{html.escape(text)}</pre></details>")
+    return "\n".join(parts)
+
+
+def comparison_report(out_dir, title, runs, plots, generator):
+    """out_dir/report.html for downpour-compare: table, plots, configs. Returns its path."""
+    body = "\n".join([
+        "<h2>Summary</h2>", html_table(runs),
+        "<h2>Plots</h2>", plot_section(out_dir, plots),
+        "<h2>Run configs</h2>", config_section(runs),
+    ])
+    path = os.path.join(out_dir, "report.html")
+    with open(path, "w") as f:
+        f.write(page(title, body, generator))
+    return path
+
+
+def experiment_index(out_dir, title, groups, generator):
+    """out_dir/report.html for downpour-experiment: per group, a link to its report and its table.
+    groups: [(group name, folder relative to out_dir, [(label, summary)])]."""
+    parts = []
+    for name, folder, runs in groups:
+        href = html.escape(urllib.parse.quote(folder) + "/report.html")
+        parts.append(f"<h2>{html.escape(name)}</h2>\n<p><a href=\"{href}\">{html.escape(name)}: report with plots</a></p>")
+        parts.append(html_table(runs) if runs else "<p>No runs of this group have metrics yet.</p>")
+    path = os.path.join(out_dir, "report.html")
+    with open(path, "w") as f:
+        f.write(page(title, "\n".join(parts) or "<p>No groups.</p>", generator))
+    return path
