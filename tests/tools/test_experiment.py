@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""downpour-experiment without a build: a stand-in downpour-launch (a script in a temporary
+build dir) writes fabricated run directories, so the whole path runs — configs with the
+overrides, summaries, one comparison per group, the index report.html — plus the experiment
+file checks (exit 2) and a failing launch (exit 1)."""
+import json
+import os
+import stat
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import fabricate as fab
+from test_compare import parse_report
+
+# Stand-in for build/server/downpour-launch: copies --config to RUN_DIR/config.toml and writes a
+# finished 2-worker run; exits FAKE_LAUNCH_EXIT when that is set (a failing job).
+FAKE_LAUNCH = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import os, shutil, sys
+    sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+    import fabricate as fab
+    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    if os.environ.get("FAKE_LAUNCH_EXIT"):
+        sys.exit(int(os.environ["FAKE_LAUNCH_EXIT"]))
+    run_dir = args["--run-dir"]
+    fab.simple_run(run_dir, steps=120)
+    shutil.copy(args["--config"], os.path.join(run_dir, "config.toml"))
+    print("[launch] done")
+""")
+
+EXPERIMENT = textwrap.dedent("""\
+    [experiment]
+    name = "tiny"
+    base = "configs/runs/default.toml"
+    [experiment.overrides]
+    worker = { steps = 10 }
+
+    [[run]]
+    label = "sync-w2"
+    group = "modes"
+    consistency = { mode = "sync" }
+
+    [[run]]
+    label = "async-w2"
+    group = ["modes", "workers"]
+    consistency = { mode = "async" }
+""")
+
+
+class ExperimentTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-experiment-")
+        self.tmp = self._tmp.name
+        self.build = os.path.join(self.tmp, "build")
+        os.makedirs(os.path.join(self.build, "server"))
+        launcher = os.path.join(self.build, "server", "downpour-launch")
+        with open(launcher, "w") as f:
+            f.write(FAKE_LAUNCH)
+        os.chmod(launcher, os.stat(launcher).st_mode | stat.S_IXUSR)
+        self.out = os.path.join(self.tmp, "out")
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def write_experiment(self, text=EXPERIMENT):
+        path = os.path.join(self.tmp, "exp.toml")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def experiment(self, *args, env=None):
+        return fab.run_tool("downpour-experiment", *args, "--build-dir", self.build, "-o", self.out, "-q", env=env)
+
+
+class FullExperiment(ExperimentTest):
+    def test_runs_compares_each_group_and_writes_an_index(self):
+        r = self.experiment(self.write_experiment())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        exp = os.path.join(self.out, "tiny")
+        # Each run's config: the base, the experiment's overrides, the run's own keys.
+        with open(os.path.join(exp, "sync-w2", "config.toml")) as f:
+            config = f.read()
+        self.assertIn('mode = "sync"', config)
+        self.assertIn("steps = 10", config)
+        self.assertIn('name = "sync-w2"', config)
+        for group, labels in (("modes", ["sync-w2", "async-w2"]), ("workers", ["async-w2"])):
+            with open(os.path.join(exp, group, "summaries.json")) as f:
+                self.assertEqual(list(json.load(f)), labels)
+            p, _ = parse_report(os.path.join(exp, group, "report.html"))
+            self.assertEqual([row[0] for row in p.rows[1:]], labels)
+        index, text = parse_report(os.path.join(exp, "report.html"))
+        self.assertIn('href="modes/report.html"', text)
+        self.assertIn('href="workers/report.html"', text)
+        self.assertEqual([row[0] for row in index.rows if row[0] != "run"], ["sync-w2", "async-w2", "async-w2"])
+        self.assertIn(f"report: {os.path.join(exp, 'report.html')}", r.stdout)
+
+    def test_compare_only_remakes_the_reports_from_existing_runs(self):
+        path = self.write_experiment()
+        self.assertEqual(self.experiment(path).returncode, 0)
+        os.remove(os.path.join(self.out, "tiny", "report.html"))
+        os.remove(os.path.join(self.out, "tiny", "modes", "report.html"))
+        r = fab.run_tool("downpour-experiment", path, "--build-dir", os.path.join(self.tmp, "no-build"),
+                         "-o", self.out, "--compare-only", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.out, "tiny", "report.html")))
+        self.assertTrue(os.path.exists(os.path.join(self.out, "tiny", "modes", "report.html")))
+
+    def test_failed_launch_exits_1_naming_the_run(self):
+        r = self.experiment(self.write_experiment(), env=dict(os.environ, FAKE_LAUNCH_EXIT="3"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("downpour-experiment: sync-w2: downpour-launch exited 3", r.stderr)
+
+
+class BadExperimentFiles(ExperimentTest):
+    def assert_usage_error(self, text, message, *args):
+        r = self.experiment(self.write_experiment(text), *args)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertTrue(r.stderr.startswith("downpour-experiment: "), r.stderr)
+        self.assertIn(message, r.stderr)
+
+    def test_not_toml(self):
+        self.assert_usage_error("[experiment\n", "exp.toml: ")
+
+    def test_missing_name_or_base(self):
+        self.assert_usage_error('[experiment]\nname = "x"\n[[run]]\nlabel = "a"\n', "[experiment] needs name and base")
+
+    def test_no_runs(self):
+        self.assert_usage_error('[experiment]\nname = "x"\nbase = "configs/runs/default.toml"\n', "no [[run]] entries")
+
+    def test_run_without_label(self):
+        self.assert_usage_error(EXPERIMENT + "[[run]]\ngroup = \"modes\"\n", "[[run]] number 3 has no label")
+
+    def test_duplicate_labels(self):
+        self.assert_usage_error(EXPERIMENT + "[[run]]\nlabel = \"sync-w2\"\n", "run labels must be unique")
+
+    def test_missing_base_config(self):
+        self.assert_usage_error(EXPERIMENT.replace("configs/runs/default.toml", "configs/runs/nope.toml"),
+                                "nope.toml: no such base run config")
+
+    def test_unknown_only_label(self):
+        self.assert_usage_error(EXPERIMENT, "--only: no run labelled nope", "--only", "nope")
+
+    def test_build_dir_without_launcher(self):
+        os.remove(os.path.join(self.build, "server", "downpour-launch"))
+        self.assert_usage_error(EXPERIMENT, "downpour-launch is missing")
+
+
+if __name__ == "__main__":
+    unittest.main()
