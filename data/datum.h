@@ -1,6 +1,6 @@
 // datum.h — Caffe Datum records: validation, building, and a view of their pixels.
 //
-// A record is a serialized caffe::Datum (caffe_datum.proto). Raw records hold uint8
+// A record is a serialized caffe::Datum (data/caffe.proto). Raw records hold uint8
 // C x H x W (planar, BGR for colour) in `data`, or float C x H x W in `float_data`;
 // encoded records hold a JPEG/PNG file in `data` (Caffe leaves channels/height/width unset
 // for those; we set them, Caffe ignores them).
@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include "common/status.h"
-#include "data/caffe_datum.pb.h"
+#include "data/caffe.pb.h"
 #include "data/image.h"
 
 namespace downpour::data {
