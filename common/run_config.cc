@@ -132,6 +132,24 @@ class TableReader {
     return Status::Ok();
   }
 
+  Status FloatList(const char* key, std::vector<float>* out) {
+    const toml::node* n = Get(key);
+    if (!n) return Status::Ok();
+    const toml::array* arr = n->as_array();
+    if (!arr) return Bad(key, *n, "expected an array of numbers");
+    out->clear();
+    for (const toml::node& e : *arr) {
+      if (e.is_integer()) {
+        out->push_back(static_cast<float>(e.as_integer()->get()));
+      } else if (e.is_floating_point()) {
+        out->push_back(static_cast<float>(e.as_floating_point()->get()));
+      } else {
+        return Bad(key, *n, "expected an array of numbers");
+      }
+    }
+    return Status::Ok();
+  }
+
   // Rejects keys this reader was never asked about.
   Status Finish() const {
     if (!table_) return Status::Ok();
@@ -166,6 +184,7 @@ Status ReadRun(TableReader& r, RunSection* s) {
 
 Status ReadModel(TableReader& r, ModelSection* s) {
   DP_RETURN_IF_ERROR(r.String("config", &s->config));
+  DP_RETURN_IF_ERROR(r.String("weights", &s->weights));
   return r.Finish();
 }
 
@@ -286,6 +305,7 @@ Status ReadData(TableReader& r, DataConfig* d) {
   DP_RETURN_IF_ERROR(r.Int("crop", &d->crop));
   DP_RETURN_IF_ERROR(r.Bool("mirror", &d->mirror));
   DP_RETURN_IF_ERROR(r.String("mean_file", &d->mean_file));
+  DP_RETURN_IF_ERROR(r.FloatList("mean_values", &d->mean_values));
   DP_RETURN_IF_ERROR(r.Float("scale", &d->scale));
   DP_RETURN_IF_ERROR(r.Int("prefetch", &d->prefetch));
   return r.Finish();
@@ -295,6 +315,7 @@ Status ReadEval(TableReader& r, EvalConfig* e) {
   DP_RETURN_IF_ERROR(r.Int("every_steps", &e->every_steps));
   DP_RETURN_IF_ERROR(r.Float("every_seconds", &e->every_seconds));
   DP_RETURN_IF_ERROR(r.Int("test_batches", &e->test_batches));
+  DP_RETURN_IF_ERROR(r.Bool("at_start", &e->at_start));
   return r.Finish();
 }
 
@@ -460,19 +481,15 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
             "solver.stepvalues", fmt::format("[{}]", fmt::join(so.stepvalues, ", ")).c_str(),
             "must be positive and strictly increasing");
   }
-  v.Check(co.staleness_bound >= 0, "consistency.mode", ConsistencyModeString(co),
-          "staleness bound must be >= 0")
-      .Check(co.backup_workers >= 0, "consistency.backup_workers", co.backup_workers,
-             "must be >= 0")
-      .Check(co.backup_workers == 0 || co.mode == ConsistencyMode::kSync,
-             "consistency.backup_workers", co.backup_workers,
-             fmt::format("only mode \"sync\" has backup workers (mode is \"{}\")",
-                         ConsistencyModeString(co)))
+  v.Check(co.staleness_bound >= 0, "consistency.mode", ConsistencyModeString(co), "staleness bound must be >= 0")
+      .Check(co.backup_workers >= 0, "consistency.backup_workers", co.backup_workers, "must be >= 0")
+      .Check(co.backup_workers == 0 || co.mode == ConsistencyMode::kSync, "consistency.backup_workers",
+             co.backup_workers,
+             fmt::format("only mode \"sync\" has backup workers (mode is \"{}\")", ConsistencyModeString(co)))
       .Check(co.backup_workers < cl.workers, "consistency.backup_workers", co.backup_workers,
              fmt::format("must be < cluster.workers ({})", cl.workers))
-      .Check(!co.staleness_aware_lr || co.mode != ConsistencyMode::kSync,
-             "consistency.staleness_aware_lr", co.staleness_aware_lr,
-             "applies to async and ssp only (sync has no staleness)")
+      .Check(!co.staleness_aware_lr || co.mode != ConsistencyMode::kSync, "consistency.staleness_aware_lr",
+             co.staleness_aware_lr, "applies to async and ssp only (sync has no staleness)")
       .Check(wo.batch_size >= 1, "worker.batch_size", wo.batch_size, "must be >= 1")
       .Check(wo.steps >= 1, "worker.steps", wo.steps, "must be >= 1")
       .Check(wo.epochs >= 0, "worker.epochs", wo.epochs, "must be >= 0 (0 = use steps)")
@@ -481,19 +498,20 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(wo.gpu_index >= 0, "worker.device", DeviceString(wo), "GPU index must be >= 0")
       .Check(wo.threads >= 0, "worker.threads", wo.threads, "must be >= 0 (0 = all cores)")
       .Check(std::find(kConvAlgoNames.begin(), kConvAlgoNames.end(), wo.conv_algo) != kConvAlgoNames.end(),
-             "worker.conv_algo", wo.conv_algo,
-             "expected search, heuristic, gemm, implicit_gemm, fft or winograd")
+             "worker.conv_algo", wo.conv_algo, "expected search, heuristic, gemm, implicit_gemm, fft or winograd")
       .Check(da.crop >= 0, "data.crop", da.crop, "must be >= 0 (0 = no crop)")
-      .Check(da.scale > 0 && std::isfinite(da.scale), "data.scale", da.scale,
-             "must be finite and > 0")
+      .Check(da.scale > 0 && std::isfinite(da.scale), "data.scale", da.scale, "must be finite and > 0")
       .Check(da.prefetch >= 1, "data.prefetch", da.prefetch, "must be >= 1")
+      .Check(da.mean_file.empty() || da.mean_values.empty(), "data.mean_values",
+             fmt::format("[{}]", fmt::join(da.mean_values, ", ")).c_str(),
+             fmt::format("give either data.mean_file ({}) or data.mean_values, not both", Quote(da.mean_file)))
+      .Check(std::all_of(da.mean_values.begin(), da.mean_values.end(), [](float m) { return std::isfinite(m); }),
+             "data.mean_values", fmt::format("[{}]", fmt::join(da.mean_values, ", ")).c_str(), "must be finite")
       .Check(ev.every_steps >= 0, "eval.every_steps", ev.every_steps, "must be >= 0 (0 = off)")
-      .Check(ev.every_seconds >= 0 && std::isfinite(ev.every_seconds), "eval.every_seconds",
-             ev.every_seconds, "must be finite and >= 0 (0 = off)")
-      .Check(ev.test_batches >= 0, "eval.test_batches", ev.test_batches,
-             "must be >= 0 (0 = whole test set)")
-      .Check(ck.every_updates >= 0, "checkpoint.every_updates", ck.every_updates,
-             "must be >= 0 (0 = off)")
+      .Check(ev.every_seconds >= 0 && std::isfinite(ev.every_seconds), "eval.every_seconds", ev.every_seconds,
+             "must be finite and >= 0 (0 = off)")
+      .Check(ev.test_batches >= 0, "eval.test_batches", ev.test_batches, "must be >= 0 (0 = whole test set)")
+      .Check(ck.every_updates >= 0, "checkpoint.every_updates", ck.every_updates, "must be >= 0 (0 = off)")
       .Check(!ck.dir.empty(), "checkpoint.dir", ck.dir, "must be non-empty");
   return v.status();
 }
@@ -584,6 +602,7 @@ std::string ToToml(const RunConfig& c) {
   line("seed", num(c.run.seed));
   s += "\n[model]\n";
   line("config", str(c.model.config));
+  line("weights", str(c.model.weights));
   s += "\n[cluster]\n";
   line("servers", num(c.cluster.servers));
   line("workers", num(c.cluster.workers));
@@ -625,12 +644,18 @@ std::string ToToml(const RunConfig& c) {
   line("crop", num(c.data.crop));
   line("mirror", boolean(c.data.mirror));
   line("mean_file", str(c.data.mean_file));
+  {
+    std::vector<std::string> means;
+    for (float m : c.data.mean_values) means.push_back(flt(m));
+    line("mean_values", fmt::format("[{}]", fmt::join(means, ", ")));
+  }
   line("scale", flt(c.data.scale));
   line("prefetch", num(c.data.prefetch));
   s += "\n[eval]\n";
   line("every_steps", num(c.eval.every_steps));
   line("every_seconds", flt(c.eval.every_seconds));
   line("test_batches", num(c.eval.test_batches));
+  line("at_start", boolean(c.eval.at_start));
   s += "\n[checkpoint]\n";
   line("every_updates", num(c.checkpoint.every_updates));
   line("dir", str(c.checkpoint.dir));

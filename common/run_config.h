@@ -36,6 +36,11 @@ struct RunSection {
 // [model] — which net to train.
 struct ModelSection {
   std::string config = "configs/models/fmnist_small.toml";  // model TOML (client/engine NetSpec)
+  // Initial weights instead of the model's fillers ("" = fillers): a downpour tensor file
+  // (a run's model_final.dpt, downpour-caffe import-weights) or a Caffe .caffemodel. Every
+  // worker loads it before its first push, so the servers start from it (fine-tuning);
+  // tensors the file lacks keep their fillers (e.g. a renamed last layer for new classes).
+  std::string weights;
   bool operator==(const ModelSection&) const = default;
 };
 
@@ -75,7 +80,7 @@ struct SolverConfig {
   float power = 1.0f;                // exponent for poly and inv (>= 0)
   int64_t stepsize = 1000;           // iterations per step for "step" (> 0)
   std::vector<int64_t> stepvalues;   // strictly increasing iterations for "multistep" (non-empty then)
-  int64_t max_iter = 10000;          // horizon for "poly" and the server's update budget (> 0)
+  int64_t max_iter = 10000;          // horizon of "poly": lr reaches 0 at iter = max_iter (> 0)
   float momentum = 0.9f;             // in [0, 1)
   float weight_decay = 0.0005f;      // L2 coefficient (>= 0), times each tensor's decay_mult
   float clip_gradients = -1.0f;      // global L2-norm threshold, applied by each worker to its
@@ -136,7 +141,10 @@ struct DataConfig {
   DataSharding sharding = DataSharding::kSlice;  // TOML: sharding = "slice" | "own"
   int crop = 0;              // random crop side (center crop at test); 0 = no crop
   bool mirror = false;       // random horizontal flips during training
-  std::string mean_file;     // mean image (TensorFile) to subtract; "" = none
+  std::string mean_file;     // mean image to subtract: a downpour tensor file or a Caffe
+                             // .binaryproto (downpour-data mean); "" = none
+  std::vector<float> mean_values;  // per-channel means to subtract instead (Caffe's mean_value):
+                                   // 1 value, or one per channel in BGR order; [] = none
   float scale = 0.00390625f; // multiply pixels after mean subtraction (1/256, Caffe's MNIST)
   int prefetch = 4;          // batches the loader keeps ready (>= 1)
   bool operator==(const DataConfig&) const = default;
@@ -147,6 +155,8 @@ struct EvalConfig {
   int64_t every_steps = 500;   // evaluate every n steps; 0 = off
   double every_seconds = 0.0;  // and/or every t seconds of wall time; 0 = off
   int test_batches = 0;        // batches per evaluation; 0 = the whole test set
+  bool at_start = false;       // also evaluate the starting weights before the first step
+                               // (the accuracy a fine-tune starts from)
   bool operator==(const EvalConfig&) const = default;
 };
 

@@ -18,8 +18,7 @@ constexpr int64_t kShuffleBuffer = 4096;
 // A GPU worker's batches live in page-locked memory (async uploads); a CPU worker's in the
 // loader's default aligned memory.
 void SetBatchMemory(const RunConfig& c, data::LoaderOptions* o) {
-  engine::HostAllocator a =
-      engine::HostAllocatorFor(c.worker.device == DeviceKind::kGpu ? engine::DeviceKind::kGpu : engine::DeviceKind::kCpu);
+  engine::HostAllocator a = engine::HostAllocatorFor(c.worker.device);
   o->allocate = std::move(a.allocate);
   o->deallocate = std::move(a.deallocate);
 }
@@ -109,6 +108,7 @@ Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, st
   o.train = true;
   o.mirror = c.data.mirror;
   o.mean_file = c.data.mean_file;
+  o.mean_values = c.data.mean_values;
   o.scale = c.data.scale;
   o.shuffle_buffer = shuffle ? kShuffleBuffer : 0;
   o.seed = static_cast<uint64_t>(c.run.seed) * 1000003u + static_cast<uint64_t>(worker_id);
@@ -123,6 +123,7 @@ Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, st
 Status OpenLoaderTestSource(const RunConfig& c, int batch, std::unique_ptr<TestSource>* out) {
   data::LoaderOptions o = data::EvalOptions(c.data.test, batch, c.data.crop);
   o.mean_file = c.data.mean_file;
+  o.mean_values = c.data.mean_values;
   o.scale = c.data.scale;
   SetBatchMemory(c, &o);
   auto source = std::make_unique<LoaderTestSource>(o);

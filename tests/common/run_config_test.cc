@@ -283,3 +283,68 @@ TEST(RunConfigTest, ExampleConfigsLoad) {
 
 }  // namespace
 }  // namespace downpour
+
+namespace downpour {
+namespace {
+
+RunConfig WithSets(std::string_view text, const std::vector<std::string>& sets, Status* status) {
+  RunConfig c;
+  *status = ParseRunConfig(text, "base.toml", sets, &c);
+  return c;
+}
+
+TEST(RunConfigSetTest, OverridesApplyOnTopOfTheFileWithTomlOrBareValues) {
+  Status s;
+  const RunConfig c = WithSets("[worker]\nsteps = 100\nbatch_size = 32\n",
+                               {"worker.steps=500", "solver.base_lr=0.05", "data.train=/data/x train",
+                                "worker.device=gpu:1", "data.mirror=true", "data.mean_values=[104, 117.5, 123]",
+                                "model.weights=\"runs/a/model_final.dpt\""},
+                               &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.worker.steps, 500);
+  EXPECT_EQ(c.worker.batch_size, 32);  // from the file
+  EXPECT_FLOAT_EQ(c.solver.base_lr, 0.05f);
+  EXPECT_EQ(c.data.train, "/data/x train");  // not TOML: taken as a bare string
+  EXPECT_EQ(c.worker.device, DeviceKind::kGpu);
+  EXPECT_EQ(c.worker.gpu_index, 1);
+  EXPECT_TRUE(c.data.mirror);
+  EXPECT_EQ(c.data.mean_values, (std::vector<float>{104.0f, 117.5f, 123.0f}));
+  EXPECT_EQ(c.model.weights, "runs/a/model_final.dpt");
+}
+
+TEST(RunConfigSetTest, BadOverridesNameTheFlag) {
+  Status s;
+  WithSets("", {"worker.steps=0"}, &s);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--set worker.steps=0: worker.steps = 0: must be >= 1"));
+  WithSets("", {"worker.stepz=5"}, &s);
+  EXPECT_THAT(s.message(), HasSubstr("--set worker.stepz=5: unknown key worker.stepz"));
+  WithSets("", {"worker.steps=many"}, &s);
+  EXPECT_THAT(s.message(), HasSubstr("--set worker.steps=many: worker.steps = \"many\": expected an integer"));
+  WithSets("", {"bogus.key=1"}, &s);
+  EXPECT_THAT(s.message(), HasSubstr("--set bogus.key=1: unknown table 'bogus'"));
+  for (const char* malformed : {"steps=5", "worker.steps", ".x=1", "worker.=1", "a.b.c=1"}) {
+    WithSets("", {malformed}, &s);
+    EXPECT_THAT(s.message(), HasSubstr(fmt::format("--set {}: expected section.key=value", malformed)));
+  }
+  // A file error still names the file, not a flag.
+  WithSets("[worker]\nsteps = 0\n", {"worker.batch_size=8"}, &s);
+  EXPECT_THAT(s.message(), HasSubstr("base.toml: worker.steps = 0"));
+  // Cross-field rules name the flag that broke them.
+  WithSets("[data]\nmean_file = \"m.binaryproto\"\n", {"data.mean_values=[1, 2, 3]"}, &s);
+  EXPECT_THAT(s.message(), HasSubstr("--set data.mean_values=[1, 2, 3]: data.mean_values"));
+}
+
+TEST(RunConfigSetTest, NewKeysRoundTripThroughToToml) {
+  RunConfig c;
+  c.model.weights = "w.caffemodel";
+  c.data.mean_values = {104.0f, 117.0f, 123.0f};
+  c.eval.at_start = true;
+  RunConfig back;
+  const Status s = ParseRunConfig(ToToml(c), "roundtrip", &back);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(back, c);
+}
+
+}  // namespace
+}  // namespace downpour
