@@ -150,9 +150,11 @@ class Reader {
   }
 
  private:
+  // Refills the buffer with what the file has left past the bytes read from it so far
+  // (file_pos_), which runs ahead of offset_ (bytes handed out) while a Get is in progress.
   Status Fill(std::string_view field) {
     if (buf_.empty()) buf_.resize(kIoBuffer);
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(kIoBuffer, remaining()));
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kIoBuffer, size_ - file_pos_));
     DP_RETURN_IF_ERROR(ReadAll(buf_.data(), want, field));
     pos_ = 0;
     end_ = want;
@@ -168,6 +170,7 @@ class Reader {
       if (r == 0) return Corrupt("{}: truncated (file shrank) reading {}", path_, field);
       p += r;
       n -= static_cast<size_t>(r);
+      file_pos_ += static_cast<uint64_t>(r);
     }
     return Status::Ok();
   }
@@ -175,7 +178,8 @@ class Reader {
   int fd_;
   const std::string& path_;
   uint64_t size_;
-  uint64_t offset_ = 0;
+  uint64_t offset_ = 0;    // bytes handed out by Get
+  uint64_t file_pos_ = 0;  // bytes read from the file (offset_ + what sits in the buffer)
   std::vector<uint8_t> buf_;
   size_t pos_ = 0, end_ = 0;
   uint32_t crc_ = 0;

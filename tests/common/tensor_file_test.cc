@@ -104,6 +104,28 @@ TEST_F(TensorFileTest, LargeTensorCrossesIoBuffers) {
   EXPECT_EQ(back, f);
 }
 
+// A read that straddles the end of the 1 MiB read buffer near the end of the file: the reader
+// must ask the file for what is left of it, not for what is left after the bytes already
+// consumed (it used to, and files like a Fashion-MNIST shard checkpoint — several tensors with
+// the last buffer refill short — were refused as "truncated (file shrank)").
+TEST_F(TensorFileTest, ManySmallAndLargeTensorsWithAShortLastBuffer) {
+  for (const size_t tail : {size_t{1}, size_t{37}, size_t{4096}, size_t{300000}}) {
+    TensorFile f;
+    f.meta["kind"] = "shard_checkpoint";
+    // Tensors that do not line up with the buffer: 1 MiB - 20 bytes, then small ones, then
+    // `tail` floats, so the last refill is short and a tensor's bytes span two refills.
+    f.tensors.push_back({"chunk0.weights", {262139}, std::vector<float>(262139, 0.5f)});
+    for (int i = 0; i < 5; ++i) f.tensors.push_back({fmt::format("small{}", i), {3}, {1.0f, 2.0f, float(i)}});
+    f.tensors.push_back({"chunk0.history", {262139}, std::vector<float>(262139, -0.25f)});
+    f.tensors.push_back({"tail", {static_cast<int64_t>(tail)}, std::vector<float>(tail, 7.0f)});
+    ASSERT_TRUE(WriteTensorFile(Path("c.dpt"), f).ok());
+    TensorFile back;
+    const Status s = ReadTensorFile(Path("c.dpt"), &back);
+    ASSERT_TRUE(s.ok()) << "tail " << tail << ": " << s.ToString();
+    EXPECT_EQ(back, f) << "tail " << tail;
+  }
+}
+
 TEST_F(TensorFileTest, LayoutIsTheDocumentedOne) {
   TensorFile f;
   f.tensors.push_back({"x", {2}, {1.0f, 2.0f}});
