@@ -1,7 +1,9 @@
 // lmdb_io.cc — LMDB environment, per-thread read transactions, batched writer.
 #include "data/lmdb_io.h"
 
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 namespace downpour::data {
 namespace {
@@ -12,16 +14,85 @@ Status LmdbError(int rc, const std::string& path, const char* what) {
   return IoError("LMDB {}: {} failed: {}", path, what, mdb_strerror(rc));
 }
 
+// Where LMDB 0.9 (liblmdb, 64-bit builds) keeps what we need in its first meta page
+// (mdb.c: a 16-byte MDB_page header, then MDB_meta {u32 mm_magic, u32 mm_version,
+// void* mm_address, size_t mm_mapsize, MDB_db mm_dbs[2], ...}; the page size is stored in
+// mm_dbs[FREE_DBI].md_pad, the first field of mm_dbs).
+constexpr size_t kMetaMagicOffset = 16;
+constexpr size_t kMetaPageSizeOffset = 40;
+constexpr uint32_t kLmdbMagic = 0xBEEFC0DE;
+
+// Before mdb_env_open: a data.mdb must hold LMDB's two meta pages. mdb_env_open takes an
+// empty file for a new environment and fails writing it ("Bad file descriptor" on a
+// read-only open) and a short one for "not an LMDB file"; both deserve a plainer word.
+Status CheckMetaPages(const std::string& path, const std::string& file, uint64_t size) {
+  if (size == 0) {
+    return Corrupt(
+        "LMDB {}: data.mdb is empty (0 bytes); the dataset is incomplete: "
+        "convert it again",
+        path);
+  }
+  unsigned char head[kMetaPageSizeOffset + 4] = {};
+  std::ifstream in(file, std::ios::binary);
+  in.read(reinterpret_cast<char*>(head), sizeof(head));
+  uint32_t magic = 0, psize = 0;
+  if (in.gcount() == static_cast<std::streamsize>(sizeof(head))) {
+    std::memcpy(&magic, head + kMetaMagicOffset, 4);
+    std::memcpy(&psize, head + kMetaPageSizeOffset, 4);
+  }
+  if (magic != kLmdbMagic) {
+    return Corrupt(
+        "LMDB {}: data.mdb ({} bytes) does not start with an LMDB meta page "
+        "(magic 0x{:08x}, expected 0x{:08x}); not an LMDB data file",
+        path, size, magic, kLmdbMagic);
+  }
+  if (size < 2 * uint64_t{psize}) {
+    return Corrupt(
+        "LMDB {}: data.mdb is {} bytes but the database needs at least {} (its two "
+        "{}-byte meta pages); truncated copy? Copy or convert it again",
+        path, size, 2 * uint64_t{psize}, psize);
+  }
+  return Status::Ok();
+}
+
+// After mdb_env_open, before any page but the meta pages is touched: pages past the end of
+// the file are mapped but not backed, and reading one kills the process with SIGBUS.
+Status CheckFileHoldsEveryPage(MDB_env* env, const std::string& path, uint64_t size) {
+  MDB_envinfo info;
+  MDB_stat stat;
+  int rc = mdb_env_info(env, &info);
+  if (rc != 0) return LmdbError(rc, path, "mdb_env_info");
+  rc = mdb_env_stat(env, &stat);
+  if (rc != 0) return LmdbError(rc, path, "mdb_env_stat");
+  const uint64_t needed = (uint64_t{info.me_last_pgno} + 1) * stat.ms_psize;
+  if (size < needed) {
+    return Corrupt(
+        "LMDB {}: data.mdb is {} bytes but the database needs {} ({} pages of {} "
+        "bytes); truncated copy? Copy or convert it again",
+        path, size, needed, uint64_t{info.me_last_pgno} + 1, stat.ms_psize);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status LmdbEnv::OpenReadOnly(const std::string& path, std::unique_ptr<LmdbEnv>* out) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) return NotFound("LMDB {}: no such directory", path);
-  if (!fs::is_directory(path, ec)) return NotFound("LMDB {}: not a directory", path);
-  if (!fs::exists(fs::path(path) / "data.mdb", ec)) {
+  if (!fs::is_directory(path, ec)) {
+    return NotFound(
+        "LMDB {}: not a directory (give the LMDB directory, the one holding "
+        "data.mdb)",
+        path);
+  }
+  const std::string data_file = (fs::path(path) / "data.mdb").string();
+  if (!fs::exists(data_file, ec)) {
     return NotFound("LMDB {}: not an LMDB (no data.mdb in the directory)", path);
   }
+  const uint64_t size = fs::file_size(data_file, ec);
+  if (ec) return IoError("LMDB {}: cannot stat data.mdb: {}", path, ec.message());
+  DP_RETURN_IF_ERROR(CheckMetaPages(path, data_file, size));
   std::unique_ptr<LmdbEnv> env(new LmdbEnv());
   env->path_ = path;
   int rc = mdb_env_create(&env->env_);
@@ -37,6 +108,7 @@ Status LmdbEnv::OpenReadOnly(const std::string& path, std::unique_ptr<LmdbEnv>* 
     rc = mdb_env_open(env->env_, path.c_str(), MDB_RDONLY | MDB_NOTLS | MDB_NOLOCK, 0664);
   }
   if (rc != 0) return LmdbError(rc, path, "mdb_env_open");
+  DP_RETURN_IF_ERROR(CheckFileHoldsEveryPage(env->env_, path, size));
   MDB_txn* txn = nullptr;
   rc = mdb_txn_begin(env->env_, nullptr, MDB_RDONLY, &txn);
   if (rc != 0) return LmdbError(rc, path, "mdb_txn_begin");
@@ -46,7 +118,11 @@ Status LmdbEnv::OpenReadOnly(const std::string& path, std::unique_ptr<LmdbEnv>* 
     return LmdbError(rc, path, "mdb_dbi_open");
   }
   MDB_stat stat;
-  mdb_stat(txn, env->dbi_, &stat);
+  rc = mdb_stat(txn, env->dbi_, &stat);
+  if (rc != 0) {
+    mdb_txn_abort(txn);
+    return LmdbError(rc, path, "mdb_stat");
+  }
   env->entries_ = static_cast<int64_t>(stat.ms_entries);
   mdb_txn_abort(txn);
   *out = std::move(env);
@@ -147,6 +223,10 @@ Status LmdbWriter::BeginTxn() {
 
 Status LmdbWriter::Put(std::string_view key, std::string_view value) {
   DP_CHECK(txn_ != nullptr);
+  if (key.size() > kMaxKeyBytes || key.empty()) {
+    return InvalidArgument("LMDB {}: key '{}' is {} bytes; LMDB keys are 1..{} bytes", path_, key, key.size(),
+                           kMaxKeyBytes);
+  }
   MDB_val k{key.size(), const_cast<char*>(key.data())};
   MDB_val v{value.size(), const_cast<char*>(value.data())};
   int rc = mdb_put(txn_, dbi_, &k, &v, 0);

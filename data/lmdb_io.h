@@ -25,7 +25,10 @@ namespace downpour::data {
 class LmdbEnv {
  public:
   // Opens an existing LMDB directory read-only. A missing path or a directory without
-  // data.mdb is kNotFound naming the path.
+  // data.mdb is kNotFound naming the path. A data.mdb that is empty, is not an LMDB file or
+  // is shorter than its meta pages say the database is (a truncated copy, which LMDB would
+  // map and then die on with SIGBUS at the first read past the end) is kCorrupt naming the
+  // path and both sizes.
   static Status OpenReadOnly(const std::string& path, std::unique_ptr<LmdbEnv>* out);
   ~LmdbEnv();
   LmdbEnv(const LmdbEnv&) = delete;
@@ -104,5 +107,8 @@ class LmdbWriter {
 
 // Caffe's key style: zero-padded index so insertion order is key order ("%08d_<name>").
 std::string RecordKey(int64_t index, std::string_view name);
+
+// The longest key LMDB accepts (liblmdb's compiled-in MDB_MAXKEYSIZE, 511 bytes).
+inline constexpr size_t kMaxKeyBytes = 511;
 
 }  // namespace downpour::data
