@@ -70,6 +70,14 @@ Status Loader::ValidateOptions() const {
   }
   if (o.shuffle_buffer < 0) return InvalidArgument("loader: shuffle_buffer is {}, must be >= 0", o.shuffle_buffer);
   if (o.epochs < 0) return InvalidArgument("loader: epochs is {}, must be >= 0", o.epochs);
+  if (o.num_classes < 0) {
+    return InvalidArgument("loader: num_classes is {}, must be >= 0 (0 = labels unchecked)", o.num_classes);
+  }
+  // Stream positions are start_batch * batch_size and up: keep them far from int64 overflow.
+  if (o.start_batch < 0 || o.start_batch > (int64_t{1} << 62) / o.batch_size) {
+    return InvalidArgument("loader: start_batch is {}, must be in [0, {}] for batch_size {}", o.start_batch,
+                           (int64_t{1} << 62) / o.batch_size, o.batch_size);
+  }
   if (!std::isfinite(o.scale)) return InvalidArgument("loader: scale is {}, must be finite", o.scale);
   if (!o.mean_file.empty() && !o.mean_values.empty()) {
     return InvalidArgument("loader: both mean_file ({}) and {} mean_values given; pick one",
@@ -174,7 +182,17 @@ Status Loader::Open() {
   const int64_t n = slice_.size();
   if (options_.epochs > 0) {
     total_batches_ = (options_.epochs * n + options_.batch_size - 1) / options_.batch_size;
+    if (options_.start_batch > total_batches_) {
+      return InvalidArgument(
+          "loader: start_batch {} is past the end of the stream: {} epochs "
+          "of the {} records of LMDB {} (slice {} of {}) are {} batches of {}",
+          options_.start_batch, options_.epochs, n, options_.db_path, options_.shard_index, options_.shard_count,
+          total_batches_, options_.batch_size);
+    }
   }
+  // Batches before start_batch count as taken: the threads claim, and Next() hands out, from
+  // there on. Every batch is a pure function of its index, so nothing else changes.
+  next_claim_ = next_consume_ = options_.start_batch;
   const size_t image_floats = size_t(out_c_) * out_h_ * out_w_;
   slots_.resize(static_cast<size_t>(options_.queue_depth));
   for (auto& slot : slots_) {
@@ -267,6 +285,14 @@ Status Loader::LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, I
   DP_RETURN_IF_ERROR(txn->Get(key, &value));
   const std::string where = fmt::format("LMDB {} key {}", options_.db_path, key);
   DP_RETURN_IF_ERROR(ParseDatum(value, where, datum));
+  if (options_.num_classes > 0 && (datum->label() < 0 || datum->label() >= options_.num_classes)) {
+    // Not a bad record to skip: the dataset and the model disagree (InvalidArgument stops the
+    // loader whatever on_bad_record says).
+    return InvalidArgument(
+        "{}: label {} is outside the model's {} classes (0..{}): the dataset "
+        "and model.config do not match",
+        where, datum->label(), options_.num_classes, options_.num_classes - 1);
+  }
   ImageView v;
   DP_RETURN_IF_ERROR(ViewDatum(*datum, options_.channels, where, scratch, &v));
   if (v.c != out_c_) {
@@ -305,8 +331,9 @@ Status Loader::FillBatch(int64_t b, ReadTxn* txn, Batch* batch, caffe::Datum* da
       good = i;
       continue;
     }
-    // LMDB failures (not the record's fault) always stop the loader.
-    if (options_.on_bad_record == BadRecordPolicy::kFail || s.code() == StatusCode::kIoError) {
+    // Only a bad record (kCorrupt) is skipped; LMDB failures (not the record's fault) and a
+    // label outside the model's classes always stop the loader.
+    if (options_.on_bad_record == BadRecordPolicy::kFail || s.code() != StatusCode::kCorrupt) {
       return s;
     }
     bad.push_back(i);

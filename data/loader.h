@@ -18,6 +18,8 @@
 //     image of the same batch (label included) so batches keep their shape. A batch with no
 //     good record at all stops the loader with an error.
 //   kFail: the first bad record stops the loader; status() names the LMDB and key.
+// Only a bad record (kCorrupt) is skipped: an LMDB read failure, or a label outside
+// num_classes (LoaderOptions::num_classes), always stops the loader.
 // Errors on loader threads surface at the caller's next Next(): it returns nullptr and
 // status() says why. Next() also returns nullptr after the last batch when `epochs` > 0.
 //
@@ -66,6 +68,17 @@ struct LoaderOptions {
   int threads = 2;                // decode/augment threads
   int queue_depth = 4;            // preallocated batches in the ring (>= 2)
   BadRecordPolicy on_bad_record = BadRecordPolicy::kSkip;
+  // The net's number of classes (its last layer's num_output); 0 = labels are not checked.
+  // When set, a record whose label is outside [0, num_classes) stops the loader with
+  // kInvalidArgument naming the LMDB, the key, the label and num_classes, whatever
+  // on_bad_record says: it means the dataset and the model do not match, and skipping would
+  // only hide that.
+  int num_classes = 0;
+  // The first batch of the stream: the loader yields batches start_batch, start_batch + 1,
+  // ... exactly as a loader with start_batch = 0 would (same records, crops, mirrors,
+  // `index` and `epoch`), so a resumed worker goes on where it stopped. With epochs > 0 it
+  // counts toward the total: the loader yields total - start_batch batches.
+  int64_t start_batch = 0;
   // Batch memory. Default: 64-byte aligned host memory. A GPU worker passes cudaHostAlloc /
   // cudaFreeHost here for pinned buffers, so data/ never depends on CUDA.
   std::function<void*(size_t bytes)> allocate;

@@ -388,6 +388,150 @@ TEST(Loader, FailPolicyStopsAtTheFirstBadRecordNamingIt) {
   }
 }
 
+// One handed-out batch, copied.
+struct BatchCopy {
+  int64_t index = 0, epoch = 0;
+  int n = 0, c = 0, h = 0, w = 0;
+  std::vector<float> data;
+  std::vector<int> labels;
+  bool operator==(const BatchCopy&) const = default;
+};
+
+// Every batch a loader hands out (at most `limit`), and its status at the end.
+std::vector<BatchCopy> Batches(const LoaderOptions& o, int limit, Status* status) {
+  Loader loader(o);
+  *status = loader.Open();
+  std::vector<BatchCopy> out;
+  if (!status->ok()) return out;
+  while (static_cast<int>(out.size()) < limit) {
+    const Batch* b = loader.Next();
+    if (b == nullptr) break;
+    BatchCopy c{b->index, b->epoch, b->n, b->c, b->h, b->w, {}, {}};
+    c.data.assign(b->data, b->data + size_t(b->n) * b->c * b->h * b->w);
+    c.labels.assign(b->labels, b->labels + b->n);
+    out.push_back(std::move(c));
+    loader.Release(b);
+  }
+  *status = loader.status();
+  return out;
+}
+
+TEST(Loader, StartBatchResumesTheStreamBitForBit) {
+  TempDir dir;
+  WriteRawDb(dir / "db", 37, 3, 12, 10);
+  LoaderOptions o;
+  o.db_path = dir / "db";
+  o.batch_size = 5;
+  o.crop = 7;
+  o.mirror = true;
+  o.shuffle_buffer = 16;
+  o.seed = 7;
+  o.mean_values = {10, 20, 30};
+  o.threads = 2;
+  Status s;
+  // 20 batches of 5 = 100 images: epochs 0, 1 and 2 (37 records each), batches 7 and 14
+  // straddle the boundaries.
+  const auto all = Batches(o, 20, &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(all.size(), 20u);
+  EXPECT_EQ(all[7].epoch, 0);  // positions 35..39: the epoch of its first image
+  EXPECT_EQ(all[8].epoch, 1);
+  EXPECT_EQ(all[14].epoch, 1);  // positions 70..74
+  EXPECT_EQ(all[15].epoch, 2);
+  for (int64_t start : {1, 7, 8, 14, 19}) {
+    o.start_batch = start;
+    const auto resumed = Batches(o, static_cast<int>(20 - start), &s);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(resumed.size(), size_t(20 - start));
+    for (size_t k = 0; k < resumed.size(); ++k) {
+      EXPECT_EQ(resumed[k].index, start + static_cast<int64_t>(k));
+      EXPECT_TRUE(resumed[k] == all[static_cast<size_t>(start) + k])
+          << "start_batch " << start << ": batch " << resumed[k].index << " differs";
+    }
+  }
+}
+
+TEST(Loader, StartBatchCountsTowardTheEpochs) {
+  TempDir dir;
+  WriteRawDb(dir / "db", 10, 1, 2, 2);
+  LoaderOptions o = EvalOptions(dir / "db", 4, 0);
+  o.epochs = 2;  // 20 images: batches 0..4, the last one of 4
+  o.shuffle_buffer = 4;
+  Status s;
+  const auto all = Batches(o, 100, &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(all.size(), 5u);
+  o.start_batch = 3;
+  const auto tail = Batches(o, 100, &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(tail.size(), 2u);
+  EXPECT_TRUE(tail[0] == all[3]);
+  EXPECT_TRUE(tail[1] == all[4]);
+  o.start_batch = 5;  // resumed after the last batch: nothing left, no error
+  EXPECT_TRUE(Batches(o, 100, &s).empty());
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  o.start_batch = 6;
+  Loader past(o);
+  s = past.Open();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("start_batch 6 is past the end of the stream"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("are 5 batches of 4"), std::string::npos) << s.message();
+  o.start_batch = -1;
+  Loader negative(o);
+  s = negative.Open();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("start_batch is -1"), std::string::npos) << s.message();
+}
+
+TEST(Loader, LabelOutsideTheModelsClassesStopsTheLoaderNamingKeyAndLabel) {
+  TempDir dir;
+  // Labels = index 0..11; with num_classes 10, records 10 and 11 do not fit the model.
+  WriteDbWithBadRecords(dir / "db", 12, {});
+  for (BadRecordPolicy policy : {BadRecordPolicy::kSkip, BadRecordPolicy::kFail}) {
+    LoaderOptions o = EvalOptions(dir / "db", 4, 0);
+    o.num_classes = 10;
+    o.on_bad_record = policy;
+    Loader loader(o);
+    ASSERT_TRUE(loader.Open().ok()) << loader.status().ToString();
+    int batches = 0;
+    while (const Batch* b = loader.Next()) {
+      for (int i = 0; i < b->n; ++i) EXPECT_LT(b->labels[i], 10);
+      ++batches;
+      loader.Release(b);
+    }
+    EXPECT_LE(batches, 2) << "the batch holding key 10 is never handed out";
+    const Status s = loader.status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("LMDB " + (dir / "db") +
+                               " key 00000010_x: label 10 is outside "
+                               "the model's 10 classes (0..9): the dataset and model.config "
+                               "do not match"),
+              std::string::npos)
+        << s.message();
+    EXPECT_EQ(loader.stats().skipped_records, 0) << "a label mismatch is not a skipped record";
+  }
+  // Negative labels too; num_classes 12 accepts every record.
+  std::unique_ptr<LmdbWriter> writer;
+  ASSERT_TRUE(LmdbWriter::Create(dir / "neg", &writer).ok());
+  const uint8_t px[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(writer->Put(RecordKey(0, "a"), MakeRawDatum(1, 2, 2, px, 0)).ok());
+  ASSERT_TRUE(writer->Put(RecordKey(1, "b"), MakeRawDatum(1, 2, 2, px, -3)).ok());
+  ASSERT_TRUE(writer->Finish().ok());
+  LoaderOptions o = EvalOptions(dir / "neg", 2, 0);
+  o.num_classes = 5;
+  Status s;
+  EXPECT_TRUE(Batches(o, 10, &s).empty());
+  EXPECT_NE(s.message().find("key 00000001_b: label -3 is outside the model's 5 classes (0..4)"), std::string::npos)
+      << s.message();
+  o = EvalOptions(dir / "db", 4, 0);
+  o.num_classes = 12;
+  EXPECT_EQ(Batches(o, 10, &s).size(), 3u);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  o.num_classes = -1;
+  Loader bad(o);
+  EXPECT_NE(bad.Open().message().find("num_classes is -1"), std::string::npos);
+}
+
 TEST(Loader, AllocatorHookOwnsTheBatchMemory) {
   TempDir dir;
   WriteRawDb(dir / "db", 9, 1, 4, 4);
