@@ -1,9 +1,14 @@
 // mean_file.h — the mean image: computing it over an LMDB and its file format.
 //
-// File format: the project's tensor file (common/tensor_file.h: magic "DPTF", version, CRCs)
-// holding one tensor named "mean" of shape [c, h, w] (planar float32) and the metadata
-// kind = "mean_image" (plus source = the LMDB path and records = how many were averaged when
-// computed by ComputeMean).
+// File formats, told apart by content when read:
+//   * ours (the default): the project's tensor file (common/tensor_file.h: magic "DPTF",
+//     version, CRCs) holding one tensor named "mean" of shape [c, h, w] (planar float32) and
+//     the metadata kind = "mean_image" (plus source = the LMDB path and records = how many
+//     were averaged when computed by ComputeMean);
+//   * Caffe's .binaryproto (compute_image_mean): a serialized caffe.BlobProto
+//     (data/caffe.proto) of num 1, channels, height, width — as `shape {dim: 1 dim: c dim: h
+//     dim: w}` or the legacy num/channels/height/width fields — and float `data` (or
+//     `double_data`) in C x H x W order, BGR for colour like the records. No metadata.
 //
 // Thread-safety: free functions. Ownership: outputs are caller-owned and replaced.
 #pragma once
@@ -30,10 +35,16 @@ struct MeanImage {
 // shape; the first that does not is kInvalidArgument naming its key and both shapes.
 Status ComputeMean(const std::string& db_path, MeanImage* out);
 
-// Writes atomically (WriteTensorFile: temp file, fsync, rename); errors name the path.
+// Writes atomically (temp file, fsync, rename); errors name the path. A path ending in
+// ".binaryproto" is written in Caffe's format (WriteMeanBinaryproto), any other in ours.
 Status WriteMeanFile(const MeanImage& mean, const std::string& path);
-// Reads and checks the tensor file (magic, version, CRCs), that it is a mean image and that
-// the "mean" tensor is [c, h, w]; errors name the path and the bad values.
+// Writes Caffe's format as compute_image_mean does (legacy num = 1, channels, height, width
+// and float data), atomically; errors name the path.
+Status WriteMeanBinaryproto(const MeanImage& mean, const std::string& path);
+// Reads either format: a file starting with "DPTF" is our tensor file (magic, version, CRCs
+// checked, kind must be mean_image, the "mean" tensor [c, h, w]); anything else is parsed as
+// a Caffe BlobProto (num must be 1, the value count c x h x w). Errors name the path and what
+// was wrong, with the values.
 Status ReadMeanFile(const std::string& path, MeanImage* out);
 
 }  // namespace downpour::data
