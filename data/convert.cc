@@ -1,6 +1,8 @@
 // convert.cc — IDX, CIFAR-10 and image-folder converters; the inspector.
 #include "data/convert.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +23,16 @@ namespace {
 // Writes records round robin into `shards` LMDBs.
 class ShardedWriter {
  public:
+  ShardedWriter() = default;
+  ShardedWriter(const ShardedWriter&) = delete;
+  ShardedWriter& operator=(const ShardedWriter&) = delete;
+  // Unless Finish() succeeded, removes `out`.incomplete: a failed conversion leaves nothing.
+  ~ShardedWriter() {
+    if (finished_ || staging_.empty()) return;
+    writers_.clear();  // close the environments before their files go
+    std::error_code ec;
+    std::filesystem::remove_all(staging_, ec);
+  }
   // Writes under `out`.incomplete and renames it to `out` in Finish(), so a conversion that
   // fails half-way never leaves something that looks like a dataset.
   Status Open(const ConvertOptions& options) {
@@ -54,11 +66,13 @@ class ShardedWriter {
     std::filesystem::remove(out_, ec);  // an empty directory given as --out
     std::filesystem::rename(staging_, out_, ec);
     if (ec) return IoError("convert: renaming {} to {} failed: {}", staging_, out_, ec.message());
+    finished_ = true;
     report->lmdbs = paths_;
     return Status::Ok();
   }
 
  private:
+  bool finished_ = false;
   std::string out_, staging_;
   std::vector<std::string> paths_;
   std::vector<std::unique_ptr<LmdbWriter>> writers_;
@@ -158,37 +172,33 @@ Status ConvertCifar(const std::vector<std::string>& batches, const ConvertOption
   return Status::Ok();
 }
 
-Status ConvertFolder(const FolderOptions& folder, const ConvertOptions& options,
-                     ConvertReport* report) {
-  if (folder.encoded != "" && folder.encoded != "jpg" && folder.encoded != "png") {
-    return InvalidArgument("convert-folder: --encoded is '{}', must be jpg, png or empty", folder.encoded);
-  }
-  if (folder.channels != 1 && folder.channels != 3) {
-    return InvalidArgument("convert-folder: channels is {}, must be 1 or 3", folder.channels);
-  }
-  if (folder.resize_h < 0 || folder.resize_w < 0 || (folder.resize_h == 0) != (folder.resize_w == 0)) {
-    return InvalidArgument("convert-folder: resize {}x{}: give both sides > 0, or neither",
-                           folder.resize_h, folder.resize_w);
-  }
+namespace {
+
+struct ListEntry {
+  std::string path;  // relative to the root
+  int label = 0;
+  int line = 0;  // in the list file, 1-based
+};
+
+// Reads "<path> <label>" lines (the label is the last field, so paths may hold spaces, as in
+// Caffe's list files); every named file must exist.
+Status ReadFolderList(const FolderOptions& folder, std::vector<ListEntry>* out) {
   std::ifstream list(folder.list);
   if (!list) return NotFound("convert-folder: label list {}: cannot open", folder.list);
-  struct Entry {
-    std::string path;
-    int label;
-  };
-  std::vector<Entry> entries;
+  std::vector<ListEntry> entries;
   std::string line;
   for (int line_no = 1; std::getline(list, line); ++line_no) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    // The label is the last field, so paths may contain spaces (as in Caffe's list files).
-    const size_t sep = line.find_last_of(" \t");
+    const size_t end = line.find_last_not_of(" \t\r");
+    if (end == std::string::npos) continue;
+    const std::string text = line.substr(0, end + 1);  // trailing blanks and CR dropped
+    const size_t sep = text.find_last_of(" \t");
     int label = 0;
-    std::istringstream label_in(sep == std::string::npos ? "" : line.substr(sep + 1));
-    if (sep == std::string::npos || !(label_in >> label)) {
-      return InvalidArgument("convert-folder: {} line {}: expected '<path> <label>', got '{}'",
-                             folder.list, line_no, line);
+    std::istringstream label_in(sep == std::string::npos ? "" : text.substr(sep + 1));
+    if (sep == std::string::npos || !(label_in >> label) || !label_in.eof()) {
+      return InvalidArgument("convert-folder: {} line {}: expected '<path> <integer label>', got '{}'", folder.list,
+                             line_no, text);
     }
-    Entry e{line.substr(0, line.find_last_not_of(" \t", sep) + 1), label};
+    ListEntry e{text.substr(0, text.find_last_not_of(" \t", sep) + 1), label, line_no};
     const std::string full = (std::filesystem::path(folder.root) / e.path).string();
     if (!std::filesystem::is_regular_file(full)) {
       return NotFound("convert-folder: {} line {}: image file {} does not exist", folder.list,
@@ -197,44 +207,122 @@ Status ConvertFolder(const FolderOptions& folder, const ConvertOptions& options,
     entries.push_back(std::move(e));
   }
   if (entries.empty()) return InvalidArgument("convert-folder: label list {} is empty", folder.list);
+  // The path is the record's key (after its number): LMDB would refuse a long one half-way.
+  const int64_t last_index = static_cast<int64_t>(entries.size()) - 1;
+  for (const ListEntry& e : entries) {
+    const size_t key_bytes = RecordKey(last_index, e.path).size();
+    if (key_bytes > kMaxKeyBytes) {
+      return InvalidArgument(
+          "convert-folder: {} line {}: the path is {} bytes; with the record number its LMDB key would be {} "
+          "bytes, over LMDB's limit of {}",
+          folder.list, e.line, e.path.size(), key_bytes, kMaxKeyBytes);
+    }
+  }
+  *out = std::move(entries);
+  return Status::Ok();
+}
+
+// One image file -> a serialized Datum whose channels/height/width always say what decoding
+// its data gives. `bytes` is the file, `stored_c` the channels it decodes to by itself and
+// `img` it decoded with folder.channels.
+Status FolderRecord(const FolderOptions& folder, std::string bytes, int stored_c, Image img, int label,
+                    std::string* value) {
+  const bool resize = folder.resize_h > 0 && (img.h != folder.resize_h || img.w != folder.resize_w);
+  if (resize) img = ResizeBilinear(img, folder.resize_h, folder.resize_w);
+  if (folder.encoded.empty()) {
+    const Image chw = ToLayout(img, Layout::kChw);
+    *value = MakeRawDatum(chw.c, chw.h, chw.w, chw.pixels.data(), label);
+    return Status::Ok();
+  }
+  // Like Caffe, a file of the right kind that nothing changes is stored as it is: no resize,
+  // and channels as wanted, or a greyscale file in a colour set (kept, recorded as 1 channel:
+  // the loader decodes it with the channels the run asks for). A colour file in a greyscale
+  // set is re-encoded as greyscale, so the record holds what its header says.
+  const bool is_jpeg = static_cast<uint8_t>(bytes[0]) == 0xFF;
+  if (!resize && (folder.encoded == "jpg") == is_jpeg && (stored_c == img.c || stored_c == 1)) {
+    *value = MakeEncodedDatum(bytes, stored_c, img.h, img.w, label);
+    return Status::Ok();
+  }
+  std::string encoded;
+  if (folder.encoded == "jpg") {
+    DP_RETURN_IF_ERROR(EncodeJpeg(img, folder.jpeg_quality, &encoded));
+  } else {
+    DP_RETURN_IF_ERROR(EncodePng(img, &encoded));
+  }
+  *value = MakeEncodedDatum(encoded, img.c, img.h, img.w, label);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ConvertFolder(const FolderOptions& folder, const ConvertOptions& options, ConvertReport* report) {
+  if (folder.encoded != "" && folder.encoded != "jpg" && folder.encoded != "png") {
+    return InvalidArgument("convert-folder: --encoded is '{}', must be jpg, png or empty", folder.encoded);
+  }
+  if (folder.channels != 1 && folder.channels != 3) {
+    return InvalidArgument("convert-folder: channels is {}, must be 1 or 3", folder.channels);
+  }
+  if (folder.resize_h < 0 || folder.resize_w < 0 || (folder.resize_h == 0) != (folder.resize_w == 0)) {
+    return InvalidArgument("convert-folder: resize {}x{}: give both sides > 0, or neither", folder.resize_h,
+                           folder.resize_w);
+  }
+  if (folder.jpeg_quality < 1 || folder.jpeg_quality > 100) {
+    return InvalidArgument("convert-folder: --quality is {}, must be in [1, 100]", folder.jpeg_quality);
+  }
+  std::vector<ListEntry> entries;
+  DP_RETURN_IF_ERROR(ReadFolderList(folder, &entries));
   ShardedWriter writer;
   DP_RETURN_IF_ERROR(writer.Open(options));
   ConvertReport r;
+  int64_t written = 0;  // keys stay dense (and shards balanced) when images are skipped
   const auto order = WriteOrder(static_cast<int64_t>(entries.size()), options);
   for (size_t k = 0; k < order.size(); ++k) {
-    const Entry& e = entries[static_cast<size_t>(order[k])];
+    const ListEntry& e = entries[static_cast<size_t>(order[k])];
     const std::string full = (std::filesystem::path(folder.root) / e.path).string();
     std::string bytes;
-    DP_RETURN_IF_ERROR(ReadFileBytes(full, &bytes));
+    int stored_c = 0;
     Image img;
-    DP_RETURN_IF_ERROR(DecodeImage(bytes, folder.channels, full, &img));
-    const bool resize = folder.resize_h > 0 && (img.h != folder.resize_h || img.w != folder.resize_w);
-    if (resize) img = ResizeBilinear(img, folder.resize_h, folder.resize_w);
-    std::string value;
-    if (folder.encoded.empty()) {
-      const Image chw = ToLayout(img, Layout::kChw);
-      value = MakeRawDatum(chw.c, chw.h, chw.w, chw.pixels.data(), e.label);
-    } else {
-      // Caffe stores an untouched file of the right kind as is, and re-encodes otherwise.
-      const bool is_jpeg = static_cast<uint8_t>(bytes[0]) == 0xFF;
-      std::string encoded;
-      if (!resize && (folder.encoded == "jpg") == is_jpeg) {
-        encoded = std::move(bytes);
-      } else if (folder.encoded == "jpg") {
-        DP_RETURN_IF_ERROR(EncodeJpeg(img, folder.jpeg_quality, &encoded));
-      } else {
-        DP_RETURN_IF_ERROR(EncodePng(img, &encoded));
-      }
-      value = MakeEncodedDatum(encoded, img.c, img.h, img.w, e.label);
+    Status s = ReadFileBytes(full, &bytes);
+    if (s.ok()) s = EncodedChannels(bytes, full, &stored_c);
+    if (s.ok()) s = DecodeImage(bytes, folder.channels, full, &img);
+    if (!s.ok()) {
+      const std::string why = fmt::format("{} line {}: {}", folder.list, e.line, s.message());
+      if (folder.strict) return Status(s.code(), "convert-folder: " + why);
+      spdlog::warn("convert-folder: skipping unreadable image: {}", why);
+      r.skipped.push_back(why);
+      continue;
     }
-    DP_RETURN_IF_ERROR(writer.Put(static_cast<int64_t>(k), e.path, value));
+    std::string value;
+    DP_RETURN_IF_ERROR(FolderRecord(folder, std::move(bytes), stored_c, std::move(img), e.label, &value));
+    DP_RETURN_IF_ERROR(writer.Put(written++, e.path, value));
     ++r.label_counts[e.label];
   }
-  r.records = static_cast<int64_t>(order.size());
+  if (written == 0) {
+    return InvalidArgument("convert-folder: none of the {} images of {} could be read; the first: {}", entries.size(),
+                           folder.list, r.skipped.front());
+  }
+  r.records = written;
   DP_RETURN_IF_ERROR(writer.Finish(&r));
   *report = std::move(r);
   return Status::Ok();
 }
+
+namespace {
+
+// An encoded record's channels/height/width are informative (Caffe leaves them 0), but when
+// set they must be what decoding the stored image gives.
+Status CheckEncodedHeader(const caffe::Datum& datum, const ImageView& v, const std::string& where) {
+  if (!datum.encoded() || (datum.channels() == 0 && datum.height() == 0 && datum.width() == 0)) {
+    return Status::Ok();
+  }
+  if (datum.channels() != v.c || datum.height() != v.h || datum.width() != v.w) {
+    return Corrupt("{}: the header says channels x height x width = {}x{}x{} but the stored image decodes to {}x{}x{}",
+                   where, datum.channels(), datum.height(), datum.width(), v.c, v.h, v.w);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status InspectLmdb(const std::string& path, const std::string& sheet_path, int sheet_images,
                    InspectReport* report) {
@@ -253,6 +341,7 @@ Status InspectLmdb(const std::string& path, const std::string& sheet_path, int s
     ImageView v;
     Status s = ParseDatum(txn->value(), where, &datum);
     if (s.ok()) s = ViewDatum(datum, 0, where, &scratch, &v);
+    if (s.ok()) s = CheckEncodedHeader(datum, v, where);
     ++r.records;
     if (!s.ok()) {
       if (r.bad++ == 0) r.first_bad = s.message();

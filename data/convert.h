@@ -31,6 +31,9 @@ struct ConvertReport {
   int64_t records = 0;
   std::vector<std::string> lmdbs;       // paths written, one per shard
   std::map<int, int64_t> label_counts;  // label -> records
+  // convert-folder: the images skipped as unreadable, one "<list> line <n>: <file>: <why>"
+  // each (empty for the other converters and with FolderOptions::strict).
+  std::vector<std::string> skipped;
 };
 
 // The LMDB directories a conversion with `shards` shards writes under `out`.
@@ -53,11 +56,18 @@ struct FolderOptions {
   int resize_w = 0;
   int channels = 3;         // 3 = colour (BGR), 1 = greyscale
   std::string encoded;      // "" = raw pixels; "jpg" or "png" = store the encoded image
-  int jpeg_quality = 90;    // when encoded == "jpg" and the image is re-encoded
+  int jpeg_quality = 90;    // when encoded == "jpg" and the image is re-encoded (1..100)
+  // false (default): an image that cannot be read or decoded is skipped with one warning
+  // naming the file and the list line, and listed in ConvertReport::skipped (as Caffe's
+  // convert_imageset skips it). true: it fails the conversion.
+  bool strict = false;
 };
 
 // An image folder and a label list -> records (raw planar BGR, or encoded JPEG/PNG).
-// A list line naming a missing or undecodable file is an error naming the file and line.
+// CMYK JPEGs are converted to BGR (image.h). A list line naming a missing file is an error
+// naming the file and line, found before anything is written; a malformed line too.
+// Encoded records keep the file as it is when nothing changes it (see FolderRecord in
+// convert.cc); their channels/height/width always say what decoding the stored image gives.
 Status ConvertFolder(const FolderOptions& folder, const ConvertOptions& options,
                      ConvertReport* report);
 
@@ -70,7 +80,8 @@ struct InspectReport {
   std::map<int, int64_t> label_counts;      // label -> records
 };
 
-// Reads every record; writes a PNG contact sheet of the first `sheet_images` images to
+// Reads every record (an encoded record whose channels/height/width, when set, differ from
+// its decoded image counts as bad); writes a PNG contact sheet of the first `sheet_images` images to
 // `sheet_path` when it is not empty.
 Status InspectLmdb(const std::string& path, const std::string& sheet_path, int sheet_images,
                    InspectReport* report);

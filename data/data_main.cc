@@ -4,9 +4,9 @@
 //   downpour-data convert-idx --images X --labels Y --out DIR [--shards N] [--shuffle --seed S]
 //   downpour-data convert-cifar data_batch_1.bin ... --out DIR [--shards N]
 //   downpour-data convert-folder --root R --list L --out DIR [--resize 256] [--shuffle]
-//                                [--encoded jpg|png] [--gray] [--shards N]
+//                                [--encoded jpg|png] [--gray] [--shards N] [--strict]
 //   downpour-data inspect DB [--sheet out.png] [--sheet-images 64]
-//   downpour-data mean DB --out mean.tensor
+//   downpour-data mean DB --out mean.tensor|mean.binaryproto
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -40,6 +40,10 @@ int PrintConvert(const Status& s, const ConvertReport& r) {
   fmt::print("wrote {} records into {} LMDB(s):\n", r.records, r.lmdbs.size());
   for (const auto& p : r.lmdbs) fmt::print("  {}\n", p);
   PrintLabels(r.label_counts);
+  if (!r.skipped.empty()) {
+    fmt::print("skipped {} unreadable images:\n", r.skipped.size());
+    for (const auto& why : r.skipped) fmt::print("  {}\n", why);
+  }
   return 0;
 }
 
@@ -82,6 +86,8 @@ int Run(int argc, char** argv) {
   fold->add_option("--encoded", folder.encoded, "store encoded images: jpg or png (default raw)");
   fold->add_option("--quality", folder.jpeg_quality, "JPEG quality when re-encoding");
   fold->add_flag("--gray", gray, "store greyscale (1 channel) instead of BGR");
+  fold->add_flag("--strict", folder.strict,
+                 "fail on the first unreadable image (default: skip it with a warning and list it)");
   AddConvertFlags(fold, &folder_opts);
 
   std::string inspect_db, sheet;
@@ -94,7 +100,10 @@ int Run(int argc, char** argv) {
   std::string mean_db, mean_out;
   auto* mean = app.add_subcommand("mean", "mean image of an LMDB -> file");
   mean->add_option("db", mean_db, "LMDB directory")->required();
-  mean->add_option("--out", mean_out, "mean file to write")->required();
+  mean->add_option("--out", mean_out,
+                   "mean file to write: Caffe's BlobProto when it ends in .binaryproto, else "
+                   "downpour's tensor file")
+      ->required();
 
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
 
@@ -124,8 +133,9 @@ int Run(int argc, char** argv) {
     if (!s.ok()) return Report(s);
     double avg = 0;
     for (float v : m.values) avg += v;
-    fmt::print("mean image {}x{}x{} (average {:.3f}) -> {}\n", m.c, m.h, m.w,
-               avg / static_cast<double>(m.values.size()), mean_out);
+    fmt::print("mean image {}x{}x{} (average {:.3f}) -> {} ({})\n", m.c, m.h, m.w,
+               avg / static_cast<double>(m.values.size()), mean_out,
+               mean_out.ends_with(".binaryproto") ? "Caffe BlobProto" : "tensor file");
     return 0;
   }
   return cli::kExitUsage;

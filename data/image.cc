@@ -20,6 +20,44 @@ using TjHandle = std::unique_ptr<void, TjDeleter>;
 
 Image ToHwc(const Image& in) { return in.layout == Layout::kHwc ? in : ToLayout(in, Layout::kHwc); }
 
+// CMYK and YCCK JPEGs (print workflows, Photoshop). libjpeg-turbo decodes both to its CMYK
+// pixel format: the four components as stored in the file (YCCK converted back to CMYK), not
+// inverted. Adobe's applications, which write nearly all such files (they carry an Adobe
+// APP14 marker), store CMYK inverted: 255 = no ink, 0 = full ink. With the components as
+// decoded, then, R = C*K/255, G = M*K/255, B = Y*K/255, which is also what OpenCV's imread
+// (and so Caffe's convert_imageset) computes. Greyscale is the JPEG luma of that colour,
+// 0.299 R + 0.587 G + 0.114 B, as libjpeg takes for a colour JPEG decoded to greyscale.
+Status DecodeCmykJpeg(void* tj, std::string_view bytes, int w, int h, int want_channels, const std::string& what,
+                      Image* out) {
+  std::vector<uint8_t> cmyk(size_t(4) * w * h);
+  if (tjDecompress2(tj, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), cmyk.data(), w, 0, h,
+                    TJPF_CMYK, TJFLAG_STOPONWARNING) != 0) {
+    return Corrupt("{}: corrupt CMYK JPEG ({} bytes, {}x{}): {}", what, bytes.size(), w, h, tjGetErrorStr2(tj));
+  }
+  const int channels = want_channels != 0 ? want_channels : 3;
+  Image img;
+  img.c = channels;
+  img.h = h;
+  img.w = w;
+  img.layout = Layout::kHwc;
+  img.pixels.resize(size_t(channels) * h * w);
+  const size_t n = size_t(w) * h;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = &cmyk[4 * i];
+    const int k = p[3];
+    const int r = (p[0] * k + 127) / 255, g = (p[1] * k + 127) / 255, b = (p[2] * k + 127) / 255;
+    if (channels == 1) {
+      img.pixels[i] = static_cast<uint8_t>((299 * r + 587 * g + 114 * b + 500) / 1000);
+    } else {
+      img.pixels[3 * i] = static_cast<uint8_t>(b);
+      img.pixels[3 * i + 1] = static_cast<uint8_t>(g);
+      img.pixels[3 * i + 2] = static_cast<uint8_t>(r);
+    }
+  }
+  *out = std::move(img);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Image ToLayout(const Image& in, Layout layout) {
@@ -50,6 +88,9 @@ Status DecodeJpeg(std::string_view bytes, int want_channels, const std::string& 
   }
   if (w <= 0 || h <= 0 || w > 65536 || h > 65536) {
     return Corrupt("{}: JPEG has bad size {}x{}", what, w, h);
+  }
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
+    return DecodeCmykJpeg(tj.get(), bytes, w, h, want_channels, what, out);
   }
   int channels = want_channels != 0 ? want_channels : (colorspace == TJCS_GRAY ? 1 : 3);
   Image img;
@@ -103,6 +144,32 @@ Status DecodeImage(std::string_view bytes, int want_channels, const std::string&
   }
   if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
     return DecodePng(bytes, want_channels, what, out);
+  }
+  return Corrupt("{}: encoded image is neither JPEG nor PNG ({} bytes)", what, bytes.size());
+}
+
+Status EncodedChannels(std::string_view bytes, const std::string& what, int* channels) {
+  if (bytes.size() >= 3 && static_cast<uint8_t>(bytes[0]) == 0xFF && static_cast<uint8_t>(bytes[1]) == 0xD8) {
+    TjHandle tj(tjInitDecompress());
+    if (!tj) return Internal("tjInitDecompress failed");
+    int w = 0, h = 0, subsamp = 0, colorspace = 0;
+    if (tjDecompressHeader3(tj.get(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), &w, &h,
+                            &subsamp, &colorspace) != 0) {
+      return Corrupt("{}: not a readable JPEG ({} bytes): {}", what, bytes.size(), tjGetErrorStr2(tj.get()));
+    }
+    *channels = colorspace == TJCS_GRAY ? 1 : 3;
+    return Status::Ok();
+  }
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
+    png_image png;
+    std::memset(&png, 0, sizeof(png));
+    png.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size())) {
+      return Corrupt("{}: not a readable PNG ({} bytes): {}", what, bytes.size(), png.message);
+    }
+    *channels = (png.format & PNG_FORMAT_FLAG_COLOR) == 0 ? 1 : 3;
+    png_image_free(&png);
+    return Status::Ok();
   }
   return Corrupt("{}: encoded image is neither JPEG nor PNG ({} bytes)", what, bytes.size());
 }

@@ -38,8 +38,9 @@ struct Image {
 Image ToLayout(const Image& in, Layout layout);
 
 // Decodes JPEG bytes into an HWC image: 1 channel for greyscale JPEGs, else 3 (BGR).
-// want_channels (0 = as stored, 1 or 3) forces greyscale or colour. `what` names the source
-// (file or LMDB key) in errors.
+// want_channels (0 = as stored, 1 or 3) forces greyscale or colour. CMYK and YCCK JPEGs are
+// converted to BGR with Adobe's inverted-CMYK convention, as OpenCV does (image.cc says how).
+// `what` names the source (file or LMDB key) in errors.
 Status DecodeJpeg(std::string_view bytes, int want_channels, const std::string& what,
                   Image* out);
 // Decodes PNG bytes into an HWC image (1 or 3 channels, as DecodeJpeg).
@@ -48,6 +49,9 @@ Status DecodePng(std::string_view bytes, int want_channels, const std::string& w
 // Sniffs the magic bytes and calls DecodeJpeg or DecodePng; anything else is kCorrupt.
 Status DecodeImage(std::string_view bytes, int want_channels, const std::string& what,
                    Image* out);
+// The channel count DecodeImage(bytes, 0, ...) yields (1 for greyscale, 3 for colour),
+// from the header alone.
+Status EncodedChannels(std::string_view bytes, const std::string& what, int* channels);
 
 // Encodes an image (any layout, 1 or 3 channels, BGR) as JPEG with the given quality.
 Status EncodeJpeg(const Image& in, int quality, std::string* out);

@@ -4,6 +4,7 @@
 #include "data/convert.h"
 
 #include <gtest/gtest.h>
+#include <turbojpeg.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "data/datum.h"
 #include "data/image.h"
 #include "data/lmdb_io.h"
+#include "data/loader.h"
 #include "data/mean_file.h"
 #include "tests/data/test_util.h"
 
@@ -295,14 +297,18 @@ TEST(ConvertFolder, MissingFileAndCorruptImageNameTheFile) {
   EXPECT_NE(s.message().find("line 3"), std::string::npos) << s.message();
   EXPECT_FALSE(std::filesystem::exists(o.out)) << "nothing is written before the list checks out";
 
-  // A JPEG cut in half: the decoder's error names the file.
+  // A JPEG cut in half, --strict: the decoder's error names the file and the list line, and
+  // the records already written are removed with their staging directory.
   std::string bytes;
   ASSERT_TRUE(ReadFileBytes(dir / "imgs/sub dir/img 1.jpg", &bytes).ok());
   std::ofstream(dir / "imgs/sub dir/ghost.jpg", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  fo.strict = true;
   s = ConvertFolder(fo, o, &r);
   EXPECT_EQ(s.code(), StatusCode::kCorrupt);
-  EXPECT_NE(s.message().find("ghost.jpg"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("list.txt line 3: " + (dir / "imgs/sub dir/ghost.jpg")), std::string::npos) << s.message();
   EXPECT_FALSE(std::filesystem::exists(o.out)) << "a failed conversion leaves no dataset behind";
+  EXPECT_FALSE(std::filesystem::exists(o.out + ".incomplete")) << "nor its staging directory";
+  fo.strict = false;
 
   std::ofstream(dir / "bad_list.txt") << "sub dir/img 0.jpg notalabel\n";
   fo.list = dir / "bad_list.txt";
@@ -310,6 +316,329 @@ TEST(ConvertFolder, MissingFileAndCorruptImageNameTheFile) {
   s = ConvertFolder(fo, o, &r);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("bad_list.txt line 1"), std::string::npos) << s.message();
+}
+
+// A CMYK JPEG (TurboJPEG writes CMYK input as an Adobe YCCK JPEG), 16x12: the left half
+// C,M,Y,K = 200,100,50,255, the right half 255,255,255,128. In Adobe's inverted convention
+// (255 = no ink) that is R,G,B = 200,100,50 and 128,128,128.
+std::string CmykJpeg() {
+  const int w = 16, h = 12;
+  std::vector<uint8_t> cmyk(size_t(4) * w * h);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      uint8_t* p = &cmyk[(size_t(y) * w + x) * 4];
+      const bool left = x < w / 2;
+      p[0] = left ? 200 : 255;
+      p[1] = left ? 100 : 255;
+      p[2] = left ? 50 : 255;
+      p[3] = left ? 255 : 128;
+    }
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(tj, cmyk.data(), w, 0, h, TJPF_CMYK, &buf, &size, TJSAMP_444, 100, 0);
+  EXPECT_EQ(rc, 0) << tjGetErrorStr2(tj);
+  std::string out(reinterpret_cast<const char*>(buf), size);
+  tjFree(buf);
+  tjDestroy(tj);
+  return out;
+}
+
+TEST(Image, CmykJpegDecodesToBgrWithAdobesInvertedConvention) {
+  const std::string jpeg = CmykJpeg();
+  tjhandle tj = tjInitDecompress();
+  int w = 0, h = 0, subsamp = 0, colorspace = -1;
+  ASSERT_EQ(tjDecompressHeader3(tj, reinterpret_cast<const unsigned char*>(jpeg.data()), jpeg.size(), &w, &h, &subsamp,
+                                &colorspace),
+            0);
+  tjDestroy(tj);
+  EXPECT_EQ(colorspace, TJCS_YCCK) << "the test image is a CMYK-family JPEG";
+  Image img;
+  const Status s = DecodeJpeg(jpeg, 0, "cmyk.jpg", &img);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(img.c, 3);
+  ASSERT_EQ(img.h, 12);
+  ASSERT_EQ(img.w, 16);
+  int channels = 0;
+  ASSERT_TRUE(EncodedChannels(jpeg, "cmyk.jpg", &channels).ok());
+  EXPECT_EQ(channels, 3);
+  for (int y = 0; y < 12; ++y) {
+    // BGR; away from the edge between the halves, where the DCT rings.
+    EXPECT_NEAR(img.At(0, y, 2), 50, 3) << y;
+    EXPECT_NEAR(img.At(1, y, 2), 100, 3) << y;
+    EXPECT_NEAR(img.At(2, y, 2), 200, 3) << y;
+    for (int ch = 0; ch < 3; ++ch) EXPECT_NEAR(img.At(ch, y, 13), 128, 3) << y;
+  }
+  Image grey;
+  ASSERT_TRUE(DecodeJpeg(jpeg, 1, "cmyk.jpg", &grey).ok());
+  ASSERT_EQ(grey.c, 1);
+  EXPECT_NEAR(grey.At(0, 5, 2), 0.299 * 200 + 0.587 * 100 + 0.114 * 50, 3);
+  EXPECT_NEAR(grey.At(0, 5, 13), 128, 3);
+}
+
+// A folder of the usual smooth JPEGs plus `extra` files (name -> bytes) appended to the list.
+Folder MakeFolderWith(const TempDir& dir, int n, const std::vector<std::pair<std::string, std::string>>& extra) {
+  Folder f = MakeFolder(dir, n, 8, 8, /*jpeg=*/true);
+  std::ofstream list(f.list, std::ios::app);
+  for (const auto& [name, bytes] : extra) {
+    std::ofstream(dir / ("imgs/" + name), std::ios::binary) << bytes;
+    list << name << " 7\n";
+  }
+  return f;
+}
+
+TEST(ConvertFolder, CmykJpegIsConvertedNotFatal) {
+  TempDir dir;
+  const Folder f = MakeFolderWith(dir, 2, {{"cmyk.jpg", CmykJpeg()}});
+  FolderOptions fo;
+  fo.root = dir / "imgs";
+  fo.list = f.list;
+  fo.strict = true;  // the CMYK file must convert, not be skipped
+  ConvertOptions o;
+  o.out = dir / "out";
+  ConvertReport r;
+  const Status s = ConvertFolder(fo, o, &r);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.records, 3);
+  EXPECT_TRUE(r.skipped.empty());
+  const auto recs = ReadAll(o.out);
+  ASSERT_EQ(recs.size(), 3u);
+  EXPECT_EQ(recs[2].key, "00000002_cmyk.jpg");
+  EXPECT_EQ(recs[2].datum.channels(), 3);
+  EXPECT_EQ(recs[2].datum.label(), 7);
+  Image scratch;
+  ImageView v;
+  ASSERT_TRUE(ViewDatum(recs[2].datum, 0, recs[2].key, &scratch, &v).ok());
+  const Image got = ViewToImage(v);
+  EXPECT_NEAR(got.At(2, 6, 1), 200, 3);  // R of the left half
+  EXPECT_NEAR(got.At(0, 6, 1), 50, 3);   // B
+}
+
+TEST(ConvertFolder, UndecodableImagesAreSkippedNamedAndCounted) {
+  TempDir dir;
+  std::string good;
+  {
+    Image img;
+    img.c = 3;
+    img.h = img.w = 8;
+    img.pixels.assign(3 * 8 * 8, 90);
+    ASSERT_TRUE(EncodeJpeg(img, 90, &good).ok());
+  }
+  // Lines 1..3 good JPEGs, 4 a text file named .jpg, 5 a JPEG cut short, 6 an empty file.
+  const Folder f = MakeFolderWith(
+      dir, 3,
+      {{"notes.jpg", "this is not an image\n"}, {"cut.jpg", good.substr(0, good.size() / 3)}, {"empty.png", ""}});
+  FolderOptions fo;
+  fo.root = dir / "imgs";
+  fo.list = f.list;
+  ConvertOptions o;
+  o.out = dir / "out";
+  o.shards = 2;
+  ConvertReport r;
+  const Status s = ConvertFolder(fo, o, &r);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.records, 3);
+  ASSERT_EQ(r.skipped.size(), 3u);
+  const std::vector<std::pair<int, std::string>> want = {
+      {4, "notes.jpg: encoded image is neither JPEG nor PNG"},
+      {5, "cut.jpg: "},
+      {6, "empty.png: encoded image is neither JPEG nor PNG (0 bytes)"}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NE(r.skipped[i].find(fmt::format("list.txt line {}: {}", want[i].first, dir / "imgs/")), std::string::npos)
+        << r.skipped[i];
+    EXPECT_NE(r.skipped[i].find(want[i].second), std::string::npos) << r.skipped[i];
+  }
+  EXPECT_EQ(r.label_counts, (std::map<int, int64_t>{{0, 1}, {1, 1}, {2, 1}}));
+  // Keys stay dense and dealt round robin over the written records.
+  EXPECT_EQ(ReadAll(r.lmdbs[0]).size(), 2u);
+  EXPECT_EQ(ReadAll(r.lmdbs[1]).size(), 1u);
+  EXPECT_EQ(ReadAll(r.lmdbs[1])[0].key, "00000001_sub dir/img 1.jpg");
+
+  // --strict: the first one fails the conversion, naming file and line; nothing is left.
+  fo.strict = true;
+  o.out = dir / "strict";
+  const Status strict = ConvertFolder(fo, o, &r);
+  EXPECT_EQ(strict.code(), StatusCode::kCorrupt);
+  EXPECT_NE(strict.message().find("list.txt line 4: " + (dir / "imgs/notes.jpg")), std::string::npos)
+      << strict.message();
+  EXPECT_FALSE(std::filesystem::exists(o.out));
+  EXPECT_FALSE(std::filesystem::exists(o.out + ".incomplete"));
+}
+
+TEST(ConvertFolder, FailedConversionsLeaveNoIncompleteDirectory) {
+  TempDir dir;
+  // Every image unreadable: an error after the writer opened.
+  std::filesystem::create_directories(dir / "imgs");
+  std::ofstream(dir / "imgs/a.jpg") << "junk";
+  std::ofstream(dir / "imgs/b.jpg") << "junk";
+  std::ofstream(dir / "list.txt") << "a.jpg 0\nb.jpg 1\n";
+  FolderOptions fo;
+  fo.root = dir / "imgs";
+  fo.list = dir / "list.txt";
+  ConvertOptions o;
+  o.out = dir / "out";
+  o.shards = 3;
+  ConvertReport r;
+  Status s = ConvertFolder(fo, o, &r);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("none of the 2 images of " + (dir / "list.txt") + " could be read"), std::string::npos)
+      << s.message();
+  EXPECT_FALSE(std::filesystem::exists(o.out));
+  EXPECT_FALSE(std::filesystem::exists(o.out + ".incomplete"));
+
+  // An output that cannot be created (its parent is a file): no output, no staging.
+  std::ofstream(dir / "plain_file") << "x";
+  o.out = dir / "plain_file/out";
+  s = ConvertFolder(fo, o, &r);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(dir / "plain_file/out"), std::string::npos) << s.message();
+  EXPECT_FALSE(std::filesystem::exists(dir / "plain_file/out.incomplete"));
+}
+
+TEST(ConvertFolder, ListLinesAreCheckedBeforeWriting) {
+  TempDir dir;
+  MakeFolder(dir, 2, 8, 8, /*jpeg=*/true);
+  FolderOptions fo;
+  fo.root = dir / "imgs";
+  ConvertOptions o;
+  ConvertReport r;
+  // Trailing blanks and CRLF line ends are fine.
+  std::ofstream(dir / "crlf.txt") << "sub dir/img 0.jpg 3  \r\nsub dir/img 1.jpg\t2\r\n";
+  fo.list = dir / "crlf.txt";
+  o.out = dir / "out";
+  ASSERT_TRUE(ConvertFolder(fo, o, &r).ok());
+  EXPECT_EQ(r.label_counts, (std::map<int, int64_t>{{2, 1}, {3, 1}}));
+  fo.jpeg_quality = 0;
+  o.out = dir / "out_q";
+  EXPECT_NE(ConvertFolder(fo, o, &r).message().find("--quality is 0, must be in [1, 100]"), std::string::npos);
+  fo.jpeg_quality = 90;
+  // A label with trailing junk is refused, not read as its leading digits.
+  std::ofstream(dir / "junk.txt") << "sub dir/img 0.jpg 3x\n";
+  fo.list = dir / "junk.txt";
+  o.out = dir / "out2";
+  Status s = ConvertFolder(fo, o, &r);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("junk.txt line 1: expected '<path> <integer label>', got "
+                             "'sub dir/img 0.jpg 3x'"),
+            std::string::npos)
+      << s.message();
+  // A path too long for an LMDB key is refused up front, naming the line and the limit.
+  const std::string deep = std::string(200, 'a') + "/" + std::string(200, 'b') + "/" + std::string(120, 'c');
+  std::filesystem::create_directories(dir / ("imgs/" + deep.substr(0, deep.rfind('/'))));
+  std::filesystem::copy_file(dir / "imgs/sub dir/img 0.jpg", dir / ("imgs/" + deep + ".jpg"));
+  std::ofstream(dir / "long.txt") << "sub dir/img 0.jpg 1\n" << deep << ".jpg 1\n";
+  fo.list = dir / "long.txt";
+  o.out = dir / "out3";
+  s = ConvertFolder(fo, o, &r);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("long.txt line 2: the path is 526 bytes; with the record number its LMDB key would be 535 "
+                             "bytes, over LMDB's limit of 511"),
+            std::string::npos)
+      << s.message();
+  EXPECT_FALSE(std::filesystem::exists(o.out));
+  EXPECT_FALSE(std::filesystem::exists(o.out + ".incomplete"));
+}
+
+// Every record's header channels/height/width equal what decoding it as stored gives.
+void ExpectHeadersTellTheTruth(const std::string& db, int want_c) {
+  for (const auto& rec : ReadAll(db)) {
+    Image scratch;
+    ImageView v;
+    ASSERT_TRUE(ViewDatum(rec.datum, 0, rec.key, &scratch, &v).ok());
+    EXPECT_EQ(rec.datum.channels(), v.c) << rec.key;
+    EXPECT_EQ(rec.datum.height(), v.h) << rec.key;
+    EXPECT_EQ(rec.datum.width(), v.w) << rec.key;
+    EXPECT_EQ(v.c, want_c) << rec.key;
+  }
+}
+
+TEST(ConvertFolder, EncodedRecordsHeadersMatchTheStoredImage) {
+  TempDir dir;
+  MakeFolder(dir, 3, 10, 12, /*jpeg=*/true);  // colour JPEGs
+  FolderOptions fo;
+  fo.root = dir / "imgs";
+  fo.list = dir / "list.txt";
+  fo.channels = 1;
+  ConvertReport r;
+  for (const std::string enc : {"jpg", "png"}) {
+    // --gray --encoded: colour files are re-encoded as greyscale.
+    fo.encoded = enc;
+    ConvertOptions o;
+    o.out = dir / ("gray_" + enc);
+    ASSERT_TRUE(ConvertFolder(fo, o, &r).ok());
+    ExpectHeadersTellTheTruth(o.out, 1);
+  }
+
+  // Greyscale JPEGs without --gray: kept byte for byte, recorded as 1 channel; the loader
+  // decodes them as the run asks.
+  std::filesystem::create_directories(dir / "grey");
+  std::ofstream list(dir / "grey_list.txt");
+  std::vector<std::string> files;
+  for (int i = 0; i < 2; ++i) {
+    Image g;
+    g.c = 1;
+    g.h = 6;
+    g.w = 5;
+    g.pixels.assign(30, static_cast<uint8_t>(60 + 40 * i));
+    std::string bytes;
+    ASSERT_TRUE(EncodeJpeg(g, 95, &bytes).ok());
+    std::ofstream(dir / fmt::format("grey/g{}.jpg", i), std::ios::binary) << bytes;
+    list << fmt::format("g{}.jpg {}\n", i, i);
+    files.push_back(bytes);
+  }
+  list.close();
+  fo.root = dir / "grey";
+  fo.list = dir / "grey_list.txt";
+  fo.channels = 3;
+  fo.encoded = "jpg";
+  ConvertOptions o;
+  o.out = dir / "grey_db";
+  ASSERT_TRUE(ConvertFolder(fo, o, &r).ok());
+  ExpectHeadersTellTheTruth(o.out, 1);
+  const auto recs = ReadAll(o.out);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0].datum.data(), files[0]);
+  EXPECT_EQ(recs[1].datum.data(), files[1]);
+  LoaderOptions lo = EvalOptions(o.out, 2, 0);
+  lo.channels = 3;
+  Loader loader(lo);
+  ASSERT_TRUE(loader.Open().ok()) << loader.status().ToString();
+  EXPECT_EQ(loader.channels(), 3);
+  const Batch* b = loader.Next();
+  ASSERT_NE(b, nullptr) << loader.status().ToString();
+  for (int ch = 0; ch < 3; ++ch) EXPECT_NEAR(b->data[ch * 30], 60, 2) << ch;
+  loader.Release(b);
+}
+
+TEST(Inspect, EncodedRecordWhoseHeaderLiesIsBad) {
+  TempDir dir;
+  Image img;
+  img.c = 3;
+  img.h = 6;
+  img.w = 5;
+  img.pixels.assign(90, 77);
+  std::string jpeg;
+  ASSERT_TRUE(EncodeJpeg(img, 90, &jpeg).ok());
+  {
+    std::unique_ptr<LmdbWriter> w;
+    ASSERT_TRUE(LmdbWriter::Create(dir / "db", &w).ok());
+    ASSERT_TRUE(w->Put("00000000_ok", MakeEncodedDatum(jpeg, 3, 6, 5, 0)).ok());
+    caffe::Datum caffe_style;  // Caffe leaves the dims of an encoded record unset: fine
+    caffe_style.set_data(jpeg);
+    caffe_style.set_encoded(true);
+    ASSERT_TRUE(w->Put("00000001_caffe", caffe_style.SerializeAsString()).ok());
+    // What convert-folder --gray --encoded jpg used to write for a colour file.
+    ASSERT_TRUE(w->Put("00000002_liar", MakeEncodedDatum(jpeg, 1, 6, 5, 0)).ok());
+    ASSERT_TRUE(w->Finish().ok());
+  }
+  InspectReport r;
+  ASSERT_TRUE(InspectLmdb(dir / "db", "", 0, &r).ok());
+  EXPECT_EQ(r.records, 3);
+  EXPECT_EQ(r.bad, 1);
+  EXPECT_NE(r.first_bad.find("key 00000002_liar: the header says channels x height x width = 1x6x5 but the stored "
+                             "image decodes to 3x6x5"),
+            std::string::npos)
+      << r.first_bad;
 }
 
 TEST(InspectAndMean, AgreeWithTheData) {
