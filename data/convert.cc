@@ -183,6 +183,10 @@ struct ListEntry {
 // Reads "<path> <label>" lines (the label is the last field, so paths may hold spaces, as in
 // Caffe's list files); every named file must exist.
 Status ReadFolderList(const FolderOptions& folder, std::vector<ListEntry>* out) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(folder.list, ec)) {
+    return InvalidArgument("convert-folder: label list {} is a directory; give the list file", folder.list);
+  }
   std::ifstream list(folder.list);
   if (!list) return NotFound("convert-folder: label list {}: cannot open", folder.list);
   std::vector<ListEntry> entries;

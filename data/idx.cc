@@ -53,6 +53,29 @@ Status ReadExact(gzFile f, const std::string& path, void* dst, size_t n, const c
   return Status::Ok();
 }
 
+// Reads `n` bytes into `out`, growing it chunk by chunk as the data arrives: a header that
+// claims far more than the file holds (a corrupt or wrong file) is reported as truncated
+// instead of first allocating, and zero-filling, all the memory it claims.
+Status ReadGrowing(gzFile f, const std::string& path, size_t n, const char* what, std::vector<uint8_t>* out) {
+  constexpr size_t kChunk = size_t{64} << 20;
+  out->clear();
+  size_t done = 0;
+  while (done < n) {
+    if (out->size() == done) out->resize(done + std::min(kChunk, n - done));
+    const int got = gzread(f, out->data() + done, static_cast<unsigned>(out->size() - done));
+    if (got < 0) {
+      int errnum = 0;
+      const char* msg = gzerror(f, &errnum);
+      return IoError("IDX file {}: read error in {}: {}", path, what, msg ? msg : "?");
+    }
+    if (got == 0) {
+      return Corrupt("IDX file {}: truncated in {}: expected {} bytes, got {}", path, what, n, done);
+    }
+    done += static_cast<size_t>(got);
+  }
+  return Status::Ok();
+}
+
 // Reads the magic and `ndims` dimensions, checking the magic.
 Status ReadHeader(gzFile f, const std::string& path, uint32_t want_magic, int ndims,
                   std::array<uint32_t, 3>* dims) {
@@ -102,8 +125,7 @@ Status ReadIdxImages(const std::string& path, IdxImages* out) {
   result.count = dims[0];
   result.rows = dims[1];
   result.cols = dims[2];
-  result.pixels.resize(bytes);
-  DP_RETURN_IF_ERROR(ReadExact(f.get(), path, result.pixels.data(), bytes, "pixels"));
+  DP_RETURN_IF_ERROR(ReadGrowing(f.get(), path, bytes, "pixels", &result.pixels));
   DP_RETURN_IF_ERROR(ExpectEnd(f.get(), path, bytes));
   *out = std::move(result);
   return Status::Ok();
@@ -114,8 +136,8 @@ Status ReadIdxLabels(const std::string& path, std::vector<uint8_t>* out) {
   DP_RETURN_IF_ERROR(OpenGz(path, &f));
   std::array<uint32_t, 3> dims{};
   DP_RETURN_IF_ERROR(ReadHeader(f.get(), path, kIdxLabelsMagic, 1, &dims));
-  std::vector<uint8_t> labels(dims[0]);
-  DP_RETURN_IF_ERROR(ReadExact(f.get(), path, labels.data(), labels.size(), "labels"));
+  std::vector<uint8_t> labels;
+  DP_RETURN_IF_ERROR(ReadGrowing(f.get(), path, dims[0], "labels", &labels));
   DP_RETURN_IF_ERROR(ExpectEnd(f.get(), path, labels.size()));
   *out = std::move(labels);
   return Status::Ok();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -224,10 +225,16 @@ Status WritePngFile(const Image& in, const std::string& path) {
 }
 
 Status ReadFileBytes(const std::string& path, std::string* out) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return InvalidArgument("{}: is a directory, not a file", path);
+  }
   std::ifstream f(path, std::ios::binary);
   if (!f) return NotFound("{}: cannot open", path);
   f.seekg(0, std::ios::end);
   const std::streamoff size = f.tellg();
+  // A pipe or device has no size to read up to.
+  if (size < 0) return InvalidArgument("{}: not a regular file (no size)", path);
   f.seekg(0);
   out->resize(static_cast<size_t>(size));
   f.read(out->data(), size);

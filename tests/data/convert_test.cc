@@ -181,6 +181,12 @@ TEST(ConvertCifar, RoundTripsBatchesAndRejectsBadSizes) {
     EXPECT_EQ(recs[i].datum.label(), i % 10);
     EXPECT_EQ(recs[i].datum.data(), std::string(images[i].begin(), images[i].end()));
   }
+  // A directory given as a batch file is named as one (it used to be read as a file of
+  // "size" 2^63, an out-of-memory abort).
+  std::filesystem::create_directories(dir / "a_dir");
+  Status d = ConvertCifar({dir / "a_dir"}, o, &r);
+  EXPECT_EQ(d.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.message().find(dir / "a_dir" + ": is a directory, not a file"), std::string::npos) << d.message();
   WriteBytes(dir / "bad.bin", std::vector<uint8_t>(3073 + 5, 1));
   o.out = dir / "cifar2";
   const Status s = ConvertCifar({dir / "bad.bin"}, o, &r);
@@ -512,6 +518,11 @@ TEST(ConvertFolder, ListLinesAreCheckedBeforeWriting) {
   o.out = dir / "out_q";
   EXPECT_NE(ConvertFolder(fo, o, &r).message().find("--quality is 0, must be in [1, 100]"), std::string::npos);
   fo.jpeg_quality = 90;
+  // A directory given as the list is named as one (it used to be "label list ... is empty").
+  fo.list = dir / "imgs";
+  o.out = dir / "out_dir";
+  EXPECT_NE(ConvertFolder(fo, o, &r).message().find("label list " + (dir / "imgs") + " is a directory"),
+            std::string::npos);
   // A label with trailing junk is refused, not read as its leading digits.
   std::ofstream(dir / "junk.txt") << "sub dir/img 0.jpg 3x\n";
   fo.list = dir / "junk.txt";

@@ -84,6 +84,29 @@ TEST(Idx, TruncatedAndOversizedPayloadsAreCorrupt) {
   EXPECT_NE(s.message().find("trailing"), std::string::npos) << s.message();
 }
 
+TEST(Idx, HeaderClaimingHugeCountsIsTruncatedNotAnAllocation) {
+  TempDir dir;
+  // 2^28 images of 65536 x 65536 (2^60 bytes) claimed, 16 pixels present.
+  WriteBytes(dir / "huge", IdxImageBytes(1u << 28, 65536, 65536, Ramp(16)));
+  IdxImages images;
+  Status s = ReadIdxImages(dir / "huge", &images);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find("IDX file " + (dir / "huge") +
+                             ": truncated in pixels: expected "
+                             "1152921504606846976 bytes, got 16"),
+            std::string::npos)
+      << s.message();
+  std::vector<uint8_t> lab;
+  testing::PutBigEndian32(&lab, 0x801);
+  testing::PutBigEndian32(&lab, 1u << 28);
+  lab.push_back(3);
+  WriteBytes(dir / "huge_labels.gz", lab, true);
+  std::vector<uint8_t> labels;
+  s = ReadIdxLabels(dir / "huge_labels.gz", &labels);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find("truncated in labels: expected 268435456 bytes, got 1"), std::string::npos) << s.message();
+}
+
 TEST(Idx, ReadsInstalledFashionMnistTestSet) {
   const std::string root = DOWNPOUR_FASHION_MNIST_DIR;
   const std::string img = root + "/t10k-images-idx3-ubyte.gz";
