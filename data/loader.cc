@@ -296,6 +296,13 @@ Status Loader::LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, I
   ImageView v;
   DP_RETURN_IF_ERROR(ViewDatum(*datum, options_.channels, where, scratch, &v));
   if (v.c != out_c_) {
+    if (datum->encoded() && options_.channels == 0) {
+      // A folder of mostly colour JPEGs with a few greyscale ones (or the reverse).
+      return Corrupt(
+          "{}: the stored image decodes to {} channels, the stream has {}; to convert every encoded "
+          "record to {} channels, set the loader's channels to {}",
+          where, v.c, out_c_, out_c_, out_c_);
+    }
     return Corrupt("{}: {} channels, the stream has {}", where, v.c, out_c_);
   }
   if (options_.crop > 0 ? (v.h < options_.crop || v.w < options_.crop)

@@ -532,6 +532,41 @@ TEST(Loader, LabelOutsideTheModelsClassesStopsTheLoaderNamingKeyAndLabel) {
   EXPECT_NE(bad.Open().message().find("num_classes is -1"), std::string::npos);
 }
 
+TEST(Loader, MixedGreyAndColourEncodedRecordsNameTheChannelsFix) {
+  TempDir dir;
+  Image colour;
+  colour.c = 3;
+  colour.h = colour.w = 8;
+  colour.pixels.assign(3 * 64, 120);
+  Image grey = colour;
+  grey.c = 1;
+  grey.pixels.assign(64, 50);
+  std::string cj, gj;
+  ASSERT_TRUE(EncodeJpeg(colour, 95, &cj).ok());
+  ASSERT_TRUE(EncodeJpeg(grey, 95, &gj).ok());
+  {
+    std::unique_ptr<LmdbWriter> w;
+    ASSERT_TRUE(LmdbWriter::Create(dir / "db", &w).ok());
+    ASSERT_TRUE(w->Put(RecordKey(0, "colour"), MakeEncodedDatum(cj, 3, 8, 8, 0)).ok());
+    ASSERT_TRUE(w->Put(RecordKey(1, "grey"), MakeEncodedDatum(gj, 1, 8, 8, 1)).ok());
+    ASSERT_TRUE(w->Finish().ok());
+  }
+  LoaderOptions o = EvalOptions(dir / "db", 2, 0);
+  o.on_bad_record = BadRecordPolicy::kFail;
+  Status s;
+  EXPECT_TRUE(Batches(o, 10, &s).empty());
+  EXPECT_NE(s.message().find("key 00000001_grey: the stored image decodes to 1 channels, the stream has 3; to "
+                             "convert every encoded record to 3 channels, set the loader's channels to 3"),
+            std::string::npos)
+      << s.message();
+  o.channels = 3;
+  const auto batches = Batches(o, 10, &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0].c, 3);
+  EXPECT_NEAR(batches[0].data[3 * 64 + 2 * 64], 50, 2);  // the grey record, its third channel
+}
+
 TEST(Loader, AllocatorHookOwnsTheBatchMemory) {
   TempDir dir;
   WriteRawDb(dir / "db", 9, 1, 4, 4);
