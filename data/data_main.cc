@@ -80,7 +80,7 @@ int Run(int argc, char** argv) {
   auto* fold = app.add_subcommand("convert-folder", "image folder + '<path> <label>' list -> LMDB");
   fold->add_option("--root", folder.root, "folder the list's paths are relative to")->required();
   fold->add_option("--list", folder.list, "label list file")->required();
-  fold->add_option("--resize", resize, "resize to NxN (e.g. 256); 0 keeps the size");
+  fold->add_option("--resize", resize, "resize to NxN (e.g. 256); 0 keeps the size")->check(cli::AtLeast(0));
   fold->add_option("--resize-height", folder.resize_h, "resize height (with --resize-width)");
   fold->add_option("--resize-width", folder.resize_w, "resize width (with --resize-height)");
   fold->add_option("--encoded", folder.encoded, "store encoded images: jpg or png (default raw)");

@@ -141,6 +141,12 @@ TEST(DataCli, ConvertFolderSkipsUnreadableImagesUnlessStrict) {
   EXPECT_NE(out.find("skipped 1 unreadable images:\n  " + (dir / "list.txt") + " line 2: " + (dir / "imgs/b.png")),
             std::string::npos)
       << out;
+  // A negative --resize is a usage error, not silently "keep the size".
+  argv = base;
+  argv.insert(argv.end(), {dir / "neg", "--resize", "-5"});
+  EXPECT_EQ(test::RunCommand(argv, &out), 2) << out;
+  EXPECT_NE(out.find("--resize"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir / "neg"));
   argv = base;
   argv.insert(argv.end(), {dir / "strict", "--strict"});
   EXPECT_EQ(test::RunCommand(argv, &out), 1) << out;
