@@ -6,7 +6,8 @@
 //   shards == N: `out`/shard_<i>_of_<N> for i in 0..N-1, record r going to shard r % N
 //                (round robin keeps every shard's class mix that of the whole set).
 // Outputs that exist and are not empty are refused; nothing is overwritten. Records are
-// written under `out`.incomplete, renamed to `out` only when the conversion succeeds.
+// written under `out`.incomplete, renamed to `out` only when the conversion succeeds and
+// removed on every failure, so a failed conversion leaves nothing behind.
 //
 // Thread-safety: free functions, one conversion per call. Ownership: results are values.
 #pragma once
