@@ -1,0 +1,113 @@
+// file_io.cc — see file_io.h.
+#include "client/caffe/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace downpour::caffe_io {
+namespace {
+
+std::string Errno() { return std::strerror(errno); }
+
+Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return IoError("{}: write failed after {} of {} bytes: {}", path, done, bytes.size(), Errno());
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status FsyncDirectory(const std::string& dir, const std::string& path) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return IoError("{}: cannot open directory {} to fsync: {}", path, dir, Errno());
+  const int rc = ::fsync(fd);
+  const std::string err = rc != 0 ? Errno() : "";
+  ::close(fd);
+  if (rc != 0) return IoError("{}: fsync of directory {} failed: {}", path, dir, err);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadWholeFile(const std::string& path, std::string_view what, std::string* bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound("{}: no such {} file", path, what);
+    return IoError("{}: cannot open {} file: {}", path, what, Errno());
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return IoError("{}: {} is not a regular file", path, what);
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string err = n < 0 ? Errno() : "unexpected end of file";
+      ::close(fd);
+      return IoError("{}: reading {} file failed after {} of {} bytes: {}", path, what, done, out.size(), err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  *bytes = std::move(out);
+  return Status::Ok();
+}
+
+static std::string DirOf(const std::string& path) {
+  const std::filesystem::path target(path);
+  return target.has_parent_path() ? target.parent_path().string() : std::string(".");
+}
+
+Status WriteTemp(const std::string& path, std::string_view bytes, std::string* tmp) {
+  const std::filesystem::path target(path);
+  if (target.filename().empty()) return InvalidArgument("{}: not a file name", path);
+  const std::string dir = DirOf(path);
+  std::string name = dir + "/." + target.filename().string() + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) return IoError("{}: cannot create a temporary file in {}: {}", path, dir, Errno());
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  // mkstemp makes the file 0600; give it the permissions an ordinary new file would get.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  Status s = WriteAll(fd, bytes, path);
+  if (s.ok() && ::fsync(fd) != 0) s = IoError("{}: fsync failed: {}", path, Errno());
+  if (::close(fd) != 0 && s.ok()) s = IoError("{}: close failed: {}", path, Errno());
+  if (!s.ok()) {
+    ::unlink(name.c_str());
+    return s;
+  }
+  *tmp = std::move(name);
+  return Status::Ok();
+}
+
+Status CommitTemp(const std::string& tmp, const std::string& path) {
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const Status s = IoError("{}: rename from {} failed: {}", path, tmp, Errno());
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return FsyncDirectory(DirOf(path), path);
+}
+
+void DiscardTemp(const std::string& tmp) { ::unlink(tmp.c_str()); }
+
+Status WriteFileAtomic(const std::string& path, std::string_view bytes) {
+  std::string tmp;
+  DP_RETURN_IF_ERROR(WriteTemp(path, bytes, &tmp));
+  return CommitTemp(tmp, path);
+}
+
+}  // namespace downpour::caffe_io
