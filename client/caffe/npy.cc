@@ -126,9 +126,16 @@ Status DecodeNpy(const std::string& bytes, const std::string& source, std::vecto
   if (fortran != "False") return InvalidArgument("{}: Fortran-order arrays are not supported", source);
   std::vector<int64_t> dims;
   if (!ParseShape(tuple, &dims)) return Corrupt("{}: cannot read the shape {}", source, tuple);
-  int64_t count = 1;
-  for (int64_t d : dims) count *= d;
   const size_t at = header_at + header_len;
+  const size_t available = (bytes.size() - at) / sizeof(float);
+  int64_t count = 1;
+  for (int64_t d : dims) {
+    // Checked as it grows, so a corrupt header cannot overflow the product.
+    if (d != 0 && count > static_cast<int64_t>(available) / d + 1) {
+      return Corrupt("{}: shape {} needs more data than the file's {} bytes", source, tuple, bytes.size() - at);
+    }
+    count *= d;
+  }
   if (bytes.size() - at != static_cast<size_t>(count) * sizeof(float)) {
     return Corrupt("{}: shape {} needs {} bytes of data, the file has {}", source, tuple, count * 4, bytes.size() - at);
   }

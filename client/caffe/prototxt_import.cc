@@ -24,6 +24,10 @@ constexpr const char* kSupportedTypes =
     "Convolution, ReLU, LRN, Pooling, InnerProduct, Dropout, SoftmaxWithLoss, Softmax, Accuracy; "
     "inputs: Data, ImageData, Input";
 
+// The types converted to a [[layer]] (the input types are read, not converted).
+const std::set<std::string> kConvertible = {"Convolution", "InnerProduct",    "Pooling", "LRN",     "ReLU",
+                                            "Dropout",     "SoftmaxWithLoss", "Softmax", "Accuracy"};
+
 bool IsInputType(const std::string& type) { return type == "Data" || type == "ImageData" || type == "Input"; }
 
 // ---------------------------------------------------------------------------------------------
@@ -779,6 +783,10 @@ class Importer {
         DP_RETURN_IF_ERROR(InputTops(l, where));
         continue;
       }
+      if (!kConvertible.count(type)) {
+        return InvalidArgument("{}: layer type '{}' is not supported by the downpour engine (supported: {})",
+                               where.text, type, kSupportedTypes);
+      }
       DP_RETURN_IF_ERROR(CommonChecks(l, where, &param_owners));
       // Bottoms, through the renames so far.
       std::vector<std::string> bottoms;
@@ -847,8 +855,7 @@ class Importer {
                         "scores and 'label': the engine trains with it and evaluates from the scores",
                         l.name()));
       } else {
-        return InvalidArgument("{}: layer type '{}' is not supported by the downpour engine (supported: {})",
-                               where.text, type, kSupportedTypes);
+        DP_CHECK(false && "kConvertible lists a type with no conversion");
       }
       DP_RETURN_IF_ERROR(s);
       if (l.param_size() > 0 && type != "Convolution" && type != "InnerProduct") {

@@ -1,11 +1,13 @@
 // weights_io.cc — see weights_io.h.
 #include "client/caffe/weights_io.h"
 
+#include <fcntl.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -102,15 +104,16 @@ Status MatchTensorFile(const TensorFile& file, const std::string& path, const en
 
 // True when the file at `path` starts with the tensor file magic "DPTF".
 Status HasTensorFileMagic(const std::string& path, bool* is_tensor_file) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     if (errno == ENOENT) return NotFound("{}: no such weights file", path);
     return IoError("{}: cannot open weights file: {}", path, std::strerror(errno));
   }
   char magic[4] = {};
-  in.read(magic, sizeof(magic));
+  const ssize_t n = ::read(fd, magic, sizeof(magic));
+  ::close(fd);
   const uint32_t expected = kTensorFileMagic;
-  *is_tensor_file = in.gcount() == 4 && std::memcmp(magic, &expected, 4) == 0;
+  *is_tensor_file = n == 4 && std::memcmp(magic, &expected, 4) == 0;
   return Status::Ok();
 }
 
