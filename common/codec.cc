@@ -134,6 +134,7 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.server_count = r.getServerCount();
   h.worker_count = r.getWorkerCount();
   h.dead_workers = ReadList<int32_t>(r.getDeadWorkers());
+  h.finished_workers = ReadList<int32_t>(r.getFinishedWorkers());
   h.shutdown = r.getShutdown();
   h.text = r.getText().cStr();
   if (r.hasStats()) h.stats = DecodeStats(r.getStats());
@@ -176,6 +177,7 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   b.setServerCount(h.server_count);
   b.setWorkerCount(h.worker_count);
   if (!h.dead_workers.empty()) FillList(b.initDeadWorkers(n(h.dead_workers)), h.dead_workers);
+  if (!h.finished_workers.empty()) FillList(b.initFinishedWorkers(n(h.finished_workers)), h.finished_workers);
   b.setShutdown(h.shutdown);
   if (!h.text.empty()) b.setText(h.text);
   if (h.type == MsgType::kStatsReply) EncodeStats(h.stats, b.initStats());

@@ -118,7 +118,8 @@ struct MessageHeader {
   std::vector<std::string> server_addresses;
   int32_t server_count = 0;
   int32_t worker_count = 0;
-  std::vector<int32_t> dead_workers;
+  std::vector<int32_t> dead_workers;      // gone: silent past the heartbeat timeout, or finished
+  std::vector<int32_t> finished_workers;  // the gone ones that finished normally
   bool shutdown = false;
   std::string text;
 

@@ -19,7 +19,7 @@ enum MsgType {
   push @5;            # worker -> server: chunkIds, versions computed from, payload frames (grads)
   ack @6;             # server -> worker: push applied / accepted (versions = new versions)
   clock @7;           # worker -> coordinator / server: worker finished iteration `clock`
-  heartbeat @8;       # any -> coordinator; reply carries deadWorkers and shutdown
+  heartbeat @8;       # any -> coordinator; reply carries deadWorkers, finishedWorkers, shutdown
   stats @9;           # anyone -> server: ask for counters
   statsReply @10;     # server -> asker: stats
   checkpoint @11;     # -> server: write a checkpoint now (text = optional path)
@@ -100,4 +100,6 @@ struct Header {
   text @25 :Text;              # free-form argument (checkpoint path, address)
 
   stats @26 :Stats;
+  finishedWorkers @27 :List(Int32);  # heartbeat reply: the gone workers (deadWorkers) that
+                                     # finished normally rather than fell silent
 }

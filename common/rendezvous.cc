@@ -1,6 +1,9 @@
 // rendezvous.cc — see rendezvous.h.
 #include "common/rendezvous.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <set>
 
 namespace downpour {
@@ -10,23 +13,38 @@ std::string RendezvousClient::ToAddress(const std::string& host_port) {
   return "tcp://" + host_port;
 }
 
-Status RendezvousClient::Exchange(const MessageHeader& request, MessageHeader* reply,
-                                  std::chrono::milliseconds timeout) {
+Status RendezvousClient::Exchange(const MessageHeader& request, MessageHeader* reply, std::chrono::milliseconds timeout,
+                                  bool say_waiting) {
   std::lock_guard<std::mutex> lock(endpoint_mu_);
   MessageHeader h = request;
   h.request_id = next_request_++;
   Frames frames(1);
   DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
   DP_RETURN_IF_ERROR(endpoint_->Send(std::move(frames)));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  // ZeroMQ delivers the request once the coordinator is up; until then, say every few seconds
+  // what this process is waiting for, so a missing coordinator is not a silent stall.
+  constexpr std::chrono::seconds kSayEvery{5};
+  auto next_say = start + kSayEvery;
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto now = std::chrono::steady_clock::now();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
     if (left.count() <= 0) {
-      return Timeout("coordinator {}: no reply to {} within {} ms", options_.coordinator, MsgTypeName(h.type),
-                     timeout.count());
+      return Timeout(
+          "coordinator {}: no reply to {} within {} ms (is the coordinator running, and is "
+          "cluster.coordinator its address?)",
+          options_.coordinator, MsgTypeName(h.type), timeout.count());
+    }
+    if (say_waiting && now >= next_say) {
+      spdlog::info("waiting for the coordinator at {} ({:.0f} s so far; giving up after {:.0f} s)",
+                   options_.coordinator, std::chrono::duration<double>(now - start).count(),
+                   std::chrono::duration<double>(timeout).count());
+      next_say += kSayEvery;
     }
     Frames got;
-    Status s = endpoint_->Receive(&got, left);
+    const auto slice = std::min(left, std::chrono::duration_cast<std::chrono::milliseconds>(kSayEvery));
+    Status s = endpoint_->Receive(&got, say_waiting ? slice : left);
     if (s.code() == StatusCode::kTimeout) continue;
     DP_RETURN_IF_ERROR(s);
     DP_RETURN_IF_ERROR(ParseHeader(got, reply));
@@ -48,7 +66,7 @@ Status RendezvousClient::Register(Transport* transport, RendezvousOptions option
   h.model_id = c->options_.model_id;
   h.text = c->options_.address;
   MessageHeader reply;
-  DP_RETURN_IF_ERROR(c->Exchange(h, &reply, timeout));
+  DP_RETURN_IF_ERROR(c->Exchange(h, &reply, timeout, /*say_waiting=*/true));
   if (reply.type != MsgType::kRegisterReply) {
     return Corrupt("coordinator {}: register answered with {}", c->options_.coordinator, MsgTypeName(reply.type));
   }
@@ -65,21 +83,22 @@ RendezvousClient::~RendezvousClient() {
   if (thread_.joinable()) thread_.join();
 }
 
-void RendezvousClient::StartHeartbeats(std::function<void(const std::vector<int32_t>&)> on_dead) {
-  thread_ = std::thread([this, cb = std::move(on_dead)] { HeartbeatLoop(cb); });
+void RendezvousClient::StartHeartbeats(std::function<void(int32_t, bool)> on_gone) {
+  thread_ = std::thread([this, cb = std::move(on_gone)] { HeartbeatLoop(cb); });
 }
 
-void RendezvousClient::HeartbeatLoop(std::function<void(const std::vector<int32_t>&)> on_dead) {
-  std::set<int32_t> known_dead;
+void RendezvousClient::HeartbeatLoop(std::function<void(int32_t, bool)> on_gone) {
+  std::set<int32_t> known_gone;
   while (!stop_.load()) {
     MessageHeader reply;
     Status s = SendHeartbeat(options_.heartbeat_interval * 4, &reply);
     if (s.ok()) {
-      std::vector<int32_t> fresh;
       for (int32_t w : reply.dead_workers) {
-        if (known_dead.insert(w).second) fresh.push_back(w);
+        if (!known_gone.insert(w).second || !on_gone) continue;
+        const bool finished =
+            std::find(reply.finished_workers.begin(), reply.finished_workers.end(), w) != reply.finished_workers.end();
+        on_gone(w, finished);
       }
-      if (!fresh.empty() && on_dead) on_dead(fresh);
       if (reply.shutdown) shutdown_.store(true);
     }
     // Sleep in small steps so destruction is prompt.

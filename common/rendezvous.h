@@ -47,8 +47,9 @@ class RendezvousClient {
                          std::unique_ptr<RendezvousClient>* out, RendezvousInfo* info);
   ~RendezvousClient();
 
-  // Starts heartbeats. `on_dead` runs on the heartbeat thread with newly reported dead workers.
-  void StartHeartbeats(std::function<void(const std::vector<int32_t>&)> on_dead);
+  // Starts heartbeats. `on_gone(worker, finished)` runs on the heartbeat thread once for each
+  // worker the coordinator newly reports gone: finished normally, or dead (silent).
+  void StartHeartbeats(std::function<void(int32_t worker, bool finished)> on_gone);
   bool shutdown_requested() const { return shutdown_.load(); }
   // The worker's clock, reported with the next heartbeat.
   void set_clock(int64_t clock) { clock_.store(clock); }
@@ -65,8 +66,11 @@ class RendezvousClient {
 
  private:
   RendezvousClient() = default;
-  Status Exchange(const MessageHeader& request, MessageHeader* reply, std::chrono::milliseconds timeout);
-  void HeartbeatLoop(std::function<void(const std::vector<int32_t>&)> on_dead);
+  // One request and its reply. With `say_waiting`, logs every few seconds that it is still
+  // waiting for the coordinator (registration, when the coordinator may not be up yet).
+  Status Exchange(const MessageHeader& request, MessageHeader* reply, std::chrono::milliseconds timeout,
+                  bool say_waiting = false);
+  void HeartbeatLoop(std::function<void(int32_t, bool)> on_gone);
   // One heartbeat now (clock, finished flag); records the reply's gone workers.
   Status SendHeartbeat(std::chrono::milliseconds timeout, MessageHeader* reply);
 

@@ -174,6 +174,7 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const Frames& f
       }
       r.type = h.type == MsgType::kClock ? MsgType::kAck : MsgType::kHeartbeat;
       r.dead_workers.assign(dead_.begin(), dead_.end());
+      r.finished_workers.assign(finished_.begin(), finished_.end());
       r.shutdown = shutdown_.load();
       if (r.shutdown) told_shutdown_.insert(peer);
       Reply(ep, peer, r);

@@ -115,9 +115,7 @@ Status Run(const Flags& f, bool* serving) {
     ro.heartbeat_interval = std::chrono::milliseconds(cfg.cluster.heartbeat_ms);
     RendezvousInfo info;
     DP_RETURN_IF_ERROR(RendezvousClient::Register(&transport, ro, std::chrono::seconds(60), &link, &info));
-    link->StartHeartbeats([s = shard.get()](const std::vector<int32_t>& dead) {
-      for (int32_t w : dead) s->MarkWorkerDead(w);
-    });
+    link->StartHeartbeats([s = shard.get()](int32_t worker, bool finished) { s->MarkWorkerGone(worker, finished); });
   }
 
   *serving = true;

@@ -136,9 +136,9 @@ Status ShardServer::Join() {
 
 void ShardServer::Stop() { stop_.store(true); }
 
-void ShardServer::MarkWorkerDead(int32_t worker) {
+void ShardServer::MarkWorkerGone(int32_t worker, bool finished) {
   std::lock_guard<std::mutex> lock(mu_);
-  dead_queue_.push_back(worker);
+  gone_queue_.emplace_back(worker, finished);
 }
 
 void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, Frames payload) {
@@ -478,12 +478,16 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
 
 void ShardServer::ServePending(ServerEndpoint* ep) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int32_t w : dead_queue_) {
+  for (const auto& [w, finished] : gone_queue_) {
     policy_->OnWorkerDead(*updater_, w);
-    spdlog::info("shard {}: worker {} declared dead; dropped from consistency accounting", options_.server_id, w);
+    if (finished) {
+      spdlog::info("shard {}: worker {} finished; no longer waited for", options_.server_id, w);
+    } else {
+      spdlog::info("shard {}: worker {} declared dead; dropped from consistency accounting", options_.server_id, w);
+    }
   }
-  if (!dead_queue_.empty()) MaybeCheckpoint();
-  dead_queue_.clear();
+  if (!gone_queue_.empty()) MaybeCheckpoint();
+  gone_queue_.clear();
   if (pending_.empty()) return;
   std::vector<PendingPull> still;
   for (auto& p : pending_) {

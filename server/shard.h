@@ -33,7 +33,7 @@
 // (copy-on-write), so a reply is never torn and the hot path copies nothing when the
 // transport has finished.
 //
-// Thread-safety: Serve() runs the loop on one thread; Stop(), MarkWorkerDead(), Stats(),
+// Thread-safety: Serve() runs the loop on one thread; Stop(), MarkWorkerGone(), Stats(),
 // ChunkWeights() and ChunkVersion() may be called from any thread (one mutex guards the state).
 #pragma once
 
@@ -95,8 +95,9 @@ class ShardServer {
   Status Join();
   void Stop();  // thread-safe; Serve returns within poll_interval
 
-  // Thread-safe. The coordinator declared `worker` dead (sync/ssp accounting drops it).
-  void MarkWorkerDead(int32_t worker);
+  // Thread-safe. The coordinator reported `worker` gone — it finished, or it fell silent and
+  // was declared dead; either way sync/ssp accounting drops it.
+  void MarkWorkerGone(int32_t worker, bool finished);
 
   // Thread-safe snapshots (tests, benchmarks, logging).
   ShardStatsWire Stats() const;
@@ -152,7 +153,7 @@ class ShardServer {
   ShardStatsWire stats_;
   int64_t updates_ = 0;
   int64_t updates_at_last_checkpoint_ = 0;
-  std::vector<int32_t> dead_queue_;  // deaths reported by MarkWorkerDead, handled by the loop
+  std::vector<std::pair<int32_t, bool>> gone_queue_;  // (worker, finished) from MarkWorkerGone, for the loop
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};

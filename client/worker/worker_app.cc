@@ -137,7 +137,7 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
   std::unique_ptr<RendezvousClient> link;
   RendezvousInfo info;
   DP_RETURN_IF_ERROR(RendezvousClient::Register(&transport, ro, std::chrono::seconds(120), &link, &info));
-  link->StartHeartbeats([](const std::vector<int32_t>&) {});
+  link->StartHeartbeats({});
   PsClientOptions po;
   po.server_addresses = info.server_addresses.empty() ? ServerAddresses(config.cluster) : info.server_addresses;
   po.worker_id = args.id;

@@ -49,6 +49,7 @@ MessageHeader Sample(MsgType type) {
       break;
     case MsgType::kHeartbeat:
       h.dead_workers = {1, 6};
+      h.finished_workers = {6};
       h.shutdown = true;
       break;
     case MsgType::kCheckpoint:

@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 
 #include "common/metrics.h"
+#include "common/run_config.h"
 #include "common/tensor_file.h"
 #include "tests/testing/harness.h"
 
@@ -369,6 +370,34 @@ TEST_F(TrainProcessTest, AsyncLetsAFastWorkerRunAheadOfAStraggler) {
 
 TEST_F(TrainProcessTest, AsyncSurvivesKilledWorker) { KillOneWorker("async"); }
 TEST_F(TrainProcessTest, SyncDropsKilledWorkerAfterHeartbeatTimeout) { KillOneWorker("sync"); }
+
+}  // namespace
+}  // namespace downpour
+
+namespace downpour {
+namespace {
+
+// A worker whose coordinator is not there says so every few seconds (it used to wait 120 s in
+// silence before timing out).
+TEST_F(TrainProcessTest, WorkerSaysItIsWaitingForAMissingCoordinator) {
+  const std::string model = test::SourcePath("configs/models/fmnist_small.toml");
+  const std::string text = Config(model, "async", 1, 1, 16, 5, 0.01, 1);
+  const std::string cfg = Write("cfg.toml", text);
+  RunConfig parsed;
+  ASSERT_TRUE(ParseRunConfig(text, "cfg.toml", &parsed).ok());
+  const fs::path log = dir_ / "worker.log";
+  test::Child worker({test::Binary("downpour-worker"), "--quiet", "--id", "0", "--config", cfg, "--run-dir",
+                      (dir_ / "run").string()},
+                     log);
+  const std::string expect = "waiting for the coordinator at " + parsed.cluster.coordinator;
+  bool said = false;
+  for (int i = 0; i < 150 && !said; ++i) {  // bounded: 15 s
+    said = test::ReadFile(log).find(expect) != std::string::npos;
+    if (!said) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(said) << test::ReadFile(log);
+  EXPECT_EQ(worker.WaitExit(0ms), -1) << "the worker gave up instead of waiting";
+}
 
 }  // namespace
 }  // namespace downpour

@@ -89,10 +89,10 @@ class CoordinatorTest : public ::testing::Test {
 TEST_F(CoordinatorTest, FinishedWorkerIsGoneAtOnceSilentOneAfterTheTimeout) {
   RendezvousClient* server = Join(Role::kServer, 0);
   std::mutex dead_mu;
-  std::vector<int32_t> server_heard_dead;
-  server->StartHeartbeats([&](const std::vector<int32_t>& dead) {
+  std::vector<int32_t> server_heard_dead, server_heard_finished;
+  server->StartHeartbeats([&](int32_t worker, bool finished) {
     std::lock_guard<std::mutex> lock(dead_mu);
-    server_heard_dead.insert(server_heard_dead.end(), dead.begin(), dead.end());
+    (finished ? server_heard_finished : server_heard_dead).push_back(worker);
   });
   RendezvousClient* w0 = Join(Role::kWorker, 0);
   RendezvousClient* w1 = Join(Role::kWorker, 1);
@@ -112,11 +112,17 @@ TEST_F(CoordinatorTest, FinishedWorkerIsGoneAtOnceSilentOneAfterTheTimeout) {
   // Worker 2 never heartbeat: gone after the 600 ms timeout; worker 0 (heartbeating) never.
   EXPECT_TRUE(Eventually([&] { return Contains(w0->gone_workers(), 2); }, 3s));
   EXPECT_FALSE(Contains(w0->gone_workers(), 0));
-  // The server heard both, so its consistency accounting drops them.
+  // The server heard both, so its consistency accounting drops them — worker 1 as finished,
+  // worker 2 as dead (its log says which).
   EXPECT_TRUE(Eventually([&] {
     std::lock_guard<std::mutex> lock(dead_mu);
-    return Contains(server_heard_dead, 1) && Contains(server_heard_dead, 2);
+    return Contains(server_heard_finished, 1) && Contains(server_heard_dead, 2);
   }, 2s));
+  {
+    std::lock_guard<std::mutex> lock(dead_mu);
+    EXPECT_FALSE(Contains(server_heard_dead, 1)) << "a finished worker was reported dead";
+    EXPECT_FALSE(Contains(server_heard_finished, 2)) << "a silent worker was reported finished";
+  }
   const std::vector<CoordinatorEvent> ev = Events();
   auto count = [&](const std::string& kind, int32_t who) {
     return std::count_if(ev.begin(), ev.end(), [&](const CoordinatorEvent& e) { return e.kind == kind && e.id == who; });

@@ -430,7 +430,7 @@ TEST_F(ShardFixture, SyncDeadWorkerIsDroppedSoTheClockCompletes) {
   std::vector<float> w(8);
   RequestId r = c0->Pull(w, 1);
   EXPECT_EQ(c0->Wait(r, 150ms).code(), StatusCode::kTimeout);  // worker 2 never pushes
-  shards_[0]->MarkWorkerDead(2);
+  shards_[0]->MarkWorkerGone(2, /*finished=*/false);
   ASSERT_TRUE(c0->Wait(r, 5000ms).ok());
   EXPECT_EQ(w, std::vector<float>(8, -2.0f));
 }
