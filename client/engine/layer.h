@@ -9,7 +9,9 @@
 //    the net's input blobs are owned by the Backend). `format` is backend-private: a
 //    backend may keep activations in a layout it prefers (oneDNN: blocked / nhwc) between
 //    its own layers; a null format means dense canonical row-major. Only the backend reads
-//    or writes blob memory; the net crosses the host boundary through Backend::CopyIn/Out.
+//    or writes blob memory; the host crosses that boundary through the Backend: SetInput
+//    and ReadBlob for blob data (WriteBlobGrad / ReadBlobGrad for blob gradients), and
+//    CopyToDevice / CopyToHost for the parameter and gradient buffers.
 //  * Parameters are NOT owned by layers: every layer's weights and biases are windows
 //    (ParamSlot) into the net's one contiguous parameter buffer and one contiguous gradient
 //    buffer, in canonical layout (conv OIHW, inner product out×in). A backend that prefers
@@ -111,6 +113,12 @@ class Backend {
   virtual void ReadBlob(const Blob& blob, float* host) = 0;
   // Release blob storage the backend allocated for an input blob.
   virtual void ReleaseInput(Blob* blob) = 0;
+  // Gradient edges, for checks and tools that drive a layer directly (the net itself never
+  // needs them): write `blob->grad` from host data in canonical layout (applying the blob's
+  // private format), and read it back to the host in canonical layout. `blob->grad` must be
+  // set (a layer's top after Reshape, or a buffer from Allocate for a dense input blob).
+  virtual void WriteBlobGrad(const float* host, Blob* blob) = 0;
+  virtual void ReadBlobGrad(const Blob& blob, float* host) = 0;
 
   // Threads for compute inside calls (OpenMP on the CPU); 0 = library default.
   virtual void SetThreads(int threads) = 0;

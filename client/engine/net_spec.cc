@@ -123,6 +123,26 @@ Status ParseGeometry(const toml::table& t, const Where& where, LayerSpec* l) {
   return Status::Ok();
 }
 
+constexpr struct {
+  PoolMethod method;
+  const char* name;
+} kPoolMethodNames[] = {{PoolMethod::kMax, "max"}, {PoolMethod::kAve, "ave"}};
+
+// `pool = "max" | "ave"`; absent → max (Caffe's default).
+Status ParsePoolMethod(const toml::table& t, const Where& where, PoolMethod* method) {
+  const toml::node* node = t.get("pool");
+  if (node == nullptr) return Status::Ok();
+  const std::optional<std::string> text = node->value<std::string>();
+  if (!text) return InvalidArgument("{}: field 'pool' must be a string (\"max\" or \"ave\")", where.str());
+  for (const auto& e : kPoolMethodNames) {
+    if (*text == e.name) {
+      *method = e.method;
+      return Status::Ok();
+    }
+  }
+  return InvalidArgument("{}: pool '{}' is not one of max, ave", where.str(), *text);
+}
+
 Status ParseLayer(const toml::table& t, int index, const std::string& source, LayerSpec* l) {
   Where where{source, fmt::format("layer #{}", index)};
   auto name = t.get("name") ? t.get("name")->value<std::string>() : std::nullopt;
@@ -182,13 +202,10 @@ Status ParseLayer(const toml::table& t, int index, const std::string& source, La
       }
       break;
     }
-    case LayerType::kPooling: {
-      std::string pool = t.get("pool") ? t.get("pool")->value_or(std::string("max")) : "max";
-      if (pool != "max")
-        return InvalidArgument("{}: pool '{}' is not supported (only 'max')", where.str(), pool);
+    case LayerType::kPooling:
+      DP_RETURN_IF_ERROR(ParsePoolMethod(t, where, &l->pool));
       DP_RETURN_IF_ERROR(ParseGeometry(t, where, l));
       break;
-    }
     case LayerType::kLRN:
       DP_RETURN_IF_ERROR(ReadNumber(t, "local_size", where, &l->local_size));
       DP_RETURN_IF_ERROR(ReadNumber(t, "alpha", where, &l->alpha));
@@ -246,6 +263,12 @@ Status ParseTable(const toml::table& root, const std::string& source, NetSpec* s
 const char* LayerTypeName(LayerType type) {
   for (const auto& tn : kTypeNames)
     if (tn.type == type) return tn.name;
+  return "?";
+}
+
+const char* PoolMethodName(PoolMethod method) {
+  for (const auto& e : kPoolMethodNames)
+    if (e.method == method) return e.name;
   return "?";
 }
 
@@ -365,6 +388,13 @@ Status InferShapes(const NetSpec& spec, int batch, NetShapes* shapes) {
         if (ho <= 0 || wo <= 0 || x[2] + 2 * l.pad_h < l.kernel_h || x[3] + 2 * l.pad_w < l.kernel_w)
           return InvalidArgument("{}: kernel {}x{} is larger than the input {}", where, l.kernel_h,
                                  l.kernel_w, ShapeString(x));
+        // Caffe drops a last window that would start past the input only when there is padding;
+        // without, a stride larger than the kernel can leave it empty (Caffe: MAX -FLT_MAX, AVE 0/0).
+        if ((ho - 1) * l.stride_h >= x[2] + l.pad_h || (wo - 1) * l.stride_w >= x[3] + l.pad_w)
+          return InvalidArgument(
+              "{}: kernel {}x{}, stride {}x{}, pad {}x{} on input {}: the last of the {}x{} "
+              "windows would start past the input (empty)",
+              where, l.kernel_h, l.kernel_w, l.stride_h, l.stride_w, l.pad_h, l.pad_w, ShapeString(x), ho, wo);
         y = {x[0], x[1], ho, wo};
         break;
       }

@@ -27,7 +27,7 @@ enum class LayerType {
   kConvolution,      // bottom: 1 (N,C,H,W) → top: 1 (N,O,Ho,Wo); params weight (O,C/g,kh,kw), bias (O)
   kReLU,             // elementwise max(0,x) (negative_slope 0)
   kLRN,              // across channels, Caffe definition (see LayerSpec::lrn_*)
-  kPooling,          // max pooling, Caffe's ceil rounding of the output size
+  kPooling,          // max or average pooling (LayerSpec::pool), Caffe's ceil rounding of the output size
   kInnerProduct,     // bottom (N, ...) flattened to (N,K) → (N,O); params weight (O,K), bias (O)
   kDropout,          // inverted dropout, train phase only, seeded mask
   kSoftmaxWithLoss,  // bottoms (scores (N,K), label (N)) → top loss (1); mean cross-entropy
@@ -44,6 +44,14 @@ enum class FillerType {
   kXavier,    // uniform, scale = sqrt(3 / fan_in)            (Caffe's default variance_norm)
   kMsra,      // gaussian, std = sqrt(2 / fan_in)
 };
+
+// Pooling method (TOML `pool = "max" | "ave"`, Caffe's MAX / AVE). AVE divides each window's
+// sum by its size counted over the padded input (the zero padding counts, the ceil-rounding
+// overhang beyond it does not) — Caffe's pooling_layer.cpp exactly.
+enum class PoolMethod { kMax, kAve };
+
+// Name as written in the config ("max", "ave").
+const char* PoolMethodName(PoolMethod method);
 
 struct FillerSpec {
   FillerType type = FillerType::kConstant;
@@ -71,6 +79,7 @@ struct LayerSpec {
   int stride_h = 1, stride_w = 1;  // default 1
   int pad_h = 0, pad_w = 0;        // default 0
   int group = 1;                   // default 1; conv only
+  PoolMethod pool = PoolMethod::kMax;  // default max; pooling only
 
   // LRN (across channels): y = x * (k + alpha/local_size * sum_{window} x^2)^-beta,
   // window of local_size channels centred on the channel, zero padded.

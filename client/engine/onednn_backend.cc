@@ -285,53 +285,112 @@ class DnnLrn : public DnnLayer {
   Buffer ws_;
 };
 
+// The format tag of a 4-D activation layout among those oneDNN picks for our layers, so a
+// buffer of other dims can be given the same layout; plain NCHW when it is none of them.
+tag Tag4dOf(const memory::desc& md) {
+  for (tag t : {tag::nChw16c, tag::nChw8c, tag::nhwc, tag::nchw})
+    if (memory::desc(md.dims(), dt::f32, t) == md) return t;
+  return tag::nchw;
+}
+
+// Pooling with Caffe's ceil-rounded output size, which oneDNN sees as extra right/bottom
+// padding `ext` = (out-1)·stride + kernel − in − pad per dimension (clamped at 0: when Caffe
+// drops a last window that would start in the padding, ext comes out negative, and 0 gives
+// the same output size — oneDNN's max pooling refuses negative padding).
+//  * MAX: pooling_max; padded cells never win.
+//  * AVE: Caffe divides each window's sum by its size counted over the zero-padded input
+//    [-pad, in+pad), NOT over the ceil overhang past in+pad. oneDNN's two average modes match
+//    that exactly when
+//      - pad = 0: avg_exclude_padding (the divisor is the window clipped to the input), or
+//      - no window reaches past in+pad (ext <= pad): avg_include_padding (divisor kh·kw);
+//    otherwise the input is copied into a buffer with explicit zero borders (pad before,
+//    min(ext, pad) after; same layout) and avg_exclude_padding runs on it with only the
+//    overhang past in+pad as implicit padding. Backward runs on a padded gradient buffer and
+//    copies its interior back. The borders are zeroed once and never written.
 class DnnPool : public DnnLayer {
  public:
   using DnnLayer::DnnLayer;
   Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
     const auto& x = bottom[0]->shape;
     const auto& y = top[0]->shape;
-    src_md_ = DescOf(*bottom[0]);
+    const int ph = spec_.pad_h, pw = spec_.pad_w;
+    const int ext_h = std::max(0, (y[2] - 1) * spec_.stride_h + spec_.kernel_h - x[2] - ph);
+    const int ext_w = std::max(0, (y[3] - 1) * spec_.stride_w + spec_.kernel_w - x[3] - pw);
+    bottom_md_ = DescOf(*bottom[0]);
+    src_md_ = bottom_md_;
+    explicit_pad_ = false;
+    memory::dims pad_l{ph, pw}, pad_r{ext_h, ext_w};
+    dnnl::algorithm alg = dnnl::algorithm::pooling_max;
+    if (spec_.pool == PoolMethod::kAve) {
+      if (ph == 0 && pw == 0) {
+        alg = dnnl::algorithm::pooling_avg_exclude_padding;
+      } else if (ext_h <= ph && ext_w <= pw) {
+        alg = dnnl::algorithm::pooling_avg_include_padding;
+      } else {
+        alg = dnnl::algorithm::pooling_avg_exclude_padding;
+        explicit_pad_ = true;
+        const int after_h = std::min(ext_h, ph), after_w = std::min(ext_w, pw);
+        src_md_ = memory::desc({x[0], x[1], x[2] + ph + after_h, x[3] + pw + after_w}, dt::f32, Tag4dOf(bottom_md_));
+        const memory::desc interior = src_md_.submemory_desc(Dims(x), {0, 0, ph, pw});
+        to_padded_.Init(c_, bottom_md_, interior);
+        from_padded_.Init(c_, interior, bottom_md_);
+        padded_src_.Resize(src_md_);
+        padded_diff_.Resize(src_md_);
+        pad_l = {0, 0};
+        pad_r = {ext_h - after_h, ext_w - after_w};
+      }
+    }
     const memory::desc any_dst(Dims(y), dt::f32, tag::any);
-    // Caffe's ceil rounding = extra right/bottom padding; max pooling ignores padded cells.
-    const memory::dims pad_l{spec_.pad_h, spec_.pad_w};
-    const memory::dims pad_r{(y[2] - 1) * spec_.stride_h + spec_.kernel_h - x[2] - spec_.pad_h,
-                             (y[3] - 1) * spec_.stride_w + spec_.kernel_w - x[3] - spec_.pad_w};
-    dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
-                                   src_md_, any_dst, {spec_.stride_h, spec_.stride_w},
-                                   {spec_.kernel_h, spec_.kernel_w}, pad_l, pad_r);
-    fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, c_.eng);
-    dst_md_ = fwd_pd_.dst_desc();
-    fwd_ = dnnl::pooling_forward(fwd_pd_);
-    dnnl::pooling_backward::desc bd(dnnl::algorithm::pooling_max, src_md_, dst_md_,
-                                    {spec_.stride_h, spec_.stride_w}, {spec_.kernel_h, spec_.kernel_w},
-                                    pad_l, pad_r);
-    bwd_ = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(bd, c_.eng, fwd_pd_));
+    const memory::dims strides{spec_.stride_h, spec_.stride_w}, kernel{spec_.kernel_h, spec_.kernel_w};
+    try {
+      dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg, src_md_, any_dst, strides, kernel, pad_l,
+                                     pad_r);
+      fwd_pd_ = dnnl::pooling_forward::primitive_desc(fd, c_.eng);
+      dst_md_ = fwd_pd_.dst_desc();
+      fwd_ = dnnl::pooling_forward(fwd_pd_);
+      dnnl::pooling_backward::desc bd(alg, src_md_, dst_md_, strides, kernel, pad_l, pad_r);
+      bwd_ = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(bd, c_.eng, fwd_pd_));
+    } catch (const dnnl::error& e) {
+      return InvalidArgument("oneDNN {} pooling setup failed for input {}: {}", PoolMethodName(spec_.pool),
+                             ShapeString(x), e.what());
+    }
+    has_ws_ = fwd_pd_.workspace_desc().get_size() > 0;  // max keeps its argmax there; average has none
     ws_.Resize(fwd_pd_.workspace_desc());
     AllocTop(top[0], dst_md_);
     return Status::Ok();
   }
   void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
-    fwd_.execute(c_.stream, {{DNNL_ARG_SRC, Mem(src_md_, bottom[0]->data)},
-                             {DNNL_ARG_DST, Mem(dst_md_, top[0]->data)},
-                             {DNNL_ARG_WORKSPACE, Mem(fwd_pd_.workspace_desc(), ws_.data())}});
+    float* src = bottom[0]->data;
+    if (explicit_pad_) {
+      to_padded_.Run(c_, src, padded_src_.data());
+      src = padded_src_.data();
+    }
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Mem(src_md_, src)}, {DNNL_ARG_DST, Mem(dst_md_, top[0]->data)}};
+    if (has_ws_) args.emplace(DNNL_ARG_WORKSPACE, Mem(fwd_pd_.workspace_desc(), ws_.data()));
+    fwd_.execute(c_.stream, args);
     Wait();
   }
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
                 const std::vector<Blob*>& bottom) override {
     if (!down[0]) return;
-    bwd_.execute(c_.stream, {{DNNL_ARG_DIFF_DST, Mem(dst_md_, top[0]->grad)},
-                             {DNNL_ARG_WORKSPACE, Mem(fwd_pd_.workspace_desc(), ws_.data())},
-                             {DNNL_ARG_DIFF_SRC, Mem(src_md_, bottom[0]->grad)}});
+    float* dsrc = explicit_pad_ ? padded_diff_.data() : bottom[0]->grad;
+    std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, Mem(dst_md_, top[0]->grad)},
+                                         {DNNL_ARG_DIFF_SRC, Mem(src_md_, dsrc)}};
+    if (has_ws_) args.emplace(DNNL_ARG_WORKSPACE, Mem(fwd_pd_.workspace_desc(), ws_.data()));
+    bwd_.execute(c_.stream, args);
+    if (explicit_pad_) from_padded_.Run(c_, padded_diff_.data(), bottom[0]->grad);
     Wait();
   }
 
  private:
-  memory::desc src_md_, dst_md_;
+  bool explicit_pad_ = false;  // AVE with a ceil overhang past the padding (see above)
+  bool has_ws_ = false;
+  memory::desc bottom_md_, src_md_, dst_md_;  // src_md_: the padded copy's when explicit_pad_
   dnnl::pooling_forward::primitive_desc fwd_pd_;
   dnnl::pooling_forward fwd_;
   dnnl::pooling_backward bwd_;
-  Buffer ws_;
+  Reorder to_padded_, from_padded_;
+  Buffer ws_, padded_src_, padded_diff_;
 };
 
 class DnnInnerProduct : public DnnLayer {
@@ -571,16 +630,18 @@ class OneDnnBackend : public Backend {
     blob->data = storage.data();
     blob->format = nullptr;
   }
-  void ReadBlob(const Blob& blob, float* host) override {
-    if (!blob.format) {
-      std::memcpy(host, blob.data, blob.count() * sizeof(float));
+  void ReadBlob(const Blob& blob, float* host) override { ToPlain(blob, blob.data, host); }
+  void WriteBlobGrad(const float* host, Blob* blob) override {
+    if (!blob->format) {
+      std::memcpy(blob->grad, host, blob->count() * sizeof(float));
       return;
     }
     Reorder r;
-    r.Init(ctx_, DescOf(blob), PlainDesc(blob.shape));
-    r.Run(ctx_, blob.data, host);
+    r.Init(ctx_, PlainDesc(blob->shape), DescOf(*blob));
+    r.Run(ctx_, const_cast<float*>(host), blob->grad);
     ctx_.stream.wait();
   }
+  void ReadBlobGrad(const Blob& blob, float* host) override { ToPlain(blob, blob.grad, host); }
   void ReleaseInput(Blob* blob) override {
     inputs_.erase(blob);
     blob->data = nullptr;
@@ -603,6 +664,18 @@ class OneDnnBackend : public Backend {
   }
 
  private:
+  // `src` (the blob's data or grad, in the blob's format) → host, canonical layout.
+  void ToPlain(const Blob& blob, float* src, float* host) {
+    if (!blob.format) {
+      std::memcpy(host, src, blob.count() * sizeof(float));
+      return;
+    }
+    Reorder r;
+    r.Init(ctx_, DescOf(blob), PlainDesc(blob.shape));
+    r.Run(ctx_, src, host);
+    ctx_.stream.wait();
+  }
+
   Ctx ctx_;
   std::map<const Blob*, std::vector<float>> inputs_;
 };

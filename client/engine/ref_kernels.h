@@ -2,7 +2,7 @@
 // canonical dense row-major tensors, templated on the scalar type so gradient checks run in
 // double. This is the source of truth the fast backends are tested against; it favours
 // obviousness over speed. Definitions follow Caffe (conv with groups, LRN across channels,
-// max pooling with ceil output size, inner product, softmax cross-entropy).
+// max and average pooling with ceil output size, inner product, softmax cross-entropy).
 //
 // Shapes in comments: x (N,C,H,W), w (O,C/g,kh,kw), y (N,O,Ho,Wo).
 // Backward functions OVERWRITE their outputs (dx, dw, db); any pointer may be null to skip.
@@ -163,6 +163,58 @@ void MaxPoolBackward(const PoolGeom& g, const int64_t* argmax, const T* dy, T* d
   const int64_t out = int64_t(g.n) * g.c * g.ho * g.wo;
   for (int64_t o = 0; o < out; ++o)
     if (argmax[o] >= 0) dx[argmax[o]] += dy[o];
+}
+
+// Caffe's AVE window for output (oh, ow): [hs, he) × [ws, we) clipped to the input, and its
+// divisor counted BEFORE clipping over the padded input [-ph, h+ph) × [-pw, w+pw): the zero
+// padding counts, the ceil-rounding overhang beyond it does not (pooling_layer.cpp).
+struct AveWindow {
+  int hs, he, ws, we;
+  int pool_size;
+};
+inline AveWindow AveWindowAt(const PoolGeom& g, int oh, int ow) {
+  int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
+  int he = std::min(hs + g.kh, g.h + g.ph), we = std::min(ws + g.kw, g.w + g.pw);
+  const int pool_size = (he - hs) * (we - ws);
+  hs = std::max(hs, 0);
+  ws = std::max(ws, 0);
+  he = std::min(he, g.h);
+  we = std::min(we, g.w);
+  return {hs, he, ws, we, pool_size};
+}
+
+// Average pooling: y (N,C,Ho,Wo) = sum over the clipped window / pool_size.
+template <typename T>
+void AvePoolForward(const PoolGeom& g, const T* x, T* y) {
+  for (int n = 0; n < g.n; ++n)
+    for (int c = 0; c < g.c; ++c) {
+      const int64_t base = (int64_t(n) * g.c + c) * g.h * g.w;
+      for (int oh = 0; oh < g.ho; ++oh)
+        for (int ow = 0; ow < g.wo; ++ow) {
+          const AveWindow win = AveWindowAt(g, oh, ow);
+          T sum = 0;
+          for (int ih = win.hs; ih < win.he; ++ih)
+            for (int iw = win.ws; iw < win.we; ++iw) sum += x[base + int64_t(ih) * g.w + iw];
+          y[((int64_t(n) * g.c + c) * g.ho + oh) * g.wo + ow] = sum / T(win.pool_size);
+        }
+    }
+}
+
+// dx (N,C,H,W): each output spreads dy / pool_size over its clipped window.
+template <typename T>
+void AvePoolBackward(const PoolGeom& g, const T* dy, T* dx) {
+  std::fill(dx, dx + int64_t(g.n) * g.c * g.h * g.w, T(0));
+  for (int n = 0; n < g.n; ++n)
+    for (int c = 0; c < g.c; ++c) {
+      const int64_t base = (int64_t(n) * g.c + c) * g.h * g.w;
+      for (int oh = 0; oh < g.ho; ++oh)
+        for (int ow = 0; ow < g.wo; ++ow) {
+          const AveWindow win = AveWindowAt(g, oh, ow);
+          const T d = dy[((int64_t(n) * g.c + c) * g.ho + oh) * g.wo + ow] / T(win.pool_size);
+          for (int ih = win.hs; ih < win.he; ++ih)
+            for (int iw = win.ws; iw < win.we; ++iw) dx[base + int64_t(ih) * g.w + iw] += d;
+        }
+    }
 }
 
 // y (N,O) = x (N,K) · w(O,K)^T + b.

@@ -135,11 +135,26 @@ class RefPool : public RefLayer {
     return Status::Ok();
   }
   void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
-    ref::MaxPoolForward(g_, bottom[0]->data, top[0]->data, argmax_.data());
+    if (spec_.pool == PoolMethod::kMax) {
+      ref::MaxPoolForward(g_, bottom[0]->data, top[0]->data, argmax_.data());
+      return;
+    }
+    auto x = Widen(bottom[0]->data, bottom[0]->count());
+    std::vector<double> y(top[0]->count());
+    ref::AvePoolForward(g_, x.data(), y.data());
+    Narrow(y, top[0]->data);
   }
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
                 const std::vector<Blob*>& bottom) override {
-    if (down[0]) ref::MaxPoolBackward(g_, argmax_.data(), top[0]->grad, bottom[0]->grad);
+    if (!down[0]) return;
+    if (spec_.pool == PoolMethod::kMax) {
+      ref::MaxPoolBackward(g_, argmax_.data(), top[0]->grad, bottom[0]->grad);
+      return;
+    }
+    auto dy = Widen(top[0]->grad, top[0]->count());
+    std::vector<double> dx(bottom[0]->count());
+    ref::AvePoolBackward(g_, dy.data(), dx.data());
+    Narrow(dx, bottom[0]->grad);
   }
 
  private:
@@ -258,6 +273,12 @@ class ReferenceBackend : public Backend {
   void ReleaseInput(Blob* blob) override {
     blob->format.reset();
     blob->data = nullptr;
+  }
+  void WriteBlobGrad(const float* host, Blob* blob) override {
+    std::memcpy(blob->grad, host, blob->count() * sizeof(float));
+  }
+  void ReadBlobGrad(const Blob& blob, float* host) override {
+    std::memcpy(host, blob.grad, blob.count() * sizeof(float));
   }
   void SetThreads(int) override {}
 

@@ -53,6 +53,9 @@ class CudaBackend : public Backend {
   void ReadBlob(const Blob& blob, float* host) override {
     ctx_->DownloadBlob(blob.data, host, blob.count());
   }
+  // Activations are dense NCHW on this backend: gradients cross as they are.
+  void WriteBlobGrad(const float* host, Blob* blob) override { ctx_->UploadBlob(host, blob->grad, blob->count()); }
+  void ReadBlobGrad(const Blob& blob, float* host) override { ctx_->DownloadBlob(blob.grad, host, blob.count()); }
   void ReleaseInput(Blob* blob) override {
     ctx_->MakeCurrent();
     ctx_->Synchronize();  // queued kernels may still read it

@@ -140,6 +140,51 @@ __global__ void MaxPoolBackwardKernel(PoolShape s, const int* argmax, const floa
   }
 }
 
+// Caffe's AVE window of output (oh, ow): the divisor is counted over the padded input before
+// the window is clipped to the image.
+struct AveWindow {
+  int hs, he, ws, we, pool_size;
+};
+__device__ AveWindow AveWindowAt(const PoolShape& s, int oh, int ow) {
+  int hs = oh * s.sh - s.ph, ws = ow * s.sw - s.pw;
+  int he = min(hs + s.kh, s.h + s.ph), we = min(ws + s.kw, s.w + s.pw);
+  const int pool_size = (he - hs) * (we - ws);
+  return {max(hs, 0), min(he, s.h), max(ws, 0), min(we, s.w), pool_size};
+}
+
+__global__ void AvePoolForwardKernel(PoolShape s, const float* x, float* y) {
+  const int64_t total = int64_t(s.n) * s.c * s.ho * s.wo;
+  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < total; o += int64_t(gridDim.x) * blockDim.x) {
+    const int ow = o % s.wo, oh = (o / s.wo) % s.ho;
+    const int64_t nc = o / (int64_t(s.wo) * s.ho);
+    const AveWindow win = AveWindowAt(s, oh, ow);
+    const float* plane = x + nc * s.h * s.w;
+    float sum = 0.0f;
+    for (int ih = win.hs; ih < win.he; ++ih)
+      for (int iw = win.ws; iw < win.we; ++iw) sum += plane[ih * s.w + iw];
+    y[o] = sum / win.pool_size;
+  }
+}
+
+// For input (ih, iw), the outputs whose (unclipped) window contains it: oh in
+// [ceil((ih+ph-kh+1)/sh), floor((ih+ph)/sh)] clipped to [0, ho); an input inside the image is
+// in the clipped window exactly when it is in the unclipped one.
+__global__ void AvePoolBackwardKernel(PoolShape s, const float* dy, float* dx) {
+  const int64_t total = int64_t(s.n) * s.c * s.h * s.w;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int iw = i % s.w, ih = (i / s.w) % s.h;
+    const int64_t nc = i / (int64_t(s.w) * s.h);
+    const int oh0 = ih + s.ph < s.kh ? 0 : (ih + s.ph - s.kh) / s.sh + 1;
+    const int ow0 = iw + s.pw < s.kw ? 0 : (iw + s.pw - s.kw) / s.sw + 1;
+    const int oh1 = min((ih + s.ph) / s.sh + 1, s.ho), ow1 = min((iw + s.pw) / s.sw + 1, s.wo);
+    const float* dplane = dy + nc * s.ho * s.wo;
+    float sum = 0.0f;
+    for (int oh = oh0; oh < oh1; ++oh)
+      for (int ow = ow0; ow < ow1; ++ow) sum += dplane[oh * s.wo + ow] / AveWindowAt(s, oh, ow).pool_size;
+    dx[i] = sum;
+  }
+}
+
 }  // namespace
 
 cudaError_t DropoutForward(cudaStream_t stream, int64_t n, uint64_t seed, uint64_t step, float ratio,
@@ -182,6 +227,16 @@ cudaError_t MaxPoolForward(cudaStream_t stream, const PoolShape& s, const float*
 cudaError_t MaxPoolBackward(cudaStream_t stream, const PoolShape& s, const int* argmax,
                             const float* dy, float* dx) {
   MaxPoolBackwardKernel<<<Blocks(int64_t(s.n) * s.c * s.h * s.w), kThreads, 0, stream>>>(s, argmax, dy, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t AvePoolForward(cudaStream_t stream, const PoolShape& s, const float* x, float* y) {
+  AvePoolForwardKernel<<<Blocks(int64_t(s.n) * s.c * s.ho * s.wo), kThreads, 0, stream>>>(s, x, y);
+  return cudaGetLastError();
+}
+
+cudaError_t AvePoolBackward(cudaStream_t stream, const PoolShape& s, const float* dy, float* dx) {
+  AvePoolBackwardKernel<<<Blocks(int64_t(s.n) * s.c * s.h * s.w), kThreads, 0, stream>>>(s, dy, dx);
   return cudaGetLastError();
 }
 

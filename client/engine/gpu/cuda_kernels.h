@@ -1,8 +1,9 @@
 // cuda_kernels.h — the few layer pieces that are small CUDA kernels rather than cuDNN/cuBLAS
 // calls: the seeded dropout mask (bit-identical to fillers.h DropoutMask, so the GPU and CPU
 // drop the same units), softmax cross-entropy loss and its gradient from cuDNN's probabilities,
-// top-k accuracy, and Caffe's max pooling for shapes cuDNN cannot express (ceil-rounded output
-// size or padding), with an argmax so backward routes each gradient exactly as the reference.
+// top-k accuracy, and Caffe's max and average pooling for shapes cuDNN cannot express
+// (ceil-rounded output size; max with padding), max with an argmax so backward routes each
+// gradient exactly as the reference.
 //
 // Every launcher is asynchronous on `stream`; pointers are device memory; it returns the
 // launch's cudaError_t (callers wrap it in DP_CUDA_THROW, which names the launcher). This file
@@ -48,6 +49,14 @@ cudaError_t MaxPoolForward(cudaStream_t stream, const PoolShape& s, const float*
 // deterministic).
 cudaError_t MaxPoolBackward(cudaStream_t stream, const PoolShape& s, const int* argmax, const float* dy,
                      float* dx);
+
+// Caffe's AVE (as ref::AvePoolForward): y (N,C,Ho,Wo) = sum over the window clipped to the
+// input / pool_size, pool_size = the window's size within [-ph, h+ph) × [-pw, w+pw) (the zero
+// padding counts, the ceil overhang does not).
+cudaError_t AvePoolForward(cudaStream_t stream, const PoolShape& s, const float* x, float* y);
+// dx (N,C,H,W) = sum of dy / pool_size over the outputs whose window contains that input (a
+// gather: no atomics, deterministic).
+cudaError_t AvePoolBackward(cudaStream_t stream, const PoolShape& s, const float* dy, float* dx);
 
 // ptr[0..n) = value.
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr);

@@ -399,10 +399,14 @@ class CudaLrn : public CudaLayer {
   cudnnLRNDescriptor_t lrn_ = nullptr;
 };
 
-// Max pooling. cuDNN computes floor-rounded output sizes and its treatment of padding is not
-// Caffe's contract, so it runs the unpadded floor==ceil case (all of AlexNet's pools); other
-// geometries (Caffe's ceil rounding, padding) run the argmax kernel, which is the reference
-// algorithm line for line.
+// Pooling. cuDNN computes floor-rounded output sizes; where that equals Caffe's ceil-rounded
+// size no window reaches past in+pad, and cuDNN runs:
+//  * MAX without padding (its treatment of padding is not Caffe's contract): all of AlexNet's pools;
+//  * AVE with or without padding, CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING: every window then
+//    lies inside the zero-padded input, so Caffe's divisor is kh·kw, which is what that mode uses.
+// Other geometries (the ceil overhang; MAX with padding) run the kernels of cuda_kernels.h,
+// which are the reference algorithm line for line (MAX with an argmax, AVE with Caffe's
+// pool_size counted over the padded input before clipping).
 class CudaPool : public CudaLayer {
  public:
   CudaPool(std::shared_ptr<CudaContext> context, const LayerContext& c) : CudaLayer(std::move(context), c) {
@@ -414,13 +418,16 @@ class CudaPool : public CudaLayer {
     const auto& y = top[0]->shape;
     shape_ = {x[0], x[1], x[2], x[3], spec_.kernel_h, spec_.kernel_w, spec_.stride_h, spec_.stride_w,
               spec_.pad_h, spec_.pad_w, y[2], y[3]};
-    DP_CUDNN_RETURN(cudnnSetPooling2dDescriptor(pool_, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_NOT_PROPAGATE_NAN,
-                                                spec_.kernel_h, spec_.kernel_w, spec_.pad_h, spec_.pad_w,
-                                                spec_.stride_h, spec_.stride_w));
+    ave_ = spec_.pool == PoolMethod::kAve;
+    const cudnnPoolingMode_t mode =
+        ave_ ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_MAX_DETERMINISTIC;
+    DP_CUDNN_RETURN(cudnnSetPooling2dDescriptor(pool_, mode, CUDNN_NOT_PROPAGATE_NAN, spec_.kernel_h, spec_.kernel_w,
+                                                spec_.pad_h, spec_.pad_w, spec_.stride_h, spec_.stride_w));
     int n = 0, c = 0, h = 0, w = 0;
     DP_CUDNN_RETURN(cudnnGetPooling2dForwardOutputDim(pool_, x_desc_.get(), &n, &c, &h, &w));
-    use_cudnn_ = spec_.pad_h == 0 && spec_.pad_w == 0 && h == y[2] && w == y[3];
-    if (!use_cudnn_)
+    const bool floor_is_ceil = h == y[2] && w == y[3];
+    use_cudnn_ = floor_is_ceil && (ave_ || (spec_.pad_h == 0 && spec_.pad_w == 0));
+    if (!use_cudnn_ && !ave_)
       DP_RETURN_IF_ERROR(argmax_.Resize(static_cast<size_t>(top[0]->count()) * sizeof(int), "pooling argmax"));
     return Status::Ok();
   }
@@ -429,6 +436,8 @@ class CudaPool : public CudaLayer {
     if (use_cudnn_)
       DP_CUDNN_THROW(cudnnPoolingForward(ctx_->cudnn(), pool_, &kOne, x_desc_.get(), bottom[0]->data, &kZero,
                                          y_desc_.get(), top[0]->data));
+    else if (ave_)
+      DP_CUDA_THROW(AvePoolForward(ctx_->stream(), shape_, bottom[0]->data, top[0]->data));
     else
       DP_CUDA_THROW(MaxPoolForward(ctx_->stream(), shape_, bottom[0]->data, top[0]->data,
                                    static_cast<int*>(argmax_.get())));
@@ -441,6 +450,8 @@ class CudaPool : public CudaLayer {
       DP_CUDNN_THROW(cudnnPoolingBackward(ctx_->cudnn(), pool_, &kOne, y_desc_.get(), top[0]->data,
                                           y_desc_.get(), top[0]->grad, x_desc_.get(), bottom[0]->data, &kZero,
                                           x_desc_.get(), bottom[0]->grad));
+    else if (ave_)
+      DP_CUDA_THROW(AvePoolBackward(ctx_->stream(), shape_, top[0]->grad, bottom[0]->grad));
     else
       DP_CUDA_THROW(MaxPoolBackward(ctx_->stream(), shape_, static_cast<const int*>(argmax_.get()),
                                     top[0]->grad, bottom[0]->grad));
@@ -449,8 +460,9 @@ class CudaPool : public CudaLayer {
  private:
   cudnnPoolingDescriptor_t pool_ = nullptr;
   PoolShape shape_{};
+  bool ave_ = false;
   bool use_cudnn_ = true;
-  DeviceBuffer argmax_;
+  DeviceBuffer argmax_;  // MAX on the kernel path only
 };
 
 // y (N,O) = x (N,K) · Wᵀ + b, in column-major terms yᵀ (O×N) = W (K×O)ᵀ · xᵀ (K×N).
