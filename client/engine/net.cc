@@ -141,11 +141,26 @@ void Net::InitParams(uint64_t seed) {
     backend_->CopyToDevice(host_params_, device_params_, num_params_);
 }
 
+Status Net::CheckLabels(const int* labels, int n) const {
+  for (int i = 0; i < n; ++i) {
+    if (labels[i] >= 0 && labels[i] < shapes_.num_classes) continue;
+    const LayerSpec& loss = spec_.layers[shapes_.loss_layer];
+    return InvalidArgument(
+        "net '{}' ({}): label {} at position {} of the batch is outside [0, {}), the classes of loss "
+        "layer '{}' (scores '{}', labels '{}')",
+        spec_.name, spec_.source.empty() ? "not from a file" : spec_.source, labels[i], i, shapes_.num_classes,
+        loss.name, loss.bottoms[0], loss.bottoms[1]);
+  }
+  return Status::Ok();
+}
+
 void Net::SetInputs(const float* images, const int* labels) {
   backend_->SetInput(images, data_blob_);
   label_staging_.resize(batch_);
   for (int i = 0; i < batch_; ++i) {
-    DP_CHECK(labels[i] >= 0 && labels[i] < shapes_.num_classes);
+    // Invariant: the caller ran CheckLabels on data it did not produce itself.
+    DP_CHECK_GE(labels[i], 0);
+    DP_CHECK_LT(labels[i], shapes_.num_classes);
     label_staging_[i] = static_cast<float>(labels[i]);
   }
   backend_->SetInput(label_staging_.data(), label_blob_);
@@ -171,6 +186,16 @@ std::vector<float> Net::ReadScores() {
   std::vector<float> host(scores.count());
   backend_->ReadBlob(scores, host.data());
   return host;
+}
+
+Status Net::ReadBlob(const std::string& name, std::vector<float>* host) {
+  for (const auto& b : blobs_) {
+    if (b->name != name) continue;
+    host->resize(b->count());
+    backend_->ReadBlob(*b, host->data());
+    return Status::Ok();
+  }
+  return NotFound("net '{}': no blob '{}'", spec_.name, name);
 }
 
 void Net::AccuracyFromScores(const int* labels, int k, float* top1, float* topk) {

@@ -12,6 +12,8 @@
 //    grad-ready callback fires during backward as soon as a tensor's gradient is final
 //    (later layers first) so pushes overlap the rest of backward.
 //  * Forward(...) for evaluation: loss, top-1 and top-k accuracy.
+//  * CheckLabels(labels, n) first: labels come from data files, and one outside the classes is
+//    an error Status (bad input); ForwardBackward / Forward only CHECK it as an invariant.
 //
 // Ownership: the Net owns its Backend, layers, blobs and buffers. Thread-safety: one
 // thread at a time; the callback runs on the calling thread, inside ForwardBackward.
@@ -99,9 +101,15 @@ class Net {
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
 
+  // Labels come from data files, so a label outside [0, num_classes) is bad input: call this
+  // before ForwardBackward / Forward (which CHECK the range as an invariant). Checks
+  // labels[0..n); the error (InvalidArgument) names the position in the batch, the label,
+  // num_classes, the loss layer and its label bottom, and the net.
+  Status CheckLabels(const int* labels, int n) const;
+
   // One training step's computation (no update): returns the mean loss and fills grads().
   // Also computes the batch's top-1 accuracy (last_accuracy()). `images` is N×C×H×W float,
-  // `labels` N class indices in [0, num_classes).
+  // `labels` N class indices in [0, num_classes) (see CheckLabels).
   float ForwardBackward(const float* images, const int* labels);
   float last_accuracy() const { return last_accuracy_; }
   // Evaluation (test phase: no dropout).
@@ -130,6 +138,10 @@ class Net {
   bool LayerHasBackward(int i) const { return layers_[i]->HasBackward(); }
   // The class scores of the last forward (N × num_classes), host copy.
   std::vector<float> ReadScores();
+  // Any blob of the last forward by name ("data", a layer's top), host copy in canonical
+  // layout (shape shapes().blobs.at(name)); NotFound naming the blob and the net otherwise. For
+  // checks and tools (the whole-net gradient check reads ReLU and pooling inputs with it).
+  Status ReadBlob(const std::string& name, std::vector<float>* host);
 
  private:
   Net(NetSpec spec, NetOptions options, std::unique_ptr<Backend> backend);
