@@ -110,6 +110,69 @@ TEST(EngineSpec, UnknownFieldAndMissingLossAreErrors) {
   EXPECT_NE(s.message().find("no SoftmaxWithLoss"), std::string::npos) << s.message();
 }
 
+constexpr char kPoolThenLoss[] =
+    "[[layer]]\nname = \"fc\"\ntype = \"InnerProduct\"\nbottom = \"p\"\ntop = \"fc\"\nnum_output = 3\n"
+    "[[layer]]\nname = \"loss\"\ntype = \"SoftmaxWithLoss\"\nbottom = [\"fc\", \"label\"]\ntop = \"loss\"\n";
+
+Status ParsePool(const std::string& fields, NetSpec* spec) {
+  return ParseNetSpecString(std::string(kHeader) +
+                                "[[layer]]\nname = \"p1\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = \"p\"\n"
+                                "kernel_size = 3\nstride = 2\n" +
+                                fields + kPoolThenLoss,
+                            "t.toml", spec);
+}
+
+TEST(EngineSpec, PoolMethodIsMaxByDefaultAndAveWhenAsked) {
+  NetSpec spec;
+  Status s = ParsePool("", &spec);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(spec.layers[0].pool, PoolMethod::kMax);
+  s = ParsePool("pool = \"max\"\n", &spec);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(spec.layers[0].pool, PoolMethod::kMax);
+  s = ParsePool("pool = \"ave\"\n", &spec);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(spec.layers[0].pool, PoolMethod::kAve);
+  EXPECT_STREQ(PoolMethodName(PoolMethod::kAve), "ave");
+  EXPECT_STREQ(PoolMethodName(PoolMethod::kMax), "max");
+  // Same output size as max: Caffe's ceil rounding (8 → 4).
+  NetShapes shapes;
+  ASSERT_TRUE(InferShapes(spec, 2, &shapes).ok());
+  EXPECT_EQ(shapes.blobs.at("p"), (std::vector<int>{2, 2, 4, 4}));
+}
+
+TEST(EngineSpec, UnknownPoolMethodNamesTheLayerAndTheValue) {
+  NetSpec spec;
+  Status s = ParsePool("pool = \"avg\"\n", &spec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'p1'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'avg'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("max, ave"), std::string::npos) << s.message();
+  s = ParsePool("pool = 1\n", &spec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'p1'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'pool'"), std::string::npos) << s.message();
+}
+
+// Without padding Caffe keeps a ceil-rounded last window that starts past the input (stride >
+// kernel): it would be empty, so the shape inference refuses it, naming the layer.
+TEST(EngineSpec, PoolingWithAnEmptyLastWindowIsAnError) {
+  const std::string layer =
+      "[[layer]]\nname = \"gap\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = \"p\"\npool = \"ave\"\n"
+      "kernel_size = 2\nstride = 3\n";
+  Status s = Build(layer + kPoolThenLoss);  // 8 wide: windows at 0, 3, 6 — fine
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  NetSpec spec;
+  ASSERT_TRUE(ParseNetSpecString("name = \"t\"\n[input]\nchannels = 2\nheight = 6\nwidth = 6\n" + layer + kPoolThenLoss,
+                                 "t.toml", &spec)
+                  .ok());
+  NetShapes shapes;
+  s = InferShapes(spec, 2, &shapes);  // 6 wide: ceil gives windows at 0, 3, 6 — the last is empty
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'gap'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("past the input"), std::string::npos) << s.message();
+}
+
 TEST(EngineSpec, GpuWithoutCudaBuildIsAnErrorNotAFallback) {
   NetOptions opt;
   opt.device = DeviceKind::kGpu;
