@@ -447,8 +447,8 @@ Status PsClient::Wait(RequestId id, std::chrono::milliseconds timeout) {
 namespace {
 
 // Sends a control message to one server and waits for its reply.
-Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOptions& o, int server,
-               MsgType type, const std::string& text, std::chrono::milliseconds timeout, MessageHeader* reply) {
+Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOptions& o, int server, MsgType type,
+               const std::string& text, std::chrono::milliseconds timeout, MessageHeader* reply, int64_t clock = 0) {
   if (server < 0 || server >= static_cast<int>(impl.links.size())) {
     return InvalidArgument("ps client: server {} outside 0..{}", server, impl.links.size() - 1);
   }
@@ -466,6 +466,7 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
   op.header.layout_hash = layout.hash();
   op.header.role = Role::kWorker;
   op.header.text = text;
+  op.header.clock = clock;
   impl.Enqueue(*impl.links[static_cast<size_t>(server)], std::move(op));
   std::unique_lock<std::mutex> lock(req->mu);
   if (!req->cv.wait_for(lock, timeout, [&] { return req->pending_ops == 0; })) {
@@ -505,6 +506,14 @@ Status PsClient::Checkpoint(int server, const std::string& path, std::chrono::mi
 
 Status PsClient::Shutdown(int server, std::chrono::milliseconds timeout) {
   return Control(*impl_, layout_, options_, server, MsgType::kShutdown, "", timeout, nullptr);
+}
+
+Status PsClient::ReportClock(int64_t finished_iteration, std::chrono::milliseconds timeout) {
+  for (int s = 0; s < layout_.servers(); ++s) {
+    DP_RETURN_IF_ERROR(
+        Control(*impl_, layout_, options_, s, MsgType::kClock, "", timeout, nullptr, finished_iteration));
+  }
+  return Status::Ok();
 }
 
 }  // namespace downpour

@@ -115,6 +115,9 @@ class PsClient {
   Status Stats(int server, ShardStatsWire* out, std::chrono::milliseconds timeout);
   Status Checkpoint(int server, const std::string& path, std::chrono::milliseconds timeout);
   Status Shutdown(int server, std::chrono::milliseconds timeout);
+  // Tells every server that this worker has finished iteration `finished_iteration` (a clock
+  // message), so sync/ssp accounting knows where a resumed worker stands before it pulls.
+  Status ReportClock(int64_t finished_iteration, std::chrono::milliseconds timeout);
 
   const ParamLayout& layout() const { return layout_; }
 

@@ -46,14 +46,22 @@ Status LoadShard(const IdxSourceOptions& o, IdxShard* shard) {
 
 class IdxTrainSource : public TrainSource {
  public:
-  IdxTrainSource(IdxSourceOptions o, IdxShard shard)
-      : o_(o), shard_(std::move(shard)), rng_(o.seed * 7919 + static_cast<uint64_t>(o.shard_index)) {
-    order_.resize(static_cast<size_t>(shard_.count()));
-    std::iota(order_.begin(), order_.end(), 0);
-    if (o_.shuffle) std::shuffle(order_.begin(), order_.end(), rng_);
+  IdxTrainSource(IdxSourceOptions o, IdxShard shard) : o_(o), shard_(std::move(shard)) {
     const size_t pixels = static_cast<size_t>(shard_.rows * shard_.cols);
     images_.resize(static_cast<size_t>(o_.batch_size) * pixels);
     labels_.resize(static_cast<size_t>(o_.batch_size));
+    Restart();
+  }
+
+  // Step s starts at record s·N of the stream: replay the epochs' shuffles up to its epoch.
+  Status SeekToStep(int64_t step) override {
+    if (step < 0) return InvalidArgument("IDX source {}: step {} is negative", o_.images_path, step);
+    Restart();
+    const int64_t consumed = step * o_.batch_size;
+    const int64_t epochs = consumed / shard_.count();
+    for (int64_t e = 0; e < epochs; ++e) NextEpoch();
+    pos_ = static_cast<size_t>(consumed % shard_.count());
+    return Status::Ok();
   }
 
   // Fills a full batch, wrapping into the next epoch when the shard runs out (as a
@@ -62,11 +70,7 @@ class IdxTrainSource : public TrainSource {
     const size_t pixels = static_cast<size_t>(shard_.rows * shard_.cols);
     b->epoch = epoch_;
     for (int i = 0; i < o_.batch_size; ++i) {
-      if (pos_ == order_.size()) {
-        pos_ = 0;
-        ++epoch_;
-        if (o_.shuffle) std::shuffle(order_.begin(), order_.end(), rng_);
-      }
+      if (pos_ == order_.size()) NextEpoch();
       const int64_t r = order_[pos_++];
       std::copy_n(shard_.images.data() + static_cast<size_t>(r) * pixels, pixels,
                   images_.data() + static_cast<size_t>(i) * pixels);
@@ -83,6 +87,20 @@ class IdxTrainSource : public TrainSource {
   int64_t shard_size() const override { return shard_.count(); }
 
  private:
+  void Restart() {
+    rng_.seed(o_.seed * 7919 + static_cast<uint64_t>(o_.shard_index));
+    order_.resize(static_cast<size_t>(shard_.count()));
+    std::iota(order_.begin(), order_.end(), 0);
+    if (o_.shuffle) std::shuffle(order_.begin(), order_.end(), rng_);
+    pos_ = 0;
+    epoch_ = 0;
+  }
+  void NextEpoch() {
+    pos_ = 0;
+    ++epoch_;
+    if (o_.shuffle) std::shuffle(order_.begin(), order_.end(), rng_);
+  }
+
   IdxSourceOptions o_;
   IdxShard shard_;
   std::mt19937_64 rng_;

@@ -23,21 +23,26 @@ void SetBatchMemory(const RunConfig& c, data::LoaderOptions* o) {
   o->deallocate = std::move(a.deallocate);
 }
 
+// The training stream: the loader with epochs = 0 runs endlessly over the shard, batch b
+// holding stream positions [b·N, (b+1)·N) across epoch boundaries, so every batch is full and
+// training step s reads batch s.
 class LoaderTrainSource : public TrainSource {
  public:
-  explicit LoaderTrainSource(data::LoaderOptions o) : batch_size_(o.batch_size), loader_(std::move(o)) {}
-  Status Open() { return loader_.Open(); }
+  explicit LoaderTrainSource(data::LoaderOptions o) : options_(std::move(o)) {}
+  Status Open() {
+    Release();
+    loader_ = std::make_unique<data::Loader>(options_);
+    return loader_->Open();
+  }
 
   Status Next(BatchView* view) override {
-    for (;;) {
-      if (held_ != nullptr) loader_.Release(held_);
-      held_ = loader_.Next();
-      if (held_ == nullptr) {
-        Status s = loader_.status();
-        return s.ok() ? Internal("training loader ended (it should be endless)") : s;
-      }
-      if (held_->n == batch_size_) break;  // drop the short last batch of an epoch
+    Release();
+    held_ = loader_->Next();
+    if (held_ == nullptr) {
+      Status s = loader_->status();
+      return s.ok() ? Internal("training loader ended (it should be endless)") : s;
     }
+    DP_CHECK_EQ(held_->n, options_.batch_size);
     view->data = held_->data;
     view->labels = held_->labels;
     view->n = held_->n;
@@ -47,14 +52,21 @@ class LoaderTrainSource : public TrainSource {
     view->epoch = static_cast<int>(held_->epoch);
     return Status::Ok();
   }
-  int64_t shard_size() const override { return loader_.stats().records_in_shard; }
-  ~LoaderTrainSource() override {
-    if (held_ != nullptr) loader_.Release(held_);
+  int64_t shard_size() const override { return loader_->stats().records_in_shard; }
+  Status SeekToStep(int64_t step) override {
+    options_.start_batch = step;
+    return Open();
   }
+  ~LoaderTrainSource() override { Release(); }
 
  private:
-  int batch_size_;
-  data::Loader loader_;
+  void Release() {
+    if (held_ != nullptr) loader_->Release(held_);
+    held_ = nullptr;
+  }
+
+  data::LoaderOptions options_;
+  std::unique_ptr<data::Loader> loader_;
   const data::Batch* held_ = nullptr;
 };
 
@@ -94,7 +106,8 @@ class LoaderTestSource : public TestSource {
 
 }  // namespace
 
-Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, std::unique_ptr<TrainSource>* out) {
+Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, int num_classes,
+                             std::unique_ptr<TrainSource>* out) {
   data::LoaderOptions o;
   if (c.data.sharding == DataSharding::kOwn) {
     o.db_path = (std::filesystem::path(c.data.train) / std::to_string(worker_id)).string();
@@ -113,6 +126,7 @@ Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, st
   o.shuffle_buffer = shuffle ? kShuffleBuffer : 0;
   o.seed = static_cast<uint64_t>(c.run.seed) * 1000003u + static_cast<uint64_t>(worker_id);
   o.queue_depth = std::max(2, c.data.prefetch);
+  o.num_classes = num_classes;
   SetBatchMemory(c, &o);
   auto source = std::make_unique<LoaderTrainSource>(o);
   DP_RETURN_IF_ERROR(source->Open());
@@ -120,8 +134,9 @@ Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, st
   return Status::Ok();
 }
 
-Status OpenLoaderTestSource(const RunConfig& c, int batch, std::unique_ptr<TestSource>* out) {
+Status OpenLoaderTestSource(const RunConfig& c, int batch, int num_classes, std::unique_ptr<TestSource>* out) {
   data::LoaderOptions o = data::EvalOptions(c.data.test, batch, c.data.crop);
+  o.num_classes = num_classes;
   o.mean_file = c.data.mean_file;
   o.mean_values = c.data.mean_values;
   o.scale = c.data.scale;

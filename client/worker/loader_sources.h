@@ -2,8 +2,8 @@
 //
 // Training: the worker's slice (data.sharding = "slice": records j, j+W, ... of data.train)
 // or its own LMDB ("own": <data.train>/<j>), shuffled with a window, random crop / mirror /
-// mean / scale from [data]; endless. A short batch at the end of an epoch is dropped
-// (drop-last), so every step has the net's batch size.
+// mean / scale from [data]; endless: batch s holds stream positions [s·N, (s+1)·N) across
+// epoch boundaries, so every step has the net's batch size and SeekToStep(s) is exact.
 // Test: data.test in key order, centre crop, in batches of `batch`; every evaluation
 // re-opens the loader (Rewind), which keeps the stream deterministic.
 //
@@ -17,8 +17,10 @@
 
 namespace downpour::worker {
 
-// shuffle = false reads the shard in key order (reproducible runs).
-Status OpenLoaderTrainSource(const RunConfig& config, int worker_id, bool shuffle, std::unique_ptr<TrainSource>* out);
-Status OpenLoaderTestSource(const RunConfig& config, int batch, std::unique_ptr<TestSource>* out);
+// shuffle = false reads the shard in key order (reproducible runs). `num_classes` (the net's)
+// makes a record whose label is outside 0..num_classes-1 an error naming its key.
+Status OpenLoaderTrainSource(const RunConfig& config, int worker_id, bool shuffle, int num_classes,
+                             std::unique_ptr<TrainSource>* out);
+Status OpenLoaderTestSource(const RunConfig& config, int batch, int num_classes, std::unique_ptr<TestSource>* out);
 
 }  // namespace downpour::worker

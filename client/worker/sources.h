@@ -34,6 +34,10 @@ class TrainSource {
   virtual Status Next(BatchView* batch) = 0;
   // Records in this worker's shard (for epoch-based runs and ETA); 0 if unknown.
   virtual int64_t shard_size() const = 0;
+  // Positions the stream so that the next batch is the one training step `step` reads (a
+  // resumed worker continues where it stopped): the stream of batches is a pure function of
+  // the seed, the shard and the step, so this reproduces it exactly.
+  virtual Status SeekToStep(int64_t step) = 0;
 };
 
 // The test set, in order, in batches; Rewind() before each evaluation.

@@ -40,6 +40,32 @@ Status SaveModel(engine::Net& net, const std::string& path) {
 
 }  // namespace
 
+Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalRecord* out) {
+  DP_RETURN_IF_ERROR(test->Rewind());
+  double loss_sum = 0, top1_sum = 0, top5_sum = 0;
+  int64_t images = 0;
+  for (int b = 0; max_batches == 0 || b < max_batches; ++b) {
+    BatchView batch;
+    bool has = false;
+    DP_RETURN_IF_ERROR(test->Next(&batch, &has));
+    if (!has) break;
+    DP_RETURN_IF_ERROR(net->CheckLabels(batch.labels, batch.n));
+    if (batch.n != net->batch_size()) DP_RETURN_IF_ERROR(net->Reshape(batch.n));
+    const engine::EvalResult r = net->Forward(batch.data, batch.labels);
+    loss_sum += static_cast<double>(r.loss) * batch.n;
+    top1_sum += static_cast<double>(r.top1) * batch.n;
+    top5_sum += static_cast<double>(r.topk) * batch.n;
+    images += batch.n;
+  }
+  if (images == 0) return NotFound("evaluation: the test set gave no batches (data.test is empty?)");
+  const double n = static_cast<double>(images);
+  out->images = images;
+  out->loss = loss_sum / n;
+  out->top1 = top1_sum / n;
+  out->top5 = top5_sum / n;
+  return Status::Ok();
+}
+
 double LearningRate(const SolverConfig& s, int64_t iter) {
   const double it = static_cast<double>(iter);
   switch (s.lr_policy) {
@@ -185,11 +211,15 @@ bool Trainer::EvalDue(int64_t steps_done) const {
   return o_.eval.every_seconds > 0 && Elapsed() - last_eval_time_ >= o_.eval.every_seconds;
 }
 
-Status Trainer::Evaluate(bool final_eval, EvalRecord* out) {
+Status Trainer::Evaluate(bool final_eval, EvalRecord* out, bool starting_weights) {
   DP_CHECK(eval_net_ != nullptr && test_ != nullptr);
   const double t0 = NowS();
   *out = EvalRecord{};
-  if (channel_ != nullptr) {
+  if (starting_weights) {
+    // This worker's own initial weights are the run's (every worker offers the same seeded or
+    // loaded weights); pulling instead could see other workers' first updates already.
+    std::copy(net_->params().begin(), net_->params().end(), eval_net_->params().begin());
+  } else if (channel_ != nullptr) {
     PullInfo info;
     DP_RETURN_IF_ERROR(channel_->Pull(clock_, eval_net_->params(), &info));
     out->versions = info.version_sum;
@@ -197,25 +227,7 @@ Status Trainer::Evaluate(bool final_eval, EvalRecord* out) {
     std::copy(net_->params().begin(), net_->params().end(), eval_net_->params().begin());
     out->versions = local_iter_;
   }
-  DP_RETURN_IF_ERROR(test_->Rewind());
-  double loss_sum = 0, top1_sum = 0, top5_sum = 0;
-  for (int b = 0; o_.eval.test_batches == 0 || b < o_.eval.test_batches; ++b) {
-    BatchView batch;
-    bool has = false;
-    DP_RETURN_IF_ERROR(test_->Next(&batch, &has));
-    if (!has) break;
-    if (batch.n != eval_net_->batch_size()) DP_RETURN_IF_ERROR(eval_net_->Reshape(batch.n));
-    const engine::EvalResult r = eval_net_->Forward(batch.data, batch.labels);
-    loss_sum += static_cast<double>(r.loss) * batch.n;
-    top1_sum += static_cast<double>(r.top1) * batch.n;
-    top5_sum += static_cast<double>(r.topk) * batch.n;
-    out->images += batch.n;
-  }
-  if (out->images == 0) return NotFound("evaluation: the test set gave no batches (data.test is empty?)");
-  const double n = static_cast<double>(out->images);
-  out->loss = loss_sum / n;
-  out->top1 = top1_sum / n;
-  out->top5 = top5_sum / n;
+  DP_RETURN_IF_ERROR(EvaluateNet(eval_net_, test_, o_.eval.test_batches, out));
   out->step = steps_done_;
   const int64_t shard = train_->shard_size();
   out->epoch = shard > 0 ? static_cast<double>(images_) / static_cast<double>(shard) : 0.0;
@@ -275,12 +287,38 @@ void Trainer::LogEval(const EvalRecord& r, bool final_eval) {
                                  {"server_versions", r.versions}});
 }
 
+WorkerProgress Trainer::Progress(bool finished) const {
+  WorkerProgress p;
+  p.step = steps_done_;
+  p.clock = clock_;
+  p.images = images_;
+  p.epoch = epoch_;
+  p.wall_s = Elapsed();
+  p.eval_s = eval_s_;
+  p.finished = finished;
+  return p;
+}
+
 Status Trainer::Run(TrainResult* result) {
   *result = TrainResult{};
   const WorkerConfig& w = o_.worker;
   const int64_t planned = PlannedSteps(w, train_->shard_size());
-  start_ = NowS();
-  last_eval_time_ = 0;
+  const WorkerProgress from = o_.resume.value_or(WorkerProgress{});
+  if (o_.resume) {
+    if (from.step > planned)
+      return InvalidArgument("worker {}: resume at step {} is past the run's {} planned steps", o_.worker_id, from.step,
+                             planned);
+    DP_RETURN_IF_ERROR(train_->SeekToStep(from.step));
+    net_->set_step(from.step);  // dropout masks continue as if never stopped
+  }
+  steps_done_ = from.step;
+  clock_ = from.clock;
+  local_iter_ = from.clock;
+  images_ = from.images;
+  epoch_ = from.epoch;
+  eval_s_ = from.eval_s;
+  start_ = NowS() - from.wall_s;  // wall_s continues across a resume (the downtime is not counted)
+  last_eval_time_ = from.wall_s;
   if (metrics_ != nullptr) {
     (void)metrics_->Write("start", {{"planned_steps", planned},
                                     {"batch_size", w.batch_size},
@@ -288,9 +326,16 @@ Status Trainer::Run(TrainResult* result) {
                                     {"push_every", w.push_every},
                                     {"shard_size", train_->shard_size()},
                                     {"params", static_cast<int64_t>(net_->params().size())},
-                                    {"distributed", channel_ != nullptr}});
+                                    {"distributed", channel_ != nullptr},
+                                    {"resumed", o_.resume.has_value()},
+                                    {"resume_step", from.step},
+                                    {"wall_offset_s", from.wall_s}});
   }
-  for (int64_t step = 0; step < planned; ++step) {
+  if (o_.eval.at_start && !o_.resume && o_.evaluate && test_ != nullptr) {
+    EvalRecord r;
+    DP_RETURN_IF_ERROR(Evaluate(false, &r, /*starting_weights=*/true));
+  }
+  for (int64_t step = from.step; step < planned; ++step) {
     const double t0 = NowS();
     pull_ms_ = 0;
     if (channel_ != nullptr && step % w.pull_every == 0) {
@@ -299,6 +344,7 @@ Status Trainer::Run(TrainResult* result) {
     }
     BatchView batch;
     DP_RETURN_IF_ERROR(train_->Next(&batch));
+    DP_RETURN_IF_ERROR(net_->CheckLabels(batch.labels, batch.n));
     if (batch.n != net_->batch_size() || batch.c != net_->input_channels() || batch.h != net_->input_height() ||
         batch.w != net_->input_width())
       return InvalidArgument("worker {}: batch {}x{}x{}x{} does not match the net's input {}x{}x{}x{}", o_.worker_id,
@@ -326,8 +372,10 @@ Status Trainer::Run(TrainResult* result) {
       EvalRecord r;
       DP_RETURN_IF_ERROR(Evaluate(false, &r));
     }
+    if (o_.on_progress) o_.on_progress(Progress(false));
   }
   if (progress_ != nullptr) progress_->Finish();
+  if (o_.on_progress) o_.on_progress(Progress(true));
   result->steps = steps_done_;
   result->images = images_;
   const double train_end = Elapsed();

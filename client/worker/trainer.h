@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "client/worker/progress.h"
 #include "client/worker/push_planner.h"
 #include "client/worker/sources.h"
+#include "client/worker/worker_state.h"
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/run_config.h"
@@ -55,6 +57,14 @@ struct TrainerOptions {
   // distributed worker announces it has finished there, and the evaluating worker waits for
   // every other worker to finish, so the final evaluation and the saved model see every update.
   std::function<Status()> on_training_done;
+  // A resumed worker continues from here (its saved progress; in sync mode with step and clock
+  // set to the servers' clock): the loop starts at resume.step, the data stream and dropout
+  // masks are positioned for that step, clock / images / wall time continue, and the metrics'
+  // "start" record says so (resumed, resume_step, wall_offset_s). Unset = a fresh start.
+  std::optional<WorkerProgress> resume;
+  // Called after every step and once more when training is done (finished = true): the worker
+  // saves it, which is what a later resume reads. May be empty.
+  std::function<void(const WorkerProgress&)> on_progress;
 };
 
 struct EvalRecord {
@@ -91,8 +101,9 @@ class Trainer {
           ProgressReporter* progress);
 
   Status Run(TrainResult* result);
-  // One evaluation on freshly pulled weights (or the net's own in the reference run).
-  Status Evaluate(bool final_eval, EvalRecord* out);
+  // One evaluation on freshly pulled weights (or the net's own in the reference run);
+  // `starting_weights`: on the weights the run starts from (eval.at_start), not pulled ones.
+  Status Evaluate(bool final_eval, EvalRecord* out, bool starting_weights = false);
 
  private:
   Status Step(int64_t step, const BatchView& batch, bool push_step);
@@ -130,6 +141,7 @@ class Trainer {
   double start_ = 0;
   double eval_s_ = 0;            // time spent evaluating
   double last_eval_time_ = 0;
+  WorkerProgress Progress(bool finished) const;
   PullInfo pull_info_;
   PushInfo push_info_;           // cumulative
   int64_t last_push_chunks_ = 0, last_push_sum_ = 0;
@@ -138,6 +150,11 @@ class Trainer {
   double loss_ema_ = -1;
   double rate_ema_ = 0;
 };
+
+// One evaluation pass: `test` from the start, at most `max_batches` batches (0 = all), the
+// mean loss, top-1 and top-5 of `net` into `out` (images, loss, top1, top5; the other fields
+// are the caller's). Used by the trainer and by downpour-test.
+Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalRecord* out);
 
 // Caffe's SGDSolver::GetLearningRate for the reference run.
 double LearningRate(const SolverConfig& s, int64_t iter);

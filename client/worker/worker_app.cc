@@ -1,26 +1,29 @@
 // worker_app.cc — see worker_app.h.
 #include "client/worker/worker_app.h"
 
-#include <algorithm>
-#include <chrono>
-#include <filesystem>
-#include <memory>
-#include <thread>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "client/caffe/weights_io.h"
 #include "client/engine/net.h"
 #include "client/engine/net_spec.h"
-#include "client/worker/progress.h"
-#include "client/worker/sources.h"
-#include "common/layout.h"
-#include "common/metrics.h"
-
 #include "client/ps/ps_client.h"
 #include "client/worker/loader_sources.h"
+#include "client/worker/progress.h"
 #include "client/worker/ps_channel.h"
+#include "client/worker/sources.h"
+#include "client/worker/worker_state.h"
+#include "common/layout.h"
+#include "common/metrics.h"
 #include "common/rendezvous.h"
 #include "common/zmq_transport.h"
 
@@ -33,7 +36,7 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, std::unique_ptr<TrainSource>* out) {
+Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, int num_classes, std::unique_ptr<TrainSource>* out) {
   std::string labels;
   if (IsIdxImagePath(c.data.train, &labels)) {
     if (c.data.sharding != DataSharding::kSlice)
@@ -50,10 +53,10 @@ Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, std::unique_ptr
     o.seed = static_cast<uint64_t>(c.run.seed);
     return OpenIdxTrainSource(o, out);
   }
-  return OpenLoaderTrainSource(c, id, shuffle, out);
+  return OpenLoaderTrainSource(c, id, shuffle, num_classes, out);
 }
 
-Status OpenTestSource(const RunConfig& c, std::unique_ptr<TestSource>* out) {
+Status OpenTestSource(const RunConfig& c, int num_classes, std::unique_ptr<TestSource>* out) {
   std::string labels;
   if (IsIdxImagePath(c.data.test, &labels)) {
     IdxSourceOptions o;
@@ -63,7 +66,7 @@ Status OpenTestSource(const RunConfig& c, std::unique_ptr<TestSource>* out) {
     o.scale = c.data.scale;
     return OpenIdxTestSource(o, out);
   }
-  return OpenLoaderTestSource(c, kEvalBatch, out);
+  return OpenLoaderTestSource(c, kEvalBatch, num_classes, out);
 }
 
 Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net>* net,
@@ -79,6 +82,18 @@ Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net
   o.batch = c.worker.batch_size;
   DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, net));
   (*net)->InitParams(static_cast<uint64_t>(c.run.seed));
+  if (!c.model.weights.empty()) {
+    // Fine-tuning as Caffe does it: tensors are copied by name; the file's extra layers are
+    // ignored and the model's layers the file lacks keep their fillers (both listed).
+    caffe_io::WeightsPolicy policy;
+    policy.ignore_extra = true;
+    policy.keep_missing = true;
+    caffe_io::WeightsReport report;
+    DP_RETURN_IF_ERROR(caffe_io::LoadWeightsFile(c.model.weights, net->get(), policy, &report));
+    spdlog::info("initial weights from {}{}{}", c.model.weights,
+                 report.kept.empty() ? "" : fmt::format("; kept at their fillers: {}", fmt::join(report.kept, ", ")),
+                 report.skipped.empty() ? "" : fmt::format("; not in the model: {}", fmt::join(report.skipped, ", ")));
+  }
   if (need_eval) {
     o.batch = kEvalBatch;
     DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, eval_net));
@@ -121,6 +136,32 @@ void LogServerStats(PsClient* client, int servers, MetricsWriter* metrics) {
   }
 }
 
+// Where a resumed worker stands against the restored servers. In sync mode the servers' clock
+// is the truth: a chunk at version v has applied clocks 0..v-1, so the workers redo clock v,
+// the lowest over all chunks (a chunk already past it drops that clock's gradients as late), at
+// step v·push_every. In async/ssp each worker continues from its own saved step. Either way the
+// servers hear the worker's clock before its first pull, which ssp waits on.
+Status PlaceResumedWorker(const RunConfig& c, int id, PsClient* client, engine::Net* net, WorkerProgress* p) {
+  constexpr auto kWait = std::chrono::milliseconds(60000);
+  if (c.consistency.mode == ConsistencyMode::kSync) {
+    DP_RETURN_IF_ERROR(client->Wait(client->Pull(net->params(), 0), kWait));
+    int64_t clock = std::numeric_limits<int64_t>::max();
+    for (int64_t v : client->last_versions()) clock = std::min(clock, v);
+    if (clock != p->clock) {
+      spdlog::info("worker {}: sync resume at the servers' clock {} (this worker had reached clock {})", id, clock,
+                   p->clock);
+    }
+    p->clock = clock;
+    p->step = clock * c.worker.push_every;
+    p->images = p->step * c.worker.batch_size;
+    p->finished = false;
+  }
+  if (p->clock > 0) DP_RETURN_IF_ERROR(client->ReportClock(p->clock - 1, kWait));
+  spdlog::info("worker {}: resuming after step {} (clock {}, {:.1f} s of training so far)", id, p->step, p->clock,
+               p->wall_s);
+  return Status::Ok();
+}
+
 Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const ParamLayout& layout,
                       const TrainerOptions& to, engine::Net* net, engine::Net* eval_net, TrainSource* train,
                       TestSource* test, MetricsWriter* metrics, ProgressReporter* progress, TrainResult* out) {
@@ -145,8 +186,13 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
   DP_RETURN_IF_ERROR(PsClient::Create(&transport, layout, po, &client));
   DP_RETURN_IF_ERROR(client->Connect(std::chrono::milliseconds(60000)));
   // Every worker offers the same seeded initial weights; servers keep the first and pulls
-  // wait until every chunk has weights.
+  // wait until every chunk has weights (restored servers ignore them all).
   DP_RETURN_IF_ERROR(client->Wait(client->PushInit(net->params()), std::chrono::milliseconds(60000)));
+  TrainerOptions topts = to;
+  if (topts.resume) {
+    DP_RETURN_IF_ERROR(PlaceResumedWorker(config, args.id, client.get(), net, &*topts.resume));
+    link->set_clock(topts.resume->clock);
+  }
   // Sync/ssp pulls wait for the slowest live worker; a dead one is dropped after the
   // heartbeat timeout, so wait comfortably longer than that.
   const auto wait = std::chrono::milliseconds(std::max(120000, 4 * config.cluster.heartbeat_timeout_ms));
@@ -155,7 +201,6 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
     rendezvous->set_clock(clock);
     return Status::Ok();
   });
-  TrainerOptions topts = to;
   const bool final_eval = to.evaluate && test != nullptr;
   topts.on_training_done = [&, final_eval]() -> Status {
     DP_RETURN_IF_ERROR(rendezvous->AnnounceFinished(std::chrono::milliseconds(10000)));
@@ -224,6 +269,49 @@ Status WriteTensorList(const std::string& config_path, const std::vector<std::st
   return Status::Ok();
 }
 
+Status TestSavedModel(const TestArgs& args, TestResult* result) {
+  if (args.weights.empty()) return InvalidArgument("downpour-test: --weights is required (a saved model)");
+  if (args.batch < 1) return InvalidArgument("downpour-test: --batch {} must be >= 1", args.batch);
+  RunConfig config;
+  DP_RETURN_IF_ERROR(LoadRunConfig(args.config_path, args.sets, &config));
+  if (!args.data.empty()) config.data.test = args.data;
+  if (config.data.test.empty()) {
+    return InvalidArgument("{}: data.test is empty; give the test set with --data", args.config_path);
+  }
+  engine::NetSpec spec;
+  DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(config.model.config, &spec));
+  engine::NetOptions o;
+  o.device = config.worker.device;
+  o.gpu_id = config.worker.gpu_index;
+  o.tf32 = config.worker.tf32;
+  o.conv_algo = config.worker.conv_algo;
+  o.threads = config.worker.threads;
+  o.batch = args.batch;
+  std::unique_ptr<engine::Net> net;
+  DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, &net));
+  // Every tensor of the model must come from the file (a test of fillers would be meaningless);
+  // tensors the model does not have are ignored, as `caffe test` does.
+  caffe_io::WeightsPolicy policy;
+  policy.ignore_extra = true;
+  DP_RETURN_IF_ERROR(caffe_io::LoadWeightsFile(args.weights, net.get(), policy, nullptr));
+  std::unique_ptr<TestSource> test;
+  std::string labels;
+  if (IsIdxImagePath(config.data.test, &labels)) {
+    IdxSourceOptions io;
+    io.images_path = config.data.test;
+    io.labels_path = labels;
+    io.batch_size = args.batch;
+    io.scale = config.data.scale;
+    DP_RETURN_IF_ERROR(OpenIdxTestSource(io, &test));
+  } else {
+    DP_RETURN_IF_ERROR(OpenLoaderTestSource(config, args.batch, net->num_classes(), &test));
+  }
+  *result = TestResult{};
+  result->model = fmt::format("{} ({}) with {}", spec.name, config.model.config, args.weights);
+  result->data = config.data.test;
+  return EvaluateNet(net.get(), test.get(), args.max_batches, &result->eval);
+}
+
 Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   const std::string config_path =
       args.config_path.empty() ? (std::filesystem::path(args.run_dir) / "config.toml").string() : args.config_path;
@@ -246,13 +334,28 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
 
   std::unique_ptr<TrainSource> train;
   std::unique_ptr<TestSource> test;
-  DP_RETURN_IF_ERROR(OpenTrainSource(config, args.local ? 0 : args.id, args.shuffle, &train));
-  if (evaluate) DP_RETURN_IF_ERROR(OpenTestSource(config, &test));
+  DP_RETURN_IF_ERROR(OpenTrainSource(config, args.local ? 0 : args.id, args.shuffle, net->num_classes(), &train));
+  if (evaluate) DP_RETURN_IF_ERROR(OpenTestSource(config, net->num_classes(), &test));
 
   const auto metrics_dir = std::filesystem::path(args.run_dir) / "metrics";
   std::error_code ec;
-  std::filesystem::create_directories(metrics_dir, ec);
-  if (ec) return IoError("run dir {}: cannot create {}: {}", args.run_dir, metrics_dir.string(), ec.message());
+  for (const auto& dir : {metrics_dir, std::filesystem::path(args.run_dir) / "state"}) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return IoError("run dir {}: cannot create {}: {}", args.run_dir, dir.string(), ec.message());
+  }
+  const std::string state_path = WorkerStatePath(args.run_dir, args.id);
+  std::optional<WorkerProgress> resume;
+  if (args.resume) {
+    WorkerProgress p;
+    const Status s = ReadWorkerProgress(state_path, &p);
+    if (s.ok()) {
+      resume = p;
+    } else if (s.code() == StatusCode::kNotFound) {
+      resume = WorkerProgress{};  // it had not taken a step yet
+    } else {
+      return s;
+    }
+  }
   std::unique_ptr<MetricsWriter> metrics;
   DP_RETURN_IF_ERROR(
       MetricsWriter::Open((metrics_dir / fmt::format("worker-{}.jsonl", args.id)).string(), "worker", args.id, &metrics));
@@ -266,6 +369,16 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   to.solver = config.solver;
   to.evaluate = evaluate;
   if (evaluate) to.model_out = (std::filesystem::path(args.run_dir) / "model_final.dpt").string();
+  to.resume = resume;
+  // Progress after every step, for a later resume; a failed write is logged once and training
+  // goes on (only resuming would suffer).
+  to.on_progress = [state_path, warned = false](const WorkerProgress& p) mutable {
+    const Status s = WriteWorkerProgress(state_path, p);
+    if (!s.ok() && !warned) {
+      spdlog::warn("cannot save progress for a resume: {}", s.ToString());
+      warned = true;
+    }
+  };
 
   TrainResult local_result;
   TrainResult* out = result != nullptr ? result : &local_result;

@@ -2,10 +2,13 @@
 // its data (LMDB loader, or IDX files), the parameter service (PsClient over ZeroMQ), the
 // Trainer, the metrics file and the progress line. `downpour-worker` is a thin main over it.
 //
-// Run directory (DESIGN.md "Runs"): this process writes
+// Run directory: this process writes
 //   <run-dir>/metrics/worker-<id>.jsonl   start / step / eval / server_stats / done records
+//                                         (appended to: a resumed worker continues the file)
+//   <run-dir>/state/worker-<id>.toml      its progress after every step (worker_state.h)
 //   <run-dir>/model_final.dpt             final weights (the evaluating worker; tensor file)
-// and reads <run-dir>/config.toml unless --config says otherwise.
+// and reads <run-dir>/config.toml unless --config says otherwise. With --resume it continues
+// from its saved progress (and, in sync mode, from the servers' clock).
 //
 // Data: data.train / data.test name LMDBs; a path ending in "idx3-ubyte" or
 // "idx3-ubyte.gz" is read as an IDX image file instead (its labels file is the same name with
@@ -34,6 +37,7 @@ struct WorkerArgs {
   int64_t steps_override = 0;   // > 0: replaces worker.steps (tests, smoke runs)
   bool shuffle = true;          // false: read the shard in record order (reproducible tests)
   int step_delay_ms = 0;        // > 0: sleep this long after every step (emulates a straggler)
+  bool resume = false;          // continue from <run_dir>/state/worker-<id>.toml (worker_state.h)
 };
 
 // The model's learnable tensors (model.config of the run config at `config_path`, with the
@@ -46,6 +50,21 @@ Status WriteTensorList(const std::string& config_path, const std::vector<std::st
 // `*started` (may be null) turns true once the config, the net, the data and the metrics are
 // set up: an error before that is bad input (exit 2), after it a runtime failure (exit 1).
 Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started = nullptr);
+
+// `downpour-test`: a saved model evaluated on a test set, like `caffe test`.
+struct TestArgs {
+  std::string config_path;        // run config: model.config, data.test and its preprocessing
+  std::vector<std::string> sets;  // --set overrides of it
+  std::string weights;            // tensor file or .caffemodel (every model tensor must be there)
+  std::string data;               // test LMDB / IDX file instead of data.test ("" = data.test)
+  int batch = 100;                // images per forward pass
+  int max_batches = 0;            // 0 = the whole test set
+};
+struct TestResult {
+  EvalRecord eval;          // images, loss, top1, top5
+  std::string model, data;  // what was evaluated, for the report
+};
+Status TestSavedModel(const TestArgs& args, TestResult* result);
 
 // "…/train-images-idx3-ubyte.gz" → true (and the matching labels path).
 bool IsIdxImagePath(const std::string& path, std::string* labels_path);

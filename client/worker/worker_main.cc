@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   cli::AddSetOption(&app, &args.sets);
   app.add_flag("-q,--quiet", args.quiet, "no progress line");
   app.add_flag("--local", args.local, "single-process reference run: no servers, local SGD");
+  app.add_flag("--resume", args.resume,
+               "continue from <run-dir>/state/worker-<id>.toml (downpour-launch --resume passes it)");
   bool no_shuffle = false;
   app.add_flag("--no-shuffle", no_shuffle, "read the data shard in record order (reproducible runs)");
   app.add_option("--step-delay-ms", args.step_delay_ms,

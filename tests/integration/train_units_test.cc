@@ -193,6 +193,7 @@ class FixedSource : public TrainSource {
     return Status::Ok();
   }
   int64_t shard_size() const override { return 0; }
+  Status SeekToStep(int64_t) override { return Status::Ok(); }
 
  private:
   int n_, c_, h_, w_;
