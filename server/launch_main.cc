@@ -1,19 +1,31 @@
 // launch_main.cc — downpour-launch: runs one training job on this machine.
 //
-//   downpour-launch --config configs/runs/default.toml [--servers S] [--workers W]
-//                   [--run-dir D] [--tensors FILE | --model NAME]
+//   downpour-launch --config configs/runs/default.toml [--set section.key=value]...
+//                   [--servers S] [--workers W] [--run-dir D] [--weights FILE]
+//                   [--tensors FILE | --model NAME]
 //                   [--worker-cmd CMD] [--server-cmd CMD] [--coordinator-cmd CMD]
 //                   [--grace-ms 5000] [--timeout-s 0] [--bin-dir DIR] [--dry-run]
+//   downpour-launch --resume D [--timeout-s 0] [--grace-ms 5000] [--bin-dir DIR]
 //
-// Reads the run config, applies the overrides, creates the run directory
+// Reads the run config, applies the overrides, checks before starting anything that the run
+// directory is new (a directory holding a run is refused: --resume it) and that every input
+// the config names exists (server/run_dir.h), creates the run directory
 //   D/config.toml            the config used (every field explicit; children read this one)
-//   D/logs/<role>-<i>.log    each child's stdout+stderr
-//   D/launch.jsonl           the launcher's metrics: one "exit" line per child, one "end"
+//   D/logs/<role>-<i>.log    each child's stdout+stderr (appended to on resume)
+//   D/launch.jsonl           the launcher's metrics: "start", one "exit" line per child, "end"
 // and starts downpour-coordinator, S × downpour-server --id i, W × downpour-worker --id j,
 // each with --config D/config.toml --run-dir D (servers and the coordinator also get
 // --tensors/--model). With neither (and no --worker-cmd), the tensor list comes from the model
 // config itself: `downpour-worker --config D/config.toml --write-tensors D/tensors.txt` runs
 // first (servers never parse a net; the worker owns that) and D/tensors.txt is passed on.
+// --weights FILE starts from saved weights (model.weights, a tensor file or a .caffemodel) and
+// evaluates them before the first step (eval.at_start).
+//
+// --resume D continues a stopped or crashed run with D's own config.toml: servers restart with
+// --restore D/<checkpoint.dir>/server-<i>.dpt, workers with --resume (their progress in
+// D/state/), and logs and metrics are appended to. A finished run, a run without checkpoints,
+// or one whose servers have not checkpointed yet is refused (server/run_dir.h PlanResume).
+//
 // Binaries are found in --bin-dir, else next to this executable, else in the build tree
 // (build/server/, build/client/worker/).
 // A --*-cmd override replaces a role's program with a shell command that receives the same
@@ -21,9 +33,12 @@
 //
 // The job ends when every worker exited 0 (then coordinator and servers get SIGTERM), when any
 // process fails (all are stopped; the exit code is the failed one's), or on SIGINT/SIGTERM.
-// Semantics of stopping: common/process_group.h.
+// Semantics of stopping: common/process_group.h. Errors before any process starts exit 2
+// (usage, config or input) — common/cli.h.
+#include <fmt/format.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -34,19 +49,18 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
 #include "common/cli.h"
 #include "common/metrics.h"
 #include "common/process_group.h"
 #include "common/run_config.h"
 #include "common/status.h"
+#include "server/run_dir.h"
 
 namespace downpour {
 namespace {
 
 namespace fs = std::filesystem;
+namespace cli = downpour::cli;
 
 struct LaunchFlags {
   std::string config;
@@ -54,6 +68,8 @@ struct LaunchFlags {
   int servers = 0;  // 0 = from the config
   int workers = 0;  // 0 = from the config
   std::string run_dir;
+  std::string resume;   // run directory to continue
+  std::string weights;  // initial weights (model.weights) + eval.at_start
   std::string tensors, model;
   std::string worker_cmd, server_cmd, coordinator_cmd;
   std::string bin_dir;
@@ -119,7 +135,8 @@ Status RoleArgv(const LaunchFlags& f, const std::string& program, const std::str
   return Status::Ok();
 }
 
-Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::string& run_dir,
+// `resume` (may be null): servers restore their checkpoints and workers continue.
+Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::string& run_dir, const ResumePlan* resume,
                      std::vector<ChildSpec>* children) {
   const std::string config_path = (fs::path(run_dir) / "config.toml").string();
   const std::string logs = (fs::path(run_dir) / "logs").string();
@@ -140,6 +157,7 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
     ChildSpec s;
     args = {"--id", std::to_string(i), "--config", config_path, "--run-dir", run_dir};
     args.insert(args.end(), model_args.begin(), model_args.end());
+    if (resume != nullptr) args.insert(args.end(), {"--restore", resume->checkpoints[static_cast<size_t>(i)]});
     DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-server", f.server_cmd, "--server-cmd", args, &s.argv));
     s.name = fmt::format("server {}", i);
     s.log_path = fmt::format("{}/server-{}.log", logs, i);
@@ -148,6 +166,7 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
   for (int j = 0; j < cfg.cluster.workers; ++j) {
     ChildSpec w;
     args = {"--id", std::to_string(j), "--config", config_path, "--run-dir", run_dir};
+    if (resume != nullptr) args.push_back("--resume");
     DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-worker", f.worker_cmd, "--worker-cmd", args, &w.argv));
     w.name = fmt::format("worker {}", j);
     w.log_path = fmt::format("{}/worker-{}.log", logs, j);
@@ -180,41 +199,78 @@ Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config
   return Status::Ok();
 }
 
+// The config of a new run: the file, --set, --servers/--workers and --weights, validated.
+Status NewRunConfig(const LaunchFlags& f, RunConfig* cfg) {
+  DP_RETURN_IF_ERROR(LoadRunConfig(f.config, f.sets, cfg));
+  if (f.servers > 0) cfg->cluster.servers = f.servers;
+  if (f.workers > 0) cfg->cluster.workers = f.workers;
+  if (!f.weights.empty()) {
+    // Absolute, so the stored config still finds it when the run is resumed from elsewhere.
+    cfg->model.weights = fs::absolute(f.weights).lexically_normal().string();
+    cfg->eval.at_start = true;
+  }
+  DP_RETURN_IF_ERROR(ValidateRunConfig(*cfg, fmt::format("{} with --servers/--workers", f.config)));
+  if (!f.tensors.empty() && !f.model.empty()) {
+    return InvalidArgument("downpour-launch: give either --tensors ({}) or --model ({}), not both", f.tensors, f.model);
+  }
+  return Status::Ok();
+}
+
+// A resumed run takes its own stored config as it is: changing it half-way would make the two
+// halves a different experiment.
+Status ResumeRunConfig(const LaunchFlags& f, RunConfig* cfg, ResumePlan* plan) {
+  if (!f.config.empty() || !f.sets.empty() || f.servers > 0 || f.workers > 0 || !f.run_dir.empty() ||
+      !f.weights.empty()) {
+    return InvalidArgument(
+        "downpour-launch: --resume {} continues the run with its own config.toml; --config, --set, --servers, "
+        "--workers, --run-dir and --weights cannot be combined with it",
+        f.resume);
+  }
+  const std::string config = (fs::path(f.resume) / "config.toml").string();
+  std::error_code ec;
+  if (!fs::exists(config, ec)) {
+    return NotFound("--resume {}: not a run directory (no config.toml in it)", f.resume);
+  }
+  DP_RETURN_IF_ERROR(LoadRunConfig(config, cfg));
+  return PlanResume(f.resume, *cfg, plan);
+}
+
 // Returns the process exit code; errors before any child starts are printed and give 2.
 int Launch(const LaunchFlags& f) {
+  const bool resuming = !f.resume.empty();
   RunConfig cfg;
-  Status s = LoadRunConfig(f.config, f.sets, &cfg);
-  if (s.ok()) {
-    if (f.servers > 0) cfg.cluster.servers = f.servers;
-    if (f.workers > 0) cfg.cluster.workers = f.workers;
-    s = ValidateRunConfig(cfg, fmt::format("{} with --servers/--workers", f.config));
-  }
-  if (s.ok() && !f.tensors.empty() && !f.model.empty()) {
-    s = InvalidArgument("downpour-launch: give either --tensors ({}) or --model ({}), not both",
-                        f.tensors, f.model);
-  }
-  const std::string run_dir = fs::absolute(f.run_dir.empty() ? DefaultRunDir(cfg) : f.run_dir)
-                                  .lexically_normal().string();
+  ResumePlan plan;
+  Status s = resuming ? ResumeRunConfig(f, &cfg, &plan) : NewRunConfig(f, &cfg);
+  const std::string run_dir =
+      s.ok() ? fs::absolute(resuming ? f.resume : (f.run_dir.empty() ? DefaultRunDir(cfg) : f.run_dir))
+                   .lexically_normal()
+                   .string()
+             : std::string();
+  if (s.ok() && !resuming) s = CheckRunDirIsNew(run_dir);
+  // Inputs are checked before anything starts (a stand-in worker command brings its own).
+  if (s.ok() && f.worker_cmd.empty()) s = CheckRunInputs(cfg, resuming ? run_dir + "/config.toml" : f.config);
   LaunchFlags flags = f;
-  // Without --tensors/--model, downpour-worker supplies the tensor list from the model config;
-  // a job whose workers are a --worker-cmd stand-in passes none (the stand-in decides).
+  // Without --tensors/--model, downpour-worker supplies the tensor list from the model config
+  // (a resumed run reuses the one it wrote); a job whose workers are a --worker-cmd stand-in
+  // passes none (the stand-in decides).
   const bool auto_tensors = flags.tensors.empty() && flags.model.empty() && flags.worker_cmd.empty();
   if (auto_tensors) flags.tensors = (fs::path(run_dir) / "tensors.txt").string();
   std::vector<ChildSpec> children;
-  if (s.ok()) s = BuildChildren(flags, cfg, run_dir, &children);
+  if (s.ok()) s = BuildChildren(flags, cfg, run_dir, resuming ? &plan : nullptr, &children);
   if (s.ok()) {
     std::error_code ec;
     fs::create_directories(fs::path(run_dir) / "logs", ec);
     if (ec) s = IoError("{}: cannot create run directory: {}", run_dir, ec.message());
   }
-  if (s.ok()) s = WriteTextFile((fs::path(run_dir) / "config.toml").string(), ToToml(cfg));
-  if (s.ok() && auto_tensors) {
+  if (s.ok() && !resuming) s = WriteTextFile((fs::path(run_dir) / "config.toml").string(), ToToml(cfg));
+  if (s.ok() && auto_tensors && !(resuming && fs::exists(flags.tensors))) {
     s = WriteTensorListWithWorker(flags, (fs::path(run_dir) / "config.toml").string(), flags.tensors,
                                   (fs::path(run_dir) / "logs" / "tensors.log").string());
   }
-  if (!s.ok()) {
-    std::fprintf(stderr, "downpour-launch: %s\n", s.ToString().c_str());
-    return 2;
+  if (!s.ok()) return cli::Fail("downpour-launch", s, cli::SetupExitCode(s));
+  if (resuming) {
+    std::printf("[launch] resuming run %s from %s (servers restore their checkpoints, workers their progress)\n",
+                cfg.run.name.c_str(), run_dir.c_str());
   }
   std::printf("[launch] run %s: %d server(s), %d worker(s), %s; run dir %s\n", cfg.run.name.c_str(),
               cfg.cluster.servers, cfg.cluster.workers, ConsistencyModeString(cfg.consistency).c_str(),
@@ -228,10 +284,7 @@ int Launch(const LaunchFlags& f) {
   std::fflush(stdout);
   std::unique_ptr<MetricsWriter> metrics;
   s = MetricsWriter::Open((fs::path(run_dir) / "launch.jsonl").string(), "launcher", 0, &metrics);
-  if (!s.ok()) {
-    std::fprintf(stderr, "downpour-launch: %s\n", s.ToString().c_str());
-    return 2;
-  }
+  if (!s.ok()) return cli::Fail("downpour-launch", s, cli::kExitFailure);
 
   ProcessGroupOptions options;
   options.grace_period = std::chrono::milliseconds(f.grace_ms);
@@ -241,14 +294,14 @@ int Launch(const LaunchFlags& f) {
   for (const ChildSpec& c : children) {
     s = group.Start(c);
     if (!s.ok()) {
-      std::fprintf(stderr, "downpour-launch: %s; stopping the ones already started\n",
-                   s.ToString().c_str());
-      return 2;  // ~ProcessGroup kills what was started
+      std::fprintf(stderr, "downpour-launch: %s; stopping the ones already started\n", s.ToString().c_str());
+      return cli::kExitFailure;  // ~ProcessGroup kills what was started
     }
   }
   [[maybe_unused]] Status ms = metrics->Write("start", {{"servers", cfg.cluster.servers},
                                                         {"workers", cfg.cluster.workers},
-                                                        {"mode", ConsistencyModeString(cfg.consistency)}});
+                                                        {"mode", ConsistencyModeString(cfg.consistency)},
+                                                        {"resumed", resuming}});
   const int code = group.Run();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const ChildResult& r : group.results()) {
@@ -268,7 +321,14 @@ int main(int argc, char** argv) {
   downpour::LaunchFlags f;
   CLI::App app{"downpour-launch: start a coordinator, S servers and W workers as one job"};
   cli::AddStandardFlags(&app, "downpour-launch");
-  app.add_option("-c,--config", f.config, "run config (TOML)")->required();
+  auto* config = app.add_option("-c,--config", f.config, "run config (TOML)");
+  auto* resume = app.add_option("--resume", f.resume,
+                                "continue the stopped or crashed run in this run directory (its own config.toml; "
+                                "servers from their checkpoints, workers from their saved progress)");
+  config->excludes(resume);
+  app.add_option("--weights", f.weights,
+                 "start from these weights (a tensor file such as a run's model_final.dpt, or a .caffemodel) and "
+                 "evaluate them before the first step");
   cli::AddSetOption(&app, &f.sets);
   app.add_option("-s,--servers", f.servers, "override cluster.servers")->check(cli::AtLeast(1));
   app.add_option("-w,--workers", f.workers, "override cluster.workers")->check(cli::AtLeast(1));
@@ -285,5 +345,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e7));
   app.add_flag("--dry-run", f.dry_run, "create the run directory and print the commands only");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
+  if (f.config.empty() && f.resume.empty()) {
+    std::fprintf(
+        stderr,
+        "downpour-launch: give --config FILE (a new run) or --resume RUN_DIR\nRun with --help for the options.\n");
+    return cli::kExitUsage;
+  }
   return cli::Main("downpour-launch", [&] { return downpour::Launch(f); });
 }

@@ -5,7 +5,10 @@
 //                   (--tensors list.txt | --model alexnet-shapes) [--port P] [--standalone]
 //
 // Binds tcp://<cluster.bind>:<cluster.base_port + i> (or --port; 0 = the OS picks) and writes
-// the bound address to D/server-<i>.addr. Registers with cluster.coordinator (unless
+// the bound address to D/server-<i>.addr. Checkpoints go to D/<checkpoint.dir>/server-<i>.dpt every
+// checkpoint.every_updates applied updates and once more when the server stops (when
+// checkpointing is on), so `downpour-launch --resume D` restarts it with --restore from there. Registers with
+// cluster.coordinator (unless
 // --standalone), heartbeats, drops workers the coordinator declares dead, and exits 0 on a
 // shutdown message, the coordinator's shutdown, or SIGINT/SIGTERM.
 //
@@ -14,12 +17,12 @@
 // shard knows it, ahead = clock - min_clock, wait_ms held back by the consistency policy,
 // version_sum), and "server_end" with the shard's counters. The pull lines are the log the
 // ssp bound is checked against (ahead <= s always).
-#include <filesystem>
-#include <limits>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
+#include <filesystem>
+#include <limits>
 
 #include "common/cli.h"
 #include "common/layout.h"
@@ -28,6 +31,7 @@
 #include "common/run_config.h"
 #include "common/zmq_transport.h"
 #include "server/process_util.h"
+#include "server/run_dir.h"
 #include "server/shard.h"
 
 namespace downpour {
@@ -60,8 +64,7 @@ Status Run(const Flags& f, bool* serving) {
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
   o.checkpoint_every_updates = cfg.checkpoint.every_updates;
-  o.checkpoint_path = ResolveInRunDir(f.run_dir, (std::filesystem::path(cfg.checkpoint.dir) /
-                                                  fmt::format("server-{}.dpt", f.id)).string());
+  o.checkpoint_path = ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id);
   std::filesystem::create_directories(std::filesystem::path(o.checkpoint_path).parent_path());
   const std::filesystem::path metrics_dir = std::filesystem::path(f.run_dir) / "metrics";
   std::filesystem::create_directories(metrics_dir);
@@ -133,6 +136,17 @@ Status Run(const Flags& f, bool* serving) {
   }
   shard->Stop();
   Status s = shard->Join();
+  // A stopped run (Ctrl-C, the end of the job) can be resumed without losing an update: the
+  // shard checkpoints once more on its way out when checkpointing is on.
+  if (cfg.checkpoint.every_updates > 0 && shard->updates() > 0) {
+    const Status c = shard->SaveCheckpoint(o.checkpoint_path);
+    if (c.ok()) {
+      spdlog::info("server {}: checkpoint {} written on stop ({} updates)", f.id, o.checkpoint_path, shard->updates());
+    } else {
+      spdlog::error("server {}: checkpoint on stop failed: {}", f.id, c.ToString());
+      if (s.ok()) s = c;
+    }
+  }
   const ShardStatsWire st = shard->Stats();
   spdlog::info("server {}: pushes received {} applied {} rejected {}, pulls {}, chunk updates {}", f.id,
                st.pushes_received, st.pushes_applied, st.pushes_rejected, st.pulls_served, st.chunk_updates);

@@ -1,0 +1,135 @@
+// run_dir.cc — see run_dir.h.
+#include "server/run_dir.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "common/metrics.h"
+
+namespace downpour {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// An LMDB directory (holding data.mdb) or an IDX images file with its labels file beside it.
+Status CheckDataset(const std::string& path, const std::string& key, const std::string& source) {
+  std::error_code ec;
+  const auto quoted = fmt::format("{} = \"{}\"", key, path);
+  if (EndsWith(path, "idx3-ubyte") || EndsWith(path, "idx3-ubyte.gz")) {
+    if (!fs::is_regular_file(path, ec)) return NotFound("{}: {}: no such IDX images file", source, quoted);
+    const auto pos = path.rfind("images-idx3");
+    std::string labels = path;
+    if (pos != std::string::npos) labels.replace(pos, std::string("images-idx3").size(), "labels-idx1");
+    if (pos == std::string::npos || !fs::is_regular_file(labels, ec)) {
+      return NotFound("{}: {}: the labels file beside it ({}) is missing", source, quoted,
+                      pos == std::string::npos ? "a name with images-idx3 → labels-idx1" : labels);
+    }
+    return Status::Ok();
+  }
+  if (!fs::exists(path, ec)) {
+    return NotFound(
+        "{}: {}: no such LMDB directory (make one with scripts/get_fashion_mnist or downpour-data convert-*)", source,
+        quoted);
+  }
+  if (!fs::is_directory(path, ec)) {
+    return InvalidArgument("{}: {}: is a file; expected an LMDB directory (or an IDX images file)", source, quoted);
+  }
+  if (!fs::is_regular_file(fs::path(path) / "data.mdb", ec)) {
+    return NotFound("{}: {}: the directory holds no data.mdb, so it is not an LMDB", source, quoted);
+  }
+  return Status::Ok();
+}
+
+Status CheckFile(const std::string& path, const std::string& key, const std::string& source, std::string_view what) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    return NotFound("{}: {} = \"{}\": no such {}", source, key, path, what);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckRunDirIsNew(const std::string& run_dir) {
+  std::error_code ec;
+  if (!fs::exists(run_dir, ec)) return Status::Ok();
+  if (!fs::is_directory(run_dir, ec)) return FailedPrecondition("run directory {} exists and is a file", run_dir);
+  if (fs::exists(fs::path(run_dir) / "config.toml", ec)) {
+    return FailedPrecondition(
+        "run directory {} already holds a run (config.toml); continue it with --resume {}, or choose another "
+        "--run-dir",
+        run_dir, run_dir);
+  }
+  if (!fs::is_empty(run_dir, ec)) {
+    return FailedPrecondition("run directory {} exists and is not empty; choose another --run-dir", run_dir);
+  }
+  return Status::Ok();
+}
+
+Status CheckRunInputs(const RunConfig& c, const std::string& source) {
+  DP_RETURN_IF_ERROR(CheckFile(c.model.config, "model.config", source, "model config"));
+  if (!c.model.weights.empty()) {
+    DP_RETURN_IF_ERROR(CheckFile(c.model.weights, "model.weights", source, "weights file"));
+  }
+  if (c.data.sharding == DataSharding::kOwn) {
+    for (int j = 0; j < c.cluster.workers; ++j) {
+      DP_RETURN_IF_ERROR(CheckDataset((fs::path(c.data.train) / std::to_string(j)).string(),
+                                      fmt::format("data.train (sharding \"own\", worker {})", j), source));
+    }
+  } else {
+    DP_RETURN_IF_ERROR(CheckDataset(c.data.train, "data.train", source));
+  }
+  if (!c.data.test.empty()) DP_RETURN_IF_ERROR(CheckDataset(c.data.test, "data.test", source));
+  if (!c.data.mean_file.empty()) {
+    DP_RETURN_IF_ERROR(CheckFile(c.data.mean_file, "data.mean_file", source, "mean file"));
+  }
+  return Status::Ok();
+}
+
+std::string ServerCheckpointPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server) {
+  const fs::path dir =
+      fs::path(checkpoint.dir).is_absolute() ? fs::path(checkpoint.dir) : fs::path(run_dir) / checkpoint.dir;
+  return (dir / fmt::format("server-{}.dpt", server)).string();
+}
+
+Status PlanResume(const std::string& run_dir, const RunConfig& c, ResumePlan* plan) {
+  std::error_code ec;
+  const std::string launch_log = (fs::path(run_dir) / "launch.jsonl").string();
+  if (fs::exists(launch_log, ec)) {
+    std::vector<MetricRecord> records;
+    DP_RETURN_IF_ERROR(ReadMetrics(launch_log, &records));
+    for (auto it = records.rbegin(); it != records.rend(); ++it) {
+      if (it->Get("event").AsString() != "end") continue;
+      if (it->Get("code").AsInt() == 0) {
+        return FailedPrecondition("run {} already finished (its last launch ended with exit code 0); nothing to resume",
+                                  run_dir);
+      }
+      break;
+    }
+  }
+  if (c.checkpoint.every_updates <= 0) {
+    return FailedPrecondition(
+        "run {} cannot be resumed: checkpointing was off (checkpoint.every_updates = {}), so its servers saved no "
+        "weights",
+        run_dir, c.checkpoint.every_updates);
+  }
+  plan->checkpoints.clear();
+  for (int i = 0; i < c.cluster.servers; ++i) {
+    const std::string path = ServerCheckpointPath(run_dir, c.checkpoint, i);
+    if (!fs::is_regular_file(path, ec)) {
+      return FailedPrecondition(
+          "run {} cannot be resumed: server {} has no checkpoint ({} is missing; the run stopped before its first "
+          "checkpoint — checkpoint.every_updates = {}); start it again",
+          run_dir, i, path, c.checkpoint.every_updates);
+    }
+    plan->checkpoints.push_back(path);
+  }
+  return Status::Ok();
+}
+
+}  // namespace downpour

@@ -1,0 +1,44 @@
+// run_dir.h — what downpour-launch checks about a run before it starts any process: that a new
+// run gets a directory of its own, that every input the run config names is there, and how a
+// stopped run is resumed.
+//
+// Every check names the file, the config key and what to do, and runs before any process
+// starts, so a mistake costs seconds, not a job that dies after its servers came up.
+//
+// Thread-safety: free functions over the file system; no shared state.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/run_config.h"
+#include "common/status.h"
+
+namespace downpour {
+
+// A new run may use `run_dir` only if it does not exist yet or is an empty directory: a run
+// directory is never reused silently (its JSONL would be appended to and its checkpoints
+// overwritten). A directory that holds a run (config.toml) is kFailedPrecondition pointing to
+// --resume.
+Status CheckRunDirIsNew(const std::string& run_dir);
+
+// Every input `config` names exists and is of the right kind: data.train and data.test (an
+// LMDB directory with data.mdb, or a Fashion-MNIST/MNIST IDX images file; with data.sharding =
+// "own", <data.train>/<j> for each worker j), data.mean_file, model.config and model.weights.
+// `source` names the config in errors. Paths are relative to the current directory, as the
+// processes the launcher starts see them.
+Status CheckRunInputs(const RunConfig& config, const std::string& source);
+
+// How to resume the run in `run_dir` (whose config.toml is `config`).
+struct ResumePlan {
+  std::vector<std::string> checkpoints;  // per server: the checkpoint it restores from
+};
+// Refuses a run that finished (its launch.jsonl ends with exit code 0), a run without
+// checkpointing (checkpoint.every_updates = 0) and a run where a server has no checkpoint yet;
+// otherwise fills `plan`. Errors are kFailedPrecondition naming the run and the reason.
+Status PlanResume(const std::string& run_dir, const RunConfig& config, ResumePlan* plan);
+
+// <run_dir>/<checkpoint.dir>/server-<i>.dpt (checkpoint.dir may be absolute).
+std::string ServerCheckpointPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server);
+
+}  // namespace downpour
