@@ -2,18 +2,18 @@
 // the run directory (config.toml with the overrides, logs, launch.jsonl), the arguments each
 // role receives, prefixed output, failure exit codes, and that SIGKILL of the launcher
 // takes its children with it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "common/metrics.h"
 #include "common/run_config.h"
@@ -40,16 +40,26 @@ class LaunchTest : public ::testing::Test {
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
   void Write(const std::string& name, const std::string& text) const { test::WriteFile(Path(name), text); }
-  std::string Command(const std::string& worker_script, const std::string& extra = "") const {
+  std::string Command(const std::string& worker_script, const std::string& extra = "",
+                      const std::string& run = "run") const {
     return fmt::format(
         "'{}' --config '{}/configs/runs/default.toml' --run-dir '{}' --grace-ms 2000 "
         "--timeout-s 60 --coordinator-cmd '/bin/sh {}' --server-cmd '/bin/sh {}' "
         "--worker-cmd '/bin/sh {}' {}",
-        Launcher(), test::SourcePath(""), Path("run"), Path("serve.sh"), Path("serve.sh"),
-        Path(worker_script), extra);
+        Launcher(), test::SourcePath(""), Path(run), Path("serve.sh"), Path("serve.sh"), Path(worker_script), extra);
   }
-  // Runs a shell command; returns its exit code and its stdout+stderr.
-  static int Run(const std::string& cmd, std::string* output) { return test::RunShell(cmd, output); }
+  // Runs a shell command (in `cwd` when given); returns its exit code and its stdout+stderr.
+  static int Run(const std::string& cmd, std::string* output, const fs::path& cwd = {}) {
+    return test::RunShell(cwd.empty() ? cmd : fmt::format("cd '{}' && {}", cwd.string(), cmd), output);
+  }
+  // inputs.toml: the default run with every input present (a stand-in LMDB is a directory with a
+  // data.mdb; the launcher only checks that inputs exist before it starts anything).
+  void WriteInputs() const {
+    fs::create_directories(Path("lmdb"));
+    Write("lmdb/data.mdb", "");
+    Write("inputs.toml", fmt::format("[model]\nconfig = \"{}\"\n[data]\ntrain = \"{}\"\ntest = \"{}\"\n",
+                                     test::SourcePath("configs/models/fmnist_small.toml"), Path("lmdb"), Path("lmdb")));
+  }
 
   fs::path dir_;
 };
@@ -106,14 +116,134 @@ TEST_F(LaunchTest, BadInputGivesOneClearError) {
   std::string out;
   EXPECT_EQ(Run(fmt::format("'{}' --config /nonexistent/run.toml", Launcher()), &out), 2);
   EXPECT_THAT(out, HasSubstr("/nonexistent/run.toml"));
-  out.clear();
   // Missing binary (no override, empty --bin-dir): names the program and the way out.
-  EXPECT_EQ(Run(fmt::format("'{}' --config '{}/configs/runs/default.toml' --run-dir '{}' --bin-dir '{}'",
-                            Launcher(), test::SourcePath(""), Path("run"), Path("empty")),
+  WriteInputs();
+  EXPECT_EQ(Run(fmt::format("'{}' --config '{}' --run-dir '{}' --bin-dir '{}'", Launcher(), Path("inputs.toml"),
+                            Path("run"), Path("empty")),
                 &out),
             2);
   EXPECT_THAT(out, HasSubstr("downpour-coordinator not found"));
   EXPECT_THAT(out, HasSubstr("--coordinator-cmd"));
+  // An integer flag out of range names its bound (not a 300-digit limit).
+  EXPECT_EQ(Run(fmt::format("'{}' --config '{}' --workers 0", Launcher(), Path("inputs.toml")), &out), 2);
+  EXPECT_THAT(out, HasSubstr("--workers: 0 is out of range: must be >= 1"));
+  EXPECT_LT(out.size(), 200u) << out;
+  // --version and the exit-code scheme in --help.
+  EXPECT_EQ(Run(fmt::format("'{}' --version", Launcher()), &out), 0);
+  EXPECT_THAT(out, HasSubstr("downpour-launch "));
+  EXPECT_THAT(out, HasSubstr("(commit "));
+  EXPECT_EQ(Run(fmt::format("'{}' --help", Launcher()), &out), 0);
+  EXPECT_THAT(out, HasSubstr("Exit codes: 0 ok, 1 runtime failure, 2 usage or config error."));
+}
+
+// Inputs are checked before any process starts: a missing train LMDB is one error naming the
+// config key and the path, and nothing was started (no logs, no metrics).
+TEST_F(LaunchTest, MissingTrainLmdbIsNamedBeforeAnythingStarts) {
+  WriteInputs();
+  std::string out;
+  EXPECT_EQ(Run(fmt::format("'{}' --config '{}' --run-dir '{}' --set data.train={}", Launcher(), Path("inputs.toml"),
+                            Path("run"), Path("no_such_lmdb")),
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr(fmt::format("data.train = \"{}\": no such LMDB directory", Path("no_such_lmdb"))));
+  EXPECT_FALSE(fs::exists(Path("run"))) << "the launcher created the run before checking its inputs";
+  // A directory that is not an LMDB, a missing mean file, missing initial weights.
+  fs::create_directories(Path("not_lmdb"));
+  EXPECT_EQ(Run(fmt::format("'{}' --config '{}' --run-dir '{}' --set data.test={}", Launcher(), Path("inputs.toml"),
+                            Path("run"), Path("not_lmdb")),
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("data.test = "));
+  EXPECT_THAT(out, HasSubstr("holds no data.mdb"));
+  EXPECT_EQ(Run(fmt::format("'{}' --config '{}' --run-dir '{}' --set data.mean_file=/nope/mean.binaryproto", Launcher(),
+                            Path("inputs.toml"), Path("run")),
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("data.mean_file = \"/nope/mean.binaryproto\": no such mean file"));
+  EXPECT_EQ(Run(fmt::format("'{}' --config '{}' --run-dir '{}' --weights /nope/w.caffemodel", Launcher(),
+                            Path("inputs.toml"), Path("run")),
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("model.weights = \"/nope/w.caffemodel\": no such weights file"));
+  EXPECT_FALSE(fs::exists(Path("run")));
+}
+
+// A run directory is never reused silently: a second launch into it is refused (and points at
+// --resume), and the first run's files are untouched.
+TEST_F(LaunchTest, ExistingRunDirectoryIsRefused) {
+  Write("worker.sh", "exit 0\n");
+  std::string out;
+  ASSERT_EQ(Run(Command("worker.sh"), &out), 0) << out;
+  const std::string before = test::ReadFile(Path("run/launch.jsonl"));
+  EXPECT_EQ(Run(Command("worker.sh"), &out), 2);
+  EXPECT_THAT(out, HasSubstr(fmt::format("run directory {} already holds a run", Path("run"))));
+  EXPECT_THAT(out, HasSubstr("--resume"));
+  EXPECT_EQ(test::ReadFile(Path("run/launch.jsonl")), before);
+  // An empty directory is fine; a non-empty one without a run is refused too.
+  fs::create_directories(Path("empty_dir"));
+  fs::create_directories(Path("busy_dir"));
+  Write("busy_dir/notes.txt", "mine\n");
+  EXPECT_EQ(Run(Command("worker.sh", "", "empty_dir"), &out), 0) << out;
+  EXPECT_EQ(Run(Command("worker.sh", "", "busy_dir"), &out), 2);
+  EXPECT_THAT(out, HasSubstr("is not empty"));
+}
+
+// --resume restarts servers from their checkpoints (--restore) and workers from their saved
+// progress (--resume), with the run's own config; what cannot be resumed is refused.
+TEST_F(LaunchTest, ResumeRestoresServersAndWorkersAndRefusesWhatItCannot) {
+  // A run that failed half-way (worker 1 exits 3) after its servers checkpointed.
+  Write("worker.sh", "echo \"worker args: $*\"\nif [ \"$2\" = 1 ]; then exit 3; fi\nsleep 0.2\n");
+  std::string out;
+  const std::string run = Path("run");
+  ASSERT_EQ(Run(Command("worker.sh", "--model alexnet-shapes"), &out), 3) << out;
+  // Before any checkpoint: refused, naming the missing file.
+  EXPECT_EQ(Run(fmt::format("'{}' --resume '{}'", Launcher(), run), &out), 2);
+  EXPECT_THAT(out, HasSubstr("server 0 has no checkpoint"));
+  fs::create_directories(run + "/checkpoints");
+  Write("run/checkpoints/server-0.dpt", "x");
+  Write("run/checkpoints/server-1.dpt", "x");
+  // Changing the run while resuming it is refused.
+  EXPECT_EQ(Run(fmt::format("'{}' --resume '{}' --set worker.steps=5", Launcher(), run), &out), 2);
+  EXPECT_THAT(out, HasSubstr("cannot be combined"));
+  // Resumed with stand-ins: the same roles, with --restore and --resume, logs appended.
+  Write("worker.sh", "echo \"worker args: $*\"\n");
+  ASSERT_EQ(Run(fmt::format("'{}' --resume '{}' --grace-ms 2000 --timeout-s 60 --coordinator-cmd '/bin/sh {}' "
+                            "--server-cmd '/bin/sh {}' --worker-cmd '/bin/sh {}' --model alexnet-shapes",
+                            Launcher(), run, Path("serve.sh"), Path("serve.sh"), Path("worker.sh")),
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("[launch] resuming run"));
+  EXPECT_THAT(out, HasSubstr(fmt::format("[server 1] serving --id 1 --config {0}/config.toml --run-dir {0} --model "
+                                         "alexnet-shapes --restore {0}/checkpoints/server-1.dpt",
+                                         run)));
+  EXPECT_THAT(out, HasSubstr(fmt::format(
+                       "[worker 0] worker args: --id 0 --config {0}/config.toml --run-dir {0} --resume", run)));
+  const std::string log = test::ReadFile(run + "/logs/worker-1.log");
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 2) << "the first launch's line and the resumed one:\n" << log;
+  std::vector<MetricRecord> records;
+  ASSERT_TRUE(ReadMetrics(run + "/launch.jsonl", &records).ok());
+  int starts = 0;
+  for (const auto& r : records) starts += r.Get("event").AsString() == "start";
+  EXPECT_EQ(starts, 2);
+  EXPECT_TRUE(records.back().Get("event").AsString() == "end" && records.back().Get("code").AsInt() == 0);
+  // Finished now: refused. Not a run directory: refused.
+  EXPECT_EQ(Run(fmt::format("'{}' --resume '{}'", Launcher(), run), &out), 2);
+  EXPECT_THAT(out, HasSubstr("already finished"));
+  EXPECT_EQ(Run(fmt::format("'{}' --resume '{}'", Launcher(), Path("empty")), &out), 2);
+  EXPECT_THAT(out, HasSubstr("not a run directory"));
+}
+
+// --weights stores an absolute model.weights and eval.at_start in the run's config.
+TEST_F(LaunchTest, WeightsFlagStartsFromSavedWeightsAndEvaluatesThemFirst) {
+  Write("w.dpt", "stand-in weights");
+  Write("worker.sh", "exit 0\n");
+  std::string out;
+  ASSERT_EQ(Run(Command("worker.sh", "--weights w.dpt"), &out, dir_), 0) << out;
+  RunConfig stored;
+  ASSERT_TRUE(LoadRunConfig(Path("run/config.toml"), &stored).ok());
+  EXPECT_EQ(stored.model.weights, Path("w.dpt"));
+  EXPECT_TRUE(stored.eval.at_start);
 }
 
 // SIGKILL of the launcher cannot be caught: the children's PR_SET_PDEATHSIG stops them.

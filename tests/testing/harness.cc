@@ -3,6 +3,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -13,10 +15,8 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <thread>
-
-#include <fmt/format.h>
-#include <gtest/gtest.h>
 
 #include "downpour_config.h"
 
@@ -165,6 +165,41 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output, std::c
 
 int RunShell(const std::string& command, std::string* output, std::chrono::seconds limit) {
   return RunCommand({"/bin/sh", "-c", command}, output, limit);
+}
+
+namespace {
+
+// Fields 3 (state) and 4 (ppid) of /proc/<pid>/stat; the name (field 2) may hold spaces.
+bool ReadStat(pid_t pid, char* state, pid_t* ppid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(line.substr(close + 1));
+  return static_cast<bool>(rest >> *state >> *ppid);
+}
+
+}  // namespace
+
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    char state = 0;
+    pid_t ppid = 0;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (ReadStat(pid, &state, &ppid) && ppid == parent) out.push_back(pid);
+  }
+  return out;
+}
+
+bool Alive(pid_t pid) {
+  char state = 0;
+  pid_t ppid = 0;
+  return ReadStat(pid, &state, &ppid) && state != 'Z';
 }
 
 std::vector<MetricRecord> Metrics(const fs::path& run_dir, const std::string& file, const std::string& event) {

@@ -68,6 +68,11 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output,
 int RunShell(const std::string& command, std::string* output,
              std::chrono::seconds limit = std::chrono::seconds(120));
 
+// The processes whose parent is `parent` (from /proc), e.g. the children a launcher started.
+std::vector<pid_t> ChildrenOf(pid_t parent);
+// True while `pid` exists and is not a zombie.
+bool Alive(pid_t pid);
+
 // The records of one event in <run_dir>/metrics/<file> (e.g. "worker-0.jsonl", "step").
 std::vector<MetricRecord> Metrics(const fs::path& run_dir, const std::string& file, const std::string& event);
 

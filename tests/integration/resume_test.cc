@@ -1,0 +1,210 @@
+// resume_test.cc — a real job (coordinator, 2 servers, 2 workers on Fashion-MNIST) killed with
+// SIGKILL, every process at once, half-way through, and resumed with downpour-launch --resume:
+// it reaches the same final step count as an uninterrupted run, its curve continues (no
+// restart at step 0), and its final accuracy is within noise of the uninterrupted run's. Then a
+// fine-tune from the uninterrupted run's saved model starts at that model's accuracy, and
+// downpour-test measures the same accuracy on the saved model.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/metrics.h"
+#include "tests/testing/harness.h"
+
+namespace downpour {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr int kSteps = 300;
+const char* kFmnist = "/usr/share/datasets/fashion-mnist";
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    dir_ = test::ScratchDir("resume");
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // A small async job that checkpoints often; ports free now.
+  std::string Config(const std::string& name) {
+    const int port = test::FreePortRange(3);
+    const std::string text =
+        fmt::format(R"([run]
+seed = 3
+[model]
+config = "{}"
+[cluster]
+servers = 2
+workers = 2
+coordinator = "127.0.0.1:{}"
+base_port = {}
+heartbeat_ms = 200
+heartbeat_timeout_ms = 2000
+[solver]
+base_lr = 0.01
+lr_policy = "inv"
+gamma = 0.0001
+power = 0.75
+[consistency]
+mode = "async"
+[worker]
+batch_size = 64
+steps = {}
+threads = 1
+[data]
+train = "{}/train-images-idx3-ubyte.gz"
+test = "{}/t10k-images-idx3-ubyte.gz"
+[eval]
+every_steps = 100
+[checkpoint]
+every_updates = 20
+)",
+                    test::SourcePath("configs/models/fmnist_small.toml"), port, port + 1, kSteps, kFmnist, kFmnist);
+    const fs::path path = dir_ / (name + ".toml");
+    test::WriteFile(path, text);
+    return path.string();
+  }
+
+  int Launch(const std::vector<std::string>& args, const std::string& log) {
+    std::vector<std::string> argv = {test::Binary("downpour-launch")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    test::Child launcher(argv, dir_ / log);
+    return launcher.WaitExit(240s);
+  }
+
+  std::vector<MetricRecord> Worker(const fs::path& run, int w, const std::string& event) {
+    return test::Metrics(run, fmt::format("worker-{}.jsonl", w), event);
+  }
+
+  double FinalTop1(const fs::path& run) {
+    const auto evals = Worker(run, 0, "eval");
+    if (evals.empty() || !evals.back().Get("final").AsBool()) return -1;
+    return evals.back().Get("top1").AsDouble();
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ResumeTest, KilledRunResumesToTheSameEndAndFineTuneStartsAtTheSavedAccuracy) {
+  // The uninterrupted run.
+  const fs::path whole = dir_ / "whole";
+  ASSERT_EQ(Launch({"--config", Config("whole"), "--run-dir", whole.string()}, "whole.log"), 0)
+      << test::ReadFile(dir_ / "whole.log");
+  const double whole_top1 = FinalTop1(whole);
+  ASSERT_GT(whole_top1, 0.7);
+
+  // The same job, every process SIGKILLed at once once worker 0 has taken 120 steps.
+  const fs::path run = dir_ / "killed";
+  const std::string cfg = Config("killed");
+  int64_t steps_before_kill = 0;
+  {
+    test::Child launcher({test::Binary("downpour-launch"), "--config", cfg, "--run-dir", run.string()},
+                         dir_ / "killed.log");
+    const fs::path worker0 = run / "metrics" / "worker-0.jsonl";
+    for (int i = 0; i < 1200 && steps_before_kill < 120; ++i) {  // bounded: 120 s
+      std::vector<MetricRecord> recs;
+      if (fs::exists(worker0) && ReadMetrics(worker0.string(), &recs).ok()) {
+        steps_before_kill = 0;
+        for (const auto& r : recs) steps_before_kill += r.Get("event").AsString() == "step";
+      }
+      if (steps_before_kill < 120) std::this_thread::sleep_for(100ms);
+    }
+    ASSERT_GE(steps_before_kill, 120) << test::ReadFile(dir_ / "killed.log");
+    const std::vector<pid_t> children = test::ChildrenOf(launcher.pid());
+    ASSERT_EQ(children.size(), 5u) << "coordinator, 2 servers, 2 workers";
+    for (pid_t p : children) ::kill(p, SIGKILL);
+    launcher.Signal(SIGKILL);
+    EXPECT_EQ(launcher.WaitExit(10s), 128 + SIGKILL);
+    for (pid_t p : children) {
+      for (int i = 0; i < 100 && test::Alive(p); ++i) std::this_thread::sleep_for(20ms);
+      EXPECT_FALSE(test::Alive(p)) << "pid " << p << " survived SIGKILL";
+    }
+  }
+  ASSERT_TRUE(Worker(run, 0, "done").empty()) << "the run finished before it was killed";
+
+  // Resume: same steps, curve continues, accuracy within noise.
+  ASSERT_EQ(Launch({"--resume", run.string()}, "resumed.log"), 0) << test::ReadFile(dir_ / "resumed.log");
+  for (int w = 0; w < 2; ++w) {
+    const auto done = Worker(run, w, "done");
+    ASSERT_FALSE(done.empty()) << "worker " << w;
+    EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps) << "worker " << w;
+    const auto starts = Worker(run, w, "start");
+    ASSERT_EQ(starts.size(), 2u) << "worker " << w;
+    EXPECT_FALSE(starts[0].Get("resumed").AsBool());
+    EXPECT_TRUE(starts[1].Get("resumed").AsBool());
+  }
+  const auto starts = Worker(run, 0, "start");
+  const int64_t resume_step = starts[1].Get("resume_step").AsInt();
+  const double wall_offset = starts[1].Get("wall_offset_s").AsDouble();
+  EXPECT_GE(resume_step, steps_before_kill - 1) << "the worker saved its progress every step";
+  EXPECT_GT(wall_offset, 0.0);
+  // The records written after the resume continue the curve: steps resume_step+1 .. kSteps in
+  // order, wall time from where it stopped.
+  std::vector<MetricRecord> all;
+  ASSERT_TRUE(ReadMetrics((run / "metrics" / "worker-0.jsonl").string(), &all).ok());
+  bool after = false;
+  int64_t expect_step = resume_step + 1;
+  for (const auto& r : all) {
+    const std::string event = r.Get("event").AsString();
+    if (event == "start" && r.Get("resumed").AsBool()) after = true;
+    if (!after || event != "step") continue;
+    EXPECT_EQ(r.Get("step").AsInt(), expect_step);
+    EXPECT_GE(r.Get("wall_s").AsDouble(), wall_offset);
+    ++expect_step;
+  }
+  EXPECT_EQ(expect_step, kSteps + 1);
+  // The servers continued from their checkpoints (not from fresh weights).
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_NE(test::ReadFile(run / "logs" / fmt::format("server-{}.log", s)).find("restored from"), std::string::npos)
+        << "server " << s;
+  }
+  const double resumed_top1 = FinalTop1(run);
+  EXPECT_NEAR(resumed_top1, whole_top1, 0.02)
+      << "uninterrupted " << whole_top1 << ", killed and resumed " << resumed_top1;
+  // The summary counts the run as one: two segments, every step once.
+  std::string out;
+  EXPECT_EQ(test::RunCommand({"/usr/bin/python3", test::SourcePath("tools/downpour-summarize"), run.string()}, &out), 0)
+      << out;
+  EXPECT_EQ(test::RunShell(fmt::format("/usr/bin/python3 -c \"import json; s = json.load(open('{}')); "
+                                       "assert s['segments'] == 2 and s['steps'] == {}, s\"",
+                                       (run / "summary.json").string(), 2 * kSteps),
+                           &out),
+            0)
+      << out;
+  // A finished run is not resumed again.
+  EXPECT_EQ(Launch({"--resume", run.string()}, "again.log"), 2);
+  EXPECT_NE(test::ReadFile(dir_ / "again.log").find("already finished"), std::string::npos);
+
+  // downpour-test on the uninterrupted run's saved model measures its final accuracy.
+  EXPECT_EQ(test::RunCommand({test::Binary("downpour-test"), "--run-dir", whole.string(), "--json"}, &out), 0) << out;
+  MetricRecord tested;
+  ASSERT_TRUE(ParseMetricLine(out.substr(0, out.find('\n')), "downpour-test --json", &tested).ok()) << out;
+  EXPECT_NEAR(tested.Get("top1").AsDouble(), whole_top1, 1e-6);
+  EXPECT_EQ(tested.Get("images").AsInt(), 10000);
+
+  // A fine-tune from that model: its first evaluation (before any step) is the model's accuracy.
+  const fs::path tune = dir_ / "tune";
+  ASSERT_EQ(Launch({"--config", Config("tune"), "--run-dir", tune.string(), "--weights",
+                    (whole / "model_final.dpt").string(), "--set", "worker.steps=10", "--set", "solver.base_lr=0.001"},
+                   "tune.log"),
+            0)
+      << test::ReadFile(dir_ / "tune.log");
+  const auto evals = Worker(tune, 0, "eval");
+  ASSERT_GE(evals.size(), 2u);
+  EXPECT_EQ(evals.front().Get("step").AsInt(), 0);
+  EXPECT_DOUBLE_EQ(evals.front().Get("top1").AsDouble(), whole_top1);
+}
+
+}  // namespace
+}  // namespace downpour
