@@ -60,7 +60,8 @@ struct Stats {
   stalenessHistogram @8 :List(UInt64);  # bucket i = staleness i, last bucket = ">= last"
   droppedLate @9 :UInt64;      # sync: pushes for an already applied clock (backup workers)
   checkpointsWritten @10 :UInt64;
-  undecodable @11 :UInt64;     # messages dropped without a reply (garbage header)
+  undecodable @11 :UInt64;     # messages whose header did not decode (answered with an error reply:
+                               # the ZeroMQ peer is known even when the bytes are garbage)
 }
 
 struct Header {

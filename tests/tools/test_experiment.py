@@ -14,8 +14,9 @@ import unittest
 import fabricate as fab
 from test_compare import parse_report
 
-# Stand-in for build/server/downpour-launch: copies --config to RUN_DIR/config.toml and writes a
-# finished 2-worker run; exits FAKE_LAUNCH_EXIT when that is set (a failing job).
+# Stand-in for build/server/downpour-launch: copies --config to RUN_DIR/config.toml, records its
+# arguments in RUN_DIR/launch-args.txt and writes a finished 2-worker run; exits FAKE_LAUNCH_EXIT
+# when that is set (a failing job).
 FAKE_LAUNCH = textwrap.dedent(f"""\
     #!{sys.executable}
     import os, shutil, sys
@@ -27,8 +28,18 @@ FAKE_LAUNCH = textwrap.dedent(f"""\
     run_dir = args["--run-dir"]
     fab.simple_run(run_dir, steps=120)
     shutil.copy(args["--config"], os.path.join(run_dir, "config.toml"))
+    with open(os.path.join(run_dir, "launch-args.txt"), "w") as f:
+        f.write(" ".join(sys.argv[1:]))
     print("[launch] done")
 """)
+
+# Stand-in for build/client/worker/downpour-worker, which the tool asks to validate every run's
+# config (--write-tensors): accepts everything.
+FAKE_WORKER = f"#!{sys.executable}\nimport sys\nsys.exit(0)\n"
+
+# The real worker, for the tests of --set validation (skipped without a build).
+BUILD = os.environ.get("DOWNPOUR_BUILD_DIR", "")
+REAL_WORKER = os.path.join(BUILD, "client", "worker", "downpour-worker") if BUILD else ""
 
 EXPERIMENT = textwrap.dedent("""\
     [experiment]
@@ -55,10 +66,12 @@ class ExperimentTest(unittest.TestCase):
         self.tmp = self._tmp.name
         self.build = os.path.join(self.tmp, "build")
         os.makedirs(os.path.join(self.build, "server"))
-        launcher = os.path.join(self.build, "server", "downpour-launch")
-        with open(launcher, "w") as f:
-            f.write(FAKE_LAUNCH)
-        os.chmod(launcher, os.stat(launcher).st_mode | stat.S_IXUSR)
+        os.makedirs(os.path.join(self.build, "client", "worker"))
+        for path, text in ((os.path.join(self.build, "server", "downpour-launch"), FAKE_LAUNCH),
+                           (os.path.join(self.build, "client", "worker", "downpour-worker"), FAKE_WORKER)):
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
         self.out = os.path.join(self.tmp, "out")
 
     def tearDown(self):
@@ -107,6 +120,14 @@ class FullExperiment(ExperimentTest):
         self.assertTrue(os.path.exists(os.path.join(self.out, "tiny", "report.html")))
         self.assertTrue(os.path.exists(os.path.join(self.out, "tiny", "modes", "report.html")))
 
+    def test_set_reaches_every_launch(self):
+        r = self.experiment(self.write_experiment(), "--set", "worker.steps=7", "--set", "data.mirror=true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for label in ("sync-w2", "async-w2"):
+            with open(os.path.join(self.out, "tiny", label, "launch-args.txt")) as f:
+                args = f.read()
+            self.assertIn("--set worker.steps=7 --set data.mirror=true", args)
+
     def test_failed_launch_exits_1_naming_the_run(self):
         r = self.experiment(self.write_experiment(), env=dict(os.environ, FAKE_LAUNCH_EXIT="3"))
         self.assertEqual(r.returncode, 1)
@@ -145,6 +166,20 @@ class BadExperimentFiles(ExperimentTest):
     def test_build_dir_without_launcher(self):
         os.remove(os.path.join(self.build, "server", "downpour-launch"))
         self.assert_usage_error(EXPERIMENT, "downpour-launch is missing")
+
+    def test_malformed_set(self):
+        self.assert_usage_error(EXPERIMENT, "--set steps=5: expected section.key=value", "--set", "steps=5")
+
+    @unittest.skipUnless(REAL_WORKER and os.access(REAL_WORKER, os.X_OK), "needs a build (DOWNPOUR_BUILD_DIR)")
+    def test_bad_set_value_is_refused_before_any_run_by_the_config_loader(self):
+        os.symlink(REAL_WORKER, os.path.join(self.build, "client", "worker", "real-worker"))
+        os.replace(os.path.join(self.build, "client", "worker", "real-worker"),
+                   os.path.join(self.build, "client", "worker", "downpour-worker"))
+        r = self.experiment(self.write_experiment(), "--set", "worker.steps=0")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("run sync-w2: ", r.stderr)
+        self.assertIn("--set worker.steps=0: worker.steps = 0: must be >= 1", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "tiny", "sync-w2")), "a run was started")
 
 
 if __name__ == "__main__":
