@@ -5,16 +5,16 @@
 // it with the rate a worker's engine consumes images (printed from --consumer-rate).
 //
 //   downpour-bench-data [--records 512] [--seconds 5] [--threads 1,2] [--dir /tmp]
+#include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
 #include <random>
 #include <thread>
 
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
+#include "common/cli.h"
 #include "data/datum.h"
 #include "data/image.h"
 #include "data/lmdb_io.h"
@@ -138,6 +138,7 @@ Result Measure(const std::string& db, const std::string& mean_path, int threads,
 
 int main(int argc, char** argv) {
   CLI::App app{"loader_bench: downpour data loader throughput"};
+  downpour::cli::AddStandardFlags(&app, "downpour-bench-data");
   int records = 512;
   double seconds = 5;
   std::vector<int> thread_counts = {1, 2};
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", thread_counts, "loader thread counts")->delimiter(',');
   app.add_option("--dir", dir, "where the temporary LMDBs go");
   app.add_option("--consumer-rate", consumer_rate, "images/s a worker's engine consumes (for the table)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
 
   const auto root = std::filesystem::path(dir) / fmt::format("downpour_loader_bench_{}", ::getpid());
   std::filesystem::create_directories(root);

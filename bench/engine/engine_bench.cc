@@ -5,18 +5,19 @@
 //
 //   downpour-bench-engine --model configs/models/alexnet.toml --batch 64 --iterations 5 --threads 2
 //   downpour-bench-engine --gemm-only --threads 2
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
-#include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <vector>
 
 #include "client/engine/net.h"
 #include "client/engine/net_timer.h"
+#include "common/cli.h"
 
 namespace {
 
@@ -48,6 +49,7 @@ double SgemmGflops(int n, int repeats) {
 int main(int argc, char** argv) {
   using namespace downpour::engine;
   CLI::App app{"downpour-bench-engine: CPU engine training-step throughput and sgemm ceiling"};
+  downpour::cli::AddStandardFlags(&app, "downpour-bench-engine");
   std::string model;
   int batch = 64, iterations = 5, warmup = 1, threads = 2, gemm_size = 4096, gemm_repeats = 3;
   double flops_per_image = 0.0;
@@ -62,7 +64,7 @@ int main(int argc, char** argv) {
   app.add_option("--gemm-size", gemm_size, "M=N=K of the ceiling sgemm (default 4096)")->check(CLI::Range(1, 1000000));
   app.add_option("--gemm-repeats", gemm_repeats, "timed sgemm calls, best kept (default 3)")->check(CLI::Range(1, 1000000));
   app.add_flag("--gemm-only", gemm_only, "only measure the sgemm ceiling");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
   omp_set_num_threads(threads);
 
   if (gemm_only) {

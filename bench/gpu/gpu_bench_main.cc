@@ -11,9 +11,9 @@
 // Usage:
 //   downpour-bench-gpu --model configs/models/alexnet.toml --batch 128 --batch 256
 //                      --iterations 20 --conv-algo search --tf32 on --json out.json
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -22,6 +22,7 @@
 #include "client/engine/gpu/cuda_backend.h"
 #include "client/engine/net.h"
 #include "client/engine/net_timer.h"
+#include "common/cli.h"
 
 namespace {
 
@@ -108,6 +109,7 @@ std::string ToJson(const std::string& model, const std::string& device, const Cu
 
 int main(int argc, char** argv) {
   CLI::App app{"downpour-bench-gpu: CUDA backend timing with per-layer times and cuDNN algorithms"};
+  downpour::cli::AddStandardFlags(&app, "downpour-bench-gpu");
   std::string model, json_path, tf32 = "on", algo = "search";
   std::vector<int> batches{128, 256};
   int iterations = 20, warmup = 3, gpu = 0;
@@ -121,7 +123,7 @@ int main(int argc, char** argv) {
   app.add_option("--conv-algo", algo, "search|heuristic|gemm|implicit_gemm|fft|winograd (default search)");
   app.add_option("--workspace-mb", workspace_mb, "cuDNN workspace limit in MiB (default 1024)");
   app.add_option("--json", json_path, "also write the results as JSON here");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
 
   CudaOptions cuda;
   cuda.gpu_id = gpu;

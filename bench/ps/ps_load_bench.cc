@@ -9,6 +9,9 @@
 //
 //   downpour-bench-ps --servers 2 --workers 1 --rounds 10
 //   downpour-bench-ps --grid            # (S,W) in {(1,1),(2,1),(2,2),(4,4)}
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -16,11 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <fmt/core.h>
-
 #include "bench/ps/bare_zmq.h"
 #include "client/ps/ps_client.h"
+#include "common/cli.h"
 #include "common/layout.h"
 #include "common/status.h"
 #include "common/zmq_transport.h"
@@ -140,6 +141,7 @@ void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_ele
 
 int main(int argc, char** argv) {
   CLI::App app{"downpour parameter-service load benchmark (AlexNet-sized, loopback)"};
+  downpour::cli::AddStandardFlags(&app, "downpour-bench-ps");
   int servers = 2, workers = 1, rounds = 10, warmup = 2, port = 47000;
   int64_t chunk_elems = downpour::kDefaultChunkElems;
   bool grid = false;
@@ -150,7 +152,7 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-elems", chunk_elems, "floats per chunk/frame")->check(CLI::Range(int64_t{1}, int64_t{1} << 28));
   app.add_option("--port", port, "first loopback port used")->check(CLI::Range(1024, 60000));
   app.add_flag("--grid", grid, "run (S,W) in {(1,1),(2,1),(2,2),(4,4)}");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
   try {
     fmt::print("model: AlexNet tensors, {} floats ({:.1f} MB) each way per round\n",
                downpour::TotalElements(downpour::AlexNetTensorSpecs()),
