@@ -37,10 +37,11 @@ class PsMultiProcess : public ::testing::Test {
   }
   void WriteConfig(int servers, int workers, const std::string& extra = "") {
     std::ofstream(dir_ / "run.toml") << fmt::format(
-        "[cluster]\nservers = {}\nworkers = {}\ncoordinator = \"127.0.0.1:5555\"\nheartbeat_ms = 100\n"
+        "[cluster]\nservers = {}\nworkers = {}\ncoordinator = \"127.0.0.1:{}\"\nheartbeat_ms = 100\n"
         "heartbeat_timeout_ms = 2000\nchunk_elems = 128\n"
         "[solver]\nbase_lr = 1.0\nmomentum = 0.0\nweight_decay = 0.0\n"
-        "[checkpoint]\nevery_updates = 0\ndir = \"ckpt\"\n{}", servers, workers, extra);
+        "[checkpoint]\nevery_updates = 0\ndir = \"ckpt\"\n{}",
+        servers, workers, test::FreePort(), extra);
     ASSERT_TRUE(ParamLayout::Build(specs_, servers, 128, &layout_).ok());
   }
   std::unique_ptr<Child> StartServer(int id, const std::string& coordinator, const std::string& restore = "") {
@@ -111,17 +112,12 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
   std::vector<std::unique_ptr<Child>> servers;
   for (int s = 0; s < kServers; ++s) servers.push_back(StartServer(s, co));
 
-  std::vector<pid_t> workers;
+  std::vector<std::unique_ptr<Child>> workers;
   for (int w = 0; w < kWorkers; ++w) {
-    const pid_t pid = fork();
-    if (pid == 0) _exit(WorkerProcess(co, layout_.hash(), layout_, kSteps));
-    workers.push_back(pid);
+    workers.push_back(std::make_unique<Child>([&] { return WorkerProcess(co, layout_.hash(), layout_, kSteps); }));
   }
-  for (pid_t pid : workers) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "worker exit " << WEXITSTATUS(status) << "\n" << Log("server-0.log") << Log("coordinator.log");
+  for (auto& w : workers) {
+    EXPECT_EQ(w->WaitExit(60s), 0) << Log("server-0.log") << Log("coordinator.log");
   }
 
   // Read back through a fresh client (the test process registers as observer worker id 0).
@@ -211,15 +207,10 @@ TEST_F(PsMultiProcess, SyncRunFinishesAfterAWorkerDiesByHeartbeatTimeout) {
   // Both workers push the same gradient at a clock, so which id each gets does not matter:
   // the long-lived one pushes 2.0 for 10 clocks, the short-lived one 2.0 for 2 clocks and exits.
   constexpr int kLong = 10, kShort = 2;
-  const pid_t long_lived = fork();
-  if (long_lived == 0) _exit(SyncWorkerProcess(co, layout_, kLong, 2.0f));
-  const pid_t short_lived = fork();
-  if (short_lived == 0) _exit(SyncWorkerProcess(co, layout_, kShort, 2.0f));
-  for (pid_t pid : {short_lived, long_lived}) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "worker exit " << WEXITSTATUS(status) << "\n" << Log("server-0.log") << Log("coordinator.log");
+  Child long_lived([&] { return SyncWorkerProcess(co, layout_, kLong, 2.0f); });
+  Child short_lived([&] { return SyncWorkerProcess(co, layout_, kShort, 2.0f); });
+  for (Child* w : {&short_lived, &long_lived}) {
+    EXPECT_EQ(w->WaitExit(60s), 0) << Log("server-0.log") << Log("coordinator.log");
   }
   // Every clock applied once, as the average of the live workers' gradients (2.0): 10 steps.
   ZmqTransport transport;

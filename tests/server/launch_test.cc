@@ -249,13 +249,7 @@ TEST_F(LaunchTest, WeightsFlagStartsFromSavedWeightsAndEvaluatesThemFirst) {
 // SIGKILL of the launcher cannot be caught: the children's PR_SET_PDEATHSIG stops them.
 TEST_F(LaunchTest, KillingTheLauncherLeavesNoChildren) {
   Write("worker.sh", fmt::format("echo $$ > {}/worker-$2.pid\nexec sleep 60\n", dir_.string()));
-  const pid_t launcher = ::fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    ::execl("/bin/sh", "sh", "-c", ("exec " + Command("worker.sh") + " >/dev/null 2>&1").c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
+  test::Child launcher({"/bin/sh", "-c", "exec " + Command("worker.sh")}, Path("launcher.log"));
   std::vector<pid_t> workers;
   for (int j = 0; j < 2; ++j) {
     pid_t pid = -1;
@@ -266,15 +260,12 @@ TEST_F(LaunchTest, KillingTheLauncherLeavesNoChildren) {
     ASSERT_GT(pid, 0) << "worker " << j << " never started";
     workers.push_back(pid);
   }
-  ::kill(launcher, SIGKILL);
-  int status = 0;
-  ::waitpid(launcher, &status, 0);
+  launcher.Signal(SIGKILL);
+  EXPECT_EQ(launcher.WaitExit(10s), 128 + SIGKILL);
   for (pid_t pid : workers) {
     bool gone = false;
     for (int i = 0; i < 250 && !gone; ++i) {
-      std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-      std::string p, comm, state;
-      gone = !(stat >> p >> comm >> state) || state == "Z";
+      gone = !test::Alive(pid);
       if (!gone) std::this_thread::sleep_for(20ms);
     }
     EXPECT_TRUE(gone) << "worker pid " << pid << " outlived the launcher";

@@ -123,6 +123,11 @@ Child::Child(const std::vector<std::string>& argv, const fs::path& log) {
   }
 }
 
+Child::Child(const std::function<int()>& body) {
+  pid_ = ::fork();
+  if (pid_ == 0) ::_exit(body());
+}
+
 Child::~Child() {
   if (pid_ > 0) {
     ::kill(pid_, SIGKILL);

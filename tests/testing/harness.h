@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,10 +43,12 @@ void WriteFile(const fs::path& path, const std::string& text);
 // Waits (bounded) until `path` holds a non-empty first word and returns it; "" on timeout.
 std::string WaitForWord(const fs::path& path, std::chrono::milliseconds timeout);
 
-// One child process: argv[0] is a path; stdout and stderr are appended to `log`.
+// One child process: argv[0] is a path; stdout and stderr are appended to `log`. Or a fork of
+// this test running `body` and exiting with its return value (a worker written in the test).
 class Child {
  public:
   Child(const std::vector<std::string>& argv, const fs::path& log);
+  explicit Child(const std::function<int()>& body);
   ~Child();  // SIGKILL + reap if still running
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
