@@ -338,7 +338,8 @@ Status Trainer::Run(TrainResult* result) {
   for (int64_t step = from.step; step < planned; ++step) {
     const double t0 = NowS();
     pull_ms_ = 0;
-    if (channel_ != nullptr && step % w.pull_every == 0) {
+    // The first step of a run (a resumed one too) always pulls: the net holds no server weights yet.
+    if (channel_ != nullptr && (step % w.pull_every == 0 || step == from.step)) {
       DP_RETURN_IF_ERROR(channel_->Pull(clock_, net_->params(), &pull_info_));
       pull_ms_ = 1e3 * (NowS() - t0);
     }

@@ -12,6 +12,8 @@
 //   finished = false   every planned step done (the final evaluation may still be pending)
 // The data position is not stored: the stream is a pure function of (seed, shard, step)
 // (TrainSource::SeekToStep), and dropout masks of (seed, step) (engine::Net::set_step).
+// Not saved: gradients accumulated towards a push (worker.push_every > 1) — the first push
+// after a resume averages only the steps taken since the resume.
 //
 // Thread-safety: free functions; one writer per file (the worker's training thread).
 #pragma once
