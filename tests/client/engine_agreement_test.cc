@@ -1,13 +1,19 @@
 // The oneDNN backend against the reference backend (naive loops in double): same spec, same
 // seed, same input → loss, class scores and every parameter gradient agree to 1e-4 relative
-// (max-norm per tensor). Covers conv with groups/pad/stride, LRN, overlapping ceil pooling
-// with pad, inner product from a blocked 4-D input, dropout, softmax loss.
+// (max-norm per tensor; NaN or Inf anywhere fails, client/engine/tensor_compare.h). Covers conv
+// with groups/pad/stride, LRN, overlapping ceil pooling with pad, inner product from a blocked
+// 4-D input, dropout, softmax loss; and average pooling (Caffe's AVE) in every way oneDNN runs
+// it — no padding with the ceil overhang, padding without overhang, padding with overhang (an
+// explicitly padded copy), Caffe's dropped last window — from a blocked layout (after a
+// convolution) and from plain NCHW, comparing the pooled blob itself as well.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
 #include "client/engine/net.h"
+#include "client/engine/tensor_compare.h"
 #include "downpour_config.h"
 
 namespace downpour::engine {
@@ -91,27 +97,14 @@ bottom = ["fc2", "label"]
 top = "loss"
 )";
 
-double MaxAbs(std::span<const float> v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
-  return m;
+// got = oneDNN, want = reference.
+void ExpectClose(const std::string& what, std::span<const float> got, std::span<const float> want, double rel = 1e-4) {
+  const TensorComparison c = CompareTensors(what, got, want, rel);
+  EXPECT_TRUE(c.ok) << c.message;
 }
 
-void ExpectClose(const char* what, std::span<const float> got, std::span<const float> want,
-                 double rel = 1e-4) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  const double scale = std::max(MaxAbs(want), 1e-6);
-  double worst = 0;
-  size_t worst_i = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(double(got[i]) - double(want[i]));
-    if (d > worst) { worst = d; worst_i = i; }
-  }
-  EXPECT_LE(worst / scale, rel) << what << ": element " << worst_i << " onednn " << got[worst_i]
-                                << " reference " << want[worst_i] << " (max |ref| " << scale << ")";
-}
-
-void CompareBackends(const NetSpec& spec, int batch, int steps) {
+// Loss, scores and every gradient over `steps` training steps, and the blobs named in `blobs`.
+void CompareBackends(const NetSpec& spec, int batch, int steps, const std::vector<std::string>& blobs = {}) {
   NetOptions ref_opt, dnn_opt;
   ref_opt.batch = dnn_opt.batch = batch;
   ref_opt.reference = true;
@@ -138,7 +131,13 @@ void CompareBackends(const NetSpec& spec, int batch, int steps) {
     EXPECT_NEAR(ld, lr, 1e-4 * std::max(1.0f, std::abs(lr))) << "loss, step " << step;
     ExpectClose("scores", dnn->ReadScores(), ref->ReadScores());
     for (size_t t = 0; t < ref->param_specs().size(); ++t)
-      ExpectClose(ref->param_specs()[t].name.c_str(), dnn->grad(t), ref->grad(t));
+      ExpectClose(ref->param_specs()[t].name, dnn->grad(t), ref->grad(t));
+    for (const std::string& name : blobs) {
+      std::vector<float> got, want;
+      ASSERT_TRUE(dnn->ReadBlob(name, &got).ok());
+      ASSERT_TRUE(ref->ReadBlob(name, &want).ok());
+      ExpectClose("blob " + name, got, want);
+    }
     const EvalResult er = ref->Forward(images.data(), labels.data());
     const EvalResult ed = dnn->Forward(images.data(), labels.data());
     EXPECT_NEAR(ed.loss, er.loss, 1e-4 * std::max(1.0f, er.loss));
@@ -164,6 +163,80 @@ TEST(EngineAgreement, Cifar10SmallNet) {
   ASSERT_TRUE(ParseNetSpecFile(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/cifar10_small.toml", &spec).ok());
   CompareBackends(spec, 2, 1);
 }
+
+// A net around one pooling layer: after a 16-channel convolution (oneDNN keeps that output
+// blocked, nChw16c / nChw8c) or straight on the (plain NCHW) input, then fc → loss.
+NetSpec PoolNet(int height, int width, const std::string& pool, bool after_conv) {
+  std::string toml =
+      fmt::format("name = \"pool_net\"\n[input]\nchannels = 3\nheight = {}\nwidth = {}\n", height, width);
+  if (after_conv)
+    toml +=
+        "[[layer]]\nname = \"conv\"\ntype = \"Convolution\"\nbottom = \"data\"\ntop = \"conv\"\n"
+        "num_output = 16\nkernel_size = 3\npad = 1\nweight_filler = { type = \"xavier\" }\n";
+  toml += "[[layer]]\nname = \"pool\"\ntype = \"Pooling\"\nbottom = \"" + std::string(after_conv ? "conv" : "data") +
+          "\"\ntop = \"pool\"\n" + pool +
+          "[[layer]]\nname = \"fc\"\ntype = \"InnerProduct\"\nbottom = \"pool\"\ntop = \"fc\"\nnum_output = 5\n"
+          "weight_filler = { type = \"xavier\" }\n"
+          "[[layer]]\nname = \"loss\"\ntype = \"SoftmaxWithLoss\"\nbottom = [\"fc\", \"label\"]\ntop = \"loss\"\n";
+  NetSpec spec;
+  const Status s = ParseNetSpecString(toml, "pool_net", &spec);
+  EXPECT_TRUE(s.ok()) << s.ToString() << "\n" << toml;
+  return spec;
+}
+
+struct PoolGeometry {
+  const char* name;
+  int height, width;
+  const char* pool;         // the pooling layer's fields
+  std::vector<int> pooled;  // expected (Ho, Wo)
+};
+
+void PrintTo(const PoolGeometry& g, std::ostream* os) { *os << g.name; }
+
+// After a convolution: forward and backward through a blocked layout. On the input: forward on
+// plain NCHW only (no gradient flows into the net's input; the backward on plain input is
+// checked by engine_layer_gradcheck_test).
+class EnginePoolAgreement : public ::testing::TestWithParam<std::tuple<PoolGeometry, bool>> {};
+
+TEST_P(EnginePoolAgreement, PooledBlobLossScoresAndGradients) {
+  const auto& [g, after_conv] = GetParam();
+  const NetSpec spec = PoolNet(g.height, g.width, g.pool, after_conv);
+  NetShapes shapes;
+  ASSERT_TRUE(InferShapes(spec, 3, &shapes).ok());
+  const std::vector<int> pooled(shapes.blobs.at("pool").begin() + 2, shapes.blobs.at("pool").end());
+  ASSERT_EQ(pooled, g.pooled) << "the geometry no longer exercises what its name says";
+  CompareBackends(spec, 3, 1, {"pool"});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Geometries, EnginePoolAgreement,
+    ::testing::Combine(
+        ::testing::Values(
+            // AVE, no padding, ceil overhang: 8 → 4 (floor 3); oneDNN avg_exclude_padding.
+            PoolGeometry{"AveCeilOverhang", 8, 8, "pool = \"ave\"\nkernel_size = 3\nstride = 2\n", {4, 4}},
+            // CIFAR-10 quick's pool2 / pool3: AVE 3/2 on 16×16 → 8 (floor 7) and 8×8 → 4.
+            PoolGeometry{"AveCifar10QuickPool2", 16, 16, "pool = \"ave\"\nkernel_size = 3\nstride = 2\n", {8, 8}},
+            // AVE, padding, no window past in+pad: 7 → 4 with pad 1; avg_include_padding.
+            PoolGeometry{"AvePadNoOverhang", 7, 7, "pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1\n", {4, 4}},
+            // AVE, padding and overhang: 6 → 4 with pad 1 (ext 2 > pad); the explicitly padded copy.
+            PoolGeometry{"AvePadAndOverhang", 6, 6, "pool = \"ave\"\nkernel_size = 3\nstride = 2\npad = 1\n", {4, 4}},
+            // AVE, rectangular: pad and overhang in h, overhang without pad in w.
+            PoolGeometry{"AveRectangularMixed",
+                         6,
+                         7,
+                         "pool = \"ave\"\nkernel_h = 3\nkernel_w = 2\nstride_h = 2\nstride_w = 3\npad_h = 1\n",
+                         {4, 3}},
+            // Caffe drops the last window (it would start in the padding): 5 → 2 with kernel 2,
+            // stride 3, pad 1; oneDNN's right padding would be −1.
+            PoolGeometry{
+                "AveClippedLastWindow", 5, 5, "pool = \"ave\"\nkernel_size = 2\nstride = 3\npad = 1\n", {2, 2}},
+            PoolGeometry{
+                "MaxClippedLastWindow", 5, 5, "pool = \"max\"\nkernel_size = 2\nstride = 3\npad = 1\n", {2, 2}},
+            PoolGeometry{"MaxPadAndOverhang", 6, 6, "kernel_size = 3\nstride = 2\npad = 1\n", {4, 4}}),
+        ::testing::Bool()),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).name) + (std::get<1>(info.param) ? "_AfterConv" : "_OnInput");
+    });
 
 }  // namespace
 }  // namespace downpour::engine

@@ -1,0 +1,104 @@
+// Net's checks of its inputs and its blob read-back:
+//  * CheckLabels: a label outside [0, num_classes) is bad input from a data file, an error that
+//    names the position in the batch, the label, the number of classes, the loss layer and its
+//    bottoms, and the net — while ForwardBackward / Forward still CHECK the range (an invariant
+//    once the caller has run CheckLabels).
+//  * ReadBlob: any blob by name in canonical layout (the same values on the reference and the
+//    oneDNN backend, whose blob may be blocked); an unknown name is NotFound naming it.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "client/engine/net.h"
+#include "client/engine/reference_backend.h"
+#include "client/engine/tensor_compare.h"
+#include "downpour_config.h"
+
+namespace downpour::engine {
+namespace {
+
+std::unique_ptr<Net> SmallNet(bool reference, int batch) {
+  NetSpec spec;
+  Status s = ParseNetSpecFile(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/fmnist_small.toml", &spec);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  NetOptions opt;
+  opt.batch = batch;
+  opt.reference = reference;
+  opt.threads = 1;
+  std::unique_ptr<Net> net;
+  s = Net::Create(spec, opt, &net);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (net) net->InitParams(7);
+  return net;
+}
+
+TEST(EngineNet, CheckLabelsAcceptsEveryClass) {
+  auto net = SmallNet(false, 4);
+  ASSERT_EQ(net->num_classes(), 10);
+  const std::vector<int> labels = {0, 9, 5, 3};
+  EXPECT_TRUE(net->CheckLabels(labels.data(), 4).ok());
+  EXPECT_TRUE(net->CheckLabels(labels.data(), 0).ok());
+}
+
+TEST(EngineNet, LabelOutsideTheClassesIsAnErrorNamingPositionLabelClassesAndLossLayer) {
+  auto net = SmallNet(false, 4);
+  for (int bad : {10, -1, 255}) {
+    const std::vector<int> labels = {1, 2, bad, 3};
+    const Status s = net->CheckLabels(labels.data(), 4);
+    ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    const std::string& m = s.message();
+    EXPECT_NE(m.find("label " + std::to_string(bad)), std::string::npos) << m;
+    EXPECT_NE(m.find("position 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("[0, 10)"), std::string::npos) << m;
+    EXPECT_NE(m.find("'loss'"), std::string::npos) << m;
+    EXPECT_NE(m.find("'fc2'"), std::string::npos) << m;  // the loss layer's scores bottom
+    EXPECT_NE(m.find("'label'"), std::string::npos) << m;
+    EXPECT_NE(m.find("'fmnist_small'"), std::string::npos) << m;
+    EXPECT_NE(m.find("fmnist_small.toml"), std::string::npos) << m;
+  }
+  // The first bad position is the one named.
+  const std::vector<int> two_bad = {1, 11, 12, 3};
+  EXPECT_NE(net->CheckLabels(two_bad.data(), 4).message().find("position 1"), std::string::npos);
+}
+
+// The worker checks labels first; a label that still reaches SetInputs is a broken invariant.
+TEST(EngineNetDeathTest, ForwardBackwardStillChecksTheLabelRange) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto net = SmallNet(false, 2);
+  const std::vector<float> images(net->input_count(), 0.5f);
+  const std::vector<int> labels = {4, 10};
+  EXPECT_DEATH(net->ForwardBackward(images.data(), labels.data()), "CHECK failed: labels\\[i\\] < shapes_.num_classes");
+  const std::vector<int> negative = {-3, 1};
+  EXPECT_DEATH(net->Forward(images.data(), negative.data()), "CHECK failed: labels\\[i\\] >= 0");
+}
+
+TEST(EngineNet, ReadBlobGivesCanonicalLayoutOnEveryBackend) {
+  auto ref = SmallNet(true, 2);
+  auto dnn = SmallNet(false, 2);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> g;
+  std::vector<float> images(ref->input_count());
+  for (float& v : images) v = g(rng);
+  const std::vector<int> labels = {1, 8};
+  ref->Forward(images.data(), labels.data());
+  dnn->Forward(images.data(), labels.data());
+  // conv1 and pool1 are blocked in oneDNN (nChw16c / nChw8c); fc2 is plain.
+  for (const char* name : {"data", "conv1", "pool1", "relu2", "fc2"}) {
+    std::vector<float> want, got;
+    ASSERT_TRUE(ref->ReadBlob(name, &want).ok()) << name;
+    ASSERT_TRUE(dnn->ReadBlob(name, &got).ok()) << name;
+    EXPECT_EQ(static_cast<int64_t>(want.size()), ShapeCount(ref->shapes().blobs.at(name))) << name;
+    const TensorComparison c = CompareTensors(name, got, want, 1e-4);
+    EXPECT_TRUE(c.ok) << c.message;
+  }
+  std::vector<float> data;
+  ASSERT_TRUE(ref->ReadBlob("data", &data).ok());
+  EXPECT_EQ(data, images);
+  const Status s = dnn->ReadBlob("conv9", &data);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("'conv9'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'fmnist_small'"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace downpour::engine
