@@ -5,8 +5,9 @@
 // under every algorithm mode (search, heuristic, and forced gemm / implicit gemm / fft /
 // winograd). Whole nets: the engine's mixed net and small nets against the reference, AlexNet
 // against oneDNN, the grad-ready callback seeing final gradients, chunked uploads, batch
-// reshapes. Every GPU test skips with "no CUDA device: ..." when there is none; the tests of
-// the error paths run everywhere.
+// reshapes. Average pooling on both of its GPU paths (cuDNN where floor == ceil, the kernel at
+// the ceil overhang). Comparisons fail on NaN/Inf (gpu_test_util.h). Every GPU test skips with
+// "no CUDA device: ..." when there is none; the tests of the error paths run everywhere.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -284,6 +285,54 @@ TEST(GpuLayerAgreement, MaxPoolPadded) {
              "stride = 2\npad = 1\n", 3, *gpu);
 }
 
+// Caffe's AVE: cuDNN (COUNT_INCLUDE_PADDING) where floor == ceil, with and without padding; the
+// kernel at the ceil overhang, with and without padding; Caffe's dropped last window.
+TEST(GpuLayerAgreement, AvePoolCudnnPathNoPad) {  // 13 → 6
+  DP_SKIP_WITHOUT_GPU();
+  auto gpu = MakeGpu(false);
+  CheckLayer("channels = 5\nheight = 13\nwidth = 13",
+             "[[layer]]\nname = \"pool\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = \"t\"\npool = \"ave\"\n"
+             "kernel_size = 3\nstride = 2\n",
+             3, *gpu);
+}
+
+TEST(GpuLayerAgreement, AvePoolCudnnPathPadded) {  // 7 → 4 with pad 1: no window past 7+1
+  DP_SKIP_WITHOUT_GPU();
+  auto gpu = MakeGpu(false);
+  CheckLayer("channels = 3\nheight = 7\nwidth = 7",
+             "[[layer]]\nname = \"pool\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = \"t\"\npool = \"ave\"\n"
+             "kernel_size = 3\nstride = 2\npad = 1\n",
+             3, *gpu);
+}
+
+TEST(GpuLayerAgreement, AvePoolCeilOverhang) {  // 16 → 8 (floor 7): CIFAR-10 quick's pool2, kernel
+  DP_SKIP_WITHOUT_GPU();
+  auto gpu = MakeGpu(false);
+  CheckLayer("channels = 4\nheight = 16\nwidth = 16",
+             "[[layer]]\nname = \"pool\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = \"t\"\npool = \"ave\"\n"
+             "kernel_size = 3\nstride = 2\n",
+             2, *gpu);
+}
+
+TEST(GpuLayerAgreement, AvePoolPadAndOverhang) {  // 6 → 4 with pad 1 (floor 3): kernel
+  DP_SKIP_WITHOUT_GPU();
+  auto gpu = MakeGpu(false);
+  CheckLayer("channels = 3\nheight = 6\nwidth = 7",
+             "[[layer]]\nname = \"pool\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = \"t\"\npool = \"ave\"\n"
+             "kernel_h = 3\nkernel_w = 2\nstride_h = 2\nstride_w = 3\npad_h = 1\n",
+             3, *gpu);
+}
+
+TEST(GpuLayerAgreement, PoolClippedLastWindow) {  // 5 → 2, kernel 2, stride 3, pad 1; MAX and AVE
+  DP_SKIP_WITHOUT_GPU();
+  auto gpu = MakeGpu(false);
+  for (const char* method : {"max", "ave"})
+    CheckLayer("channels = 3\nheight = 5\nwidth = 5",
+               "[[layer]]\nname = \"pool\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = \"t\"\npool = \"" +
+                   std::string(method) + "\"\nkernel_size = 2\nstride = 3\npad = 1\n",
+               3, *gpu);
+}
+
 TEST(GpuLayerAgreement, InnerProductFromImage) {
   DP_SKIP_WITHOUT_GPU();
   auto gpu = MakeGpu(false);
@@ -460,6 +509,80 @@ TEST(GpuNetAgreement, MixedNetAgainstReference) {
   auto gpu = MakeNet(spec, 3, MakeGpu(false));
   EXPECT_EQ(gpu->backend().name(), "cuda");
   CompareNets(*cpu, *gpu, 3, kTol);
+}
+
+// Average pooling inside a net, after convolutions (CIFAR-10 quick's conv → AVE pool pattern):
+// pool1 16 → 8 (floor 7: the kernel), pool2 7 → 4 with pad 1 (floor 4: cuDNN), vs the reference.
+constexpr char kAvePoolNet[] = R"(
+name = "ave"
+[input]
+channels = 3
+height = 16
+width = 16
+[[layer]]
+name = "conv1"
+type = "Convolution"
+bottom = "data"
+top = "conv1"
+num_output = 8
+kernel_size = 5
+pad = 2
+weight_filler = { type = "gaussian", std = 0.1 }
+[[layer]]
+name = "pool1"
+type = "Pooling"
+bottom = "conv1"
+top = "pool1"
+pool = "ave"
+kernel_size = 3
+stride = 2
+[[layer]]
+name = "relu1"
+type = "ReLU"
+bottom = "pool1"
+top = "relu1"
+[[layer]]
+name = "conv2"
+type = "Convolution"
+bottom = "relu1"
+top = "conv2"
+num_output = 6
+kernel_size = 2
+weight_filler = { type = "gaussian", std = 0.1 }
+[[layer]]
+name = "pool2"
+type = "Pooling"
+bottom = "conv2"
+top = "pool2"
+pool = "ave"
+kernel_size = 3
+stride = 2
+pad = 1
+[[layer]]
+name = "fc"
+type = "InnerProduct"
+bottom = "pool2"
+top = "fc"
+num_output = 10
+weight_filler = { type = "gaussian", std = 0.1 }
+[[layer]]
+name = "loss"
+type = "SoftmaxWithLoss"
+bottom = ["fc", "label"]
+top = "loss"
+)";
+
+TEST(GpuNetAgreement, AvePoolNetAgainstReference) {
+  DP_SKIP_WITHOUT_GPU();
+  NetSpec spec;
+  ASSERT_TRUE(ParseNetSpecString(kAvePoolNet, "ave", &spec).ok());
+  NetShapes shapes;
+  ASSERT_TRUE(InferShapes(spec, 3, &shapes).ok());
+  ASSERT_EQ(shapes.blobs.at("pool1"), (std::vector<int>{3, 8, 8, 8}));
+  ASSERT_EQ(shapes.blobs.at("pool2"), (std::vector<int>{3, 6, 4, 4}));
+  auto cpu = MakeNet(spec, 3, MakeReference());
+  auto gpu = MakeNet(spec, 3, MakeGpu(false));
+  CompareNets(*cpu, *gpu, 2, kTol);
 }
 
 TEST(GpuNetAgreement, FashionMnistSmallAgainstReference) {

@@ -1,6 +1,7 @@
 // gpu_test_util.h — shared helpers of the GPU backend tests: skipping without a device, and
 // tensor comparison with a max-norm relative tolerance (the engine's agreement metric:
-// max |got - want| / max |want| per tensor).
+// |got − want| ≤ rel · max |want| per element, client/engine/tensor_compare.h), which fails on
+// a NaN or Inf in either tensor and names the first failing element.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "client/engine/gpu/cuda_backend.h"
+#include "client/engine/tensor_compare.h"
 
 namespace downpour::engine::testing {
 
@@ -22,28 +24,21 @@ namespace downpour::engine::testing {
       GTEST_SKIP() << "no CUDA device: " << dp_why_;                          \
   } while (0)
 
+// max |v|; NaN when v holds a NaN (so EXPECT_GT(MaxAbs(v), 0) fails on it).
 inline double MaxAbs(std::span<const float> v) {
   double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
+  for (float x : v) {
+    if (std::isnan(x)) return x;
+    m = std::max(m, static_cast<double>(std::abs(x)));
+  }
   return m;
 }
 
+// `got` is the GPU's tensor, `want` the CPU's (or the GPU's own, for determinism checks).
 inline void ExpectClose(const std::string& what, std::span<const float> got, std::span<const float> want,
                         double rel) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  const double scale = std::max(MaxAbs(want), 1e-6);
-  double worst = 0;
-  size_t worst_i = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(double(got[i]) - double(want[i]));
-    if (!(d <= worst)) {  // also catches NaN
-      worst = std::isnan(d) ? INFINITY : d;
-      worst_i = i;
-    }
-  }
-  EXPECT_LE(worst / scale, rel) << what << ": element " << worst_i << " gpu " << got[worst_i] << " cpu "
-                                << want[worst_i] << " (max |cpu| " << scale << ", " << got.size()
-                                << " elements)";
+  const TensorComparison c = CompareTensors(what, got, want, rel);
+  EXPECT_TRUE(c.ok) << c.message;
 }
 
 }  // namespace downpour::engine::testing
