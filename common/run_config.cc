@@ -1,21 +1,22 @@
 // run_config.cc — TOML → RunConfig, validation, and RunConfig → TOML.
 #include "common/run_config.h"
 
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <limits>
 #include <map>
-#include <type_traits>
 #include <set>
 #include <sstream>
-
-#include <fmt/format.h>
-#include <toml++/toml.h>
+#include <type_traits>
 
 namespace downpour {
 namespace {
@@ -423,6 +424,14 @@ std::string ConsistencyModeString(const ConsistencyConfig& c) {
     case ConsistencyMode::kSsp: return fmt::format("ssp:{}", c.staleness_bound);
   }
   return "?";
+}
+
+std::string OwnShardPath(const DataConfig& data, int worker, int workers) {
+  const std::filesystem::path dir(data.train);
+  const std::filesystem::path converted = dir / fmt::format("shard_{}_of_{}", worker, workers);
+  std::error_code ec;
+  if (std::filesystem::is_directory(converted, ec)) return converted.string();
+  return (dir / std::to_string(worker)).string();
 }
 
 std::string DeviceString(const WorkerConfig& w) {

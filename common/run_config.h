@@ -130,8 +130,10 @@ inline const std::vector<std::string> kConvAlgoNames = {"search", "heuristic", "
                                                         "implicit_gemm", "fft", "winograd"};
 
 enum class DataSharding {
-  kSlice,  // worker j of W reads records j, j+W, ... of the shared train LMDB
-  kOwn,    // worker j reads its own LMDB: <train>/<j> (a folder of per-worker LMDBs)
+  kSlice,  // worker j of W reads its slice of the shared train LMDB: the contiguous records
+           // [n·j/W, n·(j+1)/W) in key order (data/shard.h); an IDX file: records j, j+W, ...
+  kOwn,    // worker j reads its own LMDB in the folder <train>: <train>/shard_<j>_of_<W> (what
+           // downpour-data convert-* --shards W writes) or <train>/<j>
 };
 
 // [data]
@@ -149,6 +151,11 @@ struct DataConfig {
   int prefetch = 4;          // batches the loader keeps ready (>= 1)
   bool operator==(const DataConfig&) const = default;
 };
+
+// The LMDB worker `worker` of `workers` reads with data.sharding = "own":
+// <train>/shard_<worker>_of_<workers> when that directory exists (downpour-data --shards), else
+// <train>/<worker>.
+std::string OwnShardPath(const DataConfig& data, int worker, int workers);
 
 // [eval] — periodic test-set evaluation (by worker 0).
 struct EvalConfig {

@@ -78,7 +78,7 @@ Status CheckRunInputs(const RunConfig& c, const std::string& source) {
   }
   if (c.data.sharding == DataSharding::kOwn) {
     for (int j = 0; j < c.cluster.workers; ++j) {
-      DP_RETURN_IF_ERROR(CheckDataset((fs::path(c.data.train) / std::to_string(j)).string(),
+      DP_RETURN_IF_ERROR(CheckDataset(OwnShardPath(c.data, j, c.cluster.workers),
                                       fmt::format("data.train (sharding \"own\", worker {})", j), source));
     }
   } else {

@@ -110,7 +110,7 @@ Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, in
                              std::unique_ptr<TrainSource>* out) {
   data::LoaderOptions o;
   if (c.data.sharding == DataSharding::kOwn) {
-    o.db_path = (std::filesystem::path(c.data.train) / std::to_string(worker_id)).string();
+    o.db_path = OwnShardPath(c.data, worker_id, c.cluster.workers);
   } else {
     o.db_path = c.data.train;
     o.shard_index = worker_id;

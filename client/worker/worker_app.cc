@@ -136,6 +136,12 @@ void LogServerStats(PsClient* client, int servers, MetricsWriter* metrics) {
   }
 }
 
+// Sync/ssp pulls wait for the slowest live worker; a dead one is dropped after the heartbeat
+// timeout, so wait comfortably longer than that.
+std::chrono::milliseconds PullWait(const ClusterConfig& c) {
+  return std::chrono::milliseconds(std::max(120000, 4 * c.heartbeat_timeout_ms));
+}
+
 // Where a resumed worker stands against the restored servers. In sync mode the servers' clock
 // is the truth: a chunk at version v has applied clocks 0..v-1, so the workers redo clock v,
 // the lowest over all chunks (a chunk already past it drops that clock's gradients as late), at
@@ -182,6 +188,9 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
   PsClientOptions po;
   po.server_addresses = info.server_addresses.empty() ? ServerAddresses(config.cluster) : info.server_addresses;
   po.worker_id = args.id;
+  // Sync/ssp servers hold a pull until it is servable, up to the wait below: a reply must not
+  // time out earlier than that.
+  po.reply_timeout = PullWait(config.cluster);
   std::unique_ptr<PsClient> client;
   DP_RETURN_IF_ERROR(PsClient::Create(&transport, layout, po, &client));
   DP_RETURN_IF_ERROR(client->Connect(std::chrono::milliseconds(60000)));
@@ -193,9 +202,7 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
     DP_RETURN_IF_ERROR(PlaceResumedWorker(config, args.id, client.get(), net, &*topts.resume));
     link->set_clock(topts.resume->clock);
   }
-  // Sync/ssp pulls wait for the slowest live worker; a dead one is dropped after the
-  // heartbeat timeout, so wait comfortably longer than that.
-  const auto wait = std::chrono::milliseconds(std::max(120000, 4 * config.cluster.heartbeat_timeout_ms));
+  const auto wait = PullWait(config.cluster);
   RendezvousClient* rendezvous = link.get();
   PsChannel channel(client.get(), wait, [rendezvous](int64_t clock) {
     rendezvous->set_clock(clock);

@@ -2,7 +2,8 @@
 // SGDSolver::GetLearningRate defines it (src/caffe/solvers/sgd_solver.cpp).
 //
 // "iter" is the number of updates applied so far (Caffe's iter_), starting at 0. On a shard
-// server that is the shard's update counter, so every shard of a sync run sees the same iter.
+// server that is the version of the chunk being updated (server/shard.cc ApplyGradient), so in a
+// sync run every chunk of every shard sees the same iter at a clock.
 // Rates are computed in double and rounded to float once.
 //
 // Thread-safety: pure functions.

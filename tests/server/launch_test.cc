@@ -17,6 +17,7 @@
 
 #include "common/metrics.h"
 #include "common/run_config.h"
+#include "server/run_dir.h"
 #include "tests/testing/harness.h"
 
 namespace downpour {
@@ -271,6 +272,41 @@ TEST_F(LaunchTest, KillingTheLauncherLeavesNoChildren) {
     EXPECT_TRUE(gone) << "worker pid " << pid << " outlived the launcher";
     if (!gone) ::kill(pid, SIGKILL);
   }
+}
+
+}  // namespace
+}  // namespace downpour
+
+namespace downpour {
+namespace {
+
+// data.sharding = "own": each worker's LMDB is <train>/shard_<j>_of_<W> as downpour-data
+// --shards W writes them, or <train>/<j>; a missing one is named before anything starts.
+TEST(RunInputs, OwnShardingFindsTheConvertersShardsOrNumberedFolders) {
+  const fs::path dir = test::ScratchDir("run_inputs");
+  RunConfig c;
+  c.model.config = test::SourcePath("configs/models/fmnist_small.toml");
+  c.cluster.workers = 2;
+  c.data.sharding = DataSharding::kOwn;
+  c.data.train = (dir / "train").string();
+  c.data.test = "";
+  for (const char* shard : {"shard_0_of_2", "shard_1_of_2"}) {
+    fs::create_directories(dir / "train" / shard);
+    test::WriteFile(dir / "train" / shard / "data.mdb", "");
+  }
+  EXPECT_TRUE(CheckRunInputs(c, "run.toml").ok());
+  EXPECT_EQ(OwnShardPath(c.data, 1, 2), (dir / "train" / "shard_1_of_2").string());
+  fs::remove_all(dir / "train" / "shard_1_of_2");
+  fs::create_directories(dir / "train" / "1");
+  test::WriteFile(dir / "train" / "1" / "data.mdb", "");
+  EXPECT_TRUE(CheckRunInputs(c, "run.toml").ok());
+  EXPECT_EQ(OwnShardPath(c.data, 1, 2), (dir / "train" / "1").string());
+  c.cluster.workers = 3;  // shard_0_of_2 is not worker 0's of 3, and there is no train/0
+  const Status s = CheckRunInputs(c, "run.toml");
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("run.toml: data.train (sharding \"own\", worker 0)"));
+  EXPECT_THAT(s.message(), HasSubstr((dir / "train" / "0").string() + "\": no such LMDB directory"));
+  fs::remove_all(dir);
 }
 
 }  // namespace
