@@ -2,6 +2,7 @@
 #include "common/tensor_file.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +14,7 @@
 #include <filesystem>
 #include <set>
 
-#include <fmt/format.h>
+#include "common/file_io.h"
 
 namespace downpour {
 namespace {
@@ -244,16 +245,6 @@ Status WriteBody(Writer& w, const TensorFile& file) {
     DP_RETURN_IF_ERROR(w.PutValue(w.crc()));
   }
   return w.Flush();
-}
-
-Status FsyncDirectory(const std::string& dir, const std::string& path) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError("{}: cannot open directory {} to fsync: {}", path, dir, Errno());
-  const int rc = ::fsync(fd);
-  const std::string err = rc != 0 ? Errno() : "";
-  ::close(fd);
-  if (rc != 0) return IoError("{}: fsync of directory {} failed: {}", path, dir, err);
-  return Status::Ok();
 }
 
 Status ReadBody(Reader& r, const std::string& path, TensorFile* out) {

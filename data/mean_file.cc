@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/file_io.h"
 #include "common/tensor_file.h"
 #include "data/caffe.pb.h"
 #include "data/datum.h"
@@ -142,34 +143,6 @@ bool IsTensorFile(const std::string& path) {
   return f.gcount() == 4 && magic == kTensorFileMagic;
 }
 
-// Writes `bytes` to `path` atomically: a temporary file beside it, fsync, rename.
-Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::filesystem::path target(path);
-  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
-  std::string tmp = fmt::format("{}/.{}.tmp.XXXXXX", dir, target.filename().string());
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) {
-    return IoError("mean file {}: cannot create a temporary file in {}: {}", path, dir, std::strerror(errno));
-  }
-  Status s;
-  size_t done = 0;
-  while (s.ok() && done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      s = IoError("mean file {}: write failed: {}", path, std::strerror(errno));
-    else
-      done += static_cast<size_t>(n);
-  }
-  if (s.ok() && ::fsync(fd) != 0) s = IoError("mean file {}: fsync failed: {}", path, std::strerror(errno));
-  if (::close(fd) != 0 && s.ok()) s = IoError("mean file {}: close failed: {}", path, std::strerror(errno));
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = IoError("mean file {}: rename from {} failed: {}", path, tmp, std::strerror(errno));
-  }
-  if (!s.ok()) ::unlink(tmp.c_str());
-  return s;
-}
-
 }  // namespace
 
 Status ComputeMean(const std::string& db_path, MeanImage* out) {
@@ -239,7 +212,7 @@ Status WriteMeanBinaryproto(const MeanImage& mean, const std::string& path) {
   blob.set_height(mean.h);
   blob.set_width(mean.w);
   blob.mutable_data()->Add(mean.values.begin(), mean.values.end());
-  return WriteFileAtomically(path, blob.SerializeAsString());
+  return WriteFileAtomic(path, blob.SerializeAsString());
 }
 
 Status ReadMeanFile(const std::string& path, MeanImage* out) {

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/cli.h"
+#include "common/file_io.h"
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/run_config.h"

@@ -31,20 +31,6 @@ bool StopSignalArrived(std::chrono::milliseconds timeout) {
   return sigtimedwait(&set, nullptr, &ts) > 0;
 }
 
-Status WriteFileAtomic(const std::string& path, const std::string& content) {
-  std::error_code ec;
-  const auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f || !(f << content) || !f.flush()) return IoError("cannot write '{}'", tmp);
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return IoError("cannot rename '{}' to '{}': {}", tmp, path, ec.message());
-  return Status::Ok();
-}
-
 Status ParsePort(const std::string& host_port, const std::string& what, int* port, std::string* host) {
   const auto colon = host_port.rfind(':');
   if (colon == std::string::npos) return InvalidArgument("{} = '{}': expected host:port", what, host_port);

@@ -1,7 +1,7 @@
 // process_util.h — small pieces shared by the thin mains downpour-server and downpour-coordinator:
 // a signal waiter without global state (SIGINT/SIGTERM blocked, then polled with sigtimedwait)
-// and the atomic "<run-dir>/<name>.addr" files through which launchers and tests learn the
-// address a process actually bound (port 0 = the OS picks).
+// and host:port parsing. (The "<run-dir>/<name>.addr" files through which launchers and tests
+// learn the address a process bound are written with common/file_io.h WriteFileAtomic.)
 //
 // Thread-safety: BlockStopSignals() must be called in main before any thread starts.
 #pragma once
@@ -17,8 +17,6 @@ namespace downpour {
 void BlockStopSignals();
 // Waits up to `timeout` for SIGINT/SIGTERM; true if one arrived.
 bool StopSignalArrived(std::chrono::milliseconds timeout);
-// Writes `content` to `path` atomically (temp file + rename); creates parent folders.
-Status WriteFileAtomic(const std::string& path, const std::string& content);
 // "host:port" -> port; error names the flag/field `what`.
 Status ParsePort(const std::string& host_port, const std::string& what, int* port, std::string* host);
 

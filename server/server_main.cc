@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "common/cli.h"
+#include "common/file_io.h"
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/rendezvous.h"

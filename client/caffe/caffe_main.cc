@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "client/caffe/caffemodel.h"
-#include "client/caffe/file_io.h"
 #include "client/caffe/npy.h"
 #include "client/caffe/prototxt_import.h"
 #include "client/caffe/weights_io.h"
 #include "client/engine/net_spec.h"
 #include "common/cli.h"
+#include "common/file_io.h"
 #include "common/tensor_file.h"
 
 namespace {
@@ -47,7 +47,7 @@ int ImportPrototxt(const std::string& in, const std::string& out, const std::str
   cio::Import import;
   s = cio::ImportPrototxtFile(in, options, &import);
   if (!s.ok()) return Fail(s);
-  s = cio::WriteFileAtomic(out, import.toml);
+  s = downpour::WriteFileAtomic(out, import.toml);
   if (!s.ok()) return Fail(s);
   for (const std::string& note : import.notes) std::fprintf(stderr, "%s: note: %s\n", kProgram, note.c_str());
   std::printf("wrote %s: net '%s', %zu layers, input %dx%dx%d, %lld learnable parameters in %zu tensors\n", out.c_str(),
@@ -126,15 +126,15 @@ int ExportNpy(const std::string& in, const std::string& dir) {
     std::string bytes, tmp;
     const std::string path = (std::filesystem::path(dir) / cio::NpyFileName(t.name)).string();
     s = cio::EncodeNpy(t.shape, t.data, &bytes);
-    if (s.ok()) s = cio::WriteTemp(path, bytes, &tmp);
+    if (s.ok()) s = downpour::WriteTemp(path, bytes, &tmp);
     if (!s.ok()) {
-      for (const auto& w : written) cio::DiscardTemp(w.first);
+      for (const auto& w : written) downpour::DiscardTemp(w.first);
       return Fail(Status(s.code(), fmt::format("{}: tensor '{}': {}", in, t.name, s.message())));
     }
     written.emplace_back(tmp, path);
   }
   for (const auto& [tmp, path] : written) {
-    s = cio::CommitTemp(tmp, path);
+    s = downpour::CommitTemp(tmp, path);
     if (!s.ok()) return Fail(s);
   }
   std::printf("wrote %zu .npy files (float32, C order) to %s\n", written.size(), dir.c_str());

@@ -7,8 +7,8 @@
 
 #include <climits>
 
-#include "client/caffe/file_io.h"
 #include "client/caffe/upgrade_v1.h"
+#include "common/file_io.h"
 #include "data/caffe.pb.h"
 
 namespace downpour::caffe_io {

@@ -52,7 +52,7 @@ Status ReadCaffemodel(const std::string& path, CaffeNet* out);
 // The binary NetParameter of `net` (new form). Deterministic: the same CaffeNet always gives
 // the same bytes.
 Status SerializeCaffemodel(const CaffeNet& net, std::string* bytes);
-// Writes it to `path` atomically (file_io.h).
+// Writes it to `path` atomically (common/file_io.h).
 Status WriteCaffemodel(const std::string& path, const CaffeNet& net);
 
 }  // namespace downpour::caffe_io

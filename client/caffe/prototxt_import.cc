@@ -11,7 +11,7 @@
 #include <map>
 #include <set>
 
-#include "client/caffe/file_io.h"
+#include "common/file_io.h"
 #include "client/caffe/upgrade_v1.h"
 #include "data/caffe.pb.h"
 

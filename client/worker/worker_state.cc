@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/file_io.h"
+
 namespace downpour::worker {
 
 std::string WorkerStatePath(const std::string& run_dir, int worker_id) {
@@ -20,20 +22,7 @@ Status WriteWorkerProgress(const std::string& path, const WorkerProgress& p) {
       "# downpour worker progress (client/worker/worker_state.h); read by downpour-worker --resume\n"
       "step = {}\nclock = {}\nimages = {}\nepoch = {}\nwall_s = {:.6f}\neval_s = {:.6f}\nfinished = {}\n",
       p.step, p.clock, p.images, p.epoch, p.wall_s, p.eval_s, p.finished ? "true" : "false");
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) return IoError("{}: cannot write: {}", tmp, std::strerror(errno));
-  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !wrote) {
-    std::remove(tmp.c_str());
-    return IoError("{}: write failed", tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return IoError("{}: rename from {} failed: {}", path, tmp, std::strerror(err));
-  }
-  return Status::Ok();
+  return WriteFileAtomic(path, text, Durability::kProcessCrash);
 }
 
 Status ReadWorkerProgress(const std::string& path, WorkerProgress* out) {

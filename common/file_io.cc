@@ -1,5 +1,5 @@
 // file_io.cc — see file_io.h.
-#include "client/caffe/file_io.h"
+#include "common/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-namespace downpour::caffe_io {
+namespace downpour {
 namespace {
 
 std::string Errno() { return std::strerror(errno); }
@@ -25,6 +25,13 @@ Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
   return Status::Ok();
 }
 
+std::string DirOf(const std::string& path) {
+  const std::filesystem::path target(path);
+  return target.has_parent_path() ? target.parent_path().string() : std::string(".");
+}
+
+}  // namespace
+
 Status FsyncDirectory(const std::string& dir, const std::string& path) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return IoError("{}: cannot open directory {} to fsync: {}", path, dir, Errno());
@@ -34,8 +41,6 @@ Status FsyncDirectory(const std::string& dir, const std::string& path) {
   if (rc != 0) return IoError("{}: fsync of directory {} failed: {}", path, dir, err);
   return Status::Ok();
 }
-
-}  // namespace
 
 Status ReadWholeFile(const std::string& path, std::string_view what, std::string* bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -65,12 +70,7 @@ Status ReadWholeFile(const std::string& path, std::string_view what, std::string
   return Status::Ok();
 }
 
-static std::string DirOf(const std::string& path) {
-  const std::filesystem::path target(path);
-  return target.has_parent_path() ? target.parent_path().string() : std::string(".");
-}
-
-Status WriteTemp(const std::string& path, std::string_view bytes, std::string* tmp) {
+Status WriteTemp(const std::string& path, std::string_view bytes, std::string* tmp, Durability durability) {
   const std::filesystem::path target(path);
   if (target.filename().empty()) return InvalidArgument("{}: not a file name", path);
   const std::string dir = DirOf(path);
@@ -83,7 +83,9 @@ Status WriteTemp(const std::string& path, std::string_view bytes, std::string* t
   ::umask(mask);
   ::fchmod(fd, 0666 & ~mask);
   Status s = WriteAll(fd, bytes, path);
-  if (s.ok() && ::fsync(fd) != 0) s = IoError("{}: fsync failed: {}", path, Errno());
+  if (s.ok() && durability == Durability::kPowerLoss && ::fsync(fd) != 0) {
+    s = IoError("{}: fsync failed: {}", path, Errno());
+  }
   if (::close(fd) != 0 && s.ok()) s = IoError("{}: close failed: {}", path, Errno());
   if (!s.ok()) {
     ::unlink(name.c_str());
@@ -93,21 +95,21 @@ Status WriteTemp(const std::string& path, std::string_view bytes, std::string* t
   return Status::Ok();
 }
 
-Status CommitTemp(const std::string& tmp, const std::string& path) {
+Status CommitTemp(const std::string& tmp, const std::string& path, Durability durability) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const Status s = IoError("{}: rename from {} failed: {}", path, tmp, Errno());
     ::unlink(tmp.c_str());
     return s;
   }
-  return FsyncDirectory(DirOf(path), path);
+  return durability == Durability::kPowerLoss ? FsyncDirectory(DirOf(path), path) : Status::Ok();
 }
 
 void DiscardTemp(const std::string& tmp) { ::unlink(tmp.c_str()); }
 
-Status WriteFileAtomic(const std::string& path, std::string_view bytes) {
+Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability) {
   std::string tmp;
-  DP_RETURN_IF_ERROR(WriteTemp(path, bytes, &tmp));
-  return CommitTemp(tmp, path);
+  DP_RETURN_IF_ERROR(WriteTemp(path, bytes, &tmp, durability));
+  return CommitTemp(tmp, path, durability);
 }
 
-}  // namespace downpour::caffe_io
+}  // namespace downpour

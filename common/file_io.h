@@ -1,0 +1,44 @@
+// file_io.h — whole-file reads and atomic whole-file writes: every file the project writes for
+// others to read (checkpoints' tensor files, .addr files, mean files, downpour-caffe's outputs,
+// worker progress) appears whole or not at all.
+//
+// Writes go to a hidden temporary file in the target's directory, are fsynced, renamed over the
+// target and the directory fsynced (common/tensor_file.h streams its own data with the same
+// recipe). A failed write removes its temporary and leaves any previous file at the path as it
+// was. Durability::kProcessCrash skips the fsyncs: the file survives the writer being killed
+// (rename is atomic) but not the machine losing power — for files rewritten every step.
+//
+// Thread-safety: reentrant functions; concurrent writers to one path each rename a whole file.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace downpour {
+
+// The whole file at `path` into `bytes`. NotFound when it does not exist, IoError otherwise.
+// `what` names the file's role in messages ("prototxt", "caffemodel").
+Status ReadWholeFile(const std::string& path, std::string_view what, std::string* bytes);
+
+enum class Durability {
+  kPowerLoss,     // fsync the file and its directory (the default)
+  kProcessCrash,  // rename only: atomic against a killed writer, cheap enough for every step
+};
+
+// Writes `bytes` to `path` atomically (see above).
+Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability = Durability::kPowerLoss);
+
+// fsync of a directory, after a rename into it; errors name `path` (the file renamed).
+Status FsyncDirectory(const std::string& dir, const std::string& path);
+
+// The same in two steps, for several files that must appear together or not at all: WriteTemp
+// writes `bytes` to a hidden temporary beside `path` and names it in `tmp`; once every file is
+// written, CommitTemp renames each into place; on a failure, DiscardTemp removes the rest.
+Status WriteTemp(const std::string& path, std::string_view bytes, std::string* tmp,
+                 Durability durability = Durability::kPowerLoss);
+Status CommitTemp(const std::string& tmp, const std::string& path, Durability durability = Durability::kPowerLoss);
+void DiscardTemp(const std::string& tmp);
+
+}  // namespace downpour
