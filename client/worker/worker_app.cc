@@ -56,30 +56,36 @@ Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, int num_classes
   return OpenLoaderTrainSource(c, id, shuffle, num_classes, out);
 }
 
-Status OpenTestSource(const RunConfig& c, int num_classes, std::unique_ptr<TestSource>* out) {
+Status OpenTestSource(const RunConfig& c, int batch, int num_classes, std::unique_ptr<TestSource>* out) {
   std::string labels;
   if (IsIdxImagePath(c.data.test, &labels)) {
     IdxSourceOptions o;
     o.images_path = c.data.test;
     o.labels_path = labels;
-    o.batch_size = kEvalBatch;
+    o.batch_size = batch;
     o.scale = c.data.scale;
     return OpenIdxTestSource(o, out);
   }
-  return OpenLoaderTestSource(c, kEvalBatch, num_classes, out);
+  return OpenLoaderTestSource(c, batch, num_classes, out);
 }
 
-Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net>* net,
-                 std::unique_ptr<engine::Net>* eval_net) {
-  engine::NetSpec spec;
-  DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(c.model.config, &spec));
+// The engine options [worker] asks for, at batch size `batch`.
+engine::NetOptions NetOptionsFor(const RunConfig& c, int batch) {
   engine::NetOptions o;
   o.device = c.worker.device;
   o.gpu_id = c.worker.gpu_index;
   o.tf32 = c.worker.tf32;
   o.conv_algo = c.worker.conv_algo;
   o.threads = c.worker.threads;
-  o.batch = c.worker.batch_size;
+  o.batch = batch;
+  return o;
+}
+
+Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net>* net,
+                 std::unique_ptr<engine::Net>* eval_net) {
+  engine::NetSpec spec;
+  DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(c.model.config, &spec));
+  engine::NetOptions o = NetOptionsFor(c, c.worker.batch_size);
   DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, net));
   (*net)->InitParams(static_cast<uint64_t>(c.run.seed));
   if (!c.model.weights.empty()) {
@@ -287,32 +293,15 @@ Status TestSavedModel(const TestArgs& args, TestResult* result) {
   }
   engine::NetSpec spec;
   DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(config.model.config, &spec));
-  engine::NetOptions o;
-  o.device = config.worker.device;
-  o.gpu_id = config.worker.gpu_index;
-  o.tf32 = config.worker.tf32;
-  o.conv_algo = config.worker.conv_algo;
-  o.threads = config.worker.threads;
-  o.batch = args.batch;
   std::unique_ptr<engine::Net> net;
-  DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, &net));
+  DP_RETURN_IF_ERROR(engine::Net::Create(spec, NetOptionsFor(config, args.batch), &net));
   // Every tensor of the model must come from the file (a test of fillers would be meaningless);
   // tensors the model does not have are ignored, as `caffe test` does.
   caffe_io::WeightsPolicy policy;
   policy.ignore_extra = true;
   DP_RETURN_IF_ERROR(caffe_io::LoadWeightsFile(args.weights, net.get(), policy, nullptr));
   std::unique_ptr<TestSource> test;
-  std::string labels;
-  if (IsIdxImagePath(config.data.test, &labels)) {
-    IdxSourceOptions io;
-    io.images_path = config.data.test;
-    io.labels_path = labels;
-    io.batch_size = args.batch;
-    io.scale = config.data.scale;
-    DP_RETURN_IF_ERROR(OpenIdxTestSource(io, &test));
-  } else {
-    DP_RETURN_IF_ERROR(OpenLoaderTestSource(config, args.batch, net->num_classes(), &test));
-  }
+  DP_RETURN_IF_ERROR(OpenTestSource(config, args.batch, net->num_classes(), &test));
   *result = TestResult{};
   result->model = fmt::format("{} ({}) with {}", spec.name, config.model.config, args.weights);
   result->data = config.data.test;
@@ -342,7 +331,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   std::unique_ptr<TrainSource> train;
   std::unique_ptr<TestSource> test;
   DP_RETURN_IF_ERROR(OpenTrainSource(config, args.local ? 0 : args.id, args.shuffle, net->num_classes(), &train));
-  if (evaluate) DP_RETURN_IF_ERROR(OpenTestSource(config, net->num_classes(), &test));
+  if (evaluate) DP_RETURN_IF_ERROR(OpenTestSource(config, kEvalBatch, net->num_classes(), &test));
 
   const auto metrics_dir = std::filesystem::path(args.run_dir) / "metrics";
   std::error_code ec;
