@@ -16,6 +16,7 @@ namespace downpour {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 struct Program {
@@ -54,6 +55,39 @@ TEST(CliConventions, EveryProgramHasVersionHelpAndUsageExitCodes) {
     EXPECT_EQ(test::RunCommand({bin, "--no-such-flag"}, &out), 2) << p.name << ": " << out;
     EXPECT_THAT(out, StartsWith(std::string(p.name) + ": ")) << p.name;
   }
+}
+
+}  // namespace
+}  // namespace downpour
+
+namespace downpour {
+namespace {
+
+// `downpour-data convert-cifar --help` lists its batch files once (they were an option and a
+// positional at the same time), and downpour-time says how many threads it used instead of
+// "threads 0".
+TEST(CliConventions, HelpAndReportsSayWhatIsTrue) {
+  std::string out;
+  ASSERT_EQ(test::RunCommand({test::Binary("downpour-data"), "convert-cifar", "--help"}, &out), 0) << out;
+  size_t mentions = 0;
+  for (size_t at = out.find("batch files"); at != std::string::npos; at = out.find("batch files", at + 1)) ++mentions;
+  EXPECT_EQ(mentions, 1u) << out;
+  EXPECT_THAT(out, Not(HasSubstr("--batch")));
+  ASSERT_EQ(
+      test::RunCommand({test::Binary("downpour-time"), "--model", test::SourcePath("configs/models/fmnist_small.toml"),
+                        "--batch", "2", "--iterations", "1", "--warmup", "0"},
+                       &out),
+      0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("(all cores)"));
+  EXPECT_THAT(out, Not(HasSubstr("threads 0")));
+  ASSERT_EQ(
+      test::RunCommand({test::Binary("downpour-time"), "--model", test::SourcePath("configs/models/fmnist_small.toml"),
+                        "--batch", "2", "--iterations", "1", "--warmup", "0", "--threads", "1"},
+                       &out),
+      0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("threads 1\n"));
 }
 
 }  // namespace
