@@ -15,87 +15,12 @@
 #include "client/engine/net.h"
 #include "client/engine/tensor_compare.h"
 #include "downpour_config.h"
+#include "tests/client/test_nets.h"
 
 namespace downpour::engine {
 namespace {
 
-// Everything at once, small: groups 2, stride 2, pad, LRN, pooling with pad + ceil, dropout.
-constexpr char kMixedNet[] = R"(
-name = "mixed"
-[input]
-channels = 4
-height = 13
-width = 11
-[[layer]]
-name = "conv1"
-type = "Convolution"
-bottom = "data"
-top = "conv1"
-num_output = 8
-kernel_h = 3
-kernel_w = 2
-stride = 2
-pad = 1
-group = 2
-weight_filler = { type = "gaussian", std = 0.3 }
-bias_filler = { type = "constant", value = 0.1 }
-[[layer]]
-name = "relu1"
-type = "ReLU"
-bottom = "conv1"
-top = "relu1"
-[[layer]]
-name = "norm1"
-type = "LRN"
-bottom = "relu1"
-top = "norm1"
-local_size = 3
-alpha = 0.5
-beta = 0.75
-k = 2.0
-[[layer]]
-name = "pool1"
-type = "Pooling"
-bottom = "norm1"
-top = "pool1"
-kernel_size = 3
-stride = 2
-pad = 1
-[[layer]]
-name = "conv2"
-type = "Convolution"
-bottom = "pool1"
-top = "conv2"
-num_output = 6
-kernel_size = 2
-weight_filler = { type = "xavier" }
-[[layer]]
-name = "fc1"
-type = "InnerProduct"
-bottom = "conv2"
-top = "fc1"
-num_output = 12
-weight_filler = { type = "msra" }
-bias_filler = { type = "uniform", scale = 0.2 }
-[[layer]]
-name = "drop1"
-type = "Dropout"
-bottom = "fc1"
-top = "drop1"
-dropout_ratio = 0.25
-[[layer]]
-name = "fc2"
-type = "InnerProduct"
-bottom = "drop1"
-top = "fc2"
-num_output = 5
-weight_filler = { type = "xavier" }
-[[layer]]
-name = "loss"
-type = "SoftmaxWithLoss"
-bottom = ["fc2", "label"]
-top = "loss"
-)";
+using testing::kMixedNet;  // tests/client/test_nets.h
 
 // got = oneDNN, want = reference.
 void ExpectClose(const std::string& what, std::span<const float> got, std::span<const float> want, double rel = 1e-4) {

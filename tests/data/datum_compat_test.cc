@@ -16,25 +16,10 @@
 namespace downpour::data {
 namespace {
 
+using testing::PutBytesField;
+using testing::PutVarint;
+using testing::PutVarintField;
 using testing::TempDir;
-
-void PutVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-// Tag = (field_number << 3) | wire_type; 0 = varint, 2 = length-delimited, 5 = 32-bit.
-void PutVarintField(std::string* out, int field, uint64_t v) {
-  PutVarint(out, (uint64_t(field) << 3) | 0);
-  PutVarint(out, v);
-}
-void PutBytesField(std::string* out, int field, const std::string& bytes) {
-  PutVarint(out, (uint64_t(field) << 3) | 2);
-  PutVarint(out, bytes.size());
-  out->append(bytes);
-}
 
 // channels=1, height=2, width=3, data=4, label=5, float_data=6, encoded=7.
 std::string HandDatum(int c, int h, int w, const std::string& data, int label, bool encoded) {

@@ -21,29 +21,12 @@
 namespace downpour::data {
 namespace {
 
+using testing::PutBytesField;
+using testing::PutTag;
+using testing::PutVarint;
+using testing::PutVarintField;
 using testing::TempDir;
 
-// Protobuf wire format. Tag = (field << 3) | wire type: 0 varint, 2 length-delimited,
-// 5 32-bit.
-void PutVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-void PutTag(std::string* out, int field, int wire_type) {
-  PutVarint(out, (uint64_t(field) << 3) | uint64_t(wire_type));
-}
-void PutVarintField(std::string* out, int field, uint64_t v) {
-  PutTag(out, field, 0);
-  PutVarint(out, v);
-}
-void PutBytesField(std::string* out, int field, const std::string& bytes) {
-  PutTag(out, field, 2);
-  PutVarint(out, bytes.size());
-  out->append(bytes);
-}
 std::string FloatBytes(const std::vector<float>& v) {
   std::string s(v.size() * 4, '\0');
   std::memcpy(s.data(), v.data(), s.size());  // little-endian host (the build checks)

@@ -1,5 +1,5 @@
-// test_util.h — helpers shared by the data tests: a per-test temporary directory and small
-// file writers (IDX, raw bytes). Test-only; not thread-safe.
+// test_util.h — helpers shared by the data tests: a per-test temporary directory, small
+// file writers (IDX, raw bytes) and a hand protobuf encoder. Test-only; not thread-safe.
 #pragma once
 
 #include <zlib.h>
@@ -77,6 +77,29 @@ inline std::vector<uint8_t> IdxLabelBytes(const std::vector<uint8_t>& labels) {
   PutBigEndian32(&b, static_cast<uint32_t>(labels.size()));
   b.insert(b.end(), labels.begin(), labels.end());
   return b;
+}
+
+// Protobuf wire format written by hand, so tests check the project's readers against bytes that
+// neither the project's writers nor the generated classes made. Tag = (field << 3) | wire type:
+// 0 varint, 2 length-delimited, 5 32-bit.
+inline void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+inline void PutTag(std::string* out, int field, int wire_type) {
+  PutVarint(out, (uint64_t(field) << 3) | uint64_t(wire_type));
+}
+inline void PutVarintField(std::string* out, int field, uint64_t v) {
+  PutTag(out, field, 0);
+  PutVarint(out, v);
+}
+inline void PutBytesField(std::string* out, int field, const std::string& bytes) {
+  PutTag(out, field, 2);
+  PutVarint(out, bytes.size());
+  out->append(bytes);
 }
 
 }  // namespace downpour::data::testing

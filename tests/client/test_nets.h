@@ -1,0 +1,87 @@
+// test_nets.h — small model configs that several engine tests build (on the reference, oneDNN
+// and CUDA backends), written once.
+#pragma once
+
+namespace downpour::engine::testing {
+
+// Every layer kind the backends must agree on in one small net: convolution with groups, a
+// rectangular kernel, stride and pad; ReLU; LRN; overlapping max pooling with pad; a second
+// convolution; inner product, dropout, inner product; softmax loss. Input 4×13×11.
+inline constexpr char kMixedNet[] = R"(
+name = "mixed"
+[input]
+channels = 4
+height = 13
+width = 11
+[[layer]]
+name = "conv1"
+type = "Convolution"
+bottom = "data"
+top = "conv1"
+num_output = 8
+kernel_h = 3
+kernel_w = 2
+stride = 2
+pad = 1
+group = 2
+weight_filler = { type = "gaussian", std = 0.3 }
+bias_filler = { type = "constant", value = 0.1 }
+[[layer]]
+name = "relu1"
+type = "ReLU"
+bottom = "conv1"
+top = "relu1"
+[[layer]]
+name = "norm1"
+type = "LRN"
+bottom = "relu1"
+top = "norm1"
+local_size = 3
+alpha = 0.5
+beta = 0.75
+k = 2.0
+[[layer]]
+name = "pool1"
+type = "Pooling"
+bottom = "norm1"
+top = "pool1"
+kernel_size = 3
+stride = 2
+pad = 1
+[[layer]]
+name = "conv2"
+type = "Convolution"
+bottom = "pool1"
+top = "conv2"
+num_output = 6
+kernel_size = 2
+weight_filler = { type = "xavier" }
+[[layer]]
+name = "fc1"
+type = "InnerProduct"
+bottom = "conv2"
+top = "fc1"
+num_output = 12
+weight_filler = { type = "msra" }
+bias_filler = { type = "uniform", scale = 0.2 }
+[[layer]]
+name = "drop1"
+type = "Dropout"
+bottom = "fc1"
+top = "drop1"
+dropout_ratio = 0.25
+[[layer]]
+name = "fc2"
+type = "InnerProduct"
+bottom = "drop1"
+top = "fc2"
+num_output = 5
+weight_filler = { type = "xavier" }
+[[layer]]
+name = "loss"
+type = "SoftmaxWithLoss"
+bottom = ["fc2", "label"]
+top = "loss"
+)";
+
+}  // namespace downpour::engine::testing
