@@ -41,6 +41,7 @@ struct InprocTransport::Registry {
   std::mutex mu;
   std::map<std::string, std::weak_ptr<Mailbox>> servers;   // address -> server mailbox
   std::map<PeerId, std::weak_ptr<Mailbox>> clients;        // peer id -> client mailbox
+  std::map<PeerId, PeerInfo> client_info;                  // ConnectAs clients' PeerInfo
   uint64_t next_client = 0;
 };
 
@@ -55,8 +56,17 @@ class InprocServer : public ServerEndpoint {
     std::lock_guard<std::mutex> lock(registry_->mu);
     registry_->servers.erase(address_);
   }
-  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) override {
-    return box_->Take(from, frames, timeout);
+  using ServerEndpoint::Receive;
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
+    PeerId who;
+    Status s = box_->Take(&who, frames, timeout);
+    if (s.ok() && info != nullptr) {
+      std::lock_guard<std::mutex> lock(registry_->mu);
+      auto it = registry_->client_info.find(who);
+      *info = it == registry_->client_info.end() ? PeerInfo{} : it->second;
+    }
+    if (from != nullptr) *from = std::move(who);
+    return s;
   }
   Status Send(const PeerId& to, Frames frames) override {
     std::shared_ptr<Mailbox> peer;
@@ -85,6 +95,7 @@ class InprocClient : public ClientEndpoint {
   ~InprocClient() override {
     std::lock_guard<std::mutex> lock(registry_->mu);
     registry_->clients.erase(id_);
+    registry_->client_info.erase(id_);
   }
   Status Send(Frames frames) override {
     // Like a DEALER, a server that is (re)bound later under the same name is found again.
@@ -131,12 +142,17 @@ Status InprocTransport::Bind(const std::string& address, std::unique_ptr<ServerE
 }
 
 Status InprocTransport::Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) {
+  return ConnectAs(address, PeerInfo{}, out);
+}
+
+Status InprocTransport::ConnectAs(const std::string& address, PeerInfo peer, std::unique_ptr<ClientEndpoint>* out) {
   auto box = std::make_shared<Mailbox>();
   PeerId id;
   {
     std::lock_guard<std::mutex> lock(registry_->mu);
     id = fmt::format("inproc-client-{}", registry_->next_client++);
     registry_->clients[id] = box;
+    if (!peer.user_id.empty() || !peer.address.empty()) registry_->client_info[id] = std::move(peer);
   }
   *out = std::make_unique<InprocClient>(registry_, address, std::move(id), std::move(box));
   return Status::Ok();

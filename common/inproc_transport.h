@@ -24,6 +24,9 @@ class InprocTransport : public Transport {
   ~InprocTransport() override;
   Status Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) override;
   Status Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) override;
+  // Connect, with every message of the endpoint received as coming from `peer` (its user_id
+  // stands for an authenticated key's role): how tests play a keyed admin, server or worker.
+  Status ConnectAs(const std::string& address, PeerInfo peer, std::unique_ptr<ClientEndpoint>* out);
 
   // Shared routing table (internal to the endpoints).
   struct Registry;

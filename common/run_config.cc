@@ -195,6 +195,7 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   DP_RETURN_IF_ERROR(r.String("coordinator", &c->coordinator));
   DP_RETURN_IF_ERROR(r.Int("base_port", &c->base_port));
   DP_RETURN_IF_ERROR(r.String("bind", &c->bind));
+  DP_RETURN_IF_ERROR(r.String("advertise", &c->advertise));
   DP_RETURN_IF_ERROR(r.Int("heartbeat_ms", &c->heartbeat_ms));
   DP_RETURN_IF_ERROR(r.Int("heartbeat_timeout_ms", &c->heartbeat_timeout_ms));
   DP_RETURN_IF_ERROR(r.Int("chunk_elems", &c->chunk_elems));
@@ -323,6 +324,12 @@ Status ReadEval(TableReader& r, EvalConfig* e) {
 Status ReadCheckpoint(TableReader& r, CheckpointConfig* c) {
   DP_RETURN_IF_ERROR(r.Int("every_updates", &c->every_updates));
   DP_RETURN_IF_ERROR(r.String("dir", &c->dir));
+  return r.Finish();
+}
+
+Status ReadSecurity(TableReader& r, SecurityConfig* c) {
+  DP_RETURN_IF_ERROR(r.String("keys", &c->keys));
+  DP_RETURN_IF_ERROR(r.Bool("insecure", &c->insecure));
   return r.Finish();
 }
 
@@ -556,6 +563,7 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
       {"data", [&](TableReader& r) { return ReadData(r, &c.data); }},
       {"eval", [&](TableReader& r) { return ReadEval(r, &c.eval); }},
       {"checkpoint", [&](TableReader& r) { return ReadCheckpoint(r, &c.checkpoint); }},
+      {"security", [&](TableReader& r) { return ReadSecurity(r, &c.security); }},
   };
   for (const auto& [key, node] : root) {
     bool known = false;
@@ -567,7 +575,7 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
       }
       return InvalidArgument(
           "{}: unknown {} '{}' (known tables: run, model, cluster, solver, consistency, worker, "
-          "data, eval, checkpoint)",
+          "data, eval, checkpoint, security)",
           source, node.is_table() ? "table" : "top-level key", key.str());
     }
     if (!node.is_table()) {
@@ -618,6 +626,7 @@ std::string ToToml(const RunConfig& c) {
   line("coordinator", str(c.cluster.coordinator));
   line("base_port", num(c.cluster.base_port));
   line("bind", str(c.cluster.bind));
+  line("advertise", str(c.cluster.advertise));
   line("heartbeat_ms", num(c.cluster.heartbeat_ms));
   line("heartbeat_timeout_ms", num(c.cluster.heartbeat_timeout_ms));
   line("chunk_elems", num(c.cluster.chunk_elems));
@@ -668,6 +677,9 @@ std::string ToToml(const RunConfig& c) {
   s += "\n[checkpoint]\n";
   line("every_updates", num(c.checkpoint.every_updates));
   line("dir", str(c.checkpoint.dir));
+  s += "\n[security]\n";
+  line("keys", str(c.security.keys));
+  line("insecure", boolean(c.security.insecure));
   return s;
 }
 

@@ -50,7 +50,8 @@ struct ClusterConfig {
   int workers = 1;                          // W workers (>= 1)
   std::string coordinator = "127.0.0.1:5555";  // host:port of the coordinator's endpoint
   int base_port = 5600;                     // server i listens on base_port + i
-  std::string bind = "127.0.0.1";           // interface servers bind; loopback unless told otherwise
+  std::string bind = "127.0.0.1";           // address servers and coordinator bind; loopback unless told otherwise
+  std::string advertise = "";  // address others reach this host's endpoints at; "" = derived (docs/config.md)
   int heartbeat_ms = 500;                   // interval between heartbeats (> 0)
   int heartbeat_timeout_ms = 5000;          // peer declared dead after this silence (> heartbeat_ms)
   int64_t chunk_elems = int64_t{1} << 20;   // layout chunk size in floats (4 MiB frames; DESIGN.md)
@@ -174,6 +175,13 @@ struct CheckpointConfig {
   bool operator==(const CheckpointConfig&) const = default;
 };
 
+// [security] — CurveZMQ keys and the loopback run secret (common/security.h).
+struct SecurityConfig {
+  std::string keys = "";  // directory made by downpour-keys; "" = no CurveZMQ (loopback only)
+  bool insecure = false;  // allow binding off-host without keys (trusted networks only)
+  bool operator==(const SecurityConfig&) const = default;
+};
+
 struct RunConfig {
   RunSection run;
   ModelSection model;
@@ -184,6 +192,7 @@ struct RunConfig {
   DataConfig data;
   EvalConfig eval;
   CheckpointConfig checkpoint;
+  SecurityConfig security;
   bool operator==(const RunConfig&) const = default;
 };
 

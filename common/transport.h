@@ -63,11 +63,25 @@ class Frame {
 using PeerId = std::string;  // opaque routing identity of a client endpoint
 using Frames = std::vector<Frame>;
 
+// What the transport knows about the sender of a received message, beyond its routing identity.
+struct PeerInfo {
+  // The role the sender's key is bound to ("admin", "server", "worker": common/security.h),
+  // set only by an authenticating transport (ZeroMQ with CurveZMQ keys, or an inproc client
+  // made with InprocTransport::ConnectAs); "" = not authenticated.
+  std::string user_id;
+  // The sender's network address as the transport saw it ("127.0.0.5", "::1"); "" = unknown.
+  std::string address;
+};
+
 class ServerEndpoint {
  public:
   virtual ~ServerEndpoint() = default;
-  // Waits up to `timeout` for the next message. kTimeout when none arrived.
-  virtual Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) = 0;
+  // Waits up to `timeout` for the next message. kTimeout when none arrived. `info` (may be
+  // null) receives what the transport knows about the sender.
+  virtual Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) = 0;
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) {
+    return Receive(from, frames, timeout, nullptr);
+  }
   // Sends `frames` to `to`. kUnavailable when the peer is unknown / gone.
   virtual Status Send(const PeerId& to, Frames frames) = 0;
   // The address clients connect to, e.g. "tcp://127.0.0.1:41234" (the real port when bound to

@@ -58,8 +58,8 @@ Status SendAll(zmq::socket_t& socket, const std::string* prefix, Frames& frames,
 }
 
 // Receives one multipart message, waiting up to `timeout` for its first frame.
-Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames,
-                  std::chrono::milliseconds timeout, const std::string& address) {
+Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames, std::chrono::milliseconds timeout,
+                  const std::string& address, PeerInfo* info = nullptr) {
   try {
     zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, timeout) == 0) {
@@ -73,6 +73,13 @@ Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames,
         return Internal("zmq '{}': multipart message cut short", address);
       }
       const bool more = msg->more();
+      if (first && info != nullptr) {
+        // Connection metadata (ZMTP): the ZAP handler's user id and the peer's address.
+        const char* user = zmq_msg_gets(msg->handle(), "User-Id");
+        const char* peer = zmq_msg_gets(msg->handle(), "Peer-Address");
+        info->user_id = user != nullptr ? user : "";
+        info->address = peer != nullptr ? peer : "";
+      }
       if (first && identity) {
         identity->assign(static_cast<const char*>(msg->data()), msg->size());
       } else {
@@ -93,8 +100,9 @@ class ZmqServer : public ServerEndpoint {
  public:
   ZmqServer(ZmqTransport::Impl* impl, zmq::socket_t socket, std::string address)
       : impl_(impl), socket_(std::move(socket)), address_(std::move(address)) {}
-  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) override {
-    Status s = ReceiveAll(socket_, from, frames, timeout, address_);
+  using ServerEndpoint::Receive;
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
+    Status s = ReceiveAll(socket_, from, frames, timeout, address_, info);
     if (s.ok() && frames->empty()) {
       return Corrupt("zmq '{}': message without frames", address_);
     }
