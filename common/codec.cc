@@ -137,6 +137,8 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.finished_workers = ReadList<int32_t>(r.getFinishedWorkers());
   h.shutdown = r.getShutdown();
   h.text = r.getText().cStr();
+  const auto token = r.getToken();
+  h.token.assign(reinterpret_cast<const char*>(token.begin()), token.size());
   if (r.hasStats()) h.stats = DecodeStats(r.getStats());
   DP_RETURN_IF_ERROR(CheckListLengths(h));
   *out = std::move(h);
@@ -180,6 +182,9 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   if (!h.finished_workers.empty()) FillList(b.initFinishedWorkers(n(h.finished_workers)), h.finished_workers);
   b.setShutdown(h.shutdown);
   if (!h.text.empty()) b.setText(h.text);
+  if (!h.token.empty()) {
+    b.setToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(h.token.data()), h.token.size()));
+  }
   if (h.type == MsgType::kStatsReply) EncodeStats(h.stats, b.initStats());
   kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();

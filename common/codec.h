@@ -122,6 +122,7 @@ struct MessageHeader {
   std::vector<int32_t> finished_workers;  // the gone ones that finished normally
   bool shutdown = false;
   std::string text;
+  std::string token;  // bytes: the run's secret on register / admin messages (server/access.h)
 
   ShardStatsWire stats;
 

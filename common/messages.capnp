@@ -103,4 +103,6 @@ struct Header {
   stats @26 :Stats;
   finishedWorkers @27 :List(Int32);  # heartbeat reply: the gone workers (deadWorkers) that
                                      # finished normally rather than fell silent
+  token @28 :Data;             # register / admin messages of a run without keys: the run's
+                               # secret (server/access.h); empty otherwise
 }

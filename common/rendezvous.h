@@ -30,6 +30,9 @@ struct RendezvousOptions {
   uint32_t model_id = 0;
   std::string address;              // servers: the address workers connect to
   std::chrono::milliseconds heartbeat_interval{500};
+  // The run's secret (runs without keys), sent with register and RequestShutdown so the
+  // coordinator can tell this process from a stranger (server/access.h). "" = none.
+  std::string token;
 };
 
 struct RendezvousInfo {

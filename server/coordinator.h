@@ -27,6 +27,7 @@
 
 #include "common/codec.h"
 #include "common/transport.h"
+#include "server/access.h"
 
 namespace downpour {
 
@@ -48,6 +49,9 @@ struct CoordinatorOptions {
   std::chrono::milliseconds poll_interval{20};
   // Called on the Serve thread with the coordinator's lock held; keep it short.
   std::function<void(const CoordinatorEvent&)> on_event;
+  // Who may register as a server / worker / observer and request shutdown (server/access.h).
+  // The default (no keys, no run secret) checks nothing.
+  AccessPolicy access;
 };
 
 class Coordinator {

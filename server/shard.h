@@ -39,8 +39,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,6 +52,7 @@
 #include "common/layout.h"
 #include "common/run_config.h"
 #include "common/transport.h"
+#include "server/access.h"
 #include "server/consistency.h"
 
 namespace downpour {
@@ -79,6 +80,9 @@ struct ShardOptions {
   // Called for every served pull, on the loop thread with the shard's lock held: keep it short
   // (downpour-server appends one JSONL line, which is how the ssp bound is checked from logs).
   std::function<void(const PullServedEvent&)> on_pull_served;
+  // Who may checkpoint, shut down, register and push (server/access.h). The default checks no
+  // token and confines wire checkpoint paths to an empty run_dir (i.e. refuses them).
+  AccessPolicy access;
 };
 
 class ShardServer {

@@ -68,6 +68,9 @@ struct PsClientOptions {
   int max_chunks_per_message = 4;
   // How long an I/O thread waits for one server reply before failing the request.
   std::chrono::milliseconds reply_timeout{60000};
+  // The run's secret (runs without keys), sent with register, Checkpoint and Shutdown so the
+  // server can tell this process from a stranger (server/access.h). "" = none.
+  std::string token;
 };
 
 class PsClient {
