@@ -5,6 +5,31 @@ A run directory holds (DESIGN.md "Runs"): config.toml, logs/, launch.jsonl,
 metrics/<role>-<id>.jsonl (one JSON object per line: t, role, id, event, fields),
 model_final.dpt, summary.json.
 
+Runs in parts. A cluster launch (downpour-launch --slurm / --mpi / --role) needs no shared
+filesystem: every task writes its own part of a run directory of the same name on its own host
+(config.toml, identical in every task; logs/<role>-<i>.log; metrics/<role>-<i>.jsonl; and its
+launcher's records launch-<role>[-<i>].jsonl instead of a local run's one launch.jsonl). The
+tools read such a run as RUN_DIR+RUN_DIR2+... (the parts copied back from the hosts, in any
+order; a directory whose own name holds '+' is taken whole). The parts are merged as if they were
+one directory:
+  - config.toml must say the same in every part (compared as parsed TOML), else a usage error
+    naming both files and the first key that differs;
+  - metrics/*.jsonl and launch*.jsonl are the union of the parts' files; one file name in two
+    parts is a usage error naming both, unless the two are byte-identical (a shared filesystem
+    reached twice), which count once;
+  - summary.json is written to the first part.
+A cluster run (launch-*.jsonl files, in one shared directory or in parts) or any run in several
+parts is checked for completeness: every task's launch-<role>[-<i>].jsonl and
+metrics/<role>-<i>.jsonl (coordinator, servers 0..S-1, workers 0..W-1) should be there. What is
+missing is not an error — a task that died before writing leaves a hole too — but the tools warn,
+naming each file, and summary.json lists them under "missing".
+
+Launch records. Each launch*.jsonl holds one task's launcher records (start, exit per child,
+end; a resumed run appends another start..end). The run's launch segment k spans from the
+earliest k-th start to the latest k-th end over all tasks (a task without an end: its last
+record); launch_wall_s adds the segments up. A task whose last segment ended with a non-zero
+code, or has no end (an empty file: no start either), is listed in launch_failed.
+
 Resumed runs. A run directory may hold several segments: the first launch, then one per
 `downpour-launch --resume`. Worker files are appended to; a resumed worker's `start` record
 carries "resumed": true, "resume_step": S (the step it continues after) and "wall_offset_s": X
@@ -18,8 +43,9 @@ Exit codes, the same for every tool:
   0  ok
   1  runtime failure: a run failed, a file could not be read or written, gnuplot failed
   2  usage or config error: bad arguments, a bad experiment file, a directory that is not a
-     run directory
+     run directory, parts of different runs
 """
+import filecmp
 import glob
 import json
 import math
@@ -39,7 +65,7 @@ EXIT_CODES_HELP = """exit codes:
   0  ok
   1  runtime failure: a run failed, a file could not be read or written, gnuplot failed
   2  usage or config error: bad arguments, a bad experiment file, a directory that is not a
-     run directory"""
+     run directory, parts of different runs"""
 
 
 class ToolError(Exception):
@@ -119,6 +145,20 @@ def read_jsonl(path):
     return records
 
 
+PART_SEPARATOR = "+"  # RUN_DIR+RUN_DIR2: one run whose parts lie in several directories
+
+
+def run_parts(spec):
+    """RUN_DIR or RUN_DIR+RUN_DIR2+... → the run's directories in the given order. A spec that is
+    itself a directory is one part even if its name holds '+'."""
+    if os.path.isdir(spec) or PART_SEPARATOR not in spec:
+        return [spec]
+    parts = spec.split(PART_SEPARATOR)
+    if not all(parts):
+        raise UsageError(f"{spec!r}: an empty part; expected RUN_DIR or RUN_DIR+RUN_DIR2+...")
+    return parts
+
+
 def read_config(run_dir):
     if not os.path.isdir(run_dir):
         raise UsageError(f"{run_dir}: no such directory")
@@ -132,14 +172,58 @@ def read_config(run_dir):
             raise UsageError(f"{config_path}: {e}") from None
 
 
-def load_run(run_dir):
-    """Returns (config dict, {path: records in file order} for every metrics/*.jsonl)."""
-    config = read_config(run_dir)
-    files = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "metrics", "*.jsonl"))):
-        files[path] = read_jsonl(path)
+def config_difference(a, b, prefix=""):
+    """The first key (sorted, depth first) where two parsed configs differ, in words; None if equal."""
+    for key in sorted(set(a) | set(b)):
+        name = prefix + key
+        if key not in a or key not in b:
+            return f"{name} is set only in the {'second' if key in b else 'first'}"
+        if isinstance(a[key], dict) and isinstance(b[key], dict):
+            inner = config_difference(a[key], b[key], name + ".")
+            if inner:
+                return inner
+        elif a[key] != b[key]:
+            return f"{name} is {a[key]!r} in the first, {b[key]!r} in the second"
+    return None
+
+
+def read_run_config(parts):
+    """The run's config: every part's config.toml must say the same (each task of a cluster run
+    writes the identical file); a difference means the parts are of different runs."""
+    config = read_config(parts[0])
+    for part in parts[1:]:
+        other = read_config(part)
+        diff = config_difference(config, other)
+        if diff:
+            raise UsageError(f"{os.path.join(parts[0], 'config.toml')} and {os.path.join(part, 'config.toml')} "
+                             f"differ ({diff}): the directories are not parts of one run")
+    return config
+
+
+def gather_files(parts, patterns):
+    """{name relative to its part: path}, sorted by name, for the parts' files matching the glob
+    patterns. One name in two parts must be one file reached twice (byte-identical: counted once);
+    two different files would be two tasks claiming one role, or parts of two runs."""
+    found = {}
+    for part in parts:
+        for pattern in patterns:
+            for path in sorted(glob.glob(os.path.join(part, pattern))):
+                name = os.path.relpath(path, part)
+                if name not in found:
+                    found[name] = path
+                elif not filecmp.cmp(found[name], path, shallow=False):
+                    raise UsageError(f"{found[name]} and {path}: two different files named {name} in the parts of "
+                                     "one run (only the same file reached twice, on a shared filesystem, may repeat)")
+    return dict(sorted(found.items()))
+
+
+def load_run(parts):
+    """Returns (config dict, {path: records in file order} for every metrics/*.jsonl of the parts,
+    ordered by file name so that a run reads the same whether in one directory or in parts)."""
+    config = read_run_config(parts)
+    files = {path: read_jsonl(path) for path in gather_files(parts, ["metrics/*.jsonl"]).values()}
     if not any(files.values()):
-        raise ToolError(f"{run_dir}: no metrics/*.jsonl records (did the run start?)")
+        raise ToolError(f"{PART_SEPARATOR.join(parts)}: no metrics/*.jsonl records (did the run start?)")
     return config, files
 
 
@@ -312,12 +396,72 @@ def server_pulls(files):
     }
 
 
-def summarize(run_dir):
-    """The run's summary (the fields of summary.json)."""
-    config, files = load_run(run_dir)
+LAUNCH_PATTERNS = ["launch.jsonl", "launch-*.jsonl"]  # a local run's launcher; a cluster task's
+
+
+def launch_task(name):
+    """launch.jsonl → "launcher" (a local run's one launcher); launch-worker-1.jsonl → "worker-1"."""
+    stem = name[:-len(".jsonl")]
+    return stem[len("launch-"):] if stem.startswith("launch-") else "launcher"
+
+
+def launch_summary(launch_files):
+    """launch_tasks, launch_wall_s and launch_failed from the launchers' records ({name: path})."""
+    tasks = {launch_task(name): split_segments(path, read_jsonl(path)) for name, path in launch_files.items()}
+    started = [segs for segs in tasks.values() if segs[0]]
+    spans = []
+    for k in range(max((len(segs) for segs in started), default=0)):
+        bounds = [segment_span(segs[k]) for segs in started if k < len(segs)]
+        spans.append(max(b[1] for b in bounds) - min(b[0] for b in bounds))
+    failed = []
+    for task, segs in tasks.items():
+        ends = [r for r in segs[-1] if r.get("event") == "end"]
+        if not segs[0]:
+            failed.append({"task": task, "code": None, "reason": "no records: the launcher stopped before its start"})
+        elif not ends:
+            failed.append({"task": task, "code": None, "reason": "no end record: still running, or killed"})
+        elif ends[-1].get("code") != 0:
+            failed.append({"task": task, "code": ends[-1].get("code"), "reason": ends[-1].get("reason")})
+    return {"launch_tasks": len(tasks), "launch_wall_s": sum(spans) if spans else None, "launch_failed": failed}
+
+
+def segment_span(seg):
+    """(first record t, its end record's t, else its last record's t) of one launcher segment."""
+    ends = [r["t"] for r in seg if r.get("event") == "end"]
+    return seg[0]["t"], ends[-1] if ends else seg[-1]["t"]
+
+
+def expected_tasks(config):
+    """The tasks of a cluster run: coordinator, server-0..S-1, worker-0..W-1 (from [cluster])."""
+    cluster = config.get("cluster", {})
+    servers, workers = cluster.get("servers"), cluster.get("workers")
+    if not isinstance(servers, int) or not isinstance(workers, int):
+        return []
+    return ["coordinator"] + [f"server-{i}" for i in range(servers)] + [f"worker-{j}" for j in range(workers)]
+
+
+def missing_files(parts, config, launch_files, metric_paths):
+    """Files a complete cluster run or run in parts would have and these parts lack (see the
+    module's docstring); [] for a local run in one directory, which is not checked."""
+    cluster_launch = any(name != "launch.jsonl" for name in launch_files)
+    if len(parts) == 1 and not cluster_launch:
+        return []
+    have = set(launch_files) | {os.path.join("metrics", os.path.basename(p)) for p in metric_paths}
+    missing = []
+    for task in expected_tasks(config):
+        if "launch.jsonl" not in launch_files:
+            missing.append(f"launch-{task}.jsonl")
+        missing.append(os.path.join("metrics", f"{task}.jsonl"))
+    return [name for name in missing if name not in have]
+
+
+def summarize(spec):
+    """The summary (the fields of summary.json) of a run: RUN_DIR or RUN_DIR+RUN_DIR2+..."""
+    parts = run_parts(spec)
+    config, files = load_run(parts)
     workers = worker_files(files)
     if not workers:
-        raise ToolError(f"{run_dir}: no worker records in metrics/ (did any worker start?)")
+        raise ToolError(f"{spec}: no worker records in metrics/ (did any worker start?)")
     times = segment_times(workers)
     evals = sorted(((active_time(r, k, times), r) for w in workers for k, r in w.records("eval")),
                    key=lambda e: e[0])
@@ -326,11 +470,13 @@ def summarize(run_dir):
     reached = [e for e in evals if (e[1].get("top1") or 0) >= TARGET_TOP1]
     dones = last_done_per_worker(workers)
     resumed = any(r.get("resumed") for w in workers for _, r in w.records("start"))
+    launch_files = gather_files(parts, LAUNCH_PATTERNS)
 
     consistency = config.get("consistency", {})
     cluster = config.get("cluster", {})
     summary = {
-        "run_dir": os.path.abspath(run_dir),
+        "run_dir": os.path.abspath(parts[0]),
+        "parts": [os.path.abspath(p) for p in parts],
         "name": config.get("run", {}).get("name", ""),
         "mode": consistency.get("mode", "async"),
         "servers": cluster.get("servers"),
@@ -355,6 +501,8 @@ def summarize(run_dir):
     }
     summary.update(staleness_from_server_stats(workers))
     summary.update(server_pulls(files))
+    summary.update(launch_summary(launch_files))
+    summary["missing"] = missing_files(parts, config, launch_files, files)
     summary["evals"] = [{"wall_s": t, "epoch": e.get("epoch"), "step": e.get("step"), "top1": e.get("top1"),
                          "top5": e.get("top5"), "test_loss": e.get("test_loss"), "final": bool(e.get("final")),
                          "server_versions": e.get("server_versions")} for t, e in evals]
@@ -362,8 +510,22 @@ def summarize(run_dir):
     return summary
 
 
-def write_summary(run_dir):
-    s = summarize(run_dir)
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+def write_summary(spec):
+    """Summarizes a run (RUN_DIR or RUN_DIR+RUN_DIR2+...) into its first part's summary.json."""
+    s = summarize(spec)
+    with open(os.path.join(s["run_dir"], "summary.json"), "w") as f:
         json.dump(s, f, indent=1)
     return s
+
+
+def missing_warning(spec, s):
+    """The warning a tool prints for a run with missing files, or None."""
+    if not s["missing"]:
+        return None
+    return (f"warning: {spec}: no {', '.join(s['missing'])}: a task that never started, or a part of the run "
+            f"directory not given (name every host's copy: RUN_DIR{PART_SEPARATOR}RUN_DIR2...)")
+
+
+def warn(tool, message):
+    """Prints `<tool>: <message>` to stderr and goes on."""
+    print(f"{tool}: {message}", file=sys.stderr)

@@ -103,3 +103,54 @@ def simple_run(run_dir, mode="async", steps=100, t0=1000.0, with_stats=True, nam
     for sid in range(2):
         append_jsonl(run_dir, f"server-{sid}", server_records(sid, t0, [(0, 0.0), (2, 4.0)]))
     return run_dir
+
+
+CLUSTER_TASKS = ["coordinator", "server-0", "server-1", "worker-0", "worker-1"]  # ranks 0..4 of a 2 × 2 job
+
+
+def launch_records(t_start, t_end, child, code=0, resumed=False):
+    """One launcher segment as downpour-launch writes it: start, an exit per child, end."""
+    rec = lambda t, event, **fields: {"t": t, "role": "launcher", "id": 0, "event": event, **fields}  # noqa: E731
+    return [rec(t_start, "start", servers=2, workers=2, mode="async", resumed=resumed),
+            rec(t_end, "exit", child=child, code=code, stopped=False),
+            rec(t_end, "end", code=code, reason="all primaries exited 0" if code == 0 else f"{child} exited {code}",
+                seconds=t_end - t_start)]
+
+
+def append_launch(run_dir, name, records):
+    """Appends records to <run_dir>/<name>.jsonl (launch.jsonl or launch-<task>.jsonl)."""
+    with open(os.path.join(run_dir, name + ".jsonl"), "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def cluster_run(run_dirs, steps=100, t0=1000.0, omit=(), codes=None):
+    """A finished 2 × 2 job as a cluster launch leaves it: task i of CLUSTER_TASKS writes its
+    metrics and launch-<task>.jsonl into run_dirs[i % len(run_dirs)] (one directory: a shared
+    filesystem; several: each host's part), and every part gets the same config.toml. The records
+    are the same however the tasks are placed. omit: tasks that wrote nothing; codes: {task: exit
+    code}. Returns {task: its directory}."""
+    stats = [(0, 300, 300, 3, [100, 100, 50, 50]), (1, 300, 150, 2, [200, 50, 50])]
+    for d in run_dirs:
+        write_config(d)
+    placed = {}
+    t_end = t0 + steps + 0.5  # worker 1 starts 0.5 s after worker 0
+    for i, task in enumerate(CLUSTER_TASKS):
+        d = placed[task] = run_dirs[i % len(run_dirs)]
+        if task in omit:
+            continue
+        role, _, tid = task.partition("-")
+        if role == "worker":
+            wid = int(tid)
+            append_jsonl(d, task, worker_segment(wid, t0 + 0.5 * wid, 0, steps, eval_every=20, final=True, stats=stats))
+        elif role == "server":
+            append_jsonl(d, task, server_records(int(tid), t0, [(0, 0.0), (2, 4.0)]))
+        else:
+            append_jsonl(d, task, [{"t": t0 - 1.5, "role": "coordinator", "id": 0, "event": "coordinator_start",
+                                    "servers": 2, "workers": 2, "heartbeat_timeout_ms": 5000},
+                                   {"t": t_end + 0.2, "role": "coordinator", "id": 0, "event": "coordinator_end",
+                                    "dead_workers": 0, "ok": True}])
+        # Tasks start 0.1 s apart (the coordinator first) and end as the coordinator's shutdown reaches them.
+        append_launch(d, f"launch-{task}", launch_records(t0 - 3 + 0.1 * i, t_end + 1 + 0.1 * i,
+                                                          task.replace("-", " "), (codes or {}).get(task, 0)))
+    return placed
