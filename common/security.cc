@@ -1,0 +1,248 @@
+// security.cc — see security.h. Key generation and Z85 checks use libzmq (built with
+// libsodium); key files are TOML read with toml++.
+#include "common/security.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <toml++/toml.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/file_io.h"
+
+namespace downpour {
+
+namespace {
+
+constexpr size_t kZ85KeyChars = 40;  // a 32-byte CurveZMQ key in Z85
+constexpr KeyRole kClientRoles[] = {KeyRole::kAdmin, KeyRole::kServer, KeyRole::kWorker};
+
+std::string Errno() { return std::strerror(errno); }
+
+std::string KeyPath(const std::string& dir, const std::string& name, const char* ext) { return dir + "/" + name + ext; }
+
+Status CheckCurveAvailable() {
+  if (zmq_has("curve") == 0) {
+    return FailedPrecondition(
+        "this libzmq was built without CURVE (libsodium); CurveZMQ keys cannot be used: "
+        "install a libzmq with CURVE or leave security.keys unset");
+  }
+  return Status::Ok();
+}
+
+// Writes `text` to `path` with permissions `mode` from the first byte (a secret never exists
+// with wider permissions, not even as a temporary), then renames it into place.
+Status WriteKeyFile(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) return IoError("{}: cannot create key file: {}", tmp, Errno());
+  // open() applies the umask; fchmod makes the mode exact (a .pub must be readable by others).
+  const bool ok = ::fchmod(fd, mode) == 0 &&
+                  ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const std::string error = Errno();
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return IoError("{}: cannot write key file: {}", path, ok ? Errno() : error);
+  }
+  return Status::Ok();
+}
+
+Status WriteKeypair(const std::string& dir, const std::string& name) {
+  char public_key[kZ85KeyChars + 1];
+  char secret_key[kZ85KeyChars + 1];
+  if (zmq_curve_keypair(public_key, secret_key) != 0) {
+    return Internal("zmq_curve_keypair for {}: {}", KeyPath(dir, name, ".key"), zmq_strerror(zmq_errno()));
+  }
+  const std::string pub = fmt::format(
+      "# CurveZMQ public key ({}): copy to every host of the cluster\n"
+      "public = \"{}\"\n",
+      name, public_key);
+  const std::string key = fmt::format(
+      "# CurveZMQ keypair ({}): secret, keep mode 0600\n"
+      "public = \"{}\"\nsecret = \"{}\"\n",
+      name, public_key, secret_key);
+  DP_RETURN_IF_ERROR(WriteKeyFile(KeyPath(dir, name, ".key"), key, 0600));
+  return WriteKeyFile(KeyPath(dir, name, ".pub"), pub, 0644);
+}
+
+// The hint every "file is missing" error ends with.
+std::string MakeKeysHint(const std::string& dir) {
+  return fmt::format(
+      "make keys with `downpour-keys --out {}` and copy the directory (or the files "
+      "`downpour-keys` lists for this host) to every host",
+      dir);
+}
+
+// Refuses a secret key file that group or other may read or write, as ssh does.
+Status CheckSecretFileMode(const std::string& path, const struct stat& st) {
+  if ((st.st_mode & 077) != 0) {
+    return FailedPrecondition(
+        "permissions {:04o} for '{}' are too open: a secret key must be readable by its "
+        "owner only: chmod 600 {}",
+        st.st_mode & 07777, path, path);
+  }
+  return Status::Ok();
+}
+
+// Reads field `field` ("public" | "secret") of the key file `path` as a checked Z85 key.
+Status ReadKeyField(const toml::table& table, const std::string& path, const char* field, std::string* out) {
+  const std::optional<std::string> value = table[field].value<std::string>();
+  if (!value) return Corrupt("{}: no `{} = \"...\"` (a CurveZMQ key file made by downpour-keys)", path, field);
+  uint8_t decoded[32];
+  if (value->size() != kZ85KeyChars || zmq_z85_decode(decoded, value->c_str()) == nullptr) {
+    return Corrupt("{}: {} is not a CurveZMQ key (40 Z85 characters), got {} characters", path, field, value->size());
+  }
+  *out = *value;
+  return Status::Ok();
+}
+
+struct KeyFile {
+  std::string public_key;
+  std::string secret_key;  // only for *.key
+};
+
+// Loads `dir/name.ext` (ext ".pub" or ".key"); for ".key" also checks its permissions and that
+// its public key belongs to its secret key.
+Status LoadKeyFile(const std::string& dir, const std::string& name, const char* ext, KeyFile* out) {
+  const std::string path = KeyPath(dir, name, ext);
+  const bool secret = std::strcmp(ext, ".key") == 0;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return NotFound("security.keys = {}: {}: no such file; {}", dir, path, MakeKeysHint(dir));
+    }
+    return IoError("security.keys = {}: {}: {}", dir, path, Errno());
+  }
+  if (!S_ISREG(st.st_mode)) return InvalidArgument("security.keys = {}: {} is not a regular file", dir, path);
+  if (secret) DP_RETURN_IF_ERROR(CheckSecretFileMode(path, st));
+  std::string text;
+  DP_RETURN_IF_ERROR(ReadWholeFile(path, "key", &text));
+  toml::table table;
+  try {
+    table = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    return Corrupt("{}: not a key file made by downpour-keys: {}", path, e.description());
+  }
+  if (!secret) return ReadKeyField(table, path, "public", &out->public_key);
+  DP_RETURN_IF_ERROR(ReadKeyField(table, path, "secret", &out->secret_key));
+  char derived[kZ85KeyChars + 1];
+  if (zmq_curve_public(derived, out->secret_key.c_str()) != 0) {
+    return Corrupt("{}: cannot derive the public key from secret: {}", path, zmq_strerror(zmq_errno()));
+  }
+  if (table.contains("public")) {
+    DP_RETURN_IF_ERROR(ReadKeyField(table, path, "public", &out->public_key));
+    if (out->public_key != derived) return Corrupt("{}: public does not belong to secret (a mixed-up key file)", path);
+  }
+  out->public_key = derived;
+  return Status::Ok();
+}
+
+Status CheckKeyDirectory(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return NotFound("security.keys = {}: no such directory; {}", dir, MakeKeysHint(dir));
+    return IoError("security.keys = {}: {}", dir, Errno());
+  }
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument("security.keys = {}: not a directory", dir);
+  if ((st.st_mode & S_IWOTH) != 0) {
+    return FailedPrecondition(
+        "security.keys = {}: the directory is writable by everyone (mode {:04o}), so anyone "
+        "could replace its keys: chmod 700 {}",
+        dir, st.st_mode & 07777, dir);
+  }
+  return Status::Ok();
+}
+
+// "[::1]" -> "::1"; anything else unchanged.
+std::string StripBrackets(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
+  return host;
+}
+
+}  // namespace
+
+const char* KeyRoleName(KeyRole role) {
+  switch (role) {
+    case KeyRole::kAdmin:
+      return "admin";
+    case KeyRole::kServer:
+      return "server";
+    case KeyRole::kWorker:
+      return "worker";
+  }
+  return "?";
+}
+
+Status MakeClusterKeys(const std::string& dir) {
+  DP_RETURN_IF_ERROR(CheckCurveAvailable());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return IoError("cannot create key directory {}: {}", dir, Errno());
+  }
+  // Also for a directory that existed: it is about to hold secrets.
+  if (::chmod(dir.c_str(), 0700) != 0) return IoError("cannot chmod 700 key directory {}: {}", dir, Errno());
+  DP_RETURN_IF_ERROR(WriteKeypair(dir, "endpoint"));
+  for (KeyRole role : kClientRoles) DP_RETURN_IF_ERROR(WriteKeypair(dir, KeyRoleName(role)));
+  return FsyncDirectory(dir, KeyPath(dir, "endpoint", ".key"));
+}
+
+Status LoadCurveKeys(const std::string& dir, KeyRole role, bool bind, CurveOptions* out) {
+  DP_RETURN_IF_ERROR(CheckCurveAvailable());
+  DP_RETURN_IF_ERROR(CheckKeyDirectory(dir));
+  CurveOptions curve;
+  curve.enabled = true;
+  KeyFile endpoint, own;
+  DP_RETURN_IF_ERROR(LoadKeyFile(dir, "endpoint", ".pub", &endpoint));
+  DP_RETURN_IF_ERROR(LoadKeyFile(dir, KeyRoleName(role), ".key", &own));
+  curve.server_public = endpoint.public_key;
+  curve.client_public = own.public_key;
+  curve.client_secret = own.secret_key;
+  if (bind) {
+    KeyFile endpoint_pair;
+    DP_RETURN_IF_ERROR(LoadKeyFile(dir, "endpoint", ".key", &endpoint_pair));
+    if (endpoint_pair.public_key != endpoint.public_key) {
+      return Corrupt(
+          "security.keys = {}: endpoint.pub does not belong to endpoint.key (files from two "
+          "different `downpour-keys` runs?); copy the whole directory again",
+          dir);
+    }
+    curve.server_secret = endpoint_pair.secret_key;
+    for (KeyRole client : kClientRoles) {
+      KeyFile pub;
+      DP_RETURN_IF_ERROR(LoadKeyFile(dir, KeyRoleName(client), ".pub", &pub));
+      curve.allowed[pub.public_key] = KeyRoleName(client);
+    }
+  }
+  *out = std::move(curve);
+  return Status::Ok();
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  const std::string h = StripBrackets(host);
+  if (h == "localhost" || h == "::1") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
+    // ::ffff:127.x.y.z, the IPv4 loopback written as IPv6.
+    static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return std::memcmp(v6.s6_addr, kMappedPrefix, 12) == 0 && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+Status CheckBindAllowed(const std::string& bind, const SecurityConfig& security, const std::string& where) {
+  if (IsLoopbackHost(bind) || !security.keys.empty() || security.insecure) return Status::Ok();
+  return InvalidArgument(
+      "{} = {} is reachable from other hosts and security.keys is not set: make keys with "
+      "`downpour-keys --out keys`, set [security] keys = \"keys\" (copy the directory to every "
+      "host), or set security.insecure = true on a trusted network",
+      where, bind);
+}
+
+}  // namespace downpour
