@@ -1,13 +1,67 @@
-// zmq_transport.cc — see zmq_transport.h. The only file that includes ZeroMQ.
+// zmq_transport.cc — see zmq_transport.h. With common/security.cc (key generation) the only
+// files that include ZeroMQ.
 #include "common/zmq_transport.h"
 
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
 #include <zmq.hpp>
 
 namespace downpour {
 
+namespace {
+
+// The ZAP handler and the handshake monitors of a curve-enabled transport, on one thread.
+//
+// The ZAP socket is bound in the constructor, before any curve socket is bound: libzmq accepts
+// every CurveZMQ client when no handler is bound at inproc://zeromq.zap.01, so the handler
+// must exist first. Monitor sockets are connected by Watch() on the binding thread (so no
+// event of a fresh socket is lost) and handed to the security thread under `mu_`.
+class CurveGuard {
+ public:
+  CurveGuard(zmq::context_t& context, const ZmqOptions& options);
+  ~CurveGuard();
+  // Monitors handshake failures of `bound`, a socket bound at `address`.
+  void Watch(zmq::socket_t& bound, const std::string& address);
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Monitor {
+    zmq::socket_t socket;  // PAIR connected to the bound socket's monitor endpoint
+    std::string address;   // the bound socket's address, for messages
+  };
+  void Run();
+  void AdoptPending();
+  void HandleZapRequest();
+  void HandleMonitorEvent(Monitor& monitor);
+  void Refuse(const std::string& what);
+
+  zmq::context_t& context_;
+  const ZmqOptions& options_;
+  zmq::socket_t zap_;
+  std::mutex mu_;
+  std::vector<Monitor> pending_;   // guarded by mu_; watched sockets not yet adopted
+  int next_monitor_ = 0;           // guarded by mu_
+  std::vector<Monitor> monitors_;  // security thread only
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
 struct ZmqTransport::Impl {
   ZmqOptions options;
   zmq::context_t context;
+  std::mutex guard_mu;
+  // Made by the first curve Bind. Declared after `context`, so destroyed (thread joined, its
+  // sockets closed) before the context terminates.
+  std::unique_ptr<CurveGuard> guard;
   explicit Impl(const ZmqOptions& o) : options(o), context(o.io_threads) {}
 };
 
@@ -15,6 +69,41 @@ namespace {
 
 Status ZmqError(const char* what, const std::string& address, const zmq::error_t& e) {
   return Unavailable("zmq {} '{}': {} (errno {})", what, address, e.what(), e.num());
+}
+
+// ---- addresses and socket options ------------------------------------------------------------
+
+// The host of "tcp://HOST:PORT" (brackets kept), or "" for other transports.
+std::string TcpHost(const std::string& address) {
+  constexpr std::string_view kTcp = "tcp://";
+  if (address.rfind(kTcp, 0) != 0) return "";
+  std::string rest = address.substr(kTcp.size());
+  if (const size_t semi = rest.find(';'); semi != std::string::npos) rest = rest.substr(semi + 1);
+  const size_t colon = rest.rfind(':');
+  return colon == std::string::npos ? rest : rest.substr(0, colon);
+}
+
+bool IsIpv6Literal(const std::string& host) { return host.find(':') != std::string::npos; }
+
+// "127.0.0.5" -> "127.0.0.5", "::1" -> "[::1]": a host as it goes before ":PORT".
+std::string HostForAddress(const std::string& host) {
+  if (IsIpv6Literal(host) && host.front() != '[') return "[" + host + "]";
+  return host;
+}
+
+// "::ffff:127.0.0.5" (an IPv4 peer of a dual-stack socket) -> "127.0.0.5".
+std::string UnmapPeerAddress(const std::string& address) {
+  constexpr std::string_view kMapped = "::ffff:";
+  if (address.rfind(kMapped, 0) == 0 && address.find('.') != std::string::npos) return address.substr(kMapped.size());
+  return address;
+}
+
+// "tcp://HOST:PORT" from `source` -> "tcp://SOURCE:0;HOST:PORT" (ZeroMQ binds the outgoing
+// connection to SOURCE, any port). Other addresses, or no source, unchanged.
+std::string WithSource(const std::string& address, const std::string& source) {
+  constexpr std::string_view kTcp = "tcp://";
+  if (source.empty() || address.rfind(kTcp, 0) != 0) return address;
+  return fmt::format("{}{}:0;{}", kTcp, HostForAddress(source), address.substr(kTcp.size()));
 }
 
 // Called by ZeroMQ's I/O thread once it no longer reads a zero-copy frame's bytes.
@@ -73,14 +162,17 @@ Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames, std::
         return Internal("zmq '{}': multipart message cut short", address);
       }
       const bool more = msg->more();
-      if (first && info != nullptr) {
+      // Metadata rides on the frames that came over the wire; a ROUTER's identity frame is made
+      // locally and carries none, so read it from the first payload frame.
+      const bool is_identity = first && identity != nullptr;
+      if (!is_identity && frames->empty() && info != nullptr) {
         // Connection metadata (ZMTP): the ZAP handler's user id and the peer's address.
         const char* user = zmq_msg_gets(msg->handle(), "User-Id");
         const char* peer = zmq_msg_gets(msg->handle(), "Peer-Address");
         info->user_id = user != nullptr ? user : "";
-        info->address = peer != nullptr ? peer : "";
+        info->address = peer != nullptr ? UnmapPeerAddress(peer) : "";
       }
-      if (first && identity) {
+      if (is_identity) {
         identity->assign(static_cast<const char*>(msg->data()), msg->size());
       } else {
         const void* data = msg->data();
@@ -136,10 +228,180 @@ class ZmqClient : public ClientEndpoint {
   std::string address_;
 };
 
-void CommonOptions(zmq::socket_t& s, const ZmqOptions& o) {
+// ---- CurveGuard ------------------------------------------------------------------------------
+
+constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";  // fixed by RFC 27
+constexpr char kZapDomain[] = "downpour";
+constexpr auto kGuardPoll = std::chrono::milliseconds(100);  // how soon a new monitor is adopted
+
+CurveGuard::CurveGuard(zmq::context_t& context, const ZmqOptions& options)
+    : context_(context), options_(options), zap_(context, zmq::socket_type::rep) {
+  zap_.set(zmq::sockopt::linger, 0);
+  zap_.bind(kZapEndpoint);
+  thread_ = std::thread([this] { Run(); });
+}
+
+CurveGuard::~CurveGuard() {
+  stop_.store(true);
+  thread_.join();
+}
+
+void CurveGuard::Watch(zmq::socket_t& bound, const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string endpoint = fmt::format("inproc://downpour-curve-monitor-{}", next_monitor_++);
+  const int events =
+      ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+  if (zmq_socket_monitor(bound.handle(), endpoint.c_str(), events) != 0) throw zmq::error_t();
+  zmq::socket_t pair(context_, zmq::socket_type::pair);
+  pair.set(zmq::sockopt::linger, 0);
+  pair.connect(endpoint);
+  pending_.push_back(Monitor{std::move(pair), address});
+}
+
+void CurveGuard::AdoptPending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Monitor& m : pending_) monitors_.push_back(std::move(m));
+  pending_.clear();
+}
+
+void CurveGuard::Run() {
+  std::vector<zmq::pollitem_t> items;
+  while (!stop_.load()) {
+    AdoptPending();
+    items.assign(1, zmq::pollitem_t{zap_.handle(), 0, ZMQ_POLLIN, 0});
+    for (Monitor& m : monitors_) items.push_back(zmq::pollitem_t{m.socket.handle(), 0, ZMQ_POLLIN, 0});
+    try {
+      if (zmq::poll(items.data(), items.size(), kGuardPoll) == 0) continue;
+      if (items[0].revents & ZMQ_POLLIN) HandleZapRequest();
+      for (size_t i = 0; i < monitors_.size(); ++i) {
+        if (items[i + 1].revents & ZMQ_POLLIN) HandleMonitorEvent(monitors_[i]);
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;  // a signal for the program (SIGCHLD, SIGTERM)
+      if (e.num() == ETERM) return;
+      // Anything else is a bug in this loop, not a peer: a stopped guard would leave every
+      // handshake waiting for a ZAP reply, so it is loud.
+      std::fprintf(stderr, "downpour: CurveZMQ security thread: unexpected ZeroMQ error: %s\n", e.what());
+      std::abort();
+    }
+  }
+}
+
+// One ZAP request (RFC 27): version, request id, domain, address, routing id, mechanism,
+// credentials (CURVE: the client's 32-byte public key). Replies 200 with the role as User-Id
+// when the key is one of the cluster's, else 400.
+void CurveGuard::HandleZapRequest() {
+  std::vector<zmq::message_t> request;
+  while (true) {
+    zmq::message_t part;
+    if (!zap_.recv(part, zmq::recv_flags::dontwait)) break;
+    const bool more = part.more();
+    request.push_back(std::move(part));
+    if (!more) break;
+  }
+  auto frame = [&](size_t i) { return i < request.size() ? request[i].to_string() : std::string(); };
+  const std::string address = frame(3);
+  const std::string mechanism = frame(5);
+  std::string role, why;
+  if (mechanism == "CURVE" && request.size() >= 7 && request[6].size() == 32) {
+    char z85[41];
+    zmq_z85_encode(z85, static_cast<const uint8_t*>(request[6].data()), 32);
+    auto it = options_.curve.allowed.find(z85);
+    if (it != options_.curve.allowed.end()) {
+      role = it->second;
+    } else {
+      why = fmt::format("client key {}... from {} is not one of this cluster's keys", std::string(z85, 8), address);
+    }
+  } else {
+    why = fmt::format("a {} client from {} (only CurveZMQ clients with this cluster's keys are accepted)",
+                      mechanism.empty() ? "keyless" : mechanism, address);
+  }
+  const bool ok = why.empty();
+  const std::string reply[] = {"1.0", frame(1), ok ? "200" : "400", ok ? "OK" : "not a key of this cluster", role, ""};
+  for (size_t i = 0; i < std::size(reply); ++i) {
+    zap_.send(zmq::buffer(reply[i]), i + 1 < std::size(reply) ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+  if (!ok) Refuse(why);
+}
+
+std::string ProtocolErrorName(uint32_t code) {
+  switch (code) {
+    case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+      return "security mechanism mismatch (a plaintext client, or one without CurveZMQ keys)";
+    case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+      return "cryptographic error (a client that expects another endpoint key)";
+    default:
+      return fmt::format("ZMTP protocol error 0x{:x}", code);
+  }
+}
+
+// One monitor event: a 6-byte frame (uint16 event, uint32 value) and the endpoint address.
+void CurveGuard::HandleMonitorEvent(Monitor& monitor) {
+  zmq::message_t event, endpoint;
+  if (!monitor.socket.recv(event, zmq::recv_flags::dontwait)) return;
+  if (event.more()) (void)monitor.socket.recv(endpoint, zmq::recv_flags::dontwait);
+  if (event.size() < 6) return;
+  // The address the failing connection came in on, as libzmq names it; else the bind address.
+  const std::string where = endpoint.size() > 0 ? endpoint.to_string() : monitor.address;
+  uint16_t id;
+  uint32_t value;
+  std::memcpy(&id, event.data(), sizeof(id));
+  std::memcpy(&value, static_cast<const char*>(event.data()) + sizeof(id), sizeof(value));
+  switch (id) {
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+      // 400 is this guard's own ZAP denial, counted (with the peer's key) when it was made.
+      if (value == 400) return;
+      Refuse(fmt::format("handshake on {} refused by ZAP status {}", where, value));
+      return;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+      Refuse(fmt::format("handshake on {} failed: {}", where, ProtocolErrorName(value)));
+      return;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+      Refuse(fmt::format("handshake on {} failed: {} (a peer that closed or spoke no ZMTP)", where,
+                         zmq_strerror(static_cast<int>(value))));
+      return;
+    default:
+      return;
+  }
+}
+
+void CurveGuard::Refuse(const std::string& what) {
+  refused_.fetch_add(1, std::memory_order_relaxed);
+  if (options_.on_refused) options_.on_refused(what);
+}
+
+void CommonOptions(zmq::socket_t& s, const ZmqOptions& o, const std::string& address) {
+  if (o.ipv6 && (IsIpv6Literal(TcpHost(address)) || IsIpv6Literal(o.connect_source))) s.set(zmq::sockopt::ipv6, 1);
   s.set(zmq::sockopt::linger, o.linger_ms);
   s.set(zmq::sockopt::sndtimeo, o.send_timeout_ms);
   s.set(zmq::sockopt::maxmsgsize, o.max_message_bytes);
+}
+
+// A bound socket as a CurveZMQ server whose clients the ZAP handler checks.
+Status SetCurveServer(zmq::socket_t& s, const CurveOptions& curve, const std::string& address) {
+  if (curve.server_secret.empty()) {
+    return FailedPrecondition(
+        "zmq bind '{}': CurveZMQ is on but this process has no endpoint secret key "
+        "(load keys with bind = true: common/security.h LoadCurveKeys)",
+        address);
+  }
+  s.set(zmq::sockopt::curve_server, 1);
+  s.set(zmq::sockopt::curve_secretkey, curve.server_secret);
+  s.set(zmq::sockopt::zap_domain, kZapDomain);
+  return Status::Ok();
+}
+
+Status SetCurveClient(zmq::socket_t& s, const CurveOptions& curve, const std::string& address) {
+  if (curve.server_public.empty() || curve.client_public.empty() || curve.client_secret.empty()) {
+    return FailedPrecondition(
+        "zmq connect '{}': CurveZMQ is on but this process lacks the endpoint public "
+        "key or its own keypair (common/security.h LoadCurveKeys)",
+        address);
+  }
+  s.set(zmq::sockopt::curve_serverkey, curve.server_public);
+  s.set(zmq::sockopt::curve_publickey, curve.client_public);
+  s.set(zmq::sockopt::curve_secretkey, curve.client_secret);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -147,11 +409,24 @@ void CommonOptions(zmq::socket_t& s, const ZmqOptions& o) {
 ZmqTransport::ZmqTransport(ZmqOptions options) : impl_(std::make_unique<Impl>(options)) {}
 ZmqTransport::~ZmqTransport() = default;
 
+uint64_t ZmqTransport::refused_connections() const {
+  std::lock_guard<std::mutex> lock(impl_->guard_mu);
+  return impl_->guard ? impl_->guard->refused() : 0;
+}
+
 Status ZmqTransport::Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) {
+  const bool curve = impl_->options.curve.enabled;
   try {
     zmq::socket_t s(impl_->context, zmq::socket_type::router);
-    CommonOptions(s, impl_->options);
+    CommonOptions(s, impl_->options, address);
     s.set(zmq::sockopt::router_mandatory, 1);  // replies to a vanished peer fail, not vanish
+    if (curve) {
+      DP_RETURN_IF_ERROR(SetCurveServer(s, impl_->options.curve, address));
+      std::lock_guard<std::mutex> lock(impl_->guard_mu);
+      if (!impl_->guard) impl_->guard = std::make_unique<CurveGuard>(impl_->context, impl_->options);
+      // Before bind: the monitor must see the first client's handshake.
+      impl_->guard->Watch(s, address);
+    }
     s.bind(address);
     std::string bound = s.get(zmq::sockopt::last_endpoint);
     *out = std::make_unique<ZmqServer>(impl_.get(), std::move(s), std::move(bound));
@@ -164,8 +439,9 @@ Status ZmqTransport::Bind(const std::string& address, std::unique_ptr<ServerEndp
 Status ZmqTransport::Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) {
   try {
     zmq::socket_t s(impl_->context, zmq::socket_type::dealer);
-    CommonOptions(s, impl_->options);
-    s.connect(address);
+    CommonOptions(s, impl_->options, address);
+    if (impl_->options.curve.enabled) DP_RETURN_IF_ERROR(SetCurveClient(s, impl_->options.curve, address));
+    s.connect(WithSource(address, impl_->options.connect_source));
     *out = std::make_unique<ZmqClient>(impl_.get(), std::move(s), address);
   } catch (const zmq::error_t& e) {
     return ZmqError("connect", address, e);

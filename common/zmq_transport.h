@@ -4,12 +4,33 @@
 // function that releases the frame's keepalive); smaller frames are copied. Received frames
 // keep their zmq message as owner (no copy).
 //
-// Thread-safety: see transport.h. The ZmqTransport owns the ZeroMQ context (no global one);
-// it must outlive its endpoints.
+// Security (ZmqOptions::curve, keys from common/security.h): with curve.enabled every bound
+// socket is a CurveZMQ server and every connection a CurveZMQ client, so traffic is
+// authenticated and encrypted. A ZAP handler (RFC 27) owned by the transport accepts a client
+// only if its public key is in curve.allowed and sets the connection's User-Id to the mapped
+// role, which arrives as PeerInfo::user_id. A client refused by the ZAP handler, and any
+// handshake that fails on a bound socket (a plaintext client, one that expects another
+// endpoint key), gets no reply and is counted in refused_connections(); on_refused hears of
+// each. A refused client that keeps reconnecting is counted once per attempt, so at most
+// about ten times a second for a ZeroMQ client (its reconnect interval); programs log the
+// callback at a bounded rate.
+//
+// Addresses: "tcp://HOST:PORT". An IPv6 literal ("tcp://[::1]:5600", bind "tcp://[::]:5600")
+// works when ZmqOptions::ipv6 is on: ZMQ_IPV6 is set on exactly the sockets whose address (or
+// connect_source) is an IPv6 literal, so a host name keeps resolving to its IPv4 address as it
+// always did ("localhost" stays 127.0.0.1 even where /etc/hosts also lists ::1).
+//
+// Thread-safety: see transport.h. The ZmqTransport owns the ZeroMQ context (no global one) and,
+// with curve on, one security thread (ZAP handler and handshake monitors), started by the first
+// Bind and stopped by the destructor before the context ends. It must outlive its endpoints.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
+#include "common/security.h"
 #include "common/transport.h"
 
 namespace downpour {
@@ -20,6 +41,14 @@ struct ZmqOptions {
   int linger_ms = 500;                      // how long close waits for unsent messages
   int64_t max_message_bytes = int64_t{256} << 20;  // per received frame; larger = peer dropped
   size_t zero_copy_min_bytes = 4096;        // frames smaller than this are copied at send
+  CurveOptions curve;                       // CurveZMQ keys; curve.enabled = false: plaintext
+  bool ipv6 = true;                         // allow IPv6 literal addresses (see above)
+  // Source address of outgoing tcp connections ("127.0.0.5", "::1"); "" = any (the OS picks).
+  // Servers then see this process at that address (PeerInfo::address).
+  std::string connect_source;
+  // Called on the security thread for each refused connection with one line saying what was
+  // refused and why. Must be quick and must not call into this transport. Empty = not called.
+  std::function<void(const std::string& what)> on_refused;
 };
 
 class ZmqTransport : public Transport {
@@ -28,6 +57,10 @@ class ZmqTransport : public Transport {
   ~ZmqTransport() override;
   Status Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) override;
   Status Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) override;
+
+  // Connections refused so far on this transport's bound sockets (ZAP denials and failed
+  // CurveZMQ handshakes). Always 0 with curve off. Thread-safe.
+  uint64_t refused_connections() const;
 
   struct Impl;
 

@@ -1,11 +1,17 @@
-// transport_test.cc — the Transport contract, run against both implementations.
+// transport_test.cc — the Transport contract, run against both implementations; then what only
+// ZeroMQ does: CurveZMQ (keyed clients get through with their role as user id, every other
+// client gets no reply and is counted), IPv6 and the source address of outgoing connections.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "common/inproc_transport.h"
+#include "common/security.h"
 #include "common/zmq_transport.h"
+#include "tests/testing/harness.h"
 
 namespace downpour {
 namespace {
@@ -117,6 +123,204 @@ TEST_P(TransportTest, ReplyToUnknownPeerFails) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Both, TransportTest, ::testing::Values("inproc", "zmq"));
+
+// ---- ZeroMQ only ---------------------------------------------------------------------------
+
+using ::testing::AnyOf;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+
+Frames Text(const std::string& text) {
+  Frames f;
+  f.push_back(Frame::Copy(text));
+  return f;
+}
+
+// A client that gives up at once when its transport ends (nothing it queued is wanted).
+ZmqOptions ClientOptions(CurveOptions curve = {}) {
+  ZmqOptions o;
+  o.linger_ms = 0;
+  o.curve = std::move(curve);
+  return o;
+}
+
+// Sends `text` from a fresh client of `transport` to `server`, answers it, and returns what the
+// client got back (empty when nothing arrived within the waits). `info` gets the sender as the
+// server saw it.
+std::string Exchange(ZmqTransport& transport, ServerEndpoint& server, const std::string& text, PeerInfo* info = nullptr,
+                     std::chrono::milliseconds wait = 5000ms) {
+  std::unique_ptr<ClientEndpoint> client;
+  EXPECT_TRUE(transport.Connect(server.address(), &client).ok());
+  EXPECT_TRUE(client->Send(Text(text)).ok());
+  PeerId from;
+  Frames got;
+  PeerInfo seen;
+  if (!server.Receive(&from, &got, wait, &seen).ok()) return "";
+  if (info != nullptr) *info = seen;
+  EXPECT_TRUE(server.Send(from, Text("re:" + AsString(got[0]))).ok());
+  Frames reply;
+  if (!client->Receive(&reply, wait).ok()) return "";
+  return AsString(reply[0]);
+}
+
+// A CurveZMQ server (this cluster's endpoint key, server role) on 127.0.0.1, and the key
+// directories of this cluster, of another cluster and of a stranger.
+class CurveTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto scratch = test::ScratchDir("curve");
+    keys_ = (scratch / "keys").string();
+    other_ = (scratch / "other").string();
+    stranger_ = (scratch / "stranger").string();
+    for (const std::string& dir : {keys_, other_, stranger_}) ASSERT_TRUE(MakeClusterKeys(dir).ok()) << dir;
+    ZmqOptions o;
+    o.curve = Keys(keys_, KeyRole::kServer, /*bind=*/true);
+    o.on_refused = [this](const std::string& what) {
+      std::lock_guard<std::mutex> lock(mu_);
+      refusals_.push_back(what);
+    };
+    server_transport_ = std::make_unique<ZmqTransport>(o);
+    ASSERT_TRUE(server_transport_->Bind("tcp://127.0.0.1:0", &server_).ok());
+  }
+
+  static CurveOptions Keys(const std::string& dir, KeyRole role, bool bind = false) {
+    CurveOptions curve;
+    const Status s = LoadCurveKeys(dir, role, bind, &curve);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return curve;
+  }
+
+  // A client that must get nothing: the server receives no message, the client no reply, and
+  // the server's refused-connection count grows (and on_refused says why, matching `reason`).
+  void ExpectRefused(const CurveOptions& curve, const ::testing::Matcher<std::string>& reason) {
+    const uint64_t before = server_transport_->refused_connections();
+    ZmqTransport client_transport(ClientOptions(curve));
+    EXPECT_EQ(Exchange(client_transport, *server_, "let me in", nullptr, 1500ms), "");
+    for (int i = 0; i < 300 && server_transport_->refused_connections() == before; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_GT(server_transport_->refused_connections(), before);
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_THAT(refusals_, Contains(reason));
+  }
+
+  std::string keys_, other_, stranger_;
+  std::mutex mu_;
+  std::vector<std::string> refusals_;  // guarded by mu_
+  std::unique_ptr<ZmqTransport> server_transport_;
+  std::unique_ptr<ServerEndpoint> server_;  // destroyed before its transport
+};
+
+TEST_F(CurveTransportTest, KeyedClientsRoundTripWithTheirRoleAsUserId) {
+  for (KeyRole role : {KeyRole::kWorker, KeyRole::kServer, KeyRole::kAdmin}) {
+    ZmqTransport client_transport(ClientOptions(Keys(keys_, role)));
+    PeerInfo info;
+    EXPECT_EQ(Exchange(client_transport, *server_, "hello", &info), "re:hello") << KeyRoleName(role);
+    EXPECT_EQ(info.user_id, KeyRoleName(role));
+    EXPECT_EQ(info.address, "127.0.0.1");
+  }
+  EXPECT_EQ(server_transport_->refused_connections(), 0u);
+}
+
+TEST_F(CurveTransportTest, PlaintextClientGetsNothingAndIsCounted) {
+  // Which side notices the mismatch first is a race: the server sees either the mismatch or
+  // the plaintext client hanging up on it.
+  ExpectRefused(CurveOptions{}, AnyOf(HasSubstr("security mechanism mismatch"), HasSubstr("a peer that closed")));
+}
+
+TEST_F(CurveTransportTest, ClientWithAKeyOutsideTheClusterGetsNothingAndIsCounted) {
+  CurveOptions curve = Keys(keys_, KeyRole::kWorker);  // the right endpoint key ...
+  const CurveOptions random = Keys(stranger_, KeyRole::kWorker);
+  curve.client_public = random.client_public;  // ... but a keypair this cluster never made
+  curve.client_secret = random.client_secret;
+  ExpectRefused(curve, HasSubstr("is not one of this cluster's keys"));
+}
+
+TEST_F(CurveTransportTest, ValidKeysOfAnotherClusterGetNothingAndAreCounted) {
+  ExpectRefused(Keys(other_, KeyRole::kWorker), HasSubstr("cryptographic error"));
+}
+
+TEST_F(CurveTransportTest, ClientExpectingAnotherEndpointKeyGetsNothingAndIsCounted) {
+  CurveOptions curve = Keys(keys_, KeyRole::kWorker);                  // a key the server would accept ...
+  curve.server_public = Keys(other_, KeyRole::kWorker).server_public;  // ... sent to the wrong server
+  ExpectRefused(curve, HasSubstr("cryptographic error"));
+}
+
+TEST_F(CurveTransportTest, ARetryingRefusedClientIsCountedAtItsReconnectRate) {
+  // A refused ZeroMQ client reconnects every 100 ms (ZMQ_RECONNECT_IVL): it is counted per
+  // attempt, never in a tight loop.
+  CurveOptions curve = Keys(keys_, KeyRole::kWorker);
+  const CurveOptions random = Keys(stranger_, KeyRole::kWorker);
+  curve.client_public = random.client_public;
+  curve.client_secret = random.client_secret;
+  ZmqTransport client_transport(ClientOptions(curve));
+  std::unique_ptr<ClientEndpoint> client;
+  ASSERT_TRUE(client_transport.Connect(server_->address(), &client).ok());
+  ASSERT_TRUE(client->Send(Text("let me in")).ok());
+  std::this_thread::sleep_for(1500ms);
+  const uint64_t refused = server_transport_->refused_connections();
+  EXPECT_GE(refused, 1u);
+  EXPECT_LE(refused, 30u);  // ~15 at the reconnect interval; a tight loop would be thousands
+  PeerId from;
+  Frames got;
+  EXPECT_EQ(server_->Receive(&from, &got, 10ms).code(), StatusCode::kTimeout);
+}
+
+TEST_F(CurveTransportTest, BindWithoutTheEndpointSecretFails) {
+  ZmqTransport t(ClientOptions(Keys(keys_, KeyRole::kWorker, /*bind=*/false)));
+  std::unique_ptr<ServerEndpoint> s;
+  const Status status = t.Bind("tcp://127.0.0.1:0", &s);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("no endpoint secret key"));
+}
+
+TEST(ZmqAddresses, Ipv6LoopbackRoundTrip) {
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  const Status s = transport.Bind("tcp://[::1]:0", &server);
+  if (!s.ok()) GTEST_SKIP() << "no IPv6 loopback on this machine: " << s.ToString();
+  EXPECT_THAT(server->address(), HasSubstr("tcp://[::1]:"));
+  PeerInfo info;
+  EXPECT_EQ(Exchange(transport, *server, "v6", &info), "re:v6");
+  EXPECT_EQ(info.address, "::1");
+}
+
+TEST(ZmqAddresses, Ipv6OffRefusesAnIpv6Address) {
+  ZmqOptions o = ClientOptions();
+  o.ipv6 = false;
+  ZmqTransport transport(o);
+  std::unique_ptr<ServerEndpoint> server;
+  EXPECT_FALSE(transport.Bind("tcp://[::1]:0", &server).ok());
+}
+
+TEST(ZmqAddresses, HostNameStillMeansIpv4WithIpv6On) {
+  // "localhost" resolves to 127.0.0.1 as before, even where /etc/hosts lists ::1 first, so a
+  // server bound to 127.0.0.1 is still reached by name.
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  const std::string port = server->address().substr(server->address().rfind(':') + 1);
+  std::unique_ptr<ClientEndpoint> client;
+  ASSERT_TRUE(transport.Connect("tcp://localhost:" + port, &client).ok());
+  ASSERT_TRUE(client->Send(Text("by name")).ok());
+  PeerId from;
+  Frames got;
+  PeerInfo info;
+  ASSERT_TRUE(server->Receive(&from, &got, 5000ms, &info).ok());
+  EXPECT_EQ(info.address, "127.0.0.1");
+}
+
+TEST(ZmqAddresses, ConnectSourceIsThePeerAddressTheServerSees) {
+  ZmqTransport server_transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  ZmqOptions o = ClientOptions();
+  o.connect_source = "127.0.0.5";
+  ZmqTransport client_transport(o);
+  PeerInfo info;
+  EXPECT_EQ(Exchange(client_transport, *server, "from .5", &info), "re:from .5");
+  EXPECT_EQ(info.address, "127.0.0.5");
+}
 
 }  // namespace
 }  // namespace downpour
