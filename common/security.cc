@@ -11,6 +11,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "common/file_io.h"
 
@@ -20,6 +22,7 @@ namespace {
 
 constexpr size_t kZ85KeyChars = 40;  // a 32-byte CurveZMQ key in Z85
 constexpr KeyRole kClientRoles[] = {KeyRole::kAdmin, KeyRole::kServer, KeyRole::kWorker};
+constexpr const char* kKeyNames[] = {"endpoint", "admin", "server", "worker"};
 
 std::string Errno() { return std::strerror(errno); }
 
@@ -181,13 +184,18 @@ const char* KeyRoleName(KeyRole role) {
 
 Status MakeClusterKeys(const std::string& dir) {
   DP_RETURN_IF_ERROR(CheckCurveAvailable());
+  // Parents as `mkdir -p` would make them; the key directory itself owner-only from the start.
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
+  if (!parent.empty() && !std::filesystem::create_directories(parent, ec) && ec) {
+    return IoError("cannot create {} for key directory {}: {}", parent.string(), dir, ec.message());
+  }
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return IoError("cannot create key directory {}: {}", dir, Errno());
   }
   // Also for a directory that existed: it is about to hold secrets.
   if (::chmod(dir.c_str(), 0700) != 0) return IoError("cannot chmod 700 key directory {}: {}", dir, Errno());
-  DP_RETURN_IF_ERROR(WriteKeypair(dir, "endpoint"));
-  for (KeyRole role : kClientRoles) DP_RETURN_IF_ERROR(WriteKeypair(dir, KeyRoleName(role)));
+  for (const char* name : kKeyNames) DP_RETURN_IF_ERROR(WriteKeypair(dir, name));
   return FsyncDirectory(dir, KeyPath(dir, "endpoint", ".key"));
 }
 
@@ -220,6 +228,37 @@ Status LoadCurveKeys(const std::string& dir, KeyRole role, bool bind, CurveOptio
   }
   *out = std::move(curve);
   return Status::Ok();
+}
+
+Status CheckClusterKeys(const std::string& dir, std::vector<std::string>* report) {
+  DP_RETURN_IF_ERROR(CheckCurveAvailable());
+  DP_RETURN_IF_ERROR(CheckKeyDirectory(dir));
+  Status first;
+  int problems = 0;
+  auto note = [&](const std::string& file, const Status& s) {
+    report->push_back(s.ok() ? file + ": ok" : s.message());
+    if (!s.ok() && problems++ == 0) first = s;
+  };
+  for (const char* name : kKeyNames) {
+    KeyFile pub, key;
+    const Status pub_status = LoadKeyFile(dir, name, ".pub", &pub);
+    note(std::string(name) + ".pub", pub_status);
+    const std::string key_file = std::string(name) + ".key";
+    if (::access(KeyPath(dir, name, ".key").c_str(), F_OK) != 0 && errno == ENOENT) {
+      report->push_back(key_file + ": absent (needed only on hosts that run its role)");
+      continue;
+    }
+    Status key_status = LoadKeyFile(dir, name, ".key", &key);
+    if (key_status.ok() && pub_status.ok() && key.public_key != pub.public_key) {
+      key_status = Corrupt(
+          "{}: does not belong to {}.pub (files from two `downpour-keys` runs?); copy "
+          "both from the directory `downpour-keys` made",
+          KeyPath(dir, name, ".key"), name);
+    }
+    note(key_file, key_status);
+  }
+  if (problems == 0) return Status::Ok();
+  return Status(first.code(), fmt::format("{} problem(s) in {}; the first: {}", problems, dir, first.message()));
 }
 
 bool IsLoopbackHost(const std::string& host) {

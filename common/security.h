@@ -18,6 +18,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "common/run_config.h"
 #include "common/status.h"
@@ -41,7 +42,7 @@ struct CurveOptions {
   std::map<std::string, std::string> allowed;
 };
 
-// Makes the key directory `dir` (created with mode 0700 if missing; existing key files are
+// Makes the key directory `dir` (created with mode 0700, parents as mkdir -p; existing key files are
 // overwritten) with the four keypairs above. kFailedPrecondition when this libzmq lacks CURVE.
 Status MakeClusterKeys(const std::string& dir);
 
@@ -50,6 +51,13 @@ Status MakeClusterKeys(const std::string& dir);
 // worker.pub as the allow-list. Sets out->enabled. Errors name the file and say what to do
 // (missing file, garbled key, *.key readable by group/other, dir writable by others).
 Status LoadCurveKeys(const std::string& dir, KeyRole role, bool bind, CurveOptions* out);
+
+// Checks every file of the key directory `dir` and appends one line per file to `report`
+// ("worker.key: ok", "admin.key: absent (...)", or what is wrong and how to fix it). Every .pub
+// must be there; a .key may be absent (a host holds only the secrets of the roles it runs), but
+// one that is there must be mode 0600 and belong to its .pub. Returns the first problem, with
+// the number of problems, or Ok.
+Status CheckClusterKeys(const std::string& dir, std::vector<std::string>* report);
 
 // True for "localhost", 127.0.0.0/8, "::1" and "[::1]" (the address stays on this host).
 bool IsLoopbackHost(const std::string& host);

@@ -171,6 +171,44 @@ TEST(ClusterKeys, RemakingOverwritesEveryKey) {
   EXPECT_EQ(ModeOf(dir + "/endpoint.key"), 0600u);
 }
 
+TEST(ClusterKeys, CheckReportsEveryFileAndToleratesAbsentSecrets) {
+  const std::string dir = MakeKeys("keys_check");
+  std::vector<std::string> report;
+  ASSERT_TRUE(CheckClusterKeys(dir, &report).ok());
+  EXPECT_EQ(report.size(), 8u);
+  EXPECT_THAT(report, ::testing::Contains("worker.key: ok"));
+  // A worker host holds no endpoint secret: fine. A world-readable admin.key: not.
+  fs::remove(dir + "/endpoint.key");
+  ASSERT_EQ(::chmod((dir + "/admin.key").c_str(), 0604), 0);
+  report.clear();
+  const Status s = CheckClusterKeys(dir, &report);
+  EXPECT_THAT(s.message(), HasSubstr("1 problem(s)"));
+  EXPECT_THAT(s.message(), HasSubstr("chmod 600 " + dir + "/admin.key"));
+  EXPECT_THAT(report, ::testing::Contains(HasSubstr("endpoint.key: absent")));
+}
+
+// downpour-keys as an operator runs it.
+TEST(KeysProgram, MakesChecksAndRefusesToOverwriteWithoutForce) {
+  const std::string dir = (test::ScratchDir("keys_program") / "keys").string();
+  const std::string keys = test::Binary("downpour-keys");
+  std::string out;
+  ASSERT_EQ(test::RunCommand({keys, "--out", dir}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("worker hosts:"));
+  EXPECT_THAT(out, HasSubstr(dir + "/worker.key"));
+  EXPECT_EQ(test::RunCommand({keys, "--check", dir}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr(dir + ": ok"));
+  const std::string before = test::ReadFile(dir + "/endpoint.key");
+  EXPECT_EQ(test::RunCommand({keys, "--out", dir}, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("pass --force"));
+  EXPECT_EQ(test::ReadFile(dir + "/endpoint.key"), before);
+  EXPECT_EQ(test::RunCommand({keys, "--out", dir, "--force"}, &out), 0) << out;
+  EXPECT_NE(test::ReadFile(dir + "/endpoint.key"), before);
+  ASSERT_EQ(::chmod((dir + "/server.key").c_str(), 0644), 0);
+  EXPECT_EQ(test::RunCommand({keys, "--check", dir}, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("chmod 600 " + dir + "/server.key"));
+  EXPECT_EQ(test::RunCommand({keys}, &out), 2) << out;
+}
+
 TEST(KeyRoles, NamesAreTheUserIds) {
   EXPECT_STREQ(KeyRoleName(KeyRole::kAdmin), "admin");
   EXPECT_STREQ(KeyRoleName(KeyRole::kServer), "server");
