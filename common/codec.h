@@ -47,21 +47,23 @@ inline size_t DTypeSize(DType d) { return d == DType::kF32 ? 4 : 2; }
 
 // Why a server refused a message; indexes ShardStatsWire::rejected_by_reason.
 enum class RejectReason : uint16_t {
-  kUndecodable = 0,      // header is not a valid Header
-  kBadType,              // type a server does not serve
-  kNotRegistered,        // sender id unknown / not matching the peer
-  kLayoutHash,           // layout hash differs from the server's
-  kModelId,              // model id unknown
-  kUnknownChunk,         // chunk id out of range or owned by another server
-  kDType,                // dtype / encoding not supported
-  kElemCount,            // element count differs from the layout's chunk size
-  kByteLength,           // payload frame length differs from the header / count
-  kFrameCount,           // number of payload frames differs from the chunk list
-  kNonFinite,            // NaN or Inf in a gradient
-  kChecksum,             // CRC-32C mismatch
-  kDuplicateChunk,       // same chunk twice in one push
-  kNotInitialized,       // gradient for a chunk that has no weights yet
-  kClock,                // refused by the consistency policy (e.g. sync: wrong clock)
+  kUndecodable = 0,  // header is not a valid Header
+  kBadType,          // type a server does not serve
+  kNotRegistered,    // sender id unknown / not matching the peer
+  kLayoutHash,       // layout hash differs from the server's
+  kModelId,          // model id unknown
+  kUnknownChunk,     // chunk id out of range or owned by another server
+  kDType,            // dtype / encoding not supported
+  kElemCount,        // element count differs from the layout's chunk size
+  kByteLength,       // payload frame length differs from the header / count
+  kFrameCount,       // number of payload frames differs from the chunk list
+  kNonFinite,        // NaN or Inf in a gradient
+  kChecksum,         // CRC-32C mismatch
+  kDuplicateChunk,   // same chunk twice in one push
+  kNotInitialized,   // gradient for a chunk that has no weights yet
+  kClock,            // refused by the consistency policy (e.g. sync: wrong clock)
+  kUnauthorized,     // the peer's role / token does not allow it (server/access.h)
+  kOutsideRunDir,    // checkpoint path from the wire resolves outside the run directory
   kCount
 };
 const char* RejectReasonName(RejectReason r);
@@ -75,6 +77,10 @@ inline constexpr uint32_t kFlagInit = 1u << 0;  // push: set weights (init), not
 // heartbeat from a worker: it has finished training and pushes no more (the coordinator
 // reports it with the dead workers at once, so sync/ssp stop waiting for it).
 inline constexpr uint32_t kFlagFinished = 1u << 1;
+// heartbeat from a worker: it is done with everything (final evaluation, model saved) and is
+// about to exit; once every worker is done or dead the coordinator ends the run (cluster mode,
+// where no launcher sees every process exit).
+inline constexpr uint32_t kFlagDone = 1u << 2;
 
 struct ShardStatsWire {
   uint64_t pushes_received = 0;

@@ -75,7 +75,8 @@ struct Header {
   layoutHash @7 :UInt64;
   role @8 :Role;
   flags @9 :UInt32;            # push: bit 0 = init (sets weights, not a gradient step);
-                               # heartbeat: bit 1 = the worker finished training;
+                               # heartbeat: bit 1 = the worker finished training,
+                               #   bit 2 = the worker is done (evaluated, saved) and exits;
                                # error reply from a server: the RejectReason (common/codec.h)
 
   # Payload description, one entry per payload frame, in frame order.

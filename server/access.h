@@ -52,14 +52,15 @@ enum class Privilege { kAdmin, kRegisterServer, kRegisterWorker, kWorkerTraffic,
 const char* PrivilegeName(Privilege p);
 
 // Ok when `peer` may exercise `privilege` with message `h` under `policy`; otherwise
-// kFailedPrecondition whose message says what was refused and why (never the secret).
+// kFailedPrecondition whose message says what was refused and why (never the secret), for the
+// error reply; the caller's log line adds who asked (DescribePeer).
 Status Authorize(const AccessPolicy& policy, const PeerInfo& peer, const MessageHeader& h, Privilege privilege);
 
 // Resolves `wire_path` (absolute, or relative to `run_dir`) and checks that it lies inside
 // `run_dir`, both sides resolved with std::filesystem::weakly_canonical (so ".." and symlinks,
 // including a symlinked parent directory, are followed before the check). On success
 // `*resolved` is the resolved path. Refused (kFailedPrecondition) when run_dir is "" or the path
-// leaves it, or names the run directory itself.
+// leaves it, names the run directory itself, or ends in a dangling symlink.
 Status ConfineToRunDir(const std::string& run_dir, const std::string& wire_path, std::string* resolved);
 
 // Equal contents, in time that depends only on the lengths (no early exit on the first

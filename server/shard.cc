@@ -83,7 +83,9 @@ Status ShardServer::Create(const ParamLayout& layout, ShardOptions options,
 }
 
 ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
-    : layout_(layout), options_(std::move(options)) {
+    : layout_(layout),
+      options_(std::move(options)),
+      refusal_log_(fmt::format("server {}", options_.server_id), "refusals") {
   local_of_.assign(static_cast<size_t>(layout_.num_chunks()), -1);
   for (int32_t id : layout_.ServerChunks(options_.server_id)) {
     local_of_[static_cast<size_t>(id)] = static_cast<int>(owned_.size());
@@ -112,14 +114,16 @@ ShardServer::~ShardServer() {
 Status ShardServer::Serve(ServerEndpoint* ep) {
   while (!stop_.load()) {
     PeerId peer;
+    PeerInfo info;
     Frames frames;
-    Status s = ep->Receive(&peer, &frames, options_.poll_interval);
+    Status s = ep->Receive(&peer, &frames, options_.poll_interval, &info);
     if (s.ok()) {
-      HandleMessage(ep, peer, frames);
+      HandleMessage(ep, peer, info, frames);
     } else if (s.code() != StatusCode::kTimeout) {
       return s;
     }
     ServePending(ep);
+    refusal_log_.Flush();
   }
   return Status::Ok();
 }
@@ -155,24 +159,31 @@ void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHea
   if (!s.ok()) spdlog::warn("shard {}: reply to a peer failed: {}", options_.server_id, s.ToString());
 }
 
-void ShardServer::Reject(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& request,
+void ShardServer::Reject(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& request,
                          const Status& status, RejectReason reason) {
   ++stats_.rejected_by_reason[static_cast<size_t>(reason)];
   if (request.type == MsgType::kPush) ++stats_.pushes_rejected;
-  spdlog::debug("shard {}: rejected {} ({}): {}", options_.server_id, MsgTypeName(request.type),
-                RejectReasonName(reason), status.message());
+  if (reason == RejectReason::kUnauthorized || reason == RejectReason::kOutsideRunDir) {
+    // Refusals of who the peer is are worth a line (an attack, or a misconfigured process),
+    // but a stranger can provoke them at will: bounded rate.
+    refusal_log_.Log(fmt::format("server {}: refused {} from {}: {}", options_.server_id, MsgTypeName(request.type),
+                                 DescribePeer(info), status.message()));
+  } else {
+    spdlog::debug("shard {}: rejected {} ({}): {}", options_.server_id, MsgTypeName(request.type),
+                  RejectReasonName(reason), status.message());
+  }
   MessageHeader reply = ErrorReply(request, status);
   reply.flags = static_cast<uint32_t>(reason);  // lets a client react (e.g. register again)
   Reply(ep, peer, reply);
 }
 
-void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& frames) {
+void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
   std::lock_guard<std::mutex> lock(mu_);
   MessageHeader h;
   Status s = ParseHeader(frames, &h);
   if (!s.ok()) {
     ++stats_.undecodable;
-    Reject(ep, peer, MessageHeader{}, s, RejectReason::kUndecodable);
+    Reject(ep, peer, info, MessageHeader{}, s, RejectReason::kUndecodable);
     return;
   }
   if (h.type == MsgType::kPush) ++stats_.pushes_received;
@@ -184,14 +195,14 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& 
   RejectReason reason = RejectReason::kBadType;
   switch (h.type) {
     case MsgType::kRegister:
-      s = HandleRegister(peer, h, &reply);
-      reason = RejectReason::kLayoutHash;
+      s = HandleRegister(peer, info, h, &reply, &reason);
       break;
     case MsgType::kPush:
-      s = HandlePush(peer, h, frames, &reply, &reason);
+      s = CheckWorker(peer, info, h, &reason);
+      if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
       break;
     case MsgType::kPull: {
-      s = CheckSender(peer, h, &reason);
+      s = CheckWorker(peer, info, h, &reason);
       PendingPull p{peer, h, {}, std::chrono::steady_clock::now()};
       if (s.ok()) s = ResolveChunks(h, /*all_if_empty=*/true, &p.locals, &reason);
       if (s.ok()) {
@@ -205,7 +216,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& 
       break;
     }
     case MsgType::kClock:
-      s = CheckSender(peer, h, &reason);
+      s = CheckWorker(peer, info, h, &reason);
       if (s.ok()) {
         policy_->OnClock(h.sender, h.clock);
         reply.type = MsgType::kAck;
@@ -218,19 +229,16 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& 
     case MsgType::kHeartbeat:
       reply.type = MsgType::kHeartbeat;
       break;
-    case MsgType::kCheckpoint: {
-      const std::string path = h.text.empty() ? options_.checkpoint_path : h.text;
-      if (path.empty()) {
-        s = InvalidArgument("checkpoint: no path in the request and the server has no --run-dir");
-      } else {
-        s = SaveCheckpointLocked(path);
-      }
-      reason = RejectReason::kBadType;
-      reply.type = MsgType::kAck;
-      reply.text = path;
+    case MsgType::kCheckpoint:
+      s = HandleCheckpoint(info, h, &reply, &reason);
       break;
-    }
     case MsgType::kShutdown:
+      s = Authorize(options_.access, info, h, Privilege::kAdmin);
+      if (!s.ok()) {
+        reason = RejectReason::kUnauthorized;
+        break;
+      }
+      spdlog::info("server {}: shutdown requested by {}", options_.server_id, DescribePeer(info));
       reply.type = MsgType::kAck;
       shutdown_.store(true);
       stop_.store(true);
@@ -241,13 +249,36 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& 
       break;
   }
   if (!s.ok()) {
-    Reject(ep, peer, h, s, reason);
+    Reject(ep, peer, info, h, s, reason);
     return;
   }
   Reply(ep, peer, reply);
 }
 
-Status ShardServer::HandleRegister(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
+Status ShardServer::HandleCheckpoint(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
+                                     RejectReason* reason) {
+  *reason = RejectReason::kUnauthorized;
+  DP_RETURN_IF_ERROR(Authorize(options_.access, info, h, Privilege::kAdmin));
+  // A path from the wire is a place to write 2.6 MB+ of the peer's choosing: it must stay in the
+  // run directory. The server's own checkpoint path (no path in the request) is trusted.
+  std::string path = options_.checkpoint_path;
+  if (!h.text.empty()) {
+    *reason = RejectReason::kOutsideRunDir;
+    DP_RETURN_IF_ERROR(ConfineToRunDir(options_.access.run_dir, h.text, &path));
+  }
+  *reason = RejectReason::kBadType;
+  if (path.empty()) return InvalidArgument("checkpoint: no path in the request and the server has no --run-dir");
+  DP_RETURN_IF_ERROR(SaveCheckpointLocked(path));
+  reply->type = MsgType::kAck;
+  reply->text = path;
+  return Status::Ok();
+}
+
+Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
+                                   MessageHeader* reply, RejectReason* reason) {
+  *reason = RejectReason::kUnauthorized;
+  DP_RETURN_IF_ERROR(Authorize(options_.access, info, h, Privilege::kRegisterWorker));
+  *reason = RejectReason::kLayoutHash;
   if (h.layout_hash != layout_.hash()) {
     return FailedPrecondition(
         "register: layout hash mismatch: worker {} has {:#018x}, server {} has "
@@ -259,12 +290,24 @@ Status ShardServer::HandleRegister(const PeerId& peer, const MessageHeader& h, M
     return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
                            options_.model_id);
   }
-  registered_[peer] = h.sender;
+  const auto [it, fresh] = registered_.insert_or_assign(peer, h.sender);
+  (void)it;
+  if (fresh) spdlog::info("server {}: worker {} registered from {}", options_.server_id, h.sender, DescribePeer(info));
   reply->type = MsgType::kRegisterReply;
   reply->assigned_id = h.sender;
   reply->server_count = layout_.servers();
   reply->worker_count = options_.expected_workers;
   return Status::Ok();
+}
+
+Status ShardServer::CheckWorker(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
+                                RejectReason* reason) const {
+  Status s = Authorize(options_.access, info, h, Privilege::kWorkerTraffic);
+  if (!s.ok()) {
+    *reason = RejectReason::kUnauthorized;
+    return s;
+  }
+  return CheckSender(peer, h, reason);
 }
 
 Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const {
@@ -320,9 +363,8 @@ Status ShardServer::ResolveChunks(const MessageHeader& h, bool all_if_empty, std
 // ---------------------------------------------------------------------------------------------
 // Push: validate every chunk, then hand the whole push to the policy.
 
-Status ShardServer::HandlePush(const PeerId& peer, const MessageHeader& h, const Frames& frames,
-                               MessageHeader* reply, RejectReason* reason) {
-  DP_RETURN_IF_ERROR(CheckSender(peer, h, reason));
+Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply,
+                               RejectReason* reason) {
   const bool init = (h.flags & kFlagInit) != 0;
   if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) {
     *reason = RejectReason::kDType;

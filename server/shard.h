@@ -14,6 +14,13 @@
 // error reply naming the field and the values (undecodable headers too: the peer is known);
 // every refusal is counted by reason (ShardStatsWire::rejected_by_reason).
 //
+// Authorisation (server/access.h, ShardOptions::access): checkpoint and shutdown only from the
+// admin role (keys) or with the run's secret (no keys); a checkpoint path from the wire must
+// resolve inside the run directory; register as a worker needs the worker role / the secret;
+// with keys, push / pull / clock also need the worker role. Stats and heartbeat are open (they
+// change nothing). Refusals are counted (kUnauthorized, kOutsideRunDir), answered with an error
+// reply that says what was refused, and logged at a bounded rate (common/log_limit.h).
+//
 // Initial weights. Chunks start uninitialised; the first init push for a chunk sets its weights
 // (Caffe-like: worker 0 pushes its filler's weights), later init pushes are acknowledged and
 // ignored. A restored checkpoint initialises every chunk. Pulls of uninitialised chunks wait,
@@ -50,6 +57,7 @@
 
 #include "common/codec.h"
 #include "common/layout.h"
+#include "common/log_limit.h"
 #include "common/run_config.h"
 #include "common/transport.h"
 #include "server/access.h"
@@ -124,18 +132,21 @@ class ShardServer {
 
   ShardServer(const ParamLayout& layout, ShardOptions options);
 
-  void HandleMessage(ServerEndpoint* ep, const PeerId& peer, Frames& frames);
-  Status HandleRegister(const PeerId& peer, const MessageHeader& h, MessageHeader* reply);
+  void HandleMessage(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames);
+  Status HandleRegister(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
+                        RejectReason* reason);
+  Status HandleCheckpoint(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply, RejectReason* reason);
+  Status CheckWorker(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, RejectReason* reason) const;
   Status CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
-  Status HandlePush(const PeerId& peer, const MessageHeader& h, const Frames& frames,
-                    MessageHeader* reply, RejectReason* reason);
+  // A push from a sender CheckWorker has accepted: validated whole, then applied.
+  Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason);
   Status ResolveChunks(const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
                        RejectReason* reason) const;
   bool PullReady(const PendingPull& p) const;
   void ServePull(ServerEndpoint* ep, const PendingPull& p);
   void ServePending(ServerEndpoint* ep);
   void Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, Frames payload = {});
-  void Reject(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& request,
+  void Reject(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& request,
               const Status& status, RejectReason reason);
   void MaybeCheckpoint();
   ShardStatsWire StatsLocked() const;
@@ -158,6 +169,7 @@ class ShardServer {
   int64_t updates_ = 0;
   int64_t updates_at_last_checkpoint_ = 0;
   std::vector<std::pair<int32_t, bool>> gone_queue_;  // (worker, finished) from MarkWorkerGone, for the loop
+  RateLimitedLog refusal_log_;                        // refusals a stranger can provoke: a bounded number of lines
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};

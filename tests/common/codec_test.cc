@@ -48,12 +48,19 @@ MessageHeader Sample(MsgType type) {
       h.worker_count = 8;
       break;
     case MsgType::kHeartbeat:
+      h.flags = kFlagFinished | kFlagDone;
       h.dead_workers = {1, 6};
       h.finished_workers = {6};
       h.shutdown = true;
       break;
     case MsgType::kCheckpoint:
       h.text = "/tmp/run/ckpt";
+      h.token = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+      break;
+    case MsgType::kRegister:
+    case MsgType::kShutdown:
+      // Bytes, not text: any byte value survives, NULs included.
+      h.token = std::string("\x00\xff token \x01", 10);
       break;
     case MsgType::kStatsReply:
       h.stats.pushes_received = 10;

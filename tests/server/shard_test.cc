@@ -1,5 +1,6 @@
 // shard_test.cc — the shard server through its message path (in-process transport): update math
-// equals SgdUpdate, validation of every bad input, consistency policies, checkpoints.
+// equals SgdUpdate, validation of every bad input, consistency policies, checkpoints, and who
+// may checkpoint, shut down, register and push (server/access.h), with keys and with a token.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,6 +27,10 @@ std::vector<TensorSpec> SmallModel() {
 class RawPeer {
  public:
   RawPeer(Transport* t, const std::string& address) { EXPECT_TRUE(t->Connect(address, &ep_).ok()); }
+  // A peer the server sees as `info` (an authenticated key's role, an address).
+  RawPeer(InprocTransport* t, const std::string& address, PeerInfo info) {
+    EXPECT_TRUE(t->ConnectAs(address, std::move(info), &ep_).ok());
+  }
   void SendFrames(Frames f) { ASSERT_TRUE(ep_->Send(std::move(f)).ok()); }
   void Send(const MessageHeader& h, Frames payload = {}) {
     Frames f(1);
@@ -487,16 +492,17 @@ TEST_F(ShardFixture, SspPullWaitsForTheSlowestWorker) {
 // --- Checkpoints. ---
 
 TEST_F(ShardFixture, CheckpointRoundTripRestoresWeightsHistoryAndVersions) {
+  const std::string dir = ::testing::TempDir() + "/shard_ckpt_test";
+  std::filesystem::create_directories(dir);
   ShardOptions o;
   o.solver.base_lr = 0.1f;
   o.solver.momentum = 0.9f;
+  o.access.run_dir = dir;  // the checkpoint path below comes from the wire
   StartShards(SmallModel(), 2, 8, o);
   auto c = Client(0);
   const size_t n = static_cast<size_t>(layout_.total_elems());
   ASSERT_TRUE(c->Wait(c->PushInit(Iota(n, 1.0f, 0.5f)), 5000ms).ok());
   for (int step = 0; step < 3; ++step) ASSERT_TRUE(c->Wait(c->Push(Iota(n, 0.25f, 0.125f), step), 5000ms).ok());
-  const std::string dir = ::testing::TempDir() + "/shard_ckpt_test";
-  std::filesystem::create_directories(dir);
   const std::string path = dir + "/shard0.dpt";
   ASSERT_TRUE(c->Checkpoint(0, path, 5000ms).ok());
   EXPECT_EQ(shards_[0]->Stats().checkpoints_written, 1u);
@@ -537,6 +543,225 @@ TEST_F(ShardFixture, PeriodicCheckpointEveryNUpdates) {
   ASSERT_TRUE(fresh->LoadCheckpoint(o.checkpoint_path).ok());
   EXPECT_EQ(fresh->ChunkVersion(0), 4);
   EXPECT_EQ(fresh->ChunkWeights(0), std::vector<float>(8, -4.0f));
+}
+
+// --- Who may do what (server/access.h). ---
+
+// One shard (server 0 of 1) with an access policy, a run directory of its own, a legitimate
+// worker that has initialised and trained it, and strangers made with ConnectAs.
+class ShardAccess : public ShardFixture {
+ protected:
+  static constexpr const char* kSecret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+  void Start(bool keyed) {
+    run_dir_ = std::filesystem::path(::testing::TempDir()) /
+               ("shard_access_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    std::filesystem::remove_all(run_dir_);
+    std::filesystem::create_directories(run_dir_);
+    ShardOptions o;
+    o.solver.base_lr = 1.0f;
+    o.solver.momentum = 0.0f;
+    o.access.keyed = keyed;
+    o.access.run_secret = keyed ? "" : kSecret;
+    o.access.run_dir = run_dir_.string();
+    StartShards({{"a", {8}, 1, 1}}, 1, 8, o);  // one chunk
+    // The legitimate worker: token (no keys) or the worker key.
+    auto legit = keyed ? Peer("worker", "127.0.0.5") : Peer("", "127.0.0.5");
+    MessageHeader reg = Header(MsgType::kRegister, keyed ? "" : kSecret);
+    legit->Send(reg);
+    ASSERT_EQ(legit->Receive().type, MsgType::kRegisterReply);
+    MessageHeader init = Push(kFlagInit);
+    legit->Send(init, Payload(std::vector<float>(8, 2.0f)));
+    ASSERT_EQ(legit->Receive().type, MsgType::kAck);
+    legit->Send(Push(0), Payload(std::vector<float>(8, 0.5f)));
+    ASSERT_EQ(legit->Receive().type, MsgType::kAck);
+    legit_ = std::move(legit);
+    before_ = AllWeights();
+  }
+
+  std::unique_ptr<RawPeer> Peer(const std::string& role, const std::string& address = "127.0.0.66") {
+    return std::make_unique<RawPeer>(&transport_, addresses_[0], PeerInfo{role, address});
+  }
+  MessageHeader Header(MsgType type, const std::string& token = "") const {
+    MessageHeader h;
+    h.type = type;
+    h.sender = 0;
+    h.layout_hash = layout_.hash();
+    h.role = Role::kWorker;
+    h.token = token;
+    return h;
+  }
+  MessageHeader Push(uint32_t flags) const {
+    MessageHeader h = Header(MsgType::kPush);
+    h.flags = flags;
+    h.chunk_ids = {0};
+    h.versions = {shards_[0]->ChunkVersion(0)};
+    h.elem_counts = {8};
+    h.byte_lengths = {32};
+    return h;
+  }
+  static Frames Payload(const std::vector<float>& v) {
+    Frames f;
+    f.push_back(Frame::Copy(v.data(), v.size() * 4));
+    return f;
+  }
+  // Sends `h` from `peer` and expects an error reply whose text has `part`.
+  static void ExpectRefused(RawPeer* peer, const MessageHeader& h, const std::string& part, Frames payload = {}) {
+    peer->Send(h, std::move(payload));
+    const MessageHeader r = peer->Receive();
+    EXPECT_EQ(r.type, MsgType::kError) << MsgTypeName(h.type);
+    EXPECT_NE(r.error_text.find(part), std::string::npos) << r.error_text;
+  }
+  uint64_t Rejected(RejectReason r) const { return shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(r)]; }
+  void ExpectNothingChanged() {
+    const std::vector<float> now = AllWeights();
+    ASSERT_EQ(now.size(), before_.size());
+    EXPECT_EQ(std::memcmp(now.data(), before_.data(), now.size() * 4), 0) << "weights changed";
+    EXPECT_EQ(shards_[0]->Stats().checkpoints_written, 0u);
+    EXPECT_FALSE(shards_[0]->shutdown_requested());
+    EXPECT_TRUE(std::filesystem::is_empty(run_dir_)) << "a checkpoint file was written";
+  }
+
+  std::filesystem::path run_dir_;
+  std::unique_ptr<RawPeer> legit_;
+  std::vector<float> before_;
+};
+
+TEST_F(ShardAccess, WithoutKeysAStrangerWithoutTheTokenCanDoNothing) {
+  Start(/*keyed=*/false);
+  const std::string inside = (run_dir_ / "stolen.dpt").string();
+  for (const std::string& token :
+       std::vector<std::string>{"", "wrong-token", std::string(kSecret).substr(0, 63) + "0"}) {
+    SCOPED_TRACE("token '" + token + "'");
+    auto stranger = Peer("");
+    const std::string why = token.empty() ? "no token" : "wrong token";
+    MessageHeader ckpt = Header(MsgType::kCheckpoint, token);
+    ckpt.text = inside;
+    ExpectRefused(stranger.get(), ckpt, why);
+    ExpectRefused(stranger.get(), Header(MsgType::kShutdown, token), why);
+    ExpectRefused(stranger.get(), Header(MsgType::kRegister, token), why);
+    // Never registered: its push and pull are refused too, with the token or without.
+    MessageHeader push = Push(0);
+    push.token = token;
+    ExpectRefused(stranger.get(), push, "not registered", Payload(std::vector<float>(8, 100.0f)));
+    ExpectRefused(stranger.get(), Header(MsgType::kPull, token), "not registered");
+  }
+  EXPECT_EQ(Rejected(RejectReason::kUnauthorized), 9u);
+  EXPECT_EQ(Rejected(RejectReason::kNotRegistered), 6u);
+  ExpectNothingChanged();
+  // Stats stay open (they change nothing).
+  auto observer = Peer("");
+  observer->Send(Header(MsgType::kStats));
+  EXPECT_EQ(observer->Receive().type, MsgType::kStatsReply);
+  // The run's own processes, with the token, may.
+  MessageHeader ckpt = Header(MsgType::kCheckpoint, kSecret);
+  ckpt.text = inside;
+  legit_->Send(ckpt);
+  EXPECT_EQ(legit_->Receive().type, MsgType::kAck);
+  EXPECT_TRUE(std::filesystem::exists(inside));
+  legit_->Send(Header(MsgType::kShutdown, kSecret));
+  EXPECT_EQ(legit_->Receive().type, MsgType::kAck);
+  EXPECT_TRUE(shards_[0]->shutdown_requested());
+}
+
+TEST_F(ShardAccess, WithKeysEachRoleIsBoundToItsKey) {
+  Start(/*keyed=*/true);
+  const std::string inside = (run_dir_ / "stolen.dpt").string();
+  // A valid token means nothing with keys; the key's role decides.
+  for (const std::string role : {"", "worker", "server"}) {
+    SCOPED_TRACE("key '" + role + "'");
+    auto p = Peer(role);
+    MessageHeader ckpt = Header(MsgType::kCheckpoint, kSecret);
+    ckpt.text = inside;
+    ExpectRefused(p.get(), ckpt, "needs the 'admin' key");
+    ExpectRefused(p.get(), Header(MsgType::kShutdown, kSecret), "needs the 'admin' key");
+  }
+  for (const std::string role : {"", "server", "admin"}) {
+    SCOPED_TRACE("key '" + role + "'");
+    auto p = Peer(role);
+    ExpectRefused(p.get(), Header(MsgType::kRegister, kSecret), "needs the 'worker' key");
+    ExpectRefused(p.get(), Push(0), "needs the 'worker' key", Payload(std::vector<float>(8, 100.0f)));
+    ExpectRefused(p.get(), Header(MsgType::kPull), "needs the 'worker' key");
+    ExpectRefused(p.get(), Header(MsgType::kClock), "needs the 'worker' key");
+  }
+  EXPECT_EQ(Rejected(RejectReason::kUnauthorized), 6u + 12u);
+  // A worker key on a connection that did not register the id: refused as unregistered.
+  auto other_worker = Peer("worker");
+  ExpectRefused(other_worker.get(), Push(0), "not registered", Payload(std::vector<float>(8, 100.0f)));
+  ExpectNothingChanged();
+  // The admin key may checkpoint (inside the run directory) and shut down.
+  auto admin = Peer("admin", "127.0.0.2");
+  MessageHeader ckpt = Header(MsgType::kCheckpoint);
+  ckpt.text = inside;
+  admin->Send(ckpt);
+  EXPECT_EQ(admin->Receive().type, MsgType::kAck);
+  EXPECT_TRUE(std::filesystem::exists(inside));
+  // The legitimate worker keeps working.
+  legit_->Send(Push(0), Payload(std::vector<float>(8, 0.5f)));
+  EXPECT_EQ(legit_->Receive().type, MsgType::kAck);
+  admin->Send(Header(MsgType::kShutdown));
+  EXPECT_EQ(admin->Receive().type, MsgType::kAck);
+  EXPECT_TRUE(shards_[0]->shutdown_requested());
+}
+
+TEST_F(ShardAccess, CheckpointPathFromTheWireMustStayInsideTheRunDirectory) {
+  Start(/*keyed=*/true);
+  auto admin = Peer("admin");
+  const std::filesystem::path outside = run_dir_.parent_path() / (run_dir_.filename().string() + "_outside");
+  std::filesystem::remove_all(outside);
+  std::filesystem::create_directories(outside);
+  std::filesystem::create_directory_symlink(outside, run_dir_ / "link");
+  const std::vector<std::string> escapes = {
+      (outside / "abs.dpt").string(),                       // absolute, elsewhere
+      "../" + outside.filename().string() + "/dotdot.dpt",  // .. out of the run directory
+      "nowhere/../../escape.dpt",                           // .. through a directory that does not exist
+      (run_dir_ / ".." / "up.dpt").string(),                // absolute, through ..
+      "link/symlink.dpt",                                   // a symlink that leads out
+      ".",                                                  // the run directory itself
+  };
+  for (const std::string& path : escapes) {
+    SCOPED_TRACE(path);
+    MessageHeader ckpt = Header(MsgType::kCheckpoint);
+    ckpt.text = path;
+    ExpectRefused(admin.get(), ckpt, "outside the run directory");
+  }
+  EXPECT_EQ(Rejected(RejectReason::kOutsideRunDir), escapes.size());
+  EXPECT_TRUE(std::filesystem::is_empty(outside)) << "a file was written outside the run directory";
+  EXPECT_EQ(shards_[0]->Stats().checkpoints_written, 0u);
+  // Inside: relative, absolute, and through a symlink that stays inside.
+  std::filesystem::create_directories(run_dir_ / "ckpt");
+  std::filesystem::create_directory_symlink(run_dir_ / "ckpt", run_dir_ / "inner");
+  for (const std::string& path :
+       {std::string("ckpt/rel.dpt"), (run_dir_ / "ckpt" / "abs.dpt").string(), std::string("inner/via.dpt")}) {
+    SCOPED_TRACE(path);
+    MessageHeader ckpt = Header(MsgType::kCheckpoint);
+    ckpt.text = path;
+    admin->Send(ckpt);
+    const MessageHeader r = admin->Receive();
+    EXPECT_EQ(r.type, MsgType::kAck) << r.error_text;
+  }
+  EXPECT_TRUE(std::filesystem::exists(run_dir_ / "ckpt" / "rel.dpt"));
+  EXPECT_TRUE(std::filesystem::exists(run_dir_ / "ckpt" / "abs.dpt"));
+  EXPECT_TRUE(std::filesystem::exists(run_dir_ / "ckpt" / "via.dpt"));
+  EXPECT_EQ(shards_[0]->Stats().checkpoints_written, 3u);
+  std::filesystem::remove_all(outside);
+}
+
+TEST_F(ShardFixture, WithoutARunDirectoryEveryWirePathIsRefusedButTheServersOwnPathWorks) {
+  const std::string dir = ::testing::TempDir() + "/shard_no_run_dir";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ShardOptions o;
+  o.checkpoint_path = dir + "/own.dpt";
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 1.0f)), 5000ms).ok());
+  const Status s = c->Checkpoint(0, dir + "/wire.dpt", 5000ms);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no run directory"), std::string::npos) << s.message();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/wire.dpt"));
+  ASSERT_TRUE(c->Checkpoint(0, "", 5000ms).ok());
+  EXPECT_TRUE(std::filesystem::exists(o.checkpoint_path));
 }
 
 }  // namespace
