@@ -7,14 +7,25 @@
 // in a real run: the update cost is part of what the system moves per second; the bare peer
 // does no work at all, so the ratio is an honest lower bound on transport efficiency.
 //
-//   downpour-bench-ps --servers 2 --workers 1 --rounds 10
+// With --curve the parameter service runs with CurveZMQ on (keys made in a temporary directory,
+// every connection authenticated and encrypted, shards checking roles as in a keyed run).
+// --security-grid measures the cost of that: at (S,W) in {(2,1),(4,4)} it alternates plaintext
+// and CurveZMQ runs of the same service in one process (`--repeats` pairs, the order swapped
+// every pair so neither side always runs on a warmer machine), with one bare ZeroMQ run per
+// case as the transport ceiling.
+//
+//   downpour-bench-ps --servers 2 --workers 1 --rounds 10 [--curve]
 //   downpour-bench-ps --grid            # (S,W) in {(1,1),(2,1),(2,2),(4,4)}
+//   downpour-bench-ps --security-grid --repeats 3
 #include <fmt/core.h>
+#include <stdlib.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -23,6 +34,7 @@
 #include "client/ps/ps_client.h"
 #include "common/cli.h"
 #include "common/layout.h"
+#include "common/security.h"
 #include "common/status.h"
 #include "common/zmq_transport.h"
 #include "server/shard.h"
@@ -40,10 +52,39 @@ struct PsResult {
   int64_t rejected = 0;
 };
 
-PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup, int rounds,
-                             int base_port) {
+// CurveZMQ keys for one benchmark process, in a fresh temporary directory removed at the end.
+// Empty (curve off) when not wanted.
+class BenchKeys {
+ public:
+  explicit BenchKeys(bool wanted) {
+    if (!wanted) return;
+    char pattern[] = "/tmp/downpour-bench-keys-XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) ThrowIfError(IoError("mkdtemp {}: cannot make a key directory", pattern));
+    root_ = pattern;
+    const std::string dir = root_ + "/keys";
+    ThrowIfError(MakeClusterKeys(dir));
+    ThrowIfError(LoadCurveKeys(dir, KeyRole::kServer, /*bind=*/true, &server_));
+    ThrowIfError(LoadCurveKeys(dir, KeyRole::kWorker, /*bind=*/false, &worker_));
+  }
+  ~BenchKeys() {
+    std::error_code ec;
+    if (!root_.empty()) std::filesystem::remove_all(root_, ec);
+  }
+  bool on() const { return server_.enabled; }
+  const CurveOptions& server() const { return server_; }
+  const CurveOptions& worker() const { return worker_; }
+
+ private:
+  std::string root_;
+  CurveOptions server_, worker_;  // enabled = false when curve is off
+};
+
+PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup, int rounds, int base_port,
+                             const BenchKeys& keys) {
   const int servers = layout.servers();
-  ZmqTransport server_transport;
+  ZmqOptions server_options;
+  server_options.curve = keys.server();
+  ZmqTransport server_transport(server_options);
   std::vector<std::unique_ptr<ShardServer>> shards;
   std::vector<std::string> addresses;
   for (int s = 0; s < servers; ++s) {
@@ -53,6 +94,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     o.solver.base_lr = 1e-6f;  // any finite step: the work per update is what matters
     o.solver.momentum = 0.9f;
     o.solver.weight_decay = 5e-4f;
+    o.access.keyed = keys.on();  // keyed: pushes and pulls only from "worker" keys, as in a real run
     std::unique_ptr<ShardServer> shard;
     ThrowIfError(ShardServer::Create(layout, o, &shard));
     std::string address = fmt::format("tcp://127.0.0.1:{}", base_port + s);
@@ -72,7 +114,9 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       auto run = [&]() -> Status {
-        ZmqTransport transport;
+        ZmqOptions client_options;
+        client_options.curve = keys.worker();
+        ZmqTransport transport(client_options);
         PsClientOptions co;
         co.server_addresses = addresses;
         co.worker_id = w;
@@ -116,23 +160,70 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   return result;
 }
 
-void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_elems, int port) {
+ParamLayout AlexNetLayout(int servers, int64_t chunk_elems) {
   ParamLayout layout;
   ThrowIfError(ParamLayout::Build(AlexNetTensorSpecs(), servers, chunk_elems, &layout));
+  return layout;
+}
+
+void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_elems, int port, bool curve) {
+  const ParamLayout layout = AlexNetLayout(servers, chunk_elems);
   std::vector<std::vector<int64_t>> frames(static_cast<size_t>(servers));
   for (const Chunk& c : layout.chunks()) frames[static_cast<size_t>(c.server)].push_back(c.count);
 
   BareResult bare = RunBareZmq(frames, workers, warmup, rounds, port);
-  PsResult ps = RunParameterService(layout, workers, warmup, rounds, port + 100);
+  BenchKeys keys(curve);
+  PsResult ps = RunParameterService(layout, workers, warmup, rounds, port + 100, keys);
 
   const double gb = 1e9;
   const double bare_gbs = bare.bytes_moved / bare.seconds / gb;
   const double ps_gbs = ps.bytes_moved / ps.seconds / gb;
   fmt::print(
-      "S={} W={} chunks={} | downpour: {:.2f} rounds/s/worker {:.2f} GB/s | bare zmq: {:.2f} "
+      "S={} W={} chunks={}{} | downpour: {:.2f} rounds/s/worker {:.2f} GB/s | bare zmq: {:.2f} "
       "rounds/s/worker {:.2f} GB/s | ratio {:.0f}% | pushes recv/applied/rejected {}/{}/{}\n",
-      servers, workers, layout.num_chunks(), rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
+      servers, workers, layout.num_chunks(), curve ? " curve" : "", rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
       bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected);
+  std::fflush(stdout);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One (S,W) case of the security grid: a bare ZeroMQ run as the ceiling, then `repeats` pairs
+// of plaintext and CurveZMQ runs, alternating which goes first.
+void RunSecurityCase(int servers, int workers, int warmup, int rounds, int repeats, int64_t chunk_elems, int port) {
+  const ParamLayout layout = AlexNetLayout(servers, chunk_elems);
+  std::vector<std::vector<int64_t>> frames(static_cast<size_t>(servers));
+  for (const Chunk& c : layout.chunks()) frames[static_cast<size_t>(c.server)].push_back(c.count);
+  const BareResult bare = RunBareZmq(frames, workers, warmup, rounds, port);
+  const double gb = 1e9;
+  fmt::print("S={} W={} bare zmq (plaintext ceiling): {:.2f} GB/s\n", servers, workers,
+             bare.bytes_moved / bare.seconds / gb);
+  std::fflush(stdout);
+  const BenchKeys no_keys(false);
+  const BenchKeys keys(true);
+  std::vector<double> ratios;
+  for (int r = 0; r < repeats; ++r) {
+    double gbs[2] = {0, 0};  // [0] plaintext, [1] curve
+    for (int k = 0; k < 2; ++k) {
+      const bool curve = (k + r) % 2 == 1;  // pair 0: plaintext first; pair 1: curve first; ...
+      port += 10;
+      const PsResult ps = RunParameterService(layout, workers, warmup, rounds, port, curve ? keys : no_keys);
+      gbs[curve ? 1 : 0] = ps.bytes_moved / ps.seconds / gb;
+      fmt::print("S={} W={} pair {} {:9}: {:.2f} GB/s, {:.2f} rounds/s/worker, pushes recv/applied/rejected {}/{}/{}\n",
+                 servers, workers, r + 1, curve ? "curve" : "plaintext", gbs[curve ? 1 : 0], rounds / ps.seconds,
+                 ps.received, ps.applied, ps.rejected);
+      std::fflush(stdout);
+    }
+    ratios.push_back(gbs[1] / gbs[0]);
+  }
+  std::string list;
+  for (double x : ratios) list += fmt::format("{}{:.0f}%", list.empty() ? "" : " / ", 100 * x);
+  fmt::print("S={} W={} curve/plaintext throughput: {} (median {:.0f}%)\n", servers, workers, list,
+             100 * Median(ratios));
   std::fflush(stdout);
 }
 
@@ -144,7 +235,8 @@ int main(int argc, char** argv) {
   downpour::cli::AddStandardFlags(&app, "downpour-bench-ps");
   int servers = 2, workers = 1, rounds = 10, warmup = 2, port = 47000;
   int64_t chunk_elems = downpour::kDefaultChunkElems;
-  bool grid = false;
+  bool grid = false, curve = false, security_grid = false;
+  int repeats = 3;
   app.add_option("--servers", servers, "shard servers S")->check(CLI::Range(1, 64));
   app.add_option("--workers", workers, "synthetic workers W")->check(CLI::Range(1, 64));
   app.add_option("--rounds", rounds, "timed push+pull rounds per worker")->check(CLI::Range(1, 100000));
@@ -152,19 +244,30 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-elems", chunk_elems, "floats per chunk/frame")->check(CLI::Range(int64_t{1}, int64_t{1} << 28));
   app.add_option("--port", port, "first loopback port used")->check(CLI::Range(1024, 60000));
   app.add_flag("--grid", grid, "run (S,W) in {(1,1),(2,1),(2,2),(4,4)}");
+  app.add_flag("--curve", curve, "run the parameter service with CurveZMQ (keys made in a temporary directory)");
+  app.add_flag("--security-grid", security_grid,
+               "at (S,W) in {(2,1),(4,4)}: plaintext vs CurveZMQ in alternating pairs, and bare ZeroMQ");
+  app.add_option("--repeats", repeats, "plaintext/CurveZMQ pairs per case of --security-grid")
+      ->check(CLI::Range(1, 100));
   if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
   try {
     fmt::print("model: AlexNet tensors, {} floats ({:.1f} MB) each way per round\n",
                downpour::TotalElements(downpour::AlexNetTensorSpecs()),
                downpour::TotalElements(downpour::AlexNetTensorSpecs()) * 4 / 1e6);
-    if (grid) {
+    if (security_grid) {
+      int p = port;
+      for (auto [s, w] : {std::pair{2, 1}, {4, 4}}) {
+        downpour::bench::RunSecurityCase(s, w, warmup, rounds, repeats, chunk_elems, p);
+        p += 200 + 20 * repeats;
+      }
+    } else if (grid) {
       int p = port;
       for (auto [s, w] : {std::pair{1, 1}, {2, 1}, {2, 2}, {4, 4}}) {
-        downpour::bench::RunCase(s, w, warmup, rounds, chunk_elems, p);
+        downpour::bench::RunCase(s, w, warmup, rounds, chunk_elems, p, curve);
         p += 200;
       }
     } else {
-      downpour::bench::RunCase(servers, workers, warmup, rounds, chunk_elems, port);
+      downpour::bench::RunCase(servers, workers, warmup, rounds, chunk_elems, port, curve);
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "downpour-bench-ps: {}\n", e.what());
