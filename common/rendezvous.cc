@@ -65,6 +65,7 @@ Status RendezvousClient::Register(Transport* transport, RendezvousOptions option
   h.layout_hash = c->options_.layout_hash;
   h.model_id = c->options_.model_id;
   h.text = c->options_.address;
+  h.token = c->options_.token;
   MessageHeader reply;
   DP_RETURN_IF_ERROR(c->Exchange(h, &reply, timeout, /*say_waiting=*/true));
   if (reply.type != MsgType::kRegisterReply) {
@@ -115,6 +116,7 @@ Status RendezvousClient::RequestShutdown(std::chrono::milliseconds timeout) {
   h.role = options_.role;
   h.sender = id_;
   h.layout_hash = options_.layout_hash;
+  h.token = options_.token;
   MessageHeader reply;
   return Exchange(h, &reply, timeout);
 }
@@ -127,6 +129,7 @@ Status RendezvousClient::SendHeartbeat(std::chrono::milliseconds timeout, Messag
   h.clock = clock_.load();
   h.layout_hash = options_.layout_hash;
   if (finished_.load()) h.flags |= kFlagFinished;
+  if (done_.load()) h.flags |= kFlagDone;
   DP_RETURN_IF_ERROR(Exchange(h, reply, timeout));
   std::lock_guard<std::mutex> lock(gone_mu_);
   gone_ = reply->dead_workers;
@@ -135,6 +138,13 @@ Status RendezvousClient::SendHeartbeat(std::chrono::milliseconds timeout, Messag
 
 Status RendezvousClient::AnnounceFinished(std::chrono::milliseconds timeout) {
   finished_.store(true);
+  MessageHeader reply;
+  return SendHeartbeat(timeout, &reply);
+}
+
+Status RendezvousClient::AnnounceDone(std::chrono::milliseconds timeout) {
+  finished_.store(true);  // done implies finished
+  done_.store(true);
   MessageHeader reply;
   return SendHeartbeat(timeout, &reply);
 }

@@ -1,6 +1,6 @@
 // rendezvous.h — a process's link to the coordinator (server/coordinator.h): register (role,
-// layout hash, own address) to get an id and the server list, then heartbeat on a thread of
-// its own, hearing about dead workers and shutdown. Used by shard servers and by workers, so it
+// layout hash, own address, the run's token) to get an id and the server list, then heartbeat
+// on a thread of its own, hearing about dead workers and shutdown. Used by shard servers and by workers, so it
 // lives in common/ (server and client never include each other).
 //
 // Thread-safety: after Register(), the heartbeat thread owns the endpoint; the accessors and
@@ -61,6 +61,11 @@ class RendezvousClient {
   // A worker that has finished training (its last push acknowledged) says so now, and in
   // every later heartbeat; the coordinator then lists it with the dead ("gone") workers.
   Status AnnounceFinished(std::chrono::milliseconds timeout);
+  // A worker that is done with everything (final evaluation, model saved) and about to exit
+  // says so now, and in every later heartbeat (kFlagDone, which implies finished). The
+  // coordinator ends the run once every worker is done or dead: how a cluster run stops
+  // without a launcher that sees every process exit.
+  Status AnnounceDone(std::chrono::milliseconds timeout);
   // Workers the coordinator's latest reply listed as gone: dead (silent) or finished.
   std::vector<int32_t> gone_workers() const;
 
@@ -84,6 +89,7 @@ class RendezvousClient {
   uint64_t next_request_ = 1;
   std::atomic<int64_t> clock_{0};
   std::atomic<bool> finished_{false};
+  std::atomic<bool> done_{false};
   mutable std::mutex gone_mu_;
   std::vector<int32_t> gone_;  // the latest reply's dead_workers
   std::atomic<bool> shutdown_{false};

@@ -260,6 +260,7 @@ Status PsClient::Impl::Reregister(Link& link, RequestId id, std::chrono::steady_
   h.model_id = owner->options_.model_id;
   h.layout_hash = owner->layout_.hash();
   h.role = Role::kWorker;
+  h.token = owner->options_.token;
   Frames frames(1);
   DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
   DP_RETURN_IF_ERROR(link.endpoint->Send(std::move(frames)));
@@ -467,6 +468,9 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
   op.header.role = Role::kWorker;
   op.header.text = text;
   op.header.clock = clock;
+  // The run's secret goes only where a server checks it (server/access.h), not with traffic.
+  if (type == MsgType::kRegister || type == MsgType::kCheckpoint || type == MsgType::kShutdown)
+    op.header.token = o.token;
   impl.Enqueue(*impl.links[static_cast<size_t>(server)], std::move(op));
   std::unique_lock<std::mutex> lock(req->mu);
   if (!req->cv.wait_for(lock, timeout, [&] { return req->pending_ops == 0; })) {

@@ -243,7 +243,13 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
   Trainer trainer(topts, net, eval_net, &layout, &channel, train, test, metrics, progress);
   DP_RETURN_IF_ERROR(trainer.Run(out));
   LogServerStats(client.get(), config.cluster.servers, metrics);
-  return channel.Leave();
+  DP_RETURN_IF_ERROR(channel.Leave());
+  // Done with everything (the final evaluation and the model are saved): the coordinator ends
+  // a cluster run once every worker has said so or died. The work itself is complete, so a
+  // coordinator that does not answer is a warning, not a failed worker.
+  const Status done = rendezvous->AnnounceDone(std::chrono::milliseconds(10000));
+  if (!done.ok()) spdlog::warn("worker {}: could not tell the coordinator it is done: {}", args.id, done.ToString());
+  return Status::Ok();
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
 // ps_client_test.cc — the PS client's own contract: request ids and Wait, errors surfacing at
-// Wait, buffer lifetime of zero-copy pushes, chunk / tensor subsets, versions.
+// Wait, buffer lifetime of zero-copy pushes, chunk / tensor subsets, versions, and the run's
+// token on register, re-register, checkpoint and shutdown (the servers here require it).
+#include "client/ps/ps_client.h"
+
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <thread>
 
-#include "client/ps/ps_client.h"
 #include "common/inproc_transport.h"
 #include "server/shard.h"
 
@@ -13,14 +16,24 @@ namespace {
 
 using namespace std::chrono_literals;
 
+constexpr const char* kSecret = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2";
+
+// The servers of these tests: the update is w -= g, and the run's secret is required.
+ShardOptions TestShardOptions() {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.access.run_secret = kSecret;
+  o.access.run_dir = ::testing::TempDir();
+  return o;
+}
+
 class PsClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}, {"b", {10}, 1, 1}, {"c", {50}, 1, 1}}, 2, 32, &layout_).ok());
-    ShardOptions o;
-    o.solver.base_lr = 1.0f;
-    o.solver.momentum = 0.0f;
-    o.solver.weight_decay = 0.0f;
+    ShardOptions o = TestShardOptions();
     for (int s = 0; s < 2; ++s) {
       o.server_id = s;
       std::unique_ptr<ShardServer> shard;
@@ -30,13 +43,18 @@ class PsClientTest : public ::testing::Test {
       shard->Start(std::move(ep));
       shards_.push_back(std::move(shard));
     }
+    PsClientOptions co = ClientOptions(kSecret);
+    ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &client_).ok());
+    ASSERT_TRUE(client_->Connect(5000ms).ok());
+    n_ = static_cast<size_t>(layout_.total_elems());
+  }
+  static PsClientOptions ClientOptions(const std::string& token) {
     PsClientOptions co;
     co.server_addresses = {"s0", "s1"};
     co.reply_timeout = 5000ms;
     co.max_chunks_per_message = 4;
-    ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &client_).ok());
-    ASSERT_TRUE(client_->Connect(5000ms).ok());
-    n_ = static_cast<size_t>(layout_.total_elems());
+    co.token = token;
+    return co;
   }
   void TearDown() override {
     client_.reset();
@@ -77,8 +95,7 @@ TEST_F(PsClientTest, ServerErrorSurfacesAtWaitWithTheServerNamed) {
 
 TEST_F(PsClientTest, PullWaitsForInitThenTimesOutCleanly) {
   // Requests to one server run one at a time, so the init comes from another worker's client.
-  PsClientOptions co;
-  co.server_addresses = {"s0", "s1"};
+  PsClientOptions co = ClientOptions(kSecret);
   co.worker_id = 1;
   std::unique_ptr<PsClient> other;
   ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &other).ok());
@@ -154,10 +171,7 @@ TEST_F(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedT
   shards_[0]->Stop();
   ASSERT_TRUE(shards_[0]->Join().ok());
   shards_[0].reset();
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = TestShardOptions();
   ASSERT_TRUE(ShardServer::Create(layout_, o, &shards_[0]).ok());
   ASSERT_TRUE(shards_[0]->LoadCheckpoint(path).ok());
   std::unique_ptr<ServerEndpoint> ep;
@@ -171,6 +185,36 @@ TEST_F(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedT
   for (const Chunk& c : layout_.chunks()) EXPECT_EQ(client_->last_versions()[static_cast<size_t>(c.id)], 2);
   EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kNotRegistered)],
             (layout_.ServerChunks(0).size() + 3) / 4);
+}
+
+TEST_F(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNorShutDown) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 3.0f)), 5000ms).ok());
+  const std::string path = ::testing::TempDir() + "/ps_client_token.dpt";
+  std::filesystem::remove(path);
+  for (const std::string& token : std::vector<std::string>{"", "guess"}) {
+    SCOPED_TRACE("token '" + token + "'");
+    std::unique_ptr<PsClient> stranger;
+    ASSERT_TRUE(PsClient::Create(&transport_, layout_, ClientOptions(token), &stranger).ok());
+    const Status c = stranger->Connect(2000ms);
+    EXPECT_EQ(c.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(c.message().find(token.empty() ? "no token" : "wrong token"), std::string::npos) << c.message();
+    EXPECT_EQ(stranger->Checkpoint(0, path, 2000ms).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(stranger->Shutdown(1, 2000ms).code(), StatusCode::kFailedPrecondition);
+    // Never registered: its gradients are refused.
+    const std::vector<float> g(n_, 100.0f);
+    EXPECT_FALSE(stranger->Wait(stranger->Push(g, 0), 2000ms).ok());
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  for (auto& s : shards_) EXPECT_FALSE(s->shutdown_requested());
+  std::vector<float> w(n_);
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n_, 3.0f));
+  EXPECT_GT(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kUnauthorized)], 0u);
+  // The run's own client, with the token, may do both.
+  ASSERT_TRUE(client_->Checkpoint(0, path, 5000ms).ok());
+  EXPECT_TRUE(std::filesystem::exists(path));
+  ASSERT_TRUE(client_->Shutdown(1, 5000ms).ok());
+  EXPECT_TRUE(shards_[1]->shutdown_requested());
 }
 
 TEST(PsClientCreate, AddressCountMustMatchTheLayout) {
