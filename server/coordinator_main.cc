@@ -2,22 +2,27 @@
 // endpoint as a process (thin main over Coordinator and ZmqTransport).
 //
 //   downpour-coordinator --config run.toml --run-dir D (--tensors list.txt | --model alexnet-shapes)
-//                        [--port P]
+//                        [--port P] [--bind ADDR] [--advertise HOST] [--coordinator HOST:PORT]
 //
-// Binds tcp://<cluster.bind>:<port of cluster.coordinator> (or --port; 0 = the OS picks), writes
-// the bound address to D/coordinator.addr, and exits 0 after a shutdown has been heard by every
-// registered process (or its grace period ran out), or on SIGINT/SIGTERM. Membership events
+// Binds tcp://<--bind or cluster.bind>:<port of --coordinator or cluster.coordinator> (or
+// --port; 0 = the OS picks), writes the bound address to D/coordinator.addr, and exits 0 after a
+// shutdown has been heard by every registered process (or its grace period ran out), or on
+// SIGINT/SIGTERM. Keys, the loopback rule and the run secret: common/process_net.h; who may
+// register and shut the run down: server/access.h. Membership events
 // (registrations, dead workers, shutdown) go to D/metrics/coordinator.jsonl.
-#include <filesystem>
-#include <thread>
+#include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
+#include <filesystem>
+#include <thread>
 
 #include "common/cli.h"
 #include "common/file_io.h"
 #include "common/layout.h"
+#include "common/log_limit.h"
 #include "common/metrics.h"
+#include "common/net_address.h"
+#include "common/process_net.h"
 #include "common/run_config.h"
 #include "common/zmq_transport.h"
 #include "server/coordinator.h"
@@ -28,6 +33,7 @@ namespace {
 
 struct Flags {
   std::string config, run_dir, tensors, model;
+  NetFlags net;  // --bind, --advertise, --coordinator (its port is the one to bind)
   int port = -1;
 };
 
@@ -40,8 +46,12 @@ Status Run(const Flags& f, bool* serving) {
   DP_RETURN_IF_ERROR(ResolveTensorList(f.tensors, f.model, &specs));
   ParamLayout layout;
   DP_RETURN_IF_ERROR(ParamLayout::Build(specs, cfg.cluster.servers, cfg.cluster.chunk_elems, &layout));
-  int port = f.port;
-  if (port < 0) DP_RETURN_IF_ERROR(ParsePort(cfg.cluster.coordinator, "cluster.coordinator", &port, nullptr));
+  // Addresses, keys and the run secret, checked before anything binds.
+  ProcessNet net;
+  DP_RETURN_IF_ERROR(SetUpProcessNet(cfg, f.net, NetRole::kCoordinator, f.run_dir, &net));
+  HostPort self;
+  DP_RETURN_IF_ERROR(ParseHostPort(net.coordinator, "coordinator", &self));
+  const int port = f.port >= 0 ? f.port : self.port;
 
   CoordinatorOptions o;
   o.servers = cfg.cluster.servers;
@@ -49,6 +59,9 @@ Status Run(const Flags& f, bool* serving) {
   o.layout_hash = layout.hash();
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.shutdown_grace = std::chrono::milliseconds(4 * cfg.cluster.heartbeat_ms + 1000);
+  o.access.keyed = net.keyed;
+  o.access.run_secret = net.token;
+  o.access.run_dir = f.run_dir;
   // Membership events go to <run-dir>/metrics/coordinator.jsonl, next to every other process's.
   const std::filesystem::path metrics_dir = std::filesystem::path(f.run_dir) / "metrics";
   std::filesystem::create_directories(metrics_dir);
@@ -62,14 +75,19 @@ Status Run(const Flags& f, bool* serving) {
                                              {"heartbeat_timeout_ms", static_cast<int64_t>(o.heartbeat_timeout.count())}});
   Coordinator coordinator(o);
 
-  ZmqTransport transport;
+  // A stranger can provoke these at will: logged at a bounded rate, all counted.
+  auto refusals = std::make_shared<RateLimitedLog>("coordinator", "refused connections");
+  net.zmq.on_refused = [refusals](const std::string& what) {
+    refusals->Log(fmt::format("coordinator: refused connection: {}", what));
+  };
+  ZmqTransport transport(net.zmq);
   std::unique_ptr<ServerEndpoint> endpoint;
-  DP_RETURN_IF_ERROR(transport.Bind(fmt::format("tcp://{}:{}", cfg.cluster.bind, port), &endpoint));
+  DP_RETURN_IF_ERROR(transport.Bind(net.BindUrl(port), &endpoint));
   const std::string address = endpoint->address();
   const std::string addr_file = (std::filesystem::path(f.run_dir) / "coordinator.addr").string();
   DP_RETURN_IF_ERROR(WriteFileAtomic(addr_file, address + "\n"));
-  spdlog::info("coordinator: {} servers, {} workers, layout hash {:#018x}, listening on {}", o.servers,
-               o.workers, o.layout_hash, address);
+  spdlog::info("coordinator: {} servers, {} workers, layout hash {:#018x}", o.servers, o.workers, o.layout_hash);
+  spdlog::info("coordinator: {}", net.Describe(address));
 
   *serving = true;
   Status serve_status;
@@ -88,7 +106,11 @@ Status Run(const Flags& f, bool* serving) {
   done.store(true);
   watcher.join();
   const std::vector<int32_t> dead = coordinator.dead_workers();
-  (void)metrics->Write("coordinator_end", {{"dead_workers", static_cast<int64_t>(dead.size())}, {"ok", serve_status.ok()}});
+  refusals->Flush();
+  (void)metrics->Write("coordinator_end",
+                       {{"dead_workers", static_cast<int64_t>(dead.size())},
+                        {"refused_connections", static_cast<int64_t>(transport.refused_connections())},
+                        {"ok", serve_status.ok()}});
   return serve_status;
 }
 
@@ -105,8 +127,14 @@ int main(int argc, char** argv) {
   app.add_option("--run-dir", f.run_dir, "run directory (address file)")->required();
   app.add_option("--tensors", f.tensors, "tensor list file: '<name> <d0>x<d1>.. [lr_mult [decay_mult]]' per line");
   app.add_option("--model", f.model, "built-in tensor list: alexnet-shapes");
-  app.add_option("--port", f.port, "port to bind (default: cluster.coordinator's; 0 = any free port)")
+  app.add_option("--port", f.port, "port to bind (default: the coordinator address's; 0 = any free port)")
       ->check(cli::Between(0, 65535));
+  app.add_option("--bind", f.net.bind, "address to bind: an interface address, 0.0.0.0 or :: (default cluster.bind)");
+  app.add_option("--advertise", f.net.advertise,
+                 "host the others reach the coordinator at (default cluster.advertise)");
+  app.add_option("--coordinator", f.net.coordinator,
+                 "this coordinator's address as the others use it, host:port (default cluster.coordinator); its port "
+                 "is bound");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
   return cli::Main("downpour-coordinator", [&] {
     bool serving = false;

@@ -1,4 +1,5 @@
-// launch_main.cc — downpour-launch: runs one training job on this machine.
+// launch_main.cc — downpour-launch: runs one training job, on this machine or as one task of a
+// job spread over a cluster.
 //
 //   downpour-launch --config configs/runs/default.toml [--set section.key=value]...
 //                   [--servers S] [--workers W] [--run-dir D] [--weights FILE]
@@ -6,6 +7,26 @@
 //                   [--worker-cmd CMD] [--server-cmd CMD] [--coordinator-cmd CMD]
 //                   [--grace-ms 5000] [--timeout-s 0] [--bin-dir DIR] [--dry-run]
 //   downpour-launch --resume D [--timeout-s 0] [--grace-ms 5000] [--bin-dir DIR]
+//   downpour-launch --config X (--slurm | --mpi | --role R [--id I] --coordinator HOST:PORT)
+//                   [--bind ADDR] [--advertise HOST] [--run-dir D] [the options above]
+//
+// Cluster mode (--slurm, --mpi, --role; docs/cluster.md): each task runs exactly one role as its
+// single child, chosen from the resource manager's environment or the flags
+// (server/cluster_env.h: rank 0 the coordinator, 1..S the servers, then the workers; the task
+// count must be S+W+1), and says first where its role came from:
+//   [launch] slurm task 3/6 (SLURM_PROCID=3 of SLURM_NTASKS=6) on n2: server 2
+// The child gets --coordinator HOST:PORT (and --bind / --advertise) on top of the usual
+// arguments. Every task checks before it starts anything — the task count, the node list, the
+// key files, that the bind is allowed, that the advertise host resolves — and exits 2 with one
+// line naming what is wrong. All tasks use one run directory name: --run-dir, else
+// <run.out_dir>/<run.name>-<job id> from SLURM_JOB_ID.SLURM_STEP_ID or the MPI job's id; each
+// writes its own part of it (on a shared file system or not):
+//   D/config.toml               identical in every task (a task whose config differs is refused)
+//   D/logs/<role>[-<i>].log     its child's output
+//   D/launch-<role>[-<i>].jsonl its own launcher metrics
+//   D/tensors-<role>[-<i>].txt  the tensor list it made for its coordinator or server
+// and refuses to start only when its own files are already there. The run ends when every
+// worker is done: the coordinator then tells the servers, and every task's child exits.
 //
 // Reads the run config, applies the overrides, checks before starting anything that the run
 // directory is new (a directory holding a run is refused: --resume it) and that every input
@@ -31,6 +52,10 @@
 // A --*-cmd override replaces a role's program with a shell command that receives the same
 // arguments: /bin/sh -c 'exec CMD "$@"' ... (the load benchmark's synthetic workers).
 //
+// Before any child starts, the launcher checks the network setup every child will make
+// (common/process_net.h: keys, the loopback rule, advertise hosts) and, without keys, creates
+// the run's secret D/secret (mode 0600) that its children put on register and admin messages.
+//
 // The job ends when every worker exited 0 (then coordinator and servers get SIGTERM), when any
 // process fails (all are stopped; the exit code is the failed one's), or on SIGINT/SIGTERM.
 // Semantics of stopping: common/process_group.h. Errors before any process starts exit 2
@@ -39,21 +64,28 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/cli.h"
+#include "common/file_io.h"
 #include "common/metrics.h"
+#include "common/net_address.h"
 #include "common/process_group.h"
+#include "common/process_net.h"
 #include "common/run_config.h"
+#include "common/run_secret.h"
 #include "common/status.h"
+#include "server/cluster_env.h"
 #include "server/run_dir.h"
 
 namespace downpour {
@@ -76,6 +108,13 @@ struct LaunchFlags {
   int grace_ms = 5000;
   double timeout_s = 0;
   bool dry_run = false;
+  // Cluster mode: one task of a job spread over hosts.
+  bool slurm = false;
+  bool mpi = false;
+  std::string role;  // by hand: coordinator | server | worker
+  int id = -1;       // by hand: server or worker id
+  NetFlags net;      // --bind, --advertise, --coordinator (passed on to the child)
+  bool cluster() const { return slurm || mpi || !role.empty(); }
 };
 
 // <out_dir>/<name>-<YYYYmmdd-HHMMSS>, local time.
@@ -106,14 +145,6 @@ fs::path FindProgram(const LaunchFlags& f, const std::string& program) {
     if (fs::exists(p)) return p;
   }
   return candidates[0];
-}
-
-Status WriteTextFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return IoError("{}: cannot write: {}", path, std::strerror(errno));
-  return Status::Ok();
 }
 
 // argv for one role: the built program, or the shell override with the same arguments.
@@ -235,6 +266,35 @@ Status ResumeRunConfig(const LaunchFlags& f, RunConfig* cfg, ResumePlan* plan) {
   return PlanResume(f.resume, *cfg, plan);
 }
 
+// Errors found before anything starts are bad input (exit 2: a flag, the config, the
+// environment, a key file), except a failure to write the run directory (exit 1).
+int SetupExit(const Status& s) { return s.code() == StatusCode::kIoError ? cli::kExitFailure : cli::kExitUsage; }
+
+// What a child of `role` will check when it sets up its network (keys, the loopback rule, the
+// advertise host), checked here first so a mistake stops the job before anything starts.
+// `*keyed` turns true when the run uses keys.
+Status CheckNetwork(const RunConfig& cfg, const NetFlags& flags, NetRole role, bool* keyed) {
+  ProcessNet net;
+  DP_RETURN_IF_ERROR(SetUpProcessNet(cfg, flags, role, "", &net));
+  *keyed = net.keyed;
+  // A loopback bind cannot be reached at an advertised name that leads off this host (a
+  // cluster job with the default cluster.bind): say so now rather than let the workers wait.
+  if (role != NetRole::kWorker && IsLoopbackLiteral(net.bind) && !IsLoopbackLiteral(net.advertise)) {
+    std::vector<std::string> addresses;
+    if (ThisHost().resolve(net.advertise, &addresses).ok() &&
+        std::none_of(addresses.begin(), addresses.end(), [](const std::string& a) { return IsLoopbackLiteral(a); })) {
+      return InvalidArgument(
+          "{} binds {} (loopback) but advertises {} ({}), which other hosts would use and cannot reach: set "
+          "cluster.bind = \"0.0.0.0\" (with security.keys) or --bind",
+          NetRoleName(role), net.bind, net.advertise, fmt::join(addresses, ", "));
+    }
+  }
+  return Status::Ok();
+}
+
+int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
+           const std::function<void(MetricsWriter*)>& write_start);
+
 // Returns the process exit code; errors before any child starts are printed and give 2.
 int Launch(const LaunchFlags& f) {
   const bool resuming = !f.resume.empty();
@@ -249,6 +309,11 @@ int Launch(const LaunchFlags& f) {
   if (s.ok() && !resuming) s = CheckRunDirIsNew(run_dir);
   // Inputs are checked before anything starts (a stand-in worker command brings its own).
   if (s.ok() && f.worker_cmd.empty()) s = CheckRunInputs(cfg, resuming ? run_dir + "/config.toml" : f.config);
+  // So are the keys, the loopback rule and the advertise hosts every child will set up.
+  bool keyed = false;
+  for (NetRole role : {NetRole::kCoordinator, NetRole::kServer, NetRole::kWorker}) {
+    if (s.ok()) s = CheckNetwork(cfg, NetFlags{}, role, &keyed);
+  }
   LaunchFlags flags = f;
   // Without --tensors/--model, downpour-worker supplies the tensor list from the model config
   // (a resumed run reuses the one it wrote); a job whose workers are a --worker-cmd stand-in
@@ -262,12 +327,16 @@ int Launch(const LaunchFlags& f) {
     fs::create_directories(fs::path(run_dir) / "logs", ec);
     if (ec) s = IoError("{}: cannot create run directory: {}", run_dir, ec.message());
   }
-  if (s.ok() && !resuming) s = WriteTextFile((fs::path(run_dir) / "config.toml").string(), ToToml(cfg));
+  if (s.ok() && !resuming) s = WriteFileAtomic((fs::path(run_dir) / "config.toml").string(), ToToml(cfg));
+  // Without keys the children authorise register and admin messages with the run's secret;
+  // made here, before any of them starts, so they all read this one.
+  std::string secret;
+  if (s.ok() && !keyed) s = EnsureRunSecret(run_dir, &secret);
   if (s.ok() && auto_tensors && !(resuming && fs::exists(flags.tensors))) {
     s = WriteTensorListWithWorker(flags, (fs::path(run_dir) / "config.toml").string(), flags.tensors,
                                   (fs::path(run_dir) / "logs" / "tensors.log").string());
   }
-  if (!s.ok()) return cli::Fail("downpour-launch", s, cli::SetupExitCode(s));
+  if (!s.ok()) return cli::Fail("downpour-launch", s, SetupExit(s));
   if (resuming) {
     std::printf("[launch] resuming run %s from %s (servers restore their checkpoints, workers their progress)\n",
                 cfg.run.name.c_str(), run_dir.c_str());
@@ -281,9 +350,21 @@ int Launch(const LaunchFlags& f) {
     }
     return 0;
   }
+  return RunJob(f, children, (fs::path(run_dir) / "launch.jsonl").string(), [&](MetricsWriter* m) {
+    (void)m->Write("start", {{"servers", cfg.cluster.servers},
+                             {"workers", cfg.cluster.workers},
+                             {"mode", ConsistencyModeString(cfg.consistency)},
+                             {"resumed", resuming}});
+  });
+}
+
+// Starts `children` as one job and runs it to its end, with the launcher's metrics in
+// `metrics_path` ("start" by `write_start`, one "exit" per child, "end"); returns the exit code.
+int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
+           const std::function<void(MetricsWriter*)>& write_start) {
   std::fflush(stdout);
   std::unique_ptr<MetricsWriter> metrics;
-  s = MetricsWriter::Open((fs::path(run_dir) / "launch.jsonl").string(), "launcher", 0, &metrics);
+  Status s = MetricsWriter::Open(metrics_path, "launcher", 0, &metrics);
   if (!s.ok()) return cli::Fail("downpour-launch", s, cli::kExitFailure);
 
   ProcessGroupOptions options;
@@ -298,12 +379,10 @@ int Launch(const LaunchFlags& f) {
       return cli::kExitFailure;  // ~ProcessGroup kills what was started
     }
   }
-  [[maybe_unused]] Status ms = metrics->Write("start", {{"servers", cfg.cluster.servers},
-                                                        {"workers", cfg.cluster.workers},
-                                                        {"mode", ConsistencyModeString(cfg.consistency)},
-                                                        {"resumed", resuming}});
+  write_start(metrics.get());
   const int code = group.Run();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  [[maybe_unused]] Status ms;
   for (const ChildResult& r : group.results()) {
     ms = metrics->Write("exit", {{"child", r.name}, {"code", r.Code()}, {"stopped", r.stopped_by_us}});
   }
@@ -311,6 +390,156 @@ int Launch(const LaunchFlags& f) {
   std::printf("[launch] %s after %.1f s: %s (exit code %d)\n", code == 0 ? "done" : "FAILED", seconds,
               group.reason().c_str(), code);
   return code;
+}
+
+// ---- cluster mode: one task of a job spread over hosts ----
+
+Status PlanTask(const LaunchFlags& f, const RunConfig& cfg, TaskPlan* plan) {
+  PlanInputs in;
+  in.servers = cfg.cluster.servers;
+  in.workers = cfg.cluster.workers;
+  in.config_coordinator = cfg.cluster.coordinator;
+  in.config_advertise = cfg.cluster.advertise;
+  in.flag_coordinator = f.net.coordinator;
+  in.flag_advertise = f.net.advertise;
+  in.flag_role = f.role;
+  in.flag_id = f.id;
+  if (f.slurm) return PlanSlurmTask(ProcessEnvironment(), in, plan);
+  if (f.mpi) return PlanMpiTask(ProcessEnvironment(), in, plan);
+  return PlanByHandTask(in, plan);
+}
+
+// Every task of a job must name the same run directory without talking to the others: --run-dir,
+// or one derived from the job's id, which every task sees in its environment.
+Status TaskRunDir(const LaunchFlags& f, const RunConfig& cfg, const TaskPlan& plan, std::string* run_dir) {
+  std::string dir = f.run_dir;
+  if (dir.empty()) {
+    if (plan.job_id.empty()) {
+      return InvalidArgument(
+          "{}: give --run-dir D, the same on every task of the job ({})",
+          plan.mode == LaunchMode::kByHand ? "started by hand" : "no job id in the environment to name the run after",
+          plan.origin);
+    }
+    std::string job = plan.job_id;
+    std::replace(job.begin(), job.end(), '/', '_');
+    dir = (fs::path(cfg.run.out_dir) / fmt::format("{}-{}", cfg.run.name, job)).string();
+  }
+  *run_dir = fs::absolute(dir).lexically_normal().string();
+  return Status::Ok();
+}
+
+// The child's arguments: the usual ones plus where the coordinator is and this task's
+// --bind / --advertise.
+Status BuildTaskChild(const LaunchFlags& f, const TaskPlan& plan, const std::string& run_dir,
+                      const std::vector<std::string>& model_args, ChildSpec* child) {
+  const std::string config_path = (fs::path(run_dir) / "config.toml").string();
+  std::vector<std::string> args;
+  if (plan.role != TaskRole::kCoordinator) args = {"--id", std::to_string(plan.id)};
+  args.insert(args.end(), {"--config", config_path, "--run-dir", run_dir});
+  if (plan.role != TaskRole::kWorker) args.insert(args.end(), model_args.begin(), model_args.end());
+  args.insert(args.end(), {"--coordinator", plan.coordinator});
+  if (!f.net.bind.empty()) args.insert(args.end(), {"--bind", f.net.bind});
+  if (plan.role != TaskRole::kWorker && !plan.advertise.empty())
+    args.insert(args.end(), {"--advertise", plan.advertise});
+  switch (plan.role) {
+    case TaskRole::kCoordinator:
+      DP_RETURN_IF_ERROR(
+          RoleArgv(f, "downpour-coordinator", f.coordinator_cmd, "--coordinator-cmd", args, &child->argv));
+      break;
+    case TaskRole::kServer:
+      DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-server", f.server_cmd, "--server-cmd", args, &child->argv));
+      break;
+    case TaskRole::kWorker:
+      DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-worker", f.worker_cmd, "--worker-cmd", args, &child->argv));
+      break;
+  }
+  child->name = plan.Name();
+  child->log_path = (fs::path(run_dir) / "logs" / (plan.FileStem() + ".log")).string();
+  child->primary = true;  // the task is done when its one child is
+  return Status::Ok();
+}
+
+// config.toml is the same in every task: written when it is not there yet (atomically, so
+// tasks racing on a shared file system each rename a whole file), and compared when it is —
+// a task with other settings would be a different job.
+Status WriteSharedConfig(const std::string& run_dir, const std::string& text) {
+  const std::string path = (fs::path(run_dir) / "config.toml").string();
+  std::string existing;
+  const Status read = ReadWholeFile(path, "run config", &existing);
+  if (read.ok()) {
+    if (existing == text) return Status::Ok();
+    return InvalidArgument(
+        "{} was written by another task of this job with different settings; every task must get the same --config, "
+        "--set, --servers and --workers (or use another --run-dir)",
+        path);
+  }
+  if (read.code() != StatusCode::kNotFound) return read;
+  return WriteFileAtomic(path, text);
+}
+
+// Runs one task of a cluster job: its role, checks, its part of the run directory, its child.
+int LaunchTask(const LaunchFlags& f) {
+  RunConfig cfg;
+  TaskPlan plan;
+  Status s = NewRunConfig(f, &cfg);
+  if (s.ok()) s = PlanTask(f, cfg, &plan);
+  if (s.ok()) {
+    std::printf("[launch] %s: %s\n", plan.origin.c_str(), plan.Name().c_str());
+    std::fflush(stdout);
+  }
+  std::string run_dir;
+  if (s.ok()) s = TaskRunDir(f, cfg, plan, &run_dir);
+  if (s.ok()) s = CheckTaskFilesAreNew(run_dir, plan.FileStem());
+  // Inputs this role reads (a stand-in command brings its own).
+  const bool worker = plan.role == TaskRole::kWorker;
+  const bool auto_tensors = !worker && f.tensors.empty() && f.model.empty() && f.worker_cmd.empty();
+  if (s.ok() && (worker ? f.worker_cmd.empty() : auto_tensors)) s = CheckTaskInputs(cfg, f.config, worker);
+  // The network this task's child will set up: keys, the loopback rule, the advertise host.
+  bool keyed = false;
+  const NetRole role =
+      worker ? NetRole::kWorker : (plan.role == TaskRole::kServer ? NetRole::kServer : NetRole::kCoordinator);
+  if (s.ok()) s = CheckNetwork(cfg, NetFlags{f.net.bind, plan.advertise, plan.coordinator}, role, &keyed);
+  std::vector<std::string> model_args;
+  const std::string tensors = (fs::path(run_dir) / fmt::format("tensors-{}.txt", plan.FileStem())).string();
+  if (!f.tensors.empty()) model_args = {"--tensors", fs::absolute(f.tensors).string()};
+  if (!f.model.empty()) model_args = {"--model", f.model};
+  if (auto_tensors) model_args = {"--tensors", tensors};
+  ChildSpec child;
+  if (s.ok()) s = BuildTaskChild(f, plan, run_dir, model_args, &child);
+  // Everything checked: now this task's part of the run directory.
+  if (s.ok()) {
+    std::error_code ec;
+    fs::create_directories(fs::path(run_dir) / "logs", ec);
+    if (ec) s = IoError("{}: cannot create run directory: {}", run_dir, ec.message());
+  }
+  if (s.ok()) s = WriteSharedConfig(run_dir, ToToml(cfg));
+  std::string secret;
+  if (s.ok() && !keyed) s = EnsureRunSecret(run_dir, &secret);
+  if (s.ok() && auto_tensors) {
+    s = WriteTensorListWithWorker(
+        f, (fs::path(run_dir) / "config.toml").string(), tensors,
+        (fs::path(run_dir) / "logs" / fmt::format("tensors-{}.log", plan.FileStem())).string());
+  }
+  if (!s.ok()) return cli::Fail("downpour-launch", s, SetupExit(s));
+  std::printf("[launch] run %s: %d server(s), %d worker(s), %s; coordinator %s; run dir %s\n", cfg.run.name.c_str(),
+              cfg.cluster.servers, cfg.cluster.workers, ConsistencyModeString(cfg.consistency).c_str(),
+              plan.coordinator.c_str(), run_dir.c_str());
+  if (f.dry_run) {
+    std::printf("[launch] %s: %s\n", child.name.c_str(), fmt::format("{}", fmt::join(child.argv, " ")).c_str());
+    return 0;
+  }
+  const std::string metrics = (fs::path(run_dir) / fmt::format("launch-{}.jsonl", plan.FileStem())).string();
+  return RunJob(f, {child}, metrics, [&](MetricsWriter* m) {
+    (void)m->Write("start", {{"servers", cfg.cluster.servers},
+                             {"workers", cfg.cluster.workers},
+                             {"mode", ConsistencyModeString(cfg.consistency)},
+                             {"resumed", false},
+                             {"task", plan.Name()},
+                             {"rank", plan.rank},
+                             {"tasks", plan.size},
+                             {"node", plan.node},
+                             {"origin", plan.origin}});
+  });
 }
 
 }  // namespace
@@ -344,6 +573,25 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", f.timeout_s, "stop everything after this many seconds (0 = never)")
       ->check(CLI::Range(0.0, 1e7));
   app.add_flag("--dry-run", f.dry_run, "create the run directory and print the commands only");
+  auto* slurm = app.add_flag("--slurm", f.slurm,
+                             "cluster mode: run the one role of this Slurm task (srun downpour-launch --slurm ...; "
+                             "SLURM_PROCID 0 = coordinator, 1..S = servers, then workers)");
+  auto* mpi = app.add_flag(
+      "--mpi", f.mpi, "cluster mode: run the one role of this MPI rank (mpirun -np S+W+1 downpour-launch --mpi ...)");
+  auto* role = app.add_option("--role", f.role, "cluster mode by hand: run this role only (coordinator|server|worker)");
+  app.add_option("--id", f.id, "with --role server|worker: its id")->check(cli::AtLeast(0));
+  app.add_option("--coordinator", f.net.coordinator,
+                 "cluster mode: the coordinator's host:port (default: the first node of the job, or "
+                 "cluster.coordinator)");
+  app.add_option("--bind", f.net.bind,
+                 "cluster mode: address this task's coordinator/server binds, or a worker's source address (default "
+                 "cluster.bind)");
+  app.add_option("--advertise", f.net.advertise,
+                 "cluster mode: host the others reach this task at (default cluster.advertise, else the Slurm node "
+                 "name, else derived)");
+  slurm->excludes(mpi)->excludes(role)->excludes(resume);
+  mpi->excludes(role)->excludes(resume);
+  role->excludes(resume);
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
   if (f.config.empty() && f.resume.empty()) {
     std::fprintf(
@@ -351,5 +599,12 @@ int main(int argc, char** argv) {
         "downpour-launch: give --config FILE (a new run) or --resume RUN_DIR\nRun with --help for the options.\n");
     return cli::kExitUsage;
   }
-  return cli::Main("downpour-launch", [&] { return downpour::Launch(f); });
+  if (!f.cluster() && (f.id >= 0 || !f.net.bind.empty() || !f.net.advertise.empty() || !f.net.coordinator.empty())) {
+    std::fprintf(
+        stderr,
+        "downpour-launch: --id, --bind, --advertise and --coordinator belong to cluster mode (--slurm, --mpi or "
+        "--role); a job on this machine takes them from [cluster] in the config\n");
+    return cli::kExitUsage;
+  }
+  return cli::Main("downpour-launch", [&] { return f.cluster() ? downpour::LaunchTask(f) : downpour::Launch(f); });
 }

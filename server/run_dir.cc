@@ -71,6 +71,27 @@ Status CheckRunDirIsNew(const std::string& run_dir) {
   return Status::Ok();
 }
 
+Status CheckTaskFilesAreNew(const std::string& run_dir, const std::string& stem) {
+  std::error_code ec;
+  if (fs::exists(run_dir, ec) && !fs::is_directory(run_dir, ec)) {
+    return FailedPrecondition("run directory {} exists and is a file", run_dir);
+  }
+  for (const fs::path& mine : {fs::path("logs") / (stem + ".log"), fs::path("metrics") / (stem + ".jsonl"),
+                               fs::path("launch-" + stem + ".jsonl")}) {
+    if (fs::exists(fs::path(run_dir) / mine, ec)) {
+      return FailedPrecondition(
+          "run directory {} already holds {} of an earlier run of this task ({}); choose another --run-dir", run_dir,
+          stem, (fs::path(run_dir) / mine).string());
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckTaskInputs(const RunConfig& c, const std::string& source, bool worker) {
+  if (worker) return CheckRunInputs(c, source);
+  return CheckFile(c.model.config, "model.config", source, "model config");
+}
+
 Status CheckRunInputs(const RunConfig& c, const std::string& source) {
   DP_RETURN_IF_ERROR(CheckFile(c.model.config, "model.config", source, "model config"));
   if (!c.model.weights.empty()) {

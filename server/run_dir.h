@@ -22,12 +22,22 @@ namespace downpour {
 // --resume.
 Status CheckRunDirIsNew(const std::string& run_dir);
 
+// A task of a cluster job (server/cluster_env.h) writes only its own files in a run directory
+// that other tasks share or have already started: it is refused only when its own files —
+// logs/<stem>.log, metrics/<stem>.jsonl, launch-<stem>.jsonl (stem "server-2") — are there
+// already (kFailedPrecondition naming the file), or when `run_dir` is a file.
+Status CheckTaskFilesAreNew(const std::string& run_dir, const std::string& stem);
+
 // Every input `config` names exists and is of the right kind: data.train and data.test (an
 // LMDB directory with data.mdb, or a Fashion-MNIST/MNIST IDX images file; with data.sharding =
 // "own", <data.train>/<j> for each worker j), data.mean_file, model.config and model.weights.
 // `source` names the config in errors. Paths are relative to the current directory, as the
 // processes the launcher starts see them.
 Status CheckRunInputs(const RunConfig& config, const std::string& source);
+
+// The inputs one task of a cluster job reads: a worker all of CheckRunInputs; a coordinator or
+// server only model.config (for its tensor list), so data need not be on their hosts.
+Status CheckTaskInputs(const RunConfig& config, const std::string& source, bool worker);
 
 // How to resume the run in `run_dir` (whose config.toml is `config`).
 struct ResumePlan {

@@ -3,9 +3,15 @@
 //
 //   downpour-server --config run.toml --id i --run-dir D [--restore ckpt]
 //                   (--tensors list.txt | --model alexnet-shapes) [--port P] [--standalone]
+//                   [--bind ADDR] [--advertise HOST] [--coordinator HOST:PORT]
 //
-// Binds tcp://<cluster.bind>:<cluster.base_port + i> (or --port; 0 = the OS picks) and writes
-// the bound address to D/server-<i>.addr. Checkpoints go to D/<checkpoint.dir>/server-<i>.dpt every
+// Binds tcp://<--bind or cluster.bind>:<cluster.base_port + i> (or --port; 0 = the OS picks),
+// registers the advertised address (--advertise, cluster.advertise, or derived from the bind:
+// common/process_net.h) with the coordinator, which hands it to the workers, and writes it to
+// D/server-<i>.addr. With security.keys the endpoint is a CurveZMQ server that accepts only the
+// cluster's client keys; without, it binds loopback only (unless security.insecure) and admin
+// and register messages must carry the run's secret (D/secret). Who may send what:
+// server/access.h. Checkpoints go to D/<checkpoint.dir>/server-<i>.dpt every
 // checkpoint.every_updates applied updates and once more when the server stops (when
 // checkpointing is on), so `downpour-launch --resume D` restarts it with --restore from there. Registers with
 // cluster.coordinator (unless
@@ -15,10 +21,10 @@
 // Metrics: D/metrics/server-<i>.jsonl — "server_start" (mode, bound, workers, chunks), one
 // "pull" line per served pull (worker, clock, min_clock = slowest live worker's clock as this
 // shard knows it, ahead = clock - min_clock, wait_ms held back by the consistency policy,
-// version_sum), and "server_end" with the shard's counters. The pull lines are the log the
+// version_sum), and "server_end" with the shard's counters and refused_connections (CurveZMQ
+// handshakes the transport refused: a client without the cluster's key). The pull lines are the log the
 // ssp bound is checked against (ahead <= s always).
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
@@ -27,7 +33,9 @@
 #include "common/cli.h"
 #include "common/file_io.h"
 #include "common/layout.h"
+#include "common/log_limit.h"
 #include "common/metrics.h"
+#include "common/process_net.h"
 #include "common/rendezvous.h"
 #include "common/run_config.h"
 #include "common/zmq_transport.h"
@@ -39,7 +47,8 @@ namespace downpour {
 namespace {
 
 struct Flags {
-  std::string config, run_dir, restore, tensors, model, coordinator;
+  std::string config, run_dir, restore, tensors, model;
+  NetFlags net;  // --bind, --advertise, --coordinator
   int id = 0;
   int port = -1;
   bool standalone = false;
@@ -59,8 +68,15 @@ Status Run(const Flags& f, bool* serving) {
   ParamLayout layout;
   DP_RETURN_IF_ERROR(ParamLayout::Build(specs, cfg.cluster.servers, cfg.cluster.chunk_elems, &layout));
 
+  // Addresses, keys and the run secret, checked before anything binds.
+  ProcessNet net;
+  DP_RETURN_IF_ERROR(SetUpProcessNet(cfg, f.net, NetRole::kServer, f.standalone ? "" : f.run_dir, &net));
+
   ShardOptions o;
   o.server_id = f.id;
+  o.access.keyed = net.keyed;
+  o.access.run_secret = net.token;
+  o.access.run_dir = f.run_dir;
   o.solver = cfg.solver;
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
@@ -90,28 +106,30 @@ Status Run(const Flags& f, bool* serving) {
                                         {"floats", layout.ServerElems(f.id)}});
   // Declared before the shard: the shard owns the endpoint, which must close before the
   // transport's ZeroMQ context terminates.
-  ZmqTransport transport;
+  // A stranger can provoke these at will: logged at a bounded rate, all counted.
+  auto refusals = std::make_shared<RateLimitedLog>(fmt::format("server {}", f.id), "refused connections");
+  net.zmq.on_refused = [refusals, id = f.id](const std::string& what) {
+    refusals->Log(fmt::format("server {}: refused connection: {}", id, what));
+  };
+  ZmqTransport transport(net.zmq);
   std::unique_ptr<ShardServer> shard;
   DP_RETURN_IF_ERROR(ShardServer::Create(layout, o, &shard));
   if (!f.restore.empty()) DP_RETURN_IF_ERROR(shard->LoadCheckpoint(f.restore));
 
   const int port = f.port >= 0 ? f.port : cfg.cluster.base_port + f.id;
   std::unique_ptr<ServerEndpoint> endpoint;
-  DP_RETURN_IF_ERROR(transport.Bind(fmt::format("tcp://{}:{}", cfg.cluster.bind, port), &endpoint));
-  std::string address = endpoint->address();
-  if (cfg.cluster.bind == "*" || cfg.cluster.bind == "0.0.0.0") {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    address = fmt::format("tcp://{}:{}", host, address.substr(address.rfind(':') + 1));
-  }
+  DP_RETURN_IF_ERROR(transport.Bind(net.BindUrl(port), &endpoint));
+  const std::string address = net.AdvertisedUrl(endpoint->address());
   DP_RETURN_IF_ERROR(WriteFileAtomic(ResolveInRunDir(f.run_dir, fmt::format("server-{}.addr", f.id)), address + "\n"));
-  spdlog::info("server {}/{}: {} chunks, {} floats, layout hash {:#018x}, listening on {}", f.id,
-               layout.servers(), layout.ServerChunks(f.id).size(), layout.ServerElems(f.id), layout.hash(), address);
+  spdlog::info("server {}/{}: {} chunks, {} floats, layout hash {:#018x}", f.id, layout.servers(),
+               layout.ServerChunks(f.id).size(), layout.ServerElems(f.id), layout.hash());
+  spdlog::info("server {}: {}", f.id, net.Describe(endpoint->address()));
 
   std::unique_ptr<RendezvousClient> link;
   if (!f.standalone) {
     RendezvousOptions ro;
-    ro.coordinator = f.coordinator.empty() ? cfg.cluster.coordinator : f.coordinator;
+    ro.coordinator = net.coordinator;
+    ro.token = net.token;
     ro.role = Role::kServer;
     ro.requested_id = f.id;
     ro.layout_hash = layout.hash();
@@ -151,7 +169,9 @@ Status Run(const Flags& f, bool* serving) {
   const ShardStatsWire st = shard->Stats();
   spdlog::info("server {}: pushes received {} applied {} rejected {}, pulls {}, chunk updates {}", f.id,
                st.pushes_received, st.pushes_applied, st.pushes_rejected, st.pulls_served, st.chunk_updates);
+  refusals->Flush();
   (void)metrics->Write("server_end", {{"pushes_received", st.pushes_received},
+                                      {"refused_connections", static_cast<int64_t>(transport.refused_connections())},
                                       {"pushes_applied", st.pushes_applied},
                                       {"pushes_rejected", st.pushes_rejected},
                                       {"pulls_served", st.pulls_served},
@@ -179,7 +199,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", f.model, "built-in tensor list: alexnet-shapes");
   app.add_option("--port", f.port, "port to bind (default cluster.base_port + id; 0 = any free port)")
       ->check(cli::Between(0, 65535));
-  app.add_option("--coordinator", f.coordinator, "coordinator host:port (default cluster.coordinator)");
+  app.add_option("--coordinator", f.net.coordinator, "coordinator host:port (default cluster.coordinator)");
+  app.add_option("--bind", f.net.bind, "address to bind: an interface address, 0.0.0.0 or :: (default cluster.bind)");
+  app.add_option("--advertise", f.net.advertise,
+                 "host workers reach this server at (default cluster.advertise, else derived from the bind)");
   app.add_flag("--standalone", f.standalone, "serve without a coordinator");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
   return cli::Main("downpour-server", [&] {

@@ -24,6 +24,7 @@
 #include "client/worker/worker_state.h"
 #include "common/layout.h"
 #include "common/metrics.h"
+#include "common/process_net.h"
 #include "common/rendezvous.h"
 #include "common/zmq_transport.h"
 
@@ -174,15 +175,18 @@ Status PlaceResumedWorker(const RunConfig& c, int id, PsClient* client, engine::
   return Status::Ok();
 }
 
-Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const ParamLayout& layout,
-                      const TrainerOptions& to, engine::Net* net, engine::Net* eval_net, TrainSource* train,
-                      TestSource* test, MetricsWriter* metrics, ProgressReporter* progress, TrainResult* out) {
-  ZmqTransport transport;
+Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const ProcessNet& pnet,
+                      const ParamLayout& layout, const TrainerOptions& to, engine::Net* net, engine::Net* eval_net,
+                      TrainSource* train, TestSource* test, MetricsWriter* metrics, ProgressReporter* progress,
+                      TrainResult* out) {
+  spdlog::info("worker {}: {}", args.id, pnet.Describe(""));
+  ZmqTransport transport(pnet.zmq);
   // Rendezvous: the coordinator answers once every server has registered, with their
   // addresses; heartbeats then carry this worker's clock (sync/ssp membership, dead-worker
   // detection).
   RendezvousOptions ro;
-  ro.coordinator = config.cluster.coordinator;
+  ro.coordinator = pnet.coordinator;
+  ro.token = pnet.token;
   ro.role = Role::kWorker;
   ro.requested_id = args.id;
   ro.layout_hash = layout.hash();
@@ -194,6 +198,7 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Par
   PsClientOptions po;
   po.server_addresses = info.server_addresses.empty() ? ServerAddresses(config.cluster) : info.server_addresses;
   po.worker_id = args.id;
+  po.token = pnet.token;
   // Sync/ssp servers hold a pull until it is servable, up to the wait below: a reply must not
   // time out earlier than that.
   po.reply_timeout = PullWait(config.cluster);
@@ -382,6 +387,10 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
     }
   };
 
+  // Addresses, keys and the run secret: a mistake here is bad input, found before training.
+  ProcessNet pnet;
+  if (!args.local) DP_RETURN_IF_ERROR(SetUpProcessNet(config, args.net, NetRole::kWorker, args.run_dir, &pnet));
+
   TrainResult local_result;
   TrainResult* out = result != nullptr ? result : &local_result;
   if (started != nullptr) *started = true;
@@ -391,8 +400,8 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
     Trainer trainer(to, net.get(), eval_net.get(), &layout, nullptr, train.get(), test.get(), metrics.get(), &progress);
     return trainer.Run(out);
   }
-  return RunDistributed(config, args, layout, to, net.get(), eval_net.get(), train.get(), test.get(), metrics.get(),
-                        &progress, out);
+  return RunDistributed(config, args, pnet, layout, to, net.get(), eval_net.get(), train.get(), test.get(),
+                        metrics.get(), &progress, out);
 }
 
 }  // namespace downpour::worker

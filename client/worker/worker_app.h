@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "client/worker/trainer.h"
+#include "common/process_net.h"
 #include "common/run_config.h"
 #include "common/status.h"
 
@@ -38,6 +39,9 @@ struct WorkerArgs {
   bool shuffle = true;          // false: read the shard in record order (reproducible tests)
   int step_delay_ms = 0;        // > 0: sleep this long after every step (emulates a straggler)
   bool resume = false;          // continue from <run_dir>/state/worker-<id>.toml (worker_state.h)
+  // --bind (source address of its connections), --coordinator; "" = from the run config
+  // (common/process_net.h).
+  NetFlags net;
 };
 
 // The model's learnable tensors (model.config of the run config at `config_path`, with the

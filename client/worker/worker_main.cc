@@ -1,5 +1,6 @@
 // downpour-worker — one training worker of a run (usually started by downpour-launch):
 //   downpour-worker --id J --run-dir RUN [--config RUN/config.toml] [--set K=V]... [--quiet] [--local]
+//                   [--coordinator HOST:PORT] [--bind SOURCE_ADDRESS]
 // Prints the final test accuracy (evaluating worker). Exit codes (common/cli.h): 0 ok, 1 a
 // failure while training, 2 a bad flag, config or input found before training started.
 #include <cstdio>
@@ -22,6 +23,10 @@ int main(int argc, char** argv) {
   cli::AddSetOption(&app, &args.sets);
   app.add_flag("-q,--quiet", args.quiet, "no progress line");
   app.add_flag("--local", args.local, "single-process reference run: no servers, local SGD");
+  app.add_option("--coordinator", args.net.coordinator, "coordinator host:port (default cluster.coordinator)");
+  app.add_option("--bind", args.net.bind,
+                 "source address of this worker's connections (default: cluster.bind when it names one non-loopback "
+                 "address, else any)");
   app.add_flag("--resume", args.resume,
                "continue from <run-dir>/state/worker-<id>.toml (downpour-launch --resume passes it)");
   bool no_shuffle = false;

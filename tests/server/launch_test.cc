@@ -1,10 +1,13 @@
 // Tests for downpour-launch with /bin/sh stand-ins for the coordinator, servers and workers:
 // the run directory (config.toml with the overrides, logs, launch.jsonl), the arguments each
 // role receives, prefixed output, failure exit codes, and that SIGKILL of the launcher
-// takes its children with it.
+// takes its children with it. Cluster mode (--slurm, --mpi, --role) with fake environments:
+// each task's one role and its arguments, its own part of the run directory, and bad input
+// (task count, node list, key files, advertise host) refused before anything starts.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 
 #include "common/metrics.h"
 #include "common/run_config.h"
+#include "common/security.h"
 #include "server/run_dir.h"
 #include "tests/testing/harness.h"
 
@@ -307,6 +311,156 @@ TEST(RunInputs, OwnShardingFindsTheConvertersShardsOrNumberedFolders) {
   EXPECT_THAT(s.message(), HasSubstr("run.toml: data.train (sharding \"own\", worker 0)"));
   EXPECT_THAT(s.message(), HasSubstr((dir / "train" / "0").string() + "\": no such LMDB directory"));
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace downpour
+
+namespace downpour {
+namespace {
+
+// Cluster mode: one task of a job, its role from a fake Slurm / MPI environment or --role.
+class ClusterLaunchTest : public LaunchTest {
+ protected:
+  // The launcher as Slurm task `procid` of `ntasks` on node `node`, with stand-ins.
+  std::string Slurm(int procid, int ntasks, const std::string& extra, const std::string& nodelist = "n[1-2]",
+                    const std::string& node = "localhost") const {
+    return fmt::format(
+        "env SLURM_PROCID={} SLURM_NTASKS={} SLURM_STEP_NODELIST='{}' SLURMD_NODENAME={} SLURM_JOB_ID=42 "
+        "SLURM_STEP_ID=0 {} --slurm --model alexnet-shapes {}",
+        procid, ntasks, nodelist, node, Command("serve.sh", "", "run"), extra);
+  }
+  void SetUp() override {
+    LaunchTest::SetUp();
+    Write("serve.sh", "echo \"serving $*\"\n");  // every role: says what it got, exits 0
+  }
+  // Nothing was made: no run directory at all.
+  void ExpectNothingStarted(const std::string& out) const {
+    EXPECT_FALSE(fs::exists(Path("run"))) << "a run directory was made before the checks:\n" << out;
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("serving")));
+  }
+};
+
+TEST_F(ClusterLaunchTest, SlurmTasksEachRunTheirOneRoleWithTheCoordinatorAddress) {
+  std::string out;
+  const std::string run = Path("run");
+  ASSERT_EQ(Run(Slurm(2, 5, ""), &out), 0) << out;
+  // The role's origin first, then exactly one child: server 1 with the coordinator on n1.
+  EXPECT_EQ(out.find("[launch] slurm task 2/5 (SLURM_PROCID=2 of SLURM_NTASKS=5) on localhost: server 1\n"), 0u) << out;
+  EXPECT_THAT(out, HasSubstr(fmt::format("[server 1] serving --id 1 --config {0}/config.toml --run-dir {0} --model "
+                                         "alexnet-shapes --coordinator n1:5555 --advertise localhost\n",
+                                         run)));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("[server 0]")));
+  ASSERT_EQ(Run(Slurm(4, 5, "--bind 127.0.0.9"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr(fmt::format(
+                       "[worker 1] serving --id 1 --config {0}/config.toml --run-dir {0} --coordinator n1:5555 --bind "
+                       "127.0.0.9\n",
+                       run)));
+  // Each task's own part of the run directory; config.toml shared, the run secret made once.
+  EXPECT_TRUE(fs::exists(run + "/logs/server-1.log"));
+  EXPECT_TRUE(fs::exists(run + "/logs/worker-1.log"));
+  EXPECT_FALSE(fs::exists(run + "/launch.jsonl"));
+  EXPECT_TRUE(fs::exists(run + "/secret"));
+  std::vector<MetricRecord> records;
+  ASSERT_TRUE(ReadMetrics(run + "/launch-server-1.jsonl", &records).ok());
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[0].Get("task").AsString(), "server 1");
+  EXPECT_EQ(records[0].Get("rank").AsInt(), 2);
+  EXPECT_EQ(records[0].Get("origin").AsString(), "slurm task 2/5 (SLURM_PROCID=2 of SLURM_NTASKS=5) on localhost");
+  EXPECT_EQ(records[2].Get("code").AsInt(), 0);
+  // The same task again into the same directory: its own files are there, refused.
+  EXPECT_EQ(Run(Slurm(2, 5, ""), &out), 2);
+  EXPECT_THAT(out, HasSubstr("already holds server-1 of an earlier run of this task"));
+  // Another task with other settings: refused (it would be another job).
+  EXPECT_EQ(Run(Slurm(3, 5, "--set worker.steps=7"), &out), 2);
+  EXPECT_THAT(out, HasSubstr("config.toml was written by another task of this job with different settings"));
+  // Without --run-dir the directory is named after the job: <out_dir>/<name>-<job>.<step>.
+  std::string cmd = Slurm(0, 5, "");
+  cmd.replace(cmd.find("--run-dir"), std::string("--run-dir '" + run + "'").size(), "");
+  ASSERT_EQ(Run(cmd, &out, dir_), 0) << out;
+  EXPECT_TRUE(fs::exists(Path("runs/fmnist-async-42.0/launch-coordinator.jsonl"))) << out;
+}
+
+TEST_F(ClusterLaunchTest, MpiAndByHandTasks) {
+  std::string out;
+  ASSERT_EQ(Run(fmt::format("env OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=5 {} --mpi --model alexnet-shapes "
+                            "--coordinator 127.0.0.1:7000",
+                            Command("serve.sh")),
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("[launch] mpi rank 3/5 (OMPI_COMM_WORLD_RANK=3 of OMPI_COMM_WORLD_SIZE=5): worker 0"));
+  EXPECT_THAT(out, HasSubstr("--coordinator 127.0.0.1:7000\n"));
+  ASSERT_EQ(Run(fmt::format("{} --role server --id 0 --coordinator 127.0.0.2:5555 --bind 127.0.0.3 --advertise "
+                            "127.0.0.3 --model alexnet-shapes",
+                            Command("serve.sh")),
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("[launch] started by hand (--role server --id 0): server 0"));
+  EXPECT_THAT(out, HasSubstr("--coordinator 127.0.0.2:5555 --bind 127.0.0.3 --advertise 127.0.0.3\n"));
+  // By hand the run directory must be given; cluster flags without cluster mode are refused.
+  EXPECT_EQ(Run(fmt::format("'{}' --config '{}/configs/runs/default.toml' --role worker --id 0 --coordinator h:1",
+                            Launcher(), test::SourcePath("")),
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("give --run-dir D, the same on every task of the job"));
+  EXPECT_EQ(
+      Run(fmt::format("'{}' --config '{}/configs/runs/default.toml' --bind 0.0.0.0", Launcher(), test::SourcePath("")),
+          &out),
+      2);
+  EXPECT_THAT(out, HasSubstr("belong to cluster mode"));
+}
+
+TEST_F(ClusterLaunchTest, TooFewTasksOrABadNodeListStartNothing) {
+  std::string out;
+  EXPECT_EQ(Run(Slurm(0, 4, ""), &out), 2);
+  EXPECT_THAT(out, HasSubstr("SLURM_NTASKS=4 but this job needs 5 tasks"));
+  EXPECT_THAT(out, HasSubstr("#SBATCH --ntasks=5"));
+  ExpectNothingStarted(out);
+  EXPECT_EQ(Run(fmt::format("env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 {} --mpi", Command("serve.sh")), &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("OMPI_COMM_WORLD_SIZE=3 but this job needs 5 tasks"));
+  ExpectNothingStarted(out);
+  EXPECT_EQ(Run(Slurm(1, 5, "", "n[1-2"), &out), 2);
+  EXPECT_THAT(out, HasSubstr("SLURM_STEP_NODELIST: node list 'n[1-2': '[' without a closing ']' at position 1"));
+  ExpectNothingStarted(out);
+  EXPECT_EQ(Run(fmt::format("{} --slurm", Command("serve.sh")), &out), 2);
+  EXPECT_THAT(out, HasSubstr("SLURM_PROCID is not set"));
+  ExpectNothingStarted(out);
+}
+
+TEST_F(ClusterLaunchTest, KeyProblemsAndAnUnresolvableAdvertiseStartNothing) {
+  std::string out;
+  // Off-host without keys: refused, saying how to make keys.
+  EXPECT_EQ(Run(Slurm(1, 5, "--set cluster.bind=0.0.0.0"), &out), 2);
+  EXPECT_THAT(out, HasSubstr("downpour-keys --out"));
+  ExpectNothingStarted(out);
+  // Keys named but not there.
+  fs::create_directories(Path("nokeys"));
+  ::chmod(Path("nokeys").c_str(), 0700);
+  EXPECT_EQ(Run(Slurm(3, 5, fmt::format("--set security.keys={}", Path("nokeys"))), &out), 2);
+  EXPECT_THAT(out, HasSubstr(Path("nokeys")));
+  ExpectNothingStarted(out);
+  // A worker key others may read: refused as ssh refuses it.
+  const Status made = MakeClusterKeys(Path("keys"));
+  if (made.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << made.ToString();
+  ASSERT_TRUE(made.ok()) << made.ToString();
+  ASSERT_EQ(::chmod(Path("keys/worker.key").c_str(), 0644), 0);
+  EXPECT_EQ(Run(Slurm(3, 5, fmt::format("--set security.keys={}", Path("keys"))), &out), 2);
+  EXPECT_THAT(out, HasSubstr("worker.key"));
+  EXPECT_THAT(out, HasSubstr("chmod 600"));
+  ExpectNothingStarted(out);
+  // With good keys the same task starts.
+  ASSERT_EQ(::chmod(Path("keys/worker.key").c_str(), 0600), 0);
+  EXPECT_EQ(Run(Slurm(3, 5, fmt::format("--set security.keys={} --set cluster.bind=0.0.0.0", Path("keys"))), &out), 0)
+      << out;
+  EXPECT_FALSE(fs::exists(Path("run/secret"))) << "a keyed run needs no run secret";
+  fs::remove_all(Path("run"));
+  // An advertise host that does not resolve.
+  EXPECT_EQ(Run(Slurm(1, 5, "--advertise no-such-host.invalid"), &out), 2);
+  EXPECT_THAT(out, HasSubstr("--advertise = 'no-such-host.invalid': this address does not resolve"));
+  ExpectNothingStarted(out);
 }
 
 }  // namespace

@@ -1,0 +1,176 @@
+// A cluster job as separate hosts would run it, on one machine: the coordinator, two servers and
+// two workers each bound to an address of its own in 127.0.0.0/8 (the whole range is local), each
+// started by hand (`downpour-launch --role ... --coordinator ... --bind ... --advertise ...`) with
+// a run directory of its own (no shared file system: the run's secret is copied from the
+// coordinator's "host" to the others, as docs/cluster.md says). The job must train, end by itself
+// once the workers are done, and the coordinator's and servers' logs must show each peer at the
+// address it was given. Fashion-MNIST IDX files from Debian's dataset-fashion-mnist.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/metrics.h"
+#include "tests/testing/harness.h"
+
+namespace downpour {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+const char* kFmnist = "/usr/share/datasets/fashion-mnist";
+
+// The addresses of the five "hosts".
+const char* kCoordinatorHost = "127.0.0.2";
+const char* kServerHosts[] = {"127.0.0.3", "127.0.0.4"};
+const char* kWorkerHosts[] = {"127.0.0.5", "127.0.0.6"};
+
+class MultiAddressTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
+      ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
+    dir_ = test::ScratchDir("multi_address");
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // One config for every host, as a cluster job has; only the ports are this test's own.
+  std::string WriteConfig() {
+    coordinator_port_ = test::FreePortRange(3);
+    const std::string text = fmt::format(R"([run]
+name = "multi-address"
+seed = 1
+[model]
+config = "{}"
+[cluster]
+servers = 2
+workers = 2
+coordinator = "{}:{}"
+base_port = {}
+heartbeat_ms = 200
+heartbeat_timeout_ms = 3000
+[solver]
+base_lr = 0.01
+lr_policy = "inv"
+gamma = 0.0001
+power = 0.75
+momentum = 0.9
+weight_decay = 0.0005
+[worker]
+batch_size = 64
+steps = 350
+threads = 1
+[data]
+train = "{}/train-images-idx3-ubyte.gz"
+test = "{}/t10k-images-idx3-ubyte.gz"
+[eval]
+every_steps = 0
+[checkpoint]
+every_updates = 0
+)",
+                                         test::SourcePath("configs/models/fmnist_small.toml"), kCoordinatorHost,
+                                         coordinator_port_, coordinator_port_ + 1, kFmnist, kFmnist);
+    const std::string path = (dir_ / "job.toml").string();
+    test::WriteFile(path, text);
+    return path;
+  }
+
+  // `downpour-launch --role ROLE [--id I]` on "host" `host` with its own run directory.
+  std::unique_ptr<test::Child> Start(const std::string& config, const std::string& role, int id,
+                                     const std::string& host) {
+    const std::string name = id < 0 ? role : fmt::format("{}-{}", role, id);
+    std::vector<std::string> argv = {test::Binary("downpour-launch"),
+                                     "--config",
+                                     config,
+                                     "--run-dir",
+                                     RunDir(name).string(),
+                                     "--role",
+                                     role,
+                                     "--coordinator",
+                                     fmt::format("{}:{}", kCoordinatorHost, coordinator_port_),
+                                     "--bind",
+                                     host,
+                                     "--grace-ms",
+                                     "2000",
+                                     "--timeout-s",
+                                     "240"};
+    if (id >= 0) argv.insert(argv.end(), {"--id", std::to_string(id)});
+    if (role != "worker") argv.insert(argv.end(), {"--advertise", host});
+    return std::make_unique<test::Child>(argv, dir_ / (name + ".out"));
+  }
+
+  fs::path RunDir(const std::string& host_name) const { return dir_ / host_name / "run"; }
+  std::string Out(const std::string& name) const { return test::ReadFile(dir_ / (name + ".out")); }
+  std::string Log(const std::string& name) const { return test::ReadFile(RunDir(name) / "logs" / (name + ".log")); }
+
+  fs::path dir_;
+  int coordinator_port_ = 0;
+};
+
+TEST_F(MultiAddressTest, EveryProcessOnItsOwnAddressTrainsAndIsSeenThere) {
+  const std::string config = WriteConfig();
+  auto coordinator = Start(config, "coordinator", -1, kCoordinatorHost);
+  // No shared file system: the other "hosts" get a copy of the run's secret (mode 0600), made
+  // by the coordinator's launcher before it started anything.
+  const fs::path secret = RunDir("coordinator") / "secret";
+  ASSERT_FALSE(test::WaitForWord(secret, 30s).empty()) << Out("coordinator");
+  for (const std::string name : {"server-0", "server-1", "worker-0", "worker-1"}) {
+    fs::create_directories(RunDir(name));
+    fs::copy_file(secret, RunDir(name) / "secret");
+    fs::permissions(RunDir(name) / "secret", fs::perms::owner_read | fs::perms::owner_write);
+  }
+  std::vector<std::unique_ptr<test::Child>> servers, workers;
+  for (int i = 0; i < 2; ++i) servers.push_back(Start(config, "server", i, kServerHosts[i]));
+  for (int j = 0; j < 2; ++j) workers.push_back(Start(config, "worker", j, kWorkerHosts[j]));
+
+  for (int j = 0; j < 2; ++j) {
+    EXPECT_EQ(workers[j]->WaitExit(240s), 0) << "worker " << j << ":\n" << Out(fmt::format("worker-{}", j));
+  }
+  // The run ends by itself: the coordinator sees every worker done and tells the servers.
+  EXPECT_EQ(coordinator->WaitExit(60s), 0) << Out("coordinator");
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(servers[i]->WaitExit(60s), 0) << "server " << i << ":\n" << Out(fmt::format("server-{}", i));
+  }
+
+  // Each task said where its role came from and ran exactly that one process.
+  EXPECT_THAT(Out("server-1"), HasSubstr("[launch] started by hand (--role server --id 1): server 1"));
+  // Trained: worker 0's final evaluation on the whole test set.
+  const std::vector<MetricRecord> evals = test::Metrics(RunDir("worker-0"), "worker-0.jsonl", "eval");
+  ASSERT_FALSE(evals.empty()) << Log("worker-0");
+  EXPECT_GT(evals.back().Get("top1").AsDouble(), 0.75) << "final test accuracy";
+  // Each process is seen at its own address: servers and workers by the coordinator, workers by
+  // the servers; the servers advertise, and the workers were given, the servers' addresses.
+  const std::string coordinator_log = Log("coordinator");
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_THAT(coordinator_log, HasSubstr(fmt::format("server {} at tcp://{}:{} registered from {}", i,
+                                                       kServerHosts[i], coordinator_port_ + 1 + i, kServerHosts[i])));
+  }
+  for (int j = 0; j < 2; ++j) {
+    EXPECT_THAT(coordinator_log, HasSubstr(fmt::format("worker {} registered from {}", j, kWorkerHosts[j])));
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_THAT(Log(fmt::format("server-{}", i)),
+                  HasSubstr(fmt::format("worker {} registered from {}", j, kWorkerHosts[j])));
+    }
+  }
+  EXPECT_THAT(Log("server-0"), HasSubstr(fmt::format("listening on tcp://{0}:{1}, advertised as tcp://{0}:{1}",
+                                                     kServerHosts[0], coordinator_port_ + 1)));
+  // Every host holds its own part of the run directory, and nothing else.
+  EXPECT_TRUE(fs::exists(RunDir("server-1") / "launch-server-1.jsonl"));
+  EXPECT_TRUE(fs::exists(RunDir("server-1") / "metrics" / "server-1.jsonl"));
+  EXPECT_FALSE(fs::exists(RunDir("server-1") / "metrics" / "worker-0.jsonl"));
+  EXPECT_TRUE(fs::exists(RunDir("worker-0") / "model_final.dpt"));
+}
+
+}  // namespace
+}  // namespace downpour
