@@ -17,11 +17,15 @@ namespace {
 // taken from its own weight buffer (zero-copy send of the resident buffer, as a server does).
 // `weights` is owned by the caller and outlives the context: the last zero-copy reply may still
 // be in ZeroMQ's I/O thread when this function returns.
-void ServeBare(zmq::context_t& ctx, int port, const std::vector<int64_t>& frames,
-               int total_requests, std::vector<float>& weights, std::atomic<bool>& ready) {
+void ServeBare(zmq::context_t& ctx, int port, const std::vector<int64_t>& frames, int total_requests,
+               std::vector<float>& weights, std::atomic<bool>& ready, const CurveOptions& curve) {
   zmq::socket_t router(ctx, zmq::socket_type::router);
   router.set(zmq::sockopt::sndhwm, 0);
   router.set(zmq::sockopt::rcvhwm, 0);
+  if (curve.enabled) {
+    router.set(zmq::sockopt::curve_server, 1);
+    router.set(zmq::sockopt::curve_secretkey, curve.server_secret);
+  }
   router.bind("tcp://127.0.0.1:" + std::to_string(port));
   int64_t total = 0;
   for (int64_t n : frames) total += n;
@@ -50,8 +54,8 @@ void ServeBare(zmq::context_t& ctx, int port, const std::vector<int64_t>& frames
 
 }  // namespace
 
-BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server, int workers,
-                      int warmup_rounds, int rounds, int base_port) {
+BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server, int workers, int warmup_rounds,
+                      int rounds, int base_port, const CurveOptions& server, const CurveOptions& client) {
   const int servers = static_cast<int>(frames_per_server.size());
   // Declared before the context so they are destroyed after it (zero-copy frames in flight).
   std::vector<std::vector<float>> server_weights(static_cast<size_t>(servers));
@@ -60,9 +64,9 @@ BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server
   std::vector<std::thread> server_threads;
   for (int s = 0; s < servers; ++s) {
     ready[s] = false;
-    server_threads.emplace_back(ServeBare, std::ref(ctx), base_port + s,
-                                std::cref(frames_per_server[s]), workers * (warmup_rounds + rounds),
-                                std::ref(server_weights[static_cast<size_t>(s)]), std::ref(ready[s]));
+    server_threads.emplace_back(ServeBare, std::ref(ctx), base_port + s, std::cref(frames_per_server[s]),
+                                workers * (warmup_rounds + rounds), std::ref(server_weights[static_cast<size_t>(s)]),
+                                std::ref(ready[s]), std::cref(server));
   }
   for (int s = 0; s < servers; ++s)
     while (!ready[s]) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -79,6 +83,11 @@ BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server
       dealers.emplace_back(ctx, zmq::socket_type::dealer);
       dealers.back().set(zmq::sockopt::sndhwm, 0);
       dealers.back().set(zmq::sockopt::rcvhwm, 0);
+      if (client.enabled) {
+        dealers.back().set(zmq::sockopt::curve_serverkey, client.server_public);
+        dealers.back().set(zmq::sockopt::curve_publickey, client.client_public);
+        dealers.back().set(zmq::sockopt::curve_secretkey, client.client_secret);
+      }
       dealers.back().connect("tcp://127.0.0.1:" + std::to_string(base_port + s));
     }
     std::vector<float> grads(static_cast<size_t>(total_floats), 0.5f);

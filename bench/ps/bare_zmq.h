@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/security.h"
+
 namespace downpour::bench {
 
 struct BareResult {
@@ -21,8 +23,10 @@ struct BareResult {
   double bytes_moved = 0;  // payload bytes, both directions, all workers
 };
 
-// frames_per_server[s] = element counts of the chunks server s owns (floats).
-BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server, int workers,
-                      int warmup_rounds, int rounds, int base_port);
+// frames_per_server[s] = element counts of the chunks server s owns (floats). With `server` and
+// `client` keys (curve.enabled) every socket is CurveZMQ (encrypted; no ZAP handler, so no
+// client check): the cipher's own limit on this machine. Default: plaintext.
+BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server, int workers, int warmup_rounds,
+                      int rounds, int base_port, const CurveOptions& server = {}, const CurveOptions& client = {});
 
 }  // namespace downpour::bench

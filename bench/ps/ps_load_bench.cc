@@ -11,8 +11,8 @@
 // every connection authenticated and encrypted, shards checking roles as in a keyed run).
 // --security-grid measures the cost of that: at (S,W) in {(2,1),(4,4)} it alternates plaintext
 // and CurveZMQ runs of the same service in one process (`--repeats` pairs, the order swapped
-// every pair so neither side always runs on a warmer machine), with one bare ZeroMQ run per
-// case as the transport ceiling.
+// every pair so neither side always runs on a warmer machine), with bare ZeroMQ runs per case,
+// plaintext and CurveZMQ, as the transport ceilings.
 //
 //   downpour-bench-ps --servers 2 --workers 1 --rounds 10 [--curve]
 //   downpour-bench-ps --grid            # (S,W) in {(1,1),(2,1),(2,2),(4,4)}
@@ -192,19 +192,20 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// One (S,W) case of the security grid: a bare ZeroMQ run as the ceiling, then `repeats` pairs
-// of plaintext and CurveZMQ runs, alternating which goes first.
+// One (S,W) case of the security grid: bare ZeroMQ runs, plaintext and CurveZMQ, as the
+// ceilings, then `repeats` pairs of plaintext and CurveZMQ runs, alternating which goes first.
 void RunSecurityCase(int servers, int workers, int warmup, int rounds, int repeats, int64_t chunk_elems, int port) {
   const ParamLayout layout = AlexNetLayout(servers, chunk_elems);
   std::vector<std::vector<int64_t>> frames(static_cast<size_t>(servers));
   for (const Chunk& c : layout.chunks()) frames[static_cast<size_t>(c.server)].push_back(c.count);
-  const BareResult bare = RunBareZmq(frames, workers, warmup, rounds, port);
   const double gb = 1e9;
-  fmt::print("S={} W={} bare zmq (plaintext ceiling): {:.2f} GB/s\n", servers, workers,
-             bare.bytes_moved / bare.seconds / gb);
-  std::fflush(stdout);
   const BenchKeys no_keys(false);
   const BenchKeys keys(true);
+  const BareResult bare = RunBareZmq(frames, workers, warmup, rounds, port);
+  const BareResult bare_curve = RunBareZmq(frames, workers, warmup, rounds, port + 5, keys.server(), keys.worker());
+  fmt::print("S={} W={} bare zmq: plaintext {:.2f} GB/s, CurveZMQ {:.2f} GB/s (ceilings)\n", servers, workers,
+             bare.bytes_moved / bare.seconds / gb, bare_curve.bytes_moved / bare_curve.seconds / gb);
+  std::fflush(stdout);
   std::vector<double> ratios;
   for (int r = 0; r < repeats; ++r) {
     double gbs[2] = {0, 0};  // [0] plaintext, [1] curve
