@@ -79,6 +79,12 @@ std::vector<std::string> InterfaceAddresses() {
 }  // namespace
 
 Status ParseHostPort(std::string_view text, std::string_view what, HostPort* out) {
+  constexpr std::string_view kScheme = "tcp://";
+  if (text.substr(0, kScheme.size()) == kScheme) {
+    const Status s = ParseHostPort(text.substr(kScheme.size()), what, out);
+    if (s.ok()) return s;
+    return InvalidArgument("{} = '{}': expected tcp://host:port", what, text);
+  }
   std::string_view host, port;
   if (!text.empty() && text.front() == '[') {
     const size_t close = text.find(']');
@@ -116,11 +122,7 @@ std::string TcpUrl(const std::string& host, int port) {
   return "tcp://" + FormatHostPort(host.empty() ? std::string("*") : host, port);
 }
 
-Status ParseTcpUrl(std::string_view url, HostPort* out) {
-  constexpr std::string_view kScheme = "tcp://";
-  if (url.substr(0, kScheme.size()) == kScheme) url.remove_prefix(kScheme.size());
-  return ParseHostPort(url, "address", out);
-}
+Status ParseTcpUrl(std::string_view url, HostPort* out) { return ParseHostPort(url, "address", out); }
 
 bool IsIpv6Literal(std::string_view host) {
   const std::string bare(StripBrackets(host));

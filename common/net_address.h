@@ -30,7 +30,8 @@ struct HostPort {
   int port = 0;      // 0..65535
 };
 
-// Parses "host:port" or "[v6addr]:port". An unbracketed IPv6 address is refused (its last
+// Parses "host:port" or "[v6addr]:port" (or either behind "tcp://", as a coordinator address may
+// be written: common/rendezvous.h). An unbracketed IPv6 address is refused (its last
 // colon is ambiguous). `what` names the flag or field in errors ("--coordinator",
 // "cluster.coordinator"), which quote the text.
 Status ParseHostPort(std::string_view text, std::string_view what, HostPort* out);

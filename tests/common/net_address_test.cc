@@ -26,6 +26,9 @@ TEST(HostPort, SplitsNamesIpv4AndBracketedIpv6) {
   EXPECT_EQ(hp.port, 5601);
   ASSERT_TRUE(ParseHostPort("[fe80::1:2]:65535", "x", &hp).ok());
   EXPECT_EQ(hp.host, "fe80::1:2");
+  ASSERT_TRUE(ParseHostPort("tcp://127.0.0.1:37935", "x", &hp).ok());
+  EXPECT_EQ(hp.host, "127.0.0.1");
+  EXPECT_EQ(hp.port, 37935);
 }
 
 TEST(HostPort, BadTextIsOneErrorNamingTheFlagAndTheText) {
@@ -44,6 +47,7 @@ TEST(HostPort, BadTextIsOneErrorNamingTheFlagAndTheText) {
   EXPECT_THAT(error("::1:5555"), HasSubstr("needs brackets: [::1]:5555"));
   EXPECT_THAT(error("[::1]5555"), HasSubstr("expected [ipv6-address]:port"));
   EXPECT_THAT(error("[::1"), HasSubstr("expected [ipv6-address]:port"));
+  EXPECT_THAT(error("tcp://n1"), HasSubstr("expected tcp://host:port"));
 }
 
 TEST(HostPort, FormatsAndUrlsBracketIpv6Only) {

@@ -2,7 +2,6 @@
 // the downpour-coordinator and downpour-server binaries (fork/exec), worker processes (fork)
 // with their own ZeroMQ clients. Exact-result async test, and SIGKILL + --restore.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 
 #include "client/ps/ps_client.h"
 #include "common/rendezvous.h"
+#include "common/run_secret.h"
 #include "common/zmq_transport.h"
 #include "tests/testing/harness.h"
 
@@ -34,6 +34,9 @@ class PsMultiProcess : public ::testing::Test {
     dir_ = test::ScratchDir("ps_mp");
     std::ofstream(dir_ / "tensors.txt") << "w 40x25 1 1\nb 40 2 0\nv 333\n";
     specs_ = {{"w", {40, 25}, 1, 1}, {"b", {40}, 2, 0}, {"v", {333}, 1, 1}};
+    // The run's secret, which the coordinator and servers started with --run-dir require on
+    // register messages (server/access.h); made before any of them starts, as the launcher does.
+    ASSERT_TRUE(EnsureRunSecret(dir_.string(), &secret_).ok());
   }
   void WriteConfig(int servers, int workers, const std::string& extra = "") {
     std::ofstream(dir_ / "run.toml") << fmt::format(
@@ -63,6 +66,7 @@ class PsMultiProcess : public ::testing::Test {
   std::string Log(const std::string& name) { return test::ReadFile(dir_ / name); }
 
   fs::path dir_;
+  std::string secret_;
   std::vector<TensorSpec> specs_;
   ParamLayout layout_;
 };
@@ -72,10 +76,12 @@ class PsMultiProcess : public ::testing::Test {
 float Grad(int w, int step, size_t i) { return static_cast<float>(((w + 1) * (step + 1) + static_cast<int>(i)) % 5 - 2); }
 
 // Body of a forked worker process. Returns the exit code (0 = all good).
-int WorkerProcess(const std::string& coordinator, uint64_t layout_hash, const ParamLayout& layout, int steps) {
+int WorkerProcess(const std::string& coordinator, const std::string& token, uint64_t layout_hash,
+                  const ParamLayout& layout, int steps) {
   ZmqTransport transport;
   RendezvousOptions ro;
   ro.coordinator = coordinator;
+  ro.token = token;
   ro.role = Role::kWorker;
   ro.layout_hash = layout_hash;
   ro.heartbeat_interval = 100ms;
@@ -86,6 +92,7 @@ int WorkerProcess(const std::string& coordinator, uint64_t layout_hash, const Pa
   PsClientOptions o;
   o.server_addresses = info.server_addresses;
   o.worker_id = info.id;
+  o.token = token;
   o.reply_timeout = 20s;
   std::unique_ptr<PsClient> c;
   if (!PsClient::Create(&transport, layout, o, &c).ok()) return 3;
@@ -114,7 +121,8 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
 
   std::vector<std::unique_ptr<Child>> workers;
   for (int w = 0; w < kWorkers; ++w) {
-    workers.push_back(std::make_unique<Child>([&] { return WorkerProcess(co, layout_.hash(), layout_, kSteps); }));
+    workers.push_back(
+        std::make_unique<Child>([&] { return WorkerProcess(co, secret_, layout_.hash(), layout_, kSteps); }));
   }
   for (auto& w : workers) {
     EXPECT_EQ(w->WaitExit(60s), 0) << Log("server-0.log") << Log("coordinator.log");
@@ -123,6 +131,7 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
   // Read back through a fresh client (the test process registers as observer worker id 0).
   ZmqTransport transport;
   PsClientOptions o;
+  o.token = secret_;
   for (int s = 0; s < kServers; ++s) o.server_addresses.push_back(ReadAddress(dir_ / fmt::format("server-{}.addr", s), 5s));
   std::unique_ptr<PsClient> c;
   ASSERT_TRUE(PsClient::Create(&transport, layout_, o, &c).ok());
@@ -158,10 +167,12 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
 
 // Body of a forked sync worker: `steps` iterations of pull(clock t) -> push(g, t), gradient
 // `grad` everywhere; then it exits (its heartbeats stop, as if it had crashed).
-int SyncWorkerProcess(const std::string& coordinator, const ParamLayout& layout, int steps, float grad) {
+int SyncWorkerProcess(const std::string& coordinator, const std::string& token, const ParamLayout& layout, int steps,
+                      float grad) {
   ZmqTransport transport;
   RendezvousOptions ro;
   ro.coordinator = coordinator;
+  ro.token = token;
   ro.role = Role::kWorker;
   ro.layout_hash = layout.hash();
   ro.heartbeat_interval = 100ms;
@@ -172,6 +183,7 @@ int SyncWorkerProcess(const std::string& coordinator, const ParamLayout& layout,
   PsClientOptions o;
   o.server_addresses = info.server_addresses;
   o.worker_id = info.id;
+  o.token = token;
   o.reply_timeout = 30s;
   std::unique_ptr<PsClient> c;
   if (!PsClient::Create(&transport, layout, o, &c).ok()) return 3;
@@ -207,14 +219,15 @@ TEST_F(PsMultiProcess, SyncRunFinishesAfterAWorkerDiesByHeartbeatTimeout) {
   // Both workers push the same gradient at a clock, so which id each gets does not matter:
   // the long-lived one pushes 2.0 for 10 clocks, the short-lived one 2.0 for 2 clocks and exits.
   constexpr int kLong = 10, kShort = 2;
-  Child long_lived([&] { return SyncWorkerProcess(co, layout_, kLong, 2.0f); });
-  Child short_lived([&] { return SyncWorkerProcess(co, layout_, kShort, 2.0f); });
+  Child long_lived([&] { return SyncWorkerProcess(co, secret_, layout_, kLong, 2.0f); });
+  Child short_lived([&] { return SyncWorkerProcess(co, secret_, layout_, kShort, 2.0f); });
   for (Child* w : {&short_lived, &long_lived}) {
     EXPECT_EQ(w->WaitExit(60s), 0) << Log("server-0.log") << Log("coordinator.log");
   }
   // Every clock applied once, as the average of the live workers' gradients (2.0): 10 steps.
   ZmqTransport transport;
   PsClientOptions o;
+  o.token = secret_;
   for (int s = 0; s < 2; ++s) o.server_addresses.push_back(ReadAddress(dir_ / fmt::format("server-{}.addr", s), 5s));
   std::unique_ptr<PsClient> c;
   ASSERT_TRUE(PsClient::Create(&transport, layout_, o, &c).ok());
@@ -287,6 +300,7 @@ TEST_F(PsMultiProcess, CoordinatorRefusesAMismatchedLayoutNamingBothHashes) {
   ZmqTransport transport;
   RendezvousOptions ro;
   ro.coordinator = co;
+  ro.token = secret_;
   ro.role = Role::kWorker;
   ro.layout_hash = layout_.hash() ^ 0xff;
   std::unique_ptr<RendezvousClient> link;
