@@ -4,7 +4,8 @@
 // a run directory of its own (no shared file system: the run's secret is copied from the
 // coordinator's "host" to the others, as docs/cluster.md says). The job must train, end by itself
 // once the workers are done, and the coordinator's and servers' logs must show each peer at the
-// address it was given. Fashion-MNIST IDX files from Debian's dataset-fashion-mnist.
+// address it was given. The same by-hand job over IPv6 (::1, bracketed addresses) must run too.
+// Fashion-MNIST IDX files from Debian's dataset-fashion-mnist.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "common/metrics.h"
+#include "common/net_address.h"
 #include "tests/testing/harness.h"
 
 namespace downpour {
@@ -46,17 +48,19 @@ class MultiAddressTest : public ::testing::Test {
   }
 
   // One config for every host, as a cluster job has; only the ports are this test's own.
-  std::string WriteConfig() {
-    coordinator_port_ = test::FreePortRange(3);
+  std::string WriteConfig(const std::string& coordinator_host = kCoordinatorHost, int servers = 2, int workers = 2,
+                          int steps = 350, int test_batches = 0) {
+    coordinator_port_ = test::FreePortRange(1 + servers);
+    coordinator_ = FormatHostPort(coordinator_host, coordinator_port_);
     const std::string text = fmt::format(R"([run]
 name = "multi-address"
 seed = 1
 [model]
 config = "{}"
 [cluster]
-servers = 2
-workers = 2
-coordinator = "{}:{}"
+servers = {}
+workers = {}
+coordinator = "{}"
 base_port = {}
 heartbeat_ms = 200
 heartbeat_timeout_ms = 3000
@@ -69,18 +73,19 @@ momentum = 0.9
 weight_decay = 0.0005
 [worker]
 batch_size = 64
-steps = 350
+steps = {}
 threads = 1
 [data]
 train = "{}/train-images-idx3-ubyte.gz"
 test = "{}/t10k-images-idx3-ubyte.gz"
 [eval]
 every_steps = 0
+test_batches = {}
 [checkpoint]
 every_updates = 0
 )",
-                                         test::SourcePath("configs/models/fmnist_small.toml"), kCoordinatorHost,
-                                         coordinator_port_, coordinator_port_ + 1, kFmnist, kFmnist);
+                                         test::SourcePath("configs/models/fmnist_small.toml"), servers, workers,
+                                         coordinator_, coordinator_port_ + 1, steps, kFmnist, kFmnist, test_batches);
     const std::string path = (dir_ / "job.toml").string();
     test::WriteFile(path, text);
     return path;
@@ -98,7 +103,7 @@ every_updates = 0
                                      "--role",
                                      role,
                                      "--coordinator",
-                                     fmt::format("{}:{}", kCoordinatorHost, coordinator_port_),
+                                     coordinator_,
                                      "--bind",
                                      host,
                                      "--grace-ms",
@@ -110,12 +115,17 @@ every_updates = 0
     return std::make_unique<test::Child>(argv, dir_ / (name + ".out"));
   }
 
-  fs::path RunDir(const std::string& host_name) const { return dir_ / host_name / "run"; }
+  // Each "host"'s run directory, or one for all (a shared file system).
+  fs::path RunDir(const std::string& host_name) const {
+    return dir_ / (shared_run_dir_ ? "shared" : host_name) / "run";
+  }
   std::string Out(const std::string& name) const { return test::ReadFile(dir_ / (name + ".out")); }
   std::string Log(const std::string& name) const { return test::ReadFile(RunDir(name) / "logs" / (name + ".log")); }
 
   fs::path dir_;
   int coordinator_port_ = 0;
+  std::string coordinator_;  // host:port
+  bool shared_run_dir_ = false;
 };
 
 TEST_F(MultiAddressTest, EveryProcessOnItsOwnAddressTrainsAndIsSeenThere) {
@@ -170,6 +180,23 @@ TEST_F(MultiAddressTest, EveryProcessOnItsOwnAddressTrainsAndIsSeenThere) {
   EXPECT_TRUE(fs::exists(RunDir("server-1") / "metrics" / "server-1.jsonl"));
   EXPECT_FALSE(fs::exists(RunDir("server-1") / "metrics" / "worker-0.jsonl"));
   EXPECT_TRUE(fs::exists(RunDir("worker-0") / "model_final.dpt"));
+}
+
+// The same over IPv6: everything on ::1, the coordinator given as [::1]:PORT, servers
+// advertised (and workers handed) tcp://[::1]:PORT. One run directory (a shared file system).
+TEST_F(MultiAddressTest, IPv6ByHandJobRuns) {
+  shared_run_dir_ = true;
+  const std::string config = WriteConfig("::1", 1, 1, 30, 5);
+  auto coordinator = Start(config, "coordinator", -1, "::1");
+  auto server = Start(config, "server", 0, "::1");
+  auto worker = Start(config, "worker", 0, "::1");
+  EXPECT_EQ(worker->WaitExit(180s), 0) << Out("worker-0") << Log("worker-0");
+  EXPECT_EQ(coordinator->WaitExit(60s), 0) << Out("coordinator");
+  EXPECT_EQ(server->WaitExit(60s), 0) << Out("server-0");
+  EXPECT_THAT(Log("coordinator"),
+              HasSubstr(fmt::format("server 0 at tcp://[::1]:{} registered from ::1", coordinator_port_ + 1)));
+  EXPECT_THAT(Log("server-0"), HasSubstr("worker 0 registered from ::1"));
+  ASSERT_FALSE(test::Metrics(RunDir("worker-0"), "worker-0.jsonl", "eval").empty()) << Log("worker-0");
 }
 
 }  // namespace
