@@ -93,6 +93,18 @@ Status CheckSecretFileMode(const std::string& path, const struct stat& st) {
   return Status::Ok();
 }
 
+// Refuses a public key file that group or other may write: whoever can replace admin.pub can
+// put their own key in every binder's allow-list.
+Status CheckPublicFileMode(const std::string& path, const struct stat& st) {
+  if ((st.st_mode & 022) != 0) {
+    return FailedPrecondition(
+        "permissions {:04o} for '{}' are too open: anyone who may write a public key may replace it "
+        "with their own: chmod 644 {}",
+        st.st_mode & 07777, path, path);
+  }
+  return Status::Ok();
+}
+
 // Reads field `field` ("public" | "secret") of the key file `path` as a checked Z85 key.
 Status ReadKeyField(const toml::table& table, const std::string& path, const char* field, std::string* out) {
   const std::optional<std::string> value = table[field].value<std::string>();
@@ -124,6 +136,7 @@ Status LoadKeyFile(const std::string& dir, const std::string& name, const char* 
   }
   if (!S_ISREG(st.st_mode)) return InvalidArgument("security.keys = {}: {} is not a regular file", dir, path);
   if (secret) DP_RETURN_IF_ERROR(CheckSecretFileMode(path, st));
+  if (!secret) DP_RETURN_IF_ERROR(CheckPublicFileMode(path, st));
   std::string text;
   DP_RETURN_IF_ERROR(ReadWholeFile(path, "key", &text));
   toml::table table;
@@ -153,9 +166,9 @@ Status CheckKeyDirectory(const std::string& dir) {
     return IoError("security.keys = {}: {}", dir, Errno());
   }
   if (!S_ISDIR(st.st_mode)) return InvalidArgument("security.keys = {}: not a directory", dir);
-  if ((st.st_mode & S_IWOTH) != 0) {
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
     return FailedPrecondition(
-        "security.keys = {}: the directory is writable by everyone (mode {:04o}), so anyone "
+        "security.keys = {}: the directory is writable by others (mode {:04o}), so they "
         "could replace its keys: chmod 700 {}",
         dir, st.st_mode & 07777, dir);
   }

@@ -11,7 +11,8 @@
 // A binder loads endpoint.key and the three client .pub files (its allow-list maps each client
 // public key to its role name); a client loads endpoint.pub and its own role's .key. *.key
 // files are mode 0600 and refused when group or other may read them (as ssh refuses an open
-// private key).
+// private key); *.pub files and the directory are refused when group or other may write them
+// (whoever can replace a .pub can put their own key in the allow-list).
 //
 // Thread-safety: free functions over files and values; no shared state.
 #pragma once
@@ -49,7 +50,7 @@ Status MakeClusterKeys(const std::string& dir);
 // Loads what one process needs from the key directory `dir`: always endpoint.pub and
 // `<role>.key` (the client side); with `bind` also endpoint.key and admin.pub, server.pub,
 // worker.pub as the allow-list. Sets out->enabled. Errors name the file and say what to do
-// (missing file, garbled key, *.key readable by group/other, dir writable by others).
+// (missing file, garbled key, *.key readable or *.pub / the directory writable by group/other).
 Status LoadCurveKeys(const std::string& dir, KeyRole role, bool bind, CurveOptions* out);
 
 // Checks every file of the key directory `dir` and appends one line per file to `report`

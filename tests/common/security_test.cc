@@ -159,8 +159,21 @@ TEST(ClusterKeys, WorldWritableDirectoryRefused) {
   CurveOptions out;
   const Status s = LoadCurveKeys(dir, KeyRole::kWorker, false, &out);
   EXPECT_FALSE(s.ok());
-  EXPECT_THAT(s.message(), HasSubstr("writable by everyone"));
+  EXPECT_THAT(s.message(), HasSubstr("writable by others"));
   EXPECT_THAT(s.message(), HasSubstr("chmod 700 " + dir));
+  ASSERT_EQ(::chmod(dir.c_str(), 0770), 0);
+  EXPECT_THAT(LoadCurveKeys(dir, KeyRole::kWorker, false, &out).message(), HasSubstr("writable by others"));
+}
+
+TEST(ClusterKeys, PublicKeyOthersMayReplaceRefused) {
+  // Whoever may write admin.pub could put their own key in every binder's allow-list.
+  const std::string dir = MakeKeys("keys_pubperm");
+  const std::string pub = dir + "/admin.pub";
+  ASSERT_EQ(::chmod(pub.c_str(), 0664), 0);
+  CurveOptions out;
+  const Status s = LoadCurveKeys(dir, KeyRole::kServer, /*bind=*/true, &out);
+  EXPECT_THAT(s.message(), HasSubstr("permissions 0664 for '" + pub + "' are too open"));
+  EXPECT_THAT(s.message(), HasSubstr("chmod 644 " + pub));
 }
 
 TEST(ClusterKeys, RemakingOverwritesEveryKey) {
