@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""The cluster launch against real resource managers, as users run it (issue 11).
+
+Slurm: a real two-node Slurm on this machine (tests/cluster/slurm_localhost.sh: its own munged,
+slurmctld, slurmd n1 and n2 on 127.0.0.1). `sbatch --wait scripts/downpour.sbatch` runs the
+Fashion-MNIST job (configs/runs/default.toml: 2 servers, 2 workers) with CurveZMQ keys made by
+downpour-keys; the job must reach >= 89 % test accuracy, every one of its 5 tasks must say it took
+its role from SLURM_PROCID, and the tasks must be spread over both nodes.
+MPI: the same job under `mpirun --oversubscribe -np 5 downpour-launch --mpi` (OpenMPI; MPI only
+starts the processes), roles from OMPI_COMM_WORLD_RANK.
+Both: a job with fewer tasks than servers + workers + 1 is refused with an error that names the
+count, and starts nothing.
+
+Heavy: each job trains for ~100 s on two cores. Needs the binaries of a build (DOWNPOUR_BUILD_DIR,
+set by ctest) and root (Slurm's daemons); installs slurmctld, slurmd, slurm-client, munge and
+openmpi-bin when missing. Skips, with the reason, when it cannot (not root, apt fails, no
+dataset)."""
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD_DIR = os.environ.get("DOWNPOUR_BUILD_DIR")
+SLURM_LOCALHOST = os.path.join(HERE, "slurm_localhost.sh")
+SBATCH_SCRIPT = os.path.join(ROOT, "scripts", "downpour.sbatch")
+DEFAULT_CONFIG = os.path.join(ROOT, "configs", "runs", "default.toml")
+SUMMARIZE = os.path.join(ROOT, "tools", "downpour-summarize")
+SERVERS, WORKERS = 2, 2
+TASKS = SERVERS + WORKERS + 1
+TARGET_TOP1 = 0.89
+JOB_TIMEOUT_S = 480  # the default job takes ~100 s here; ctest's own limit is above this
+CANNOT = 77  # slurm_localhost.sh: this machine cannot run a local Slurm
+
+
+def expected_roles():
+    """Rank → role name as the launcher prints it: 0 coordinator, 1..S servers, then workers."""
+    roles = {0: "coordinator"}
+    roles.update({1 + i: f"server {i}" for i in range(SERVERS)})
+    roles.update({1 + SERVERS + i: f"worker {i}" for i in range(WORKERS)})
+    return roles
+
+
+def free_ports():
+    """(coordinator port, base port): base and base+1 free for the two servers. Bound to port 0 so
+    the kernel picks them; a tiny race remains, as for any test."""
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b, socket.socket() as c:
+            a.bind(("127.0.0.1", 0))
+            base = a.getsockname()[1]
+            if base >= 65534:
+                continue
+            try:
+                b.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+            c.bind(("127.0.0.1", 0))
+            return c.getsockname()[1], base
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+
+
+def binary(name):
+    """The build's program `name` (any subdirectory of the build tree); None when missing."""
+    for path in sorted(glob.glob(os.path.join(BUILD_DIR, "*", name))):
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def job_config(path, keys_dir):
+    """configs/runs/default.toml with free ports, absolute data and model paths (tasks may start
+    anywhere) and [security] keys. Everything else — model, solver, steps — is the default job."""
+    coordinator_port, base_port = free_ports()
+    with open(DEFAULT_CONFIG) as f:
+        text = f.read()
+    substitutions = [
+        (r'(?m)^coordinator = "[^"]*"', f'coordinator = "127.0.0.1:{coordinator_port}"'),
+        (r"(?m)^base_port = \d+", f"base_port = {base_port}"),
+        (r'(?m)^config = "configs/', f'config = "{ROOT}/configs/'),
+        (r'(?m)^train = "data-sets/', f'train = "{ROOT}/data-sets/'),
+        (r'(?m)^test = "data-sets/', f'test = "{ROOT}/data-sets/'),
+    ]
+    for pattern, replacement in substitutions:
+        text, n = re.subn(pattern, replacement, text)
+        if n != 1:
+            raise AssertionError(f"{DEFAULT_CONFIG}: expected one line matching {pattern!r}, found {n}")
+    text += f'\n[security]\nkeys = "{keys_dir}"\n'
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def read_all(paths):
+    text = ""
+    for path in paths:
+        with open(path, errors="replace") as f:
+            text += f.read()
+    return text
+
+
+def run_text(run_dir):
+    """Every log and launch record of a run directory, as one text (for error messages too)."""
+    return read_all(sorted(glob.glob(os.path.join(run_dir, "logs", "*.log")) +
+                           glob.glob(os.path.join(run_dir, "launch*.jsonl"))))
+
+
+def processes_naming(text):
+    """Pids of live processes whose command line contains `text` (the run directory)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append((int(entry), cmdline.strip()))
+    return pids
+
+
+def check_prerequisites(case):
+    """Skips the class (with the reason) without a build or the dataset; sets case.launcher and
+    case.keys_bin."""
+    if not BUILD_DIR:
+        raise unittest.SkipTest("DOWNPOUR_BUILD_DIR is not set (ctest sets it to the build tree)")
+    launcher = os.path.join(BUILD_DIR, "server", "downpour-launch")
+    if not os.access(launcher, os.X_OK):
+        raise AssertionError(f"{launcher} is missing: build the project first")
+    keys = binary("downpour-keys")
+    if keys is None:
+        raise AssertionError(f"downpour-keys is not in {BUILD_DIR}: build the project first")
+    data_bin = os.path.join(BUILD_DIR, "data", "downpour-data")
+    r = subprocess.run([os.path.join(ROOT, "scripts", "get_fashion_mnist")], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, DOWNPOUR_DATA_BIN=data_bin))
+    if r.returncode != 0:
+        raise unittest.SkipTest(f"no Fashion-MNIST LMDBs (scripts/get_fashion_mnist exited {r.returncode}: "
+                                f"{(r.stderr or r.stdout).strip()[-300:]})")
+    case.launcher = launcher
+    case.keys_bin = keys
+
+
+class ClusterJob(unittest.TestCase):
+    """What the Slurm and MPI tests share: a scratch directory with keys and a config, and the
+    checks of a finished run."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix=f"downpour-{type(self).__name__.lower()}-")
+        os.chmod(self.tmp, 0o755)  # the job's tasks may run as another user
+        self.keys = os.path.join(self.tmp, "keys")
+        r = subprocess.run([self.keys_bin, "--out", self.keys], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, f"downpour-keys --out {self.keys}: {r.stdout}{r.stderr}")
+        self.config = os.path.join(self.tmp, "job.toml")
+        job_config(self.config, self.keys)
+        self.run_dir = os.path.join(self.tmp, "run")
+        self.started = time.monotonic()
+
+    def tearDown(self):
+        left = processes_naming(self.run_dir)
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if os.environ.get("DOWNPOUR_KEEP_TEST_DIR"):
+            print(f"kept {self.tmp} (DOWNPOUR_KEEP_TEST_DIR)", file=sys.stderr)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.assertEqual(left, [], "processes of the run were still running after the job ended")
+
+    def assert_trained(self, job_output):
+        """The run directory holds every task's part and the job reached the target accuracy."""
+        context = f"\n--- job output:\n{job_output[-4000:]}\n--- run logs:\n{run_text(self.run_dir)[-6000:]}"
+        r = subprocess.run([sys.executable, SUMMARIZE, self.run_dir], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, f"downpour-summarize: {r.stdout}{r.stderr}{context}")
+        with open(os.path.join(self.run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        self.assertEqual(summary.get("missing", []), [], f"files of some tasks are missing{context}")
+        self.assertEqual(summary.get("launch_failed", []), [], f"some tasks failed{context}")
+        self.assertEqual(summary["workers_done"], WORKERS, context)
+        self.assertIsNotNone(summary["final_top1"], f"no final accuracy{context}")
+        self.assertGreaterEqual(summary["final_top1"], TARGET_TOP1, context)
+        for name in [f"server-{i}" for i in range(SERVERS)] + [f"worker-{i}" for i in range(WORKERS)]:
+            self.assertTrue(os.path.exists(os.path.join(self.run_dir, "metrics", f"{name}.jsonl")), name + context)
+        print(f"\n{type(self).__name__}: final top-1 {100 * summary['final_top1']:.2f}% after "
+              f"{time.monotonic() - self.started:.0f} s (training {summary['wall_s']:.0f} s)", file=sys.stderr)
+
+    def assert_keyed_and_addressed(self, nodes):
+        """Every process ran with CurveZMQ (the config names keys), and the coordinator registered
+        each server with the server key at the host its task advertised: its node's name where the
+        resource manager names nodes ({rank: node or None})."""
+        stems = ["coordinator"] + [f"server-{i}" for i in range(SERVERS)] + [f"worker-{i}" for i in range(WORKERS)]
+        for stem in stems:
+            log = read_all([os.path.join(self.run_dir, "logs", f"{stem}.log")])
+            self.assertIn("CurveZMQ on", log, f"logs/{stem}.log")
+        coordinator_log = read_all([os.path.join(self.run_dir, "logs", "coordinator.log")])
+        for i in range(SERVERS):
+            m = re.search(rf"server {i} at tcp://(\S+):\d+ registered from \S+ \(key server\)", coordinator_log)
+            self.assertIsNotNone(m, f"server {i}'s registration is not in logs/coordinator.log:\n{coordinator_log}")
+            print(m.group(0), file=sys.stderr)
+            if nodes[1 + i] is not None:
+                self.assertEqual(m.group(1), nodes[1 + i], m.group(0))
+
+    def assert_refused_count(self, r, variable, tasks):
+        """The job was refused for its task count, by each of its `tasks` tasks or by those that
+        ran before the resource manager aborted the rest (mpirun does), and nothing started."""
+        output = r.stdout + r.stderr
+        self.assertNotEqual(r.returncode, 0, output)
+        refusal = (f"{variable} but this job needs {TASKS} tasks "
+                   f"(1 coordinator + {SERVERS} server(s) + {WORKERS} worker(s))")
+        self.assertIn(output.count(refusal), range(1, tasks + 1),
+                      f"expected 1..{tasks} times {refusal!r} in:\n{output}")
+        started = [path for part in ("logs", "metrics") for path in glob.glob(os.path.join(self.run_dir, part, "*"))]
+        self.assertEqual(started, [], f"a refused job started processes:\n{output}")
+
+    def assert_roles_from_environment(self, output, pattern, variable):
+        """Every rank 0..TASKS-1 printed exactly one launch line to the job's output (matched by
+        `pattern`, groups: rank, size, the value of `variable`, node or None, role) with the role
+        its rank implies, and its launch-<role>[-<i>].jsonl start record says the same. Returns
+        {rank: node}."""
+        lines = {}
+        for m in re.finditer(pattern, output):
+            rank, size, value, node, role = m.groups()
+            self.assertNotIn(int(rank), lines, f"rank {rank} launched twice: {m.group(0)}")
+            self.assertEqual(int(size), TASKS, m.group(0))
+            self.assertEqual(int(value), int(rank), m.group(0))
+            lines[int(rank)] = (node, role)
+            print(m.group(0), file=sys.stderr)
+        self.assertEqual(sorted(lines), list(range(TASKS)), f"launch lines ({pattern}) missing in:\n{output[-6000:]}")
+        self.assertEqual({rank: role for rank, (_, role) in lines.items()}, expected_roles())
+        for rank, (node, role) in lines.items():
+            path = os.path.join(self.run_dir, f"launch-{role.replace(' ', '-')}.jsonl")
+            self.assertTrue(os.path.exists(path), f"{path} is missing")
+            with open(path) as f:
+                start = next((json.loads(line) for line in f if '"start"' in line), None)
+            self.assertIsNotNone(start, f"{path} has no start record")
+            self.assertEqual((start.get("rank"), start.get("tasks"), start.get("task")), (rank, TASKS, role), path)
+            self.assertIn(f"{variable}={rank}", start.get("origin", ""), path)
+            if node is not None:
+                self.assertEqual(start.get("node"), node, path)
+        return {rank: node for rank, (node, _) in lines.items()}
+
+
+class SlurmLaunch(ClusterJob):
+    @classmethod
+    def setUpClass(cls):
+        check_prerequisites(cls)
+        if not os.path.exists(SBATCH_SCRIPT):
+            raise AssertionError(f"{SBATCH_SCRIPT} is missing")
+        r = subprocess.run([SLURM_LOCALHOST, "start"], capture_output=True, text=True, timeout=300)
+        if r.returncode == CANNOT:
+            raise unittest.SkipTest(r.stderr.strip())
+        if r.returncode != 0:
+            subprocess.run([SLURM_LOCALHOST, "stop"], timeout=120)
+            raise AssertionError(f"slurm_localhost.sh start exited {r.returncode}:\n{r.stdout}{r.stderr}")
+        cls.env = dict(os.environ, SLURM_CONF=os.path.join(
+            os.environ.get("DOWNPOUR_SLURM_DIR", "/tmp/downpour-slurm"), "slurm.conf"))
+
+    @classmethod
+    def tearDownClass(cls):
+        r = subprocess.run([SLURM_LOCALHOST, "stop"], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise AssertionError(f"slurm_localhost.sh stop exited {r.returncode}:\n{r.stdout}{r.stderr}")
+
+    def sbatch(self, *args, **env):
+        """sbatch --wait of scripts/downpour.sbatch with `env` added to the job's environment;
+        (exit code, the job's output)."""
+        out = os.path.join(self.tmp, "job.out")
+        cmd = ["sbatch", "--wait", f"--output={out}", f"--chdir={ROOT}", *args, SBATCH_SCRIPT,
+               "--config", self.config, "--run-dir", self.run_dir]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                               env=dict(self.env, DOWNPOUR_BUILD_DIR=BUILD_DIR, **env))
+        except subprocess.TimeoutExpired:
+            subprocess.run(["scancel", "--full", "--name", os.path.basename(SBATCH_SCRIPT)], env=self.env)
+            self.fail(f"sbatch --wait did not return in {JOB_TIMEOUT_S} s:\n{read_all([out])[-4000:]}")
+        output = r.stdout + r.stderr + (read_all([out]) if os.path.exists(out) else "")
+        return r.returncode, output
+
+    def test_fashion_mnist_job_over_two_nodes(self):
+        # Cyclic: ranks 0, 2, 4 on n1 and 1, 3 on n2, so each kind of role runs on both nodes
+        # and workers reach servers on their own node and on the other one.
+        # The allocation must hold 3 + 2 tasks for that (a packed 4 + 1 would put 4 on n1).
+        rc, output = self.sbatch("--nodes=2", f"--ntasks={TASKS}", "--ntasks-per-node=3",
+                                 DOWNPOUR_SRUN_ARGS="--distribution=cyclic")
+        self.assertEqual(rc, 0, f"sbatch --wait exited {rc}:\n{output[-6000:]}\n{run_text(self.run_dir)[-6000:]}")
+        nodes = self.assert_roles_from_environment(
+            output, r"\[launch\] slurm task (\d+)/(\d+) \(SLURM_PROCID=(\d+)[^)]*\) on (\S+): "
+            r"(coordinator|server \d+|worker \d+)", "SLURM_PROCID")
+        self.assertEqual(nodes[0], "n1", "the coordinator runs on the step's first node")
+        roles = expected_roles()
+        for kind in ("server", "worker"):
+            on = {nodes[rank] for rank, role in roles.items() if role.startswith(kind)}
+            self.assertEqual(on, {"n1", "n2"}, f"the {kind}s are not spread over both nodes: {nodes}")
+        self.assert_keyed_and_addressed(nodes)
+        self.assert_trained(output)
+
+    def test_too_few_tasks_start_nothing(self):
+        cmd = ["srun", "--nodes=2", "--ntasks=3", self.launcher, "--slurm", "--config", self.config,
+               "--run-dir", self.run_dir]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=self.env, cwd=ROOT)
+        self.assert_refused_count(r, "SLURM_NTASKS=3", 3)
+
+
+class MpiLaunch(ClusterJob):
+    @classmethod
+    def setUpClass(cls):
+        check_prerequisites(cls)
+        if subprocess.run(["sh", "-c", "command -v mpirun"], capture_output=True).returncode != 0:
+            # The Slurm script installs openmpi-bin with the rest; mpirun needs no daemon.
+            r = subprocess.run([SLURM_LOCALHOST, "install"], capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                raise unittest.SkipTest(f"no mpirun: {r.stderr.strip()}")
+
+    def mpirun(self, tasks):
+        """mpirun -np `tasks` downpour-launch --mpi; (exit code, output)."""
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(tasks), self.launcher, "--mpi",
+               "--config", self.config, "--run-dir", self.run_dir]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, cwd=ROOT)
+        try:
+            output, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)  # mpirun passes it on to every rank
+            output, _ = proc.communicate(timeout=60)
+            self.fail(f"mpirun did not return in {JOB_TIMEOUT_S} s:\n{output[-4000:]}")
+        return proc.returncode, output
+
+    def test_fashion_mnist_job(self):
+        rc, output = self.mpirun(TASKS)
+        self.assertEqual(rc, 0, f"mpirun exited {rc}:\n{output[-6000:]}\n{run_text(self.run_dir)[-6000:]}")
+        nodes = self.assert_roles_from_environment(
+            output, r"\[launch\] mpi rank (\d+)/(\d+) \(OMPI_COMM_WORLD_RANK=(\d+)[^)]*\)(?: on (\S+))?: "
+            r"(coordinator|server \d+|worker \d+)", "OMPI_COMM_WORLD_RANK")
+        self.assert_keyed_and_addressed(nodes)
+        self.assert_trained(output)
+
+    def test_too_few_tasks_start_nothing(self):
+        rc, output = self.mpirun(3)
+        self.assert_refused_count(subprocess.CompletedProcess([], rc, output, ""), "OMPI_COMM_WORLD_SIZE=3", 3)
+
+
+if __name__ == "__main__":
+    unittest.main()
