@@ -78,7 +78,8 @@ def binary(name):
 
 def job_config(path, keys_dir):
     """configs/runs/default.toml with free ports, absolute data and model paths (tasks may start
-    anywhere) and [security] keys. Everything else — model, solver, steps — is the default job."""
+    anywhere) and [security] keys = keys_dir (None: no keys). Everything else — model, solver,
+    steps — is the default job."""
     coordinator_port, base_port = free_ports()
     with open(DEFAULT_CONFIG) as f:
         text = f.read()
@@ -93,7 +94,8 @@ def job_config(path, keys_dir):
         text, n = re.subn(pattern, replacement, text)
         if n != 1:
             raise AssertionError(f"{DEFAULT_CONFIG}: expected one line matching {pattern!r}, found {n}")
-    text += f'\n[security]\nkeys = "{keys_dir}"\n'
+    if keys_dir is not None:
+        text += f'\n[security]\nkeys = "{keys_dir}"\n'
     with open(path, "w") as f:
         f.write(text)
 
@@ -219,7 +221,12 @@ class ClusterJob(unittest.TestCase):
                    f"(1 coordinator + {SERVERS} server(s) + {WORKERS} worker(s))")
         self.assertIn(output.count(refusal), range(1, tasks + 1),
                       f"expected 1..{tasks} times {refusal!r} in:\n{output}")
-        started = [path for part in ("logs", "metrics") for path in glob.glob(os.path.join(self.run_dir, part, "*"))]
+        self.assert_nothing_started(output)
+
+    def assert_nothing_started(self, output):
+        """No task of the run got as far as its launch records, logs or metrics."""
+        started = [path for pattern in ("launch*.jsonl", "logs/*", "metrics/*")
+                   for path in glob.glob(os.path.join(self.run_dir, pattern))]
         self.assertEqual(started, [], f"a refused job started processes:\n{output}")
 
     def assert_roles_from_environment(self, output, pattern, variable):
@@ -303,6 +310,16 @@ class SlurmLaunch(ClusterJob):
             self.assertEqual(on, {"n1", "n2"}, f"the {kind}s are not spread over both nodes: {nodes}")
         self.assert_keyed_and_addressed(nodes)
         self.assert_trained(output)
+
+    def test_no_keys_refused_before_anything_starts(self):
+        """The script binds every interface (cluster.bind = 0.0.0.0), so a config without keys is
+        refused, with the way to make keys, before any task starts a process: a worker too, which
+        binds nothing but would talk in plaintext across the network."""
+        job_config(self.config, None)
+        rc, output = self.sbatch("--nodes=2", f"--ntasks={TASKS}")
+        self.assertNotEqual(rc, 0, output)
+        self.assertIn("security.keys is not set: make keys with `downpour-keys --out", output)
+        self.assert_nothing_started(output)
 
     def test_too_few_tasks_start_nothing(self):
         cmd = ["srun", "--nodes=2", "--ntasks=3", self.launcher, "--slurm", "--config", self.config,
