@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cluster/slurm_localhost.sh start|stop|status|env — a real Slurm cluster on this one
+# tests/cluster/slurm_localhost.sh start|stop|install|status|env — a real Slurm cluster on this one
 # machine for the cluster-launch tests: its own munged, one slurmctld and two slurmd (nodes n1 and
 # n2, both on 127.0.0.1), following ../shared/recipes/slurm-localhost.md.
 #
@@ -14,7 +14,8 @@
 #           openmpi-bin), starts the daemons and waits until both nodes are idle. Idempotent: a
 #           cluster that is already up is left as it is.
 #   stop    cancels every job, waits for the jobs' processes to end, then stops the daemons by the
-#           pids in their pid files (SIGTERM, then SIGKILL after 10 s). Idempotent.
+#           pids in their pid files (SIGTERM, then SIGKILL after 10 s) and SIGKILLs any of this
+#           cluster's slurmstepd (with its processes) that outlived its slurmd. Idempotent.
 #   install only installs the packages that are missing (the MPI test needs no daemon).
 #   status  exit 0 when the cluster is up and both nodes answer, else 1.
 #   env     prints `export SLURM_CONF=...` for a shell to eval.
