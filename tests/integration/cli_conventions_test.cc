@@ -29,6 +29,7 @@ std::vector<Program> Programs() {
       {"downpour-launch", "server/downpour-launch"},
       {"downpour-server", "server/downpour-server"},
       {"downpour-coordinator", "server/downpour-coordinator"},
+      {"downpour-keys", "server/downpour-keys"},
       {"downpour-worker", "client/worker/downpour-worker"},
       {"downpour-test", "client/worker/downpour-test"},
       {"downpour-time", "client/engine/downpour-time"},
