@@ -13,12 +13,12 @@
 #include <charconv>
 
 namespace downpour {
-namespace {
-
 std::string_view StripBrackets(std::string_view host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
   return host;
 }
+
+namespace {
 
 bool ParsePortText(std::string_view text, int* port) {
   if (text.empty() || text.size() > 5) return false;

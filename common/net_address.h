@@ -42,6 +42,8 @@ std::string TcpUrl(const std::string& host, int port);
 // "tcp://host:port" (or a bare "host:port") → host and port.
 Status ParseTcpUrl(std::string_view url, HostPort* out);
 
+// "[::1]" -> "::1"; anything else unchanged.
+std::string_view StripBrackets(std::string_view host);
 // True for an IPv6 literal ("::1", "fe80::1", "[::1]").
 bool IsIpv6Literal(std::string_view host);
 // True for the addresses that mean every interface: "0.0.0.0", "*", "::", "[::]", "".

@@ -1,6 +1,8 @@
 // process_net.cc — see process_net.h.
 #include "common/process_net.h"
 
+#include <algorithm>
+
 #include "common/net_address.h"
 #include "common/run_secret.h"
 #include "common/security.h"
@@ -34,9 +36,17 @@ std::string ConnectSource(const RunConfig& c, const NetFlags& f) {
   return c.cluster.bind;
 }
 
-std::string Unbracketed(const std::string& host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
-  return host;
+// Without keys, the coordinator must be on this host: a name is judged by what it resolves to
+// (a Slurm node name may be an alias of 127.0.0.1, as on a one-machine test cluster); a name
+// that does not resolve is left to the connection, which says it is waiting for it.
+Status CheckCoordinatorAllowed(const std::string& host, const SecurityConfig& security, const std::string& where) {
+  if (IsLoopbackHost(host) || !security.keys.empty() || security.insecure) return Status::Ok();
+  std::vector<std::string> addresses;
+  if (!ThisHost().resolve(host, &addresses).ok()) return Status::Ok();
+  if (std::all_of(addresses.begin(), addresses.end(), [](const std::string& a) { return IsLoopbackLiteral(a); })) {
+    return Status::Ok();
+  }
+  return CheckBindAllowed(host, security, where);
 }
 
 }  // namespace
@@ -80,7 +90,7 @@ Status SetUpProcessNet(const RunConfig& c, const NetFlags& f, NetRole role, cons
                        ProcessNet* out) {
   *out = ProcessNet{};
   const bool binds = Binds(role);
-  out->bind = Unbracketed(f.bind.empty() ? c.cluster.bind : f.bind);
+  out->bind = std::string(StripBrackets(f.bind.empty() ? c.cluster.bind : f.bind));
   const std::string bind_where = f.bind.empty() ? "cluster.bind" : "--bind";
 
   out->coordinator = f.coordinator.empty() ? c.cluster.coordinator : f.coordinator;
@@ -93,7 +103,13 @@ Status SetUpProcessNet(const RunConfig& c, const NetFlags& f, NetRole role, cons
     DP_RETURN_IF_ERROR(LoadCurveKeys(c.security.keys, ClientKeyRole(role), binds, &out->zmq.curve));
     out->keyed = true;
   } else {
+    // The loopback rule is the job's, so every task checks it, not only the ones that bind: a
+    // worker of a job whose servers listen off-host (cluster.bind), or whose coordinator is on
+    // another host, would otherwise start and talk in plaintext before the binders refuse.
+    DP_RETURN_IF_ERROR(CheckBindAllowed(c.cluster.bind, c.security, "cluster.bind"));
     if (binds) DP_RETURN_IF_ERROR(CheckBindAllowed(out->bind, c.security, bind_where));
+    DP_RETURN_IF_ERROR(CheckCoordinatorAllowed(coordinator.host, c.security,
+                                               f.coordinator.empty() ? "cluster.coordinator" : "--coordinator"));
     if (!run_dir.empty()) DP_RETURN_IF_ERROR(EnsureRunSecret(run_dir, &out->token));
   }
 

@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "common/file_io.h"
+#include "common/net_address.h"
 
 namespace downpour {
 
@@ -175,12 +176,6 @@ Status CheckKeyDirectory(const std::string& dir) {
   return Status::Ok();
 }
 
-// "[::1]" -> "::1"; anything else unchanged.
-std::string StripBrackets(const std::string& host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
-  return host;
-}
-
 }  // namespace
 
 const char* KeyRoleName(KeyRole role) {
@@ -274,19 +269,7 @@ Status CheckClusterKeys(const std::string& dir, std::vector<std::string>* report
   return Status(first.code(), fmt::format("{} problem(s) in {}; the first: {}", problems, dir, first.message()));
 }
 
-bool IsLoopbackHost(const std::string& host) {
-  const std::string h = StripBrackets(host);
-  if (h == "localhost" || h == "::1") return true;
-  in_addr v4{};
-  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  if (::inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
-    // ::ffff:127.x.y.z, the IPv4 loopback written as IPv6.
-    static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    return std::memcmp(v6.s6_addr, kMappedPrefix, 12) == 0 && v6.s6_addr[12] == 127;
-  }
-  return false;
-}
+bool IsLoopbackHost(const std::string& host) { return StripBrackets(host) == "localhost" || IsLoopbackLiteral(host); }
 
 Status CheckBindAllowed(const std::string& bind, const SecurityConfig& security, const std::string& where) {
   if (IsLoopbackHost(bind) || !security.keys.empty() || security.insecure) return Status::Ok();
