@@ -110,6 +110,7 @@ Status Run(const Flags& f, bool* serving) {
   (void)metrics->Write("coordinator_end",
                        {{"dead_workers", static_cast<int64_t>(dead.size())},
                         {"refused_connections", static_cast<int64_t>(transport.refused_connections())},
+                        {"refused_messages", static_cast<int64_t>(coordinator.refused())},
                         {"ok", serve_status.ok()}});
   return serve_status;
 }

@@ -58,6 +58,12 @@ std::string ResolveInRunDir(const std::string& run_dir, const std::string& p) {
   return std::filesystem::path(p).is_absolute() ? p : (std::filesystem::path(run_dir) / p).string();
 }
 
+// How many messages the shard refused for `reason` (0 when the stats predate the reason).
+int64_t RejectedFor(const ShardStatsWire& st, RejectReason reason) {
+  const auto i = static_cast<size_t>(reason);
+  return i < st.rejected_by_reason.size() ? static_cast<int64_t>(st.rejected_by_reason[i]) : 0;
+}
+
 // `*serving` turns true once setup (config, tensor list, layout, restore, bind, rendezvous) is
 // done: an error before that exits 2 for bad input, after it 1 (cli.h).
 Status Run(const Flags& f, bool* serving) {
@@ -174,6 +180,8 @@ Status Run(const Flags& f, bool* serving) {
                                       {"refused_connections", static_cast<int64_t>(transport.refused_connections())},
                                       {"pushes_applied", st.pushes_applied},
                                       {"pushes_rejected", st.pushes_rejected},
+                                      {"refused_unauthorized", RejectedFor(st, RejectReason::kUnauthorized)},
+                                      {"refused_outside_run_dir", RejectedFor(st, RejectReason::kOutsideRunDir)},
                                       {"pulls_served", st.pulls_served},
                                       {"chunk_updates", st.chunk_updates},
                                       {"staleness_sum", st.staleness_sum},
