@@ -19,6 +19,7 @@
 //   downpour-bench-ps --security-grid --repeats 3
 #include <fmt/core.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -46,11 +47,20 @@ using namespace std::chrono_literals;
 
 struct PsResult {
   double seconds = 0;
+  double cpu_seconds = 0;  // CPU time of the whole process (servers and workers) over `seconds`
   double bytes_moved = 0;
   int64_t applied = 0;
   int64_t received = 0;
   int64_t rejected = 0;
 };
+
+// CPU time of this process, all threads. On a machine others load, the CPU seconds per GB
+// moved say what security costs more steadily than wall-clock throughput does.
+double ProcessCpuSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 // CurveZMQ keys for one benchmark process, in a fresh temporary directory removed at the end.
 // Empty (curve off) when not wanted.
@@ -109,6 +119,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   std::atomic<int> at_start{0};
   std::atomic<int> init_done{0};
   std::chrono::steady_clock::time_point t0, t1;
+  double cpu0 = 0;
   std::vector<std::thread> threads;
   std::vector<Status> worker_status(static_cast<size_t>(workers));
   for (int w = 0; w < workers; ++w) {
@@ -131,7 +142,10 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
         }
         while (!init_done) std::this_thread::sleep_for(1ms);
         for (int r = 0; r < warmup + rounds; ++r) {
-          if (r == warmup && at_start.fetch_add(1) == 0) t0 = std::chrono::steady_clock::now();
+          if (r == warmup && at_start.fetch_add(1) == 0) {
+            t0 = std::chrono::steady_clock::now();
+            cpu0 = ProcessCpuSeconds();
+          }
           RequestId push = client->Push(grads, r);
           RequestId pull = client->Pull(weights, r + 1);
           DP_RETURN_IF_ERROR(client->Wait(push, 120s));
@@ -144,6 +158,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   }
   for (auto& t : threads) t.join();
   t1 = std::chrono::steady_clock::now();
+  const double cpu1 = ProcessCpuSeconds();
   for (const Status& s : worker_status) ThrowIfError(s);
 
   PsResult result;
@@ -156,6 +171,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     ThrowIfError(shard->Join());
   }
   result.seconds = std::chrono::duration<double>(t1 - t0).count();
+  result.cpu_seconds = cpu1 - cpu0;
   result.bytes_moved = 2.0 * static_cast<double>(n) * sizeof(float) * workers * rounds;
   return result;
 }
@@ -206,25 +222,34 @@ void RunSecurityCase(int servers, int workers, int warmup, int rounds, int repea
   fmt::print("S={} W={} bare zmq: plaintext {:.2f} GB/s, CurveZMQ {:.2f} GB/s (ceilings)\n", servers, workers,
              bare.bytes_moved / bare.seconds / gb, bare_curve.bytes_moved / bare_curve.seconds / gb);
   std::fflush(stdout);
-  std::vector<double> ratios;
+  std::vector<double> ratios, cpu_ratios;
   for (int r = 0; r < repeats; ++r) {
-    double gbs[2] = {0, 0};  // [0] plaintext, [1] curve
+    double gbs[2] = {0, 0};         // [0] plaintext, [1] curve
+    double cpu_per_gb[2] = {0, 0};  // CPU seconds of the process per GB moved
     for (int k = 0; k < 2; ++k) {
       const bool curve = (k + r) % 2 == 1;  // pair 0: plaintext first; pair 1: curve first; ...
       port += 10;
       const PsResult ps = RunParameterService(layout, workers, warmup, rounds, port, curve ? keys : no_keys);
-      gbs[curve ? 1 : 0] = ps.bytes_moved / ps.seconds / gb;
-      fmt::print("S={} W={} pair {} {:9}: {:.2f} GB/s, {:.2f} rounds/s/worker, pushes recv/applied/rejected {}/{}/{}\n",
-                 servers, workers, r + 1, curve ? "curve" : "plaintext", gbs[curve ? 1 : 0], rounds / ps.seconds,
-                 ps.received, ps.applied, ps.rejected);
+      const int i = curve ? 1 : 0;
+      gbs[i] = ps.bytes_moved / ps.seconds / gb;
+      cpu_per_gb[i] = ps.cpu_seconds / (ps.bytes_moved / gb);
+      fmt::print(
+          "S={} W={} pair {} {:9}: {:.2f} GB/s, {:.2f} rounds/s/worker, {:.2f} CPU s/GB, pushes "
+          "recv/applied/rejected {}/{}/{}\n",
+          servers, workers, r + 1, curve ? "curve" : "plaintext", gbs[i], rounds / ps.seconds, cpu_per_gb[i],
+          ps.received, ps.applied, ps.rejected);
       std::fflush(stdout);
     }
     ratios.push_back(gbs[1] / gbs[0]);
+    cpu_ratios.push_back(cpu_per_gb[1] / cpu_per_gb[0]);
   }
-  std::string list;
-  for (double x : ratios) list += fmt::format("{}{:.0f}%", list.empty() ? "" : " / ", 100 * x);
-  fmt::print("S={} W={} curve/plaintext throughput: {} (median {:.0f}%)\n", servers, workers, list,
-             100 * Median(ratios));
+  auto percents = [](const std::vector<double>& v) {
+    std::string list;
+    for (double x : v) list += fmt::format("{}{:.0f}%", list.empty() ? "" : " / ", 100 * x);
+    return list;
+  };
+  fmt::print("S={} W={} curve/plaintext throughput: {} (median {:.0f}%); CPU per GB: {} (median {:.0f}%)\n", servers,
+             workers, percents(ratios), 100 * Median(ratios), percents(cpu_ratios), 100 * Median(cpu_ratios));
   std::fflush(stdout);
 }
 
