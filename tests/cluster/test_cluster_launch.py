@@ -40,6 +40,10 @@ TASKS = SERVERS + WORKERS + 1
 TARGET_TOP1 = 0.89
 JOB_TIMEOUT_S = 480  # the default job takes ~100 s here; ctest's own limit is above this
 CANNOT = 77  # slurm_localhost.sh: this machine cannot run a local Slurm
+# "[launch] slurm task 3/5 (SLURM_PROCID=3 of SLURM_NTASKS=5) on n2: worker 0"; the task count
+# of a heterogeneous job is "the 2 components' SLURM_NTASKS_HET_GROUP_<i> (sum)=5".
+SLURM_LAUNCH_LINE = (r"\[launch\] slurm task (\d+)/(\d+) \(SLURM_PROCID=(\d+) of .*?=\d+\) on (\S+): "
+                     r"(coordinator|server \d+|worker \d+)")
 
 
 def expected_roles():
@@ -229,11 +233,11 @@ class ClusterJob(unittest.TestCase):
                    for path in glob.glob(os.path.join(self.run_dir, pattern))]
         self.assertEqual(started, [], f"a refused job started processes:\n{output}")
 
-    def assert_roles_from_environment(self, output, pattern, variable):
+    def assert_roles_from_environment(self, output, pattern, variable, records=True):
         """Every rank 0..TASKS-1 printed exactly one launch line to the job's output (matched by
         `pattern`, groups: rank, size, the value of `variable`, node or None, role) with the role
-        its rank implies, and its launch-<role>[-<i>].jsonl start record says the same. Returns
-        {rank: node}."""
+        its rank implies, and (`records`) its launch-<role>[-<i>].jsonl start record says the
+        same. Returns {rank: node}."""
         lines = {}
         for m in re.finditer(pattern, output):
             rank, size, value, node, role = m.groups()
@@ -244,7 +248,7 @@ class ClusterJob(unittest.TestCase):
             print(m.group(0), file=sys.stderr)
         self.assertEqual(sorted(lines), list(range(TASKS)), f"launch lines ({pattern}) missing in:\n{output[-6000:]}")
         self.assertEqual({rank: role for rank, (_, role) in lines.items()}, expected_roles())
-        for rank, (node, role) in lines.items():
+        for rank, (node, role) in lines.items() if records else ():
             path = os.path.join(self.run_dir, f"launch-{role.replace(' ', '-')}.jsonl")
             self.assertTrue(os.path.exists(path), f"{path} is missing")
             with open(path) as f:
@@ -300,9 +304,7 @@ class SlurmLaunch(ClusterJob):
         rc, output = self.sbatch("--nodes=2", f"--ntasks={TASKS}", "--ntasks-per-node=3",
                                  DOWNPOUR_SRUN_ARGS="--distribution=cyclic")
         self.assertEqual(rc, 0, f"sbatch --wait exited {rc}:\n{output[-6000:]}\n{run_text(self.run_dir)[-6000:]}")
-        nodes = self.assert_roles_from_environment(
-            output, r"\[launch\] slurm task (\d+)/(\d+) \(SLURM_PROCID=(\d+)[^)]*\) on (\S+): "
-            r"(coordinator|server \d+|worker \d+)", "SLURM_PROCID")
+        nodes = self.assert_roles_from_environment(output, SLURM_LAUNCH_LINE, "SLURM_PROCID")
         self.assertEqual(nodes[0], "n1", "the coordinator runs on the step's first node")
         roles = expected_roles()
         for kind in ("server", "worker"):
@@ -320,6 +322,21 @@ class SlurmLaunch(ClusterJob):
         self.assertNotEqual(rc, 0, output)
         self.assertIn("security.keys is not set: make keys with `downpour-keys --out", output)
         self.assert_nothing_started(output)
+
+    def test_heterogeneous_job_roles(self):
+        """docs/cluster.md's heterogeneous job (coordinator and servers in component 0, workers in
+        component 1, as for GPUs on the workers only), dry run: roles count across components."""
+        out = os.path.join(self.tmp, "het.out")
+        step = (f"srun --het-group=0,1 {self.launcher} --slurm --dry-run --set cluster.bind=0.0.0.0 "
+                f"--config {self.config} --run-dir {self.run_dir}")
+        r = subprocess.run(["sbatch", "--wait", f"--output={out}", f"--chdir={ROOT}", "--nodelist=n1",
+                            f"--ntasks={1 + SERVERS}", ":", "--nodelist=n2", f"--ntasks={WORKERS}", "--wrap", step],
+                           capture_output=True, text=True, timeout=120, env=self.env)
+        output = r.stdout + r.stderr + (read_all([out]) if os.path.exists(out) else "")
+        self.assertEqual(r.returncode, 0, output)
+        nodes = self.assert_roles_from_environment(output, SLURM_LAUNCH_LINE, "SLURM_PROCID", records=False)
+        self.assertEqual(nodes, {rank: "n1" if rank <= SERVERS else "n2" for rank in range(TASKS)})
+        self.assertIn(f"SLURM_NTASKS_HET_GROUP_<i> (sum)={TASKS}", output)
 
     def test_too_few_tasks_start_nothing(self):
         cmd = ["srun", "--nodes=2", "--ntasks=3", self.launcher, "--slurm", "--config", self.config,
