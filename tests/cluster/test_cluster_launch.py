@@ -9,7 +9,8 @@ its role from SLURM_PROCID, and the tasks must be spread over both nodes.
 MPI: the same job under `mpirun --oversubscribe -np 5 downpour-launch --mpi` (OpenMPI; MPI only
 starts the processes), roles from OMPI_COMM_WORLD_RANK.
 Both: a job with fewer tasks than servers + workers + 1 is refused with an error that names the
-count, and starts nothing.
+count, and starts nothing. Slurm also: the script without keys (it binds 0.0.0.0) is refused
+before anything starts; docs/cluster.md's heterogeneous job gets its roles right (dry run).
 
 Heavy: each job trains for ~100 s on two cores. Needs the binaries of a build (DOWNPOUR_BUILD_DIR,
 set by ctest) and root (Slurm's daemons); installs slurmctld, slurmd, slurm-client, munge and
