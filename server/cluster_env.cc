@@ -276,7 +276,10 @@ Status PlanSlurmTask(const Environment& env, const PlanInputs& in, TaskPlan* out
   int components = 0;
   const bool het = GetInt(env, "SLURM_HET_SIZE", &components).ok() && components > 1;
   const std::vector<const char*> lists =
-      het ? std::vector<const char*>{"SLURM_STEP_NODELIST_HET_GROUP_0", "SLURM_JOB_NODELIST_HET_GROUP_0"}
+      // A bare `srun A : B` (srun making its own allocation) sets only the older *_PACK_GROUP_<i>
+      // names (Slurm 22.05); the whole step's list is the last resort.
+      het ? std::vector<const char*>{"SLURM_STEP_NODELIST_HET_GROUP_0", "SLURM_JOB_NODELIST_HET_GROUP_0",
+                                     "SLURM_JOB_NODELIST_PACK_GROUP_0", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}
           : std::vector<const char*>{"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"};
   for (const char* var : lists) {
     if (!Get(env, var).empty()) {
@@ -288,7 +291,12 @@ Status PlanSlurmTask(const Environment& env, const PlanInputs& in, TaskPlan* out
   if (!in.flag_coordinator.empty()) {
     out->coordinator = in.flag_coordinator;
   } else {
-    if (list_var.empty()) return InvalidArgument("--slurm: neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set");
+    if (list_var.empty()) {
+      return InvalidArgument(
+          "--slurm: no node list to find the coordinator's node in (none of {} is set); pass "
+          "--coordinator HOST:PORT",
+          fmt::join(lists, ", "));
+    }
     DP_RETURN_IF_ERROR(FirstNode(env, list_var, &first));
     DP_RETURN_IF_ERROR(CoordinatorOnHost(first, in, &out->coordinator));
   }

@@ -223,6 +223,10 @@ Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config
   ProcessGroup group(options);
   DP_RETURN_IF_ERROR(group.Start(ChildSpec{"tensors", {bin.string(), "--config", config, "--write-tensors", out}, log, true}));
   const int code = group.Run();
+  if (code != 0 && group.reason().starts_with("received signal")) {
+    // Stopped from outside (Ctrl-C, srun tearing the job down): not a problem of the config.
+    return Unavailable("stopped while getting the model's tensor list: {}", group.reason());
+  }
   if (code != 0) {
     return InvalidArgument("cannot get the model's tensor list from {} (downpour-worker --write-tensors exited {}; "
                            "its output is above and in {})", config, code, log);

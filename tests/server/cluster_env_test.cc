@@ -135,6 +135,23 @@ TEST(SlurmPlan, HeterogeneousStepCountsEveryComponent) {
   EXPECT_EQ(p.coordinator, "n1:5555");
 }
 
+// A bare `srun -n3 A : -n2 B` (srun making its own allocation; Slurm 22.05) sets the total
+// SLURM_NTASKS and only the older *_PACK_GROUP_<i> node lists.
+TEST(SlurmPlan, BareHeterogeneousSrunUsesThePackGroupNodeList) {
+  Environment env = SlurmEnv(1, 5, "n1");
+  env.erase("SLURM_STEP_NODELIST");
+  env["SLURM_HET_SIZE"] = "2";
+  env["SLURM_JOB_NODELIST"] = "n[1-2]";
+  env["SLURM_JOB_NODELIST_PACK_GROUP_0"] = "n2";
+  env["SLURM_JOB_NODELIST_PACK_GROUP_1"] = "n1";
+  TaskPlan p;
+  const Status s = PlanSlurmTask(env, Shape(2, 2), &p);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(p.Name(), "server 0");
+  EXPECT_EQ(p.size, 5);
+  EXPECT_EQ(p.coordinator, "n2:5555");
+}
+
 TEST(SlurmPlan, WrongTaskCountSaysHowToFixIt) {
   TaskPlan p;
   Status s = PlanSlurmTask(SlurmEnv(0, 4, "n1"), Shape(2, 2), &p);
@@ -167,7 +184,8 @@ TEST(SlurmPlan, MissingOrBadVariablesAreNamed) {
   env.erase("SLURM_STEP_NODELIST");
   env.erase("SLURM_JOB_NODELIST");
   s = PlanSlurmTask(env, Shape(1, 1), &p);
-  EXPECT_THAT(s.message(), HasSubstr("neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST"));
+  EXPECT_THAT(s.message(), HasSubstr("none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST is set"));
+  EXPECT_THAT(s.message(), HasSubstr("--coordinator HOST:PORT"));
 }
 
 TEST(MpiPlan, OpenMpiThenPmiVariables) {
