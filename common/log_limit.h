@@ -59,6 +59,15 @@ class RateLimitedLog {
     RollLocked(now);
   }
 
+  // Reports what the current window held back now, window over or not: for the end of a loop,
+  // so a process that stops within a window still says how many lines it dropped.
+  void FlushFinal() { FlushFinalAt(Clock::now()); }
+  void FlushFinalAt(Clock::time_point now) {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_ = false;  // RollLocked reports and resets regardless of the window
+    RollLocked(now);
+  }
+
   // Lines held back since construction.
   uint64_t suppressed_total() const {
     std::lock_guard<std::mutex> lock(mu_);

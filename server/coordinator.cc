@@ -76,6 +76,7 @@ Status Coordinator::Serve(ServerEndpoint* ep) {
       if (everyone_told || Clock::now() - shutdown_at_ > options_.shutdown_grace) break;
     }
   }
+  refusal_log_.FlushFinal();
   return Status::Ok();
 }
 
@@ -304,8 +305,9 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
       s = Authorize(options_.access, info, h, Privilege::kAdmin);
       if (!s.ok()) break;
       if (!shutdown_.load()) {
-        spdlog::info("coordinator: shutdown requested by {} {} from {}", RoleName(h.role), h.sender,
-                     DescribePeer(info));
+        // The peer's authenticated identity first; role and id are only what the message says.
+        spdlog::info("coordinator: shutdown requested from {} (the message says {} {})", DescribePeer(info),
+                     RoleName(h.role), h.sender);
         BeginShutdown(h.sender, RoleName(h.role));
       }
       if (peers_.count(peer)) told_shutdown_.insert(peer);

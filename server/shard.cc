@@ -125,6 +125,7 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
     ServePending(ep);
     refusal_log_.Flush();
   }
+  refusal_log_.FlushFinal();
   return Status::Ok();
 }
 

@@ -190,5 +190,18 @@ TEST(RateLimitedLog, TheSummaryComesBeforeTheNextWindowsFirstLine) {
   EXPECT_EQ(out.lines[2], "d");
 }
 
+// A process that stops within a window still says how many lines it dropped.
+TEST(RateLimitedLog, FinalFlushReportsWhatTheOpenWindowHeldBack) {
+  Captured out;
+  RateLimitedLog log("server 1", "refusals", 2, 10s, out.Sink());
+  const auto t0 = RateLimitedLog::Clock::time_point{} + 1000s;
+  for (int i = 0; i < 7; ++i) log.LogAt(t0 + std::chrono::milliseconds(i), "refused");
+  log.FlushFinalAt(t0 + 1s);
+  ASSERT_EQ(out.lines.size(), 3u);
+  EXPECT_EQ(out.lines[2], "server 1: 5 more refusals suppressed in the last 1 s");
+  log.FlushFinalAt(t0 + 2s);  // nothing more held back: no line
+  EXPECT_EQ(out.lines.size(), 3u);
+}
+
 }  // namespace
 }  // namespace downpour
