@@ -70,7 +70,8 @@ Status ReadWholeFile(const std::string& path, std::string_view what, std::string
   return Status::Ok();
 }
 
-Status WriteTemp(const std::string& path, std::string_view bytes, std::string* tmp, Durability durability) {
+Status WriteTemp(const std::string& path, std::string_view bytes, std::string* tmp, Durability durability,
+                 FileMode mode) {
   const std::filesystem::path target(path);
   if (target.filename().empty()) return InvalidArgument("{}: not a file name", path);
   const std::string dir = DirOf(path);
@@ -78,11 +79,19 @@ Status WriteTemp(const std::string& path, std::string_view bytes, std::string* t
   const int fd = ::mkstemp(name.data());
   if (fd < 0) return IoError("{}: cannot create a temporary file in {}: {}", path, dir, Errno());
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  // mkstemp makes the file 0600; give it the permissions an ordinary new file would get.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  ::fchmod(fd, 0666 & ~mask);
+  // mkstemp makes the file 0600; the permissions it is to have are set once it is complete.
   Status s = WriteAll(fd, bytes, path);
+  if (s.ok()) {
+    mode_t final_mode = 0;
+    if (mode) {
+      final_mode = *mode;
+    } else {
+      final_mode = ::umask(0);
+      ::umask(final_mode);
+      final_mode = 0666 & ~final_mode;
+    }
+    if (::fchmod(fd, final_mode) != 0) s = IoError("{}: chmod {:04o} failed: {}", path, final_mode, Errno());
+  }
   if (s.ok() && durability == Durability::kPowerLoss && ::fsync(fd) != 0) {
     s = IoError("{}: fsync failed: {}", path, Errno());
   }
@@ -106,9 +115,9 @@ Status CommitTemp(const std::string& tmp, const std::string& path, Durability du
 
 void DiscardTemp(const std::string& tmp) { ::unlink(tmp.c_str()); }
 
-Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability) {
+Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability, FileMode mode) {
   std::string tmp;
-  DP_RETURN_IF_ERROR(WriteTemp(path, bytes, &tmp, durability));
+  DP_RETURN_IF_ERROR(WriteTemp(path, bytes, &tmp, durability, mode));
   return CommitTemp(tmp, path, durability);
 }
 

@@ -11,6 +11,9 @@
 // Thread-safety: reentrant functions; concurrent writers to one path each rename a whole file.
 #pragma once
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -27,8 +30,14 @@ enum class Durability {
   kProcessCrash,  // rename only: atomic against a killed writer, cheap enough for every step
 };
 
+// The permissions of a written file: an ordinary new file's (0666 less the umask), or exactly
+// `mode` (umask ignored). The temporary is 0600 until the file is complete, so a secret written
+// with 0600 is never readable by anyone else, not even for a moment.
+using FileMode = std::optional<mode_t>;
+
 // Writes `bytes` to `path` atomically (see above).
-Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability = Durability::kPowerLoss);
+Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability = Durability::kPowerLoss,
+                       FileMode mode = std::nullopt);
 
 // fsync of a directory, after a rename into it; errors name `path` (the file renamed).
 Status FsyncDirectory(const std::string& dir, const std::string& path);
@@ -37,7 +46,7 @@ Status FsyncDirectory(const std::string& dir, const std::string& path);
 // writes `bytes` to a hidden temporary beside `path` and names it in `tmp`; once every file is
 // written, CommitTemp renames each into place; on a failure, DiscardTemp removes the rest.
 Status WriteTemp(const std::string& path, std::string_view bytes, std::string* tmp,
-                 Durability durability = Durability::kPowerLoss);
+                 Durability durability = Durability::kPowerLoss, FileMode mode = std::nullopt);
 Status CommitTemp(const std::string& tmp, const std::string& path, Durability durability = Durability::kPowerLoss);
 void DiscardTemp(const std::string& tmp);
 

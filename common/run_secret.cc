@@ -42,23 +42,6 @@ Status RandomHex(size_t bytes, std::string* hex) {
   return Status::Ok();
 }
 
-// Writes `text` to a fresh private temporary file in `dir` (mode 0600 from the start: the
-// secret is never readable by anyone else, not even for a moment) and names it in `tmp`.
-Status WritePrivateTemp(const std::string& dir, const std::string& text, std::string* tmp) {
-  std::string name = dir + "/.secret.tmp.XXXXXX";
-  const int fd = ::mkstemp(name.data());  // 0600
-  if (fd < 0) return IoError("{}: cannot create a temporary file for the run secret: {}", dir, Errno());
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  const std::string err = ok ? "" : Errno();
-  ::close(fd);
-  if (!ok) {
-    ::unlink(name.c_str());
-    return IoError("{}: cannot write the run secret: {}", name, err);
-  }
-  *tmp = std::move(name);
-  return Status::Ok();
-}
-
 }  // namespace
 
 std::string RunSecretPath(const std::string& run_dir) { return (std::filesystem::path(run_dir) / "secret").string(); }
@@ -98,10 +81,10 @@ Status EnsureRunSecret(const std::string& run_dir, std::string* secret) {
   if (ec) return IoError("{}: cannot create the run directory for its secret: {}", run_dir, ec.message());
   std::string hex, tmp;
   DP_RETURN_IF_ERROR(RandomHex(kSecretBytes, &hex));
-  DP_RETURN_IF_ERROR(WritePrivateTemp(run_dir, hex + "\n", &tmp));
-  // link() fails with EEXIST when another process of the run made the secret first: then
-  // everyone uses that one. (rename() would silently replace it.)
   const std::string path = RunSecretPath(run_dir);
+  // Mode 0600 from the first byte (file_io.h), then link(), not rename(): link() fails with
+  // EEXIST when another process of the run made the secret first, and everyone uses that one.
+  DP_RETURN_IF_ERROR(WriteTemp(path, hex + "\n", &tmp, Durability::kPowerLoss, 0600));
   const int rc = ::link(tmp.c_str(), path.c_str());
   const int link_errno = errno;
   ::unlink(tmp.c_str());

@@ -38,25 +38,6 @@ Status CheckCurveAvailable() {
   return Status::Ok();
 }
 
-// Writes `text` to `path` with permissions `mode` from the first byte (a secret never exists
-// with wider permissions, not even as a temporary), then renames it into place.
-Status WriteKeyFile(const std::string& path, const std::string& text, mode_t mode) {
-  const std::string tmp = path + ".tmp";
-  ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-  if (fd < 0) return IoError("{}: cannot create key file: {}", tmp, Errno());
-  // open() applies the umask; fchmod makes the mode exact (a .pub must be readable by others).
-  const bool ok = ::fchmod(fd, mode) == 0 &&
-                  ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  const std::string error = Errno();
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return IoError("{}: cannot write key file: {}", path, ok ? Errno() : error);
-  }
-  return Status::Ok();
-}
-
 Status WriteKeypair(const std::string& dir, const std::string& name) {
   char public_key[kZ85KeyChars + 1];
   char secret_key[kZ85KeyChars + 1];
@@ -71,8 +52,9 @@ Status WriteKeypair(const std::string& dir, const std::string& name) {
       "# CurveZMQ keypair ({}): secret, keep mode 0600\n"
       "public = \"{}\"\nsecret = \"{}\"\n",
       name, public_key, secret_key);
-  DP_RETURN_IF_ERROR(WriteKeyFile(KeyPath(dir, name, ".key"), key, 0600));
-  return WriteKeyFile(KeyPath(dir, name, ".pub"), pub, 0644);
+  // Exact modes (umask ignored): a .pub must be readable by every host's processes.
+  DP_RETURN_IF_ERROR(WriteFileAtomic(KeyPath(dir, name, ".key"), key, Durability::kPowerLoss, 0600));
+  return WriteFileAtomic(KeyPath(dir, name, ".pub"), pub, Durability::kPowerLoss, 0644);
 }
 
 // The hint every "file is missing" error ends with.
