@@ -29,7 +29,7 @@ const char* RejectReasonName(RejectReason r) {
   static constexpr const char* kNames[] = {
       "undecodable",     "bad_type",        "not_registered", "layout_hash",  "model_id",       "unknown_chunk",
       "dtype",           "elem_count",      "byte_length",    "frame_count",  "non_finite",     "checksum",
-      "duplicate_chunk", "not_initialized", "clock",          "unauthorized", "outside_run_dir"};
+      "duplicate_chunk", "not_initialized", "clock",          "unauthorized", "outside_run_dir", "version"};
   static_assert(std::size(kNames) == static_cast<size_t>(RejectReason::kCount));
   const auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";
@@ -76,6 +76,11 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   b.setDroppedLate(s.dropped_late);
   b.setCheckpointsWritten(s.checkpoints_written);
   b.setUndecodable(s.undecodable);
+  b.setDuplicates(s.duplicates);
+  b.setDroppedPeers(s.dropped_peers);
+  FillList(b.initPushesByWorker(static_cast<unsigned>(s.pushes_by_worker.size())), s.pushes_by_worker);
+  b.setWalRecords(s.wal_records);
+  b.setReplayed(s.replayed);
 }
 
 ShardStatsWire DecodeStats(cw::Stats::Reader r) {
@@ -92,6 +97,11 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.dropped_late = r.getDroppedLate();
   s.checkpoints_written = r.getCheckpointsWritten();
   s.undecodable = r.getUndecodable();
+  s.duplicates = r.getDuplicates();
+  s.dropped_peers = r.getDroppedPeers();
+  s.pushes_by_worker = ReadList<uint64_t>(r.getPushesByWorker());
+  s.wal_records = r.getWalRecords();
+  s.replayed = r.getReplayed();
   return s;
 }
 
@@ -139,6 +149,9 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.text = r.getText().cStr();
   const auto token = r.getToken();
   h.token.assign(reinterpret_cast<const char*>(token.begin()), token.size());
+  h.session = r.getSession();
+  h.incarnation = r.getIncarnation();
+  h.gone_seq = r.getGoneSeq();
   if (r.hasStats()) h.stats = DecodeStats(r.getStats());
   DP_RETURN_IF_ERROR(CheckListLengths(h));
   *out = std::move(h);
@@ -185,6 +198,9 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   if (!h.token.empty()) {
     b.setToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(h.token.data()), h.token.size()));
   }
+  b.setSession(h.session);
+  b.setIncarnation(h.incarnation);
+  b.setGoneSeq(h.gone_seq);
   if (h.type == MsgType::kStatsReply) EncodeStats(h.stats, b.initStats());
   kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();

@@ -64,6 +64,7 @@ enum class RejectReason : uint16_t {
   kClock,            // refused by the consistency policy (e.g. sync: wrong clock)
   kUnauthorized,     // the peer's role / token does not allow it (server/access.h)
   kOutsideRunDir,    // checkpoint path from the wire resolves outside the run directory
+  kVersion,          // a push's version_from is negative or ahead of the chunk's version
   kCount
 };
 const char* RejectReasonName(RejectReason r);
@@ -95,6 +96,11 @@ struct ShardStatsWire {
   uint64_t dropped_late = 0;
   uint64_t checkpoints_written = 0;
   uint64_t undecodable = 0;
+  uint64_t duplicates = 0;                // pushes already taken, acknowledged again (resends)
+  uint64_t dropped_peers = 0;             // peers dropped for not reading their replies
+  std::vector<uint64_t> pushes_by_worker;  // gradient pushes taken per worker id
+  uint64_t wal_records = 0;
+  uint64_t replayed = 0;
   bool operator==(const ShardStatsWire&) const = default;
 };
 
@@ -129,6 +135,9 @@ struct MessageHeader {
   bool shutdown = false;
   std::string text;
   std::string token;  // bytes: the run's secret on register / admin messages (server/access.h)
+  uint64_t session = 0;      // push/register: the sending client's session (see messages.capnp)
+  uint64_t incarnation = 0;  // replies: the answering process's incarnation
+  uint64_t gone_seq = 0;     // heartbeat: membership changes seen / the coordinator's newest
 
   ShardStatsWire stats;
 

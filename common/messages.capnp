@@ -62,6 +62,14 @@ struct Stats {
   checkpointsWritten @10 :UInt64;
   undecodable @11 :UInt64;     # messages whose header did not decode (answered with an error reply:
                                # the ZeroMQ peer is known even when the bytes are garbage)
+  duplicates @12 :UInt64;      # pushes recognised as already taken (same worker, session and
+                               # request id: a resend after a restart): acknowledged, not applied again
+  droppedPeers @13 :UInt64;    # peers dropped because they did not read their replies
+  pushesByWorker @14 :List(UInt64);  # gradient push messages taken (applied, accumulated or
+                               # dropped late), each once, indexed by worker id: what every
+                               # worker's acknowledged pushes must equal (no loss, no double apply)
+  walRecords @15 :UInt64;      # records appended to the write-ahead log by this process
+  replayed @16 :UInt64;        # pushes replayed from the write-ahead log at start
 }
 
 struct Header {
@@ -106,4 +114,11 @@ struct Header {
                                      # finished normally rather than fell silent
   token @28 :Data;             # register / admin messages of a run without keys: the run's
                                # secret (server/access.h); empty otherwise
+  session @29 :UInt64;         # worker -> server: a random id of the sending PsClient, fixed for
+                               # its lifetime, so (sender, session, requestId) names one push across
+                               # server restarts and worker restarts (duplicates are not applied twice)
+  incarnation @30 :UInt64;     # every reply of a server or the coordinator: a random id of that
+                               # process, new at each start, so a client can tell a restart
+  goneSeq @31 :UInt64;         # heartbeat: the last membership change the sender has seen; the
+                               # reply carries the coordinator's newest and the changes after it
 }

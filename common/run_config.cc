@@ -199,6 +199,12 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   DP_RETURN_IF_ERROR(r.Int("heartbeat_ms", &c->heartbeat_ms));
   DP_RETURN_IF_ERROR(r.Int("heartbeat_timeout_ms", &c->heartbeat_timeout_ms));
   DP_RETURN_IF_ERROR(r.Int("chunk_elems", &c->chunk_elems));
+  DP_RETURN_IF_ERROR(r.Int("server_restarts", &c->server_restarts));
+  DP_RETURN_IF_ERROR(r.Int("coordinator_restarts", &c->coordinator_restarts));
+  DP_RETURN_IF_ERROR(r.Int("restart_workers", &c->restart_workers));
+  DP_RETURN_IF_ERROR(r.Int("server_wait_ms", &c->server_wait_ms));
+  DP_RETURN_IF_ERROR(r.Int("max_workers", &c->max_workers));
+  DP_RETURN_IF_ERROR(r.Int("peer_queue_mb", &c->peer_queue_mb));
   return r.Finish();
 }
 
@@ -324,6 +330,8 @@ Status ReadEval(TableReader& r, EvalConfig* e) {
 Status ReadCheckpoint(TableReader& r, CheckpointConfig* c) {
   DP_RETURN_IF_ERROR(r.Int("every_updates", &c->every_updates));
   DP_RETURN_IF_ERROR(r.String("dir", &c->dir));
+  DP_RETURN_IF_ERROR(r.Bool("wal", &c->wal));
+  DP_RETURN_IF_ERROR(r.Int("wal_fsync_ms", &c->wal_fsync_ms));
   return r.Finish();
 }
 
@@ -475,6 +483,15 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              cl.heartbeat_timeout_ms,
              fmt::format("must be > cluster.heartbeat_ms ({})", cl.heartbeat_ms))
       .Check(cl.chunk_elems >= 1, "cluster.chunk_elems", cl.chunk_elems, "must be >= 1")
+      .Check(cl.server_restarts >= 0, "cluster.server_restarts", cl.server_restarts, "must be >= 0")
+      .Check(cl.coordinator_restarts >= 0, "cluster.coordinator_restarts", cl.coordinator_restarts, "must be >= 0")
+      .Check(cl.restart_workers >= 0, "cluster.restart_workers", cl.restart_workers, "must be >= 0")
+      .Check(cl.server_wait_ms > cl.heartbeat_timeout_ms, "cluster.server_wait_ms", cl.server_wait_ms,
+             fmt::format("must be > cluster.heartbeat_timeout_ms ({})", cl.heartbeat_timeout_ms))
+      .Check(cl.max_workers == 0 || cl.max_workers >= cl.workers, "cluster.max_workers", cl.max_workers,
+             fmt::format("must be 0 (= workers) or >= cluster.workers ({})", cl.workers))
+      .Check(cl.max_workers <= 65536, "cluster.max_workers", cl.max_workers, "must be <= 65536")
+      .Check(cl.peer_queue_mb >= 1, "cluster.peer_queue_mb", cl.peer_queue_mb, "must be >= 1")
       .Check(so.base_lr > 0 && std::isfinite(so.base_lr), "solver.base_lr", so.base_lr,
              "must be finite and > 0")
       .Check(so.gamma > 0 && std::isfinite(so.gamma), "solver.gamma", so.gamma,
@@ -528,7 +545,9 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              "must be finite and >= 0 (0 = off)")
       .Check(ev.test_batches >= 0, "eval.test_batches", ev.test_batches, "must be >= 0 (0 = whole test set)")
       .Check(ck.every_updates >= 0, "checkpoint.every_updates", ck.every_updates, "must be >= 0 (0 = off)")
-      .Check(!ck.dir.empty(), "checkpoint.dir", ck.dir, "must be non-empty");
+      .Check(!ck.dir.empty(), "checkpoint.dir", ck.dir, "must be non-empty")
+      .Check(ck.wal_fsync_ms >= 0, "checkpoint.wal_fsync_ms", ck.wal_fsync_ms,
+             "must be >= 0 (0 = fsync before every acknowledgement)");
   return v.status();
 }
 
@@ -630,6 +649,12 @@ std::string ToToml(const RunConfig& c) {
   line("heartbeat_ms", num(c.cluster.heartbeat_ms));
   line("heartbeat_timeout_ms", num(c.cluster.heartbeat_timeout_ms));
   line("chunk_elems", num(c.cluster.chunk_elems));
+  line("server_restarts", num(c.cluster.server_restarts));
+  line("coordinator_restarts", num(c.cluster.coordinator_restarts));
+  line("restart_workers", num(c.cluster.restart_workers));
+  line("server_wait_ms", num(c.cluster.server_wait_ms));
+  line("max_workers", num(c.cluster.max_workers));
+  line("peer_queue_mb", num(c.cluster.peer_queue_mb));
   s += "\n[solver]\n";
   line("base_lr", flt(c.solver.base_lr));
   line("lr_policy", str(LrPolicyName(c.solver.lr_policy)));
@@ -677,6 +702,8 @@ std::string ToToml(const RunConfig& c) {
   s += "\n[checkpoint]\n";
   line("every_updates", num(c.checkpoint.every_updates));
   line("dir", str(c.checkpoint.dir));
+  line("wal", boolean(c.checkpoint.wal));
+  line("wal_fsync_ms", num(c.checkpoint.wal_fsync_ms));
   s += "\n[security]\n";
   line("keys", str(c.security.keys));
   line("insecure", boolean(c.security.insecure));

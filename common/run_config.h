@@ -55,6 +55,23 @@ struct ClusterConfig {
   int heartbeat_ms = 500;                   // interval between heartbeats (> 0)
   int heartbeat_timeout_ms = 5000;          // peer declared dead after this silence (> heartbeat_ms)
   int64_t chunk_elems = int64_t{1} << 20;   // layout chunk size in floats (4 MiB frames; DESIGN.md)
+  // Faults (docs/operations.md "When a process dies"). The launcher restarts a dead server from
+  // its latest checkpoint and write-ahead log, and a dead coordinator, at most this many times
+  // each over the job (>= 0); one more death fails the job.
+  int server_restarts = 3;
+  int coordinator_restarts = 3;
+  // A dead worker is restarted (--resume, from its saved progress) at most this many times per
+  // worker (>= 0); 0 = the job goes on without it (launcher --restart-workers N overrides).
+  int restart_workers = 0;
+  // How long a worker waits for a server it cannot reach (dead, restarting) before it fails,
+  // saying "waiting for server i (restarting)" every few seconds meanwhile (> heartbeat_timeout_ms).
+  int server_wait_ms = 120000;
+  // Worker ids the coordinator accepts: 0..max_workers-1. Ids >= workers are workers that join a
+  // running job (elastic). 0 = workers (no joiners). Bounds the coordinator's tables.
+  int max_workers = 0;
+  // Replies a server queues for one peer whose connection is full (it does not read), in MiB;
+  // past it the peer is dropped and counted (a client that never reads cannot stall a server).
+  int peer_queue_mb = 256;
   bool operator==(const ClusterConfig&) const = default;
 };
 
@@ -172,6 +189,14 @@ struct EvalConfig {
 struct CheckpointConfig {
   int64_t every_updates = 1000;     // a shard checkpoints after every n applied updates; 0 = off
   std::string dir = "checkpoints";  // relative paths are inside the run directory
+  // Write-ahead log of taken pushes, per shard, beside its checkpoint (server/wal.h): a push is
+  // written to the log before it is acknowledged, so an acknowledged update survives the death
+  // of the server process; a restart replays the log after the checkpoint. Off = only
+  // checkpoints (updates since the last one are lost with a server).
+  bool wal = true;
+  // fsync the log at least this often (ms), so a machine crash loses at most this much;
+  // 0 = fsync before every acknowledgement (a machine crash loses nothing). >= 0.
+  int wal_fsync_ms = 200;
   bool operator==(const CheckpointConfig&) const = default;
 };
 
