@@ -221,7 +221,12 @@ Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config
   options.timeout = std::chrono::seconds(120);
   options.output = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); };
   ProcessGroup group(options);
-  DP_RETURN_IF_ERROR(group.Start(ChildSpec{"tensors", {bin.string(), "--config", config, "--write-tensors", out}, log, true}));
+  ChildSpec child;
+  child.name = "tensors";
+  child.argv = {bin.string(), "--config", config, "--write-tensors", out};
+  child.log_path = log;
+  child.primary = true;
+  DP_RETURN_IF_ERROR(group.Start(child));
   const int code = group.Run();
   if (code != 0 && group.reason().starts_with("received signal")) {
     // Stopped from outside (Ctrl-C, srun tearing the job down): not a problem of the config.
