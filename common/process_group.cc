@@ -1,5 +1,6 @@
 // process_group.cc — fork/exec children into their own process groups, forward their output
-// line by line, and stop them all (SIGTERM, grace, SIGKILL) when the job ends.
+// line by line, restart or give up children that die (their ChildSpec's policy), and stop them
+// all (SIGTERM, grace, SIGKILL) when the job ends.
 #include "common/process_group.h"
 
 #include <fcntl.h>
@@ -20,17 +21,39 @@ namespace downpour {
 
 namespace {
 constexpr size_t kMaxLine = 64 * 1024;  // longer lines are forwarded in pieces
-constexpr int kTickMs = 50;             // reap / deadline check interval
+constexpr int kTickMs = 50;             // reap / deadline / restart check interval
 using Clock = std::chrono::steady_clock;
+
+// Before restart n (1-based): 200 ms, 400 ms, 800 ms, then 1 s. Long enough that a child that
+// dies at once does not spin, short next to what a job loses while a server is down.
+std::chrono::milliseconds Backoff(int n) {
+  return std::chrono::milliseconds(std::min(1000, 200 << std::min(n - 1, 3)));
+}
+
+// 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st.
+std::string Ordinal(int n) {
+  const int tens = n % 100, ones = n % 10;
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : ones == 1 ? "st" : ones == 2 ? "nd" : ones == 3 ? "rd" : "th";
+  return fmt::format("{}{}", n, suffix);
+}
+
+// "server 1 was killed by signal 9 (Killed)" or "worker 1 exited with code 3".
+std::string HowItEnded(const std::string& name, int exit_code, int term_signal) {
+  if (term_signal != 0) return fmt::format("{} was killed by signal {} ({})", name, term_signal, strsignal(term_signal));
+  return fmt::format("{} exited with code {}", name, exit_code);
+}
 }  // namespace
 
 struct ProcessGroup::Child {
-  std::string name;
+  ChildSpec spec;
   pid_t pid = -1;
-  bool primary = false;
   int out_fd = -1;  // read end of the child's stdout+stderr pipe; -1 after EOF
   int log_fd = -1;  // raw log, or -1
   std::string partial;  // output received after the last newline
+  Clock::time_point started{};    // of the running (or last) incarnation
+  Clock::time_point died_at{};    // of the last death
+  bool restart_pending = false;   // dead, to be started again at restart_at
+  Clock::time_point restart_at{};
 
   ~Child() {
     if (out_fd >= 0) ::close(out_fd);
@@ -38,7 +61,7 @@ struct ProcessGroup::Child {
   }
 };
 
-ProcessGroup::ProcessGroup(ProcessGroupOptions options) : options_(std::move(options)) {
+ProcessGroup::ProcessGroup(ProcessGroupOptions options) : options_(std::move(options)), created_(Clock::now()) {
   if (!options_.output) {
     options_.output = [](std::string_view line) {
       std::fwrite(line.data(), 1, line.size(), stdout);
@@ -68,11 +91,18 @@ ProcessGroup::~ProcessGroup() {
   if (options_.handle_signals) pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
 }
 
+double ProcessGroup::Since(Clock::time_point t) const {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
 Status ProcessGroup::Start(const ChildSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("child \"{}\": empty command line", spec.name);
+  if (spec.max_restarts < 0) {
+    return InvalidArgument("child \"{}\": max_restarts = {}; must be >= 0", spec.name, spec.max_restarts);
+  }
   auto child = std::make_unique<Child>();
-  child->name = spec.name;
-  child->primary = spec.primary;
+  child->spec = spec;
+  if (child->spec.restart_argv.empty()) child->spec.restart_argv = spec.argv;
   if (!spec.log_path.empty()) {
     child->log_fd = ::open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (child->log_fd < 0) {
@@ -80,6 +110,19 @@ Status ProcessGroup::Start(const ChildSpec& spec) {
                      std::strerror(errno));
     }
   }
+  DP_RETURN_IF_ERROR(Spawn(spec.name, spec.argv, &child->pid, &child->out_fd));
+  child->started = Clock::now();
+  ChildResult r;
+  r.name = spec.name;
+  r.pid = child->pid;
+  results_.push_back(r);
+  children_.push_back(std::move(child));
+  return Status::Ok();
+}
+
+// fork + exec of one incarnation; *out_fd is the (non-blocking) read end of its output pipe.
+Status ProcessGroup::Spawn(const std::string& name, const std::vector<std::string>& args, pid_t* pid_out,
+                           int* out_fd) {
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) return IoError("pipe: {}", std::strerror(errno));
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -89,14 +132,14 @@ Status ProcessGroup::Start(const ChildSpec& spec) {
   }
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
   std::vector<char*> argv;
-  for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = ::getpid();
 
   const pid_t pid = ::fork();
   if (pid < 0) {
     for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
-    return IoError("child \"{}\": fork failed: {}", spec.name, std::strerror(errno));
+    return IoError("child \"{}\": fork failed: {}", name, std::strerror(errno));
   }
   if (pid == 0) {
     ::setpgid(0, 0);
@@ -128,22 +171,21 @@ Status ProcessGroup::Start(const ChildSpec& spec) {
     ::close(out_pipe[0]);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    return NotFound("child \"{}\": cannot run {}: {}", spec.name, spec.argv[0],
-                    std::strerror(exec_errno));
+    return NotFound("child \"{}\": cannot run {}: {}", name, args[0], std::strerror(exec_errno));
   }
   ::fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
-  child->out_fd = out_pipe[0];
-  child->pid = pid;
-  ChildResult r;
-  r.name = spec.name;
-  r.pid = pid;
-  results_.push_back(r);
-  children_.push_back(std::move(child));
+  *out_fd = out_pipe[0];
+  *pid_out = pid;
   return Status::Ok();
 }
 
 void ProcessGroup::Emit(const std::string& name, std::string_view line) {
   options_.output(fmt::format("[{}] {}", name, line));
+}
+
+void ProcessGroup::Report(ChildEvent event) {
+  if (!event.line.empty()) Emit("launch", event.line);
+  if (options_.on_event) options_.on_event(event);
 }
 
 void ProcessGroup::DrainOutput(Child& c, bool eof_expected) {
@@ -155,7 +197,7 @@ void ProcessGroup::DrainOutput(Child& c, bool eof_expected) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !eof_expected) return;
     if (n <= 0) {  // EOF, an error, or (eof_expected) nothing left from a dead group
       if (!c.partial.empty()) {
-        Emit(c.name, c.partial);
+        Emit(c.spec.name, c.partial);
         if (c.log_fd >= 0) {  // its bytes are logged already; end the line
           [[maybe_unused]] ssize_t w = ::write(c.log_fd, "\n", 1);
         }
@@ -171,12 +213,12 @@ void ProcessGroup::DrainOutput(Child& c, bool eof_expected) {
     c.partial.append(buf, static_cast<size_t>(n));
     size_t start = 0, nl;
     while ((nl = c.partial.find('\n', start)) != std::string::npos) {
-      Emit(c.name, std::string_view(c.partial).substr(start, nl - start));
+      Emit(c.spec.name, std::string_view(c.partial).substr(start, nl - start));
       start = nl + 1;
     }
     c.partial.erase(0, start);
     while (c.partial.size() >= kMaxLine) {
-      Emit(c.name, std::string_view(c.partial).substr(0, kMaxLine));
+      Emit(c.spec.name, std::string_view(c.partial).substr(0, kMaxLine));
       c.partial.erase(0, kMaxLine);
     }
   }
@@ -194,6 +236,7 @@ void ProcessGroup::BeginStop(std::string reason, int code) {
   reason_ = std::move(reason);
   exit_code_ = code;
   for (size_t i = 0; i < children_.size(); ++i) {
+    children_[i]->restart_pending = false;  // stopping never restarts anything
     if (!results_[i].exited) results_[i].stopped_by_us = true;
   }
   SignalLive(SIGTERM);
@@ -210,28 +253,167 @@ void ProcessGroup::ReapExited() {
     r.exited = true;
     if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
     if (WIFSIGNALED(status)) r.term_signal = WTERMSIG(status);
-    // Whatever the child left running in its group goes with it.
+    // Whatever the child left running in its group goes with it; then its last output is
+    // forwarded, before any line about its death.
     ::killpg(children_[i]->pid, SIGKILL);
-    if (r.Code() != 0 && !r.stopped_by_us) {
-      const std::string what = r.term_signal
-                                   ? fmt::format("{} was killed by signal {} ({})", r.name,
-                                                 r.term_signal, strsignal(r.term_signal))
-                                   : fmt::format("{} exited with code {}", r.name, r.exit_code);
-      Emit("launch", what + (stopping_ ? "" : "; stopping all"));
-      BeginStop(what, r.Code());
-    }
+    DrainOutput(*children_[i], true);
+    if (r.Code() != 0 && !r.stopped_by_us && !stopping_) HandleDeath(i);
   }
 }
 
+// Child i died while the job ran: restart it, give it up, or stop the job (its ChildSpec).
+void ProcessGroup::HandleDeath(size_t i) {
+  Child& c = *children_[i];
+  ChildResult& r = results_[i];
+  const ChildSpec& spec = c.spec;
+  c.died_at = Clock::now();
+  ChildEvent died;
+  died.kind = ChildEvent::Kind::kDied;
+  died.child = spec.name;
+  died.pid = r.pid;
+  died.exit_code = r.exit_code;
+  died.term_signal = r.term_signal;
+  died.seconds = Since(created_);
+  died.uptime_s = std::chrono::duration<double>(c.died_at - c.started).count();
+  died.restart = r.restarts;
+  died.max_restarts = spec.max_restarts;
+  const std::string how_it_ended = HowItEnded(spec.name, r.exit_code, r.term_signal);
+  const std::string how = fmt::format("{} after {:.1f} s", how_it_ended, died.uptime_s);
+  if (r.restarts < spec.max_restarts) {
+    const int n = r.restarts + 1;
+    died.action = ChildEvent::Action::kRestart;
+    died.line = fmt::format("{}; restarting it{}{} (restart {} of {})", how, spec.restart_note.empty() ? "" : " ",
+                            spec.restart_note, n, spec.max_restarts);
+    c.restart_pending = true;
+    c.restart_at = c.died_at + Backoff(n);
+    Report(std::move(died));
+    return;
+  }
+  // No restart left: say which death this is and the limit, or the setting that allows none.
+  const std::string limit = spec.limit.empty() ? fmt::format("{} restarts", spec.max_restarts) : spec.limit;
+  const std::string limit_part =
+      spec.max_restarts > 0 ? fmt::format("; it died a {} time (limit {})", Ordinal(r.restarts + 1), limit) : "";
+  const std::string setting_part =
+      spec.max_restarts == 0 && !spec.limit.empty() ? fmt::format(" ({})", spec.limit) : "";
+  if (spec.on_death == OnDeath::kContinue) {
+    died.action = ChildEvent::Action::kContinue;
+    died.line = fmt::format("{}{}; the job goes on without it{}", how, limit_part, setting_part);
+    GiveUp(i, std::move(died), limit_part);
+    return;
+  }
+  died.action = ChildEvent::Action::kStop;
+  died.line = fmt::format("{}{}; stopping all{}", how, limit_part, setting_part);
+  Report(std::move(died));
+  BeginStop(how_it_ended + limit_part, r.Code());
+}
+
+// Reports `died` (may be a default event: nothing to report) and gives child i up.
+void ProcessGroup::GiveUp(size_t i, ChildEvent died, const std::string& why) {
+  ChildResult& r = results_[i];
+  if (!died.child.empty()) Report(std::move(died));
+  r.given_up = true;
+  last_given_up_code_ = r.Code();
+  ChildEvent gone;
+  gone.kind = ChildEvent::Kind::kGivenUp;
+  gone.child = r.name;
+  gone.pid = r.pid;
+  gone.exit_code = r.exit_code;
+  gone.term_signal = r.term_signal;
+  gone.seconds = Since(created_);
+  gone.restart = r.restarts;
+  gone.max_restarts = children_[i]->spec.max_restarts;
+  gone.action = ChildEvent::Action::kContinue;
+  gone.line = why;  // empty after a death line, which said it already
+  Report(std::move(gone));
+}
+
+void ProcessGroup::RestartDue() {
+  const auto now = Clock::now();
+  for (size_t i = 0; i < children_.size() && !stopping_; ++i) {
+    Child& c = *children_[i];
+    if (!c.restart_pending || now < c.restart_at) continue;
+    c.restart_pending = false;
+    ChildResult& r = results_[i];
+    const int n = ++r.restarts;
+    pid_t pid = -1;
+    int out_fd = -1;
+    const Status s = Spawn(c.spec.name, c.spec.restart_argv, &pid, &out_fd);
+    if (!s.ok()) {  // as a death with no restart left
+      if (c.spec.on_death == OnDeath::kContinue) {
+        GiveUp(i, ChildEvent{}, fmt::format("{} cannot be restarted ({}); the job goes on without it", c.spec.name,
+                                            s.message()));
+      } else {
+        Emit("launch", fmt::format("{} cannot be restarted ({}); stopping all", c.spec.name, s.message()));
+        BeginStop(fmt::format("{} cannot be restarted", c.spec.name), r.Code());
+      }
+      continue;
+    }
+    if (c.out_fd >= 0) ::close(c.out_fd);  // drained at its death; never left open
+    c.out_fd = out_fd;
+    c.pid = pid;
+    c.started = Clock::now();
+    r.pid = pid;
+    r.exited = false;
+    r.exit_code = -1;
+    r.term_signal = 0;
+    ChildEvent ev;
+    ev.kind = ChildEvent::Kind::kRestarted;
+    ev.child = c.spec.name;
+    ev.pid = pid;
+    ev.seconds = Since(created_);
+    ev.down_s = std::chrono::duration<double>(c.started - c.died_at).count();
+    ev.restart = n;
+    ev.max_restarts = c.spec.max_restarts;
+    ev.action = ChildEvent::Action::kRestart;
+    ev.argv = c.spec.restart_argv;
+    ev.line = fmt::format("{} restarted (restart {} of {}, pid {})", c.spec.name, n, c.spec.max_restarts, pid);
+    Report(std::move(ev));
+  }
+}
+
+// Ends the job (BeginStop) when no primary runs or waits for a restart; true if it did.
+bool ProcessGroup::CheckDone() {
+  if (children_.empty()) return false;
+  const bool has_primary = std::any_of(children_.begin(), children_.end(), [](const auto& c) { return c->spec.primary; });
+  int succeeded = 0;
+  std::vector<std::string> given_up;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    if (has_primary && !children_[i]->spec.primary) continue;
+    const ChildResult& r = results_[i];
+    if (!r.exited || children_[i]->restart_pending) return false;
+    if (r.given_up) {
+      given_up.push_back(r.name);
+    } else if (r.Code() == 0) {
+      ++succeeded;
+    } else {
+      return false;  // a death not handled yet (it is restarted, given up or stops the job)
+    }
+  }
+  const char* who = has_primary ? "primaries" : "children";
+  if (given_up.empty()) {
+    BeginStop(fmt::format("all {} exited 0", who), 0);
+  } else if (succeeded >= options_.min_succeeded) {
+    BeginStop(fmt::format("all {} done: {} exited 0, {} given up ({})", who, succeeded, given_up.size(),
+                          fmt::join(given_up, ", ")),
+              0);
+  } else {
+    BeginStop(fmt::format("{} of the {} exited 0 (at least {} must); given up: {}", succeeded, who,
+                          options_.min_succeeded, fmt::join(given_up, ", ")),
+              last_given_up_code_);
+  }
+  return true;
+}
+
 bool ProcessGroup::AllReaped() const {
-  return std::all_of(results_.begin(), results_.end(), [](const ChildResult& r) { return r.exited; });
+  for (size_t i = 0; i < children_.size(); ++i) {
+    if (!results_[i].exited || children_[i]->restart_pending) return false;
+  }
+  return true;
 }
 
 int ProcessGroup::Run() {
   const auto deadline = options_.timeout.count() > 0 ? Clock::now() + options_.timeout
                                                      : Clock::time_point::max();
-  const bool has_primary = std::any_of(children_.begin(), children_.end(),
-                                       [](const auto& c) { return c->primary; });
   std::vector<pollfd> fds;
   std::vector<Child*> polled;
   while (true) {
@@ -257,18 +439,10 @@ int ProcessGroup::Run() {
       }
     }
     ReapExited();
-    if (!stopping_) {
-      bool done = true;
-      for (size_t i = 0; i < children_.size(); ++i) {
-        if (has_primary && !children_[i]->primary) continue;
-        done = done && results_[i].exited && results_[i].Code() == 0;
-      }
-      if (done && !children_.empty()) {
-        BeginStop(has_primary ? "all primaries exited 0" : "all children exited 0", 0);
-      } else if (Clock::now() >= deadline) {
-        Emit("launch", fmt::format("timeout after {} ms; stopping all", options_.timeout.count()));
-        BeginStop(fmt::format("timeout after {} ms", options_.timeout.count()), 124);
-      }
+    if (!stopping_) RestartDue();
+    if (!stopping_ && !CheckDone() && Clock::now() >= deadline) {
+      Emit("launch", fmt::format("timeout after {} ms; stopping all", options_.timeout.count()));
+      BeginStop(fmt::format("timeout after {} ms", options_.timeout.count()), 124);
     }
     if (stopping_ && !killed_ && Clock::now() >= kill_at_ && !AllReaped()) {
       Emit("launch", "grace period over; sending SIGKILL");

@@ -5,8 +5,8 @@
 //                   [--servers S] [--workers W] [--run-dir D] [--weights FILE]
 //                   [--tensors FILE | --model NAME]
 //                   [--worker-cmd CMD] [--server-cmd CMD] [--coordinator-cmd CMD]
-//                   [--grace-ms 5000] [--timeout-s 0] [--bin-dir DIR] [--dry-run]
-//   downpour-launch --resume D [--timeout-s 0] [--grace-ms 5000] [--bin-dir DIR]
+//                   [--restart-workers N] [--grace-ms 5000] [--timeout-s 0] [--bin-dir DIR] [--dry-run]
+//   downpour-launch --resume D [--restart-workers N] [--timeout-s 0] [--grace-ms 5000] [--bin-dir DIR]
 //   downpour-launch --config X (--slurm | --mpi | --role R [--id I] --coordinator HOST:PORT)
 //                   [--bind ADDR] [--advertise HOST] [--run-dir D] [the options above]
 //
@@ -23,17 +23,20 @@
 // writes its own part of it (on a shared file system or not):
 //   D/config.toml               identical in every task (a task whose config differs is refused)
 //   D/logs/<role>[-<i>].log     its child's output
-//   D/launch-<role>[-<i>].jsonl its own launcher metrics
+//   D/launch-<role>[-<i>].jsonl its own launcher metrics (with its child's died/restart lines)
 //   D/tensors-<role>[-<i>].txt  the tensor list it made for its coordinator or server
 // and refuses to start only when its own files are already there. The run ends when every
-// worker is done: the coordinator then tells the servers, and every task's child exits.
+// worker is done: the coordinator then tells the servers, and every task's child exits. A
+// task's child is supervised as its role is on one machine (below); a worker task whose worker
+// the job goes on without exits 0, so the resource manager does not stop the job for it.
 //
 // Reads the run config, applies the overrides, checks before starting anything that the run
 // directory is new (a directory holding a run is refused: --resume it) and that every input
 // the config names exists (server/run_dir.h), creates the run directory
 //   D/config.toml            the config used (every field explicit; children read this one)
 //   D/logs/<role>-<i>.log    each child's stdout+stderr (appended to on resume)
-//   D/launch.jsonl           the launcher's metrics: "start", one "exit" line per child, "end"
+//   D/launch.jsonl           the launcher's metrics: "start", "died" / "restart" / "given_up"
+//                            per supervision event, one "exit" line per child, "end"
 // and starts downpour-coordinator, S × downpour-server --id i, W × downpour-worker --id j,
 // each with --config D/config.toml --run-dir D (servers and the coordinator also get
 // --tensors/--model). With neither (and no --worker-cmd), the tensor list comes from the model
@@ -43,9 +46,10 @@
 // evaluates them before the first step (eval.at_start).
 //
 // --resume D continues a stopped or crashed run with D's own config.toml: servers restart with
-// --restore D/<checkpoint.dir>/server-<i>.dpt, workers with --resume (their progress in
-// D/state/), and logs and metrics are appended to. A finished run, a run without checkpoints,
-// or one whose servers have not checkpointed yet is refused (server/run_dir.h PlanResume).
+// --recover (their latest checkpoint D/<checkpoint.dir>/server-<i>.dpt, then their write-ahead
+// log), workers with --resume (their progress in D/state/), and logs and metrics are appended
+// to. A finished run, or one in which a server saved neither a checkpoint nor a log, is refused
+// (server/run_dir.h PlanResume).
 //
 // Binaries are found in --bin-dir, else next to this executable, else in the build tree
 // (build/server/, build/client/worker/).
@@ -56,10 +60,17 @@
 // (common/process_net.h: keys, the loopback rule, advertise hosts) and, without keys, creates
 // the run's secret D/secret (mode 0600) that its children put on register and admin messages.
 //
-// The job ends when every worker exited 0 (then coordinator and servers get SIGTERM), when any
-// process fails (all are stopped; the exit code is the failed one's), or on SIGINT/SIGTERM.
-// Semantics of stopping: common/process_group.h. Errors before any process starts exit 2
-// (usage, config or input) — common/cli.h.
+// Supervision (docs/operations.md "When a process dies"; common/process_group.h): a dead server
+// is restarted with --recover up to cluster.server_restarts times, a dead coordinator with
+// --rejoin up to cluster.coordinator_restarts times (one more death of either fails the job
+// with its exit code); a dead worker is restarted with --resume up to --restart-workers /
+// cluster.restart_workers times, then the job goes on without it — except worker 0, which
+// makes the final evaluation: it is restarted at least once, and its death with no restart
+// left fails the job. Each death and restart is one "[launch] ..." line and one launch.jsonl
+// record. The job ends when no worker runs or waits for a restart: exit 0 if at least one
+// exited 0 (then coordinator and servers get SIGTERM); or on a death that fails it, on
+// SIGINT/SIGTERM, or at --timeout-s. Errors before any process starts exit 2 (usage, config or
+// input) — common/cli.h.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -107,6 +118,7 @@ struct LaunchFlags {
   std::string bin_dir;
   int grace_ms = 5000;
   double timeout_s = 0;
+  int restart_workers = -1;  // --restart-workers; -1 = cluster.restart_workers
   bool dry_run = false;
   // Cluster mode: one task of a job spread over hosts.
   bool slurm = false;
@@ -166,7 +178,67 @@ Status RoleArgv(const LaunchFlags& f, const std::string& program, const std::str
   return Status::Ok();
 }
 
-// `resume` (may be null): servers restore their checkpoints and workers continue.
+// ---- supervision: what happens when a process dies (docs/operations.md "When a process dies") ----
+
+// `argv` with `flag` appended unless it is there already (a resumed run's children have it).
+std::vector<std::string> WithFlag(std::vector<std::string> argv, const std::string& flag) {
+  if (std::find(argv.begin(), argv.end(), flag) == argv.end()) argv.push_back(flag);
+  return argv;
+}
+
+// A dead server is restarted with --recover (its latest checkpoint, then its write-ahead log;
+// never the --restore file of the first start, which would lose what came after it), at most
+// cluster.server_restarts times; one more death fails the job.
+void SuperviseServer(const RunConfig& cfg, ChildSpec* c) {
+  std::vector<std::string> argv;
+  for (size_t k = 0; k < c->argv.size(); ++k) {
+    if (c->argv[k] == "--restore" && k + 1 < c->argv.size()) {
+      ++k;
+      continue;
+    }
+    argv.push_back(c->argv[k]);
+  }
+  c->restart_argv = WithFlag(std::move(argv), "--recover");
+  c->max_restarts = cfg.cluster.server_restarts;
+  c->on_death = OnDeath::kFail;
+  c->restart_note = "with --recover";
+  c->limit = fmt::format("cluster.server_restarts = {}", cfg.cluster.server_restarts);
+}
+
+// A dead coordinator is restarted with --rejoin (it rebuilds membership from the heartbeats of
+// the living), at most cluster.coordinator_restarts times; one more death fails the job.
+void SuperviseCoordinator(const RunConfig& cfg, ChildSpec* c) {
+  c->restart_argv = WithFlag(c->argv, "--rejoin");
+  c->max_restarts = cfg.cluster.coordinator_restarts;
+  c->on_death = OnDeath::kFail;
+  c->restart_note = "with --rejoin";
+  c->limit = fmt::format("cluster.coordinator_restarts = {}", cfg.cluster.coordinator_restarts);
+}
+
+// A dead worker is restarted with --resume (from its saved progress) up to --restart-workers /
+// cluster.restart_workers times, then the job goes on without it. Worker 0 evaluates and saves
+// the model, so it is restarted at least once whatever that setting says, and when it dies with
+// no restart left the job fails (continue it later with downpour-launch --resume).
+void SuperviseWorker(const LaunchFlags& f, const RunConfig& cfg, int id, ChildSpec* c) {
+  const int allowed = f.restart_workers >= 0 ? f.restart_workers : cfg.cluster.restart_workers;
+  const std::string setting = f.restart_workers >= 0 ? fmt::format("--restart-workers {}", allowed)
+                                                     : fmt::format("cluster.restart_workers = {}", allowed);
+  c->restart_argv = WithFlag(c->argv, "--resume");
+  c->restart_note = "with --resume";
+  c->max_restarts = allowed;
+  c->on_death = OnDeath::kContinue;
+  c->limit = setting;
+  if (id == 0) {
+    c->on_death = OnDeath::kFail;
+    if (allowed < 1) {
+      c->max_restarts = 1;
+      c->restart_note = "with --resume, as worker 0 makes the final evaluation";
+      c->limit = fmt::format("1 for worker 0, which makes the final evaluation; {}", setting);
+    }
+  }
+}
+
+// `resume` (may be null): servers recover from their checkpoints and logs, workers continue.
 Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::string& run_dir, const ResumePlan* resume,
                      std::vector<ChildSpec>* children) {
   const std::string config_path = (fs::path(run_dir) / "config.toml").string();
@@ -182,16 +254,18 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
                               args, &c.argv));
   c.name = "coordinator";
   c.log_path = logs + "/coordinator.log";
+  SuperviseCoordinator(cfg, &c);
   children->push_back(c);
 
   for (int i = 0; i < cfg.cluster.servers; ++i) {
     ChildSpec s;
     args = {"--id", std::to_string(i), "--config", config_path, "--run-dir", run_dir};
     args.insert(args.end(), model_args.begin(), model_args.end());
-    if (resume != nullptr) args.insert(args.end(), {"--restore", resume->checkpoints[static_cast<size_t>(i)]});
+    if (resume != nullptr) args.push_back("--recover");
     DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-server", f.server_cmd, "--server-cmd", args, &s.argv));
     s.name = fmt::format("server {}", i);
     s.log_path = fmt::format("{}/server-{}.log", logs, i);
+    SuperviseServer(cfg, &s);
     children->push_back(s);
   }
   for (int j = 0; j < cfg.cluster.workers; ++j) {
@@ -202,6 +276,7 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
     w.name = fmt::format("worker {}", j);
     w.log_path = fmt::format("{}/worker-{}.log", logs, j);
     w.primary = true;
+    SuperviseWorker(f, cfg, j, &w);
     children->push_back(w);
   }
   return Status::Ok();
@@ -221,7 +296,12 @@ Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config
   options.timeout = std::chrono::seconds(120);
   options.output = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); };
   ProcessGroup group(options);
-  DP_RETURN_IF_ERROR(group.Start(ChildSpec{"tensors", {bin.string(), "--config", config, "--write-tensors", out}, log, true}));
+  ChildSpec child;
+  child.name = "tensors";
+  child.argv = {bin.string(), "--config", config, "--write-tensors", out};
+  child.log_path = log;
+  child.primary = true;
+  DP_RETURN_IF_ERROR(group.Start(child));
   const int code = group.Run();
   if (code != 0 && group.reason().starts_with("received signal")) {
     // Stopped from outside (Ctrl-C, srun tearing the job down): not a problem of the config.
@@ -270,6 +350,14 @@ Status ResumeRunConfig(const LaunchFlags& f, RunConfig* cfg, ResumePlan* plan) {
   return PlanResume(f.resume, *cfg, plan);
 }
 
+// --dry-run: a child's command, and what it would be restarted as and how often.
+void PrintDryRun(const ChildSpec& c) {
+  std::printf("[launch] %s: %s\n", c.name.c_str(), fmt::format("{}", fmt::join(c.argv, " ")).c_str());
+  std::printf("[launch] %s restarts: %d (%s), then %s: %s\n", c.name.c_str(), c.max_restarts, c.limit.c_str(),
+              c.on_death == OnDeath::kFail ? "the job fails" : "the job goes on without it",
+              fmt::format("{}", fmt::join(c.restart_argv, " ")).c_str());
+}
+
 // Errors found before anything starts are bad input (exit 2: a flag, the config, the
 // environment, a key file), except a failure to write the run directory (exit 1).
 int SetupExit(const Status& s) { return s.code() == StatusCode::kIoError ? cli::kExitFailure : cli::kExitUsage; }
@@ -297,7 +385,7 @@ Status CheckNetwork(const RunConfig& cfg, const NetFlags& flags, NetRole role, b
 }
 
 int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
-           const std::function<void(MetricsWriter*)>& write_start);
+           const std::function<void(MetricsWriter*)>& write_start, int min_succeeded = 1);
 
 // Returns the process exit code; errors before any child starts are printed and give 2.
 int Launch(const LaunchFlags& f) {
@@ -342,16 +430,14 @@ int Launch(const LaunchFlags& f) {
   }
   if (!s.ok()) return cli::Fail("downpour-launch", s, SetupExit(s));
   if (resuming) {
-    std::printf("[launch] resuming run %s from %s (servers restore their checkpoints, workers their progress)\n",
+    std::printf("[launch] resuming run %s from %s (servers recover their checkpoints and logs, workers their progress)\n",
                 cfg.run.name.c_str(), run_dir.c_str());
   }
   std::printf("[launch] run %s: %d server(s), %d worker(s), %s; run dir %s\n", cfg.run.name.c_str(),
               cfg.cluster.servers, cfg.cluster.workers, ConsistencyModeString(cfg.consistency).c_str(),
               run_dir.c_str());
   if (f.dry_run) {
-    for (const ChildSpec& c : children) {
-      std::printf("[launch] %s: %s\n", c.name.c_str(), fmt::format("{}", fmt::join(c.argv, " ")).c_str());
-    }
+    for (const ChildSpec& c : children) PrintDryRun(c);
     return 0;
   }
   return RunJob(f, children, (fs::path(run_dir) / "launch.jsonl").string(), [&](MetricsWriter* m) {
@@ -362,10 +448,46 @@ int Launch(const LaunchFlags& f) {
   });
 }
 
+// One launch.jsonl record per supervision event (docs/operations.md "launch.jsonl"): "died",
+// "restart", "given_up", so the time a job loses per death can be measured from them.
+void WriteEvent(MetricsWriter* m, const ChildEvent& e) {
+  [[maybe_unused]] Status s;
+  switch (e.kind) {
+    case ChildEvent::Kind::kDied: {
+      const char* action = e.action == ChildEvent::Action::kRestart    ? "restart"
+                           : e.action == ChildEvent::Action::kContinue ? "continue"
+                                                                       : "stop";
+      s = m->Write("died", {{"child", e.child},
+                            {"pid", static_cast<int>(e.pid)},
+                            {"code", e.Code()},
+                            {"signal", e.term_signal},
+                            {"seconds", e.seconds},
+                            {"uptime_s", e.uptime_s},
+                            {"restarts", e.restart},
+                            {"max_restarts", e.max_restarts},
+                            {"action", action}});
+      break;
+    }
+    case ChildEvent::Kind::kRestarted:
+      s = m->Write("restart", {{"child", e.child},
+                               {"attempt", e.restart},
+                               {"max_restarts", e.max_restarts},
+                               {"pid", static_cast<int>(e.pid)},
+                               {"seconds", e.seconds},
+                               {"down_s", e.down_s},
+                               {"argv", fmt::format("{}", fmt::join(e.argv, " "))}});
+      break;
+    case ChildEvent::Kind::kGivenUp:
+      s = m->Write("given_up", {{"child", e.child}, {"code", e.Code()}, {"seconds", e.seconds}, {"restarts", e.restart}});
+      break;
+  }
+}
+
 // Starts `children` as one job and runs it to its end, with the launcher's metrics in
-// `metrics_path` ("start" by `write_start`, one "exit" per child, "end"); returns the exit code.
+// `metrics_path` ("start" by `write_start`, the supervision events, one "exit" per child,
+// "end"); returns the exit code. `min_succeeded`: ProcessGroupOptions::min_succeeded.
 int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
-           const std::function<void(MetricsWriter*)>& write_start) {
+           const std::function<void(MetricsWriter*)>& write_start, int min_succeeded) {
   std::fflush(stdout);
   std::unique_ptr<MetricsWriter> metrics;
   Status s = MetricsWriter::Open(metrics_path, "launcher", 0, &metrics);
@@ -374,6 +496,8 @@ int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const s
   ProcessGroupOptions options;
   options.grace_period = std::chrono::milliseconds(f.grace_ms);
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+  options.min_succeeded = min_succeeded;
+  options.on_event = [m = metrics.get()](const ChildEvent& e) { WriteEvent(m, e); };
   ProcessGroup group(options);
   const auto t0 = std::chrono::steady_clock::now();
   for (const ChildSpec& c : children) {
@@ -388,7 +512,11 @@ int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const s
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   [[maybe_unused]] Status ms;
   for (const ChildResult& r : group.results()) {
-    ms = metrics->Write("exit", {{"child", r.name}, {"code", r.Code()}, {"stopped", r.stopped_by_us}});
+    ms = metrics->Write("exit", {{"child", r.name},
+                                 {"code", r.Code()},
+                                 {"stopped", r.stopped_by_us},
+                                 {"restarts", r.restarts},
+                                 {"given_up", r.given_up}});
   }
   ms = metrics->Write("end", {{"code", code}, {"reason", group.reason()}, {"seconds", seconds}});
   std::printf("[launch] %s after %.1f s: %s (exit code %d)\n", code == 0 ? "done" : "FAILED", seconds,
@@ -463,6 +591,21 @@ Status BuildTaskChild(const LaunchFlags& f, const TaskPlan& plan, const std::str
   return Status::Ok();
 }
 
+// The same supervision as on one machine, for the task's one child.
+void SuperviseTaskChild(const LaunchFlags& f, const RunConfig& cfg, const TaskPlan& plan, ChildSpec* child) {
+  switch (plan.role) {
+    case TaskRole::kCoordinator:
+      SuperviseCoordinator(cfg, child);
+      break;
+    case TaskRole::kServer:
+      SuperviseServer(cfg, child);
+      break;
+    case TaskRole::kWorker:
+      SuperviseWorker(f, cfg, plan.id, child);
+      break;
+  }
+}
+
 // config.toml is the same in every task: written when it is not there yet (atomically, so
 // tasks racing on a shared file system each rename a whole file), and compared when it is —
 // a task with other settings would be a different job.
@@ -510,6 +653,7 @@ int LaunchTask(const LaunchFlags& f) {
   if (auto_tensors) model_args = {"--tensors", tensors};
   ChildSpec child;
   if (s.ok()) s = BuildTaskChild(f, plan, run_dir, model_args, &child);
+  if (s.ok()) SuperviseTaskChild(f, cfg, plan, &child);
   // Everything checked: now this task's part of the run directory.
   if (s.ok()) {
     std::error_code ec;
@@ -529,7 +673,7 @@ int LaunchTask(const LaunchFlags& f) {
               cfg.cluster.servers, cfg.cluster.workers, ConsistencyModeString(cfg.consistency).c_str(),
               plan.coordinator.c_str(), run_dir.c_str());
   if (f.dry_run) {
-    std::printf("[launch] %s: %s\n", child.name.c_str(), fmt::format("{}", fmt::join(child.argv, " ")).c_str());
+    PrintDryRun(child);
     return 0;
   }
   const std::string metrics = (fs::path(run_dir) / fmt::format("launch-{}.jsonl", plan.FileStem())).string();
@@ -543,7 +687,10 @@ int LaunchTask(const LaunchFlags& f) {
                              {"tasks", plan.size},
                              {"node", plan.node},
                              {"origin", plan.origin}});
-  });
+  },
+                // A worker task whose worker the job goes on without ends with 0, so that Slurm's
+                // --kill-on-bad-exit or mpirun does not stop the job for it.
+                plan.role == TaskRole::kWorker && child.on_death == OnDeath::kContinue ? 0 : 1);
 }
 
 }  // namespace
@@ -576,6 +723,10 @@ int main(int argc, char** argv) {
       ->check(cli::Between(0, 3600000));
   app.add_option("--timeout-s", f.timeout_s, "stop everything after this many seconds (0 = never)")
       ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--restart-workers", f.restart_workers,
+                 "restart a dead worker with --resume up to N times, then go on without it (default "
+                 "cluster.restart_workers; worker 0 is restarted at least once)")
+      ->check(cli::Between(0, 1000000));
   app.add_flag("--dry-run", f.dry_run, "create the run directory and print the commands only");
   auto* slurm = app.add_flag("--slurm", f.slurm,
                              "cluster mode: run the one role of this Slurm task (srun downpour-launch --slurm ...; "

@@ -45,6 +45,12 @@ Status CheckDataset(const std::string& path, const std::string& key, const std::
   return Status::Ok();
 }
 
+// Where server i's write-ahead log lies: beside its checkpoint, server-<i>.wal (server/wal.h).
+// Local to PlanResume; the server's own WAL path helper is the one to use where it exists.
+std::string WalBesideCheckpoint(const std::string& checkpoint) {
+  return (fs::path(checkpoint).replace_extension(".wal")).string();
+}
+
 Status CheckFile(const std::string& path, const std::string& key, const std::string& source, std::string_view what) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
@@ -133,22 +139,28 @@ Status PlanResume(const std::string& run_dir, const RunConfig& c, ResumePlan* pl
       break;
     }
   }
-  if (c.checkpoint.every_updates <= 0) {
+  if (c.checkpoint.every_updates <= 0 && !c.checkpoint.wal) {
     return FailedPrecondition(
-        "run {} cannot be resumed: checkpointing was off (checkpoint.every_updates = {}), so its servers saved no "
-        "weights",
+        "run {} cannot be resumed: checkpointing was off (checkpoint.every_updates = {}, checkpoint.wal = false), so "
+        "its servers saved no weights",
         run_dir, c.checkpoint.every_updates);
   }
   plan->checkpoints.clear();
+  plan->wals.clear();
   for (int i = 0; i < c.cluster.servers; ++i) {
     const std::string path = ServerCheckpointPath(run_dir, c.checkpoint, i);
-    if (!fs::is_regular_file(path, ec)) {
+    const std::string wal = WalBesideCheckpoint(path);
+    const bool has_checkpoint = fs::is_regular_file(path, ec);
+    const bool has_wal = c.checkpoint.wal && fs::is_regular_file(wal, ec);
+    if (!has_checkpoint && !has_wal) {
       return FailedPrecondition(
-          "run {} cannot be resumed: server {} has no checkpoint ({} is missing; the run stopped before its first "
-          "checkpoint — checkpoint.every_updates = {}); start it again",
-          run_dir, i, path, c.checkpoint.every_updates);
+          "run {} cannot be resumed: server {} saved nothing to recover from ({} is missing{}; the run stopped before "
+          "its first checkpoint — checkpoint.every_updates = {}); start it again",
+          run_dir, i, path, c.checkpoint.wal ? fmt::format(", and so is its write-ahead log {}", wal) : "",
+          c.checkpoint.every_updates);
     }
-    plan->checkpoints.push_back(path);
+    plan->checkpoints.push_back(has_checkpoint ? path : "");
+    plan->wals.push_back(has_wal ? wal : "");
   }
   return Status::Ok();
 }

@@ -39,13 +39,16 @@ Status CheckRunInputs(const RunConfig& config, const std::string& source);
 // server only model.config (for its tensor list), so data need not be on their hosts.
 Status CheckTaskInputs(const RunConfig& config, const std::string& source, bool worker);
 
-// How to resume the run in `run_dir` (whose config.toml is `config`).
+// How to resume the run in `run_dir` (whose config.toml is `config`). The servers restart with
+// --recover, which restores the checkpoint (if any) and replays the write-ahead log after it.
 struct ResumePlan {
-  std::vector<std::string> checkpoints;  // per server: the checkpoint it restores from
+  std::vector<std::string> checkpoints;  // per server: its checkpoint, "" when it has none yet
+  std::vector<std::string> wals;         // per server: its write-ahead log, "" when it has none
 };
-// Refuses a run that finished (its launch.jsonl ends with exit code 0), a run without
-// checkpointing (checkpoint.every_updates = 0) and a run where a server has no checkpoint yet;
-// otherwise fills `plan`. Errors are kFailedPrecondition naming the run and the reason.
+// Refuses a run that finished (its launch.jsonl ends with exit code 0), a run that saved
+// nothing (checkpoint.every_updates = 0 and checkpoint.wal = false) and a run where a server has
+// neither a checkpoint nor a write-ahead log (<checkpoint>.wal beside it) yet; otherwise fills
+// `plan`. Errors are kFailedPrecondition naming the run, the missing files and the reason.
 Status PlanResume(const std::string& run_dir, const RunConfig& config, ResumePlan* plan);
 
 // <run_dir>/<checkpoint.dir>/server-<i>.dpt (checkpoint.dir may be absolute).

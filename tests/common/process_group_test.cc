@@ -1,6 +1,8 @@
 // Tests for common/process_group.h with /bin/sh children: line prefixing and logs, success
 // when the primaries finish, first failure stops all, SIGTERM → SIGKILL escalation, nothing
-// left behind in a child's process group, signals to the launcher, timeouts, exec errors.
+// left behind in a child's process group, signals to the launcher, timeouts, exec errors; and
+// supervision: restarts with the restart command (same prefix and log), the restart limit,
+// children the job goes on without, the success rule, and no restart while stopping.
 #include "common/process_group.h"
 
 #include <signal.h>
@@ -42,7 +44,25 @@ class ProcessGroupTest : public ::testing::Test {
   }
   static ChildSpec Sh(std::string name, std::string script, bool primary = false,
                       std::string log = "") {
-    return ChildSpec{std::move(name), {"/bin/sh", "-c", std::move(script)}, std::move(log), primary};
+    ChildSpec spec;
+    spec.name = std::move(name);
+    spec.argv = {"/bin/sh", "-c", std::move(script)};
+    spec.log_path = std::move(log);
+    spec.primary = primary;
+    return spec;
+  }
+  // Options that also collect the supervision events.
+  ProcessGroupOptions Supervised(std::chrono::milliseconds grace = 2000ms) {
+    ProcessGroupOptions o = Options(grace);
+    o.on_event = [this](const ChildEvent& e) { events_.push_back(e); };
+    return o;
+  }
+  std::vector<ChildEvent> Events(ChildEvent::Kind kind) const {
+    std::vector<ChildEvent> out;
+    for (const ChildEvent& e : events_) {
+      if (e.kind == kind) out.push_back(e);
+    }
+    return out;
   }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
   static std::string Slurp(const std::string& path) {
@@ -52,6 +72,7 @@ class ProcessGroupTest : public ::testing::Test {
 
   fs::path dir_;
   std::vector<std::string> lines_;
+  std::vector<ChildEvent> events_;
 };
 
 // True once `pid` no longer runs (gone, or a zombie waiting for init to reap it).
@@ -65,6 +86,8 @@ bool ProcessGone(pid_t pid) {
   }
   return false;
 }
+
+void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 pid_t ReadPid(const std::string& path) {
   for (int i = 0; i < 100; ++i) {
@@ -124,7 +147,8 @@ TEST_F(ProcessGroupTest, FirstFailureStopsAllAndIsTheExitCode) {
   EXPECT_EQ(group.Run(), 3);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
   EXPECT_EQ(group.reason(), "worker 1 exited with code 3");
-  EXPECT_THAT(lines_, Contains("[launch] worker 1 exited with code 3; stopping all"));
+  EXPECT_THAT(lines_, Contains(::testing::MatchesRegex(
+                          R"(\[launch\] worker 1 exited with code 3 after 0\.[0-9] s; stopping all)")));
   EXPECT_TRUE(group.results()[0].stopped_by_us);
   EXPECT_EQ(group.results()[0].term_signal, SIGTERM);
   EXPECT_TRUE(group.results()[1].stopped_by_us);
@@ -194,10 +218,17 @@ TEST_F(ProcessGroupTest, TimeoutStopsAll) {
 
 TEST_F(ProcessGroupTest, ExecFailureNamesTheProgram) {
   ProcessGroup group(Options());
-  Status s = group.Start(ChildSpec{"server 0", {"/nonexistent/downpour-server", "--id", "0"}, "", false});
+  ChildSpec missing;
+  missing.name = "server 0";
+  missing.argv = {"/nonexistent/downpour-server", "--id", "0"};
+  Status s = group.Start(missing);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("child \"server 0\": cannot run /nonexistent/downpour-server"));
-  s = group.Start(ChildSpec{"x", {"/bin/true"}, Path("no/dir/x.log"), false});
+  ChildSpec unlogged;
+  unlogged.name = "x";
+  unlogged.argv = {"/bin/true"};
+  unlogged.log_path = Path("no/dir/x.log");
+  s = group.Start(unlogged);
   EXPECT_THAT(s.message(), HasSubstr("no/dir/x.log"));
   EXPECT_TRUE(group.results().empty());
   EXPECT_EQ(group.Run(), 0);  // nothing to run
@@ -224,6 +255,209 @@ TEST_F(ProcessGroupTest, LongLinesAreSplitNotLost) {
   EXPECT_EQ(xs, 150000u);
   EXPECT_THAT(lines_, Contains("[w] end"));
 }
+
+// ---- supervision ----
+
+// Matches a whole output line: the regex, with "X.X s" for any duration.
+::testing::Matcher<const std::string&> Line(const std::string& regex) { return ::testing::MatchesRegex(regex); }
+
+// A server that is SIGKILLed is restarted with its restart command after the backoff, under
+// the same prefix and log file; the job then ends as usual.
+TEST_F(ProcessGroupTest, RestartedChildGetsItsRestartArgvAndKeepsItsPrefixAndLog) {
+  WriteText(Path("serve.sh"), fmt::format(
+      "echo \"args: $*\" >> {}\necho \"hello $*\"\n"
+      "if [ \"$1\" != --recover ]; then kill -KILL $$; fi\n"
+      "exec sleep 30\n", Path("args.txt")));
+  ProcessGroup group(Supervised());
+  ChildSpec server = Sh("server 0", "", false, Path("server-0.log"));
+  server.argv = {"/bin/sh", Path("serve.sh"), "--id", "0"};
+  server.restart_argv = {"/bin/sh", Path("serve.sh"), "--recover", "--id", "0"};
+  server.max_restarts = 3;
+  server.restart_note = "with --recover";
+  server.limit = "cluster.server_restarts = 3";
+  ASSERT_TRUE(group.Start(server).ok());
+  // The worker finishes once the server ran twice (bounded: 5 s).
+  ASSERT_TRUE(group.Start(Sh("worker 0", fmt::format("i=0; while [ $i -lt 100 ] && [ \"$(wc -l < {0} 2>/dev/null)\" != 2 ]; "
+                                                     "do sleep 0.05; i=$((i+1)); done; cat {0}", Path("args.txt")),
+                             true)).ok());
+  EXPECT_EQ(group.Run(), 0);
+  EXPECT_EQ(Slurp(Path("args.txt")), "args: --id 0\nargs: --recover --id 0\n");
+  EXPECT_THAT(lines_, Contains("[server 0] hello --id 0"));
+  EXPECT_THAT(lines_, Contains("[server 0] hello --recover --id 0"));
+  EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] server 0 was killed by signal 9 \(Killed\) after [0-9]+\.[0-9] s; )"
+                                    R"(restarting it with --recover \(restart 1 of 3\))")));
+  EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] server 0 restarted \(restart 1 of 3, pid [0-9]+\))")));
+  EXPECT_EQ(Slurp(Path("server-0.log")), "hello --id 0\nhello --recover --id 0\n") << "the log is appended to";
+  EXPECT_EQ(group.reason(), "all primaries exited 0");
+  EXPECT_EQ(group.results()[0].restarts, 1);
+  EXPECT_TRUE(group.results()[0].stopped_by_us);
+  ASSERT_EQ(Events(ChildEvent::Kind::kDied).size(), 1u);
+  const ChildEvent died = Events(ChildEvent::Kind::kDied)[0];
+  EXPECT_EQ(died.child, "server 0");
+  EXPECT_EQ(died.term_signal, SIGKILL);
+  EXPECT_EQ(died.Code(), 128 + SIGKILL);
+  EXPECT_EQ(died.action, ChildEvent::Action::kRestart);
+  ASSERT_EQ(Events(ChildEvent::Kind::kRestarted).size(), 1u);
+  const ChildEvent restarted = Events(ChildEvent::Kind::kRestarted)[0];
+  EXPECT_EQ(restarted.argv, server.restart_argv);
+  EXPECT_EQ(restarted.restart, 1);
+  EXPECT_EQ(restarted.max_restarts, 3);
+  EXPECT_EQ(restarted.pid, group.results()[0].pid);
+  EXPECT_GE(restarted.down_s, 0.19) << "restarted before the backoff";
+  EXPECT_GE(restarted.seconds, died.seconds);
+}
+
+// One death more than max_restarts fails the job with that child's exit code.
+TEST_F(ProcessGroupTest, RestartLimitExceededFailsTheJobWithThatChildsCode) {
+  ProcessGroup group(Supervised());
+  ChildSpec server = Sh("server 1", "exit 5");
+  server.max_restarts = 2;
+  server.restart_note = "with --recover";
+  server.limit = "cluster.server_restarts = 2";
+  ASSERT_TRUE(group.Start(server).ok());
+  ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 30", true)).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(group.Run(), 5);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] server 1 exited with code 5 after [0-9.]+ s; restarting it with )"
+                                    R"(--recover \(restart 1 of 2\))")));
+  EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] server 1 exited with code 5 after [0-9.]+ s; restarting it with )"
+                                    R"(--recover \(restart 2 of 2\))")));
+  EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] server 1 exited with code 5 after [0-9.]+ s; it died a 3rd time )"
+                                    R"(\(limit cluster.server_restarts = 2\); stopping all)")));
+  EXPECT_EQ(group.reason(), "server 1 exited with code 5; it died a 3rd time (limit cluster.server_restarts = 2)");
+  EXPECT_EQ(group.results()[0].restarts, 2);
+  EXPECT_TRUE(group.results()[1].stopped_by_us);
+  ASSERT_EQ(Events(ChildEvent::Kind::kDied).size(), 3u);
+  EXPECT_EQ(Events(ChildEvent::Kind::kDied)[2].action, ChildEvent::Action::kStop);
+  EXPECT_EQ(Events(ChildEvent::Kind::kRestarted).size(), 2u);
+  // With no restart allowed, the line names the setting.
+  lines_.clear();
+  ProcessGroup strict(Supervised());
+  server.max_restarts = 0;
+  server.limit = "cluster.server_restarts = 0";
+  ASSERT_TRUE(strict.Start(server).ok());
+  EXPECT_EQ(strict.Run(), 5);
+  EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] server 1 exited with code 5 after [0-9.]+ s; stopping all )"
+                                    R"(\(cluster.server_restarts = 0\))")));
+}
+
+// A child under kContinue that dies is given up; the other primaries go on, and the job
+// succeeds when they exit 0.
+TEST_F(ProcessGroupTest, ContinueChildsDeathDoesNotStopTheOthers) {
+  ProcessGroup group(Supervised());
+  ASSERT_TRUE(group.Start(Sh("server 0", "trap 'exit 0' TERM; while :; do sleep 0.05; done")).ok());
+  ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 0.6; echo finished", true)).ok());
+  ChildSpec worker = Sh("worker 1", "echo boom; exit 3", true);
+  worker.on_death = OnDeath::kContinue;
+  worker.limit = "cluster.restart_workers = 0";
+  ASSERT_TRUE(group.Start(worker).ok());
+  EXPECT_EQ(group.Run(), 0);
+  EXPECT_THAT(lines_, Contains("[worker 0] finished"));
+  EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] worker 1 exited with code 3 after [0-9.]+ s; the job goes on )"
+                                    R"(without it \(cluster.restart_workers = 0\))")));
+  // Its last words come before the line about its death.
+  const auto boom = std::find(lines_.begin(), lines_.end(), "[worker 1] boom");
+  ASSERT_NE(boom, lines_.end());
+  ASSERT_NE(boom + 1, lines_.end());
+  EXPECT_THAT(*(boom + 1), HasSubstr("[launch] worker 1 exited with code 3"));
+  EXPECT_EQ(group.reason(), "all primaries done: 1 exited 0, 1 given up (worker 1)");
+  EXPECT_TRUE(group.results()[2].given_up);
+  EXPECT_FALSE(group.results()[1].stopped_by_us);
+  EXPECT_TRUE(group.results()[0].stopped_by_us);
+  ASSERT_EQ(Events(ChildEvent::Kind::kGivenUp).size(), 1u);
+  EXPECT_EQ(Events(ChildEvent::Kind::kGivenUp)[0].exit_code, 3);
+  EXPECT_EQ(Events(ChildEvent::Kind::kDied)[0].action, ChildEvent::Action::kContinue);
+}
+
+// A worker restarted once and then given up; when every primary was given up the job fails
+// with the last one's code, unless min_succeeded is 0 (a cluster task's one worker).
+TEST_F(ProcessGroupTest, EveryPrimaryGivenUpFailsUnlessNoneMustSucceed) {
+  for (int min_succeeded : {1, 0}) {
+    lines_.clear();
+    ProcessGroupOptions o = Supervised();
+    o.min_succeeded = min_succeeded;
+    ProcessGroup group(o);
+    ChildSpec a = Sh("worker 0", "exit 4", true);
+    a.on_death = OnDeath::kContinue;
+    a.max_restarts = 1;
+    a.restart_note = "with --resume";
+    a.limit = "--restart-workers 1";
+    ChildSpec b = Sh("worker 1", "sleep 0.1; exit 6", true);
+    b.on_death = OnDeath::kContinue;
+    ASSERT_TRUE(group.Start(a).ok());
+    ASSERT_TRUE(group.Start(b).ok());
+    const int code = group.Run();
+    if (min_succeeded == 1) {
+      EXPECT_EQ(code, 4) << "worker 0 was the last one given up (after its restart)";
+      EXPECT_EQ(group.reason(), "0 of the primaries exited 0 (at least 1 must); given up: worker 0, worker 1");
+    } else {
+      EXPECT_EQ(code, 0);
+    }
+    EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] worker 0 exited with code 4 after [0-9.]+ s; restarting it with )"
+                                      R"(--resume \(restart 1 of 1\))")));
+    EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] worker 0 exited with code 4 after [0-9.]+ s; it died a 2nd time )"
+                                      R"(\(limit --restart-workers 1\); the job goes on without it)")));
+    EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] worker 1 exited with code 6 after [0-9.]+ s; the job goes on )"
+                                      R"(without it)")));
+    EXPECT_TRUE(group.results()[0].given_up && group.results()[1].given_up);
+  }
+}
+
+// Stopping never restarts: a child waiting for its restart when another fails stays down, a
+// child that exits non-zero on SIGTERM at the end is no death, and one that exits 0 is done.
+TEST_F(ProcessGroupTest, NothingIsRestartedWhileStopping) {
+  {
+    ProcessGroup group(Supervised());
+    ChildSpec server = Sh("server 0", "sleep 0.2; exit 1");  // restart due at ~0.4 s
+    server.max_restarts = 3;
+    ASSERT_TRUE(group.Start(server).ok());
+    ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 0.25; exit 9", true)).ok());
+    EXPECT_EQ(group.Run(), 9);
+    EXPECT_EQ(group.results()[0].restarts, 0);
+    EXPECT_EQ(group.results()[0].exit_code, 1);
+    EXPECT_TRUE(Events(ChildEvent::Kind::kRestarted).empty());
+    EXPECT_THAT(lines_, ::testing::Not(Contains(HasSubstr("restarted"))));
+  }
+  events_.clear();
+  lines_.clear();
+  {
+    ProcessGroup group(Supervised());
+    ChildSpec server = Sh("server 0", "trap 'exit 1' TERM; while :; do sleep 0.05; done");
+    server.max_restarts = 3;
+    ChildSpec finished = Sh("server 1", "exit 0");
+    finished.max_restarts = 3;
+    ASSERT_TRUE(group.Start(server).ok());
+    ASSERT_TRUE(group.Start(finished).ok());
+    ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 0.3", true)).ok());
+    EXPECT_EQ(group.Run(), 0);
+    EXPECT_EQ(group.results()[0].exit_code, 1);
+    EXPECT_TRUE(group.results()[0].stopped_by_us);
+    EXPECT_EQ(group.results()[0].restarts, 0);
+    EXPECT_EQ(group.results()[1].restarts, 0);
+    EXPECT_TRUE(events_.empty()) << events_[0].line;
+  }
+}
+
+// A restart that cannot start (the program is gone) counts as a death with no restart left.
+TEST_F(ProcessGroupTest, RestartThatCannotStartFollowsOnDeath) {
+  ProcessGroup group(Supervised());
+  ChildSpec worker = Sh("worker 1", "exit 3", true);
+  worker.max_restarts = 2;
+  worker.restart_argv = {"/nonexistent/downpour-worker", "--resume"};
+  worker.on_death = OnDeath::kContinue;
+  ASSERT_TRUE(group.Start(worker).ok());
+  ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 0.5", true)).ok());
+  EXPECT_EQ(group.Run(), 0);
+  EXPECT_THAT(lines_, Contains(HasSubstr("[launch] worker 1 cannot be restarted (child \"worker 1\": cannot run "
+                                         "/nonexistent/downpour-worker")));
+  EXPECT_TRUE(group.results()[0].given_up);
+  EXPECT_EQ(group.results()[0].exit_code, 3);
+  ChildSpec bad = Sh("x", "exit 0");
+  bad.max_restarts = -1;
+  EXPECT_THAT(group.Start(bad).message(), HasSubstr("max_restarts = -1"));
+}
+
 
 }  // namespace
 }  // namespace downpour

@@ -1,7 +1,9 @@
 // Tests for downpour-launch with /bin/sh stand-ins for the coordinator, servers and workers:
 // the run directory (config.toml with the overrides, logs, launch.jsonl), the arguments each
 // role receives, prefixed output, failure exit codes, and that SIGKILL of the launcher
-// takes its children with it. Cluster mode (--slurm, --mpi, --role) with fake environments:
+// takes its children with it. Supervision: a dead server restarted with --recover, a dead
+// coordinator with --rejoin, a dead worker reported and gone on without (or restarted with
+// --resume under --restart-workers), worker 0's restart, the died/restart records. Cluster mode (--slurm, --mpi, --role) with fake environments:
 // each task's one role and its arguments, its own part of the run directory, and bad input
 // (task count, node list, key files, advertise host) refused before anything starts.
 #include <gmock/gmock.h>
@@ -106,15 +108,161 @@ TEST_F(LaunchTest, RunsAJobAndFillsTheRunDirectory) {
   EXPECT_EQ(records.back().Get("code").AsInt(), 0);
 }
 
-TEST_F(LaunchTest, FailingWorkerStopsEverythingAndSetsTheExitCode) {
-  // Worker 1 fails; worker 0 would run for a minute.
-  Write("worker.sh", "if [ \"$2\" = 1 ]; then sleep 0.2; echo boom; exit 7; fi\nexec sleep 60\n");
+// The records of one kind in a launch.jsonl.
+std::vector<MetricRecord> Records(const std::string& path, const std::string& event) {
+  std::vector<MetricRecord> all, out;
+  EXPECT_TRUE(ReadMetrics(path, &all).ok()) << path;
+  for (const MetricRecord& r : all) {
+    if (r.Get("event").AsString() == event) out.push_back(r);
+  }
+  return out;
+}
+
+// A worker that dies is reported and the job goes on without it (cluster.restart_workers = 0):
+// the others finish and the job exits 0.
+TEST_F(LaunchTest, DeadWorkerIsReportedAndTheJobGoesOnWithoutIt) {
+  Write("worker.sh", "if [ \"$2\" = 1 ]; then echo boom; exit 7; fi\nsleep 0.6\necho finished\n");
+  std::string out;
+  EXPECT_EQ(Run(Command("worker.sh"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("[worker 1] boom"));
+  EXPECT_THAT(out, ::testing::ContainsRegex(
+                       R"(\[launch\] worker 1 exited with code 7 after [0-9.]+ s; the job goes on without it )"
+                       R"(\(cluster.restart_workers = 0\))"));
+  EXPECT_THAT(out, HasSubstr("[worker 0] finished"));
+  EXPECT_THAT(out, HasSubstr("all primaries done: 1 exited 0, 1 given up (worker 1)"));
+  const std::string jsonl = Path("run/launch.jsonl");
+  const auto died = Records(jsonl, "died");
+  ASSERT_EQ(died.size(), 1u);
+  EXPECT_EQ(died[0].Get("child").AsString(), "worker 1");
+  EXPECT_EQ(died[0].Get("code").AsInt(), 7);
+  EXPECT_EQ(died[0].Get("signal").AsInt(), 0);
+  EXPECT_EQ(died[0].Get("action").AsString(), "continue");
+  EXPECT_TRUE(died[0].Get("seconds").is_number());
+  ASSERT_EQ(Records(jsonl, "given_up").size(), 1u);
+  EXPECT_EQ(Records(jsonl, "given_up")[0].Get("child").AsString(), "worker 1");
+  EXPECT_TRUE(Records(jsonl, "restart").empty());
+  for (const MetricRecord& r : Records(jsonl, "exit")) {
+    EXPECT_EQ(r.Get("given_up").AsBool(), r.Get("child").AsString() == "worker 1") << r.Get("child").AsString();
+  }
+}
+
+// Worker 0 makes the final evaluation: restarted once with --resume even with
+// cluster.restart_workers = 0, and its next death fails the job with its exit code.
+TEST_F(LaunchTest, Worker0IsRestartedOnceThenItsDeathFailsTheJob) {
+  Write("worker.sh", fmt::format("echo \"$*\" >> {}/worker-$2.args\nif [ \"$2\" = 0 ]; then exit 7; fi\nexec sleep 60\n",
+                                 dir_.string()));
   std::string out;
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(Run(Command("worker.sh"), &out), 7) << out;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
-  EXPECT_THAT(out, HasSubstr("[worker 1] boom"));
-  EXPECT_THAT(out, HasSubstr("[launch] worker 1 exited with code 7; stopping all"));
+  EXPECT_THAT(out, ::testing::ContainsRegex(R"(\[launch\] worker 0 exited with code 7 after [0-9.]+ s; restarting it )"
+                                            R"(with --resume, as worker 0 makes the final evaluation \(restart 1 of 1\))"));
+  EXPECT_THAT(out, ::testing::ContainsRegex(
+                       R"(\[launch\] worker 0 exited with code 7 after [0-9.]+ s; it died a 2nd time \(limit 1 for )"
+                       R"(worker 0, which makes the final evaluation; cluster.restart_workers = 0\); stopping all)"));
+  const std::string run = Path("run");
+  EXPECT_EQ(test::ReadFile(Path("worker-0.args")),
+            fmt::format("--id 0 --config {0}/config.toml --run-dir {0}\n--id 0 --config {0}/config.toml --run-dir {0} "
+                        "--resume\n",
+                        run));
+  const auto end = Records(run + "/launch.jsonl", "end");
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].Get("code").AsInt(), 7);
+}
+
+// A server that is SIGKILLed is restarted with --recover, a coordinator that dies with --rejoin;
+// the job then finishes with 0, and launch.jsonl tells when each died and came back.
+TEST_F(LaunchTest, DeadServerAndCoordinatorAreRestartedWithRecoverAndRejoin) {
+  const std::string d = dir_.string();
+  Write("server.sh", fmt::format("echo \"$*\" >> {}/server-$2.args\n"
+                                 "case \"$*\" in *--recover*) ;; *) if [ \"$2\" = 1 ]; then kill -KILL $$; fi ;; esac\n"
+                                 "trap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n",
+                                 d));
+  Write("coordinator.sh", fmt::format("echo \"$*\" >> {}/coordinator.args\n"
+                                      "case \"$*\" in *--rejoin*) ;; *) sleep 0.3; exit 4 ;; esac\n"
+                                      "trap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n",
+                                      d));
+  // The workers finish once both came back (bounded: 10 s).
+  Write("worker.sh", fmt::format("i=0; while [ $i -lt 200 ]; do\n"
+                                 "  [ \"$(cat {0}/server-1.args {0}/coordinator.args 2>/dev/null | wc -l)\" -ge 4 ] && break\n"
+                                 "  sleep 0.05; i=$((i+1)); done\n",
+                                 d));
+  std::string out;
+  const std::string run = Path("run");
+  ASSERT_EQ(Run(fmt::format("'{}' --config '{}/configs/runs/default.toml' --run-dir '{}' --grace-ms 2000 --timeout-s 60 "
+                            "--coordinator-cmd '/bin/sh {}' --server-cmd '/bin/sh {}' --worker-cmd '/bin/sh {}' "
+                            "--model alexnet-shapes",
+                            Launcher(), test::SourcePath(""), run, Path("coordinator.sh"), Path("server.sh"),
+                            Path("worker.sh")),
+                &out),
+            0)
+      << out;
+  const std::string server_args = fmt::format("--id 1 --config {0}/config.toml --run-dir {0} --model alexnet-shapes", run);
+  EXPECT_EQ(test::ReadFile(Path("server-1.args")), server_args + "\n" + server_args + " --recover\n");
+  EXPECT_EQ(test::ReadFile(Path("server-0.args")), fmt::format("--id 0 --config {0}/config.toml --run-dir {0} --model "
+                                                               "alexnet-shapes\n",
+                                                               run));
+  const std::string coordinator_args = fmt::format("--config {0}/config.toml --run-dir {0} --model alexnet-shapes", run);
+  EXPECT_EQ(test::ReadFile(Path("coordinator.args")), coordinator_args + "\n" + coordinator_args + " --rejoin\n");
+  EXPECT_THAT(out, ::testing::ContainsRegex(R"(\[launch\] server 1 was killed by signal 9 \(Killed\) after [0-9.]+ s; )"
+                                            R"(restarting it with --recover \(restart 1 of 3\))"));
+  EXPECT_THAT(out, ::testing::ContainsRegex(R"(\[launch\] coordinator exited with code 4 after [0-9.]+ s; restarting )"
+                                            R"(it with --rejoin \(restart 1 of 3\))"));
+  EXPECT_THAT(out, ::testing::ContainsRegex(R"(\[launch\] server 1 restarted \(restart 1 of 3, pid [0-9]+\))"));
+  const std::string jsonl = run + "/launch.jsonl";
+  const auto died = Records(jsonl, "died");
+  const auto restarts = Records(jsonl, "restart");
+  ASSERT_EQ(died.size(), 2u);
+  ASSERT_EQ(restarts.size(), 2u);
+  for (const MetricRecord& r : died) {
+    const bool server = r.Get("child").AsString() == "server 1";
+    EXPECT_TRUE(server || r.Get("child").AsString() == "coordinator");
+    EXPECT_EQ(r.Get("code").AsInt(), server ? 128 + SIGKILL : 4);
+    EXPECT_EQ(r.Get("signal").AsInt(), server ? SIGKILL : 0);
+    EXPECT_EQ(r.Get("action").AsString(), "restart");
+  }
+  for (const MetricRecord& r : restarts) {
+    const bool server = r.Get("child").AsString() == "server 1";
+    EXPECT_EQ(r.Get("attempt").AsInt(), 1);
+    EXPECT_THAT(r.Get("argv").AsString(), ::testing::EndsWith(server ? " --recover" : " --rejoin"));
+    EXPECT_GE(r.Get("down_s").AsDouble(), 0.19);
+  }
+  for (const MetricRecord& r : Records(jsonl, "exit")) {
+    const std::string child = r.Get("child").AsString();
+    EXPECT_EQ(r.Get("restarts").AsInt(), child == "server 1" || child == "coordinator" ? 1 : 0) << child;
+  }
+}
+
+// --restart-workers 1 restarts a dead worker once with --resume; --dry-run shows every role's
+// restart command and limit.
+TEST_F(LaunchTest, RestartWorkersRestartsADeadWorkerWithResume) {
+  Write("worker.sh", fmt::format("echo \"$*\" >> {}/worker-$2.args\n"
+                                 "case \"$*\" in *--resume*) echo resumed ;; *) if [ \"$2\" = 1 ]; then exit 5; fi ;; esac\n",
+                                 dir_.string()));
+  std::string out;
+  const std::string run = Path("run");
+  ASSERT_EQ(Run(Command("worker.sh", "--restart-workers 1"), &out), 0) << out;
+  const std::string args = fmt::format("--id 1 --config {0}/config.toml --run-dir {0}", run);
+  EXPECT_EQ(test::ReadFile(Path("worker-1.args")), args + "\n" + args + " --resume\n");
+  EXPECT_THAT(out, ::testing::ContainsRegex(R"(\[launch\] worker 1 exited with code 5 after [0-9.]+ s; restarting it )"
+                                            R"(with --resume \(restart 1 of 1\))"));
+  EXPECT_THAT(out, HasSubstr("[worker 1] resumed"));
+  EXPECT_THAT(out, HasSubstr("all primaries exited 0"));
+  const auto restarts = Records(run + "/launch.jsonl", "restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0].Get("child").AsString(), "worker 1");
+  EXPECT_THAT(restarts[0].Get("argv").AsString(), ::testing::EndsWith(args + " --resume"));
+  // What each role would be restarted as, without starting anything.
+  ASSERT_EQ(Run(Command("worker.sh", "--dry-run --restart-workers 2 --set cluster.server_restarts=5", "dry"), &out), 0)
+      << out;
+  const std::string dry = Path("dry");
+  EXPECT_THAT(out, HasSubstr(fmt::format("[launch] server 0 restarts: 5 (cluster.server_restarts = 5), then the job "
+                                         "fails: /bin/sh -c exec /bin/sh {0} \"$@\" downpour-server --id 0 --config "
+                                         "{1}/config.toml --run-dir {1} --recover\n",
+                                         Path("serve.sh"), dry)));
+  EXPECT_THAT(out, HasSubstr("[launch] coordinator restarts: 3 (cluster.coordinator_restarts = 3), then the job fails: "));
+  EXPECT_THAT(out, HasSubstr("[launch] worker 1 restarts: 2 (--restart-workers 2), then the job goes on without it: "));
+  EXPECT_THAT(out, HasSubstr("[launch] worker 0 restarts: 2 (--restart-workers 2), then the job fails: "));
 }
 
 TEST_F(LaunchTest, BadInputGivesOneClearError) {
@@ -193,20 +341,24 @@ TEST_F(LaunchTest, ExistingRunDirectoryIsRefused) {
   EXPECT_THAT(out, HasSubstr("is not empty"));
 }
 
-// --resume restarts servers from their checkpoints (--restore) and workers from their saved
-// progress (--resume), with the run's own config; what cannot be resumed is refused.
-TEST_F(LaunchTest, ResumeRestoresServersAndWorkersAndRefusesWhatItCannot) {
-  // A run that failed half-way (worker 1 exits 3) after its servers checkpointed.
-  Write("worker.sh", "echo \"worker args: $*\"\nif [ \"$2\" = 1 ]; then exit 3; fi\nsleep 0.2\n");
+// --resume restarts servers with --recover (their checkpoints and write-ahead logs) and workers
+// from their saved progress (--resume), with the run's own config; what cannot be resumed is
+// refused.
+TEST_F(LaunchTest, ResumeRecoversServersAndWorkersAndRefusesWhatItCannot) {
+  // A run that failed half-way (worker 0 exits 3, and again after its restart).
+  Write("worker.sh", "echo \"worker args: $*\"\nif [ \"$2\" = 0 ]; then exit 3; fi\nsleep 0.4\n");
   std::string out;
   const std::string run = Path("run");
   ASSERT_EQ(Run(Command("worker.sh", "--model alexnet-shapes"), &out), 3) << out;
-  // Before any checkpoint: refused, naming the missing file.
+  // Before any checkpoint or log: refused, naming the missing files.
   EXPECT_EQ(Run(fmt::format("'{}' --resume '{}'", Launcher(), run), &out), 2);
-  EXPECT_THAT(out, HasSubstr("server 0 has no checkpoint"));
+  EXPECT_THAT(out, HasSubstr(fmt::format("server 0 saved nothing to recover from ({0}/checkpoints/server-0.dpt is "
+                                         "missing, and so is its write-ahead log {0}/checkpoints/server-0.wal",
+                                         run)));
+  // A checkpoint or, before the first one, only a write-ahead log is enough.
   fs::create_directories(run + "/checkpoints");
   Write("run/checkpoints/server-0.dpt", "x");
-  Write("run/checkpoints/server-1.dpt", "x");
+  Write("run/checkpoints/server-1.wal", "x");
   // Changing the run while resuming it is refused.
   EXPECT_EQ(Run(fmt::format("'{}' --resume '{}' --set worker.steps=5", Launcher(), run), &out), 2);
   EXPECT_THAT(out, HasSubstr("cannot be combined"));
@@ -220,7 +372,7 @@ TEST_F(LaunchTest, ResumeRestoresServersAndWorkersAndRefusesWhatItCannot) {
       << out;
   EXPECT_THAT(out, HasSubstr("[launch] resuming run"));
   EXPECT_THAT(out, HasSubstr(fmt::format("[server 1] serving --id 1 --config {0}/config.toml --run-dir {0} --model "
-                                         "alexnet-shapes --restore {0}/checkpoints/server-1.dpt",
+                                         "alexnet-shapes --recover\n",
                                          run)));
   EXPECT_THAT(out, HasSubstr(fmt::format(
                        "[worker 0] worker args: --id 0 --config {0}/config.toml --run-dir {0} --resume", run)));
@@ -410,6 +562,49 @@ TEST_F(ClusterLaunchTest, MpiAndByHandTasks) {
           &out),
       2);
   EXPECT_THAT(out, HasSubstr("belong to cluster mode"));
+}
+
+// A task's one child is supervised as its role is on one machine: a server task restarts its
+// server with --recover, a coordinator task with --rejoin, worker 0's task with --resume; a
+// worker task whose worker the job goes on without exits 0 (so Slurm does not stop the job).
+TEST_F(ClusterLaunchTest, EachTaskSupervisesItsChildByRole) {
+  // Every role: records its arguments, fails (exit 3) unless restarted.
+  Write("serve.sh", fmt::format("echo \"$*\" >> {}/task.args\n"
+                                "case \"$*\" in *--recover*|*--rejoin*|*--resume*) echo back ;; *) exit 3 ;; esac\n",
+                                dir_.string()));
+  const std::string run = Path("run");
+  struct Case {
+    int procid;
+    std::string task, flag;
+  };
+  for (const Case& c : {Case{0, "coordinator", "--rejoin"}, Case{1, "server 0", "--recover"},
+                        Case{3, "worker 0", "--resume"}}) {
+    fs::remove(Path("task.args"));
+    std::string out;
+    ASSERT_EQ(Run(Slurm(c.procid, 5, ""), &out), 0) << out;
+    const std::string args = test::ReadFile(Path("task.args"));
+    EXPECT_EQ(std::count(args.begin(), args.end(), '\n'), 2) << args;
+    EXPECT_THAT(args, ::testing::EndsWith(" " + c.flag + "\n")) << args;
+    EXPECT_THAT(out, HasSubstr(fmt::format("[launch] {} exited with code 3 after", c.task)));
+    EXPECT_THAT(out, HasSubstr(fmt::format("; restarting it with {}", c.flag)));
+    EXPECT_THAT(out, HasSubstr(fmt::format("[{}] back", c.task)));
+    std::string stem = c.task;
+    std::replace(stem.begin(), stem.end(), ' ', '-');
+    const auto restarts = Records(fmt::format("{}/launch-{}.jsonl", run, stem), "restart");
+    ASSERT_EQ(restarts.size(), 1u) << stem;
+    EXPECT_THAT(restarts[0].Get("argv").AsString(), ::testing::EndsWith(" " + c.flag));
+  }
+  // Worker 1 (restart_workers = 0): reported, not restarted, and its task exits 0.
+  fs::remove(Path("task.args"));
+  std::string out;
+  ASSERT_EQ(Run(Slurm(4, 5, ""), &out), 0) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex(R"(\[launch\] worker 1 exited with code 3 after [0-9.]+ s; the job goes )"
+                                            R"(on without it \(cluster.restart_workers = 0\))"));
+  EXPECT_EQ(test::ReadFile(Path("task.args")).find("--resume"), std::string::npos);
+  const auto given_up = Records(run + "/launch-worker-1.jsonl", "given_up");
+  ASSERT_EQ(given_up.size(), 1u);
+  EXPECT_EQ(given_up[0].Get("code").AsInt(), 3);
+  EXPECT_EQ(Records(run + "/launch-worker-1.jsonl", "end")[0].Get("code").AsInt(), 0);
 }
 
 TEST_F(ClusterLaunchTest, TooFewTasksOrABadNodeListStartNothing) {
