@@ -1,5 +1,5 @@
 // downpour-worker — one training worker of a run (usually started by downpour-launch):
-//   downpour-worker --id J --run-dir RUN [--config RUN/config.toml] [--set K=V]... [--quiet] [--local]
+//   downpour-worker [--id J] --run-dir RUN [--config RUN/config.toml] [--set K=V]... [--quiet] [--local]
 //                   [--coordinator HOST:PORT] [--bind SOURCE_ADDRESS]
 // Prints the final test accuracy (evaluating worker). Exit codes (common/cli.h): 0 ok, 1 a
 // failure while training, 2 a bad flag, config or input found before training started.
@@ -14,10 +14,13 @@
 int main(int argc, char** argv) {
   namespace cli = downpour::cli;
   downpour::worker::WorkerArgs args;
+  args.id = -1;  // no --id: the coordinator assigns one (a worker joining a running job); --local: 0
   CLI::App app{"downpour worker: pull weights, compute gradients, push them"};
   cli::AddStandardFlags(&app, "downpour-worker");
-  app.add_option("-i,--id", args.id, "worker id (0 .. cluster.workers-1); worker 0 evaluates")
-      ->check(cli::AtLeast(0));
+  app.add_option("-i,--id", args.id,
+                 "worker id (0 .. cluster.workers-1; up to cluster.max_workers-1 to join a running job; -1 or "
+                 "omitted: the coordinator assigns one); worker 0 evaluates")
+      ->check(cli::AtLeast(-1));
   app.add_option("--run-dir", args.run_dir, "run directory (metrics, model)");
   app.add_option("-c,--config", args.config_path, "run config (default <run-dir>/config.toml)");
   cli::AddSetOption(&app, &args.sets);
