@@ -480,6 +480,63 @@ TEST_F(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNo
   EXPECT_TRUE(shards_[1]->shutdown_requested());
 }
 
+// The same ride through a restart over real sockets: the pull sent while the server is down
+// waits in ZeroMQ's queue, reaches the restarted server (which has forgotten the client), and
+// the client registers again and resends it.
+TEST(PsClientZmq, PullInFlightAcrossAServerRestartOnTheSamePortCompletes) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}}, 1, 32, &layout).ok());
+  ZmqOptions zo;
+  zo.linger_ms = 0;
+  ZmqTransport transport(zo);
+  const std::string path = ::testing::TempDir() + "/ps_client_zmq.dpt";
+  auto start = [&](const std::string& address, uint64_t incarnation, bool restore, std::unique_ptr<ShardServer>* out,
+                   std::string* bound) {
+    ASSERT_TRUE(ShardServer::Create(layout, TestShardOptions(), out).ok());
+    if (restore) {
+      ASSERT_TRUE((*out)->LoadCheckpoint(path).ok());
+    }
+    std::unique_ptr<ServerEndpoint> ep;
+    Status s = transport.Bind(address, &ep);
+    for (int i = 0; i < 100 && !s.ok(); ++i) {  // the old socket's port may take a moment to free
+      std::this_thread::sleep_for(20ms);
+      s = transport.Bind(address, &ep);
+    }
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    *bound = ep->address();
+    (*out)->Start(std::make_unique<StampingEndpoint>(std::move(ep), incarnation));
+  };
+  std::unique_ptr<ShardServer> shard;
+  std::string address;
+  start("tcp://127.0.0.1:0", 11, false, &shard, &address);
+  PsClientOptions co;
+  co.server_addresses = {address};
+  co.token = kSecret;
+  co.probe_every = 50ms;
+  co.server_wait = 5000ms;
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport, layout, co, &c).ok());
+  ASSERT_TRUE(c->Connect(5000ms).ok());
+  const size_t n = static_cast<size_t>(layout.total_elems());
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(n, 4.0f)), 5000ms).ok());
+  shard->Stop();
+  ASSERT_TRUE(shard->Join().ok());
+  ASSERT_TRUE(shard->SaveCheckpoint(path).ok());
+  shard.reset();
+  std::vector<float> w(n);
+  const RequestId id = c->Pull(w);
+  EXPECT_EQ(c->Wait(id, 200ms).code(), StatusCode::kTimeout);
+  std::string again;
+  start(address, 22, true, &shard, &again);
+  ASSERT_EQ(again, address);
+  ASSERT_TRUE(c->Wait(id, 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n, 4.0f));
+  EXPECT_EQ(c->restarts_seen(0), 1u);
+  c.reset();
+  shard->Stop();
+  EXPECT_TRUE(shard->Join().ok());
+}
+
 TEST(PsClientCreate, AddressCountMustMatchTheLayout) {
   ParamLayout layout;
   ASSERT_TRUE(ParamLayout::Build({{"a", {10}, 1, 1}}, 2, 32, &layout).ok());
