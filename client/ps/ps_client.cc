@@ -227,6 +227,7 @@ class PsClient::Impl::OpRunner {
     const auto now = Clock::now();
     heard_ = probed_ = now;
     reply_deadline_ = now + o_.reply_timeout;
+    if (impl_.MoveLink(link_)) link_.needs_register = link_.registered;  // moved just before this op
     if (link_.needs_register && link_.registered && op_.header.type != MsgType::kRegister) BeginRegister();
     DP_RETURN_IF_ERROR(SendPending());
     const auto tick = std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
@@ -237,7 +238,7 @@ class PsClient::Impl::OpRunner {
       }
       if (impl_.MoveLink(link_)) {
         heard_ = Clock::now();  // a fresh server_wait for the new address
-        DP_RETURN_IF_ERROR(Recover(fmt::format("moved to {}", link_.address)));
+        DP_RETURN_IF_ERROR(Recover(fmt::format("moved to {}", link_.address), true));
       }
       DP_RETURN_IF_ERROR(CheckDeadlines());
       if (Clock::now() - heard_ >= o_.probe_every && Clock::now() - probed_ >= o_.probe_every) {
@@ -383,8 +384,9 @@ class PsClient::Impl::OpRunner {
   }
 
   // The server restarted (or the link moved): register again, then send every unanswered part.
-  // A register operation is itself the part to resend.
-  Status Recover(const std::string& why) {
+  // A register operation is itself the part to resend. `new_process`: a register already on its
+  // way went to the previous process (or address) and is sent again.
+  Status Recover(const std::string& why, bool new_process) {
     size_t resend = 0;
     for (Part& p : parts_) {
       if (p.state == Part::State::kSent) p.state = Part::State::kToSend;
@@ -399,6 +401,8 @@ class PsClient::Impl::OpRunner {
       spdlog::info("worker {}: server {} {}: registering again and resending {} part(s) of {}", o_.worker_id,
                    link_.server, why, resend, What());
       BeginRegister();
+    } else if (new_process) {
+      register_unsent_ = true;
     }
     return SendPending();
   }
@@ -415,10 +419,10 @@ class PsClient::Impl::OpRunner {
     // A reply to an earlier, timed-out operation (or an error about an undecodable message), or
     // a probe's answer: it shows the server is there, and may show it restarted.
     if ((h.request_id >> kSubBits) != op_.id || sub == kProbeSub) {
-      return restarted ? Recover("restarted (new incarnation)") : Status::Ok();
+      return restarted ? Recover("restarted (new incarnation)", true) : Status::Ok();
     }
     if (sub == kRegisterSub) return HandleRegisterReply(h);
-    if (restarted) DP_RETURN_IF_ERROR(Recover("restarted (new incarnation)"));
+    if (restarted) DP_RETURN_IF_ERROR(Recover("restarted (new incarnation)", true));
     if (sub >= parts_.size() || parts_[sub].state == Part::State::kDone) return Status::Ok();
     Part& part = parts_[sub];
     if (h.type == MsgType::kError) {
@@ -427,7 +431,7 @@ class PsClient::Impl::OpRunner {
         // It forgot this connection: a restart (refused parts were not applied).
         part.state = Part::State::kToSend;
         if (!registering_ && !restarted) link_.restarts_seen.fetch_add(1);
-        return Recover("forgot this worker (restarted)");
+        return Recover("forgot this worker (restarted)", false);
       }
       Finish(part);
       Status e = StatusFromReply(h);
