@@ -43,7 +43,10 @@ int main(int argc, char** argv) {
                  "write the model's tensor list (for downpour-server --tensors) to this file and exit");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
   args.shuffle = !no_shuffle;
-  const std::string program = fmt::format("downpour-worker {}", args.id);
+  if (args.local && args.id < 0) args.id = 0;
+  // A joining worker without --id learns its id from the coordinator (its log lines name it).
+  const std::string program = args.id >= 0 ? fmt::format("downpour-worker {}", args.id) : "downpour-worker";
+  const std::string who = args.id >= 0 ? fmt::format("worker {}", args.id) : "worker";
   return cli::Main(program, [&] {
     if (!tensors_out.empty()) {
       const downpour::Status s = downpour::worker::WriteTensorList(args.config_path, args.sets, tensors_out);
@@ -54,11 +57,11 @@ int main(int argc, char** argv) {
     const downpour::Status s = downpour::worker::RunWorker(args, &result, &started);
     if (!s.ok()) return cli::Fail(program, s, started ? cli::kExitFailure : cli::SetupExitCode(s));
     if (result.has_eval) {
-      std::printf("worker %d: final test accuracy %.2f%% (top-5 %.2f%%, loss %.4f) after %lld steps, %.0f img/s\n",
-                  args.id, 100 * result.final_eval.top1, 100 * result.final_eval.top5, result.final_eval.loss,
+      std::printf("%s: final test accuracy %.2f%% (top-5 %.2f%%, loss %.4f) after %lld steps, %.0f img/s\n",
+                  who.c_str(), 100 * result.final_eval.top1, 100 * result.final_eval.top5, result.final_eval.loss,
                   static_cast<long long>(result.steps), result.images_per_s);
     } else {
-      std::printf("worker %d: done, %lld steps, %.0f img/s\n", args.id, static_cast<long long>(result.steps),
+      std::printf("%s: done, %lld steps, %.0f img/s\n", who.c_str(), static_cast<long long>(result.steps),
                   result.images_per_s);
     }
     return cli::kExitOk;
