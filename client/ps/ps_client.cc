@@ -1,5 +1,6 @@
 // ps_client.cc — see ps_client.h. One I/O thread per server runs that server's queue of
-// operations one at a time (send, then wait for the matching reply).
+// operations one at a time: an OpRunner sends the operation's parts and waits for their replies,
+// probing a silent server, registering again and resending after a restart or an address move.
 #include "client/ps/ps_client.h"
 
 #include <algorithm>
@@ -9,7 +10,10 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 namespace downpour {
 
@@ -53,14 +57,28 @@ struct Op {
 struct PsClient::Impl {
   struct Link {
     int server = 0;
-    std::unique_ptr<ClientEndpoint> endpoint;
+    std::unique_ptr<ClientEndpoint> endpoint;  // I/O thread (after Create)
+    std::string address;                       // I/O thread: where `endpoint` connects
     std::mutex mu;
     std::condition_variable cv;
     std::deque<Op> queue;
     bool stopping = false;
+    std::string new_address;  // guarded by mu: SetServerAddress's request, "" = none
+    // I/O thread only: this link registered once (a later "not registered" refusal means the
+    // server restarted); the endpoint moved, so register before the next operation; the
+    // server's incarnation (0 = unknown) and a few earlier ones (late replies of a previous
+    // process are not a new restart).
+    bool registered = false;
+    bool needs_register = false;
+    uint64_t incarnation = 0;
+    std::deque<uint64_t> past_incarnations;
+    std::atomic<uint64_t> acked_pushes{0};
+    std::atomic<uint64_t> resent_parts{0};
+    std::atomic<uint64_t> restarts_seen{0};
     std::thread thread;
   };
   PsClient* owner = nullptr;
+  Transport* transport = nullptr;
   std::vector<std::unique_ptr<Link>> links;
   std::mutex mu;  // guards requests, next_id
   std::map<RequestId, std::shared_ptr<Request>> requests;
@@ -75,7 +93,12 @@ struct PsClient::Impl {
   }
   void RunLink(Link& link);
   Status Execute(Link& link, Op& op, MessageHeader* reply);
-  Status Reregister(Link& link, RequestId id, std::chrono::steady_clock::time_point deadline);
+  class OpRunner;
+  // Takes a pending SetServerAddress request (I/O thread): connects the new endpoint. True if
+  // the link moved.
+  bool MoveLink(Link& link);
+  // Records a reply's incarnation; true if it names a new server process (a restart).
+  static bool ObserveIncarnation(Link& link, uint64_t incarnation);
   Status AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
                          const MessageHeader& h, const Frames& frames);
 };
@@ -84,6 +107,12 @@ PsClient::PsClient(const ParamLayout& layout, PsClientOptions options)
     : layout_(layout), options_(std::move(options)),
       versions_(static_cast<size_t>(layout.num_chunks()), -1), impl_(std::make_unique<Impl>()) {
   impl_->owner = this;
+  // A random session, so (worker, session, request id) names one push even across a restart of
+  // this worker (request ids start at 1 again).
+  std::random_device rd;
+  std::mt19937_64 mix((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  while (session_ == 0) session_ = mix();
 }
 
 Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClientOptions options,
@@ -93,10 +122,12 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
                            options.server_addresses.size(), layout.servers());
   }
   std::unique_ptr<PsClient> c(new PsClient(layout, std::move(options)));
+  c->impl_->transport = transport;
   for (int s = 0; s < layout.servers(); ++s) {
     auto link = std::make_unique<Impl::Link>();
     link->server = s;
-    DP_RETURN_IF_ERROR(transport->Connect(c->options_.server_addresses[static_cast<size_t>(s)], &link->endpoint));
+    link->address = c->options_.server_addresses[static_cast<size_t>(s)];
+    DP_RETURN_IF_ERROR(transport->Connect(link->address, &link->endpoint));
     c->impl_->links.push_back(std::move(link));
   }
   for (auto& link : c->impl_->links) {
@@ -125,7 +156,12 @@ void PsClient::Impl::RunLink(Link& link) {
     Op op;
     {
       std::unique_lock<std::mutex> lock(link.mu);
-      link.cv.wait(lock, [&] { return link.stopping || !link.queue.empty(); });
+      link.cv.wait(lock, [&] { return link.stopping || !link.queue.empty() || !link.new_address.empty(); });
+      if (!link.stopping && link.queue.empty()) {  // moved while idle: register with the next operation
+        lock.unlock();
+        if (MoveLink(link)) link.needs_register = link.registered;
+        continue;
+      }
       if (link.stopping) {
         for (Op& q : link.queue) {
           FinishOp(*q.request, Unavailable("ps client destroyed before the request ran"), nullptr);
@@ -157,128 +193,344 @@ std::vector<T> Slice(const std::vector<T>& v, size_t begin, size_t end) {
 
 }  // namespace
 
-Status PsClient::Impl::Execute(Link& link, Op& op, MessageHeader* reply) {
-  // Split the op into messages of at most max_chunks_per_message chunks: the server validates and
-  // applies part k while part k+1 is still on the wire, and pull replies are copied out as they
-  // arrive.
-  const size_t n = op.header.chunk_ids.size();
-  const size_t per = owner->options_.max_chunks_per_message > 0
-                         ? static_cast<size_t>(owner->options_.max_chunks_per_message) : std::max<size_t>(n, 1);
-  const size_t parts = std::max<size_t>(1, (n + per - 1) / per);
-  if (parts + 1 >= (size_t{1} << kSubBits)) return InvalidArgument("ps client: {} sub-messages is too many", parts);
-  std::vector<std::vector<uint32_t>> part_chunks(parts);
-  std::vector<Frames> part_frames(parts);  // kept until the op ends: a part may be sent again
-  for (size_t k = 0; k < parts; ++k) {
-    const size_t b = k * per, e = std::min(n, b + per);
-    MessageHeader h = op.header;
-    h.request_id = (op.id << kSubBits) | k;
-    h.chunk_ids = Slice(op.header.chunk_ids, b, e);
-    h.versions = Slice(op.header.versions, b, e);
-    h.elem_counts = Slice(op.header.elem_counts, b, e);
-    h.byte_lengths = Slice(op.header.byte_lengths, b, e);
-    h.checksums = Slice(op.header.checksums, b, e);
-    part_chunks[k] = h.chunk_ids;
-    Frames& frames = part_frames[k];
-    frames.reserve(e - b + 1);
-    frames.emplace_back();
-    DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
-    if (!op.payload.empty()) {
-      for (size_t i = b; i < e; ++i) frames.push_back(std::move(op.payload[i]));
-    }
-  }
-  op.payload.clear();
+namespace {
 
-  const auto deadline = std::chrono::steady_clock::now() + owner->options_.reply_timeout;
-  std::vector<size_t> to_send(parts);
-  for (size_t k = 0; k < parts; ++k) to_send[k] = k;
-  Status first_error;
-  // Attempt 2 happens only after a server restart: parts refused because this connection is not
-  // registered (the restarted server forgot it) are sent again after registering anew. Refused
-  // parts were not applied, so nothing is applied twice.
-  for (int attempt = 0; attempt < 2 && !to_send.empty(); ++attempt) {
-    for (size_t k : to_send) {
-      Status s = link.endpoint->Send(part_frames[k]);  // copies Frame handles, not bytes
-      if (!s.ok()) {
-        return Status(s.code(), fmt::format("server {}: {} failed: {}", link.server, MsgTypeName(op.header.type), s.message()));
+// Sub-ids of the link's own messages within an operation (parts use 0..parts-1).
+constexpr uint64_t kRegisterSub = (uint64_t{1} << kSubBits) - 1;
+constexpr uint64_t kProbeSub = (uint64_t{1} << kSubBits) - 2;
+// A server that forgets this client again and again within one operation is not restarting, it
+// is broken (or refuses this worker): fail rather than loop.
+constexpr int kMaxRecoveries = 16;
+
+bool Transient(const Status& s) { return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kTimeout; }
+
+double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+// One operation on one link: its parts go out, each waits for its reply; a silent server is
+// probed, a restarted or moved one gets a fresh register and every unanswered part again.
+class PsClient::Impl::OpRunner {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Part {
+    Frames frames;  // header + borrowed payload, kept until the operation ends: it may be resent
+    std::vector<uint32_t> chunks;
+    enum class State { kToSend, kSent, kDone } state = State::kToSend;
+    bool sent_once = false;
+  };
+
+  OpRunner(Impl& impl, Link& link, Op& op) : impl_(impl), link_(link), op_(op), o_(impl.owner->options_) {}
+
+  Status Run(MessageHeader* reply) {
+    DP_RETURN_IF_ERROR(Split());
+    const auto now = Clock::now();
+    heard_ = probed_ = now;
+    reply_deadline_ = now + o_.reply_timeout;
+    if (impl_.MoveLink(link_)) link_.needs_register = link_.registered;  // moved just before this op
+    if (link_.needs_register && link_.registered && op_.header.type != MsgType::kRegister) BeginRegister();
+    DP_RETURN_IF_ERROR(SendPending());
+    const auto tick = std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
+    while (open_ > 0) {
+      {
+        std::lock_guard<std::mutex> lock(link_.mu);
+        if (link_.stopping) return Unavailable("ps client destroyed while waiting for a reply");
       }
-    }
-    std::vector<bool> waiting(parts, false);
-    for (size_t k : to_send) waiting[k] = true;
-    size_t pending = to_send.size();
-    std::vector<size_t> unregistered;
-    while (pending > 0) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
-        return Timeout(
-            "server {}: no reply to {} (request {}, {} of {} parts "
-            "outstanding) within {} ms",
-            link.server, MsgTypeName(op.header.type), op.id, pending, parts, owner->options_.reply_timeout.count());
+      if (impl_.MoveLink(link_)) {
+        heard_ = Clock::now();  // a fresh server_wait for the new address
+        DP_RETURN_IF_ERROR(Recover(fmt::format("moved to {}", link_.address), true));
+      }
+      DP_RETURN_IF_ERROR(CheckDeadlines());
+      if (Clock::now() - heard_ >= o_.probe_every && Clock::now() - probed_ >= o_.probe_every) {
+        Probe();
+        DP_RETURN_IF_ERROR(SendPending());  // sends that failed while the server was away
       }
       Frames got;
-      Status s = link.endpoint->Receive(&got, std::min(left, std::chrono::milliseconds(200)));
-      if (s.code() == StatusCode::kTimeout) {
-        std::lock_guard<std::mutex> lock(link.mu);
-        if (link.stopping) return Unavailable("ps client destroyed while waiting for a reply");
-        continue;
-      }
+      Status s = link_.endpoint->Receive(&got, tick);
+      if (s.code() == StatusCode::kTimeout) continue;
       DP_RETURN_IF_ERROR(s);
-      MessageHeader h;
-      s = ParseHeader(got, &h);
-      if (!s.ok()) return Status(s.code(), fmt::format("server {}: bad reply: {}", link.server, s.message()));
-      const uint64_t k = h.request_id & ((uint64_t{1} << kSubBits) - 1);
-      // A reply to an earlier, timed-out request (or an error about an undecodable one): skip.
-      if ((h.request_id >> kSubBits) != op.id || k >= parts || !waiting[k]) continue;
-      waiting[k] = false;
-      --pending;
-      if (h.type == MsgType::kError) {
-        if (attempt == 0 && op.header.type != MsgType::kRegister && owner->connected_.load() &&
-            h.flags == static_cast<uint32_t>(RejectReason::kNotRegistered)) {
-          unregistered.push_back(k);
-          continue;
-        }
-        Status e = StatusFromReply(h);
-        if (first_error.ok()) first_error = Status(e.code(), fmt::format("server {}: {}", link.server, e.message()));
-        continue;
-      }
-      if (op.header.type == MsgType::kPull) {
-        s = AcceptPullReply(link, op, part_chunks[k], h, got);
-        if (!s.ok() && first_error.ok()) first_error = s;
-      }
-      *reply = std::move(h);
+      DP_RETURN_IF_ERROR(HandleReply(got));
     }
-    to_send = std::move(unregistered);
-    if (!to_send.empty()) DP_RETURN_IF_ERROR(Reregister(link, op.id, deadline));
+    if (registering_) link_.needs_register = true;  // the parts were answered before the register was
+    if (said_waiting_) {
+      spdlog::info("worker {}: server {} answers again after {:.1f} s", o_.worker_id, link_.server,
+                   Seconds(back_at_ - waiting_since_));
+    }
+    *reply = std::move(last_reply_);
+    return first_error_;
   }
-  return first_error;
-}
 
-Status PsClient::Impl::Reregister(Link& link, RequestId id, std::chrono::steady_clock::time_point deadline) {
-  MessageHeader h;
-  h.type = MsgType::kRegister;
-  h.request_id = (id << kSubBits) | ((uint64_t{1} << kSubBits) - 1);
-  h.sender = owner->options_.worker_id;
-  h.model_id = owner->options_.model_id;
-  h.layout_hash = owner->layout_.hash();
-  h.role = Role::kWorker;
-  h.token = owner->options_.token;
-  Frames frames(1);
-  DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
-  DP_RETURN_IF_ERROR(link.endpoint->Send(std::move(frames)));
-  while (std::chrono::steady_clock::now() < deadline) {
-    Frames got;
-    Status s = link.endpoint->Receive(&got, std::chrono::milliseconds(200));
-    if (s.code() == StatusCode::kTimeout) continue;
-    DP_RETURN_IF_ERROR(s);
-    MessageHeader r;
-    DP_RETURN_IF_ERROR(ParseHeader(got, &r));
-    if (r.request_id != h.request_id) continue;
-    if (r.type == MsgType::kError) {
-      Status e = StatusFromReply(r);
-      return Status(e.code(), fmt::format("server {}: registering again after a restart: {}", link.server, e.message()));
+ private:
+  // Splits the op into messages of at most max_chunks_per_message chunks: the server validates
+  // and applies part k while part k+1 is still on the wire, and pull replies are copied out as
+  // they arrive.
+  Status Split() {
+    const MessageHeader& base = op_.header;
+    const size_t n = base.chunk_ids.size();
+    const size_t per = o_.max_chunks_per_message > 0 ? static_cast<size_t>(o_.max_chunks_per_message)
+                                                     : std::max<size_t>(n, 1);
+    const size_t parts = std::max<size_t>(1, (n + per - 1) / per);
+    if (parts + 2 >= (size_t{1} << kSubBits)) return InvalidArgument("ps client: {} sub-messages is too many", parts);
+    parts_.resize(parts);
+    for (size_t k = 0; k < parts; ++k) {
+      const size_t b = k * per, e = std::min(n, b + per);
+      MessageHeader h = base;
+      h.request_id = (op_.id << kSubBits) | k;
+      h.chunk_ids = Slice(base.chunk_ids, b, e);
+      h.versions = Slice(base.versions, b, e);
+      h.elem_counts = Slice(base.elem_counts, b, e);
+      h.byte_lengths = Slice(base.byte_lengths, b, e);
+      h.checksums = Slice(base.checksums, b, e);
+      parts_[k].chunks = h.chunk_ids;
+      Frames& frames = parts_[k].frames;
+      frames.reserve(e - b + 1);
+      frames.emplace_back();
+      DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
+      if (!op_.payload.empty()) {
+        for (size_t i = b; i < e; ++i) frames.push_back(std::move(op_.payload[i]));
+      }
+    }
+    op_.payload.clear();
+    open_ = parts;
+    return Status::Ok();
+  }
+
+  std::string What() const { return fmt::format("{} (request {})", MsgTypeName(op_.header.type), op_.id); }
+
+  // server_wait bounds silence; reply_timeout bounds a server that answers but holds the request.
+  Status CheckDeadlines() {
+    const auto now = Clock::now();
+    const auto silent = now - heard_;
+    if (silent >= o_.server_wait) {
+      return Unavailable(
+          "server {} at {}: unreachable for {:.1f} s (no reply, no answer to probes; cluster.server_wait_ms = {}): "
+          "{} of {} parts of {} unanswered",
+          link_.server, link_.address, Seconds(silent), o_.server_wait.count(), open_, parts_.size(), What());
+    }
+    // Reachable: it answered something during this operation, recently (probes, when it holds
+    // the request). A server never heard from is waited for under server_wait.
+    const bool reachable = heard_any_ && silent < 2 * o_.probe_every;
+    if (reachable && now >= reply_deadline_) {
+      return Timeout("server {}: no reply to {} ({} of {} parts outstanding) within {} ms", link_.server, What(),
+                     open_, parts_.size(), o_.reply_timeout.count());
+    }
+    if (silent >= 2 * o_.probe_every) {
+      if (!said_waiting_ || now - said_at_ >= 5 * o_.probe_every) {
+        if (!said_waiting_) waiting_since_ = heard_;
+        said_waiting_ = true;
+        said_at_ = now;
+        spdlog::info("worker {}: waiting for server {} (restarting) for {:.1f} s", o_.worker_id, link_.server,
+                     Seconds(silent));
+      }
     }
     return Status::Ok();
   }
-  return Timeout("server {}: no reply to register (after a restart)", link.server);
+
+  MessageHeader OwnHeader(MsgType type, uint64_t sub) const {
+    MessageHeader h;
+    h.type = type;
+    h.request_id = (op_.id << kSubBits) | sub;
+    h.sender = o_.worker_id;
+    h.model_id = o_.model_id;
+    h.layout_hash = impl_.owner->layout_.hash();
+    h.role = Role::kWorker;
+    h.session = impl_.owner->session_;
+    return h;
+  }
+
+  // A heartbeat to the server: its answer tells alive (same incarnation) from restarted.
+  void Probe() {
+    probed_ = Clock::now();
+    Frames frames(1);
+    if (!HeaderFrame(OwnHeader(MsgType::kHeartbeat, kProbeSub), &frames[0]).ok()) return;
+    (void)link_.endpoint->Send(std::move(frames));  // a failed probe is silence, counted by heard_
+  }
+
+  void BeginRegister() {
+    registering_ = true;
+    register_unsent_ = true;
+  }
+
+  // Sends the register (if one is due) and, once registered, every part marked to send. A
+  // transient failure (no server at the address, a full queue) leaves the rest for the next
+  // probe tick; anything else fails the operation.
+  Status SendPending() {
+    if (register_unsent_) {
+      MessageHeader h = OwnHeader(MsgType::kRegister, kRegisterSub);
+      h.token = o_.token;
+      Frames frames(1);
+      DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
+      const Status s = link_.endpoint->Send(std::move(frames));
+      if (!s.ok() && !Transient(s)) return SendError(s);
+      if (!s.ok()) return Status::Ok();
+      register_unsent_ = false;
+    }
+    if (registering_) return Status::Ok();
+    for (Part& p : parts_) {
+      if (p.state != Part::State::kToSend) continue;
+      const Status s = link_.endpoint->Send(p.frames);  // copies Frame handles, not bytes
+      if (!s.ok() && !Transient(s)) return SendError(s);
+      if (!s.ok()) return Status::Ok();
+      p.state = Part::State::kSent;
+      if (p.sent_once) link_.resent_parts.fetch_add(1);
+      p.sent_once = true;
+      reply_deadline_ = Clock::now() + o_.reply_timeout;
+    }
+    return Status::Ok();
+  }
+
+  Status SendError(const Status& s) const {
+    return Status(s.code(), fmt::format("server {}: {} failed: {}", link_.server, What(), s.message()));
+  }
+
+  // The server restarted (or the link moved): register again, then send every unanswered part.
+  // A register operation is itself the part to resend. `new_process`: a register already on its
+  // way went to the previous process (or address) and is sent again.
+  Status Recover(const std::string& why, bool new_process) {
+    size_t resend = 0;
+    for (Part& p : parts_) {
+      if (p.state == Part::State::kSent) p.state = Part::State::kToSend;
+      if (p.state == Part::State::kToSend) ++resend;
+    }
+    if (op_.header.type == MsgType::kRegister || !link_.registered) return SendPending();
+    if (!registering_) {
+      if (++recoveries_ > kMaxRecoveries) {
+        return Unavailable("server {}: forgot this worker {} times during {}; giving up", link_.server, recoveries_ - 1,
+                           What());
+      }
+      spdlog::info("worker {}: server {} {}: registering again and resending {} part(s) of {}", o_.worker_id,
+                   link_.server, why, resend, What());
+      BeginRegister();
+    } else if (new_process) {
+      register_unsent_ = true;
+    }
+    return SendPending();
+  }
+
+  Status HandleReply(const Frames& got) {
+    MessageHeader h;
+    Status s = ParseHeader(got, &h);
+    if (!s.ok()) return Status(s.code(), fmt::format("server {}: bad reply: {}", link_.server, s.message()));
+    heard_ = back_at_ = Clock::now();
+    heard_any_ = true;
+    const bool restarted = ObserveIncarnation(link_, h.incarnation);
+    if (restarted) link_.restarts_seen.fetch_add(1);
+    const uint64_t sub = h.request_id & ((uint64_t{1} << kSubBits) - 1);
+    // A reply to an earlier, timed-out operation (or an error about an undecodable message), or
+    // a probe's answer: it shows the server is there, and may show it restarted.
+    if ((h.request_id >> kSubBits) != op_.id || sub == kProbeSub) {
+      return restarted ? Recover("restarted (new incarnation)", true) : Status::Ok();
+    }
+    if (sub == kRegisterSub) return HandleRegisterReply(h);
+    if (restarted) DP_RETURN_IF_ERROR(Recover("restarted (new incarnation)", true));
+    if (sub >= parts_.size() || parts_[sub].state == Part::State::kDone) return Status::Ok();
+    Part& part = parts_[sub];
+    if (h.type == MsgType::kError) {
+      if (h.flags == static_cast<uint32_t>(RejectReason::kNotRegistered) && link_.registered &&
+          op_.header.type != MsgType::kRegister) {
+        // It forgot this connection: a restart (refused parts were not applied).
+        part.state = Part::State::kToSend;
+        if (!registering_ && !restarted) link_.restarts_seen.fetch_add(1);
+        return Recover("forgot this worker (restarted)", false);
+      }
+      Finish(part);
+      Status e = StatusFromReply(h);
+      if (first_error_.ok()) first_error_ = Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
+      return Status::Ok();
+    }
+    Finish(part);
+    if (op_.header.type == MsgType::kPull) {
+      s = impl_.AcceptPullReply(link_, op_, part.chunks, h, got);
+      if (!s.ok() && first_error_.ok()) first_error_ = s;
+    }
+    if (op_.header.type == MsgType::kPush && (op_.header.flags & kFlagInit) == 0) link_.acked_pushes.fetch_add(1);
+    if (op_.header.type == MsgType::kRegister) {
+      link_.registered = true;
+      link_.needs_register = false;
+    }
+    last_reply_ = std::move(h);
+    return Status::Ok();
+  }
+
+  Status HandleRegisterReply(const MessageHeader& h) {
+    if (!registering_ || register_unsent_) return Status::Ok();  // an older register's reply
+    if (h.type == MsgType::kError) {
+      Status e = StatusFromReply(h);
+      return Status(e.code(), fmt::format("server {}: registering again after a restart: {}", link_.server,
+                                          e.message()));
+    }
+    registering_ = false;
+    link_.needs_register = false;
+    return SendPending();
+  }
+
+  void Finish(Part& part) {
+    part.state = Part::State::kDone;
+    --open_;
+  }
+
+  Impl& impl_;
+  Link& link_;
+  Op& op_;
+  const PsClientOptions& o_;
+  std::vector<Part> parts_;
+  size_t open_ = 0;  // parts not answered yet
+  Status first_error_;
+  MessageHeader last_reply_;
+  bool registering_ = false;     // a register is due or in flight: parts wait for its reply
+  bool register_unsent_ = false;  // ... and it has not gone out yet
+  int recoveries_ = 0;
+  Clock::time_point heard_;           // the last message from the server (or the start)
+  bool heard_any_ = false;            // ... and whether there was one
+  Clock::time_point back_at_;         // when it was heard after a silence
+  Clock::time_point probed_;          // the last probe
+  Clock::time_point reply_deadline_;  // the last (re)send + reply_timeout
+  bool said_waiting_ = false;
+  Clock::time_point said_at_, waiting_since_;
+};
+
+Status PsClient::Impl::Execute(Link& link, Op& op, MessageHeader* reply) {
+  OpRunner runner(*this, link, op);
+  return runner.Run(reply);
+}
+
+bool PsClient::Impl::ObserveIncarnation(Link& link, uint64_t incarnation) {
+  if (incarnation == 0 || incarnation == link.incarnation) return false;
+  if (link.incarnation == 0) {  // the first one this link hears
+    link.incarnation = incarnation;
+    return false;
+  }
+  if (std::find(link.past_incarnations.begin(), link.past_incarnations.end(), incarnation) !=
+      link.past_incarnations.end()) {
+    return false;  // a late reply of a process that has since been replaced
+  }
+  link.past_incarnations.push_back(link.incarnation);
+  if (link.past_incarnations.size() > 4) link.past_incarnations.pop_front();
+  link.incarnation = incarnation;
+  return true;
+}
+
+bool PsClient::Impl::MoveLink(Link& link) {
+  std::string address;
+  {
+    std::lock_guard<std::mutex> lock(link.mu);
+    address.swap(link.new_address);
+  }
+  if (address.empty() || address == link.address) return false;
+  std::unique_ptr<ClientEndpoint> endpoint;
+  const Status s = transport->Connect(address, &endpoint);
+  if (!s.ok()) {
+    spdlog::error("worker {}: server {} cannot move to {}: {} (staying at {})", owner->options_.worker_id, link.server,
+                  address, s.ToString(), link.address);
+    return false;
+  }
+  spdlog::info("worker {}: server {} moves from {} to {}", owner->options_.worker_id, link.server, link.address,
+               address);
+  link.endpoint = std::move(endpoint);  // replies on the old endpoint are lost: unanswered parts are resent
+  link.address = address;
+  link.incarnation = 0;  // whoever answers there first
+  link.restarts_seen.fetch_add(1);
+  return true;
 }
 
 Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
@@ -355,6 +607,7 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     h.layout_hash = layout_.hash();
     h.role = Role::kWorker;
     h.flags = flags;
+    h.session = session_;
     for (int32_t c : ids) h.chunk_ids.push_back(static_cast<uint32_t>(c));
     if (type == MsgType::kPull) {
       op.pull_out = out;
@@ -468,6 +721,7 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
   op.header.role = Role::kWorker;
   op.header.text = text;
   op.header.clock = clock;
+  op.header.session = impl.owner->session();
   // The run's secret goes only where a server checks it (server/access.h), not with traffic.
   if (type == MsgType::kRegister || type == MsgType::kCheckpoint || type == MsgType::kShutdown)
     op.header.token = o.token;
@@ -493,8 +747,39 @@ Status PsClient::Connect(std::chrono::milliseconds timeout) {
       return Corrupt("server {}: register answered with {}", s, MsgTypeName(reply.type));
     }
   }
-  connected_.store(true);
   return Status::Ok();
+}
+
+Status PsClient::SetServerAddress(int server, const std::string& address) {
+  if (server < 0 || server >= static_cast<int>(impl_->links.size())) {
+    return InvalidArgument("ps client: SetServerAddress: server {} outside 0..{}", server, impl_->links.size() - 1);
+  }
+  if (address.empty()) return InvalidArgument("ps client: SetServerAddress: empty address for server {}", server);
+  Impl::Link& link = *impl_->links[static_cast<size_t>(server)];
+  {
+    std::lock_guard<std::mutex> lock(link.mu);
+    link.new_address = address;
+  }
+  link.cv.notify_all();
+  return Status::Ok();
+}
+
+namespace {
+template <typename Get>
+uint64_t LinkCounter(const std::vector<std::unique_ptr<PsClient::Impl::Link>>& links, int server, Get get) {
+  if (server < 0 || server >= static_cast<int>(links.size())) return 0;
+  return get(*links[static_cast<size_t>(server)]);
+}
+}  // namespace
+
+uint64_t PsClient::acked_pushes(int server) const {
+  return LinkCounter(impl_->links, server, [](const Impl::Link& l) { return l.acked_pushes.load(); });
+}
+uint64_t PsClient::resent_parts(int server) const {
+  return LinkCounter(impl_->links, server, [](const Impl::Link& l) { return l.resent_parts.load(); });
+}
+uint64_t PsClient::restarts_seen(int server) const {
+  return LinkCounter(impl_->links, server, [](const Impl::Link& l) { return l.restarts_seen.load(); });
 }
 
 Status PsClient::Stats(int server, ShardStatsWire* out, std::chrono::milliseconds timeout) {

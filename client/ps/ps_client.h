@@ -25,10 +25,26 @@
 // server's error reply, a timeout, a transport failure) are attached to the request and
 // returned by its Wait; errors not tied to a request surface at the next Wait.
 //
-// Server restarts: a restarted server (same address, e.g. from --restore) has forgotten this
-// client's registration; after Connect() succeeded once, the client registers again on its own
-// and resends exactly the parts the server refused for that reason (refused parts were not
-// applied, so nothing is applied twice).
+// Server restarts (DESIGN.md "Reliability and security"). An I/O thread keeps every part of its
+// current operation until that part's reply arrives, and notices a restarted server by
+//  (a) a reply whose incarnation (MessageHeader::incarnation, new at each server process start;
+//      0 = unknown, never a signal by itself) differs from the one the link has seen,
+//  (b) a "not registered" refusal after this link registered once (the server forgot it), or
+//  (c) silence: when parts are outstanding and nothing arrived for `probe_every`, it sends the
+//      server a heartbeat probe; an answer with a new incarnation is a restart, an answer with
+//      the same one means the server is alive and holding the request (sync/ssp pulls).
+// On a restart the link registers again and resends every part still unanswered (pushes and
+// pulls). A resent push is safe: the server recognises a push it already applied by (sender,
+// session, request id) and acknowledges it without applying it again. While the server does
+// not answer at all, the I/O thread keeps waiting and logs "worker <id>: waiting for server <i>
+// (restarting) for <n> s" every few seconds; it fails the request only after `server_wait` of
+// silence (kUnavailable naming the server). `reply_timeout` bounds only the time a server that
+// answers probes holds a request. SetServerAddress() moves a link to the server's new address
+// (the coordinator tells it), with the same register-and-resend.
+//
+// Sessions: each client draws a random nonzero 64-bit session at creation and sends it in every
+// message; request ids are unique within the session, so (worker, session, request id) names one
+// push across resends.
 //
 // Versions: each pull records the version of every chunk it received (last_versions()); each
 // push carries, per chunk, the version its gradient was computed from (the last pulled one),
@@ -36,7 +52,7 @@
 //
 // Thread-safety: all methods may be called from any thread; Wait(id) for a given id from one
 // thread. last_versions() is stable only while no pull is in flight. The Transport must
-// outlive the client.
+// outlive the client (SetServerAddress connects new endpoints from it).
 #pragma once
 
 #include <atomic>
@@ -66,8 +82,18 @@ struct PsClientOptions {
   // applies each message as a whole: a rejected part never applies, but the other parts of the
   // same Push may have been applied (Wait reports the first error).
   int max_chunks_per_message = 4;
-  // How long an I/O thread waits for one server reply before failing the request.
+  // How long a server that answers probes may hold a request (sync/ssp pulls wait for the
+  // consistency rule) before the request fails with kTimeout. Restarted from each (re)send.
   std::chrono::milliseconds reply_timeout{60000};
+  // How long an I/O thread keeps waiting for a server that answers nothing, probes included
+  // (dead or restarting), before failing the request with kUnavailable. The worker sets it from
+  // cluster.server_wait_ms.
+  std::chrono::milliseconds server_wait{120000};
+  // Silence (no message from the server while parts are outstanding) after which the I/O thread
+  // sends a heartbeat probe, and the period of probes after that. The "waiting for server"
+  // line is logged once two probes' time passed unanswered, then every 5 probe periods
+  // (1 s → at 2 s, then every 5 s).
+  std::chrono::milliseconds probe_every{1000};
   // The run's secret (runs without keys), sent with register, Checkpoint and Shutdown so the
   // server can tell this process from a stranger (server/access.h). "" = none.
   std::string token;
@@ -122,6 +148,27 @@ class PsClient {
   // message), so sync/ssp accounting knows where a resumed worker stands before it pulls.
   Status ReportClock(int64_t finished_iteration, std::chrono::milliseconds timeout);
 
+  // Moves the link to `server` to `address` (the coordinator reports a restarted server's new
+  // address): the link's I/O thread connects a new endpoint, registers again (when it had
+  // registered) and resends every part still unanswered. Returns at once; the switch happens on
+  // the I/O thread, between messages of an in-flight operation or before the next one. The
+  // current address is a no-op. kInvalidArgument for a server outside the layout.
+  Status SetServerAddress(int server, const std::string& address);
+
+  // Per server, counted by its link (thread-safe; 0 for a server outside the layout):
+  //  acked_pushes   gradient push messages (parts; init pushes not counted) the server
+  //                 acknowledged, each part once however often it was sent: with the servers'
+  //                 pushes_by_worker it shows that no acknowledged update was lost or doubled.
+  //  resent_parts   messages (parts of any request) sent again after a restart or a move.
+  //  restarts_seen  restarts noticed (new incarnation, a "not registered" refusal after
+  //                 registering) and address moves, each answered by registering again.
+  uint64_t acked_pushes(int server) const;
+  uint64_t resent_parts(int server) const;
+  uint64_t restarts_seen(int server) const;
+
+  // This client's session (random, nonzero, fixed for its lifetime), sent in every message.
+  uint64_t session() const { return session_; }
+
   const ParamLayout& layout() const { return layout_; }
 
   struct Impl;  // per-server links and request table (ps_client.cc)
@@ -134,8 +181,8 @@ class PsClient {
 
   ParamLayout layout_;
   PsClientOptions options_;
+  uint64_t session_ = 0;
   std::vector<int64_t> versions_;  // per chunk, written by the owning server's I/O thread
-  std::atomic<bool> connected_{false};  // Connect() succeeded: re-register after a server restart
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,6 +1,7 @@
 // loader_sources.cc — see loader_sources.h.
 #include "client/worker/loader_sources.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -109,11 +110,14 @@ class LoaderTestSource : public TestSource {
 Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, int num_classes,
                              std::unique_ptr<TrainSource>* out) {
   data::LoaderOptions o;
+  // A worker that joined a running job (id >= workers) reads the data of worker id mod workers
+  // (with a shuffle of its own: the seed below takes the whole id).
+  const int slice = worker_id % std::max(1, c.cluster.workers);
   if (c.data.sharding == DataSharding::kOwn) {
-    o.db_path = OwnShardPath(c.data, worker_id, c.cluster.workers);
+    o.db_path = OwnShardPath(c.data, slice, c.cluster.workers);
   } else {
     o.db_path = c.data.train;
-    o.shard_index = worker_id;
+    o.shard_index = slice;
     o.shard_count = c.cluster.workers;
   }
   o.batch_size = c.worker.batch_size;

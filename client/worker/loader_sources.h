@@ -1,7 +1,8 @@
 // loader_sources.h — TrainSource / TestSource over data/'s prefetching LMDB Loader.
 //
 // Training: the worker's slice (data.sharding = "slice": records j, j+W, ... of data.train)
-// or its own LMDB ("own": <data.train>/<j>), shuffled with a window, random crop / mirror /
+// or its own LMDB ("own": <data.train>/<j>); a worker that joined a running job (j >= W) reads
+// those of worker j mod W, shuffled in an order of its own; shuffled with a window, random crop / mirror /
 // mean / scale from [data]; endless: batch s holds stream positions [s·N, (s+1)·N) across
 // epoch boundaries, so every step has the net's batch size and SeekToStep(s) is exact.
 // Test: data.test in key order, centre crop, in batches of `batch`; every evaluation

@@ -1,8 +1,9 @@
 // ps_channel.h — the ParamChannel of a distributed worker: client/ps's PsClient underneath.
 //
 // Pull: one PsClient::Pull of every chunk (all servers in parallel), waited up to
-// `wait_timeout` (sync/ssp servers hold a pull until its clock is servable, so this is
-// generous). Versions come from PsClient::last_versions().
+// `wait_timeout` (sync/ssp servers hold a pull until its clock is servable, and a restarting
+// server is waited for up to the client's server_wait, so this is generous: the client's own
+// error, naming the server, should come first). Versions come from PsClient::last_versions().
 // Push: PsClient::PushChunks per planner group, zero-copy from the caller's buffer; the ids
 // are kept and WaitPushes() waits for all of them (after which the buffer is free again).
 // Staleness is measured by the servers (they know the version a gradient meets); the channel

@@ -48,10 +48,11 @@ Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, int num_classes
     o.labels_path = labels;
     o.batch_size = c.worker.batch_size;
     o.scale = c.data.scale;
-    o.shard_index = id;
+    // A worker that joined (id >= workers) reads slice id mod workers, in an order of its own.
+    o.shard_index = id % c.cluster.workers;
     o.shard_count = c.cluster.workers;
     o.shuffle = shuffle;
-    o.seed = static_cast<uint64_t>(c.run.seed);
+    o.seed = static_cast<uint64_t>(c.run.seed) + static_cast<uint64_t>(id / c.cluster.workers) * 0x9E3779B97F4A7C15ull;
     return OpenIdxTrainSource(o, out);
   }
   return OpenLoaderTrainSource(c, id, shuffle, num_classes, out);
@@ -143,78 +144,148 @@ void LogServerStats(PsClient* client, int servers, MetricsWriter* metrics) {
   }
 }
 
+// After training: what this worker's client saw of each server — gradient push messages
+// acknowledged (each once, resends included), messages resent and restarts noticed — to set
+// against the servers' pushes_by_worker (equal: no acknowledged update lost, none doubled).
+void LogPsAcks(const PsClient& client, int servers, MetricsWriter* metrics) {
+  for (int s = 0; s < servers; ++s) {
+    (void)metrics->Write("ps_acks", {{"server", s},
+                                     {"pushes_acked", client.acked_pushes(s)},
+                                     {"resent", client.resent_parts(s)},
+                                     {"restarts_seen", client.restarts_seen(s)}});
+  }
+}
+
 // Sync/ssp pulls wait for the slowest live worker; a dead one is dropped after the heartbeat
-// timeout, so wait comfortably longer than that.
+// timeout, so wait comfortably longer than that. This is how long a server that answers may
+// hold a request (PsClientOptions::reply_timeout).
 std::chrono::milliseconds PullWait(const ClusterConfig& c) {
   return std::chrono::milliseconds(std::max(120000, 4 * c.heartbeat_timeout_ms));
 }
 
-// Where a resumed worker stands against the restored servers. In sync mode the servers' clock
-// is the truth: a chunk at version v has applied clocks 0..v-1, so the workers redo clock v,
-// the lowest over all chunks (a chunk already past it drops that clock's gradients as late), at
-// step v·push_every. In async/ssp each worker continues from its own saved step. Either way the
-// servers hear the worker's clock before its first pull, which ssp waits on.
-Status PlaceResumedWorker(const RunConfig& c, int id, PsClient* client, engine::Net* net, WorkerProgress* p) {
-  constexpr auto kWait = std::chrono::milliseconds(60000);
+// How long the worker waits for one request in all: a server may be away for up to
+// server_wait_ms (restarting) and then hold the request for up to PullWait, and the client's own
+// error (naming the server) should surface before the caller gives up.
+std::chrono::milliseconds RequestWait(const ClusterConfig& c) {
+  return PullWait(c) + std::chrono::milliseconds(c.server_wait_ms) + std::chrono::seconds(10);
+}
+
+// In sync mode the servers' clock is the truth: a chunk at version v has applied clocks
+// 0..v-1, so a worker (re)starts at clock v, the lowest over all chunks (a chunk already past it
+// drops that clock's gradients as late), at step v·push_every.
+Status PlaceAtServersClock(const RunConfig& c, PsClient* client, engine::Net* net, std::chrono::milliseconds wait,
+                           WorkerProgress* p) {
+  DP_RETURN_IF_ERROR(client->Wait(client->Pull(net->params(), 0), wait));
+  int64_t clock = std::numeric_limits<int64_t>::max();
+  for (int64_t v : client->last_versions()) clock = std::min(clock, v);
+  p->clock = clock;
+  p->step = clock * c.worker.push_every;
+  p->images = p->step * c.worker.batch_size;
+  p->finished = false;
+  return Status::Ok();
+}
+
+// Where a resumed worker stands against the restored servers. Sync: at the servers' clock. In
+// async/ssp each worker continues from its own saved step. Either way the servers hear the
+// worker's clock before its first pull, which ssp waits on.
+Status PlaceResumedWorker(const RunConfig& c, int id, PsClient* client, engine::Net* net,
+                          std::chrono::milliseconds wait, WorkerProgress* p) {
   if (c.consistency.mode == ConsistencyMode::kSync) {
-    DP_RETURN_IF_ERROR(client->Wait(client->Pull(net->params(), 0), kWait));
-    int64_t clock = std::numeric_limits<int64_t>::max();
-    for (int64_t v : client->last_versions()) clock = std::min(clock, v);
-    if (clock != p->clock) {
-      spdlog::info("worker {}: sync resume at the servers' clock {} (this worker had reached clock {})", id, clock,
-                   p->clock);
+    const int64_t had = p->clock;
+    DP_RETURN_IF_ERROR(PlaceAtServersClock(c, client, net, wait, p));
+    if (had != p->clock) {
+      spdlog::info("worker {}: sync resume at the servers' clock {} (this worker had reached clock {})", id, p->clock,
+                   had);
     }
-    p->clock = clock;
-    p->step = clock * c.worker.push_every;
-    p->images = p->step * c.worker.batch_size;
-    p->finished = false;
   }
-  if (p->clock > 0) DP_RETURN_IF_ERROR(client->ReportClock(p->clock - 1, kWait));
+  if (p->clock > 0) DP_RETURN_IF_ERROR(client->ReportClock(p->clock - 1, wait));
   spdlog::info("worker {}: resuming after step {} (clock {}, {:.1f} s of training so far)", id, p->step, p->clock,
                p->wall_s);
+  return Status::Ok();
+}
+
+// A worker that joins a running job (elastic): in sync mode it starts at the servers' current
+// clock, as a resumed worker does (the trainer then runs the steps left to the run's end); in
+// async/ssp it starts at step 0 of its own.
+Status PlaceJoiningWorker(const RunConfig& c, int id, PsClient* client, engine::Net* net,
+                          std::chrono::milliseconds wait, std::optional<WorkerProgress>* resume) {
+  if (c.consistency.mode != ConsistencyMode::kSync) {
+    spdlog::info("worker {}: joins the running job", id);
+    return Status::Ok();
+  }
+  WorkerProgress p;
+  DP_RETURN_IF_ERROR(PlaceAtServersClock(c, client, net, wait, &p));
+  if (p.clock > 0) DP_RETURN_IF_ERROR(client->ReportClock(p.clock - 1, wait));
+  spdlog::info("worker {}: joins the running job at the servers' clock {} (step {})", id, p.clock, p.step);
+  *resume = p;
+  return Status::Ok();
+}
+
+// This worker's place in the cluster: its transport, its link to the coordinator and what the
+// coordinator said (the servers' addresses, its id). Declared before what uses the transport.
+struct ClusterLink {
+  std::unique_ptr<ZmqTransport> transport;
+  std::unique_ptr<RendezvousClient> rendezvous;
+  RendezvousInfo info;
+  bool joining = false;  // started by hand into a running job (id >= workers, or assigned)
+};
+
+// Rendezvous: the coordinator answers once every server has registered, with their addresses
+// and this worker's id (assigned when `requested_id` is -1); heartbeats then carry this worker's
+// clock (sync/ssp membership, dead-worker detection).
+Status JoinCluster(const RunConfig& config, int requested_id, const ProcessNet& pnet, const ParamLayout& layout,
+                   ClusterLink* out) {
+  spdlog::info("worker {}: {}", requested_id, pnet.Describe(""));
+  out->transport = std::make_unique<ZmqTransport>(pnet.zmq);
+  RendezvousOptions ro;
+  ro.coordinator = pnet.coordinator;
+  ro.token = pnet.token;
+  ro.role = Role::kWorker;
+  ro.requested_id = requested_id;
+  ro.layout_hash = layout.hash();
+  ro.heartbeat_interval = std::chrono::milliseconds(config.cluster.heartbeat_ms);
+  DP_RETURN_IF_ERROR(
+      RendezvousClient::Register(out->transport.get(), ro, std::chrono::seconds(120), &out->rendezvous, &out->info));
+  if (requested_id >= 0 && out->info.id >= 0 && out->info.id != requested_id) {
+    return FailedPrecondition("worker {}: the coordinator answered with id {}", requested_id, out->info.id);
+  }
+  if (out->info.id < 0) return FailedPrecondition("worker {}: the coordinator assigned no id", requested_id);
+  out->rendezvous->StartHeartbeats({});
   return Status::Ok();
 }
 
 Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const ProcessNet& pnet,
                       const ParamLayout& layout, const TrainerOptions& to, engine::Net* net, engine::Net* eval_net,
                       TrainSource* train, TestSource* test, MetricsWriter* metrics, ProgressReporter* progress,
-                      TrainResult* out) {
-  spdlog::info("worker {}: {}", args.id, pnet.Describe(""));
-  ZmqTransport transport(pnet.zmq);
-  // Rendezvous: the coordinator answers once every server has registered, with their
-  // addresses; heartbeats then carry this worker's clock (sync/ssp membership, dead-worker
-  // detection).
-  RendezvousOptions ro;
-  ro.coordinator = pnet.coordinator;
-  ro.token = pnet.token;
-  ro.role = Role::kWorker;
-  ro.requested_id = args.id;
-  ro.layout_hash = layout.hash();
-  ro.heartbeat_interval = std::chrono::milliseconds(config.cluster.heartbeat_ms);
-  std::unique_ptr<RendezvousClient> link;
-  RendezvousInfo info;
-  DP_RETURN_IF_ERROR(RendezvousClient::Register(&transport, ro, std::chrono::seconds(120), &link, &info));
-  link->StartHeartbeats({});
+                      ClusterLink* cluster, TrainResult* out) {
+  if (!cluster->rendezvous) DP_RETURN_IF_ERROR(JoinCluster(config, args.id, pnet, layout, cluster));
+  RendezvousClient* link = cluster->rendezvous.get();
+  const RendezvousInfo& info = cluster->info;
   PsClientOptions po;
   po.server_addresses = info.server_addresses.empty() ? ServerAddresses(config.cluster) : info.server_addresses;
   po.worker_id = args.id;
   po.token = pnet.token;
   // Sync/ssp servers hold a pull until it is servable, up to the wait below: a reply must not
-  // time out earlier than that.
+  // time out earlier than that. A server that answers nothing (restarting) is waited for up to
+  // cluster.server_wait_ms, then the request fails naming it.
   po.reply_timeout = PullWait(config.cluster);
+  po.server_wait = std::chrono::milliseconds(config.cluster.server_wait_ms);
+  const auto wait = RequestWait(config.cluster);
   std::unique_ptr<PsClient> client;
-  DP_RETURN_IF_ERROR(PsClient::Create(&transport, layout, po, &client));
-  DP_RETURN_IF_ERROR(client->Connect(std::chrono::milliseconds(60000)));
+  DP_RETURN_IF_ERROR(PsClient::Create(cluster->transport.get(), layout, po, &client));
+  DP_RETURN_IF_ERROR(client->Connect(wait));
   // Every worker offers the same seeded initial weights; servers keep the first and pulls
   // wait until every chunk has weights (restored servers ignore them all).
-  DP_RETURN_IF_ERROR(client->Wait(client->PushInit(net->params()), std::chrono::milliseconds(60000)));
+  DP_RETURN_IF_ERROR(client->Wait(client->PushInit(net->params()), wait));
   TrainerOptions topts = to;
   if (topts.resume) {
-    DP_RETURN_IF_ERROR(PlaceResumedWorker(config, args.id, client.get(), net, &*topts.resume));
+    DP_RETURN_IF_ERROR(PlaceResumedWorker(config, args.id, client.get(), net, wait, &*topts.resume));
     link->set_clock(topts.resume->clock);
+  } else if (cluster->joining) {
+    DP_RETURN_IF_ERROR(PlaceJoiningWorker(config, args.id, client.get(), net, wait, &topts.resume));
+    if (topts.resume) link->set_clock(topts.resume->clock);
   }
-  const auto wait = PullWait(config.cluster);
-  RendezvousClient* rendezvous = link.get();
+  RendezvousClient* rendezvous = link;
   PsChannel channel(client.get(), wait, [rendezvous](int64_t clock) {
     rendezvous->set_clock(clock);
     return Status::Ok();
@@ -248,6 +319,7 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   Trainer trainer(topts, net, eval_net, &layout, &channel, train, test, metrics, progress);
   DP_RETURN_IF_ERROR(trainer.Run(out));
   LogServerStats(client.get(), config.cluster.servers, metrics);
+  LogPsAcks(*client, config.cluster.servers, metrics);
   DP_RETURN_IF_ERROR(channel.Leave());
   // Done with everything (the final evaluation and the model are saved): the coordinator ends
   // a cluster run once every worker has said so or died. The work itself is complete, so a
@@ -328,31 +400,50 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
     config.worker.steps = args.steps_override;
     config.worker.epochs = 0;
   }
-  if (args.id >= config.cluster.workers)
-    return InvalidArgument("--id {} is out of range: {} has cluster.workers = {}", args.id, config_path,
-                           config.cluster.workers);
-  const bool evaluate = args.id == 0 && !config.data.test.empty();
+  // Ids from cluster.workers up (to max_workers) are workers that join a running job by hand;
+  // -1 lets the coordinator assign one.
+  const int max_workers = config.cluster.max_workers > 0 ? config.cluster.max_workers : config.cluster.workers;
+  if (args.id >= max_workers) {
+    return InvalidArgument("--id {} is out of range: {} has cluster.workers = {} and cluster.max_workers = {}", args.id,
+                           config_path, config.cluster.workers, config.cluster.max_workers);
+  }
+  WorkerArgs a = args;
+  if (a.local && a.id < 0) a.id = 0;
+  // Only worker 0, named as such, evaluates: never one that joined.
+  const bool evaluate = a.id == 0 && !config.data.test.empty();
 
   std::unique_ptr<engine::Net> net, eval_net;
   DP_RETURN_IF_ERROR(BuildNets(config, evaluate, &net, &eval_net));
   ParamLayout layout;
-  DP_RETURN_IF_ERROR(ParamLayout::Build(net->param_specs(), args.local ? 1 : config.cluster.servers,
+  DP_RETURN_IF_ERROR(ParamLayout::Build(net->param_specs(), a.local ? 1 : config.cluster.servers,
                                         config.cluster.chunk_elems, &layout));
+
+  const auto metrics_dir = std::filesystem::path(a.run_dir) / "metrics";
+  std::error_code ec;
+  for (const auto& dir : {metrics_dir, std::filesystem::path(a.run_dir) / "state"}) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return IoError("run dir {}: cannot create {}: {}", a.run_dir, dir.string(), ec.message());
+  }
+  // Addresses, keys and the run secret: a mistake here is bad input, found before training.
+  ProcessNet pnet;
+  if (!a.local) DP_RETURN_IF_ERROR(SetUpProcessNet(config, a.net, NetRole::kWorker, a.run_dir, &pnet));
+  ClusterLink cluster;
+  cluster.joining = !a.local && (a.id < 0 || a.id >= config.cluster.workers);
+  if (!a.local && a.id < 0) {
+    // Its id (and so its data slice, metrics and state files) comes from the coordinator.
+    DP_RETURN_IF_ERROR(JoinCluster(config, -1, pnet, layout, &cluster));
+    a.id = cluster.info.id;
+    spdlog::info("worker: the coordinator assigned id {}", a.id);
+  }
 
   std::unique_ptr<TrainSource> train;
   std::unique_ptr<TestSource> test;
-  DP_RETURN_IF_ERROR(OpenTrainSource(config, args.local ? 0 : args.id, args.shuffle, net->num_classes(), &train));
+  DP_RETURN_IF_ERROR(OpenTrainSource(config, a.local ? 0 : a.id, a.shuffle, net->num_classes(), &train));
   if (evaluate) DP_RETURN_IF_ERROR(OpenTestSource(config, kEvalBatch, net->num_classes(), &test));
 
-  const auto metrics_dir = std::filesystem::path(args.run_dir) / "metrics";
-  std::error_code ec;
-  for (const auto& dir : {metrics_dir, std::filesystem::path(args.run_dir) / "state"}) {
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return IoError("run dir {}: cannot create {}: {}", args.run_dir, dir.string(), ec.message());
-  }
-  const std::string state_path = WorkerStatePath(args.run_dir, args.id);
+  const std::string state_path = WorkerStatePath(a.run_dir, a.id);
   std::optional<WorkerProgress> resume;
-  if (args.resume) {
+  if (a.resume) {
     WorkerProgress p;
     const Status s = ReadWorkerProgress(state_path, &p);
     if (s.ok()) {
@@ -365,17 +456,17 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   }
   std::unique_ptr<MetricsWriter> metrics;
   DP_RETURN_IF_ERROR(
-      MetricsWriter::Open((metrics_dir / fmt::format("worker-{}.jsonl", args.id)).string(), "worker", args.id, &metrics));
-  ProgressReporter progress(stderr, args.quiet ? ProgressReporter::Mode::kQuiet : ProgressReporter::Mode::kAuto);
+      MetricsWriter::Open((metrics_dir / fmt::format("worker-{}.jsonl", a.id)).string(), "worker", a.id, &metrics));
+  ProgressReporter progress(stderr, a.quiet ? ProgressReporter::Mode::kQuiet : ProgressReporter::Mode::kAuto);
 
   TrainerOptions to;
-  to.worker_id = args.id;
-  to.step_delay = std::chrono::milliseconds(args.step_delay_ms);
+  to.worker_id = a.id;
+  to.step_delay = std::chrono::milliseconds(a.step_delay_ms);
   to.worker = config.worker;
   to.eval = config.eval;
   to.solver = config.solver;
   to.evaluate = evaluate;
-  if (evaluate) to.model_out = (std::filesystem::path(args.run_dir) / "model_final.dpt").string();
+  if (evaluate) to.model_out = (std::filesystem::path(a.run_dir) / "model_final.dpt").string();
   to.resume = resume;
   // Progress after every step, for a later resume; a failed write is logged once and training
   // goes on (only resuming would suffer).
@@ -387,21 +478,17 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
     }
   };
 
-  // Addresses, keys and the run secret: a mistake here is bad input, found before training.
-  ProcessNet pnet;
-  if (!args.local) DP_RETURN_IF_ERROR(SetUpProcessNet(config, args.net, NetRole::kWorker, args.run_dir, &pnet));
-
   TrainResult local_result;
   TrainResult* out = result != nullptr ? result : &local_result;
   if (started != nullptr) *started = true;
-  if (args.local) {
-    if (config.cluster.workers != 1 && args.id != 0)
-      return InvalidArgument("--local runs one process: use --id 0 (got {})", args.id);
+  if (a.local) {
+    if (config.cluster.workers != 1 && a.id != 0)
+      return InvalidArgument("--local runs one process: use --id 0 (got {})", a.id);
     Trainer trainer(to, net.get(), eval_net.get(), &layout, nullptr, train.get(), test.get(), metrics.get(), &progress);
     return trainer.Run(out);
   }
-  return RunDistributed(config, args, pnet, layout, to, net.get(), eval_net.get(), train.get(), test.get(),
-                        metrics.get(), &progress, out);
+  return RunDistributed(config, a, pnet, layout, to, net.get(), eval_net.get(), train.get(), test.get(),
+                        metrics.get(), &progress, &cluster, out);
 }
 
 }  // namespace downpour::worker

@@ -3,8 +3,11 @@
 // Trainer, the metrics file and the progress line. `downpour-worker` is a thin main over it.
 //
 // Run directory: this process writes
-//   <run-dir>/metrics/worker-<id>.jsonl   start / step / eval / server_stats / done records
-//                                         (appended to: a resumed worker continues the file)
+//   <run-dir>/metrics/worker-<id>.jsonl   start / step / eval / server_stats / ps_acks / done
+//                                         records (appended to: a resumed worker continues the
+//                                         file); ps_acks, one per server: the gradient push
+//                                         messages that server acknowledged to this worker (each
+//                                         once, resends included), messages resent, restarts seen
 //   <run-dir>/state/worker-<id>.toml      its progress after every step (worker_state.h)
 //   <run-dir>/model_final.dpt             final weights (the evaluating worker; tensor file)
 // and reads <run-dir>/config.toml unless --config says otherwise. With --resume it continues
@@ -13,6 +16,17 @@
 // Data: data.train / data.test name LMDBs; a path ending in "idx3-ubyte" or
 // "idx3-ubyte.gz" is read as an IDX image file instead (its labels file is the same name with
 // "images-idx3" → "labels-idx1"), which lets runs use Debian's Fashion-MNIST files directly.
+//
+// Server restarts: requests wait for a server that does not answer up to cluster.server_wait_ms
+// (saying "waiting for server i (restarting)"), then resend what was not acknowledged
+// (client/ps/ps_client.h); a server may hold a sync/ssp pull for PullWait on top of that.
+//
+// Joining a running job (elastic): a worker started by hand with --coordinator and an id from
+// cluster.workers up to cluster.max_workers-1, or -1 (the coordinator assigns one), joins the
+// servers' job. It reads the data slice of worker id mod workers (in slice mode; "own" mode:
+// that worker's LMDB) in an order of its own; it never evaluates (only worker 0 does); in sync
+// mode it starts at the servers' current clock, as a resumed worker does, and runs the steps
+// left to the run's end.
 //
 // Thread-safety: RunWorker is reentrant (no globals); it owns everything it builds.
 #pragma once
@@ -29,7 +43,9 @@
 namespace downpour::worker {
 
 struct WorkerArgs {
-  int id = 0;                   // worker id, 0 .. cluster.workers-1
+  // Worker id, 0 .. cluster.workers-1; up to max_workers-1 for one joining a running job;
+  // -1 = the coordinator assigns one (a joiner; with `local`: 0).
+  int id = 0;
   std::string config_path;      // run config; default <run_dir>/config.toml
   std::vector<std::string> sets;  // --set section.key=value overrides of the run config
   std::string run_dir = ".";    // where metrics and the model go

@@ -1,5 +1,5 @@
 // downpour-worker — one training worker of a run (usually started by downpour-launch):
-//   downpour-worker --id J --run-dir RUN [--config RUN/config.toml] [--set K=V]... [--quiet] [--local]
+//   downpour-worker [--id J] --run-dir RUN [--config RUN/config.toml] [--set K=V]... [--quiet] [--local]
 //                   [--coordinator HOST:PORT] [--bind SOURCE_ADDRESS]
 // Prints the final test accuracy (evaluating worker). Exit codes (common/cli.h): 0 ok, 1 a
 // failure while training, 2 a bad flag, config or input found before training started.
@@ -14,10 +14,13 @@
 int main(int argc, char** argv) {
   namespace cli = downpour::cli;
   downpour::worker::WorkerArgs args;
+  args.id = -1;  // no --id: the coordinator assigns one (a worker joining a running job); --local: 0
   CLI::App app{"downpour worker: pull weights, compute gradients, push them"};
   cli::AddStandardFlags(&app, "downpour-worker");
-  app.add_option("-i,--id", args.id, "worker id (0 .. cluster.workers-1); worker 0 evaluates")
-      ->check(cli::AtLeast(0));
+  app.add_option("-i,--id", args.id,
+                 "worker id (0 .. cluster.workers-1; up to cluster.max_workers-1 to join a running job; -1 or "
+                 "omitted: the coordinator assigns one); worker 0 evaluates")
+      ->check(cli::AtLeast(-1));
   app.add_option("--run-dir", args.run_dir, "run directory (metrics, model)");
   app.add_option("-c,--config", args.config_path, "run config (default <run-dir>/config.toml)");
   cli::AddSetOption(&app, &args.sets);
@@ -40,7 +43,10 @@ int main(int argc, char** argv) {
                  "write the model's tensor list (for downpour-server --tensors) to this file and exit");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
   args.shuffle = !no_shuffle;
-  const std::string program = fmt::format("downpour-worker {}", args.id);
+  if (args.local && args.id < 0) args.id = 0;
+  // A joining worker without --id learns its id from the coordinator (its log lines name it).
+  const std::string program = args.id >= 0 ? fmt::format("downpour-worker {}", args.id) : "downpour-worker";
+  const std::string who = args.id >= 0 ? fmt::format("worker {}", args.id) : "worker";
   return cli::Main(program, [&] {
     if (!tensors_out.empty()) {
       const downpour::Status s = downpour::worker::WriteTensorList(args.config_path, args.sets, tensors_out);
@@ -51,11 +57,11 @@ int main(int argc, char** argv) {
     const downpour::Status s = downpour::worker::RunWorker(args, &result, &started);
     if (!s.ok()) return cli::Fail(program, s, started ? cli::kExitFailure : cli::SetupExitCode(s));
     if (result.has_eval) {
-      std::printf("worker %d: final test accuracy %.2f%% (top-5 %.2f%%, loss %.4f) after %lld steps, %.0f img/s\n",
-                  args.id, 100 * result.final_eval.top1, 100 * result.final_eval.top5, result.final_eval.loss,
+      std::printf("%s: final test accuracy %.2f%% (top-5 %.2f%%, loss %.4f) after %lld steps, %.0f img/s\n",
+                  who.c_str(), 100 * result.final_eval.top1, 100 * result.final_eval.top5, result.final_eval.loss,
                   static_cast<long long>(result.steps), result.images_per_s);
     } else {
-      std::printf("worker %d: done, %lld steps, %.0f img/s\n", args.id, static_cast<long long>(result.steps),
+      std::printf("%s: done, %lld steps, %.0f img/s\n", who.c_str(), static_cast<long long>(result.steps),
                   result.images_per_s);
     }
     return cli::kExitOk;

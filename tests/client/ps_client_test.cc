@@ -1,14 +1,25 @@
 // ps_client_test.cc — the PS client's own contract: request ids and Wait, errors surfacing at
-// Wait, buffer lifetime of zero-copy pushes, chunk / tensor subsets, versions, and the run's
-// token on register, re-register, checkpoint and shutdown (the servers here require it).
+// Wait, buffer lifetime of zero-copy pushes, chunk / tensor subsets, versions, the run's token
+// on register, re-register, checkpoint and shutdown (the servers here require it), and riding
+// through a server restart: resend of unanswered parts, waiting (and saying so) for a server
+// that is down, failing after server_wait, moving to a new address, acknowledged-push counters.
+//
+// The servers here sit behind a StampingEndpoint that writes a fixed incarnation into every
+// reply (what a server process does on its own once it has one), and can lose acks the way a
+// server that dies after applying a push does.
 #include "client/ps/ps_client.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <filesystem>
 #include <thread>
 
 #include "common/inproc_transport.h"
+#include "common/zmq_transport.h"
 #include "server/shard.h"
 
 namespace downpour {
@@ -29,20 +40,66 @@ ShardOptions TestShardOptions() {
   return o;
 }
 
+// A server's endpoint as one server process sees it: every reply carries this process's
+// incarnation; with drop_acks set, acks are lost (the server applied the push, then "died"
+// before its reply left).
+class StampingEndpoint : public ServerEndpoint {
+ public:
+  StampingEndpoint(std::unique_ptr<ServerEndpoint> inner, uint64_t incarnation)
+      : inner_(std::move(inner)), incarnation_(incarnation) {}
+  using ServerEndpoint::Receive;
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
+    return inner_->Receive(from, frames, timeout, info);
+  }
+  Status Send(const PeerId& to, Frames frames) override {
+    MessageHeader h;
+    DP_RETURN_IF_ERROR(ParseHeader(frames, &h));
+    if (h.type == MsgType::kAck && drop_acks.load()) {
+      dropped_acks.fetch_add(1);
+      return Status::Ok();
+    }
+    h.incarnation = incarnation_;
+    DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
+    return inner_->Send(to, std::move(frames));
+  }
+  std::string address() const override { return inner_->address(); }
+
+  std::atomic<bool> drop_acks{false};
+  std::atomic<int> dropped_acks{0};
+
+ private:
+  std::unique_ptr<ServerEndpoint> inner_;
+  uint64_t incarnation_;
+};
+
+// Captures the default logger's lines while alive (the previous logger is kept alive and put
+// back, so threads that logged through it are safe).
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()), ring_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256)) {
+    auto logger = std::make_shared<spdlog::logger>(
+        "capture", spdlog::sinks_init_list{std::make_shared<spdlog::sinks::stderr_color_sink_mt>(), ring_});
+    spdlog::set_default_logger(logger);
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  int Count(const std::string& needle) const {
+    int n = 0;
+    for (const std::string& line : ring_->last_formatted()) n += line.find(needle) != std::string::npos;
+    return n;
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> previous_;
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> ring_;
+};
+
 class PsClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}, {"b", {10}, 1, 1}, {"c", {50}, 1, 1}}, 2, 32, &layout_).ok());
-    ShardOptions o = TestShardOptions();
-    for (int s = 0; s < 2; ++s) {
-      o.server_id = s;
-      std::unique_ptr<ShardServer> shard;
-      ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
-      std::unique_ptr<ServerEndpoint> ep;
-      ASSERT_TRUE(transport_.Bind(fmt::format("s{}", s), &ep).ok());
-      shard->Start(std::move(ep));
-      shards_.push_back(std::move(shard));
-    }
+    shards_.resize(2);
+    endpoints_.resize(2);
+    for (int s = 0; s < 2; ++s) StartShard(s, fmt::format("s{}", s), "");
     PsClientOptions co = ClientOptions(kSecret);
     ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &client_).ok());
     ASSERT_TRUE(client_->Connect(5000ms).ok());
@@ -52,18 +109,54 @@ class PsClientTest : public ::testing::Test {
     PsClientOptions co;
     co.server_addresses = {"s0", "s1"};
     co.reply_timeout = 5000ms;
+    co.server_wait = 5000ms;
+    co.probe_every = 50ms;
     co.max_chunks_per_message = 4;
     co.token = token;
     return co;
   }
+  // Server `s` as a new process (a new incarnation) at `address`, from `checkpoint` if given.
+  void StartShard(int s, const std::string& address, const std::string& checkpoint) {
+    ShardOptions o = TestShardOptions();
+    o.server_id = s;
+    ASSERT_TRUE(ShardServer::Create(layout_, o, &shards_[static_cast<size_t>(s)]).ok());
+    if (!checkpoint.empty()) {
+      ASSERT_TRUE(shards_[static_cast<size_t>(s)]->LoadCheckpoint(checkpoint).ok());
+    }
+    std::unique_ptr<ServerEndpoint> ep;
+    ASSERT_TRUE(transport_.Bind(address, &ep).ok());
+    auto stamping = std::make_unique<StampingEndpoint>(std::move(ep), ++incarnations_ * 1000 + 7);
+    endpoints_[static_cast<size_t>(s)] = stamping.get();
+    shards_[static_cast<size_t>(s)]->Start(std::move(stamping));
+  }
+  // Server `s` dies: its loop stops, its endpoint (the address) goes away. Its state is first
+  // saved to `checkpoint` (standing in for what its write-ahead log would recover), if given.
+  void KillShard(int s, const std::string& checkpoint) {
+    auto& shard = shards_[static_cast<size_t>(s)];
+    shard->Stop();
+    ASSERT_TRUE(shard->Join().ok());
+    if (!checkpoint.empty()) {
+      ASSERT_TRUE(shard->SaveCheckpoint(checkpoint).ok());
+    }
+    shard.reset();
+    endpoints_[static_cast<size_t>(s)] = nullptr;
+  }
   void TearDown() override {
     client_.reset();
-    for (auto& s : shards_) s->Stop();
-    for (auto& s : shards_) EXPECT_TRUE(s->Join().ok());
+    for (auto& s : shards_) {
+      if (s) s->Stop();
+    }
+    for (auto& s : shards_) {
+      if (s) {
+        EXPECT_TRUE(s->Join().ok());
+      }
+    }
   }
   InprocTransport transport_;
   ParamLayout layout_;
   std::vector<std::unique_ptr<ShardServer>> shards_;
+  std::vector<StampingEndpoint*> endpoints_;  // owned by the shards
+  uint64_t incarnations_ = 0;
   std::unique_ptr<PsClient> client_;
   size_t n_ = 0;
 };
@@ -183,8 +276,178 @@ TEST_F(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedT
   ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
   EXPECT_EQ(w, std::vector<float>(n_, -2.0f));
   for (const Chunk& c : layout_.chunks()) EXPECT_EQ(client_->last_versions()[static_cast<size_t>(c.id)], 2);
-  EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kNotRegistered)],
-            (layout_.ServerChunks(0).size() + 3) / 4);
+  const uint64_t parts0 = (layout_.ServerChunks(0).size() + 3) / 4;
+  EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kNotRegistered)], parts0);
+  // Both pushes counted once per part, the refused-then-resent one included.
+  EXPECT_EQ(client_->acked_pushes(0), 2 * parts0);
+  EXPECT_EQ(client_->resent_parts(0), parts0);
+  EXPECT_EQ(client_->restarts_seen(0), 1u);
+  EXPECT_EQ(client_->restarts_seen(1), 0u);
+}
+
+// The number of messages one push of every chunk sends to server `s`.
+size_t PartsOf(const ParamLayout& layout, int s) { return (layout.ServerChunks(s).size() + 3) / 4; }
+
+TEST_F(PsClientTest, PushWhoseAckDiedWithTheServerIsResentToTheRestartedServerAndCountedOnce) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
+  std::vector<float> g(n_, 1.0f), w(n_);
+  ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
+  const size_t parts0 = PartsOf(layout_, 0);
+  EXPECT_EQ(client_->acked_pushes(0), parts0);
+  // Server 0 applies the next push but dies before its acks leave.
+  const uint64_t applied_before = shards_[0]->Stats().pushes_applied;  // the init and the first push
+  endpoints_[0]->drop_acks.store(true);
+  const RequestId id = client_->Push(g, 1);
+  for (int i = 0; i < 500 && shards_[0]->Stats().pushes_applied < applied_before + parts0; ++i) {
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_EQ(shards_[0]->Stats().pushes_applied, applied_before + parts0);
+  ASSERT_EQ(endpoints_[0]->dropped_acks.load(), static_cast<int>(parts0));
+  EXPECT_EQ(client_->Wait(id, 100ms).code(), StatusCode::kTimeout);  // still waiting for the acks
+  const std::string path = ::testing::TempDir() + "/ps_client_lost_ack.dpt";
+  KillShard(0, path);
+  StartShard(0, "s0", path);  // a new incarnation at the same address, with the push applied
+  // The client probes the silent server, sees the new incarnation, registers and resends.
+  ASSERT_TRUE(client_->Wait(id, 5000ms).ok());
+  EXPECT_EQ(client_->acked_pushes(0), 2 * parts0);  // the resent parts counted once
+  EXPECT_EQ(client_->resent_parts(0), parts0);
+  EXPECT_EQ(client_->restarts_seen(0), 1u);
+  EXPECT_EQ(client_->acked_pushes(1), 2 * PartsOf(layout_, 1));
+  EXPECT_EQ(client_->resent_parts(1), 0u);
+  // The restarted server received every resent part under the same session and request id.
+  // (Applied once: needs the server's duplicate detection, which recognises them from its
+  // write-ahead log; a checkpoint, as here, does not carry it, so this server applies them.)
+  const ShardStatsWire st = shards_[0]->Stats();
+  EXPECT_EQ(st.pushes_received, parts0);
+  EXPECT_EQ(st.rejected_by_reason[static_cast<size_t>(RejectReason::kNotRegistered)], 0u);  // registered first
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  for (const Chunk& c : layout_.chunks()) {
+    if (c.server == 1) {
+      EXPECT_EQ(w[static_cast<size_t>(c.flat_offset)], -2.0f) << c.id;
+    }
+  }
+}
+
+TEST_F(PsClientTest, PullWhileTheServerIsDownSaysItIsWaitingAndCompletesWhenItIsBack) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 5.0f)), 5000ms).ok());
+  const std::string path = ::testing::TempDir() + "/ps_client_down.dpt";
+  KillShard(1, path);
+  LogCapture log;
+  std::vector<float> w(n_);
+  const auto t0 = std::chrono::steady_clock::now();
+  const RequestId id = client_->Pull(w);
+  std::this_thread::sleep_for(400ms);  // down for 8 probe periods: the waiting line is due
+  EXPECT_GE(log.Count("worker 0: waiting for server 1 (restarting) for"), 1);
+  EXPECT_EQ(log.Count("waiting for server 0"), 0);
+  StartShard(1, "s1", path);
+  ASSERT_TRUE(client_->Wait(id, 5000ms).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3000ms);
+  EXPECT_EQ(w, std::vector<float>(n_, 5.0f));
+  EXPECT_EQ(client_->restarts_seen(1), 1u);
+  EXPECT_EQ(log.Count("worker 0: server 1 answers again after"), 1);
+}
+
+TEST_F(PsClientTest, ServerThatStaysDownFailsTheRequestAfterServerWaitNamingIt) {
+  PsClientOptions co = ClientOptions(kSecret);
+  co.server_wait = 300ms;
+  co.reply_timeout = 60000ms;  // not what ends the wait
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &c).ok());
+  ASSERT_TRUE(c->Connect(5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(n_, 1.0f)), 5000ms).ok());
+  KillShard(1, "");
+  std::vector<float> w(n_);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = c->Wait(c->Pull(w), 5000ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("server 1 at s1: unreachable"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("server_wait_ms = 300"), std::string::npos) << s.message();
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 1500ms);
+}
+
+TEST_F(PsClientTest, ServerThatAnswersProbesButHoldsAPullTimesOutAtReplyTimeout) {
+  // No weights yet: the servers hold the pull, and answer the probes meanwhile.
+  PsClientOptions co = ClientOptions(kSecret);
+  co.reply_timeout = 300ms;
+  co.server_wait = 60000ms;
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &c).ok());
+  ASSERT_TRUE(c->Connect(5000ms).ok());
+  std::vector<float> w(n_);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = c->Wait(c->Pull(w), 5000ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_NE(s.message().find("within 300 ms"), std::string::npos) << s.message();
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 1500ms);
+  EXPECT_EQ(c->restarts_seen(0) + c->restarts_seen(1), 0u);
+}
+
+TEST_F(PsClientTest, SetServerAddressMovesTheClientToTheServersNewAddressMidRun) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
+  std::vector<float> g(n_, 1.0f), w(n_);
+  ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
+  const std::string path = ::testing::TempDir() + "/ps_client_move.dpt";
+  KillShard(0, path);
+  // A push goes out while server 0 is gone; it comes back elsewhere and the client is told.
+  const RequestId id = client_->Push(g, 1);
+  EXPECT_EQ(client_->Wait(id, 150ms).code(), StatusCode::kTimeout);
+  StartShard(0, "s0-moved", path);
+  ASSERT_TRUE(client_->SetServerAddress(0, "s0-moved").ok());
+  ASSERT_TRUE(client_->Wait(id, 5000ms).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n_, -2.0f));
+  EXPECT_EQ(client_->restarts_seen(0), 1u);
+  EXPECT_EQ(client_->acked_pushes(0), 2 * PartsOf(layout_, 0));
+  EXPECT_EQ(shards_[0]->Stats().pushes_applied, PartsOf(layout_, 0));
+  // Moving while idle: the next request registers first.
+  KillShard(0, path);
+  StartShard(0, "s0-again", path);
+  ASSERT_TRUE(client_->SetServerAddress(0, "s0-again").ok());
+  ASSERT_TRUE(client_->Wait(client_->Push(g, 2), 5000ms).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n_, -3.0f));
+  EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kNotRegistered)], 0u);
+  EXPECT_EQ(client_->restarts_seen(0), 2u);
+  EXPECT_EQ(client_->SetServerAddress(2, "x").code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(PsClientTest, EveryMessageCarriesTheClientsSession) {
+  PsClientOptions co = ClientOptions(kSecret);
+  std::unique_ptr<PsClient> other;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &other).ok());
+  EXPECT_NE(client_->session(), 0u);
+  EXPECT_NE(other->session(), client_->session());
+  // A server of our own that records the session of each message it gets (and refuses the
+  // request, so the next one is sent).
+  std::unique_ptr<ServerEndpoint> ep;
+  ASSERT_TRUE(transport_.Bind("recorder", &ep).ok());
+  co.server_addresses = {"recorder", "s1"};
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &c).ok());
+  std::vector<float> w(n_);
+  (void)c->Pull(w);
+  (void)c->Push(w, 0);
+  std::vector<uint64_t> sessions;
+  for (int i = 0; i < 50 && sessions.size() < 2; ++i) {
+    PeerId from;
+    Frames frames;
+    if (!ep->Receive(&from, &frames, 100ms).ok()) continue;
+    MessageHeader h;
+    ASSERT_TRUE(ParseHeader(frames, &h).ok());
+    if (h.type == MsgType::kPull || h.type == MsgType::kPush) {
+      sessions.push_back(h.session);
+      Frames reply(1);
+      ASSERT_TRUE(HeaderFrame(ErrorReply(h, InvalidArgument("recorded")), &reply[0]).ok());
+      ASSERT_TRUE(ep->Send(from, std::move(reply)).ok());
+    }
+  }
+  ASSERT_EQ(sessions.size(), 2u);
+  EXPECT_EQ(sessions[0], c->session());
+  EXPECT_EQ(sessions[1], c->session());
 }
 
 TEST_F(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNorShutDown) {
@@ -217,6 +480,63 @@ TEST_F(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNo
   EXPECT_TRUE(shards_[1]->shutdown_requested());
 }
 
+// The same ride through a restart over real sockets: the pull sent while the server is down
+// waits in ZeroMQ's queue, reaches the restarted server (which has forgotten the client), and
+// the client registers again and resends it.
+TEST(PsClientZmq, PullInFlightAcrossAServerRestartOnTheSamePortCompletes) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}}, 1, 32, &layout).ok());
+  ZmqOptions zo;
+  zo.linger_ms = 0;
+  ZmqTransport transport(zo);
+  const std::string path = ::testing::TempDir() + "/ps_client_zmq.dpt";
+  auto start = [&](const std::string& address, uint64_t incarnation, bool restore, std::unique_ptr<ShardServer>* out,
+                   std::string* bound) {
+    ASSERT_TRUE(ShardServer::Create(layout, TestShardOptions(), out).ok());
+    if (restore) {
+      ASSERT_TRUE((*out)->LoadCheckpoint(path).ok());
+    }
+    std::unique_ptr<ServerEndpoint> ep;
+    Status s = transport.Bind(address, &ep);
+    for (int i = 0; i < 100 && !s.ok(); ++i) {  // the old socket's port may take a moment to free
+      std::this_thread::sleep_for(20ms);
+      s = transport.Bind(address, &ep);
+    }
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    *bound = ep->address();
+    (*out)->Start(std::make_unique<StampingEndpoint>(std::move(ep), incarnation));
+  };
+  std::unique_ptr<ShardServer> shard;
+  std::string address;
+  start("tcp://127.0.0.1:0", 11, false, &shard, &address);
+  PsClientOptions co;
+  co.server_addresses = {address};
+  co.token = kSecret;
+  co.probe_every = 50ms;
+  co.server_wait = 5000ms;
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport, layout, co, &c).ok());
+  ASSERT_TRUE(c->Connect(5000ms).ok());
+  const size_t n = static_cast<size_t>(layout.total_elems());
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(n, 4.0f)), 5000ms).ok());
+  shard->Stop();
+  ASSERT_TRUE(shard->Join().ok());
+  ASSERT_TRUE(shard->SaveCheckpoint(path).ok());
+  shard.reset();
+  std::vector<float> w(n);
+  const RequestId id = c->Pull(w);
+  EXPECT_EQ(c->Wait(id, 200ms).code(), StatusCode::kTimeout);
+  std::string again;
+  start(address, 22, true, &shard, &again);
+  ASSERT_EQ(again, address);
+  ASSERT_TRUE(c->Wait(id, 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n, 4.0f));
+  EXPECT_EQ(c->restarts_seen(0), 1u);
+  c.reset();
+  shard->Stop();
+  EXPECT_TRUE(shard->Join().ok());
+}
+
 TEST(PsClientCreate, AddressCountMustMatchTheLayout) {
   ParamLayout layout;
   ASSERT_TRUE(ParamLayout::Build({{"a", {10}, 1, 1}}, 2, 32, &layout).ok());
@@ -228,21 +548,25 @@ TEST(PsClientCreate, AddressCountMustMatchTheLayout) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
 }
 
-TEST(PsClientCreate, NoServerGivesATimeoutNamingTheServer) {
+TEST(PsClientCreate, SilentServerFailsAfterServerWaitNotReplyTimeoutNamingTheServer) {
   ParamLayout layout;
   ASSERT_TRUE(ParamLayout::Build({{"a", {10}, 1, 1}}, 1, 32, &layout).ok());
   InprocTransport t;
-  std::unique_ptr<ServerEndpoint> silent;  // bound but never answers
+  std::unique_ptr<ServerEndpoint> silent;  // bound but never answers, probes neither
   ASSERT_TRUE(t.Bind("silent", &silent).ok());
   PsClientOptions o;
   o.server_addresses = {"silent"};
-  o.reply_timeout = 100ms;
+  o.reply_timeout = 100ms;  // a server that never answered is not one holding a request
+  o.server_wait = 300ms;
+  o.probe_every = 50ms;
   std::unique_ptr<PsClient> c;
   ASSERT_TRUE(PsClient::Create(&t, layout, o, &c).ok());
   std::vector<float> w(10);
+  const auto t0 = std::chrono::steady_clock::now();
   Status s = c->Wait(c->Pull(w), 5000ms);
-  EXPECT_EQ(s.code(), StatusCode::kTimeout);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("server 0"), std::string::npos) << s.message();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
 }
 
 }  // namespace
