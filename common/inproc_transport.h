@@ -1,6 +1,8 @@
 // inproc_transport.h — Transport for threads in one process: no sockets, no copies (a frame
 // crosses as the same bytes with its keepalive). Lets distributed logic (shards, client,
 // coordinator) be tested as threads. Addresses are plain names; Bind of a taken name fails.
+// Mailboxes are unbounded (the threads are the test's own): a server's Send never blocks and
+// no peer is ever dropped (dropped_peers() is 0).
 //
 // Thread-safety: InprocTransport is thread-safe; endpoints follow transport.h (one thread at a
 // time each). The transport must outlive its endpoints.

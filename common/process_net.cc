@@ -99,6 +99,8 @@ Status SetUpProcessNet(const RunConfig& c, const NetFlags& f, NetRole role, cons
       ParseHostPort(out->coordinator, f.coordinator.empty() ? "cluster.coordinator" : "--coordinator", &coordinator));
 
   out->zmq.connect_source = ConnectSource(c, f);
+  // A bound socket's per-peer queue of replies a peer does not read (common/zmq_transport.h).
+  out->zmq.peer_queue_bytes = static_cast<size_t>(c.cluster.peer_queue_mb) << 20;
   if (!c.security.keys.empty()) {
     DP_RETURN_IF_ERROR(LoadCurveKeys(c.security.keys, ClientKeyRole(role), binds, &out->zmq.curve));
     out->keyed = true;

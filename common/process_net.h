@@ -47,7 +47,7 @@ struct NetFlags {
 };
 
 struct ProcessNet {
-  ZmqOptions zmq;           // curve, connect_source (and ZeroMQ's defaults)
+  ZmqOptions zmq;           // curve, connect_source, peer_queue_bytes (and ZeroMQ's defaults)
   std::string bind;         // binders: the address to bind ("0.0.0.0", "127.0.0.3", "::")
   std::string advertise;    // binders: the host others reach it at
   std::string coordinator;  // host:port

@@ -53,29 +53,54 @@ Status RendezvousClient::Exchange(const MessageHeader& request, MessageHeader* r
   }
 }
 
+MessageHeader RendezvousClient::RegisterRequest() const {
+  MessageHeader h;
+  h.type = MsgType::kRegister;
+  h.role = options_.role;
+  h.sender = id_ >= 0 ? id_ : options_.requested_id;
+  h.layout_hash = options_.layout_hash;
+  h.model_id = options_.model_id;
+  h.text = options_.address;
+  h.token = options_.token;
+  return h;
+}
+
 Status RendezvousClient::Register(Transport* transport, RendezvousOptions options, std::chrono::milliseconds timeout,
                                   std::unique_ptr<RendezvousClient>* out, RendezvousInfo* info) {
   std::unique_ptr<RendezvousClient> c(new RendezvousClient());
   c->options_ = std::move(options);
   DP_RETURN_IF_ERROR(transport->Connect(ToAddress(c->options_.coordinator), &c->endpoint_));
-  MessageHeader h;
-  h.type = MsgType::kRegister;
-  h.role = c->options_.role;
-  h.sender = c->options_.requested_id;
-  h.layout_hash = c->options_.layout_hash;
-  h.model_id = c->options_.model_id;
-  h.text = c->options_.address;
-  h.token = c->options_.token;
   MessageHeader reply;
-  DP_RETURN_IF_ERROR(c->Exchange(h, &reply, timeout, /*say_waiting=*/true));
+  DP_RETURN_IF_ERROR(c->Exchange(c->RegisterRequest(), &reply, timeout, /*say_waiting=*/true));
   if (reply.type != MsgType::kRegisterReply) {
     return Corrupt("coordinator {}: register answered with {}", c->options_.coordinator, MsgTypeName(reply.type));
   }
   c->id_ = reply.assigned_id;
+  c->incarnation_.store(reply.incarnation);
+  c->servers_ = reply.server_addresses;
   info->id = reply.assigned_id;
   info->server_addresses = reply.server_addresses;
   info->workers = reply.worker_count;
   *out = std::move(c);
+  return Status::Ok();
+}
+
+Status RendezvousClient::Reregister(std::chrono::milliseconds timeout) {
+  MessageHeader reply;
+  DP_RETURN_IF_ERROR(Exchange(RegisterRequest(), &reply, timeout));
+  if (reply.type != MsgType::kRegisterReply || reply.assigned_id != id_) {
+    return Corrupt("coordinator {}: registering again as {} answered with {} (id {})", options_.coordinator, id_,
+                   MsgTypeName(reply.type), reply.assigned_id);
+  }
+  const uint64_t before = incarnation_.exchange(reply.incarnation);
+  ++reregistrations_;
+  spdlog::info("registered again with the coordinator at {} (id {}){}", options_.coordinator, id_,
+               before != reply.incarnation ? fmt::format(": a new coordinator (incarnation {:#x}, was {:#x})",
+                                                         reply.incarnation, before)
+                                           : std::string());
+  std::lock_guard<std::mutex> lock(gone_mu_);
+  gone_seq_ = 0;  // the next heartbeat gets the new coordinator's whole gone list
+  NoteAddressesLocked(reply.server_addresses);
   return Status::Ok();
 }
 
@@ -88,19 +113,60 @@ void RendezvousClient::StartHeartbeats(std::function<void(int32_t, bool)> on_gon
   thread_ = std::thread([this, cb = std::move(on_gone)] { HeartbeatLoop(cb); });
 }
 
+void RendezvousClient::OnServerMoved(std::function<void(int32_t, const std::string&)> moved) {
+  std::lock_guard<std::mutex> lock(gone_mu_);
+  on_server_moved_ = std::move(moved);
+}
+
 void RendezvousClient::HeartbeatLoop(std::function<void(int32_t, bool)> on_gone) {
-  std::set<int32_t> known_gone;
+  using Clock = std::chrono::steady_clock;
+  constexpr std::chrono::seconds kSayEvery{5};
+  auto last_heard = Clock::now();
+  auto next_say = last_heard + kSayEvery;
   while (!stop_.load()) {
     MessageHeader reply;
     Status s = SendHeartbeat(options_.heartbeat_interval * 4, &reply);
+    const auto now = Clock::now();
     if (s.ok()) {
-      for (int32_t w : reply.dead_workers) {
-        if (!known_gone.insert(w).second || !on_gone) continue;
-        const bool finished =
-            std::find(reply.finished_workers.begin(), reply.finished_workers.end(), w) != reply.finished_workers.end();
-        on_gone(w, finished);
-      }
+      last_heard = now;
       if (reply.shutdown) shutdown_.store(true);
+    } else if (s.code() == StatusCode::kTimeout || s.code() == StatusCode::kUnavailable) {
+      // No coordinator (dead, restarting): not fatal; keep heartbeating, say so now and then.
+      if (now - last_heard > 2 * options_.heartbeat_interval && now >= next_say) {
+        spdlog::warn("coordinator {} unreachable for {:.0f} s; still heartbeating (a restarted coordinator is joined "
+                     "again)",
+                     options_.coordinator, std::chrono::duration<double>(now - last_heard).count());
+        next_say = now + kSayEvery;
+      }
+    } else {
+      last_heard = now;
+      // Refused as not registered on this connection: a new coordinator that knows nobody, or
+      // the id was taken over while this process was silent. Register again, same role and id.
+      if (s.code() == StatusCode::kFailedPrecondition &&
+          s.message().find("not registered on this connection") != std::string::npos) {
+        const Status r = Reregister(options_.heartbeat_interval * 4);
+        if (!r.ok() && now >= next_say) {
+          spdlog::warn("coordinator {}: registering again failed (will retry): {}", options_.coordinator,
+                       r.ToString());
+          next_say = now + kSayEvery;
+        }
+      }
+    }
+    // Callbacks run here, on this thread, outside the locks.
+    std::vector<std::pair<int32_t, bool>> gone;
+    std::vector<std::pair<int32_t, std::string>> moves;
+    std::function<void(int32_t, const std::string&)> moved;
+    {
+      std::lock_guard<std::mutex> lock(gone_mu_);
+      gone.swap(undelivered_gone_);
+      moves.swap(undelivered_moves_);
+      moved = on_server_moved_;
+    }
+    if (on_gone) {
+      for (const auto& [w, finished] : gone) on_gone(w, finished);
+    }
+    if (moved) {
+      for (const auto& [server, address] : moves) moved(server, address);
     }
     // Sleep in small steps so destruction is prompt.
     const auto until = std::chrono::steady_clock::now() + options_.heartbeat_interval;
@@ -122,18 +188,58 @@ Status RendezvousClient::RequestShutdown(std::chrono::milliseconds timeout) {
 }
 
 Status RendezvousClient::SendHeartbeat(std::chrono::milliseconds timeout, MessageHeader* reply) {
+  std::lock_guard<std::mutex> hb(heartbeat_mu_);
   MessageHeader h;
   h.type = MsgType::kHeartbeat;
   h.role = options_.role;
   h.sender = id_;
   h.clock = clock_.load();
   h.layout_hash = options_.layout_hash;
+  h.incarnation = incarnation_.load();  // the coordinator this client knows
   if (finished_.load()) h.flags |= kFlagFinished;
   if (done_.load()) h.flags |= kFlagDone;
+  {
+    std::lock_guard<std::mutex> lock(gone_mu_);
+    h.gone_seq = gone_seq_;
+  }
   DP_RETURN_IF_ERROR(Exchange(h, reply, timeout));
   std::lock_guard<std::mutex> lock(gone_mu_);
-  gone_ = reply->dead_workers;
+  ApplyReplyLocked(*reply);
   return Status::Ok();
+}
+
+void RendezvousClient::ApplyReplyLocked(const MessageHeader& reply) {
+  auto finished = [&](int32_t w) {
+    return std::find(reply.finished_workers.begin(), reply.finished_workers.end(), w) != reply.finished_workers.end();
+  };
+  if ((reply.flags & kFlagGoneListFull) != 0) {
+    std::map<int32_t, bool> now;
+    for (int32_t w : reply.dead_workers) now[w] = finished(w);
+    for (const auto& [w, f] : now) {
+      if (!gone_.count(w)) undelivered_gone_.emplace_back(w, f);
+    }
+    gone_ = std::move(now);
+  } else {
+    for (int32_t w : reply.dead_workers) {
+      const bool f = finished(w);
+      if (gone_.emplace(w, f).second) undelivered_gone_.emplace_back(w, f);
+    }
+  }
+  gone_seq_ = reply.gone_seq;
+  if (reply.incarnation != 0) incarnation_.store(reply.incarnation);
+  NoteAddressesLocked(reply.server_addresses);
+}
+
+void RendezvousClient::NoteAddressesLocked(const std::vector<std::string>& addresses) {
+  if (servers_.size() < addresses.size()) servers_.resize(addresses.size());
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (addresses[i].empty() || addresses[i] == servers_[i]) continue;
+    if (!servers_[i].empty()) {
+      spdlog::info("coordinator: server {} moved from {} to {}", i, servers_[i], addresses[i]);
+      undelivered_moves_.emplace_back(static_cast<int32_t>(i), addresses[i]);
+    }
+    servers_[i] = addresses[i];
+  }
 }
 
 Status RendezvousClient::AnnounceFinished(std::chrono::milliseconds timeout) {
@@ -151,7 +257,10 @@ Status RendezvousClient::AnnounceDone(std::chrono::milliseconds timeout) {
 
 std::vector<int32_t> RendezvousClient::gone_workers() const {
   std::lock_guard<std::mutex> lock(gone_mu_);
-  return gone_;
+  std::vector<int32_t> out;
+  out.reserve(gone_.size());
+  for (const auto& [w, finished] : gone_) out.push_back(w);
+  return out;
 }
 
 }  // namespace downpour

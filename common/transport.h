@@ -2,7 +2,8 @@
 // (gloo-style), so server and client logic never see a socket.
 //
 //  * ServerEndpoint: ROUTER semantics. Receives from any peer together with the peer's opaque
-//    identity, and sends a reply to a peer by that identity.
+//    identity, and sends a reply to a peer by that identity. Its Send never blocks the message
+//    loop on a peer that does not read (ZeroMQ: queued per peer, the peer dropped past a bound).
 //  * ClientEndpoint: DEALER semantics. One per server; sends requests, receives replies in the
 //    order the server sent them.
 //  * Transport: a factory for both. ZmqTransport (common/zmq_transport.h, tcp) and
@@ -27,6 +28,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -82,8 +84,14 @@ class ServerEndpoint {
   Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) {
     return Receive(from, frames, timeout, nullptr);
   }
-  // Sends `frames` to `to`. kUnavailable when the peer is unknown / gone.
+  // Sends `frames` to `to` without blocking the caller for long: a reply the peer's connection
+  // cannot take now is queued (in order, bounded per peer) and flushed by later Receive calls
+  // (ZmqTransport; see zmq_transport.h). kUnavailable when the peer is unknown / gone, or was
+  // dropped for not reading its replies.
   virtual Status Send(const PeerId& to, Frames frames) = 0;
+  // Peers dropped so far because their queue of unsent replies outgrew its bound (a client that
+  // never reads). Thread-safe. Transports without a bound return 0.
+  virtual uint64_t dropped_peers() const { return 0; }
   // The address clients connect to, e.g. "tcp://127.0.0.1:41234" (the real port when bound to
   // port 0) or "inproc://shard0".
   virtual std::string address() const = 0;

@@ -7,10 +7,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 #include <zmq.hpp>
+
+#include "common/log_limit.h"
 
 namespace downpour {
 
@@ -188,27 +193,160 @@ Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames, std::
   return Status::Ok();
 }
 
+// Offers one message to a ROUTER without waiting. *sent = false (and nothing sent, `frames`
+// intact) when the peer's pipe is full: router_mandatory makes ZeroMQ say EAGAIN at the
+// identity frame, and later parts of a message whose identity went through always go.
+Status TrySendRouted(zmq::socket_t& socket, const std::string& to, const Frames& frames, size_t zero_copy_min,
+                     const std::string& address, bool* sent) {
+  *sent = false;
+  try {
+    if (frames.empty()) return InvalidArgument("zmq send to '{}': a message needs a frame", address);
+    zmq::message_t id(to.data(), to.size());
+    if (!socket.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+      // The pipe may only look full: the I/O thread's notes of what it has taken are commands
+      // the socket processes lazily. Reading ZMQ_EVENTS processes them; then one more try.
+      (void)socket.get(zmq::sockopt::events);
+      if (!socket.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return Status::Ok();
+    }
+    for (size_t i = 0; i < frames.size(); ++i) {
+      zmq::message_t m = ToMessage(frames[i], zero_copy_min);
+      const auto more = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      if (!socket.send(m, more | zmq::send_flags::dontwait)) {
+        return Internal("zmq send to '{}': part {} of a routed message refused", address, i);
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    return ZmqError("send", address, e);
+  }
+  *sent = true;
+  return Status::Ok();
+}
+
+size_t MessageBytes(const Frames& frames) {
+  size_t n = 0;
+  for (const Frame& f : frames) n += f.size();
+  return n;
+}
+
+std::string PeerHex(const PeerId& peer) {
+  std::string out;
+  for (unsigned char c : peer) out += fmt::format("{:02x}", c);
+  return out;
+}
+
 class ZmqServer : public ServerEndpoint {
  public:
   ZmqServer(ZmqTransport::Impl* impl, zmq::socket_t socket, std::string address)
-      : impl_(impl), socket_(std::move(socket)), address_(std::move(address)) {}
+      : impl_(impl),
+        socket_(std::move(socket)),
+        address_(std::move(address)),
+        drop_log_("zmq '" + address_ + "'", "dropped-peer lines") {}
   using ServerEndpoint::Receive;
   Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
-    Status s = ReceiveAll(socket_, from, frames, timeout, address_, info);
-    if (s.ok() && frames->empty()) {
-      return Corrupt("zmq '{}': message without frames", address_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      Flush();
+      // While replies wait, wake often to offer them again (a peer may start reading any time).
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() < 0) left = std::chrono::milliseconds(0);
+      const auto wait = queues_.empty() ? left : std::min(left, kFlushSlice);
+      PeerId who;
+      Status s = ReceiveAll(socket_, &who, frames, wait, address_, info);
+      if (s.code() == StatusCode::kTimeout) {
+        if (wait < left) continue;
+        drop_log_.Flush();
+        return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
+      }
+      if (s.ok() && dropped_.count(who)) {  // a dropped peer is not heard any more
+        if (std::chrono::steady_clock::now() >= deadline) {
+          return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
+        }
+        continue;
+      }
+      if (s.ok() && frames->empty()) return Corrupt("zmq '{}': message without frames", address_);
+      if (from != nullptr) *from = std::move(who);
+      return s;
     }
-    return s;
   }
   Status Send(const PeerId& to, Frames frames) override {
-    return SendAll(socket_, &to, frames, impl_->options.zero_copy_min_bytes, address_);
+    if (dropped_.count(to)) {
+      return Unavailable("zmq '{}': peer {} was dropped (it did not read its replies)", address_, PeerHex(to));
+    }
+    auto q = queues_.find(to);
+    if (q == queues_.end()) {
+      bool sent = false;
+      DP_RETURN_IF_ERROR(TrySendRouted(socket_, to, frames, impl_->options.zero_copy_min_bytes, address_, &sent));
+      if (sent) return Status::Ok();
+      q = queues_.emplace(to, PeerQueue{}).first;
+    }
+    const size_t bytes = MessageBytes(frames);
+    if (q->second.bytes + bytes > impl_->options.peer_queue_bytes) {
+      Drop(q, bytes);
+      return Unavailable("zmq '{}': peer {} dropped: its unsent replies exceed {} bytes", address_, PeerHex(to),
+                         impl_->options.peer_queue_bytes);
+    }
+    q->second.bytes += bytes;
+    q->second.messages.push_back(std::move(frames));
+    return Status::Ok();
   }
+  uint64_t dropped_peers() const override { return dropped_count_.load(std::memory_order_relaxed); }
   std::string address() const override { return address_; }
 
  private:
+  static constexpr auto kFlushSlice = std::chrono::milliseconds(2);
+  static constexpr size_t kRememberDropped = 4096;  // dropped ids kept (oldest forgotten first)
+  struct PeerQueue {
+    std::deque<Frames> messages;
+    size_t bytes = 0;
+  };
+  using Queues = std::unordered_map<PeerId, PeerQueue>;
+
+  // Offers every queued reply, oldest first per peer, until that peer's pipe is full again.
+  void Flush() {
+    for (auto it = queues_.begin(); it != queues_.end();) {
+      PeerQueue& q = it->second;
+      while (!q.messages.empty()) {
+        bool sent = false;
+        Status s = TrySendRouted(socket_, it->first, q.messages.front(), impl_->options.zero_copy_min_bytes, address_,
+                                 &sent);
+        if (!s.ok()) {  // the peer disconnected: nobody to deliver to
+          q.messages.clear();
+          break;
+        }
+        if (!sent) break;
+        q.bytes -= MessageBytes(q.messages.front());
+        q.messages.pop_front();
+      }
+      it = q.messages.empty() ? queues_.erase(it) : std::next(it);
+    }
+  }
+
+  void Drop(Queues::iterator q, size_t more_bytes) {
+    const std::string who = PeerHex(q->first);
+    const size_t queued = q->second.messages.size();
+    const size_t bytes = q->second.bytes;
+    dropped_.insert(q->first);
+    dropped_order_.push_back(q->first);
+    if (dropped_order_.size() > kRememberDropped) {
+      dropped_.erase(dropped_order_.front());
+      dropped_order_.pop_front();
+    }
+    queues_.erase(q);  // frees the frames, so their keepalives
+    const uint64_t n = dropped_count_.fetch_add(1, std::memory_order_relaxed) + 1;
+    drop_log_.Log(fmt::format(
+        "zmq '{}': dropped peer {}: it does not read its replies ({} replies, {} bytes queued, {} more would pass "
+        "the {} byte bound); {} peers dropped so far",
+        address_, who, queued, bytes, more_bytes, impl_->options.peer_queue_bytes, n));
+  }
+
   ZmqTransport::Impl* impl_;
   zmq::socket_t socket_;
   std::string address_;
+  Queues queues_;  // only peers with replies waiting
+  std::unordered_set<PeerId> dropped_;
+  std::deque<PeerId> dropped_order_;
+  std::atomic<uint64_t> dropped_count_{0};
+  RateLimitedLog drop_log_;
 };
 
 class ZmqClient : public ClientEndpoint {
@@ -419,7 +557,9 @@ Status ZmqTransport::Bind(const std::string& address, std::unique_ptr<ServerEndp
   try {
     zmq::socket_t s(impl_->context, zmq::socket_type::router);
     CommonOptions(s, impl_->options, address);
-    s.set(zmq::sockopt::router_mandatory, 1);  // replies to a vanished peer fail, not vanish
+    s.set(zmq::sockopt::router_mandatory, 1);  // replies to a vanished peer fail, not vanish;
+                                               // to a full one, EAGAIN (queued, see ZmqServer)
+    s.set(zmq::sockopt::sndhwm, impl_->options.server_sndhwm);
     if (curve) {
       DP_RETURN_IF_ERROR(SetCurveServer(s, impl_->options.curve, address));
       std::lock_guard<std::mutex> lock(impl_->guard_mu);

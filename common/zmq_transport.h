@@ -4,6 +4,18 @@
 // function that releases the frame's keepalive); smaller frames are copied. Received frames
 // keep their zmq message as owner (no copy).
 //
+// A server no client can stall. A ROUTER's Send never waits: it tries a non-blocking send
+// (router_mandatory: EAGAIN when the peer's pipe is full, at most ZmqOptions::server_sndhwm
+// messages, plus what the kernel buffers); a reply that cannot go now is queued for that peer,
+// behind any earlier queued reply, so a peer's replies keep their order. Every Receive first
+// flushes the queues (in order, until a pipe is full again) and, while some remain, waits in
+// short slices so a peer that starts reading gets its replies promptly. A peer whose queue would
+// grow past ZmqOptions::peer_queue_bytes is dropped: its queue is freed (so are the zero-copy
+// frames' keepalives), its later messages are discarded unread, later sends to it fail
+// (kUnavailable), it is counted (dropped_peers()) and one line is logged per peer at a bounded
+// rate. What ZeroMQ already holds for it (server_sndhwm messages) stays until it disconnects.
+// Client (DEALER) sends are unchanged: they wait up to send_timeout_ms.
+//
 // Security (ZmqOptions::curve, keys from common/security.h): with curve.enabled every bound
 // socket is a CurveZMQ server and every connection a CurveZMQ client, so traffic is
 // authenticated and encrypted. A ZAP handler (RFC 27) owned by the transport accepts a client
@@ -37,7 +49,13 @@ namespace downpour {
 
 struct ZmqOptions {
   int io_threads = 2;                       // ZeroMQ I/O threads of the context
-  int send_timeout_ms = 30000;              // a send blocked this long (peer's queue full) fails
+  int send_timeout_ms = 30000;              // a client send blocked this long (queue full) fails
+  // Per peer of a bound (ROUTER) socket: replies queued while its connection is full, in bytes;
+  // a peer whose queue would exceed it is dropped (see above). From cluster.peer_queue_mb.
+  size_t peer_queue_bytes = size_t{256} << 20;
+  // Messages ZeroMQ itself buffers per peer of a bound socket before a send to it would block
+  // (ZMQ_SNDHWM); beyond them replies wait in the bounded per-peer queue.
+  int server_sndhwm = 64;
   int linger_ms = 500;                      // how long close waits for unsent messages
   int64_t max_message_bytes = int64_t{256} << 20;  // per received frame; larger = peer dropped
   size_t zero_copy_min_bytes = 4096;        // frames smaller than this are copied at send

@@ -4,6 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <random>
+
+#include "common/rendezvous.h"
 
 namespace downpour {
 
@@ -23,16 +26,34 @@ const char* RoleName(Role r) {
   return "process";
 }
 
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  uint64_t x = 0;
+  while (x == 0) x = (uint64_t{rd()} << 32) ^ rd();
+  return x;
+}
+
+// Whether the register message's sender proved its role cryptographically (keys) or with the
+// run's secret (no keys); Authorize has already checked it. A run with neither proves nothing.
+bool Authenticated(const AccessPolicy& access, const PeerInfo& info) {
+  return access.keyed ? !info.user_id.empty() : !access.run_secret.empty();
+}
+
 }  // namespace
 
-Coordinator::Coordinator(CoordinatorOptions options) : options_(std::move(options)) {
+Coordinator::Coordinator(CoordinatorOptions options)
+    : options_(std::move(options)),
+      max_workers_(std::max({options_.max_workers, options_.workers, 0})),
+      incarnation_(NewIncarnation()),
+      started_(Clock::now()) {
   server_addresses_.assign(static_cast<size_t>(std::max(options_.servers, 0)), std::string());
   server_holders_.assign(server_addresses_.size(), Holder{});
+  workers_.assign(static_cast<size_t>(max_workers_), WorkerSlot{});
 }
 
 std::vector<int32_t> Coordinator::dead_workers() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return {dead_.begin(), dead_.end()};
+  return {gone_listed_.begin(), gone_listed_.end()};
 }
 
 std::vector<std::string> Coordinator::server_addresses() const {
@@ -45,14 +66,39 @@ uint64_t Coordinator::refused() const {
   return refused_;
 }
 
-bool Coordinator::RegisterPending(int32_t worker) const {
-  return std::any_of(pending_.begin(), pending_.end(),
-                     [&](const PendingRegister& p) { return p.request.sender == worker; });
+uint64_t Coordinator::gone_seq() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gone_seq_;
+}
+
+Coordinator::TableSizes Coordinator::table_sizes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TableSizes t;
+  t.worker_slots = workers_.size();
+  t.registered = static_cast<size_t>(std::count_if(workers_.begin(), workers_.end(), [](const WorkerSlot& w) { return w.used; }));
+  t.live = live_.size();
+  t.gone_listed = gone_listed_.size();
+  t.change_log = changes_.size();
+  t.pending = pending_.size();
+  return t;
 }
 
 bool Coordinator::AllServersRegistered() const {
   for (const auto& a : server_addresses_) {
     if (a.empty()) return false;
+  }
+  return true;
+}
+
+// Every bound holder (server or worker) has heard the shutdown. Runs once per poll while
+// shutting down only.
+bool Coordinator::EveryoneTold() const {
+  for (const Holder& h : server_holders_) {
+    if (h.bound && !told_shutdown_.count(h.peer)) return false;
+  }
+  for (int32_t w : live_) {
+    const Holder& h = workers_[static_cast<size_t>(w)].holder;
+    if (h.bound && !told_shutdown_.count(h.peer)) return false;
   }
   return true;
 }
@@ -68,19 +114,23 @@ Status Coordinator::Serve(ServerEndpoint* ep) {
     } else if (s.code() != StatusCode::kTimeout) {
       return s;
     }
-    CheckLiveness();
+    // Liveness (the one walk over the live workers) once per poll interval, not per message.
+    if (Clock::now() >= next_liveness_check_) {
+      CheckLiveness();
+      next_liveness_check_ = Clock::now() + options_.poll_interval;
+    }
     refusal_log_.Flush();
     if (shutdown_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
-      const bool everyone_told = told_shutdown_.size() >= peers_.size();
-      if (everyone_told || Clock::now() - shutdown_at_ > options_.shutdown_grace) break;
+      if (EveryoneTold() || Clock::now() - shutdown_at_ > options_.shutdown_grace) break;
     }
   }
   refusal_log_.FlushFinal();
   return Status::Ok();
 }
 
-void Coordinator::Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h) {
+void Coordinator::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h) {
+  h.incarnation = incarnation_;
   Frames frames(1);
   Status s = HeaderFrame(h, &frames[0]);
   if (s.ok()) s = ep->Send(peer, std::move(frames));
@@ -102,31 +152,75 @@ void Coordinator::Refuse(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
   Reply(ep, peer, ErrorReply(h, why));
 }
 
+void Coordinator::MarkGone(int32_t w, bool finished) {
+  WorkerSlot& slot = workers_[static_cast<size_t>(w)];
+  slot.gone = true;
+  slot.gone_at = Clock::now();
+  gone_listed_.insert(w);
+  changes_.push_back(Change{++gone_seq_, w, finished});
+  if (changes_.size() > kChangeLog) {
+    log_lost_through_ = changes_.front().seq;
+    changes_.pop_front();
+  }
+  if (w >= options_.workers) expiry_.emplace_back(slot.gone_at, w);
+}
+
 void Coordinator::CheckLiveness() {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
-  for (const auto& [w, holder] : worker_holders_) {
-    if (silent_.count(w) || now - holder.seen <= options_.heartbeat_timeout) continue;
-    if (RegisterPending(w)) continue;  // it cannot heartbeat before its register reply
-    silent_.insert(w);
-    if (!dead_.insert(w).second) continue;  // finished earlier: already listed as gone
+  for (auto it = live_.begin(); it != live_.end();) {
+    const int32_t w = *it;
+    WorkerSlot& slot = workers_[static_cast<size_t>(w)];
+    // A pending worker cannot heartbeat before its register reply.
+    if (slot.pending || now - slot.holder.seen <= options_.heartbeat_timeout) {
+      ++it;
+      continue;
+    }
+    it = live_.erase(it);
+    slot.silent = true;
+    if (slot.gone) continue;  // finished earlier: already listed as gone
+    MarkGone(w, /*finished=*/false);
     spdlog::warn("coordinator: worker {} silent for more than {} ms: declared dead", w,
                  options_.heartbeat_timeout.count());
-    const auto clock = worker_clock_.find(w);
-    Emit("worker_dead", w,
-         fmt::format("last clock {}, silent > {} ms", clock == worker_clock_.end() ? 0 : clock->second,
-                     options_.heartbeat_timeout.count()));
+    Emit("worker_dead", w, fmt::format("last clock {}, silent > {} ms", slot.clock, options_.heartbeat_timeout.count()));
+  }
+  // A restarted coordinator: a worker of 0..W-1 that has not re-registered within the timeout
+  // died (or ended) while there was no coordinator. Checked once, right after the timeout.
+  if (options_.rejoin && now - started_ > options_.heartbeat_timeout && !rejoin_checked_) {
+    rejoin_checked_ = true;
+    for (int32_t w = 0; w < options_.workers; ++w) {
+      WorkerSlot& slot = workers_[static_cast<size_t>(w)];
+      if (slot.used) continue;
+      slot.silent = true;
+      MarkGone(w, /*finished=*/false);
+      spdlog::warn("coordinator: worker {} not heard from within {} ms of this coordinator's start: counted as dead",
+                   w, options_.heartbeat_timeout.count());
+      Emit("worker_dead", w, fmt::format("not heard from within {} ms of a restart", options_.heartbeat_timeout.count()));
+    }
+  }
+  // Gone joiners leave the gone list after gone_retention (their ids stay used).
+  while (!expiry_.empty() && now - expiry_.front().first > options_.gone_retention) {
+    const auto [at, w] = expiry_.front();
+    expiry_.pop_front();
+    WorkerSlot& slot = workers_[static_cast<size_t>(w)];
+    if (!slot.gone || slot.gone_at != at) continue;  // came back since
+    gone_listed_.erase(w);
+    slot.holder = Holder{};
   }
   MaybeEndRun();
 }
 
 void Coordinator::MaybeEndRun() {
   if (shutdown_.load() || options_.workers < 1) return;
-  for (int32_t w = 0; w < options_.workers; ++w) {
-    if (!done_.count(w) && !silent_.count(w)) return;
+  // Every id of 0..W-1 and every joiner that registered: done or silent.
+  size_t done = 0;
+  for (int32_t w = 0; w < max_workers_; ++w) {
+    const WorkerSlot& slot = workers_[static_cast<size_t>(w)];
+    if (w >= options_.workers && !slot.used) continue;
+    if (!slot.done && !slot.silent) return;
+    if (slot.done) ++done;
   }
-  spdlog::info("coordinator: every worker is done or dead ({} done of {}): ending the run", done_.size(),
-               options_.workers);
+  spdlog::info("coordinator: every worker is done or dead ({} done): ending the run", done);
   BeginShutdown(-1, "every worker done or dead");
 }
 
@@ -149,14 +243,15 @@ void Coordinator::ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const Me
   Reply(ep, peer, r);
 }
 
-Status Coordinator::CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer) const {
+Status Coordinator::CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer,
+                                std::chrono::milliseconds silence) const {
   if (!holder.bound || holder.peer == peer) return Status::Ok();
   const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - holder.seen);
-  if (silent > options_.heartbeat_timeout) return Status::Ok();  // its holder is gone: take over
+  if (silent > silence) return Status::Ok();  // its holder is gone: take over
   return FailedPrecondition(
       "register refused: {} id {} is held by another connection, heard from {} ms ago (it can be "
       "taken over after {} ms of silence)",
-      what, id, silent.count(), options_.heartbeat_timeout.count());
+      what, id, silent.count(), silence.count());
 }
 
 Status Coordinator::HandleRegister(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info,
@@ -192,17 +287,23 @@ Status Coordinator::RegisterServer(ServerEndpoint* ep, const PeerId& peer, const
   }
   if (h.text.empty()) return InvalidArgument("register refused: server {} sent no address", h.sender);
   Holder& holder = server_holders_[static_cast<size_t>(h.sender)];
-  DP_RETURN_IF_ERROR(CheckRebind("server", h.sender, holder, peer));
+  // A restarted server, proven a server, takes its id over as soon as the old holder has missed
+  // two heartbeats; anyone else waits for the full timeout of silence.
+  const auto silence =
+      Authenticated(options_.access, info) ? std::min(2 * options_.heartbeat_interval, options_.heartbeat_timeout)
+                                           : options_.heartbeat_timeout;
+  DP_RETURN_IF_ERROR(CheckRebind("server", h.sender, holder, peer, silence));
   holder = Holder{true, peer, Clock::now()};
   server_addresses_[static_cast<size_t>(h.sender)] = h.text;  // a restarted server re-registers
-  peers_.insert(peer);
   spdlog::info("coordinator: server {} at {} registered from {}", h.sender, h.text, DescribePeer(info));
   Emit("server_registered", h.sender, h.text);
   ReplyRegister(ep, peer, h, h.sender);
   if (AllServersRegistered()) {
     for (const auto& p : pending_) {
       ReplyRegister(ep, p.peer, p.request, p.request.sender);
-      worker_holders_[p.request.sender].seen = Clock::now();  // its heartbeats start now
+      WorkerSlot& slot = workers_[static_cast<size_t>(p.request.sender)];
+      slot.pending = false;
+      slot.holder.seen = Clock::now();  // its heartbeats start now
     }
     pending_.clear();
   }
@@ -213,29 +314,48 @@ Status Coordinator::RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const
                                    const MessageHeader& h) {
   int32_t id = h.sender;
   if (id < 0) {
-    while (worker_holders_.count(next_worker_)) ++next_worker_;
-    id = next_worker_++;
+    // The next of 0..W-1 never registered, then the lowest id >= W never used (a joiner).
+    while (next_worker_ < max_workers_ && workers_[static_cast<size_t>(next_worker_)].used) ++next_worker_;
+    id = next_worker_;
+    if (id >= max_workers_) {
+      return FailedPrecondition("register refused: every worker id 0..{} is taken (cluster.max_workers = {})",
+                               max_workers_ - 1, max_workers_);
+    }
   }
-  if (id >= options_.workers) {
-    return InvalidArgument("register refused: worker id {} outside 0..{} (cluster.workers = {})", id,
-                           options_.workers - 1, options_.workers);
+  if (id >= max_workers_) {
+    return InvalidArgument("register refused: worker id {} outside 0..{} (cluster.workers = {}, max_workers = {})", id,
+                           max_workers_ - 1, options_.workers, max_workers_);
   }
-  Holder& holder = worker_holders_[id];
-  DP_RETURN_IF_ERROR(CheckRebind("worker", id, holder, peer));
-  holder = Holder{true, peer, Clock::now()};
-  dead_.erase(id);  // a worker that comes back is alive again
-  silent_.erase(id);
-  finished_.erase(id);
-  done_.erase(id);
-  peers_.insert(peer);
-  spdlog::info("coordinator: worker {} registered from {}", id, DescribePeer(info));
-  Emit("worker_registered", id, "");
+  WorkerSlot& slot = workers_[static_cast<size_t>(id)];
+  DP_RETURN_IF_ERROR(CheckRebind("worker", id, slot.holder, peer, options_.heartbeat_timeout));
+  if (slot.gone) {  // a worker that comes back is alive again; senders' gone lists are redone
+    gone_listed_.erase(id);
+    revived_seq_ = ++gone_seq_;
+  }
+  const bool was_used = slot.used;
+  const int64_t clock = slot.clock;
+  slot = WorkerSlot{};
+  slot.used = true;
+  slot.clock = clock;
+  slot.holder = Holder{true, peer, Clock::now()};
+  live_.insert(id);
+  spdlog::info("coordinator: worker {} registered from {}{}", id, DescribePeer(info),
+               id >= options_.workers && !was_used ? " (joins the running job)" : "");
+  Emit("worker_registered", id, id >= options_.workers ? "joiner" : "");
   MessageHeader assigned = h;
   assigned.sender = id;
   if (AllServersRegistered()) {
     ReplyRegister(ep, peer, assigned, id);
   } else {
-    pending_.push_back({peer, assigned});
+    // One waiting reply per id: a re-registration replaces the earlier one.
+    auto it = std::find_if(pending_.begin(), pending_.end(),
+                           [&](const PendingRegister& p) { return p.request.sender == id; });
+    if (it != pending_.end()) {
+      *it = PendingRegister{peer, assigned};
+    } else {
+      pending_.push_back({peer, assigned});
+    }
+    slot.pending = true;
   }
   return Status::Ok();
 }
@@ -245,9 +365,8 @@ Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h) {
   Holder* holder = nullptr;
   if (h.role == Role::kServer) {
     if (h.sender < options_.servers) holder = &server_holders_[static_cast<size_t>(h.sender)];
-  } else {
-    auto it = worker_holders_.find(h.sender);
-    if (it != worker_holders_.end()) holder = &it->second;
+  } else if (h.sender < max_workers_) {
+    holder = &workers_[static_cast<size_t>(h.sender)].holder;
   }
   if (holder == nullptr || !holder->bound || holder->peer != peer) {
     return FailedPrecondition("{} for {} {}: that id is not registered on this connection", MsgTypeName(h.type),
@@ -256,20 +375,45 @@ Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h) {
   holder->seen = Clock::now();
   if (h.role == Role::kServer) return Status::Ok();
   const int32_t w = h.sender;
-  worker_clock_[w] = std::max(worker_clock_[w], h.clock);
+  WorkerSlot& slot = workers_[static_cast<size_t>(w)];
+  slot.clock = std::max(slot.clock, h.clock);
   // A finished worker is gone at once (not after the heartbeat timeout): listed with the dead,
   // so servers stop waiting for it and the evaluating worker knows it is done.
-  if ((h.flags & kFlagFinished) != 0 && finished_.insert(w).second) {
-    dead_.insert(w);
+  if ((h.flags & kFlagFinished) != 0 && !slot.finished) {
+    slot.finished = true;
+    if (!slot.gone) MarkGone(w, /*finished=*/true);
     spdlog::info("coordinator: worker {} finished at clock {}", w, h.clock);
     Emit("worker_finished", w, fmt::format("clock {}", h.clock));
   }
-  if ((h.flags & kFlagDone) != 0 && done_.insert(w).second) {
+  if ((h.flags & kFlagDone) != 0 && !slot.done) {
+    slot.done = true;
     spdlog::info("coordinator: worker {} done", w);
     Emit("worker_done", w, fmt::format("clock {}", h.clock));
     MaybeEndRun();
   }
   return Status::Ok();
+}
+
+void Coordinator::FillChanges(const MessageHeader& h, MessageHeader* r) const {
+  r->gone_seq = gone_seq_;
+  const uint64_t seen = h.gone_seq;
+  const bool full = h.incarnation != incarnation_ || seen == 0 || seen > gone_seq_ || seen < revived_seq_ ||
+                    seen < log_lost_through_;
+  if (full) {
+    r->flags |= kFlagGoneListFull;
+    r->dead_workers.assign(gone_listed_.begin(), gone_listed_.end());
+    for (int32_t w : gone_listed_) {
+      if (workers_[static_cast<size_t>(w)].finished) r->finished_workers.push_back(w);
+    }
+    return;
+  }
+  // Only the changes after `seen`: walk back from the newest.
+  auto it = changes_.end();
+  while (it != changes_.begin() && std::prev(it)->seq > seen) --it;
+  for (; it != changes_.end(); ++it) {
+    r->dead_workers.push_back(it->worker);
+    if (it->finished) r->finished_workers.push_back(it->worker);
+  }
 }
 
 void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const Frames& frames) {
@@ -293,12 +437,10 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
       s = NoteHeartbeat(peer, h);
       if (!s.ok()) break;
       r.type = h.type == MsgType::kClock ? MsgType::kAck : MsgType::kHeartbeat;
-      r.dead_workers.assign(dead_.begin(), dead_.end());
-      r.finished_workers.assign(finished_.begin(), finished_.end());
+      FillChanges(h, &r);
+      if (h.role == Role::kWorker) r.server_addresses = server_addresses_;  // a moved server's new one
       r.shutdown = shutdown_.load();
-      // Only registered processes count towards "everyone heard it" (a stranger's heartbeat
-      // must not end the wait early).
-      if (r.shutdown && peers_.count(peer)) told_shutdown_.insert(peer);
+      if (r.shutdown) told_shutdown_.insert(peer);
       Reply(ep, peer, r);
       return;
     case MsgType::kShutdown:
@@ -310,7 +452,7 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
                      RoleName(h.role), h.sender);
         BeginShutdown(h.sender, RoleName(h.role));
       }
-      if (peers_.count(peer)) told_shutdown_.insert(peer);
+      told_shutdown_.insert(peer);
       r.type = MsgType::kAck;
       Reply(ep, peer, r);
       return;

@@ -1,26 +1,52 @@
 // coordinator.h — the run's one well-known endpoint (DESIGN.md "Coordinator"): rendezvous,
 // membership by heartbeats, clocks, shutdown broadcast.
 //
-//  * register: servers register with their --id and address, workers get the next free id
-//    (or the one they ask for). Everyone's layout hash must equal the coordinator's; a mismatch
-//    is refused with an error naming both hashes. A worker's register reply is held until every
-//    server has registered, so it always carries the complete server list.
-//  * heartbeat: marks the sender alive and records its clock; the reply lists every worker
-//    declared dead (silent for longer than heartbeat_timeout, or finished: a heartbeat with
-//    kFlagFinished) and whether the run is shutting down. Servers pass the dead list to their
-//    consistency policy; so the run finishes.
-//  * shutdown: on request (admin), or by itself once every worker 0..W-1 is done (a heartbeat
-//    with kFlagDone: evaluated, saved, exiting) or silent past the timeout — how a cluster run
-//    ends without a launcher that sees every process. Every later heartbeat reply says
-//    shutdown. Serve() returns once every registered process has heard it, or after
-//    `shutdown_grace` at the latest.
+//  * register: servers register with their --id and address, workers with the id they ask for
+//    or -1: then the next of 0..W-1 never registered, and once those are all taken the lowest
+//    id >= W never used (a worker joining a running job, elastic). Worker ids are bounded:
+//    0..max_workers-1 (max_workers 0 = W); anything else is refused, so no made-up id ever
+//    enters a table. Everyone's layout hash must equal the coordinator's; a mismatch is refused
+//    with an error naming both hashes. A worker's register reply is held until every server has
+//    registered, so it always carries the complete server list.
+//  * heartbeat: marks the sender alive and records its clock; the reply says whether the run is
+//    shutting down and carries membership CHANGES: every change (a worker gone: silent for
+//    longer than heartbeat_timeout, or finished: a heartbeat with kFlagFinished) gets the next
+//    sequence number; the request's gone_seq is the last one the sender has seen, the reply's
+//    the newest, and dead_workers / finished_workers list only the workers gone after the
+//    request's seq. The whole current gone list is sent instead (flag kFlagGoneListFull,
+//    common/rendezvous.h) when the sender is new (seq 0), too far behind (older than the
+//    bounded change log), from another incarnation of the coordinator, or when a gone worker
+//    came back since its seq. Worker heartbeat replies also carry the server addresses (a
+//    restarted server's new one). Servers pass the gone workers to their consistency policy.
+//  * shutdown: on request (admin), or by itself once every worker of 0..W-1 and every worker
+//    that registered (joiners too) is done (a heartbeat with kFlagDone: evaluated, saved,
+//    exiting) or silent past the timeout — how a cluster run ends without a launcher that sees
+//    every process. Every later heartbeat reply says shutdown. Serve() returns once every
+//    registered process has heard it, or after `shutdown_grace` at the latest.
+//
+// Every reply carries `incarnation`: random, nonzero, new per Coordinator object.
+//
+// Bounded state. Tables are indexed by id (S servers, max_workers workers) and sized once; a
+// gone worker of id >= W leaves the gone list `gone_retention` after it went (its id stays
+// used, never handed out again); the gone workers of 0..W-1 stay listed (at most W). The
+// change log keeps the last kChangeLog changes. No per-message work scans ids: liveness is
+// checked once per poll_interval over the live workers only, the change reply walks only the
+// changes after the sender's seq.
+//
+// Restart (rejoin = true, downpour-coordinator --rejoin): a new coordinator knows nobody; the
+// living re-register by themselves (RendezvousClient re-registers when its heartbeat is refused
+// as not registered on this connection), so membership is rebuilt from their heartbeats. For
+// the end-of-run rule a worker of 0..W-1 not heard from within heartbeat_timeout of the start
+// counts as dead (it died, or ended, while there was no coordinator).
 //
 // Authorisation (server/access.h, CoordinatorOptions::access): register as a server needs the
 // server role (keys) or the run's secret (no keys), as a worker the worker role or the secret,
 // as an observer the admin role or the secret; shutdown needs admin or the secret. An id is
 // bound to the connection (PeerId) that registered it: a server id is re-bound to another
 // connection only after its holder has been silent for heartbeat_timeout (servers heartbeat
-// too), a worker id likewise; heartbeats and clocks for a worker id from any other connection
+// too), a worker id likewise — except that a server id is taken over at once from a holder
+// silent for more than 2 heartbeat intervals by an authenticated server (keys: the server key;
+// no keys: the run secret), which is how a restarted server gets its id back quickly; heartbeats and clocks for a worker id from any other connection
 // are refused. Every refusal gets an error reply, is counted (refused()) and is logged at a
 // bounded rate, with a "refused" event for each line logged. Registrations are logged with the
 // peer's address and authenticated role.
@@ -31,6 +57,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -60,7 +87,14 @@ struct CoordinatorOptions {
   int workers = 1;                                   // W (worker ids 0..W-1)
   uint64_t layout_hash = 0;                          // the layout every process must have
   uint32_t model_id = 0;
+  int max_workers = 0;                               // worker ids 0..max_workers-1; 0 = workers
+  std::chrono::milliseconds heartbeat_interval{500};  // the processes' heartbeat interval
   std::chrono::milliseconds heartbeat_timeout{5000};  // silence after which a worker is dead
+  // How long a gone worker of id >= workers stays in the gone list (full heartbeat replies).
+  std::chrono::milliseconds gone_retention{60000};
+  // A restarted coordinator (see above): workers 0..W-1 not heard from within heartbeat_timeout
+  // of the start count as dead.
+  bool rejoin = false;
   std::chrono::milliseconds shutdown_grace{3000};     // longest wait for everyone to hear shutdown
   std::chrono::milliseconds poll_interval{20};
   // Called on the Serve thread with the coordinator's lock held; keep it short.
@@ -82,6 +116,22 @@ class Coordinator {
   bool shutting_down() const { return shutdown_.load(); }
   // Messages answered with an error (unauthorised, id bound elsewhere, bad layout, ...).
   uint64_t refused() const;
+  // This coordinator's incarnation (in every reply).
+  uint64_t incarnation() const { return incarnation_; }
+  // The newest membership change's sequence number.
+  uint64_t gone_seq() const;
+  // What the tables hold now, for tests that check they stay bounded.
+  struct TableSizes {
+    size_t worker_slots = 0;  // fixed: max_workers
+    size_t registered = 0;    // worker ids ever registered (used)
+    size_t live = 0;          // workers watched for liveness
+    size_t gone_listed = 0;   // workers in a full gone list
+    size_t change_log = 0;
+    size_t pending = 0;       // register replies waiting for the servers
+  };
+  TableSizes table_sizes() const;
+  // Change-log length: a sender further behind gets the full gone list.
+  static constexpr size_t kChangeLog = 1024;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -95,41 +145,69 @@ class Coordinator {
     PeerId peer;
     Clock::time_point seen;
   };
+  // Everything known about one worker id (index = id, 0..max_workers-1).
+  struct WorkerSlot {
+    Holder holder;        // seen = last heartbeat / clock / register
+    bool used = false;    // registered at some time (never handed out again by -1)
+    bool pending = false; // its register reply waits for the servers
+    bool gone = false;    // in the gone list: silent past the timeout, or finished
+    bool silent = false;  // silent past the timeout (finished or not)
+    bool finished = false;
+    bool done = false;
+    int64_t clock = 0;
+    Clock::time_point gone_at;
+  };
+  struct Change {
+    uint64_t seq;
+    int32_t worker;
+    bool finished;
+  };
   void Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const Frames& frames);
   Status HandleRegister(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h);
   Status RegisterServer(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h);
   Status RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h);
-  // Ok when `peer` may bind `what` `id` now: unbound, bound to `peer`, or its holder is silent.
-  Status CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer) const;
+  // Ok when `peer` may bind `what` `id` now: unbound, bound to `peer`, or its holder is silent
+  // (for longer than `silence`).
+  Status CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer,
+                     std::chrono::milliseconds silence) const;
   Status NoteHeartbeat(const PeerId& peer, const MessageHeader& h);
+  // Fills the reply's gone lists and seq for a sender that has seen `h.gone_seq`.
+  void FillChanges(const MessageHeader& h, MessageHeader* r) const;
+  void MarkGone(int32_t w, bool finished);  // with mu_ held: a membership change
   void ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, int32_t id);
   void CheckLiveness();
   void MaybeEndRun();                                      // with mu_ held
+  bool EveryoneTold() const;                               // with mu_ held
   void BeginShutdown(int32_t by, const std::string& who);  // with mu_ held
   void Refuse(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
               const Status& why);                               // with mu_ held
   void Emit(const char* kind, int32_t id, std::string detail);  // with mu_ held
   bool AllServersRegistered() const;
-  bool RegisterPending(int32_t worker) const;  // its register reply waits for the servers
-  void Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h);
+  void Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h);
 
   const CoordinatorOptions options_;
+  const int32_t max_workers_;  // effective: max(max_workers, workers)
+  const uint64_t incarnation_;
+  const Clock::time_point started_;
   mutable std::mutex mu_;
   std::vector<std::string> server_addresses_;  // "" until registered
   std::vector<Holder> server_holders_;         // index = server id
-  std::map<int32_t, Holder> worker_holders_;   // seen = last heartbeat / clock / register
-  std::map<int32_t, int64_t> worker_clock_;
-  std::set<int32_t> dead_;      // gone: silent past the timeout, or finished
-  std::set<int32_t> silent_;    // silent past the timeout (finished or not)
-  std::set<int32_t> finished_;  // said they finished (kFlagFinished)
-  std::set<int32_t> done_;      // said they are done and exiting (kFlagDone)
+  std::vector<WorkerSlot> workers_;            // index = worker id
+  std::set<int32_t> live_;         // registered, not silent: watched for liveness
+  std::set<int32_t> gone_listed_;  // in a full gone list
+  std::deque<Change> changes_;     // the last kChangeLog changes, seq ascending
+  uint64_t gone_seq_ = 0;          // newest change
+  uint64_t log_lost_through_ = 0;  // changes up to this seq have left the log
+  uint64_t revived_seq_ = 0;       // the seq when a gone worker last came back
+  std::deque<std::pair<Clock::time_point, int32_t>> expiry_;  // gone joiners, oldest first
   std::set<PeerId> told_shutdown_;
-  std::set<PeerId> peers_;  // registered processes
   uint64_t refused_ = 0;
   RateLimitedLog refusal_log_{"coordinator", "refusals"};
   std::vector<PendingRegister> pending_;
-  int32_t next_worker_ = 0;
-  std::chrono::steady_clock::time_point shutdown_at_;
+  int32_t next_worker_ = 0;  // no id below it is unused (for -1 registrations)
+  Clock::time_point next_liveness_check_;
+  bool rejoin_checked_ = false;  // rejoin: the never-heard workers of 0..W-1 counted dead
+  Clock::time_point shutdown_at_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};
 };

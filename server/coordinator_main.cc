@@ -3,6 +3,13 @@
 //
 //   downpour-coordinator --config run.toml --run-dir D (--tensors list.txt | --model alexnet-shapes)
 //                        [--port P] [--bind ADDR] [--advertise HOST] [--coordinator HOST:PORT]
+//                        [--rejoin]
+//
+// --rejoin: this coordinator replaces one that died (the launcher passes it when it restarts
+// the coordinator). The living servers and workers re-register by themselves within a
+// heartbeat or two and membership is rebuilt from them; a worker of 0..W-1 not heard from
+// within cluster.heartbeat_timeout_ms counts as dead for the end of the run (server/coordinator.h).
+// Worker ids are bounded by cluster.max_workers (0 = cluster.workers); ids >= workers join.
 //
 // Binds tcp://<--bind or cluster.bind>:<port of --coordinator or cluster.coordinator> (or
 // --port; 0 = the OS picks), writes the bound address to D/coordinator.addr, and exits 0 after a
@@ -35,6 +42,7 @@ struct Flags {
   std::string config, run_dir, tensors, model;
   NetFlags net;  // --bind, --advertise, --coordinator (its port is the one to bind)
   int port = -1;
+  bool rejoin = false;
 };
 
 // `*serving` turns true once setup (config, tensor list, layout, bind) is done: an error before
@@ -56,9 +64,14 @@ Status Run(const Flags& f, bool* serving) {
   CoordinatorOptions o;
   o.servers = cfg.cluster.servers;
   o.workers = cfg.cluster.workers;
+  o.max_workers = cfg.cluster.max_workers;
+  o.heartbeat_interval = std::chrono::milliseconds(cfg.cluster.heartbeat_ms);
+  o.rejoin = f.rejoin;
   o.layout_hash = layout.hash();
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.shutdown_grace = std::chrono::milliseconds(4 * cfg.cluster.heartbeat_ms + 1000);
+  // A gone joiner stays in the gone list this long (every process hears of it well before).
+  o.gone_retention = std::max(std::chrono::milliseconds(60000), 10 * o.heartbeat_timeout);
   o.access.keyed = net.keyed;
   o.access.run_secret = net.token;
   o.access.run_dir = f.run_dir;
@@ -72,6 +85,8 @@ Status Run(const Flags& f, bool* serving) {
   };
   (void)metrics->Write("coordinator_start", {{"servers", o.servers},
                                              {"workers", o.workers},
+                                             {"max_workers", std::max(o.max_workers, o.workers)},
+                                             {"rejoin", o.rejoin},
                                              {"heartbeat_timeout_ms", static_cast<int64_t>(o.heartbeat_timeout.count())}});
   Coordinator coordinator(o);
 
@@ -86,7 +101,9 @@ Status Run(const Flags& f, bool* serving) {
   const std::string address = endpoint->address();
   const std::string addr_file = (std::filesystem::path(f.run_dir) / "coordinator.addr").string();
   DP_RETURN_IF_ERROR(WriteFileAtomic(addr_file, address + "\n"));
-  spdlog::info("coordinator: {} servers, {} workers, layout hash {:#018x}", o.servers, o.workers, o.layout_hash);
+  spdlog::info("coordinator: {} servers, {} workers (ids up to {}), layout hash {:#018x}, incarnation {:#x}{}",
+               o.servers, o.workers, std::max(o.max_workers, o.workers) - 1, o.layout_hash, coordinator.incarnation(),
+               o.rejoin ? " (rejoin: rebuilding membership from the living)" : "");
   spdlog::info("coordinator: {}", net.Describe(address));
 
   *serving = true;
@@ -136,6 +153,8 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator", f.net.coordinator,
                  "this coordinator's address as the others use it, host:port (default cluster.coordinator); its port "
                  "is bound");
+  app.add_flag("--rejoin", f.rejoin,
+               "replace a coordinator that died: rebuild membership from the processes that re-register");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
   return cli::Main("downpour-coordinator", [&] {
     bool serving = false;

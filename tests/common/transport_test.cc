@@ -1,6 +1,8 @@
 // transport_test.cc — the Transport contract, run against both implementations; then what only
 // ZeroMQ does: CurveZMQ (keyed clients get through with their role as user id, every other
-// client gets no reply and is counted), IPv6 and the source address of outgoing connections.
+// client gets no reply and is counted), IPv6 and the source address of outgoing connections,
+// and a server no client can stall (a peer that never reads is dropped and counted, its
+// queued frames freed, while another peer is served; a slow reader gets its replies in order).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -120,6 +122,7 @@ TEST_P(TransportTest, ReplyToUnknownPeerFails) {
   Frames f;
   f.push_back(Frame::Copy(std::string("h")));
   EXPECT_FALSE(server->Send("no-such-peer", std::move(f)).ok());
+  EXPECT_EQ(server->dropped_peers(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Both, TransportTest, ::testing::Values("inproc", "zmq"));
@@ -320,6 +323,133 @@ TEST(ZmqAddresses, ConnectSourceIsThePeerAddressTheServerSees) {
   PeerInfo info;
   EXPECT_EQ(Exchange(client_transport, *server, "from .5", &info), "re:from .5");
   EXPECT_EQ(info.address, "127.0.0.5");
+}
+
+// ---- A server no client can stall ------------------------------------------------------------
+
+// Frames whose keepalives count how many are still held (by the transport or its queues).
+struct LiveCounter {
+  std::atomic<int> live{0};
+  std::vector<char> bytes = std::vector<char>(256 << 10, 'r');
+  Frames Reply(uint32_t seq) {
+    ++live;
+    std::shared_ptr<const void> keep(nullptr, [this](const void*) { --live; });
+    Frames f;
+    f.push_back(Frame::Copy(&seq, sizeof(seq)));
+    f.push_back(Frame::Borrow(bytes.data(), bytes.size(), std::move(keep)));
+    return f;
+  }
+};
+
+ZmqOptions SlowPeerServerOptions(size_t queue_bytes) {
+  ZmqOptions o = ClientOptions();
+  o.peer_queue_bytes = queue_bytes;
+  o.server_sndhwm = 4;
+  return o;
+}
+
+// The server's identity for `client`: it sends one message and the server receives it.
+PeerId Hello(ClientEndpoint* client, ServerEndpoint* server, const std::string& text) {
+  EXPECT_TRUE(client->Send(Text(text)).ok());
+  PeerId from;
+  Frames got;
+  EXPECT_TRUE(server->Receive(&from, &got, 5000ms).ok());
+  EXPECT_EQ(AsString(got.at(0)), text);
+  return from;
+}
+
+TEST(ZmqSlowPeer, APeerThatNeverReadsIsDroppedAndCountedWhileAnotherPeerIsServed) {
+  ZmqTransport transport(SlowPeerServerOptions(size_t{4} << 20));
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  ZmqTransport client_transport(ClientOptions());
+  std::unique_ptr<ClientEndpoint> slow, good;
+  ASSERT_TRUE(client_transport.Connect(server->address(), &slow).ok());
+  ASSERT_TRUE(client_transport.Connect(server->address(), &good).ok());
+  const PeerId slow_id = Hello(slow.get(), server.get(), "slow");
+  const PeerId good_id = Hello(good.get(), server.get(), "good");
+
+  LiveCounter counter;
+  // 256 KiB replies to the peer that never reads, at most 400 (100 MiB), until it is dropped;
+  // after each, the good peer is answered too. No send may block.
+  auto slowest_send = std::chrono::nanoseconds(0);
+  int sent = 0;
+  Status last;
+  for (; sent < 400; ++sent) {
+    const auto t0 = std::chrono::steady_clock::now();
+    last = server->Send(slow_id, counter.Reply(static_cast<uint32_t>(sent)));
+    slowest_send = std::max(slowest_send, std::chrono::steady_clock::now() - t0);
+    if (!last.ok()) break;
+    ASSERT_TRUE(server->Send(good_id, Text("fine " + std::to_string(sent))).ok());
+    Frames got;
+    ASSERT_TRUE(good->Receive(&got, 5000ms).ok()) << "reply " << sent;
+    EXPECT_EQ(AsString(got.at(0)), "fine " + std::to_string(sent));
+  }
+  ASSERT_LT(sent, 400) << "the peer was never dropped";
+  EXPECT_EQ(last.code(), StatusCode::kUnavailable) << last.ToString();
+  EXPECT_THAT(last.message(), HasSubstr("dropped"));
+  EXPECT_EQ(server->dropped_peers(), 1u);
+  EXPECT_LT(slowest_send, 100ms) << "a send waited for the peer that does not read";
+  // Its queue (4 MiB = 16 replies) is freed at once; only what ZeroMQ already took (its high-water
+  // mark and a message being written) is still held, until the peer disconnects.
+  EXPECT_GE(sent, 16);
+  EXPECT_LE(counter.live.load(), 2 * 4 + 2) << "the dropped peer's queued frames were not released";
+  // Later sends to it fail, its later messages are not delivered, the good peer goes on.
+  EXPECT_EQ(server->Send(slow_id, Text("more")).code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(slow->Send(Text("ignored")).ok());
+  ASSERT_TRUE(good->Send(Text("still here")).ok());
+  PeerId from;
+  Frames got;
+  ASSERT_TRUE(server->Receive(&from, &got, 5000ms).ok());
+  EXPECT_EQ(from, good_id);
+  EXPECT_EQ(AsString(got.at(0)), "still here");
+  EXPECT_EQ(server->Receive(&from, &got, 100ms).code(), StatusCode::kTimeout);
+  EXPECT_EQ(server->dropped_peers(), 1u);
+  // Once the peer disconnects, ZeroMQ lets go of the rest.
+  slow.reset();
+  for (int i = 0; i < 500 && counter.live.load() > 0; ++i) {
+    (void)server->Receive(&from, &got, 10ms);
+  }
+  EXPECT_EQ(counter.live.load(), 0);
+}
+
+TEST(ZmqSlowPeer, QueuedRepliesAreDeliveredInOrderWhenTheSlowPeerStartsReading) {
+  ZmqTransport transport(SlowPeerServerOptions(size_t{64} << 20));
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  ZmqTransport client_transport(ClientOptions());
+  std::unique_ptr<ClientEndpoint> client;
+  ASSERT_TRUE(client_transport.Connect(server->address(), &client).ok());
+  const PeerId id = Hello(client.get(), server.get(), "late reader");
+  LiveCounter counter;
+  // 120 replies (30 MiB, more than the kernel and ZeroMQ hold for a peer) while it reads nothing:
+  // every send returns at once, most replies wait in the server's queue.
+  constexpr uint32_t kReplies = 120;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t i = 0; i < kReplies; ++i) ASSERT_TRUE(server->Send(id, counter.Reply(i)).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_GT(counter.live.load(), 2 * 4 + 2) << "nothing was queued: the test proves nothing";
+  // The peer starts reading; the server's Receive calls (its loop) flush the queue.
+  std::atomic<bool> done{false};
+  std::thread loop([&] {
+    PeerId from;
+    Frames got;
+    while (!done.load()) (void)server->Receive(&from, &got, 20ms);
+  });
+  uint32_t expected = 0;
+  for (; expected < kReplies; ++expected) {
+    Frames got;
+    if (!client->Receive(&got, 5000ms).ok()) break;
+    uint32_t seq = 0;
+    ASSERT_EQ(got.at(0).size(), sizeof(seq));
+    std::memcpy(&seq, got[0].data(), sizeof(seq));
+    ASSERT_EQ(seq, expected) << "replies out of order";
+    ASSERT_EQ(got.at(1).size(), counter.bytes.size());
+  }
+  done.store(true);
+  loop.join();
+  EXPECT_EQ(expected, kReplies);
+  EXPECT_EQ(server->dropped_peers(), 0u);
 }
 
 }  // namespace

@@ -1,13 +1,18 @@
 // Coordinator + RendezvousClient in one process over the inproc transport: registration,
 // gone workers (finished at once, silent after the heartbeat timeout), the coordinator's
 // membership events, who may register / shut down (tokens, keys via ConnectAs), ids bound to
-// their connection, and the end of a run once every worker is done. Every wait is bounded.
+// their connection, and the end of a run once every worker is done. Issue 13: made-up ids are
+// refused with bounded tables, replies and log lines; heartbeat replies carry only changes; a
+// restarted coordinator rebuilds membership from clients that re-register by themselves; a
+// restarted server takes its id back quickly (nobody else does); moved servers reach
+// OnServerMoved; joiners get ids >= W and count. Every wait is bounded.
 #include "server/coordinator.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -38,7 +43,8 @@ class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override { Start(AccessPolicy{}); }
   // Restarts the coordinator with `access` (and `workers`, `servers`).
-  void Start(const AccessPolicy& access, int workers = 3, int servers = 1) {
+  void Start(const AccessPolicy& access, int workers = 3, int servers = 1,
+             const std::function<void(CoordinatorOptions*)>& tweak = {}) {
     if (thread_.joinable()) TearDown();
     CoordinatorOptions o;
     o.servers = servers;
@@ -46,12 +52,29 @@ class CoordinatorTest : public ::testing::Test {
     o.layout_hash = 0x1234;
     o.heartbeat_timeout = 600ms;
     o.access = access;
+    o.heartbeat_interval = 50ms;
     o.on_event = [this](const CoordinatorEvent& e) {
       std::lock_guard<std::mutex> lock(mu_);
       events_.push_back(e);
     };
+    if (tweak) tweak(&o);
+    options_ = o;
     coordinator_ = std::make_unique<Coordinator>(o);
     endpoint_.reset();
+    ASSERT_TRUE(transport_.Bind(Address(), &endpoint_).ok());
+    thread_ = std::thread([this] { status_ = coordinator_->Serve(endpoint_.get()); });
+  }
+  // The coordinator dies (its endpoint goes) and a new one, `tweak`ed, binds the same address;
+  // the clients stay as they are.
+  void ReplaceCoordinator(const std::function<void(CoordinatorOptions*)>& tweak) {
+    coordinator_->Stop();
+    thread_.join();
+    EXPECT_TRUE(status_.ok()) << status_.ToString();
+    endpoint_.reset();
+    std::this_thread::sleep_for(200ms);  // nobody answers for a few heartbeats
+    CoordinatorOptions o = options_;
+    if (tweak) tweak(&o);
+    coordinator_ = std::make_unique<Coordinator>(o);
     ASSERT_TRUE(transport_.Bind(Address(), &endpoint_).ok());
     thread_ = std::thread([this] { status_ = coordinator_->Serve(endpoint_.get()); });
   }
@@ -76,11 +99,15 @@ class CoordinatorTest : public ::testing::Test {
     ro.token = token;
     return ro;
   }
-  RendezvousClient* Join(Role role, int32_t id, const std::string& token = "") {
+  RendezvousClient* Join(Role role, int32_t id, const std::string& token = "", RendezvousInfo* got = nullptr) {
+    return JoinWith(Options(role, id, token), got);
+  }
+  RendezvousClient* JoinWith(const RendezvousOptions& options, RendezvousInfo* got = nullptr) {
     std::unique_ptr<RendezvousClient> c;
     RendezvousInfo info;
-    const Status s = RendezvousClient::Register(&transport_, Options(role, id, token), 5s, &c, &info);
+    const Status s = RendezvousClient::Register(&transport_, options, 5s, &c, &info);
     EXPECT_TRUE(s.ok()) << s.ToString();
+    if (got != nullptr) *got = info;
     clients_.push_back(std::move(c));
     return clients_.back().get();
   }
@@ -107,13 +134,14 @@ class CoordinatorTest : public ::testing::Test {
     return h;
   }
   // Sends `h` and returns the reply (type kInvalid if none came within 2 s).
-  static MessageHeader Ask(ClientEndpoint* ep, const MessageHeader& h) {
+  static MessageHeader Ask(ClientEndpoint* ep, const MessageHeader& h, size_t* reply_bytes = nullptr) {
     Frames f(1);
     EXPECT_TRUE(HeaderFrame(h, &f[0]).ok());
     EXPECT_TRUE(ep->Send(std::move(f)).ok());
     Frames got;
     MessageHeader r;
     if (!ep->Receive(&got, 2s).ok()) return r;
+    if (reply_bytes != nullptr) *reply_bytes = got[0].size();
     EXPECT_TRUE(ParseHeader(got, &r).ok());
     return r;
   }
@@ -129,6 +157,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   InprocTransport transport_;
+  CoordinatorOptions options_;
   int generation_ = 0;
   std::unique_ptr<ServerEndpoint> endpoint_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -383,6 +412,315 @@ TEST_F(CoordinatorTest, TheRunEndsWhenTheLastWorkerIsDone) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 600ms) << "not a timeout's doing";
   // A done worker is also finished: the servers stopped waiting for it.
   EXPECT_TRUE(Contains(w0->gone_workers(), 0));
+}
+
+// ---- issue 13: bounded state, changes only, restarts, joiners ---------------------------------
+
+TEST_F(CoordinatorTest, FiftyThousandMadeUpWorkerIdsAreRefusedWithBoundedTablesRepliesAndLogLines) {
+  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) { o->max_workers = 4; });
+  Join(Role::kServer, 0)->StartHeartbeats({});
+  RendezvousClient* w0 = Join(Role::kWorker, 0);
+  w0->StartHeartbeats({});
+  const Coordinator::TableSizes before = coordinator_->table_sizes();
+  const uint64_t refused_before = coordinator_->refused();
+  EXPECT_EQ(before.worker_slots, 4u);
+  // A flood: registrations and heartbeats for ids nobody was given, all sent before any reply
+  // is read (the inproc mailbox holds them), then every reply read and measured.
+  auto flood = Peer("");
+  constexpr int kIds = 50000;
+  for (int i = 0; i < kIds; ++i) {
+    MessageHeader h = Message(i % 2 == 0 ? MsgType::kRegister : MsgType::kHeartbeat, Role::kWorker, 4 + i);
+    h.flags = kFlagFinished | kFlagDone;
+    Frames f(1);
+    ASSERT_TRUE(HeaderFrame(h, &f[0]).ok());
+    ASSERT_TRUE(flood->Send(std::move(f)).ok());
+  }
+  size_t largest = 0;
+  int errors = 0;
+  for (int i = 0; i < kIds; ++i) {
+    Frames got;
+    ASSERT_TRUE(flood->Receive(&got, 10s).ok()) << "reply " << i;
+    largest = std::max(largest, got[0].size());
+    MessageHeader r;
+    ASSERT_TRUE(ParseHeader(got, &r).ok());
+    if (r.type == MsgType::kError) ++errors;
+    if (i == 0) {
+      EXPECT_NE(r.error_text.find("outside 0..3"), std::string::npos) << r.error_text;
+    }
+  }
+  EXPECT_EQ(errors, kIds);
+  EXPECT_EQ(coordinator_->refused(), refused_before + kIds) << "the refusal count is exact";
+  EXPECT_LT(largest, 512u) << "refusal replies stay small";
+  const Coordinator::TableSizes after = coordinator_->table_sizes();
+  EXPECT_EQ(after.worker_slots, before.worker_slots);
+  EXPECT_EQ(after.registered, before.registered);
+  EXPECT_EQ(after.live, before.live);
+  EXPECT_EQ(after.gone_listed, 0u);
+  EXPECT_EQ(after.change_log, 0u);
+  EXPECT_TRUE(coordinator_->dead_workers().empty()) << "a made-up id was declared dead";
+  // Log lines (one refusal event per logged line): the rate limit's 10 per 10 s window, at most
+  // two windows in this test, not one per message.
+  EXPECT_LE(CountEvents("refused"), 20u);
+  EXPECT_GE(CountEvents("refused"), 1u);
+  // A real worker's heartbeat reply is as small as ever.
+  auto real = Peer("");
+  ASSERT_EQ(Ask(real.get(), Message(MsgType::kRegister, Role::kWorker, 1)).type, MsgType::kRegisterReply);
+  size_t bytes = 0;
+  const MessageHeader hb = Ask(real.get(), Message(MsgType::kHeartbeat, Role::kWorker, 1), &bytes);
+  EXPECT_EQ(hb.type, MsgType::kHeartbeat);
+  EXPECT_TRUE(hb.dead_workers.empty());
+  EXPECT_LT(bytes, 512u);
+}
+
+TEST_F(CoordinatorTest, HeartbeatRepliesCarryOnlyTheChangesAfterTheSendersSeq) {
+  Start(AccessPolicy{}, /*workers=*/4, /*servers=*/1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 5s; });
+  auto server = Peer("");
+  ASSERT_EQ(Ask(server.get(), Message(MsgType::kRegister, Role::kServer, 0)).type, MsgType::kRegisterReply);
+  std::vector<std::unique_ptr<ClientEndpoint>> w;
+  for (int i = 0; i < 4; ++i) {
+    w.push_back(Peer(""));
+    ASSERT_EQ(Ask(w[i].get(), Message(MsgType::kRegister, Role::kWorker, i)).type, MsgType::kRegisterReply);
+  }
+  const uint64_t inc = coordinator_->incarnation();
+  auto beat = [&](int i, uint64_t seen, uint32_t flags = 0, uint64_t incarnation = 0) {
+    MessageHeader h = Message(MsgType::kHeartbeat, Role::kWorker, i);
+    h.gone_seq = seen;
+    h.flags = flags;
+    h.incarnation = incarnation == 0 ? inc : incarnation;
+    return Ask(w[i].get(), h);
+  };
+  MessageHeader r = beat(1, 0, kFlagFinished);  // change 1: worker 1 finished
+  EXPECT_EQ(r.gone_seq, 1u);
+  EXPECT_EQ(r.incarnation, inc);
+  r = beat(2, 1, kFlagFinished);  // change 2: worker 2 finished; it has seen change 1
+  EXPECT_EQ(r.gone_seq, 2u);
+  EXPECT_EQ(r.dead_workers, std::vector<int32_t>{2}) << "only the change after seq 1";
+  EXPECT_EQ(r.flags & kFlagGoneListFull, 0u);
+  // A sender that has seen change 1 hears only of worker 2; one that has seen 2, of nobody.
+  r = beat(0, 1);
+  EXPECT_EQ(r.dead_workers, std::vector<int32_t>{2});
+  EXPECT_EQ(r.finished_workers, std::vector<int32_t>{2});
+  EXPECT_EQ(r.flags & kFlagGoneListFull, 0u);
+  r = beat(0, 2);
+  EXPECT_TRUE(r.dead_workers.empty());
+  EXPECT_EQ(r.gone_seq, 2u);
+  // New (seq 0), or from another incarnation: the whole list, flagged.
+  for (const MessageHeader& full : {beat(0, 0), beat(0, 2, 0, inc + 1)}) {
+    EXPECT_EQ(full.dead_workers, (std::vector<int32_t>{1, 2}));
+    EXPECT_EQ(full.finished_workers, (std::vector<int32_t>{1, 2}));
+    EXPECT_NE(full.flags & kFlagGoneListFull, 0u);
+    EXPECT_EQ(full.gone_seq, 2u);
+  }
+  // A RendezvousClient keeps the whole list from the changes.
+  auto ro = Options(Role::kObserver, -1);
+  RendezvousClient* observer = JoinWith(ro);
+  observer->StartHeartbeats({});
+  EXPECT_TRUE(Eventually([&] { return observer->gone_workers() == std::vector<int32_t>{1, 2}; }, 2s));
+  (void)beat(3, 2, kFlagFinished);  // change 3
+  EXPECT_TRUE(Eventually([&] { return observer->gone_workers() == std::vector<int32_t>{1, 2, 3}; }, 2s))
+      << "the client lost the earlier gone workers when a reply carried only the new one";
+  EXPECT_EQ(coordinator_->gone_seq(), 3u);
+}
+
+TEST_F(CoordinatorTest, ARestartedCoordinatorRebuildsMembershipFromClientsThatRegisterAgain) {
+  Start(AccessPolicy{}, /*workers=*/2);
+  std::mutex heard_mu;
+  std::vector<int32_t> server_heard_dead;
+  RendezvousClient* server = Join(Role::kServer, 0);
+  server->StartHeartbeats([&](int32_t worker, bool finished) {
+    std::lock_guard<std::mutex> lock(heard_mu);
+    if (!finished) server_heard_dead.push_back(worker);
+  });
+  RendezvousClient* w0 = Join(Role::kWorker, 0);
+  RendezvousClient* w1 = Join(Role::kWorker, 1);
+  w0->StartHeartbeats({});
+  w1->StartHeartbeats({});
+  const uint64_t first = coordinator_->incarnation();
+  EXPECT_TRUE(Eventually([&] { return w0->coordinator_incarnation() == first; }, 1s));
+
+  ReplaceCoordinator([](CoordinatorOptions* o) { o->rejoin = true; });
+  const uint64_t second = coordinator_->incarnation();
+  ASSERT_NE(first, second);
+  // Everyone registers again by itself; the new coordinator knows the server and both workers.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return coordinator_->server_addresses() == std::vector<std::string>{"inproc://server-0"} &&
+               coordinator_->table_sizes().registered == 2u;
+      },
+      3s));
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return server->coordinator_incarnation() == second && w0->coordinator_incarnation() == second &&
+               w1->coordinator_incarnation() == second;
+      },
+      2s));
+  EXPECT_GE(server->reregistrations(), 1u);
+  EXPECT_GE(w0->reregistrations(), 1u);
+  // Past the heartbeat timeout of its start, nobody living is counted dead, the run goes on.
+  std::this_thread::sleep_for(700ms);
+  EXPECT_TRUE(coordinator_->dead_workers().empty());
+  EXPECT_FALSE(coordinator_->shutting_down());
+  // A worker's death after the restart is still detected, and the server hears it.
+  clients_[2].reset();  // worker 1
+  EXPECT_TRUE(Eventually([&] { return Contains(w0->gone_workers(), 1); }, 3s));
+  EXPECT_TRUE(Eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(heard_mu);
+        return Contains(server_heard_dead, 1);
+      },
+      2s));
+  EXPECT_FALSE(Contains(w0->gone_workers(), 0));
+}
+
+TEST_F(CoordinatorTest, ARestartedCoordinatorEndsTheRunCountingWorkersNotHeardFromAsDead) {
+  Start(AccessPolicy{}, /*workers=*/2);
+  RendezvousClient* server = Join(Role::kServer, 0);
+  server->StartHeartbeats({});
+  RendezvousClient* w0 = Join(Role::kWorker, 0);
+  w0->StartHeartbeats({});
+  Join(Role::kWorker, 1);
+  clients_[2].reset();  // worker 1 exits while there is no coordinator (below)
+  ReplaceCoordinator([](CoordinatorOptions* o) { o->rejoin = true; });
+  EXPECT_TRUE(Eventually([&] { return coordinator_->table_sizes().registered == 1u; }, 3s));
+  ASSERT_TRUE(Eventually([&] { return w0->AnnounceDone(500ms).ok(); }, 3s));
+  // Worker 1 never comes back: after the heartbeat timeout of the new coordinator's start it
+  // counts as dead, and the run ends by itself.
+  EXPECT_TRUE(Eventually([&] { return coordinator_->shutting_down(); }, 3s));
+  EXPECT_TRUE(Contains(coordinator_->dead_workers(), 1));
+  EXPECT_TRUE(Eventually([&] { return server->shutdown_requested(); }, 2s));
+}
+
+TEST_F(CoordinatorTest, ARestartedServerTakesItsIdOverAtOnceButNoOtherClaimantDoes) {
+  AccessPolicy access;
+  access.keyed = true;
+  // Heartbeats every 50 ms, timeout 3 s: the restarted server must not wait for the timeout.
+  Start(access, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 3s; });
+  auto old_server = Peer("server", "127.0.0.3");
+  ASSERT_EQ(Ask(old_server.get(), Message(MsgType::kRegister, Role::kServer, 0)).type, MsgType::kRegisterReply);
+  ASSERT_EQ(Ask(old_server.get(), Message(MsgType::kHeartbeat, Role::kServer, 0)).type, MsgType::kHeartbeat);
+  const auto died = std::chrono::steady_clock::now();
+  MessageHeader claim = Message(MsgType::kRegister, Role::kServer, 0);
+  claim.text = "tcp://127.0.0.4:7000";
+  // At once (its holder heard just now): even a server key waits.
+  auto early = Peer("server", "127.0.0.4");
+  MessageHeader r = Ask(early.get(), claim);
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_NE(r.error_text.find("held by another connection"), std::string::npos) << r.error_text;
+  std::this_thread::sleep_for(150ms);  // 3 heartbeat intervals of silence
+  // Another role's key: refused (it is no server).
+  auto worker_key = Peer("worker", "127.0.0.5");
+  r = Ask(worker_key.get(), claim);
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_NE(r.error_text.find("needs the 'server' key"), std::string::npos) << r.error_text;
+  // The restarted server (a server key, a new connection): takes the id over now.
+  auto restarted = Peer("server", "127.0.0.4");
+  EXPECT_EQ(Ask(restarted.get(), claim).type, MsgType::kRegisterReply);
+  EXPECT_LT(std::chrono::steady_clock::now() - died, 1s) << "it waited for the heartbeat timeout";
+  EXPECT_EQ(coordinator_->server_addresses(), std::vector<std::string>{"tcp://127.0.0.4:7000"});
+  EXPECT_EQ(Ask(old_server.get(), Message(MsgType::kHeartbeat, Role::kServer, 0)).type, MsgType::kError);
+
+  // Without keys, the run secret proves a server; a wrong secret is refused, and a run with no
+  // secret at all (nothing proves anything) keeps the full timeout.
+  AccessPolicy secret;
+  secret.run_secret = kSecret;
+  Start(secret, 1, 1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 3s; });
+  auto holder = Peer("");
+  ASSERT_EQ(Ask(holder.get(), Message(MsgType::kRegister, Role::kServer, 0, kSecret)).type, MsgType::kRegisterReply);
+  std::this_thread::sleep_for(150ms);
+  auto wrong = Peer("");
+  r = Ask(wrong.get(), Message(MsgType::kRegister, Role::kServer, 0, "not the secret"));
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_NE(r.error_text.find("wrong token"), std::string::npos) << r.error_text;
+  auto right = Peer("");
+  EXPECT_EQ(Ask(right.get(), Message(MsgType::kRegister, Role::kServer, 0, kSecret)).type, MsgType::kRegisterReply);
+
+  Start(AccessPolicy{}, 1, 1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 3s; });
+  auto first = Peer("");
+  ASSERT_EQ(Ask(first.get(), Message(MsgType::kRegister, Role::kServer, 0)).type, MsgType::kRegisterReply);
+  std::this_thread::sleep_for(150ms);
+  auto unproven = Peer("");
+  r = Ask(unproven.get(), Message(MsgType::kRegister, Role::kServer, 0));
+  EXPECT_EQ(r.type, MsgType::kError) << "with nothing to prove a server, the full timeout applies";
+  EXPECT_NE(r.error_text.find("held by another connection"), std::string::npos) << r.error_text;
+}
+
+TEST_F(CoordinatorTest, AServersNewAddressReachesOnServerMoved) {
+  AccessPolicy access;
+  access.run_secret = kSecret;
+  Start(access, /*workers=*/1, /*servers=*/2);
+  Join(Role::kServer, 0, kSecret)->StartHeartbeats({});
+  Join(Role::kServer, 1, kSecret)->StartHeartbeats({});
+  RendezvousInfo info;
+  RendezvousClient* worker = Join(Role::kWorker, 0, kSecret, &info);
+  EXPECT_EQ(info.server_addresses, (std::vector<std::string>{"inproc://server-0", "inproc://server-1"}));
+  std::mutex moved_mu;
+  std::vector<std::pair<int32_t, std::string>> moved;
+  worker->OnServerMoved([&](int32_t server, const std::string& address) {
+    std::lock_guard<std::mutex> lock(moved_mu);
+    moved.emplace_back(server, address);
+  });
+  worker->StartHeartbeats({});
+  std::this_thread::sleep_for(200ms);
+  {
+    std::lock_guard<std::mutex> lock(moved_mu);
+    EXPECT_TRUE(moved.empty()) << "an unchanged address was reported moved";
+  }
+  // Server 1 dies and comes back elsewhere.
+  clients_[1].reset();
+  std::this_thread::sleep_for(150ms);
+  RendezvousOptions ro = Options(Role::kServer, 1, kSecret);
+  ro.address = "inproc://server-1-restarted";
+  JoinWith(ro)->StartHeartbeats({});
+  EXPECT_TRUE(Eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(moved_mu);
+        return moved.size() == 1u && moved[0] == std::make_pair(int32_t{1}, std::string("inproc://server-1-restarted"));
+      },
+      2s));
+}
+
+TEST_F(CoordinatorTest, AJoinerGetsAnIdAtOrAboveWorkersAndCountsForTheEndOfTheRun) {
+  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) { o->max_workers = 4; });
+  RendezvousClient* server = Join(Role::kServer, 0);
+  std::mutex heard_mu;
+  std::vector<int32_t> server_heard_finished;
+  server->StartHeartbeats([&](int32_t worker, bool finished) {
+    std::lock_guard<std::mutex> lock(heard_mu);
+    if (finished) server_heard_finished.push_back(worker);
+  });
+  RendezvousInfo info;
+  RendezvousClient* w0 = Join(Role::kWorker, -1, "", &info);
+  EXPECT_EQ(info.id, 0);
+  RendezvousClient* w1 = Join(Role::kWorker, -1, "", &info);
+  EXPECT_EQ(info.id, 1);
+  RendezvousClient* j2 = Join(Role::kWorker, -1, "", &info);
+  EXPECT_EQ(info.id, 2) << "a joiner gets the lowest unused id >= W";
+  RendezvousClient* j3 = Join(Role::kWorker, -1, "", &info);
+  EXPECT_EQ(info.id, 3);
+  EXPECT_EQ(info.workers, 2);
+  for (RendezvousClient* c : {w0, w1, j2, j3}) c->StartHeartbeats({});
+  // Every id is taken: one more is refused.
+  const Status full = TryJoin(Role::kWorker, -1, "");
+  EXPECT_EQ(full.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(full.message().find("every worker id 0..3 is taken"), std::string::npos) << full.message();
+  EXPECT_EQ(CountEvents("worker_registered"), 4u);
+  // The original workers are done; the joiners are not: the run goes on.
+  ASSERT_TRUE(w0->AnnounceDone(2s).ok());
+  ASSERT_TRUE(w1->AnnounceDone(2s).ok());
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(coordinator_->shutting_down()) << "the joiners were not counted";
+  // A joiner that leaves cleanly is gone at once for the servers (their sync/ssp accounting).
+  ASSERT_TRUE(j2->AnnounceFinished(2s).ok());
+  EXPECT_TRUE(Eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(heard_mu);
+        return Contains(server_heard_finished, 2);
+      },
+      2s));
+  ASSERT_TRUE(j2->AnnounceDone(2s).ok());
+  EXPECT_FALSE(coordinator_->shutting_down());
+  ASSERT_TRUE(j3->AnnounceDone(2s).ok());
+  EXPECT_TRUE(coordinator_->shutting_down()) << "the last joiner done ends the run";
 }
 
 }  // namespace
