@@ -27,6 +27,8 @@ COLUMNS = [
     (f"time to {100 * dr.TARGET_TOP1:.0f}% (s)", True, lambda label, s: dr.fmt(s["time_to_target_s"], ".1f", "not reached")),
     (f"epochs to {100 * dr.TARGET_TOP1:.0f}%", True, lambda label, s: dr.fmt(s["epochs_to_target"], ".2f")),
     ("final top-1", True, lambda label, s: dr.fmt(_pct(s["final_top1"]), ".2f") + "%"),
+    # A run that collapsed to chance or whose loss blew up (downpour_runs.divergence).
+    ("diverged", False, lambda label, s: "DIVERGED" if s.get("diverged") else ""),
     ("images/s", True, lambda label, s: dr.fmt(s["images_per_s"], ".0f")),
     ("wall (s)", True, lambda label, s: dr.fmt(s["wall_s"], ".1f")),
     ("mean staleness", True, lambda label, s: dr.fmt(s["staleness_mean"], ".2f")),

@@ -39,6 +39,12 @@ mode: the servers' checkpoint was older), its earlier records with step > S are 
 dropped. A worker's k-th `start` record opens its k-th segment; the run's segment k is the k-th
 segment of every worker (a resume restarts the whole job).
 
+Diverged runs. A run whose final top-1 is at most 1.5 / num_classes (chance; num_classes from the
+model file's layer feeding SoftmaxWithLoss), or that logged a non-finite (null, NaN, Inf) training
+or final test loss, is marked "diverged": true in summary.json, with "diverged_reason"; the
+comparison table has a "diverged" column, and downpour-experiment / downpour-summarize print one
+line naming the run, the reason and what to try (diverged_line).
+
 Exit codes, the same for every tool:
   0  ok
   1  runtime failure: a run failed, a file could not be read or written, gnuplot failed
@@ -55,6 +61,10 @@ import sys
 import tomllib
 
 TARGET_TOP1 = 0.89  # the Fashion-MNIST accuracy the default job must reach
+# A run whose final top-1 is at most this many times chance (1 / num_classes) learned nothing:
+# it diverged (e.g. 10.0% for 10 classes; chance plus sampling noise stays well under 15%).
+DIVERGED_CHANCE_FACTOR = 1.5
+DEFAULT_MODEL = "configs/models/fmnist_small.toml"  # common/run_config.h ModelConfig::config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 LOSS_CURVE_POINTS = 300  # the training-loss curve in summary.json is averaged down to this many points
 
@@ -455,6 +465,58 @@ def missing_files(parts, config, launch_files, metric_paths):
     return [name for name in missing if name not in have]
 
 
+def model_num_classes(config, run_dir):
+    """The number of classes of the run's model: num_output of the layer feeding its
+    SoftmaxWithLoss, read from model.config (absolute, or relative to the repository root or the
+    run directory). None when the model file cannot be read or has no such layer."""
+    path = config.get("model", {}).get("config", DEFAULT_MODEL)
+    candidates = [path] if os.path.isabs(path) else [os.path.join(ROOT, path), os.path.join(run_dir, path)]
+    for candidate in candidates:
+        try:
+            with open(candidate, "rb") as f:
+                layers = tomllib.load(f).get("layer", [])
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        loss = next((layer for layer in layers if layer.get("type") == "SoftmaxWithLoss"), None)
+        if not loss or not loss.get("bottom"):
+            return None
+        scores = next((layer for layer in layers if loss["bottom"][0] in layer.get("top", [])), None)
+        n = scores.get("num_output") if scores else None
+        return n if isinstance(n, int) and n > 0 else None
+    return None
+
+
+def not_finite(v):
+    """A loss the worker could not write as a number (null) or a NaN / Inf one."""
+    return v is None or (isinstance(v, float) and not math.isfinite(v))
+
+
+def loss_text(v):
+    """How a non-finite loss is named: the metrics writer logs NaN and Inf as null."""
+    return "null (NaN or Inf)" if v is None else str(v)
+
+
+def divergence(final, workers, num_classes):
+    """Why a run diverged — a non-finite training or test loss, or a final top-1 at chance
+    (<= DIVERGED_CHANCE_FACTOR / num_classes) — or None."""
+    for w in workers:
+        for _, r in w.records("step"):
+            if "loss" in r and not_finite(r["loss"]):
+                return f"training loss {loss_text(r['loss'])} at step {r.get('step')} of worker {w.id}"
+    if final is not None and "test_loss" in final and not_finite(final["test_loss"]):
+        return f"final test loss {loss_text(final['test_loss'])}"
+    top1 = final.get("top1") if final else None
+    if top1 is not None and num_classes and top1 <= DIVERGED_CHANCE_FACTOR / num_classes:
+        return f"final top-1 {100 * top1:.2f}% = chance for {num_classes} classes"
+    return None
+
+
+def diverged_line(name, s):
+    """The runner's line for a diverged run, with what to try next."""
+    return (f"run {name} diverged: {s['diverged_reason']}; try consistency.staleness_aware_lr = true "
+            f"or a smaller solver.base_lr")
+
+
 def summarize(spec):
     """The summary (the fields of summary.json) of a run: RUN_DIR or RUN_DIR+RUN_DIR2+..."""
     parts = run_parts(spec)
@@ -498,7 +560,11 @@ def summarize(spec):
         "target_top1": TARGET_TOP1,
         "time_to_target_s": reached[0][0] if reached else None,
         "epochs_to_target": reached[0][1].get("epoch") if reached else None,
+        "num_classes": model_num_classes(config, parts[0]),
     }
+    # Collapsed to chance or blew up (tools/downpour_runs.py divergence): marked in the table.
+    summary["diverged_reason"] = divergence(final, workers, summary["num_classes"])
+    summary["diverged"] = summary["diverged_reason"] is not None
     summary.update(staleness_from_server_stats(workers))
     summary.update(server_pulls(files))
     summary.update(launch_summary(launch_files))

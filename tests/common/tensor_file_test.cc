@@ -1,5 +1,6 @@
-// Tests for common/tensor_file.h: round trip, CRC-32 against the standard check value, every
-// kind of corruption named in the error, and atomic writes that leave the old file intact.
+// Tests for common/tensor_file.h: round trip, CRC-32 against the standard check value, files that
+// end at or near a read-buffer boundary, every kind of corruption named in the error, and atomic
+// writes that leave the old file intact.
 #include "common/tensor_file.h"
 
 #include <sys/resource.h>
@@ -124,6 +125,56 @@ TEST_F(TensorFileTest, ManySmallAndLargeTensorsWithAShortLastBuffer) {
     ASSERT_TRUE(s.ok()) << "tail " << tail << ": " << s.ToString();
     EXPECT_EQ(back, f) << "tail " << tail;
   }
+}
+
+// Bytes `file` takes on disk, from the layout documented in tensor_file.h.
+uint64_t FileBytes(const TensorFile& file) {
+  uint64_t n = 16 + 4;
+  for (const auto& [k, v] : file.meta) n += 4 + k.size() + 4 + v.size();
+  for (const NamedTensor& t : file.tensors) n += 4 + t.name.size() + 4 + 8 * t.shape.size() + 8 + 4 * t.data.size() + 4;
+  return n;
+}
+
+// Files whose last tensor ends exactly at a read-buffer boundary (the reader refills 1 MiB at a
+// time, kIoBuffer in tensor_file.cc) or 1 or 4 bytes either side of it — at the first and the
+// second refill, after nothing but a header, after small tensors, and after a tensor larger than
+// the buffer (read straight into its destination) — each read back equal.
+TEST_F(TensorFileTest, LastTensorEndingAtOrNearTheReadBufferBoundaryReadsBackEqual) {
+  constexpr uint64_t kIoBuffer = uint64_t{1} << 20;
+  std::vector<TensorFile> prefixes(3);
+  prefixes[1].meta["kind"] = "downpour-shard";
+  for (int i = 0; i < 5; ++i) prefixes[1].tensors.push_back({fmt::format("small{}", i), {3}, {1.0f, 2.0f, float(i)}});
+  prefixes[2].tensors.push_back({"big", {300001}, std::vector<float>(300001, -1.5f)});
+  int files = 0;
+  for (const uint64_t boundary : {kIoBuffer, 2 * kIoBuffer}) {
+    for (const int64_t delta : {-4, -1, 0, 1, 4}) {
+      for (size_t p = 0; p < prefixes.size(); ++p) {
+        const uint64_t target = boundary + static_cast<uint64_t>(delta);
+        TensorFile f = prefixes[p];
+        const uint64_t before = FileBytes(f);
+        if (before + 40 > target) continue;
+        // The last record is 4 + name + 4 + 8 (one dim) + 8 + 4 n + 4 bytes: a name of 1..4 bytes
+        // makes the rest a whole number of floats.
+        const uint64_t rest = target - before - 28;
+        const size_t name_len = 1 + static_cast<size_t>((rest - 1) % 4);
+        const uint64_t n = (rest - name_len) / 4;
+        NamedTensor last{std::string(name_len, 'z'), {static_cast<int64_t>(n)}, std::vector<float>(n)};
+        for (uint64_t i = 0; i < n; ++i) last.data[i] = float(i % 65521) * 0.5f;
+        f.tensors.push_back(std::move(last));
+        SCOPED_TRACE(fmt::format("prefix {}, file of boundary {:+} bytes", p, delta));
+        const std::string path = Path(fmt::format("b{}_{}_{}.dpt", boundary, delta, p));
+        ASSERT_TRUE(WriteTensorFile(path, f).ok());
+        ASSERT_EQ(fs::file_size(path), target) << "the test's size arithmetic is off";
+        TensorFile back;
+        const Status s = ReadTensorFile(path, &back);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        EXPECT_EQ(back, f);
+        fs::remove(path);
+        ++files;
+      }
+    }
+  }
+  EXPECT_EQ(files, 25);  // the 1.2 MB prefix fits only under the second boundary
 }
 
 TEST_F(TensorFileTest, LayoutIsTheDocumentedOne) {

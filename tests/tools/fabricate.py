@@ -93,13 +93,16 @@ def server_records(sid, t0, pulls):
     return out
 
 
-def simple_run(run_dir, mode="async", steps=100, t0=1000.0, with_stats=True, name="fabricated"):
-    """A finished, never-resumed run: 2 workers, 2 servers, worker 0 evaluates every 20 steps."""
+def simple_run(run_dir, mode="async", steps=100, t0=1000.0, with_stats=True, name="fabricated", top1=top1_at,
+               loss=loss_at):
+    """A finished, never-resumed run: 2 workers, 2 servers, worker 0 evaluates every 20 steps
+    (top1 and loss: the curves, e.g. a run collapsed to chance)."""
     write_config(run_dir, mode=mode, name=name)
     stats = [(0, 300, 300, 3, [100, 100, 50, 50]), (1, 300, 150, 2, [200, 50, 50])] if with_stats else None
     for wid in range(2):
         append_jsonl(run_dir, f"worker-{wid}",
-                     worker_segment(wid, t0 + 0.5 * wid, 0, steps, eval_every=20, final=True, stats=stats))
+                     worker_segment(wid, t0 + 0.5 * wid, 0, steps, eval_every=20, final=True, stats=stats,
+                                    top1=top1, loss=loss))
     for sid in range(2):
         append_jsonl(run_dir, f"server-{sid}", server_records(sid, t0, [(0, 0.0), (2, 4.0)]))
     return run_dir
