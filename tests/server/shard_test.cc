@@ -1000,6 +1000,38 @@ TEST_F(ShardFixture, SyncReplayRestoresAPartiallyAccumulatedClock) {
   EXPECT_EQ(shards_[1]->ChunkWeights(0), std::vector<float>(8, 2.0f));
 }
 
+TEST_F(ShardFixture, SyncElasticWorkerJoinsOnRegisterAndTheJoinSurvivesARestart) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 2;
+  o.max_workers = 3;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c0 = Client(0), c1 = Client(1), c2 = Client(2);  // worker 2 is elastic: it joins on register
+  const std::vector<float> g(8, 3.0f);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Push(g, 0), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 0);  // waits for the joiner too
+  ASSERT_TRUE(c2->Wait(c2->Push(std::vector<float>(8, 6.0f), 0), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, -4.0f));  // -(3+3+6)/3
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 1), 5000ms).ok());
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  addresses_ = {Serve(std::move(fresh), "elastic")};
+  auto r1 = Client(1);
+  ASSERT_TRUE(r1->Wait(r1->Push(g, 1), 5000ms).ok());
+  EXPECT_EQ(shards_[1]->ChunkVersion(0), 1);  // still 3 live workers after the restart
+  shards_[1]->MarkWorkerGone(2, /*finished=*/true);
+  std::vector<float> w(8);
+  ASSERT_TRUE(r1->Wait(r1->Pull(w, 2), 5000ms).ok());  // the gone joiner no longer counted
+  EXPECT_EQ(w, std::vector<float>(8, -7.0f));
+}
+
 // A push of all of server 0's chunks from a raw peer with a session and request id.
 void SendPush(RawPeer* p, const ParamLayout& layout, int32_t worker, uint64_t session, uint64_t request_id,
               float value, int64_t version, bool init = false) {
