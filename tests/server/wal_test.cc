@@ -108,6 +108,14 @@ TEST(Wal, RecordsRoundTripExactly) {
   EXPECT_EQ(recs[2].kind, WalKind::kGone);
   EXPECT_EQ(recs[2].worker, 2);
   EXPECT_TRUE(recs[2].finished);
+  // The writer's gathered write (floats straight from the caller) is byte for byte the
+  // reference encoding.
+  WalRecord push = recs[0];
+  push.chunks[0].data = g.data();
+  push.chunks[1].data = g.data();
+  std::string ref;
+  EncodeWalRecord(push, &ref);
+  EXPECT_EQ(Bytes(path).substr(0, ref.size()), ref);
 }
 
 TEST(Wal, TornLastRecordIsReportedAsATornTailAndTheRestIsKept) {
