@@ -46,10 +46,12 @@ std::string MetaOf(const TensorFile& file, const std::string& key) {
 }
 
 // Tracks which workers are alive and how far each has got (clock = iterations finished).
-// Ids 0..expected-1 start live, expected..max-1 absent until they join (elastic).
+// Ids 0..expected-1 start live, expected..max-1 absent until they join (elastic). A worker
+// declared dead may come back (a restarted worker registers again); a finished one never does
+// (its client re-registering with a restarted server must not make the others wait for it).
 class Membership {
  public:
-  enum State : int64_t { kAbsent = 0, kLive = 1, kGone = 2 };
+  enum State : int64_t { kAbsent = 0, kLive = 1, kDead = 2, kFinished = 3 };
   Membership(int expected, int max_workers)
       : clock_(static_cast<size_t>(std::max({max_workers, expected, 0})), 0), state_(clock_.size(), kAbsent) {
     for (int i = 0; i < expected; ++i) state_[static_cast<size_t>(i)] = kLive;
@@ -62,13 +64,16 @@ class Membership {
     clock_[i] = std::max(clock_[i], finished);
     if (state_[i] == kAbsent) state_[i] = kLive;
   }
+  bool CanJoin(int32_t w) const {
+    return Known(w) && (state_[static_cast<size_t>(w)] == kAbsent || state_[static_cast<size_t>(w)] == kDead);
+  }
   bool Join(int32_t w) {
-    if (!Known(w) || state_[static_cast<size_t>(w)] == kLive) return false;
+    if (!CanJoin(w)) return false;
     state_[static_cast<size_t>(w)] = kLive;
     return true;
   }
-  void Kill(int32_t w) {
-    if (Known(w)) state_[static_cast<size_t>(w)] = kGone;
+  void Kill(int32_t w, bool finished) {
+    if (Known(w)) state_[static_cast<size_t>(w)] = finished ? kFinished : kDead;
   }
   bool IsLive(int32_t w) const { return Known(w) && state_[static_cast<size_t>(w)] == kLive; }
   int Live() const { return static_cast<int>(std::count(state_.begin(), state_.end(), kLive)); }
@@ -96,7 +101,7 @@ class Membership {
           path, clocks.size(), states.size(), clock_.size());
     }
     for (int64_t st : states) {
-      if (st < kAbsent || st > kGone) return Corrupt("{}: meta 'policy.member_states': bad state {}", path, st);
+      if (st < kAbsent || st > kFinished) return Corrupt("{}: meta 'policy.member_states': bad state {}", path, st);
     }
     clock_ = clocks;
     for (size_t i = 0; i < states.size(); ++i) state_[i] = static_cast<State>(states[i]);
@@ -129,8 +134,9 @@ class AsyncPolicy : public ConsistencyPolicy {
   }
   bool PullReady(const ShardUpdater&, int32_t, int64_t, std::span<const int>) const override { return true; }
   void OnClock(int32_t worker, int64_t clock) override { members_.Advance(worker, clock + 1); }
-  void OnWorkerDead(ShardUpdater&, int32_t worker) override { members_.Kill(worker); }
+  void OnWorkerDead(ShardUpdater&, int32_t worker, bool finished) override { members_.Kill(worker, finished); }
   bool OnJoin(int32_t worker) override { return members_.Join(worker); }
+  bool CanJoin(int32_t worker) const override { return members_.CanJoin(worker); }
   bool IsLive(int32_t worker) const override { return members_.IsLive(worker); }
   int LiveWorkers() const override { return members_.Live(); }
   int64_t MinLiveClock() const override { return members_.MinLiveClock(); }
@@ -210,12 +216,13 @@ class SyncPolicy : public ConsistencyPolicy {
   }
   void OnClock(int32_t worker, int64_t clock) override { members_.Advance(worker, clock + 1); }
   int64_t MinLiveClock() const override { return members_.MinLiveClock(); }
-  void OnWorkerDead(ShardUpdater& shard, int32_t worker) override {
-    members_.Kill(worker);
+  void OnWorkerDead(ShardUpdater& shard, int32_t worker, bool finished) override {
+    members_.Kill(worker, finished);
     EnsureSized(shard);
     for (int l = 0; l < shard.num_local(); ++l) MaybeApply(shard, l);
   }
   bool OnJoin(int32_t worker) override { return members_.Join(worker); }
+  bool CanJoin(int32_t worker) const override { return members_.CanJoin(worker); }
   bool IsLive(int32_t worker) const override { return members_.IsLive(worker); }
   int LiveWorkers() const override { return members_.Live(); }
 

@@ -12,8 +12,9 @@
 // Membership. Worker ids 0..max_workers-1 are accounted for (others are refused before they
 // reach the policy). Ids < expected_workers start live; ids >= expected_workers are elastic
 // joiners: absent (not waited for) until they register (OnJoin) or first push / clock; a live
-// worker leaves on OnWorkerDead. A registering worker that was gone is live again (a worker
-// restarted with its id).
+// worker leaves on OnWorkerDead. A registering worker that was declared dead is live again (a
+// worker restarted with its id); a finished one is not (a finished worker's client registering
+// with a restarted server must not make the others wait for it).
 //
 // State. SaveState / LoadState put everything the policy knows (each worker's state and clock;
 // sync's per-chunk partial sums and contributors) into a shard checkpoint, so checkpoint +
@@ -74,15 +75,17 @@ class ConsistencyPolicy {
                          std::span<const int> locals) const = 0;
   // The worker has finished iteration `clock` (clock messages, and implied by its pushes).
   virtual void OnClock(int32_t worker, int64_t clock) = 0;
-  // `worker` registered: it is live from now on (an elastic joiner, or a gone worker back).
-  // Returns whether that changed anything (the shard logs the join only then).
+  // `worker` registered: an elastic joiner, or a worker declared dead coming back, is live from
+  // now on (CanJoin says whether it would change anything; the shard logs the join only then).
+  // A finished worker stays gone.
+  virtual bool CanJoin(int32_t worker) const = 0;
   virtual bool OnJoin(int32_t worker) = 0;
   // Whether `worker` is live now (registered / started and not gone).
   virtual bool IsLive(int32_t worker) const = 0;
   virtual int LiveWorkers() const = 0;
-  // The coordinator declared `worker` dead: drop it from the accounting (sync may now complete
-  // a clock and apply).
-  virtual void OnWorkerDead(ShardUpdater& shard, int32_t worker) = 0;
+  // The coordinator declared `worker` gone — dead (silent), or finished: drop it from the
+  // accounting (sync may now complete a clock and apply).
+  virtual void OnWorkerDead(ShardUpdater& shard, int32_t worker, bool finished) = 0;
   // The slowest live worker's clock (iterations finished) as this shard knows it, from pushes
   // and clock messages, in every mode (ssp waits on it; the others report it for the logs);
   // INT64_MAX when no worker is live.

@@ -177,8 +177,10 @@ Status ShardServer::Join() {
 void ShardServer::Stop() { stop_.store(true); }
 
 void ShardServer::MarkWorkerGone(int32_t worker, bool finished) {
+  if (!KnownWorker(worker)) return;  // not accounted for here: nothing to drop (and nothing to queue)
   std::lock_guard<std::mutex> lock(mu_);
-  gone_queue_.emplace_back(worker, finished);
+  const std::pair<int32_t, bool> item{worker, finished};
+  if (std::find(gone_queue_.begin(), gone_queue_.end(), item) == gone_queue_.end()) gone_queue_.push_back(item);
 }
 
 void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload) {
@@ -340,7 +342,7 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
     return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
                            options_.model_id);
   }
-  if (!policy_->IsLive(h.sender)) {  // an elastic joiner, or a gone worker back: logged, then taken
+  if (policy_->CanJoin(h.sender)) {  // an elastic joiner, or a dead worker back: logged, then taken
     WalRecord r;
     r.kind = WalKind::kJoin;
     r.worker = h.sender;
@@ -695,8 +697,9 @@ void ShardServer::ServePending(ServerEndpoint* ep) {
   bool changed = false;
   for (const auto& [w, finished] : gone_queue_) {
     // Ids this server does not account for, and workers already gone (the coordinator repeats
-    // itself), change nothing: no record, no line.
-    if (!KnownWorker(w) || !policy_->IsLive(w)) continue;
+    // itself), change nothing: no record, no line. (A dead or never-seen worker reported
+    // finished becomes finished: it may not rejoin.)
+    if (!KnownWorker(w) || !(policy_->IsLive(w) || (finished && policy_->CanJoin(w)))) continue;
     WalRecord r;
     r.kind = WalKind::kGone;
     r.worker = w;
@@ -728,10 +731,7 @@ void ShardServer::ServePending(ServerEndpoint* ep) {
   pending_ = std::move(still);
 }
 
-void ShardServer::ApplyGone(int32_t worker, bool finished) {
-  (void)finished;  // both leave the accounting; the log line differs
-  policy_->OnWorkerDead(*updater_, worker);
-}
+void ShardServer::ApplyGone(int32_t worker, bool finished) { policy_->OnWorkerDead(*updater_, worker, finished); }
 
 // ---------------------------------------------------------------------------------------------
 // Stats, snapshots.

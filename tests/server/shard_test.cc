@@ -14,6 +14,9 @@
 #include "common/inproc_transport.h"
 #include "server/shard.h"
 #include "server/wal.h"
+
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include "server/update/lr_policy.h"
 #include "server/update/sgd.h"
 
@@ -1032,9 +1035,63 @@ TEST_F(ShardFixture, SyncElasticWorkerJoinsOnRegisterAndTheJoinSurvivesARestart)
   EXPECT_EQ(w, std::vector<float>(8, -7.0f));
 }
 
+// (defined below)
+void SendPush(RawPeer* p, const ParamLayout& layout, int32_t worker, uint64_t session, uint64_t request_id,
+              float value, int64_t version, bool init);
+
+TEST_F(ShardFixture, DeadWorkerRejoinsOnRegisterButAFinishedOneDoesNot) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 2;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c0 = Client(0);
+  const std::vector<float> g(8, 1.0f);
+  std::vector<float> w(8);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  shards_[0]->MarkWorkerGone(1, /*finished=*/false);
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 0), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 1), 5000ms).ok());  // worker 1 dead: clock 0 complete alone
+  auto c1 = Client(1);  // a restarted worker 1 registers: waited for again
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 1), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
+  ASSERT_TRUE(c1->Wait(c1->Push(g, 1), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 2);
+  // Finished: a later registration of its id (a client reconnecting) does not bring it back.
+  shards_[0]->MarkWorkerGone(1, /*finished=*/true);
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 2), 5000ms).ok());  // a served pull: the loop took the report
+  auto c1b = Client(1);
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 2), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 3);
+}
+
+TEST_F(ShardFixture, StabilityWarningIsLoggedOnceWhenStalenessIsLarge) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  spdlog::default_logger()->sinks().push_back(sink);
+  ShardOptions o;
+  o.solver.base_lr = 1e-6f;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  auto p = Raw(0, 0);
+  // Every gradient claims version 0 while the chunk moves on: staleness 0, 1, 2, ...
+  for (int i = 0; i < ShardServer::kStalenessWindow + 20; ++i) {
+    SendPush(p.get(), layout_, 0, 0, static_cast<uint64_t>(i + 1), 1.0f, 0, false);
+    ASSERT_EQ(p->Receive().type, MsgType::kAck);
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  int warnings = 0;
+  for (const std::string& line : sink->last_formatted()) {
+    if (line.find("consistency.staleness_aware_lr = true") != std::string::npos) ++warnings;
+  }
+  EXPECT_EQ(warnings, 1);
+}
+
 // A push of all of server 0's chunks from a raw peer with a session and request id.
 void SendPush(RawPeer* p, const ParamLayout& layout, int32_t worker, uint64_t session, uint64_t request_id,
-              float value, int64_t version, bool init = false) {
+              float value, int64_t version, bool init) {
   MessageHeader h;
   h.type = MsgType::kPush;
   h.sender = worker;
@@ -1066,10 +1123,10 @@ TEST_F(ShardFixture, DuplicatePushIsAckedButAppliedOnceAlsoAfterARestart) {
   const uint64_t session = 0x5E55;
   SendPush(p.get(), layout_, 0, session, 1, 0.0f, 0, /*init=*/true);
   ASSERT_EQ(p->Receive().type, MsgType::kAck);
-  SendPush(p.get(), layout_, 0, session, 2, 1.0f, 0);
+  SendPush(p.get(), layout_, 0, session, 2, 1.0f, 0, false);
   MessageHeader first = p->Receive();
   ASSERT_EQ(first.type, MsgType::kAck);
-  SendPush(p.get(), layout_, 0, session, 2, 1.0f, 0);  // the resend of a push whose ack was lost
+  SendPush(p.get(), layout_, 0, session, 2, 1.0f, 0, false);  // the resend of a push whose ack was lost
   MessageHeader again = p->Receive();
   EXPECT_EQ(again.type, MsgType::kAck);
   EXPECT_EQ(again.versions, first.versions);
@@ -1078,7 +1135,7 @@ TEST_F(ShardFixture, DuplicatePushIsAckedButAppliedOnceAlsoAfterARestart) {
   EXPECT_EQ(st.duplicates, 1u);
   EXPECT_EQ(st.pushes_by_worker, std::vector<uint64_t>{1});
   // The same request id in another session is another push.
-  SendPush(p.get(), layout_, 0, session + 1, 2, 1.0f, 1);
+  SendPush(p.get(), layout_, 0, session + 1, 2, 1.0f, 1, false);
   ASSERT_EQ(p->Receive().type, MsgType::kAck);
   EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, -2.0f));
 
@@ -1089,7 +1146,7 @@ TEST_F(ShardFixture, DuplicatePushIsAckedButAppliedOnceAlsoAfterARestart) {
   EXPECT_NE(fresh->incarnation(), shards_[0]->incarnation());
   addresses_ = {Serve(std::move(fresh), "restarted")};
   auto q = Raw(0, 0);
-  SendPush(q.get(), layout_, 0, session, 2, 1.0f, 0);
+  SendPush(q.get(), layout_, 0, session, 2, 1.0f, 0, false);
   MessageHeader r = q->Receive();
   EXPECT_EQ(r.type, MsgType::kAck);
   EXPECT_EQ(r.incarnation, shards_[1]->incarnation());
@@ -1107,10 +1164,10 @@ TEST_F(ShardFixture, DuplicatePushIsAckedButAppliedOnceAlsoAfterARestart) {
   EXPECT_EQ(rep2.replayed, 0u);
   addresses_ = {Serve(std::move(third), "third")};
   auto t = Raw(0, 0);
-  SendPush(t.get(), layout_, 0, session + 1, 2, 1.0f, 1);
+  SendPush(t.get(), layout_, 0, session + 1, 2, 1.0f, 1, false);
   EXPECT_EQ(t->Receive().type, MsgType::kAck);
   EXPECT_EQ(shards_[2]->Stats().duplicates, 1u);
-  SendPush(t.get(), layout_, 0, session + 1, 3, 1.0f, 2);
+  SendPush(t.get(), layout_, 0, session + 1, 3, 1.0f, 2, false);
   EXPECT_EQ(t->Receive().type, MsgType::kAck);
   EXPECT_EQ(shards_[2]->ChunkWeights(0), std::vector<float>(8, -3.0f));
   EXPECT_EQ(shards_[2]->Stats().pushes_by_worker, std::vector<uint64_t>{3});
