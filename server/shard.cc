@@ -552,9 +552,9 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
     if (policy_->OnPush(*updater_, PushContext{worker, clock}, chunks) == PushOutcome::kDroppedLate) {
       ++stats_.dropped_late;
     }
-    ++stats_.pushes_by_worker[static_cast<size_t>(worker)];
+    ++stats_.pushes_by_worker[static_cast<size_t>(worker)];  // persisted: counts across restarts
   }
-  ++stats_.pushes_applied;
+  if (!replaying_) ++stats_.pushes_applied;  // this process's traffic; replay is counted in `replayed`
 }
 
 bool ShardServer::IsDuplicate(int32_t worker, uint64_t session, uint64_t request_id) const {
