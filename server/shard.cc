@@ -151,11 +151,6 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
     ServePending(ep);
     refusal_log_.Flush();
     reply_log_.Flush();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (wal_) {
-      Status ws = wal_->MaybeSync();
-      if (!ws.ok()) spdlog::error("shard {}: {}", options_.server_id, ws.ToString());
-    }
   }
   refusal_log_.FlushFinal();
   reply_log_.FlushFinal();

@@ -40,8 +40,8 @@
 //
 // Write-ahead log (server/wal.h, ShardOptions::wal_path): every push (init pushes too), clock,
 // worker-gone and elastic join the shard takes is appended to the log BEFORE it is applied and
-// acknowledged; the log is fsynced at least every wal_fsync_ms (0: before every ack). After a
-// checkpoint to the shard's own path the log restarts empty. Recover() = load the checkpoint
+// acknowledged; the log is fsynced at least every wal_fsync_ms, on the log's own thread (0:
+// before every ack). After a checkpoint to the shard's own path the log restarts empty. Recover() = load the checkpoint
 // (if any) + replay the log records it does not cover, through the same apply code as the
 // live path: the shard is then byte for byte what it was when the process died, and every
 // acknowledged push is in it. A torn last record (never acknowledged) is dropped with one log

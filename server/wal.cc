@@ -257,18 +257,40 @@ void EncodeWalRecord(const WalRecord& r, std::string* out) {
 // Writer.
 
 WalWriter::WalWriter(std::string path, int fd, uint64_t next_seq, std::chrono::milliseconds fsync_ms, uint64_t bytes)
-    : path_(std::move(path)),
-      fd_(fd),
-      next_seq_(next_seq),
-      fsync_ms_(fsync_ms),
-      bytes_(bytes),
-      last_sync_(std::chrono::steady_clock::now()) {}
+    : path_(std::move(path)), fd_(fd), next_seq_(next_seq), fsync_ms_(fsync_ms), bytes_(bytes) {
+  if (fsync_ms_.count() > 0) syncer_ = std::thread([this] { SyncLoop(); });
+}
 
 WalWriter::~WalWriter() {
+  {
+    std::lock_guard<std::mutex> lock(sync_mu_);
+    stop_ = true;
+  }
+  sync_cv_.notify_all();
+  if (syncer_.joinable()) syncer_.join();
   if (fd_ >= 0) {
     (void)Sync();
     close(fd_);
   }
+}
+
+// Group commit off the shard's thread: every fsync_ms, one fdatasync for whatever was appended.
+void WalWriter::SyncLoop() {
+  std::unique_lock<std::mutex> lock(sync_mu_);
+  while (!stop_) {
+    sync_cv_.wait_for(lock, fsync_ms_, [this] { return stop_; });
+    if (stop_ || !dirty_.exchange(false)) continue;
+    lock.unlock();
+    const int rc = fdatasync(fd_);
+    const int err = errno;
+    lock.lock();
+    if (rc != 0 && sync_error_.ok()) sync_error_ = IoError("{}: fdatasync: {}", path_, std::strerror(err));
+  }
+}
+
+Status WalWriter::SyncError() {
+  std::lock_guard<std::mutex> lock(sync_mu_);
+  return sync_error_;
 }
 
 Status WalWriter::Open(const std::string& path, uint64_t next_seq, bool truncate, std::chrono::milliseconds fsync_ms,
@@ -340,25 +362,21 @@ Status WalWriter::Append(WalRecord* r) {
     bytes_ += kWalHeaderBytes + payload;
     ++next_seq_;
     dirty_ = true;
-    return fsync_ms_.count() == 0 ? Sync() : MaybeSync();
+    return fsync_ms_.count() == 0 ? Sync() : SyncError();
   }
   ++next_seq_;
   bytes_ += buf_.size();
   dirty_ = true;
-  return fsync_ms_.count() == 0 ? Sync() : MaybeSync();
+  return fsync_ms_.count() == 0 ? Sync() : SyncError();
 }
 
 Status WalWriter::Sync() {
-  if (!dirty_) return Status::Ok();
-  if (fdatasync(fd_) != 0) return IoError("{}: fdatasync: {}", path_, std::strerror(errno));
-  dirty_ = false;
-  last_sync_ = std::chrono::steady_clock::now();
-  return Status::Ok();
-}
-
-Status WalWriter::MaybeSync() {
-  if (!dirty_ || std::chrono::steady_clock::now() - last_sync_ < fsync_ms_) return Status::Ok();
-  return Sync();
+  if (!dirty_.exchange(false)) return SyncError();
+  if (fdatasync(fd_) != 0) {
+    dirty_ = true;
+    return IoError("{}: fdatasync: {}", path_, std::strerror(errno));
+  }
+  return SyncError();
 }
 
 Status WalWriter::Restart() {

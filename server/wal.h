@@ -34,11 +34,17 @@
 // restarted (truncated to empty); seq numbers go on. A crash between the two is safe: replay
 // skips records with seq <= the checkpoint's.
 //
-// Thread-safety: a WalWriter is used by one thread at a time (the shard holds its lock);
-// ScanWal is reentrant.
+// Thread-safety: a WalWriter is used by one thread at a time (the shard holds its lock); with
+// fsync_ms > 0 it owns a thread of its own that fsyncs the file every fsync_ms when it has
+// unsynced records, so the shard's loop never waits for the disk (an fsync error is returned by
+// the next Append). ScanWal is reentrant.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -80,16 +86,15 @@ class WalWriter {
  public:
   // Opens `path` for appending; `next_seq` is the seq the next record gets. truncate = start the
   // log empty (a fresh shard, or after --restore); otherwise appends after what is there (the
-  // caller has scanned it and truncated a torn tail). fsync_ms: fsync at least this often
-  // (Append syncs when the last fsync is older; MaybeSync from the loop); 0 = every Append.
+  // caller has scanned it and truncated a torn tail). fsync_ms: fsync at least this often (on
+  // the writer's own thread); 0 = every Append fsyncs before it returns.
   static Status Open(const std::string& path, uint64_t next_seq, bool truncate, std::chrono::milliseconds fsync_ms,
                      std::unique_ptr<WalWriter>* out);
   ~WalWriter();
 
   // Writes `r` (its seq is set to next_seq()) with one write(2); fsyncs when due.
   Status Append(WalRecord* r);
-  Status Sync();       // fsync now if anything is unsynced
-  Status MaybeSync();  // fsync if anything is unsynced and the last fsync is fsync_ms old
+  Status Sync();  // fsync now if anything is unsynced
   // Empties the log (after a checkpoint that covers everything in it); seq numbers go on.
   Status Restart();
   uint64_t next_seq() const { return next_seq_; }
@@ -99,14 +104,21 @@ class WalWriter {
  private:
   WalWriter(std::string path, int fd, uint64_t next_seq, std::chrono::milliseconds fsync_ms, uint64_t bytes);
 
+  void SyncLoop();
+  Status SyncError();
+
   std::string path_;
   int fd_ = -1;
   uint64_t next_seq_ = 1;
   std::chrono::milliseconds fsync_ms_;
   uint64_t bytes_ = 0;
-  bool dirty_ = false;
-  std::chrono::steady_clock::time_point last_sync_;
+  std::atomic<bool> dirty_{false};
   std::string buf_;  // reused record buffer
+  std::mutex sync_mu_;  // guards stop_ and sync_error_
+  std::condition_variable sync_cv_;
+  bool stop_ = false;
+  Status sync_error_;
+  std::thread syncer_;  // fsync_ms > 0 only
 };
 
 // What ScanWal found.
