@@ -1,6 +1,10 @@
 // shard_test.cc — the shard server through its message path (in-process transport): update math
-// equals SgdUpdate, validation of every bad input, consistency policies, checkpoints, and who
-// may checkpoint, shut down, register and push (server/access.h), with keys and with a token.
+// equals SgdUpdate, validation of every bad input (version range included), consistency
+// policies (elastic joiners, dead and finished workers), checkpoints, recovery from checkpoint +
+// write-ahead log equal byte for byte to the uninterrupted shard (async, sync mid-clock, a
+// checkpoint midway), duplicate pushes applied once across restarts, incarnation on every reply,
+// the stability warning, and who may checkpoint, shut down, register and push
+// (server/access.h), with keys and with a token.
 #include <gtest/gtest.h>
 
 #include <cmath>
