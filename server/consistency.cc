@@ -3,6 +3,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
 
 namespace downpour {
 namespace {
@@ -11,39 +15,110 @@ int64_t Staleness(const ShardUpdater& shard, const PushChunk& c) {
   return std::max<int64_t>(0, shard.version(c.local) - c.version_from);
 }
 
+// Parses "a,b,c" into integers; errors name `path` and `field`.
+Status ParseInts(const std::string& text, const std::string& path, const std::string& field,
+                 std::vector<int64_t>* out) {
+  out->clear();
+  if (text.empty()) return Status::Ok();
+  std::istringstream in(text);
+  std::string tok;
+  while (std::getline(in, tok, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (tok.empty() || *end != '\0') return Corrupt("{}: meta '{}': bad entry '{}'", path, field, tok);
+    out->push_back(v);
+  }
+  return Status::Ok();
+}
+
+std::string JoinInts(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(v[i]);
+  }
+  return out;
+}
+
+std::string MetaOf(const TensorFile& file, const std::string& key) {
+  auto it = file.meta.find(key);
+  return it == file.meta.end() ? std::string() : it->second;
+}
+
 // Tracks which workers are alive and how far each has got (clock = iterations finished).
+// Ids 0..expected-1 start live, expected..max-1 absent until they join (elastic). A worker
+// declared dead may come back (a restarted worker registers again); a finished one never does
+// (its client re-registering with a restarted server must not make the others wait for it).
 class Membership {
  public:
-  explicit Membership(int workers) : clock_(static_cast<size_t>(std::max(workers, 0)), 0),
-                                     dead_(clock_.size(), false) {}
+  enum State : int64_t { kAbsent = 0, kLive = 1, kDead = 2, kFinished = 3 };
+  Membership(int expected, int max_workers)
+      : clock_(static_cast<size_t>(std::max({max_workers, expected, 0})), 0), state_(clock_.size(), kAbsent) {
+    for (int i = 0; i < expected; ++i) state_[static_cast<size_t>(i)] = kLive;
+  }
   bool Known(int32_t w) const { return w >= 0 && static_cast<size_t>(w) < clock_.size(); }
+  // A push or clock: progress, and an absent elastic worker joins (a gone one stays gone).
   void Advance(int32_t w, int64_t finished) {
-    if (Known(w)) clock_[static_cast<size_t>(w)] = std::max(clock_[static_cast<size_t>(w)], finished);
+    if (!Known(w)) return;
+    const auto i = static_cast<size_t>(w);
+    clock_[i] = std::max(clock_[i], finished);
+    if (state_[i] == kAbsent) state_[i] = kLive;
   }
-  void Kill(int32_t w) {
-    if (Known(w)) dead_[static_cast<size_t>(w)] = true;
+  bool CanJoin(int32_t w) const {
+    return Known(w) && (state_[static_cast<size_t>(w)] == kAbsent || state_[static_cast<size_t>(w)] == kDead);
   }
-  bool Dead(int32_t w) const { return Known(w) && dead_[static_cast<size_t>(w)]; }
-  int Live() const { return static_cast<int>(std::count(dead_.begin(), dead_.end(), false)); }
+  bool Join(int32_t w) {
+    if (!CanJoin(w)) return false;
+    state_[static_cast<size_t>(w)] = kLive;
+    return true;
+  }
+  void Kill(int32_t w, bool finished) {
+    if (Known(w)) state_[static_cast<size_t>(w)] = finished ? kFinished : kDead;
+  }
+  bool IsLive(int32_t w) const { return Known(w) && state_[static_cast<size_t>(w)] == kLive; }
+  int Live() const { return static_cast<int>(std::count(state_.begin(), state_.end(), kLive)); }
+  int size() const { return static_cast<int>(clock_.size()); }
   // Slowest live worker's clock; max int64 when none is live (nobody to wait for).
   int64_t MinLiveClock() const {
     int64_t m = std::numeric_limits<int64_t>::max();
     for (size_t i = 0; i < clock_.size(); ++i) {
-      if (!dead_[i]) m = std::min(m, clock_[i]);
+      if (state_[i] == kLive) m = std::min(m, clock_[i]);
     }
     return m;
+  }
+  void Save(TensorFile* file) const {
+    file->meta["policy.member_clocks"] = JoinInts(clock_);
+    file->meta["policy.member_states"] = JoinInts(std::vector<int64_t>(state_.begin(), state_.end()));
+  }
+  Status Load(const TensorFile& file, const std::string& path) {
+    std::vector<int64_t> clocks, states;
+    DP_RETURN_IF_ERROR(ParseInts(MetaOf(file, "policy.member_clocks"), path, "policy.member_clocks", &clocks));
+    DP_RETURN_IF_ERROR(ParseInts(MetaOf(file, "policy.member_states"), path, "policy.member_states", &states));
+    if (clocks.size() != clock_.size() || states.size() != clock_.size()) {
+      return FailedPrecondition(
+          "{}: meta 'policy.member_clocks' / 'policy.member_states' hold {} / {} workers; this server accounts for {} "
+          "(cluster.max_workers)",
+          path, clocks.size(), states.size(), clock_.size());
+    }
+    for (int64_t st : states) {
+      if (st < kAbsent || st > kFinished) return Corrupt("{}: meta 'policy.member_states': bad state {}", path, st);
+    }
+    clock_ = clocks;
+    for (size_t i = 0; i < states.size(); ++i) state_[i] = static_cast<State>(states[i]);
+    return Status::Ok();
   }
 
  private:
   std::vector<int64_t> clock_;
-  std::vector<bool> dead_;
+  std::vector<State> state_;
 };
 
 // Downpour: apply every gradient on arrival; optional lr / staleness. Clocks are tracked only to
 // be reported (MinLiveClock); nothing waits on them.
 class AsyncPolicy : public ConsistencyPolicy {
  public:
-  AsyncPolicy(bool staleness_aware, int workers) : staleness_aware_(staleness_aware), members_(workers) {}
+  AsyncPolicy(bool staleness_aware, int workers, int max_workers)
+      : staleness_aware_(staleness_aware), members_(workers, max_workers) {}
   Status CheckPush(const ShardUpdater&, const PushContext&, std::span<const PushChunk>) const override {
     return Status::Ok();
   }
@@ -59,8 +134,16 @@ class AsyncPolicy : public ConsistencyPolicy {
   }
   bool PullReady(const ShardUpdater&, int32_t, int64_t, std::span<const int>) const override { return true; }
   void OnClock(int32_t worker, int64_t clock) override { members_.Advance(worker, clock + 1); }
-  void OnWorkerDead(ShardUpdater&, int32_t worker) override { members_.Kill(worker); }
+  void OnWorkerDead(ShardUpdater&, int32_t worker, bool finished) override { members_.Kill(worker, finished); }
+  bool OnJoin(int32_t worker) override { return members_.Join(worker); }
+  bool CanJoin(int32_t worker) const override { return members_.CanJoin(worker); }
+  bool IsLive(int32_t worker) const override { return members_.IsLive(worker); }
+  int LiveWorkers() const override { return members_.Live(); }
   int64_t MinLiveClock() const override { return members_.MinLiveClock(); }
+  void SaveState(TensorFile* file) const override { members_.Save(file); }
+  Status LoadState(const TensorFile& file, const ShardUpdater&, const std::string& path) override {
+    return members_.Load(file, path);
+  }
 
  private:
   bool staleness_aware_;
@@ -71,7 +154,8 @@ class AsyncPolicy : public ConsistencyPolicy {
 // has finished c - s iterations, so no worker reads weights while more than s clocks ahead.
 class SspPolicy : public AsyncPolicy {
  public:
-  SspPolicy(int bound, bool staleness_aware, int workers) : AsyncPolicy(staleness_aware, workers), bound_(bound) {}
+  SspPolicy(int bound, bool staleness_aware, int workers, int max_workers)
+      : AsyncPolicy(staleness_aware, workers, max_workers), bound_(bound) {}
   bool PullReady(const ShardUpdater&, int32_t, int64_t clock, std::span<const int>) const override {
     return MinLiveClock() >= clock - bound_;
   }
@@ -86,12 +170,12 @@ class SspPolicy : public AsyncPolicy {
 // until every requested chunk has applied clock c - 1.
 class SyncPolicy : public ConsistencyPolicy {
  public:
-  SyncPolicy(int backup, int workers) : backup_(backup), members_(workers) {}
+  SyncPolicy(int backup, int workers, int max_workers) : backup_(backup), members_(workers, max_workers) {}
 
   Status CheckPush(const ShardUpdater& shard, const PushContext& ctx,
                    std::span<const PushChunk> chunks) const override {
     if (!members_.Known(ctx.worker)) {
-      return InvalidArgument("sync: worker id {} is outside 0..{}", ctx.worker, members_.Live() - 1);
+      return InvalidArgument("sync: worker id {} is outside 0..{}", ctx.worker, members_.size() - 1);
     }
     EnsureSized(shard);
     for (const PushChunk& c : chunks) {
@@ -132,10 +216,54 @@ class SyncPolicy : public ConsistencyPolicy {
   }
   void OnClock(int32_t worker, int64_t clock) override { members_.Advance(worker, clock + 1); }
   int64_t MinLiveClock() const override { return members_.MinLiveClock(); }
-  void OnWorkerDead(ShardUpdater& shard, int32_t worker) override {
-    members_.Kill(worker);
+  void OnWorkerDead(ShardUpdater& shard, int32_t worker, bool finished) override {
+    members_.Kill(worker, finished);
     EnsureSized(shard);
     for (int l = 0; l < shard.num_local(); ++l) MaybeApply(shard, l);
+  }
+  bool OnJoin(int32_t worker) override { return members_.Join(worker); }
+  bool CanJoin(int32_t worker) const override { return members_.CanJoin(worker); }
+  bool IsLive(int32_t worker) const override { return members_.IsLive(worker); }
+  int LiveWorkers() const override { return members_.Live(); }
+
+  // Per local chunk with a partial clock: meta "policy.acc_workers.<local>" (contributors) and
+  // tensor "policy.acc_sum.<local>" (their summed gradients).
+  void SaveState(TensorFile* file) const override {
+    members_.Save(file);
+    for (size_t l = 0; l < acc_.size(); ++l) {
+      const Acc& a = acc_[l];
+      if (a.workers.empty()) continue;
+      file->meta[fmt::format("policy.acc_workers.{}", l)] =
+          JoinInts(std::vector<int64_t>(a.workers.begin(), a.workers.end()));
+      file->tensors.push_back(
+          NamedTensor{fmt::format("policy.acc_sum.{}", l), {static_cast<int64_t>(a.sum.size())}, a.sum});
+    }
+  }
+  Status LoadState(const TensorFile& file, const ShardUpdater& shard, const std::string& path) override {
+    Membership m = members_;
+    DP_RETURN_IF_ERROR(m.Load(file, path));
+    std::vector<Acc> acc(static_cast<size_t>(shard.num_local()));
+    for (size_t l = 0; l < acc.size(); ++l) {
+      const std::string key = fmt::format("policy.acc_workers.{}", l);
+      auto it = file.meta.find(key);
+      if (it == file.meta.end()) continue;
+      std::vector<int64_t> ws;
+      DP_RETURN_IF_ERROR(ParseInts(it->second, path, key, &ws));
+      for (int64_t w : ws) {
+        if (!m.Known(static_cast<int32_t>(w))) return Corrupt("{}: meta '{}': worker {} out of range", path, key, w);
+        acc[l].workers.push_back(static_cast<int32_t>(w));
+      }
+      const std::string name = fmt::format("policy.acc_sum.{}", l);
+      const NamedTensor* t = FindTensor(file, name);
+      const auto count = static_cast<size_t>(shard.count(static_cast<int>(l)));
+      if (t == nullptr || t->data.size() != count) {
+        return Corrupt("{}: tensor '{}' is missing or not {} floats", path, name, count);
+      }
+      acc[l].sum = t->data;
+    }
+    members_ = m;
+    acc_ = std::move(acc);
+    return Status::Ok();
   }
 
  private:
@@ -167,17 +295,18 @@ class SyncPolicy : public ConsistencyPolicy {
 
 }  // namespace
 
-std::unique_ptr<ConsistencyPolicy> MakeConsistencyPolicy(const ConsistencyConfig& config,
-                                                         int expected_workers) {
+std::unique_ptr<ConsistencyPolicy> MakeConsistencyPolicy(const ConsistencyConfig& config, int expected_workers,
+                                                         int max_workers) {
   switch (config.mode) {
     case ConsistencyMode::kSync:
-      return std::make_unique<SyncPolicy>(config.backup_workers, expected_workers);
+      return std::make_unique<SyncPolicy>(config.backup_workers, expected_workers, max_workers);
     case ConsistencyMode::kSsp:
-      return std::make_unique<SspPolicy>(config.staleness_bound, config.staleness_aware_lr, expected_workers);
+      return std::make_unique<SspPolicy>(config.staleness_bound, config.staleness_aware_lr, expected_workers,
+                                         max_workers);
     case ConsistencyMode::kAsync:
       break;
   }
-  return std::make_unique<AsyncPolicy>(config.staleness_aware_lr, expected_workers);
+  return std::make_unique<AsyncPolicy>(config.staleness_aware_lr, expected_workers, max_workers);
 }
 
 }  // namespace downpour

@@ -5,8 +5,20 @@
 //  * CheckPush — may this push be taken at all (all chunks are checked before any is touched);
 //  * OnPush    — apply now (async, ssp) or accumulate until the clock is complete (sync);
 //  * PullReady — may a pull by `worker` at `clock` be answered now, or must it wait;
-//  * OnClock / OnWorkerDead — membership and progress, so a dead worker leaves the accounting.
+//  * OnClock / OnJoin / OnWorkerDead — membership and progress, so a dead worker leaves the
+//    accounting and an elastic one joins it.
 // The policy changes weights only through ShardUpdater (one SgdUpdate per call).
+//
+// Membership. Worker ids 0..max_workers-1 are accounted for (others are refused before they
+// reach the policy). Ids < expected_workers start live; ids >= expected_workers are elastic
+// joiners: absent (not waited for) until they register (OnJoin) or first push / clock; a live
+// worker leaves on OnWorkerDead. A registering worker that was declared dead is live again (a
+// worker restarted with its id); a finished one is not (a finished worker's client registering
+// with a restarted server must not make the others wait for it).
+//
+// State. SaveState / LoadState put everything the policy knows (each worker's state and clock;
+// sync's per-chunk partial sums and contributors) into a shard checkpoint, so checkpoint +
+// write-ahead log replay (server/wal.h) rebuild the exact policy, mid-clock included.
 //
 // Thread-safety: not thread-safe; owned and called by the shard's loop thread only.
 #pragma once
@@ -14,9 +26,11 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/run_config.h"
+#include "common/tensor_file.h"
 #include "common/status.h"
 
 namespace downpour {
@@ -61,17 +75,32 @@ class ConsistencyPolicy {
                          std::span<const int> locals) const = 0;
   // The worker has finished iteration `clock` (clock messages, and implied by its pushes).
   virtual void OnClock(int32_t worker, int64_t clock) = 0;
-  // The coordinator declared `worker` dead: drop it from the accounting (sync may now complete
-  // a clock and apply).
-  virtual void OnWorkerDead(ShardUpdater& shard, int32_t worker) = 0;
+  // `worker` registered: an elastic joiner, or a worker declared dead coming back, is live from
+  // now on (CanJoin says whether it would change anything; the shard logs the join only then).
+  // A finished worker stays gone.
+  virtual bool CanJoin(int32_t worker) const = 0;
+  virtual bool OnJoin(int32_t worker) = 0;
+  // Whether `worker` is live now (registered / started and not gone).
+  virtual bool IsLive(int32_t worker) const = 0;
+  virtual int LiveWorkers() const = 0;
+  // The coordinator declared `worker` gone — dead (silent), or finished: drop it from the
+  // accounting (sync may now complete a clock and apply).
+  virtual void OnWorkerDead(ShardUpdater& shard, int32_t worker, bool finished) = 0;
   // The slowest live worker's clock (iterations finished) as this shard knows it, from pushes
   // and clock messages, in every mode (ssp waits on it; the others report it for the logs);
   // INT64_MAX when no worker is live.
   virtual int64_t MinLiveClock() const = 0;
+
+  // Policy state into / out of a shard checkpoint: meta keys and tensors named "policy.*".
+  // LoadState checks the file against this policy and `shard` (worker count, chunk sizes) and
+  // names `path` and the field in errors; on error the policy is unchanged.
+  virtual void SaveState(TensorFile* file) const = 0;
+  virtual Status LoadState(const TensorFile& file, const ShardUpdater& shard, const std::string& path) = 0;
 };
 
-// expected_workers: W of the run (worker ids 0..W-1), for sync/ssp accounting.
-std::unique_ptr<ConsistencyPolicy> MakeConsistencyPolicy(const ConsistencyConfig& config,
-                                                         int expected_workers);
+// expected_workers: W of the run (ids 0..W-1 start live); max_workers (>= W; 0 = W): ids
+// 0..max_workers-1 are accounted for.
+std::unique_ptr<ConsistencyPolicy> MakeConsistencyPolicy(const ConsistencyConfig& config, int expected_workers,
+                                                         int max_workers = 0);
 
 }  // namespace downpour

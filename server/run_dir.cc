@@ -124,6 +124,12 @@ std::string ServerCheckpointPath(const std::string& run_dir, const CheckpointCon
   return (dir / fmt::format("server-{}.dpt", server)).string();
 }
 
+std::string ServerWalPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server) {
+  return (fs::path(ServerCheckpointPath(run_dir, checkpoint, server)).parent_path() /
+          fmt::format("server-{}.wal", server))
+      .string();
+}
+
 Status PlanResume(const std::string& run_dir, const RunConfig& c, ResumePlan* plan) {
   std::error_code ec;
   const std::string launch_log = (fs::path(run_dir) / "launch.jsonl").string();

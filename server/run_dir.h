@@ -1,6 +1,6 @@
 // run_dir.h — what downpour-launch checks about a run before it starts any process: that a new
 // run gets a directory of its own, that every input the run config names is there, and how a
-// stopped run is resumed.
+// stopped run is resumed, and where a server's checkpoint and write-ahead log live.
 //
 // Every check names the file, the config key and what to do, and runs before any process
 // starts, so a mistake costs seconds, not a job that dies after its servers came up.
@@ -53,5 +53,8 @@ Status PlanResume(const std::string& run_dir, const RunConfig& config, ResumePla
 
 // <run_dir>/<checkpoint.dir>/server-<i>.dpt (checkpoint.dir may be absolute).
 std::string ServerCheckpointPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server);
+// <run_dir>/<checkpoint.dir>/server-<i>.wal: the shard's write-ahead log (server/wal.h), beside
+// its checkpoint; downpour-server --recover replays it after the checkpoint.
+std::string ServerWalPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server);
 
 }  // namespace downpour

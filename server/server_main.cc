@@ -1,7 +1,7 @@
 // server_main.cc — downpour-server: one parameter shard as a process (thin main over
 // ShardServer, ZmqTransport and RendezvousClient).
 //
-//   downpour-server --config run.toml --id i --run-dir D [--restore ckpt]
+//   downpour-server --config run.toml --id i --run-dir D [--restore ckpt | --recover]
 //                   (--tensors list.txt | --model alexnet-shapes) [--port P] [--standalone]
 //                   [--bind ADDR] [--advertise HOST] [--coordinator HOST:PORT]
 //
@@ -13,15 +13,25 @@
 // and register messages must carry the run's secret (D/secret). Who may send what:
 // server/access.h. Checkpoints go to D/<checkpoint.dir>/server-<i>.dpt every
 // checkpoint.every_updates applied updates and once more when the server stops (when
-// checkpointing is on), so `downpour-launch --resume D` restarts it with --restore from there. Registers with
-// cluster.coordinator (unless
+// checkpointing is on). With checkpoint.wal (the default) every push, clock and membership
+// change is first appended to D/<checkpoint.dir>/server-<i>.wal (server/wal.h; fsynced at least
+// every checkpoint.wal_fsync_ms), and the log restarts after each checkpoint.
+//
+// --recover: restore D/<checkpoint.dir>/server-<i>.dpt if it exists, then replay server-<i>.wal
+// if it exists (either may be missing), then serve: the shard is what it was when its previous
+// process died, every acknowledged push included. This is how the launcher restarts a dead
+// server and how `downpour-launch --resume` restarts a stopped run. --restore FILE loads that
+// checkpoint only and starts the log afresh. Without checkpoint.wal, --recover restores the
+// checkpoint alone (the updates since it are lost). Registers with cluster.coordinator (unless
 // --standalone), heartbeats, drops workers the coordinator declares dead, and exits 0 on a
 // shutdown message, the coordinator's shutdown, or SIGINT/SIGTERM.
 //
 // Metrics: D/metrics/server-<i>.jsonl — "server_start" (mode, bound, workers, chunks), one
 // "pull" line per served pull (worker, clock, min_clock = slowest live worker's clock as this
 // shard knows it, ahead = clock - min_clock, wait_ms held back by the consistency policy,
-// version_sum), and "server_end" with the shard's counters and refused_connections (CurveZMQ
+// version_sum), and "server_end" with the shard's counters (duplicates, wal_records, replayed,
+// pushes_by_worker as "[n0, n1, ...]": gradient pushes taken per worker id, across restarts)
+// and refused_connections (CurveZMQ
 // handshakes the transport refused: a client without the cluster's key). The pull lines are the log the
 // ssp bound is checked against (ahead <= s always).
 #include <spdlog/spdlog.h>
@@ -52,7 +62,18 @@ struct Flags {
   int id = 0;
   int port = -1;
   bool standalone = false;
+  bool recover = false;
 };
+
+// "[a, b, c]" — a per-worker list as one metrics value.
+std::string ListString(const std::vector<uint64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(v[i]);
+  }
+  return out + "]";
+}
 
 std::string ResolveInRunDir(const std::string& run_dir, const std::string& p) {
   return std::filesystem::path(p).is_absolute() ? p : (std::filesystem::path(run_dir) / p).string();
@@ -86,6 +107,9 @@ Status Run(const Flags& f, bool* serving) {
   o.solver = cfg.solver;
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
+  o.max_workers = cfg.cluster.max_workers;
+  if (cfg.checkpoint.wal) o.wal_path = ServerWalPath(f.run_dir, cfg.checkpoint, f.id);
+  o.wal_fsync_ms = std::chrono::milliseconds(cfg.checkpoint.wal_fsync_ms);
   o.checkpoint_every_updates = cfg.checkpoint.every_updates;
   o.checkpoint_path = ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id);
   std::filesystem::create_directories(std::filesystem::path(o.checkpoint_path).parent_path());
@@ -120,7 +144,18 @@ Status Run(const Flags& f, bool* serving) {
   ZmqTransport transport(net.zmq);
   std::unique_ptr<ShardServer> shard;
   DP_RETURN_IF_ERROR(ShardServer::Create(layout, o, &shard));
-  if (!f.restore.empty()) DP_RETURN_IF_ERROR(shard->LoadCheckpoint(f.restore));
+  if (f.recover) {
+    RecoverReport rep;
+    DP_RETURN_IF_ERROR(shard->Recover(&rep));
+    spdlog::info("server {}: recovered: checkpoint {} ({} updates, log seq {}) + {} pushes replayed from the log "
+                 "({} records{}){}",
+                 f.id, rep.checkpoint_loaded ? o.checkpoint_path : std::string("(none)"), rep.checkpoint_updates,
+                 rep.checkpoint_seq, rep.replayed_pushes, rep.replayed, rep.torn_tail ? ", a torn last record dropped" : "",
+                 cfg.checkpoint.wal ? "" : " (checkpoint.wal = false: no log)");
+  } else if (!f.restore.empty()) {
+    DP_RETURN_IF_ERROR(shard->LoadCheckpoint(f.restore));
+  }
+  DP_RETURN_IF_ERROR(shard->OpenLog());
 
   const int port = f.port >= 0 ? f.port : cfg.cluster.base_port + f.id;
   std::unique_ptr<ServerEndpoint> endpoint;
@@ -173,8 +208,10 @@ Status Run(const Flags& f, bool* serving) {
     }
   }
   const ShardStatsWire st = shard->Stats();
-  spdlog::info("server {}: pushes received {} applied {} rejected {}, pulls {}, chunk updates {}", f.id,
-               st.pushes_received, st.pushes_applied, st.pushes_rejected, st.pulls_served, st.chunk_updates);
+  spdlog::info("server {}: pushes received {} applied {} rejected {} duplicates {}, pulls {}, chunk updates {}, "
+               "log records {} replayed {}, gradient pushes by worker {}",
+               f.id, st.pushes_received, st.pushes_applied, st.pushes_rejected, st.duplicates, st.pulls_served,
+               st.chunk_updates, st.wal_records, st.replayed, ListString(st.pushes_by_worker));
   refusals->Flush();
   (void)metrics->Write("server_end", {{"pushes_received", st.pushes_received},
                                       {"refused_connections", static_cast<int64_t>(transport.refused_connections())},
@@ -186,6 +223,10 @@ Status Run(const Flags& f, bool* serving) {
                                       {"chunk_updates", st.chunk_updates},
                                       {"staleness_sum", st.staleness_sum},
                                       {"staleness_max", st.staleness_max},
+                                      {"duplicates", st.duplicates},
+                                      {"wal_records", st.wal_records},
+                                      {"replayed", st.replayed},
+                                      {"pushes_by_worker", ListString(st.pushes_by_worker)},
                                       {"ok", s.ok()}});
   return s;
 }
@@ -202,7 +243,10 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", f.config, "run config (TOML)")->required();
   app.add_option("-i,--id", f.id, "server id, 0..cluster.servers-1")->required()->check(cli::AtLeast(0));
   app.add_option("--run-dir", f.run_dir, "run directory (address file, checkpoints)")->required();
-  app.add_option("--restore", f.restore, "shard checkpoint to restore before serving");
+  auto* restore = app.add_option("--restore", f.restore, "shard checkpoint to restore before serving (starts the log afresh)");
+  app.add_flag("--recover", f.recover,
+               "restore <checkpoint.dir>/server-<id>.dpt if present, replay server-<id>.wal if present, then serve")
+      ->excludes(restore);
   app.add_option("--tensors", f.tensors, "tensor list file: '<name> <d0>x<d1>.. [lr_mult [decay_mult]]' per line");
   app.add_option("--model", f.model, "built-in tensor list: alexnet-shapes");
   app.add_option("--port", f.port, "port to bind (default cluster.base_port + id; 0 = any free port)")

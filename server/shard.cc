@@ -5,7 +5,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <sstream>
+#include <filesystem>
 
 #include <spdlog/spdlog.h>
 
@@ -25,6 +27,15 @@ struct WeightBuffer {
   std::vector<float> data;
   std::atomic<int> readers{0};
 };
+
+// Nonzero, different for every ShardServer (a restarted process draws a new one).
+uint64_t RandomIncarnation() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(
+                         std::chrono::steady_clock::now().time_since_epoch().count());
+  return v;
+}
 
 }  // namespace
 
@@ -62,6 +73,7 @@ class ShardServer::Updater : public ShardUpdater {
     st.staleness_max = std::max(st.staleness_max, v);
     const size_t b = std::min<size_t>(v, st.staleness_histogram.size() - 1);
     ++st.staleness_histogram[b];
+    s_->NoteStaleness(static_cast<int64_t>(v));
   }
 
  private:
@@ -77,6 +89,13 @@ Status ShardServer::Create(const ParamLayout& layout, ShardOptions options,
   if (options.expected_workers < 1) {
     return InvalidArgument("shard: expected_workers must be >= 1, got {}", options.expected_workers);
   }
+  if (options.max_workers != 0 && options.max_workers < options.expected_workers) {
+    return InvalidArgument("shard: max_workers {} is below expected_workers {} (0 = expected_workers)",
+                           options.max_workers, options.expected_workers);
+  }
+  if (options.wal_fsync_ms.count() < 0) {
+    return InvalidArgument("shard: wal_fsync_ms must be >= 0, got {}", options.wal_fsync_ms.count());
+  }
   if (options.staleness_buckets < 2) options.staleness_buckets = 2;
   out->reset(new ShardServer(layout, std::move(options)));
   return Status::Ok();
@@ -85,7 +104,10 @@ Status ShardServer::Create(const ParamLayout& layout, ShardOptions options,
 ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
     : layout_(layout),
       options_(std::move(options)),
-      refusal_log_(fmt::format("server {}", options_.server_id), "refusals") {
+      max_workers_(options_.max_workers > 0 ? options_.max_workers : options_.expected_workers),
+      incarnation_(RandomIncarnation()),
+      refusal_log_(fmt::format("server {}", options_.server_id), "refusals"),
+      reply_log_(fmt::format("server {}", options_.server_id), "failed replies") {
   local_of_.assign(static_cast<size_t>(layout_.num_chunks()), -1);
   for (int32_t id : layout_.ServerChunks(options_.server_id)) {
     local_of_[static_cast<size_t>(id)] = static_cast<int>(owned_.size());
@@ -97,10 +119,13 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
     chunks_[i].weights = std::make_shared<WeightBuffer>(std::vector<float>(n, 0.0f));
     chunks_[i].history.assign(n, 0.0f);
   }
-  policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers);
+  policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers, max_workers_);
   updater_ = std::make_unique<Updater>(this);
   stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
+  stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
+  peers_of_worker_.resize(static_cast<size_t>(max_workers_));
+  dedup_.resize(static_cast<size_t>(max_workers_));
 }
 
 ShardServer::~ShardServer() {
@@ -112,6 +137,7 @@ ShardServer::~ShardServer() {
 // Loop.
 
 Status ShardServer::Serve(ServerEndpoint* ep) {
+  DP_RETURN_IF_ERROR(OpenLog());
   while (!stop_.load()) {
     PeerId peer;
     PeerInfo info;
@@ -124,8 +150,12 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
     }
     ServePending(ep);
     refusal_log_.Flush();
+    reply_log_.Flush();
   }
   refusal_log_.FlushFinal();
+  reply_log_.FlushFinal();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (wal_) return wal_->Sync();
   return Status::Ok();
 }
 
@@ -142,11 +172,14 @@ Status ShardServer::Join() {
 void ShardServer::Stop() { stop_.store(true); }
 
 void ShardServer::MarkWorkerGone(int32_t worker, bool finished) {
+  if (!KnownWorker(worker)) return;  // not accounted for here: nothing to drop (and nothing to queue)
   std::lock_guard<std::mutex> lock(mu_);
-  gone_queue_.emplace_back(worker, finished);
+  const std::pair<int32_t, bool> item{worker, finished};
+  if (std::find(gone_queue_.begin(), gone_queue_.end(), item) == gone_queue_.end()) gone_queue_.push_back(item);
 }
 
-void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, Frames payload) {
+void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload) {
+  h.incarnation = incarnation_;  // every reply: a client tells a restarted server by it
   Frames frames;
   frames.reserve(payload.size() + 1);
   frames.emplace_back();
@@ -157,7 +190,7 @@ void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHea
   }
   for (auto& f : payload) frames.push_back(std::move(f));
   s = ep->Send(peer, std::move(frames));
-  if (!s.ok()) spdlog::warn("shard {}: reply to a peer failed: {}", options_.server_id, s.ToString());
+  if (!s.ok()) reply_log_.Log(fmt::format("server {}: reply to a peer failed: {}", options_.server_id, s.ToString()));
 }
 
 void ShardServer::Reject(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& request,
@@ -218,6 +251,14 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
     }
     case MsgType::kClock:
       s = CheckWorker(peer, info, h, &reason);
+      if (s.ok()) {
+        WalRecord r;
+        r.kind = WalKind::kClock;
+        r.worker = h.sender;
+        r.clock = h.clock;
+        reason = RejectReason::kBadType;  // the log could not be written: nothing was taken
+        s = LogRecord(&r);
+      }
       if (s.ok()) {
         policy_->OnClock(h.sender, h.clock);
         reply.type = MsgType::kAck;
@@ -286,14 +327,41 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
         "{:#018x} (different model, server count or chunk size)",
         h.sender, h.layout_hash, options_.server_id, layout_.hash());
   }
-  if (h.sender < 0) return InvalidArgument("register: sender id {} must be >= 0", h.sender);
+  *reason = RejectReason::kNotRegistered;
+  if (!KnownWorker(h.sender)) {
+    return InvalidArgument("register: worker id {} is outside 0..{} (cluster.max_workers = {})", h.sender,
+                           max_workers_ - 1, max_workers_);
+  }
+  *reason = RejectReason::kModelId;
   if (h.model_id != options_.model_id) {
     return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
                            options_.model_id);
   }
-  const auto [it, fresh] = registered_.insert_or_assign(peer, h.sender);
-  (void)it;
-  if (fresh) spdlog::info("server {}: worker {} registered from {}", options_.server_id, h.sender, DescribePeer(info));
+  if (policy_->CanJoin(h.sender)) {  // an elastic joiner, or a dead worker back: logged, then taken
+    WalRecord r;
+    r.kind = WalKind::kJoin;
+    r.worker = h.sender;
+    *reason = RejectReason::kBadType;
+    DP_RETURN_IF_ERROR(LogRecord(&r));
+    policy_->OnJoin(h.sender);
+    spdlog::info("server {}: worker {} joined the consistency accounting", options_.server_id, h.sender);
+  }
+  auto old = registered_.find(peer);
+  const bool fresh = old == registered_.end() || old->second != h.sender;
+  if (fresh) {
+    if (old != registered_.end()) {  // this connection registered as another id before
+      auto& q = peers_of_worker_[static_cast<size_t>(old->second)];
+      q.erase(std::remove(q.begin(), q.end(), peer), q.end());
+    }
+    registered_[peer] = h.sender;
+    auto& q = peers_of_worker_[static_cast<size_t>(h.sender)];
+    q.push_back(peer);
+    if (q.size() > static_cast<size_t>(kPeersPerWorker)) {  // bounded: the oldest connection goes
+      registered_.erase(q.front());
+      q.pop_front();
+    }
+    spdlog::info("server {}: worker {} registered from {}", options_.server_id, h.sender, DescribePeer(info));
+  }
   reply->type = MsgType::kRegisterReply;
   reply->assigned_id = h.sender;
   reply->server_count = layout_.servers();
@@ -420,10 +488,54 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
       *reason = RejectReason::kNotInitialized;
       return FailedPrecondition("push: gradient for chunk {} before its weights were initialised", id);
     }
+    if (!init && (h.versions[i] < 0 || h.versions[i] > chunks_[static_cast<size_t>(local)].version)) {
+      *reason = RejectReason::kVersion;
+      return InvalidArgument("push: chunk {} computed from version {}, but the chunk is at version {} (valid: 0..{})",
+                             id, h.versions[i], chunks_[static_cast<size_t>(local)].version,
+                             chunks_[static_cast<size_t>(local)].version);
+    }
     chunks[i] = PushChunk{local, data, count, init ? 0 : h.versions[i]};
   }
   reply->type = MsgType::kAck;
   reply->chunk_ids = h.chunk_ids;
+  if (IsDuplicate(h.sender, h.session, h.request_id)) {  // a resend of a push already taken
+    ++stats_.duplicates;
+    for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
+    return Status::Ok();
+  }
+  if (!init) {
+    Status policy_ok = policy_->CheckPush(*updater_, PushContext{h.sender, h.clock}, chunks);
+    if (!policy_ok.ok()) {
+      *reason = RejectReason::kClock;
+      return policy_ok;
+    }
+  }
+  // Logged before it is applied and acknowledged: an ack means the push is in the log.
+  WalRecord r;
+  r.kind = WalKind::kPush;
+  r.worker = h.sender;
+  r.flags = init ? kFlagInit : 0;
+  r.session = h.session;
+  r.request_id = h.request_id;
+  r.clock = h.clock;
+  if (wal_) {
+    r.chunks.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      r.chunks.push_back(WalChunk{h.chunk_ids[i], chunks[i].version_from, chunks[i].grad,
+                                  static_cast<uint32_t>(chunks[i].count)});
+    }
+  }
+  *reason = RejectReason::kBadType;  // the log could not be written: nothing was taken
+  DP_RETURN_IF_ERROR(LogRecord(&r));
+  ApplyPush(h.sender, h.session, h.request_id, h.clock, init, chunks);
+  for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
+  MaybeCheckpoint();
+  return Status::Ok();
+}
+
+void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, bool init,
+                            const std::vector<PushChunk>& chunks) {
+  RememberRequest(worker, session, request_id);
   if (init) {
     for (const PushChunk& c : chunks) {
       ChunkState& st = chunks_[static_cast<size_t>(c.local)];
@@ -432,18 +544,74 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
       st.initialized = true;
     }
   } else {
-    const PushContext ctx{h.sender, h.clock};
-    Status policy_ok = policy_->CheckPush(*updater_, ctx, chunks);
-    if (!policy_ok.ok()) {
-      *reason = RejectReason::kClock;
-      return policy_ok;
+    if (policy_->OnPush(*updater_, PushContext{worker, clock}, chunks) == PushOutcome::kDroppedLate) {
+      ++stats_.dropped_late;
     }
-    if (policy_->OnPush(*updater_, ctx, chunks) == PushOutcome::kDroppedLate) ++stats_.dropped_late;
+    ++stats_.pushes_by_worker[static_cast<size_t>(worker)];  // persisted: counts across restarts
   }
-  ++stats_.pushes_applied;
-  for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
-  MaybeCheckpoint();
+  if (!replaying_) ++stats_.pushes_applied;  // this process's traffic; replay is counted in `replayed`
+}
+
+bool ShardServer::IsDuplicate(int32_t worker, uint64_t session, uint64_t request_id) const {
+  if (session == 0 || !KnownWorker(worker)) return false;
+  for (const SessionWindow& w : dedup_[static_cast<size_t>(worker)]) {
+    if (w.session == session) return w.ids.count(request_id) != 0;
+  }
+  return false;
+}
+
+void ShardServer::RememberRequest(int32_t worker, uint64_t session, uint64_t request_id) {
+  if (session == 0 || !KnownWorker(worker)) return;
+  auto& sessions = dedup_[static_cast<size_t>(worker)];
+  auto it = std::find_if(sessions.begin(), sessions.end(), [&](const SessionWindow& w) { return w.session == session; });
+  if (it == sessions.end()) {
+    if (sessions.size() >= static_cast<size_t>(kDedupSessions)) sessions.pop_front();  // the oldest session
+    sessions.push_back(SessionWindow{session, {}, {}});
+    it = sessions.end() - 1;
+  }
+  if (!it->ids.insert(request_id).second) return;
+  it->order.push_back(request_id);
+  if (it->order.size() > static_cast<size_t>(kDedupIdsPerSession)) {
+    it->ids.erase(it->order.front());
+    it->order.pop_front();
+  }
+}
+
+Status ShardServer::LogRecord(WalRecord* r) {
+  if (!wal_) return Status::Ok();
+  Status s = wal_->Append(r);
+  if (!s.ok()) {
+    return IoError("server {}: the write-ahead log failed, so the {} was not taken: {}", options_.server_id,
+                   r->kind == WalKind::kPush ? "push" : "change", s.message());
+  }
+  wal_seq_ = r->seq;
+  ++stats_.wal_records;
   return Status::Ok();
+}
+
+void ShardServer::NoteStaleness(int64_t staleness) {
+  if (staleness_ring_.size() < static_cast<size_t>(kStalenessWindow)) {
+    staleness_ring_.push_back(staleness);
+  } else {
+    staleness_ring_sum_ -= staleness_ring_[staleness_next_];
+    staleness_ring_[staleness_next_] = staleness;
+    staleness_next_ = (staleness_next_ + 1) % staleness_ring_.size();
+  }
+  staleness_ring_sum_ += staleness;
+  if (stability_warned_ || replaying_ || options_.consistency.staleness_aware_lr ||
+      staleness_ring_.size() < static_cast<size_t>(kStalenessWindow)) {
+    return;
+  }
+  const double mean = static_cast<double>(staleness_ring_sum_) / static_cast<double>(staleness_ring_.size());
+  const int live = policy_->LiveWorkers();
+  if (mean >= 4.0 && mean >= static_cast<double>(live)) {
+    stability_warned_ = true;
+    spdlog::warn(
+        "server {}: mean staleness over the last {} updates is {:.1f} versions with {} live workers (a healthy "
+        "async run of W workers shows about W-1): gradients this stale can make training diverge; set "
+        "consistency.staleness_aware_lr = true or lower solver.base_lr (now {})",
+        options_.server_id, staleness_ring_.size(), mean, live, options_.solver.base_lr);
+  }
 }
 
 std::vector<float>& ShardServer::MutableWeights(int local) {
@@ -521,15 +689,30 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
 
 void ShardServer::ServePending(ServerEndpoint* ep) {
   std::lock_guard<std::mutex> lock(mu_);
+  bool changed = false;
   for (const auto& [w, finished] : gone_queue_) {
-    policy_->OnWorkerDead(*updater_, w);
+    // Ids this server does not account for, and workers already gone (the coordinator repeats
+    // itself), change nothing: no record, no line. (A dead or never-seen worker reported
+    // finished becomes finished: it may not rejoin.)
+    if (!KnownWorker(w) || !(policy_->IsLive(w) || (finished && policy_->CanJoin(w)))) continue;
+    WalRecord r;
+    r.kind = WalKind::kGone;
+    r.worker = w;
+    r.finished = finished;
+    Status s = LogRecord(&r);
+    if (!s.ok()) {
+      spdlog::error("shard {}: {}; worker {} stays in the accounting", options_.server_id, s.ToString(), w);
+      continue;
+    }
+    ApplyGone(w, finished);
+    changed = true;
     if (finished) {
       spdlog::info("shard {}: worker {} finished; no longer waited for", options_.server_id, w);
     } else {
       spdlog::info("shard {}: worker {} declared dead; dropped from consistency accounting", options_.server_id, w);
     }
   }
-  if (!gone_queue_.empty()) MaybeCheckpoint();
+  if (changed) MaybeCheckpoint();
   gone_queue_.clear();
   if (pending_.empty()) return;
   std::vector<PendingPull> still;
@@ -542,6 +725,8 @@ void ShardServer::ServePending(ServerEndpoint* ep) {
   }
   pending_ = std::move(still);
 }
+
+void ShardServer::ApplyGone(int32_t worker, bool finished) { policy_->OnWorkerDead(*updater_, worker, finished); }
 
 // ---------------------------------------------------------------------------------------------
 // Stats, snapshots.
@@ -561,6 +746,12 @@ std::vector<float> ShardServer::ChunkWeights(int32_t chunk) const {
   return st.weights->data;
 }
 
+std::vector<float> ShardServer::ChunkHistory(int32_t chunk) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return {};
+  return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].history;
+}
+
 int64_t ShardServer::ChunkVersion(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return -1;
@@ -576,6 +767,7 @@ int64_t ShardServer::updates() const {
 // Checkpoints.
 
 void ShardServer::MaybeCheckpoint() {
+  if (replaying_) return;  // replay rebuilds; the next live update may checkpoint
   const int64_t every = options_.checkpoint_every_updates;
   if (every <= 0 || options_.checkpoint_path.empty() || owned_.empty()) return;
   // "Updates of the shard" = chunk updates / owned chunks: one full round of the shard.
@@ -606,6 +798,27 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
   }
   file.meta["versions"] = versions.str();
   file.meta["initialized"] = inited.str();
+  file.meta["wal_seq"] = std::to_string(wal_seq_);
+  file.meta["max_workers"] = std::to_string(max_workers_);
+  std::ostringstream by_worker;
+  for (size_t w = 0; w < stats_.pushes_by_worker.size(); ++w) by_worker << (w ? "," : "") << stats_.pushes_by_worker[w];
+  file.meta["pushes_by_worker"] = by_worker.str();
+  // The duplicate window, one key per worker that has one: "session:id,id;session:id" (ids
+  // oldest first). At most 4 sessions × 4096 ids × 21 bytes, under the format's 1 MiB a value.
+  for (size_t w = 0; w < dedup_.size(); ++w) {
+    if (dedup_[w].empty()) continue;
+    std::string text;
+    for (const SessionWindow& sw : dedup_[w]) {
+      if (!text.empty()) text += ';';
+      text += std::to_string(sw.session) + ':';
+      for (size_t k = 0; k < sw.order.size(); ++k) {
+        if (k) text += ',';
+        text += std::to_string(sw.order[k]);
+      }
+    }
+    file.meta[fmt::format("dedup.{}", w)] = std::move(text);
+  }
+  policy_->SaveState(&file);
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const int64_t n = static_cast<int64_t>(chunks_[i].history.size());
     file.tensors.push_back(NamedTensor{fmt::format("chunk{}.weights", owned_[i]), {n}, chunks_[i].weights->data});
@@ -613,7 +826,11 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
   }
   DP_RETURN_IF_ERROR(WriteTensorFile(path, file));
   ++stats_.checkpoints_written;
-  spdlog::info("shard {}: checkpoint written to {} ({} updates)", options_.server_id, path, updates_);
+  spdlog::info("shard {}: checkpoint written to {} ({} updates, log seq {})", options_.server_id, path, updates_,
+               wal_seq_);
+  // The checkpoint (renamed into place and fsynced) covers every record so far: the log starts
+  // over. A crash before the restart is safe: replay skips seq <= wal_seq.
+  if (wal_ && path == options_.checkpoint_path) DP_RETURN_IF_ERROR(wal_->Restart());
   return Status::Ok();
 }
 
@@ -655,9 +872,49 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
         "layout hash {}",
         path, meta("server_id"), meta("layout_hash"), options_.server_id, layout_.hash());
   }
+  if (meta("model_id") != std::to_string(options_.model_id)) {
+    return FailedPrecondition("{}: checkpoint of model {}; this server serves model {}", path, meta("model_id"),
+                              options_.model_id);
+  }
   std::vector<int64_t> versions, inited;
   DP_RETURN_IF_ERROR(ParseIntList(meta("versions"), path, "versions", chunks_.size(), &versions));
   DP_RETURN_IF_ERROR(ParseIntList(meta("initialized"), path, "initialized", chunks_.size(), &inited));
+  // Written since the write-ahead log (older checkpoints lack them: counters start at 0, the
+  // policy at its initial state).
+  const bool has_state = file.meta.count("policy.member_clocks") != 0;
+  if (has_state && meta("max_workers") != std::to_string(max_workers_)) {
+    return FailedPrecondition("{}: checkpoint of a server accounting for {} workers; this one accounts for {} "
+                              "(cluster.max_workers)", path, meta("max_workers"), max_workers_);
+  }
+  std::vector<int64_t> by_worker;
+  if (has_state) {
+    DP_RETURN_IF_ERROR(ParseIntList(meta("pushes_by_worker"), path, "pushes_by_worker",
+                                    static_cast<size_t>(max_workers_), &by_worker));
+  }
+  std::vector<std::deque<SessionWindow>> dedup(static_cast<size_t>(max_workers_));
+  for (size_t w = 0; w < dedup.size(); ++w) {
+    const std::string key = fmt::format("dedup.{}", w);
+    const std::string text = meta(key.c_str());
+    if (text.empty()) continue;
+    std::istringstream sessions(text);
+    std::string one;
+    while (std::getline(sessions, one, ';')) {
+      const size_t colon = one.find(':');
+      if (colon == std::string::npos) return Corrupt("{}: meta '{}': bad session entry '{}'", path, key, one);
+      SessionWindow sw;
+      sw.session = std::strtoull(one.substr(0, colon).c_str(), nullptr, 10);
+      std::istringstream ids(one.substr(colon + 1));
+      std::string id;
+      while (std::getline(ids, id, ',')) {
+        char* end = nullptr;
+        const uint64_t v = std::strtoull(id.c_str(), &end, 10);
+        if (id.empty() || *end != '\0') return Corrupt("{}: meta '{}': bad request id '{}'", path, key, id);
+        if (sw.ids.insert(v).second) sw.order.push_back(v);
+      }
+      dedup[w].push_back(std::move(sw));
+    }
+  }
+  const uint64_t wal_seq = std::strtoull(meta("wal_seq").c_str(), nullptr, 10);
   std::map<std::string, const NamedTensor*> by_name;
   for (const auto& t : file.tensors) by_name[t.name] = &t;
   // Check everything before changing anything.
@@ -675,6 +932,10 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (has_state) DP_RETURN_IF_ERROR(policy_->LoadState(file, *updater_, path));
+  for (size_t i = 0; i < by_worker.size(); ++i) stats_.pushes_by_worker[i] = static_cast<uint64_t>(by_worker[i]);
+  dedup_ = std::move(dedup);
+  wal_seq_ = wal_seq;
   for (size_t i = 0; i < chunks_.size(); ++i) {
     chunks_[i].weights = std::make_shared<WeightBuffer>(w[i]->data);
     chunks_[i].history = hist[i]->data;
@@ -685,6 +946,99 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   updates_at_last_checkpoint_ = owned_.empty() ? 0 : updates_ / static_cast<int64_t>(owned_.size());
   spdlog::info("shard {}: restored from {} ({} updates)", options_.server_id, path, updates_);
   return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Write-ahead log: open, recover, replay.
+
+Status ShardServer::OpenLog() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (wal_ || options_.wal_path.empty()) return Status::Ok();
+  return WalWriter::Open(options_.wal_path, wal_seq_ + 1, /*truncate=*/true, options_.wal_fsync_ms, &wal_);
+}
+
+Status ShardServer::Recover(RecoverReport* report) {
+  *report = RecoverReport{};
+  std::error_code ec;
+  if (!options_.checkpoint_path.empty() && std::filesystem::exists(options_.checkpoint_path, ec)) {
+    DP_RETURN_IF_ERROR(LoadCheckpoint(options_.checkpoint_path));
+    report->checkpoint_loaded = true;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  report->checkpoint_updates = updates_;
+  report->checkpoint_seq = wal_seq_;
+  if (options_.wal_path.empty()) return Status::Ok();
+  const std::string& path = options_.wal_path;
+  bool truncate = true;  // nothing after the checkpoint: the log starts over
+  if (std::filesystem::exists(path, ec)) {
+    WalScanInfo info;
+    DP_RETURN_IF_ERROR(ScanWal(path, nullptr, &info));  // the whole log checked before anything applies
+    if (info.records > 0 && info.first_seq > wal_seq_ + 1) {
+      return Corrupt("{}: byte 0: field seq: the log starts at record {} but the checkpoint {} covers up to {}: "
+                     "records {}..{} are missing (wrong checkpoint, or a log from another run)",
+                     path, info.first_seq, report->checkpoint_loaded ? options_.checkpoint_path : "(none)", wal_seq_,
+                     wal_seq_ + 1, info.first_seq - 1);
+    }
+    replaying_ = true;
+    const uint64_t covered = wal_seq_;
+    Status s = ScanWal(path, [&](const WalRecord& r) -> Status {
+      if (r.seq <= covered) return Status::Ok();  // in the checkpoint already
+      DP_RETURN_IF_ERROR(ReplayRecord(r, path));
+      wal_seq_ = r.seq;
+      ++report->replayed;
+      if (r.kind == WalKind::kPush) ++report->replayed_pushes;
+      return Status::Ok();
+    }, &info);
+    replaying_ = false;
+    DP_RETURN_IF_ERROR(s);
+    stats_.replayed += report->replayed;
+    if (info.torn) {
+      DP_RETURN_IF_ERROR(TruncateWal(path, info.valid_bytes));
+      report->torn_tail = true;
+      spdlog::warn("server {}: {}: dropped a torn last record at byte {} ({} bytes; it was never acknowledged): {}",
+                   options_.server_id, path, info.valid_bytes, info.file_bytes - info.valid_bytes, info.torn_reason);
+    }
+    truncate = info.records == 0 || info.last_seq <= covered;
+  }
+  return WalWriter::Open(path, wal_seq_ + 1, truncate, options_.wal_fsync_ms, &wal_);
+}
+
+Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
+  if (!KnownWorker(r.worker)) {
+    return Corrupt("{}: record seq {}: worker {} is outside 0..{} (cluster.max_workers)", path, r.seq, r.worker,
+                   max_workers_ - 1);
+  }
+  switch (r.kind) {
+    case WalKind::kPush: {
+      const bool init = (r.flags & kFlagInit) != 0;
+      std::vector<PushChunk> chunks;
+      chunks.reserve(r.chunks.size());
+      for (const WalChunk& c : r.chunks) {
+        const int local = c.chunk_id < local_of_.size() ? local_of_[c.chunk_id] : -1;
+        if (local < 0 || layout_.chunk(static_cast<int32_t>(c.chunk_id)).count != static_cast<int64_t>(c.count)) {
+          return Corrupt("{}: record seq {}: chunk {} ({} floats) is not a chunk of server {} in this layout", path,
+                         r.seq, c.chunk_id, c.count, options_.server_id);
+        }
+        if (!init && !chunks_[static_cast<size_t>(local)].initialized) {
+          return Corrupt("{}: record seq {}: gradient for chunk {} before its weights were initialised", path, r.seq,
+                         c.chunk_id);
+        }
+        chunks.push_back(PushChunk{local, c.data, static_cast<int64_t>(c.count), c.version_from});
+      }
+      ApplyPush(r.worker, r.session, r.request_id, r.clock, init, chunks);
+      return Status::Ok();
+    }
+    case WalKind::kClock:
+      policy_->OnClock(r.worker, r.clock);
+      return Status::Ok();
+    case WalKind::kGone:
+      ApplyGone(r.worker, r.finished);
+      return Status::Ok();
+    case WalKind::kJoin:
+      policy_->OnJoin(r.worker);
+      return Status::Ok();
+  }
+  return Corrupt("{}: record seq {}: unknown kind", path, r.seq);
 }
 
 }  // namespace downpour

@@ -33,7 +33,47 @@
 // applied here (it needs every shard's norm): each worker clips before pushing.
 //
 // Checkpoints: SaveCheckpoint/LoadCheckpoint (common/tensor_file.h, atomic), on a checkpoint
-// message, and every `checkpoint_every_updates` applied updates of the shard.
+// message, and every `checkpoint_every_updates` applied updates of the shard. A checkpoint holds
+// everything the shard's behaviour depends on: weights, history, versions, the consistency
+// policy's state (membership, sync's partial sums), the duplicate-push window,
+// pushes_by_worker, and the write-ahead log seq it covers ("wal_seq").
+//
+// Write-ahead log (server/wal.h, ShardOptions::wal_path): every push (init pushes too), clock,
+// worker-gone and elastic join the shard takes is appended to the log BEFORE it is applied and
+// acknowledged; the log is fsynced at least every wal_fsync_ms, on the log's own thread (0:
+// before every ack). After a checkpoint to the shard's own path the log restarts empty. Recover() = load the checkpoint
+// (if any) + replay the log records it does not cover, through the same apply code as the
+// live path: the shard is then byte for byte what it was when the process died, and every
+// acknowledged push is in it. A torn last record (never acknowledged) is dropped with one log
+// line; any other damage is an error naming the file, offset and field. A message the log
+// cannot take (disk full, I/O error) is refused with an I/O error reply and not applied (counted
+// under kBadType: RejectReason has no entry of its own for it).
+//
+// Idempotent pushes: a push is named by (sender, header.session, header.request_id). The shard
+// keeps, per worker, the request ids of its last kDedupSessions sessions, at most
+// kDedupIdsPerSession each (oldest forgotten first); a push whose name is there is answered
+// with an ordinary ack (current versions) and not applied (stats.duplicates). The window is
+// ample: a client resends only its outstanding parts, a few dozen messages, within seconds.
+// It is saved in checkpoints and rebuilt by replay, so a push resent to a restarted server is
+// not applied twice. session 0 (a client that names no session) is never deduplicated.
+//
+// Version range: a gradient whose version_from is < 0 or > the chunk's version is refused
+// (RejectReason::kVersion), so a forged version cannot wrap the staleness arithmetic.
+//
+// Workers: ids 0..max_workers-1 (ShardOptions::max_workers; 0 = expected_workers). A register
+// with an id outside that range is refused (kNotRegistered), so every per-worker table is
+// bounded; at most kPeersPerWorker connections stay registered per id (the oldest is dropped:
+// a restarted worker registers on a new connection). Ids >= expected_workers are elastic and
+// join the sync/ssp accounting when they register (consistency.h).
+//
+// Stability guard: over the last kStalenessWindow chunk updates, when the mean staleness is
+// >= 4 and >= the number of live workers (more than the ~W-1 a healthy async run of W workers
+// shows) and consistency.staleness_aware_lr is off, one warning names the numbers and the
+// settings that help (consistency.staleness_aware_lr = true, or a smaller solver.base_lr).
+//
+// Incarnation: every reply (errors, heartbeats and register replies included) carries a
+// random nonzero incarnation chosen when the ShardServer is created, so a client can tell a
+// restarted server from the one it talked to.
 //
 // Pull replies are zero-copy: a reply frame shares the chunk's weight buffer; an update that
 // finds the buffer still shared with an in-flight reply first gives the chunk a fresh copy
@@ -41,7 +81,8 @@
 // transport has finished.
 //
 // Thread-safety: Serve() runs the loop on one thread; Stop(), MarkWorkerGone(), Stats(),
-// ChunkWeights() and ChunkVersion() may be called from any thread (one mutex guards the state).
+// ChunkWeights(), ChunkHistory() and ChunkVersion() may be called from any thread (one mutex
+// guards the state). Recover() and OpenLog() before Serve, on one thread.
 #pragma once
 
 #include <atomic>
@@ -51,8 +92,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <deque>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/codec.h"
@@ -62,6 +105,7 @@
 #include "common/transport.h"
 #include "server/access.h"
 #include "server/consistency.h"
+#include "server/wal.h"
 
 namespace downpour {
 
@@ -91,6 +135,22 @@ struct ShardOptions {
   // Who may checkpoint, shut down, register and push (server/access.h). The default checks no
   // token and confines wire checkpoint paths to an empty run_dir (i.e. refuses them).
   AccessPolicy access;
+  // Worker ids accounted for: 0..max_workers-1; 0 = expected_workers. Must be >= it otherwise.
+  int max_workers = 0;
+  // Write-ahead log (server/wal.h); "" = none (checkpoints only: a dying server loses the
+  // updates since its last checkpoint). downpour-server: ServerWalPath (server/run_dir.h).
+  std::string wal_path;
+  std::chrono::milliseconds wal_fsync_ms{200};  // fsync the log at least this often; 0 = every ack
+};
+
+// What Recover() did.
+struct RecoverReport {
+  bool checkpoint_loaded = false;
+  int64_t checkpoint_updates = 0;  // the checkpoint's applied chunk updates
+  uint64_t checkpoint_seq = 0;     // the last log seq the checkpoint covers
+  uint64_t replayed = 0;           // log records replayed after the checkpoint
+  uint64_t replayed_pushes = 0;    // of which pushes
+  bool torn_tail = false;          // a torn last record was dropped
 };
 
 class ShardServer {
@@ -111,19 +171,41 @@ class ShardServer {
   // was declared dead; either way sync/ssp accounting drops it.
   void MarkWorkerGone(int32_t worker, bool finished);
 
+  // Rebuilds the state a dead process of this shard had: loads options.checkpoint_path if it
+  // exists, then replays options.wal_path if it exists (records after the checkpoint's seq),
+  // drops a torn last record, and leaves the log open for appending. Either file may be
+  // missing (a server killed before its first checkpoint replays the whole log from empty
+  // chunks). Call before Serve/Start. Errors name the file, offset and field; after an error
+  // the shard must not serve.
+  Status Recover(RecoverReport* report);
+  // Opens the write-ahead log for a fresh start: empties it, seq continuing after what a
+  // loaded checkpoint covers. No-op when the log is off or already open (Recover). Serve calls
+  // it; downpour-server calls it first, to fail before it serves.
+  Status OpenLog();
+  // Random nonzero id of this ShardServer object (one per process start), on every reply.
+  uint64_t incarnation() const { return incarnation_; }
+
   // Thread-safe snapshots (tests, benchmarks, logging).
   ShardStatsWire Stats() const;
   std::vector<float> ChunkWeights(int32_t chunk) const;  // empty if not owned / not initialised
+  std::vector<float> ChunkHistory(int32_t chunk) const;  // momentum; empty if not owned
   int64_t ChunkVersion(int32_t chunk) const;             // -1 if not owned
   int64_t updates() const;                               // applied chunk updates
   bool shutdown_requested() const { return shutdown_.load(); }
 
-  // Atomic checkpoint of this shard (meta: server id/count, layout hash, model id, versions;
-  // tensors: per chunk weights and history). Load refuses a file of another layout / server.
+  // Atomic checkpoint of this shard (meta: server id/count, layout hash, model id, versions,
+  // wal_seq, pushes_by_worker, the duplicate window, policy state; tensors: per chunk weights
+  // and history, sync's partial sums). Load refuses a file of another layout / server / model /
+  // worker count. A save to options.checkpoint_path restarts the write-ahead log.
   Status SaveCheckpoint(const std::string& path);
   Status LoadCheckpoint(const std::string& path);
 
   const ParamLayout& layout() const { return layout_; }
+
+  static constexpr int kDedupSessions = 4;          // sessions remembered per worker
+  static constexpr int kDedupIdsPerSession = 4096;  // request ids remembered per session
+  static constexpr int kPeersPerWorker = 4;         // registered connections kept per worker id
+  static constexpr int kStalenessWindow = 200;      // chunk updates the stability guard averages
 
  private:
   struct ChunkState;
@@ -145,9 +227,19 @@ class ShardServer {
   bool PullReady(const PendingPull& p) const;
   void ServePull(ServerEndpoint* ep, const PendingPull& p);
   void ServePending(ServerEndpoint* ep);
-  void Reply(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, Frames payload = {});
+  void Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload = {});
   void Reject(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& request,
               const Status& status, RejectReason reason);
+  // One push, validated (live) or read from the log (replay): dedup window, init or policy.
+  void ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, bool init,
+                 const std::vector<PushChunk>& chunks);
+  bool IsDuplicate(int32_t worker, uint64_t session, uint64_t request_id) const;
+  void RememberRequest(int32_t worker, uint64_t session, uint64_t request_id);
+  void ApplyGone(int32_t worker, bool finished);
+  Status LogRecord(WalRecord* r);  // appends when the log is on; counts
+  Status ReplayRecord(const WalRecord& r, const std::string& path);
+  void NoteStaleness(int64_t staleness);
+  bool KnownWorker(int32_t w) const { return w >= 0 && w < max_workers_; }
   void MaybeCheckpoint();
   ShardStatsWire StatsLocked() const;
   Status SaveCheckpointLocked(const std::string& path);
@@ -156,6 +248,8 @@ class ShardServer {
 
   const ParamLayout layout_;
   const ShardOptions options_;
+  const int max_workers_;
+  const uint64_t incarnation_;
   std::vector<int32_t> owned_;        // chunk ids owned, ascending
   std::vector<int> local_of_;         // chunk id -> local index or -1
 
@@ -164,12 +258,27 @@ class ShardServer {
   std::unique_ptr<ConsistencyPolicy> policy_;
   std::unique_ptr<Updater> updater_;
   std::unordered_map<PeerId, int32_t> registered_;  // peer identity -> worker id
+  std::vector<std::deque<PeerId>> peers_of_worker_;  // per worker id, oldest first (bounds registered_)
+  struct SessionWindow {
+    uint64_t session = 0;
+    std::deque<uint64_t> order;            // oldest first
+    std::unordered_set<uint64_t> ids;
+  };
+  std::vector<std::deque<SessionWindow>> dedup_;  // per worker id, oldest session first
+  std::unique_ptr<WalWriter> wal_;
+  uint64_t wal_seq_ = 0;     // last log seq applied or covered by the loaded checkpoint
+  bool replaying_ = false;
+  std::vector<int64_t> staleness_ring_;  // last kStalenessWindow chunk staleness values
+  size_t staleness_next_ = 0;
+  int64_t staleness_ring_sum_ = 0;
+  bool stability_warned_ = false;
   std::vector<PendingPull> pending_;
   ShardStatsWire stats_;
   int64_t updates_ = 0;
   int64_t updates_at_last_checkpoint_ = 0;
   std::vector<std::pair<int32_t, bool>> gone_queue_;  // (worker, finished) from MarkWorkerGone, for the loop
   RateLimitedLog refusal_log_;                        // refusals a stranger can provoke: a bounded number of lines
+  RateLimitedLog reply_log_;  // failed replies: a peer that went away can cause many
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};

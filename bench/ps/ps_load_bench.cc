@@ -14,9 +14,17 @@
 // every pair so neither side always runs on a warmer machine), with bare ZeroMQ runs per case,
 // plaintext and CurveZMQ, as the transport ceilings.
 //
-//   downpour-bench-ps --servers 2 --workers 1 --rounds 10 [--curve]
+// --wal runs the shards with their write-ahead log on (server/wal.h: every push appended to
+// <--wal-dir>/server-<i>.wal before it is applied and acknowledged, fsynced every
+// --wal-fsync-ms; no periodic checkpoints, so the log only grows: about (warmup + rounds) × W ×
+// 244 MB per run, removed after the run). --wal-grid measures its cost like --security-grid:
+// at (S,W) in {(2,1),(4,4)}, `--repeats` pairs of runs with the log off and on, alternating
+// which goes first.
+//
+//   downpour-bench-ps --servers 2 --workers 1 --rounds 10 [--curve] [--wal]
 //   downpour-bench-ps --grid            # (S,W) in {(1,1),(2,1),(2,2),(4,4)}
 //   downpour-bench-ps --security-grid --repeats 3
+//   downpour-bench-ps --wal-grid --repeats 3 [--wal-dir /fast/disk] [--wal-fsync-ms 200]
 #include <fmt/core.h>
 #include <stdlib.h>
 #include <time.h>
@@ -52,6 +60,32 @@ struct PsResult {
   int64_t applied = 0;
   int64_t received = 0;
   int64_t rejected = 0;
+  int64_t wal_records = 0;
+};
+
+// The write-ahead log of a run: off, or on in a fresh directory under `dir` (removed after).
+struct WalSetting {
+  bool on = false;
+  std::string dir = "/tmp";
+  int fsync_ms = 200;
+};
+
+class WalDir {
+ public:
+  explicit WalDir(const WalSetting& w) {
+    if (!w.on) return;
+    std::string pattern = w.dir + "/downpour-bench-wal-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) ThrowIfError(IoError("mkdtemp {}: cannot make a log directory", pattern));
+    path_ = pattern;
+  }
+  ~WalDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }  // "" = log off
+
+ private:
+  std::string path_;
 };
 
 // CPU time of this process, all threads. On a machine others load, the CPU seconds per GB
@@ -90,8 +124,9 @@ class BenchKeys {
 };
 
 PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup, int rounds, int base_port,
-                             const BenchKeys& keys) {
+                             const BenchKeys& keys, const WalSetting& wal = {}) {
   const int servers = layout.servers();
+  const WalDir wal_dir(wal);
   ZmqOptions server_options;
   server_options.curve = keys.server();
   ZmqTransport server_transport(server_options);
@@ -105,6 +140,10 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     o.solver.momentum = 0.9f;
     o.solver.weight_decay = 5e-4f;
     o.access.keyed = keys.on();  // keyed: pushes and pulls only from "worker" keys, as in a real run
+    if (!wal_dir.path().empty()) {
+      o.wal_path = fmt::format("{}/server-{}.wal", wal_dir.path(), s);
+      o.wal_fsync_ms = std::chrono::milliseconds(wal.fsync_ms);
+    }
     std::unique_ptr<ShardServer> shard;
     ThrowIfError(ShardServer::Create(layout, o, &shard));
     std::string address = fmt::format("tcp://127.0.0.1:{}", base_port + s);
@@ -167,6 +206,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     result.applied += st.pushes_applied;
     result.received += st.pushes_received;
     result.rejected += st.pushes_rejected;
+    result.wal_records += st.wal_records;
     shard->Stop();
     ThrowIfError(shard->Join());
   }
@@ -182,23 +222,25 @@ ParamLayout AlexNetLayout(int servers, int64_t chunk_elems) {
   return layout;
 }
 
-void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_elems, int port, bool curve) {
+void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_elems, int port, bool curve,
+             const WalSetting& wal) {
   const ParamLayout layout = AlexNetLayout(servers, chunk_elems);
   std::vector<std::vector<int64_t>> frames(static_cast<size_t>(servers));
   for (const Chunk& c : layout.chunks()) frames[static_cast<size_t>(c.server)].push_back(c.count);
 
   BareResult bare = RunBareZmq(frames, workers, warmup, rounds, port);
   BenchKeys keys(curve);
-  PsResult ps = RunParameterService(layout, workers, warmup, rounds, port + 100, keys);
+  PsResult ps = RunParameterService(layout, workers, warmup, rounds, port + 100, keys, wal);
 
   const double gb = 1e9;
   const double bare_gbs = bare.bytes_moved / bare.seconds / gb;
   const double ps_gbs = ps.bytes_moved / ps.seconds / gb;
   fmt::print(
       "S={} W={} chunks={}{} | downpour: {:.2f} rounds/s/worker {:.2f} GB/s | bare zmq: {:.2f} "
-      "rounds/s/worker {:.2f} GB/s | ratio {:.0f}% | pushes recv/applied/rejected {}/{}/{}\n",
+      "rounds/s/worker {:.2f} GB/s | ratio {:.0f}% | pushes recv/applied/rejected {}/{}/{}{}\n",
       servers, workers, layout.num_chunks(), curve ? " curve" : "", rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
-      bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected);
+      bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected,
+      wal.on ? fmt::format(" | wal records {} (fsync {} ms)", ps.wal_records, wal.fsync_ms) : "");
   std::fflush(stdout);
 }
 
@@ -253,6 +295,47 @@ void RunSecurityCase(int servers, int workers, int warmup, int rounds, int repea
   std::fflush(stdout);
 }
 
+// One (S,W) case of the WAL grid: `repeats` pairs of runs with the log off and on, alternating
+// which goes first, in one process.
+void RunWalCase(int servers, int workers, int warmup, int rounds, int repeats, int64_t chunk_elems, int port,
+                const WalSetting& wal) {
+  const ParamLayout layout = AlexNetLayout(servers, chunk_elems);
+  const double gb = 1e9;
+  const BenchKeys no_keys(false);
+  std::vector<double> ratios, cpu_ratios;
+  for (int r = 0; r < repeats; ++r) {
+    double gbs[2] = {0, 0};         // [0] log off, [1] log on
+    double cpu_per_gb[2] = {0, 0};  // CPU seconds of the process per GB moved
+    for (int k = 0; k < 2; ++k) {
+      const bool on = (k + r) % 2 == 1;  // pair 0: off first; pair 1: on first; ...
+      port += 10;
+      WalSetting setting = wal;
+      setting.on = on;
+      const PsResult ps = RunParameterService(layout, workers, warmup, rounds, port, no_keys, setting);
+      const int i = on ? 1 : 0;
+      gbs[i] = ps.bytes_moved / ps.seconds / gb;
+      cpu_per_gb[i] = ps.cpu_seconds / (ps.bytes_moved / gb);
+      fmt::print("S={} W={} pair {} {:7}: {:.2f} GB/s, {:.2f} rounds/s/worker, {:.2f} CPU s/GB, pushes applied {}, "
+                 "log records {}\n",
+                 servers, workers, r + 1, on ? "wal on" : "wal off", gbs[i], rounds / ps.seconds, cpu_per_gb[i],
+                 ps.applied, ps.wal_records);
+      std::fflush(stdout);
+    }
+    ratios.push_back(gbs[1] / gbs[0]);
+    cpu_ratios.push_back(cpu_per_gb[1] / cpu_per_gb[0]);
+  }
+  auto percents = [](const std::vector<double>& v) {
+    std::string list;
+    for (double x : v) list += fmt::format("{}{:.0f}%", list.empty() ? "" : " / ", 100 * x);
+    return list;
+  };
+  fmt::print("S={} W={} wal on/off throughput (fsync every {} ms, logs in {}): {} (median {:.0f}%); CPU per GB: {} "
+             "(median {:.0f}%)\n",
+             servers, workers, wal.fsync_ms, wal.dir, percents(ratios), 100 * Median(ratios), percents(cpu_ratios),
+             100 * Median(cpu_ratios));
+  std::fflush(stdout);
+}
+
 }  // namespace
 }  // namespace downpour::bench
 
@@ -261,8 +344,9 @@ int main(int argc, char** argv) {
   downpour::cli::AddStandardFlags(&app, "downpour-bench-ps");
   int servers = 2, workers = 1, rounds = 10, warmup = 2, port = 47000;
   int64_t chunk_elems = downpour::kDefaultChunkElems;
-  bool grid = false, curve = false, security_grid = false;
+  bool grid = false, curve = false, security_grid = false, wal_grid = false;
   int repeats = 3;
+  downpour::bench::WalSetting wal;
   app.add_option("--servers", servers, "shard servers S")->check(CLI::Range(1, 64));
   app.add_option("--workers", workers, "synthetic workers W")->check(CLI::Range(1, 64));
   app.add_option("--rounds", rounds, "timed push+pull rounds per worker")->check(CLI::Range(1, 100000));
@@ -273,14 +357,25 @@ int main(int argc, char** argv) {
   app.add_flag("--curve", curve, "run the parameter service with CurveZMQ (keys made in a temporary directory)");
   app.add_flag("--security-grid", security_grid,
                "at (S,W) in {(2,1),(4,4)}: plaintext vs CurveZMQ in alternating pairs, and bare ZeroMQ");
-  app.add_option("--repeats", repeats, "plaintext/CurveZMQ pairs per case of --security-grid")
+  app.add_option("--repeats", repeats, "plaintext/CurveZMQ (or wal off/on) pairs per case of --security-grid / --wal-grid")
       ->check(CLI::Range(1, 100));
+  app.add_flag("--wal", wal.on, "run the shards with their write-ahead log on (checkpoint.wal)");
+  app.add_flag("--wal-grid", wal_grid, "at (S,W) in {(2,1),(4,4)}: write-ahead log off vs on in alternating pairs");
+  app.add_option("--wal-dir", wal.dir, "where the logs go (a temporary directory inside it, removed after each run)");
+  app.add_option("--wal-fsync-ms", wal.fsync_ms, "checkpoint.wal_fsync_ms of the shards (0 = fsync before every ack)")
+      ->check(CLI::Range(0, 1000000));
   if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
   try {
     fmt::print("model: AlexNet tensors, {} floats ({:.1f} MB) each way per round\n",
                downpour::TotalElements(downpour::AlexNetTensorSpecs()),
                downpour::TotalElements(downpour::AlexNetTensorSpecs()) * 4 / 1e6);
-    if (security_grid) {
+    if (wal_grid) {
+      int p = port;
+      for (auto [s, w] : {std::pair{2, 1}, {4, 4}}) {
+        downpour::bench::RunWalCase(s, w, warmup, rounds, repeats, chunk_elems, p, wal);
+        p += 200 + 20 * repeats;
+      }
+    } else if (security_grid) {
       int p = port;
       for (auto [s, w] : {std::pair{2, 1}, {4, 4}}) {
         downpour::bench::RunSecurityCase(s, w, warmup, rounds, repeats, chunk_elems, p);
@@ -289,11 +384,11 @@ int main(int argc, char** argv) {
     } else if (grid) {
       int p = port;
       for (auto [s, w] : {std::pair{1, 1}, {2, 1}, {2, 2}, {4, 4}}) {
-        downpour::bench::RunCase(s, w, warmup, rounds, chunk_elems, p, curve);
+        downpour::bench::RunCase(s, w, warmup, rounds, chunk_elems, p, curve, wal);
         p += 200;
       }
     } else {
-      downpour::bench::RunCase(servers, workers, warmup, rounds, chunk_elems, port, curve);
+      downpour::bench::RunCase(servers, workers, warmup, rounds, chunk_elems, port, curve, wal);
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "downpour-bench-ps: {}\n", e.what());

@@ -37,6 +37,7 @@ ShardOptions TestShardOptions() {
   o.solver.weight_decay = 0.0f;
   o.access.run_secret = kSecret;
   o.access.run_dir = ::testing::TempDir();
+  o.max_workers = 4;  // worker 1 (PullWaitsForInit...) is an elastic id beyond expected_workers = 1
   return o;
 }
 

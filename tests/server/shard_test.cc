@@ -1,16 +1,26 @@
 // shard_test.cc — the shard server through its message path (in-process transport): update math
-// equals SgdUpdate, validation of every bad input, consistency policies, checkpoints, and who
-// may checkpoint, shut down, register and push (server/access.h), with keys and with a token.
+// equals SgdUpdate, validation of every bad input (version range included), consistency
+// policies (elastic joiners, dead and finished workers), checkpoints, recovery from checkpoint +
+// write-ahead log equal byte for byte to the uninterrupted shard (async, sync mid-clock, a
+// checkpoint midway), duplicate pushes applied once across restarts, incarnation on every reply,
+// the stability warning, and who may checkpoint, shut down, register and push
+// (server/access.h), with keys and with a token.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <thread>
 
 #include "client/ps/ps_client.h"
 #include "common/inproc_transport.h"
 #include "server/shard.h"
+#include "server/wal.h"
+
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include "server/update/lr_policy.h"
 #include "server/update/sgd.h"
 
@@ -61,8 +71,7 @@ class ShardFixture : public ::testing::Test {
   void StartShards(std::vector<TensorSpec> specs, int servers, int64_t chunk_elems, ShardOptions base) {
     ASSERT_TRUE(ParamLayout::Build(std::move(specs), servers, chunk_elems, &layout_).ok());
     for (int s = 0; s < servers; ++s) {
-      ShardOptions o = base;
-      o.server_id = s;
+      ShardOptions o = ForServer(base, s);
       std::unique_ptr<ShardServer> shard;
       ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
       std::unique_ptr<ServerEndpoint> ep;
@@ -72,6 +81,57 @@ class ShardFixture : public ::testing::Test {
       shards_.push_back(std::move(shard));
     }
   }
+  // base for server `s`; with persist_dir_ set, its checkpoint and write-ahead log live there.
+  ShardOptions ForServer(const ShardOptions& base, int s) const {
+    ShardOptions o = base;
+    o.server_id = s;
+    if (!persist_dir_.empty()) {
+      o.checkpoint_path = fmt::format("{}/server-{}.dpt", persist_dir_, s);
+      o.wal_path = fmt::format("{}/server-{}.wal", persist_dir_, s);
+    }
+    return o;
+  }
+  // A fresh directory for this test's checkpoints and logs.
+  void UsePersistDir() {
+    persist_dir_ = ::testing::TempDir() + "/shard_wal_" +
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(persist_dir_);
+    std::filesystem::create_directories(persist_dir_);
+  }
+  // "Kills" server `s` (its loop stops; nothing is saved on the way out) and recovers a new
+  // ShardServer from its checkpoint + log, as downpour-server --recover does.
+  std::unique_ptr<ShardServer> KillAndRecover(int s, const ShardOptions& base, RecoverReport* report) {
+    shards_[static_cast<size_t>(s)]->Stop();
+    EXPECT_TRUE(shards_[static_cast<size_t>(s)]->Join().ok());
+    std::unique_ptr<ShardServer> fresh;
+    EXPECT_TRUE(ShardServer::Create(layout_, ForServer(base, s), &fresh).ok());
+    Status st = fresh->Recover(report);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return fresh;
+  }
+  // Weights, history, versions and pushes_by_worker of `a` and `b` are identical, byte for byte.
+  void ExpectSameShard(const ShardServer& a, const ShardServer& b, int s) const {
+    for (int32_t id : layout_.ServerChunks(s)) {
+      const auto wa = a.ChunkWeights(id), wb = b.ChunkWeights(id);
+      ASSERT_EQ(wa.size(), wb.size()) << "chunk " << id;
+      EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * 4), 0) << "weights of chunk " << id;
+      const auto ha = a.ChunkHistory(id), hb = b.ChunkHistory(id);
+      ASSERT_EQ(ha.size(), hb.size());
+      EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * 4), 0) << "history of chunk " << id;
+      EXPECT_EQ(a.ChunkVersion(id), b.ChunkVersion(id)) << "chunk " << id;
+    }
+    EXPECT_EQ(a.Stats().pushes_by_worker, b.Stats().pushes_by_worker);
+  }
+  // Serves `shard` (taking ownership) at a new in-process address; returns the address.
+  std::string Serve(std::unique_ptr<ShardServer> shard, const std::string& name) {
+    std::unique_ptr<ServerEndpoint> ep;
+    EXPECT_TRUE(transport_.Bind(name, &ep).ok());
+    const std::string address = ep->address();
+    shard->Start(std::move(ep));
+    shards_.push_back(std::move(shard));
+    return address;
+  }
+
   void TearDown() override {
     for (auto& s : shards_) s->Stop();
     for (auto& s : shards_) EXPECT_TRUE(s->Join().ok());
@@ -112,6 +172,7 @@ class ShardFixture : public ::testing::Test {
   ParamLayout layout_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<ShardServer>> shards_;
+  std::string persist_dir_;
 };
 
 std::vector<float> Iota(size_t n, float start, float step) {
@@ -375,6 +436,79 @@ TEST_F(BadInput, ChecksumMismatch) {
   h.checksums = {Crc32c(grad_.data(), grad_.size() * 4) ^ 1u};
   peer_->Send(h, GradFrames(grad_));
   ExpectRejected(RejectReason::kChecksum, "CRC");
+}
+
+TEST_F(BadInput, VersionAheadOfTheChunkIsRefused) {
+  MessageHeader h = GoodPush();
+  h.versions = {1};  // the chunk is at version 0
+  peer_->Send(h, GradFrames(grad_));
+  ExpectRejected(RejectReason::kVersion, "version 1");
+}
+
+TEST_F(BadInput, NegativeVersionIsRefused) {
+  MessageHeader h = GoodPush();
+  h.versions = {std::numeric_limits<int64_t>::min()};  // would overflow version - version_from
+  peer_->Send(h, GradFrames(grad_));
+  ExpectRejected(RejectReason::kVersion, "valid: 0..0");
+}
+
+TEST_F(BadInput, EveryReplyCarriesTheIncarnationErrorsIncluded) {
+  const uint64_t inc = shards_[0]->incarnation();
+  EXPECT_NE(inc, 0u);
+  MessageHeader h = GoodPush();
+  h.versions = {5};
+  peer_->Send(h, GradFrames(grad_));
+  MessageHeader r = peer_->Receive();
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_EQ(r.incarnation, inc);
+  MessageHeader hb;
+  hb.type = MsgType::kHeartbeat;
+  peer_->Send(hb);
+  r = peer_->Receive();
+  EXPECT_EQ(r.type, MsgType::kHeartbeat);
+  EXPECT_EQ(r.incarnation, inc);
+  MessageHeader reg;
+  reg.type = MsgType::kRegister;
+  reg.sender = 0;
+  reg.layout_hash = layout_.hash();
+  peer_->Send(reg);
+  r = peer_->Receive();
+  EXPECT_EQ(r.type, MsgType::kRegisterReply);
+  EXPECT_EQ(r.incarnation, inc);
+  peer_->Send(GoodPush(), GradFrames(grad_));
+  r = peer_->Receive();
+  EXPECT_EQ(r.type, MsgType::kAck);
+  EXPECT_EQ(r.incarnation, inc);
+  // Another ShardServer (a restarted process) has another incarnation.
+  std::unique_ptr<ShardServer> other;
+  ASSERT_TRUE(ShardServer::Create(layout_, ShardOptions{}, &other).ok());
+  EXPECT_NE(other->incarnation(), 0u);
+  EXPECT_NE(other->incarnation(), inc);
+}
+
+TEST_F(BadInput, WorkerIdOutsideMaxWorkersIsRefusedAtRegister) {
+  auto p = std::make_unique<RawPeer>(&transport_, addresses_[0]);
+  MessageHeader h;
+  h.type = MsgType::kRegister;
+  h.sender = 1;  // expected_workers = max_workers = 1
+  h.layout_hash = layout_.hash();
+  p->Send(h);
+  MessageHeader r = p->Receive();
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_EQ(r.flags, static_cast<uint32_t>(RejectReason::kNotRegistered));
+  EXPECT_NE(r.error_text.find("outside 0..0"), std::string::npos) << r.error_text;
+}
+
+TEST_F(BadInput, RegistrationsPerWorkerAreBoundedOldestDropped) {
+  // peer_ registered first as worker 0; kPeersPerWorker more registrations push it out.
+  std::vector<std::unique_ptr<RawPeer>> more;
+  for (int i = 0; i < ShardServer::kPeersPerWorker; ++i) more.push_back(Raw(0, 0));
+  peer_->Send(GoodPush(), GradFrames(grad_));
+  MessageHeader r = peer_->Receive();
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_EQ(r.flags, static_cast<uint32_t>(RejectReason::kNotRegistered));
+  more.back()->Send(GoodPush(), GradFrames(grad_));
+  EXPECT_EQ(more.back()->Receive().type, MsgType::kAck);
 }
 
 TEST_F(BadInput, RegisterWithWrongLayoutHashNamesBothHashes) {
@@ -762,6 +896,333 @@ TEST_F(ShardFixture, WithoutARunDirectoryEveryWirePathIsRefusedButTheServersOwnP
   EXPECT_FALSE(std::filesystem::exists(dir + "/wire.dpt"));
   ASSERT_TRUE(c->Checkpoint(0, "", 5000ms).ok());
   EXPECT_TRUE(std::filesystem::exists(o.checkpoint_path));
+}
+
+// --- Write-ahead log: recovery, duplicates. ---
+
+// Every worker pushes a different gradient, each step.
+std::vector<float> Grad(size_t n, int worker, int step) {
+  return Iota(n, 0.01f * static_cast<float>(worker + 1), 0.001f * static_cast<float>(step + 1));
+}
+
+TEST_F(ShardFixture, AsyncReplayAfterAKillEqualsTheUninterruptedShardByteForByte) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 0.05f;
+  o.solver.momentum = 0.9f;
+  o.solver.weight_decay = 0.001f;
+  o.expected_workers = 4;
+  StartShards(SmallModel(), 2, 8, o);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  std::vector<std::unique_ptr<PsClient>> c;
+  for (int w = 0; w < 4; ++w) c.push_back(Client(w));
+  ASSERT_TRUE(c[0]->Wait(c[0]->PushInit(Iota(n, -0.5f, 0.01f)), 5000ms).ok());
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<float> pulled(n);
+      for (int step = 0; step < 5; ++step) {
+        EXPECT_TRUE(c[static_cast<size_t>(w)]->Wait(c[static_cast<size_t>(w)]->Pull(pulled, step), 5000ms).ok());
+        EXPECT_TRUE(c[static_cast<size_t>(w)]->Wait(c[static_cast<size_t>(w)]->Push(Grad(n, w, step), step), 5000ms).ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int s = 0; s < 2; ++s) {
+    RecoverReport rep;
+    auto fresh = KillAndRecover(s, o, &rep);
+    EXPECT_FALSE(rep.checkpoint_loaded);
+    EXPECT_FALSE(rep.torn_tail);
+    // Each server took 4 workers x 5 steps, in ceil(chunks / 4) messages each, plus the init.
+    const uint64_t msgs = (layout_.ServerChunks(s).size() + 3) / 4;
+    EXPECT_EQ(rep.replayed_pushes, (20 + 1) * msgs);
+    ExpectSameShard(*shards_[static_cast<size_t>(s)], *fresh, s);
+    EXPECT_EQ(fresh->Stats().pushes_by_worker, std::vector<uint64_t>(4, 5 * msgs));
+    EXPECT_EQ(fresh->Stats().replayed, rep.replayed);
+  }
+}
+
+TEST_F(ShardFixture, ReplayWithACheckpointMidwayEqualsTheUninterruptedShard) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 0.1f;
+  o.solver.momentum = 0.9f;
+  o.expected_workers = 2;
+  o.checkpoint_every_updates = 3;
+  StartShards(SmallModel(), 1, 64, o);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  auto c0 = Client(0), c1 = Client(1);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(Iota(n, 1.0f, 0.01f)), 5000ms).ok());
+  for (int step = 0; step < 4; ++step) {
+    ASSERT_TRUE(c0->Wait(c0->Push(Grad(n, 0, step), step), 5000ms).ok());
+    ASSERT_TRUE(c1->Wait(c1->Push(Grad(n, 1, step), step), 5000ms).ok());
+  }
+  EXPECT_EQ(shards_[0]->Stats().checkpoints_written, 2u);  // after rounds 3 and 6
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  EXPECT_TRUE(rep.checkpoint_loaded);
+  EXPECT_EQ(rep.checkpoint_updates, 6 * static_cast<int64_t>(layout_.ServerChunks(0).size()));
+  EXPECT_EQ(rep.replayed_pushes, 2u);  // the two pushes after the second checkpoint
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  EXPECT_EQ(fresh->Stats().pushes_by_worker, (std::vector<uint64_t>{4, 4}));
+}
+
+TEST_F(ShardFixture, SyncReplayRestoresAPartiallyAccumulatedClock) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 3;
+  StartShards({{"a", {16}, 1, 1}}, 1, 8, o);
+  const size_t n = 16;
+  auto c0 = Client(0), c1 = Client(1), c2 = Client(2);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(n, 10.0f)), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(n, 1.0f), 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Push(std::vector<float>(n, 2.0f), 0), 5000ms).ok());
+  ASSERT_TRUE(c2->Wait(c2->Push(std::vector<float>(n, 3.0f), 0), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, 8.0f));  // 10 - (1+2+3)/3
+  // Clock 1: worker 0's gradient is in the checkpoint's partial sum, worker 1's only in the log.
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(n, 3.0f), 1), 5000ms).ok());
+  ASSERT_TRUE(shards_[0]->SaveCheckpoint(ForServer(o, 0).checkpoint_path).ok());
+  ASSERT_TRUE(c1->Wait(c1->Push(std::vector<float>(n, 6.0f), 1), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, 8.0f));  // clock 1 not complete
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  EXPECT_TRUE(rep.checkpoint_loaded);
+  EXPECT_EQ(rep.replayed_pushes, 1u);
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  // Worker 2's clock-1 gradient completes the clock on the recovered server: the sum is exact.
+  addresses_ = {Serve(std::move(fresh), "recovered")};
+  auto r2 = Client(2);
+  ASSERT_TRUE(r2->Wait(r2->Push(std::vector<float>(n, 9.0f), 1), 5000ms).ok());
+  std::vector<float> w(n);
+  ASSERT_TRUE(r2->Wait(r2->Pull(w, 2), 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n, 2.0f));  // 8 - (3+6+9)/3
+  // A clock-1 push arriving now is late: acknowledged, dropped, counted, not applied.
+  auto r0 = Client(0);
+  ASSERT_TRUE(r0->Wait(r0->Push(std::vector<float>(n, 3.0f), 1), 5000ms).ok());
+  EXPECT_EQ(shards_[1]->Stats().dropped_late, 1u);
+  EXPECT_EQ(shards_[1]->ChunkWeights(0), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(ShardFixture, SyncElasticWorkerJoinsOnRegisterAndTheJoinSurvivesARestart) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 2;
+  o.max_workers = 3;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c0 = Client(0), c1 = Client(1), c2 = Client(2);  // worker 2 is elastic: it joins on register
+  const std::vector<float> g(8, 3.0f);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Push(g, 0), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 0);  // waits for the joiner too
+  ASSERT_TRUE(c2->Wait(c2->Push(std::vector<float>(8, 6.0f), 0), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, -4.0f));  // -(3+3+6)/3
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 1), 5000ms).ok());
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  addresses_ = {Serve(std::move(fresh), "elastic")};
+  auto r1 = Client(1);
+  ASSERT_TRUE(r1->Wait(r1->Push(g, 1), 5000ms).ok());
+  EXPECT_EQ(shards_[1]->ChunkVersion(0), 1);  // still 3 live workers after the restart
+  shards_[1]->MarkWorkerGone(2, /*finished=*/true);
+  std::vector<float> w(8);
+  ASSERT_TRUE(r1->Wait(r1->Pull(w, 2), 5000ms).ok());  // the gone joiner no longer counted
+  EXPECT_EQ(w, std::vector<float>(8, -7.0f));
+}
+
+// (defined below)
+void SendPush(RawPeer* p, const ParamLayout& layout, int32_t worker, uint64_t session, uint64_t request_id,
+              float value, int64_t version, bool init);
+
+TEST_F(ShardFixture, DeadWorkerRejoinsOnRegisterButAFinishedOneDoesNot) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 2;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c0 = Client(0);
+  const std::vector<float> g(8, 1.0f);
+  std::vector<float> w(8);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  shards_[0]->MarkWorkerGone(1, /*finished=*/false);
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 0), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 1), 5000ms).ok());  // worker 1 dead: clock 0 complete alone
+  auto c1 = Client(1);  // a restarted worker 1 registers: waited for again
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 1), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
+  ASSERT_TRUE(c1->Wait(c1->Push(g, 1), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 2);
+  // Finished: a later registration of its id (a client reconnecting) does not bring it back.
+  shards_[0]->MarkWorkerGone(1, /*finished=*/true);
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 2), 5000ms).ok());  // a served pull: the loop took the report
+  auto c1b = Client(1);
+  ASSERT_TRUE(c0->Wait(c0->Push(g, 2), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 3);
+}
+
+TEST_F(ShardFixture, StabilityWarningIsLoggedOnceWhenStalenessIsLarge) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  spdlog::default_logger()->sinks().push_back(sink);
+  ShardOptions o;
+  o.solver.base_lr = 1e-6f;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  auto p = Raw(0, 0);
+  // Every gradient claims version 0 while the chunk moves on: staleness 0, 1, 2, ...
+  for (int i = 0; i < ShardServer::kStalenessWindow + 20; ++i) {
+    SendPush(p.get(), layout_, 0, 0, static_cast<uint64_t>(i + 1), 1.0f, 0, false);
+    ASSERT_EQ(p->Receive().type, MsgType::kAck);
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  int warnings = 0;
+  for (const std::string& line : sink->last_formatted()) {
+    if (line.find("consistency.staleness_aware_lr = true") != std::string::npos) ++warnings;
+  }
+  EXPECT_EQ(warnings, 1);
+}
+
+// A push of all of server 0's chunks from a raw peer with a session and request id.
+void SendPush(RawPeer* p, const ParamLayout& layout, int32_t worker, uint64_t session, uint64_t request_id,
+              float value, int64_t version, bool init) {
+  MessageHeader h;
+  h.type = MsgType::kPush;
+  h.sender = worker;
+  h.session = session;
+  h.request_id = request_id;
+  h.layout_hash = layout.hash();
+  h.flags = init ? kFlagInit : 0;
+  Frames payload;
+  for (int32_t id : layout.ServerChunks(0)) {
+    const auto count = static_cast<size_t>(layout.chunk(id).count);
+    h.chunk_ids.push_back(static_cast<uint32_t>(id));
+    if (!init) h.versions.push_back(version);
+    h.elem_counts.push_back(count);
+    h.byte_lengths.push_back(count * 4);
+    std::vector<float> v(count, value);
+    payload.push_back(Frame::Copy(v.data(), count * 4));
+  }
+  p->Send(h, std::move(payload));
+}
+
+TEST_F(ShardFixture, DuplicatePushIsAckedButAppliedOnceAlsoAfterARestart) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto p = Raw(0, 0);
+  const uint64_t session = 0x5E55;
+  SendPush(p.get(), layout_, 0, session, 1, 0.0f, 0, /*init=*/true);
+  ASSERT_EQ(p->Receive().type, MsgType::kAck);
+  SendPush(p.get(), layout_, 0, session, 2, 1.0f, 0, false);
+  MessageHeader first = p->Receive();
+  ASSERT_EQ(first.type, MsgType::kAck);
+  SendPush(p.get(), layout_, 0, session, 2, 1.0f, 0, false);  // the resend of a push whose ack was lost
+  MessageHeader again = p->Receive();
+  EXPECT_EQ(again.type, MsgType::kAck);
+  EXPECT_EQ(again.versions, first.versions);
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, -1.0f));  // applied once
+  ShardStatsWire st = shards_[0]->Stats();
+  EXPECT_EQ(st.duplicates, 1u);
+  EXPECT_EQ(st.pushes_by_worker, std::vector<uint64_t>{1});
+  // The same request id in another session is another push.
+  SendPush(p.get(), layout_, 0, session + 1, 2, 1.0f, 1, false);
+  ASSERT_EQ(p->Receive().type, MsgType::kAck);
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, -2.0f));
+
+  // The server dies and comes back: the window is rebuilt from the log; a resend after the
+  // restart is acked and not applied, a new push is.
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  EXPECT_NE(fresh->incarnation(), shards_[0]->incarnation());
+  addresses_ = {Serve(std::move(fresh), "restarted")};
+  auto q = Raw(0, 0);
+  SendPush(q.get(), layout_, 0, session, 2, 1.0f, 0, false);
+  MessageHeader r = q->Receive();
+  EXPECT_EQ(r.type, MsgType::kAck);
+  EXPECT_EQ(r.incarnation, shards_[1]->incarnation());
+  EXPECT_EQ(shards_[1]->ChunkWeights(0), std::vector<float>(8, -2.0f));
+  EXPECT_EQ(shards_[1]->Stats().duplicates, 1u);
+  // Also when the window comes from a checkpoint rather than the log.
+  ASSERT_TRUE(shards_[1]->SaveCheckpoint(ForServer(o, 0).checkpoint_path).ok());
+  RecoverReport rep2;
+  shards_[1]->Stop();
+  ASSERT_TRUE(shards_[1]->Join().ok());
+  std::unique_ptr<ShardServer> third;
+  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &third).ok());
+  ASSERT_TRUE(third->Recover(&rep2).ok());
+  EXPECT_TRUE(rep2.checkpoint_loaded);
+  EXPECT_EQ(rep2.replayed, 0u);
+  addresses_ = {Serve(std::move(third), "third")};
+  auto t = Raw(0, 0);
+  SendPush(t.get(), layout_, 0, session + 1, 2, 1.0f, 1, false);
+  EXPECT_EQ(t->Receive().type, MsgType::kAck);
+  EXPECT_EQ(shards_[2]->Stats().duplicates, 1u);
+  SendPush(t.get(), layout_, 0, session + 1, 3, 1.0f, 2, false);
+  EXPECT_EQ(t->Receive().type, MsgType::kAck);
+  EXPECT_EQ(shards_[2]->ChunkWeights(0), std::vector<float>(8, -3.0f));
+  EXPECT_EQ(shards_[2]->Stats().pushes_by_worker, std::vector<uint64_t>{3});
+}
+
+TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
+  shards_[0]->Stop();
+  ASSERT_TRUE(shards_[0]->Join().ok());
+  // The process died while writing a further record: half of it is in the file.
+  const std::string wal = ForServer(o, 0).wal_path;
+  std::string rec;
+  WalRecord extra;
+  extra.kind = WalKind::kClock;
+  extra.seq = 3;
+  EncodeWalRecord(extra, &rec);
+  {
+    std::ofstream(wal, std::ios::binary | std::ios::app) << rec.substr(0, 30);
+  }
+  const auto size_before = std::filesystem::file_size(wal);
+  std::unique_ptr<ShardServer> fresh;
+  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &fresh).ok());
+  RecoverReport rep;
+  ASSERT_TRUE(fresh->Recover(&rep).ok());
+  EXPECT_FALSE(rep.checkpoint_loaded);
+  EXPECT_TRUE(rep.torn_tail);
+  EXPECT_EQ(rep.replayed_pushes, 2u);  // the init push and the gradient
+  EXPECT_EQ(std::filesystem::file_size(wal), size_before - 30);
+  EXPECT_EQ(fresh->ChunkWeights(0), std::vector<float>(8, 4.0f));
+  EXPECT_EQ(fresh->ChunkVersion(0), 1);
+  // A damaged record in the middle is refused, naming the file and the offset.
+  std::string bytes;
+  {
+    std::ifstream in(wal, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[kWalHeaderBytes + 1] ^= 0x10;  // the first record's payload
+  { std::ofstream(wal, std::ios::binary | std::ios::trunc) << bytes; }
+  std::unique_ptr<ShardServer> broken;
+  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &broken).ok());
+  Status s = broken->Recover(&rep);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find(wal + ": byte 0"), std::string::npos) << s.message();
 }
 
 }  // namespace

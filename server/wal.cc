@@ -1,0 +1,458 @@
+// wal.cc — see wal.h. The log is read through a read-only mmap (a log holds every push since
+// the last checkpoint and may be far larger than memory is happy to copy).
+#include "server/wal.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <span>
+
+#include "common/tensor_file.h"
+
+namespace downpour {
+namespace {
+
+template <typename T>
+void Put(std::string* out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out->append(b, sizeof(T));
+}
+
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+const char* KindName(uint16_t k) {
+  switch (static_cast<WalKind>(k)) {
+    case WalKind::kPush: return "push";
+    case WalKind::kGone: return "gone";
+    case WalKind::kClock: return "clock";
+    case WalKind::kJoin: return "join";
+  }
+  return "unknown";
+}
+
+uint32_t RecordCrc(const uint8_t* header20, const uint8_t* payload, size_t len) {
+  const uint32_t c = Crc32(std::span<const uint8_t>(header20, 20));
+  return Crc32(std::span<const uint8_t>(payload, len), c);
+}
+
+// Checks one record at `off` of `data` (size n). Ok: *len_out = whole record bytes. Errors carry
+// the field; `*past_end` = the file ends inside the record.
+Status CheckRecord(const std::string& path, const uint8_t* data, uint64_t n, uint64_t off, uint64_t* len_out,
+                   bool* past_end) {
+  *past_end = false;
+  if (n - off < kWalHeaderBytes) {
+    *past_end = true;
+    return Corrupt("{}: byte {}: record header truncated ({} of {} bytes)", path, off, n - off, kWalHeaderBytes);
+  }
+  const uint8_t* p = data + off;
+  const uint32_t magic = Get<uint32_t>(p);
+  if (magic != kWalMagic) return Corrupt("{}: byte {}: field magic is {:#010x}, expected {:#010x}", path, off, magic, kWalMagic);
+  const uint16_t version = Get<uint16_t>(p + 4);
+  if (version != kWalVersion) {
+    return Corrupt("{}: byte {}: field version is {}, this build reads {}", path, off, version, kWalVersion);
+  }
+  const uint16_t kind = Get<uint16_t>(p + 6);
+  const uint32_t len = Get<uint32_t>(p + 16);
+  if (len > kWalMaxPayload) return Corrupt("{}: byte {}: field length {} exceeds {}", path, off, len, kWalMaxPayload);
+  if (n - off - kWalHeaderBytes < len) {
+    *past_end = true;
+    return Corrupt("{}: byte {}: record of {} payload bytes runs past the end of the file ({} bytes)", path, off, len,
+                   n);
+  }
+  const uint32_t crc = Get<uint32_t>(p + 20);
+  const uint32_t want = RecordCrc(p, p + kWalHeaderBytes, len);
+  if (crc != want) return Corrupt("{}: byte {}: field crc {:#010x}, computed {:#010x}", path, off, crc, want);
+  if (kind < 1 || kind > 4) return Corrupt("{}: byte {}: field kind {} is unknown", path, off, kind);
+  *len_out = kWalHeaderBytes + len;
+  return Status::Ok();
+}
+
+// Decodes the payload of a checked record. Chunk data points into `data` when aligned, else
+// into `scratch`.
+Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, WalRecord* r,
+                    std::vector<std::vector<float>>* scratch) {
+  r->kind = static_cast<WalKind>(Get<uint16_t>(p + 6));
+  r->seq = Get<uint64_t>(p + 8);
+  const uint32_t len = Get<uint32_t>(p + 16);
+  const uint8_t* q = p + kWalHeaderBytes;
+  const uint8_t* end = q + len;
+  r->chunks.clear();
+  auto need = [&](size_t bytes, const char* field) -> Status {
+    if (static_cast<size_t>(end - q) < bytes) {
+      return Corrupt("{}: byte {}: {} record too short for field {}", path, off, KindName(static_cast<uint16_t>(r->kind)),
+                     field);
+    }
+    return Status::Ok();
+  };
+  DP_RETURN_IF_ERROR(need(4, "worker"));
+  r->worker = Get<int32_t>(q);
+  q += 4;
+  switch (r->kind) {
+    case WalKind::kPush: {
+      DP_RETURN_IF_ERROR(need(32, "push header"));
+      r->flags = Get<uint32_t>(q);
+      r->session = Get<uint64_t>(q + 4);
+      r->request_id = Get<uint64_t>(q + 12);
+      r->clock = Get<int64_t>(q + 20);
+      const uint32_t nchunks = Get<uint32_t>(q + 28);
+      q += 32;
+      scratch->resize(nchunks);
+      for (uint32_t i = 0; i < nchunks; ++i) {
+        DP_RETURN_IF_ERROR(need(16, "chunk header"));
+        WalChunk c;
+        c.chunk_id = Get<uint32_t>(q);
+        c.version_from = Get<int64_t>(q + 4);
+        c.count = Get<uint32_t>(q + 12);
+        q += 16;
+        DP_RETURN_IF_ERROR(need(static_cast<size_t>(c.count) * 4, "chunk data"));
+        if (reinterpret_cast<uintptr_t>(q) % alignof(float) == 0) {
+          c.data = reinterpret_cast<const float*>(q);
+        } else {
+          (*scratch)[i].resize(c.count);
+          std::memcpy((*scratch)[i].data(), q, static_cast<size_t>(c.count) * 4);
+          c.data = (*scratch)[i].data();
+        }
+        q += static_cast<size_t>(c.count) * 4;
+        r->chunks.push_back(c);
+      }
+      break;
+    }
+    case WalKind::kGone:
+      DP_RETURN_IF_ERROR(need(4, "finished"));
+      r->finished = Get<uint32_t>(q) != 0;
+      q += 4;
+      break;
+    case WalKind::kClock:
+      DP_RETURN_IF_ERROR(need(8, "clock"));
+      r->clock = Get<int64_t>(q);
+      q += 8;
+      break;
+    case WalKind::kJoin:
+      break;
+  }
+  if (q != end) {
+    return Corrupt("{}: byte {}: {} record has {} bytes after its last field", path, off,
+                   KindName(static_cast<uint16_t>(r->kind)), end - q);
+  }
+  return Status::Ok();
+}
+
+class Mapping {
+ public:
+  ~Mapping() {
+    if (addr_ != nullptr) munmap(addr_, size_);
+    if (fd_ >= 0) close(fd_);
+  }
+  Status Open(const std::string& path) {
+    fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      if (errno == ENOENT) return NotFound("{}: no such log", path);
+      return IoError("{}: open: {}", path, std::strerror(errno));
+    }
+    struct stat st {};
+    if (fstat(fd_, &st) != 0) return IoError("{}: fstat: {}", path, std::strerror(errno));
+    size_ = static_cast<uint64_t>(st.st_size);
+    if (size_ == 0) return Status::Ok();
+    void* a = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (a == MAP_FAILED) return IoError("{}: mmap of {} bytes: {}", path, size_, std::strerror(errno));
+    addr_ = a;
+    return Status::Ok();
+  }
+  const uint8_t* data() const { return static_cast<const uint8_t*>(addr_); }
+  uint64_t size() const { return size_; }
+
+ private:
+  int fd_ = -1;
+  void* addr_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+Status WriteAll(int fd, const std::string& path, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return IoError("{}: write: {}", path, std::strerror(errno));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status WriteAllVec(int fd, const std::string& path, std::vector<iovec> iov) {
+  size_t first = 0;
+  while (first < iov.size()) {
+    const int n = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
+    const ssize_t w = writev(fd, iov.data() + first, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return IoError("{}: writev: {}", path, std::strerror(errno));
+    }
+    auto left = static_cast<size_t>(w);
+    while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+    if (left > 0) {  // a short write inside one piece
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void EncodeWalRecord(const WalRecord& r, std::string* out) {
+  out->clear();
+  Put<uint32_t>(out, kWalMagic);
+  Put<uint16_t>(out, kWalVersion);
+  Put<uint16_t>(out, static_cast<uint16_t>(r.kind));
+  Put<uint64_t>(out, r.seq);
+  Put<uint32_t>(out, 0);  // length, patched below
+  Put<uint32_t>(out, 0);  // crc, patched below
+  Put<int32_t>(out, r.worker);
+  switch (r.kind) {
+    case WalKind::kPush:
+      Put<uint32_t>(out, r.flags);
+      Put<uint64_t>(out, r.session);
+      Put<uint64_t>(out, r.request_id);
+      Put<int64_t>(out, r.clock);
+      Put<uint32_t>(out, static_cast<uint32_t>(r.chunks.size()));
+      for (const WalChunk& c : r.chunks) {
+        Put<uint32_t>(out, c.chunk_id);
+        Put<int64_t>(out, c.version_from);
+        Put<uint32_t>(out, c.count);
+        out->append(reinterpret_cast<const char*>(c.data), static_cast<size_t>(c.count) * sizeof(float));
+      }
+      break;
+    case WalKind::kGone:
+      Put<uint32_t>(out, r.finished ? 1u : 0u);
+      break;
+    case WalKind::kClock:
+      Put<int64_t>(out, r.clock);
+      break;
+    case WalKind::kJoin:
+      break;
+  }
+  const auto len = static_cast<uint32_t>(out->size() - kWalHeaderBytes);
+  std::memcpy(out->data() + 16, &len, 4);
+  const auto* b = reinterpret_cast<const uint8_t*>(out->data());
+  const uint32_t crc = RecordCrc(b, b + kWalHeaderBytes, len);
+  std::memcpy(out->data() + 20, &crc, 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer.
+
+WalWriter::WalWriter(std::string path, int fd, uint64_t next_seq, std::chrono::milliseconds fsync_ms, uint64_t bytes)
+    : path_(std::move(path)), fd_(fd), next_seq_(next_seq), fsync_ms_(fsync_ms), bytes_(bytes) {
+  if (fsync_ms_.count() > 0) syncer_ = std::thread([this] { SyncLoop(); });
+}
+
+WalWriter::~WalWriter() {
+  {
+    std::lock_guard<std::mutex> lock(sync_mu_);
+    stop_ = true;
+  }
+  sync_cv_.notify_all();
+  if (syncer_.joinable()) syncer_.join();
+  if (fd_ >= 0) {
+    (void)Sync();
+    close(fd_);
+  }
+}
+
+// Group commit off the shard's thread: every fsync_ms, one fdatasync for whatever was appended.
+void WalWriter::SyncLoop() {
+  std::unique_lock<std::mutex> lock(sync_mu_);
+  while (!stop_) {
+    sync_cv_.wait_for(lock, fsync_ms_, [this] { return stop_; });
+    if (stop_ || !dirty_.exchange(false)) continue;
+    lock.unlock();
+    const int rc = fdatasync(fd_);
+    const int err = errno;
+    lock.lock();
+    if (rc != 0 && sync_error_.ok()) sync_error_ = IoError("{}: fdatasync: {}", path_, std::strerror(err));
+  }
+}
+
+Status WalWriter::SyncError() {
+  std::lock_guard<std::mutex> lock(sync_mu_);
+  return sync_error_;
+}
+
+Status WalWriter::Open(const std::string& path, uint64_t next_seq, bool truncate, std::chrono::milliseconds fsync_ms,
+                       std::unique_ptr<WalWriter>* out) {
+  const int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0);
+  const int fd = open(path.c_str(), flags, 0600);
+  if (fd < 0) return IoError("{}: cannot open the write-ahead log: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return IoError("{}: fstat: {}", path, std::strerror(errno));
+  }
+  if (fsync(fd) != 0) {  // the truncation / creation itself
+    close(fd);
+    return IoError("{}: fsync: {}", path, std::strerror(errno));
+  }
+  out->reset(new WalWriter(path, fd, next_seq == 0 ? 1 : next_seq, fsync_ms, static_cast<uint64_t>(st.st_size)));
+  return Status::Ok();
+}
+
+// The record goes out with one writev(2) (more only past IOV_MAX pieces or on a short write):
+// the header and per-chunk fields from buf_, the floats straight from the push's frames, so a
+// 100 MB push is not copied once more on its way to the page cache.
+Status WalWriter::Append(WalRecord* r) {
+  r->seq = next_seq_;
+  if (r->kind != WalKind::kPush) {
+    EncodeWalRecord(*r, &buf_);
+    DP_RETURN_IF_ERROR(WriteAll(fd_, path_, buf_.data(), buf_.size()));
+  } else {
+    // buf_: header (24) + push fields (36) + 16 bytes per chunk header, reserved up front so
+    // the iovecs into it stay valid.
+    const size_t fixed = kWalHeaderBytes + 36;
+    buf_.assign(fixed + 16 * r->chunks.size(), '\0');
+    char* b = buf_.data();
+    auto put = [](char* at, auto v) { std::memcpy(at, &v, sizeof(v)); };
+    put(b, kWalMagic);
+    put(b + 4, kWalVersion);
+    put(b + 6, static_cast<uint16_t>(r->kind));
+    put(b + 8, r->seq);
+    put(b + 24, r->worker);
+    put(b + 28, r->flags);
+    put(b + 32, r->session);
+    put(b + 40, r->request_id);
+    put(b + 48, r->clock);
+    put(b + 56, static_cast<uint32_t>(r->chunks.size()));
+    std::vector<iovec> iov;
+    iov.reserve(1 + 2 * r->chunks.size());
+    iov.push_back(iovec{b, fixed});
+    uint64_t payload = fixed - kWalHeaderBytes;
+    for (size_t i = 0; i < r->chunks.size(); ++i) {
+      const WalChunk& c = r->chunks[i];
+      char* h = b + fixed + 16 * i;
+      put(h, c.chunk_id);
+      put(h + 4, c.version_from);
+      put(h + 12, c.count);
+      iov.push_back(iovec{h, 16});
+      iov.push_back(iovec{const_cast<float*>(c.data), static_cast<size_t>(c.count) * sizeof(float)});
+      payload += 16 + static_cast<uint64_t>(c.count) * sizeof(float);
+    }
+    if (payload > kWalMaxPayload) return InvalidArgument("{}: a push of {} bytes exceeds the log's record limit", path_, payload);
+    put(b + 16, static_cast<uint32_t>(payload));
+    uint32_t crc = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b), 20));
+    crc = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b) + kWalHeaderBytes, fixed - kWalHeaderBytes), crc);
+    for (size_t k = 1; k < iov.size(); ++k) {
+      crc = Crc32(std::span<const uint8_t>(static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len), crc);
+    }
+    put(b + 20, crc);
+    DP_RETURN_IF_ERROR(WriteAllVec(fd_, path_, iov));
+    bytes_ += kWalHeaderBytes + payload;
+    ++next_seq_;
+    dirty_ = true;
+    return fsync_ms_.count() == 0 ? Sync() : SyncError();
+  }
+  ++next_seq_;
+  bytes_ += buf_.size();
+  dirty_ = true;
+  return fsync_ms_.count() == 0 ? Sync() : SyncError();
+}
+
+Status WalWriter::Sync() {
+  if (!dirty_.exchange(false)) return SyncError();
+  if (fdatasync(fd_) != 0) {
+    dirty_ = true;
+    return IoError("{}: fdatasync: {}", path_, std::strerror(errno));
+  }
+  return SyncError();
+}
+
+Status WalWriter::Restart() {
+  if (ftruncate(fd_, 0) != 0) return IoError("{}: truncate: {}", path_, std::strerror(errno));
+  bytes_ = 0;
+  dirty_ = true;
+  return Sync();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader.
+
+Status ScanWal(const std::string& path, const std::function<Status(const WalRecord&)>& visit, WalScanInfo* info) {
+  *info = WalScanInfo{};
+  Mapping m;
+  DP_RETURN_IF_ERROR(m.Open(path));
+  const uint8_t* data = m.data();
+  const uint64_t n = m.size();
+  info->file_bytes = n;
+  // Pass 1: structure, CRCs, seq continuity; find the valid prefix.
+  uint64_t off = 0;
+  uint64_t prev_seq = 0;
+  WalRecord r;
+  std::vector<std::vector<float>> scratch;
+  while (off < n) {
+    uint64_t len = 0;
+    bool past_end = false;
+    Status s = CheckRecord(path, data, n, off, &len, &past_end);
+    if (s.ok()) {
+      const uint64_t seq = Get<uint64_t>(data + off + 8);
+      if (prev_seq != 0 && seq != prev_seq + 1) {
+        return Corrupt("{}: byte {}: field seq is {} after {} (a gap: records are missing)", path, off, seq, prev_seq);
+      }
+      DP_RETURN_IF_ERROR(DecodeRecord(path, data + off, off, &r, &scratch));  // CRC-valid but malformed: corrupt
+      if (info->records == 0) info->first_seq = seq;
+      prev_seq = seq;
+      info->last_seq = seq;
+      ++info->records;
+      off += len;
+      continue;
+    }
+    // A bad record: a torn tail only if no valid record starts anywhere after it.
+    if (!past_end) {
+      for (uint64_t q = off + 1; q + kWalHeaderBytes <= n; ++q) {
+        if (Get<uint32_t>(data + q) != kWalMagic) continue;
+        uint64_t l2 = 0;
+        bool pe2 = false;
+        if (CheckRecord(path, data, n, q, &l2, &pe2).ok()) {
+          return Corrupt("{} (a valid record follows at byte {}: the log is damaged, not torn)", s.message(), q);
+        }
+      }
+    }
+    info->torn = true;
+    info->torn_reason = s.message();
+    break;
+  }
+  info->valid_bytes = off;
+  if (!visit) return Status::Ok();
+  // Pass 2: decode and visit.
+  for (uint64_t p = 0; p < info->valid_bytes;) {
+    DP_RETURN_IF_ERROR(DecodeRecord(path, data + p, p, &r, &scratch));
+    DP_RETURN_IF_ERROR(visit(r));
+    p += kWalHeaderBytes + Get<uint32_t>(data + p + 16);
+  }
+  return Status::Ok();
+}
+
+Status TruncateWal(const std::string& path, uint64_t bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return IoError("{}: open: {}", path, std::strerror(errno));
+  Status s;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fsync(fd) != 0) {
+    s = IoError("{}: truncate to {} bytes: {}", path, bytes, std::strerror(errno));
+  }
+  close(fd);
+  return s;
+}
+
+}  // namespace downpour

@@ -1,0 +1,146 @@
+// wal.h — a shard's write-ahead log: every state change the shard takes from the wire (a push,
+// a worker's clock, a worker gone, an elastic worker joining) is appended here BEFORE it is
+// applied and acknowledged, so an acknowledged update survives the death of the server process
+// (the record is in the page cache after write(2)) and, after the next fsync, of the machine.
+// A restart (downpour-server --recover) loads the shard's checkpoint and replays the records
+// the checkpoint does not cover (seq > the checkpoint's meta "wal_seq"), which rebuilds the
+// exact state: replay goes through the same apply code as the live path, in the same order.
+//
+// File: D/<checkpoint.dir>/server-<i>.wal (server/run_dir.h ServerWalPath), a sequence of
+// records, no file header. Record layout (integers little-endian):
+//
+//   offset  size  field
+//   0       4     magic    u32 kWalMagic 0x4C575044 (bytes "DPWL")
+//   4       2     version  u16 kWalVersion (1)
+//   6       2     kind     u16 WalKind
+//   8       8     seq      u64, 1, 2, 3, ... (+1 per record; continues across log restarts)
+//   16      4     length   u32 payload bytes (<= kWalMaxPayload)
+//   20      4     crc      u32 CRC-32 (zlib's, common/tensor_file.h) of bytes 0..19 then the payload
+//   24      ...   payload:
+//     kPush:  worker i32, flags u32 (kFlagInit ...), session u64, request_id u64, clock i64,
+//             n u32, n × { chunk_id u32, version_from i64, count u32, count × f32 }
+//     kGone:  worker i32, finished u8
+//     kClock: worker i32, clock i64
+//     kJoin:  worker i32
+//
+// Reading (ScanWal) checks every record. A bad LAST record — the file ends inside it, or its
+// CRC / header is bad and no valid record follows anywhere after it — is what a process or
+// machine dying in the middle of a write leaves: it was never acknowledged, so it is reported
+// as a torn tail (ScanInfo::torn_*) and the caller truncates it away with one log line. A bad
+// record followed by a valid one, a wrong magic / version in the middle, or a sequence gap is
+// kCorrupt naming the file, the byte offset and the field: never a silently wrong shard.
+//
+// After the shard writes a checkpoint to its own path (renamed into place, fsynced), the log is
+// restarted (truncated to empty); seq numbers go on. A crash between the two is safe: replay
+// skips records with seq <= the checkpoint's.
+//
+// Thread-safety: a WalWriter is used by one thread at a time (the shard holds its lock); with
+// fsync_ms > 0 it owns a thread of its own that fsyncs the file every fsync_ms when it has
+// unsynced records, so the shard's loop never waits for the disk (an fsync error is returned by
+// the next Append). ScanWal is reentrant.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace downpour {
+
+inline constexpr uint32_t kWalMagic = 0x4C575044;  // "DPWL" on disk
+inline constexpr uint16_t kWalVersion = 1;
+inline constexpr size_t kWalHeaderBytes = 24;
+inline constexpr uint32_t kWalMaxPayload = 1u << 30;  // a push of one shard is far smaller
+
+enum class WalKind : uint16_t { kPush = 1, kGone = 2, kClock = 3, kJoin = 4 };
+
+struct WalChunk {
+  uint32_t chunk_id = 0;
+  int64_t version_from = 0;
+  const float* data = nullptr;  // count floats; points into the scanned bytes / the push frame
+  uint32_t count = 0;
+};
+
+struct WalRecord {
+  WalKind kind = WalKind::kPush;
+  uint64_t seq = 0;
+  int32_t worker = 0;
+  uint32_t flags = 0;        // push
+  uint64_t session = 0;      // push
+  uint64_t request_id = 0;   // push
+  int64_t clock = 0;         // push, clock
+  bool finished = false;     // gone
+  std::vector<WalChunk> chunks;  // push
+};
+
+// Appends records to one log file (O_APPEND; created 0600 if missing).
+class WalWriter {
+ public:
+  // Opens `path` for appending; `next_seq` is the seq the next record gets. truncate = start the
+  // log empty (a fresh shard, or after --restore); otherwise appends after what is there (the
+  // caller has scanned it and truncated a torn tail). fsync_ms: fsync at least this often (on
+  // the writer's own thread); 0 = every Append fsyncs before it returns.
+  static Status Open(const std::string& path, uint64_t next_seq, bool truncate, std::chrono::milliseconds fsync_ms,
+                     std::unique_ptr<WalWriter>* out);
+  ~WalWriter();
+
+  // Writes `r` (its seq is set to next_seq()) with one write(2); fsyncs when due.
+  Status Append(WalRecord* r);
+  Status Sync();  // fsync now if anything is unsynced
+  // Empties the log (after a checkpoint that covers everything in it); seq numbers go on.
+  Status Restart();
+  uint64_t next_seq() const { return next_seq_; }
+  uint64_t bytes() const { return bytes_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  WalWriter(std::string path, int fd, uint64_t next_seq, std::chrono::milliseconds fsync_ms, uint64_t bytes);
+
+  void SyncLoop();
+  Status SyncError();
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t next_seq_ = 1;
+  std::chrono::milliseconds fsync_ms_;
+  uint64_t bytes_ = 0;
+  std::atomic<bool> dirty_{false};
+  std::string buf_;  // reused record buffer
+  std::mutex sync_mu_;  // guards stop_ and sync_error_
+  std::condition_variable sync_cv_;
+  bool stop_ = false;
+  Status sync_error_;
+  std::thread syncer_;  // fsync_ms > 0 only
+};
+
+// What ScanWal found.
+struct WalScanInfo {
+  uint64_t records = 0;       // valid records
+  uint64_t first_seq = 0;     // 0 if none
+  uint64_t last_seq = 0;      // 0 if none
+  uint64_t valid_bytes = 0;   // the valid prefix: where a torn tail starts
+  uint64_t file_bytes = 0;
+  bool torn = false;          // bytes after valid_bytes that are a torn last record
+  std::string torn_reason;    // what was wrong with it (for the log line)
+};
+
+// Reads and checks the whole log at `path`; calls `visit` (if set) for each valid record in
+// order, only after the whole file has been checked (so a corrupt log applies nothing). A
+// visit error stops the scan and is returned. A missing file is kNotFound.
+Status ScanWal(const std::string& path, const std::function<Status(const WalRecord&)>& visit, WalScanInfo* info);
+
+// Truncates `path` to `bytes` and fsyncs it (drops a torn tail).
+Status TruncateWal(const std::string& path, uint64_t bytes);
+
+// The record as bytes (header + payload), for tests that craft logs.
+void EncodeWalRecord(const WalRecord& r, std::string* out);
+
+}  // namespace downpour

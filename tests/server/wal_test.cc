@@ -1,0 +1,254 @@
+// wal_test.cc — the write-ahead log file (server/wal.h): records round-trip exactly; a torn
+// last record is reported as a torn tail (safe to drop); a damaged record followed by valid
+// data, a wrong magic and a sequence gap are errors naming the file, the byte offset and the
+// field; a restarted log continues the sequence.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/file_io.h"
+#include "server/wal.h"
+
+namespace downpour {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string TestPath(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/wal_test";
+  std::filesystem::create_directories(dir);
+  const std::string p = dir + "/" + name;
+  std::filesystem::remove(p);
+  return p;
+}
+
+std::vector<WalRecord> Scan(const std::string& path, WalScanInfo* info, Status* status,
+                            std::vector<std::vector<float>>* data = nullptr) {
+  std::vector<WalRecord> out;
+  *status = ScanWal(path, [&](const WalRecord& r) {
+    out.push_back(r);
+    if (data) {
+      for (const WalChunk& c : r.chunks) data->emplace_back(c.data, c.data + c.count);
+    }
+    for (WalChunk& c : out.back().chunks) c.data = nullptr;  // points into the mapping
+    return Status::Ok();
+  }, info);
+  return out;
+}
+
+// Writes three records: an init push, a clock, a gone.
+void WriteThree(const std::string& path, const std::vector<float>& g) {
+  std::unique_ptr<WalWriter> w;
+  ASSERT_TRUE(WalWriter::Open(path, 1, true, 0ms, &w).ok());
+  WalRecord push;
+  push.kind = WalKind::kPush;
+  push.worker = 3;
+  push.flags = 1;
+  push.session = 0xABCDEF0123456789ull;
+  push.request_id = 42;
+  push.clock = 7;
+  push.chunks = {WalChunk{5, 2, g.data(), static_cast<uint32_t>(g.size())},
+                 WalChunk{9, 0, g.data(), 2}};
+  ASSERT_TRUE(w->Append(&push).ok());
+  WalRecord clock;
+  clock.kind = WalKind::kClock;
+  clock.worker = 1;
+  clock.clock = 11;
+  ASSERT_TRUE(w->Append(&clock).ok());
+  WalRecord gone;
+  gone.kind = WalKind::kGone;
+  gone.worker = 2;
+  gone.finished = true;
+  ASSERT_TRUE(w->Append(&gone).ok());
+  EXPECT_EQ(w->next_seq(), 4u);
+}
+
+std::string Bytes(const std::string& path) {
+  std::string b;
+  EXPECT_TRUE(ReadWholeFile(path, "log", &b).ok());
+  return b;
+}
+
+void Overwrite(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST(Wal, RecordsRoundTripExactly) {
+  const std::string path = TestPath("roundtrip.wal");
+  const std::vector<float> g = {1.5f, -2.25f, 3.0f, 1e-30f};
+  WriteThree(path, g);
+  WalScanInfo info;
+  Status s;
+  std::vector<std::vector<float>> data;
+  auto recs = Scan(path, &info, &s, &data);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(recs.size(), 3u);
+  EXPECT_FALSE(info.torn);
+  EXPECT_EQ(info.first_seq, 1u);
+  EXPECT_EQ(info.last_seq, 3u);
+  EXPECT_EQ(info.valid_bytes, info.file_bytes);
+  EXPECT_EQ(recs[0].kind, WalKind::kPush);
+  EXPECT_EQ(recs[0].seq, 1u);
+  EXPECT_EQ(recs[0].worker, 3);
+  EXPECT_EQ(recs[0].flags, 1u);
+  EXPECT_EQ(recs[0].session, 0xABCDEF0123456789ull);
+  EXPECT_EQ(recs[0].request_id, 42u);
+  EXPECT_EQ(recs[0].clock, 7);
+  ASSERT_EQ(recs[0].chunks.size(), 2u);
+  EXPECT_EQ(recs[0].chunks[0].chunk_id, 5u);
+  EXPECT_EQ(recs[0].chunks[0].version_from, 2);
+  EXPECT_EQ(recs[0].chunks[1].chunk_id, 9u);
+  ASSERT_EQ(data.size(), 2u);
+  EXPECT_EQ(data[0], g);
+  EXPECT_EQ(data[1], std::vector<float>(g.begin(), g.begin() + 2));
+  EXPECT_EQ(recs[1].kind, WalKind::kClock);
+  EXPECT_EQ(recs[1].worker, 1);
+  EXPECT_EQ(recs[1].clock, 11);
+  EXPECT_EQ(recs[2].kind, WalKind::kGone);
+  EXPECT_EQ(recs[2].worker, 2);
+  EXPECT_TRUE(recs[2].finished);
+  // The writer's gathered write (floats straight from the caller) is byte for byte the
+  // reference encoding.
+  WalRecord push = recs[0];
+  push.chunks[0].data = g.data();
+  push.chunks[1].data = g.data();
+  std::string ref;
+  EncodeWalRecord(push, &ref);
+  EXPECT_EQ(Bytes(path).substr(0, ref.size()), ref);
+}
+
+TEST(Wal, TornLastRecordIsReportedAsATornTailAndTheRestIsKept) {
+  const std::string path = TestPath("torn.wal");
+  WriteThree(path, {1, 2, 3});
+  const std::string full = Bytes(path);
+  WalScanInfo whole;
+  Status s;
+  Scan(path, &whole, &s);
+  ASSERT_TRUE(s.ok());
+  // The process died inside the write of a 4th record: half of it is there.
+  std::string rec;
+  WalRecord extra;
+  extra.kind = WalKind::kClock;
+  extra.seq = 4;
+  extra.worker = 0;
+  extra.clock = 1;
+  EncodeWalRecord(extra, &rec);
+  Overwrite(path, full + rec.substr(0, rec.size() / 2));
+  WalScanInfo info;
+  auto recs = Scan(path, &info, &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(recs.size(), 3u);
+  EXPECT_TRUE(info.torn);
+  EXPECT_EQ(info.valid_bytes, full.size());
+  EXPECT_NE(info.torn_reason.find(fmt::format("byte {}: record header truncated", full.size())), std::string::npos)
+      << info.torn_reason;
+  // The file ends inside the payload.
+  Overwrite(path, full + rec.substr(0, rec.size() - 3));
+  recs = Scan(path, &info, &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(recs.size(), 3u);
+  EXPECT_TRUE(info.torn);
+  EXPECT_NE(info.torn_reason.find("past the end"), std::string::npos) << info.torn_reason;
+  // A complete last record whose bytes are wrong (CRC) with nothing after it: torn too.
+  std::string bad = rec;
+  bad[bad.size() - 1] ^= 0x55;
+  Overwrite(path, full + bad);
+  recs = Scan(path, &info, &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(recs.size(), 3u);
+  EXPECT_TRUE(info.torn);
+  EXPECT_NE(info.torn_reason.find("crc"), std::string::npos) << info.torn_reason;
+  // Dropping the tail leaves a clean log.
+  ASSERT_TRUE(TruncateWal(path, info.valid_bytes).ok());
+  recs = Scan(path, &info, &s);
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE(info.torn);
+  EXPECT_EQ(info.file_bytes, full.size());
+}
+
+TEST(Wal, CorruptMiddleRecordIsRefusedNamingFileOffsetAndField) {
+  const std::string path = TestPath("corrupt.wal");
+  WriteThree(path, {1, 2, 3});
+  std::string b = Bytes(path);
+  // Flip a payload byte of the first record (a float): its CRC fails and valid records follow.
+  b[kWalHeaderBytes + 40] ^= 0x01;
+  Overwrite(path, b);
+  WalScanInfo info;
+  Status s;
+  int visited = 0;
+  s = ScanWal(path, [&](const WalRecord&) {
+    ++visited;
+    return Status::Ok();
+  }, &info);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("byte 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("crc"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("valid record follows"), std::string::npos) << s.message();
+  EXPECT_EQ(visited, 0) << "a damaged log must apply nothing";
+}
+
+TEST(Wal, WrongMagicInTheMiddleIsRefused) {
+  const std::string path = TestPath("magic.wal");
+  WriteThree(path, {1, 2, 3});
+  std::string b = Bytes(path);
+  WalScanInfo info;
+  Status s;
+  Scan(path, &info, &s);
+  // The second record starts after the first: find it by its magic.
+  const size_t second = b.find(std::string("DPWL"), 1);
+  ASSERT_NE(second, std::string::npos);
+  b[second] = 'X';
+  Overwrite(path, b);
+  s = ScanWal(path, nullptr, &info);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find(fmt::format("byte {}", second)), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("magic"), std::string::npos) << s.message();
+}
+
+TEST(Wal, SequenceGapIsRefusedNamingTheSeqField) {
+  const std::string path = TestPath("gap.wal");
+  std::string bytes, rec;
+  for (uint64_t seq : {1u, 2u, 4u}) {
+    WalRecord r;
+    r.kind = WalKind::kJoin;
+    r.seq = seq;
+    r.worker = 1;
+    EncodeWalRecord(r, &rec);
+    bytes += rec;
+  }
+  Overwrite(path, bytes);
+  WalScanInfo info;
+  Status s = ScanWal(path, nullptr, &info);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find("seq"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(fmt::format("byte {}", 2 * rec.size())), std::string::npos) << s.message();
+}
+
+TEST(Wal, RestartEmptiesTheLogAndTheSequenceGoesOn) {
+  const std::string path = TestPath("restart.wal");
+  std::unique_ptr<WalWriter> w;
+  ASSERT_TRUE(WalWriter::Open(path, 10, true, 200ms, &w).ok());
+  WalRecord r;
+  r.kind = WalKind::kClock;
+  ASSERT_TRUE(w->Append(&r).ok());
+  EXPECT_EQ(r.seq, 10u);
+  ASSERT_TRUE(w->Restart().ok());
+  ASSERT_TRUE(w->Append(&r).ok());
+  EXPECT_EQ(r.seq, 11u);
+  ASSERT_TRUE(w->Sync().ok());
+  WalScanInfo info;
+  ASSERT_TRUE(ScanWal(path, nullptr, &info).ok());
+  EXPECT_EQ(info.records, 1u);
+  EXPECT_EQ(info.first_seq, 11u);
+  EXPECT_EQ(info.file_bytes, w->bytes());
+}
+
+TEST(Wal, MissingLogIsNotFound) {
+  WalScanInfo info;
+  EXPECT_EQ(ScanWal(TestPath("absent.wal"), nullptr, &info).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace downpour
