@@ -45,12 +45,6 @@ Status CheckDataset(const std::string& path, const std::string& key, const std::
   return Status::Ok();
 }
 
-// Where server i's write-ahead log lies: beside its checkpoint, server-<i>.wal (server/wal.h).
-// Local to PlanResume; the server's own WAL path helper is the one to use where it exists.
-std::string WalBesideCheckpoint(const std::string& checkpoint) {
-  return (fs::path(checkpoint).replace_extension(".wal")).string();
-}
-
 Status CheckFile(const std::string& path, const std::string& key, const std::string& source, std::string_view what) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
@@ -155,7 +149,7 @@ Status PlanResume(const std::string& run_dir, const RunConfig& c, ResumePlan* pl
   plan->wals.clear();
   for (int i = 0; i < c.cluster.servers; ++i) {
     const std::string path = ServerCheckpointPath(run_dir, c.checkpoint, i);
-    const std::string wal = WalBesideCheckpoint(path);
+    const std::string wal = ServerWalPath(run_dir, c.checkpoint, i);
     const bool has_checkpoint = fs::is_regular_file(path, ec);
     const bool has_wal = c.checkpoint.wal && fs::is_regular_file(wal, ec);
     if (!has_checkpoint && !has_wal) {
