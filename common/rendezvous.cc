@@ -71,7 +71,26 @@ Status RendezvousClient::Register(Transport* transport, RendezvousOptions option
   c->options_ = std::move(options);
   DP_RETURN_IF_ERROR(transport->Connect(ToAddress(c->options_.coordinator), &c->endpoint_));
   MessageHeader reply;
-  DP_RETURN_IF_ERROR(c->Exchange(c->RegisterRequest(), &reply, timeout, /*say_waiting=*/true));
+  // A process restarted in place (a server the launcher brought back) may ask for its id while
+  // the coordinator still counts its previous connection as live: that holder is released after
+  // a few silent heartbeat intervals (server/coordinator.h), so the refusal is waited out, up to
+  // `timeout`, instead of ending the process.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool said = false;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const Status s = c->Exchange(c->RegisterRequest(), &reply, std::max(left, std::chrono::milliseconds(1)),
+                                 /*say_waiting=*/true);
+    if (s.ok()) break;
+    const bool held = s.code() == StatusCode::kFailedPrecondition &&
+                      s.message().find("held by another connection") != std::string::npos;
+    if (!held || std::chrono::steady_clock::now() + c->options_.heartbeat_interval >= deadline) return s;
+    if (!said) {
+      spdlog::info("coordinator {}: {}; waiting for it to be released", c->options_.coordinator, s.message());
+      said = true;
+    }
+    std::this_thread::sleep_for(c->options_.heartbeat_interval);
+  }
   if (reply.type != MsgType::kRegisterReply) {
     return Corrupt("coordinator {}: register answered with {}", c->options_.coordinator, MsgTypeName(reply.type));
   }

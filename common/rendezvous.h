@@ -63,7 +63,8 @@ class RendezvousClient {
  public:
   // Connects and registers; waits (up to `timeout`) until the coordinator answers, which for a
   // worker is when every server has registered. A layout hash mismatch is kFailedPrecondition
-  // with both hashes in the message.
+  // with both hashes in the message. An id still held by this process's previous connection (a
+  // restart in place) is retried every heartbeat interval until the coordinator releases it.
   static Status Register(Transport* transport, RendezvousOptions options, std::chrono::milliseconds timeout,
                          std::unique_ptr<RendezvousClient>* out, RendezvousInfo* info);
   ~RendezvousClient();
