@@ -580,6 +580,7 @@ Status ZmqTransport::Connect(const std::string& address, std::unique_ptr<ClientE
   try {
     zmq::socket_t s(impl_->context, zmq::socket_type::dealer);
     CommonOptions(s, impl_->options, address);
+    if (impl_->options.client_rcvhwm > 0) s.set(zmq::sockopt::rcvhwm, impl_->options.client_rcvhwm);
     if (impl_->options.curve.enabled) DP_RETURN_IF_ERROR(SetCurveClient(s, impl_->options.curve, address));
     s.connect(WithSource(address, impl_->options.connect_source));
     *out = std::make_unique<ZmqClient>(impl_.get(), std::move(s), address);

@@ -56,6 +56,10 @@ struct ZmqOptions {
   // Messages ZeroMQ itself buffers per peer of a bound socket before a send to it would block
   // (ZMQ_SNDHWM); beyond them replies wait in the bounded per-peer queue.
   int server_sndhwm = 64;
+  // Messages a client (DEALER) socket takes off the network before its application reads them
+  // (ZMQ_RCVHWM); 0 = ZeroMQ's default (1000). Tests set it low to make a client that does not
+  // read push back on its server at once.
+  int client_rcvhwm = 0;
   int linger_ms = 500;                      // how long close waits for unsent messages
   int64_t max_message_bytes = int64_t{256} << 20;  // per received frame; larger = peer dropped
   size_t zero_copy_min_bytes = 4096;        // frames smaller than this are copied at send

@@ -396,6 +396,12 @@ Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, Reje
     return InvalidArgument("{}: model id {} is not served by server {} (serves {})", MsgTypeName(h.type),
                            h.model_id, options_.server_id, options_.model_id);
   }
+  // A clock is a count of iterations: the consistency arithmetic (clock + 1, clock - s) must not
+  // overflow on a forged one.
+  if (h.clock < 0 || h.clock > kMaxClock) {
+    *reason = RejectReason::kClock;
+    return InvalidArgument("{}: clock {} is outside 0..{}", MsgTypeName(h.type), h.clock, kMaxClock);
+  }
   return Status::Ok();
 }
 

@@ -153,6 +153,10 @@ struct RecoverReport {
   bool torn_tail = false;          // a torn last record was dropped
 };
 
+// The largest clock (iterations) a worker may report; beyond it a message is refused (kClock),
+// so forged clocks cannot overflow the consistency arithmetic.
+inline constexpr int64_t kMaxClock = int64_t{1} << 48;
+
 class ShardServer {
  public:
   // Fails (InvalidArgument) if server_id is outside the layout's servers.

@@ -363,8 +363,14 @@ TEST(ZmqSlowPeer, APeerThatNeverReadsIsDroppedAndCountedWhileAnotherPeerIsServed
   std::unique_ptr<ServerEndpoint> server;
   ASSERT_TRUE(transport.Bind("tcp://127.0.0.1:0", &server).ok());
   ZmqTransport client_transport(ClientOptions());
+  // The peer that never reads also takes almost nothing off the network on its own (a ZeroMQ
+  // client would otherwise buffer up to 1000 replies for its application), so the server meets
+  // its full connection at once instead of whenever that client's I/O thread falls behind.
+  ZmqOptions slow_options = ClientOptions();
+  slow_options.client_rcvhwm = 2;
+  ZmqTransport slow_transport(slow_options);
   std::unique_ptr<ClientEndpoint> slow, good;
-  ASSERT_TRUE(client_transport.Connect(server->address(), &slow).ok());
+  ASSERT_TRUE(slow_transport.Connect(server->address(), &slow).ok());
   ASSERT_TRUE(client_transport.Connect(server->address(), &good).ok());
   const PeerId slow_id = Hello(slow.get(), server.get(), "slow");
   const PeerId good_id = Hello(good.get(), server.get(), "good");

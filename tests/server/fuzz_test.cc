@@ -243,6 +243,7 @@ class ShardFuzz : public ::testing::Test {
     p.init = (h.flags & kFlagInit) != 0;
     const size_t n = h.chunk_ids.size();
     if (h.sender != registered_ || h.layout_hash != layout_.hash() || h.model_id != 0) return p;
+    if (h.clock < 0 || h.clock > kMaxClock) return p;  // iterations: a forged clock is refused
     if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense || n == 0) return p;
     if (frames.size() != n + 1 || h.elem_counts.size() != n || h.byte_lengths.size() != n) return p;
     if (!p.init && h.versions.size() != n) return p;
@@ -734,8 +735,9 @@ TEST_F(ShardFuzz, ForgedPushVersionFarInTheFutureOrNegativeIsRejectedAsVersion) 
 }
 
 // Found by the mutants: a header whose chunk list claims 100000 entries with no payload frames is
-// refused as a frame-count mismatch at once (no per-chunk work), and one with a huge clock is
-// served (async only records clocks).
+// refused as a frame-count mismatch at once (no per-chunk work); a clock outside 0..kMaxClock
+// is refused as kClock (UBSan found clock + 1 overflowing in the consistency policy), one at the
+// limit is served.
 TEST_F(ShardFuzz, HugeChunkListAndExtremeClocksAreAnsweredNotApplied) {
   MessageHeader h = Push({owned_[0]});
   h.chunk_ids.assign(100000, static_cast<uint32_t>(owned_[0]));
@@ -746,14 +748,22 @@ TEST_F(ShardFuzz, HugeChunkListAndExtremeClocksAreAnsweredNotApplied) {
   MessageHeader r = Exchange(ToFrames(h), &rf);
   ASSERT_EQ(r.type, MsgType::kError);
   EXPECT_EQ(r.flags, static_cast<uint32_t>(RejectReason::kFrameCount)) << r.error_text;
-  for (int64_t c : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), int64_t{-1}}) {
-    MessageHeader clock = Base(MsgType::kClock);
-    clock.clock = c;
-    EXPECT_EQ(Exchange(ToFrames(clock), &rf).type, MsgType::kAck) << c;
-    MessageHeader pull = Base(MsgType::kPull);
-    pull.clock = c;
-    EXPECT_EQ(Exchange(ToFrames(pull), &rf).type, MsgType::kPullReply) << c;
+  for (int64_t c : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), int64_t{-1},
+                    kMaxClock + 1}) {
+    for (MsgType type : {MsgType::kClock, MsgType::kPull}) {
+      MessageHeader m = Base(type);
+      m.clock = c;
+      const MessageHeader reply = Exchange(ToFrames(m), &rf);
+      ASSERT_EQ(reply.type, MsgType::kError) << MsgTypeName(type) << " at clock " << c;
+      EXPECT_EQ(reply.flags, static_cast<uint32_t>(RejectReason::kClock)) << reply.error_text;
+    }
   }
+  MessageHeader clock = Base(MsgType::kClock);
+  clock.clock = kMaxClock;
+  EXPECT_EQ(Exchange(ToFrames(clock), &rf).type, MsgType::kAck);
+  MessageHeader pull = Base(MsgType::kPull);
+  pull.clock = kMaxClock;
+  EXPECT_EQ(Exchange(ToFrames(pull), &rf).type, MsgType::kPullReply);
   ExpectServerEqualsReference("after the clocks");
 }
 
