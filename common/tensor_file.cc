@@ -336,6 +336,34 @@ uint32_t Crc32(std::span<const uint8_t> bytes, uint32_t crc) {
   return ~crc;
 }
 
+std::string FormatMetaInts(std::span<const int64_t> values) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(values[i]);
+  }
+  return out;
+}
+
+Status ParseMetaInts(std::string_view text, const std::string& path, std::string_view key, std::vector<int64_t>* out) {
+  out->clear();
+  if (text.empty()) return Status::Ok();
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string tok(text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (tok.empty() || *end != '\0' || errno == ERANGE) {
+      return Corrupt("{}: meta '{}': bad entry '{}'", path, key, tok);
+    }
+    out->push_back(v);
+    if (comma == std::string_view::npos) return Status::Ok();
+    start = comma + 1;
+  }
+}
+
 const NamedTensor* FindTensor(const TensorFile& file, std::string_view name) {
   for (const NamedTensor& t : file.tensors) {
     if (t.name == name) return &t;

@@ -72,4 +72,9 @@ const NamedTensor* FindTensor(const TensorFile& file, std::string_view name);
 // CRC-32 (zlib's) of `bytes`, continuing from `crc` (0 to start).
 uint32_t Crc32(std::span<const uint8_t> bytes, uint32_t crc = 0);
 
+// A meta value that holds a list of integers is written "a,b,c" ("" = the empty list).
+std::string FormatMetaInts(std::span<const int64_t> values);
+// Parses such a value into `out`; a bad entry is kCorrupt naming `path`, `key` and the entry.
+Status ParseMetaInts(std::string_view text, const std::string& path, std::string_view key, std::vector<int64_t>* out);
+
 }  // namespace downpour

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,31 +12,6 @@ namespace {
 
 int64_t Staleness(const ShardUpdater& shard, const PushChunk& c) {
   return std::max<int64_t>(0, shard.version(c.local) - c.version_from);
-}
-
-// Parses "a,b,c" into integers; errors name `path` and `field`.
-Status ParseInts(const std::string& text, const std::string& path, const std::string& field,
-                 std::vector<int64_t>* out) {
-  out->clear();
-  if (text.empty()) return Status::Ok();
-  std::istringstream in(text);
-  std::string tok;
-  while (std::getline(in, tok, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(tok.c_str(), &end, 10);
-    if (tok.empty() || *end != '\0') return Corrupt("{}: meta '{}': bad entry '{}'", path, field, tok);
-    out->push_back(v);
-  }
-  return Status::Ok();
-}
-
-std::string JoinInts(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) out += ',';
-    out += std::to_string(v[i]);
-  }
-  return out;
 }
 
 std::string MetaOf(const TensorFile& file, const std::string& key) {
@@ -87,13 +61,13 @@ class Membership {
     return m;
   }
   void Save(TensorFile* file) const {
-    file->meta["policy.member_clocks"] = JoinInts(clock_);
-    file->meta["policy.member_states"] = JoinInts(std::vector<int64_t>(state_.begin(), state_.end()));
+    file->meta["policy.member_clocks"] = FormatMetaInts(clock_);
+    file->meta["policy.member_states"] = FormatMetaInts(std::vector<int64_t>(state_.begin(), state_.end()));
   }
   Status Load(const TensorFile& file, const std::string& path) {
     std::vector<int64_t> clocks, states;
-    DP_RETURN_IF_ERROR(ParseInts(MetaOf(file, "policy.member_clocks"), path, "policy.member_clocks", &clocks));
-    DP_RETURN_IF_ERROR(ParseInts(MetaOf(file, "policy.member_states"), path, "policy.member_states", &states));
+    DP_RETURN_IF_ERROR(ParseMetaInts(MetaOf(file, "policy.member_clocks"), path, "policy.member_clocks", &clocks));
+    DP_RETURN_IF_ERROR(ParseMetaInts(MetaOf(file, "policy.member_states"), path, "policy.member_states", &states));
     if (clocks.size() != clock_.size() || states.size() != clock_.size()) {
       return FailedPrecondition(
           "{}: meta 'policy.member_clocks' / 'policy.member_states' hold {} / {} workers; this server accounts for {} "
@@ -234,7 +208,7 @@ class SyncPolicy : public ConsistencyPolicy {
       const Acc& a = acc_[l];
       if (a.workers.empty()) continue;
       file->meta[fmt::format("policy.acc_workers.{}", l)] =
-          JoinInts(std::vector<int64_t>(a.workers.begin(), a.workers.end()));
+          FormatMetaInts(std::vector<int64_t>(a.workers.begin(), a.workers.end()));
       file->tensors.push_back(
           NamedTensor{fmt::format("policy.acc_sum.{}", l), {static_cast<int64_t>(a.sum.size())}, a.sum});
     }
@@ -248,7 +222,7 @@ class SyncPolicy : public ConsistencyPolicy {
       auto it = file.meta.find(key);
       if (it == file.meta.end()) continue;
       std::vector<int64_t> ws;
-      DP_RETURN_IF_ERROR(ParseInts(it->second, path, key, &ws));
+      DP_RETURN_IF_ERROR(ParseMetaInts(it->second, path, key, &ws));
       for (int64_t w : ws) {
         if (!m.Known(static_cast<int32_t>(w))) return Corrupt("{}: meta '{}': worker {} out of range", path, key, w);
         acc[l].workers.push_back(static_cast<int32_t>(w));

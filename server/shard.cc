@@ -797,18 +797,17 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
   file.meta["layout_hash"] = std::to_string(layout_.hash());
   file.meta["model_id"] = std::to_string(options_.model_id);
   file.meta["updates"] = std::to_string(updates_);
-  std::ostringstream versions, inited;
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    versions << (i ? "," : "") << chunks_[i].version;
-    inited << (i ? "," : "") << (chunks_[i].initialized ? 1 : 0);
+  std::vector<int64_t> versions, inited;
+  for (const ChunkState& c : chunks_) {
+    versions.push_back(c.version);
+    inited.push_back(c.initialized ? 1 : 0);
   }
-  file.meta["versions"] = versions.str();
-  file.meta["initialized"] = inited.str();
+  file.meta["versions"] = FormatMetaInts(versions);
+  file.meta["initialized"] = FormatMetaInts(inited);
   file.meta["wal_seq"] = std::to_string(wal_seq_);
   file.meta["max_workers"] = std::to_string(max_workers_);
-  std::ostringstream by_worker;
-  for (size_t w = 0; w < stats_.pushes_by_worker.size(); ++w) by_worker << (w ? "," : "") << stats_.pushes_by_worker[w];
-  file.meta["pushes_by_worker"] = by_worker.str();
+  const std::vector<int64_t> by_worker(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
+  file.meta["pushes_by_worker"] = FormatMetaInts(by_worker);
   // The duplicate window, one key per worker that has one: "session:id,id;session:id" (ids
   // oldest first). At most 4 sessions × 4096 ids × 21 bytes, under the format's 1 MiB a value.
   for (size_t w = 0; w < dedup_.size(); ++w) {
@@ -844,15 +843,7 @@ namespace {
 
 Status ParseIntList(const std::string& text, const std::string& path, const char* field, size_t n,
                     std::vector<int64_t>* out) {
-  out->clear();
-  std::istringstream in(text);
-  std::string tok;
-  while (std::getline(in, tok, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(tok.c_str(), &end, 10);
-    if (tok.empty() || *end != '\0') return Corrupt("{}: meta '{}': bad entry '{}'", path, field, tok);
-    out->push_back(v);
-  }
+  DP_RETURN_IF_ERROR(ParseMetaInts(text, path, field, out));
   if (out->size() != n) {
     return Corrupt("{}: meta '{}' has {} entries, the shard has {} chunks", path, field, out->size(), n);
   }
