@@ -65,6 +65,7 @@ enum class RejectReason : uint16_t {
   kUnauthorized,     // the peer's role / token does not allow it (server/access.h)
   kOutsideRunDir,    // checkpoint path from the wire resolves outside the run directory
   kVersion,          // a push's version_from is negative or ahead of the chunk's version
+  kLogWrite,         // the server's write-ahead log could not be written: nothing was taken
   kCount
 };
 const char* RejectReasonName(RejectReason r);

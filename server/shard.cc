@@ -256,7 +256,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
         r.kind = WalKind::kClock;
         r.worker = h.sender;
         r.clock = h.clock;
-        reason = RejectReason::kBadType;  // the log could not be written: nothing was taken
+        reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
         s = LogRecord(&r);
       }
       if (s.ok()) {
@@ -341,7 +341,7 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
     WalRecord r;
     r.kind = WalKind::kJoin;
     r.worker = h.sender;
-    *reason = RejectReason::kBadType;
+    *reason = RejectReason::kLogWrite;
     DP_RETURN_IF_ERROR(LogRecord(&r));
     policy_->OnJoin(h.sender);
     spdlog::info("server {}: worker {} joined the consistency accounting", options_.server_id, h.sender);
@@ -531,7 +531,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
                                   static_cast<uint32_t>(chunks[i].count)});
     }
   }
-  *reason = RejectReason::kBadType;  // the log could not be written: nothing was taken
+  *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(LogRecord(&r));
   ApplyPush(h.sender, h.session, h.request_id, h.clock, init, chunks);
   for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);

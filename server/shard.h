@@ -46,8 +46,8 @@
 // live path: the shard is then byte for byte what it was when the process died, and every
 // acknowledged push is in it. A torn last record (never acknowledged) is dropped with one log
 // line; any other damage is an error naming the file, offset and field. A message the log
-// cannot take (disk full, I/O error) is refused with an I/O error reply and not applied (counted
-// under kBadType: RejectReason has no entry of its own for it).
+// cannot take (disk full, I/O error) is refused with an I/O error reply, not applied and counted
+// under kLogWrite.
 //
 // Idempotent pushes: a push is named by (sender, header.session, header.request_id). The shard
 // keeps, per worker, the request ids of its last kDedupSessions sessions, at most

@@ -1227,3 +1227,28 @@ TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDr
 
 }  // namespace
 }  // namespace downpour
+
+namespace downpour {
+namespace {
+
+// A write-ahead log that cannot be opened and synced (here /dev/full, which takes no fsync) stops
+// the server before it serves anything, with an error naming the log: a server that could not
+// keep its promise never acknowledges a push. (A write that fails later refuses the message
+// under kLogWrite; the mutation test and the replay tests cover the writes that succeed.)
+TEST_F(ShardFixture, ALogThatCannotBeOpenedStopsTheServerBeforeItServes) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this machine";
+  ASSERT_TRUE(ParamLayout::Build(SmallModel(), 1, 8, &layout_).ok());
+  ShardOptions o;
+  o.wal_path = "/dev/full";
+  std::unique_ptr<ShardServer> shard;
+  ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
+  std::unique_ptr<ServerEndpoint> ep;
+  ASSERT_TRUE(transport_.Bind("shard-full", &ep).ok());
+  const Status s = shard->Serve(ep.get());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/dev/full"), std::string::npos) << s.ToString();
+  EXPECT_EQ(shard->Stats().pushes_applied, 0u);
+}
+
+}  // namespace
+}  // namespace downpour
