@@ -153,6 +153,7 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.session = r.getSession();
   h.incarnation = r.getIncarnation();
   h.gone_seq = r.getGoneSeq();
+  h.slice_index = r.getSliceIndex();
   if (r.hasStats()) h.stats = DecodeStats(r.getStats());
   DP_RETURN_IF_ERROR(CheckListLengths(h));
   *out = std::move(h);
@@ -202,6 +203,7 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   b.setSession(h.session);
   b.setIncarnation(h.incarnation);
   b.setGoneSeq(h.gone_seq);
+  b.setSliceIndex(h.slice_index);
   if (h.type == MsgType::kStatsReply) EncodeStats(h.stats, b.initStats());
   kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();

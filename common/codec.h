@@ -139,6 +139,7 @@ struct MessageHeader {
   uint64_t session = 0;      // push/register: the sending client's session (see messages.capnp)
   uint64_t incarnation = 0;  // replies: the answering process's incarnation
   uint64_t gone_seq = 0;     // heartbeat: membership changes seen / the coordinator's newest
+  int32_t slice_index = -1;  // heartbeat reply to a worker: its rank among the live workers
 
   ShardStatsWire stats;
 

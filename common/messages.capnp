@@ -121,4 +121,7 @@ struct Header {
                                # process, new at each start, so a client can tell a restart
   goneSeq @31 :UInt64;         # heartbeat: the last membership change the sender has seen; the
                                # reply carries the coordinator's newest and the changes after it
+  sliceIndex @32 :Int32 = -1;  # heartbeat reply to a live worker: its rank among the live workers
+                               # (ids ascending), with workerCount = their number: the data slice
+                               # it reads from its next epoch on (slice sharding); -1 = none
 }

@@ -132,6 +132,14 @@ void RendezvousClient::StartHeartbeats(std::function<void(int32_t, bool)> on_gon
   thread_ = std::thread([this, cb = std::move(on_gone)] { HeartbeatLoop(cb); });
 }
 
+bool RendezvousClient::data_slice(int* index, int* count) const {
+  const int64_t v = slice_.load();
+  if (v < 0) return false;
+  *index = static_cast<int>(v >> 32);
+  *count = static_cast<int>(v & 0xffffffff);
+  return true;
+}
+
 void RendezvousClient::OnServerMoved(std::function<void(int32_t, const std::string&)> moved) {
   std::lock_guard<std::mutex> lock(gone_mu_);
   on_server_moved_ = std::move(moved);
@@ -246,6 +254,11 @@ void RendezvousClient::ApplyReplyLocked(const MessageHeader& reply) {
   }
   gone_seq_ = reply.gone_seq;
   if (reply.incarnation != 0) incarnation_.store(reply.incarnation);
+  if (options_.role == Role::kWorker) {
+    slice_.store(reply.slice_index >= 0 && reply.worker_count > reply.slice_index
+                     ? (int64_t{reply.slice_index} << 32) | reply.worker_count
+                     : -1);
+  }
   NoteAddressesLocked(reply.server_addresses);
 }
 

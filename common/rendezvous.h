@@ -78,6 +78,10 @@ class RendezvousClient {
   void OnServerMoved(std::function<void(int32_t server, const std::string& address)> moved);
   // The coordinator incarnation last heard from (0 before the first reply).
   uint64_t coordinator_incarnation() const { return incarnation_.load(); }
+  // A worker's data slice as the coordinator's latest heartbeat reply dealt it: its rank among
+  // the live workers and their number. False until a reply carried one (or when the worker is
+  // no longer live: finished).
+  bool data_slice(int* index, int* count) const;
   // Times this client registered again (a restarted coordinator, a lost id).
   uint64_t reregistrations() const { return reregistrations_.load(); }
   bool shutdown_requested() const { return shutdown_.load(); }
@@ -127,6 +131,7 @@ class RendezvousClient {
   std::atomic<bool> finished_{false};
   std::atomic<bool> done_{false};
   std::atomic<uint64_t> incarnation_{0};
+  std::atomic<int64_t> slice_{-1};  // (index << 32) | count from the latest reply; -1 = none
   std::atomic<uint64_t> reregistrations_{0};
   mutable std::mutex gone_mu_;          // guards everything below up to the callbacks
   std::map<int32_t, bool> gone_;        // worker -> finished

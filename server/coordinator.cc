@@ -165,6 +165,20 @@ void Coordinator::MarkGone(int32_t w, bool finished) {
   if (w >= options_.workers) expiry_.emplace_back(slot.gone_at, w);
 }
 
+// The sender's rank among the live workers (registered, heard from, not gone), ids ascending,
+// and their number: the data slice it reads from its next epoch on, so that when a worker joins
+// or leaves the slices are dealt again over the living. O(live workers) per heartbeat.
+void Coordinator::FillSlice(int32_t worker, MessageHeader* r) const {
+  int32_t rank = -1, count = 0;
+  for (int32_t w : live_) {
+    if (workers_[static_cast<size_t>(w)].gone) continue;
+    if (w == worker) rank = count;
+    ++count;
+  }
+  r->slice_index = rank;
+  r->worker_count = rank >= 0 ? count : 0;
+}
+
 void Coordinator::CheckLiveness() {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
@@ -438,7 +452,10 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
       if (!s.ok()) break;
       r.type = h.type == MsgType::kClock ? MsgType::kAck : MsgType::kHeartbeat;
       FillChanges(h, &r);
-      if (h.role == Role::kWorker) r.server_addresses = server_addresses_;  // a moved server's new one
+      if (h.role == Role::kWorker) {
+        r.server_addresses = server_addresses_;  // a moved server's new one
+        FillSlice(h.sender, &r);
+      }
       r.shutdown = shutdown_.load();
       if (r.shutdown) told_shutdown_.insert(peer);
       Reply(ep, peer, r);

@@ -17,7 +17,10 @@
 //    common/rendezvous.h) when the sender is new (seq 0), too far behind (older than the
 //    bounded change log), from another incarnation of the coordinator, or when a gone worker
 //    came back since its seq. Worker heartbeat replies also carry the server addresses (a
-//    restarted server's new one). Servers pass the gone workers to their consistency policy.
+//    restarted server's new one) and the worker's data slice: its rank among the live workers
+//    (sliceIndex) and their number (workerCount), which a worker reading a slice of a shared
+//    LMDB takes at its next epoch, so the slices are dealt again when workers join or leave.
+//    Servers pass the gone workers to their consistency policy.
 //  * shutdown: on request (admin), or by itself once every worker of 0..W-1 and every worker
 //    that registered (joiners too) is done (a heartbeat with kFlagDone: evaluated, saved,
 //    exiting) or silent past the timeout — how a cluster run ends without a launcher that sees
@@ -173,6 +176,7 @@ class Coordinator {
   Status NoteHeartbeat(const PeerId& peer, const MessageHeader& h);
   // Fills the reply's gone lists and seq for a sender that has seen `h.gone_seq`.
   void FillChanges(const MessageHeader& h, MessageHeader* r) const;
+  void FillSlice(int32_t worker, MessageHeader* r) const;  // with mu_ held
   void MarkGone(int32_t w, bool finished);  // with mu_ held: a membership change
   void ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, int32_t id);
   void CheckLiveness();

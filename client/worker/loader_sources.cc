@@ -108,17 +108,17 @@ class LoaderTestSource : public TestSource {
 }  // namespace
 
 Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, int num_classes,
-                             std::unique_ptr<TrainSource>* out) {
+                             std::unique_ptr<TrainSource>* out, int slice, int slices) {
   data::LoaderOptions o;
   // A worker that joined a running job (id >= workers) reads the data of worker id mod workers
-  // (with a shuffle of its own: the seed below takes the whole id).
-  const int slice = worker_id % std::max(1, c.cluster.workers);
+  // (with a shuffle of its own: the seed below takes the whole id), until slices are re-dealt.
+  const int own = worker_id % std::max(1, c.cluster.workers);
   if (c.data.sharding == DataSharding::kOwn) {
-    o.db_path = OwnShardPath(c.data, slice, c.cluster.workers);
+    o.db_path = OwnShardPath(c.data, own, c.cluster.workers);
   } else {
     o.db_path = c.data.train;
-    o.shard_index = slice;
-    o.shard_count = c.cluster.workers;
+    o.shard_index = slices > 0 ? slice : own;
+    o.shard_count = slices > 0 ? slices : c.cluster.workers;
   }
   o.batch_size = c.worker.batch_size;
   o.crop = c.data.crop;

@@ -20,8 +20,11 @@ namespace downpour::worker {
 
 // shuffle = false reads the shard in key order (reproducible runs). `num_classes` (the net's)
 // makes a record whose label is outside 0..num_classes-1 an error naming its key.
+// Slice sharding reads slice `slice` of `slices` of the shared LMDB; -1 / 0 = the worker's own
+// slice, worker_id mod cluster.workers (a re-dealt slice: client/worker/reslicing_source.h).
+// The shuffle seed always comes from worker_id.
 Status OpenLoaderTrainSource(const RunConfig& config, int worker_id, bool shuffle, int num_classes,
-                             std::unique_ptr<TrainSource>* out);
+                             std::unique_ptr<TrainSource>* out, int slice = -1, int slices = 0);
 Status OpenLoaderTestSource(const RunConfig& config, int batch, int num_classes, std::unique_ptr<TestSource>* out);
 
 }  // namespace downpour::worker

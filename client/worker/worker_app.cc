@@ -21,6 +21,7 @@
 #include "client/worker/loader_sources.h"
 #include "client/worker/progress.h"
 #include "client/worker/ps_channel.h"
+#include "client/worker/reslicing_source.h"
 #include "client/worker/sources.h"
 #include "client/worker/worker_state.h"
 #include "common/layout.h"
@@ -36,6 +37,26 @@ constexpr int kEvalBatch = 100;  // test batches (divides the 10k Fashion-MNIST 
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Slice `slice` of the training set for worker `id` (slice sharding; `own` reads the worker's
+// LMDB whatever the slice). The shuffle seed comes from the id.
+Status OpenSliceSource(const RunConfig& c, int id, const DataSlice& slice, bool shuffle, int num_classes,
+                       std::unique_ptr<TrainSource>* out) {
+  std::string labels;
+  if (IsIdxImagePath(c.data.train, &labels)) {
+    IdxSourceOptions o;
+    o.images_path = c.data.train;
+    o.labels_path = labels;
+    o.batch_size = c.worker.batch_size;
+    o.scale = c.data.scale;
+    o.shard_index = slice.index;
+    o.shard_count = slice.count;
+    o.shuffle = shuffle;
+    o.seed = static_cast<uint64_t>(c.run.seed) + static_cast<uint64_t>(id / c.cluster.workers) * 0x9E3779B97F4A7C15ull;
+    return OpenIdxTrainSource(o, out);
+  }
+  return OpenLoaderTrainSource(c, id, shuffle, num_classes, out, slice.index, slice.count);
 }
 
 Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, int num_classes, std::unique_ptr<TrainSource>* out) {
@@ -463,6 +484,25 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   std::unique_ptr<TrainSource> train;
   std::unique_ptr<TestSource> test;
   DP_RETURN_IF_ERROR(OpenTrainSource(config, a.local ? 0 : a.id, a.shuffle, net->num_classes(), &train));
+  if (!a.local && config.data.sharding == DataSharding::kSlice) {
+    // Slices are dealt again at epoch boundaries over the workers the coordinator reports live,
+    // so a job that loses or gains workers still covers the whole training set.
+    const int id = a.id;
+    auto open = [config, id, shuffle = a.shuffle, classes = net->num_classes()](
+                    const DataSlice& slice, std::unique_ptr<TrainSource>* out) {
+      return OpenSliceSource(config, id, slice, shuffle, classes, out);
+    };
+    auto deal = [&cluster](DataSlice* slice) {
+      return cluster.rendezvous != nullptr && cluster.rendezvous->data_slice(&slice->index, &slice->count);
+    };
+    auto said = [id](const DataSlice& from, const DataSlice& to, int epoch) {
+      spdlog::info("worker {}: epoch {}: the live workers changed; reading data slice {} of {} (was {} of {})", id,
+                   epoch, to.index, to.count, from.index, from.count);
+    };
+    train = std::make_unique<ReslicingSource>(std::move(train),
+                                              DataSlice{id % config.cluster.workers, config.cluster.workers},
+                                              std::move(open), std::move(deal), std::move(said));
+  }
   if (evaluate) DP_RETURN_IF_ERROR(OpenTestSource(config, kEvalBatch, net->num_classes(), &test));
 
   const std::string state_path = WorkerStatePath(a.run_dir, a.id);

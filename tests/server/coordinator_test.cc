@@ -723,5 +723,42 @@ TEST_F(CoordinatorTest, AJoinerGetsAnIdAtOrAboveWorkersAndCountsForTheEndOfTheRu
   EXPECT_TRUE(coordinator_->shutting_down()) << "the last joiner done ends the run";
 }
 
+// Each live worker hears its rank among the live workers and their number (its data slice from
+// its next epoch on): dealt again when a joiner comes and when a worker leaves.
+TEST_F(CoordinatorTest, HeartbeatRepliesDealTheDataSlicesOverTheLiveWorkers) {
+  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) { o->max_workers = 3; });
+  Join(Role::kServer, 0)->StartHeartbeats({});
+  RendezvousClient* w0 = Join(Role::kWorker, 0);
+  RendezvousClient* w1 = Join(Role::kWorker, 1);
+  for (RendezvousClient* c : {w0, w1}) c->StartHeartbeats({});
+  auto slice_is = [](RendezvousClient* c, int index, int count) {
+    return Eventually(
+        [&] {
+          int i = -1, n = -1;
+          return c->data_slice(&i, &n) && i == index && n == count;
+        },
+        3s);
+  };
+  EXPECT_TRUE(slice_is(w0, 0, 2));
+  EXPECT_TRUE(slice_is(w1, 1, 2));
+  RendezvousInfo info;
+  RendezvousClient* j2 = Join(Role::kWorker, -1, "", &info);
+  ASSERT_EQ(info.id, 2);
+  j2->StartHeartbeats({});
+  EXPECT_TRUE(slice_is(w0, 0, 3));
+  EXPECT_TRUE(slice_is(w1, 1, 3));
+  EXPECT_TRUE(slice_is(j2, 2, 3));
+  // Worker 1 leaves: the joiner moves up to rank 1 of 2; worker 1 itself has no slice any more.
+  ASSERT_TRUE(w1->AnnounceFinished(2s).ok());
+  EXPECT_TRUE(slice_is(w0, 0, 2));
+  EXPECT_TRUE(slice_is(j2, 1, 2));
+  EXPECT_TRUE(Eventually(
+      [&] {
+        int i = -1, n = -1;
+        return !w1->data_slice(&i, &n);
+      },
+      3s));
+}
+
 }  // namespace
 }  // namespace downpour
