@@ -82,6 +82,9 @@ class RendezvousClient {
   // the live workers and their number. False until a reply carried one (or when the worker is
   // no longer live: finished).
   bool data_slice(int* index, int* count) const;
+  // Workers live (registered, not gone) as of the coordinator's latest heartbeat reply to this
+  // worker, joiners included; -1 before the first. A finished worker waits on it for the others.
+  int live_workers() const { return live_workers_.load(); }
   // Times this client registered again (a restarted coordinator, a lost id).
   uint64_t reregistrations() const { return reregistrations_.load(); }
   bool shutdown_requested() const { return shutdown_.load(); }
@@ -132,6 +135,7 @@ class RendezvousClient {
   std::atomic<bool> done_{false};
   std::atomic<uint64_t> incarnation_{0};
   std::atomic<int64_t> slice_{-1};  // (index << 32) | count from the latest reply; -1 = none
+  std::atomic<int> live_workers_{-1};
   std::atomic<uint64_t> reregistrations_{0};
   mutable std::mutex gone_mu_;          // guards everything below up to the callbacks
   std::map<int32_t, bool> gone_;        // worker -> finished

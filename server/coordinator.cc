@@ -167,7 +167,8 @@ void Coordinator::MarkGone(int32_t w, bool finished) {
 
 // The sender's rank among the live workers (registered, heard from, not gone), ids ascending,
 // and their number: the data slice it reads from its next epoch on, so that when a worker joins
-// or leaves the slices are dealt again over the living. O(live workers) per heartbeat.
+// or leaves the slices are dealt again over the living (rank -1 for a sender that is no longer
+// live, which still hears how many are). O(live workers) per heartbeat.
 void Coordinator::FillSlice(int32_t worker, MessageHeader* r) const {
   int32_t rank = -1, count = 0;
   for (int32_t w : live_) {
@@ -176,7 +177,7 @@ void Coordinator::FillSlice(int32_t worker, MessageHeader* r) const {
     ++count;
   }
   r->slice_index = rank;
-  r->worker_count = rank >= 0 ? count : 0;
+  r->worker_count = count;  // also to a worker that is no longer live: how many still are
 }
 
 void Coordinator::CheckLiveness() {

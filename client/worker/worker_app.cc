@@ -340,20 +340,27 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
     DP_RETURN_IF_ERROR(rendezvous->AnnounceFinished(std::chrono::milliseconds(10000)));
     if (!final_eval) return Status::Ok();
     // The final evaluation and the saved model are of the finished run: wait until every other
-    // worker has finished (or died), however far behind it is.
+    // worker, joiners included, has finished (or died), however far behind it is.
     const auto t0 = std::chrono::steady_clock::now();
-    bool said = false;
+    bool said = false, said_joiners = false;
     while (!rendezvous->shutdown_requested()) {
       std::vector<int32_t> gone = rendezvous->gone_workers();
       std::vector<int32_t> waiting;
       for (int32_t w = 0; w < config.cluster.workers; ++w) {
         if (w != args.id && std::find(gone.begin(), gone.end(), w) == gone.end()) waiting.push_back(w);
       }
-      if (waiting.empty()) break;
-      if (!said) {
+      // Workers that joined the job by hand count too: the coordinator reports how many workers
+      // are still live (this one, finished, is not among them).
+      const int live = rendezvous->live_workers();
+      if (waiting.empty() && live <= 0) break;
+      if (!waiting.empty() && !said) {
         spdlog::info("worker {}: waiting for worker(s) {} to finish before the final evaluation", args.id,
                      fmt::join(waiting, ", "));
         said = true;
+      } else if (waiting.empty() && !said_joiners) {
+        spdlog::info("worker {}: waiting for {} worker(s) that joined the job to finish before the final evaluation",
+                     args.id, live);
+        said_joiners = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -10,7 +10,8 @@
 //   * the coordinator SIGKILLed: training goes on, the launcher restarts it with --rejoin, it
 //     rebuilds membership from heartbeats and the job finishes;
 //   * a worker started by hand joins the running job (cluster.max_workers > workers): it gets
-//     an id of its own and the servers apply its pushes, each exactly once.
+//     an id of its own, the servers apply its pushes, each exactly once, and worker 0's final
+//     evaluation waits for it.
 // Every wait is bounded; every process is reaped (harness.h).
 #include <signal.h>
 
@@ -277,7 +278,8 @@ TEST_F(FaultTest, WorkerStartedByHandJoinsTheRunningJob) {
   const fs::path run = dir_ / "run";
   auto launcher = StartJob(Config("run", "async", "max_workers = 3"), run, "run.log");
   ASSERT_TRUE(WaitSteps(run, 0, kSteps / 5)) << test::ReadFile(dir_ / "run.log");
-  constexpr int kJoinerSteps = 60;
+  // It runs past the others' last step: worker 0's final evaluation waits for it.
+  constexpr int kJoinerSteps = kSteps;
   test::Child joiner({test::Binary("downpour-worker"), "--run-dir", run.string(), "--coordinator",
                       fmt::format("127.0.0.1:{}", port_), "--steps", std::to_string(kJoinerSteps), "--quiet"},
                      dir_ / "joiner.log");
@@ -288,6 +290,12 @@ TEST_F(FaultTest, WorkerStartedByHandJoinsTheRunningJob) {
   ASSERT_FALSE(done.empty()) << test::ReadFile(dir_ / "joiner.log");
   EXPECT_EQ(done.back().Get("steps").AsInt(), kJoinerSteps);
   ExpectEveryAckedPushTakenOnce(run, {0, 1, 2});
+  EXPECT_NE(test::ReadFile(dir_ / "run.log").find("that joined the job to finish before the final evaluation"),
+            std::string::npos);
+  // The final evaluation came after the joiner's last step.
+  const auto evals = Worker(run, 0, "eval");
+  ASSERT_FALSE(evals.empty());
+  EXPECT_GT(evals.back().Get("t").AsDouble(), Worker(run, 2, "step").back().Get("t").AsDouble());
 }
 
 }  // namespace

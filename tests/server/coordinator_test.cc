@@ -758,6 +758,9 @@ TEST_F(CoordinatorTest, HeartbeatRepliesDealTheDataSlicesOverTheLiveWorkers) {
         return !w1->data_slice(&i, &n);
       },
       3s));
+  // A finished worker still hears how many are live (worker 0 waits on it before its final
+  // evaluation): worker 0 and the joiner.
+  EXPECT_TRUE(Eventually([&] { return w1->live_workers() == 2; }, 3s)) << w1->live_workers();
 }
 
 }  // namespace
