@@ -3,7 +3,9 @@
 // comparison; and the bounded-rate refusal log (common/log_limit.h) with an injected clock.
 #include "server/access.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -97,7 +99,11 @@ TEST(DescribePeer, AddressAndKey) {
 class Confine : public ::testing::Test {
  protected:
   void SetUp() override {
-    base_ = fs::path(::testing::TempDir()) / "access_confine";
+    // One directory per test and process: ctest runs this fixture's tests in parallel, and a
+    // shared one let one test's TearDown remove the other's files mid-check (a flaky failure).
+    base_ = fs::path(::testing::TempDir()) /
+            fmt::format("access_confine_{}_{}", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                        ::getpid());
     fs::remove_all(base_);
     run_ = base_ / "run";
     fs::create_directories(run_ / "sub");
