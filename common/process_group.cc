@@ -183,6 +183,22 @@ void ProcessGroup::Emit(const std::string& name, std::string_view line) {
   options_.output(fmt::format("[{}] {}", name, line));
 }
 
+// An event about child i as it stands now (its latest run): name, pid, how it ended, when,
+// and its restarts so far; the caller fills in what is particular to the event.
+ChildEvent ProcessGroup::NewEvent(ChildEvent::Kind kind, size_t i) const {
+  const ChildResult& r = results_[i];
+  ChildEvent e;
+  e.kind = kind;
+  e.child = r.name;
+  e.pid = r.pid;
+  e.exit_code = r.exit_code;
+  e.term_signal = r.term_signal;
+  e.seconds = Since(created_);
+  e.restart = r.restarts;
+  e.max_restarts = children_[i]->spec.max_restarts;
+  return e;
+}
+
 void ProcessGroup::Report(ChildEvent event) {
   if (!event.line.empty()) Emit("launch", event.line);
   if (options_.on_event) options_.on_event(event);
@@ -267,16 +283,8 @@ void ProcessGroup::HandleDeath(size_t i) {
   ChildResult& r = results_[i];
   const ChildSpec& spec = c.spec;
   c.died_at = Clock::now();
-  ChildEvent died;
-  died.kind = ChildEvent::Kind::kDied;
-  died.child = spec.name;
-  died.pid = r.pid;
-  died.exit_code = r.exit_code;
-  died.term_signal = r.term_signal;
-  died.seconds = Since(created_);
+  ChildEvent died = NewEvent(ChildEvent::Kind::kDied, i);
   died.uptime_s = std::chrono::duration<double>(c.died_at - c.started).count();
-  died.restart = r.restarts;
-  died.max_restarts = spec.max_restarts;
   const std::string how_it_ended = HowItEnded(spec.name, r.exit_code, r.term_signal);
   const std::string how = fmt::format("{} after {:.1f} s", how_it_ended, died.uptime_s);
   if (r.restarts < spec.max_restarts) {
@@ -313,15 +321,7 @@ void ProcessGroup::GiveUp(size_t i, ChildEvent died, const std::string& why) {
   if (!died.child.empty()) Report(std::move(died));
   r.given_up = true;
   last_given_up_code_ = r.Code();
-  ChildEvent gone;
-  gone.kind = ChildEvent::Kind::kGivenUp;
-  gone.child = r.name;
-  gone.pid = r.pid;
-  gone.exit_code = r.exit_code;
-  gone.term_signal = r.term_signal;
-  gone.seconds = Since(created_);
-  gone.restart = r.restarts;
-  gone.max_restarts = children_[i]->spec.max_restarts;
+  ChildEvent gone = NewEvent(ChildEvent::Kind::kGivenUp, i);
   gone.action = ChildEvent::Action::kContinue;
   gone.line = why;  // empty after a death line, which said it already
   Report(std::move(gone));
@@ -356,14 +356,9 @@ void ProcessGroup::RestartDue() {
     r.exited = false;
     r.exit_code = -1;
     r.term_signal = 0;
-    ChildEvent ev;
-    ev.kind = ChildEvent::Kind::kRestarted;
-    ev.child = c.spec.name;
-    ev.pid = pid;
-    ev.seconds = Since(created_);
+    ChildEvent ev = NewEvent(ChildEvent::Kind::kRestarted, i);
     ev.down_s = std::chrono::duration<double>(c.started - c.died_at).count();
     ev.restart = n;
-    ev.max_restarts = c.spec.max_restarts;
     ev.action = ChildEvent::Action::kRestart;
     ev.argv = c.spec.restart_argv;
     ev.line = fmt::format("{} restarted (restart {} of {}, pid {})", c.spec.name, n, c.spec.max_restarts, pid);

@@ -154,6 +154,7 @@ class ProcessGroup {
   struct Child;
   Status Spawn(const std::string& name, const std::vector<std::string>& argv, pid_t* pid, int* out_fd);
   void Emit(const std::string& name, std::string_view line);
+  ChildEvent NewEvent(ChildEvent::Kind kind, size_t i) const;
   void Report(ChildEvent event);
   void DrainOutput(Child& c, bool eof_expected);
   void ReapExited();
