@@ -252,6 +252,13 @@ double Median(std::vector<double> v) {
 
 // One (S,W) case of the security grid: bare ZeroMQ runs, plaintext and CurveZMQ, as the
 // ceilings, then `repeats` pairs of plaintext and CurveZMQ runs, alternating which goes first.
+// Ratios as "38% / 57% / 43%", in run order.
+std::string Percents(const std::vector<double>& v) {
+  std::string list;
+  for (double x : v) list += fmt::format("{}{:.0f}%", list.empty() ? "" : " / ", 100 * x);
+  return list;
+}
+
 void RunSecurityCase(int servers, int workers, int warmup, int rounds, int repeats, int64_t chunk_elems, int port) {
   const ParamLayout layout = AlexNetLayout(servers, chunk_elems);
   std::vector<std::vector<int64_t>> frames(static_cast<size_t>(servers));
@@ -285,13 +292,8 @@ void RunSecurityCase(int servers, int workers, int warmup, int rounds, int repea
     ratios.push_back(gbs[1] / gbs[0]);
     cpu_ratios.push_back(cpu_per_gb[1] / cpu_per_gb[0]);
   }
-  auto percents = [](const std::vector<double>& v) {
-    std::string list;
-    for (double x : v) list += fmt::format("{}{:.0f}%", list.empty() ? "" : " / ", 100 * x);
-    return list;
-  };
   fmt::print("S={} W={} curve/plaintext throughput: {} (median {:.0f}%); CPU per GB: {} (median {:.0f}%)\n", servers,
-             workers, percents(ratios), 100 * Median(ratios), percents(cpu_ratios), 100 * Median(cpu_ratios));
+             workers, Percents(ratios), 100 * Median(ratios), Percents(cpu_ratios), 100 * Median(cpu_ratios));
   std::fflush(stdout);
 }
 
@@ -324,14 +326,9 @@ void RunWalCase(int servers, int workers, int warmup, int rounds, int repeats, i
     ratios.push_back(gbs[1] / gbs[0]);
     cpu_ratios.push_back(cpu_per_gb[1] / cpu_per_gb[0]);
   }
-  auto percents = [](const std::vector<double>& v) {
-    std::string list;
-    for (double x : v) list += fmt::format("{}{:.0f}%", list.empty() ? "" : " / ", 100 * x);
-    return list;
-  };
   fmt::print("S={} W={} wal on/off throughput (fsync every {} ms, logs in {}): {} (median {:.0f}%); CPU per GB: {} "
              "(median {:.0f}%)\n",
-             servers, workers, wal.fsync_ms, wal.dir, percents(ratios), 100 * Median(ratios), percents(cpu_ratios),
+             servers, workers, wal.fsync_ms, wal.dir, Percents(ratios), 100 * Median(ratios), Percents(cpu_ratios),
              100 * Median(cpu_ratios));
   std::fflush(stdout);
 }
