@@ -82,6 +82,8 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   FillList(b.initPushesByWorker(static_cast<unsigned>(s.pushes_by_worker.size())), s.pushes_by_worker);
   b.setWalRecords(s.wal_records);
   b.setReplayed(s.replayed);
+  b.setSgdSeconds(s.sgd_seconds);
+  b.setBusySeconds(s.busy_seconds);
 }
 
 ShardStatsWire DecodeStats(cw::Stats::Reader r) {
@@ -103,6 +105,8 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.pushes_by_worker = ReadList<uint64_t>(r.getPushesByWorker());
   s.wal_records = r.getWalRecords();
   s.replayed = r.getReplayed();
+  s.sgd_seconds = r.getSgdSeconds();
+  s.busy_seconds = r.getBusySeconds();
   return s;
 }
 

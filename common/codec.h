@@ -102,6 +102,8 @@ struct ShardStatsWire {
   std::vector<uint64_t> pushes_by_worker;  // gradient pushes taken per worker id
   uint64_t wal_records = 0;
   uint64_t replayed = 0;
+  double sgd_seconds = 0;   // in the update rule
+  double busy_seconds = 0;  // handling messages on the loop thread
   bool operator==(const ShardStatsWire&) const = default;
 };
 

@@ -70,6 +70,9 @@ struct Stats {
                                # worker's acknowledged pushes must equal (no loss, no double apply)
   walRecords @15 :UInt64;      # records appended to the write-ahead log by this process
   replayed @16 :UInt64;        # pushes replayed from the write-ahead log at start
+  sgdSeconds @17 :Float64;     # time spent in the update rule (SgdUpdate) by this process
+  busySeconds @18 :Float64;    # time the message loop spent handling messages (decode, validate,
+                               # log, apply, reply) by this process: busy / wall = loop load
 }
 
 struct Header {

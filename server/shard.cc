@@ -144,7 +144,11 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
     Frames frames;
     Status s = ep->Receive(&peer, &frames, options_.poll_interval, &info);
     if (s.ok()) {
+      const auto t0 = std::chrono::steady_clock::now();
       HandleMessage(ep, peer, info, frames);
+      const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.busy_seconds += busy;
     } else if (s.code() != StatusCode::kTimeout) {
       return s;
     }
@@ -637,8 +641,10 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
   UpdateParams p = MakeUpdateParams(options_.solver, st.version, t.lr_mult, t.decay_mult, grad_scale);
   p.lr *= lr_scale;
   const auto n = static_cast<size_t>(c.count);
-  SgdUpdate(p, std::span<const float>(grad, n), std::span<float>(MutableWeights(local).data(), n),
-            std::span<float>(st.history.data(), n));
+  float* weights = MutableWeights(local).data();
+  const auto t0 = std::chrono::steady_clock::now();
+  SgdUpdate(p, std::span<const float>(grad, n), std::span<float>(weights, n), std::span<float>(st.history.data(), n));
+  stats_.sgd_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++st.version;
   ++stats_.chunk_updates;
   ++updates_;

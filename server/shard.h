@@ -141,6 +141,9 @@ struct ShardOptions {
   // updates since its last checkpoint). downpour-server: ServerWalPath (server/run_dir.h).
   std::string wal_path;
   std::chrono::milliseconds wal_fsync_ms{200};  // fsync the log at least this often; 0 = every ack
+  // Offer a shared-memory region to workers on this host that ask for one at register
+  // (PsClientOptions::shared_memory): payloads then skip the socket.
+  bool shared_memory = true;
 };
 
 // What Recover() did.

@@ -218,6 +218,7 @@ class PsClient::Impl::OpRunner {
     std::vector<uint32_t> chunks;
     enum class State { kToSend, kSent, kDone } state = State::kToSend;
     bool sent_once = false;
+    Clock::time_point sent_at;  // the last send
   };
 
   OpRunner(Impl& impl, Link& link, Op& op) : impl_(impl), link_(link), op_(op), o_(impl.owner->options_) {}
@@ -372,6 +373,7 @@ class PsClient::Impl::OpRunner {
       if (!s.ok() && !Transient(s)) return SendError(s);
       if (!s.ok()) return Status::Ok();
       p.state = Part::State::kSent;
+      p.sent_at = Clock::now();
       if (p.sent_once) link_.resent_parts.fetch_add(1);
       p.sent_once = true;
       reply_deadline_ = Clock::now() + o_.reply_timeout;
@@ -439,6 +441,7 @@ class PsClient::Impl::OpRunner {
       return Status::Ok();
     }
     Finish(part);
+    if (o_.on_part_reply) o_.on_part_reply(link_.server, op_.header.type, part.chunks.size(), Seconds(Clock::now() - part.sent_at));
     if (op_.header.type == MsgType::kPull) {
       s = impl_.AcceptPullReply(link_, op_, part.chunks, h, got);
       if (!s.ok() && first_error_.ok()) first_error_ = s;

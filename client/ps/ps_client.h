@@ -58,6 +58,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -97,6 +98,15 @@ struct PsClientOptions {
   // The run's secret (runs without keys), sent with register, Checkpoint and Shutdown so the
   // server can tell this process from a stranger (server/access.h). "" = none.
   std::string token;
+  // Same-host fast path: ask each server at register for a shared-memory region and move
+  // payloads through it instead of the socket (see "Shared memory" above). A server that does
+  // not offer one (another host, or ShardOptions::shared_memory off) is used over the socket.
+  bool shared_memory = false;
+  // Called on a link's I/O thread for every part (one message of a request) the server
+  // answered: which server, the request's type (kPush / kPull / control), how many chunks the
+  // part carried and the seconds from its last send to its reply (the load benchmark's
+  // per-chunk latency percentiles). Keep it short; empty = not called.
+  std::function<void(int server, MsgType type, size_t chunks, double seconds)> on_part_reply;
 };
 
 class PsClient {
