@@ -1,6 +1,7 @@
-// ps_client.cc — see ps_client.h. One I/O thread per server runs that server's queue of
-// operations one at a time: an OpRunner sends the operation's parts and waits for their replies,
-// probing a silent server, registering again and resending after a restart or an address move.
+// ps_client.cc — see ps_client.h. One I/O thread per server (a LinkRunner) keeps that server's
+// operations in flight together, in call order: it sends their parts within a byte window,
+// matches replies to parts, probes a silent server, registers again and resends after a restart
+// or an address move.
 #include "client/ps/ps_client.h"
 
 #include <algorithm>
@@ -92,8 +93,7 @@ struct PsClient::Impl {
     link.cv.notify_one();
   }
   void RunLink(Link& link);
-  Status Execute(Link& link, Op& op, MessageHeader* reply);
-  class OpRunner;
+  class LinkRunner;
   // Takes a pending SetServerAddress request (I/O thread): connects the new endpoint. True if
   // the link moved.
   bool MoveLink(Link& link);
@@ -121,6 +121,7 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
     return InvalidArgument("ps client: {} server addresses given, layout has {} servers",
                            options.server_addresses.size(), layout.servers());
   }
+  if (options.max_inflight_bytes == 0) return InvalidArgument("ps client: max_inflight_bytes must be > 0");
   std::unique_ptr<PsClient> c(new PsClient(layout, std::move(options)));
   c->impl_->transport = transport;
   for (int s = 0; s < layout.servers(); ++s) {
@@ -151,39 +152,20 @@ PsClient::~PsClient() {
   }
 }
 
-void PsClient::Impl::RunLink(Link& link) {
-  while (true) {
-    Op op;
-    {
-      std::unique_lock<std::mutex> lock(link.mu);
-      link.cv.wait(lock, [&] { return link.stopping || !link.queue.empty() || !link.new_address.empty(); });
-      if (!link.stopping && link.queue.empty()) {  // moved while idle: register with the next operation
-        lock.unlock();
-        if (MoveLink(link)) link.needs_register = link.registered;
-        continue;
-      }
-      if (link.stopping) {
-        for (Op& q : link.queue) {
-          FinishOp(*q.request, Unavailable("ps client destroyed before the request ran"), nullptr);
-        }
-        link.queue.clear();
-        return;
-      }
-      op = std::move(link.queue.front());
-      link.queue.pop_front();
-    }
-    MessageHeader reply;
-    Status s = Execute(link, op, &reply);
-    op.payload.clear();  // drop our references to borrowed buffers before finishing
-    FinishOp(*op.request, s, s.ok() ? &reply : nullptr);
-  }
-}
-
 namespace {
 
-// Sub-message k of a request travels with request id (id << 16) | k, so replies are matched to
-// the part they answer.
+// Part k of a request travels with request id (id << 16) | k, so replies are matched to the
+// part they answer. Id 0 is the link's own traffic: registers after a restart (sub = their
+// sequence number) and probes (kProbeSub).
 constexpr int kSubBits = 16;
+constexpr uint64_t kSubMask = (uint64_t{1} << kSubBits) - 1;
+constexpr uint64_t kProbeSub = kSubMask;
+constexpr uint64_t kMaxRegisterSub = kSubMask - 1;
+// Operations a link takes from its queue at once (the byte window bounds what is on the wire).
+constexpr size_t kMaxActiveOps = 256;
+// A server that forgets this client again and again while operations wait on it is not
+// restarting, it is broken (or refuses this worker): fail rather than loop.
+constexpr int kMaxRecoveries = 16;
 
 template <typename T>
 std::vector<T> Slice(const std::vector<T>& v, size_t begin, size_t end) {
@@ -191,129 +173,212 @@ std::vector<T> Slice(const std::vector<T>& v, size_t begin, size_t end) {
   return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(begin), v.begin() + static_cast<std::ptrdiff_t>(end));
 }
 
-}  // namespace
-
-namespace {
-
-// Sub-ids of the link's own messages within an operation (parts use 0..parts-1).
-constexpr uint64_t kRegisterSub = (uint64_t{1} << kSubBits) - 1;
-constexpr uint64_t kProbeSub = (uint64_t{1} << kSubBits) - 2;
-// A server that forgets this client again and again within one operation is not restarting, it
-// is broken (or refuses this worker): fail rather than loop.
-constexpr int kMaxRecoveries = 16;
-
 bool Transient(const Status& s) { return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kTimeout; }
 
 double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
 
-// One operation on one link: its parts go out, each waits for its reply; a silent server is
-// probed, a restarted or moved one gets a fresh register and every unanswered part again.
-class PsClient::Impl::OpRunner {
+// The I/O thread of one link. It takes operations from the link's queue, cuts each into parts
+// (messages of at most max_chunks_per_message chunks) and keeps many parts of many operations
+// in flight at once, in call order on the one ordered connection: a pull issued after a push
+// leaves after it (the server answers it after applying the push), while the push's acks and
+// the pull's weights travel at the same time. Replies are matched to their part by request
+// id; an operation is done when every part is answered. What is on the wire is bounded by
+// max_inflight_bytes (payload sent plus payload asked for, unanswered).
+//
+// A silent server is probed; a restarted or moved one gets a fresh register and every
+// unanswered part again (see ps_client.h).
+class PsClient::Impl::LinkRunner {
  public:
   using Clock = std::chrono::steady_clock;
+
+  LinkRunner(Impl& impl, Link& link) : impl_(impl), link_(link), o_(impl.owner->options_) {}
+
+  void Run() {
+    while (true) {
+      if (!Admit()) return;  // stopping
+      if (active_.empty() && !registering_) continue;  // Admit waited and found only a move
+      if (impl_.MoveLink(link_)) {
+        heard_ = Clock::now();  // a fresh server_wait for the new address
+        Check(Recover(fmt::format("moved to {}", link_.address), true));
+      }
+      Check(CheckDeadlines());
+      const auto now = Clock::now();
+      if (now - heard_ >= o_.probe_every && now - probed_ >= o_.probe_every) {
+        Probe();
+        Check(SendPending());  // sends that failed while the server was away
+      } else {
+        Check(SendPending());
+      }
+      Frames got;
+      // Short: new operations are taken from the queue between receives.
+      Status s = link_.endpoint->Receive(&got, active_.empty() ? tick_ : std::min(tick_, kBusyTick));
+      if (s.code() == StatusCode::kTimeout) continue;
+      if (s.ok()) s = HandleReply(got);
+      Check(s);
+    }
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kBusyTick{1};
+
   struct Part {
-    Frames frames;  // header + borrowed payload, kept until the operation ends: it may be resent
-    std::vector<uint32_t> chunks;
+    MessageHeader header;  // encoded at each send
+    Frames payload;        // push: borrowed caller bytes, kept until the operation ends (resends)
+    uint64_t bytes = 0;    // payload bytes sent (push) or asked for (pull)
     enum class State { kToSend, kSent, kDone } state = State::kToSend;
     bool sent_once = false;
     Clock::time_point sent_at;  // the last send
   };
+  struct Active {
+    Op op;
+    std::vector<Part> parts;
+    size_t open = 0;  // parts not answered yet
+    Status first_error;
+    MessageHeader last_reply;
+    Clock::time_point reply_deadline;  // the last (re)send of a part + reply_timeout
+  };
 
-  OpRunner(Impl& impl, Link& link, Op& op) : impl_(impl), link_(link), op_(op), o_(impl.owner->options_) {}
-
-  Status Run(MessageHeader* reply) {
-    DP_RETURN_IF_ERROR(Split());
-    const auto now = Clock::now();
-    heard_ = probed_ = now;
-    reply_deadline_ = now + o_.reply_timeout;
-    if (impl_.MoveLink(link_)) link_.needs_register = link_.registered;  // moved just before this op
-    if (link_.needs_register && link_.registered && op_.header.type != MsgType::kRegister) BeginRegister();
-    DP_RETURN_IF_ERROR(SendPending());
-    const auto tick = std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
-    while (open_ > 0) {
-      {
-        std::lock_guard<std::mutex> lock(link_.mu);
-        if (link_.stopping) return Unavailable("ps client destroyed while waiting for a reply");
-      }
-      if (impl_.MoveLink(link_)) {
-        heard_ = Clock::now();  // a fresh server_wait for the new address
-        DP_RETURN_IF_ERROR(Recover(fmt::format("moved to {}", link_.address), true));
-      }
-      DP_RETURN_IF_ERROR(CheckDeadlines());
-      if (Clock::now() - heard_ >= o_.probe_every && Clock::now() - probed_ >= o_.probe_every) {
-        Probe();
-        DP_RETURN_IF_ERROR(SendPending());  // sends that failed while the server was away
-      }
-      Frames got;
-      Status s = link_.endpoint->Receive(&got, tick);
-      if (s.code() == StatusCode::kTimeout) continue;
-      DP_RETURN_IF_ERROR(s);
-      DP_RETURN_IF_ERROR(HandleReply(got));
-    }
-    if (registering_) link_.needs_register = true;  // the parts were answered before the register was
-    if (said_waiting_) {
-      spdlog::info("worker {}: server {} answers again after {:.1f} s", o_.worker_id, link_.server,
-                   Seconds(back_at_ - waiting_since_));
-    }
-    *reply = std::move(last_reply_);
-    return first_error_;
+  // An error no operation can outlive (a transport failure, an undecodable reply, a server that
+  // keeps forgetting us): every active operation fails with it.
+  void Check(const Status& s) {
+    if (s.ok()) return;
+    FailAll(s);
   }
 
- private:
-  // Splits the op into messages of at most max_chunks_per_message chunks: the server validates
-  // and applies part k while part k+1 is still on the wire, and pull replies are copied out as
-  // they arrive.
-  Status Split() {
-    const MessageHeader& base = op_.header;
+  void FailAll(const Status& s) {
+    for (auto& [id, a] : active_) Complete(a, s);
+    active_.clear();
+    inflight_ = 0;
+    if (registering_) link_.needs_register = link_.registered;
+    registering_ = register_unsent_ = false;
+  }
+
+  void Complete(Active& a, const Status& s) {
+    a.parts.clear();  // drop our references to borrowed buffers before finishing
+    a.op.payload.clear();
+    FinishOp(*a.op.request, s.ok() ? a.first_error : s, s.ok() && a.first_error.ok() ? &a.last_reply : nullptr);
+  }
+
+  // Takes queued operations (up to kMaxActiveOps active). With nothing active, waits for the
+  // queue, an address move or stop. False when stopping (everything failed).
+  bool Admit() {
+    std::unique_lock<std::mutex> lock(link_.mu);
+    if (active_.empty() && !registering_) {
+      link_.cv.wait(lock, [&] { return link_.stopping || !link_.queue.empty() || !link_.new_address.empty(); });
+    }
+    if (link_.stopping) {
+      for (Op& q : link_.queue) FinishOp(*q.request, Unavailable("ps client destroyed before the request ran"), nullptr);
+      link_.queue.clear();
+      lock.unlock();
+      FailAll(Unavailable("ps client destroyed while waiting for a reply"));
+      return false;
+    }
+    if (active_.empty() && link_.queue.empty()) {  // moved while idle: register with the next operation
+      lock.unlock();
+      if (impl_.MoveLink(link_)) link_.needs_register = link_.registered;
+      return true;
+    }
+    while (!link_.queue.empty() && active_.size() < kMaxActiveOps) {
+      Op op = std::move(link_.queue.front());
+      link_.queue.pop_front();
+      if (active_.empty() && !registering_) Fresh();
+      const bool is_register = op.header.type == MsgType::kRegister;
+      Active a;
+      a.op = std::move(op);
+      const Status s = Split(a);
+      if (!s.ok()) {
+        Complete(a, s);
+        continue;
+      }
+      a.reply_deadline = Clock::now() + o_.reply_timeout;
+      const RequestId id = a.op.id;
+      active_.emplace(id, std::move(a));
+      if (link_.needs_register && link_.registered && !is_register && !registering_) BeginRegister();
+    }
+    return true;
+  }
+
+  // The first operation after an idle spell starts a fresh wait.
+  void Fresh() {
+    const auto now = Clock::now();
+    heard_ = probed_ = now;
+    heard_any_ = false;
+    said_waiting_ = false;
+    recoveries_ = 0;
+  }
+
+  // Splits an operation into messages of at most max_chunks_per_message chunks: the server
+  // validates and applies part k while part k+1 is still on the wire, and pull replies are
+  // copied out as they arrive.
+  Status Split(Active& a) {
+    const MessageHeader& base = a.op.header;
     const size_t n = base.chunk_ids.size();
     const size_t per = o_.max_chunks_per_message > 0 ? static_cast<size_t>(o_.max_chunks_per_message)
                                                      : std::max<size_t>(n, 1);
     const size_t parts = std::max<size_t>(1, (n + per - 1) / per);
-    if (parts + 2 >= (size_t{1} << kSubBits)) return InvalidArgument("ps client: {} sub-messages is too many", parts);
-    parts_.resize(parts);
+    if (parts >= kSubMask) return InvalidArgument("ps client: {} sub-messages is too many", parts);
+    const ParamLayout& layout = impl_.owner->layout_;
+    a.parts.resize(parts);
     for (size_t k = 0; k < parts; ++k) {
       const size_t b = k * per, e = std::min(n, b + per);
-      MessageHeader h = base;
-      h.request_id = (op_.id << kSubBits) | k;
+      Part& p = a.parts[k];
+      MessageHeader& h = p.header;
+      h = base;
+      h.request_id = (a.op.id << kSubBits) | k;
       h.chunk_ids = Slice(base.chunk_ids, b, e);
       h.versions = Slice(base.versions, b, e);
       h.elem_counts = Slice(base.elem_counts, b, e);
       h.byte_lengths = Slice(base.byte_lengths, b, e);
       h.checksums = Slice(base.checksums, b, e);
-      parts_[k].chunks = h.chunk_ids;
-      Frames& frames = parts_[k].frames;
-      frames.reserve(e - b + 1);
-      frames.emplace_back();
-      DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
-      if (!op_.payload.empty()) {
-        for (size_t i = b; i < e; ++i) frames.push_back(std::move(op_.payload[i]));
+      if (!a.op.payload.empty()) {
+        for (size_t i = b; i < e; ++i) p.payload.push_back(std::move(a.op.payload[i]));
       }
+      for (uint32_t c : h.chunk_ids) p.bytes += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(c)).count) * sizeof(float);
     }
-    op_.payload.clear();
-    open_ = parts;
+    a.op.payload.clear();
+    a.open = parts;
     return Status::Ok();
   }
 
-  std::string What() const { return fmt::format("{} (request {})", MsgTypeName(op_.header.type), op_.id); }
+  std::string What(const Active& a) const {
+    return fmt::format("{} (request {})", MsgTypeName(a.op.header.type), a.op.id);
+  }
 
-  // server_wait bounds silence; reply_timeout bounds a server that answers but holds the request.
+  size_t OpenParts() const {
+    size_t n = 0;
+    for (const auto& [id, a] : active_) n += a.open;
+    return n;
+  }
+
+  // server_wait bounds silence (every active operation fails); reply_timeout bounds a server
+  // that answers but holds an operation (that operation fails).
   Status CheckDeadlines() {
     const auto now = Clock::now();
     const auto silent = now - heard_;
     if (silent >= o_.server_wait) {
       return Unavailable(
           "server {} at {}: unreachable for {:.1f} s (no reply, no answer to probes; cluster.server_wait_ms = {}): "
-          "{} of {} parts of {} unanswered",
-          link_.server, link_.address, Seconds(silent), o_.server_wait.count(), open_, parts_.size(), What());
+          "{} parts of {} operation(s) unanswered",
+          link_.server, link_.address, Seconds(silent), o_.server_wait.count(), OpenParts(), active_.size());
     }
-    // Reachable: it answered something during this operation, recently (probes, when it holds
-    // the request). A server never heard from is waited for under server_wait.
+    // Reachable: it answered something recently (probes, when it holds a request). A server
+    // never heard from is waited for under server_wait.
     const bool reachable = heard_any_ && silent < 2 * o_.probe_every;
-    if (reachable && now >= reply_deadline_) {
-      return Timeout("server {}: no reply to {} ({} of {} parts outstanding) within {} ms", link_.server, What(),
-                     open_, parts_.size(), o_.reply_timeout.count());
+    if (reachable) {
+      for (auto it = active_.begin(); it != active_.end();) {
+        Active& a = it->second;
+        if (now < a.reply_deadline) {
+          ++it;
+          continue;
+        }
+        const Status t = Timeout("server {}: no reply to {} ({} of {} parts outstanding) within {} ms", link_.server,
+                                 What(a), a.open, a.parts.size(), o_.reply_timeout.count());
+        for (Part& p : a.parts) Release(p);
+        Complete(a, t);
+        it = active_.erase(it);
+      }
     }
     if (silent >= 2 * o_.probe_every) {
       if (!said_waiting_ || now - said_at_ >= 5 * o_.probe_every) {
@@ -330,7 +395,7 @@ class PsClient::Impl::OpRunner {
   MessageHeader OwnHeader(MsgType type, uint64_t sub) const {
     MessageHeader h;
     h.type = type;
-    h.request_id = (op_.id << kSubBits) | sub;
+    h.request_id = sub;  // operation id 0: the link's own
     h.sender = o_.worker_id;
     h.model_id = o_.model_id;
     h.layout_hash = impl_.owner->layout_.hash();
@@ -352,37 +417,53 @@ class PsClient::Impl::OpRunner {
     register_unsent_ = true;
   }
 
-  // Sends the register (if one is due) and, once registered, every part marked to send. A
-  // transient failure (no server at the address, a full queue) leaves the rest for the next
-  // probe tick; anything else fails the operation.
+  // A part no longer on the wire (answered, to be resent, or its operation failed).
+  void Release(Part& p) {
+    if (p.state == Part::State::kSent) inflight_ -= std::min(inflight_, p.bytes);
+  }
+
+  // Sends the register (if one is due) and, once registered, the parts marked to send, in
+  // operation order and part order, while the byte window allows. A transient failure (no
+  // server at the address, a full queue) leaves the rest for the next round; anything else is
+  // an error for every active operation.
   Status SendPending() {
     if (register_unsent_) {
-      MessageHeader h = OwnHeader(MsgType::kRegister, kRegisterSub);
+      register_sub_ = register_sub_ % kMaxRegisterSub + 1;
+      MessageHeader h = OwnHeader(MsgType::kRegister, register_sub_);
       h.token = o_.token;
       Frames frames(1);
       DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
       const Status s = link_.endpoint->Send(std::move(frames));
-      if (!s.ok() && !Transient(s)) return SendError(s);
+      if (!s.ok() && !Transient(s)) return SendError("register", s);
       if (!s.ok()) return Status::Ok();
       register_unsent_ = false;
     }
     if (registering_) return Status::Ok();
-    for (Part& p : parts_) {
-      if (p.state != Part::State::kToSend) continue;
-      const Status s = link_.endpoint->Send(p.frames);  // copies Frame handles, not bytes
-      if (!s.ok() && !Transient(s)) return SendError(s);
-      if (!s.ok()) return Status::Ok();
-      p.state = Part::State::kSent;
-      p.sent_at = Clock::now();
-      if (p.sent_once) link_.resent_parts.fetch_add(1);
-      p.sent_once = true;
-      reply_deadline_ = Clock::now() + o_.reply_timeout;
+    for (auto& [id, a] : active_) {
+      for (Part& p : a.parts) {
+        if (p.state != Part::State::kToSend) continue;
+        if (inflight_ > 0 && inflight_ + p.bytes > o_.max_inflight_bytes) return Status::Ok();  // the window is full
+        Frames frames;
+        frames.reserve(p.payload.size() + 1);
+        frames.emplace_back();
+        DP_RETURN_IF_ERROR(HeaderFrame(p.header, &frames[0]));
+        for (const Frame& f : p.payload) frames.push_back(f);  // copies Frame handles, not bytes
+        const Status s = link_.endpoint->Send(std::move(frames));
+        if (!s.ok() && !Transient(s)) return SendError(What(a), s);
+        if (!s.ok()) return Status::Ok();
+        p.state = Part::State::kSent;
+        inflight_ += p.bytes;
+        p.sent_at = Clock::now();
+        if (p.sent_once) link_.resent_parts.fetch_add(1);
+        p.sent_once = true;
+        a.reply_deadline = p.sent_at + o_.reply_timeout;
+      }
     }
     return Status::Ok();
   }
 
-  Status SendError(const Status& s) const {
-    return Status(s.code(), fmt::format("server {}: {} failed: {}", link_.server, What(), s.message()));
+  Status SendError(const std::string& what, const Status& s) const {
+    return Status(s.code(), fmt::format("server {}: {} failed: {}", link_.server, what, s.message()));
   }
 
   // The server restarted (or the link moved): register again, then send every unanswered part.
@@ -390,18 +471,23 @@ class PsClient::Impl::OpRunner {
   // way went to the previous process (or address) and is sent again.
   Status Recover(const std::string& why, bool new_process) {
     size_t resend = 0;
-    for (Part& p : parts_) {
-      if (p.state == Part::State::kSent) p.state = Part::State::kToSend;
-      if (p.state == Part::State::kToSend) ++resend;
+    for (auto& [id, a] : active_) {
+      for (Part& p : a.parts) {
+        if (p.state == Part::State::kSent) {
+          Release(p);
+          p.state = Part::State::kToSend;
+        }
+        if (p.state == Part::State::kToSend) ++resend;
+      }
     }
-    if (op_.header.type == MsgType::kRegister || !link_.registered) return SendPending();
+    if (!link_.registered) return SendPending();  // the register operation itself is resent
     if (!registering_) {
       if (++recoveries_ > kMaxRecoveries) {
-        return Unavailable("server {}: forgot this worker {} times during {}; giving up", link_.server, recoveries_ - 1,
-                           What());
+        return Unavailable("server {}: forgot this worker {} times while {} operation(s) waited; giving up",
+                           link_.server, recoveries_ - 1, active_.size());
       }
-      spdlog::info("worker {}: server {} {}: registering again and resending {} part(s) of {}", o_.worker_id,
-                   link_.server, why, resend, What());
+      spdlog::info("worker {}: server {} {}: registering again and resending {} part(s) of {} operation(s)",
+                   o_.worker_id, link_.server, why, resend, active_.size());
       BeginRegister();
     } else if (new_process) {
       register_unsent_ = true;
@@ -415,48 +501,63 @@ class PsClient::Impl::OpRunner {
     if (!s.ok()) return Status(s.code(), fmt::format("server {}: bad reply: {}", link_.server, s.message()));
     heard_ = back_at_ = Clock::now();
     heard_any_ = true;
+    if (said_waiting_) {
+      spdlog::info("worker {}: server {} answers again after {:.1f} s", o_.worker_id, link_.server,
+                   Seconds(back_at_ - waiting_since_));
+      said_waiting_ = false;
+    }
     const bool restarted = ObserveIncarnation(link_, h.incarnation);
     if (restarted) link_.restarts_seen.fetch_add(1);
-    const uint64_t sub = h.request_id & ((uint64_t{1} << kSubBits) - 1);
-    // A reply to an earlier, timed-out operation (or an error about an undecodable message), or
-    // a probe's answer: it shows the server is there, and may show it restarted.
-    if ((h.request_id >> kSubBits) != op_.id || sub == kProbeSub) {
-      return restarted ? Recover("restarted (new incarnation)", true) : Status::Ok();
+    const uint64_t id = h.request_id >> kSubBits;
+    const uint64_t sub = h.request_id & kSubMask;
+    if (id == 0 && sub == register_sub_ && registering_ && !register_unsent_) {
+      if (restarted) return Recover("restarted (new incarnation)", true);
+      return HandleRegisterReply(h);
     }
-    if (sub == kRegisterSub) return HandleRegisterReply(h);
+    auto it = active_.find(id);
+    // A probe's answer, an older register's, a reply to an operation that already failed (or an
+    // error about an undecodable message): it shows the server is there, and may show it restarted.
+    if (id == 0 || it == active_.end()) return restarted ? Recover("restarted (new incarnation)", true) : Status::Ok();
     if (restarted) DP_RETURN_IF_ERROR(Recover("restarted (new incarnation)", true));
-    if (sub >= parts_.size() || parts_[sub].state == Part::State::kDone) return Status::Ok();
-    Part& part = parts_[sub];
+    Active& a = it->second;
+    if (sub >= a.parts.size() || a.parts[sub].state == Part::State::kDone) return Status::Ok();
+    Part& part = a.parts[sub];
     if (h.type == MsgType::kError) {
       if (h.flags == static_cast<uint32_t>(RejectReason::kNotRegistered) && link_.registered &&
-          op_.header.type != MsgType::kRegister) {
+          a.op.header.type != MsgType::kRegister) {
         // It forgot this connection: a restart (refused parts were not applied).
+        Release(part);
         part.state = Part::State::kToSend;
         if (!registering_ && !restarted) link_.restarts_seen.fetch_add(1);
         return Recover("forgot this worker (restarted)", false);
       }
-      Finish(part);
+      Finish(a, part);
       Status e = StatusFromReply(h);
-      if (first_error_.ok()) first_error_ = Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
-      return Status::Ok();
+      if (a.first_error.ok()) a.first_error = Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
+    } else {
+      Finish(a, part);
+      if (o_.on_part_reply) {
+        o_.on_part_reply(link_.server, a.op.header.type, part.header.chunk_ids.size(), Seconds(Clock::now() - part.sent_at));
+      }
+      if (a.op.header.type == MsgType::kPull) {
+        s = impl_.AcceptPullReply(link_, a.op, part.header.chunk_ids, h, got);
+        if (!s.ok() && a.first_error.ok()) a.first_error = s;
+      }
+      if (a.op.header.type == MsgType::kPush && (a.op.header.flags & kFlagInit) == 0) link_.acked_pushes.fetch_add(1);
+      if (a.op.header.type == MsgType::kRegister) {
+        link_.registered = true;
+        link_.needs_register = false;
+      }
+      a.last_reply = std::move(h);
     }
-    Finish(part);
-    if (o_.on_part_reply) o_.on_part_reply(link_.server, op_.header.type, part.chunks.size(), Seconds(Clock::now() - part.sent_at));
-    if (op_.header.type == MsgType::kPull) {
-      s = impl_.AcceptPullReply(link_, op_, part.chunks, h, got);
-      if (!s.ok() && first_error_.ok()) first_error_ = s;
+    if (a.open == 0) {
+      Complete(a, Status::Ok());
+      active_.erase(it);
     }
-    if (op_.header.type == MsgType::kPush && (op_.header.flags & kFlagInit) == 0) link_.acked_pushes.fetch_add(1);
-    if (op_.header.type == MsgType::kRegister) {
-      link_.registered = true;
-      link_.needs_register = false;
-    }
-    last_reply_ = std::move(h);
-    return Status::Ok();
+    return SendPending();  // the window has room again
   }
 
   Status HandleRegisterReply(const MessageHeader& h) {
-    if (!registering_ || register_unsent_) return Status::Ok();  // an older register's reply
     if (h.type == MsgType::kError) {
       Status e = StatusFromReply(h);
       return Status(e.code(), fmt::format("server {}: registering again after a restart: {}", link_.server,
@@ -467,34 +568,35 @@ class PsClient::Impl::OpRunner {
     return SendPending();
   }
 
-  void Finish(Part& part) {
+  void Finish(Active& a, Part& part) {
+    Release(part);
     part.state = Part::State::kDone;
-    --open_;
+    part.payload.clear();  // a borrowed push buffer is released as soon as its part is answered
+    --a.open;
   }
 
   Impl& impl_;
   Link& link_;
-  Op& op_;
   const PsClientOptions& o_;
-  std::vector<Part> parts_;
-  size_t open_ = 0;  // parts not answered yet
-  Status first_error_;
-  MessageHeader last_reply_;
-  bool registering_ = false;     // a register is due or in flight: parts wait for its reply
+  std::map<RequestId, Active> active_;  // by id = call order
+  uint64_t inflight_ = 0;               // bytes of parts sent and not answered
+  const std::chrono::milliseconds tick_ =
+      std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
+  bool registering_ = false;      // a register is due or in flight: parts wait for its reply
   bool register_unsent_ = false;  // ... and it has not gone out yet
+  uint64_t register_sub_ = 0;     // the sub id of the register in flight
   int recoveries_ = 0;
-  Clock::time_point heard_;           // the last message from the server (or the start)
-  bool heard_any_ = false;            // ... and whether there was one
-  Clock::time_point back_at_;         // when it was heard after a silence
-  Clock::time_point probed_;          // the last probe
-  Clock::time_point reply_deadline_;  // the last (re)send + reply_timeout
+  Clock::time_point heard_ = Clock::now();  // the last message from the server (or the start)
+  bool heard_any_ = false;                  // ... and whether there was one
+  Clock::time_point back_at_;               // when it was heard after a silence
+  Clock::time_point probed_ = Clock::now();  // the last probe
   bool said_waiting_ = false;
   Clock::time_point said_at_, waiting_since_;
 };
 
-Status PsClient::Impl::Execute(Link& link, Op& op, MessageHeader* reply) {
-  OpRunner runner(*this, link, op);
-  return runner.Run(reply);
+void PsClient::Impl::RunLink(Link& link) {
+  LinkRunner runner(*this, link);
+  runner.Run();
 }
 
 bool PsClient::Impl::ObserveIncarnation(Link& link, uint64_t incarnation) {

@@ -20,10 +20,14 @@
 //    unmodified until Wait(id) returns ok — Wait returns only after the transport has released
 //    every borrowed frame, not merely after the server's ack.
 //
-// Concurrency: one in-flight request per server (DESIGN.md); requests are queued per server in
-// call order and run on one I/O thread per server, so servers work in parallel. Errors (a
-// server's error reply, a timeout, a transport failure) are attached to the request and
-// returned by its Wait; errors not tied to a request surface at the next Wait.
+// Concurrency (full duplex): every Pull/Push is cut per server into parts (messages of at most
+// max_chunks_per_message chunks). One I/O thread per server keeps the parts of all of that
+// server's requests in flight at once, in call order on one ordered connection, bounded by
+// max_inflight_bytes: a Pull issued after a Push leaves after it (so the server, which handles
+// one connection's messages in arrival order, answers it after applying the push), while the
+// push's acks and the pull's weights travel at the same time. The server applies each part as
+// it arrives and serves a pull part by part. Servers work in parallel. Errors (a server's error
+// reply, a timeout, a transport failure) are attached to the request and returned by its Wait.
 //
 // Server restarts (DESIGN.md "Reliability and security"). An I/O thread keeps every part of its
 // current operation until that part's reply arrives, and notices a restarted server by
@@ -83,6 +87,10 @@ struct PsClientOptions {
   // applies each message as a whole: a rejected part never applies, but the other parts of the
   // same Push may have been applied (Wait reports the first error).
   int max_chunks_per_message = 4;
+  // Payload bytes on the wire per server at once: parts sent (push payload) or asked for (pull)
+  // whose replies have not arrived. A part larger than the window goes alone. Keeps the server's
+  // per-peer reply queue (cluster.peer_queue_mb) far from its bound.
+  uint64_t max_inflight_bytes = uint64_t{128} << 20;
   // How long a server that answers probes may hold a request (sync/ssp pulls wait for the
   // consistency rule) before the request fails with kTimeout. Restarted from each (re)send.
   std::chrono::milliseconds reply_timeout{60000};
