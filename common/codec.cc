@@ -82,8 +82,8 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   FillList(b.initPushesByWorker(static_cast<unsigned>(s.pushes_by_worker.size())), s.pushes_by_worker);
   b.setWalRecords(s.wal_records);
   b.setReplayed(s.replayed);
-  b.setSgdSeconds(s.sgd_seconds);
-  b.setBusySeconds(s.busy_seconds);
+  b.setSgdNanos(s.sgd_ns);
+  b.setBusyNanos(s.busy_ns);
 }
 
 ShardStatsWire DecodeStats(cw::Stats::Reader r) {
@@ -105,8 +105,8 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.pushes_by_worker = ReadList<uint64_t>(r.getPushesByWorker());
   s.wal_records = r.getWalRecords();
   s.replayed = r.getReplayed();
-  s.sgd_seconds = r.getSgdSeconds();
-  s.busy_seconds = r.getBusySeconds();
+  s.sgd_ns = r.getSgdNanos();
+  s.busy_ns = r.getBusyNanos();
   return s;
 }
 
@@ -158,6 +158,10 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.incarnation = r.getIncarnation();
   h.gone_seq = r.getGoneSeq();
   h.slice_index = r.getSliceIndex();
+  h.boot_id = r.getBootId().cStr();
+  h.shm_path = r.getShmPath().cStr();
+  h.shm_bytes = r.getShmBytes();
+  h.shm_nonce = r.getShmNonce();
   if (r.hasStats()) h.stats = DecodeStats(r.getStats());
   DP_RETURN_IF_ERROR(CheckListLengths(h));
   *out = std::move(h);
@@ -208,6 +212,10 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   b.setIncarnation(h.incarnation);
   b.setGoneSeq(h.gone_seq);
   b.setSliceIndex(h.slice_index);
+  if (!h.boot_id.empty()) b.setBootId(h.boot_id);
+  if (!h.shm_path.empty()) b.setShmPath(h.shm_path);
+  b.setShmBytes(h.shm_bytes);
+  b.setShmNonce(h.shm_nonce);
   if (h.type == MsgType::kStatsReply) EncodeStats(h.stats, b.initStats());
   kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();

@@ -83,6 +83,9 @@ inline constexpr uint32_t kFlagFinished = 1u << 1;
 // about to exit; once every worker is done or dead the coordinator ends the run (cluster mode,
 // where no launcher sees every process exit).
 inline constexpr uint32_t kFlagDone = 1u << 2;
+// register: the worker asks for a shared-memory region (common/shm_region.h); push / pull / pull
+// reply: the payload is in that region, not in frames (ps_client.h "Shared memory").
+inline constexpr uint32_t kFlagShm = 1u << 3;
 
 struct ShardStatsWire {
   uint64_t pushes_received = 0;
@@ -102,8 +105,8 @@ struct ShardStatsWire {
   std::vector<uint64_t> pushes_by_worker;  // gradient pushes taken per worker id
   uint64_t wal_records = 0;
   uint64_t replayed = 0;
-  double sgd_seconds = 0;   // in the update rule
-  double busy_seconds = 0;  // handling messages on the loop thread
+  uint64_t sgd_ns = 0;   // in the update rule
+  uint64_t busy_ns = 0;  // handling messages on the loop thread
   bool operator==(const ShardStatsWire&) const = default;
 };
 
@@ -142,6 +145,10 @@ struct MessageHeader {
   uint64_t incarnation = 0;  // replies: the answering process's incarnation
   uint64_t gone_seq = 0;     // heartbeat: membership changes seen / the coordinator's newest
   int32_t slice_index = -1;  // heartbeat reply to a worker: its rank among the live workers
+  std::string boot_id;       // register asking for shared memory: the worker's host boot id
+  std::string shm_path;      // register reply: the offered region ("" = none), its payload
+  uint64_t shm_bytes = 0;    //   size and nonce (common/shm_region.h)
+  uint64_t shm_nonce = 0;
 
   ShardStatsWire stats;
 

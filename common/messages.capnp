@@ -70,9 +70,9 @@ struct Stats {
                                # worker's acknowledged pushes must equal (no loss, no double apply)
   walRecords @15 :UInt64;      # records appended to the write-ahead log by this process
   replayed @16 :UInt64;        # pushes replayed from the write-ahead log at start
-  sgdSeconds @17 :Float64;     # time spent in the update rule (SgdUpdate) by this process
-  busySeconds @18 :Float64;    # time the message loop spent handling messages (decode, validate,
-                               # log, apply, reply) by this process: busy / wall = loop load
+  sgdNanos @17 :UInt64;        # time spent in the update rule (SgdUpdate) by this process, ns
+  busyNanos @18 :UInt64;       # time the message loop spent handling messages (decode, validate,
+                               # log, apply, reply) by this process, ns: busy / wall = loop load
 }
 
 struct Header {
@@ -88,6 +88,7 @@ struct Header {
   flags @9 :UInt32;            # push: bit 0 = init (sets weights, not a gradient step);
                                # heartbeat: bit 1 = the worker finished training,
                                #   bit 2 = the worker is done (evaluated, saved) and exits;
+                               # register / push / pull / pull reply: bit 3 = shared memory (below);
                                # error reply from a server: the RejectReason (common/codec.h)
 
   # Payload description, one entry per payload frame, in frame order.
@@ -127,4 +128,12 @@ struct Header {
   sliceIndex @32 :Int32 = -1;  # heartbeat reply to a live worker: its rank among the live workers
                                # (ids ascending), with workerCount = their number: the data slice
                                # it reads from its next epoch on (slice sharding); -1 = none
+  # Same-host shared memory (common/shm_region.h). register with flags bit 3: the worker asks
+  # for a region and says which machine it runs on (bootId); the reply offers one (shmPath,
+  # shmBytes, shmNonce; empty path = none). push / pull / pull reply with flags bit 3: the
+  # payload is in that region (no payload frames), at each chunk's offset in the server's share.
+  bootId @33 :Text;
+  shmPath @34 :Text;
+  shmBytes @35 :UInt64;
+  shmNonce @36 :UInt64;
 }

@@ -106,6 +106,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       options_(std::move(options)),
       max_workers_(options_.max_workers > 0 ? options_.max_workers : options_.expected_workers),
       incarnation_(RandomIncarnation()),
+      boot_id_(HostBootId()),
       refusal_log_(fmt::format("server {}", options_.server_id), "refusals"),
       reply_log_(fmt::format("server {}", options_.server_id), "failed replies") {
   local_of_.assign(static_cast<size_t>(layout_.num_chunks()), -1);
@@ -116,6 +117,8 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   chunks_.resize(owned_.size());
   for (size_t i = 0; i < owned_.size(); ++i) {
     const auto n = static_cast<size_t>(layout_.chunk(owned_[i]).count);
+    share_offset_.push_back(share_floats_);
+    share_floats_ += n;
     chunks_[i].weights = std::make_shared<WeightBuffer>(std::vector<float>(n, 0.0f));
     chunks_[i].history.assign(n, 0.0f);
   }
@@ -146,9 +149,9 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
     if (s.ok()) {
       const auto t0 = std::chrono::steady_clock::now();
       HandleMessage(ep, peer, info, frames);
-      const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
       std::lock_guard<std::mutex> lock(mu_);
-      stats_.busy_seconds += busy;
+      stats_.busy_ns += static_cast<uint64_t>(busy.count());
     } else if (s.code() != StatusCode::kTimeout) {
       return s;
     }
@@ -237,6 +240,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       break;
     case MsgType::kPush:
       s = CheckWorker(peer, info, h, &reason);
+      if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
       break;
     case MsgType::kPull: {
@@ -361,15 +365,67 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
     auto& q = peers_of_worker_[static_cast<size_t>(h.sender)];
     q.push_back(peer);
     if (q.size() > static_cast<size_t>(kPeersPerWorker)) {  // bounded: the oldest connection goes
-      registered_.erase(q.front());
+      ForgetPeer(q.front());
       q.pop_front();
     }
     spdlog::info("server {}: worker {} registered from {}", options_.server_id, h.sender, DescribePeer(info));
   }
+  OfferRegion(peer, h, reply);
   reply->type = MsgType::kRegisterReply;
   reply->assigned_id = h.sender;
   reply->server_count = layout_.servers();
   reply->worker_count = options_.expected_workers;
+  return Status::Ok();
+}
+
+void ShardServer::ForgetPeer(const PeerId& peer) {
+  registered_.erase(peer);
+  regions_.erase(peer);
+}
+
+void ShardServer::OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
+  regions_.erase(peer);  // a register starts over: a region from before is not in use any more
+  const bool asked = (h.flags & kFlagShm) != 0;
+  if (!asked || !options_.shared_memory || share_floats_ == 0) return;
+  if (h.boot_id.empty() || h.boot_id != boot_id_) return;  // another machine: the socket it is
+  std::unique_ptr<SharedRegion> region;
+  const Status s = SharedRegion::Create(fmt::format("downpour-s{}-w{}", options_.server_id, h.sender),
+                                        2 * share_floats_ * sizeof(float), &region);
+  if (!s.ok()) {
+    reply_log_.Log(fmt::format("server {}: no shared memory for worker {} (payloads over the socket): {}",
+                               options_.server_id, h.sender, s.ToString()));
+    return;
+  }
+  reply->shm_path = region->path();
+  reply->shm_bytes = region->payload_bytes();
+  reply->shm_nonce = region->nonce();
+  regions_[peer] = std::move(region);
+}
+
+Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason) {
+  *reason = RejectReason::kFrameCount;
+  auto it = regions_.find(peer);
+  if (it == regions_.end()) {
+    return InvalidArgument("push: payload in shared memory, but this connection has no region (register asking for one)");
+  }
+  if (frames->size() != 1) {
+    return InvalidArgument("push: payload in shared memory and {} payload frames", frames->size() - 1);
+  }
+  std::vector<int> locals;
+  DP_RETURN_IF_ERROR(ResolveChunks(h, /*all_if_empty=*/false, &locals, reason));
+  uint64_t total = 0;
+  for (int l : locals) total += static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
+  region_scratch_.resize(total);
+  // Copied out first: the worker can write the region at any time, so what is validated and
+  // applied must be a private copy (as a received frame is).
+  const auto* area = reinterpret_cast<const float*>(it->second->payload());
+  uint64_t at = 0;
+  for (int l : locals) {
+    const auto n = static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
+    std::memcpy(region_scratch_.data() + at, area + share_offset_[static_cast<size_t>(l)], n * sizeof(float));
+    frames->push_back(Frame::Borrow(region_scratch_.data() + at, n * sizeof(float), nullptr));
+    at += n;
+  }
   return Status::Ok();
 }
 
@@ -644,7 +700,8 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
   float* weights = MutableWeights(local).data();
   const auto t0 = std::chrono::steady_clock::now();
   SgdUpdate(p, std::span<const float>(grad, n), std::span<float>(weights, n), std::span<float>(st.history.data(), n));
-  stats_.sgd_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.sgd_ns += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   ++st.version;
   ++stats_.chunk_updates;
   ++updates_;
@@ -670,6 +727,17 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   reply.clock = p.request.clock;
   Frames payload;
   payload.reserve(p.locals.size());
+  SharedRegion* region = nullptr;
+  if ((p.request.flags & kFlagShm) != 0) {
+    auto it = regions_.find(p.peer);
+    if (it == regions_.end()) {
+      Reply(ep, p.peer,
+            ErrorReply(p.request, InvalidArgument("pull: asked for shared memory, but this connection has no region")));
+      return;
+    }
+    region = it->second.get();
+    reply.flags |= kFlagShm;
+  }
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];
     const int32_t id = owned_[static_cast<size_t>(l)];
@@ -679,6 +747,11 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
     reply.versions.push_back(st.version);
     reply.elem_counts.push_back(buf->data.size());
     reply.byte_lengths.push_back(bytes);
+    if (region != nullptr) {  // the pull area follows the push area
+      auto* area = reinterpret_cast<float*>(region->payload()) + share_floats_;
+      std::memcpy(area + share_offset_[static_cast<size_t>(l)], buf->data.data(), bytes);
+      continue;
+    }
     buf->readers.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<const void> keep(buf->data.data(), [buf](const void*) {
       buf->readers.fetch_sub(1, std::memory_order_release);

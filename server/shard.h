@@ -102,6 +102,7 @@
 #include "common/layout.h"
 #include "common/log_limit.h"
 #include "common/run_config.h"
+#include "common/shm_region.h"
 #include "common/transport.h"
 #include "server/access.h"
 #include "server/consistency.h"
@@ -227,6 +228,12 @@ class ShardServer {
   Status HandleCheckpoint(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply, RejectReason* reason);
   Status CheckWorker(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, RejectReason* reason) const;
   Status CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
+  // Same-host shared memory (common/shm_region.h): a region per registered connection that
+  // asked for one; a push's payload copied out of it (then validated like received frames);
+  // a pull's weights copied into it.
+  void OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply);
+  Status ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason);
+  void ForgetPeer(const PeerId& peer);
   // A push from a sender CheckWorker has accepted: validated whole, then applied.
   Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason);
   Status ResolveChunks(const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
@@ -259,6 +266,9 @@ class ShardServer {
   const uint64_t incarnation_;
   std::vector<int32_t> owned_;        // chunk ids owned, ascending
   std::vector<int> local_of_;         // chunk id -> local index or -1
+  std::vector<uint64_t> share_offset_;  // local index -> float offset in this server's share
+  uint64_t share_floats_ = 0;           // floats this server owns
+  const std::string boot_id_;           // this host's (regions only for workers on it)
 
   mutable std::mutex mu_;  // guards everything below
   std::vector<ChunkState> chunks_;
@@ -266,6 +276,10 @@ class ShardServer {
   std::unique_ptr<Updater> updater_;
   std::unordered_map<PeerId, int32_t> registered_;  // peer identity -> worker id
   std::vector<std::deque<PeerId>> peers_of_worker_;  // per worker id, oldest first (bounds registered_)
+  // Registered connections' shared regions: [push area | pull area], each share_floats_ floats.
+  // Bounded like registered_ (a region goes with its connection).
+  std::unordered_map<PeerId, std::unique_ptr<SharedRegion>> regions_;
+  std::vector<float> region_scratch_;  // a shared push copied out before validation (reused)
   struct SessionWindow {
     uint64_t session = 0;
     std::deque<uint64_t> order;            // oldest first

@@ -16,6 +16,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/shm_region.h"
+
 namespace downpour {
 
 namespace {
@@ -76,6 +78,15 @@ struct PsClient::Impl {
     std::atomic<uint64_t> acked_pushes{0};
     std::atomic<uint64_t> resent_parts{0};
     std::atomic<uint64_t> restarts_seen{0};
+    // Same-host shared memory (I/O thread only): the region the server offered at the last
+    // register (null = payloads over the socket), where each of its chunks lives in the server's
+    // share (by chunk id, floats; only this server's chunks), and which chunks have a part in
+    // flight through it (a chunk's area is not written again before the server answered).
+    std::unique_ptr<SharedRegion> region;
+    std::vector<uint64_t> share_offset;
+    uint64_t share_floats = 0;
+    std::vector<uint8_t> push_busy, pull_busy;
+    bool said_no_region = false;
     std::thread thread;
   };
   PsClient* owner = nullptr;
@@ -101,6 +112,8 @@ struct PsClient::Impl {
   static bool ObserveIncarnation(Link& link, uint64_t incarnation);
   Status AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
                          const MessageHeader& h, const Frames& frames);
+  // A register reply: maps the region it offers (or drops the link's old one).
+  void AdoptRegion(Link& link, const MessageHeader& reply);
 };
 
 PsClient::PsClient(const ParamLayout& layout, PsClientOptions options)
@@ -128,6 +141,13 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
     auto link = std::make_unique<Impl::Link>();
     link->server = s;
     link->address = c->options_.server_addresses[static_cast<size_t>(s)];
+    link->share_offset.assign(static_cast<size_t>(layout.num_chunks()), 0);
+    for (int32_t id : layout.ServerChunks(s)) {
+      link->share_offset[static_cast<size_t>(id)] = link->share_floats;
+      link->share_floats += static_cast<uint64_t>(layout.chunk(id).count);
+    }
+    link->push_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
+    link->pull_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
     DP_RETURN_IF_ERROR(transport->Connect(link->address, &link->endpoint));
     c->impl_->links.push_back(std::move(link));
   }
@@ -229,6 +249,7 @@ class PsClient::Impl::LinkRunner {
     uint64_t bytes = 0;    // payload bytes sent (push) or asked for (pull)
     enum class State { kToSend, kSent, kDone } state = State::kToSend;
     bool sent_once = false;
+    bool via_region = false;    // the last send went through the shared region
     Clock::time_point sent_at;  // the last send
   };
   struct Active {
@@ -419,7 +440,49 @@ class PsClient::Impl::LinkRunner {
 
   // A part no longer on the wire (answered, to be resent, or its operation failed).
   void Release(Part& p) {
-    if (p.state == Part::State::kSent) inflight_ -= std::min(inflight_, p.bytes);
+    if (p.state != Part::State::kSent) return;
+    inflight_ -= std::min(inflight_, p.bytes);
+    if (p.via_region) {
+      auto& busy = p.header.type == MsgType::kPull ? link_.pull_busy : link_.push_busy;
+      for (uint32_t c : p.header.chunk_ids) busy[c] = 0;
+      p.via_region = false;
+    }
+  }
+
+  // Whether a part goes through the shared region: gradient / init pushes and pulls, when the
+  // server offered one. False also when one of its chunks still has a part in flight there
+  // (then *wait is set: the part must wait, and with it every later one, to keep call order).
+  bool ViaRegion(const Part& p, bool* wait) const {
+    *wait = false;
+    const MsgType t = p.header.type;
+    if (!link_.region || (t != MsgType::kPush && t != MsgType::kPull)) return false;
+    const auto& busy = t == MsgType::kPull ? link_.pull_busy : link_.push_busy;
+    for (uint32_t c : p.header.chunk_ids) {
+      if (busy[c]) {
+        *wait = true;
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Writes a push part's payload into the push area and builds its header-only message.
+  Status RegionMessage(Part& p, Frames* frames) {
+    MessageHeader h = p.header;
+    h.flags |= kFlagShm;
+    if (p.header.type == MsgType::kPush) {
+      auto* area = reinterpret_cast<float*>(link_.region->payload());
+      for (size_t i = 0; i < p.payload.size(); ++i) {
+        const uint32_t c = p.header.chunk_ids[i];
+        std::memcpy(area + link_.share_offset[c], p.payload[i].data(), p.payload[i].size());
+      }
+    }
+    frames->emplace_back();
+    DP_RETURN_IF_ERROR(HeaderFrame(h, &(*frames)[0]));
+    auto& busy = p.header.type == MsgType::kPull ? link_.pull_busy : link_.push_busy;
+    for (uint32_t c : p.header.chunk_ids) busy[c] = 1;
+    p.via_region = true;
+    return Status::Ok();
   }
 
   // Sends the register (if one is due) and, once registered, the parts marked to send, in
@@ -431,6 +494,10 @@ class PsClient::Impl::LinkRunner {
       register_sub_ = register_sub_ % kMaxRegisterSub + 1;
       MessageHeader h = OwnHeader(MsgType::kRegister, register_sub_);
       h.token = o_.token;
+      if (o_.shared_memory) {
+        h.flags |= kFlagShm;
+        h.boot_id = HostBootId();
+      }
       Frames frames(1);
       DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
       const Status s = link_.endpoint->Send(std::move(frames));
@@ -443,16 +510,27 @@ class PsClient::Impl::LinkRunner {
       for (Part& p : a.parts) {
         if (p.state != Part::State::kToSend) continue;
         if (inflight_ > 0 && inflight_ + p.bytes > o_.max_inflight_bytes) return Status::Ok();  // the window is full
+        bool wait = false;
+        const bool via_region = ViaRegion(p, &wait);
+        if (wait) return Status::Ok();
         Frames frames;
         frames.reserve(p.payload.size() + 1);
-        frames.emplace_back();
-        DP_RETURN_IF_ERROR(HeaderFrame(p.header, &frames[0]));
-        for (const Frame& f : p.payload) frames.push_back(f);  // copies Frame handles, not bytes
-        const Status s = link_.endpoint->Send(std::move(frames));
-        if (!s.ok() && !Transient(s)) return SendError(What(a), s);
-        if (!s.ok()) return Status::Ok();
-        p.state = Part::State::kSent;
+        if (via_region) {
+          DP_RETURN_IF_ERROR(RegionMessage(p, &frames));
+        } else {
+          frames.emplace_back();
+          DP_RETURN_IF_ERROR(HeaderFrame(p.header, &frames[0]));
+          for (const Frame& f : p.payload) frames.push_back(f);  // copies Frame handles, not bytes
+        }
+        p.state = Part::State::kSent;  // on the wire unless the send fails (then Release undoes it)
         inflight_ += p.bytes;
+        const Status s = link_.endpoint->Send(std::move(frames));
+        if (!s.ok()) {
+          Release(p);
+          p.state = Part::State::kToSend;
+          if (!Transient(s)) return SendError(What(a), s);
+          return Status::Ok();
+        }
         p.sent_at = Clock::now();
         if (p.sent_once) link_.resent_parts.fetch_add(1);
         p.sent_once = true;
@@ -547,6 +625,7 @@ class PsClient::Impl::LinkRunner {
       if (a.op.header.type == MsgType::kRegister) {
         link_.registered = true;
         link_.needs_register = false;
+        impl_.AdoptRegion(link_, h);
       }
       a.last_reply = std::move(h);
     }
@@ -565,6 +644,7 @@ class PsClient::Impl::LinkRunner {
     }
     registering_ = false;
     link_.needs_register = false;
+    impl_.AdoptRegion(link_, h);
     return SendPending();
   }
 
@@ -638,13 +718,51 @@ bool PsClient::Impl::MoveLink(Link& link) {
   return true;
 }
 
+void PsClient::Impl::AdoptRegion(Link& link, const MessageHeader& reply) {
+  link.region.reset();  // a new register: the server dropped the old one
+  if (!owner->options_.shared_memory) return;
+  const uint64_t want = 2 * link.share_floats * sizeof(float);
+  Status s;
+  if (reply.shm_path.empty()) {
+    s = Unavailable("the server offered none (another host, or its shared memory is off)");
+  } else if (reply.shm_bytes != want) {
+    s = Corrupt("the server offered {} bytes, this layout needs {}", reply.shm_bytes, want);
+  } else {
+    s = SharedRegion::Open(reply.shm_path, reply.shm_bytes, reply.shm_nonce, &link.region);
+  }
+  if (s.ok()) {
+    spdlog::debug("worker {}: server {}: payloads through shared memory ({})", owner->options_.worker_id, link.server,
+                  reply.shm_path);
+    return;
+  }
+  link.region.reset();
+  if (!link.said_no_region) {
+    link.said_no_region = true;
+    spdlog::info("worker {}: server {}: no shared memory, payloads over the socket: {}", owner->options_.worker_id,
+                 link.server, s.message());
+  }
+}
+
 Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
                                        const MessageHeader& h, const Frames& frames) {
   const ParamLayout& layout = owner->layout_;
+  const bool via_region = (h.flags & kFlagShm) != 0;
+  if (via_region && !link.region) return Corrupt("server {}: pull reply in shared memory, but there is no region", link.server);
+  const size_t payload_frames = via_region ? 0 : h.chunk_ids.size();
   if (h.type != MsgType::kPullReply || h.chunk_ids != expected ||
-      h.versions.size() != h.chunk_ids.size() || frames.size() != h.chunk_ids.size() + 1) {
+      h.versions.size() != h.chunk_ids.size() || frames.size() != payload_frames + 1) {
     return Corrupt("server {}: pull reply of type {} with {} chunks / {} frames does not match the {} requested",
                    link.server, MsgTypeName(h.type), h.chunk_ids.size(), frames.size() - 1, expected.size());
+  }
+  if (via_region) {  // the server wrote the pull area (it follows the push area)
+    const auto* area = reinterpret_cast<const float*>(link.region->payload()) + link.share_floats;
+    for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
+      const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
+      std::memcpy(op.pull_out.data() + c.flat_offset, area + link.share_offset[static_cast<size_t>(c.id)],
+                  static_cast<size_t>(c.count) * sizeof(float));
+      std::atomic_ref<int64_t>(owner->versions_[static_cast<size_t>(c.id)]).store(h.versions[i], std::memory_order_relaxed);
+    }
+    return Status::Ok();
   }
   // Check all, then write all: a bad reply leaves the caller's buffer untouched.
   for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
@@ -830,6 +948,10 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
   // The run's secret goes only where a server checks it (server/access.h), not with traffic.
   if (type == MsgType::kRegister || type == MsgType::kCheckpoint || type == MsgType::kShutdown)
     op.header.token = o.token;
+  if (type == MsgType::kRegister && o.shared_memory) {  // ask for a region (same host only)
+    op.header.flags |= kFlagShm;
+    op.header.boot_id = HostBootId();
+  }
   impl.Enqueue(*impl.links[static_cast<size_t>(server)], std::move(op));
   std::unique_lock<std::mutex> lock(req->mu);
   if (!req->cv.wait_for(lock, timeout, [&] { return req->pending_ops == 0; })) {

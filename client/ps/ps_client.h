@@ -46,6 +46,19 @@
 // answers probes holds a request. SetServerAddress() moves a link to the server's new address
 // (the coordinator tells it), with the same register-and-resend.
 //
+// Shared memory (same host; options.shared_memory). At register the client asks each server for
+// a region (common/shm_region.h) and says which machine it runs on (boot id); a server on the
+// same machine answers with a sealed memfd of 2 × its share of the model: a push area and a pull
+// area, each chunk at its offset in the server's share. A push part then writes its gradients
+// into the push area and sends only its header; the server copies them out, validates and
+// applies them as if they had been frames. A pull part's weights are written by the server into
+// the pull area; the client copies them into the caller's buffer when the header-only reply
+// arrives. No chunk has two parts in flight through one area at once (the later part waits, and
+// with it every later part, so call order holds). A server that offers no region (another host,
+// ShardOptions::shared_memory off) or a region that cannot be opened (another pid namespace)
+// leaves that link on the socket, with one log line. A restarted server offers a new region at
+// the re-register; resent parts go through it.
+//
 // Sessions: each client draws a random nonzero 64-bit session at creation and sends it in every
 // message; request ids are unique within the session, so (worker, session, request id) names one
 // push across resends.
