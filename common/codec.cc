@@ -84,6 +84,7 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   b.setReplayed(s.replayed);
   b.setSgdNanos(s.sgd_ns);
   b.setBusyNanos(s.busy_ns);
+  b.setRegionParts(s.region_parts);
 }
 
 ShardStatsWire DecodeStats(cw::Stats::Reader r) {
@@ -107,6 +108,7 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.replayed = r.getReplayed();
   s.sgd_ns = r.getSgdNanos();
   s.busy_ns = r.getBusyNanos();
+  s.region_parts = r.getRegionParts();
   return s;
 }
 

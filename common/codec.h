@@ -107,6 +107,7 @@ struct ShardStatsWire {
   uint64_t replayed = 0;
   uint64_t sgd_ns = 0;   // in the update rule
   uint64_t busy_ns = 0;  // handling messages on the loop thread
+  uint64_t region_parts = 0;  // push / pull messages whose payload went through shared memory
   bool operator==(const ShardStatsWire&) const = default;
 };
 

@@ -73,6 +73,7 @@ struct Stats {
   sgdNanos @17 :UInt64;        # time spent in the update rule (SgdUpdate) by this process, ns
   busyNanos @18 :UInt64;       # time the message loop spent handling messages (decode, validate,
                                # log, apply, reply) by this process, ns: busy / wall = loop load
+  regionParts @19 :UInt64;     # push and pull messages whose payload went through shared memory
 }
 
 struct Header {

@@ -426,6 +426,7 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
     frames->push_back(Frame::Borrow(region_scratch_.data() + at, n * sizeof(float), nullptr));
     at += n;
   }
+  ++stats_.region_parts;
   return Status::Ok();
 }
 
@@ -737,6 +738,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
     }
     region = it->second.get();
     reply.flags |= kFlagShm;
+    ++stats_.region_parts;
   }
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];

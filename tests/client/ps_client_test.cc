@@ -94,7 +94,8 @@ class LogCapture {
   std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> ring_;
 };
 
-class PsClientTest : public ::testing::Test {
+// Every test runs twice: payloads over the socket, and through same-host shared memory.
+class PsClientTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}, {"b", {10}, 1, 1}, {"c", {50}, 1, 1}}, 2, 32, &layout_).ok());
@@ -106,8 +107,9 @@ class PsClientTest : public ::testing::Test {
     ASSERT_TRUE(client_->Connect(5000ms).ok());
     n_ = static_cast<size_t>(layout_.total_elems());
   }
-  static PsClientOptions ClientOptions(const std::string& token) {
+  PsClientOptions ClientOptions(const std::string& token) const {
     PsClientOptions co;
+    co.shared_memory = GetParam();
     co.server_addresses = {"s0", "s1"};
     co.reply_timeout = 5000ms;
     co.server_wait = 5000ms;
@@ -162,7 +164,7 @@ class PsClientTest : public ::testing::Test {
   size_t n_ = 0;
 };
 
-TEST_F(PsClientTest, WaitForgetsFinishedRequests) {
+TEST_P(PsClientTest, WaitForgetsFinishedRequests) {
   const std::vector<float> init(n_, 1.0f);  // must outlive the Wait (zero-copy push)
   const RequestId id = client_->PushInit(init);
   ASSERT_TRUE(client_->Wait(id, 5000ms).ok());
@@ -171,14 +173,14 @@ TEST_F(PsClientTest, WaitForgetsFinishedRequests) {
   EXPECT_NE(again.message().find("already waited"), std::string::npos);
 }
 
-TEST_F(PsClientTest, WrongBufferSizeSurfacesAtWait) {
+TEST_P(PsClientTest, WrongBufferSizeSurfacesAtWait) {
   std::vector<float> small(n_ - 1);
   Status s = client_->Wait(client_->Pull(small), 1000ms);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find(std::to_string(n_)), std::string::npos) << s.message();
 }
 
-TEST_F(PsClientTest, ServerErrorSurfacesAtWaitWithTheServerNamed) {
+TEST_P(PsClientTest, ServerErrorSurfacesAtWaitWithTheServerNamed) {
   // A gradient before any init is refused by the server.
   std::vector<float> g(n_, 1.0f);
   Status s = client_->Wait(client_->Push(g, 0), 5000ms);
@@ -187,7 +189,7 @@ TEST_F(PsClientTest, ServerErrorSurfacesAtWaitWithTheServerNamed) {
   EXPECT_NE(s.message().find("initialised"), std::string::npos) << s.message();
 }
 
-TEST_F(PsClientTest, PullWaitsForInitThenTimesOutCleanly) {
+TEST_P(PsClientTest, PullWaitsForInitThenTimesOutCleanly) {
   // Requests to one server run one at a time, so the init comes from another worker's client.
   PsClientOptions co = ClientOptions(kSecret);
   co.worker_id = 1;
@@ -202,7 +204,7 @@ TEST_F(PsClientTest, PullWaitsForInitThenTimesOutCleanly) {
   EXPECT_EQ(w, std::vector<float>(n_, 3.0f));
 }
 
-TEST_F(PsClientTest, PushTensorsTouchesOnlyThoseTensors) {
+TEST_P(PsClientTest, PushTensorsTouchesOnlyThoseTensors) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> w(n_);
   ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
@@ -227,7 +229,7 @@ TEST_F(PsClientTest, PushTensorsTouchesOnlyThoseTensors) {
   EXPECT_EQ(updates, layout_.ChunksInRange(100, 110).size());
 }
 
-TEST_F(PsClientTest, PushCarriesThePulledVersionsSoStalenessIsMeasured) {
+TEST_P(PsClientTest, PushCarriesThePulledVersionsSoStalenessIsMeasured) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> w(n_), g(n_, 1.0f);
   ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());  // versions 0
@@ -244,7 +246,7 @@ TEST_F(PsClientTest, PushCarriesThePulledVersionsSoStalenessIsMeasured) {
   }
 }
 
-TEST_F(PsClientTest, ManyRequestsInFlightAcrossServers) {
+TEST_P(PsClientTest, ManyRequestsInFlightAcrossServers) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f);
   std::vector<RequestId> ids;
@@ -255,7 +257,7 @@ TEST_F(PsClientTest, ManyRequestsInFlightAcrossServers) {
   EXPECT_EQ(w, std::vector<float>(n_, -50.0f));
 }
 
-TEST_F(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedTwice) {
+TEST_P(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedTwice) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f), w(n_);
   ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
@@ -289,7 +291,7 @@ TEST_F(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedT
 // The number of messages one push of every chunk sends to server `s`.
 size_t PartsOf(const ParamLayout& layout, int s) { return (layout.ServerChunks(s).size() + 3) / 4; }
 
-TEST_F(PsClientTest, PushWhoseAckDiedWithTheServerIsResentToTheRestartedServerAndCountedOnce) {
+TEST_P(PsClientTest, PushWhoseAckDiedWithTheServerIsResentToTheRestartedServerAndCountedOnce) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f), w(n_);
   ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
@@ -329,7 +331,7 @@ TEST_F(PsClientTest, PushWhoseAckDiedWithTheServerIsResentToTheRestartedServerAn
   }
 }
 
-TEST_F(PsClientTest, PullWhileTheServerIsDownSaysItIsWaitingAndCompletesWhenItIsBack) {
+TEST_P(PsClientTest, PullWhileTheServerIsDownSaysItIsWaitingAndCompletesWhenItIsBack) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 5.0f)), 5000ms).ok());
   const std::string path = ::testing::TempDir() + "/ps_client_down.dpt";
   KillShard(1, path);
@@ -348,7 +350,7 @@ TEST_F(PsClientTest, PullWhileTheServerIsDownSaysItIsWaitingAndCompletesWhenItIs
   EXPECT_EQ(log.Count("worker 0: server 1 answers again after"), 1);
 }
 
-TEST_F(PsClientTest, ServerThatStaysDownFailsTheRequestAfterServerWaitNamingIt) {
+TEST_P(PsClientTest, ServerThatStaysDownFailsTheRequestAfterServerWaitNamingIt) {
   PsClientOptions co = ClientOptions(kSecret);
   co.server_wait = 300ms;
   co.reply_timeout = 60000ms;  // not what ends the wait
@@ -368,7 +370,7 @@ TEST_F(PsClientTest, ServerThatStaysDownFailsTheRequestAfterServerWaitNamingIt) 
   EXPECT_LT(took, 1500ms);
 }
 
-TEST_F(PsClientTest, ServerThatAnswersProbesButHoldsAPullTimesOutAtReplyTimeout) {
+TEST_P(PsClientTest, ServerThatAnswersProbesButHoldsAPullTimesOutAtReplyTimeout) {
   // No weights yet: the servers hold the pull, and answer the probes meanwhile.
   PsClientOptions co = ClientOptions(kSecret);
   co.reply_timeout = 300ms;
@@ -387,7 +389,7 @@ TEST_F(PsClientTest, ServerThatAnswersProbesButHoldsAPullTimesOutAtReplyTimeout)
   EXPECT_EQ(c->restarts_seen(0) + c->restarts_seen(1), 0u);
 }
 
-TEST_F(PsClientTest, SetServerAddressMovesTheClientToTheServersNewAddressMidRun) {
+TEST_P(PsClientTest, SetServerAddressMovesTheClientToTheServersNewAddressMidRun) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f), w(n_);
   ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
@@ -416,7 +418,7 @@ TEST_F(PsClientTest, SetServerAddressMovesTheClientToTheServersNewAddressMidRun)
   EXPECT_EQ(client_->SetServerAddress(2, "x").code(), StatusCode::kInvalidArgument);
 }
 
-TEST_F(PsClientTest, EveryMessageCarriesTheClientsSession) {
+TEST_P(PsClientTest, EveryMessageCarriesTheClientsSession) {
   PsClientOptions co = ClientOptions(kSecret);
   std::unique_ptr<PsClient> other;
   ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &other).ok());
@@ -451,7 +453,7 @@ TEST_F(PsClientTest, EveryMessageCarriesTheClientsSession) {
   EXPECT_EQ(sessions[1], c->session());
 }
 
-TEST_F(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNorShutDown) {
+TEST_P(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNorShutDown) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 3.0f)), 5000ms).ok());
   const std::string path = ::testing::TempDir() + "/ps_client_token.dpt";
   std::filesystem::remove(path);
@@ -484,6 +486,62 @@ TEST_F(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNo
 // The same ride through a restart over real sockets: the pull sent while the server is down
 // waits in ZeroMQ's queue, reaches the restarted server (which has forgotten the client), and
 // the client registers again and resends it.
+// A pull served chunk by chunk while another worker's pushes change every chunk never returns a
+// torn chunk: with w -= g and g = -1 everywhere, a chunk at version v holds init + v in every
+// element, so each pulled chunk must be uniform and equal to init + (its reported version).
+TEST_P(PsClientTest, PullsServedChunkByChunkDuringPushesNeverReturnATornChunk) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 5.0f)), 5000ms).ok());
+  PsClientOptions po = ClientOptions(kSecret);
+  po.worker_id = 1;
+  po.max_chunks_per_message = 1;
+  std::unique_ptr<PsClient> puller;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, po, &puller).ok());
+  ASSERT_TRUE(puller->Connect(5000ms).ok());
+  std::atomic<bool> done{false};
+  std::thread pusher([&] {
+    const std::vector<float> g(n_, -1.0f);
+    for (int step = 0; step < 200; ++step) {
+      const Status s = client_->Wait(client_->Push(g, step), 5000ms);
+      if (!s.ok()) ADD_FAILURE() << s.ToString();
+    }
+    done = true;
+  });
+  std::vector<float> w(n_);
+  int pulls = 0, torn = 0;
+  while (!done.load() || pulls < 5) {
+    ASSERT_TRUE(puller->Wait(puller->Pull(w), 5000ms).ok());
+    ++pulls;
+    for (const Chunk& c : layout_.chunks()) {
+      const float expect = 5.0f + static_cast<float>(puller->last_versions()[static_cast<size_t>(c.id)]);
+      for (int64_t i = 0; i < c.count; ++i) torn += w[static_cast<size_t>(c.flat_offset + i)] != expect;
+    }
+  }
+  pusher.join();
+  EXPECT_EQ(torn, 0) << "over " << pulls << " pulls";
+  EXPECT_GT(pulls, 5);
+  ShardStatsWire st;
+  ASSERT_TRUE(client_->Stats(0, &st, 5000ms).ok());
+  EXPECT_EQ(st.region_parts > 0, GetParam()) << "payloads through shared memory exactly when asked for";
+}
+
+// Push and pull of one client are in flight together, and a pull issued after a push is
+// answered with that push applied (one ordered connection, the server applies in order).
+TEST_P(PsClientTest, APullIssuedRightAfterAPushSeesItWithoutWaitingForItsAck) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 1.0f)), 5000ms).ok());
+  std::vector<float> w(n_);
+  const std::vector<float> g(n_, -2.0f);
+  for (int step = 0; step < 20; ++step) {
+    const RequestId push = client_->Push(g, step);
+    const RequestId pull = client_->Pull(w, step + 1);
+    ASSERT_TRUE(client_->Wait(pull, 5000ms).ok());
+    ASSERT_TRUE(client_->Wait(push, 5000ms).ok());
+    EXPECT_EQ(w, std::vector<float>(n_, 1.0f + 2.0f * static_cast<float>(step + 1))) << "step " << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Payloads, PsClientTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "SharedMemory" : "Socket"; });
+
 TEST(PsClientZmq, PullInFlightAcrossAServerRestartOnTheSamePortCompletes) {
   ParamLayout layout;
   ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}}, 1, 32, &layout).ok());

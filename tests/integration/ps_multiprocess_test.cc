@@ -64,6 +64,9 @@ class PsMultiProcess : public ::testing::Test {
     return std::make_unique<Child>(argv, dir_ / fmt::format("server-{}.log", id));
   }
   std::string Log(const std::string& name) { return test::ReadFile(dir_ / name); }
+  // 2 servers, 4 worker processes, 25 async steps each: the servers end with exactly the
+  // initial weights minus every gradient, each chunk at version 100, each push counted once.
+  void RunExactWeights(bool pipelined);
 
   fs::path dir_;
   std::string secret_;
@@ -75,9 +78,11 @@ class PsMultiProcess : public ::testing::Test {
 // gives the same result and the final weights are exact.
 float Grad(int w, int step, size_t i) { return static_cast<float>(((w + 1) * (step + 1) + static_cast<int>(i)) % 5 - 2); }
 
-// Body of a forked worker process. Returns the exit code (0 = all good).
+// Body of a forked worker process. Returns the exit code (0 = all good). `pipelined`: one chunk
+// per message, payloads through shared memory, and each step's push and the next pull in flight
+// together, so the four workers' chunks reach the servers interleaved.
 int WorkerProcess(const std::string& coordinator, const std::string& token, uint64_t layout_hash,
-                  const ParamLayout& layout, int steps) {
+                  const ParamLayout& layout, int steps, bool pipelined = false) {
   ZmqTransport transport;
   RendezvousOptions ro;
   ro.coordinator = coordinator;
@@ -94,11 +99,27 @@ int WorkerProcess(const std::string& coordinator, const std::string& token, uint
   o.worker_id = info.id;
   o.token = token;
   o.reply_timeout = 20s;
+  if (pipelined) {
+    o.max_chunks_per_message = 1;
+    o.shared_memory = true;
+  }
   std::unique_ptr<PsClient> c;
   if (!PsClient::Create(&transport, layout, o, &c).ok()) return 3;
   if (!c->Connect(20s).ok()) return 4;
   const size_t n = static_cast<size_t>(layout.total_elems());
   if (info.id == 0 && !c->Wait(c->PushInit(std::vector<float>(n, 100.0f)), 20s).ok()) return 5;
+  if (pipelined) {
+    std::vector<float> w(n), g(n);
+    if (!c->Wait(c->Pull(w, 0), 20s).ok()) return 6;  // waits for worker 0's init
+    for (int step = 0; step < steps; ++step) {
+      for (size_t i = 0; i < n; ++i) g[i] = Grad(info.id, step, i);
+      const RequestId push = c->Push(g, step);
+      const RequestId pull = c->Pull(w, step + 1);
+      if (!c->Wait(push, 20s).ok()) return 7;
+      if (!c->Wait(pull, 20s).ok()) return 8;
+    }
+    return 0;
+  }
   std::vector<float> w(n), g(n);
   for (int step = 0; step < steps; ++step) {
     if (!c->Wait(c->Pull(w, step), 20s).ok()) return 6;  // waits for worker 0's init
@@ -108,7 +129,7 @@ int WorkerProcess(const std::string& coordinator, const std::string& token, uint
   return 0;
 }
 
-TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
+void PsMultiProcess::RunExactWeights(bool pipelined) {
   constexpr int kServers = 2, kWorkers = 4, kSteps = 25;
   WriteConfig(kServers, kWorkers);
   Child coordinator({test::Binary("downpour-coordinator"), "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
@@ -122,7 +143,7 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
   std::vector<std::unique_ptr<Child>> workers;
   for (int w = 0; w < kWorkers; ++w) {
     workers.push_back(
-        std::make_unique<Child>([&] { return WorkerProcess(co, secret_, layout_.hash(), layout_, kSteps); }));
+        std::make_unique<Child>([&] { return WorkerProcess(co, secret_, layout_.hash(), layout_, kSteps, pipelined); }));
   }
   for (auto& w : workers) {
     EXPECT_EQ(w->WaitExit(60s), 0) << Log("server-0.log") << Log("coordinator.log");
@@ -151,11 +172,16 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
     ShardStatsWire st;
     ASSERT_TRUE(c->Stats(s, &st, 5s).ok());
     // Each push to a server is ceil(chunks / max_chunks_per_message) messages, each counted once.
-    const uint64_t parts = (layout_.ServerChunks(s).size() + PsClientOptions{}.max_chunks_per_message - 1) /
-                           PsClientOptions{}.max_chunks_per_message;
+    const uint64_t per = pipelined ? 1 : static_cast<uint64_t>(PsClientOptions{}.max_chunks_per_message);
+    const uint64_t parts = (layout_.ServerChunks(s).size() + per - 1) / per;
     EXPECT_EQ(st.pushes_received, parts * (kWorkers * kSteps + 1)) << "server " << s;
     EXPECT_EQ(st.pushes_applied, st.pushes_received) << "server " << s;
     EXPECT_EQ(st.pushes_rejected, 0u);
+    if (pipelined) {  // every gradient push and every pull after the first went through the region
+      EXPECT_GE(st.region_parts, 2 * parts * kWorkers * kSteps) << "server " << s;
+    } else {
+      EXPECT_EQ(st.region_parts, 0u) << "server " << s;
+    }
     EXPECT_EQ(st.chunk_updates, static_cast<uint64_t>(kWorkers * kSteps) * layout_.ServerChunks(s).size());
   }
   // Orderly end: shutdown message to each server, then the coordinator.
@@ -164,6 +190,12 @@ TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) {
   coordinator.Signal(SIGTERM);
   EXPECT_EQ(coordinator.WaitExit(10s), 0);
 }
+
+TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) { RunExactWeights(false); }
+
+// The same updates, exactly, with per-chunk pipelining: one chunk per message through shared
+// memory, push and pull in flight together, the four workers' chunks interleaved at the servers.
+TEST_F(PsMultiProcess, PipelinedPerChunkThroughSharedMemoryAppliesExactlyTheSameUpdates) { RunExactWeights(true); }
 
 // Body of a forked sync worker: `steps` iterations of pull(clock t) -> push(g, t), gradient
 // `grad` everywhere; then it exits (its heartbeats stop, as if it had crashed).
