@@ -96,10 +96,11 @@ struct PsClientOptions {
   uint32_t model_id = 0;                      // several models on one set of servers (later)
   bool checksums = false;                     // send CRC-32C per push frame (servers verify)
   // A request to one server is sent as messages of at most this many chunks (0 = one message),
-  // so the server applies part k while part k+1 is on the wire. The server validates and
+  // so the server applies part k while part k+1 is on the wire. Default: per chunk (a pull is
+  // then served and copied out chunk by chunk too). The server validates and
   // applies each message as a whole: a rejected part never applies, but the other parts of the
   // same Push may have been applied (Wait reports the first error).
-  int max_chunks_per_message = 4;
+  int max_chunks_per_message = 1;
   // Payload bytes on the wire per server at once: parts sent (push payload) or asked for (pull)
   // whose replies have not arrived. A part larger than the window goes alone. Keeps the server's
   // per-peer reply queue (cluster.peer_queue_mb) far from its bound.
