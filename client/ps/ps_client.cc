@@ -183,8 +183,8 @@ constexpr uint64_t kProbeSub = kSubMask;
 constexpr uint64_t kMaxRegisterSub = kSubMask - 1;
 // Operations a link takes from its queue at once (the byte window bounds what is on the wire).
 constexpr size_t kMaxActiveOps = 256;
-// A server that forgets this client again and again while operations wait on it is not
-// restarting, it is broken (or refuses this worker): fail rather than loop.
+// A server that forgets this client again and again with no operation completing in between is
+// not restarting, it is broken (or refuses this worker): fail rather than loop.
 constexpr int kMaxRecoveries = 16;
 
 template <typename T>
@@ -630,6 +630,7 @@ class PsClient::Impl::LinkRunner {
       a.last_reply = std::move(h);
     }
     if (a.open == 0) {
+      if (a.first_error.ok()) recoveries_ = 0;  // progress: earlier restarts are forgiven
       Complete(a, Status::Ok());
       active_.erase(it);
     }
