@@ -66,8 +66,10 @@ std::string IpcPath(std::string_view address);
 //   * something at PATH that is not a socket (a regular file ZeroMQ would delete);
 // and FailedPrecondition when a live process listens at PATH (a connect succeeds): a second server
 // must not silently steal a running server's path. A socket file nobody listens on (left by a
-// process that was killed) passes: ZeroMQ replaces it on bind. Check-then-bind is not atomic: two
-// binds racing for one fresh path can both pass; the launcher gives each server its own path.
+// process that was killed) passes: ZeroMQ replaces it on bind. (The probe connect is seen by the
+// live server as a peer that closed at once: with CurveZMQ it counts one refused connection.)
+// Check-then-bind is not atomic: two binds racing for one fresh path can both pass; the launcher
+// gives each server its own path.
 Status CheckIpcBindPath(const std::string& path, std::string_view what);
 
 // "[::1]" -> "::1"; anything else unchanged.
