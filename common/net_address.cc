@@ -6,11 +6,17 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <filesystem>
 
 namespace downpour {
 std::string_view StripBrackets(std::string_view host) {
@@ -76,7 +82,76 @@ std::vector<std::string> InterfaceAddresses() {
   return out;
 }
 
+static_assert(kIpcPathMax + 1 == sizeof(sockaddr_un::sun_path), "kIpcPathMax is sun_path less its NUL");
+
+// Creates and removes a probe file in `dir`: the one test of "can this process make a socket
+// file here" that holds for root as for anyone (see CheckIpcBindPath).
+Status ProbeWritable(const std::string& dir, const std::string& path, std::string_view named) {
+  const std::string probe = (std::filesystem::path(dir) / fmt::format(".downpour-probe-{}", ::getpid())).string();
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) return Status::Ok();  // a probe of this pid already there: the directory takes files
+    return InvalidArgument("ipc path {}{}: directory {} is not writable ({})", path, named, dir, std::strerror(err));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::Ok();
+}
+
+// True when a process accepts connections on the Unix socket at `path`.
+bool SomeoneListens(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const bool connected = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return connected;
+}
+
 }  // namespace
+
+bool IsIpcAddress(std::string_view address) { return address.substr(0, 6) == "ipc://"; }
+
+std::string IpcUrl(const std::string& path) { return "ipc://" + path; }
+
+std::string IpcPath(std::string_view address) {
+  return IsIpcAddress(address) ? std::string(address.substr(6)) : std::string();
+}
+
+Status CheckIpcBindPath(const std::string& path, std::string_view what) {
+  const std::string named = what.empty() ? std::string() : fmt::format(" (from {})", what);
+  if (path.empty()) return InvalidArgument("ipc path{}: empty (expected ipc://PATH)", named);
+  if (path.size() > kIpcPathMax) {
+    return InvalidArgument(
+        "ipc path {}{}: {} bytes, longer than the {} a Unix socket path can hold; use a shorter directory", path,
+        named, path.size(), kIpcPathMax);
+  }
+  const std::filesystem::path p(path);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : std::string(".");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    return InvalidArgument("ipc path {}{}: directory {} is not writable ({})", path, named, dir, std::strerror(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return InvalidArgument("ipc path {}{}: directory {} is not writable (not a directory)", path, named, dir);
+  }
+  DP_RETURN_IF_ERROR(ProbeWritable(dir, path, named));
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return InvalidArgument("ipc path {}{}: exists and is not a socket (binding would delete it)", path, named);
+    }
+    if (SomeoneListens(path)) {
+      return FailedPrecondition(
+          "ipc path {}{}: a live process listens there (another server of this or another run?); stop it or "
+          "choose another path",
+          path, named);
+    }
+  }
+  return Status::Ok();
+}
 
 Status ParseHostPort(std::string_view text, std::string_view what, HostPort* out) {
   constexpr std::string_view kScheme = "tcp://";

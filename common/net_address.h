@@ -9,6 +9,9 @@
 //     cluster.advertise / --advertise. A name given explicitly must resolve; it is used as given
 //     (an operator may advertise a loopback name on purpose, as a one-machine Slurm does).
 //
+//   * ipc:// addresses (Unix domain sockets, processes on one host): "ipc://PATH" made and
+//     recognised, and the checks a PATH must pass before a bind (CheckIpcBindPath).
+//
 // The host's view (its name, name resolution, interface addresses) is a HostNetwork, so tests
 // inject their own; ThisHost() is the real one.
 //
@@ -41,6 +44,33 @@ std::string FormatHostPort(const std::string& host, int port);
 std::string TcpUrl(const std::string& host, int port);
 // "tcp://host:port" (or a bare "host:port") → host and port.
 Status ParseTcpUrl(std::string_view url, HostPort* out);
+
+// ---- ipc:// (Unix domain sockets; ZeroMQ's ipc transport) ----
+// The longest socket path a Unix domain socket takes: sizeof(sockaddr_un::sun_path) - 1 on
+// Linux (107 bytes; the last byte is the terminating NUL).
+inline constexpr size_t kIpcPathMax = 107;
+// True for "ipc://...".
+bool IsIpcAddress(std::string_view address);
+// "ipc://" + path.
+std::string IpcUrl(const std::string& path);
+// The PATH of "ipc://PATH" ("" for any other address).
+std::string IpcPath(std::string_view address);
+// What a bind at "ipc://PATH" needs, checked before ZeroMQ sees it (ZeroMQ would unlink
+// whatever is at PATH, and its own errors do not say which of these went wrong). Errors
+// (InvalidArgument, "ipc path PATH: ..." with `what` — the flag or key that gave the path, ""
+// for none — named after it):
+//   * PATH empty, or longer than kIpcPathMax bytes (it would not fit in sun_path);
+//   * PATH's directory missing, not a directory, or not writable: tested by creating and
+//     removing a probe file in it, so it is exact for root too (root passes permission checks
+//     but cannot create files on a read-only mount or in /proc);
+//   * something at PATH that is not a socket (a regular file ZeroMQ would delete);
+// and FailedPrecondition when a live process listens at PATH (a connect succeeds): a second server
+// must not silently steal a running server's path. A socket file nobody listens on (left by a
+// process that was killed) passes: ZeroMQ replaces it on bind. (The probe connect is seen by the
+// live server as a peer that closed at once: with CurveZMQ it counts one refused connection.)
+// Check-then-bind is not atomic: two binds racing for one fresh path can both pass; the launcher
+// gives each server its own path.
+Status CheckIpcBindPath(const std::string& path, std::string_view what);
 
 // "[::1]" -> "::1"; anything else unchanged.
 std::string_view StripBrackets(std::string_view host);

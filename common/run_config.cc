@@ -18,6 +18,8 @@
 #include <sstream>
 #include <type_traits>
 
+#include "common/net_address.h"
+
 namespace downpour {
 namespace {
 
@@ -205,6 +207,18 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   DP_RETURN_IF_ERROR(r.Int("server_wait_ms", &c->server_wait_ms));
   DP_RETURN_IF_ERROR(r.Int("max_workers", &c->max_workers));
   DP_RETURN_IF_ERROR(r.Int("peer_queue_mb", &c->peer_queue_mb));
+  if (const toml::node* n = r.Get("transport")) {
+    const auto text = n->value<std::string>();
+    if (text && *text == "tcp") {
+      c->transport = ClusterTransport::kTcp;
+    } else if (text && *text == "ipc") {
+      c->transport = ClusterTransport::kIpc;
+    } else {
+      return r.Bad("transport", *n, "expected \"tcp\" or \"ipc\"");
+    }
+  }
+  DP_RETURN_IF_ERROR(r.String("ipc_dir", &c->ipc_dir));
+  DP_RETURN_IF_ERROR(r.Bool("shared_memory", &c->shared_memory));
   return r.Finish();
 }
 
@@ -449,6 +463,51 @@ std::string OwnShardPath(const DataConfig& data, int worker, int workers) {
   return (dir / std::to_string(worker)).string();
 }
 
+const char* ClusterTransportName(ClusterTransport transport) {
+  return transport == ClusterTransport::kIpc ? "ipc" : "tcp";
+}
+
+std::string ServerIpcPath(const ClusterConfig& cluster, const std::string& run_dir, int server) {
+  std::filesystem::path dir(cluster.ipc_dir);
+  if (cluster.ipc_dir.empty()) {
+    dir = run_dir;
+  } else if (dir.is_relative()) {
+    dir = std::filesystem::path(run_dir) / dir;
+  }
+  return (dir / fmt::format("server-{}.sock", server)).lexically_normal().string();
+}
+
+std::string ServerAddress(const ClusterConfig& cluster, const std::string& run_dir, int server) {
+  if (cluster.transport == ClusterTransport::kIpc) return IpcUrl(ServerIpcPath(cluster, run_dir, server));
+  const std::string host = IsWildcardAddress(cluster.bind) ? "127.0.0.1" : cluster.bind;
+  return TcpUrl(host, cluster.base_port + server);
+}
+
+Status CheckIpcPathLengths(const ClusterConfig& cluster, const std::string& run_dir) {
+  if (cluster.transport != ClusterTransport::kIpc) return Status::Ok();
+  // The last server has the longest name.
+  const std::string path = ServerIpcPath(cluster, run_dir, cluster.servers - 1);
+  if (path.size() <= kIpcPathMax) return Status::Ok();
+  return InvalidArgument(
+      "cluster.ipc_dir = \"{}\"{}: the socket path {} is {} bytes, longer than the {} a Unix socket path can hold; "
+      "set cluster.ipc_dir to a shorter directory, e.g. \"/tmp/{}\"",
+      cluster.ipc_dir, cluster.ipc_dir.empty() ? " (the run directory)" : "", path, path.size(), kIpcPathMax,
+      std::filesystem::path(run_dir).filename().string());
+}
+
+std::vector<std::string> RunConfigWarnings(const RunConfig& c) {
+  std::vector<std::string> out;
+  const int64_t frame = c.cluster.chunk_elems * int64_t{4};
+  if (frame >= kLargeFrameBytes) {
+    out.push_back(fmt::format(
+        "warning: cluster.chunk_elems = {} makes payload frames of {:.1f} MiB: frames of 32 MiB or more fall past "
+        "glibc's mmap threshold and page-fault on every receive (measured 10x slower than 4 MiB frames); keep it "
+        "near 1048576 (4 MiB)",
+        c.cluster.chunk_elems, static_cast<double>(frame) / (1 << 20)));
+  }
+  return out;
+}
+
 std::string DeviceString(const WorkerConfig& w) {
   return w.device == DeviceKind::kCpu ? std::string("cpu") : fmt::format("gpu:{}", w.gpu_index);
 }
@@ -492,6 +551,11 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              fmt::format("must be 0 (= workers) or >= cluster.workers ({})", cl.workers))
       .Check(cl.max_workers <= 65536, "cluster.max_workers", cl.max_workers, "must be <= 65536")
       .Check(cl.peer_queue_mb >= 1, "cluster.peer_queue_mb", cl.peer_queue_mb, "must be >= 1")
+      .Check(cl.transport != ClusterTransport::kIpc || IsLoopbackLiteral(cl.bind) || cl.bind == "localhost",
+             "cluster.transport", std::string(ClusterTransportName(cl.transport)),
+             fmt::format("ipc reaches processes on this host only, but cluster.bind = \"{}\" is for a job across "
+                         "hosts: use transport = \"tcp\" or a loopback cluster.bind",
+                         cl.bind))
       .Check(so.base_lr > 0 && std::isfinite(so.base_lr), "solver.base_lr", so.base_lr,
              "must be finite and > 0")
       .Check(so.gamma > 0 && std::isfinite(so.gamma), "solver.gamma", so.gamma,
@@ -655,6 +719,9 @@ std::string ToToml(const RunConfig& c) {
   line("server_wait_ms", num(c.cluster.server_wait_ms));
   line("max_workers", num(c.cluster.max_workers));
   line("peer_queue_mb", num(c.cluster.peer_queue_mb));
+  line("transport", str(ClusterTransportName(c.cluster.transport)));
+  line("ipc_dir", str(c.cluster.ipc_dir));
+  line("shared_memory", boolean(c.cluster.shared_memory));
   s += "\n[solver]\n";
   line("base_lr", flt(c.solver.base_lr));
   line("lr_policy", str(LrPolicyName(c.solver.lr_policy)));

@@ -44,6 +44,13 @@ struct ModelSection {
   bool operator==(const ModelSection&) const = default;
 };
 
+// How a job's servers are reached (cluster.transport).
+enum class ClusterTransport {
+  kTcp,  // tcp://<bind>:<base_port + i> (the coordinator always uses tcp)
+  kIpc,  // ipc://<ipc_dir>/server-<i>.sock: Unix domain sockets, every process on one host
+};
+const char* ClusterTransportName(ClusterTransport transport);  // "tcp" | "ipc"
+
 // [cluster] — processes and endpoints of one job.
 struct ClusterConfig {
   int servers = 1;                          // S parameter-server shards (>= 1)
@@ -72,6 +79,17 @@ struct ClusterConfig {
   // Replies a server queues for one peer whose connection is full (it does not read), in MiB;
   // past it the peer is dropped and counted (a client that never reads cannot stall a server).
   int peer_queue_mb = 256;
+  // How workers reach the servers: "tcp" or "ipc" (one host only: refused with a non-loopback
+  // cluster.bind here, and by the launcher for a job whose tasks span hosts).
+  ClusterTransport transport = ClusterTransport::kTcp;
+  // With transport = "ipc": the directory of the servers' socket files server-<i>.sock; "" = the
+  // run directory; a relative path is taken inside the run directory. A socket path must fit in
+  // 107 bytes (sun_path): the launcher refuses a longer one naming this key (no silent fallback).
+  std::string ipc_dir = "";
+  // Same-host payloads through shared memory instead of the socket (ShardOptions::shared_memory
+  // on the servers, PsClientOptions::shared_memory on the workers); servers on another host are
+  // used over the socket whatever this says.
+  bool shared_memory = true;
   bool operator==(const ClusterConfig&) const = default;
 };
 
@@ -88,6 +106,17 @@ enum class LrPolicy {
 const char* LrPolicyName(LrPolicy policy);
 // Parses "fixed" | "step" | "multistep" | "poly" | "inv" | "exp"; false if unknown.
 bool ParseLrPolicy(std::string_view text, LrPolicy* out);
+
+// The socket file of server `server` with cluster.transport = "ipc": <ipc_dir>/server-<i>.sock,
+// ipc_dir "" = `run_dir`, a relative ipc_dir inside `run_dir`.
+std::string ServerIpcPath(const ClusterConfig& cluster, const std::string& run_dir, int server);
+// The address server `server` binds and workers reach it at without a coordinator's list:
+// ipc://ServerIpcPath(...) for ipc; tcp://<bind>:<base_port + server> (a wildcard bind as
+// 127.0.0.1) for tcp.
+std::string ServerAddress(const ClusterConfig& cluster, const std::string& run_dir, int server);
+// The longest ipc socket path of the job's servers fits in sun_path; else InvalidArgument naming
+// cluster.ipc_dir, the path and its length, suggesting a shorter directory. OK for tcp.
+Status CheckIpcPathLengths(const ClusterConfig& cluster, const std::string& run_dir);
 
 // [solver] — the server-side optimizer (SGD with momentum, Caffe's semantics). The server
 // takes this struct alone.
@@ -238,6 +267,14 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
 Status ValidateRunConfig(const RunConfig& config, const std::string& source_name);
 Status ValidateRunConfig(const RunConfig& config, const std::string& source_name,
                          const std::map<std::string, std::string>& overridden);
+// Settings that work but are probably a mistake, one line each, naming the key and why (the
+// launcher prints them before it starts anything):
+//   * cluster.chunk_elems × 4 bytes >= 32 MiB: payload frames that large fall past glibc's mmap
+//     threshold and page-fault on every receive (measured 10× slower than 4 MiB frames).
+std::vector<std::string> RunConfigWarnings(const RunConfig& config);
+// The frame size (bytes) at and above which RunConfigWarnings warns about cluster.chunk_elems.
+inline constexpr int64_t kLargeFrameBytes = int64_t{32} << 20;
+
 // Every field, as TOML that ParseRunConfig reads back to an equal RunConfig (the run
 // directory stores the config used this way).
 std::string ToToml(const RunConfig& config);

@@ -13,9 +13,12 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+#include <sys/stat.h>
+
 #include <zmq.hpp>
 
 #include "common/log_limit.h"
+#include "common/net_address.h"
 
 namespace downpour {
 
@@ -88,11 +91,11 @@ std::string TcpHost(const std::string& address) {
   return colon == std::string::npos ? rest : rest.substr(0, colon);
 }
 
-bool IsIpv6Literal(const std::string& host) { return host.find(':') != std::string::npos; }
+bool HasColon(const std::string& host) { return host.find(':') != std::string::npos; }
 
 // "127.0.0.5" -> "127.0.0.5", "::1" -> "[::1]": a host as it goes before ":PORT".
 std::string HostForAddress(const std::string& host) {
-  if (IsIpv6Literal(host) && host.front() != '[') return "[" + host + "]";
+  if (HasColon(host) && host.front() != '[') return "[" + host + "]";
   return host;
 }
 
@@ -154,6 +157,8 @@ Status SendAll(zmq::socket_t& socket, const std::string* prefix, Frames& frames,
 // Receives one multipart message, waiting up to `timeout` for its first frame.
 Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames, std::chrono::milliseconds timeout,
                   const std::string& address, PeerInfo* info = nullptr) {
+  // Over ipc libzmq's Peer-Address is ":uid:gid:pid" (SO_PEERCRED), not an address.
+  const bool ipc = IsIpcAddress(address);
   try {
     zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, timeout) == 0) {
@@ -175,7 +180,7 @@ Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames, std::
         const char* user = zmq_msg_gets(msg->handle(), "User-Id");
         const char* peer = zmq_msg_gets(msg->handle(), "Peer-Address");
         info->user_id = user != nullptr ? user : "";
-        info->address = peer != nullptr ? UnmapPeerAddress(peer) : "";
+        info->address = ipc ? "ipc" : (peer != nullptr ? UnmapPeerAddress(peer) : "");
       }
       if (is_identity) {
         identity->assign(static_cast<const char*>(msg->data()), msg->size());
@@ -240,7 +245,25 @@ class ZmqServer : public ServerEndpoint {
       : impl_(impl),
         socket_(std::move(socket)),
         address_(std::move(address)),
-        drop_log_("zmq '" + address_ + "'", "dropped-peer lines") {}
+        drop_log_("zmq '" + address_ + "'", "dropped-peer lines") {
+    struct stat st {};
+    if (IsIpcAddress(address_) && ::lstat(IpcPath(address_).c_str(), &st) == 0) {
+      ipc_inode_ = st.st_ino;
+      ipc_device_ = st.st_dev;
+    }
+  }
+  // libzmq 4.3.4 leaves an ipc socket file behind when the socket closes (measured: the file
+  // outlives the process), so the endpoint removes it — only if it is still the file this
+  // endpoint bound (same device and inode), never one another server has bound there since.
+  ~ZmqServer() override {
+    socket_.close();
+    if (ipc_inode_ == 0) return;
+    const std::string path = IpcPath(address_);
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && st.st_ino == ipc_inode_ && st.st_dev == ipc_device_) {
+      ::unlink(path.c_str());
+    }
+  }
   using ServerEndpoint::Receive;
   Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -347,6 +370,8 @@ class ZmqServer : public ServerEndpoint {
   std::deque<PeerId> dropped_order_;
   std::atomic<uint64_t> dropped_count_{0};
   RateLimitedLog drop_log_;
+  ino_t ipc_inode_ = 0;  // the socket file this endpoint bound (ipc only; 0 = none)
+  dev_t ipc_device_ = 0;
 };
 
 class ZmqClient : public ClientEndpoint {
@@ -509,7 +534,8 @@ void CurveGuard::Refuse(const std::string& what) {
 }
 
 void CommonOptions(zmq::socket_t& s, const ZmqOptions& o, const std::string& address) {
-  if (o.ipv6 && (IsIpv6Literal(TcpHost(address)) || IsIpv6Literal(o.connect_source))) s.set(zmq::sockopt::ipv6, 1);
+  const std::string host = TcpHost(address);  // "" for ipc and inproc: no IPv6, no source
+  if (o.ipv6 && !host.empty() && (HasColon(host) || HasColon(o.connect_source))) s.set(zmq::sockopt::ipv6, 1);
   s.set(zmq::sockopt::linger, o.linger_ms);
   s.set(zmq::sockopt::sndtimeo, o.send_timeout_ms);
   s.set(zmq::sockopt::maxmsgsize, o.max_message_bytes);
@@ -554,6 +580,7 @@ uint64_t ZmqTransport::refused_connections() const {
 
 Status ZmqTransport::Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) {
   const bool curve = impl_->options.curve.enabled;
+  if (IsIpcAddress(address)) DP_RETURN_IF_ERROR(CheckIpcBindPath(IpcPath(address), ""));
   try {
     zmq::socket_t s(impl_->context, zmq::socket_type::router);
     CommonOptions(s, impl_->options, address);

@@ -27,10 +27,21 @@
 // about ten times a second for a ZeroMQ client (its reconnect interval); programs log the
 // callback at a bounded rate.
 //
-// Addresses: "tcp://HOST:PORT". An IPv6 literal ("tcp://[::1]:5600", bind "tcp://[::]:5600")
+// Addresses: "tcp://HOST:PORT" or "ipc://PATH" (below). An IPv6 literal ("tcp://[::1]:5600", bind "tcp://[::]:5600")
 // works when ZmqOptions::ipv6 is on: ZMQ_IPV6 is set on exactly the sockets whose address (or
 // connect_source) is an IPv6 literal, so a host name keeps resolving to its IPv4 address as it
 // always did ("localhost" stays 127.0.0.1 even where /etc/hosts also lists ::1).
+//
+// ipc ("ipc://PATH", a Unix domain socket: processes on one host, no TCP stack). Before a bind,
+// PATH is checked (common/net_address.h CheckIpcBindPath): it must fit in sun_path (107 bytes),
+// its directory must exist and take files, and nothing but a dead socket may be at PATH — a live
+// server there is refused (FailedPrecondition), not silently replaced as ZeroMQ alone would do; a
+// socket file left by a killed process is replaced. The endpoint's address() is "ipc://PATH"; its
+// socket file is removed when the endpoint is destroyed (by the endpoint: libzmq 4.3.4 leaves it;
+// only the file this endpoint bound, never one bound there since). A process killed with SIGKILL
+// leaves its file; the next bind at that path replaces it (nobody listens). connect_source and ipv6 apply to tcp
+// only. PeerInfo::address of a peer over ipc is "ipc" (a Unix socket has no network address).
+// CurveZMQ works over ipc exactly as over tcp.
 //
 // Thread-safety: see transport.h. The ZmqTransport owns the ZeroMQ context (no global one) and,
 // with curve on, one security thread (ZAP handler and handshake monitors), started by the first
@@ -65,7 +76,7 @@ struct ZmqOptions {
   size_t zero_copy_min_bytes = 4096;        // frames smaller than this are copied at send
   CurveOptions curve;                       // CurveZMQ keys; curve.enabled = false: plaintext
   bool ipv6 = true;                         // allow IPv6 literal addresses (see above)
-  // Source address of outgoing tcp connections ("127.0.0.5", "::1"); "" = any (the OS picks).
+  // Source address of outgoing tcp connections (ignored for ipc) ("127.0.0.5", "::1"); "" = any (the OS picks).
   // Servers then see this process at that address (PeerInfo::address).
   std::string connect_source;
   // Called on the security thread for each refused connection with one line saying what was

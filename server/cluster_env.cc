@@ -353,6 +353,47 @@ Status PlanMpiTask(const Environment& env, const PlanInputs& in, TaskPlan* out) 
   return Status::Ok();
 }
 
+Status CheckOneHost(const Environment& env, const TaskPlan& plan, std::string_view what) {
+  auto spans = [&](const std::string& evidence) {
+    return InvalidArgument("{} needs every process of the job on one host, but {}: use cluster.transport = \"tcp\"",
+                           what, evidence);
+  };
+  switch (plan.mode) {
+    case LaunchMode::kSlurm: {
+      for (const char* var : {"SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"}) {
+        int nodes = 0;
+        if (GetInt(env, var, &nodes).ok()) {
+          if (nodes > 1) return spans(fmt::format("{}={}", var, nodes));
+          return Status::Ok();
+        }
+      }
+      for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+        std::vector<std::string> hosts;
+        if (Get(env, var).empty() || !ParseNodeList(Get(env, var), &hosts).ok()) continue;
+        if (hosts.size() > 1) return spans(fmt::format("{}={} lists {} nodes", var, Get(env, var), hosts.size()));
+        return Status::Ok();
+      }
+      return Status::Ok();
+    }
+    case LaunchMode::kMpi:
+      for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+        int local = 0;
+        if (GetInt(env, var, &local).ok()) {
+          if (local < plan.size) return spans(fmt::format("{}={} of {} ranks run on this node", var, local, plan.size));
+          return Status::Ok();
+        }
+      }
+      return Status::Ok();
+    case LaunchMode::kByHand: {
+      HostPort coordinator;
+      if (!ParseHostPort(plan.coordinator, "--coordinator", &coordinator).ok()) return Status::Ok();
+      if (IsLoopbackLiteral(coordinator.host) || coordinator.host == "localhost") return Status::Ok();
+      return spans(fmt::format("--coordinator {} is not a loopback address", plan.coordinator));
+    }
+  }
+  return Status::Ok();
+}
+
 Status PlanByHandTask(const PlanInputs& in, TaskPlan* out) {
   *out = TaskPlan{};
   out->mode = LaunchMode::kByHand;

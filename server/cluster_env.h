@@ -81,6 +81,17 @@ struct PlanInputs {
   int flag_id = -1;                // --id (by hand; -1 = not given)
 };
 
+// Whether the job of `plan` may span hosts, for settings that need every process on one host
+// (cluster.transport = "ipc"; `what` names the setting in the error). InvalidArgument, naming
+// `what` and the evidence, when:
+//   Slurm   the step's node count (SLURM_STEP_NUM_NODES, else SLURM_JOB_NUM_NODES / SLURM_NNODES,
+//           else the node list's length) is above 1;
+//   MPI     the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE, else MPI_LOCALNRANKS) are fewer
+//           than the job's; unknown = allowed;
+//   hand    the coordinator's host is not a loopback address or "localhost" (a job started by
+//           hand on one host names it so).
+Status CheckOneHost(const Environment& env, const TaskPlan& plan, std::string_view what);
+
 Status PlanSlurmTask(const Environment& env, const PlanInputs& in, TaskPlan* out);
 Status PlanMpiTask(const Environment& env, const PlanInputs& in, TaskPlan* out);
 Status PlanByHandTask(const PlanInputs& in, TaskPlan* out);

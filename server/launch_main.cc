@@ -56,6 +56,13 @@
 // A --*-cmd override replaces a role's program with a shell command that receives the same
 // arguments: /bin/sh -c 'exec CMD "$@"' ... (the load benchmark's synthetic workers).
 //
+// cluster.transport = "ipc" (one host): the servers bind ipc://<cluster.ipc_dir, default D>/server-<i>.sock.
+// Checked before any child starts: every socket path fits in 107 bytes (else one error naming
+// cluster.ipc_dir), the directory takes files, no live server listens at a path, and in cluster
+// mode the job runs on one host (server/cluster_env.h CheckOneHost). RunConfigWarnings
+// (common/run_config.h, e.g. a cluster.chunk_elems that makes frames >= 32 MiB) are printed to
+// stderr as "[launch] warning: ..." lines; they do not stop the job.
+//
 // Before any child starts, the launcher checks the network setup every child will make
 // (common/process_net.h: keys, the loopback rule, advertise hosts) and, without keys, creates
 // the run's secret D/secret (mode 0600) that its children put on register and admin messages.
@@ -387,6 +394,27 @@ Status CheckNetwork(const RunConfig& cfg, const NetFlags& flags, NetRole role, b
 int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
            const std::function<void(MetricsWriter*)>& write_start, int min_succeeded = 1);
 
+// One "[launch] warning: ..." line per setting that works but is probably a mistake.
+void PrintWarnings(const RunConfig& cfg) {
+  for (const std::string& w : RunConfigWarnings(cfg)) std::fprintf(stderr, "[launch] %s\n", w.c_str());
+}
+
+// With cluster.transport = "ipc", once the run directory exists (the socket paths' lengths are
+// checked before: CheckIpcPathLengths): a relative cluster.ipc_dir is made inside it, and each
+// socket path's directory must take files with no live server listening there (another run
+// sharing cluster.ipc_dir). `first`..`last` are the servers this launcher starts.
+Status CheckIpcPaths(const RunConfig& cfg, const std::string& run_dir, int first, int last) {
+  if (cfg.cluster.transport != ClusterTransport::kIpc) return Status::Ok();
+  if (!cfg.cluster.ipc_dir.empty() && fs::path(cfg.cluster.ipc_dir).is_relative()) {
+    std::error_code ec;
+    fs::create_directories(fs::path(run_dir) / cfg.cluster.ipc_dir, ec);  // a failure is reported below
+  }
+  for (int i = first; i <= last; ++i) {
+    DP_RETURN_IF_ERROR(CheckIpcBindPath(ServerIpcPath(cfg.cluster, run_dir, i), "cluster.ipc_dir"));
+  }
+  return Status::Ok();
+}
+
 // Returns the process exit code; errors before any child starts are printed and give 2.
 int Launch(const LaunchFlags& f) {
   const bool resuming = !f.resume.empty();
@@ -399,6 +427,7 @@ int Launch(const LaunchFlags& f) {
                    .string()
              : std::string();
   if (s.ok() && !resuming) s = CheckRunDirIsNew(run_dir);
+  if (s.ok()) s = CheckIpcPathLengths(cfg.cluster, run_dir);
   // Inputs are checked before anything starts (a stand-in worker command brings its own).
   if (s.ok() && f.worker_cmd.empty()) s = CheckRunInputs(cfg, resuming ? run_dir + "/config.toml" : f.config);
   // So are the keys, the loopback rule and the advertise hosts every child will set up.
@@ -419,6 +448,7 @@ int Launch(const LaunchFlags& f) {
     fs::create_directories(fs::path(run_dir) / "logs", ec);
     if (ec) s = IoError("{}: cannot create run directory: {}", run_dir, ec.message());
   }
+  if (s.ok()) s = CheckIpcPaths(cfg, run_dir, 0, cfg.cluster.servers - 1);
   if (s.ok() && !resuming) s = WriteFileAtomic((fs::path(run_dir) / "config.toml").string(), ToToml(cfg));
   // Without keys the children authorise register and admin messages with the run's secret;
   // made here, before any of them starts, so they all read this one.
@@ -429,6 +459,7 @@ int Launch(const LaunchFlags& f) {
                                   (fs::path(run_dir) / "logs" / "tensors.log").string());
   }
   if (!s.ok()) return cli::Fail("downpour-launch", s, SetupExit(s));
+  PrintWarnings(cfg);
   if (resuming) {
     std::printf("[launch] resuming run %s from %s (servers recover their checkpoints and logs, workers their progress)\n",
                 cfg.run.name.c_str(), run_dir.c_str());
@@ -636,6 +667,10 @@ int LaunchTask(const LaunchFlags& f) {
   }
   std::string run_dir;
   if (s.ok()) s = TaskRunDir(f, cfg, plan, &run_dir);
+  if (s.ok() && cfg.cluster.transport == ClusterTransport::kIpc) {
+    s = CheckOneHost(ProcessEnvironment(), plan, "cluster.transport = \"ipc\"");
+    if (s.ok()) s = CheckIpcPathLengths(cfg.cluster, run_dir);
+  }
   if (s.ok()) s = CheckTaskFilesAreNew(run_dir, plan.FileStem());
   // Inputs this role reads (a stand-in command brings its own).
   const bool worker = plan.role == TaskRole::kWorker;
@@ -660,6 +695,7 @@ int LaunchTask(const LaunchFlags& f) {
     fs::create_directories(fs::path(run_dir) / "logs", ec);
     if (ec) s = IoError("{}: cannot create run directory: {}", run_dir, ec.message());
   }
+  if (s.ok() && plan.role == TaskRole::kServer) s = CheckIpcPaths(cfg, run_dir, plan.id, plan.id);
   if (s.ok()) s = WriteSharedConfig(run_dir, ToToml(cfg));
   std::string secret;
   if (s.ok() && !keyed) s = EnsureRunSecret(run_dir, &secret);
@@ -669,6 +705,7 @@ int LaunchTask(const LaunchFlags& f) {
         (fs::path(run_dir) / "logs" / fmt::format("tensors-{}.log", plan.FileStem())).string());
   }
   if (!s.ok()) return cli::Fail("downpour-launch", s, SetupExit(s));
+  PrintWarnings(cfg);
   std::printf("[launch] run %s: %d server(s), %d worker(s), %s; coordinator %s; run dir %s\n", cfg.run.name.c_str(),
               cfg.cluster.servers, cfg.cluster.workers, ConsistencyModeString(cfg.consistency).c_str(),
               plan.coordinator.c_str(), run_dir.c_str());

@@ -6,6 +6,8 @@
 //                   [--bind ADDR] [--advertise HOST] [--coordinator HOST:PORT]
 //
 // Binds tcp://<--bind or cluster.bind>:<cluster.base_port + i> (or --port; 0 = the OS picks),
+// or with cluster.transport = "ipc" the Unix socket ipc://<cluster.ipc_dir, default D>/server-<i>.sock
+// (common/run_config.h ServerIpcPath; --port is then refused), and
 // registers the advertised address (--advertise, cluster.advertise, or derived from the bind:
 // common/process_net.h) with the coordinator, which hands it to the workers, and writes it to
 // D/server-<i>.addr. With security.keys the endpoint is a CurveZMQ server that accepts only the
@@ -85,6 +87,16 @@ int64_t RejectedFor(const ShardStatsWire& st, RejectReason reason) {
   return i < st.rejected_by_reason.size() ? static_cast<int64_t>(st.rejected_by_reason[i]) : 0;
 }
 
+// The run directory as an absolute path: an ipc address is handed to workers that may run
+// elsewhere in the file tree.
+std::string AbsoluteRunDir(const Flags& f) { return std::filesystem::absolute(f.run_dir).lexically_normal().string(); }
+
+// tcp://<bind>:<port> or, with cluster.transport = "ipc", ipc://<ipc_dir>/server-<id>.sock.
+std::string BindAddress(const Flags& f, const RunConfig& cfg, const ProcessNet& net) {
+  if (cfg.cluster.transport == ClusterTransport::kIpc) return ServerAddress(cfg.cluster, AbsoluteRunDir(f), f.id);
+  return net.BindUrl(f.port >= 0 ? f.port : cfg.cluster.base_port + f.id);
+}
+
 // `*serving` turns true once setup (config, tensor list, layout, restore, bind, rendezvous) is
 // done: an error before that exits 2 for bad input, after it 1 (cli.h).
 Status Run(const Flags& f, bool* serving) {
@@ -98,6 +110,13 @@ Status Run(const Flags& f, bool* serving) {
   // Addresses, keys and the run secret, checked before anything binds.
   ProcessNet net;
   DP_RETURN_IF_ERROR(SetUpProcessNet(cfg, f.net, NetRole::kServer, f.standalone ? "" : f.run_dir, &net));
+  if (cfg.cluster.transport == ClusterTransport::kIpc) {
+    if (f.port >= 0) {
+      return InvalidArgument("--port {}: cluster.transport = \"ipc\" binds a Unix socket ({}), not a port", f.port,
+                             ServerAddress(cfg.cluster, AbsoluteRunDir(f), f.id));
+    }
+    DP_RETURN_IF_ERROR(CheckIpcPathLengths(cfg.cluster, AbsoluteRunDir(f)));
+  }
 
   ShardOptions o;
   o.server_id = f.id;
@@ -108,6 +127,7 @@ Status Run(const Flags& f, bool* serving) {
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
   o.max_workers = cfg.cluster.max_workers;
+  o.shared_memory = cfg.cluster.shared_memory;
   if (cfg.checkpoint.wal) o.wal_path = ServerWalPath(f.run_dir, cfg.checkpoint, f.id);
   o.wal_fsync_ms = std::chrono::milliseconds(cfg.checkpoint.wal_fsync_ms);
   o.checkpoint_every_updates = cfg.checkpoint.every_updates;
@@ -157,9 +177,8 @@ Status Run(const Flags& f, bool* serving) {
   }
   DP_RETURN_IF_ERROR(shard->OpenLog());
 
-  const int port = f.port >= 0 ? f.port : cfg.cluster.base_port + f.id;
   std::unique_ptr<ServerEndpoint> endpoint;
-  DP_RETURN_IF_ERROR(transport.Bind(net.BindUrl(port), &endpoint));
+  DP_RETURN_IF_ERROR(transport.Bind(BindAddress(f, cfg, net), &endpoint));
   const std::string address = net.AdvertisedUrl(endpoint->address());
   DP_RETURN_IF_ERROR(WriteFileAtomic(ResolveInRunDir(f.run_dir, fmt::format("server-{}.addr", f.id)), address + "\n"));
   spdlog::info("server {}/{}: {} chunks, {} floats, layout hash {:#018x}", f.id, layout.servers(),

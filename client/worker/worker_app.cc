@@ -131,12 +131,13 @@ Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net
   return Status::Ok();
 }
 
-// Server i listens on <bind>:<base_port + i> (the launcher's convention); a wildcard bind is
-// reached through loopback on this machine.
-std::vector<std::string> ServerAddresses(const ClusterConfig& c) {
-  const std::string host = (c.bind == "0.0.0.0" || c.bind == "*") ? "127.0.0.1" : c.bind;
+// Server i listens on <bind>:<base_port + i> (the launcher's convention; a wildcard bind is
+// reached through loopback on this machine), or with cluster.transport = "ipc" at
+// ipc://<ipc_dir>/server-<i>.sock (common/run_config.h ServerAddress).
+std::vector<std::string> ServerAddresses(const ClusterConfig& c, const std::string& run_dir) {
+  const std::string dir = std::filesystem::absolute(run_dir).lexically_normal().string();
   std::vector<std::string> out;
-  for (int i = 0; i < c.servers; ++i) out.push_back(fmt::format("tcp://{}:{}", host, c.base_port + i));
+  for (int i = 0; i < c.servers; ++i) out.push_back(ServerAddress(c, dir, i));
   return out;
 }
 
@@ -284,9 +285,13 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   RendezvousClient* link = cluster->rendezvous.get();
   const RendezvousInfo& info = cluster->info;
   PsClientOptions po;
-  po.server_addresses = info.server_addresses.empty() ? ServerAddresses(config.cluster) : info.server_addresses;
+  po.server_addresses =
+      info.server_addresses.empty() ? ServerAddresses(config.cluster, args.run_dir) : info.server_addresses;
   po.worker_id = args.id;
   po.token = pnet.token;
+  // Same-host payloads through shared memory (cluster.shared_memory); a server that offers none
+  // is used over the socket.
+  po.shared_memory = config.cluster.shared_memory;
   // Sync/ssp servers hold a pull until it is servable, up to the wait below: a reply must not
   // time out earlier than that. A server that answers nothing (restarting) is waited for up to
   // cluster.server_wait_ms, then the request fails naming it.

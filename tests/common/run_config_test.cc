@@ -346,5 +346,82 @@ TEST(RunConfigSetTest, NewKeysRoundTripThroughToToml) {
   EXPECT_EQ(back, c);
 }
 
+// ---- cluster.transport, cluster.ipc_dir, cluster.shared_memory; warnings -------------------
+
+TEST(RunConfigClusterTransportTest, DefaultsAreTcpRunDirAndSharedMemory) {
+  const RunConfig c = ParseOk("");
+  EXPECT_EQ(c.cluster.transport, ClusterTransport::kTcp);
+  EXPECT_EQ(c.cluster.ipc_dir, "");
+  EXPECT_TRUE(c.cluster.shared_memory);
+}
+
+TEST(RunConfigClusterTransportTest, IpcParsesRoundTripsAndNamesTheSockets) {
+  const RunConfig c =
+      ParseOk("[cluster]\nservers = 3\ntransport = \"ipc\"\nipc_dir = \"/tmp/j\"\nshared_memory = false\n");
+  EXPECT_EQ(c.cluster.transport, ClusterTransport::kIpc);
+  EXPECT_FALSE(c.cluster.shared_memory);
+  RunConfig back;
+  ASSERT_TRUE(ParseRunConfig(ToToml(c), "roundtrip", &back).ok());
+  EXPECT_EQ(back, c);
+  EXPECT_EQ(ServerIpcPath(c.cluster, "/runs/r1", 2), "/tmp/j/server-2.sock");
+  EXPECT_EQ(ServerAddress(c.cluster, "/runs/r1", 0), "ipc:///tmp/j/server-0.sock");
+  ClusterConfig in_run = c.cluster;
+  in_run.ipc_dir = "";
+  EXPECT_EQ(ServerIpcPath(in_run, "/runs/r1", 1), "/runs/r1/server-1.sock");
+  in_run.ipc_dir = "sock";
+  EXPECT_EQ(ServerIpcPath(in_run, "/runs/r1", 1), "/runs/r1/sock/server-1.sock");
+  // tcp: the launcher's port convention, a wildcard bind reached through loopback.
+  ClusterConfig tcp;
+  tcp.bind = "0.0.0.0";
+  EXPECT_EQ(ServerAddress(tcp, "/runs/r1", 1), "tcp://127.0.0.1:5601");
+}
+
+TEST(RunConfigClusterTransportTest, UnknownTransportIsRefusedNamingTheKey) {
+  EXPECT_THAT(ParseError("[cluster]\ntransport = \"shm\"\n"),
+              HasSubstr("cluster.transport = \"shm\": expected \"tcp\" or \"ipc\""));
+}
+
+TEST(RunConfigClusterTransportTest, IpcWithAnOffHostBindIsRefusedNamingTransport) {
+  const std::string e = ParseError("[cluster]\ntransport = \"ipc\"\nbind = \"0.0.0.0\"\n");
+  EXPECT_THAT(e, HasSubstr("cluster.transport = \"ipc\""));
+  EXPECT_THAT(e, HasSubstr("cluster.bind = \"0.0.0.0\""));
+  Status s;
+  WithSets("[cluster]\nbind = \"10.0.0.5\"\n", {"cluster.transport=ipc"}, &s);
+  EXPECT_THAT(s.message(), HasSubstr("--set cluster.transport=ipc: cluster.transport"));
+  // Loopback binds are one host.
+  ParseOk("[cluster]\ntransport = \"ipc\"\nbind = \"127.0.0.1\"\n");
+  ParseOk("[cluster]\ntransport = \"ipc\"\nbind = \"localhost\"\n");
+}
+
+TEST(RunConfigClusterTransportTest, SocketPathTooLongForSunPathNamesIpcDir) {
+  RunConfig c = ParseOk("[cluster]\nservers = 12\ntransport = \"ipc\"\n");
+  const std::string deep = "/" + std::string(95, 'd');  // + "/server-11.sock": 111 bytes
+  Status s = CheckIpcPathLengths(c.cluster, deep);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("cluster.ipc_dir = \"\" (the run directory)"));
+  EXPECT_THAT(s.message(), HasSubstr(deep + "/server-11.sock"));  // the longest of the job's paths
+  EXPECT_THAT(s.message(), HasSubstr("set cluster.ipc_dir to a shorter directory"));
+  c.cluster.ipc_dir = "/tmp/short";
+  EXPECT_TRUE(CheckIpcPathLengths(c.cluster, deep).ok());
+  c.cluster.transport = ClusterTransport::kTcp;
+  c.cluster.ipc_dir = "";
+  EXPECT_TRUE(CheckIpcPathLengths(c.cluster, deep).ok());  // tcp has no socket paths
+}
+
+TEST(RunConfigWarningsTest, ChunksOf32MiBOrMoreAreWarnedNamingKeySizeAndWhy) {
+  EXPECT_TRUE(RunConfigWarnings(RunConfig{}).empty());  // 4 MiB frames: no warning
+  RunConfig c;
+  c.cluster.chunk_elems = (int64_t{32} << 20) / 4 - 1;  // just under 32 MiB
+  EXPECT_TRUE(RunConfigWarnings(c).empty());
+  c.cluster.chunk_elems = (int64_t{32} << 20) / 4;  // exactly 32 MiB
+  std::vector<std::string> w = RunConfigWarnings(c);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_THAT(w[0], HasSubstr("cluster.chunk_elems = 8388608"));
+  EXPECT_THAT(w[0], HasSubstr("32.0 MiB"));
+  EXPECT_THAT(w[0], HasSubstr("mmap threshold"));
+  // A warning, not an error: the config is valid.
+  EXPECT_TRUE(ValidateRunConfig(c, "big.toml").ok());
+}
+
 }  // namespace
 }  // namespace downpour

@@ -2,15 +2,23 @@
 // ZeroMQ does: CurveZMQ (keyed clients get through with their role as user id, every other
 // client gets no reply and is counted), IPv6 and the source address of outgoing connections,
 // and a server no client can stall (a peer that never reads is dropped and counted, its
-// queued frames freed, while another peer is served; a slow reader gets its replies in order).
+// queued frames freed, while another peer is served; a slow reader gets its replies in order);
+// and ipc:// (Unix domain sockets): the contract suite again ("zmq-ipc"), paths that cannot be
+// bound refused naming the path and why, a live server's path never stolen, a dead one's
+// reused, the socket file removed on close, CurveZMQ over ipc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/stat.h>
+
 #include <atomic>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
 #include "common/inproc_transport.h"
+#include "common/net_address.h"
 #include "common/security.h"
 #include "common/zmq_transport.h"
 #include "tests/testing/harness.h"
@@ -20,17 +28,43 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A short fresh directory for ipc sockets (ScratchDir's names carry the test's name, which can
+// pass the 107 bytes of a socket path), removed by the destructor.
+class ShortDir {
+ public:
+  ShortDir() {
+    char tmpl[] = "/tmp/dp-ipc-XXXXXX";
+    const char* made = ::mkdtemp(tmpl);
+    EXPECT_NE(made, nullptr);
+    if (made != nullptr) path_ = made;
+  }
+  ~ShortDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  ShortDir(const ShortDir&) = delete;
+  ShortDir& operator=(const ShortDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() == "zmq") {
       transport_ = std::make_unique<ZmqTransport>();
       address_ = "tcp://127.0.0.1:0";
+    } else if (GetParam() == "zmq-ipc") {
+      transport_ = std::make_unique<ZmqTransport>();
+      address_ = IpcUrl(dir_.path() + "/shard0.sock");
     } else {
       transport_ = std::make_unique<InprocTransport>();
       address_ = "shard0";
     }
   }
+  ShortDir dir_;  // declared first: removed after the transport and its endpoints are gone
   std::unique_ptr<Transport> transport_;
   std::string address_;
 };
@@ -125,7 +159,10 @@ TEST_P(TransportTest, ReplyToUnknownPeerFails) {
   EXPECT_EQ(server->dropped_peers(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Both, TransportTest, ::testing::Values("inproc", "zmq"));
+INSTANTIATE_TEST_SUITE_P(All, TransportTest, ::testing::Values("inproc", "zmq", "zmq-ipc"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return p.param == "zmq-ipc" ? std::string("zmq_ipc") : p.param;
+                         });
 
 // ---- ZeroMQ only ---------------------------------------------------------------------------
 
@@ -323,6 +360,153 @@ TEST(ZmqAddresses, ConnectSourceIsThePeerAddressTheServerSees) {
   PeerInfo info;
   EXPECT_EQ(Exchange(client_transport, *server, "from .5", &info), "re:from .5");
   EXPECT_EQ(info.address, "127.0.0.5");
+}
+
+// ---- ipc:// --------------------------------------------------------------------------------
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+TEST(ZmqIpc, RoundTripWithTheIpcAddressAndIpcAsThePeerAddress) {
+  ShortDir dir;
+  const std::string path = dir.path() + "/server-0.sock";
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(transport.Bind(IpcUrl(path), &server).ok());
+  EXPECT_EQ(server->address(), "ipc://" + path);
+  EXPECT_TRUE(Exists(path));
+  PeerInfo info;
+  EXPECT_EQ(Exchange(transport, *server, "over ipc", &info), "re:over ipc");
+  EXPECT_EQ(info.address, "ipc");  // not libzmq's ":uid:gid:pid"
+}
+
+TEST(ZmqIpc, SocketFileIsRemovedWhenTheEndpointCloses) {
+  ShortDir dir;
+  const std::string path = dir.path() + "/gone.sock";
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(transport.Bind(IpcUrl(path), &server).ok());
+  ASSERT_TRUE(Exists(path));
+  server.reset();
+  EXPECT_FALSE(Exists(path)) << path << " left behind after its endpoint closed";
+  // And the path binds again at once, in the same transport.
+  ASSERT_TRUE(transport.Bind(IpcUrl(path), &server).ok());
+  EXPECT_EQ(Exchange(transport, *server, "again"), "re:again");
+}
+
+TEST(ZmqIpc, MissingDirectoryIsRefusedNamingThePathAndTheDirectory) {
+  // Root can write anywhere permissions allow, so the tests use directories nobody can create
+  // files in: one that does not exist, and /proc (a pseudo file system).
+  ShortDir dir;
+  const std::string path = dir.path() + "/no/such/dir/s.sock";
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  const Status s = transport.Bind(IpcUrl(path), &server);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ipc path " + path));
+  EXPECT_THAT(s.message(), HasSubstr("directory " + dir.path() + "/no/such/dir is not writable"));
+}
+
+TEST(ZmqIpc, DirectoryThatTakesNoFilesIsRefusedEvenForRoot) {
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  const Status s = transport.Bind("ipc:///proc/self/downpour.sock", &server);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ipc path /proc/self/downpour.sock: directory /proc/self is not writable"));
+  EXPECT_EQ(server, nullptr);
+}
+
+TEST(ZmqIpc, PathLongerThanSunPathIsRefusedNamingItsLength) {
+  ShortDir dir;
+  const std::string path = dir.path() + "/" + std::string(kIpcPathMax + 1 - dir.path().size(), 'x') + ".sock";
+  ASSERT_GT(path.size(), kIpcPathMax);
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  const Status s = transport.Bind(IpcUrl(path), &server);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ipc path " + path));
+  EXPECT_THAT(s.message(), HasSubstr(fmt::format("{} bytes, longer than the 107", path.size())));
+  // The longest path that fits binds.
+  const std::string fits = dir.path() + "/" + std::string(kIpcPathMax - dir.path().size() - 1, 'y');
+  ASSERT_EQ(fits.size(), kIpcPathMax);
+  EXPECT_TRUE(transport.Bind(IpcUrl(fits), &server).ok());
+}
+
+TEST(ZmqIpc, ALiveServersPathIsNotStolen) {
+  ShortDir dir;
+  const std::string path = dir.path() + "/live.sock";
+  ZmqTransport first(ClientOptions());
+  std::unique_ptr<ServerEndpoint> live;
+  ASSERT_TRUE(first.Bind(IpcUrl(path), &live).ok());
+  ZmqTransport second(ClientOptions());
+  std::unique_ptr<ServerEndpoint> thief;
+  const Status s = second.Bind(IpcUrl(path), &thief);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("a live process listens there"));
+  // The first server still gets its clients.
+  EXPECT_EQ(Exchange(second, *live, "still yours"), "re:still yours");
+}
+
+TEST(ZmqIpc, AStaleSocketFileOfADeadProcessIsReplaced) {
+  ShortDir dir;
+  const std::string path = dir.path() + "/stale.sock";
+  // A process that binds and dies without closing (SIGKILL leaves the file behind).
+  test::Child dead([&] {
+    ZmqTransport t;
+    std::unique_ptr<ServerEndpoint> s;
+    if (!t.Bind(IpcUrl(path), &s).ok()) return 3;
+    ::raise(SIGKILL);
+    return 0;
+  });
+  EXPECT_EQ(dead.WaitExit(10s), 128 + SIGKILL);
+  ASSERT_TRUE(Exists(path)) << "the killed process left no socket file";
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  const Status s = transport.Bind(IpcUrl(path), &server);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Exchange(transport, *server, "fresh"), "re:fresh");
+}
+
+TEST(ZmqIpc, AFileThatIsNotASocketIsNotDeleted) {
+  ShortDir dir;
+  const std::string path = dir.path() + "/data.bin";
+  test::WriteFile(path, "precious");
+  ZmqTransport transport(ClientOptions());
+  std::unique_ptr<ServerEndpoint> server;
+  const Status s = transport.Bind(IpcUrl(path), &server);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("exists and is not a socket"));
+  EXPECT_EQ(test::ReadFile(path), "precious");
+}
+
+TEST(ZmqIpc, CurveZmqWorksOverIpc) {
+  const auto scratch = test::ScratchDir("curve_ipc");
+  const std::string keys = (scratch / "keys").string();
+  ASSERT_TRUE(MakeClusterKeys(keys).ok());
+  auto load = [&](KeyRole role, bool bind) {
+    CurveOptions curve;
+    EXPECT_TRUE(LoadCurveKeys(keys, role, bind, &curve).ok());
+    return curve;
+  };
+  ShortDir dir;
+  ZmqOptions o = ClientOptions(load(KeyRole::kServer, true));
+  ZmqTransport server_transport(o);
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(server_transport.Bind(IpcUrl(dir.path() + "/curve.sock"), &server).ok());
+  ZmqTransport worker(ClientOptions(load(KeyRole::kWorker, false)));
+  PeerInfo info;
+  EXPECT_EQ(Exchange(worker, *server, "keyed", &info), "re:keyed");
+  EXPECT_EQ(info.user_id, "worker");
+  EXPECT_EQ(info.address, "ipc");
+  // A plaintext client gets nothing and is counted, as over tcp.
+  ZmqTransport plain(ClientOptions());
+  EXPECT_EQ(Exchange(plain, *server, "let me in", nullptr, 1500ms), "");
+  for (int i = 0; i < 300 && server_transport.refused_connections() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GT(server_transport.refused_connections(), 0u);
+  server.reset();
+  std::filesystem::remove_all(scratch);
 }
 
 // ---- A server no client can stall ------------------------------------------------------------

@@ -249,5 +249,40 @@ TEST(ByHandPlan, RoleIdAndCoordinatorFromFlags) {
   EXPECT_THAT(error("server", 0, "nohost"), HasSubstr("--coordinator = 'nohost': expected host:port"));
 }
 
+// cluster.transport = "ipc" needs one host: a multi-node job is refused naming the setting and
+// the evidence; one node (or no evidence) passes.
+TEST(OneHost, MultiNodeJobsAreRefusedNamingTheSettingAndTheEvidence) {
+  const std::string what = "cluster.transport = \"ipc\"";
+  TaskPlan slurm;
+  slurm.mode = LaunchMode::kSlurm;
+  slurm.size = 4;
+  Status s = CheckOneHost({{"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_STEP_NODELIST", "n[1-2]"}}, slurm, what);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("cluster.transport = \"ipc\" needs every process of the job on one host"));
+  EXPECT_THAT(s.message(), HasSubstr("SLURM_STEP_NUM_NODES=2"));
+  s = CheckOneHost({{"SLURM_JOB_NODELIST", "n[1-3]"}}, slurm, what);
+  EXPECT_THAT(s.message(), HasSubstr("SLURM_JOB_NODELIST=n[1-3] lists 3 nodes"));
+  EXPECT_TRUE(CheckOneHost({{"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_JOB_NODELIST", "n[1-3]"}}, slurm, what).ok());
+  EXPECT_TRUE(CheckOneHost({{"SLURM_STEP_NODELIST", "localhost"}}, slurm, what).ok());
+
+  TaskPlan mpi;
+  mpi.mode = LaunchMode::kMpi;
+  mpi.size = 6;
+  s = CheckOneHost({{"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}}, mpi, what);
+  EXPECT_THAT(s.message(), HasSubstr("OMPI_COMM_WORLD_LOCAL_SIZE=3 of 6 ranks run on this node"));
+  EXPECT_TRUE(CheckOneHost({{"MPI_LOCALNRANKS", "6"}}, mpi, what).ok());
+  EXPECT_TRUE(CheckOneHost({}, mpi, what).ok());  // unknown: allowed
+
+  TaskPlan hand;
+  hand.mode = LaunchMode::kByHand;
+  hand.coordinator = "n1:5555";
+  s = CheckOneHost({}, hand, what);
+  EXPECT_THAT(s.message(), HasSubstr("--coordinator n1:5555 is not a loopback address"));
+  hand.coordinator = "127.0.0.1:5555";
+  EXPECT_TRUE(CheckOneHost({}, hand, what).ok());
+  hand.coordinator = "localhost:5555";
+  EXPECT_TRUE(CheckOneHost({}, hand, what).ok());
+}
+
 }  // namespace
 }  // namespace downpour
