@@ -6,7 +6,7 @@
 //    loop on a peer that does not read (ZeroMQ: queued per peer, the peer dropped past a bound).
 //  * ClientEndpoint: DEALER semantics. One per server; sends requests, receives replies in the
 //    order the server sent them.
-//  * Transport: a factory for both. ZmqTransport (common/zmq_transport.h, tcp) and
+//  * Transport: a factory for both. ZmqTransport (common/zmq_transport.h, tcp:// and ipc://) and
 //    InprocTransport (common/inproc_transport.h, threads in one process) implement it.
 //
 // A message is a vector of Frames: frames[0] is the encoded header (common/codec.h), frames
