@@ -1,5 +1,6 @@
 #include "bench/ps/pipelined_zmq.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -142,7 +143,7 @@ struct WorkerLatencies {
 // One worker's rounds. `started` counts workers past warmup; the first one sets `t0` and turns
 // `timing` on for the servers.
 void RunWorker(const ParamLayout& layout, const PipelinedOptions& o, std::atomic<int>& started,
-               std::atomic<bool>& timing, Clock::time_point& t0, WorkerLatencies* lat) {
+               std::atomic<bool>& timing, Clock::time_point& t0, Clock::time_point* done, WorkerLatencies* lat) {
   const int servers = layout.servers();
   zmq::context_t ctx(2);
   std::vector<zmq::socket_t> dealers;
@@ -215,6 +216,7 @@ void RunWorker(const ParamLayout& layout, const PipelinedOptions& o, std::atomic
       }
     }
   }
+  *done = Clock::now();  // before the sockets and the context are torn down
 }
 
 }  // namespace
@@ -242,13 +244,14 @@ PipelinedResult RunPipelinedZmq(const ParamLayout& layout, int workers, const Pi
   std::atomic<int> started{0};
   Clock::time_point t0;
   std::vector<WorkerLatencies> lat(static_cast<size_t>(workers));
+  std::vector<Clock::time_point> done(static_cast<size_t>(workers));  // each worker's last round end
   std::vector<std::thread> worker_threads;
   for (int w = 0; w < workers; ++w) {
     worker_threads.emplace_back(RunWorker, std::cref(layout), std::cref(o), std::ref(started), std::ref(timing),
-                                std::ref(t0), &lat[static_cast<size_t>(w)]);
+                                std::ref(t0), &done[static_cast<size_t>(w)], &lat[static_cast<size_t>(w)]);
   }
   for (auto& t : worker_threads) t.join();
-  const Clock::time_point t1 = Clock::now();
+  const Clock::time_point t1 = *std::max_element(done.begin(), done.end());
   for (auto& t : server_threads) t.join();
 
   PipelinedResult result;

@@ -252,7 +252,10 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   std::vector<ShardStatsWire> stats_at_start(static_cast<size_t>(servers));
   std::atomic<int> at_start{0};
   std::atomic<int> init_done{0};
-  std::chrono::steady_clock::time_point t0, t1;
+  std::chrono::steady_clock::time_point t0;
+  // When each worker's last round ended: the timed span stops at the last of them, before the
+  // clients and transports are torn down (not part of a round).
+  std::vector<std::chrono::steady_clock::time_point> done(static_cast<size_t>(workers));
   double cpu0 = 0;
   std::vector<std::thread> threads;
   std::vector<Status> worker_status(static_cast<size_t>(workers));
@@ -290,13 +293,14 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
           DP_RETURN_IF_ERROR(client->Wait(push, 120s));
           DP_RETURN_IF_ERROR(client->Wait(pull, 120s));
         }
+        done[static_cast<size_t>(w)] = std::chrono::steady_clock::now();
         return Status::Ok();
       };
       worker_status[static_cast<size_t>(w)] = run();
     });
   }
   for (auto& t : threads) t.join();
-  t1 = std::chrono::steady_clock::now();
+  const auto t1 = *std::max_element(done.begin(), done.end());
   const double cpu1 = ProcessCpuSeconds();
   for (const Status& s : worker_status) ThrowIfError(s);
 
