@@ -35,8 +35,10 @@
 // order rotated every repeat), the old bare peer (bare_zmq.h), the reference with update=none,
 // the reference with update=sgd, and downpour; then per (S,W) the median and range of each and
 // the ratios downpour / reference-sgd and reference-none / old bare (ratios of round rates: > 1
-// = faster). It starts with the machine's ceilings (nproc, memcpy of a 244 MB buffer, load).
-// --pipeline does the same for the one case --servers/--workers.
+// = faster). Timed rounds per worker there are --rounds / W (at least 3), so every case moves
+// about the same bytes and lasts about as long. It starts with the machine's ceilings (nproc,
+// memcpy of a 244 MB buffer, load). --pipeline does the same for the one case
+// --servers/--workers, with --rounds per worker.
 //
 //   downpour-bench-ps --servers 2 --workers 1 --rounds 10 [--curve] [--wal] [--transport ipc]
 //   downpour-bench-ps --grid            # (S,W) in {(1,1),(2,1),(2,2),(4,4)}
@@ -678,7 +680,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--pipeline-grid", pipeline_grid,
                "at (S,W) in {(1,1),(2,1),(2,2),(4,4)}: old bare peer, pipelined reference (update none / sgd) and "
-               "downpour, --repeats times interleaved, with median, range and ratios");
+               "downpour, --repeats times interleaved, with median, range and ratios (--rounds / W timed rounds "
+               "per worker, at least 3)");
   app.add_flag("--pipeline", pipeline_one, "the --pipeline-grid comparison for the one case --servers/--workers");
   app.add_option("--reference-transport", reference_transport,
                  "the pipelined reference over tcp (loopback, ps-lite's default) or ipc (ps-lite's DMLC_LOCAL)")
@@ -704,7 +707,11 @@ int main(int argc, char** argv) {
       std::vector<downpour::bench::PipelineCase> results;
       int p = port;
       for (auto [s, w] : cases) {
-        results.push_back(downpour::bench::RunPipelineCase(s, w, warmup, rounds, repeats, chunk_elems, &p, pipeline));
+        // Every case moves about the same bytes (W workers share the machine): rounds / W per
+        // worker, at least 3.
+        const int case_rounds = pipeline_one ? rounds : std::max(3, (rounds + w - 1) / w);
+        results.push_back(
+            downpour::bench::RunPipelineCase(s, w, warmup, case_rounds, repeats, chunk_elems, &p, pipeline));
       }
       downpour::bench::PrintPipelineTable(results, pipeline);
       downpour::bench::PrintCeilings();  // the load at the end, too
