@@ -142,15 +142,16 @@ class IpcDir {
 };
 
 // Collects per-part reply latencies from the PsClients' I/O threads while `on` is set.
+// Thread-safety: Record from any thread; Take* once every client is gone.
 class LatencyLog {
  public:
+  std::atomic<bool> on{false};  // set when the timed rounds start
+
   void Record(MsgType type, double seconds) {
     if (!on.load(std::memory_order_relaxed)) return;
     std::lock_guard<std::mutex> lock(mu_);
     (type == MsgType::kPull ? pull_ : push_).push_back(seconds);
   }
-  std::atomic<bool> on{false};
-  // After every client is gone.
   std::vector<double> TakePush() { return std::move(push_); }
   std::vector<double> TakePull() { return std::move(pull_); }
 
