@@ -21,25 +21,51 @@
 // at (S,W) in {(2,1),(4,4)}, `--repeats` pairs of runs with the log off and on, alternating
 // which goes first.
 //
-//   downpour-bench-ps --servers 2 --workers 1 --rounds 10 [--curve] [--wal]
+// --transport tcp|ipc|shm picks how the parameter service's workers reach the shards: loopback
+// TCP (default), ZeroMQ ipc:// sockets in a temporary directory, or ipc:// plus the same-host
+// shared-memory path (PsClientOptions::shared_memory). --max-chunks-per-message sets
+// PsClientOptions::max_chunks_per_message (1 = one message per chunk). Every parameter-service
+// run also prints the latency percentiles of its answered parts (push acks and pull replies,
+// PsClientOptions::on_part_reply) and the servers' time in the update rule and in their message
+// loop (ShardStatsWire::sgd_seconds / busy_seconds) over the timed rounds.
+//
+// --pipeline-grid measures the dense path against an honest reference (bench/ps/pipelined_zmq.h:
+// a pipelined, per-chunk bare ZeroMQ parameter service, without and with the shards' SGD
+// update): at (S,W) in {(1,1),(2,1),(2,2),(4,4)} it runs, `--repeats` times interleaved (the
+// order rotated every repeat), the old bare peer (bare_zmq.h), the reference with update=none,
+// the reference with update=sgd, and downpour; then per (S,W) the median and range of each and
+// the ratios downpour / reference-sgd and reference-none / old bare (ratios of round rates: > 1
+// = faster). Timed rounds per worker there are --rounds / W (at least 3), so every case moves
+// about the same bytes and lasts about as long. It starts with the machine's ceilings (nproc,
+// memcpy of a 244 MB buffer, load). --pipeline does the same for the one case
+// --servers/--workers, with --rounds per worker.
+//
+//   downpour-bench-ps --servers 2 --workers 1 --rounds 10 [--curve] [--wal] [--transport ipc]
 //   downpour-bench-ps --grid            # (S,W) in {(1,1),(2,1),(2,2),(4,4)}
 //   downpour-bench-ps --security-grid --repeats 3
 //   downpour-bench-ps --wal-grid --repeats 3 [--wal-dir /fast/disk] [--wal-fsync-ms 200]
+//   downpour-bench-ps --pipeline-grid --repeats 5 --rounds 12 [--transport tcp|ipc|shm]
 #include <fmt/core.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/ps/bare_zmq.h"
+#include "bench/ps/pipelined_zmq.h"
 #include "client/ps/ps_client.h"
 #include "common/cli.h"
 #include "common/layout.h"
@@ -61,6 +87,77 @@ struct PsResult {
   int64_t received = 0;
   int64_t rejected = 0;
   int64_t wal_records = 0;
+  // Timed rounds only. Seconds from a part's send to its ack / pull reply (one entry per part).
+  std::vector<double> push_latency, pull_latency;
+  double sgd_seconds = 0;   // all shards: in the update rule
+  double busy_seconds = 0;  // all shards: handling messages on the loop thread
+};
+
+// How the parameter service's workers reach its shards, and how they cut a request.
+enum class ServiceTransport { kTcp, kIpc, kShm };
+
+struct ServiceSetting {
+  ServiceTransport transport = ServiceTransport::kTcp;
+  int max_chunks_per_message = PsClientOptions{}.max_chunks_per_message;
+};
+
+const char* TransportName(ServiceTransport t) {
+  switch (t) {
+    case ServiceTransport::kTcp: return "tcp";
+    case ServiceTransport::kIpc: return "ipc";
+    case ServiceTransport::kShm: return "shm";
+  }
+  return "?";
+}
+
+// The shards' solver, and the reference's: any finite step; the work per update is what matters.
+SolverConfig BenchSolver() {
+  SolverConfig solver;
+  solver.base_lr = 1e-6f;
+  solver.momentum = 0.9f;
+  solver.weight_decay = 5e-4f;
+  return solver;
+}
+
+// A fresh temporary directory for ipc:// socket files (or none), removed with its sockets.
+class IpcDir {
+ public:
+  explicit IpcDir(bool wanted) {
+    if (!wanted) return;
+    char pattern[] = "/tmp/downpour-bench-ipc-XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) ThrowIfError(IoError("mkdtemp {}: cannot make a socket directory", pattern));
+    path_ = pattern;
+  }
+  ~IpcDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  // Server s's address: "ipc://<dir>/shard-<s>", or loopback TCP at base_port + s without a dir.
+  std::string Address(int s, int base_port) const {
+    return path_.empty() ? fmt::format("tcp://127.0.0.1:{}", base_port + s) : fmt::format("ipc://{}/shard-{}", path_, s);
+  }
+
+ private:
+  std::string path_;
+};
+
+// Collects per-part reply latencies from the PsClients' I/O threads while `on` is set.
+// Thread-safety: Record from any thread; Take* once every client is gone.
+class LatencyLog {
+ public:
+  std::atomic<bool> on{false};  // set when the timed rounds start
+
+  void Record(MsgType type, double seconds) {
+    if (!on.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    (type == MsgType::kPull ? pull_ : push_).push_back(seconds);
+  }
+  std::vector<double> TakePush() { return std::move(push_); }
+  std::vector<double> TakePull() { return std::move(pull_); }
+
+ private:
+  std::mutex mu_;
+  std::vector<double> push_, pull_;
 };
 
 // The write-ahead log of a run: off, or on in a fresh directory under `dir` (removed after).
@@ -124,9 +221,10 @@ class BenchKeys {
 };
 
 PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup, int rounds, int base_port,
-                             const BenchKeys& keys, const WalSetting& wal = {}) {
+                             const BenchKeys& keys, const WalSetting& wal = {}, const ServiceSetting& svc = {}) {
   const int servers = layout.servers();
   const WalDir wal_dir(wal);
+  const IpcDir ipc_dir(svc.transport != ServiceTransport::kTcp);
   ZmqOptions server_options;
   server_options.curve = keys.server();
   ZmqTransport server_transport(server_options);
@@ -136,9 +234,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     ShardOptions o;
     o.server_id = s;
     o.expected_workers = workers;
-    o.solver.base_lr = 1e-6f;  // any finite step: the work per update is what matters
-    o.solver.momentum = 0.9f;
-    o.solver.weight_decay = 5e-4f;
+    o.solver = BenchSolver();
     o.access.keyed = keys.on();  // keyed: pushes and pulls only from "worker" keys, as in a real run
     if (!wal_dir.path().empty()) {
       o.wal_path = fmt::format("{}/server-{}.wal", wal_dir.path(), s);
@@ -146,7 +242,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     }
     std::unique_ptr<ShardServer> shard;
     ThrowIfError(ShardServer::Create(layout, o, &shard));
-    std::string address = fmt::format("tcp://127.0.0.1:{}", base_port + s);
+    std::string address = ipc_dir.Address(s, base_port);
     std::unique_ptr<ServerEndpoint> ep;
     ThrowIfError(server_transport.Bind(address, &ep));
     shard->Start(std::move(ep));
@@ -155,9 +251,14 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   }
 
   const auto n = static_cast<size_t>(layout.total_elems());
+  LatencyLog latencies;
+  std::vector<ShardStatsWire> stats_at_start(static_cast<size_t>(servers));
   std::atomic<int> at_start{0};
   std::atomic<int> init_done{0};
-  std::chrono::steady_clock::time_point t0, t1;
+  std::chrono::steady_clock::time_point t0;
+  // When each worker's last round ended: the timed span stops at the last of them, before the
+  // clients and transports are torn down (not part of a round).
+  std::vector<std::chrono::steady_clock::time_point> done(static_cast<size_t>(workers));
   double cpu0 = 0;
   std::vector<std::thread> threads;
   std::vector<Status> worker_status(static_cast<size_t>(workers));
@@ -170,6 +271,9 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
         PsClientOptions co;
         co.server_addresses = addresses;
         co.worker_id = w;
+        co.max_chunks_per_message = svc.max_chunks_per_message;
+        co.shared_memory = svc.transport == ServiceTransport::kShm;
+        co.on_part_reply = [&latencies](int, MsgType type, size_t, double seconds) { latencies.Record(type, seconds); };
         std::unique_ptr<PsClient> client;
         DP_RETURN_IF_ERROR(PsClient::Create(&transport, layout, co, &client));
         DP_RETURN_IF_ERROR(client->Connect(30s));
@@ -182,6 +286,8 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
         while (!init_done) std::this_thread::sleep_for(1ms);
         for (int r = 0; r < warmup + rounds; ++r) {
           if (r == warmup && at_start.fetch_add(1) == 0) {
+            for (int s = 0; s < servers; ++s) stats_at_start[static_cast<size_t>(s)] = shards[static_cast<size_t>(s)]->Stats();
+            latencies.on = true;
             t0 = std::chrono::steady_clock::now();
             cpu0 = ProcessCpuSeconds();
           }
@@ -190,19 +296,23 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
           DP_RETURN_IF_ERROR(client->Wait(push, 120s));
           DP_RETURN_IF_ERROR(client->Wait(pull, 120s));
         }
+        done[static_cast<size_t>(w)] = std::chrono::steady_clock::now();
         return Status::Ok();
       };
       worker_status[static_cast<size_t>(w)] = run();
     });
   }
   for (auto& t : threads) t.join();
-  t1 = std::chrono::steady_clock::now();
+  const auto t1 = *std::max_element(done.begin(), done.end());
   const double cpu1 = ProcessCpuSeconds();
   for (const Status& s : worker_status) ThrowIfError(s);
 
   PsResult result;
-  for (auto& shard : shards) {
+  for (size_t i = 0; i < shards.size(); ++i) {
+    auto& shard = shards[i];
     ShardStatsWire st = shard->Stats();
+    result.sgd_seconds += st.sgd_seconds - stats_at_start[i].sgd_seconds;
+    result.busy_seconds += st.busy_seconds - stats_at_start[i].busy_seconds;
     result.applied += st.pushes_applied;
     result.received += st.pushes_received;
     result.rejected += st.pushes_rejected;
@@ -213,6 +323,8 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   result.seconds = std::chrono::duration<double>(t1 - t0).count();
   result.cpu_seconds = cpu1 - cpu0;
   result.bytes_moved = 2.0 * static_cast<double>(n) * sizeof(float) * workers * rounds;
+  result.push_latency = latencies.TakePush();
+  result.pull_latency = latencies.TakePull();
   return result;
 }
 
@@ -222,15 +334,41 @@ ParamLayout AlexNetLayout(int servers, int64_t chunk_elems) {
   return layout;
 }
 
+// Nearest-rank percentile (q in [0, 1]) of `v`; 0 for an empty list.
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+// "push p50/p99 12.3/45.6 ms (n=…), pull p50/p99 …/… ms (n=…)".
+std::string LatencyText(const std::vector<double>& push, const std::vector<double>& pull) {
+  return fmt::format("push p50/p99 {:.1f}/{:.1f} ms (n={}), pull p50/p99 {:.1f}/{:.1f} ms (n={})",
+                     1e3 * Percentile(push, 0.5), 1e3 * Percentile(push, 0.99), push.size(),
+                     1e3 * Percentile(pull, 0.5), 1e3 * Percentile(pull, 0.99), pull.size());
+}
+
+// Server time over the timed rounds: per worker-round (one model's worth of pushes and pulls)
+// and as the mean share of wall time of one server's loop thread.
+std::string ServerTimeText(double sgd_seconds, double busy_seconds, int servers, int workers, int rounds,
+                           double wall_seconds) {
+  const double worker_rounds = static_cast<double>(workers) * rounds;
+  const double thread_seconds = wall_seconds * servers;
+  return fmt::format("server sgd {:.3f} s/round ({:.0f}% of wall per server), loop busy {:.3f} s/round ({:.0f}%)",
+                     sgd_seconds / worker_rounds, 100 * sgd_seconds / thread_seconds, busy_seconds / worker_rounds,
+                     100 * busy_seconds / thread_seconds);
+}
+
 void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_elems, int port, bool curve,
-             const WalSetting& wal) {
+             const WalSetting& wal, const ServiceSetting& svc) {
   const ParamLayout layout = AlexNetLayout(servers, chunk_elems);
   std::vector<std::vector<int64_t>> frames(static_cast<size_t>(servers));
   for (const Chunk& c : layout.chunks()) frames[static_cast<size_t>(c.server)].push_back(c.count);
 
   BareResult bare = RunBareZmq(frames, workers, warmup, rounds, port);
   BenchKeys keys(curve);
-  PsResult ps = RunParameterService(layout, workers, warmup, rounds, port + 100, keys, wal);
+  PsResult ps = RunParameterService(layout, workers, warmup, rounds, port + 100, keys, wal, svc);
 
   const double gb = 1e9;
   const double bare_gbs = bare.bytes_moved / bare.seconds / gb;
@@ -241,6 +379,9 @@ void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_ele
       servers, workers, layout.num_chunks(), curve ? " curve" : "", rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
       bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected,
       wal.on ? fmt::format(" | wal records {} (fsync {} ms)", ps.wal_records, wal.fsync_ms) : "");
+  fmt::print("S={} W={} downpour ({}, max {} chunks/message) parts: {} | {}\n", servers, workers,
+             TransportName(svc.transport), svc.max_chunks_per_message, LatencyText(ps.push_latency, ps.pull_latency),
+             ServerTimeText(ps.sgd_seconds, ps.busy_seconds, servers, workers, rounds, ps.seconds));
   std::fflush(stdout);
 }
 
@@ -333,6 +474,175 @@ void RunWalCase(int servers, int workers, int warmup, int rounds, int repeats, i
   std::fflush(stdout);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The dense path against the honest pipelined reference (--pipeline-grid, --pipeline).
+
+// Cores this process may run on (what `nproc` prints).
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(std::thread::hardware_concurrency());
+  return CPU_COUNT(&set);
+}
+
+// The machine's ceilings, printed before a grid: cores, the memory bandwidth of one copy of a
+// model-sized buffer (a pull's copy into the engine buffer can go no faster; bytes copied per
+// second, best of 5 on touched buffers), and the load average (other builds share this machine).
+void PrintCeilings() {
+  const auto bytes = static_cast<size_t>(TotalElements(AlexNetTensorSpecs())) * sizeof(float);
+  std::vector<char> from(bytes, 1), to(bytes, 2);  // touched: no page faults in the timed copies
+  double best = 0;
+  volatile char sink = 0;
+  for (int i = 0; i < 5; ++i) {
+    from[static_cast<size_t>(i)] = static_cast<char>(i);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink = sink + to[static_cast<size_t>(i)];
+    best = std::max(best, static_cast<double>(bytes) / sec);
+  }
+  double load[3] = {0, 0, 0};
+  ::getloadavg(load, 3);
+  fmt::print("machine: nproc {} | memcpy of {:.0f} MB: {:.1f} GB/s (best of 5) | load average {:.2f} {:.2f} {:.2f} | "
+             "sgemm ceiling: build/bench/engine/downpour-bench-engine --gemm-only --threads 2\n",
+             UsableCores(), static_cast<double>(bytes) / 1e6, best / 1e9, load[0], load[1], load[2]);
+  std::fflush(stdout);
+}
+
+enum Variant { kOldBare = 0, kRefNone = 1, kRefSgd = 2, kDownpour = 3, kVariants = 4 };
+
+struct PipelineSetting {
+  ServiceSetting service;      // downpour's side
+  bool reference_ipc = false;  // the reference over ipc:// instead of loopback TCP
+};
+
+std::string VariantName(int v, const PipelineSetting& p) {
+  switch (v) {
+    case kOldBare: return "old bare";
+    case kRefNone: return fmt::format("ref none ({})", p.reference_ipc ? "ipc" : "tcp");
+    case kRefSgd: return fmt::format("ref sgd ({})", p.reference_ipc ? "ipc" : "tcp");
+    default: return fmt::format("downpour ({})", TransportName(p.service.transport));
+  }
+}
+
+// Every repeat of one (S,W): seconds per round per worker and GB/s of each variant, in repeat order.
+struct PipelineCase {
+  int servers = 0, workers = 0;
+  std::vector<double> seconds[kVariants];
+  std::vector<double> gbs[kVariants];
+};
+
+// Ratios of round rates a / b (> 1 = a faster), per repeat.
+std::vector<double> RateRatios(const std::vector<double>& a_seconds, const std::vector<double>& b_seconds) {
+  std::vector<double> r;
+  for (size_t i = 0; i < a_seconds.size(); ++i) r.push_back(b_seconds[i] / a_seconds[i]);
+  return r;
+}
+
+// "0.85 / 0.91 / 0.88", in run order.
+std::string RatioList(const std::vector<double>& v) {
+  std::string list;
+  for (double x : v) list += fmt::format("{}{:.2f}", list.empty() ? "" : " / ", x);
+  return list;
+}
+
+// "0.183 [0.170–0.199]".
+std::string MedianRange(const std::vector<double>& v, const char* format = "{:.3f}") {
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return fmt::format("{} [{}–{}]", fmt::format(fmt::runtime(format), Median(v)), fmt::format(fmt::runtime(format), *lo),
+                     fmt::format(fmt::runtime(format), *hi));
+}
+
+// One run of variant `v`; prints its line and returns (seconds per round per worker, GB/s).
+std::pair<double, double> RunVariant(int v, const ParamLayout& layout, int workers, int warmup, int rounds, int port,
+                                     const PipelineSetting& p, int repeat) {
+  const int servers = layout.servers();
+  double seconds = 0, bytes = 0;
+  std::string detail;
+  if (v == kOldBare) {
+    std::vector<std::vector<int64_t>> frames(static_cast<size_t>(servers));
+    for (const Chunk& c : layout.chunks()) frames[static_cast<size_t>(c.server)].push_back(c.count);
+    const BareResult r = RunBareZmq(frames, workers, warmup, rounds, port);
+    seconds = r.seconds;
+    bytes = r.bytes_moved;
+  } else if (v == kRefNone || v == kRefSgd) {
+    const IpcDir dir(p.reference_ipc);
+    PipelinedOptions o;
+    o.update = v == kRefSgd ? RefUpdate::kSgd : RefUpdate::kNone;
+    o.solver = BenchSolver();
+    for (int s = 0; s < servers; ++s) o.addresses.push_back(dir.Address(s, port));
+    o.warmup_rounds = warmup;
+    o.rounds = rounds;
+    const PipelinedResult r = RunPipelinedZmq(layout, workers, o);
+    seconds = r.seconds;
+    bytes = r.bytes_moved;
+    detail = fmt::format(" | chunks: {} | {}", LatencyText(r.push_latency, r.pull_latency),
+                         ServerTimeText(r.sgd_seconds, r.busy_seconds, servers, workers, rounds, r.seconds));
+  } else {
+    const PsResult r = RunParameterService(layout, workers, warmup, rounds, port, BenchKeys(false), {}, p.service);
+    seconds = r.seconds;
+    bytes = r.bytes_moved;
+    detail = fmt::format(" | pushes applied {} rejected {} | parts (max {} chunks): {} | {}", r.applied, r.rejected,
+                         p.service.max_chunks_per_message, LatencyText(r.push_latency, r.pull_latency),
+                         ServerTimeText(r.sgd_seconds, r.busy_seconds, servers, workers, rounds, r.seconds));
+  }
+  const double per_round = seconds / rounds;
+  const double gbs = bytes / seconds / 1e9;
+  fmt::print("S={} W={} repeat {} {:15}: {:.3f} s/round/worker {:5.2f} GB/s (timed {:.1f} s){}\n", servers, workers,
+             repeat + 1, VariantName(v, p), per_round, gbs, seconds, detail);
+  std::fflush(stdout);
+  return {per_round, gbs};
+}
+
+// One (S,W): `repeats` rounds of the four variants, the order rotated each repeat so no variant
+// always runs first (on a warmer or a quieter machine); then median and range of each.
+PipelineCase RunPipelineCase(int servers, int workers, int warmup, int rounds, int repeats, int64_t chunk_elems,
+                             int* port, const PipelineSetting& p) {
+  const ParamLayout layout = AlexNetLayout(servers, chunk_elems);
+  PipelineCase out;
+  out.servers = servers;
+  out.workers = workers;
+  double load[3] = {0, 0, 0};
+  ::getloadavg(load, 3);
+  fmt::print("S={} W={}: {} chunks, {} timed rounds per worker, load average {:.2f}\n", servers, workers,
+             layout.num_chunks(), rounds, load[0]);
+  for (int r = 0; r < repeats; ++r) {
+    for (int k = 0; k < kVariants; ++k) {
+      const int v = (k + r) % kVariants;
+      *port += servers + 2;
+      const auto [per_round, gbs] = RunVariant(v, layout, workers, warmup, rounds, *port, p, r);
+      out.seconds[v].push_back(per_round);
+      out.gbs[v].push_back(gbs);
+    }
+  }
+  fmt::print("S={} W={} over {} repeats — s/round/worker median [min–max], GB/s median:\n", servers, workers, repeats);
+  for (int v = 0; v < kVariants; ++v) {
+    fmt::print("  {:15} {}  {:.2f} GB/s\n", VariantName(v, p), MedianRange(out.seconds[v]), Median(out.gbs[v]));
+  }
+  const auto dp_sgd = RateRatios(out.seconds[kDownpour], out.seconds[kRefSgd]);
+  const auto none_bare = RateRatios(out.seconds[kRefNone], out.seconds[kOldBare]);
+  fmt::print("  downpour / ref sgd  (round rate): {}  per repeat: {}\n", MedianRange(dp_sgd, "{:.2f}"),
+             RatioList(dp_sgd));
+  fmt::print("  ref none / old bare (round rate): {}  per repeat: {}\n", MedianRange(none_bare, "{:.2f}"),
+             RatioList(none_bare));
+  std::fflush(stdout);
+  return out;
+}
+
+// The grid's summary as a Markdown table (pasted into bench/RESULTS.md section 10).
+void PrintPipelineTable(const std::vector<PipelineCase>& cases, const PipelineSetting& p) {
+  fmt::print("\n| S | W | old bare s/round | ref none s/round | ref sgd s/round | {} s/round | downpour / ref sgd | "
+             "ref none / old bare |\n| ---: | ---: | --- | --- | --- | --- | --- | --- |\n",
+             VariantName(kDownpour, p));
+  for (const PipelineCase& c : cases) {
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} |\n", c.servers, c.workers, MedianRange(c.seconds[kOldBare]),
+               MedianRange(c.seconds[kRefNone]), MedianRange(c.seconds[kRefSgd]), MedianRange(c.seconds[kDownpour]),
+               MedianRange(RateRatios(c.seconds[kDownpour], c.seconds[kRefSgd]), "{:.2f}"),
+               MedianRange(RateRatios(c.seconds[kRefNone], c.seconds[kOldBare]), "{:.2f}"));
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 }  // namespace downpour::bench
 
@@ -344,6 +654,9 @@ int main(int argc, char** argv) {
   bool grid = false, curve = false, security_grid = false, wal_grid = false;
   int repeats = 3;
   downpour::bench::WalSetting wal;
+  downpour::bench::PipelineSetting pipeline;
+  bool pipeline_grid = false, pipeline_one = false;
+  std::string transport = "tcp", reference_transport = "tcp";
   app.add_option("--servers", servers, "shard servers S")->check(CLI::Range(1, 64));
   app.add_option("--workers", workers, "synthetic workers W")->check(CLI::Range(1, 64));
   app.add_option("--rounds", rounds, "timed push+pull rounds per worker")->check(CLI::Range(1, 100000));
@@ -354,19 +667,56 @@ int main(int argc, char** argv) {
   app.add_flag("--curve", curve, "run the parameter service with CurveZMQ (keys made in a temporary directory)");
   app.add_flag("--security-grid", security_grid,
                "at (S,W) in {(2,1),(4,4)}: plaintext vs CurveZMQ in alternating pairs, and bare ZeroMQ");
-  app.add_option("--repeats", repeats, "plaintext/CurveZMQ (or wal off/on) pairs per case of --security-grid / --wal-grid")
+  app.add_option("--repeats", repeats,
+                 "plaintext/CurveZMQ (or wal off/on) pairs per case of --security-grid / --wal-grid; interleaved "
+                 "repeats of the four runs per case of --pipeline-grid / --pipeline")
       ->check(CLI::Range(1, 100));
+  app.add_option("--transport", transport,
+                 "how downpour's workers reach the shards: tcp (loopback), ipc (ipc:// sockets in a temporary "
+                 "directory), shm (ipc:// plus PsClientOptions::shared_memory)")
+      ->check(CLI::IsMember({"tcp", "ipc", "shm"}));
+  app.add_option("--max-chunks-per-message", pipeline.service.max_chunks_per_message,
+                 "PsClientOptions::max_chunks_per_message of downpour's workers (1 = one message per chunk, 0 = one "
+                 "message per server)")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_flag("--pipeline-grid", pipeline_grid,
+               "at (S,W) in {(1,1),(2,1),(2,2),(4,4)}: old bare peer, pipelined reference (update none / sgd) and "
+               "downpour, --repeats times interleaved, with median, range and ratios (--rounds / W timed rounds "
+               "per worker, at least 3)");
+  app.add_flag("--pipeline", pipeline_one, "the --pipeline-grid comparison for the one case --servers/--workers");
+  app.add_option("--reference-transport", reference_transport,
+                 "the pipelined reference over tcp (loopback, ps-lite's default) or ipc (ps-lite's DMLC_LOCAL)")
+      ->check(CLI::IsMember({"tcp", "ipc"}));
   app.add_flag("--wal", wal.on, "run the shards with their write-ahead log on (checkpoint.wal)");
   app.add_flag("--wal-grid", wal_grid, "at (S,W) in {(2,1),(4,4)}: write-ahead log off vs on in alternating pairs");
   app.add_option("--wal-dir", wal.dir, "where the logs go (a temporary directory inside it, removed after each run)");
   app.add_option("--wal-fsync-ms", wal.fsync_ms, "checkpoint.wal_fsync_ms of the shards (0 = fsync before every ack)")
       ->check(CLI::Range(0, 1000000));
   if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
+  pipeline.service.transport = transport == "ipc"   ? downpour::bench::ServiceTransport::kIpc
+                               : transport == "shm" ? downpour::bench::ServiceTransport::kShm
+                                                    : downpour::bench::ServiceTransport::kTcp;
+  pipeline.reference_ipc = reference_transport == "ipc";
   try {
     fmt::print("model: AlexNet tensors, {} floats ({:.1f} MB) each way per round\n",
                downpour::TotalElements(downpour::AlexNetTensorSpecs()),
                downpour::TotalElements(downpour::AlexNetTensorSpecs()) * 4 / 1e6);
-    if (wal_grid) {
+    if (pipeline_grid || pipeline_one) {
+      downpour::bench::PrintCeilings();
+      std::vector<std::pair<int, int>> cases = {{1, 1}, {2, 1}, {2, 2}, {4, 4}};
+      if (pipeline_one) cases = {{servers, workers}};
+      std::vector<downpour::bench::PipelineCase> results;
+      int p = port;
+      for (auto [s, w] : cases) {
+        // Every case moves about the same bytes (W workers share the machine): rounds / W per
+        // worker, at least 3.
+        const int case_rounds = pipeline_one ? rounds : std::max(3, (rounds + w - 1) / w);
+        results.push_back(
+            downpour::bench::RunPipelineCase(s, w, warmup, case_rounds, repeats, chunk_elems, &p, pipeline));
+      }
+      downpour::bench::PrintPipelineTable(results, pipeline);
+      downpour::bench::PrintCeilings();  // the load at the end, too
+    } else if (wal_grid) {
       int p = port;
       for (auto [s, w] : {std::pair{2, 1}, {4, 4}}) {
         downpour::bench::RunWalCase(s, w, warmup, rounds, repeats, chunk_elems, p, wal);
@@ -381,11 +731,11 @@ int main(int argc, char** argv) {
     } else if (grid) {
       int p = port;
       for (auto [s, w] : {std::pair{1, 1}, {2, 1}, {2, 2}, {4, 4}}) {
-        downpour::bench::RunCase(s, w, warmup, rounds, chunk_elems, p, curve, wal);
+        downpour::bench::RunCase(s, w, warmup, rounds, chunk_elems, p, curve, wal, pipeline.service);
         p += 200;
       }
     } else {
-      downpour::bench::RunCase(servers, workers, warmup, rounds, chunk_elems, port, curve, wal);
+      downpour::bench::RunCase(servers, workers, warmup, rounds, chunk_elems, port, curve, wal, pipeline.service);
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "downpour-bench-ps: {}\n", e.what());
