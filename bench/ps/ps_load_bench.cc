@@ -27,7 +27,7 @@
 // PsClientOptions::max_chunks_per_message (1 = one message per chunk). Every parameter-service
 // run also prints the latency percentiles of its answered parts (push acks and pull replies,
 // PsClientOptions::on_part_reply) and the servers' time in the update rule and in their message
-// loop (ShardStatsWire::sgd_seconds / busy_seconds) over the timed rounds.
+// loop (ShardStatsWire::sgd_ns / busy_ns) over the timed rounds.
 //
 // --pipeline-grid measures the dense path against an honest reference (bench/ps/pipelined_zmq.h:
 // a pipelined, per-chunk bare ZeroMQ parameter service, without and with the shards' SGD
@@ -91,6 +91,7 @@ struct PsResult {
   std::vector<double> push_latency, pull_latency;
   double sgd_seconds = 0;   // all shards: in the update rule
   double busy_seconds = 0;  // all shards: handling messages on the loop thread
+  uint64_t region_parts = 0;  // timed rounds: messages whose payload went through shared memory
 };
 
 // How the parameter service's workers reach its shards, and how they cut a request.
@@ -311,8 +312,9 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   for (size_t i = 0; i < shards.size(); ++i) {
     auto& shard = shards[i];
     ShardStatsWire st = shard->Stats();
-    result.sgd_seconds += st.sgd_seconds - stats_at_start[i].sgd_seconds;
-    result.busy_seconds += st.busy_seconds - stats_at_start[i].busy_seconds;
+    result.sgd_seconds += 1e-9 * static_cast<double>(st.sgd_ns - stats_at_start[i].sgd_ns);
+    result.busy_seconds += 1e-9 * static_cast<double>(st.busy_ns - stats_at_start[i].busy_ns);
+    result.region_parts += st.region_parts - stats_at_start[i].region_parts;
     result.applied += st.pushes_applied;
     result.received += st.pushes_received;
     result.rejected += st.pushes_rejected;
@@ -379,8 +381,8 @@ void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_ele
       servers, workers, layout.num_chunks(), curve ? " curve" : "", rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
       bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected,
       wal.on ? fmt::format(" | wal records {} (fsync {} ms)", ps.wal_records, wal.fsync_ms) : "");
-  fmt::print("S={} W={} downpour ({}, max {} chunks/message) parts: {} | {}\n", servers, workers,
-             TransportName(svc.transport), svc.max_chunks_per_message, LatencyText(ps.push_latency, ps.pull_latency),
+  fmt::print("S={} W={} downpour ({}, max {} chunks/message, {} via shared memory) parts: {} | {}\n", servers, workers,
+             TransportName(svc.transport), svc.max_chunks_per_message, ps.region_parts, LatencyText(ps.push_latency, ps.pull_latency),
              ServerTimeText(ps.sgd_seconds, ps.busy_seconds, servers, workers, rounds, ps.seconds));
   std::fflush(stdout);
 }
@@ -582,8 +584,8 @@ std::pair<double, double> RunVariant(int v, const ParamLayout& layout, int worke
     const PsResult r = RunParameterService(layout, workers, warmup, rounds, port, BenchKeys(false), {}, p.service);
     seconds = r.seconds;
     bytes = r.bytes_moved;
-    detail = fmt::format(" | pushes applied {} rejected {} | parts (max {} chunks): {} | {}", r.applied, r.rejected,
-                         p.service.max_chunks_per_message, LatencyText(r.push_latency, r.pull_latency),
+    detail = fmt::format(" | pushes applied {} rejected {} | via shared memory {} | parts (max {} chunks): {} | {}",
+                         r.applied, r.rejected, r.region_parts, p.service.max_chunks_per_message, LatencyText(r.push_latency, r.pull_latency),
                          ServerTimeText(r.sgd_seconds, r.busy_seconds, servers, workers, rounds, r.seconds));
   }
   const double per_round = seconds / rounds;
