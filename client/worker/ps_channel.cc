@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <set>
 
 namespace downpour::worker {
 namespace {
@@ -31,20 +32,21 @@ PsChannel::~PsChannel() {
   watcher_.join();
 }
 
-// Waits on every request not yet done, the first for up to 1 ms and the others only if already
-// done, so a request that completes is seen within about a millisecond whatever its position.
-// PsClient::Wait answers kTimeout both for "not done yet" (the request stays) and for a request
+// Each round polls the oldest pending request per (server, kind), the first for up to 1 ms, the
+// others only if already done; every 10th round polls all (see ps_channel.h). PsClient::Wait answers kTimeout both for "not done yet" (the request stays) and for a request
 // that failed by timing out (then forgotten): an "unknown request" after a kTimeout therefore
 // means the kTimeout was the request's own result.
 void PsChannel::WatchLoop() {
   std::map<uint64_t, Status> last_timeout;  // watcher-local: handle → its last kTimeout answer
   std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
+  for (uint64_t round = 0;; ++round) {
     cv_.wait(lock, [&] { return stop_ || watching_ > 0; });
     if (stop_) return;
     std::vector<std::pair<uint64_t, RequestId>> watch;
-    for (const auto& [handle, r] : requests_) {
-      if (!r.done) watch.emplace_back(handle, r.id);
+    std::set<std::pair<int, bool>> polled;  // (server, push) whose oldest pending is in `watch`
+    for (const auto& [handle, r] : requests_) {  // handles ascend in issue order
+      if (r.done) continue;
+      if (round % 10 == 0 || polled.insert({r.server, r.push}).second) watch.emplace_back(handle, r.id);
     }
     lock.unlock();
     bool first = true;
@@ -72,13 +74,15 @@ void PsChannel::WatchLoop() {
   }
 }
 
-uint64_t PsChannel::Track(RequestId id, std::vector<int32_t> chunks, double issued_s) {
+uint64_t PsChannel::Track(RequestId id, int server, bool push, std::vector<int32_t> chunks, double issued_s) {
   uint64_t handle = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     handle = next_handle_++;
     Request& r = requests_[handle];
     r.id = id;
+    r.server = server;
+    r.push = push;
     r.chunks = std::move(chunks);
     r.issued_s = issued_s;
     ++watching_;
@@ -120,7 +124,7 @@ Status PsChannel::Pull(int64_t clock, std::span<float> weights, PullInfo* info) 
   const double t0 = SteadyS();
   std::vector<int32_t> all(static_cast<size_t>(client_->layout().num_chunks()));
   std::iota(all.begin(), all.end(), 0);
-  const uint64_t handle = Track(client_->Pull(weights, clock), std::move(all), t0);
+  const uint64_t handle = Track(client_->Pull(weights, clock), -1, false, std::move(all), t0);
   std::vector<int32_t> chunks;
   DP_RETURN_IF_ERROR(Await(handle, &chunks));
   FillVersions(chunks, info);
@@ -132,7 +136,11 @@ Status PsChannel::StartPull(int64_t clock, std::span<const int32_t> chunk_ids, s
   DP_CHECK(!chunk_ids.empty());
   const double t0 = SteadyS();
   const RequestId id = client_->PullChunks(weights, chunk_ids, clock);
-  *handle = Track(id, std::vector<int32_t>(chunk_ids.begin(), chunk_ids.end()), t0);
+  const auto& layout = client_->layout();
+  const int server = layout.chunk(chunk_ids.front()).server;
+  const bool one_server = std::all_of(chunk_ids.begin(), chunk_ids.end(),
+                                      [&](int32_t c) { return layout.chunk(c).server == server; });
+  *handle = Track(id, one_server ? server : -1, false, std::vector<int32_t>(chunk_ids.begin(), chunk_ids.end()), t0);
   return Status::Ok();
 }
 
@@ -145,7 +153,7 @@ Status PsChannel::WaitPull(PullHandle handle, PullInfo* info) {
 
 Status PsChannel::StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) {
   const double t0 = SteadyS();
-  pending_pushes_.push_back(Track(client_->PushChunks(grads, group.chunk_ids, clock), {}, t0));
+  pending_pushes_.push_back(Track(client_->PushChunks(grads, group.chunk_ids, clock), group.server, true, {}, t0));
   return Status::Ok();
 }
 

@@ -11,11 +11,14 @@
 // Staleness is measured by the servers (they know the version a gradient meets); the channel
 // reports it as unknown and the worker reads the servers' stats at the end.
 //
-// Completion times: a watcher thread waits on every request in flight (round robin, 1 ms
-// slices), records when it completed and wakes the training thread waiting for it. So a
-// WaitPull for a layer's chunks returns as soon as those chunks arrived, whatever is still in
-// flight before it, and each request's wire span (issue → completion) is exact to about 1 ms
-// (TakeWireSpans, the step-time breakdown's comm_ms).
+// Completion times: a watcher thread polls the requests in flight, records when each completed
+// and wakes the training thread waiting for it. So a WaitPull for a layer's chunks returns as
+// soon as those chunks arrived, whatever is still in flight before it, and each request's wire
+// span (issue → completion) is known (TakeWireSpans, the step-time breakdown's comm_ms). A
+// server answers a link's requests in order, so each round polls only the oldest pending pull
+// and the oldest pending push of every server (waiting up to 1 ms on the first of them), and
+// every 10th round all of them: completions are seen within about 1 ms (10 ms for one that
+// overtook an older request of its server), at a few polls per millisecond.
 //
 // Ownership: borrows the PsClient (must outlive the channel). Thread-safety: the ParamChannel
 // methods are called from one training thread; the watcher is internal (mu_ guards what it
@@ -59,6 +62,8 @@ class PsChannel : public ParamChannel {
  private:
   struct Request {
     RequestId id = 0;
+    int server = -1;              // the one server it goes to; -1 = all (a whole pull)
+    bool push = false;
     std::vector<int32_t> chunks;  // a pull's chunks (for their versions); empty for pushes
     double issued_s = 0;
     double done_s = 0;
@@ -66,7 +71,7 @@ class PsChannel : public ParamChannel {
     Status status;                // the PsClient's answer, once done
   };
   // Registers a request just issued with the watcher; returns its handle.
-  uint64_t Track(RequestId id, std::vector<int32_t> chunks, double issued_s);
+  uint64_t Track(RequestId id, int server, bool push, std::vector<int32_t> chunks, double issued_s);
   // Blocks until request `handle` is done (up to wait_timeout_), then forgets it and records its
   // wire span; `chunks` gets a pull's chunk ids.
   Status Await(uint64_t handle, std::vector<int32_t>* chunks);
