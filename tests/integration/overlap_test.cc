@@ -8,6 +8,7 @@
 //    overlapped loop must give bit-identical weights to the blocking loop — also when every
 //    pull is held back until the trainer waits for it (a forward that read a layer before
 //    waiting would then compute with the previous step's weights and drift);
+//  * the channel's wire spans (comm_ms of the step-time breakdown): one per waited request;
 //  * ssp:0 with the overlap (pulls at clock t+1 before the clock report) does not stall.
 #include <gtest/gtest.h>
 
@@ -334,6 +335,59 @@ TEST(Overlap, GivesTheBlockingLoopsWeightsBitForBit) {
     for (size_t i = 0; i < run.final_weights.size(); ++i) differ += run.final_weights[i] != reference.final_weights[i];
     EXPECT_EQ(differ, 0u) << "of " << run.final_weights.size() << " weights";
   }
+}
+
+// The step-time breakdown's comm_ms comes from the channel's wire spans: one per waited request,
+// each from its issue to its completion (never before it was issued, never after its wait
+// returned), and a span is handed out once.
+TEST(Overlap, ChannelReportsOneWireSpanPerWaitedRequest) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {40, 10}, 1, 1}, {"b", {40}, 1, 1}}, 1, 100, &layout).ok());
+  InprocTransport transport;
+  std::unique_ptr<ShardServer> shard;
+  ShardOptions o;
+  o.poll_interval = 5ms;
+  ASSERT_TRUE(ShardServer::Create(layout, o, &shard).ok());
+  std::unique_ptr<ServerEndpoint> ep;
+  ASSERT_TRUE(transport.Bind("spans-s0", &ep).ok());
+  shard->Start(std::move(ep));
+  {
+    PsClientOptions co;
+    co.server_addresses = {"spans-s0"};
+    std::unique_ptr<PsClient> client;
+    ASSERT_TRUE(PsClient::Create(&transport, layout, co, &client).ok());
+    ASSERT_TRUE(client->Connect(5000ms).ok());
+    std::vector<float> weights(static_cast<size_t>(layout.total_elems()), 0.5f);
+    const std::vector<float> grads(weights.size(), 0.1f);
+    ASSERT_TRUE(client->Wait(client->PushInit(weights), 5000ms).ok());
+    PsChannel channel(client.get(), 5000ms);
+    const double before = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    PushGroup group;
+    group.server = 0;
+    group.chunk_ids = {0, 1};
+    ASSERT_TRUE(channel.StartPush(0, group, grads).ok());
+    PullHandle h = 0;
+    const std::vector<int32_t> ids = {0, 1, 2, 3, 4};
+    ASSERT_TRUE(channel.StartPull(1, ids, weights, &h).ok());
+    PushInfo push_info;
+    ASSERT_TRUE(channel.WaitPushes(&push_info).ok());
+    PullInfo info;
+    ASSERT_TRUE(channel.WaitPull(h, &info).ok());
+    const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    EXPECT_EQ(info.version_min, 0);  // chunks 2-4 were never pushed
+    EXPECT_EQ(info.version_max, 1);  // chunks 0-1 were, before the pull on the same link
+    const std::vector<WireSpan> spans = channel.TakeWireSpans();
+    ASSERT_EQ(spans.size(), 2u);
+    for (const WireSpan& w : spans) {
+      EXPECT_GE(w.issued_s, before);
+      EXPECT_GE(w.done_s, w.issued_s);
+      EXPECT_LE(w.done_s, after);
+    }
+    EXPECT_TRUE(channel.TakeWireSpans().empty());
+    EXPECT_EQ(channel.WaitPull(h, &info).code(), StatusCode::kInvalidArgument);  // waited once
+  }
+  shard->Stop();
+  EXPECT_TRUE(shard->Join().ok());
 }
 
 TEST(Overlap, SspZeroDoesNotStallOnPullsAheadOfTheClock) {
