@@ -3,7 +3,7 @@
 overlapped with compute (the default in async runs) and without it (downpour-worker
 --no-overlap), for S servers × 1 worker, from a build tree.
 
-    bench/train/overlap_alexnet.py [--build build] [--servers 1,2] [--steps 15] [--threads 2]
+    bench/train/overlap_alexnet.py [--build build] [--servers 1,2] [--steps 15] [--threads 2] [--rounds 1]
 
 Makes a small synthetic 256×256 colour LMDB first (PNG files written here with the standard
 library, converted by downpour-data convert-folder; random crops of 227 feed AlexNet), then per
@@ -115,8 +115,8 @@ every_updates = 0
 FIELDS = ["step_ms", "compute_ms", "pull_wait_ms", "push_wait_ms", "loader_wait_ms", "comm_ms"]
 
 
-def run_one(args, work, train, servers, overlap, index):
-    name = f"s{servers}-{'overlap' if overlap else 'blocking'}"
+def run_one(args, work, train, servers, overlap, index, round_no):
+    name = f"s{servers}-{'overlap' if overlap else 'blocking'}" + (f"-r{round_no}" if args.rounds > 1 else "")
     run_dir = os.path.join(work, name)
     config = os.path.join(work, name + ".toml")
     with open(config, "w") as f:
@@ -153,6 +153,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="worker compute threads (default 2)")
     ap.add_argument("--images", type=int, default=128, help="synthetic training images (default 128)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat the whole grid, interleaved, so both modes see the same load drift (default 1)")
     ap.add_argument("--timeout-s", type=int, default=900, help="per run (default 900)")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
@@ -161,12 +163,13 @@ def main():
     train = make_dataset(args.work, args.build, args.images, 1000)
     rows = []
     index = 0
-    for servers in [int(x) for x in args.servers.split(",")]:
-        for overlap in (True, False):
-            name, row, text = run_one(args, args.work, train, servers, overlap, index)
-            index += 1
-            print(text, end="", flush=True)
-            rows.append((name, row))
+    for round_no in range(1, args.rounds + 1):
+        for servers in [int(x) for x in args.servers.split(",")]:
+            for overlap in (True, False):
+                name, row, text = run_one(args, args.work, train, servers, overlap, index, round_no)
+                index += 1
+                print(text, end="", flush=True)
+                rows.append((name, row))
     print()
     print("| run | steps | step ms | compute ms | pull wait ms | push wait ms | loader ms | comm ms "
           "| step / max(compute, comm) |")

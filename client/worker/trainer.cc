@@ -138,6 +138,11 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
   }
 }
 
+Trainer::~Trainer() {
+  net_->SetGradReadyCallback({});
+  if (overlap_) net_->SetBeforeLayerCallback({});
+}
+
 // Which chunks each layer's forward needs, and which tensors each chunk covers. Works whether or
 // not a chunk may span tensors: both are computed from flat ranges.
 void Trainer::BuildOverlapMaps() {

@@ -121,6 +121,10 @@ class Trainer {
   Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net, const ParamLayout* layout,
           ParamChannel* channel, TrainSource* train, TestSource* test, MetricsWriter* metrics,
           ProgressReporter* progress);
+  // Clears the callbacks it set on the net (the net may outlive it).
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   Status Run(TrainResult* result);
   // One evaluation on freshly pulled weights (or the net's own in the reference run);
