@@ -6,6 +6,8 @@
 #include <numeric>
 #include <set>
 
+#include <fmt/format.h>
+
 namespace downpour::worker {
 namespace {
 
@@ -33,9 +35,10 @@ PsChannel::~PsChannel() {
 }
 
 // Each round polls the oldest pending request per (server, kind), the first for up to 1 ms, the
-// others only if already done; every 10th round polls all (see ps_channel.h). PsClient::Wait answers kTimeout both for "not done yet" (the request stays) and for a request
-// that failed by timing out (then forgotten): an "unknown request" after a kTimeout therefore
-// means the kTimeout was the request's own result.
+// others only if already done; every 10th round polls all (see ps_channel.h). PsClient::Wait
+// answers kTimeout both for "not done yet" (the request stays) and for a request that failed by
+// timing out (then forgotten): an "unknown request" after a kTimeout therefore means the
+// kTimeout was the request's own result.
 void PsChannel::WatchLoop() {
   std::map<uint64_t, Status> last_timeout;  // watcher-local: handle → its last kTimeout answer
   std::unique_lock<std::mutex> lock(mu_);
@@ -94,9 +97,14 @@ uint64_t PsChannel::Track(RequestId id, int server, bool push, std::vector<int32
 Status PsChannel::Await(uint64_t handle, std::vector<int32_t>* chunks) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = requests_.find(handle);
-  if (it == requests_.end()) return InvalidArgument("worker channel: request handle {} is unknown (already waited?)", handle);
+  if (it == requests_.end()) {
+    return InvalidArgument("worker channel: request handle {} is unknown (already waited?)", handle);
+  }
   if (!cv_.wait_for(lock, wait_timeout_, [&] { return it->second.done; })) {
-    return Timeout("worker channel: request {} to the servers not done within {} ms", it->second.id,
+    const Request& r = it->second;
+    return Timeout("worker channel: {} request {} to {} not done within {} ms (the servers' hold limit plus "
+                   "cluster.server_wait_ms)",
+                   r.push ? "push" : "pull", r.id, r.server < 0 ? "the servers" : fmt::format("server {}", r.server),
                    wait_timeout_.count());
   }
   Request r = std::move(it->second);
