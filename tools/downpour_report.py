@@ -62,6 +62,50 @@ def html_table(runs):
     return "\n".join(out)
 
 
+# The worker's step-time breakdown (metrics "step" records, docs/operations.md): field → label.
+BREAKDOWN_FIELDS = [("step_ms", "step"), ("compute_ms", "compute"), ("pull_wait_ms", "pull wait"),
+                    ("push_wait_ms", "push wait"), ("loader_wait_ms", "loader"), ("comm_ms", "comm")]
+
+
+def _median(values):
+    v = sorted(values)
+    if not v:
+        return None
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def step_breakdown(workers):
+    """[Worker] (downpour_runs) → one dict per worker with steps: its id, the number of steps, the
+    median of each BREAKDOWN_FIELDS field over its steps (None where the records lack it: runs
+    from before the breakdown, or comm_ms of a local run), and overlap_ratio = median step /
+    max(median compute, median comm) — 1.0 is perfect overlap of compute and communication. The
+    first step of every segment is left out (its pull is a blocking whole pull, its kernels cold)."""
+    out = []
+    for w in workers:
+        kept = []
+        for seg in w.segments:
+            steps = [r for r in seg if r.get("event") == "step"]
+            kept += steps[1:] if len(steps) > 1 else steps
+        row = {"worker": w.id, "steps": len(kept)}
+        for field, _ in BREAKDOWN_FIELDS:
+            vals = [r[field] for r in kept if isinstance(r.get(field), (int, float))]
+            row[field] = _median(vals)
+        bound = max((x for x in (row["compute_ms"], row["comm_ms"]) if x is not None), default=None)
+        row["overlap_ratio"] = row["step_ms"] / bound if row["step_ms"] is not None and bound else None
+        out.append(row)
+    return out
+
+
+def breakdown_line(row):
+    """"step = X ms; compute Y, pull wait Z, push wait W, loader V; comm C; overlap ratio R"."""
+    f = lambda key: dr.fmt(row[key], ".1f")  # noqa: E731
+    return (f"worker {row['worker']}: step = {f('step_ms')} ms; compute {f('compute_ms')}, pull wait "
+            f"{f('pull_wait_ms')}, push wait {f('push_wait_ms')}, loader {f('loader_wait_ms')}; comm {f('comm_ms')}; "
+            f"overlap ratio step / max(compute, comm) = {dr.fmt(row['overlap_ratio'], '.2f')} "
+            f"(medians of {row['steps']} steps)")
+
+
 CSS = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1700px; padding: 0 1em; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }

@@ -167,8 +167,19 @@ void Net::SetInputs(const float* images, const int* labels) {
 }
 
 void Net::RunForward(Phase phase) {
-  if (!backend_->memory_is_host()) backend_->CopyToDevice(host_params_, device_params_, num_params_);
+  const bool upload = !backend_->memory_is_host();
+  // Without a per-layer callback the weights are final now: one upload. With one, each layer's
+  // weights are final only once its callback returned (they may still be arriving).
+  if (upload && !before_layer_) backend_->CopyToDevice(host_params_, device_params_, num_params_);
   for (size_t li = 0; li < layers_.size(); ++li) {
+    if (before_layer_) {
+      before_layer_(static_cast<int>(li));
+      if (upload) {
+        for (int pi : shapes_.layer_params[li])
+          backend_->CopyToDevice(host_params_ + param_offsets_[pi], device_params_ + param_offsets_[pi],
+                                 shapes_.params[pi].numel());
+      }
+    }
     // Masks depend on (init seed, step, layer) only.
     layers_[li]->SetStep(static_cast<int64_t>(SplitMix64(seed_ * 1000003ull + step_) ^ li));
     layers_[li]->Forward(phase, bottoms_[li], tops_[li]);

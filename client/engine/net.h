@@ -12,6 +12,10 @@
 //    grad-ready callback fires during backward as soon as a tensor's gradient is final
 //    (later layers first) so pushes overlap the rest of backward.
 //  * Forward(...) for evaluation: loss, top-1 and top-k accuracy.
+//  * SetBeforeLayerCallback(f): forward (training and evaluation) calls f(i) right before layer
+//    i runs, so a caller whose pulls land layer by layer waits only for layer i's weights
+//    (layer_param_tensors(i)) before the layer reads them; on a GPU backend the layer's host
+//    weights are uploaded after f(i) returns instead of all at once at the start.
 //  * CheckLabels(labels, n) first: labels come from data files, and one outside the classes is
 //    an error Status (bad input); ForwardBackward / Forward only CHECK it as an invariant.
 //
@@ -121,6 +125,13 @@ class Net {
     grad_ready_ = std::move(callback);
   }
 
+  // Called during forward (both phases) with layer index i before layer i runs; the layer's
+  // parameters (layer_param_tensors(i)) are read only after it returns. Empty = none.
+  void SetBeforeLayerCallback(std::function<void(int layer)> callback) { before_layer_ = std::move(callback); }
+  // The parameter tensors (indices into param_specs(), weight then bias) layer i reads; their
+  // floats are [param_offset(t), +param_specs()[t].numel()) in params().
+  const std::vector<int>& layer_param_tensors(int i) const { return shapes_.layer_params[static_cast<size_t>(i)]; }
+
   // Plain SGD with momentum and weight decay over params()/grads() (Caffe's rule, with the
   // per-tensor multipliers), for training on the engine alone (tests, benchmarks). The
   // servers own the real update; `history` is the caller's momentum buffer (num params).
@@ -176,6 +187,7 @@ class Net {
   Blob* label_blob_ = nullptr;
   std::vector<float> label_staging_;
   std::function<void(int)> grad_ready_;
+  std::function<void(int)> before_layer_;
   float last_accuracy_ = 0.0f;
 };
 

@@ -1,6 +1,11 @@
 // downpour-time — Caffe's `time` command: per-layer forward/backward ms and images/s of a
 // full training step for a model config and batch size.
 //   downpour-time --model configs/models/alexnet.toml --batch 64 --iterations 10 --threads 2 --device cpu
+//   downpour-time ... --json     the same as one JSON object on stdout (for scripts and bench/):
+//     {"model", "config", "backend", "device", "batch", "threads" (the count used; null on a GPU),
+//      "iterations", "warmup", "params", "layers": [{"layer", "type", "forward_ms", "backward_ms"}],
+//      "forward_ms", "backward_ms" (sums over layers), "step_ms" (forward + backward + SGD update),
+//      "images_per_s"}; times are means per iteration in milliseconds.
 #include <omp.h>
 
 #include <cstdio>
@@ -38,6 +43,42 @@ downpour::Status ParseDevice(const std::string& device, downpour::engine::NetOpt
   return downpour::InvalidArgument("--device '{}': expected cpu, gpu or gpu:N", device);
 }
 
+// A JSON string literal of `text` (quotes, backslashes and control characters escaped).
+std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      out += fmt::format("\\u{:04x}", c);
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string TimingJson(const downpour::engine::NetTiming& t, const std::string& model, const std::string& config,
+                       const std::string& backend, const std::string& device, int threads, int warmup,
+                       int64_t params) {
+  std::string layers;
+  for (const auto& l : t.layers) {
+    if (!layers.empty()) layers += ", ";
+    layers += fmt::format(R"({{"layer": {}, "type": {}, "forward_ms": {:.4f}, "backward_ms": {:.4f}}})",
+                          JsonString(l.name), JsonString(l.type), l.forward_ms, l.backward_ms);
+  }
+  return fmt::format(
+      R"({{"model": {}, "config": {}, "backend": {}, "device": {}, "batch": {}, "threads": {}, "iterations": {}, )"
+      R"("warmup": {}, "params": {}, "layers": [{}], "forward_ms": {:.4f}, "backward_ms": {:.4f}, )"
+      R"("step_ms": {:.4f}, "images_per_s": {:.3f}}})"
+      "\n",
+      JsonString(model), JsonString(config), JsonString(backend), JsonString(device), t.batch,
+      threads > 0 ? std::to_string(threads) : "null", t.iterations, warmup, params, layers, t.forward_ms,
+      t.backward_ms, t.step_ms, t.images_per_s);
+}
+
 // "2 (all cores)" for threads = 0, else the count asked for; GPU timings use no CPU threads.
 std::string ThreadsText(const downpour::engine::NetOptions& opt) {
   if (opt.device == downpour::DeviceKind::kGpu) return "n/a (GPU)";
@@ -55,6 +96,7 @@ int Run(int argc, char** argv) {
   std::string device = "cpu";
   bool reference = false;
   std::string tf32 = "on", conv_algo = "search";
+  bool json = false;
   app.add_option("-m,--model", model, "model config (TOML), e.g. configs/models/alexnet.toml")->required();
   app.add_option("-b,--batch", batch, "batch size (default 64)")->check(cli::Between(1, 1000000));
   app.add_option("-n,--iterations", iterations, "timed iterations (default 10)")->check(cli::Between(1, 1000000));
@@ -66,6 +108,7 @@ int Run(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--conv-algo", conv_algo, "GPU: cuDNN convolution algorithm choice (default search)")
       ->check(CLI::IsMember(downpour::kConvAlgoNames));
+  app.add_flag("--json", json, "print the timing as one JSON object instead of the table");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
 
   NetOptions opt;
@@ -83,6 +126,15 @@ int Run(int argc, char** argv) {
   s = Net::Create(spec, opt, &net);
   if (!s.ok()) return cli::Fail("downpour-time", s, cli::kExitFailure);
   net->InitParams(1);
+  if (json) {
+    const NetTiming t = TimeNet(*net, iterations, warmup);
+    const int used_threads = opt.device == downpour::DeviceKind::kGpu ? 0 : (threads > 0 ? threads : omp_get_max_threads());
+    std::fputs(TimingJson(t, spec.name, model, net->backend().name(), device, used_threads, warmup,
+                          static_cast<int64_t>(net->params().size()))
+                   .c_str(),
+               stdout);
+    return cli::kExitOk;
+  }
   std::printf("model %s (%s), backend %s, batch %d, %lld parameters, threads %s\n", spec.name.c_str(), model.c_str(),
               net->backend().name().c_str(), batch, static_cast<long long>(net->params().size()),
               ThreadsText(opt).c_str());

@@ -1,18 +1,26 @@
-// param_channel.h — the training loop's view of the parameter service: pull all weights,
-// push gradient chunk groups as backward produces them, wait for the pushes.
+// param_channel.h — the training loop's view of the parameter service: pull all weights, or
+// pull chunk sets without blocking and wait for each when its layer needs it; push gradient
+// chunk groups as backward produces them, wait for the pushes.
 //
 // The distributed implementation (ps_channel.h) wraps client/ps's PsClient; a null channel
 // means the single-process reference run (the loop applies the update itself).
 //
-// Buffer lifetime: a Pull writes into `weights` before it returns. A StartPush reads
-// `grads` (the flat gradient buffer, layout order) until WaitPushes() returns, so the
-// caller must not modify those floats before then.
+// Ordering: requests to one server are sent in call order, and a server handles a link's
+// messages in arrival order, so a pull started after a push of the same chunks is served after
+// that push was applied (the overlapped loop relies on this and on nothing else).
+//
+// Buffer lifetime: a Pull writes into `weights` before it returns. A StartPull writes the
+// floats of its chunks in `weights` until its WaitPull returns: the caller must not read or
+// write them before then, nor free `weights` (after a failed WaitPull, until the channel is
+// destroyed). A StartPush reads `grads` (the flat gradient buffer, layout order) until
+// WaitPushes() returns, so the caller must not modify those floats before then.
 //
 // Thread-safety: one training thread per channel.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "client/worker/push_planner.h"
 #include "common/status.h"
@@ -24,6 +32,16 @@ struct PullInfo {
   int64_t version_min = 0;  // over the chunks pulled
   int64_t version_max = 0;
   int64_t version_sum = 0;  // the "server versions" an evaluation is stamped with
+};
+
+using PullHandle = uint64_t;
+
+// When one request (a pull or a push) was on the wire: from the call that issued it to the
+// moment the channel saw it complete (seconds on the steady clock). Used for the step-time
+// breakdown's comm_ms.
+struct WireSpan {
+  double issued_s = 0;
+  double done_s = 0;
 };
 
 // Staleness the servers reported for the pushes since the last WaitPushes(): per applied
@@ -42,6 +60,14 @@ class ParamChannel {
   // layout order). `clock` is the caller's iteration (sync/ssp servers may hold the reply
   // until the clock is servable).
   virtual Status Pull(int64_t clock, std::span<float> weights, PullInfo* info) = 0;
+  // Starts fetching the chunks `chunk_ids` (ascending, non-empty) into `weights` (all
+  // parameters, layout order) for iteration `clock` and returns at once with a handle for
+  // WaitPull. Errors of the pull itself surface at WaitPull.
+  virtual Status StartPull(int64_t clock, std::span<const int32_t> chunk_ids, std::span<float> weights,
+                           PullHandle* handle) = 0;
+  // Blocks until pull `handle` has written its chunks; `info` gets the versions of those chunks.
+  // Each handle is waited once.
+  virtual Status WaitPull(PullHandle handle, PullInfo* info) = 0;
   // Sends the gradients of `group`'s chunks, read from `grads` (flat), for `clock`.
   virtual Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) = 0;
   // Waits until every started push is acknowledged; accumulates staleness into `info`.
@@ -50,6 +76,9 @@ class ParamChannel {
   virtual Status Clock(int64_t clock) = 0;
   // The worker leaves the job (training done). Other workers are no longer waited for it.
   virtual Status Leave() = 0;
+  // The wire spans of the requests waited (WaitPull, Pull, WaitPushes) since the last call, and
+  // forgets them. A channel that does not measure returns none.
+  virtual std::vector<WireSpan> TakeWireSpans() { return {}; }
 };
 
 }  // namespace downpour::worker

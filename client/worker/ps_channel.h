@@ -3,17 +3,35 @@
 // Pull: one PsClient::Pull of every chunk (all servers in parallel), waited up to
 // `wait_timeout` (sync/ssp servers hold a pull until its clock is servable, and a restarting
 // server is waited for up to the client's server_wait, so this is generous: the client's own
-// error, naming the server, should come first). Versions come from PsClient::last_versions().
+// error, naming the server, should come first). StartPull: PsClient::PullChunks of the given
+// chunks, waited by WaitPull (same timeout). Versions come from PsClient::last_versions(), read
+// only for the chunks of the pull just completed (other pulls may be in flight).
 // Push: PsClient::PushChunks per planner group, zero-copy from the caller's buffer; the ids
 // are kept and WaitPushes() waits for all of them (after which the buffer is free again).
 // Staleness is measured by the servers (they know the version a gradient meets); the channel
 // reports it as unknown and the worker reads the servers' stats at the end.
 //
-// Ownership: borrows the PsClient (must outlive the channel). Thread-safety: one thread.
+// Completion times: a watcher thread polls the requests in flight, records when each completed
+// and wakes the training thread waiting for it. So a WaitPull for a layer's chunks returns as
+// soon as those chunks arrived, whatever is still in flight before it, and each request's wire
+// span (issue → completion) is known (TakeWireSpans, the step-time breakdown's comm_ms). A
+// server answers a link's requests in order, so each round polls only the oldest pending pull
+// and the oldest pending push of every server (waiting up to 1 ms on the first of them), and
+// every 10th round all of them: completions are seen within about 1 ms (10 ms for one that
+// overtook an older request of its server), at a few polls per millisecond.
+//
+// Ownership: borrows the PsClient (must outlive the channel). Thread-safety: the ParamChannel
+// methods are called from one training thread; the watcher is internal (mu_ guards what it
+// shares with that thread) and is joined by the destructor.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "client/ps/ps_client.h"
@@ -27,19 +45,53 @@ class PsChannel : public ParamChannel {
   // (may be empty when there is none, e.g. in tests with bare servers).
   PsChannel(PsClient* client, std::chrono::milliseconds wait_timeout, std::function<Status(int64_t)> on_clock = {},
             std::function<Status()> on_leave = {});
+  ~PsChannel() override;
+  PsChannel(const PsChannel&) = delete;
+  PsChannel& operator=(const PsChannel&) = delete;
 
   Status Pull(int64_t clock, std::span<float> weights, PullInfo* info) override;
+  Status StartPull(int64_t clock, std::span<const int32_t> chunk_ids, std::span<float> weights,
+                   PullHandle* handle) override;
+  Status WaitPull(PullHandle handle, PullInfo* info) override;
   Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) override;
   Status WaitPushes(PushInfo* info) override;
   Status Clock(int64_t clock) override;
   Status Leave() override;
+  std::vector<WireSpan> TakeWireSpans() override;
 
  private:
+  struct Request {
+    RequestId id = 0;
+    int server = -1;              // the one server it goes to; -1 = all (a whole pull)
+    bool push = false;
+    std::vector<int32_t> chunks;  // a pull's chunks (for their versions); empty for pushes
+    double issued_s = 0;
+    double done_s = 0;
+    bool done = false;
+    Status status;                // the PsClient's answer, once done
+  };
+  // Registers a request just issued with the watcher; returns its handle.
+  uint64_t Track(RequestId id, int server, bool push, std::vector<int32_t> chunks, double issued_s);
+  // Blocks until request `handle` is done (up to wait_timeout_), then forgets it and records its
+  // wire span; `chunks` gets a pull's chunk ids.
+  Status Await(uint64_t handle, std::vector<int32_t>* chunks);
+  void FillVersions(const std::vector<int32_t>& chunks, PullInfo* info) const;
+  void WatchLoop();
+
   PsClient* client_;
   std::chrono::milliseconds wait_timeout_;
   std::function<Status(int64_t)> on_clock_;
   std::function<Status()> on_leave_;
-  std::vector<RequestId> pending_pushes_;
+  std::vector<uint64_t> pending_pushes_;  // training thread only
+  std::vector<WireSpan> spans_;           // training thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;            // a request registered, done, or stop
+  std::map<uint64_t, Request> requests_;  // guarded by mu_
+  int watching_ = 0;                      // guarded by mu_: requests not done yet
+  uint64_t next_handle_ = 1;              // guarded by mu_
+  bool stop_ = false;                     // guarded by mu_
+  std::thread watcher_;                   // last: starts after everything it reads
 };
 
 }  // namespace downpour::worker

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -16,6 +17,35 @@ namespace {
 
 double NowS() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Milliseconds covered by the union of the spans (the wire was busy with at least one of them).
+double UnionMs(std::vector<WireSpan> spans) {
+  std::sort(spans.begin(), spans.end(), [](const WireSpan& a, const WireSpan& b) { return a.issued_s < b.issued_s; });
+  double total = 0, begin = 0, end = 0;
+  bool open = false;
+  for (const WireSpan& w : spans) {
+    if (open && w.issued_s <= end) {
+      end = std::max(end, w.done_s);
+      continue;
+    }
+    if (open) total += end - begin;
+    begin = w.issued_s;
+    end = w.done_s;
+    open = true;
+  }
+  if (open) total += end - begin;
+  return 1e3 * total;
+}
+
+void MergePullInfo(const PullInfo& in, bool first, PullInfo* acc) {
+  if (first) {
+    *acc = in;
+    return;
+  }
+  acc->version_min = std::min(acc->version_min, in.version_min);
+  acc->version_max = std::max(acc->version_max, in.version_max);
+  acc->version_sum += in.version_sum;
 }
 
 // Steps this worker runs: `steps`, or enough whole batches for `epochs` passes of its shard.
@@ -101,6 +131,120 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
   if (o_.worker.push_every > 1) accum_.assign(net_->params().size(), 0.0f);
   if (channel_ == nullptr) history_.assign(net_->params().size(), 0.0f);
   net_->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
+  overlap_ = o_.overlap_pull && channel_ != nullptr && o_.worker.pull_every == 1 && o_.worker.push_every == 1;
+  if (overlap_) {
+    BuildOverlapMaps();
+    net_->SetBeforeLayerCallback([this](int layer) { OnLayerForward(layer); });
+  }
+}
+
+Trainer::~Trainer() {
+  net_->SetGradReadyCallback({});
+  if (overlap_) net_->SetBeforeLayerCallback({});
+}
+
+// Which chunks each layer's forward needs, and which tensors each chunk covers. Works whether or
+// not a chunk may span tensors: both are computed from flat ranges.
+void Trainer::BuildOverlapMaps() {
+  const int tensors = static_cast<int>(layout_->tensors().size());
+  const int chunks = layout_->num_chunks();
+  chunk_tensors_.assign(static_cast<size_t>(chunks), {});
+  for (const Chunk& c : layout_->chunks()) {
+    for (int t = 0; t < tensors; ++t) {
+      const int64_t b = layout_->tensor_flat_offset(t), e = layout_->tensor_flat_offset(t + 1);
+      if (b < c.flat_offset + c.count && c.flat_offset < e) chunk_tensors_[static_cast<size_t>(c.id)].push_back(t);
+    }
+  }
+  layer_chunks_.assign(static_cast<size_t>(net_->num_layers()), {});
+  for (int li = 0; li < net_->num_layers(); ++li) {
+    std::vector<int32_t>& ids = layer_chunks_[static_cast<size_t>(li)];
+    for (int t : net_->layer_param_tensors(li)) {
+      const std::vector<int32_t> in = layout_->ChunksInRange(layout_->tensor_flat_offset(t), layout_->tensor_flat_offset(t + 1));
+      ids.insert(ids.end(), in.begin(), in.end());
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  }
+  chunk_inflight_.assign(static_cast<size_t>(chunks), -1);
+  tensor_final_.assign(static_cast<size_t>(tensors), false);
+  chunk_pulled_.assign(static_cast<size_t>(chunks), false);
+}
+
+// Pushes `group`, then (when this step pulls ahead) starts the next step's pull of every chunk
+// that is now pushed and whose tensors are all final — after the push on the same links, so
+// each server serves it after applying this push.
+Status Trainer::PushGroupAndPull(const PushGroup& group, std::span<const float> source) {
+  DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, source));
+  if (!pull_next_) return Status::Ok();
+  return StartReadyPulls(group.chunk_ids);
+}
+
+Status Trainer::StartReadyPulls(const std::vector<int32_t>& candidates) {
+  std::vector<int32_t> check;
+  check.swap(pushed_waiting_);
+  check.insert(check.end(), candidates.begin(), candidates.end());
+  std::map<int, std::vector<int32_t>> by_server;
+  for (int32_t c : check) {
+    if (chunk_pulled_[static_cast<size_t>(c)]) continue;
+    const auto& ts = chunk_tensors_[static_cast<size_t>(c)];
+    const bool ready = std::all_of(ts.begin(), ts.end(), [&](int t) { return tensor_final_[static_cast<size_t>(t)]; });
+    if (!ready) {
+      pushed_waiting_.push_back(c);
+      continue;
+    }
+    chunk_pulled_[static_cast<size_t>(c)] = true;
+    by_server[layout_->chunk(c).server].push_back(c);
+  }
+  for (auto& [server, ids] : by_server) {
+    std::sort(ids.begin(), ids.end());
+    PullHandle handle = 0;
+    DP_RETURN_IF_ERROR(channel_->StartPull(clock_ + 1, ids, net_->params(), &handle));
+    for (int32_t c : ids) chunk_inflight_[static_cast<size_t>(c)] = static_cast<int>(inflight_.size());
+    inflight_.push_back(InflightPull{handle, false});
+  }
+  return Status::Ok();
+}
+
+Status Trainer::WaitInflightPull(size_t index) {
+  PullInfo info;
+  InflightPull& p = inflight_[index];
+  p.waited = true;  // waited once, whatever the outcome
+  DP_RETURN_IF_ERROR(channel_->WaitPull(p.handle, &info));
+  MergePullInfo(info, !inflight_info_set_, &inflight_info_);
+  inflight_info_set_ = true;
+  return Status::Ok();
+}
+
+// Forward is about to run `layer`: wait for the pulls of the chunks its weights live in.
+void Trainer::OnLayerForward(int layer) {
+  if (!callback_status_.ok()) return;
+  const double t0 = NowS();
+  for (int32_t c : layer_chunks_[static_cast<size_t>(layer)]) {
+    const int index = chunk_inflight_[static_cast<size_t>(c)];
+    if (index < 0 || inflight_[static_cast<size_t>(index)].waited) continue;
+    Status s = WaitInflightPull(static_cast<size_t>(index));
+    if (!s.ok()) {
+      callback_status_ = s;
+      break;
+    }
+  }
+  forward_pull_wait_ms_ += 1e3 * (NowS() - t0);
+}
+
+Status Trainer::FinishPulls() {
+  Status first;
+  for (size_t i = 0; i < inflight_.size(); ++i) {
+    if (inflight_[i].waited) continue;
+    Status s = WaitInflightPull(i);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  if (!inflight_.empty()) {
+    std::fill(chunk_inflight_.begin(), chunk_inflight_.end(), -1);
+    inflight_.clear();
+  }
+  if (inflight_info_set_) pull_info_ = inflight_info_;
+  inflight_info_set_ = false;
+  return first;
 }
 
 double Trainer::Elapsed() const { return NowS() - start_; }
@@ -109,6 +253,17 @@ double Trainer::Elapsed() const { return NowS() - start_; }
 // into the accumulator when pushes stand for several steps, then push what became ready.
 void Trainer::OnGradReady(int tensor) {
   if (!pushing_ || !callback_status_.ok()) return;
+  if (pull_next_) {
+    // Forward is over, so the pulls it used were all waited; the next step's start now.
+    if (!pulls_finished_) {
+      const double t0 = NowS();
+      callback_status_ = FinishPulls();
+      forward_pull_wait_ms_ += 1e3 * (NowS() - t0);
+      pulls_finished_ = true;
+      if (!callback_status_.ok()) return;
+    }
+    tensor_final_[static_cast<size_t>(tensor)] = true;  // its layer's backward is complete
+  }
   std::span<const float> source = net_->grads();
   if (!accum_.empty()) {
     const int64_t off = net_->param_offset(tensor);
@@ -121,7 +276,7 @@ void Trainer::OnGradReady(int tensor) {
   // Clipping by the global norm needs every tensor's gradient first: pushes wait for Flush.
   if (clipping()) return;
   for (const PushGroup& group : planner_.OnTensorReady(tensor)) {
-    Status s = channel_->StartPush(clock_, group, source);
+    Status s = PushGroupAndPull(group, source);
     if (!s.ok()) {
       callback_status_ = s;
       return;
@@ -156,16 +311,31 @@ void Trainer::ApplyLocalUpdate() {
   ++local_iter_;
 }
 
-Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step) {
+Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool last_step) {
   pushing_ = channel_ != nullptr && push_step;
   planner_.Reset();
   callback_status_ = Status::Ok();
+  pull_next_ = overlap_ && pushing_ && !last_step;
+  pulls_finished_ = false;
+  if (pull_next_) {
+    std::fill(tensor_final_.begin(), tensor_final_.end(), false);
+    std::fill(chunk_pulled_.begin(), chunk_pulled_.end(), false);
+    pushed_waiting_.clear();
+  }
+  forward_pull_wait_ms_ = 0;
   const double t0 = NowS();
   const float loss = net_->ForwardBackward(batch.data, batch.labels);
   const double t1 = NowS();
-  compute_ms_ = 1e3 * (t1 - t0);
-  push_wait_ms_ = 0;
   DP_RETURN_IF_ERROR(callback_status_);
+  if (overlap_ && !pulls_finished_) {
+    // No backward callback started the next pulls (last step, or nothing pushed): the pulls
+    // this forward used are done with all the same.
+    DP_RETURN_IF_ERROR(FinishPulls());
+    pulls_finished_ = true;
+  }
+  compute_ms_ = 1e3 * (t1 - t0) - forward_pull_wait_ms_;
+  pull_ms_ += forward_pull_wait_ms_;
+  push_wait_ms_ = 0;
   if (!std::isfinite(loss))
     return Internal(
         "worker {}: training loss is {} at step {} (diverged; "
@@ -181,15 +351,21 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step) {
       ClipGradient(source);
       for (int t = 0; t < static_cast<int>(layout_->tensors().size()); ++t) {
         for (const PushGroup& group : planner_.OnTensorReady(t)) {
-          DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, source));
+          DP_RETURN_IF_ERROR(PushGroupAndPull(group, source));
         }
       }
     }
     // Groups held back below the push-size threshold go out now.
     for (const PushGroup& group : planner_.Flush()) {
-      DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, source));
+      DP_RETURN_IF_ERROR(PushGroupAndPull(group, source));
     }
     DP_CHECK(planner_.AllReleased());
+    if (pull_next_) {
+      // Backward is over: every tensor is final, so every pushed chunk may be pulled now.
+      std::fill(tensor_final_.begin(), tensor_final_.end(), true);
+      DP_RETURN_IF_ERROR(StartReadyPulls({}));
+      DP_CHECK(std::all_of(chunk_pulled_.begin(), chunk_pulled_.end(), [](bool b) { return b; }));
+    }
     DP_RETURN_IF_ERROR(channel_->WaitPushes(&push_info_));
     if (!accum_.empty()) std::fill(accum_.begin(), accum_.end(), 0.0f);
     ++clock_;
@@ -220,9 +396,15 @@ Status Trainer::Evaluate(bool final_eval, EvalRecord* out, bool starting_weights
     // loaded weights); pulling instead could see other workers' first updates already.
     std::copy(net_->params().begin(), net_->params().end(), eval_net_->params().begin());
   } else if (channel_ != nullptr) {
+    // The next step's pulls may be in flight: let them land first, so no two pulls of one
+    // chunk are in flight at once (the client's versions are per chunk).
+    for (size_t i = 0; i < inflight_.size(); ++i) {
+      if (!inflight_[i].waited) DP_RETURN_IF_ERROR(WaitInflightPull(i));
+    }
     PullInfo info;
     DP_RETURN_IF_ERROR(channel_->Pull(clock_, eval_net_->params(), &info));
     out->versions = info.version_sum;
+    channel_->TakeWireSpans();  // evaluation traffic is not a step's
   } else {
     std::copy(net_->params().begin(), net_->params().end(), eval_net_->params().begin());
     out->versions = local_iter_;
@@ -265,9 +447,12 @@ void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s)
                                  {"batch_acc", net_->last_accuracy()},
                                  {"images", images_},
                                  {"images_per_s", rate},
-                                 {"pull_ms", pull_ms_},
+                                 {"step_ms", 1e3 * step_s},
                                  {"compute_ms", compute_ms_},
+                                 {"pull_wait_ms", pull_ms_},
                                  {"push_wait_ms", push_wait_ms_},
+                                 {"loader_wait_ms", loader_ms_},
+                                 {"comm_ms", channel_ != nullptr ? MetricValue(comm_ms_) : MetricValue()},
                                  {"version_min", pull_info_.version_min},
                                  {"version_max", pull_info_.version_max},
                                  {"staleness_mean", staleness},
@@ -327,6 +512,7 @@ Status Trainer::Run(TrainResult* result) {
                                     {"shard_size", train_->shard_size()},
                                     {"params", static_cast<int64_t>(net_->params().size())},
                                     {"distributed", channel_ != nullptr},
+                                    {"overlap_pull", overlap_},
                                     {"resumed", o_.resume.has_value()},
                                     {"resume_step", from.step},
                                     {"wall_offset_s", from.wall_s}});
@@ -338,13 +524,17 @@ Status Trainer::Run(TrainResult* result) {
   for (int64_t step = from.step; step < planned; ++step) {
     const double t0 = NowS();
     pull_ms_ = 0;
-    // The first step of a run (a resumed one too) always pulls: the net holds no server weights yet.
-    if (channel_ != nullptr && (step % w.pull_every == 0 || step == from.step)) {
+    // The first step of a run (a resumed one too) always pulls: the net holds no server weights
+    // yet. A step whose pulls the previous step started waits for them layer by layer instead.
+    const bool pulled_ahead = !inflight_.empty();
+    if (channel_ != nullptr && !pulled_ahead && (step % w.pull_every == 0 || step == from.step)) {
       DP_RETURN_IF_ERROR(channel_->Pull(clock_, net_->params(), &pull_info_));
       pull_ms_ = 1e3 * (NowS() - t0);
     }
     BatchView batch;
+    const double loader_t0 = NowS();
     DP_RETURN_IF_ERROR(train_->Next(&batch));
+    loader_ms_ = 1e3 * (NowS() - loader_t0);
     DP_RETURN_IF_ERROR(net_->CheckLabels(batch.labels, batch.n));
     if (batch.n != net_->batch_size() || batch.c != net_->input_channels() || batch.h != net_->input_height() ||
         batch.w != net_->input_width())
@@ -352,7 +542,8 @@ Status Trainer::Run(TrainResult* result) {
                              batch.n, batch.c, batch.h, batch.w, net_->batch_size(), net_->input_channels(),
                              net_->input_height(), net_->input_width());
     const bool push_step = (step + 1) % w.push_every == 0 || step + 1 == planned;
-    DP_RETURN_IF_ERROR(Step(step, batch, push_step));
+    DP_RETURN_IF_ERROR(Step(step, batch, push_step, step + 1 == planned));
+    if (channel_ != nullptr) comm_ms_ = UnionMs(channel_->TakeWireSpans());
     if (o_.step_delay.count() > 0) std::this_thread::sleep_for(o_.step_delay);
     images_ += batch.n;
     steps_done_ = step + 1;

@@ -10,6 +10,24 @@
 //   worker waits for the acks, then reports its clock
 //   metrics → JSONL, progress line; evaluation on a schedule (the evaluating worker).
 //
+// Overlapped pulls (TrainerOptions::overlap_pull; async/ssp with pull_every = push_every = 1):
+// the pull of the next step is not one blocking pull at its start. As each push group of step
+// t is started during backward, the pull of those chunks for step t+1 (clock t+1) is started
+// right after it on the same links — so each server serves it after applying that push — and
+// forward of step t+1 waits, before each layer (Net::SetBeforeLayerCallback), only for the
+// pulls of the chunks overlapping that layer's tensors (conv1 first). A chunk is pulled only
+// once every tensor it overlaps is final: its layer's backward is complete (the grad-ready
+// callback fires after Layer::Backward, which read the layer's weights for the data
+// gradient), so the pull never overwrites weights backward still reads. The last step pulls
+// nothing ahead; sync mode keeps the blocking pull (its servers hold it until the clock is
+// complete).
+//
+// Step-time breakdown (metrics "step" record, docs/operations.md): compute_ms (forward +
+// backward without the waits inside them), pull_wait_ms (blocked on pulls: the whole pull, or
+// the per-layer waits), push_wait_ms (the last pushes' start, WaitPushes and the clock report),
+// loader_wait_ms (blocked on the prefetch queue), step_ms, comm_ms (wire time of the requests
+// this step waited for: the union of their [issued, completed] spans).
+//
 // Without a channel (nullptr) the loop is the single-process reference run: it applies the
 // solver's SGD rule itself (Net::SgdUpdate, Caffe's lr policies), which is what a
 // distributed sync run must agree with.
@@ -50,6 +68,10 @@ struct TrainerOptions {
   bool evaluate = false;        // this worker runs the test-set evaluations (worker 0)
   std::string model_out;        // final weights file (evaluating worker); "" = not saved
   int64_t min_push_elems = int64_t{1} << 18;  // PushPlanner release threshold (floats)
+  // Overlap the next step's pull with this step's backward and the next forward, layer by
+  // layer (see above). Used only with a channel and pull_every = push_every = 1; the worker
+  // sets it for async and ssp runs (off: downpour-worker --no-overlap). Default off.
+  bool overlap_pull = false;
   // Sleep after every step (straggler emulation for consistency experiments and tests); the
   // sleep counts as step time, as a slow machine's would.
   std::chrono::milliseconds step_delay{0};
@@ -99,6 +121,10 @@ class Trainer {
   Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net, const ParamLayout* layout,
           ParamChannel* channel, TrainSource* train, TestSource* test, MetricsWriter* metrics,
           ProgressReporter* progress);
+  // Clears the callbacks it set on the net (the net may outlive it).
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   Status Run(TrainResult* result);
   // One evaluation on freshly pulled weights (or the net's own in the reference run);
@@ -106,8 +132,15 @@ class Trainer {
   Status Evaluate(bool final_eval, EvalRecord* out, bool starting_weights = false);
 
  private:
-  Status Step(int64_t step, const BatchView& batch, bool push_step);
+  Status Step(int64_t step, const BatchView& batch, bool push_step, bool last_step);
   void OnGradReady(int tensor);
+  // Overlapped pulls.
+  void BuildOverlapMaps();
+  Status PushGroupAndPull(const PushGroup& group, std::span<const float> source);
+  Status StartReadyPulls(const std::vector<int32_t>& candidates);
+  void OnLayerForward(int layer);
+  Status WaitInflightPull(size_t index);
+  Status FinishPulls();  // waits any pull of the last generation not waited yet, then forgets them
   void ApplyLocalUpdate();
   bool EvalDue(int64_t steps_done) const;
   void LogStep(int64_t steps_done, const BatchView& batch, double step_s);
@@ -145,7 +178,26 @@ class Trainer {
   PullInfo pull_info_;
   PushInfo push_info_;           // cumulative
   int64_t last_push_chunks_ = 0, last_push_sum_ = 0;
-  double pull_ms_ = 0, push_wait_ms_ = 0, compute_ms_ = 0;  // last step
+  // Overlapped pulls: fixed maps from the layout and the net, and per-step state.
+  bool overlap_ = false;                           // options asked for it and the run allows it
+  std::vector<std::vector<int32_t>> layer_chunks_; // per layer: chunks overlapping its tensors
+  std::vector<std::vector<int>> chunk_tensors_;    // per chunk: tensors it overlaps
+  bool pull_next_ = false;                         // this step starts the next step's pulls
+  bool pulls_finished_ = false;                    // this step forgot the pulls its forward used
+  std::vector<bool> tensor_final_;                 // this step's backward finished the tensor
+  std::vector<bool> chunk_pulled_;                 // this step started the chunk's next pull
+  std::vector<int32_t> pushed_waiting_;            // pushed, not all its tensors final yet
+  struct InflightPull {
+    PullHandle handle = 0;
+    bool waited = false;
+  };
+  std::vector<InflightPull> inflight_;             // the pulls the next forward waits for
+  std::vector<int> chunk_inflight_;                // per chunk: index into inflight_, or -1
+  PullInfo inflight_info_;                         // versions of the inflight pulls waited so far
+  bool inflight_info_set_ = false;
+  // Step-time breakdown of the last step (milliseconds).
+  double pull_ms_ = 0, push_wait_ms_ = 0, compute_ms_ = 0, loader_ms_ = 0, comm_ms_ = 0;
+  double forward_pull_wait_ms_ = 0;                // pull waits inside ForwardBackward
   double loss_last_ = 0;
   double loss_ema_ = -1;
   double rate_ema_ = 0;

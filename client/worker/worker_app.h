@@ -55,6 +55,10 @@ struct WorkerArgs {
   bool shuffle = true;          // false: read the shard in record order (reproducible tests)
   int step_delay_ms = 0;        // > 0: sleep this long after every step (emulates a straggler)
   bool resume = false;          // continue from <run_dir>/state/worker-<id>.toml (worker_state.h)
+  // Async/ssp runs with pull_every = push_every = 1 pull the next step's weights layer by layer
+  // during backward (trainer.h, "Overlapped pulls"); false (--no-overlap): one blocking pull
+  // at the start of each step, as sync runs always do.
+  bool overlap = true;
   // --bind (source address of its connections), --coordinator; "" = from the run config
   // (common/process_net.h).
   NetFlags net;

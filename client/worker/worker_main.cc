@@ -1,6 +1,6 @@
 // downpour-worker — one training worker of a run (usually started by downpour-launch):
 //   downpour-worker [--id J] --run-dir RUN [--config RUN/config.toml] [--set K=V]... [--quiet] [--local]
-//                   [--coordinator HOST:PORT] [--bind SOURCE_ADDRESS]
+//                   [--coordinator HOST:PORT] [--bind SOURCE_ADDRESS] [--no-overlap]
 // Prints the final test accuracy (evaluating worker). Exit codes (common/cli.h): 0 ok, 1 a
 // failure while training, 2 a bad flag, config or input found before training started.
 #include <cstdio>
@@ -37,12 +37,17 @@ int main(int argc, char** argv) {
   app.add_option("--step-delay-ms", args.step_delay_ms,
                  "sleep this long after every step: emulates a straggler (consistency experiments)")
       ->check(cli::Between(0, 600000));
+  bool no_overlap = false;
+  app.add_flag("--no-overlap", no_overlap,
+               "async/ssp: pull all weights at the start of each step instead of layer by layer during the "
+               "previous step's backward (for comparing the two)");
   app.add_option("--steps", args.steps_override, "override worker.steps (smoke runs)")->check(cli::AtLeast(1));
   std::string tensors_out;
   app.add_option("--write-tensors", tensors_out,
                  "write the model's tensor list (for downpour-server --tensors) to this file and exit");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
   args.shuffle = !no_shuffle;
+  args.overlap = !no_overlap;
   if (args.local && args.id < 0) args.id = 0;
   // A joining worker without --id learns its id from the coordinator (its log lines name it).
   const std::string program = args.id >= 0 ? fmt::format("downpour-worker {}", args.id) : "downpour-worker";

@@ -159,6 +159,11 @@ class RecordingChannel : public ParamChannel {
  public:
   explicit RecordingChannel(const ParamLayout& layout) : layout_(layout), pushed_(layout.total_elems(), 0.0f) {}
   Status Pull(int64_t, std::span<float>, PullInfo*) override { return Status::Ok(); }  // weights stay
+  Status StartPull(int64_t, std::span<const int32_t>, std::span<float>, PullHandle* h) override {
+    *h = 0;
+    return Status::Ok();
+  }
+  Status WaitPull(PullHandle, PullInfo*) override { return Status::Ok(); }
   Status StartPush(int64_t, const PushGroup& group, std::span<const float> grads) override {
     for (int32_t id : group.chunk_ids) {
       const auto& c = layout_.chunks()[static_cast<size_t>(id)];

@@ -1,0 +1,405 @@
+// overlap_test.cc — the worker's overlapped pull (trainer.h, "Overlapped pulls") against real
+// shard servers in-process (inproc transport, two ShardServers, one worker's PsClient):
+//  * ordering: for every chunk and step t, the pull for step t+1 is started after the push of
+//    step t and before the end of that backward (it overlaps), the server served it after
+//    applying that push (1 worker, async: every chunk's version equals the pull's clock), and
+//    forward of step t+1 waits for the pulls in layer order (conv1's first);
+//  * exactness: with one worker and one server async training is deterministic, so the
+//    overlapped loop must give bit-identical weights to the blocking loop — also when every
+//    pull is held back until the trainer waits for it (a forward that read a layer before
+//    waiting would then compute with the previous step's weights and drift);
+//  * the channel's wire spans (comm_ms of the step-time breakdown): one per waited request;
+//  * ssp:0 with the overlap (pulls at clock t+1 before the clock report) does not stall.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+
+#include "client/engine/net.h"
+#include "client/engine/net_spec.h"
+#include "client/ps/ps_client.h"
+#include "client/worker/ps_channel.h"
+#include "client/worker/trainer.h"
+#include "common/inproc_transport.h"
+#include "server/shard.h"
+
+namespace downpour::worker {
+namespace {
+
+using namespace std::chrono_literals;
+
+// conv1 (4×1×3×3) → ReLU → fc1 (16×144) → ReLU → fc2 (10×16) → loss, on 1×8×8 inputs.
+constexpr const char* kNet = R"(name = "overlapnet"
+[input]
+channels = 1
+height = 8
+width = 8
+[[layer]]
+name = "conv1"
+type = "Convolution"
+bottom = ["data"]
+top = ["conv1"]
+num_output = 4
+kernel_size = 3
+pad = 1
+weight_filler = { type = "gaussian", std = 0.3 }
+bias_filler = { type = "constant", value = 0.1 }
+[[layer]]
+name = "relu1"
+type = "ReLU"
+bottom = ["conv1"]
+top = ["relu1"]
+[[layer]]
+name = "fc1"
+type = "InnerProduct"
+bottom = ["relu1"]
+top = ["fc1"]
+num_output = 16
+weight_filler = { type = "gaussian", std = 0.1 }
+bias_filler = { type = "constant", value = 0.0 }
+[[layer]]
+name = "relu2"
+type = "ReLU"
+bottom = ["fc1"]
+top = ["relu2"]
+[[layer]]
+name = "fc2"
+type = "InnerProduct"
+bottom = ["relu2"]
+top = ["fc2"]
+num_output = 10
+weight_filler = { type = "gaussian", std = 0.3 }
+bias_filler = { type = "constant", value = 0.0 }
+[[layer]]
+name = "loss"
+type = "SoftmaxWithLoss"
+bottom = ["fc2", "label"]
+top = ["loss"]
+)";
+
+constexpr int kBatch = 8;
+constexpr int kSteps = 5;
+
+// A different random batch every step, the same sequence in every run.
+class StepSource : public TrainSource {
+ public:
+  StepSource() : data_(size_t{kBatch} * 64), labels_(kBatch) {}
+  Status Next(BatchView* b) override {
+    std::mt19937 rng(static_cast<uint32_t>(1000 + step_++));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (float& x : data_) x = d(rng);
+    for (int i = 0; i < kBatch; ++i) labels_[static_cast<size_t>(i)] = static_cast<int>(rng() % 10);
+    *b = BatchView{data_.data(), labels_.data(), kBatch, 1, 8, 8, 0};
+    return Status::Ok();
+  }
+  int64_t shard_size() const override { return 0; }
+  Status SeekToStep(int64_t) override { return Status::Ok(); }
+
+ private:
+  int64_t step_ = 0;
+  std::vector<float> data_;
+  std::vector<int> labels_;
+};
+
+// What the trainer asked of the channel, in call order.
+struct Event {
+  enum Kind { kPull, kStartPull, kWaitPull, kPush } kind;
+  int64_t clock = 0;
+  std::vector<int32_t> chunks;
+  PullInfo info;  // kWaitPull: versions the servers returned
+};
+
+// Records every call and forwards it to a PsChannel. With `hold_pulls`, a StartPull is only
+// remembered and goes on the wire when the trainer waits for it: the weights then change at the
+// WaitPull, not before, so a layer read before its wait would see the previous step's weights.
+class RecordingChannel : public ParamChannel {
+ public:
+  RecordingChannel(PsChannel* inner, bool hold_pulls) : inner_(inner), hold_pulls_(hold_pulls) {}
+  Status Pull(int64_t clock, std::span<float> weights, PullInfo* info) override {
+    events.push_back({Event::kPull, clock, {}, {}});
+    return inner_->Pull(clock, weights, info);
+  }
+  Status StartPull(int64_t clock, std::span<const int32_t> chunk_ids, std::span<float> weights,
+                   PullHandle* handle) override {
+    events.push_back({Event::kStartPull, clock, {chunk_ids.begin(), chunk_ids.end()}, {}});
+    *handle = next_++;
+    Held& h = held_[*handle];
+    h = Held{clock, {chunk_ids.begin(), chunk_ids.end()}, weights, 0};
+    if (!hold_pulls_) return inner_->StartPull(clock, chunk_ids, weights, &h.inner);
+    return Status::Ok();
+  }
+  Status WaitPull(PullHandle handle, PullInfo* info) override {
+    Held h = held_.at(handle);
+    held_.erase(handle);
+    if (hold_pulls_) DP_RETURN_IF_ERROR(inner_->StartPull(h.clock, h.chunks, h.weights, &h.inner));
+    DP_RETURN_IF_ERROR(inner_->WaitPull(h.inner, info));
+    events.push_back({Event::kWaitPull, h.clock, h.chunks, *info});
+    return Status::Ok();
+  }
+  Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) override {
+    events.push_back({Event::kPush, clock, group.chunk_ids, {}});
+    return inner_->StartPush(clock, group, grads);
+  }
+  Status WaitPushes(PushInfo* info) override { return inner_->WaitPushes(info); }
+  Status Clock(int64_t clock) override { return inner_->Clock(clock); }
+  Status Leave() override { return inner_->Leave(); }
+  std::vector<WireSpan> TakeWireSpans() override { return inner_->TakeWireSpans(); }
+
+  std::vector<Event> events;
+
+ private:
+  struct Held {
+    int64_t clock = 0;
+    std::vector<int32_t> chunks;
+    std::span<float> weights;
+    PullHandle inner = 0;
+  };
+  PsChannel* inner_;
+  bool hold_pulls_;
+  std::map<PullHandle, Held> held_;
+  PullHandle next_ = 1;
+};
+
+struct RunSetup {
+  int servers = 2;
+  int64_t chunk_elems = 100;  // fc1 (2304 floats) spans many chunks, biases one each
+  bool overlap = true;
+  bool hold_pulls = false;
+  ConsistencyConfig consistency;
+};
+
+struct RunOutcome {
+  std::vector<Event> events;
+  std::vector<float> final_weights;  // pulled from the servers after the run
+  ParamLayout layout;
+  std::vector<std::vector<int32_t>> layer_chunks;  // per layer with parameters, in net order
+};
+
+// One worker training kSteps against fresh in-process servers (momentum SGD on the servers).
+void TrainOnce(const RunSetup& setup, RunOutcome* out) {
+  engine::NetSpec spec;
+  ASSERT_TRUE(engine::ParseNetSpecString(kNet, "overlapnet", &spec).ok());
+  engine::NetOptions no;
+  no.batch = kBatch;
+  no.threads = 1;
+  std::unique_ptr<engine::Net> net;
+  ASSERT_TRUE(engine::Net::Create(spec, no, &net).ok());
+  net->InitParams(11);
+  ASSERT_TRUE(ParamLayout::Build(net->param_specs(), setup.servers, setup.chunk_elems, &out->layout).ok());
+  for (int li = 0; li < net->num_layers(); ++li) {
+    std::vector<int32_t> ids;
+    for (int t : net->layer_param_tensors(li)) {
+      const auto in = out->layout.ChunksInRange(out->layout.tensor_flat_offset(t), out->layout.tensor_flat_offset(t + 1));
+      ids.insert(ids.end(), in.begin(), in.end());
+    }
+    if (!ids.empty()) out->layer_chunks.push_back(ids);
+  }
+
+  InprocTransport transport;
+  std::vector<std::unique_ptr<ShardServer>> shards(static_cast<size_t>(setup.servers));
+  PsClientOptions co;
+  for (int s = 0; s < setup.servers; ++s) {
+    ShardOptions o;
+    o.server_id = s;
+    o.solver.base_lr = 0.05f;
+    o.solver.momentum = 0.9f;
+    o.solver.weight_decay = 0.0005f;
+    o.consistency = setup.consistency;
+    o.poll_interval = 5ms;
+    ASSERT_TRUE(ShardServer::Create(out->layout, o, &shards[static_cast<size_t>(s)]).ok());
+    const std::string address = fmt::format("overlap-s{}", s);
+    std::unique_ptr<ServerEndpoint> ep;
+    ASSERT_TRUE(transport.Bind(address, &ep).ok());
+    shards[static_cast<size_t>(s)]->Start(std::move(ep));
+    co.server_addresses.push_back(address);
+  }
+  co.reply_timeout = 20000ms;
+  co.server_wait = 20000ms;
+  {
+    std::unique_ptr<PsClient> client;
+    ASSERT_TRUE(PsClient::Create(&transport, out->layout, co, &client).ok());
+    ASSERT_TRUE(client->Connect(5000ms).ok());
+    ASSERT_TRUE(client->Wait(client->PushInit(net->params()), 5000ms).ok());
+    {
+      PsChannel ps(client.get(), 20000ms);
+      RecordingChannel channel(&ps, setup.hold_pulls);
+      TrainerOptions to;
+      to.worker.batch_size = kBatch;
+      to.worker.steps = kSteps;
+      to.min_push_elems = 0;  // a group per tensor: the finest overlap
+      to.overlap_pull = setup.overlap;
+      StepSource source;
+      Trainer trainer(to, net.get(), nullptr, &out->layout, &channel, &source, nullptr, nullptr, nullptr);
+      TrainResult r;
+      const Status s = trainer.Run(&r);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(r.steps, kSteps);
+      out->events = channel.events;
+    }
+    out->final_weights.assign(static_cast<size_t>(out->layout.total_elems()), 0.0f);
+    ASSERT_TRUE(client->Wait(client->Pull(out->final_weights), 5000ms).ok());
+  }
+  for (auto& s : shards) s->Stop();
+  for (auto& s : shards) EXPECT_TRUE(s->Join().ok());
+}
+
+TEST(Overlap, EachLayersPullFollowsItsPushAndForwardWaitsForIt) {
+  RunOutcome run;
+  ASSERT_NO_FATAL_FAILURE(TrainOnce(RunSetup{}, &run));
+  const int chunks = run.layout.num_chunks();
+  // Only the first step pulls everything at once; every later step's weights come layer by layer.
+  ASSERT_FALSE(run.events.empty());
+  EXPECT_EQ(run.events[0].kind, Event::kPull);
+  EXPECT_EQ(std::count_if(run.events.begin(), run.events.end(), [](const Event& e) { return e.kind == Event::kPull; }),
+            1);
+  for (int64_t t = 0; t + 1 < kSteps; ++t) {
+    SCOPED_TRACE(fmt::format("step {} → {}", t, t + 1));
+    std::map<int32_t, size_t> push_at, pull_at;  // chunk → event index
+    size_t last_push = 0;
+    for (size_t i = 0; i < run.events.size(); ++i) {
+      const Event& e = run.events[i];
+      if (e.kind == Event::kPush && e.clock == t) {
+        for (int32_t c : e.chunks) push_at[c] = i;
+        last_push = i;
+      }
+      if (e.kind == Event::kStartPull && e.clock == t + 1) {
+        for (int32_t c : e.chunks) {
+          EXPECT_EQ(pull_at.count(c), 0u) << "chunk " << c << " pulled twice";
+          pull_at[c] = i;
+        }
+      }
+    }
+    ASSERT_EQ(static_cast<int>(push_at.size()), chunks);
+    ASSERT_EQ(static_cast<int>(pull_at.size()), chunks);
+    size_t first_pull = run.events.size();
+    for (int32_t c = 0; c < chunks; ++c) {
+      EXPECT_GT(pull_at[c], push_at[c]) << "chunk " << c << " pulled before its push";
+      first_pull = std::min(first_pull, pull_at[c]);
+    }
+    // Overlap: pulls of the later layers leave while earlier layers still push (backward goes on).
+    EXPECT_LT(first_pull, last_push);
+    // Forward of step t+1 waits for its pulls in layer order, conv1's first, and each waited pull
+    // carries the versions after this worker's t+1 pushes: the server applied push t first.
+    std::vector<const Event*> waits;
+    for (const Event& e : run.events) {
+      if (e.kind == Event::kWaitPull && e.clock == t + 1) waits.push_back(&e);
+    }
+    ASSERT_FALSE(waits.empty());
+    for (const Event* w : waits) {
+      EXPECT_EQ(w->info.version_min, t + 1);
+      EXPECT_EQ(w->info.version_max, t + 1);
+    }
+    auto layer_of = [&](int32_t c) {
+      for (size_t l = 0; l < run.layer_chunks.size(); ++l) {
+        const auto& ids = run.layer_chunks[l];
+        if (std::find(ids.begin(), ids.end(), c) != ids.end()) return static_cast<int>(l);
+      }
+      return -1;
+    };
+    int previous_layer = 0;
+    for (const Event* w : waits) {
+      int first_layer = 1 << 30;
+      for (int32_t c : w->chunks) first_layer = std::min(first_layer, layer_of(c));
+      EXPECT_GE(first_layer, previous_layer) << "a pull of layer " << first_layer << " waited after layer "
+                                             << previous_layer;
+      previous_layer = first_layer;
+    }
+    const auto& conv1 = run.layer_chunks.front();
+    EXPECT_NE(std::find(conv1.begin(), conv1.end(), waits.front()->chunks.front()), conv1.end());
+  }
+}
+
+TEST(Overlap, GivesTheBlockingLoopsWeightsBitForBit) {
+  RunSetup blocking;
+  blocking.servers = 1;
+  blocking.overlap = false;
+  RunOutcome reference;
+  ASSERT_NO_FATAL_FAILURE(TrainOnce(blocking, &reference));
+  EXPECT_EQ(std::count_if(reference.events.begin(), reference.events.end(),
+                          [](const Event& e) { return e.kind == Event::kStartPull; }),
+            0);
+  for (bool hold : {false, true}) {
+    SCOPED_TRACE(hold ? "pulls held until waited" : "pulls on the wire at once");
+    RunSetup overlapped = blocking;
+    overlapped.overlap = true;
+    overlapped.hold_pulls = hold;
+    RunOutcome run;
+    ASSERT_NO_FATAL_FAILURE(TrainOnce(overlapped, &run));
+    EXPECT_GT(std::count_if(run.events.begin(), run.events.end(),
+                            [](const Event& e) { return e.kind == Event::kStartPull; }),
+              0);
+    ASSERT_EQ(run.final_weights.size(), reference.final_weights.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < run.final_weights.size(); ++i) differ += run.final_weights[i] != reference.final_weights[i];
+    EXPECT_EQ(differ, 0u) << "of " << run.final_weights.size() << " weights";
+  }
+}
+
+// The step-time breakdown's comm_ms comes from the channel's wire spans: one per waited request,
+// each from its issue to its completion (never before it was issued, never after its wait
+// returned), and a span is handed out once.
+TEST(Overlap, ChannelReportsOneWireSpanPerWaitedRequest) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {40, 10}, 1, 1}, {"b", {40}, 1, 1}}, 1, 100, &layout).ok());
+  InprocTransport transport;
+  std::unique_ptr<ShardServer> shard;
+  ShardOptions o;
+  o.poll_interval = 5ms;
+  ASSERT_TRUE(ShardServer::Create(layout, o, &shard).ok());
+  std::unique_ptr<ServerEndpoint> ep;
+  ASSERT_TRUE(transport.Bind("spans-s0", &ep).ok());
+  shard->Start(std::move(ep));
+  {
+    PsClientOptions co;
+    co.server_addresses = {"spans-s0"};
+    std::unique_ptr<PsClient> client;
+    ASSERT_TRUE(PsClient::Create(&transport, layout, co, &client).ok());
+    ASSERT_TRUE(client->Connect(5000ms).ok());
+    std::vector<float> weights(static_cast<size_t>(layout.total_elems()), 0.5f);
+    const std::vector<float> grads(weights.size(), 0.1f);
+    ASSERT_TRUE(client->Wait(client->PushInit(weights), 5000ms).ok());
+    PsChannel channel(client.get(), 5000ms);
+    const double before = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    PushGroup group;
+    group.server = 0;
+    group.chunk_ids = {0, 1};
+    ASSERT_TRUE(channel.StartPush(0, group, grads).ok());
+    PullHandle h = 0;
+    const std::vector<int32_t> ids = {0, 1, 2, 3, 4};
+    ASSERT_TRUE(channel.StartPull(1, ids, weights, &h).ok());
+    PushInfo push_info;
+    ASSERT_TRUE(channel.WaitPushes(&push_info).ok());
+    PullInfo info;
+    ASSERT_TRUE(channel.WaitPull(h, &info).ok());
+    const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    EXPECT_EQ(info.version_min, 0);  // chunks 2-4 were never pushed
+    EXPECT_EQ(info.version_max, 1);  // chunks 0-1 were, before the pull on the same link
+    const std::vector<WireSpan> spans = channel.TakeWireSpans();
+    ASSERT_EQ(spans.size(), 2u);
+    for (const WireSpan& w : spans) {
+      EXPECT_GE(w.issued_s, before);
+      EXPECT_GE(w.done_s, w.issued_s);
+      EXPECT_LE(w.done_s, after);
+    }
+    EXPECT_TRUE(channel.TakeWireSpans().empty());
+    EXPECT_EQ(channel.WaitPull(h, &info).code(), StatusCode::kInvalidArgument);  // waited once
+  }
+  shard->Stop();
+  EXPECT_TRUE(shard->Join().ok());
+}
+
+TEST(Overlap, SspZeroDoesNotStallOnPullsAheadOfTheClock) {
+  RunSetup ssp;
+  ssp.consistency.mode = ConsistencyMode::kSsp;
+  ssp.consistency.staleness_bound = 0;
+  RunOutcome run;
+  ASSERT_NO_FATAL_FAILURE(TrainOnce(ssp, &run));
+  EXPECT_GT(std::count_if(run.events.begin(), run.events.end(),
+                          [](const Event& e) { return e.kind == Event::kWaitPull; }),
+            0);
+}
+
+}  // namespace
+}  // namespace downpour::worker

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""downpour-summarize's step-time breakdown: per-worker medians of the worker's step records
+(step, compute, pull wait, push wait, loader, comm), the first step of each segment left out, the
+overlap ratio step / max(compute, comm), in its output and in summary.json; runs whose records
+predate the breakdown get "—"."""
+import json
+import os
+import tempfile
+import unittest
+
+import fabricate as fab
+
+
+def with_breakdown(records, rows):
+    """Puts the breakdown fields of rows[k] into the k-th step record."""
+    steps = [r for r in records if r["event"] == "step"]
+    for r, row in zip(steps, rows):
+        r.update(row)
+    return records
+
+
+class Breakdown(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-tools-")
+        self.run_dir = os.path.join(self._tmp.name, "run")
+        fab.write_config(self.run_dir)
+        # Worker 0: a cold first step (left out), then steps where compute (100 ms) hides comm.
+        first = dict(step_ms=900.0, compute_ms=300.0, pull_wait_ms=500.0, push_wait_ms=50.0, loader_wait_ms=40.0,
+                     comm_ms=550.0)
+        rows0 = [first] + [dict(step_ms=110.0 + k, compute_ms=100.0, pull_wait_ms=3.0, push_wait_ms=5.0,
+                                loader_wait_ms=1.0, comm_ms=60.0) for k in range(5)]
+        fab.append_jsonl(self.run_dir, "worker-0", with_breakdown(fab.worker_segment(0, 1000.0, 0, 6), rows0))
+        # Worker 1: records without the breakdown (a run from before it).
+        fab.append_jsonl(self.run_dir, "worker-1", fab.worker_segment(1, 1000.0, 0, 6))
+        r = fab.run_tool("downpour-summarize", self.run_dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.stdout = r.stdout
+        with open(os.path.join(self.run_dir, "summary.json")) as f:
+            self.s = json.load(f)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def test_medians_leave_out_the_first_step(self):
+        row = next(b for b in self.s["step_breakdown"] if b["worker"] == 0)
+        self.assertEqual(row["steps"], 5)
+        self.assertEqual(row["step_ms"], 112.0)
+        self.assertEqual(row["compute_ms"], 100.0)
+        self.assertEqual(row["pull_wait_ms"], 3.0)
+        self.assertEqual(row["comm_ms"], 60.0)
+        self.assertAlmostEqual(row["overlap_ratio"], 1.12)
+
+    def test_line_per_worker(self):
+        self.assertIn("worker 0: step = 112.0 ms; compute 100.0, pull wait 3.0, push wait 5.0, loader 1.0; "
+                      "comm 60.0; overlap ratio step / max(compute, comm) = 1.12", self.stdout)
+        self.assertIn("worker 1: step = — ms; compute —", self.stdout)
+        row = next(b for b in self.s["step_breakdown"] if b["worker"] == 1)
+        self.assertIsNone(row["overlap_ratio"])
+
+
+if __name__ == "__main__":
+    unittest.main()
