@@ -96,6 +96,7 @@
 #include "common/run_config.h"
 #include "common/run_secret.h"
 #include "common/status.h"
+#include "data/input_check.h"
 #include "server/cluster_env.h"
 #include "server/run_dir.h"
 
@@ -401,6 +402,7 @@ int Launch(const LaunchFlags& f) {
   if (s.ok() && !resuming) s = CheckRunDirIsNew(run_dir);
   // Inputs are checked before anything starts (a stand-in worker command brings its own).
   if (s.ok() && f.worker_cmd.empty()) s = CheckRunInputs(cfg, resuming ? run_dir + "/config.toml" : f.config);
+  if (s.ok() && f.worker_cmd.empty()) s = data::CheckRunDataFitsModel(cfg);  // records vs the model's input
   // So are the keys, the loopback rule and the advertise hosts every child will set up.
   bool keyed = false;
   for (NetRole role : {NetRole::kCoordinator, NetRole::kServer, NetRole::kWorker}) {
