@@ -402,7 +402,6 @@ int Launch(const LaunchFlags& f) {
   if (s.ok() && !resuming) s = CheckRunDirIsNew(run_dir);
   // Inputs are checked before anything starts (a stand-in worker command brings its own).
   if (s.ok() && f.worker_cmd.empty()) s = CheckRunInputs(cfg, resuming ? run_dir + "/config.toml" : f.config);
-  if (s.ok() && f.worker_cmd.empty()) s = data::CheckRunDataFitsModel(cfg);  // records vs the model's input
   // So are the keys, the loopback rule and the advertise hosts every child will set up.
   bool keyed = false;
   for (NetRole role : {NetRole::kCoordinator, NetRole::kServer, NetRole::kWorker}) {
@@ -416,6 +415,7 @@ int Launch(const LaunchFlags& f) {
   if (auto_tensors) flags.tensors = (fs::path(run_dir) / "tensors.txt").string();
   std::vector<ChildSpec> children;
   if (s.ok()) s = BuildChildren(flags, cfg, run_dir, resuming ? &plan : nullptr, &children);
+  if (s.ok() && f.worker_cmd.empty()) s = data::CheckRunDataFitsModel(cfg);  // records vs the model's input
   if (s.ok()) {
     std::error_code ec;
     fs::create_directories(fs::path(run_dir) / "logs", ec);
