@@ -103,8 +103,76 @@ std::vector<std::string> ShardPaths(const std::string& out, int shards) {
   return paths;
 }
 
-Status ConvertIdx(const std::string& images, const std::string& labels,
+namespace {
+
+// An image (any layout, 1 or 3 channels) -> a serialized Datum: raw planar, or encoded as
+// `encoded` ("jpg" / "png") with c/h/w recording what decoding it gives.
+Status ImageRecord(const Image& img, const std::string& encoded, int jpeg_quality, int label, std::string* value) {
+  if (encoded.empty()) {
+    const Image chw = ToLayout(img, Layout::kChw);
+    *value = MakeRawDatum(chw.c, chw.h, chw.w, chw.pixels.data(), label);
+    return Status::Ok();
+  }
+  std::string bytes;
+  if (encoded == "jpg") {
+    DP_RETURN_IF_ERROR(EncodeJpeg(img, jpeg_quality, &bytes));
+  } else {
+    DP_RETURN_IF_ERROR(EncodePng(img, &bytes));
+  }
+  *value = MakeEncodedDatum(bytes, img.c, img.h, img.w, label);
+  return Status::Ok();
+}
+
+Status ValidateIdxOptions(const IdxOptions& idx) {
+  if (idx.resize < 0 || idx.resize > 4096) {
+    return InvalidArgument("convert-idx: --resize is {}, must be in [1, 4096] (or 0 to keep the size)", idx.resize);
+  }
+  if (idx.channels != 1 && idx.channels != 3) {
+    return InvalidArgument("convert-idx: --channels is {}, must be 1 (grey) or 3 (grey replicated to B, G, R)",
+                           idx.channels);
+  }
+  if (idx.encoded != "" && idx.encoded != "jpg" && idx.encoded != "png") {
+    return InvalidArgument("convert-idx: --encoded is '{}', must be jpg, png or empty", idx.encoded);
+  }
+  if (idx.jpeg_quality < 1 || idx.jpeg_quality > 100) {
+    return InvalidArgument("convert-idx: --quality is {}, must be in [1, 100]", idx.jpeg_quality);
+  }
+  if (idx.limit < 0) return InvalidArgument("convert-idx: --limit is {}, must be >= 0 (0 = all)", idx.limit);
+  return Status::Ok();
+}
+
+// IDX image i (rows x cols grey) -> channels x side x side, planar.
+Image IdxImage(const IdxImages& img, int64_t i, const IdxOptions& idx) {
+  Image grey;
+  grey.c = 1;
+  grey.h = static_cast<int>(img.rows);
+  grey.w = static_cast<int>(img.cols);
+  grey.layout = Layout::kChw;
+  const size_t plane = size_t(img.rows) * img.cols;
+  grey.pixels.assign(img.pixels.begin() + static_cast<int64_t>(i * plane),
+                     img.pixels.begin() + static_cast<int64_t>((i + 1) * plane));
+  if (idx.resize > 0 && (grey.h != idx.resize || grey.w != idx.resize)) {
+    grey = ResizeBilinear(grey, idx.resize, idx.resize);
+  }
+  if (idx.channels == 1) return grey;
+  Image out = grey;  // planar: the plane three times is B = G = R
+  out.c = 3;
+  out.pixels.reserve(grey.pixels.size() * 3);
+  out.pixels.insert(out.pixels.end(), grey.pixels.begin(), grey.pixels.end());
+  out.pixels.insert(out.pixels.end(), grey.pixels.begin(), grey.pixels.end());
+  return out;
+}
+
+}  // namespace
+
+Status ConvertIdx(const std::string& images, const std::string& labels, const ConvertOptions& options,
+                  ConvertReport* report) {
+  return ConvertIdx(images, labels, IdxOptions{}, options, report);
+}
+
+Status ConvertIdx(const std::string& images, const std::string& labels, const IdxOptions& idx,
                   const ConvertOptions& options, ConvertReport* report) {
+  DP_RETURN_IF_ERROR(ValidateIdxOptions(idx));
   IdxImages img;
   DP_RETURN_IF_ERROR(ReadIdxImages(images, &img));
   std::vector<uint8_t> lab;
@@ -113,19 +181,20 @@ Status ConvertIdx(const std::string& images, const std::string& labels,
     return InvalidArgument("convert-idx: {} holds {} images but {} holds {} labels", images,
                            img.count, labels, lab.size());
   }
+  // --limit takes the first images of the file (then --shuffle permutes those).
+  const int64_t count = idx.limit > 0 ? std::min(idx.limit, img.count) : img.count;
   ShardedWriter writer;
   DP_RETURN_IF_ERROR(writer.Open(options));
   ConvertReport r;
-  const size_t image_bytes = size_t(img.rows) * img.cols;
-  const auto order = WriteOrder(img.count, options);
-  for (int64_t k = 0; k < img.count; ++k) {
+  const auto order = WriteOrder(count, options);
+  for (int64_t k = 0; k < count; ++k) {
     const int64_t i = order[static_cast<size_t>(k)];
-    const std::string value = MakeRawDatum(1, static_cast<int>(img.rows), static_cast<int>(img.cols),
-                                           img.pixels.data() + i * image_bytes, lab[i]);
+    std::string value;
+    DP_RETURN_IF_ERROR(ImageRecord(IdxImage(img, i, idx), idx.encoded, idx.jpeg_quality, lab[i], &value));
     DP_RETURN_IF_ERROR(writer.Put(k, std::to_string(i), value));
     ++r.label_counts[lab[i]];
   }
-  r.records = img.count;
+  r.records = count;
   DP_RETURN_IF_ERROR(writer.Finish(&r));
   *report = std::move(r);
   return Status::Ok();
@@ -233,11 +302,7 @@ Status FolderRecord(const FolderOptions& folder, std::string bytes, int stored_c
                     std::string* value) {
   const bool resize = folder.resize_h > 0 && (img.h != folder.resize_h || img.w != folder.resize_w);
   if (resize) img = ResizeBilinear(img, folder.resize_h, folder.resize_w);
-  if (folder.encoded.empty()) {
-    const Image chw = ToLayout(img, Layout::kChw);
-    *value = MakeRawDatum(chw.c, chw.h, chw.w, chw.pixels.data(), label);
-    return Status::Ok();
-  }
+  if (folder.encoded.empty()) return ImageRecord(img, "", 0, label, value);
   // Like Caffe, a file of the right kind that nothing changes is stored as it is: no resize,
   // and channels as wanted, or a greyscale file in a colour set (kept, recorded as 1 channel:
   // the loader decodes it with the channels the run asks for). A colour file in a greyscale
@@ -247,14 +312,7 @@ Status FolderRecord(const FolderOptions& folder, std::string bytes, int stored_c
     *value = MakeEncodedDatum(bytes, stored_c, img.h, img.w, label);
     return Status::Ok();
   }
-  std::string encoded;
-  if (folder.encoded == "jpg") {
-    DP_RETURN_IF_ERROR(EncodeJpeg(img, folder.jpeg_quality, &encoded));
-  } else {
-    DP_RETURN_IF_ERROR(EncodePng(img, &encoded));
-  }
-  *value = MakeEncodedDatum(encoded, img.c, img.h, img.w, label);
-  return Status::Ok();
+  return ImageRecord(img, folder.encoded, folder.jpeg_quality, label, value);
 }
 
 }  // namespace

@@ -40,7 +40,24 @@ struct ConvertReport {
 // The LMDB directories a conversion with `shards` shards writes under `out`.
 std::vector<std::string> ShardPaths(const std::string& out, int shards);
 
-// IDX images + labels (MNIST / Fashion-MNIST, gzipped or raw) -> 1 x rows x cols records.
+// How convert-idx shapes its records. The defaults keep the IDX images as they are (raw
+// 1 x rows x cols); the ImageNet-shaped variant AlexNet trains on (README "AlexNet") is
+// resize = 256, channels = 3, encoded = "jpg".
+struct IdxOptions {
+  int resize = 0;            // bilinear resize to resize x resize (as convert-folder); 0 = keep
+  int channels = 1;          // 1 = greyscale as stored; 3 = the grey plane replicated to B, G, R
+  std::string encoded;       // "" = raw pixels; "jpg" or "png" = store encoded images
+  int jpeg_quality = 90;     // when encoded == "jpg" (1..100)
+  int64_t limit = 0;         // convert only the first `limit` images of the file; 0 = all
+};
+
+// IDX images + labels (MNIST / Fashion-MNIST, gzipped or raw) -> records of
+// channels x (resize or rows) x (resize or cols), raw or encoded, labels as stored. Bad
+// IdxOptions are kInvalidArgument naming the flag (--resize, --channels, --encoded,
+// --quality, --limit) before anything is read or written.
+Status ConvertIdx(const std::string& images, const std::string& labels, const IdxOptions& idx,
+                  const ConvertOptions& options, ConvertReport* report);
+// The same with the default IdxOptions (1 x rows x cols raw records).
 Status ConvertIdx(const std::string& images, const std::string& labels,
                   const ConvertOptions& options, ConvertReport* report);
 

@@ -2,6 +2,7 @@
 // inspect an LMDB, compute its mean image. A thin main over data/convert.h, mean_file.h.
 //
 //   downpour-data convert-idx --images X --labels Y --out DIR [--shards N] [--shuffle --seed S]
+//                             [--resize 256] [--channels 3] [--encoded jpg|png] [--quality Q] [--limit N]
 //   downpour-data convert-cifar data_batch_1.bin ... --out DIR [--shards N]
 //   downpour-data convert-folder --root R --list L --out DIR [--resize 256] [--shuffle]
 //                                [--encoded jpg|png] [--gray] [--shards N] [--strict]
@@ -64,6 +65,12 @@ int Run(int argc, char** argv) {
   auto* idx = app.add_subcommand("convert-idx", "IDX images + labels (MNIST, Fashion-MNIST) -> LMDB");
   idx->add_option("--images", idx_images, "idx3-ubyte images (.gz or raw)")->required();
   idx->add_option("--labels", idx_labels, "idx1-ubyte labels (.gz or raw)")->required();
+  IdxOptions idx_shape;
+  idx->add_option("--resize", idx_shape.resize, "bilinear resize to NxN (e.g. 256, ImageNet-shaped); 0 keeps the size");
+  idx->add_option("--channels", idx_shape.channels, "1 = grey as stored; 3 = grey replicated to B, G, R");
+  idx->add_option("--encoded", idx_shape.encoded, "store encoded images: jpg or png (default raw)");
+  idx->add_option("--quality", idx_shape.jpeg_quality, "JPEG quality with --encoded jpg");
+  idx->add_option("--limit", idx_shape.limit, "convert only the first N images (0 = all)");
   AddConvertFlags(idx, &idx_opts);
 
   ConvertOptions cifar_opts;
@@ -108,7 +115,7 @@ int Run(int argc, char** argv) {
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
 
   ConvertReport report;
-  if (*idx) return PrintConvert(ConvertIdx(idx_images, idx_labels, idx_opts, &report), report);
+  if (*idx) return PrintConvert(ConvertIdx(idx_images, idx_labels, idx_shape, idx_opts, &report), report);
   if (*cifar) return PrintConvert(ConvertCifar(cifar_batches, cifar_opts, &report), report);
   if (*fold) {
     if (resize > 0) folder.resize_h = folder.resize_w = resize;

@@ -103,6 +103,7 @@
 #include "common/run_config.h"
 #include "common/run_secret.h"
 #include "common/status.h"
+#include "data/input_check.h"
 #include "server/cluster_env.h"
 #include "server/run_dir.h"
 
@@ -443,6 +444,7 @@ int Launch(const LaunchFlags& f) {
   if (auto_tensors) flags.tensors = (fs::path(run_dir) / "tensors.txt").string();
   std::vector<ChildSpec> children;
   if (s.ok()) s = BuildChildren(flags, cfg, run_dir, resuming ? &plan : nullptr, &children);
+  if (s.ok() && f.worker_cmd.empty()) s = data::CheckRunDataFitsModel(cfg);  // records vs the model's input
   if (s.ok()) {
     std::error_code ec;
     fs::create_directories(fs::path(run_dir) / "logs", ec);

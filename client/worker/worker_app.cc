@@ -29,6 +29,7 @@
 #include "common/process_net.h"
 #include "common/rendezvous.h"
 #include "common/zmq_transport.h"
+#include "data/input_check.h"
 
 namespace downpour::worker {
 namespace {
@@ -469,6 +470,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   // Only worker 0, named as such, evaluates: never one that joined.
   const bool evaluate = a.id == 0 && !config.data.test.empty();
 
+  DP_RETURN_IF_ERROR(data::CheckRunDataFitsModel(config));  // records vs the model's input, before the net
   std::unique_ptr<engine::Net> net, eval_net;
   DP_RETURN_IF_ERROR(BuildNets(config, evaluate, &net, &eval_net));
   ParamLayout layout;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <turbojpeg.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -149,6 +150,136 @@ TEST(ConvertIdx, MismatchedCountsAndExistingOutputAreRefused) {
   s = ConvertIdx(dir / "img", dir / "lab", o, &r);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find(o.out), std::string::npos) << s.message();
+}
+
+// Writes n IDX images of rows x cols with Pattern(i) and labels (i * 3) % 10 into dir.
+void WriteIdxPair(const TempDir& dir, int n, int rows, int cols, std::vector<uint8_t>* pixels,
+                  std::vector<uint8_t>* labels) {
+  pixels->clear();
+  labels->clear();
+  for (int i = 0; i < n; ++i) {
+    auto p = Pattern(size_t(rows) * cols, i);
+    pixels->insert(pixels->end(), p.begin(), p.end());
+    labels->push_back(static_cast<uint8_t>((i * 3) % 10));
+  }
+  WriteBytes(dir / "img", IdxImageBytes(n, rows, cols, *pixels), true);
+  WriteBytes(dir / "lab", IdxLabelBytes(*labels), true);
+}
+
+// The ImageNet-shaped variant: --resize 256 --channels 3 gives 3 x 256 x 256 raw records whose
+// three planes are the bilinear resize of the grey image, with the label kept.
+TEST(ConvertIdx, ResizeAndThreeChannelsReplicateTheResizedGreyPlane) {
+  TempDir dir;
+  const int n = 4, rows = 28, cols = 28, side = 256;
+  std::vector<uint8_t> pixels, labels;
+  WriteIdxPair(dir, n, rows, cols, &pixels, &labels);
+  IdxOptions idx;
+  idx.resize = side;
+  idx.channels = 3;
+  ConvertOptions o;
+  o.out = dir / "out";
+  ConvertReport r;
+  ASSERT_TRUE(ConvertIdx(dir / "img", dir / "lab", idx, o, &r).ok());
+  const auto recs = ReadAll(o.out);
+  ASSERT_EQ(static_cast<int>(recs.size()), n);
+  for (int i = 0; i < n; ++i) {
+    const caffe::Datum& d = recs[i].datum;
+    ASSERT_EQ(d.channels(), 3);
+    ASSERT_EQ(d.height(), side);
+    ASSERT_EQ(d.width(), side);
+    EXPECT_FALSE(d.encoded());
+    EXPECT_EQ(d.label(), labels[i]);
+    Image grey{1, rows, cols, Layout::kChw, {}};
+    grey.pixels.assign(pixels.begin() + i * rows * cols, pixels.begin() + (i + 1) * rows * cols);
+    const Image want = ResizeBilinear(grey, side, side);
+    const std::string& data = d.data();
+    ASSERT_EQ(data.size(), size_t(3) * side * side);
+    for (int ch = 0; ch < 3; ++ch) {
+      ASSERT_EQ(0, std::memcmp(data.data() + size_t(ch) * side * side, want.pixels.data(), want.pixels.size()))
+          << "record " << i << " channel " << ch;
+    }
+  }
+  // Without options the records stay 1 x rows x cols, bytes as stored.
+  ConvertOptions plain;
+  plain.out = dir / "plain";
+  ASSERT_TRUE(ConvertIdx(dir / "img", dir / "lab", plain, &r).ok());
+  const auto raw = ReadAll(plain.out);
+  ASSERT_EQ(static_cast<int>(raw.size()), n);
+  EXPECT_EQ(raw[1].datum.channels(), 1);
+  EXPECT_EQ(raw[1].datum.data(), std::string(pixels.begin() + rows * cols, pixels.begin() + 2 * rows * cols));
+}
+
+// JPEG records (what scripts/get_fashion_mnist --alexnet writes) decode to 3 x 256 x 256 with
+// equal planes, their headers say so, labels are kept, and --limit takes the first images.
+TEST(ConvertIdx, JpegRecordsDecodeToReplicatedChannelsAndLimitCounts) {
+  TempDir dir;
+  const int n = 6, rows = 28, cols = 28, side = 256;
+  std::vector<uint8_t> pixels, labels;
+  WriteIdxPair(dir, n, rows, cols, &pixels, &labels);
+  IdxOptions idx;
+  idx.resize = side;
+  idx.channels = 3;
+  idx.encoded = "jpg";
+  idx.limit = 4;
+  ConvertOptions o;
+  o.out = dir / "out";
+  ConvertReport r;
+  ASSERT_TRUE(ConvertIdx(dir / "img", dir / "lab", idx, o, &r).ok());
+  EXPECT_EQ(r.records, 4);
+  const auto recs = ReadAll(o.out);
+  ASSERT_EQ(recs.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    const caffe::Datum& d = recs[i].datum;
+    EXPECT_TRUE(d.encoded());
+    EXPECT_EQ(d.label(), labels[i]);
+    EXPECT_EQ(recs[i].key, fmt::format("{:08d}_{}", i, i));
+    Image img;
+    ASSERT_TRUE(DecodeImage(d.data(), 0, recs[i].key, &img).ok());
+    ASSERT_EQ(img.c, 3);
+    ASSERT_EQ(img.h, side);
+    ASSERT_EQ(img.w, side);
+    EXPECT_EQ(d.channels(), 3);
+    EXPECT_EQ(d.height(), side);
+    int worst = 0;  // B, G and R of a grey JPEG differ by rounding at most
+    for (int y = 0; y < side; ++y)
+      for (int x = 0; x < side; ++x) {
+        worst = std::max(worst, std::abs(img.At(0, y, x) - img.At(1, y, x)));
+        worst = std::max(worst, std::abs(img.At(2, y, x) - img.At(1, y, x)));
+      }
+    EXPECT_LE(worst, 2) << recs[i].key;
+  }
+  InspectReport ir;
+  ASSERT_TRUE(InspectLmdb(o.out, "", 0, &ir).ok());
+  EXPECT_EQ(ir.bad, 0);
+  EXPECT_EQ(ir.encoded, 4);
+  EXPECT_EQ(ir.shapes["3x256x256"], 4);
+}
+
+TEST(ConvertIdx, BadShapeOptionsAreRefusedNamingTheFlagAndWriteNothing) {
+  TempDir dir;
+  std::vector<uint8_t> pixels, labels;
+  WriteIdxPair(dir, 2, 5, 4, &pixels, &labels);
+  struct Case {
+    IdxOptions idx;
+    std::string flag;
+  };
+  std::vector<Case> cases(6);
+  cases[0].idx.resize = -1, cases[0].flag = "--resize is -1";
+  cases[1].idx.resize = 5000, cases[1].flag = "--resize is 5000";
+  cases[2].idx.channels = 2, cases[2].flag = "--channels is 2";
+  cases[3].idx.encoded = "gif", cases[3].flag = "--encoded is 'gif'";
+  cases[4].idx.encoded = "jpg", cases[4].idx.jpeg_quality = 0, cases[4].flag = "--quality is 0";
+  cases[5].idx.limit = -3, cases[5].flag = "--limit is -3";
+  for (const Case& c : cases) {
+    ConvertOptions o;
+    o.out = dir / "out";
+    ConvertReport r;
+    const Status s = ConvertIdx(dir / "img", dir / "lab", c.idx, o, &r);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.flag;
+    EXPECT_NE(s.message().find(c.flag), std::string::npos) << s.message();
+    EXPECT_FALSE(std::filesystem::exists(o.out)) << c.flag;
+    EXPECT_FALSE(std::filesystem::exists(o.out + ".incomplete")) << c.flag;
+  }
 }
 
 TEST(ConvertCifar, RoundTripsBatchesAndRejectsBadSizes) {
