@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common/inproc_transport.h"
 #include "common/zmq_transport.h"
 #include "server/shard.h"
@@ -28,6 +30,12 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr const char* kSecret = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2";
+
+// A checkpoint path of this test process alone: ctest runs a test's Socket and SharedMemory
+// instances (and other tests) at once, and a shared name let one load the other's checkpoint.
+std::string ScratchFile(const std::string& name) {
+  return fmt::format("{}/{}_{}.dpt", ::testing::TempDir(), name, ::getpid());
+}
 
 // The servers of these tests: the update is w -= g, and the run's secret is required.
 ShardOptions TestShardOptions() {
@@ -261,7 +269,7 @@ TEST_P(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedT
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f), w(n_);
   ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
-  const std::string path = ::testing::TempDir() + "/ps_client_restart.dpt";
+  const std::string path = ScratchFile("ps_client_restart");
   ASSERT_TRUE(client_->Checkpoint(0, path, 5000ms).ok());
   // Server 0 dies and comes back from its checkpoint under the same address.
   shards_[0]->Stop();
@@ -307,7 +315,7 @@ TEST_P(PsClientTest, PushWhoseAckDiedWithTheServerIsResentToTheRestartedServerAn
   ASSERT_EQ(shards_[0]->Stats().pushes_applied, applied_before + parts0);
   ASSERT_EQ(endpoints_[0]->dropped_acks.load(), static_cast<int>(parts0));
   EXPECT_EQ(client_->Wait(id, 100ms).code(), StatusCode::kTimeout);  // still waiting for the acks
-  const std::string path = ::testing::TempDir() + "/ps_client_lost_ack.dpt";
+  const std::string path = ScratchFile("ps_client_lost_ack");
   KillShard(0, path);
   StartShard(0, "s0", path);  // a new incarnation at the same address, with the push applied
   // The client probes the silent server, sees the new incarnation, registers and resends.
@@ -333,7 +341,7 @@ TEST_P(PsClientTest, PushWhoseAckDiedWithTheServerIsResentToTheRestartedServerAn
 
 TEST_P(PsClientTest, PullWhileTheServerIsDownSaysItIsWaitingAndCompletesWhenItIsBack) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 5.0f)), 5000ms).ok());
-  const std::string path = ::testing::TempDir() + "/ps_client_down.dpt";
+  const std::string path = ScratchFile("ps_client_down");
   KillShard(1, path);
   LogCapture log;
   std::vector<float> w(n_);
@@ -393,7 +401,7 @@ TEST_P(PsClientTest, SetServerAddressMovesTheClientToTheServersNewAddressMidRun)
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f), w(n_);
   ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
-  const std::string path = ::testing::TempDir() + "/ps_client_move.dpt";
+  const std::string path = ScratchFile("ps_client_move");
   KillShard(0, path);
   // A push goes out while server 0 is gone; it comes back elsewhere and the client is told.
   const RequestId id = client_->Push(g, 1);
@@ -455,7 +463,7 @@ TEST_P(PsClientTest, EveryMessageCarriesTheClientsSession) {
 
 TEST_P(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNorShutDown) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 3.0f)), 5000ms).ok());
-  const std::string path = ::testing::TempDir() + "/ps_client_token.dpt";
+  const std::string path = ScratchFile("ps_client_token");
   std::filesystem::remove(path);
   for (const std::string& token : std::vector<std::string>{"", "guess"}) {
     SCOPED_TRACE("token '" + token + "'");
@@ -548,7 +556,7 @@ TEST(PsClientZmq, PullInFlightAcrossAServerRestartOnTheSamePortCompletes) {
   ZmqOptions zo;
   zo.linger_ms = 0;
   ZmqTransport transport(zo);
-  const std::string path = ::testing::TempDir() + "/ps_client_zmq.dpt";
+  const std::string path = ScratchFile("ps_client_zmq");
   auto start = [&](const std::string& address, uint64_t incarnation, bool restore, std::unique_ptr<ShardServer>* out,
                    std::string* bound) {
     ASSERT_TRUE(ShardServer::Create(layout, TestShardOptions(), out).ok());
