@@ -651,7 +651,9 @@ void PrintPipelineTable(const std::vector<PipelineCase>& cases, const PipelineSe
 int main(int argc, char** argv) {
   CLI::App app{"downpour parameter-service load benchmark (AlexNet-sized, loopback)"};
   downpour::cli::AddStandardFlags(&app, "downpour-bench-ps");
-  int servers = 2, workers = 1, rounds = 10, warmup = 2, port = 47000;
+  // Ports from 23000 up: below Linux's ephemeral range (32768–60999), where another process's
+  // outgoing connection can hold a port just as a run wants to bind it (seen at 47158).
+  int servers = 2, workers = 1, rounds = 10, warmup = 2, port = 23000;
   int64_t chunk_elems = downpour::kDefaultChunkElems;
   bool grid = false, curve = false, security_grid = false, wal_grid = false;
   int repeats = 3;
