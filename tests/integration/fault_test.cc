@@ -53,13 +53,6 @@ std::vector<int64_t> ParseList(const std::string& text) {
   return out;
 }
 
-// The command line of a running process, NUL separators as spaces.
-std::string CmdLine(pid_t pid) {
-  std::string s = test::ReadFile(fmt::format("/proc/{}/cmdline", pid));
-  std::replace(s.begin(), s.end(), '\0', ' ');
-  return s;
-}
-
 class FaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -137,29 +130,6 @@ every_updates = 40
 
   // Waits (bounded) until worker `w` has logged `steps` steps (its metrics file may not exist
   // yet, or hold a line being written: read without asserting).
-  bool WaitSteps(const fs::path& run, int w, int64_t steps, std::chrono::seconds limit = 120s) {
-    const fs::path file = run / "metrics" / fmt::format("worker-{}.jsonl", w);
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < end) {
-      std::vector<MetricRecord> recs;
-      if (fs::exists(file) && ReadMetrics(file.string(), &recs).ok() &&
-          std::count_if(recs.begin(), recs.end(), [](const MetricRecord& r) { return r.Get("event").AsString() == "step"; }) >= steps)
-        return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
-  }
-
-  // The launcher's child whose command line holds every one of `parts`; -1 if none.
-  pid_t FindChild(pid_t launcher, const std::vector<std::string>& parts) {
-    for (pid_t p : test::ChildrenOf(launcher)) {
-      const std::string cmd = CmdLine(p);
-      if (std::all_of(parts.begin(), parts.end(), [&](const std::string& x) { return cmd.find(x) != std::string::npos; }))
-        return p;
-    }
-    return -1;
-  }
-
   double FinalTop1(const fs::path& run) {
     const auto evals = Worker(run, 0, "eval");
     if (evals.empty() || !evals.back().Get("final").AsBool()) return -1;
@@ -204,8 +174,8 @@ TEST_P(ServerKillTest, KilledServerIsRestartedAndNoAcknowledgedUpdateIsLostOrApp
 
   const fs::path run = dir_ / "killed";
   auto launcher = StartJob(Config("killed", mode), run, "killed.log");
-  ASSERT_TRUE(WaitSteps(run, 0, kSteps * 2 / 5)) << test::ReadFile(dir_ / "killed.log");
-  const pid_t server1 = FindChild(launcher->pid(), {"downpour-server", "--id 1 "});
+  ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps * 2 / 5, 120s)) << test::ReadFile(dir_ / "killed.log");
+  const pid_t server1 = test::ChildWith(launcher->pid(), {"downpour-server", "--id 1 "});
   ASSERT_GT(server1, 0) << "server 1 not found among the launcher's children";
   const auto killed_at = std::chrono::steady_clock::now();
   ASSERT_EQ(::kill(server1, SIGKILL), 0);
@@ -235,8 +205,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, ServerKillTest, ::testing::Values("async", "sync
 TEST_F(FaultTest, KilledWorkerInSyncIsDroppedAndTheJobFinishes) {
   const fs::path run = dir_ / "run";
   auto launcher = StartJob(Config("run", "sync"), run, "run.log");
-  ASSERT_TRUE(WaitSteps(run, 0, kSteps * 2 / 5)) << test::ReadFile(dir_ / "run.log");
-  const pid_t worker1 = FindChild(launcher->pid(), {"downpour-worker", "--id 1 "});
+  ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps * 2 / 5, 120s)) << test::ReadFile(dir_ / "run.log");
+  const pid_t worker1 = test::ChildWith(launcher->pid(), {"downpour-worker", "--id 1 "});
   ASSERT_GT(worker1, 0);
   const size_t steps_at_kill = Worker(run, 0, "step").size();
   ASSERT_EQ(::kill(worker1, SIGKILL), 0);
@@ -258,8 +228,8 @@ TEST_F(FaultTest, KilledWorkerInSyncIsDroppedAndTheJobFinishes) {
 TEST_F(FaultTest, KilledCoordinatorIsRestartedAndTrainingGoesOn) {
   const fs::path run = dir_ / "run";
   auto launcher = StartJob(Config("run", "async"), run, "run.log");
-  ASSERT_TRUE(WaitSteps(run, 0, kSteps * 3 / 10)) << test::ReadFile(dir_ / "run.log");
-  const pid_t coordinator = FindChild(launcher->pid(), {"downpour-coordinator"});
+  ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps * 3 / 10, 120s)) << test::ReadFile(dir_ / "run.log");
+  const pid_t coordinator = test::ChildWith(launcher->pid(), {"downpour-coordinator"});
   ASSERT_GT(coordinator, 0);
   ASSERT_EQ(::kill(coordinator, SIGKILL), 0);
   ASSERT_EQ(launcher->WaitExit(300s), 0) << test::ReadFile(dir_ / "run.log");
@@ -277,7 +247,7 @@ TEST_F(FaultTest, KilledCoordinatorIsRestartedAndTrainingGoesOn) {
 TEST_F(FaultTest, WorkerStartedByHandJoinsTheRunningJob) {
   const fs::path run = dir_ / "run";
   auto launcher = StartJob(Config("run", "async", "max_workers = 3"), run, "run.log");
-  ASSERT_TRUE(WaitSteps(run, 0, kSteps / 5)) << test::ReadFile(dir_ / "run.log");
+  ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps / 5, 120s)) << test::ReadFile(dir_ / "run.log");
   // It runs past the others' last step: worker 0's final evaluation waits for it.
   constexpr int kJoinerSteps = kSteps;
   test::Child joiner({test::Binary("downpour-worker"), "--run-dir", run.string(), "--coordinator",

@@ -33,13 +33,6 @@ using ::testing::HasSubstr;
 const char* kFmnist = "/usr/share/datasets/fashion-mnist";
 constexpr int kSteps = 150;
 
-// The command line of a running process, NUL separators as spaces.
-std::string CmdLine(pid_t pid) {
-  std::string s = test::ReadFile(fmt::format("/proc/{}/cmdline", pid));
-  std::replace(s.begin(), s.end(), '\0', ' ');
-  return s;
-}
-
 class IpcJobTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -97,44 +90,20 @@ every_updates = 0
     return argv;
   }
 
-  bool WaitSteps(const fs::path& run, int w, int64_t steps, std::chrono::seconds limit) {
-    const fs::path file = run / "metrics" / fmt::format("worker-{}.jsonl", w);
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < end) {
-      std::vector<MetricRecord> recs;
-      if (fs::exists(file) && ReadMetrics(file.string(), &recs).ok() &&
-          std::count_if(recs.begin(), recs.end(),
-                        [](const MetricRecord& r) { return r.Get("event").AsString() == "step"; }) >= steps) {
-        return true;
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
-  }
-
-  pid_t FindChild(pid_t launcher, const std::vector<std::string>& parts) {
-    for (pid_t p : test::ChildrenOf(launcher)) {
-      const std::string cmd = CmdLine(p);
-      if (std::all_of(parts.begin(), parts.end(), [&](const std::string& x) { return cmd.find(x) != std::string::npos; }))
-        return p;
-    }
-    return -1;
-  }
-
   fs::path dir_;
 };
 
 TEST_F(IpcJobTest, JobOverIpcTrainsSurvivesAServerKillAndLeavesNoSocketFile) {
   const fs::path run = dir_ / "run";
   test::Child launcher(LaunchArgv(run.string(), {"--set", "cluster.transport=ipc"}), dir_ / "launch.log");
-  ASSERT_TRUE(WaitSteps(run, 0, kSteps / 3, 120s)) << test::ReadFile(dir_ / "launch.log");
+  ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps / 3, 120s)) << test::ReadFile(dir_ / "launch.log");
   // The servers listen on their socket files and told the coordinator so.
   for (int s = 0; s < 2; ++s) {
     EXPECT_EQ(test::ReadFile(run / fmt::format("server-{}.addr", s)),
               fmt::format("ipc://{}/server-{}.sock\n", run.string(), s));
   }
   // SIGKILL leaves server 1's socket file behind; its restart (--recover) binds the same path.
-  const pid_t server1 = FindChild(launcher.pid(), {"downpour-server", "--id 1 "});
+  const pid_t server1 = test::ChildWith(launcher.pid(), {"downpour-server", "--id 1 "});
   ASSERT_GT(server1, 0) << "server 1 not found among the launcher's children";
   ASSERT_EQ(::kill(server1, SIGKILL), 0);
   ASSERT_EQ(launcher.WaitExit(150s), 0) << test::ReadFile(dir_ / "launch.log");

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -205,6 +206,36 @@ bool Alive(pid_t pid) {
   char state = 0;
   pid_t ppid = 0;
   return ReadStat(pid, &state, &ppid) && state != 'Z';
+}
+
+std::string CmdLine(pid_t pid) {
+  std::string s = ReadFile(fmt::format("/proc/{}/cmdline", pid));
+  std::replace(s.begin(), s.end(), '\0', ' ');
+  return s;
+}
+
+pid_t ChildWith(pid_t parent, const std::vector<std::string>& parts) {
+  for (pid_t p : ChildrenOf(parent)) {
+    const std::string cmd = CmdLine(p);
+    if (std::all_of(parts.begin(), parts.end(), [&](const std::string& x) { return cmd.find(x) != std::string::npos; }))
+      return p;
+  }
+  return -1;
+}
+
+bool WaitWorkerSteps(const fs::path& run_dir, int w, int64_t steps, std::chrono::seconds limit) {
+  const fs::path file = run_dir / "metrics" / fmt::format("worker-{}.jsonl", w);
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    std::vector<MetricRecord> recs;
+    if (fs::exists(file) && ReadMetrics(file.string(), &recs).ok() &&
+        std::count_if(recs.begin(), recs.end(), [](const MetricRecord& r) { return r.Get("event").AsString() == "step"; }) >=
+            steps) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
 }
 
 std::vector<MetricRecord> Metrics(const fs::path& run_dir, const std::string& file, const std::string& event) {

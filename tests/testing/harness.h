@@ -75,9 +75,15 @@ int RunShell(const std::string& command, std::string* output,
 std::vector<pid_t> ChildrenOf(pid_t parent);
 // True while `pid` exists and is not a zombie.
 bool Alive(pid_t pid);
+// The command line of a running process, NUL separators as spaces ("" when it is gone).
+std::string CmdLine(pid_t pid);
+// The child of `parent` whose command line holds every one of `parts`; -1 if none.
+pid_t ChildWith(pid_t parent, const std::vector<std::string>& parts);
 
 // The records of one event in <run_dir>/metrics/<file> (e.g. "worker-0.jsonl", "step").
 std::vector<MetricRecord> Metrics(const fs::path& run_dir, const std::string& file, const std::string& event);
+// Waits up to `limit` until worker `w` of the run has logged at least `steps` "step" records.
+bool WaitWorkerSteps(const fs::path& run_dir, int w, int64_t steps, std::chrono::seconds limit);
 
 // A job of real processes started by hand — coordinator, S servers, W workers, each worker
 // with flags of its own (the launcher gives every worker the same command line). Logs go to
