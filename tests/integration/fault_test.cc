@@ -191,7 +191,12 @@ TEST_P(ServerKillTest, KilledServerIsRestartedAndNoAcknowledgedUpdateIsLostOrApp
   }
   ExpectEveryAckedPushTakenOnce(run, {0, 1});
   const double top1 = FinalTop1(run);
-  EXPECT_NEAR(top1, whole_top1, 0.005) << mode << ": undisturbed " << whole_top1 << ", server killed " << top1;
+  // A killed run is one more sample of the mode's run-to-run spread, which is what bounds the
+  // difference. Four undisturbed runs of this job (2026-11-25) ended at: sync 0.8445 every time
+  // (deterministic), async 0.8503-0.8526, ssp:2 0.8487-0.8582 (ssp's waits reorder pushes the
+  // most). A lost or doubled update is caught exactly by ExpectEveryAckedPushTakenOnce above.
+  const double tolerance = mode == "sync" ? 0.005 : mode == "async" ? 0.01 : 0.015;
+  EXPECT_NEAR(top1, whole_top1, tolerance) << mode << ": undisturbed " << whole_top1 << ", server killed " << top1;
   std::printf("[%s] undisturbed %.4f, server 1 killed at step %d: %.4f; %.1f s from the kill to the end\n",
               mode.c_str(), whole_top1, kSteps * 2 / 5, top1, seconds);
 }
