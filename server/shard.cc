@@ -247,6 +247,10 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       s = CheckWorker(peer, info, h, &reason);
       PendingPull p{peer, h, {}, std::chrono::steady_clock::now()};
       if (s.ok()) s = ResolveChunks(h, /*all_if_empty=*/true, &p.locals, &reason);
+      if (s.ok() && (h.flags & kFlagShm) != 0 && regions_.find(peer) == regions_.end()) {
+        reason = RejectReason::kFrameCount;
+        s = InvalidArgument("pull: asked for shared memory, but this connection has no region (register asking for one)");
+      }
       if (s.ok()) {
         if (PullReady(p)) {
           ServePull(ep, p);
@@ -731,9 +735,12 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   SharedRegion* region = nullptr;
   if ((p.request.flags & kFlagShm) != 0) {
     auto it = regions_.find(p.peer);
-    if (it == regions_.end()) {
-      Reply(ep, p.peer,
-            ErrorReply(p.request, InvalidArgument("pull: asked for shared memory, but this connection has no region")));
+    if (it == regions_.end()) {  // the region went while the pull waited (HandleMessage checks on arrival)
+      ++stats_.rejected_by_reason[static_cast<size_t>(RejectReason::kFrameCount)];
+      MessageHeader error =
+          ErrorReply(p.request, InvalidArgument("pull: asked for shared memory, but this connection has no region"));
+      error.flags = static_cast<uint32_t>(RejectReason::kFrameCount);
+      Reply(ep, p.peer, error);
       return;
     }
     region = it->second.get();
