@@ -61,6 +61,7 @@ Status CheckListLengths(const MessageHeader& h) {
   if (!h.elem_counts.empty() && h.elem_counts.size() != n) return bad("elemCounts", h.elem_counts.size());
   if (!h.byte_lengths.empty() && h.byte_lengths.size() != n) return bad("byteLengths", h.byte_lengths.size());
   if (!h.checksums.empty() && h.checksums.size() != n) return bad("checksums", h.checksums.size());
+  if (!h.encodings.empty() && h.encodings.size() != n) return bad("encodings", h.encodings.size());
   return Status::Ok();
 }
 
@@ -124,7 +125,7 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   const auto dtype = static_cast<uint16_t>(r.getDtype());
   if (dtype > static_cast<uint16_t>(DType::kBf16)) return Corrupt("header: unknown dtype {}", dtype);
   const auto enc = static_cast<uint16_t>(r.getEncoding());
-  if (enc > static_cast<uint16_t>(Encoding::kOneBit)) return Corrupt("header: unknown encoding {}", enc);
+  if (enc > kMaxEncoding) return Corrupt("header: unknown encoding {}", enc);
   const auto role = static_cast<uint16_t>(r.getRole());
   if (role > static_cast<uint16_t>(Role::kObserver)) return Corrupt("header: unknown role {}", role);
 
@@ -144,6 +145,12 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.elem_counts = ReadList<uint64_t>(r.getElemCounts());
   h.byte_lengths = ReadList<uint64_t>(r.getByteLengths());
   h.checksums = ReadList<uint32_t>(r.getChecksums());
+  for (auto e : r.getEncodings()) {
+    const auto v = static_cast<uint16_t>(e);
+    if (v > kMaxEncoding) return Corrupt("header: unknown encoding {} in encodings", v);
+    h.encodings.push_back(static_cast<Encoding>(v));
+  }
+  h.factor_batch = r.getFactorBatch();
   h.error_code = r.getErrorCode();
   h.error_text = r.getErrorText().cStr();
   h.assigned_id = r.getAssignedId();
@@ -194,6 +201,11 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   if (!h.elem_counts.empty()) FillList(b.initElemCounts(n(h.elem_counts)), h.elem_counts);
   if (!h.byte_lengths.empty()) FillList(b.initByteLengths(n(h.byte_lengths)), h.byte_lengths);
   if (!h.checksums.empty()) FillList(b.initChecksums(n(h.checksums)), h.checksums);
+  if (!h.encodings.empty()) {
+    auto list = b.initEncodings(n(h.encodings));
+    for (unsigned i = 0; i < list.size(); ++i) list.set(i, static_cast<cw::Encoding>(h.encodings[i]));
+  }
+  b.setFactorBatch(h.factor_batch);
   b.setErrorCode(h.error_code);
   if (!h.error_text.empty()) b.setErrorText(h.error_text);
   b.setAssignedId(h.assigned_id);

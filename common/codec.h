@@ -39,7 +39,8 @@ inline constexpr uint16_t kMaxMsgType = 13;
 const char* MsgTypeName(MsgType t);
 
 enum class DType : uint16_t { kF32 = 0, kF16 = 1, kBf16 = 2 };
-enum class Encoding : uint16_t { kDense = 0, kTopK = 1, kOneBit = 2 };
+enum class Encoding : uint16_t { kDense = 0, kTopK = 1, kOneBit = 2, kFactors = 3 };
+inline constexpr uint16_t kMaxEncoding = 3;
 enum class Role : uint16_t { kUnknown = 0, kServer = 1, kWorker = 2, kObserver = 3 };
 
 // Bytes per element of a dense payload of `dtype`.
@@ -129,6 +130,8 @@ struct MessageHeader {
   std::vector<uint64_t> elem_counts;
   std::vector<uint64_t> byte_lengths;
   std::vector<uint32_t> checksums;
+  std::vector<Encoding> encodings;  // per chunk (push); empty = all `encoding`
+  uint32_t factor_batch = 0;        // push with factor chunks: rows of delta / activations
 
   uint16_t error_code = 0;  // StatusCode
   std::string error_text;

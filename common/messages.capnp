@@ -34,11 +34,18 @@ enum DType {
   bf16 @2;
 }
 
-# How a payload frame encodes its elements. dense today; topK / oneBit with error feedback later.
+# How a payload frame encodes its elements (common/grad_codec.h has the byte formats).
+#  dense    count elements of `dtype`
+#  topK     k uint32 indices (strictly ascending, < count) then k values of `dtype` (push only)
+#  oneBit   one f32 scale, then ceil(count/8) bytes of sign bits (1 = negative) (push only)
+#  factors  sufficient factors of an inner-product weight chunk (push only, f32): the chunk's
+#           rows of delta, factorBatch x rows; the layer's input activations are one extra
+#           frame at the end of the message (factorBatch x in), shared by its factor chunks
 enum Encoding {
   dense @0;
   topK @1;
   oneBit @2;
+  factors @3;
 }
 
 enum Role {
@@ -137,4 +144,8 @@ struct Header {
   shmPath @34 :Text;
   shmBytes @35 :UInt64;
   shmNonce @36 :UInt64;
+  # Per-chunk encodings (push), one per chunk id; empty = every chunk uses `encoding`. A pull
+  # asks for its reply's `dtype` (f32 / f16 / bf16); the reply says what it carries.
+  encodings @37 :List(Encoding);
+  factorBatch @38 :UInt32;     # push with factor chunks: the batch rows of delta and of the activations
 }

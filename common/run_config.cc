@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -219,6 +220,33 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   }
   DP_RETURN_IF_ERROR(r.String("ipc_dir", &c->ipc_dir));
   DP_RETURN_IF_ERROR(r.Bool("shared_memory", &c->shared_memory));
+  if (const toml::node* n = r.Get("link_gbps")) {
+    // Absent = off; a value given must be a link speed (0 or less is a mistake, not "off").
+    DP_RETURN_IF_ERROR(r.Float("link_gbps", &c->link_gbps));
+    if (!(c->link_gbps > 0) || !std::isfinite(c->link_gbps)) {
+      return r.Bad("link_gbps", *n, "must be a finite link speed > 0 in Gbit/s (leave it out for no emulated link)");
+    }
+  }
+  return r.Finish();
+}
+
+Status ReadCodec(TableReader& r, const char* key, bool push, WireCodec* out) {
+  const toml::node* n = r.Get(key);
+  if (n == nullptr) return Status::Ok();
+  const auto text = n->value<std::string>();
+  if (!text || !ParseWireCodec(*text, out) ||
+      (!push && *out != WireCodec::kFp32 && *out != WireCodec::kFp16 && *out != WireCodec::kBf16)) {
+    return r.Bad(key, *n, push ? "expected one of fp32|fp16|bf16|topk|onebit" : "expected one of fp32|fp16|bf16");
+  }
+  return Status::Ok();
+}
+
+Status ReadCompression(TableReader& r, CompressionConfig* c) {
+  DP_RETURN_IF_ERROR(r.Bool("factors", &c->factors));
+  DP_RETURN_IF_ERROR(ReadCodec(r, "push", /*push=*/true, &c->push));
+  DP_RETURN_IF_ERROR(ReadCodec(r, "pull", /*push=*/false, &c->pull));
+  DP_RETURN_IF_ERROR(r.Float("top_k_fraction", &c->top_k_fraction));
+  DP_RETURN_IF_ERROR(r.Bool("error_feedback", &c->error_feedback));
   return r.Finish();
 }
 
@@ -436,6 +464,22 @@ const char* LrPolicyName(LrPolicy policy) {
   return kLrPolicyNames[static_cast<int>(policy)].data();
 }
 
+namespace {
+constexpr std::array<std::string_view, 5> kWireCodecNames = {"fp32", "fp16", "bf16", "topk", "onebit"};
+}  // namespace
+
+const char* WireCodecName(WireCodec codec) { return kWireCodecNames[static_cast<size_t>(codec)].data(); }
+
+bool ParseWireCodec(std::string_view text, WireCodec* out) {
+  for (size_t i = 0; i < kWireCodecNames.size(); ++i) {
+    if (text == kWireCodecNames[i]) {
+      *out = static_cast<WireCodec>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
 bool ParseLrPolicy(std::string_view text, LrPolicy* out) {
   for (size_t i = 0; i < std::size(kLrPolicyNames); ++i) {
     if (text == kLrPolicyNames[i]) {
@@ -611,7 +655,11 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(ck.every_updates >= 0, "checkpoint.every_updates", ck.every_updates, "must be >= 0 (0 = off)")
       .Check(!ck.dir.empty(), "checkpoint.dir", ck.dir, "must be non-empty")
       .Check(ck.wal_fsync_ms >= 0, "checkpoint.wal_fsync_ms", ck.wal_fsync_ms,
-             "must be >= 0 (0 = fsync before every acknowledgement)");
+             "must be >= 0 (0 = fsync before every acknowledgement)")
+      .Check(cl.link_gbps == 0 || (std::isfinite(cl.link_gbps) && cl.link_gbps > 0), "cluster.link_gbps",
+             cl.link_gbps, "must be a finite link speed > 0 in Gbit/s (0 in code = off)")
+      .Check(c.compression.top_k_fraction > 0 && c.compression.top_k_fraction <= 1,
+             "compression.top_k_fraction", c.compression.top_k_fraction, "must be in (0, 1]");
   return v.status();
 }
 
@@ -647,6 +695,7 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
       {"eval", [&](TableReader& r) { return ReadEval(r, &c.eval); }},
       {"checkpoint", [&](TableReader& r) { return ReadCheckpoint(r, &c.checkpoint); }},
       {"security", [&](TableReader& r) { return ReadSecurity(r, &c.security); }},
+      {"compression", [&](TableReader& r) { return ReadCompression(r, &c.compression); }},
   };
   for (const auto& [key, node] : root) {
     bool known = false;
@@ -658,7 +707,7 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
       }
       return InvalidArgument(
           "{}: unknown {} '{}' (known tables: run, model, cluster, solver, consistency, worker, "
-          "data, eval, checkpoint, security)",
+          "data, eval, checkpoint, security, compression)",
           source, node.is_table() ? "table" : "top-level key", key.str());
     }
     if (!node.is_table()) {
@@ -722,6 +771,11 @@ std::string ToToml(const RunConfig& c) {
   line("transport", str(ClusterTransportName(c.cluster.transport)));
   line("ipc_dir", str(c.cluster.ipc_dir));
   line("shared_memory", boolean(c.cluster.shared_memory));
+  if (c.cluster.link_gbps > 0) {
+    line("link_gbps", flt(c.cluster.link_gbps));
+  } else {
+    s += "# link_gbps: off (no emulated link)\n";
+  }
   s += "\n[solver]\n";
   line("base_lr", flt(c.solver.base_lr));
   line("lr_policy", str(LrPolicyName(c.solver.lr_policy)));
@@ -774,6 +828,12 @@ std::string ToToml(const RunConfig& c) {
   s += "\n[security]\n";
   line("keys", str(c.security.keys));
   line("insecure", boolean(c.security.insecure));
+  s += "\n[compression]\n";
+  line("factors", boolean(c.compression.factors));
+  line("push", str(WireCodecName(c.compression.push)));
+  line("pull", str(WireCodecName(c.compression.pull)));
+  line("top_k_fraction", flt(c.compression.top_k_fraction));
+  line("error_feedback", boolean(c.compression.error_feedback));
   return s;
 }
 

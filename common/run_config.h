@@ -90,6 +90,10 @@ struct ClusterConfig {
   // on the servers, PsClientOptions::shared_memory on the workers); servers on another host are
   // used over the socket whatever this says.
   bool shared_memory = true;
+  // Emulated link (experiments only): every process's egress is paced to this many Gbit/s in
+  // the transport (common/zmq_transport.h), so one machine can show a job at 1, 10 or 25 Gbit/s
+  // per host. 0 = off (the default). Setting it turns shared memory off (it would bypass the link).
+  double link_gbps = 0;
   bool operator==(const ClusterConfig&) const = default;
 };
 
@@ -229,6 +233,32 @@ struct CheckpointConfig {
   bool operator==(const CheckpointConfig&) const = default;
 };
 
+// [compression] — fewer bytes on the wire (common/grad_codec.h). The default is lossless fp32.
+enum class WireCodec {
+  kFp32,    // dense f32 (lossless)
+  kFp16,    // dense IEEE half (gradients / pulled weights; masters stay f32 on the server)
+  kBf16,    // dense bfloat16
+  kTopK,    // the top_k_fraction largest |g| per chunk, with error feedback (push only)
+  kOneBit,  // sign × per-chunk scale (mean |g|), with error feedback (push only)
+};
+const char* WireCodecName(WireCodec codec);  // "fp32" | "fp16" | "bf16" | "topk" | "onebit"
+// Parses a codec name; false if unknown.
+bool ParseWireCodec(std::string_view text, WireCodec* out);
+
+struct CompressionConfig {
+  // Sufficient factors for inner-product weights (Project Adam / Poseidon): the worker sends
+  // delta (B×out) and the layer input (B×in) instead of dW (out×in) wherever that is fewer
+  // floats; the server forms deltaᵀ·input before its usual update. Lossless (to fp32 rounding).
+  bool factors = false;
+  WireCodec push = WireCodec::kFp32;  // codec of the gradient chunks sent dense
+  WireCodec pull = WireCodec::kFp32;  // codec of pulled weights: fp32 | fp16 | bf16
+  double top_k_fraction = 0.01;       // push = "topk": fraction of each chunk sent, in (0, 1]
+  // push = "topk" / "onebit": keep what was not sent in a per-chunk residual added to the next
+  // gradient (error feedback, EF-SGD). Off only for ablations.
+  bool error_feedback = true;
+  bool operator==(const CompressionConfig&) const = default;
+};
+
 // [security] — CurveZMQ keys and the loopback run secret (common/security.h).
 struct SecurityConfig {
   std::string keys = "";  // directory made by downpour-keys; "" = no CurveZMQ (loopback only)
@@ -247,6 +277,7 @@ struct RunConfig {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   SecurityConfig security;
+  CompressionConfig compression;
   bool operator==(const RunConfig&) const = default;
 };
 

@@ -5,6 +5,9 @@
 //   * each documented default equals the code's default, both parsed as TOML values with toml++
 //     (same TOML type; floats compared as float32, the type the config holds them in);
 //   * each documented type names the TOML type of the code's default.
+// A key that ToToml(RunConfig{}) leaves out because it is off unless given (cluster.link_gbps:
+// absent = no emulated link, any value given must be > 0) is documented with the default cell
+// `absent` (no backticks); ToToml writes it once it is set (kOptionalKeys below sets them).
 //
 // What the test reads: the Markdown tables of docs/config.md whose header row is exactly
 //   | key | type | default | meaning |
@@ -40,6 +43,7 @@ struct DocRow {
   std::string type;          // the type cell as written, e.g. "integer", "array of floats"
   std::string default_text;  // the default cell without its backticks: TOML, e.g. "64", "\"cpu\""
   int line = 0;              // 1-based line in the page
+  bool optional = false;     // default cell "absent": a key ToToml writes only when it is set
 };
 
 struct Reference {
@@ -142,7 +146,9 @@ Reference ParseReference(std::string_view text, const std::string& source) {
       continue;
     }
     row.type = cells[1];
-    if (!StripBackticks(cells[2], &row.default_text)) {
+    if (cells[2] == "absent") {
+      row.optional = true;
+    } else if (!StripBackticks(cells[2], &row.default_text)) {
       ref.errors.push_back(where + ": default of " + row.key + " ('" + cells[2] +
                            "') is not a TOML value in backticks");
       continue;
@@ -245,8 +251,20 @@ class CodeDefaults {
         keys_[std::string(section.str()) + "." + std::string(key.str())] = &value;
       }
     }
+    // The keys ToToml writes only when set: set every one of them, and keep what appears.
+    RunConfig set;
+    set.cluster.link_gbps = 10;
+    set_root_ = toml::parse(ToToml(set));
+    for (const auto& [section, node] : set_root_) {
+      for (const auto& [key, value] : *node.as_table()) {
+        const std::string dotted = std::string(section.str()) + "." + std::string(key.str());
+        if (keys_.count(dotted) == 0) optional_[dotted] = &value;
+      }
+    }
   }
   const std::map<std::string, const toml::node*>& keys() const { return keys_; }
+  // Keys written only when set, as "section.key" → their value in a config that sets them.
+  const std::map<std::string, const toml::node*>& optional() const { return optional_; }
   const std::set<std::string>& sections() const { return sections_; }
   // "key = value" as ToToml wrote it, for messages.
   std::string LineOf(const std::string& dotted) const {
@@ -265,8 +283,10 @@ class CodeDefaults {
  private:
   std::string text_;
   toml::table root_;
+  toml::table set_root_;
   std::set<std::string> sections_;
   std::map<std::string, const toml::node*> keys_;
+  std::map<std::string, const toml::node*> optional_;
 };
 
 std::string ReadReference() {
@@ -308,8 +328,24 @@ TEST_F(ConfigReferenceTest, EveryKeyOfTheCodeIsDocumented) {
   }
 }
 
+TEST_F(ConfigReferenceTest, EveryKeyWrittenOnlyWhenSetIsDocumentedAsAbsent) {
+  EXPECT_FALSE(code_.optional().empty()) << "cluster.link_gbps is written only when set";
+  for (const auto& [key, node] : code_.optional()) {
+    const auto [first, last] = documented_.equal_range(key);
+    ASSERT_EQ(std::distance(first, last), 1) << kReferenceName << " must document " << key << " once";
+    EXPECT_TRUE(first->second->optional) << kReferenceName << ":" << first->second->line << ": " << key
+                                         << " is off unless given: its default cell is `absent`";
+  }
+}
+
 TEST_F(ConfigReferenceTest, EveryDocumentedKeyExistsInTheCode) {
   for (const DocRow& row : ref_.rows) {
+    if (row.optional) {
+      EXPECT_TRUE(code_.optional().count(row.key) > 0)
+          << kReferenceName << ":" << row.line << " documents " << row.key
+          << " as absent by default, but the code writes it always or never";
+      continue;
+    }
     EXPECT_TRUE(code_.keys().count(row.key) > 0)
         << kReferenceName << ":" << row.line << " documents " << row.key
         << ", which ToToml(RunConfig{}) does not write (common/run_config.h has no such key)";
@@ -349,8 +385,9 @@ TEST_F(ConfigReferenceTest, DocumentedDefaultsEqualTheCodeDefaults) {
 
 TEST_F(ConfigReferenceTest, DocumentedTypesNameTheTomlTypeOfTheDefault) {
   for (const DocRow& row : ref_.rows) {
-    const auto it = code_.keys().find(row.key);
-    if (it == code_.keys().end()) continue;
+    const auto& table = code_.keys().count(row.key) > 0 ? code_.keys() : code_.optional();
+    const auto it = table.find(row.key);
+    if (it == table.end()) continue;
     toml::node_type type{};
     if (!TypeOfCell(row.type, &type)) {
       ADD_FAILURE() << kReferenceName << ":" << row.line << ": type of " << row.key << " '" << row.type

@@ -423,5 +423,52 @@ TEST(RunConfigWarningsTest, ChunksOf32MiBOrMoreAreWarnedNamingKeySizeAndWhy) {
   EXPECT_TRUE(ValidateRunConfig(c, "big.toml").ok());
 }
 
+TEST(RunConfigCompressionTest, DefaultsAreLosslessAndEverySettingRoundTrips) {
+  const RunConfig d = ParseOk("");
+  EXPECT_FALSE(d.compression.factors);
+  EXPECT_EQ(d.compression.push, WireCodec::kFp32);
+  EXPECT_EQ(d.compression.pull, WireCodec::kFp32);
+  EXPECT_EQ(d.cluster.link_gbps, 0);
+  RunConfig back;
+  ASSERT_TRUE(ParseRunConfig(ToToml(d), "roundtrip", &back).ok()) << ToToml(d);
+  EXPECT_EQ(back, d);
+  const RunConfig c = ParseOk(
+      "[cluster]\nlink_gbps = 10\n[compression]\nfactors = true\npush = \"topk\"\npull = \"bf16\"\n"
+      "top_k_fraction = 0.05\nerror_feedback = false\n");
+  EXPECT_TRUE(c.compression.factors);
+  EXPECT_EQ(c.compression.push, WireCodec::kTopK);
+  EXPECT_EQ(c.compression.pull, WireCodec::kBf16);
+  EXPECT_DOUBLE_EQ(c.compression.top_k_fraction, 0.05);
+  EXPECT_FALSE(c.compression.error_feedback);
+  EXPECT_DOUBLE_EQ(c.cluster.link_gbps, 10);
+  ASSERT_TRUE(ParseRunConfig(ToToml(c), "roundtrip", &back).ok()) << ToToml(c);
+  EXPECT_EQ(back, c);
+  for (const char* name : {"fp32", "fp16", "bf16", "topk", "onebit"}) {
+    WireCodec codec;
+    ASSERT_TRUE(ParseWireCodec(name, &codec)) << name;
+    EXPECT_STREQ(WireCodecName(codec), name);
+  }
+}
+
+TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
+  EXPECT_THAT(ParseError("[compression]\npush = \"fp8\"\n"),
+              HasSubstr("compression.push = \"fp8\": expected one of fp32|fp16|bf16|topk|onebit"));
+  // Pulled weights are dense: top-k and 1-bit are push codecs only.
+  EXPECT_THAT(ParseError("[compression]\npull = \"topk\"\n"),
+              HasSubstr("compression.pull = \"topk\": expected one of fp32|fp16|bf16"));
+  for (const char* bad : {"0", "-0.1", "1.5"}) {
+    EXPECT_THAT(ParseError(std::string("[compression]\ntop_k_fraction = ") + bad + "\n"),
+                HasSubstr("compression.top_k_fraction")) << bad;
+    EXPECT_THAT(ParseError(std::string("[compression]\ntop_k_fraction = ") + bad + "\n"), HasSubstr("(0, 1]"));
+  }
+  EXPECT_DOUBLE_EQ(ParseOk("[compression]\ntop_k_fraction = 1\n").compression.top_k_fraction, 1.0);
+  for (const char* bad : {"0", "-1", "nan", "inf"}) {
+    const std::string e = ParseError(std::string("[cluster]\nlink_gbps = ") + bad + "\n");
+    EXPECT_THAT(e, HasSubstr("cluster.link_gbps")) << bad;
+    EXPECT_THAT(e, HasSubstr("> 0")) << bad;
+  }
+  EXPECT_THAT(ParseError("[compression]\nfactor = true\n"), HasSubstr("factor"));  // misspelt key
+}
+
 }  // namespace
 }  // namespace downpour
