@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""tools/downpour-scaling and its model (tools/downpour_scaling.py): AlexNet's bytes per worker
+step for every codec, the layout replicated from common/layout.cc, more servers never slower,
+a two-worker case computed by hand, the command line (table, --json, --png, --run-dir,
+--rates-from-bench) and bad input refused with exit 2 naming the flag."""
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+import fabricate as fab
+
+sys.path.insert(0, fab.TOOLS)
+import downpour_runs as dr  # noqa: E402
+import downpour_scaling as sc  # noqa: E402
+
+# bvlc_alexnet (configs/models/alexnet.toml, 1000 classes) as downpour-worker --write-tensors
+# writes it: 60,965,224 floats.
+ALEXNET_TENSORS = """# tensors of alexnet (configs/models/alexnet.toml)
+conv1.weight 96x3x11x11 1 1
+conv1.bias 96 2 0
+conv2.weight 256x48x5x5 1 1
+conv2.bias 256 2 0
+conv3.weight 384x256x3x3 1 1
+conv3.bias 384 2 0
+conv4.weight 384x192x3x3 1 1
+conv4.bias 384 2 0
+conv5.weight 256x192x3x3 1 1
+conv5.bias 256 2 0
+fc6.weight 4096x9216 1 1
+fc6.bias 4096 2 0
+fc7.weight 4096x4096 1 1
+fc7.bias 4096 2 0
+fc8.weight 1000x4096 1 1
+fc8.bias 1000 2 0
+"""
+ALEXNET_FLOATS = 60965224
+CONV_WEIGHTS = 96 * 3 * 11 * 11 + 256 * 48 * 25 + 384 * 256 * 9 + 384 * 192 * 9 + 256 * 192 * 9  # 2,332,704
+BIASES = 96 + 256 + 384 + 384 + 256 + 4096 + 4096 + 1000                                          # 10,568
+ALEXNET_LAYERS = ["conv1", "relu1", "norm1", "pool1", "conv2", "relu2", "norm2", "pool2", "conv3", "relu3",
+                  "conv4", "relu4", "conv5", "relu5", "pool5", "fc6", "relu6", "drop6", "fc7", "relu7", "drop7",
+                  "fc8", "loss"]
+
+
+def alexnet_time(batch=128, device="gpu:0", step_ms=20.0):
+    """A downpour-time --json object: compute spread over the layers, forward 1/3 of it."""
+    types = {"conv": "Convolution", "fc": "InnerProduct", "relu": "ReLU", "norm": "LRN", "pool": "Pooling",
+             "drop": "Dropout", "loss": "SoftmaxWithLoss"}
+    per = step_ms / len(ALEXNET_LAYERS)
+    layers = [{"layer": n, "type": types[n.rstrip("0123456789")], "forward_ms": per / 3, "backward_ms": 2 * per / 3}
+              for n in ALEXNET_LAYERS]
+    return {"model": "alexnet", "config": "configs/models/alexnet.toml", "backend": "cudnn", "device": device,
+            "batch": batch, "threads": None, "iterations": 10, "warmup": 1, "params": ALEXNET_FLOATS,
+            "layers": layers, "forward_ms": step_ms / 3, "backward_ms": 2 * step_ms / 3, "step_ms": step_ms,
+            "images_per_s": batch / step_ms * 1e3}
+
+
+def alexnet():
+    return sc.parse_tensors(ALEXNET_TENSORS, "alexnet")
+
+
+def push_bytes(codec, servers=1, batch=128, chunk_elems=sc.DEFAULT_CHUNK_ELEMS):
+    layers = sc.step_bytes(alexnet(), {}, servers, batch, sc.parse_codec(codec), chunk_elems)
+    return sum(lb.push for lb in layers.values()), sum(lb.pull for lb in layers.values())
+
+
+class Layout(unittest.TestCase):
+    def test_alexnet_chunks_cover_every_float_once_within_one_float_of_n_over_s(self):
+        for servers in (1, 2, 3, 4, 7, 16):
+            chunks = sc.layout_chunks(alexnet(), servers)
+            self.assertEqual(sum(c.count for c in chunks), ALEXNET_FLOATS)
+            self.assertTrue(all(1 <= c.count <= sc.DEFAULT_CHUNK_ELEMS for c in chunks))
+            per_server = [sum(c.count for c in chunks if c.server == s) for s in range(servers)]
+            self.assertLessEqual(max(per_server) - min(per_server), 1, servers)
+
+    def test_fc6_is_36_chunks_of_4_mib_at_one_server(self):
+        """The config's comment: fc6's 37.7M floats become 36 chunks of 1 Mi floats."""
+        fc6 = [c for c in sc.layout_chunks(alexnet(), 1) if c.tensor == 10]
+        self.assertEqual(len(fc6), 36)
+        self.assertEqual({c.count for c in fc6}, {1 << 20})
+
+
+class AlexNetBytes(unittest.TestCase):
+    def test_fp32_moves_every_float_both_ways(self):
+        self.assertEqual(push_bytes("fp32"), (ALEXNET_FLOATS * 4, ALEXNET_FLOATS * 4))
+        self.assertEqual(ALEXNET_FLOATS * 4, 243860896)
+
+    def test_fp16_and_bf16_halve_the_push_and_pull_codecs_halve_the_pull(self):
+        for codec in ("fp16", "bf16"):
+            self.assertEqual(push_bytes(codec), (ALEXNET_FLOATS * 2, ALEXNET_FLOATS * 4))
+            self.assertEqual(push_bytes(f"fp32+pull={codec}"), (ALEXNET_FLOATS * 4, ALEXNET_FLOATS * 2))
+
+    def test_onebit_is_a_scale_and_a_bit_per_element_per_chunk(self):
+        chunks = sc.layout_chunks(alexnet(), 2)
+        expected = sum(4 + math.ceil(c.count / 8) for c in chunks)
+        self.assertEqual(push_bytes("onebit", servers=2)[0], expected)
+        self.assertAlmostEqual(expected / (ALEXNET_FLOATS / 8), 1.0, places=3)
+
+    def test_topk_sends_k_indices_and_values_per_chunk(self):
+        chunks = sc.layout_chunks(alexnet(), 1)
+        expected = sum(math.ceil(0.01 * c.count) * (4 + 4) for c in chunks)
+        self.assertEqual(push_bytes("topk:0.01")[0], expected)
+        self.assertAlmostEqual(expected / (0.01 * ALEXNET_FLOATS * 8), 1.0, places=2)
+        self.assertEqual(push_bytes("topk:1")[0], ALEXNET_FLOATS * 8)  # k = n: indices double the bytes
+
+    def test_factors_send_batch_times_out_plus_in_per_fc_layer(self):
+        """One chunk per tensor (chunk_elems above fc6's size), one server: every fc weight is
+        B × (out + in) floats; convolutions and biases stay dense."""
+        big = 1 << 26
+        fc = 128 * (4096 + 9216) + 128 * (4096 + 4096) + 128 * (1000 + 4096)
+        self.assertEqual(push_bytes("factors", chunk_elems=big), ((CONV_WEIGHTS + BIASES + fc) * 4, ALEXNET_FLOATS * 4))
+        self.assertEqual(CONV_WEIGHTS + BIASES + fc, 5748072)
+
+    def test_factors_copy_the_activations_to_every_server_holding_the_layer(self):
+        big = 1 << 26
+        one, _ = push_bytes("factors", servers=1, chunk_elems=big)
+        two, _ = push_bytes("factors", servers=2, chunk_elems=big)
+        # At S=2 fc6 straddles the server boundary (server 0 ends at float 30,482,612 of the flat space).
+        self.assertEqual(two - one, 128 * 9216 * 4 + 128 * 4, "activations once more, plus the split row")
+
+    def test_factors_cut_alexnet_push_more_than_8x_at_batch_128(self):
+        """The issue's target (S=2). At S=4 fc6 spans three servers, each getting its 128 × 9216
+        activations: 7.1×, the price of the copies."""
+        for servers, least in ((1, 10.5), (2, 8.7), (4, 7.0)):
+            fp32, _ = push_bytes("fp32", servers)
+            factors, _ = push_bytes("factors", servers)
+            self.assertGreaterEqual(fp32 / factors, least, servers)
+            self.assertLess(fp32 / factors, least + 0.2, servers)
+        fp32, pull32 = push_bytes("fp32", 2)
+        factors, pull16 = push_bytes("factors+pull=fp16", 2)
+        self.assertGreaterEqual((fp32 + pull32) / (factors + pull16), 3.0)
+
+    def test_factors_fall_back_to_dense_where_they_do_not_pay(self):
+        """fmnist_small's fc2 (10×256) at batch 64: 64 × 266 factor floats > 2,560 dense."""
+        tensors = sc.parse_tensors("fc1.weight 256x2304 1 1\nfc2.weight 10x256 1 1\n", "t")
+        layers = sc.step_bytes(tensors, {}, 1, 64, sc.parse_codec("factors"))
+        self.assertTrue(layers["fc1"].factored)
+        self.assertEqual(layers["fc1"].push, 64 * (256 + 2304) * 4)
+        self.assertFalse(layers["fc2"].factored)
+        self.assertEqual(layers["fc2"].push, 10 * 256 * 4)
+
+    def test_only_inner_products_are_factored(self):
+        tensors = sc.parse_tensors("emb.weight 4096x4096 1 1\n", "t")
+        layers = sc.step_bytes(tensors, {"emb": "Embedding"}, 1, 8, sc.parse_codec("factors"))
+        self.assertFalse(layers["emb"].factored)
+
+
+def two_worker_case(**over):
+    """One 1000×250 inner product (250,000 floats = 1 MB in fp32), forward 10 ms, backward 20 ms,
+    batch 64; W = 2, S = 1 on a real 8 Gbit/s (= 1e9 B/s) link; no server cost unless given."""
+    profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=64, threads=0, device="gpu:0", source="hand")
+    tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
+    rates = sc.Rates(**{"sgd_ns_per_float": 0.0, "server_ns_per_float": 0.0, **over.pop("rates", {})})
+    cluster = sc.Cluster(**{"workers": 2, "servers": 1, "link_gbps": 8.0, "batch": 64, **over})
+    return sc.predict(profile, tensors, rates, cluster, sc.parse_codec(over.pop("codec", "fp32")))
+
+
+class HandComputed(unittest.TestCase):
+    def test_async_two_workers_share_the_server_link(self):
+        """The server's NIC carries both workers: each gets 0.5e9 B/s, so its 1 MB push takes 2 ms
+        and its pull 2 ms after it. Step = 10 + 20 + 2 + 2 = 34 ms; 2 × 64 / 0.034 images/s;
+        efficiency 30 / 34."""
+        p = two_worker_case()
+        self.assertEqual((p.push_bytes, p.pull_bytes), (1_000_000, 1_000_000))
+        self.assertAlmostEqual(p.step_s, 0.034, places=9)
+        self.assertAlmostEqual(p.images_per_s, 128 / 0.034, places=6)
+        self.assertAlmostEqual(p.efficiency, 30 / 34, places=9)
+        self.assertEqual(p.bound, "link")
+
+    def test_a_slow_server_bounds_the_step(self):
+        """100 ns per float: 2 workers × 250,000 floats × 100 ns = 50 ms per round > 34 ms."""
+        p = two_worker_case(rates={"sgd_ns_per_float": 100.0, "server_ns_per_float": 100.0})
+        self.assertAlmostEqual(p.step_s, 0.050, places=9)
+        self.assertEqual(p.bound, "server")
+
+    def test_sync_puts_the_apply_of_both_pushes_before_the_pull(self):
+        """sync: push 2 ms, apply 2 × 250,000 × 2 ns = 1 ms, pull 2 ms: 10 + 20 + 2 + 1 + 2 = 35 ms."""
+        p = two_worker_case(mode="sync", rates={"sgd_ns_per_float": 2.0, "server_ns_per_float": 2.0})
+        self.assertAlmostEqual(p.step_s, 0.035, places=9)
+
+    def test_emulated_links_pace_only_what_each_process_sends(self):
+        """cluster.link_gbps on one host: the push runs at the worker's full 1e9 B/s (1 ms), the
+        pull shares the one server's paced egress (2 ms): 10 + 20 + 1 + 2 = 33 ms."""
+        p = two_worker_case(emulated=True)
+        self.assertAlmostEqual(p.step_s, 0.033, places=9)
+
+    def test_pull_every_amortizes_a_blocking_pull(self):
+        """pull_every 4: 30 ms compute + the 2 ms pull / 4; the 2 ms push hides under compute."""
+        p = two_worker_case(pull_every=4)
+        self.assertAlmostEqual(p.step_s, 0.0305, places=9)
+
+    def test_cpu_workers_sharing_cores_compute_slower(self):
+        profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=64, threads=1, source="hand")
+        tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
+        rates = sc.Rates(sgd_ns_per_float=0.0, server_ns_per_float=0.0)
+        c = sc.Cluster(workers=4, servers=4, link_gbps=1000.0, batch=64, workers_per_host=4, cores_per_host=2)
+        p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
+        self.assertAlmostEqual(p.compute_s, 0.060, places=9)  # 4 one-thread workers on 2 cores: 2×
+        self.assertAlmostEqual(p.solo_compute_s, 0.030, places=9)
+        self.assertLess(p.efficiency, 0.51)
+
+
+class MoreServersNeverSlower(unittest.TestCase):
+    def test_step_time_never_grows_with_servers(self):
+        """For the dense codecs and the compressed pushes, in every mode, at 1 to 25 Gbit/s. Top-k
+        and 1-bit gain a few bytes per extra chunk (ceil(k) and the scale), hence the 1e-4."""
+        profile = sc.parse_time_json(alexnet_time(), "t")
+        for codec in ("fp32", "fp16", "bf16+pull=bf16", "topk:0.01", "onebit+pull=fp16"):
+            for mode in ("async", "sync"):
+                for link in (1.0, 10.0, 25.0):
+                    for w in (1, 2, 4, 8, 16):
+                        steps = [sc.predict(profile, alexnet(), sc.Rates(), sc.Cluster(w, s, link, mode, batch=128),
+                                            sc.parse_codec(codec)).step_s for s in (1, 2, 3, 4, 8, 16)]
+                        for a, b in zip(steps, steps[1:]):
+                            self.assertLessEqual(b, a * (1 + 1e-4), (codec, mode, link, w, steps))
+
+    def test_with_factors_only_the_activation_copies_can_cost(self):
+        """Sufficient factors send a layer's activations to every server holding it, so at one
+        worker a second server adds bytes; with the activations' bytes at zero (a 1-row input)
+        more servers are never slower there either."""
+        profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=8, threads=0, device="gpu:0")
+        tensors = sc.parse_tensors("fc.weight 4000000x1 1 1\n", "t")
+        steps = [sc.predict(profile, tensors, sc.Rates(), sc.Cluster(4, s, 10.0, batch=8),
+                            sc.parse_codec("fp32")).step_s for s in (1, 2, 4)]
+        self.assertEqual(steps, sorted(steps, reverse=True))
+
+
+class Codecs(unittest.TestCase):
+    def test_names_parse_and_map_to_the_run_config(self):
+        c = sc.parse_codec("factors+pull=fp16")
+        self.assertEqual((c.factors, c.push, c.pull), (True, "fp32", "fp16"))
+        self.assertEqual(c.config_sets(), ["compression.factors=true", 'compression.push="fp32"',
+                                           'compression.pull="fp16"'])
+        t = sc.parse_codec("topk:0.05")
+        self.assertIn("compression.top_k_fraction=0.05", t.config_sets())
+        back = sc.codec_from_config({"compression": {"factors": True, "push": "topk", "top_k_fraction": 0.05,
+                                                     "pull": "bf16"}})
+        self.assertEqual((back.factors, back.push, back.top_k_fraction, back.pull), (True, "topk", 0.05, "bf16"))
+        self.assertEqual(sc.codec_from_config({}).name, "fp32")
+
+    def test_bad_codecs_name_the_flag_and_the_token(self):
+        for text, message in (("fp8", "unknown codec 'fp8'"), ("topk:0", "must be in (0, 1]"),
+                              ("topk:1.5", "must be in (0, 1]"), ("topk:x", "is not a number"),
+                              ("fp16+bf16", "two push codecs"), ("pull=fp8", "unknown pull codec"),
+                              ("onebit:3", "takes no argument"), ("", "empty codec")):
+            with self.subTest(text=text):
+                with self.assertRaises(dr.UsageError) as e:
+                    sc.parse_codec(text)
+                self.assertIn("--codec", str(e.exception))
+                self.assertIn(message, str(e.exception))
+
+
+BENCH_OUTPUT = """model: AlexNet tensors, 60965224 floats (243.9 MB) each way per round
+S=1 W=1 chunks=69 | downpour: 4.97 rounds/s/worker 2.42 GB/s | bare zmq: 4.10 rounds/s/worker 2.00 GB/s | ratio 121% | pushes recv/applied/rejected 69/69/0
+S=1 W=1 downpour (tcp, max 4 chunks/message, 0 via shared memory) parts: push p50 1 ms | server sgd 0.061 s/round (30% of wall per server), loop busy 0.122 s/round (60%)
+"""
+
+
+class CommandLine(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-scaling-")
+        self.tmp = self._tmp.name
+        self.time = os.path.join(self.tmp, "time.json")
+        with open(self.time, "w") as f:
+            json.dump(alexnet_time(), f)
+        self.tensors = os.path.join(self.tmp, "tensors.txt")
+        with open(self.tensors, "w") as f:
+            f.write(ALEXNET_TENSORS)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def scaling(self, *args):
+        return fab.run_tool("downpour-scaling", "--time", self.time, "--tensors", self.tensors, *args)
+
+    def test_json_rows_per_grid_point_and_the_answer(self):
+        r = self.scaling("-w", "1,8", "-s", "1,4", "-l", "10,25", "-c", "fp32,factors+pull=fp16", "-b", "128",
+                         "--target", "0.8", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = json.loads(r.stdout)
+        self.assertEqual(len(out["predictions"]), 2 * 2 * 2 * 2)
+        first = out["predictions"][0]
+        self.assertEqual((first["workers"], first["servers"], first["link_gbps"], first["codec"]), (1, 1, 10.0, "fp32"))
+        self.assertEqual(first["push_bytes"], ALEXNET_FLOATS * 4)
+        self.assertEqual(len(out["answers"]), 2 * 2 * 2)
+        self.assertAlmostEqual(out["profile"]["compute_ms"], 20.0, places=6)
+
+    def test_table_and_png(self):
+        png = os.path.join(self.tmp, "eff.png")
+        r = self.scaling("-w", "1,2,4", "-s", "2", "-l", "10", "-c", "fp32,onebit", "--png", png, "--target", "0.5")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("| W | S | link Gbit/s | mode | codec |", r.stdout)
+        self.assertIn("smallest S with efficiency >= 50%", r.stdout)
+        if shutil.which("gnuplot"):
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_step_ms_rescales_the_profile(self):
+        r = self.scaling("-w", "1", "-s", "1", "-l", "1000", "--step-ms", "40", "--json", "--sgd-ns-per-float", "0",
+                         "--server-ns-per-float", "0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertAlmostEqual(json.loads(r.stdout)["profile"]["compute_ms"], 40.0, places=6)
+
+    def test_run_dir_gives_tensors_and_settings(self):
+        run = os.path.join(self.tmp, "run")
+        fab.write_config(run, mode="sync", workers=2, servers=2)
+        with open(os.path.join(run, "config.toml"), "a") as f:
+            f.write("\n[compression]\nfactors = true\npull = \"fp16\"\n")
+        with open(os.path.join(run, "config.toml")) as f:
+            text = f.read().replace("[cluster]\n", "[cluster]\nlink_gbps = 10.0\n")
+        with open(os.path.join(run, "config.toml"), "w") as f:
+            f.write(text)
+        shutil.copy(self.tensors, os.path.join(run, "tensors.txt"))
+        r = fab.run_tool("downpour-scaling", "--time", self.time, "--run-dir", run, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        (row,) = json.loads(r.stdout)["predictions"]
+        self.assertEqual((row["workers"], row["servers"], row["mode"], row["link_gbps"], row["batch"], row["codec"]),
+                         (2, 2, "sync", 10.0, fab.BATCH, "factors+pull=fp16"))
+
+    def test_rates_from_the_load_benchmark(self):
+        bench = os.path.join(self.tmp, "bench.txt")
+        with open(bench, "w") as f:
+            f.write(BENCH_OUTPUT)
+        rates = sc.rates_from_bench(BENCH_OUTPUT, bench)
+        self.assertAlmostEqual(rates.sgd_ns_per_float, 0.061 / ALEXNET_FLOATS * 1e9)
+        self.assertAlmostEqual(rates.server_ns_per_float, 0.122 / ALEXNET_FLOATS * 1e9)
+        self.assertAlmostEqual(rates.transport_gbytes, 1.21)
+        r = self.scaling("-w", "1", "-s", "1", "-l", "10", "--rates-from-bench", bench, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertAlmostEqual(json.loads(r.stdout)["rates"]["transport_gbytes"], 1.21)
+
+    def assert_usage(self, r, *parts):
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertTrue(r.stderr.startswith("downpour-scaling: "), r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        for part in parts:
+            self.assertIn(part, r.stderr)
+
+    def test_bad_input_is_one_line_naming_the_flag_and_exit_2(self):
+        self.assert_usage(self.scaling("-w", "1", "-l", "10", "-c", "fp32,zstd"), "--codec", "unknown codec 'zstd'")
+        self.assert_usage(self.scaling("-w", "0", "-l", "10"), "--workers 0: must be >= 1")
+        self.assert_usage(self.scaling("-w", "1", "-s", "0", "-l", "10"), "--servers 0: must be >= 1")
+        self.assert_usage(self.scaling("-w", "1", "-l", "0"), "--link-gbps 0: must be > 0")
+        self.assert_usage(self.scaling("-w", "1", "-l", "-5"), "--link-gbps -5: must be > 0")
+        self.assert_usage(self.scaling("-w", "1", "-l", "10", "-c", "topk:2"), "--codec", "must be in (0, 1]")
+        self.assert_usage(self.scaling("-w", "x", "-l", "10"), "--workers 'x'")
+        self.assert_usage(self.scaling("-w", "1", "-l", "10", "--mode", "bsp"), "--mode 'bsp'")
+        self.assert_usage(self.scaling("-w", "1", "-l", "10", "--target", "1.5"), "--target 1.5")
+        self.assert_usage(self.scaling("-w", "1"), "--link-gbps: required")
+        self.assert_usage(fab.run_tool("downpour-scaling", "--tensors", self.tensors, "-l", "1"), "--time: required")
+        self.assert_usage(fab.run_tool("downpour-scaling", "--time", self.time, "-l", "1"), "--tensors")
+        self.assert_usage(self.scaling("-l", "1", "--rates", os.path.join(self.tmp, "nope.json")), "--rates",
+                          "no such file")
+
+    def test_bad_files_name_the_file(self):
+        with open(self.time, "w") as f:
+            json.dump({"layers": []}, f)
+        self.assert_usage(self.scaling("-l", "1"), self.time)
+        with open(self.tensors, "w") as f:
+            f.write("fc6.weight 4096xQ 1 1\n")
+        self.assert_usage(fab.run_tool("downpour-scaling", "--time", self.time, "--tensors", self.tensors, "-l", "1"),
+                          f"{self.tensors}:1")
+
+    def test_time_and_tensors_of_different_models_are_refused(self):
+        with open(self.tensors, "w") as f:
+            f.write("conv9.weight 3x3 1 1\n")
+        self.assert_usage(self.scaling("-l", "1"), "conv9", "different models")
+
+
+if __name__ == "__main__":
+    unittest.main()

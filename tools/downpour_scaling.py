@@ -1,0 +1,593 @@
+"""downpour_scaling — the scaling model behind tools/downpour-scaling (docs/scaling.md).
+
+Predicts a job's step time, images/s and scaling efficiency for W workers, S servers, a link
+speed, a consistency mode and a wire codec, from
+  - per-layer compute times on the user's device (`downpour-time --json`),
+  - the model's learnable tensors (`tensors.txt`, as downpour-worker --write-tensors writes it),
+  - transport rates measured by the load benchmark (Rates: the servers' update and loop time
+    per float, the transport's own ceiling, the server's GEMM rate for sufficient factors).
+
+Pure functions over plain data, no I/O except the readers at the bottom; every error is a
+downpour_runs.UsageError naming the flag or file and field (the tool exits 2 on it).
+
+Units inside: seconds, bytes, floats. Link speeds are given in Gbit/s (1 Gbit/s = 1e9/8 B/s).
+"""
+import dataclasses
+import json
+import math
+import os
+import re
+
+import downpour_runs as dr
+
+FLOAT_BYTES = 4
+PUSH_CODECS = ("fp32", "fp16", "bf16", "topk", "onebit")
+PULL_CODECS = ("fp32", "fp16", "bf16")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+MODES = ("async", "sync", "ssp")
+DEFAULT_CHUNK_ELEMS = 1 << 20  # common/layout.h kDefaultChunkElems
+CODEC_HELP = ("fp32 | fp16 | bf16 | topk:F | onebit, optionally with factors and pull=fp16|bf16, "
+              "joined by '+': e.g. factors, factors+pull=fp16, topk:0.01, onebit+pull=bf16")
+
+
+# ---------------------------------------------------------------------------------------------
+# Codecs: what one name means on the wire and in a run config ([compression], docs/config.md).
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    name: str
+    factors: bool = False        # compression.factors
+    push: str = "fp32"           # compression.push
+    top_k_fraction: float = 0.01  # compression.top_k_fraction (push = topk)
+    pull: str = "fp32"           # compression.pull
+
+    def config_sets(self):
+        """The run-config overrides (`--set` arguments) that select this codec."""
+        sets = [f"compression.factors={'true' if self.factors else 'false'}", f'compression.push="{self.push}"',
+                f'compression.pull="{self.pull}"']
+        if self.push == "topk":
+            sets.append(f"compression.top_k_fraction={self.top_k_fraction:g}")
+        return sets
+
+
+def parse_codec(text, flag="--codec"):
+    """'factors+pull=fp16' → Codec. Tokens joined by '+': at most one push codec (fp32, fp16,
+    bf16, topk:F with F in (0, 1], onebit), 'factors', at most one pull=fp32|fp16|bf16."""
+    if not isinstance(text, str) or not text.strip():
+        raise dr.UsageError(f"{flag} {text!r}: empty codec; expected {CODEC_HELP}")
+    factors, push, fraction, pull = False, None, 0.01, None
+    for token in text.strip().split("+"):
+        token = token.strip()
+        if token == "factors":
+            if factors:
+                raise dr.UsageError(f"{flag} {text!r}: 'factors' given twice")
+            factors = True
+        elif token.startswith("pull="):
+            value = token[len("pull="):]
+            if value not in PULL_CODECS:
+                raise dr.UsageError(f"{flag} {text!r}: unknown pull codec {value!r} (expected one of "
+                                    f"{', '.join(PULL_CODECS)})")
+            if pull is not None:
+                raise dr.UsageError(f"{flag} {text!r}: two pull codecs")
+            pull = value
+        else:
+            name, _, arg = token.partition(":")
+            if name not in PUSH_CODECS:
+                raise dr.UsageError(f"{flag} {text!r}: unknown codec {token!r}; expected {CODEC_HELP}")
+            if push is not None:
+                raise dr.UsageError(f"{flag} {text!r}: two push codecs ({push} and {name})")
+            if name == "topk":
+                try:
+                    fraction = float(arg) if arg else 0.01
+                except ValueError:
+                    raise dr.UsageError(f"{flag} {text!r}: topk fraction {arg!r} is not a number") from None
+                if not (0 < fraction <= 1) or not math.isfinite(fraction):
+                    raise dr.UsageError(f"{flag} {text!r}: topk fraction {fraction:g} must be in (0, 1]")
+            elif arg:
+                raise dr.UsageError(f"{flag} {text!r}: codec {name} takes no argument")
+            push = name
+    return Codec(text.strip(), factors, push or "fp32", fraction, pull or "fp32")
+
+
+def codec_from_config(config):
+    """The codec a run config's [compression] table selects (absent keys: the lossless default)."""
+    c = config.get("compression", {})
+    push = c.get("push", "fp32")
+    parts = (["factors"] if c.get("factors") else []) + \
+        [f"topk:{c.get('top_k_fraction', 0.01):g}" if push == "topk" else push] + \
+        ([f"pull={c['pull']}"] if c.get("pull", "fp32") != "fp32" else [])
+    if parts[0] == "factors" and parts[1] == "fp32":
+        parts.pop(1)
+    return parse_codec("+".join(parts), "[compression] in the run config")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors and the parameter layout (common/layout.cc, replicated exactly).
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple
+
+    @property
+    def numel(self):
+        return math.prod(self.shape)
+
+    @property
+    def layer(self):
+        return self.name.rsplit(".", 1)[0]
+
+
+def parse_tensors(text, where):
+    """tensors.txt: '<name> <AxBx...> <lr_mult> <decay_mult>' per line, '#' comments."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields = line.split()
+        try:
+            shape = tuple(int(d) for d in fields[1].split("x"))
+        except (IndexError, ValueError):
+            raise dr.UsageError(f"{where}:{n}: expected '<name> <AxBx...> ...', got {line!r}") from None
+        if not shape or min(shape) < 1:
+            raise dr.UsageError(f"{where}:{n}: tensor {fields[0]} has a dimension < 1")
+        out.append(Tensor(fields[0], shape))
+    if not out:
+        raise dr.UsageError(f"{where}: no tensors")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    tensor: int        # index into the tensor list
+    offset: int        # first float within its tensor
+    count: int
+    server: int
+
+
+def layout_chunks(tensors, servers, chunk_elems=DEFAULT_CHUNK_ELEMS):
+    """The chunks of ParamLayout::Build: server s owns flat [s*N/S, (s+1)*N/S); each server's
+    range is cut into near-equal pieces of <= chunk_elems that never straddle a tensor."""
+    offsets = [0]
+    for t in tensors:
+        offsets.append(offsets[-1] + t.numel)
+    n = offsets[-1]
+    chunks, t = [], 0
+    for s in range(servers):
+        pos, end = n * s // servers, n * (s + 1) // servers
+        while pos < end:
+            while offsets[t + 1] <= pos:
+                t += 1
+            seg_end = min(end, offsets[t + 1])
+            seg_len = seg_end - pos
+            pieces = -(-seg_len // chunk_elems)
+            for i in range(pieces):
+                b, e = pos + seg_len * i // pieces, pos + seg_len * (i + 1) // pieces
+                chunks.append(Chunk(t, b - offsets[t], e - b, s))
+            pos = seg_end
+    return chunks
+
+
+# ---------------------------------------------------------------------------------------------
+# Bytes per worker step.
+
+@dataclasses.dataclass
+class LayerBytes:
+    """One layer's traffic per worker step (all its tensors)."""
+    floats: int = 0         # learnable floats (dense gradient size = weights pulled)
+    push: int = 0           # bytes a worker sends
+    pull: int = 0           # bytes a worker receives
+    factored: bool = False  # sufficient factors used for its weight
+    factor_flops: float = 0.0  # server GEMM flops to form deltaᵀ·a (per push, all servers)
+
+
+def is_inner_product(tensor, layer_types):
+    """A 2-D '<layer>.weight' whose layer is an InnerProduct (from the time JSON's types; without
+    them, any 2-D weight: the engine's only 2-D parameters are inner products)."""
+    if len(tensor.shape) != 2 or not tensor.name.endswith(".weight"):
+        return False
+    kind = layer_types.get(tensor.layer)
+    return kind is None or kind == "InnerProduct"
+
+
+def factor_plan(tensor, chunks, batch):
+    """(factor floats, servers holding the weight) for sufficient factors of an out×in weight:
+    each chunk carries batch × (the rows it touches) of delta, and every server holding a chunk of
+    it gets the layer's input activations (batch × in) once."""
+    out_dim, in_dim = tensor.shape
+    delta = 0
+    holders = set()
+    for c in chunks:
+        first_row, last_row = c.offset // in_dim, (c.offset + c.count - 1) // in_dim
+        delta += batch * (last_row - first_row + 1)
+        holders.add(c.server)
+    return delta + batch * in_dim * len(holders), len(holders)
+
+
+def dense_push_bytes(count, codec):
+    if codec.push in DTYPE_BYTES:
+        return count * DTYPE_BYTES[codec.push]
+    if codec.push == "topk":  # k uint32 indices + k f32 values (messages.capnp topK)
+        k = max(1, math.ceil(codec.top_k_fraction * count))
+        return k * (4 + FLOAT_BYTES)
+    return FLOAT_BYTES + -(-count // 8)  # onebit: an f32 scale + one sign bit per element
+
+
+def step_bytes(tensors, layer_types, servers, batch, codec, chunk_elems=DEFAULT_CHUNK_ELEMS):
+    """{layer: LayerBytes} for one worker step, layers in tensor order. Sufficient factors are used
+    for an inner-product weight only where they are fewer floats than the dense gradient (the
+    worker's rule, docs/config.md compression.factors); biases and everything else go dense."""
+    chunks = layout_chunks(tensors, servers, chunk_elems)
+    by_tensor = {}
+    for c in chunks:
+        by_tensor.setdefault(c.tensor, []).append(c)
+    layers = {}
+    for i, t in enumerate(tensors):
+        lb = layers.setdefault(t.layer, LayerBytes())
+        mine = by_tensor.get(i, [])
+        lb.floats += t.numel
+        lb.pull += t.numel * DTYPE_BYTES[codec.pull]
+        if codec.factors and is_inner_product(t, layer_types):
+            floats, _ = factor_plan(t, mine, batch)
+            if floats < t.numel:
+                lb.push += floats * FLOAT_BYTES
+                lb.factored = True
+                lb.factor_flops += 2.0 * batch * t.numel
+                continue
+        lb.push += sum(dense_push_bytes(c.count, codec) for c in mine)
+    return layers
+
+
+# ---------------------------------------------------------------------------------------------
+# Compute profile and rates.
+
+@dataclasses.dataclass
+class Profile:
+    """Per-layer compute of one training step at `batch` on one worker (forward order)."""
+    layers: list            # [(name, type, forward_s, backward_s)]
+    batch: int
+    threads: int            # CPU threads the timing used; 0 = a GPU
+    device: str = "cpu"
+    source: str = ""
+
+    @property
+    def compute_s(self):
+        return sum(f + b for _, _, f, b in self.layers)
+
+    def types(self):
+        return {name: kind for name, kind, _, _ in self.layers}
+
+
+def parse_time_json(data, where):
+    """downpour-time --json → Profile."""
+    try:
+        layers = [(str(l["layer"]), str(l["type"]), float(l["forward_ms"]) / 1e3, float(l["backward_ms"]) / 1e3)
+                  for l in data["layers"]]
+        batch = int(data["batch"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise dr.UsageError(f"{where}: not a downpour-time --json object ({e!r} missing or bad)") from None
+    if not layers or batch < 1:
+        raise dr.UsageError(f"{where}: no layers or batch < 1")
+    if any(f < 0 or b < 0 or not math.isfinite(f + b) for _, _, f, b in layers):
+        raise dr.UsageError(f"{where}: a layer time is negative or not finite")
+    device = str(data.get("device") or "cpu")
+    threads = 0 if device.startswith("gpu") else int(data.get("threads") or 1)
+    return Profile(layers, batch, threads, device, where)
+
+
+def scaled_profile(profile, batch=None, step_ms=None):
+    """The profile at another batch (times scale linearly with the batch: an assumption, fine for
+    GEMM-bound layers at batches >= 32) and/or rescaled so forward + backward = step_ms (e.g. a
+    GPU step time from elsewhere with this profile's layer proportions)."""
+    factor = 1.0
+    if batch is not None and batch != profile.batch:
+        factor *= batch / profile.batch
+    if step_ms is not None:
+        factor = step_ms / 1e3 / profile.compute_s
+    layers = [(n, k, f * factor, b * factor) for n, k, f, b in profile.layers]
+    return dataclasses.replace(profile, layers=layers, batch=batch or profile.batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """Transport and server rates (docs/scaling.md "Rates"). Defaults: bench/RESULTS.md §10, the
+    quiet 2-core VM over shared memory at S=1, W=1 (a server loop of 0.085 s per 60,965,224-float
+    round, 38-41% of it in SgdUpdate); §2 / §10's 2-thread sgemm of ~218 GFLOP/s → ~100 per thread."""
+    sgd_ns_per_float: float = 0.55       # server: update rule per pushed float
+    server_ns_per_float: float = 1.4     # server: whole message loop per float of a push+pull round (incl. sgd)
+    transport_gbytes: float = 0.0        # software ceiling of one process, GB/s per direction; 0 = none
+    server_gflops: float = 100.0         # server GEMM rate for sufficient factors (one loop thread)
+    latency_ms: float = 0.0              # per-layer request latency (round trip)
+    source: str = "defaults (bench/RESULTS.md §10, quiet VM, shared memory)"
+
+    @property
+    def handling_ns_per_byte(self):
+        """The loop's non-update work per payload byte (receive, validate, copy, reply): the
+        round moves 8 bytes per float (4 in, 4 out)."""
+        return max(0.0, self.server_ns_per_float - self.sgd_ns_per_float) / (2 * FLOAT_BYTES)
+
+
+RATE_KEYS = {f.name for f in dataclasses.fields(Rates)} - {"source"}
+
+
+def rates_from_json(data, where):
+    unknown = sorted(set(data) - RATE_KEYS - {"source", "comment"})
+    if unknown:
+        raise dr.UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(RATE_KEYS))})")
+    values = {}
+    for k in RATE_KEYS & set(data):
+        v = data[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise dr.UsageError(f"{where}: {k} = {v!r}: must be a number >= 0")
+        values[k] = float(v)
+    return Rates(**values, source=str(data.get("source", where)))
+
+
+BENCH_ALEXNET_FLOATS = 60965224  # downpour-bench-ps moves bvlc_alexnet's tensors
+_BENCH_RATE = re.compile(r"^S=(\d+) W=(\d+) chunks=\d+.*\| downpour: ([\d.]+) rounds/s/worker ([\d.]+) GB/s")
+_BENCH_SERVER = re.compile(r"^S=(\d+) W=(\d+) downpour \(.*server sgd ([\d.]+) s/round .*loop busy ([\d.]+) s/round")
+
+
+def rates_from_bench(text, where, servers=1, workers=1):
+    """Rates from `downpour-bench-ps --servers S --workers W` output (S=1, W=1 by default): the
+    update and loop time per float from its 'server sgd ... loop busy ...' line (seconds per
+    worker-round summed over the servers, each round 60,965,224 floats), and the transport ceiling
+    from its GB/s (both directions, all workers) as GB/s per direction per worker."""
+    gbs = server = None
+    for line in text.splitlines():
+        m = _BENCH_RATE.match(line.strip())
+        if m and (int(m[1]), int(m[2])) == (servers, workers):
+            gbs = float(m[4])
+        m = _BENCH_SERVER.match(line.strip())
+        if m and (int(m[1]), int(m[2])) == (servers, workers):
+            server = (float(m[3]), float(m[4]))
+    if gbs is None or server is None:
+        raise dr.UsageError(f"{where}: no downpour-bench-ps result lines for S={servers} W={workers} "
+                            "(run build/bench/ps/downpour-bench-ps --servers 1 --workers 1 --rounds 10 > FILE)")
+    return Rates(sgd_ns_per_float=server[0] / BENCH_ALEXNET_FLOATS * 1e9,
+                 server_ns_per_float=server[1] / BENCH_ALEXNET_FLOATS * 1e9,
+                 transport_gbytes=gbs / (2 * workers), source=f"{where} (S={servers} W={workers})")
+
+
+# ---------------------------------------------------------------------------------------------
+# The model.
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    workers: int
+    servers: int
+    link_gbps: float
+    mode: str = "async"          # async | sync | ssp (ssp:s is predicted as async: see docs/scaling.md)
+    batch: int = 64
+    workers_per_host: int = 1
+    cores_per_host: int = 0      # 0 = enough cores (no contention)
+    servers_per_host: int = 1
+    emulated: bool = False       # cluster.link_gbps on one host: per-process egress limits only
+    colocated: bool = False      # every process on one host of cores_per_host cores (this VM)
+    overlap: bool = True         # async/ssp pull overlapped with backward (downpour-worker default)
+    chunk_elems: int = DEFAULT_CHUNK_ELEMS
+    pull_every: int = 1          # worker.pull_every: a whole (blocking) pull before every n-th step
+    push_every: int = 1          # worker.push_every: one push (mean gradient) per n steps
+
+
+def check_cluster(c):
+    """One UsageError naming the flag for impossible settings."""
+    checks = [(c.workers >= 1, f"--workers {c.workers}: must be >= 1"),
+              (c.servers >= 1, f"--servers {c.servers}: must be >= 1"),
+              (c.link_gbps > 0 and math.isfinite(c.link_gbps), f"--link-gbps {c.link_gbps:g}: must be > 0"),
+              (c.batch >= 1, f"--batch {c.batch}: must be >= 1"),
+              (c.workers_per_host >= 1, f"--workers-per-host {c.workers_per_host}: must be >= 1"),
+              (c.cores_per_host >= 0, f"--cores-per-host {c.cores_per_host}: must be >= 0"),
+              (c.servers_per_host >= 1, f"--servers-per-host {c.servers_per_host}: must be >= 1"),
+              (c.pull_every >= 1, f"--pull-every {c.pull_every}: must be >= 1"),
+              (c.push_every >= 1, f"--push-every {c.push_every}: must be >= 1"),
+              (c.mode in MODES, f"--mode {c.mode}: expected async, sync or ssp:S")]
+    for ok, message in checks:
+        if not ok:
+            raise dr.UsageError(message)
+
+
+def parse_mode(text):
+    """'async' | 'sync' | 'ssp:S' (S >= 0) → the model's mode name."""
+    if text in ("async", "sync"):
+        return text
+    m = re.fullmatch(r"ssp:(\d+)", text or "")
+    if not m:
+        raise dr.UsageError(f"--mode {text!r}: expected async, sync or ssp:S")
+    return "ssp"
+
+
+def contention(cluster, profile):
+    """How much slower a worker computes when the host's cores are shared (CPU workers only):
+    workers_per_host × threads over cores, at least 1."""
+    if profile.threads == 0 or cluster.cores_per_host == 0:
+        return 1.0
+    return max(1.0, cluster.workers_per_host * profile.threads / cluster.cores_per_host)
+
+
+def link_rates(cluster, rates):
+    """(push B/s, pull B/s) one worker gets when all W move at once. A real cluster: the worker's
+    NIC, and each server host's NIC shared by all W workers for its shards (W × bytes × share /
+    link). Emulated (cluster.link_gbps on one host): every process paces only its own egress, so a
+    push is limited by the worker's pacing alone and a pull by the servers' (S × link shared by W)."""
+    link = cluster.link_gbps * 1e9 / 8
+    hosts = math.ceil(cluster.servers / cluster.servers_per_host)
+    if cluster.emulated:
+        push, pull = link, link * min(1.0, cluster.servers / cluster.workers)
+    else:
+        share = link * min(1.0, hosts / cluster.workers)
+        push = pull = share
+    if rates.transport_gbytes > 0:
+        cap = rates.transport_gbytes * 1e9
+        push, pull = min(push, cap), min(pull, cap)
+    return push, pull
+
+
+@dataclasses.dataclass
+class Prediction:
+    cluster: Cluster
+    codec: Codec
+    push_bytes: int
+    pull_bytes: int
+    compute_s: float         # one worker's compute with contention
+    solo_compute_s: float    # one worker alone, no communication (the efficiency baseline)
+    worker_s: float          # the worker's simulated step (compute + exposed communication)
+    server_s: float          # one server's loop per round of W pushes
+    host_cpu_s: float        # colocated: all processes' CPU work per round / cores
+    link_s: float            # bytes / the worker's rates (a lower bound the simulation includes)
+    step_s: float
+    bound: str
+
+    @property
+    def images_per_s(self):
+        return self.cluster.workers * self.cluster.batch / self.step_s
+
+    @property
+    def efficiency(self):
+        return self.images_per_s / (self.cluster.workers * self.cluster.batch / self.solo_compute_s)
+
+    def row(self):
+        c = self.cluster
+        return {"workers": c.workers, "servers": c.servers, "link_gbps": c.link_gbps, "mode": c.mode,
+                "codec": self.codec.name, "batch": c.batch, "pull_every": c.pull_every, "push_every": c.push_every, "push_bytes": self.push_bytes,
+                "pull_bytes": self.pull_bytes, "compute_ms": 1e3 * self.compute_s,
+                "worker_ms": 1e3 * self.worker_s, "server_ms": 1e3 * self.server_s,
+                "host_cpu_ms": 1e3 * self.host_cpu_s, "link_ms": 1e3 * self.link_s, "step_ms": 1e3 * self.step_s,
+                "images_per_s": self.images_per_s, "efficiency": self.efficiency, "bound": self.bound}
+
+
+def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, apply_s, steps=12):
+    """One worker's steady-state step period. layers: [(forward_s, backward_s, push_bytes,
+    pull_bytes)] in forward order. Backward runs last layer first; a layer's push leaves when its
+    gradient is ready, FIFO on the worker's egress; with overlap (async/ssp) its pull is requested
+    when its push is on the wire (sync: once the server has every worker's push and applied it,
+    apply_s[j] later) and lands FIFO on the ingress; forward waits layer by layer for its weights.
+    Without overlap the pulls are requested at the end of backward and forward waits for all."""
+    n = len(layers)
+    ready = [0.0] * n
+    t = egress = ingress = 0.0
+    starts = []
+    for _ in range(steps):
+        starts.append(t)
+        if not overlap:
+            t = max([t] + ready)
+        for j, (fwd, _, _, _) in enumerate(layers):
+            t = max(t, ready[j]) + fwd
+        grad = [0.0] * n
+        for j in reversed(range(n)):
+            t += layers[j][1]
+            grad[j] = t
+        new_ready = [0.0] * n
+        for j in reversed(range(n)):
+            _, _, push, pull = layers[j]
+            if push == 0 and pull == 0:
+                continue
+            egress = max(grad[j], egress) + push / push_rate
+            request = egress + latency_s + (apply_s[j] if sync else 0.0)
+            if not overlap:
+                request = max(request, t)
+            ingress = max(request, ingress) + pull / pull_rate
+            new_ready[j] = ingress
+        ready = new_ready
+    half = steps // 2
+    return (starts[-1] - starts[half]) / (steps - 1 - half)
+
+
+def predict(profile, tensors, rates, cluster, codec):
+    """The Prediction for one (cluster, codec); profile already at cluster.batch."""
+    check_cluster(cluster)
+    per_layer = step_bytes(tensors, profile.types(), cluster.servers, cluster.batch, codec, cluster.chunk_elems)
+    slow = contention(cluster, profile)
+    sync = cluster.mode == "sync"
+    w, s = cluster.workers, cluster.servers
+    sgd = rates.sgd_ns_per_float * 1e-9
+    handling = rates.handling_ns_per_byte * 1e-9
+    gemm = 1.0 / (rates.server_gflops * 1e9) if rates.server_gflops > 0 else 0.0
+    layer_names = [name for name, _, _, _ in profile.layers]
+    missing = [name for name in per_layer if name not in layer_names]
+    if missing:
+        raise dr.UsageError(f"tensor layer {missing[0]!r} has no timing in {profile.source} "
+                            "(the time JSON and the tensor list are of different models)")
+    rows, apply_s = [], []
+    for name, _, fwd, bwd in profile.layers:
+        lb = per_layer.get(name, LayerBytes())
+        rows.append((fwd * slow, bwd * slow, lb.push, lb.pull))
+        # The servers holding this layer apply W pushes of it (sync: before any pull is served).
+        holders = min(s, max(1, math.ceil(lb.floats / cluster.chunk_elems))) if lb.floats else 1
+        apply_s.append(w * (lb.floats * sgd + lb.factor_flops * gemm) / holders)
+    push_rate, pull_rate = link_rates(cluster, rates)
+    push = sum(lb.push for lb in per_layer.values())
+    pull = sum(lb.pull for lb in per_layer.values())
+    floats = sum(lb.floats for lb in per_layer.values())
+    flops = sum(lb.factor_flops for lb in per_layer.values())
+    latency = rates.latency_ms * 1e-3
+    overlap = cluster.overlap and not sync
+    if cluster.pull_every == 1 and cluster.push_every == 1:
+        worker_s = simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s)
+    else:
+        # Amortized: a whole blocking pull before every pull_every-th step (the worker overlaps
+        # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
+        # push_every steps (sync: the push's apply is on the path as well).
+        compute = profile.compute_s * slow
+        pull_s = pull / pull_rate + latency + (sum(apply_s) if sync else 0.0)
+        worker_s = max(compute + pull_s / cluster.pull_every, (push / push_rate) / cluster.push_every)
+    # One server's loop per round: its 1/S share of W workers' pushes and pulls, applied and handled.
+    server_s = w / s * ((floats * sgd + flops * gemm + push * handling) / cluster.push_every
+                        + pull * handling / cluster.pull_every)
+    host_cpu_s = 0.0
+    if cluster.colocated and cluster.cores_per_host > 0:
+        worker_cpu = profile.compute_s * max(profile.threads, 1) if profile.threads else 0.0
+        # Every worker's compute, every server loop, and the workers' own send/receive work.
+        worker_io = (push / cluster.push_every + pull / cluster.pull_every) * handling
+        host_cpu_s = (w * worker_cpu + s * server_s + w * worker_io) / cluster.cores_per_host
+    link_s = max(push / push_rate / cluster.push_every, pull / pull_rate / cluster.pull_every)
+    # sync: the simulation already puts each layer's apply of all W pushes on the critical path
+    # (identical workers: the barrier waits for no straggler; docs/scaling.md says what that leaves out).
+    candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s}
+    step = max(candidates.values())
+    bound = max(candidates, key=candidates.get)
+    if bound == "worker":
+        comm_exposed = worker_s - profile.compute_s * slow
+        bound = "compute" if comm_exposed < 0.02 * worker_s else "link"
+    solo = profile.compute_s * contention(dataclasses.replace(cluster, workers_per_host=1), profile)
+    return Prediction(cluster, codec, push, pull, profile.compute_s * slow, solo, worker_s, server_s, host_cpu_s,
+                      link_s, step, bound)
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers.
+
+def read_json(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise dr.UsageError(f"{what} {path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise dr.UsageError(f"{what} {path}: not JSON: {e}") from None
+
+
+def read_text(path, what):
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        raise dr.UsageError(f"{what} {path}: no such file") from None
+
+
+def read_tensors(path, flag="--tensors"):
+    return parse_tensors(read_text(path, flag), path)
+
+
+def read_profile(path, flag="--time"):
+    return parse_time_json(read_json(path, flag), path)
+
+
+def run_dir_inputs(run_dir):
+    """(tensors, config) of a run directory (its tensors.txt and config.toml)."""
+    config = dr.read_config(run_dir)
+    path = os.path.join(run_dir, "tensors.txt")
+    if not os.path.exists(path):
+        raise dr.UsageError(f"{run_dir}: no tensors.txt (the launcher writes it)")
+    return read_tensors(path, "--run-dir"), config
