@@ -16,6 +16,10 @@ def _pct(v):
     return None if v is None else 100 * v
 
 
+def _mb(v):
+    return None if v is None else v / 1e6
+
+
 # (header, right-aligned, value of (label, summary) as text). One list, so comparison.md and
 # report.html always show the same columns.
 COLUMNS = [
@@ -35,6 +39,10 @@ COLUMNS = [
     ("max staleness", True, lambda label, s: dr.fmt(s["staleness_max"], "d")),
     ("max clocks ahead", True, lambda label, s: dr.fmt(s.get("clock_ahead_max"), "d")),
     ("mean pull wait (ms)", True, lambda label, s: dr.fmt(s.get("pull_wait_ms_mean"), ".1f")),
+    # Wire bytes per worker step (push_bytes / pull_bytes in the step records; "—" for runs without).
+    ("push MB/step", True, lambda label, s: dr.fmt(_mb(s.get("push_bytes_per_step")), ".3f")),
+    ("pull MB/step", True, lambda label, s: dr.fmt(_mb(s.get("pull_bytes_per_step")), ".3f")),
+    ("median step (ms)", True, lambda label, s: dr.fmt(s.get("step_ms_median"), ".1f")),
 ]
 
 

@@ -51,6 +51,7 @@ Exit codes, the same for every tool:
   2  usage or config error: bad arguments, a bad experiment file, a directory that is not a
      run directory, parts of different runs
 """
+import bisect
 import filecmp
 import glob
 import json
@@ -517,6 +518,52 @@ def diverged_line(name, s):
             f"or a smaller solver.base_lr")
 
 
+BYTE_FIELDS = ("push_bytes", "pull_bytes")  # per-step wire bytes in worker step records (issue 14), when present
+
+
+def wire_bytes(workers, times):
+    """What the workers' step records say about bytes on the wire (fields push_bytes / pull_bytes,
+    bytes of that one step; runs from before issue 14 have none): the mean push and pull bytes per
+    worker step, the median step_ms (the first step of each segment left out, as the breakdown
+    does), and [(active time, bytes moved by all workers up to then)] for the accuracy-vs-bytes
+    curve. Each value None / [] when the records lack it."""
+    moved, push, pull, step_ms = [], [], [], []
+    for w in workers:
+        for seg_no, seg in enumerate(w.segments):
+            steps = [r for r in seg if r.get("event") == "step"]
+            for i, r in enumerate(steps):
+                p, q = r.get("push_bytes"), r.get("pull_bytes")
+                if isinstance(p, (int, float)):
+                    push.append(p)
+                if isinstance(q, (int, float)):
+                    pull.append(q)
+                if isinstance(p, (int, float)) or isinstance(q, (int, float)):
+                    moved.append((active_time(r, seg_no, times), (p or 0) + (q or 0)))
+                if i > 0 and isinstance(r.get("step_ms"), (int, float)):
+                    step_ms.append(r["step_ms"])
+    moved.sort(key=lambda m: m[0])
+    cumulative, total = [], 0
+    for t, b in moved:
+        total += b
+        cumulative.append((t, total))
+    mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
+    step_ms.sort()
+    median = None
+    if step_ms:
+        mid = len(step_ms) // 2
+        median = step_ms[mid] if len(step_ms) % 2 else (step_ms[mid - 1] + step_ms[mid]) / 2
+    return {"push_bytes_per_step": mean(push), "pull_bytes_per_step": mean(pull), "step_ms_median": median,
+            "bytes_total": total if moved else None}, cumulative
+
+
+def bytes_until(cumulative, t):
+    """Bytes moved by all workers up to active time t (None without byte fields)."""
+    if not cumulative:
+        return None
+    i = bisect.bisect_right([c[0] for c in cumulative], t)
+    return cumulative[i - 1][1] if i else 0
+
+
 def summarize(spec):
     """The summary (the fields of summary.json) of a run: RUN_DIR or RUN_DIR+RUN_DIR2+..."""
     parts = run_parts(spec)
@@ -569,9 +616,12 @@ def summarize(spec):
     summary.update(server_pulls(files))
     summary.update(launch_summary(launch_files))
     summary["missing"] = missing_files(parts, config, launch_files, files)
+    wire, cumulative = wire_bytes(workers, times)
+    summary.update(wire)
     summary["evals"] = [{"wall_s": t, "epoch": e.get("epoch"), "step": e.get("step"), "top1": e.get("top1"),
                          "top5": e.get("top5"), "test_loss": e.get("test_loss"), "final": bool(e.get("final")),
-                         "server_versions": e.get("server_versions")} for t, e in evals]
+                         "server_versions": e.get("server_versions"), "bytes": bytes_until(cumulative, t)}
+                        for t, e in evals]
     summary["train_loss"] = loss_curve(workers, times)
     return summary
 
