@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""scaling_validate.py — tools/downpour-scaling's predictions against real jobs on this machine
+(issue 14: "prediction within 20% of measured"), from a build tree.
+
+    bench/train/scaling_validate.py [--build build] [--nets fmnist,alexnet] [--workers 1,2,4]
+        [--servers 2] [--links 1,10] [--codecs fp32] [--rates FILE | --rates-from-bench FILE | --bench]
+        [--work DIR] [--dry-run]
+
+For each net it first times one worker's step on this machine (`downpour-time --json` at the
+run config's batch and worker.threads), and takes transport rates from --rates (JSON),
+--rates-from-bench (saved downpour-bench-ps output), --bench (runs `downpour-bench-ps --servers 1
+--workers 1 --rounds 6` now) or the model's defaults. Then per (net, link, codec, W) it prints
+the prediction — every process on this one host (`--colocated`: W workers and S servers share
+its cores, links emulated by cluster.link_gbps, which paces each process's egress) — BEFORE it
+runs the job, runs it with downpour-launch (async, S servers, W workers, a few steps, one test
+batch at the end), and reads the measured images/s from the workers' step records:
+  measured = sum over workers of batch × 1000 / median step_ms (steps 2.., the tools' breakdown),
+  whole run = the summary's images/s (every step, the first cold one included).
+Prints a table (prediction, both measurements, error of the prediction against the median-step
+figure, within 20%?) and writes it to <work>/validation.md and validation.json.
+
+Nets: fmnist = configs/runs/default.toml (fmnist_small, data-sets/fashion-mnist, 300 steps);
+alexnet = configs/runs/alexnet.toml (alexnet_fashion on data-sets/fashion-256 when it exists,
+else a synthetic 256×256 LMDB made here as bench/train/overlap_alexnet.py does; 8 steps).
+A link of 0 means no cluster.link_gbps (the plain transport; the model then uses --transport-gbytes
+from the rates as the only limit). Codecs are downpour-scaling names (fp32, factors,
+factors+pull=fp16, topk:0.01, onebit, ...), turned into [compression] settings.
+
+A 2-core machine shared with other work makes compute swing (bench/RESULTS.md §8-§10): run this
+on a quiet machine, and read the sgemm ceiling printed first against the one the profile saw.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import downpour_report as report  # noqa: E402
+import downpour_runs as dr  # noqa: E402
+import downpour_scaling as sc  # noqa: E402
+
+NETS = {
+    "fmnist": {"base": "configs/runs/default.toml", "steps": 300, "time_iterations": 20},
+    "alexnet": {"base": "configs/runs/alexnet.toml", "steps": 8, "time_iterations": 2},
+}
+NO_LINK_GBPS = 1e4  # "no limit" for the model: far above what loopback moves
+
+
+def load_base(net):
+    with open(os.path.join(ROOT, NETS[net]["base"]), "rb") as f:
+        return tomllib.load(f)
+
+
+def data_sets(args, net):
+    """--set arguments for the net's data: the config's own paths under --data-root, or for AlexNet
+    without Fashion-256 a synthetic LMDB (no test set)."""
+    root = os.path.abspath(args.data_root)
+    if net == "fmnist":
+        d = os.path.join(root, "fashion-mnist")
+        if not os.path.isdir(os.path.join(d, "train_lmdb")):
+            sys.exit(f"scaling_validate: {d}/train_lmdb missing: run scripts/run_default once (it makes it)")
+        return [f"data.train={d}/train_lmdb", f"data.test={d}/test_lmdb", "eval.test_batches=1"]
+    d = os.path.join(root, "fashion-256")
+    if os.path.isdir(os.path.join(d, "train_lmdb")):
+        return [f"data.train={d}/train_lmdb", f"data.test={d}/test_lmdb", f"data.mean_file={d}/mean.tensor",
+                "eval.test_batches=1"]
+    import overlap_alexnet  # the synthetic 256×256 LMDB of the overlap benchmark
+    synthetic = os.path.join(args.work, "synthetic")
+    if not os.path.isdir(os.path.join(synthetic, "train_lmdb")):
+        shutil.rmtree(synthetic, ignore_errors=True)
+        os.makedirs(synthetic)
+        overlap_alexnet.make_dataset(synthetic, args.build, 128, 10)
+    return [f"data.train={synthetic}/train_lmdb", 'data.test=""', 'data.mean_file=""', "data.scale=0.00390625"]
+
+
+def time_profile(args, net, base, repeats=3):
+    """downpour-time --json for one worker of this net on this machine: the median (by forward +
+    backward) of `repeats` timings, as other work on a shared machine swings a single one 2×."""
+    path = os.path.join(args.work, f"{net}.time.json")
+    batch = base["worker"]["batch_size"]
+    threads = base["worker"].get("threads", 1)
+    cmd = [os.path.join(args.build, "client", "engine", "downpour-time"), "--model",
+           os.path.join(ROOT, base["model"]["config"]), "--batch", str(batch), "--threads", str(threads),
+           "--iterations", str(NETS[net]["time_iterations"]), "--json"]
+    timings = []
+    for _ in range(repeats):
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+        data = json.loads(r.stdout)
+        timings.append((data["forward_ms"] + data["backward_ms"], r.stdout))
+    timings.sort(key=lambda t: t[0])
+    with open(path, "w") as f:
+        f.write(timings[len(timings) // 2][1])
+    print(f"{net}: downpour-time forward+backward over {repeats} repeats: "
+          + ", ".join(f"{t[0]:.1f}" for t in timings) + " ms (the median is the profile)", flush=True)
+    return sc.read_profile(path), path
+
+
+def tensors_of(args, net, base):
+    path = os.path.join(args.work, f"{net}.tensors.txt")
+    subprocess.run([os.path.join(args.build, "client", "worker", "downpour-worker"), "--config",
+                    os.path.join(ROOT, NETS[net]["base"]), "--write-tensors", path], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL)
+    return sc.read_tensors(path), path
+
+
+def rates_of(args):
+    if args.rates:
+        return sc.rates_from_json(sc.read_json(args.rates, "--rates"), args.rates)
+    if args.rates_from_bench:
+        return sc.rates_from_bench(sc.read_text(args.rates_from_bench, "--rates-from-bench"), args.rates_from_bench)
+    if args.bench:
+        path = os.path.join(args.work, "bench-ps.txt")
+        with open(path, "w") as f:
+            subprocess.run([os.path.join(args.build, "bench", "ps", "downpour-bench-ps"), "--servers", "1", "--workers",
+                            "1", "--rounds", "6"], stdout=f, check=True)
+        return sc.rates_from_bench(sc.read_text(path, "--bench"), path)
+    return sc.Rates()
+
+
+def sgemm_ceiling(args):
+    """The machine's 2-thread sgemm GFLOP/s now (bench-engine --gemm-only), or None without it."""
+    bench = os.path.join(args.build, "bench", "engine", "downpour-bench-engine")
+    if not os.access(bench, os.X_OK):
+        return None
+    r = subprocess.run([bench, "--gemm-only", "--threads", "2"], capture_output=True, text=True)
+    return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
+
+
+def predict(profile, tensors, rates, net_base, w, s, link, codec):
+    cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async",
+                         batch=net_base["worker"]["batch_size"], workers_per_host=w,
+                         cores_per_host=os.cpu_count() or 1, emulated=True, colocated=True,
+                         chunk_elems=net_base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS))
+    return sc.predict(profile, tensors, rates, cluster, codec)
+
+
+def run_job(args, net, index, w, s, link, codec, data):
+    """One job; returns (run_dir, summary, measured images/s from median steps)."""
+    name = f"{net}-w{w}-s{s}-{'nolink' if not link else f'{link:g}g'}-{codec.name.replace('+', '_').replace(':', '')}"
+    run_dir = os.path.join(args.work, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    port = 7800 + 20 * index
+    sets = [f"cluster.workers={w}", f"cluster.servers={s}", f"worker.steps={NETS[net]['steps'] if not args.steps else args.steps}",
+            f"cluster.coordinator=127.0.0.1:{port}", f"cluster.base_port={port + 5}", "eval.every_steps=0",
+            "checkpoint.every_updates=0", "consistency.mode=async"] + data + codec.config_sets()
+    if link:
+        sets.append(f"cluster.link_gbps={link:g}")
+    cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config", os.path.join(ROOT, NETS[net]["base"]),
+           "--run-dir", run_dir, "--timeout-s", str(args.timeout_s)]
+    for x in sets:
+        cmd += ["--set", x]
+    log = run_dir + ".log"
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit(f"scaling_validate: {name} failed (exit {r.returncode}); see {log}")
+    summary = dr.write_summary(run_dir)
+    _, files = dr.load_run([run_dir])
+    rows = report.step_breakdown(dr.worker_files(files))
+    batch = summary["batch_size"]
+    measured = sum(batch * 1000.0 / row["step_ms"] for row in rows if row["step_ms"])
+    return run_dir, summary, measured
+
+
+def percent(err):
+    return "—" if err is None else f"{100 * err:+.0f}%"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="build tree (default ./build)")
+    ap.add_argument("--data-root", default=os.path.join(ROOT, "data-sets"), help="where fashion-mnist/ and fashion-256/ are")
+    ap.add_argument("--work", default="/tmp/downpour-scaling-validate", help="scratch folder (runs, profiles, tables)")
+    ap.add_argument("--nets", default="fmnist,alexnet")
+    ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--servers", default="2")
+    ap.add_argument("--links", default="1,10", help="Gbit/s per process (cluster.link_gbps); 0 = no limit")
+    ap.add_argument("--codecs", default="fp32", help="downpour-scaling codec names, comma-separated")
+    ap.add_argument("--steps", type=int, help="steps per worker (default: fmnist 300, alexnet 8)")
+    ap.add_argument("--rates", help="rates JSON for the model")
+    ap.add_argument("--rates-from-bench", help="saved downpour-bench-ps output for the model's rates")
+    ap.add_argument("--bench", action="store_true", help="run downpour-bench-ps (S=1, W=1) for the rates first")
+    ap.add_argument("--timeout-s", type=int, default=900, help="per job (default 900)")
+    ap.add_argument("--dry-run", action="store_true", help="profiles and predictions only; start no job")
+    args = ap.parse_args()
+    args.build = os.path.abspath(args.build)
+    os.makedirs(args.work, exist_ok=True)
+    nets = [n for n in args.nets.split(",") if n]
+    for n in nets:
+        if n not in NETS:
+            sys.exit(f"scaling_validate: --nets: unknown net {n!r} (fmnist, alexnet)")
+    workers = [int(x) for x in args.workers.split(",")]
+    servers = [int(x) for x in args.servers.split(",")]
+    links = [float(x) for x in args.links.split(",")]
+    try:
+        codecs = [sc.parse_codec(c) for c in args.codecs.split(",")]
+        rates = rates_of(args)
+    except dr.ToolError as e:
+        sys.exit(f"scaling_validate: {e}")
+    ceiling = sgemm_ceiling(args)
+    print(f"machine: nproc {os.cpu_count()}, load {os.getloadavg()[0]:.2f}; sgemm: {ceiling or 'n/a'}")
+    print(f"rates: {rates.source}: sgd {rates.sgd_ns_per_float:.3g} ns/float, loop {rates.server_ns_per_float:.3g} "
+          f"ns/float, transport {rates.transport_gbytes:g} GB/s", flush=True)
+    results, index = [], 0
+    for net in nets:
+        base = load_base(net)
+        profile, time_path = time_profile(args, net, base)
+        tensors, _ = tensors_of(args, net, base)
+        print(f"{net}: one worker alone {1e3 * profile.compute_s:.1f} ms forward+backward at batch {profile.batch} "
+              f"({time_path})", flush=True)
+        data = None if args.dry_run else data_sets(args, net)
+        for link in links:
+            for codec in codecs:
+                for s in servers:
+                    for w in workers:
+                        p = predict(profile, tensors, rates, base, w, s, link, codec)
+                        row = {"net": net, "workers": w, "servers": s, "link_gbps": link or None, "codec": codec.name,
+                               "predicted_images_per_s": p.images_per_s, "predicted_step_ms": 1e3 * p.step_s,
+                               "predicted_bound": p.bound, "push_bytes": p.push_bytes, "pull_bytes": p.pull_bytes}
+                        print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}: "
+                              f"{p.images_per_s:.1f} img/s (step {1e3 * p.step_s:.0f} ms, {p.bound})", flush=True)
+                        if not args.dry_run:
+                            run_dir, summary, measured = run_job(args, net, index, w, s, link, codec, data)
+                            index += 1
+                            err = p.images_per_s / measured - 1 if measured else None
+                            row.update(run_dir=run_dir, measured_images_per_s=measured,
+                                       whole_run_images_per_s=summary["images_per_s"],
+                                       measured_push_bytes=summary.get("push_bytes_per_step"),
+                                       measured_pull_bytes=summary.get("pull_bytes_per_step"), error=err)
+                            print(f"  measured {measured:.1f} img/s (whole run {summary['images_per_s']:.1f}); "
+                                  f"prediction {100 * err:+.0f}%", flush=True)
+                        results.append(row)
+    lines = ["| net | W | S | link Gbit/s | codec | predicted img/s | measured img/s (median steps) | "
+             "whole run img/s | prediction error | within 20% | push MB/step predicted / measured |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for r in results:
+        m = r.get("measured_images_per_s")
+        mb = r.get("measured_push_bytes")
+        lines.append(f"| {r['net']} | {r['workers']} | {r['servers']} | {r['link_gbps'] or 'none'} | {r['codec']} | "
+                     f"{r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} | "
+                     f"{dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
+                     f"{percent(r.get('error'))} | "
+                     f"{'—' if r.get('error') is None else ('yes' if abs(r['error']) <= 0.2 else 'NO')} | "
+                     f"{r['push_bytes'] / 1e6:.2f} / {dr.fmt(None if mb is None else mb / 1e6, '.2f')} |")
+    table = "\n".join(lines) + "\n"
+    print("\n" + table)
+    with open(os.path.join(args.work, "validation.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(args.work, "validation.json"), "w") as f:
+        json.dump({"rates": rates.source, "sgemm": ceiling, "rows": results}, f, indent=1)
+    print(f"written: {args.work}/validation.md, validation.json")
+
+
+if __name__ == "__main__":
+    main()
