@@ -26,8 +26,9 @@ A link of 0 means no cluster.link_gbps (the plain transport; the model then uses
 from the rates as the only limit). Codecs are downpour-scaling names (fp32, factors,
 factors+pull=fp16, topk:0.01, onebit, ...), turned into [compression] settings.
 
-A 2-core machine shared with other work makes compute swing (bench/RESULTS.md §8-§10): run this
-on a quiet machine, and read the sgemm ceiling printed first against the one the profile saw.
+A 2-core machine shared with other work makes compute swing (bench/RESULTS.md §8-§10) and takes
+cores the model assumes the jobs have (--cores, default nproc): run this on a quiet machine; the
+table shows the load average before and after each job.
 """
 import argparse
 import json
@@ -131,10 +132,10 @@ def sgemm_ceiling(args):
     return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
 
 
-def predict(profile, tensors, rates, net_base, w, s, link, codec):
+def predict(profile, tensors, rates, net_base, w, s, link, codec, cores):
     cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async",
                          batch=net_base["worker"]["batch_size"], workers_per_host=w,
-                         cores_per_host=os.cpu_count() or 1, emulated=True, colocated=True,
+                         cores_per_host=cores, emulated=True, colocated=True,
                          chunk_elems=net_base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS))
     return sc.predict(profile, tensors, rates, cluster, codec)
 
@@ -186,6 +187,8 @@ def main():
     ap.add_argument("--rates-from-bench", help="saved downpour-bench-ps output for the model's rates")
     ap.add_argument("--bench", action="store_true", help="run downpour-bench-ps (S=1, W=1) for the rates first")
     ap.add_argument("--timeout-s", type=int, default=900, help="per job (default 900)")
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 1,
+                    help="cores the model may assume the jobs have (default: nproc; less on a shared machine)")
     ap.add_argument("--dry-run", action="store_true", help="profiles and predictions only; start no job")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
@@ -218,14 +221,16 @@ def main():
             for codec in codecs:
                 for s in servers:
                     for w in workers:
-                        p = predict(profile, tensors, rates, base, w, s, link, codec)
+                        p = predict(profile, tensors, rates, base, w, s, link, codec, args.cores)
                         row = {"net": net, "workers": w, "servers": s, "link_gbps": link or None, "codec": codec.name,
                                "predicted_images_per_s": p.images_per_s, "predicted_step_ms": 1e3 * p.step_s,
                                "predicted_bound": p.bound, "push_bytes": p.push_bytes, "pull_bytes": p.pull_bytes}
                         print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}: "
                               f"{p.images_per_s:.1f} img/s (step {1e3 * p.step_s:.0f} ms, {p.bound})", flush=True)
                         if not args.dry_run:
+                            load_before = os.getloadavg()[0]
                             run_dir, summary, measured = run_job(args, net, index, w, s, link, codec, data)
+                            row["load_average"] = [load_before, os.getloadavg()[0]]
                             index += 1
                             err = p.images_per_s / measured - 1 if measured else None
                             row.update(run_dir=run_dir, measured_images_per_s=measured,
@@ -236,8 +241,8 @@ def main():
                                   f"prediction {100 * err:+.0f}%", flush=True)
                         results.append(row)
     lines = ["| net | W | S | link Gbit/s | codec | predicted img/s | measured img/s (median steps) | "
-             "whole run img/s | prediction error | within 20% | push MB/step predicted / measured |",
-             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "whole run img/s | prediction error | within 20% | push MB/step predicted / measured | load average |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
     for r in results:
         m = r.get("measured_images_per_s")
         mb = r.get("measured_push_bytes")
@@ -246,7 +251,8 @@ def main():
                      f"{dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
                      f"{percent(r.get('error'))} | "
                      f"{'—' if r.get('error') is None else ('yes' if abs(r['error']) <= 0.2 else 'NO')} | "
-                     f"{r['push_bytes'] / 1e6:.2f} / {dr.fmt(None if mb is None else mb / 1e6, '.2f')} |")
+                     f"{r['push_bytes'] / 1e6:.2f} / {dr.fmt(None if mb is None else mb / 1e6, '.2f')} | "
+                     + ("—" if "load_average" not in r else "{:.1f} → {:.1f}".format(*r["load_average"])) + " |")
     table = "\n".join(lines) + "\n"
     print("\n" + table)
     with open(os.path.join(args.work, "validation.md"), "w") as f:
