@@ -407,16 +407,17 @@ def contention(cluster, profile):
 
 
 def link_rates(cluster, rates):
-    """(push B/s, pull B/s) one worker gets when all W move at once. A real cluster: the worker's
-    NIC, and each server host's NIC shared by all W workers for its shards (W × bytes × share /
-    link). Emulated (cluster.link_gbps on one host): every process paces only its own egress, so a
-    push is limited by the worker's pacing alone and a pull by the servers' (S × link shared by W)."""
+    """(push B/s, pull B/s) one worker gets when all W move at once. A real cluster: its host's NIC
+    shared by the workers_per_host workers on it, and each server host's NIC shared by all W
+    workers for its shards. Emulated (cluster.link_gbps on one host): every process paces only its
+    own egress, so a push is limited by the worker's pacing alone and a pull by the servers'
+    (S × link shared by W)."""
     link = cluster.link_gbps * 1e9 / 8
     hosts = math.ceil(cluster.servers / cluster.servers_per_host)
     if cluster.emulated:
         push, pull = link, link * min(1.0, cluster.servers / cluster.workers)
     else:
-        share = link * min(1.0, hosts / cluster.workers)
+        share = min(link / cluster.workers_per_host, link * hosts / cluster.workers)
         push = pull = share
     if rates.transport_gbytes > 0:
         cap = rates.transport_gbytes * 1e9
@@ -484,9 +485,12 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             if push == 0 and pull == 0:
                 continue
             egress = max(grad[j], egress) + push / push_rate
-            request = egress + latency_s + (apply_s[j] if sync else 0.0)
-            if not overlap:
-                request = max(request, t)
+            if sync:  # answered once every worker's push of the layer is applied
+                request = max(egress + apply_s[j], t) + latency_s
+            elif overlap:  # the pull follows the layer's push on the wire
+                request = egress + latency_s
+            else:  # --no-overlap: one whole pull at the start of the next step
+                request = t + latency_s
             ingress = max(request, ingress) + pull / pull_rate
             new_ready[j] = ingress
         ready = new_ready

@@ -187,6 +187,19 @@ class HandComputed(unittest.TestCase):
         p = two_worker_case(emulated=True)
         self.assertAlmostEqual(p.step_s, 0.033, places=9)
 
+    def test_workers_sharing_a_host_share_its_nic(self):
+        """Two workers per host on a real cluster with S = 2 server hosts: each worker gets half its
+        NIC (0.5e9 B/s), like the servers' share: again 34 ms. With 4 workers on one host: 0.25e9
+        B/s, push and pull 4 ms each: 38 ms."""
+        self.assertAlmostEqual(two_worker_case(servers=2, workers_per_host=2).step_s, 0.034, places=9)
+        p = two_worker_case(workers=4, servers=4, workers_per_host=4)
+        self.assertAlmostEqual(p.step_s, 0.038, places=9)
+
+    def test_no_overlap_pulls_everything_before_forward(self):
+        """--no-overlap (async): the pull leaves at the end of backward, beside the push on the
+        other direction: 10 + 20 + 2 = 32 ms."""
+        self.assertAlmostEqual(two_worker_case(overlap=False).step_s, 0.032, places=9)
+
     def test_pull_every_amortizes_a_blocking_pull(self):
         """pull_every 4: 30 ms compute + the 2 ms pull / 4; the 2 ms push hides under compute."""
         p = two_worker_case(pull_every=4)
