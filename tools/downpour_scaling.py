@@ -451,7 +451,8 @@ class Prediction:
     def row(self):
         c = self.cluster
         return {"workers": c.workers, "servers": c.servers, "link_gbps": c.link_gbps, "mode": c.mode,
-                "codec": self.codec.name, "batch": c.batch, "pull_every": c.pull_every, "push_every": c.push_every, "push_bytes": self.push_bytes,
+                "codec": self.codec.name, "batch": c.batch, "pull_every": c.pull_every, "push_every": c.push_every,
+                "push_bytes": self.push_bytes,
                 "pull_bytes": self.pull_bytes, "compute_ms": 1e3 * self.compute_s,
                 "worker_ms": 1e3 * self.worker_s, "server_ms": 1e3 * self.server_s,
                 "host_cpu_ms": 1e3 * self.host_cpu_s, "link_ms": 1e3 * self.link_s, "step_ms": 1e3 * self.step_s,

@@ -64,7 +64,8 @@ def main():
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     tensors = sc.read_tensors(os.path.join(HERE, "alexnet_tensors.txt"))
-    rates = sc.rates_from_json(sc.read_json(os.path.join(HERE, "rates_tcp_quiet.json"), "rates"), "rates_tcp_quiet.json")
+    rates_path = os.path.join(HERE, "rates_tcp_quiet.json")
+    rates = sc.rates_from_json(sc.read_json(rates_path, "rates"), rates_path)
     base = sc.read_profile(os.path.join(HERE, "alexnet_cpu_quiet_b64.json"))
     out = []
     for ms in [float(x) for x in args.step_ms.split(",")]:

@@ -146,7 +146,8 @@ def run_job(args, net, index, w, s, link, codec, data):
     run_dir = os.path.join(args.work, name)
     shutil.rmtree(run_dir, ignore_errors=True)
     port = 7800 + 20 * index
-    sets = [f"cluster.workers={w}", f"cluster.servers={s}", f"worker.steps={NETS[net]['steps'] if not args.steps else args.steps}",
+    steps = args.steps or NETS[net]["steps"]
+    sets = [f"cluster.workers={w}", f"cluster.servers={s}", f"worker.steps={steps}",
             f"cluster.coordinator=127.0.0.1:{port}", f"cluster.base_port={port + 5}", "eval.every_steps=0",
             "checkpoint.every_updates=0", "consistency.mode=async"] + data + codec.config_sets()
     if link:
@@ -175,7 +176,8 @@ def percent(err):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="build tree (default ./build)")
-    ap.add_argument("--data-root", default=os.path.join(ROOT, "data-sets"), help="where fashion-mnist/ and fashion-256/ are")
+    ap.add_argument("--data-root", default=os.path.join(ROOT, "data-sets"),
+                    help="where fashion-mnist/ and fashion-256/ are")
     ap.add_argument("--work", default="/tmp/downpour-scaling-validate", help="scratch folder (runs, profiles, tables)")
     ap.add_argument("--nets", default="fmnist,alexnet")
     ap.add_argument("--workers", default="1,2,4")

@@ -267,8 +267,10 @@ class Codecs(unittest.TestCase):
 
 
 BENCH_OUTPUT = """model: AlexNet tensors, 60965224 floats (243.9 MB) each way per round
-S=1 W=1 chunks=69 | downpour: 4.97 rounds/s/worker 2.42 GB/s | bare zmq: 4.10 rounds/s/worker 2.00 GB/s | ratio 121% | pushes recv/applied/rejected 69/69/0
-S=1 W=1 downpour (tcp, max 4 chunks/message, 0 via shared memory) parts: push p50 1 ms | server sgd 0.061 s/round (30% of wall per server), loop busy 0.122 s/round (60%)
+S=1 W=1 chunks=69 | downpour: 4.97 rounds/s/worker 2.42 GB/s | bare zmq: 4.10 rounds/s/worker 2.00 GB/s | ratio 121% \
+| pushes recv/applied/rejected 69/69/0
+S=1 W=1 downpour (tcp, max 4 chunks/message, 0 via shared memory) parts: push p50 1 ms \
+| server sgd 0.061 s/round (30% of wall per server), loop busy 0.122 s/round (60%)
 """
 
 
