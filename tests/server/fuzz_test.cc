@@ -24,6 +24,7 @@
 #include <random>
 #include <set>
 
+#include "common/grad_codec.h"
 #include "common/inproc_transport.h"
 #include "server/shard.h"
 #include "server/update/lr_policy.h"
@@ -272,6 +273,15 @@ class ShardFuzz : public ::testing::Test {
     p.valid = version_ok;
     p.either = !version_ok;
     return p;
+  }
+
+  // The bytes a pull reply of `dtype` carries for these f32 weights (f16 / bf16: converted,
+  // round to nearest even, common/grad_codec.h).
+  static std::string WeightBytes(const std::vector<float>& w, DType dtype) {
+    if (dtype == DType::kF32) return std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4);
+    std::vector<uint16_t> h(w.size());
+    for (size_t i = 0; i < w.size(); ++i) h[i] = dtype == DType::kF16 ? FloatToHalf(w[i]) : FloatToBf16(w[i]);
+    return std::string(reinterpret_cast<const char*>(h.data()), h.size() * 2);
   }
 
   void ApplyToReference(const Prediction& p) {
@@ -646,10 +656,12 @@ TEST_F(ShardFuzz, MutatedMessagesAreAnsweredCountedAndChangeWeightsOnlyWhenValid
       if (r.type == MsgType::kRegisterReply) registered_ = r.assigned_id;
       if (r.type == MsgType::kPullReply) {  // what a pull returns is the reference's weights
         ASSERT_EQ(reply_frames.size(), r.chunk_ids.size() + 1);
+        ASSERT_EQ(r.dtype, sent.dtype) << "mutant " << i << ": a pull is answered in the dtype it asked for";
         for (size_t k = 0; k < r.chunk_ids.size(); ++k) {
           const Ref& ref = ref_[static_cast<int32_t>(r.chunk_ids[k])];
-          ASSERT_EQ(reply_frames[k + 1].size(), ref.weights.size() * 4);
-          ASSERT_EQ(std::memcmp(reply_frames[k + 1].data(), ref.weights.data(), ref.weights.size() * 4), 0);
+          const std::string want = WeightBytes(ref.weights, r.dtype);
+          ASSERT_EQ(reply_frames[k + 1].size(), want.size());
+          ASSERT_EQ(std::memcmp(reply_frames[k + 1].data(), want.data(), want.size()), 0);
         }
       }
     }
