@@ -10,13 +10,17 @@
 //  * compressed payloads with a bad index, unsorted or duplicate indices, k > n, a wrong length,
 //    a NaN or negative scale, a NaN value, sufficient factors, a lossy init push are refused,
 //    counted under the reason the reply names, and leave weights, momentum and versions byte for
-//    byte unchanged.
+//    byte unchanged;
+//  * a part resent after its server moved carries the bytes of its first send (not re-encoded,
+//    the residual untouched).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "client/ps/ps_client.h"
 #include "common/grad_codec.h"
@@ -327,6 +331,84 @@ TEST_F(CompressionTest, BadCompressedPayloadsAreRefusedCountedAndChangeNothing) 
   const MessageHeader r = raw.Exchange(pull, {});
   ASSERT_EQ(r.type, MsgType::kError);
   EXPECT_EQ(r.flags, static_cast<uint32_t>(RejectReason::kDType)) << r.error_text;
+}
+
+// A resend (after the server moved or restarted) carries the bytes of the first send: the part
+// is not encoded again and the residual is not touched. A stand-in server takes the first send
+// of server 0's parts and never answers; the client is then moved to the real server 0 and
+// resends. If a resend encoded again, error feedback would have advanced the residual twice and
+// the weights would differ from the reference (one encode per chunk per step).
+TEST_F(CompressionTest, ResentPartsAreNotEncodedAgain) {
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  auto init = Client(WireCodec::kFp32, WireCodec::kFp32);
+  const std::vector<float> w0 = Gaussian(n, 4, 0.1f);
+  ASSERT_TRUE(init->Wait(init->PushInit(w0), 5000ms).ok());
+
+  std::unique_ptr<ServerEndpoint> fake;
+  ASSERT_TRUE(transport_.Bind("stand-in", &fake).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> swallowed{0};
+  std::thread stand_in([&] {
+    while (!stop.load()) {
+      PeerId from;
+      Frames frames;
+      if (!fake->Receive(&from, &frames, 10ms).ok()) continue;
+      MessageHeader h;
+      if (!ParseHeader(frames, &h).ok()) continue;
+      if (h.type == MsgType::kPush) {
+        ++swallowed;  // taken, never answered
+        continue;
+      }
+      MessageHeader reply;  // register and probes: answered, so the client sends its parts
+      reply.type = h.type == MsgType::kRegister ? MsgType::kRegisterReply : h.type;
+      reply.request_id = h.request_id;
+      reply.layout_hash = layout_.hash();
+      Frames out(1);
+      if (HeaderFrame(reply, &out[0]).ok()) (void)fake->Send(from, std::move(out));
+    }
+  });
+  PsClientOptions o;
+  o.server_addresses = {fake->address(), addresses_[1]};
+  o.reply_timeout = 10000ms;
+  o.max_chunks_per_message = 2;
+  o.push_codec = WireCodec::kTopK;
+  o.top_k_fraction = 0.01;
+  std::unique_ptr<PsClient> client;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, o, &client).ok());
+  ASSERT_TRUE(client->Connect(5000ms).ok());
+
+  ChunkEncoder reference(CodecSettings{WireCodec::kTopK, 0.01, true});
+  std::vector<float> ref = w0, hist(n, 0.0f);
+  constexpr int kSteps = 3;
+  const size_t parts0 = (layout_.ServerChunks(0).size() + 1) / 2;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<float> g = Gaussian(n, 200 + static_cast<uint32_t>(step), 1.0f);
+    const RequestId id = client->Push(g, step);
+    if (step == 0) {  // the first push's parts to server 0 go to the stand-in, then move
+      for (int i = 0; i < 500 && static_cast<size_t>(swallowed.load()) < parts0; ++i) std::this_thread::sleep_for(10ms);
+      ASSERT_EQ(static_cast<size_t>(swallowed.load()), parts0);
+      ASSERT_TRUE(client->SetServerAddress(0, addresses_[0]).ok());
+    }
+    const Status s = client->Wait(id, 10000ms);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (const Chunk& c : layout_.chunks()) {
+      const auto count = static_cast<size_t>(c.count);
+      EncodedChunk e;
+      reference.Encode(static_cast<uint32_t>(c.id), std::span<const float>(g.data() + c.flat_offset, count), &e);
+      std::vector<float> decoded(count);
+      CodecFault fault;
+      ASSERT_TRUE(DecodeChunk(e.encoding, reference.dtype(), e.bytes, decoded, static_cast<uint32_t>(c.id), &fault).ok());
+      const TensorSpec& t = layout_.tensors()[static_cast<size_t>(c.tensor)];
+      const UpdateParams p = MakeUpdateParams(solver_, step, t.lr_mult, t.decay_mult, 1.0f);
+      SgdUpdate(p, std::span<const float>(decoded), std::span<float>(ref.data() + c.flat_offset, count),
+                std::span<float>(hist.data() + c.flat_offset, count));
+    }
+  }
+  stop = true;
+  stand_in.join();
+  EXPECT_EQ(client->resent_parts(0), parts0);  // every part of server 0's first push went twice
+  EXPECT_EQ(AllWeights(), ref);                // bit for bit: each chunk encoded once per step
+  EXPECT_EQ(Rejected(), 0u);
 }
 
 }  // namespace
