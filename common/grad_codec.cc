@@ -260,8 +260,8 @@ int64_t FirstNonFinite(const std::byte* src, DType dtype, size_t n) {
 
 }  // namespace
 
-Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, size_t count,
-                  uint32_t chunk_id, CodecFault* fault) {
+Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, size_t count, uint32_t chunk_id,
+                  CodecFault* fault) {
   *fault = CodecFault::kNone;
   const size_t size = payload.size();
   const size_t vsize = DTypeSize(dtype);
@@ -298,9 +298,9 @@ Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> pay
         uint32_t ix;
         std::memcpy(&ix, payload.data() + i * sizeof(uint32_t), sizeof(uint32_t));
         if (ix >= count) {
-          return Refuse(fault, CodecFault::kIndex,
-                        InvalidArgument("chunk {}: topK index {} (entry {}) is outside 0..{}", chunk_id, ix, i,
-                                        count - 1));
+          return Refuse(
+              fault, CodecFault::kIndex,
+              InvalidArgument("chunk {}: topK index {} (entry {}) is outside 0..{}", chunk_id, ix, i, count - 1));
         }
         if (static_cast<int64_t>(ix) <= prev) {
           return Refuse(fault, CodecFault::kIndex,
@@ -334,9 +334,9 @@ Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> pay
       if (count % 8 != 0) {
         const auto last = static_cast<uint8_t>(payload[size - 1]);
         if ((last >> (count % 8)) != 0) {
-          return Refuse(fault, CodecFault::kLength,
-                        InvalidArgument("chunk {}: oneBit sign bits past element {} are set (must be 0)", chunk_id,
-                                        count - 1));
+          return Refuse(
+              fault, CodecFault::kLength,
+              InvalidArgument("chunk {}: oneBit sign bits past element {} are set (must be 0)", chunk_id, count - 1));
         }
       }
       return Status::Ok();

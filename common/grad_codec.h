@@ -80,8 +80,8 @@ enum class CodecFault {
 Status DecodeChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, std::span<float> out,
                    uint32_t chunk_id, CodecFault* fault);
 // The checks of DecodeChunk without writing anything (for "check all, then write all").
-Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, size_t count,
-                  uint32_t chunk_id, CodecFault* fault);
+Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, size_t count, uint32_t chunk_id,
+                  CodecFault* fault);
 
 // ---- The stateful encoder of a client's gradient pushes.
 struct CodecSettings {

@@ -634,8 +634,8 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
 }
 
 // A lossy push: every chunk decoded into one f32 buffer before anything else looks at it.
-Status ShardServer::DecodeCodedPush(const MessageHeader& h, const Frames& frames, MessageHeader* dense,
-                                    Frames* decoded, RejectReason* reason) const {
+Status ShardServer::DecodeCodedPush(const MessageHeader& h, const Frames& frames, MessageHeader* dense, Frames* decoded,
+                                    RejectReason* reason) const {
   *reason = RejectReason::kDType;
   if ((h.flags & kFlagInit) != 0) {
     return InvalidArgument("push: initial weights must be f32 dense (got dtype {} / encoding {})",

@@ -373,7 +373,9 @@ class PsClient::Impl::LinkRunner {
         for (size_t i = b; i < e; ++i) p.payload.push_back(std::move(a.op.payload[i]));
       }
       // f32 (a push before it is encoded) or the dtype a pull asks for.
-      for (uint32_t c : h.chunk_ids) p.bytes += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(c)).count) * DTypeSize(h.dtype);
+      for (uint32_t c : h.chunk_ids) {
+        p.bytes += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(c)).count) * DTypeSize(h.dtype);
+      }
     }
     a.op.payload.clear();
     a.open = parts;
@@ -828,10 +830,11 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
       return Corrupt("server {}: pull reply chunk {} has {} bytes, expected {}", link.server, c.id,
                      frames[i + 1].size(), c.count * DTypeSize(h.dtype));
     }
+    const std::span<const std::byte> bytes(frames[i + 1].data(), frames[i + 1].size());
     if (h.dtype != DType::kF32) {  // halves: finite (a weight beyond f16's range arrives as Inf)
       CodecFault fault;
-      const Status s = CheckChunk(Encoding::kDense, h.dtype, std::span<const std::byte>(frames[i + 1].data(), frames[i + 1].size()),
-                                  static_cast<size_t>(c.count), static_cast<uint32_t>(c.id), &fault);
+      const Status s =
+          CheckChunk(Encoding::kDense, h.dtype, bytes, static_cast<size_t>(c.count), static_cast<uint32_t>(c.id), &fault);
       if (!s.ok()) return Corrupt("server {}: pull reply: {}", link.server, s.message());
     }
   }
@@ -840,8 +843,8 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
     if (h.dtype != DType::kF32) {
       CodecFault fault;
       const std::span<float> out(op.pull_out.data() + c.flat_offset, static_cast<size_t>(c.count));
-      (void)DecodeChunk(Encoding::kDense, h.dtype, std::span<const std::byte>(frames[i + 1].data(), frames[i + 1].size()),
-                        out, static_cast<uint32_t>(c.id), &fault);  // checked above
+      const std::span<const std::byte> bytes(frames[i + 1].data(), frames[i + 1].size());
+      (void)DecodeChunk(Encoding::kDense, h.dtype, bytes, out, static_cast<uint32_t>(c.id), &fault);  // checked above
     } else {
       std::memcpy(op.pull_out.data() + c.flat_offset, frames[i + 1].data(), frames[i + 1].size());
     }

@@ -75,7 +75,8 @@ TEST(HalfTest, BulkConversionEqualsScalarBitForBit) {
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(h[i], FloatToHalf(x[i])) << i << " " << x[i];
   std::vector<float> back(x.size());
   HalfToFloats(h.data(), back);
-  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(HalfToFloat(h[i])));
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(HalfToFloat(h[i])));
 }
 
 TEST(HalfTest, RoundTripWithinStatedBound) {
@@ -101,8 +102,8 @@ TEST(Bf16Test, RoundTripWithinStatedBoundAndNanStaysNan) {
     const float y = Bf16ToFloat(FloatToBf16(x));
     ASSERT_LE(std::fabs(y - x), 0x1p-8f * std::fabs(x)) << x;
   }
-  EXPECT_EQ(FloatToBf16(1.0f + 0x1p-8f), 0x3f80);      // tie: to even
-  EXPECT_EQ(FloatToBf16(1.0f + 3 * 0x1p-8f), 0x3f82);  // tie: to even (up)
+  EXPECT_EQ(FloatToBf16(1.0f + 0x1p-8f), 0x3f80);       // tie: to even
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * 0x1p-8f), 0x3f82);   // tie: to even (up)
   const float nan = std::bit_cast<float>(0x7f800001u);  // a NaN whose payload sits in the low bits
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(nan))));
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(-std::numeric_limits<float>::quiet_NaN()))));

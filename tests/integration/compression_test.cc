@@ -137,7 +137,8 @@ class CompressionTest : public ::testing::Test {
         reference.Encode(static_cast<uint32_t>(c.id), std::span<const float>(g.data() + c.flat_offset, count), &e);
         std::vector<float> decoded(count);
         CodecFault fault;
-        ASSERT_TRUE(DecodeChunk(e.encoding, reference.dtype(), e.bytes, decoded, static_cast<uint32_t>(c.id), &fault).ok());
+        ASSERT_TRUE(
+            DecodeChunk(e.encoding, reference.dtype(), e.bytes, decoded, static_cast<uint32_t>(c.id), &fault).ok());
         if (codec == WireCodec::kTopK && count >= 200) {
           EXPECT_EQ(e.encoding, Encoding::kTopK) << "chunk " << c.id;
           EXPECT_EQ(e.bytes.size(), TopKCount(0.01, count) * 8);
@@ -179,12 +180,8 @@ class CompressionTest : public ::testing::Test {
 TEST_F(CompressionTest, Fp16PushesApplyTheDecodedGradient) { CheckPushCodec(WireCodec::kFp16, true); }
 TEST_F(CompressionTest, Bf16PushesApplyTheDecodedGradient) { CheckPushCodec(WireCodec::kBf16, true); }
 TEST_F(CompressionTest, TopKWithErrorFeedbackAppliesTheDecodedGradient) { CheckPushCodec(WireCodec::kTopK, true); }
-TEST_F(CompressionTest, TopKWithoutErrorFeedbackAppliesTheDecodedGradient) {
-  CheckPushCodec(WireCodec::kTopK, false);
-}
-TEST_F(CompressionTest, OneBitWithErrorFeedbackAppliesTheDecodedGradient) {
-  CheckPushCodec(WireCodec::kOneBit, true);
-}
+TEST_F(CompressionTest, TopKWithoutErrorFeedbackAppliesTheDecodedGradient) { CheckPushCodec(WireCodec::kTopK, false); }
+TEST_F(CompressionTest, OneBitWithErrorFeedbackAppliesTheDecodedGradient) { CheckPushCodec(WireCodec::kOneBit, true); }
 
 TEST_F(CompressionTest, HalfPullsDecodeWithinTheirBound) {
   const size_t n = static_cast<size_t>(layout_.total_elems());
@@ -397,7 +394,8 @@ TEST_F(CompressionTest, ResentPartsAreNotEncodedAgain) {
       reference.Encode(static_cast<uint32_t>(c.id), std::span<const float>(g.data() + c.flat_offset, count), &e);
       std::vector<float> decoded(count);
       CodecFault fault;
-      ASSERT_TRUE(DecodeChunk(e.encoding, reference.dtype(), e.bytes, decoded, static_cast<uint32_t>(c.id), &fault).ok());
+      ASSERT_TRUE(
+          DecodeChunk(e.encoding, reference.dtype(), e.bytes, decoded, static_cast<uint32_t>(c.id), &fault).ok());
       const TensorSpec& t = layout_.tensors()[static_cast<size_t>(c.tensor)];
       const UpdateParams p = MakeUpdateParams(solver_, step, t.lr_mult, t.decay_mult, 1.0f);
       SgdUpdate(p, std::span<const float>(decoded), std::span<float>(ref.data() + c.flat_offset, count),

@@ -742,8 +742,14 @@ TEST_F(ShardFuzz, MutatedCompressedPushesApplyExactlyWhatDecodesOrNothing) {
           break;
         case 1: {  // a word replaced (a top-k index, a value, the scale)
           const size_t at = 4 * m.Below(bytes.size() / 4);
-          const uint32_t words[] = {0, 1, 0x7fc00000u, 0xbf800000u, 0x7f800000u, ~0u,
-                                    static_cast<uint32_t>(g.size()), static_cast<uint32_t>(g.size() - 1)};
+          const uint32_t words[] = {0,
+                                    1,
+                                    0x7fc00000u,
+                                    0xbf800000u,
+                                    0x7f800000u,
+                                    ~0u,
+                                    static_cast<uint32_t>(g.size()),
+                                    static_cast<uint32_t>(g.size() - 1)};
           const uint32_t w = words[m.Below(std::size(words))];
           if (at + 4 <= bytes.size()) std::memcpy(bytes.data() + at, &w, 4);
           break;
