@@ -5,7 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <numeric>
+#include <functional>
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -174,6 +174,38 @@ bool Finite(std::span<const float> x) {
   return ok;
 }
 
+// The k-th largest |x_i| (1 <= k <= n). Exact. For large chunks and small k (the top-k case)
+// a strided sample gives a lower bound t0 first, and the selection runs only over the |x_i| >=
+// t0: when at least k of them are, the k-th largest of all is among them. Otherwise (an unlucky
+// sample) it selects over all n.
+float KthLargestMagnitude(std::span<const float> x, size_t k) {
+  const size_t n = x.size();
+  std::vector<float> pool;
+  constexpr size_t kSamples = 8192;
+  if (n >= 8 * kSamples && k * 8 <= n) {
+    std::vector<float> sample(kSamples);
+    const size_t stride = n / kSamples;
+    for (size_t j = 0; j < kSamples; ++j) sample[j] = std::fabs(x[j * stride]);
+    // About 2k of the n elements expected above t0 (+16 samples of margin).
+    const size_t rank = std::min(kSamples - 1, 2 * k * kSamples / n + 16);
+    std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(rank), sample.end(),
+                     std::greater<>());
+    const float t0 = sample[rank];
+    pool.reserve(4 * k);
+    for (float v : x) {
+      const float a = std::fabs(v);
+      if (a >= t0) pool.push_back(a);
+    }
+    if (pool.size() < k) pool.clear();
+  }
+  if (pool.empty()) {
+    pool.resize(n);
+    for (size_t i = 0; i < n; ++i) pool[i] = std::fabs(x[i]);
+  }
+  std::nth_element(pool.begin(), pool.begin() + static_cast<std::ptrdiff_t>(k - 1), pool.end(), std::greater<>());
+  return pool[k - 1];
+}
+
 }  // namespace
 
 void EncodeDense(std::span<const float> x, DType dtype, std::vector<std::byte>* out) {
@@ -182,18 +214,25 @@ void EncodeDense(std::span<const float> x, DType dtype, std::vector<std::byte>* 
 
 void EncodeTopK(std::span<const float> x, size_t k, DType dtype, std::vector<std::byte>* out) {
   k = std::min(k, x.size());
-  std::vector<uint32_t> idx(x.size());
-  std::iota(idx.begin(), idx.end(), 0u);
-  // Selection, not a sort: O(n). Larger |x| first; equal magnitudes by index (deterministic).
-  auto larger = [&](uint32_t a, uint32_t b) {
-    const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
-    return fa > fb || (fa == fb && a < b);
-  };
-  if (k < idx.size()) std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), larger);
-  idx.resize(k);
-  std::sort(idx.begin(), idx.end());  // k log k, k << n
-  std::vector<float> values(k);
-  for (size_t i = 0; i < k; ++i) values[i] = x[idx[i]];
+  // The k-th largest |x| by selection on a copy of the magnitudes (linear, contiguous), not a
+  // sort; then one pass in index order takes every |x| above it and the first ties at it, so
+  // the indices come out ascending and equal magnitudes go to the lower index (deterministic).
+  const float threshold = k > 0 ? KthLargestMagnitude(x, k) : 0.0f;
+  size_t above = 0;
+  for (float v : x) above += std::fabs(v) > threshold;
+  size_t ties = k - above;  // at the threshold, taken lowest index first
+  std::vector<uint32_t> idx;
+  std::vector<float> values;
+  idx.reserve(k);
+  values.reserve(k);
+  for (size_t i = 0; i < x.size() && idx.size() < k; ++i) {
+    const float a = std::fabs(x[i]);
+    if (a > threshold || (a == threshold && ties > 0)) {
+      if (a == threshold) --ties;
+      idx.push_back(static_cast<uint32_t>(i));
+      values.push_back(x[i]);
+    }
+  }
   std::byte* dst = Grow(out, EncodedBytes(Encoding::kTopK, dtype, x.size(), k));
   std::memcpy(dst, idx.data(), k * sizeof(uint32_t));
   PutValues(values, dtype, dst + k * sizeof(uint32_t));
@@ -206,9 +245,16 @@ void EncodeOneBit(std::span<const float> x, std::vector<std::byte>* out) {
   std::byte* dst = Grow(out, EncodedBytes(Encoding::kOneBit, DType::kF32, x.size()));
   std::memcpy(dst, &scale, sizeof(float));
   auto* bits = reinterpret_cast<uint8_t*>(dst + sizeof(float));
-  std::memset(bits, 0, (x.size() + 7) / 8);
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::signbit(x[i]) && x[i] != 0) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+  const size_t full = x.size() / 8;
+  for (size_t b = 0; b < full; ++b) {  // 8 signs per byte (-0 counts as positive)
+    unsigned byte = 0;
+    for (unsigned j = 0; j < 8; ++j) byte |= static_cast<unsigned>(x[b * 8 + j] < 0) << j;
+    bits[b] = static_cast<uint8_t>(byte);
+  }
+  if (x.size() % 8 != 0) {
+    unsigned byte = 0;
+    for (size_t i = full * 8; i < x.size(); ++i) byte |= static_cast<unsigned>(x[i] < 0) << (i % 8);
+    bits[full] = static_cast<uint8_t>(byte);
   }
 }
 
@@ -369,7 +415,8 @@ Status DecodeChunk(Encoding encoding, DType dtype, std::span<const std::byte> pa
       float scale;
       std::memcpy(&scale, payload.data(), sizeof(float));
       const auto* bits = reinterpret_cast<const uint8_t*>(payload.data() + sizeof(float));
-      for (size_t i = 0; i < out.size(); ++i) out[i] = (bits[i / 8] >> (i % 8)) & 1u ? -scale : scale;
+      const float value[2] = {scale, -scale};
+      for (size_t i = 0; i < out.size(); ++i) out[i] = value[(bits[i / 8] >> (i % 8)) & 1u];
       break;
     }
     case Encoding::kFactors:

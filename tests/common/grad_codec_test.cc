@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -151,6 +152,39 @@ TEST(GradCodecTest, TopKKeepsTheLargestMagnitudesExactly) {
     }
   }
   EXPECT_EQ(kept, k);
+}
+
+// Large chunks take the sampled threshold (common/grad_codec.cc, KthLargestMagnitude); it must
+// select exactly what a full sort by (|x| descending, index ascending) selects — also when the
+// strided sample is misleading (the fallback over all n) and with many equal magnitudes.
+TEST(GradCodecTest, TopKOnLargeChunksEqualsAFullSort) {
+  const size_t n = size_t{1} << 17;
+  std::vector<std::vector<float>> cases;
+  cases.push_back(Gaussian(n, 21));
+  std::vector<float> misleading = Gaussian(n, 22, 0.01f);
+  for (size_t j = 0; j < n; j += n / 8192) misleading[j] = 1000.0f + static_cast<float>(j);  // the sampled points
+  cases.push_back(misleading);
+  std::vector<float> ties(n);
+  for (size_t i = 0; i < n; ++i) ties[i] = static_cast<float>(static_cast<int>(i % 7) - 3);  // |x| in {0..3}
+  cases.push_back(ties);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const auto& x = cases[c];
+    for (size_t k : {size_t{1}, size_t{1311}, size_t{9000}}) {
+      std::vector<uint32_t> order(n);
+      for (uint32_t i = 0; i < n; ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return std::fabs(x[a]) > std::fabs(x[b]) || (std::fabs(x[a]) == std::fabs(x[b]) && a < b);
+      });
+      order.resize(k);
+      std::sort(order.begin(), order.end());
+      std::vector<std::byte> bytes;
+      EncodeTopK(x, k, DType::kF32, &bytes);
+      ASSERT_EQ(bytes.size(), k * 8);
+      std::vector<uint32_t> got(k);
+      std::memcpy(got.data(), bytes.data(), k * 4);
+      ASSERT_EQ(got, order) << "case " << c << ", k = " << k;
+    }
+  }
 }
 
 TEST(GradCodecTest, TopKCountIsCeilOfFractionAtLeastOne) {
