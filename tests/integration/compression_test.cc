@@ -210,6 +210,46 @@ TEST_F(CompressionTest, HalfPullsDecodeWithinTheirBound) {
   }
 }
 
+// A weight beyond f16's range arrives as Inf: the pull fails naming the chunk, and the caller's
+// buffer keeps what it had for that chunk (check all, then write all).
+TEST_F(CompressionTest, Fp16PullOfAWeightBeyondItsRangeFailsNamingTheChunk) {
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  auto init = Client(WireCodec::kFp32, WireCodec::kFp32);
+  std::vector<float> w0(n, 0.5f);
+  w0[n - 1] = 1e6f;
+  ASSERT_TRUE(init->Wait(init->PushInit(w0), 5000ms).ok());
+  auto client = Client(WireCodec::kFp32, WireCodec::kFp16);
+  std::vector<float> pulled(n, -7.0f);
+  const Status s = client->Wait(client->Pull(pulled), 5000ms);
+  ASSERT_FALSE(s.ok());
+  const Chunk& last = layout_.chunk(layout_.num_chunks() - 1);
+  EXPECT_NE(s.message().find(fmt::format("chunk {}", last.id)), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("NaN or Inf"), std::string::npos) << s.ToString();
+  EXPECT_EQ(pulled[n - 1], -7.0f);
+  EXPECT_EQ(pulled[0], 0.5f);  // other chunks arrived
+  // bf16 has f32's range.
+  auto wide = Client(WireCodec::kFp32, WireCodec::kBf16);
+  ASSERT_TRUE(wide->Wait(wide->Pull(pulled), 5000ms).ok());
+  EXPECT_EQ(pulled[n - 1], 999424.0f);  // 1e6 to 8 significant bits, to nearest even
+}
+
+TEST_F(CompressionTest, ClientRefusesAPullCodecOrTopKFractionItCannotUse) {
+  PsClientOptions o;
+  o.server_addresses = addresses_;
+  std::unique_ptr<PsClient> c;
+  o.pull_codec = WireCodec::kTopK;
+  Status s = PsClient::Create(&transport_, layout_, o, &c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("pull_codec topk"), std::string::npos) << s.ToString();
+  o.pull_codec = WireCodec::kFp16;
+  for (double f : {0.0, -0.5, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    o.top_k_fraction = f;
+    s = PsClient::Create(&transport_, layout_, o, &c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << f;
+    EXPECT_NE(s.message().find("top_k_fraction"), std::string::npos) << s.ToString();
+  }
+}
+
 // A raw worker connection to server 0, to send payloads no client would.
 class RawWorker {
  public:
