@@ -84,11 +84,21 @@ void HalfToFloats(const uint16_t* in, std::span<float> out) {
 }
 
 void FloatsToBf16(std::span<const float> in, uint16_t* out) {
-  for (size_t i = 0; i < in.size(); ++i) out[i] = FloatToBf16(in[i]);
+  for (size_t i = 0; i < in.size(); ++i) {  // FloatToBf16 as a select, so the loop vectorises
+    const uint32_t x = std::bit_cast<uint32_t>(in[i]);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    const uint32_t nan = (x >> 16) | 0x40u;
+    out[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
 }
 
 void Bf16ToFloats(const uint16_t* in, std::span<float> out) {
-  for (size_t i = 0; i < out.size(); ++i) out[i] = Bf16ToFloat(in[i]);
+  float* o = out.data();
+  const size_t n = out.size();
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t v = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(o + i, &v, sizeof(v));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -139,18 +149,25 @@ std::byte* Grow(std::vector<std::byte>* out, size_t bytes) {
 }
 
 // Values of `dtype` from floats, written at `dst` (unaligned).
+// Halves are converted through a small aligned block on the stack: frames need not be aligned
+// and a chunk-sized temporary would cost an allocation (and its page faults) per chunk.
+constexpr size_t kBlock = 4096;
+
 void PutValues(std::span<const float> x, DType dtype, std::byte* dst) {
   if (dtype == DType::kF32) {
     std::memcpy(dst, x.data(), x.size_bytes());
     return;
   }
-  std::vector<uint16_t> tmp(x.size());
-  if (dtype == DType::kF16) {
-    FloatsToHalf(x, tmp.data());
-  } else {
-    FloatsToBf16(x, tmp.data());
+  uint16_t block[kBlock];
+  for (size_t at = 0; at < x.size(); at += kBlock) {
+    const auto part = x.subspan(at, std::min(kBlock, x.size() - at));
+    if (dtype == DType::kF16) {
+      FloatsToHalf(part, block);
+    } else {
+      FloatsToBf16(part, block);
+    }
+    std::memcpy(dst + at * sizeof(uint16_t), block, part.size() * sizeof(uint16_t));
   }
-  std::memcpy(dst, tmp.data(), tmp.size() * sizeof(uint16_t));
 }
 
 // Floats from values of `dtype` at `src` (unaligned).
@@ -159,12 +176,15 @@ void GetValues(const std::byte* src, DType dtype, std::span<float> out) {
     std::memcpy(out.data(), src, out.size_bytes());
     return;
   }
-  std::vector<uint16_t> tmp(out.size());
-  std::memcpy(tmp.data(), src, tmp.size() * sizeof(uint16_t));
-  if (dtype == DType::kF16) {
-    HalfToFloats(tmp.data(), out);
-  } else {
-    Bf16ToFloats(tmp.data(), out);
+  uint16_t block[kBlock];
+  for (size_t at = 0; at < out.size(); at += kBlock) {
+    const auto part = out.subspan(at, std::min(kBlock, out.size() - at));
+    std::memcpy(block, src + at * sizeof(uint16_t), part.size() * sizeof(uint16_t));
+    if (dtype == DType::kF16) {
+      HalfToFloats(block, part);
+    } else {
+      Bf16ToFloats(block, part);
+    }
   }
 }
 
@@ -286,20 +306,31 @@ const char* DTypeName(DType d) { return d == DType::kF32 ? "f32" : d == DType::k
 
 // First non-finite value among n values of `dtype` at src, or -1.
 int64_t FirstNonFinite(const std::byte* src, DType dtype, size_t n) {
-  if (dtype == DType::kF32) {
-    for (size_t i = 0; i < n; ++i) {
-      float v;
-      std::memcpy(&v, src + i * 4, 4);
-      if (!std::isfinite(v)) return static_cast<int64_t>(i);
+  // Block by block: a branch-free test of the whole block (vectorised), then the index only in
+  // a block that has one.
+  const size_t size = DTypeSize(dtype);
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t m = std::min(kBlock, n - at);
+    bool bad = false;
+    if (dtype == DType::kF32) {
+      uint32_t block[kBlock];
+      std::memcpy(block, src + at * size, m * size);
+      for (size_t i = 0; i < m; ++i) bad |= (block[i] & 0x7f800000u) == 0x7f800000u;
+      if (!bad) continue;
+      for (size_t i = 0; i < m; ++i) {
+        if ((block[i] & 0x7f800000u) == 0x7f800000u) return static_cast<int64_t>(at + i);
+      }
+    } else {
+      // f16: exponent bits 0x7c00 all set; bf16: 0x7f80 all set.
+      const uint16_t mask = dtype == DType::kF16 ? 0x7c00 : 0x7f80;
+      uint16_t block[kBlock];
+      std::memcpy(block, src + at * size, m * size);
+      for (size_t i = 0; i < m; ++i) bad |= (block[i] & mask) == mask;
+      if (!bad) continue;
+      for (size_t i = 0; i < m; ++i) {
+        if ((block[i] & mask) == mask) return static_cast<int64_t>(at + i);
+      }
     }
-    return -1;
-  }
-  // f16: exponent bits 0x7c00 all set; bf16: 0x7f80 all set.
-  const uint16_t mask = dtype == DType::kF16 ? 0x7c00 : 0x7f80;
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t v;
-    std::memcpy(&v, src + i * 2, 2);
-    if ((v & mask) == mask) return static_cast<int64_t>(i);
   }
   return -1;
 }
