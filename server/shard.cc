@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/grad_codec.h"
 #include "common/tensor_file.h"
 #include "server/update/lr_policy.h"
 #include "server/update/sgd.h"
@@ -35,6 +36,23 @@ uint64_t RandomIncarnation() {
   while (v == 0) v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(
                          std::chrono::steady_clock::now().time_since_epoch().count());
   return v;
+}
+
+// A push whose payload is not f32 dense (common/grad_codec.h): decoded before validation.
+bool CodedPush(const MessageHeader& h) {
+  if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) return true;
+  return std::any_of(h.encodings.begin(), h.encodings.end(), [](Encoding e) { return e != Encoding::kDense; });
+}
+
+// A pull reply's weights converted to f16 / bf16 (the masters stay f32); the frame owns them.
+Frame ConvertedWeights(const std::vector<float>& w, DType dtype) {
+  auto out = std::make_shared<std::vector<uint16_t>>(w.size());
+  if (dtype == DType::kF16) {
+    FloatsToHalf(w, out->data());
+  } else {
+    FloatsToBf16(w, out->data());
+  }
+  return Frame::Borrow(out->data(), out->size() * sizeof(uint16_t), out);
 }
 
 }  // namespace
@@ -247,6 +265,11 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       s = CheckWorker(peer, info, h, &reason);
       PendingPull p{peer, h, {}, std::chrono::steady_clock::now()};
       if (s.ok()) s = ResolveChunks(h, /*all_if_empty=*/true, &p.locals, &reason);
+      if (s.ok() && (h.encoding != Encoding::kDense || !h.encodings.empty())) {
+        reason = RejectReason::kDType;  // a pull asks only for a dtype (f32 / f16 / bf16)
+        s = InvalidArgument("pull: encoding {} / {} per-chunk encodings asked; pulls are dense",
+                            static_cast<int>(h.encoding), h.encodings.size());
+      }
       if (s.ok() && (h.flags & kFlagShm) != 0 && regions_.find(peer) == regions_.end()) {
         reason = RejectReason::kFrameCount;
         s = InvalidArgument("pull: asked for shared memory, but this connection has no region (register asking for one)");
@@ -505,6 +528,12 @@ Status ShardServer::ResolveChunks(const MessageHeader& h, bool all_if_empty, std
 
 Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply,
                                RejectReason* reason) {
+  if (CodedPush(h)) {  // lossy: decoded to f32 dense, then checked and applied as one
+    MessageHeader dense;
+    Frames decoded;
+    DP_RETURN_IF_ERROR(DecodeCodedPush(h, frames, &dense, &decoded, reason));
+    return HandlePush(dense, decoded, reply, reason);
+  }
   const bool init = (h.flags & kFlagInit) != 0;
   if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) {
     *reason = RejectReason::kDType;
@@ -601,6 +630,78 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   ApplyPush(h.sender, h.session, h.request_id, h.clock, init, chunks);
   for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
   MaybeCheckpoint();
+  return Status::Ok();
+}
+
+// A lossy push: every chunk decoded into one f32 buffer before anything else looks at it.
+Status ShardServer::DecodeCodedPush(const MessageHeader& h, const Frames& frames, MessageHeader* dense, Frames* decoded,
+                                    RejectReason* reason) const {
+  *reason = RejectReason::kDType;
+  if ((h.flags & kFlagInit) != 0) {
+    return InvalidArgument("push: initial weights must be f32 dense (got dtype {} / encoding {})",
+                           static_cast<int>(h.dtype), static_cast<int>(h.encoding));
+  }
+  if ((h.flags & kFlagShm) != 0) {
+    return InvalidArgument("push: a payload in shared memory must be f32 dense (got dtype {} / encoding {})",
+                           static_cast<int>(h.dtype), static_cast<int>(h.encoding));
+  }
+  const size_t n = h.chunk_ids.size();
+  if (n == 0 || frames.size() != n + 1 || h.elem_counts.size() != n || h.byte_lengths.size() != n ||
+      h.versions.size() != n) {
+    *reason = RejectReason::kFrameCount;
+    return InvalidArgument("push: {} chunk ids but {} payload frames, {} elemCounts, {} byteLengths, {} versions",
+                           n, frames.size() - 1, h.elem_counts.size(), h.byte_lengths.size(), h.versions.size());
+  }
+  std::vector<int> locals;
+  DP_RETURN_IF_ERROR(ResolveChunks(h, /*all_if_empty=*/false, &locals, reason));
+  uint64_t total = 0;
+  for (uint32_t id : h.chunk_ids) total += static_cast<uint64_t>(layout_.chunk(static_cast<int32_t>(id)).count);
+  auto floats = std::make_shared<std::vector<float>>(total);
+  *dense = h;
+  dense->dtype = DType::kF32;
+  dense->encoding = Encoding::kDense;
+  dense->encodings.clear();
+  dense->checksums.clear();  // checked here, over the bytes that came
+  decoded->assign(1, frames[0]);
+  uint64_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t id = h.chunk_ids[i];
+    const auto count = static_cast<uint64_t>(layout_.chunk(static_cast<int32_t>(id)).count);
+    const Encoding encoding = h.encodings.empty() ? h.encoding : h.encodings[i];
+    if (encoding == Encoding::kFactors) {
+      // Sufficient factors are formed into a dense gradient elsewhere (issue 14, h2); not here.
+      *reason = RejectReason::kDType;
+      return InvalidArgument("push: chunk {} is sufficient factors, which this server does not take", id);
+    }
+    if (h.elem_counts[i] != count) {
+      *reason = RejectReason::kElemCount;
+      return InvalidArgument("push: chunk {} has {} elements in the layout, header says {}", id, count,
+                             h.elem_counts[i]);
+    }
+    const Frame& f = frames[i + 1];
+    if (h.byte_lengths[i] != f.size()) {
+      *reason = RejectReason::kByteLength;
+      return InvalidArgument("push: chunk {} frame has {} bytes, header says {}", id, f.size(), h.byte_lengths[i]);
+    }
+    if (!h.checksums.empty() && Crc32c(f.data(), f.size()) != h.checksums[i]) {
+      *reason = RejectReason::kChecksum;
+      return Corrupt("push: chunk {} CRC-32C {:#010x}, header says {:#010x}", id, Crc32c(f.data(), f.size()),
+                     h.checksums[i]);
+    }
+    CodecFault fault = CodecFault::kNone;
+    const std::span<float> out(floats->data() + at, static_cast<size_t>(count));
+    const Status s = DecodeChunk(encoding, h.dtype, std::span<const std::byte>(f.data(), f.size()), out, id, &fault);
+    if (!s.ok()) {
+      *reason = fault == CodecFault::kLength      ? RejectReason::kByteLength
+                : fault == CodecFault::kIndex     ? RejectReason::kElemCount
+                : fault == CodecFault::kNonFinite ? RejectReason::kNonFinite
+                                                  : RejectReason::kDType;
+      return Status(s.code(), fmt::format("push: {}", s.message()));
+    }
+    dense->byte_lengths[i] = count * sizeof(float);
+    decoded->push_back(Frame::Borrow(out.data(), out.size_bytes(), floats));
+    at += count;
+  }
   return Status::Ok();
 }
 
@@ -747,6 +848,8 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
     reply.flags |= kFlagShm;
     ++stats_.region_parts;
   }
+  // The dtype the pull asked for; shared memory carries f32 (the client asks f32 there).
+  reply.dtype = region != nullptr ? DType::kF32 : p.request.dtype;
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];
     const int32_t id = owned_[static_cast<size_t>(l)];
@@ -755,10 +858,14 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
     reply.chunk_ids.push_back(static_cast<uint32_t>(id));
     reply.versions.push_back(st.version);
     reply.elem_counts.push_back(buf->data.size());
-    reply.byte_lengths.push_back(bytes);
+    reply.byte_lengths.push_back(buf->data.size() * DTypeSize(reply.dtype));
     if (region != nullptr) {  // the pull area follows the push area
       auto* area = reinterpret_cast<float*>(region->payload()) + share_floats_;
       std::memcpy(area + share_offset_[static_cast<size_t>(l)], buf->data.data(), bytes);
+      continue;
+    }
+    if (reply.dtype != DType::kF32) {
+      payload.push_back(ConvertedWeights(buf->data, reply.dtype));
       continue;
     }
     buf->readers.fetch_add(1, std::memory_order_relaxed);

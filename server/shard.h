@@ -7,9 +7,14 @@
 //
 // Validation. Every message is validated before it touches a weight: decodable header, a type
 // this server serves, registered sender (the peer that registered under that id), layout hash,
-// model id, chunk ids known and owned here (no duplicates), dtype/encoding (f32 dense today),
-// element count vs the layout, payload byte length vs the header and the frame, optional
-// CRC-32C, finite values, and the consistency policy's clock rules. A push is checked whole
+// model id, chunk ids known and owned here (no duplicates), dtype/encoding, element count vs
+// the layout, payload byte length vs the header and the frame, optional CRC-32C, finite values,
+// and the consistency policy's clock rules. A lossy push (f16 / bf16, top-k, 1-bit:
+// common/grad_codec.h) is decoded to f32 dense first, every frame validated whole (lengths,
+// indices, k, finite values and scales), so the checks after it, the write-ahead log and the
+// update see f32 dense; init pushes and shared-memory pushes must be f32 dense. A pull asking
+// for dtype f16 / bf16 gets its weights converted (masters stay f32), except through shared
+// memory, which carries f32. A push is checked whole
 // before any chunk is applied, so a bad push never partially applies. A bad message gets an
 // error reply naming the field and the values (undecodable headers too: the peer is known);
 // every refusal is counted by reason (ShardStatsWire::rejected_by_reason).
@@ -236,6 +241,10 @@ class ShardServer {
   void ForgetPeer(const PeerId& peer);
   // A push from a sender CheckWorker has accepted: validated whole, then applied.
   Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason);
+  // A lossy push (dtype or encoding not f32 dense) decoded into `dense` / `decoded` (f32 dense
+  // frames, checksums checked and dropped); refusals as HandlePush's, kDType for what is not taken.
+  Status DecodeCodedPush(const MessageHeader& h, const Frames& frames, MessageHeader* dense, Frames* decoded,
+                         RejectReason* reason) const;
   Status ResolveChunks(const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
                        RejectReason* reason) const;
   bool PullReady(const PendingPull& p) const;

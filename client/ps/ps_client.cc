@@ -16,6 +16,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/grad_codec.h"
 #include "common/shm_region.h"
 
 namespace downpour {
@@ -87,6 +88,9 @@ struct PsClient::Impl {
     uint64_t share_floats = 0;
     std::vector<uint8_t> push_busy, pull_busy;
     bool said_no_region = false;
+    // Lossy gradient pushes (I/O thread only): the encoder and its per-chunk residuals for this
+    // server's chunks; null with push_codec fp32.
+    std::unique_ptr<ChunkEncoder> encoder;
     std::thread thread;
   };
   PsClient* owner = nullptr;
@@ -135,6 +139,13 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
                            options.server_addresses.size(), layout.servers());
   }
   if (options.max_inflight_bytes == 0) return InvalidArgument("ps client: max_inflight_bytes must be > 0");
+  if (options.pull_codec != WireCodec::kFp32 && options.pull_codec != WireCodec::kFp16 &&
+      options.pull_codec != WireCodec::kBf16) {
+    return InvalidArgument("ps client: pull_codec {} is not one of fp32|fp16|bf16", WireCodecName(options.pull_codec));
+  }
+  if (!(options.top_k_fraction > 0 && options.top_k_fraction <= 1)) {
+    return InvalidArgument("ps client: top_k_fraction {} is outside (0, 1]", options.top_k_fraction);
+  }
   std::unique_ptr<PsClient> c(new PsClient(layout, std::move(options)));
   c->impl_->transport = transport;
   for (int s = 0; s < layout.servers(); ++s) {
@@ -148,6 +159,10 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
     }
     link->push_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
     link->pull_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
+    if (IsLossy(c->options_.push_codec)) {
+      link->encoder = std::make_unique<ChunkEncoder>(
+          CodecSettings{c->options_.push_codec, c->options_.top_k_fraction, c->options_.error_feedback});
+    }
     DP_RETURN_IF_ERROR(transport->Connect(link->address, &link->endpoint));
     c->impl_->links.push_back(std::move(link));
   }
@@ -249,6 +264,7 @@ class PsClient::Impl::LinkRunner {
     uint64_t bytes = 0;    // payload bytes sent (push) or asked for (pull)
     enum class State { kToSend, kSent, kDone } state = State::kToSend;
     bool sent_once = false;
+    bool encoded = false;       // a lossy push part: payload holds its encoded bytes (resends)
     bool via_region = false;    // the last send went through the shared region
     Clock::time_point sent_at;  // the last send
   };
@@ -356,7 +372,10 @@ class PsClient::Impl::LinkRunner {
       if (!a.op.payload.empty()) {
         for (size_t i = b; i < e; ++i) p.payload.push_back(std::move(a.op.payload[i]));
       }
-      for (uint32_t c : h.chunk_ids) p.bytes += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(c)).count) * sizeof(float);
+      // f32 (a push before it is encoded) or the dtype a pull asks for.
+      for (uint32_t c : h.chunk_ids) {
+        p.bytes += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(c)).count) * DTypeSize(h.dtype);
+      }
     }
     a.op.payload.clear();
     a.open = parts;
@@ -456,6 +475,7 @@ class PsClient::Impl::LinkRunner {
     *wait = false;
     const MsgType t = p.header.type;
     if (!link_.region || (t != MsgType::kPush && t != MsgType::kPull)) return false;
+    if (p.header.dtype != DType::kF32 || p.header.encoding != Encoding::kDense) return false;  // lossy: frames
     const auto& busy = t == MsgType::kPull ? link_.pull_busy : link_.push_busy;
     for (uint32_t c : p.header.chunk_ids) {
       if (busy[c]) {
@@ -513,6 +533,9 @@ class PsClient::Impl::LinkRunner {
         bool wait = false;
         const bool via_region = ViaRegion(p, &wait);
         if (wait) return Status::Ok();
+        if (link_.encoder && !p.encoded && p.header.type == MsgType::kPush && (p.header.flags & kFlagInit) == 0) {
+          EncodePart(p);  // once, at the first send: resends reuse the bytes
+        }
         Frames frames;
         frames.reserve(p.payload.size() + 1);
         if (via_region) {
@@ -538,6 +561,37 @@ class PsClient::Impl::LinkRunner {
       }
     }
     return Status::Ok();
+  }
+
+  // Encodes a push part's gradient chunks (borrowed from the caller) with the link's encoder,
+  // replaces its payload by the encoded frames (releasing the caller's buffer) and fixes its
+  // header: per-chunk encodings where a chunk differs from the codec's, byte lengths, checksums.
+  void EncodePart(Part& p) {
+    MessageHeader& h = p.header;
+    const Encoding base = h.encoding;
+    Frames encoded;
+    encoded.reserve(p.payload.size());
+    std::vector<Encoding> encodings;
+    std::vector<float> scratch;
+    p.bytes = 0;
+    for (size_t i = 0; i < p.payload.size(); ++i) {
+      const Frame& f = p.payload[i];
+      const float* g = AlignedFloats(f, &scratch);
+      auto chunk = std::make_shared<EncodedChunk>();
+      link_.encoder->Encode(h.chunk_ids[i], std::span<const float>(g, f.size() / sizeof(float)), chunk.get());
+      encodings.push_back(chunk->encoding);
+      h.byte_lengths[i] = chunk->bytes.size();
+      if (!h.checksums.empty()) h.checksums[i] = Crc32c(chunk->bytes.data(), chunk->bytes.size());
+      p.bytes += chunk->bytes.size();
+      const std::byte* data = chunk->bytes.data();
+      const size_t size = chunk->bytes.size();
+      encoded.push_back(Frame::Borrow(data, size, std::move(chunk)));
+    }
+    if (std::any_of(encodings.begin(), encodings.end(), [&](Encoding e) { return e != base; })) {
+      h.encodings = std::move(encodings);
+    }
+    p.payload = std::move(encoded);
+    p.encoded = true;
   }
 
   Status SendError(const std::string& what, const Status& s) const {
@@ -765,17 +819,35 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
     }
     return Status::Ok();
   }
+  if (h.dtype != op.header.dtype) {
+    return Corrupt("server {}: pull reply in dtype {}, {} was asked for", link.server, static_cast<int>(h.dtype),
+                   static_cast<int>(op.header.dtype));
+  }
   // Check all, then write all: a bad reply leaves the caller's buffer untouched.
   for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
     const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
-    if (frames[i + 1].size() != static_cast<size_t>(c.count) * sizeof(float)) {
+    if (frames[i + 1].size() != static_cast<size_t>(c.count) * DTypeSize(h.dtype)) {
       return Corrupt("server {}: pull reply chunk {} has {} bytes, expected {}", link.server, c.id,
-                     frames[i + 1].size(), c.count * sizeof(float));
+                     frames[i + 1].size(), c.count * DTypeSize(h.dtype));
+    }
+    const std::span<const std::byte> bytes(frames[i + 1].data(), frames[i + 1].size());
+    if (h.dtype != DType::kF32) {  // halves: finite (a weight beyond f16's range arrives as Inf)
+      CodecFault fault;
+      const Status s =
+          CheckChunk(Encoding::kDense, h.dtype, bytes, static_cast<size_t>(c.count), static_cast<uint32_t>(c.id), &fault);
+      if (!s.ok()) return Corrupt("server {}: pull reply: {}", link.server, s.message());
     }
   }
   for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
     const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
-    std::memcpy(op.pull_out.data() + c.flat_offset, frames[i + 1].data(), frames[i + 1].size());
+    if (h.dtype != DType::kF32) {
+      CodecFault fault;
+      const std::span<float> out(op.pull_out.data() + c.flat_offset, static_cast<size_t>(c.count));
+      const std::span<const std::byte> bytes(frames[i + 1].data(), frames[i + 1].size());
+      (void)DecodeChunk(Encoding::kDense, h.dtype, bytes, out, static_cast<uint32_t>(c.id), &fault);  // checked above
+    } else {
+      std::memcpy(op.pull_out.data() + c.flat_offset, frames[i + 1].data(), frames[i + 1].size());
+    }
     // atomic_ref: a Push on the caller's thread may read this version concurrently.
     std::atomic_ref<int64_t>(owner->versions_[static_cast<size_t>(c.id)]).store(h.versions[i], std::memory_order_relaxed);
   }
@@ -835,7 +907,13 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     for (int32_t c : ids) h.chunk_ids.push_back(static_cast<uint32_t>(c));
     if (type == MsgType::kPull) {
       op.pull_out = out;
+      h.dtype = CodecDType(options_.pull_codec);  // fp32 / fp16 / bf16
     } else {
+      const bool lossy = (flags & kFlagInit) == 0 && IsLossy(options_.push_codec);
+      if (lossy) {  // encoded on the link's I/O thread at the first send (EncodePart)
+        h.dtype = CodecDType(options_.push_codec);
+        h.encoding = CodecEncoding(options_.push_codec);
+      }
       // Zero-copy: frames borrow the caller's buffer; the keepalive's deleter tells the request
       // when the transport is done with them.
       {
@@ -857,7 +935,7 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
         h.versions.push_back(std::max<int64_t>(0, v));
         h.elem_counts.push_back(static_cast<uint64_t>(ch.count));
         h.byte_lengths.push_back(bytes);
-        if (options_.checksums) h.checksums.push_back(Crc32c(p, bytes));
+        if (options_.checksums) h.checksums.push_back(lossy ? 0 : Crc32c(p, bytes));  // lossy: at encode
         op.payload.push_back(Frame::Borrow(p, bytes, keep));
       }
     }

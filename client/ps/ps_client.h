@@ -59,6 +59,16 @@
 // leaves that link on the socket, with one log line. A restarted server offers a new region at
 // the re-register; resent parts go through it.
 //
+// Wire codecs (common/grad_codec.h; docs/compression.md). push_codec fp16 / bf16 sends gradient
+// chunks as halves; topk sends the top_k_fraction largest |g| of each chunk, onebit its signs and
+// one scale (mean |g|), both with error feedback: the client keeps, per chunk, what it has not
+// sent yet (the residual) and adds it to the chunk's next gradient. A push part is encoded once,
+// on its link's I/O thread, when it is first sent (chunks belong to one server, so one thread
+// touches a residual); the encoded bytes are kept for resends after a restart, which neither
+// encode again nor touch the residual, and the caller's gradient buffer is released then. Init
+// pushes stay f32. pull_codec fp16 / bf16 asks the servers for halves (their masters stay f32)
+// and decodes them into the caller's buffer. A lossy part never goes through shared memory.
+//
 // Sessions: each client draws a random nonzero 64-bit session at creation and sends it in every
 // message; request ids are unique within the session, so (worker, session, request id) names one
 // push across resends.
@@ -83,6 +93,7 @@
 
 #include "common/codec.h"
 #include "common/layout.h"
+#include "common/run_config.h"
 #include "common/status.h"
 #include "common/transport.h"
 
@@ -129,6 +140,12 @@ struct PsClientOptions {
   // part carried and the seconds from its last send to its reply (the load benchmark's
   // per-chunk latency percentiles). Keep it short; empty = not called.
   std::function<void(int server, MsgType type, size_t chunks, double seconds)> on_part_reply;
+  // Wire codecs (see "Wire codecs" above; the worker sets them from [compression]). Defaults:
+  // lossless f32 both ways.
+  WireCodec push_codec = WireCodec::kFp32;  // fp32 | fp16 | bf16 | topk | onebit
+  WireCodec pull_codec = WireCodec::kFp32;  // fp32 | fp16 | bf16
+  double top_k_fraction = 0.01;             // push_codec topk: fraction of each chunk sent, in (0, 1]
+  bool error_feedback = true;               // topk / onebit: keep and resend a per-chunk residual
 };
 
 class PsClient {

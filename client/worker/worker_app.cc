@@ -278,6 +278,20 @@ Status JoinCluster(const RunConfig& config, int requested_id, const ProcessNet& 
   return Status::Ok();
 }
 
+// [compression]'s wire codecs for the PS client (common/grad_codec.h), said once at start.
+void SetWireCodecs(const CompressionConfig& c, int32_t id, PsClientOptions* po) {
+  po->push_codec = c.push;
+  po->pull_codec = c.pull;
+  po->top_k_fraction = c.top_k_fraction;
+  po->error_feedback = c.error_feedback;
+  std::string push = WireCodecName(c.push);
+  if (c.push == WireCodec::kTopK) push += fmt::format(" ({:g} of each chunk)", c.top_k_fraction);
+  if (c.push == WireCodec::kTopK || c.push == WireCodec::kOneBit) {
+    push += c.error_feedback ? " with error feedback" : " without error feedback";
+  }
+  spdlog::info("worker {}: wire codecs: push {}, pull {}", id, push, WireCodecName(c.pull));
+}
+
 Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const ProcessNet& pnet,
                       const ParamLayout& layout, const TrainerOptions& to, engine::Net* net, engine::Net* eval_net,
                       TrainSource* train, TestSource* test, MetricsWriter* metrics, ProgressReporter* progress,
@@ -298,6 +312,7 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   // cluster.server_wait_ms, then the request fails naming it.
   po.reply_timeout = PullWait(config.cluster);
   po.server_wait = std::chrono::milliseconds(config.cluster.server_wait_ms);
+  SetWireCodecs(config.compression, args.id, &po);
   const auto wait = RequestWait(config.cluster);
   std::unique_ptr<PsClient> client;
   DP_RETURN_IF_ERROR(PsClient::Create(cluster->transport.get(), layout, po, &client));

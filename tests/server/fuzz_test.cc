@@ -13,7 +13,9 @@
 //       is counted once under the reason the reply names, and pushes_received ==
 //       pushes_applied + pushes_rejected + duplicates.
 // Counts are fixed (same mutants on every run); the test prints them, the time, and the
-// per-reason rejection histogram. Plus regression cases for what the mutants found.
+// per-reason rejection histogram. Compressed pushes (f16 / bf16 / top-k / 1-bit) get their own
+// payload mutants: applied exactly as decoded, or refused with nothing changed. Plus regression
+// cases for what the mutants found.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -24,6 +26,7 @@
 #include <random>
 #include <set>
 
+#include "common/grad_codec.h"
 #include "common/inproc_transport.h"
 #include "server/shard.h"
 #include "server/update/lr_policy.h"
@@ -272,6 +275,15 @@ class ShardFuzz : public ::testing::Test {
     p.valid = version_ok;
     p.either = !version_ok;
     return p;
+  }
+
+  // The bytes a pull reply of `dtype` carries for these f32 weights (f16 / bf16: converted,
+  // round to nearest even, common/grad_codec.h).
+  static std::string WeightBytes(const std::vector<float>& w, DType dtype) {
+    if (dtype == DType::kF32) return std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4);
+    std::vector<uint16_t> h(w.size());
+    for (size_t i = 0; i < w.size(); ++i) h[i] = dtype == DType::kF16 ? FloatToHalf(w[i]) : FloatToBf16(w[i]);
+    return std::string(reinterpret_cast<const char*>(h.data()), h.size() * 2);
   }
 
   void ApplyToReference(const Prediction& p) {
@@ -646,10 +658,12 @@ TEST_F(ShardFuzz, MutatedMessagesAreAnsweredCountedAndChangeWeightsOnlyWhenValid
       if (r.type == MsgType::kRegisterReply) registered_ = r.assigned_id;
       if (r.type == MsgType::kPullReply) {  // what a pull returns is the reference's weights
         ASSERT_EQ(reply_frames.size(), r.chunk_ids.size() + 1);
+        ASSERT_EQ(r.dtype, sent.dtype) << "mutant " << i << ": a pull is answered in the dtype it asked for";
         for (size_t k = 0; k < r.chunk_ids.size(); ++k) {
           const Ref& ref = ref_[static_cast<int32_t>(r.chunk_ids[k])];
-          ASSERT_EQ(reply_frames[k + 1].size(), ref.weights.size() * 4);
-          ASSERT_EQ(std::memcmp(reply_frames[k + 1].data(), ref.weights.data(), ref.weights.size() * 4), 0);
+          const std::string want = WeightBytes(ref.weights, r.dtype);
+          ASSERT_EQ(reply_frames[k + 1].size(), want.size());
+          ASSERT_EQ(std::memcmp(reply_frames[k + 1].data(), want.data(), want.size()), 0);
         }
       }
     }
@@ -697,6 +711,96 @@ TEST_F(ShardFuzz, MutatedMessagesAreAnsweredCountedAndChangeWeightsOnlyWhenValid
   ASSERT_EQ(Exchange(ToFrames(h, g), &rf).type, MsgType::kAck);
   ApplyToReference(pred);
   ExpectServerEqualsReference("final push");
+}
+
+// Compressed pushes (issue 14, common/grad_codec.h): valid f16 / bf16 / top-k / 1-bit pushes
+// with their payload bytes mutated (bit flips, an index or the scale overwritten, truncation,
+// extension). Whatever the library's decoder takes must be applied as the decoded gradient
+// (the reference updates with it); whatever it refuses must be refused under a decoding reason,
+// counted once, with every weight unchanged; the server must answer all of them.
+TEST_F(ShardFuzz, MutatedCompressedPushesApplyExactlyWhatDecodesOrNothing) {
+  Mutator m(kSeed + 3);
+  constexpr int kMutants = 3000;
+  const std::pair<Encoding, DType> kinds[] = {{Encoding::kDense, DType::kF16},
+                                              {Encoding::kDense, DType::kBf16},
+                                              {Encoding::kTopK, DType::kF32},
+                                              {Encoding::kTopK, DType::kF16},
+                                              {Encoding::kOneBit, DType::kF32}};
+  int applied = 0, refused = 0;
+  for (int i = 0; i < kMutants; ++i) {
+    const auto [encoding, dtype] = kinds[m.Below(std::size(kinds))];
+    const int32_t id = m.Pick(owned_);
+    const std::vector<float> g = Gradients({id}, m)[0];
+    std::vector<std::byte> bytes;
+    if (encoding == Encoding::kDense) EncodeDense(g, dtype, &bytes);
+    if (encoding == Encoding::kTopK) EncodeTopK(g, 1 + m.Below(g.size()), dtype, &bytes);
+    if (encoding == Encoding::kOneBit) EncodeOneBit(g, &bytes);
+    if (!m.OneIn(5)) {  // one in five goes unmutated
+      switch (m.Below(5)) {
+        case 0:
+          bytes[m.Below(bytes.size())] ^= std::byte(1u << m.Below(8));
+          break;
+        case 1: {  // a word replaced (a top-k index, a value, the scale)
+          const size_t at = 4 * m.Below(bytes.size() / 4);
+          const uint32_t words[] = {0,
+                                    1,
+                                    0x7fc00000u,
+                                    0xbf800000u,
+                                    0x7f800000u,
+                                    ~0u,
+                                    static_cast<uint32_t>(g.size()),
+                                    static_cast<uint32_t>(g.size() - 1)};
+          const uint32_t w = words[m.Below(std::size(words))];
+          if (at + 4 <= bytes.size()) std::memcpy(bytes.data() + at, &w, 4);
+          break;
+        }
+        case 2:
+          bytes.resize(m.Below(bytes.size()));
+          break;
+        case 3:
+          bytes.resize(bytes.size() + 1 + m.Below(8), std::byte{0});
+          break;
+        default:  // two top-k entries swapped / duplicated, or the last sign byte's padding set
+          if (bytes.size() >= 8) std::memcpy(bytes.data(), bytes.data() + 4, 4);
+          break;
+      }
+    }
+    MessageHeader h = Push({id});
+    h.dtype = dtype;
+    h.encoding = encoding;
+    h.byte_lengths = {bytes.size()};
+    std::vector<float> decoded(g.size());
+    CodecFault fault;
+    const bool decodes = DecodeChunk(encoding, dtype, bytes, decoded, static_cast<uint32_t>(id), &fault).ok();
+    Frames f;
+    f.push_back(Frame::Copy(Encoded(h)));
+    f.push_back(Frame::Copy(bytes.data(), bytes.size()));
+    const ShardStatsWire before = shard_->Stats();
+    Frames rf;
+    const MessageHeader r = Exchange(std::move(f), &rf);
+    const ShardStatsWire after = shard_->Stats();
+    if (decodes) {
+      ASSERT_EQ(r.type, MsgType::kAck) << "mutant " << i << ": " << r.error_text;
+      Prediction p;
+      p.grads.emplace_back(id, decoded);
+      ApplyToReference(p);
+      ++applied;
+    } else {
+      ASSERT_EQ(r.type, MsgType::kError) << "mutant " << i;
+      const auto reason = static_cast<RejectReason>(r.flags);
+      ASSERT_TRUE(reason == RejectReason::kByteLength || reason == RejectReason::kElemCount ||
+                  reason == RejectReason::kNonFinite)
+          << "mutant " << i << ": " << RejectReasonName(reason) << ": " << r.error_text;
+      ASSERT_EQ(after.rejected_by_reason[r.flags], before.rejected_by_reason[r.flags] + 1);
+      ASSERT_EQ(after.pushes_rejected, before.pushes_rejected + 1);
+      ++refused;
+    }
+    ExpectServerEqualsReference(fmt::format("compressed mutant {}", i));
+    if (HasFatalFailure()) return;
+  }
+  std::printf("shard: %d compressed push mutants: %d applied as decoded, %d refused\n", kMutants, applied, refused);
+  EXPECT_GT(applied, kMutants / 10);
+  EXPECT_GT(refused, kMutants / 4);
 }
 
 // --- Regression cases. --------------------------------------------------------------------------

@@ -1,0 +1,377 @@
+// grad_codec_test.cc — the lossy wire codecs (common/grad_codec.h): each round trip within the
+// bound the header states, error feedback's invariant sum(sent) + residual == sum(gradients)
+// over many steps, and malformed payloads refused (with the right fault) before any output
+// float is written.
+#include "common/grad_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace downpour {
+namespace {
+
+std::vector<float> Gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<float> Decode(Encoding e, DType d, const std::vector<std::byte>& bytes, size_t n) {
+  std::vector<float> out(n, 123.0f);
+  CodecFault fault;
+  const Status s = DecodeChunk(e, d, bytes, out, 7, &fault);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(fault, CodecFault::kNone);
+  return out;
+}
+
+// ---- Conversions.
+
+TEST(HalfTest, EveryHalfRoundTripsExactlyThroughFloat) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    const bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0;
+    if (nan) {
+      EXPECT_TRUE(std::isnan(f)) << h;
+      EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(f)))) << h;  // NaN stays NaN
+      continue;
+    }
+    ASSERT_EQ(FloatToHalf(f), h) << "half " << h << " -> " << f;
+  }
+}
+
+TEST(HalfTest, RoundsToNearestEvenOnTies) {
+  // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: to even (1). 1 + 3*2^-11: to 1 + 2^-9.
+  EXPECT_EQ(FloatToHalf(1.0f + 0x1p-11f), 0x3c00);
+  EXPECT_EQ(FloatToHalf(1.0f + 3 * 0x1p-11f), 0x3c02);
+  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);  // the largest half
+  EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);  // below the halfway point to 2^16
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // the tie rounds to even: Inf
+  EXPECT_EQ(FloatToHalf(-1e10f), 0xfc00);
+  EXPECT_EQ(FloatToHalf(0x1p-25f), 0x0000);      // half the smallest subnormal: to even (0)
+  EXPECT_EQ(FloatToHalf(3 * 0x1p-25f), 0x0002);  // 1.5 subnormal steps: to even (2)
+}
+
+TEST(HalfTest, BulkConversionEqualsScalarBitForBit) {
+  // The bulk path uses F16C when compiled with it; it must agree with the portable scalar code.
+  std::mt19937 rng(5);
+  std::vector<float> x(100003);
+  for (float& v : x) {
+    uint32_t bits = rng();
+    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu) != 0) bits = 0x3f800000u;  // no NaN payloads
+    v = std::bit_cast<float>(bits);
+  }
+  for (int i = 0; i < 1000; ++i) x[static_cast<size_t>(i)] = (1.0f + static_cast<float>(i) * 0x1p-11f);  // ties
+  std::vector<uint16_t> h(x.size());
+  FloatsToHalf(x, h.data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(h[i], FloatToHalf(x[i])) << i << " " << x[i];
+  std::vector<float> back(x.size());
+  HalfToFloats(h.data(), back);
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(HalfToFloat(h[i])));
+}
+
+TEST(HalfTest, RoundTripWithinStatedBound) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> expo(-14.0f, 15.9f);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = std::exp2(expo(rng)) * (i % 2 ? -1.0f : 1.0f);
+    if (std::fabs(x) > 65504.0f) continue;
+    const float y = HalfToFloat(FloatToHalf(x));
+    ASSERT_LE(std::fabs(y - x), 0x1p-11f * std::fabs(x)) << x;
+  }
+  for (int i = 0; i < 10000; ++i) {  // subnormal range: absolute bound 2^-25
+    const float x = std::ldexp(static_cast<float>(i), -38);
+    ASSERT_LE(std::fabs(HalfToFloat(FloatToHalf(x)) - x), 0x1p-25f) << x;
+  }
+}
+
+TEST(Bf16Test, RoundTripWithinStatedBoundAndNanStaysNan) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> expo(-120.0f, 120.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = std::exp2(expo(rng)) * (i % 2 ? -1.0f : 1.0f);
+    const float y = Bf16ToFloat(FloatToBf16(x));
+    ASSERT_LE(std::fabs(y - x), 0x1p-8f * std::fabs(x)) << x;
+  }
+  EXPECT_EQ(FloatToBf16(1.0f + 0x1p-8f), 0x3f80);       // tie: to even
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * 0x1p-8f), 0x3f82);   // tie: to even (up)
+  const float nan = std::bit_cast<float>(0x7f800001u);  // a NaN whose payload sits in the low bits
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(nan))));
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(-std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::infinity()))));
+}
+
+// ---- Codec round trips.
+
+TEST(GradCodecTest, DenseRoundTripsWithinBoundPerDType) {
+  const auto x = Gaussian(4099, 1, 0.01f);
+  for (DType d : {DType::kF32, DType::kF16, DType::kBf16}) {
+    std::vector<std::byte> bytes;
+    EncodeDense(x, d, &bytes);
+    ASSERT_EQ(bytes.size(), EncodedBytes(Encoding::kDense, d, x.size()));
+    const auto y = Decode(Encoding::kDense, d, bytes, x.size());
+    const float rel = d == DType::kF32 ? 0.0f : d == DType::kF16 ? 0x1p-11f : 0x1p-8f;
+    for (size_t i = 0; i < x.size(); ++i) {
+      // f16: values below 2^-14 are subnormal there: the absolute bound 2^-25 applies.
+      const float bound = std::max(rel * std::fabs(x[i]), d == DType::kF16 ? 0x1p-25f : 0.0f);
+      ASSERT_LE(std::fabs(y[i] - x[i]), bound) << static_cast<int>(d) << " " << i;
+    }
+  }
+}
+
+TEST(GradCodecTest, TopKKeepsTheLargestMagnitudesExactly) {
+  auto x = Gaussian(10000, 2);
+  const size_t k = TopKCount(0.01, x.size());
+  ASSERT_EQ(k, 100u);
+  std::vector<std::byte> bytes;
+  EncodeTopK(x, k, DType::kF32, &bytes);
+  ASSERT_EQ(bytes.size(), k * 8);
+  const auto y = Decode(Encoding::kTopK, DType::kF32, bytes, x.size());
+  std::vector<float> mags(x.size());
+  for (size_t i = 0; i < x.size(); ++i) mags[i] = std::fabs(x[i]);
+  std::nth_element(mags.begin(), mags.begin() + static_cast<std::ptrdiff_t>(k - 1), mags.end(), std::greater<>());
+  const float kth = mags[k - 1];
+  size_t kept = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (y[i] != 0.0f) {
+      ++kept;
+      ASSERT_EQ(y[i], x[i]) << i;  // exact on the kept entries
+      ASSERT_GE(std::fabs(x[i]), kth);
+    } else {
+      ASSERT_LE(std::fabs(x[i]), kth) << i;
+    }
+  }
+  EXPECT_EQ(kept, k);
+}
+
+// Large chunks take the sampled threshold (common/grad_codec.cc, KthLargestMagnitude); it must
+// select exactly what a full sort by (|x| descending, index ascending) selects — also when the
+// strided sample is misleading (the fallback over all n) and with many equal magnitudes.
+TEST(GradCodecTest, TopKOnLargeChunksEqualsAFullSort) {
+  const size_t n = size_t{1} << 17;
+  std::vector<std::vector<float>> cases;
+  cases.push_back(Gaussian(n, 21));
+  std::vector<float> misleading = Gaussian(n, 22, 0.01f);
+  for (size_t j = 0; j < n; j += n / 8192) misleading[j] = 1000.0f + static_cast<float>(j);  // the sampled points
+  cases.push_back(misleading);
+  std::vector<float> ties(n);
+  for (size_t i = 0; i < n; ++i) ties[i] = static_cast<float>(static_cast<int>(i % 7) - 3);  // |x| in {0..3}
+  cases.push_back(ties);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const auto& x = cases[c];
+    for (size_t k : {size_t{1}, size_t{1311}, size_t{9000}}) {
+      std::vector<uint32_t> order(n);
+      for (uint32_t i = 0; i < n; ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return std::fabs(x[a]) > std::fabs(x[b]) || (std::fabs(x[a]) == std::fabs(x[b]) && a < b);
+      });
+      order.resize(k);
+      std::sort(order.begin(), order.end());
+      std::vector<std::byte> bytes;
+      EncodeTopK(x, k, DType::kF32, &bytes);
+      ASSERT_EQ(bytes.size(), k * 8);
+      std::vector<uint32_t> got(k);
+      std::memcpy(got.data(), bytes.data(), k * 4);
+      ASSERT_EQ(got, order) << "case " << c << ", k = " << k;
+    }
+  }
+}
+
+TEST(GradCodecTest, TopKCountIsCeilOfFractionAtLeastOne) {
+  EXPECT_EQ(TopKCount(0.01, 1), 1u);
+  EXPECT_EQ(TopKCount(0.01, 150), 2u);
+  EXPECT_EQ(TopKCount(1.0, 37), 37u);
+  EXPECT_EQ(TopKCount(1e-9, 1000), 1u);
+}
+
+TEST(GradCodecTest, OneBitDecodesToScaleTimesSign) {
+  const auto x = Gaussian(1003, 3);  // not a multiple of 8: padding bits in the last byte
+  std::vector<std::byte> bytes;
+  EncodeOneBit(x, &bytes);
+  ASSERT_EQ(bytes.size(), 4u + 126u);
+  double mean = 0;
+  for (float v : x) mean += std::fabs(v);
+  const auto scale = static_cast<float>(mean / static_cast<double>(x.size()));
+  const auto y = Decode(Encoding::kOneBit, DType::kF32, bytes, x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], x[i] < 0 ? -scale : scale) << i;
+}
+
+// ---- Error feedback.
+
+void CheckErrorFeedback(WireCodec codec) {
+  const size_t n = 5000;
+  ChunkEncoder enc(CodecSettings{codec, 0.01, true});
+  std::vector<double> sum_g(n, 0), sum_sent(n, 0);
+  double max_abs = 0;
+  for (int step = 0; step < 300; ++step) {
+    const auto g = Gaussian(n, 100 + static_cast<uint32_t>(step), 0.1f);
+    EncodedChunk e;
+    enc.Encode(3, g, &e);
+    ASSERT_EQ(e.encoding, CodecEncoding(codec));
+    const auto y = Decode(e.encoding, enc.dtype(), e.bytes, n);
+    for (size_t i = 0; i < n; ++i) {
+      sum_g[i] += g[i];
+      sum_sent[i] += y[i];
+      max_abs = std::max(max_abs, std::fabs(sum_g[i]));
+    }
+  }
+  const auto r = enc.residual(3);
+  ASSERT_EQ(r.size(), n);
+  // f32 rounding: each step rounds g + r and g' - decoded once (2^-24 relative to values around
+  // |g'|); after 300 steps the drift stays far below 1e-4 of the magnitudes involved.
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(sum_sent[i] + r[i] - sum_g[i]);
+    ASSERT_TRUE(d <= 1e-4) << "element " << i << ": sent " << sum_sent[i] << " + residual " << r[i] << " vs "
+                           << sum_g[i];
+    worst = std::max(worst, d);
+  }
+  EXPECT_GT(max_abs, 0.5);  // the sums are not trivially small
+}
+
+TEST(ErrorFeedbackTest, TopKSentPlusResidualEqualsSumOfGradients) { CheckErrorFeedback(WireCodec::kTopK); }
+TEST(ErrorFeedbackTest, OneBitSentPlusResidualEqualsSumOfGradients) { CheckErrorFeedback(WireCodec::kOneBit); }
+
+TEST(ErrorFeedbackTest, ResidualIsPerChunkAndOffWithoutErrorFeedback) {
+  ChunkEncoder ef(CodecSettings{WireCodec::kTopK, 0.01, true});
+  ChunkEncoder plain(CodecSettings{WireCodec::kTopK, 0.01, false});
+  const auto g = Gaussian(1000, 4);
+  EncodedChunk e;
+  ef.Encode(1, g, &e);
+  EXPECT_EQ(ef.residual(1).size(), 1000u);
+  EXPECT_TRUE(ef.residual(2).empty());
+  plain.Encode(1, g, &e);
+  EXPECT_TRUE(plain.residual(1).empty());
+  // Without feedback the second push of the same gradient sends the same entries.
+  EncodedChunk e2;
+  plain.Encode(1, g, &e2);
+  EXPECT_EQ(e.bytes, e2.bytes);
+}
+
+TEST(ErrorFeedbackTest, NonFiniteGradientGoesAsItIsAndLeavesTheResidual) {
+  ChunkEncoder enc(CodecSettings{WireCodec::kOneBit, 0.01, true});
+  auto g = Gaussian(64, 5);
+  EncodedChunk e;
+  enc.Encode(0, g, &e);
+  const std::vector<float> before(enc.residual(0).begin(), enc.residual(0).end());
+  g[10] = std::numeric_limits<float>::quiet_NaN();
+  enc.Encode(0, g, &e);
+  EXPECT_EQ(e.encoding, Encoding::kDense);
+  std::vector<float> out(64);
+  CodecFault fault;
+  EXPECT_FALSE(DecodeChunk(e.encoding, enc.dtype(), e.bytes, out, 0, &fault).ok());
+  EXPECT_EQ(fault, CodecFault::kNonFinite);
+  EXPECT_EQ(std::vector<float>(enc.residual(0).begin(), enc.residual(0).end()), before);
+}
+
+TEST(ErrorFeedbackTest, TinyChunkGoesDenseWhenTopKWouldNotPay) {
+  ChunkEncoder enc(CodecSettings{WireCodec::kTopK, 0.5, true});
+  const auto g = Gaussian(10, 6);
+  EncodedChunk e;
+  enc.Encode(0, g, &e);
+  EXPECT_EQ(e.encoding, Encoding::kDense);
+  EXPECT_EQ(Decode(e.encoding, DType::kF32, e.bytes, 10), g);
+  for (float r : enc.residual(0)) EXPECT_EQ(r, 0.0f);
+}
+
+// ---- Bad payloads: refused with the fault named, output untouched.
+
+struct Refusal {
+  Status status;
+  CodecFault fault;
+  bool untouched;
+};
+
+Refusal Try(Encoding e, DType d, const std::vector<std::byte>& bytes, size_t n) {
+  std::vector<float> out(n, 42.0f);
+  Refusal r;
+  r.status = DecodeChunk(e, d, bytes, out, 9, &r.fault);
+  r.untouched = std::all_of(out.begin(), out.end(), [](float v) { return v == 42.0f; });
+  return r;
+}
+
+std::vector<std::byte> TopKBytes(const std::vector<uint32_t>& idx, const std::vector<float>& values) {
+  std::vector<std::byte> b(idx.size() * 4 + values.size() * 4);
+  std::memcpy(b.data(), idx.data(), idx.size() * 4);
+  std::memcpy(b.data() + idx.size() * 4, values.data(), values.size() * 4);
+  return b;
+}
+
+void ExpectRefused(const Refusal& r, CodecFault fault, const std::string& words) {
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_EQ(r.fault, fault) << r.status.ToString();
+  EXPECT_TRUE(r.untouched);
+  EXPECT_NE(r.status.message().find("chunk 9"), std::string::npos) << r.status.ToString();
+  EXPECT_NE(r.status.message().find(words), std::string::npos) << r.status.ToString();
+}
+
+TEST(GradCodecRefusalTest, TopKIndexOutOfRange) {
+  ExpectRefused(Try(Encoding::kTopK, DType::kF32, TopKBytes({1, 10}, {1, 2}), 10), CodecFault::kIndex, "outside");
+}
+
+TEST(GradCodecRefusalTest, TopKUnsortedAndDuplicateIndices) {
+  ExpectRefused(Try(Encoding::kTopK, DType::kF32, TopKBytes({5, 2}, {1, 2}), 10), CodecFault::kIndex, "ascending");
+  ExpectRefused(Try(Encoding::kTopK, DType::kF32, TopKBytes({3, 3}, {1, 2}), 10), CodecFault::kIndex, "ascending");
+}
+
+TEST(GradCodecRefusalTest, TopKMoreEntriesThanElements) {
+  ExpectRefused(Try(Encoding::kTopK, DType::kF32, TopKBytes({0, 1, 2, 3}, {1, 2, 3, 4}), 3), CodecFault::kIndex,
+                "more than");
+}
+
+TEST(GradCodecRefusalTest, WrongLengths) {
+  auto topk = TopKBytes({1, 2}, {1, 2});
+  topk.pop_back();
+  ExpectRefused(Try(Encoding::kTopK, DType::kF32, topk, 10), CodecFault::kLength, "entries");
+  ExpectRefused(Try(Encoding::kTopK, DType::kF16, {}, 10), CodecFault::kLength, "entries");  // k = 0
+  ExpectRefused(Try(Encoding::kDense, DType::kF16, std::vector<std::byte>(19), 10), CodecFault::kLength, "bytes");
+  ExpectRefused(Try(Encoding::kDense, DType::kF32, std::vector<std::byte>(20), 10), CodecFault::kLength, "bytes");
+  ExpectRefused(Try(Encoding::kOneBit, DType::kF32, std::vector<std::byte>(5), 10), CodecFault::kLength, "oneBit");
+}
+
+TEST(GradCodecRefusalTest, OneBitNanNegativeOrInfScale) {
+  for (float scale : {std::numeric_limits<float>::quiet_NaN(), -1.0f, std::numeric_limits<float>::infinity()}) {
+    std::vector<std::byte> b(4 + 2);
+    std::memcpy(b.data(), &scale, 4);
+    ExpectRefused(Try(Encoding::kOneBit, DType::kF32, b, 10), CodecFault::kNonFinite, "scale");
+  }
+}
+
+TEST(GradCodecRefusalTest, OneBitPaddingBitsSet) {
+  std::vector<std::byte> b(4 + 2);
+  b[5] = std::byte{0x04};  // element 10 of a 10-element chunk
+  ExpectRefused(Try(Encoding::kOneBit, DType::kF32, b, 10), CodecFault::kLength, "past element");
+}
+
+TEST(GradCodecRefusalTest, NanOrInfValues) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  ExpectRefused(Try(Encoding::kTopK, DType::kF32, TopKBytes({1, 2}, {1, nan}), 10), CodecFault::kNonFinite, "NaN");
+  ExpectRefused(Try(Encoding::kTopK, DType::kF32, TopKBytes({1, 2}, {inf, 1}), 10), CodecFault::kNonFinite, "NaN");
+  std::vector<std::byte> half(20);
+  const uint16_t hinf = 0x7c00, hnan = 0x7e01, bnan = 0x7fc1;
+  std::memcpy(half.data() + 6, &hinf, 2);
+  ExpectRefused(Try(Encoding::kDense, DType::kF16, half, 10), CodecFault::kNonFinite, "element 3");
+  std::memcpy(half.data() + 6, &hnan, 2);
+  ExpectRefused(Try(Encoding::kDense, DType::kF16, half, 10), CodecFault::kNonFinite, "element 3");
+  std::vector<std::byte> bf(20);
+  std::memcpy(bf.data() + 18, &bnan, 2);
+  ExpectRefused(Try(Encoding::kDense, DType::kBf16, bf, 10), CodecFault::kNonFinite, "element 9");
+}
+
+TEST(GradCodecRefusalTest, FactorsAreNotDecodedHere) {
+  ExpectRefused(Try(Encoding::kFactors, DType::kF32, std::vector<std::byte>(40), 10), CodecFault::kUnsupported,
+                "factors");
+}
+
+}  // namespace
+}  // namespace downpour
