@@ -255,12 +255,68 @@ void Net::BackwardLayer(int li) {
   if (!any_down && pis.empty()) return;
   layers_[li]->Backward(tops_[li], propagate_down_[li], bottoms_[li]);
   for (auto it = pis.rbegin(); it != pis.rend(); ++it) {
+    if (WriteFactors(li, *it)) {
+      if (grad_ready_) grad_ready_(*it);
+      continue;  // no dW download: the factors are the tensor's gradient this step
+    }
     if (!backend_->memory_is_host()) {
       backend_->CopyToHost(device_grads_ + param_offsets_[*it], host_grads_ + param_offsets_[*it],
                            shapes_.params[*it].numel());
     }
     if (grad_ready_) grad_ready_(*it);
   }
+}
+
+bool Net::InnerProductDims(int tensor, int64_t* out, int64_t* in) const {
+  for (size_t li = 0; li < spec_.layers.size(); ++li) {
+    const auto& pis = shapes_.layer_params[li];
+    if (spec_.layers[li].type != LayerType::kInnerProduct || pis.empty() || pis[0] != tensor) continue;
+    const TensorSpec& w = shapes_.params[static_cast<size_t>(tensor)];
+    *out = w.shape.at(0);
+    *in = w.numel() / w.shape.at(0);
+    return true;
+  }
+  return false;
+}
+
+Status Net::SetFactoredParams(const std::vector<int>& tensors) {
+  std::vector<int> layer_of(shapes_.params.size(), -1);
+  for (int t : tensors) {
+    if (t < 0 || t >= static_cast<int>(shapes_.params.size()))
+      return InvalidArgument("net '{}': factored tensor index {} is outside [0, {})", spec_.name, t,
+                             shapes_.params.size());
+    int64_t out = 0, in = 0;
+    if (!InnerProductDims(t, &out, &in))
+      return InvalidArgument("net '{}': tensor '{}' cannot carry sufficient factors: only inner-product "
+                             "weights can", spec_.name, shapes_.params[static_cast<size_t>(t)].name);
+    for (size_t li = 0; li < spec_.layers.size(); ++li)
+      if (!shapes_.layer_params[li].empty() && shapes_.layer_params[li][0] == t) layer_of[t] = static_cast<int>(li);
+  }
+  factor_layer_ = tensors.empty() ? std::vector<int>{} : std::move(layer_of);
+  factored_now_.assign(factor_layer_.empty() ? 0 : shapes_.params.size(), false);
+  return Status::Ok();
+}
+
+// After layer li's backward: if tensor t is a factored weight and factoring pays at this batch,
+// write [δ (B×out) | a (B×in)] at the start of its host gradient span. Backend ReadBlob /
+// ReadBlobGrad give canonical dense layouts on every backend (and wait for the layer on a GPU).
+bool Net::WriteFactors(int li, int t) {
+  if (factor_layer_.empty() || factor_layer_[static_cast<size_t>(t)] != li) return false;
+  const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
+  const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
+  const Blob& top = *tops_[li][0];
+  const Blob& bottom = *bottoms_[li][0];
+  const int64_t b = bottom.shape[0];
+  DP_CHECK_EQ(top.count(), b * out);
+  DP_CHECK_EQ(bottom.count(), b * in);
+  const bool pays = b * (out + in) < numel;
+  factored_now_[static_cast<size_t>(t)] = pays;
+  if (!pays) return false;
+  float* span = host_grads_ + param_offsets_[t];
+  // On a host backend `span` is also the layer's dW buffer: the layer is done with it.
+  backend_->ReadBlobGrad(top, span);           // δ: B×out
+  backend_->ReadBlob(bottom, span + b * out);  // a: B×in
+  return true;
 }
 
 void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history) {
