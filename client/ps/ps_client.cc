@@ -47,6 +47,14 @@ void FinishOp(Request& r, const Status& s, MessageHeader* reply) {
   r.cv.notify_all();
 }
 
+template <typename T>
+std::vector<T> Pick(const std::vector<T>& v, const std::vector<size_t>& positions) {
+  std::vector<T> out;
+  if (v.empty()) return out;
+  for (size_t i : positions) out.push_back(v[i]);
+  return out;
+}
+
 struct Op {
   std::shared_ptr<Request> request;
   RequestId id = 0;
@@ -54,6 +62,89 @@ struct Op {
   Frames payload;
   std::span<float> pull_out;  // pull: the caller's flat buffer
 };
+
+// Sufficient factors (ps_client.h PushChunks): moves the chunks of each factored tensor out of
+// the per-server dense ops into one op per (tensor, server) whose frames are each chunk's δ
+// columns r0..r1 (batch × rows, gathered into an owned buffer) and, last, the activations a
+// (batch × in) borrowed from `flat` under the dense frames' keepalive.
+Status SplitOutFactorOps(const ParamLayout& layout, std::span<const float> flat, std::span<const FactorTensor> factors,
+                         bool checksums, std::vector<Op>* ops) {
+  std::vector<int> batch_of(layout.tensors().size(), 0);
+  for (const FactorTensor& f : factors) {
+    if (f.tensor < 0 || f.tensor >= static_cast<int>(layout.tensors().size()))
+      return InvalidArgument("ps client push: factored tensor index {} outside 0..{}", f.tensor,
+                             layout.tensors().size() - 1);
+    const TensorSpec& t = layout.tensors()[static_cast<size_t>(f.tensor)];
+    const int64_t out = t.shape.empty() ? 0 : t.shape[0], in = out > 0 ? t.numel() / out : 0;
+    if (t.shape.size() < 2 || f.batch < 1 || f.batch > 65536 || int64_t{f.batch} * (out + in) > t.numel())
+      return InvalidArgument("ps client push: tensor '{}' (rank {}, {} floats) cannot hold sufficient factors of "
+                             "batch {} (needs rank >= 2, batch 1..65536, batch × (out + in) <= out × in)",
+                             t.name, t.shape.size(), t.numel(), f.batch);
+    batch_of[static_cast<size_t>(f.tensor)] = f.batch;
+  }
+  std::vector<Op> result;
+  for (Op& op : *ops) {
+    MessageHeader& h = op.header;
+    std::map<int32_t, std::vector<size_t>> by_tensor;  // factored tensor → positions in op
+    std::vector<size_t> dense;
+    for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
+      const int32_t t = layout.chunk(static_cast<int32_t>(h.chunk_ids[i])).tensor;
+      (batch_of[static_cast<size_t>(t)] > 0 ? by_tensor[t] : dense).push_back(i);
+    }
+    for (const auto& [t, idx] : by_tensor) {
+      const TensorSpec& spec = layout.tensors()[static_cast<size_t>(t)];
+      const int64_t batch = batch_of[static_cast<size_t>(t)], out = spec.shape[0], in = spec.numel() / out;
+      const float* delta = flat.data() + layout.tensor_flat_offset(t);  // batch × out
+      const float* a = delta + batch * out;                              // batch × in
+      Op f;
+      f.request = op.request;
+      f.id = op.id;
+      f.header = h;
+      MessageHeader& fh = f.header;
+      fh.chunk_ids.clear();
+      fh.versions.clear();
+      fh.elem_counts.clear();
+      fh.byte_lengths.clear();
+      fh.checksums.clear();
+      fh.factor_batch = static_cast<uint32_t>(batch);
+      for (size_t i : idx) {
+        const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
+        const int64_t r0 = c.tensor_offset / in, rows = (c.tensor_offset + c.count - 1) / in - r0 + 1;
+        auto cols = std::make_shared<std::vector<float>>(static_cast<size_t>(batch * rows));
+        for (int64_t b = 0; b < batch; ++b)
+          std::memcpy(cols->data() + b * rows, delta + b * out + r0, static_cast<size_t>(rows) * sizeof(float));
+        const uint64_t bytes = cols->size() * sizeof(float);
+        fh.chunk_ids.push_back(h.chunk_ids[i]);
+        fh.versions.push_back(h.versions[i]);
+        fh.elem_counts.push_back(h.elem_counts[i]);
+        fh.byte_lengths.push_back(bytes);
+        if (checksums) fh.checksums.push_back(Crc32c(cols->data(), bytes));
+        fh.encodings.push_back(Encoding::kFactors);
+        f.payload.push_back(Frame::Borrow(cols->data(), bytes, cols));
+      }
+      f.payload.push_back(Frame::Borrow(a, static_cast<size_t>(batch * in) * sizeof(float), op.payload[idx[0]].owner()));
+      result.push_back(std::move(f));
+    }
+    if (dense.size() == h.chunk_ids.size()) {
+      result.push_back(std::move(op));
+      continue;
+    }
+    if (dense.empty()) continue;
+    Op d;
+    d.request = op.request;
+    d.id = op.id;
+    d.header = h;
+    d.header.chunk_ids = Pick(h.chunk_ids, dense);
+    d.header.versions = Pick(h.versions, dense);
+    d.header.elem_counts = Pick(h.elem_counts, dense);
+    d.header.byte_lengths = Pick(h.byte_lengths, dense);
+    d.header.checksums = Pick(h.checksums, dense);
+    for (size_t i : dense) d.payload.push_back(std::move(op.payload[i]));
+    result.push_back(std::move(d));
+  }
+  *ops = std::move(result);
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -336,8 +427,10 @@ class PsClient::Impl::LinkRunner {
   Status Split(Active& a) {
     const MessageHeader& base = a.op.header;
     const size_t n = base.chunk_ids.size();
-    const size_t per = o_.max_chunks_per_message > 0 ? static_cast<size_t>(o_.max_chunks_per_message)
-                                                     : std::max<size_t>(n, 1);
+    // Sufficient factors travel as one message: its chunks share the activations frame.
+    const bool factors = !base.encodings.empty();
+    const size_t per = o_.max_chunks_per_message > 0 && !factors ? static_cast<size_t>(o_.max_chunks_per_message)
+                                                                 : std::max<size_t>(n, 1);
     const size_t parts = std::max<size_t>(1, (n + per - 1) / per);
     if (parts >= kSubMask) return InvalidArgument("ps client: {} sub-messages is too many", parts);
     const ParamLayout& layout = impl_.owner->layout_;
@@ -353,6 +446,11 @@ class PsClient::Impl::LinkRunner {
       h.elem_counts = Slice(base.elem_counts, b, e);
       h.byte_lengths = Slice(base.byte_lengths, b, e);
       h.checksums = Slice(base.checksums, b, e);
+      if (factors) {  // one part: the δ frames and the activations frame as they are
+        p.payload = std::move(a.op.payload);
+        for (const Frame& f : p.payload) p.bytes += f.size();
+        continue;
+      }
       if (!a.op.payload.empty()) {
         for (size_t i = b; i < e; ++i) p.payload.push_back(std::move(a.op.payload[i]));
       }
@@ -456,6 +554,7 @@ class PsClient::Impl::LinkRunner {
     *wait = false;
     const MsgType t = p.header.type;
     if (!link_.region || (t != MsgType::kPush && t != MsgType::kPull)) return false;
+    if (!p.header.encodings.empty()) return false;  // sufficient factors: not the chunks' floats
     const auto& busy = t == MsgType::kPull ? link_.pull_busy : link_.push_busy;
     for (uint32_t c : p.header.chunk_ids) {
       if (busy[c]) {
@@ -784,7 +883,7 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
 
 RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const float> in,
                            std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                           uint32_t flags) {
+                           uint32_t flags, std::span<const FactorTensor> factors) {
   auto req = std::make_shared<Request>();
   RequestId id;
   {
@@ -863,6 +962,13 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     }
     ops.push_back(std::move(op));
   }
+  if (type == MsgType::kPush && !factors.empty()) {
+    const Status s = SplitOutFactorOps(layout_, in, factors, options_.checksums, &ops);
+    if (!s.ok()) {
+      req->status = s;
+      return id;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(req->mu);
     req->pending_ops = static_cast<int>(ops.size());
@@ -883,16 +989,18 @@ RequestId PsClient::PullChunks(std::span<float> flat_weights_out, std::span<cons
 RequestId PsClient::Push(std::span<const float> flat_grads, int64_t clock) {
   return Submit(MsgType::kPush, {}, flat_grads, {}, /*all_chunks=*/true, clock, 0);
 }
-RequestId PsClient::PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock) {
-  return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0);
+RequestId PsClient::PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
+                               std::span<const FactorTensor> factors) {
+  return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0, factors);
 }
-RequestId PsClient::PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor, int64_t clock) {
+RequestId PsClient::PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor, int64_t clock,
+                                std::span<const FactorTensor> factors) {
   const int t = static_cast<int>(layout_.tensors().size());
   first_tensor = std::clamp(first_tensor, 0, t);
   end_tensor = std::clamp(end_tensor, first_tensor, t);
   const std::vector<int32_t> ids =
       layout_.ChunksInRange(layout_.tensor_flat_offset(first_tensor), layout_.tensor_flat_offset(end_tensor));
-  return Submit(MsgType::kPush, {}, flat_grads, ids, false, clock, 0);
+  return Submit(MsgType::kPush, {}, flat_grads, ids, false, clock, 0, factors);
 }
 RequestId PsClient::PushInit(std::span<const float> flat_weights) {
   return Submit(MsgType::kPush, {}, flat_weights, {}, /*all_chunks=*/true, 0, kFlagInit);
