@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -61,14 +62,24 @@ struct Op {
   MessageHeader header;
   Frames payload;
   std::span<float> pull_out;  // pull: the caller's flat buffer
+  // Push with sufficient factors (ArrangeFactorOps): the first chunks of `header` form groups,
+  // each sent as one message — chunks [previous group's end, end) of one tensor, their payload
+  // frames δ column blocks, then that group's activations frame.
+  struct FactorGroup {
+    size_t end = 0;
+    uint32_t batch = 0;
+    Frame activations;
+  };
+  std::vector<FactorGroup> factor_groups;
 };
 
-// Sufficient factors (ps_client.h PushChunks): moves the chunks of each factored tensor out of
-// the per-server dense ops into one op per (tensor, server) whose frames are each chunk's δ
-// columns r0..r1 (batch × rows, gathered into an owned buffer) and, last, the activations a
-// (batch × in) borrowed from `flat` under the dense frames' keepalive.
-Status SplitOutFactorOps(const ParamLayout& layout, std::span<const float> flat, std::span<const FactorTensor> factors,
-                         bool checksums, std::vector<Op>* ops) {
+// Sufficient factors (ps_client.h PushChunks): reorders each per-server op so that the chunks of
+// each factored tensor come first, grouped by tensor (one message per group, Split), with each
+// chunk's frame replaced by its δ columns r0..r1 (batch × rows, gathered into an owned buffer);
+// the group's activations a (batch × in) are borrowed from `flat` under the dense frames'
+// keepalive. The other chunks follow, unchanged.
+Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, std::span<const FactorTensor> factors,
+                        bool checksums, std::vector<Op>* ops) {
   std::vector<int> batch_of(layout.tensors().size(), 0);
   for (const FactorTensor& f : factors) {
     if (f.tensor < 0 || f.tensor >= static_cast<int>(layout.tensors().size()))
@@ -82,7 +93,6 @@ Status SplitOutFactorOps(const ParamLayout& layout, std::span<const float> flat,
                              t.name, t.shape.size(), t.numel(), f.batch);
     batch_of[static_cast<size_t>(f.tensor)] = f.batch;
   }
-  std::vector<Op> result;
   for (Op& op : *ops) {
     MessageHeader& h = op.header;
     std::map<int32_t, std::vector<size_t>> by_tensor;  // factored tensor → positions in op
@@ -91,58 +101,43 @@ Status SplitOutFactorOps(const ParamLayout& layout, std::span<const float> flat,
       const int32_t t = layout.chunk(static_cast<int32_t>(h.chunk_ids[i])).tensor;
       (batch_of[static_cast<size_t>(t)] > 0 ? by_tensor[t] : dense).push_back(i);
     }
+    if (by_tensor.empty()) continue;
+    std::vector<size_t> order;
+    Frames payload;
+    std::vector<uint32_t> crcs;
     for (const auto& [t, idx] : by_tensor) {
       const TensorSpec& spec = layout.tensors()[static_cast<size_t>(t)];
       const int64_t batch = batch_of[static_cast<size_t>(t)], out = spec.shape[0], in = spec.numel() / out;
       const float* delta = flat.data() + layout.tensor_flat_offset(t);  // batch × out
       const float* a = delta + batch * out;                              // batch × in
-      Op f;
-      f.request = op.request;
-      f.id = op.id;
-      f.header = h;
-      MessageHeader& fh = f.header;
-      fh.chunk_ids.clear();
-      fh.versions.clear();
-      fh.elem_counts.clear();
-      fh.byte_lengths.clear();
-      fh.checksums.clear();
-      fh.factor_batch = static_cast<uint32_t>(batch);
       for (size_t i : idx) {
         const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
         const int64_t r0 = c.tensor_offset / in, rows = (c.tensor_offset + c.count - 1) / in - r0 + 1;
         auto cols = std::make_shared<std::vector<float>>(static_cast<size_t>(batch * rows));
         for (int64_t b = 0; b < batch; ++b)
           std::memcpy(cols->data() + b * rows, delta + b * out + r0, static_cast<size_t>(rows) * sizeof(float));
-        const uint64_t bytes = cols->size() * sizeof(float);
-        fh.chunk_ids.push_back(h.chunk_ids[i]);
-        fh.versions.push_back(h.versions[i]);
-        fh.elem_counts.push_back(h.elem_counts[i]);
-        fh.byte_lengths.push_back(bytes);
-        if (checksums) fh.checksums.push_back(Crc32c(cols->data(), bytes));
-        fh.encodings.push_back(Encoding::kFactors);
-        f.payload.push_back(Frame::Borrow(cols->data(), bytes, cols));
+        const size_t bytes = cols->size() * sizeof(float);
+        if (checksums) crcs.push_back(Crc32c(cols->data(), bytes));
+        payload.push_back(Frame::Borrow(cols->data(), bytes, cols));
+        order.push_back(i);
       }
-      f.payload.push_back(Frame::Borrow(a, static_cast<size_t>(batch * in) * sizeof(float), op.payload[idx[0]].owner()));
-      result.push_back(std::move(f));
+      op.factor_groups.push_back(Op::FactorGroup{
+          order.size(), static_cast<uint32_t>(batch),
+          Frame::Borrow(a, static_cast<size_t>(batch * in) * sizeof(float), op.payload[idx[0]].owner())});
     }
-    if (dense.size() == h.chunk_ids.size()) {
-      result.push_back(std::move(op));
-      continue;
+    for (size_t i : dense) {
+      payload.push_back(std::move(op.payload[i]));
+      if (checksums) crcs.push_back(h.checksums[i]);
+      order.push_back(i);
     }
-    if (dense.empty()) continue;
-    Op d;
-    d.request = op.request;
-    d.id = op.id;
-    d.header = h;
-    d.header.chunk_ids = Pick(h.chunk_ids, dense);
-    d.header.versions = Pick(h.versions, dense);
-    d.header.elem_counts = Pick(h.elem_counts, dense);
-    d.header.byte_lengths = Pick(h.byte_lengths, dense);
-    d.header.checksums = Pick(h.checksums, dense);
-    for (size_t i : dense) d.payload.push_back(std::move(op.payload[i]));
-    result.push_back(std::move(d));
+    h.chunk_ids = Pick(h.chunk_ids, order);
+    h.versions = Pick(h.versions, order);
+    h.elem_counts = Pick(h.elem_counts, order);
+    h.checksums = std::move(crcs);
+    h.byte_lengths.clear();
+    for (const Frame& f : payload) h.byte_lengths.push_back(f.size());
+    op.payload = std::move(payload);
   }
-  *ops = std::move(result);
   return Status::Ok();
 }
 
@@ -427,16 +422,24 @@ class PsClient::Impl::LinkRunner {
   Status Split(Active& a) {
     const MessageHeader& base = a.op.header;
     const size_t n = base.chunk_ids.size();
-    // Sufficient factors travel as one message: its chunks share the activations frame.
-    const bool factors = !base.encodings.empty();
-    const size_t per = o_.max_chunks_per_message > 0 && !factors ? static_cast<size_t>(o_.max_chunks_per_message)
-                                                                 : std::max<size_t>(n, 1);
-    const size_t parts = std::max<size_t>(1, (n + per - 1) / per);
+    const size_t per = o_.max_chunks_per_message > 0 ? static_cast<size_t>(o_.max_chunks_per_message)
+                                                     : std::max<size_t>(n, 1);
+    // Chunk ranges [b, e) per message: each group of sufficient factors whole (its chunks share
+    // the activations frame), then the rest `per` at a time.
+    std::vector<std::pair<size_t, size_t>> ranges;
+    size_t start = 0;
+    for (const Op::FactorGroup& g : a.op.factor_groups) {
+      ranges.emplace_back(start, g.end);
+      start = g.end;
+    }
+    for (size_t b = start; b < n; b += per) ranges.emplace_back(b, std::min(n, b + per));
+    if (ranges.empty()) ranges.emplace_back(0, 0);
+    const size_t parts = ranges.size();
     if (parts >= kSubMask) return InvalidArgument("ps client: {} sub-messages is too many", parts);
     const ParamLayout& layout = impl_.owner->layout_;
     a.parts.resize(parts);
     for (size_t k = 0; k < parts; ++k) {
-      const size_t b = k * per, e = std::min(n, b + per);
+      const auto [b, e] = ranges[k];
       Part& p = a.parts[k];
       MessageHeader& h = p.header;
       h = base;
@@ -446,17 +449,21 @@ class PsClient::Impl::LinkRunner {
       h.elem_counts = Slice(base.elem_counts, b, e);
       h.byte_lengths = Slice(base.byte_lengths, b, e);
       h.checksums = Slice(base.checksums, b, e);
-      if (factors) {  // one part: the δ frames and the activations frame as they are
-        p.payload = std::move(a.op.payload);
-        for (const Frame& f : p.payload) p.bytes += f.size();
-        continue;
-      }
       if (!a.op.payload.empty()) {
         for (size_t i = b; i < e; ++i) p.payload.push_back(std::move(a.op.payload[i]));
+      }
+      if (k < a.op.factor_groups.size()) {
+        Op::FactorGroup& g = a.op.factor_groups[k];
+        h.encodings.assign(e - b, Encoding::kFactors);
+        h.factor_batch = g.batch;
+        p.payload.push_back(std::move(g.activations));
+        for (const Frame& f : p.payload) p.bytes += f.size();
+        continue;
       }
       for (uint32_t c : h.chunk_ids) p.bytes += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(c)).count) * sizeof(float);
     }
     a.op.payload.clear();
+    a.op.factor_groups.clear();
     a.open = parts;
     return Status::Ok();
   }
@@ -963,7 +970,7 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     ops.push_back(std::move(op));
   }
   if (type == MsgType::kPush && !factors.empty()) {
-    const Status s = SplitOutFactorOps(layout_, in, factors, options_.checksums, &ops);
+    const Status s = ArrangeFactorOps(layout_, in, factors, options_.checksums, &ops);
     if (!s.ok()) {
       req->status = s;
       return id;
@@ -978,6 +985,26 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     impl_->Enqueue(*impl_->links[static_cast<size_t>(s)], std::move(op));
   }
   return id;
+}
+
+uint64_t FactorPushPayloadBytes(const ParamLayout& layout, std::span<const FactorTensor> factors) {
+  std::vector<int64_t> batch_of(layout.tensors().size(), 0);
+  for (const FactorTensor& f : factors) batch_of.at(static_cast<size_t>(f.tensor)) = f.batch;
+  std::set<std::pair<int32_t, int32_t>> activations;  // (tensor, server)
+  uint64_t bytes = 0;
+  for (const Chunk& c : layout.chunks()) {
+    const int64_t b = batch_of[static_cast<size_t>(c.tensor)];
+    if (b == 0) {
+      bytes += static_cast<uint64_t>(c.count) * sizeof(float);
+      continue;
+    }
+    const TensorSpec& t = layout.tensors()[static_cast<size_t>(c.tensor)];
+    const int64_t in = t.numel() / t.shape[0];
+    const int64_t rows = (c.tensor_offset + c.count - 1) / in - c.tensor_offset / in + 1;
+    bytes += static_cast<uint64_t>(b * rows) * sizeof(float);
+    if (activations.insert({c.tensor, c.server}).second) bytes += static_cast<uint64_t>(b * in) * sizeof(float);
+  }
+  return bytes;
 }
 
 RequestId PsClient::Pull(std::span<float> flat_weights_out, int64_t clock) {

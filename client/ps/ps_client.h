@@ -140,6 +140,13 @@ struct PsClientOptions {
   std::function<void(int server, MsgType type, size_t chunks, double seconds)> on_part_reply;
 };
 
+// Payload bytes of a push of every chunk of `layout` (frames only; headers are a few hundred
+// bytes each) when `factors` hold sufficient factors: per chunk of a factored tensor, batch ×
+// the rows it touches × 4; per (factored tensor, server holding some of it) the activations,
+// batch × in × 4; every other chunk count × 4. With no factors: total_elems × 4. The scaling
+// model and the byte tests count with it (docs/factors.md).
+uint64_t FactorPushPayloadBytes(const ParamLayout& layout, std::span<const FactorTensor> factors);
+
 class PsClient {
  public:
   // Starts one I/O thread per server and connects its endpoint. Fails if the address count
