@@ -786,5 +786,44 @@ TEST(FactorBytes, PayloadBytesCountDeltaRowsPerChunkAndTheActivationsOncePerServ
   EXPECT_EQ(FactorPushPayloadBytes(layout, {}), 36u * 4);
 }
 
+// The server's cost of forming δᵀ·a for fc6 (4096×9216) at batch 128 in chunks of the default
+// 1 Mi floats: 4.8 GFLOP. A measurement, not a check (run with --gtest_also_run_disabled_tests).
+TEST(FactorBytes, DISABLED_ServerGemmTimeForFc6AtBatch128) {
+  constexpr int64_t kOut = 4096, kIn = 9216, kBatch = 128;
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"fc6.weight", {kOut, kIn}, 1, 1}}, 1, int64_t{1} << 20, &layout).ok());
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> a(static_cast<size_t>(kBatch * kIn));
+  for (float& x : a) x = d(rng);
+  std::vector<std::vector<float>> deltas;
+  MessageHeader base;
+  base.type = MsgType::kPush;
+  base.factor_batch = kBatch;
+  for (const Chunk& c : layout.chunks()) {
+    const int64_t rows = (c.tensor_offset + c.count - 1) / kIn - c.tensor_offset / kIn + 1;
+    deltas.emplace_back(static_cast<size_t>(kBatch * rows));
+    for (float& x : deltas.back()) x = d(rng);
+    base.chunk_ids.push_back(static_cast<uint32_t>(c.id));
+    base.versions.push_back(0);
+    base.elem_counts.push_back(static_cast<uint64_t>(c.count));
+    base.byte_lengths.push_back(deltas.back().size() * 4);
+    base.encodings.push_back(Encoding::kFactors);
+  }
+  for (int rep = 0; rep < 3; ++rep) {
+    MessageHeader h = base;
+    Frames frames(1);
+    for (const auto& x : deltas) frames.push_back(Frame::Borrow(x.data(), x.size() * 4, nullptr));
+    frames.push_back(Frame::Borrow(a.data(), a.size() * 4, nullptr));
+    RejectReason reason = RejectReason::kCount;
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status s = ExpandFactorPush(layout, &h, &frames, &reason);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    std::printf("fc6 at batch 128, %zu chunks: expand (validate + sgemm) %.1f ms, %.1f GFLOP/s\n",
+                layout.chunks().size(), 1e3 * sec, 2.0 * kOut * kIn * kBatch / sec / 1e9);
+  }
+}
+
 }  // namespace
 }  // namespace downpour
