@@ -11,6 +11,8 @@
 //  * bad factor payloads (lengths, factorBatch 0 or huge, two tensors, no activations frame,
 //    NaN, a tensor that is not a matrix, an init push) are refused and counted, weights byte for
 //    byte unchanged;
+//  * a factor push whose ack died is resent (same bytes) to the server recovered from its
+//    write-ahead log, recognised and applied once;
 //  * bytes: AlexNet's push bytes per worker step at batch 128 with 2 servers, with and without
 //    factors (the activations counted once per server holding the tensor).
 #include <gtest/gtest.h>
@@ -18,7 +20,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <thread>
+
+#include <unistd.h>
 
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
@@ -738,6 +744,110 @@ TEST_F(BadFactors, AnInitPushCannotCarryFactors) {
   h.versions.clear();
   Send(h, ToFrames(f));
   ExpectRefused(RejectReason::kDType, "init");
+}
+
+// A server endpoint as one server process sees it: replies carry its incarnation; with drop_acks
+// set, acks are lost (the push was applied and logged, then the process "died").
+class StampingEndpoint : public ServerEndpoint {
+ public:
+  StampingEndpoint(std::unique_ptr<ServerEndpoint> inner, uint64_t incarnation)
+      : inner_(std::move(inner)), incarnation_(incarnation) {}
+  using ServerEndpoint::Receive;
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
+    return inner_->Receive(from, frames, timeout, info);
+  }
+  Status Send(const PeerId& to, Frames frames) override {
+    MessageHeader h;
+    DP_RETURN_IF_ERROR(ParseHeader(frames, &h));
+    if (h.type == MsgType::kAck && drop_acks.load()) {
+      dropped_acks.fetch_add(1);
+      return Status::Ok();
+    }
+    h.incarnation = incarnation_;
+    DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
+    return inner_->Send(to, std::move(frames));
+  }
+  std::string address() const override { return inner_->address(); }
+  std::atomic<bool> drop_acks{false};
+  std::atomic<int> dropped_acks{0};
+
+ private:
+  std::unique_ptr<ServerEndpoint> inner_;
+  uint64_t incarnation_;
+};
+
+TEST(FactorResend, AFactorPushWhoseAckDiedIsResentToTheRecoveredServerAndAppliedOnce) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"w", {6, 5}, 1.0f, 1.0f}, {"b", {6}, 2.0f, 0.0f}}, 1, 8, &layout).ok());
+  const std::string dir = ::testing::TempDir() + "/factors_resend_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ShardOptions o;
+  o.solver.base_lr = 0.5f;
+  o.solver.momentum = 0.9f;
+  o.solver.weight_decay = 0.01f;
+  o.wal_path = dir + "/server-0.wal";
+  o.wal_fsync_ms = 0ms;
+  InprocTransport transport;
+  auto serve = [&](std::unique_ptr<ShardServer>* shard, uint64_t incarnation) -> StampingEndpoint* {
+    std::unique_ptr<ServerEndpoint> ep;
+    EXPECT_TRUE(transport.Bind("r0", &ep).ok());
+    auto stamping = std::make_unique<StampingEndpoint>(std::move(ep), incarnation);
+    StampingEndpoint* raw = stamping.get();
+    (*shard)->Start(std::move(stamping));
+    return raw;
+  };
+  std::unique_ptr<ShardServer> shard;
+  ASSERT_TRUE(ShardServer::Create(layout, o, &shard).ok());
+  StampingEndpoint* ep = serve(&shard, 1007);
+  PsClientOptions co;
+  co.server_addresses = {"r0"};
+  co.reply_timeout = 5000ms;
+  co.server_wait = 5000ms;
+  co.probe_every = 50ms;
+  std::unique_ptr<PsClient> client;
+  ASSERT_TRUE(PsClient::Create(&transport, layout, co, &client).ok());
+  ASSERT_TRUE(client->Connect(5000ms).ok());
+  std::vector<float> w0(static_cast<size_t>(layout.total_elems()));
+  for (size_t i = 0; i < w0.size(); ++i) w0[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  ASSERT_TRUE(client->Wait(client->PushInit(w0), 5000ms).ok());
+  // [δ (2×6) | a (2×5)] in w's span, b dense.
+  std::vector<float> g(w0.size());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.1f * static_cast<float>((i * 5) % 11) - 0.4f;
+  const std::vector<FactorTensor> f = {{0, 2}};
+  const uint64_t applied = shard->Stats().pushes_applied;
+  ep->drop_acks.store(true);
+  const RequestId id = client->PushTensors(g, 0, 2, 0, f);
+  // Two messages: w's four chunks as one factor group, then b's chunk dense.
+  for (int i = 0; i < 2000 && shard->Stats().pushes_applied < applied + 2; ++i) std::this_thread::sleep_for(2ms);
+  ASSERT_EQ(shard->Stats().pushes_applied, applied + 2);
+  ASSERT_EQ(ep->dropped_acks.load(), 2);
+  EXPECT_EQ(client->Wait(id, 100ms).code(), StatusCode::kTimeout);
+  shard->Stop();
+  ASSERT_TRUE(shard->Join().ok());
+  std::vector<float> first(w0.size());
+  for (const Chunk& c : layout.chunks()) {
+    const auto cw = shard->ChunkWeights(c.id);
+    std::copy(cw.begin(), cw.end(), first.begin() + c.flat_offset);
+  }
+  shard.reset();
+  ASSERT_TRUE(ShardServer::Create(layout, o, &shard).ok());  // a new process, recovered from its log
+  RecoverReport report;
+  ASSERT_TRUE(shard->Recover(&report).ok());
+  serve(&shard, 2007);
+  ASSERT_TRUE(client->Wait(id, 5000ms).ok());  // probed, registered again, resent
+  EXPECT_EQ(client->resent_parts(0), 2u);
+  const ShardStatsWire st = shard->Stats();
+  EXPECT_EQ(st.duplicates, 2u) << "the resent pushes were not recognised";
+  EXPECT_EQ(st.pushes_applied, 0u) << "applied twice";
+  std::vector<float> now(w0.size());
+  ASSERT_TRUE(client->Wait(client->Pull(now), 5000ms).ok());
+  EXPECT_EQ(std::memcmp(now.data(), first.data(), now.size() * 4), 0);
+  EXPECT_NE(now, w0);
+  client.reset();
+  shard->Stop();
+  EXPECT_TRUE(shard->Join().ok());
+  std::filesystem::remove_all(dir);
 }
 
 // ---------------------------------------------------------------------------------------------
