@@ -253,9 +253,14 @@ void Net::BackwardLayer(int li) {
   const bool any_down = std::any_of(propagate_down_[li].begin(), propagate_down_[li].end(),
                                     [](bool b) { return b; });
   if (!any_down && pis.empty()) return;
+  // A factored weight whose factors pay at this batch: the layer need not compute dW.
+  const bool factors = !pis.empty() && FactorsPay(li, pis[0]);
+  if (!factor_layer_.empty() && !pis.empty()) factored_now_[static_cast<size_t>(pis[0])] = factors;
+  layers_[li]->set_skip_weight_grad(factors);
   layers_[li]->Backward(tops_[li], propagate_down_[li], bottoms_[li]);
   for (auto it = pis.rbegin(); it != pis.rend(); ++it) {
-    if (WriteFactors(li, *it)) {
+    if (grad_is_factored(*it)) {
+      WriteFactors(li, *it);
       if (grad_ready_) grad_ready_(*it);
       continue;  // no dW download: the factors are the tensor's gradient this step
     }
@@ -297,11 +302,19 @@ Status Net::SetFactoredParams(const std::vector<int>& tensors) {
   return Status::Ok();
 }
 
-// After layer li's backward: if tensor t is a factored weight and factoring pays at this batch,
-// write [δ (B×out) | a (B×in)] at the start of its host gradient span. Backend ReadBlob /
-// ReadBlobGrad give canonical dense layouts on every backend (and wait for the layer on a GPU).
-bool Net::WriteFactors(int li, int t) {
+// Whether tensor t is layer li's factored weight and its factors are fewer floats than dW at
+// the current batch (B×(out+in) < out×in; they then also fit in its gradient span).
+bool Net::FactorsPay(int li, int t) const {
   if (factor_layer_.empty() || factor_layer_[static_cast<size_t>(t)] != li) return false;
+  const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
+  const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
+  return int64_t{bottoms_[li][0]->shape[0]} * (out + in) < numel;
+}
+
+// After layer li's backward, for its factored weight t: [δ (B×out) | a (B×in)] at the start of
+// t's host gradient span. Backend ReadBlob / ReadBlobGrad give canonical dense layouts on every
+// backend (and wait for the layer on a GPU).
+void Net::WriteFactors(int li, int t) {
   const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
   const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
   const Blob& top = *tops_[li][0];
@@ -309,14 +322,9 @@ bool Net::WriteFactors(int li, int t) {
   const int64_t b = bottom.shape[0];
   DP_CHECK_EQ(top.count(), b * out);
   DP_CHECK_EQ(bottom.count(), b * in);
-  const bool pays = b * (out + in) < numel;
-  factored_now_[static_cast<size_t>(t)] = pays;
-  if (!pays) return false;
   float* span = host_grads_ + param_offsets_[t];
-  // On a host backend `span` is also the layer's dW buffer: the layer is done with it.
   backend_->ReadBlobGrad(top, span);           // δ: B×out
   backend_->ReadBlob(bottom, span + b * out);  // a: B×in
-  return true;
 }
 
 void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history) {

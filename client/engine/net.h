@@ -130,8 +130,9 @@ class Net {
   // instead of dW at the START of grad(t): δ (B×out, the layer's top gradient, carrying the
   // loss's 1/B) then a (B×in, the layer's input flattened, after dropout), so that
   // dW = δᵀ·a. That happens only in a step where B×(out+in) < out×in (it fits in the span and
-  // is fewer floats); otherwise grad(t) holds dW as usual. grad_is_factored(t) says which,
-  // inside the grad-ready callback and after ForwardBackward. An empty list turns it off.
+  // is fewer floats; the layer then skips computing dW); otherwise grad(t) holds dW as usual.
+  // grad_is_factored(t) says which, inside the grad-ready callback and after ForwardBackward.
+  // An empty list turns it off.
   Status SetFactoredParams(const std::vector<int>& tensors);
   bool grad_is_factored(int tensor) const {
     return !factored_now_.empty() && factored_now_[static_cast<size_t>(tensor)];
@@ -176,7 +177,8 @@ class Net {
   void SetInputs(const float* images, const int* labels);
   void RunForward(Phase phase);
   float ReadScalar(const Blob& blob);
-  bool WriteFactors(int layer, int tensor);
+  bool FactorsPay(int layer, int tensor) const;
+  void WriteFactors(int layer, int tensor);
   void AccuracyFromScores(const int* labels, int k, float* top1, float* topk);
 
   NetSpec spec_;

@@ -1,7 +1,7 @@
 // factors_test.cc — sufficient-factor pushes (docs/factors.md) end to end:
 //  * engine: a factored inner-product weight's gradient span holds [δ | a] with δᵀ·a equal to the
-//    dW the layer computes (oneDNN and reference backends, dropout feeding the layer); only
-//    inner-product weights can be factored;
+//    dW the layer computes unfactored (oneDNN and reference backends, dropout feeding the layer),
+//    and the layer skips dW; only inner-product weights can be factored;
 //  * a whole training run (Trainer → PsChannel → PsClient → two in-process ShardServers,
 //    momentum and weight decay on, dropout active, several batches) with compression.factors on
 //    ends at the weights of the same run with it off, within 1e-5 relative (bit-identical on
@@ -186,6 +186,9 @@ TEST_P(EngineFactors, FactoredSpanHoldsDeltaAndInputWhoseProductIsTheLayersDW) {
   for (int step = 1; step <= 3; ++step) {  // several batches, dropout masks differ per step
     SCOPED_TRACE(fmt::format("step {}", step));
     ready.clear();
+    // A sentinel in every gradient: the tail of a factored span beyond [δ | a] must keep it,
+    // since the layer skips computing dW for a factored weight.
+    std::fill(factored->grads().begin(), factored->grads().end(), 12345.0f);
     const Batch b = MakeBatch(dense->spec(), kB, 4, step);
     const float ld = dense->ForwardBackward(b.images.data(), b.labels.data());
     const float lf = factored->ForwardBackward(b.images.data(), b.labels.data());
@@ -196,6 +199,9 @@ TEST_P(EngineFactors, FactoredSpanHoldsDeltaAndInputWhoseProductIsTheLayersDW) {
       ASSERT_TRUE(factored->InnerProductDims(t, &out, &in));
       const std::vector<float> g = DenseFromSpan(factored->grad(t), kB, out, in);
       EXPECT_LE(RelDiff(g, dense->grad(t)), 1e-5) << factored->param_specs()[static_cast<size_t>(t)].name;
+      const auto tail = factored->grad(t).subspan(static_cast<size_t>(kB * (out + in)));
+      EXPECT_TRUE(std::all_of(tail.begin(), tail.end(), [](float x) { return x == 12345.0f; }))
+          << "dW was computed for " << factored->param_specs()[static_cast<size_t>(t)].name;
     }
     for (int t : {1, 3, 4, 5})  // biases and the dense fc3 weight are the usual gradients
       EXPECT_EQ(RelDiff(factored->grad(t), dense->grad(t)), 0.0) << "tensor " << t;
