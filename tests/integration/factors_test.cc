@@ -7,7 +7,8 @@
 //    ends at the weights of the same run with it off, within 1e-5 relative (bit-identical on
 //    oneDNN here, <= 3e-7 on the reference backend, which sums dW in double); a too-small fc layer
 //    goes dense, logged once; on a small net and on fmnist_small;
-//  * client + server on chunks that cut rows (partial first and last rows, both servers);
+//  * client + server on chunks that cut rows (partial first and last rows, both servers); with
+//    shared memory on, factor groups go over the socket and the dense chunks through the region;
 //  * bad factor payloads (lengths, factorBatch 0 or huge, two tensors, no activations frame,
 //    NaN, a tensor that is not a matrix, an init push) are refused and counted, weights byte for
 //    byte unchanged;
@@ -435,6 +436,7 @@ class FactorShard : public ::testing::Test {
       o.solver.base_lr = 0.5f;
       o.solver.momentum = 0.9f;
       o.solver.weight_decay = 0.01f;
+      o.max_workers = 2;  // worker 1: the shared-memory client
       std::unique_ptr<ShardServer> shard;
       ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
       std::unique_ptr<ServerEndpoint> ep;
@@ -453,12 +455,13 @@ class FactorShard : public ::testing::Test {
     for (auto& s : shards_) s->Stop();
     for (auto& s : shards_) EXPECT_TRUE(s->Join().ok());
   }
-  std::unique_ptr<PsClient> Client(int worker) {
+  std::unique_ptr<PsClient> Client(int worker, bool shared_memory = false) {
     PsClientOptions o;
     o.server_addresses = addresses_;
     o.worker_id = worker;
     o.reply_timeout = 10000ms;
     o.checksums = true;
+    o.shared_memory = shared_memory;
     std::unique_ptr<PsClient> c;
     EXPECT_TRUE(PsClient::Create(&transport_, layout_, o, &c).ok());
     EXPECT_TRUE(c->Connect(5000ms).ok());
@@ -536,6 +539,23 @@ TEST_F(FactorShard, ChunksCuttingRowsOnTwoServersApplyTheDenseUpdate) {
   dense_client.reset();
   for (auto& s : twin) s->Stop();
   for (auto& s : twin) EXPECT_TRUE(s->Join().ok());
+}
+
+TEST_F(FactorShard, WithSharedMemoryFactorGroupsTakeTheSocketAndDenseChunksTheRegion) {
+  std::unique_ptr<PsClient> shm = Client(1, /*shared_memory=*/true);
+  std::vector<float> g(static_cast<size_t>(layout_.total_elems()));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 17);
+  const std::vector<float> before = AllWeights();
+  const uint64_t region_before = shards_[0]->Stats().region_parts + shards_[1]->Stats().region_parts;
+  const std::vector<FactorTensor> f = {{0, kB}};
+  for (int step = 0; step < 3; ++step) {
+    const Status s = shm->Wait(shm->PushTensors(g, 0, 3, step, f), 5000ms);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  // The dense chunks ("b", "v") went through the region, three pushes each.
+  EXPECT_GE(shards_[0]->Stats().region_parts + shards_[1]->Stats().region_parts, region_before + 3);
+  EXPECT_EQ(shards_[0]->Stats().pushes_rejected + shards_[1]->Stats().pushes_rejected, 0u);
+  EXPECT_NE(AllWeights(), before);
 }
 
 TEST_F(FactorShard, ClientRefusesATensorThatCannotHoldFactors) {
