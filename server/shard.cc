@@ -13,6 +13,7 @@
 
 #include "common/grad_codec.h"
 #include "common/tensor_file.h"
+#include "server/factor_push.h"
 #include "server/update/lr_policy.h"
 #include "server/update/sgd.h"
 
@@ -259,6 +260,8 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
     case MsgType::kPush:
       s = CheckWorker(peer, info, h, &reason);
       if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
+      // Sufficient factors become dense chunks first: validation, log, policy and SGD see f32.
+      if (s.ok() && HasFactorChunks(h)) s = ExpandFactorPush(layout_, &h, &frames, &reason);
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
       break;
     case MsgType::kPull: {

@@ -87,6 +87,15 @@ class Layer {
   // Dropout-style layers draw a fresh mask per training step: the net calls this with the
   // step number before Forward so masks are a pure function of (seed, step, layer).
   virtual void SetStep(int64_t /*step*/) {}
+
+  // Sufficient factors (Net::SetFactoredParams): while set, an inner-product layer's Backward
+  // leaves its weight gradient (params[0].grad) unwritten — the net sends the layer's top
+  // gradient and input instead, and the server forms the product. Bias and bottom gradients
+  // are written as always. Other layers ignore it. Default off.
+  void set_skip_weight_grad(bool skip) { skip_weight_grad_ = skip; }
+
+ protected:
+  bool skip_weight_grad_ = false;
 };
 
 // A backend: a device, its memory, and a layer factory. Chosen explicitly by the net

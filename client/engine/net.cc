@@ -253,14 +253,78 @@ void Net::BackwardLayer(int li) {
   const bool any_down = std::any_of(propagate_down_[li].begin(), propagate_down_[li].end(),
                                     [](bool b) { return b; });
   if (!any_down && pis.empty()) return;
+  // A factored weight whose factors pay at this batch: the layer need not compute dW.
+  const bool factors = !pis.empty() && FactorsPay(li, pis[0]);
+  if (!factor_layer_.empty() && !pis.empty()) factored_now_[static_cast<size_t>(pis[0])] = factors;
+  layers_[li]->set_skip_weight_grad(factors);
   layers_[li]->Backward(tops_[li], propagate_down_[li], bottoms_[li]);
   for (auto it = pis.rbegin(); it != pis.rend(); ++it) {
+    if (grad_is_factored(*it)) {
+      WriteFactors(li, *it);
+      if (grad_ready_) grad_ready_(*it);
+      continue;  // no dW download: the factors are the tensor's gradient this step
+    }
     if (!backend_->memory_is_host()) {
       backend_->CopyToHost(device_grads_ + param_offsets_[*it], host_grads_ + param_offsets_[*it],
                            shapes_.params[*it].numel());
     }
     if (grad_ready_) grad_ready_(*it);
   }
+}
+
+bool Net::InnerProductDims(int tensor, int64_t* out, int64_t* in) const {
+  for (size_t li = 0; li < spec_.layers.size(); ++li) {
+    const auto& pis = shapes_.layer_params[li];
+    if (spec_.layers[li].type != LayerType::kInnerProduct || pis.empty() || pis[0] != tensor) continue;
+    const TensorSpec& w = shapes_.params[static_cast<size_t>(tensor)];
+    *out = w.shape.at(0);
+    *in = w.numel() / w.shape.at(0);
+    return true;
+  }
+  return false;
+}
+
+Status Net::SetFactoredParams(const std::vector<int>& tensors) {
+  std::vector<int> layer_of(shapes_.params.size(), -1);
+  for (int t : tensors) {
+    if (t < 0 || t >= static_cast<int>(shapes_.params.size()))
+      return InvalidArgument("net '{}': factored tensor index {} is outside [0, {})", spec_.name, t,
+                             shapes_.params.size());
+    int64_t out = 0, in = 0;
+    if (!InnerProductDims(t, &out, &in))
+      return InvalidArgument("net '{}': tensor '{}' cannot carry sufficient factors: only inner-product "
+                             "weights can", spec_.name, shapes_.params[static_cast<size_t>(t)].name);
+    for (size_t li = 0; li < spec_.layers.size(); ++li)
+      if (!shapes_.layer_params[li].empty() && shapes_.layer_params[li][0] == t) layer_of[t] = static_cast<int>(li);
+  }
+  factor_layer_ = tensors.empty() ? std::vector<int>{} : std::move(layer_of);
+  factored_now_.assign(factor_layer_.empty() ? 0 : shapes_.params.size(), false);
+  return Status::Ok();
+}
+
+// Whether tensor t is layer li's factored weight and its factors are fewer floats than dW at
+// the current batch (B×(out+in) < out×in; they then also fit in its gradient span).
+bool Net::FactorsPay(int li, int t) const {
+  if (factor_layer_.empty() || factor_layer_[static_cast<size_t>(t)] != li) return false;
+  const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
+  const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
+  return int64_t{bottoms_[li][0]->shape[0]} * (out + in) < numel;
+}
+
+// After layer li's backward, for its factored weight t: [δ (B×out) | a (B×in)] at the start of
+// t's host gradient span. Backend ReadBlob / ReadBlobGrad give canonical dense layouts on every
+// backend (and wait for the layer on a GPU).
+void Net::WriteFactors(int li, int t) {
+  const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
+  const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
+  const Blob& top = *tops_[li][0];
+  const Blob& bottom = *bottoms_[li][0];
+  const int64_t b = bottom.shape[0];
+  DP_CHECK_EQ(top.count(), b * out);
+  DP_CHECK_EQ(bottom.count(), b * in);
+  float* span = host_grads_ + param_offsets_[t];
+  backend_->ReadBlobGrad(top, span);           // δ: B×out
+  backend_->ReadBlob(bottom, span + b * out);  // a: B×in
 }
 
 void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history) {

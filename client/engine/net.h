@@ -125,6 +125,22 @@ class Net {
     grad_ready_ = std::move(callback);
   }
 
+  // Sufficient factors (docs/factors.md). For each tensor listed (an inner-product weight,
+  // out×in; anything else is an InvalidArgument naming it), backward writes its factors
+  // instead of dW at the START of grad(t): δ (B×out, the layer's top gradient, carrying the
+  // loss's 1/B) then a (B×in, the layer's input flattened, after dropout), so that
+  // dW = δᵀ·a. That happens only in a step where B×(out+in) < out×in (it fits in the span and
+  // is fewer floats; the layer then skips computing dW); otherwise grad(t) holds dW as usual.
+  // grad_is_factored(t) says which, inside the grad-ready callback and after ForwardBackward.
+  // An empty list turns it off.
+  Status SetFactoredParams(const std::vector<int>& tensors);
+  bool grad_is_factored(int tensor) const {
+    return !factored_now_.empty() && factored_now_[static_cast<size_t>(tensor)];
+  }
+  // out (rows of δ) and in (columns of a) of an inner-product weight tensor; false for any
+  // other tensor.
+  bool InnerProductDims(int tensor, int64_t* out, int64_t* in) const;
+
   // Called during forward (both phases) with layer index i before layer i runs; the layer's
   // parameters (layer_param_tensors(i)) are read only after it returns. Empty = none.
   void SetBeforeLayerCallback(std::function<void(int layer)> callback) { before_layer_ = std::move(callback); }
@@ -161,6 +177,8 @@ class Net {
   void SetInputs(const float* images, const int* labels);
   void RunForward(Phase phase);
   float ReadScalar(const Blob& blob);
+  bool FactorsPay(int layer, int tensor) const;
+  void WriteFactors(int layer, int tensor);
   void AccuracyFromScores(const int* labels, int k, float* top1, float* topk);
 
   NetSpec spec_;
@@ -171,6 +189,10 @@ class Net {
   int64_t step_ = 0;
   uint64_t seed_ = 0;
 
+  // Sufficient factors: per tensor, the inner-product layer whose weight is factored (-1 =
+  // dense), and whether this step's grad(t) holds factors.
+  std::vector<int> factor_layer_;
+  std::vector<bool> factored_now_;
   std::vector<int64_t> param_offsets_;
   int64_t num_params_ = 0;
   float* device_params_ = nullptr;  // backend memory (== host_* on host backends)

@@ -454,12 +454,16 @@ class DnnInnerProduct : public DnnLayer {
                 const std::vector<Blob*>& bottom) override {
     float* src = src_reorder_.needed ? src_buf_.data() : bottom[0]->data;
     memory diff_dst = Mem(dst_md_, top[0]->grad);
-    std::unordered_map<int, memory> wargs{{DNNL_ARG_SRC, Mem(src_md_, src)},
-                                          {DNNL_ARG_DIFF_DST, diff_dst},
-                                          {DNNL_ARG_DIFF_WEIGHTS, Mem(w_md_, params_[0].grad)}};
-    if (has_bias_)
-      wargs.emplace(DNNL_ARG_DIFF_BIAS, Mem(memory::desc({spec_.num_output}, dt::f32, tag::a), params_[1].grad));
-    bwd_w_.execute(c_.stream, wargs);
+    if (skip_weight_grad_) {
+      if (has_bias_) BiasGradient(top[0]->grad, bottom[0]->shape[0], params_[1].grad);
+    } else {
+      std::unordered_map<int, memory> wargs{{DNNL_ARG_SRC, Mem(src_md_, src)},
+                                            {DNNL_ARG_DIFF_DST, diff_dst},
+                                            {DNNL_ARG_DIFF_WEIGHTS, Mem(w_md_, params_[0].grad)}};
+      if (has_bias_)
+        wargs.emplace(DNNL_ARG_DIFF_BIAS, Mem(memory::desc({spec_.num_output}, dt::f32, tag::a), params_[1].grad));
+      bwd_w_.execute(c_.stream, wargs);
+    }
     if (down[0]) {
       float* dsrc = diff_src_reorder_.needed ? diff_src_buf_.data() : bottom[0]->grad;
       bwd_data_.execute(c_.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
@@ -471,6 +475,14 @@ class DnnInnerProduct : public DnnLayer {
   }
 
  private:
+  // db (O) = column sums of dy (N×O, plain): the bias gradient without the weight gradient.
+  void BiasGradient(const float* dy, int n, float* db) const {
+    const int o = spec_.num_output;
+    for (int j = 0; j < o; ++j) db[j] = 0.0f;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < o; ++j) db[j] += dy[int64_t(i) * o + j];
+  }
+
   bool has_bias_ = false;
   memory::desc bottom_md_, src_md_, w_md_, dst_md_;
   Reorder src_reorder_, diff_src_reorder_;

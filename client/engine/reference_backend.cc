@@ -179,13 +179,13 @@ class RefInnerProduct : public RefLayer {
     const int k = static_cast<int>(bottom[0]->count() / n);
     auto x = Widen(bottom[0]->data, bottom[0]->count());
     auto dy = Widen(top[0]->grad, top[0]->count());
-    std::vector<double> dx(down[0] ? x.size() : 0), dw(params_[0].spec.numel()),
+    std::vector<double> dx(down[0] ? x.size() : 0), dw(skip_weight_grad_ ? 0 : params_[0].spec.numel()),
         db(params_.size() > 1 ? params_[1].spec.numel() : 0);
     ref::InnerProductBackward(n, k, spec_.num_output, x.data(), weight(), dy.data(),
-                              down[0] ? dx.data() : nullptr, dw.data(),
+                              down[0] ? dx.data() : nullptr, dw.empty() ? nullptr : dw.data(),
                               db.empty() ? nullptr : db.data());
     if (down[0]) Narrow(dx, bottom[0]->grad);
-    Narrow(dw, params_[0].grad);
+    if (!dw.empty()) Narrow(dw, params_[0].grad);
     if (!db.empty()) Narrow(db, params_[1].grad);
   }
 };

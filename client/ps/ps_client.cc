@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -48,13 +49,98 @@ void FinishOp(Request& r, const Status& s, MessageHeader* reply) {
   r.cv.notify_all();
 }
 
+template <typename T>
+std::vector<T> Pick(const std::vector<T>& v, const std::vector<size_t>& positions) {
+  std::vector<T> out;
+  if (v.empty()) return out;
+  for (size_t i : positions) out.push_back(v[i]);
+  return out;
+}
+
 struct Op {
   std::shared_ptr<Request> request;
   RequestId id = 0;
   MessageHeader header;
   Frames payload;
   std::span<float> pull_out;  // pull: the caller's flat buffer
+  // Push with sufficient factors (ArrangeFactorOps): the first chunks of `header` form groups,
+  // each sent as one message — chunks [previous group's end, end) of one tensor, their payload
+  // frames δ column blocks, then that group's activations frame.
+  struct FactorGroup {
+    size_t end = 0;
+    uint32_t batch = 0;
+    Frame activations;
+  };
+  std::vector<FactorGroup> factor_groups;
 };
+
+// Sufficient factors (ps_client.h PushChunks): reorders each per-server op so that the chunks of
+// each factored tensor come first, grouped by tensor (one message per group, Split), with each
+// chunk's frame replaced by its δ columns r0..r1 (batch × rows, gathered into an owned buffer);
+// the group's activations a (batch × in) are borrowed from `flat` under the dense frames'
+// keepalive. The other chunks follow, unchanged.
+Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, std::span<const FactorTensor> factors,
+                        bool checksums, std::vector<Op>* ops) {
+  std::vector<int> batch_of(layout.tensors().size(), 0);
+  for (const FactorTensor& f : factors) {
+    if (f.tensor < 0 || f.tensor >= static_cast<int>(layout.tensors().size()))
+      return InvalidArgument("ps client push: factored tensor index {} outside 0..{}", f.tensor,
+                             layout.tensors().size() - 1);
+    const TensorSpec& t = layout.tensors()[static_cast<size_t>(f.tensor)];
+    const int64_t out = t.shape.empty() ? 0 : t.shape[0], in = out > 0 ? t.numel() / out : 0;
+    if (t.shape.size() < 2 || f.batch < 1 || f.batch > 65536 || int64_t{f.batch} * (out + in) > t.numel())
+      return InvalidArgument("ps client push: tensor '{}' (rank {}, {} floats) cannot hold sufficient factors of "
+                             "batch {} (needs rank >= 2, batch 1..65536, batch × (out + in) <= out × in)",
+                             t.name, t.shape.size(), t.numel(), f.batch);
+    batch_of[static_cast<size_t>(f.tensor)] = f.batch;
+  }
+  for (Op& op : *ops) {
+    MessageHeader& h = op.header;
+    std::map<int32_t, std::vector<size_t>> by_tensor;  // factored tensor → positions in op
+    std::vector<size_t> dense;
+    for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
+      const int32_t t = layout.chunk(static_cast<int32_t>(h.chunk_ids[i])).tensor;
+      (batch_of[static_cast<size_t>(t)] > 0 ? by_tensor[t] : dense).push_back(i);
+    }
+    if (by_tensor.empty()) continue;
+    std::vector<size_t> order;
+    Frames payload;
+    std::vector<uint32_t> crcs;
+    for (const auto& [t, idx] : by_tensor) {
+      const TensorSpec& spec = layout.tensors()[static_cast<size_t>(t)];
+      const int64_t batch = batch_of[static_cast<size_t>(t)], out = spec.shape[0], in = spec.numel() / out;
+      const float* delta = flat.data() + layout.tensor_flat_offset(t);  // batch × out
+      const float* a = delta + batch * out;                              // batch × in
+      for (size_t i : idx) {
+        const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
+        const int64_t r0 = c.tensor_offset / in, rows = (c.tensor_offset + c.count - 1) / in - r0 + 1;
+        auto cols = std::make_shared<std::vector<float>>(static_cast<size_t>(batch * rows));
+        for (int64_t b = 0; b < batch; ++b)
+          std::memcpy(cols->data() + b * rows, delta + b * out + r0, static_cast<size_t>(rows) * sizeof(float));
+        const size_t bytes = cols->size() * sizeof(float);
+        if (checksums) crcs.push_back(Crc32c(cols->data(), bytes));
+        payload.push_back(Frame::Borrow(cols->data(), bytes, cols));
+        order.push_back(i);
+      }
+      op.factor_groups.push_back(Op::FactorGroup{
+          order.size(), static_cast<uint32_t>(batch),
+          Frame::Borrow(a, static_cast<size_t>(batch * in) * sizeof(float), op.payload[idx[0]].owner())});
+    }
+    for (size_t i : dense) {
+      payload.push_back(std::move(op.payload[i]));
+      if (checksums) crcs.push_back(h.checksums[i]);
+      order.push_back(i);
+    }
+    h.chunk_ids = Pick(h.chunk_ids, order);
+    h.versions = Pick(h.versions, order);
+    h.elem_counts = Pick(h.elem_counts, order);
+    h.checksums = std::move(crcs);
+    h.byte_lengths.clear();
+    for (const Frame& f : payload) h.byte_lengths.push_back(f.size());
+    op.payload = std::move(payload);
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -354,12 +440,22 @@ class PsClient::Impl::LinkRunner {
     const size_t n = base.chunk_ids.size();
     const size_t per = o_.max_chunks_per_message > 0 ? static_cast<size_t>(o_.max_chunks_per_message)
                                                      : std::max<size_t>(n, 1);
-    const size_t parts = std::max<size_t>(1, (n + per - 1) / per);
+    // Chunk ranges [b, e) per message: each group of sufficient factors whole (its chunks share
+    // the activations frame), then the rest `per` at a time.
+    std::vector<std::pair<size_t, size_t>> ranges;
+    size_t start = 0;
+    for (const Op::FactorGroup& g : a.op.factor_groups) {
+      ranges.emplace_back(start, g.end);
+      start = g.end;
+    }
+    for (size_t b = start; b < n; b += per) ranges.emplace_back(b, std::min(n, b + per));
+    if (ranges.empty()) ranges.emplace_back(0, 0);
+    const size_t parts = ranges.size();
     if (parts >= kSubMask) return InvalidArgument("ps client: {} sub-messages is too many", parts);
     const ParamLayout& layout = impl_.owner->layout_;
     a.parts.resize(parts);
     for (size_t k = 0; k < parts; ++k) {
-      const size_t b = k * per, e = std::min(n, b + per);
+      const auto [b, e] = ranges[k];
       Part& p = a.parts[k];
       MessageHeader& h = p.header;
       h = base;
@@ -372,12 +468,24 @@ class PsClient::Impl::LinkRunner {
       if (!a.op.payload.empty()) {
         for (size_t i = b; i < e; ++i) p.payload.push_back(std::move(a.op.payload[i]));
       }
+      if (k < a.op.factor_groups.size()) {
+        Op::FactorGroup& g = a.op.factor_groups[k];
+        h.encodings.assign(e - b, Encoding::kFactors);
+        h.factor_batch = g.batch;
+        h.dtype = DType::kF32;  // factors go as f32 whatever the push codec (docs/factors.md)
+        h.encoding = Encoding::kDense;
+        p.encoded = true;       // not for the lossy encoder: the frames are delta blocks + activations
+        p.payload.push_back(std::move(g.activations));
+        for (const Frame& f : p.payload) p.bytes += f.size();
+        continue;
+      }
       // f32 (a push before it is encoded) or the dtype a pull asks for.
       for (uint32_t c : h.chunk_ids) {
         p.bytes += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(c)).count) * DTypeSize(h.dtype);
       }
     }
     a.op.payload.clear();
+    a.op.factor_groups.clear();
     a.open = parts;
     return Status::Ok();
   }
@@ -476,6 +584,7 @@ class PsClient::Impl::LinkRunner {
     const MsgType t = p.header.type;
     if (!link_.region || (t != MsgType::kPush && t != MsgType::kPull)) return false;
     if (p.header.dtype != DType::kF32 || p.header.encoding != Encoding::kDense) return false;  // lossy: frames
+    if (!p.header.encodings.empty()) return false;  // sufficient factors: not the chunks' floats
     const auto& busy = t == MsgType::kPull ? link_.pull_busy : link_.push_busy;
     for (uint32_t c : p.header.chunk_ids) {
       if (busy[c]) {
@@ -856,7 +965,7 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
 
 RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const float> in,
                            std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                           uint32_t flags) {
+                           uint32_t flags, std::span<const FactorTensor> factors) {
   auto req = std::make_shared<Request>();
   RequestId id;
   {
@@ -941,6 +1050,13 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     }
     ops.push_back(std::move(op));
   }
+  if (type == MsgType::kPush && !factors.empty()) {
+    const Status s = ArrangeFactorOps(layout_, in, factors, options_.checksums, &ops);
+    if (!s.ok()) {
+      req->status = s;
+      return id;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(req->mu);
     req->pending_ops = static_cast<int>(ops.size());
@@ -952,6 +1068,26 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
   return id;
 }
 
+uint64_t FactorPushPayloadBytes(const ParamLayout& layout, std::span<const FactorTensor> factors) {
+  std::vector<int64_t> batch_of(layout.tensors().size(), 0);
+  for (const FactorTensor& f : factors) batch_of.at(static_cast<size_t>(f.tensor)) = f.batch;
+  std::set<std::pair<int32_t, int32_t>> activations;  // (tensor, server)
+  uint64_t bytes = 0;
+  for (const Chunk& c : layout.chunks()) {
+    const int64_t b = batch_of[static_cast<size_t>(c.tensor)];
+    if (b == 0) {
+      bytes += static_cast<uint64_t>(c.count) * sizeof(float);
+      continue;
+    }
+    const TensorSpec& t = layout.tensors()[static_cast<size_t>(c.tensor)];
+    const int64_t in = t.numel() / t.shape[0];
+    const int64_t rows = (c.tensor_offset + c.count - 1) / in - c.tensor_offset / in + 1;
+    bytes += static_cast<uint64_t>(b * rows) * sizeof(float);
+    if (activations.insert({c.tensor, c.server}).second) bytes += static_cast<uint64_t>(b * in) * sizeof(float);
+  }
+  return bytes;
+}
+
 RequestId PsClient::Pull(std::span<float> flat_weights_out, int64_t clock) {
   return Submit(MsgType::kPull, flat_weights_out, {}, {}, /*all_chunks=*/true, clock, 0);
 }
@@ -961,16 +1097,18 @@ RequestId PsClient::PullChunks(std::span<float> flat_weights_out, std::span<cons
 RequestId PsClient::Push(std::span<const float> flat_grads, int64_t clock) {
   return Submit(MsgType::kPush, {}, flat_grads, {}, /*all_chunks=*/true, clock, 0);
 }
-RequestId PsClient::PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock) {
-  return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0);
+RequestId PsClient::PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
+                               std::span<const FactorTensor> factors) {
+  return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0, factors);
 }
-RequestId PsClient::PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor, int64_t clock) {
+RequestId PsClient::PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor, int64_t clock,
+                                std::span<const FactorTensor> factors) {
   const int t = static_cast<int>(layout_.tensors().size());
   first_tensor = std::clamp(first_tensor, 0, t);
   end_tensor = std::clamp(end_tensor, first_tensor, t);
   const std::vector<int32_t> ids =
       layout_.ChunksInRange(layout_.tensor_flat_offset(first_tensor), layout_.tensor_flat_offset(end_tensor));
-  return Submit(MsgType::kPush, {}, flat_grads, ids, false, clock, 0);
+  return Submit(MsgType::kPush, {}, flat_grads, ids, false, clock, 0, factors);
 }
 RequestId PsClient::PushInit(std::span<const float> flat_weights) {
   return Submit(MsgType::kPush, {}, flat_weights, {}, /*all_chunks=*/true, 0, kFlagInit);

@@ -101,6 +101,15 @@ namespace downpour {
 
 using RequestId = uint64_t;
 
+// A tensor whose span of a push's flat gradient buffer holds sufficient factors instead of its
+// gradient (docs/factors.md): an inner-product weight W (out×in, in = product of the dims after
+// the first) whose floats at [tensor_flat_offset, …) are δ (batch×out) then a (batch×in), with
+// batch×(out+in) <= out×in (client/engine/net.h SetFactoredParams writes exactly this).
+struct FactorTensor {
+  int tensor = -1;  // index into layout.tensors()
+  int batch = 0;    // B, 1..65536
+};
+
 struct PsClientOptions {
   std::vector<std::string> server_addresses;  // index = server id; size = layout.servers()
   int32_t worker_id = 0;                      // id given at rendezvous (coordinator)
@@ -148,6 +157,13 @@ struct PsClientOptions {
   bool error_feedback = true;               // topk / onebit: keep and resend a per-chunk residual
 };
 
+// Payload bytes of a push of every chunk of `layout` (frames only; headers are a few hundred
+// bytes each) when `factors` hold sufficient factors: per chunk of a factored tensor, batch ×
+// the rows it touches × 4; per (factored tensor, server holding some of it) the activations,
+// batch × in × 4; every other chunk count × 4. With no factors: total_elems × 4. The scaling
+// model and the byte tests count with it (docs/factors.md).
+uint64_t FactorPushPayloadBytes(const ParamLayout& layout, std::span<const FactorTensor> factors);
+
 class PsClient {
  public:
   // Starts one I/O thread per server and connects its endpoint. Fails if the address count
@@ -173,10 +189,18 @@ class PsClient {
   // Pushes gradients of every chunk (or `chunk_ids`, or the tensors [first, end)) computed at
   // iteration `clock` from `flat_grads` (total_elems floats).
   RequestId Push(std::span<const float> flat_grads, int64_t clock);
+  //
+  // `factors`: tensors of this push whose span holds sufficient factors (FactorTensor). Each
+  // (factored tensor, server) goes as ONE message, never through shared memory: that server's
+  // chunks of the tensor, each with its δ column block gathered into a buffer the request owns
+  // (batch × the chunk's rows), then the activations a borrowed zero-copy from `flat_grads`.
+  // Resends after a server restart send the same bytes. A listed tensor that cannot hold
+  // factors (rank < 2, batch outside 1..65536, batch×(out+in) > out×in) fails the request
+  // (kInvalidArgument naming it) before anything is sent.
   RequestId PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids,
-                       int64_t clock);
+                       int64_t clock, std::span<const FactorTensor> factors = {});
   RequestId PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor,
-                        int64_t clock);
+                        int64_t clock, std::span<const FactorTensor> factors = {});
   // Initial weights (Caffe-like: worker 0 pushes its filler's weights once). Servers take them
   // for chunks that have none yet and ignore them otherwise (e.g. after a restore), so every
   // worker may push init; pulls wait until a chunk is initialised.
@@ -226,7 +250,7 @@ class PsClient {
   PsClient(const ParamLayout& layout, PsClientOptions options);
   RequestId Submit(MsgType type, std::span<float> out, std::span<const float> in,
                    std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                   uint32_t flags);
+                   uint32_t flags, std::span<const FactorTensor> factors = {});
 
   ParamLayout layout_;
   PsClientOptions options_;

@@ -53,6 +53,13 @@ struct PushInfo {
   bool staleness_known = false; // false when the replies carried no versions
 };
 
+// A tensor whose span of the pushed `grads` holds sufficient factors, not its gradient:
+// δ (batch×out) then a (batch×in) (docs/factors.md; client/engine/net.h SetFactoredParams).
+struct PushFactor {
+  int tensor = -1;  // index into the layout's tensors
+  int batch = 0;
+};
+
 class ParamChannel {
  public:
   virtual ~ParamChannel() = default;
@@ -70,6 +77,13 @@ class ParamChannel {
   virtual Status WaitPull(PullHandle handle, PullInfo* info) = 0;
   // Sends the gradients of `group`'s chunks, read from `grads` (flat), for `clock`.
   virtual Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) = 0;
+  // The tensors whose span of `grads` holds sufficient factors in the pushes started from now
+  // on, until the next call (empty = none). A channel that cannot send factors refuses a
+  // non-empty list (FailedPrecondition).
+  virtual Status SetPushFactors(std::span<const PushFactor> factors) {
+    if (factors.empty()) return Status::Ok();
+    return FailedPrecondition("this parameter channel cannot send sufficient factors (compression.factors)");
+  }
   // Waits until every started push is acknowledged; accumulates staleness into `info`.
   virtual Status WaitPushes(PushInfo* info) = 0;
   // The worker finished iteration `clock` (sync/ssp accounting, heartbeats).

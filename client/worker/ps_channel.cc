@@ -161,7 +161,14 @@ Status PsChannel::WaitPull(PullHandle handle, PullInfo* info) {
 
 Status PsChannel::StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) {
   const double t0 = SteadyS();
-  pending_pushes_.push_back(Track(client_->PushChunks(grads, group.chunk_ids, clock), group.server, true, {}, t0));
+  pending_pushes_.push_back(
+      Track(client_->PushChunks(grads, group.chunk_ids, clock, factors_), group.server, true, {}, t0));
+  return Status::Ok();
+}
+
+Status PsChannel::SetPushFactors(std::span<const PushFactor> factors) {
+  factors_.clear();
+  for (const PushFactor& f : factors) factors_.push_back(FactorTensor{f.tensor, f.batch});
   return Status::Ok();
 }
 

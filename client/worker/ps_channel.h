@@ -54,6 +54,7 @@ class PsChannel : public ParamChannel {
                    PullHandle* handle) override;
   Status WaitPull(PullHandle handle, PullInfo* info) override;
   Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) override;
+  Status SetPushFactors(std::span<const PushFactor> factors) override;
   Status WaitPushes(PushInfo* info) override;
   Status Clock(int64_t clock) override;
   Status Leave() override;
@@ -70,6 +71,7 @@ class PsChannel : public ParamChannel {
     bool done = false;
     Status status;                // the PsClient's answer, once done
   };
+  std::vector<FactorTensor> factors_;  // SetPushFactors: for the pushes started next
   // Registers a request just issued with the watcher; returns its handle.
   uint64_t Track(RequestId id, int server, bool push, std::vector<int32_t> chunks, double issued_s);
   // Blocks until request `handle` is done (up to wait_timeout_), then forgets it and records its

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "client/worker/factor_choice.h"
 #include "common/tensor_file.h"
 
 namespace downpour::worker {
@@ -130,6 +131,11 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
   DP_CHECK_EQ(layout_->tensors().size(), net_->param_specs().size());
   if (o_.worker.push_every > 1) accum_.assign(net_->params().size(), 0.0f);
   if (channel_ == nullptr) history_.assign(net_->params().size(), 0.0f);
+  const std::vector<int> factored = ChooseFactoredTensors(
+      *net_, FactorChoiceInput{o_.factors, o_.worker.push_every, o_.solver.clip_gradients, channel_ != nullptr,
+                               o_.worker_id});
+  DP_CHECK(net_->SetFactoredParams(factored).ok());  // inner-product weights by construction
+  factors_on_ = !factored.empty();
   net_->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
   overlap_ = o_.overlap_pull && channel_ != nullptr && o_.worker.pull_every == 1 && o_.worker.push_every == 1;
   if (overlap_) {
@@ -140,6 +146,7 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
 
 Trainer::~Trainer() {
   net_->SetGradReadyCallback({});
+  if (factors_on_) (void)net_->SetFactoredParams({});
   if (overlap_) net_->SetBeforeLayerCallback({});
 }
 
@@ -174,6 +181,7 @@ void Trainer::BuildOverlapMaps() {
 // that is now pushed and whose tensors are all final — after the push on the same links, so
 // each server serves it after applying this push.
 Status Trainer::PushGroupAndPull(const PushGroup& group, std::span<const float> source) {
+  if (factors_on_) DP_RETURN_IF_ERROR(channel_->SetPushFactors(step_factors_));
   DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, source));
   if (!pull_next_) return Status::Ok();
   return StartReadyPulls(group.chunk_ids);
@@ -264,6 +272,7 @@ void Trainer::OnGradReady(int tensor) {
     }
     tensor_final_[static_cast<size_t>(tensor)] = true;  // its layer's backward is complete
   }
+  if (net_->grad_is_factored(tensor)) step_factors_.push_back(PushFactor{tensor, net_->batch_size()});
   std::span<const float> source = net_->grads();
   if (!accum_.empty()) {
     const int64_t off = net_->param_offset(tensor);
@@ -314,6 +323,7 @@ void Trainer::ApplyLocalUpdate() {
 Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool last_step) {
   pushing_ = channel_ != nullptr && push_step;
   planner_.Reset();
+  step_factors_.clear();
   callback_status_ = Status::Ok();
   pull_next_ = overlap_ && pushing_ && !last_step;
   pulls_finished_ = false;

@@ -72,6 +72,9 @@ struct TrainerOptions {
   // layer (see above). Used only with a channel and pull_every = push_every = 1; the worker
   // sets it for async and ssp runs (off: downpour-worker --no-overlap). Default off.
   bool overlap_pull = false;
+  // compression.factors: push inner-product weights as sufficient factors where that is fewer
+  // floats (client/worker/factor_choice.h says when; docs/factors.md). Default off.
+  bool factors = false;
   // Sleep after every step (straggler emulation for consistency experiments and tests); the
   // sleep counts as step time, as a slow machine's would.
   std::chrono::milliseconds step_delay{0};
@@ -159,6 +162,8 @@ class Trainer {
   PushPlanner planner_;
 
   std::vector<float> accum_;     // sum of gradients since the last push (push_every > 1)
+  bool factors_on_ = false;                 // some tensor is factored (Net::SetFactoredParams)
+  std::vector<PushFactor> step_factors_;    // this step's tensors whose grad span holds factors
   std::vector<float> history_;   // momentum (reference run only)
   bool clipping() const { return o_.solver.clip_gradients > 0; }
   void ClipGradient(std::span<float> grad);

@@ -560,6 +560,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   to.solver = config.solver;
   // Sync servers hold a pull until the clock is complete, so sync keeps the blocking pull.
   to.overlap_pull = a.overlap && config.consistency.mode != ConsistencyMode::kSync;
+  to.factors = config.compression.factors;
   to.evaluate = evaluate;
   if (evaluate) to.model_out = (std::filesystem::path(a.run_dir) / "model_final.dpt").string();
   to.resume = resume;

@@ -490,9 +490,11 @@ class CudaInnerProduct : public CudaLayer {
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
                 const std::vector<Blob*>& bottom) override {
     Begin();
-    // dW (O×K row-major = K×O col-major) = xᵀ (K×N) · dy (N×O as the transpose of O×N).
-    DP_CUBLAS_THROW(cublasSgemm(ctx_->cublas(), CUBLAS_OP_N, CUBLAS_OP_T, k_, o_, n_, &kOne, bottom[0]->data,
-                                k_, top[0]->grad, o_, &kZero, params_[0].grad, k_));
+    // dW (O×K row-major = K×O col-major) = xᵀ (K×N) · dy (N×O as the transpose of O×N); not
+    // needed while the net sends sufficient factors for this layer.
+    if (!skip_weight_grad_)
+      DP_CUBLAS_THROW(cublasSgemm(ctx_->cublas(), CUBLAS_OP_N, CUBLAS_OP_T, k_, o_, n_, &kOne, bottom[0]->data,
+                                  k_, top[0]->grad, o_, &kZero, params_[0].grad, k_));
     if (bias_grad())  // db (O) = dyᵀ (O×N) · 1 (N)
       DP_CUBLAS_THROW(cublasSgemv(ctx_->cublas(), CUBLAS_OP_N, o_, n_, &kOne, top[0]->grad, o_, ctx_->ones(), 1,
                                   &kZero, bias_grad(), 1));

@@ -1,0 +1,149 @@
+// factor_push.cc — see factor_push.h.
+#include "server/factor_push.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "server/update/sgd.h"
+
+namespace downpour {
+namespace {
+
+// The rows of W (out×in) that a chunk [offset, +count) touches.
+struct RowSpan {
+  int64_t first = 0;
+  int64_t rows = 0;
+};
+RowSpan RowsOf(const Chunk& c, int64_t in) {
+  const int64_t r0 = c.tensor_offset / in, r1 = (c.tensor_offset + c.count - 1) / in;
+  return RowSpan{r0, r1 - r0 + 1};
+}
+
+// The chunk's dense gradient: the rows it touches of G = δᵀ (rows×B) · a (B×in) by one sgemm
+// (row-major), then the chunk's window [offset - r0·in, +count) of them moved to the front.
+std::shared_ptr<std::vector<float>> DenseFromFactors(const Chunk& c, int64_t in, int64_t batch,
+                                                     const float* delta, const float* a) {
+  const RowSpan r = RowsOf(c, in);
+  auto g = std::make_shared<std::vector<float>>(static_cast<size_t>(r.rows * in));
+  const dnnl_status_t st = dnnl_sgemm('T', 'N', r.rows, in, batch, 1.0f, delta, r.rows, a, in, 0.0f, g->data(), in);
+  DP_CHECK_EQ(static_cast<int>(st), static_cast<int>(dnnl_success));
+  const int64_t skip = c.tensor_offset - r.first * in;
+  if (skip > 0) std::memmove(g->data(), g->data() + skip, static_cast<size_t>(c.count) * sizeof(float));
+  g->resize(static_cast<size_t>(c.count));
+  return g;
+}
+
+Status Refuse(RejectReason why, RejectReason* reason, Status s) {
+  *reason = why;
+  return s;
+}
+
+}  // namespace
+
+bool HasFactorChunks(const MessageHeader& h) {
+  return std::find(h.encodings.begin(), h.encodings.end(), Encoding::kFactors) != h.encodings.end();
+}
+
+Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason) {
+  if (!HasFactorChunks(*h)) return Status::Ok();
+  const size_t n = h->chunk_ids.size();
+  if ((h->flags & kFlagInit) != 0 || h->dtype != DType::kF32)
+    return Refuse(RejectReason::kDType, reason,
+                  InvalidArgument("push: factor chunks need an f32 gradient push (dtype {}, init {})",
+                                  static_cast<int>(h->dtype), (h->flags & kFlagInit) != 0));
+  if (h->encodings.size() != n || h->elem_counts.size() != n || h->byte_lengths.size() != n ||
+      frames->size() != n + 2)
+    return Refuse(RejectReason::kFrameCount, reason,
+                  InvalidArgument("push with factor chunks: {} chunk ids need {} encodings, elemCounts and "
+                                  "byteLengths and {} payload frames (chunks + the activations); got {}, {}, {} "
+                                  "and {}", n, n, n + 1, h->encodings.size(), h->elem_counts.size(),
+                                  h->byte_lengths.size(), frames->size() - 1));
+  const uint32_t batch = h->factor_batch;
+  if (batch < 1 || batch > kMaxFactorBatch)
+    return Refuse(RejectReason::kElemCount, reason,
+                  InvalidArgument("push: factorBatch {} is outside 1..{}", batch, kMaxFactorBatch));
+  if (!h->checksums.empty()) {
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t crc = Crc32c((*frames)[i + 1].data(), (*frames)[i + 1].size());
+      if (crc != h->checksums[i])
+        return Refuse(RejectReason::kChecksum, reason,
+                      Corrupt("push: chunk {} CRC-32C {:#010x}, header says {:#010x}", h->chunk_ids[i], crc,
+                              h->checksums[i]));
+    }
+  }
+  // Every factor chunk: known, of one tensor, of the layout's size, with a frame of B×rows floats.
+  int32_t tensor = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (h->encodings[i] != Encoding::kFactors) continue;
+    const uint32_t id = h->chunk_ids[i];
+    if (id >= static_cast<uint32_t>(layout.num_chunks()))
+      return Refuse(RejectReason::kUnknownChunk, reason,
+                    InvalidArgument("push: factor chunk id {} is unknown (layout has {} chunks)", id,
+                                    layout.num_chunks()));
+    const Chunk& c = layout.chunk(static_cast<int32_t>(id));
+    const TensorSpec& t = layout.tensors()[static_cast<size_t>(c.tensor)];
+    if (tensor >= 0 && c.tensor != tensor)
+      return Refuse(RejectReason::kDType, reason,
+                    InvalidArgument("push: factor chunks of two tensors ('{}' and '{}') in one message",
+                                    layout.tensors()[static_cast<size_t>(tensor)].name, t.name));
+    tensor = c.tensor;
+    if (t.shape.size() < 2)
+      return Refuse(RejectReason::kDType, reason,
+                    InvalidArgument("push: chunk {} of tensor '{}' (rank {}) cannot carry factors: only an "
+                                    "inner-product weight (out × in) can", id, t.name, t.shape.size()));
+    if (h->elem_counts[i] != static_cast<uint64_t>(c.count))
+      return Refuse(RejectReason::kElemCount, reason,
+                    InvalidArgument("push: chunk {} has {} elements in the layout, header says {}", id, c.count,
+                                    h->elem_counts[i]));
+    const uint64_t bytes = static_cast<uint64_t>(batch) * RowsOf(c, t.numel() / t.shape[0]).rows * sizeof(float);
+    if (h->byte_lengths[i] != bytes || (*frames)[i + 1].size() != bytes)
+      return Refuse(RejectReason::kByteLength, reason,
+                    InvalidArgument("push: factor chunk {} of '{}' needs {} bytes of delta (factorBatch {} × {} "
+                                    "rows × 4); header says {}, frame has {}", id, t.name, bytes, batch,
+                                    bytes / batch / sizeof(float), h->byte_lengths[i], (*frames)[i + 1].size()));
+  }
+  const TensorSpec& t = layout.tensors()[static_cast<size_t>(tensor)];
+  const int64_t in = t.numel() / t.shape[0];
+  const Frame& a_frame = frames->back();
+  const uint64_t a_bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(in) * sizeof(float);
+  if (a_frame.size() != a_bytes)
+    return Refuse(RejectReason::kByteLength, reason,
+                  InvalidArgument("push: the activations frame of '{}' needs {} bytes (factorBatch {} × in {} × "
+                                  "4), frame has {}", t.name, a_bytes, batch, in, a_frame.size()));
+  std::vector<float> a_scratch;
+  const float* a = AlignedFloats(a_frame, &a_scratch);
+  if (!AllFinite(std::span<const float>(a, static_cast<size_t>(a_bytes / sizeof(float)))))
+    return Refuse(RejectReason::kNonFinite, reason,
+                  InvalidArgument("push: the activations of '{}' hold NaN or Inf", t.name));
+  std::vector<std::vector<float>> delta_scratch(n);
+  std::vector<const float*> deltas(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    if (h->encodings[i] != Encoding::kFactors) continue;
+    deltas[i] = AlignedFloats((*frames)[i + 1], &delta_scratch[i]);
+    if (!AllFinite(std::span<const float>(deltas[i], (*frames)[i + 1].size() / sizeof(float))))
+      return Refuse(RejectReason::kNonFinite, reason,
+                    InvalidArgument("push: factor chunk {} (tensor '{}') holds NaN or Inf", h->chunk_ids[i], t.name));
+  }
+  // Valid: rewrite into the dense push.
+  for (size_t i = 0; i < n; ++i) {
+    if (h->encodings[i] != Encoding::kFactors) continue;
+    const Chunk& c = layout.chunk(static_cast<int32_t>(h->chunk_ids[i]));
+    std::shared_ptr<std::vector<float>> g = DenseFromFactors(c, in, batch, deltas[i], a);
+    (*frames)[i + 1] = Frame::Borrow(g->data(), g->size() * sizeof(float), g);
+    h->byte_lengths[i] = static_cast<uint64_t>(c.count) * sizeof(float);
+    h->encodings[i] = Encoding::kDense;
+  }
+  frames->pop_back();
+  h->checksums.clear();
+  h->factor_batch = 0;
+  if (std::all_of(h->encodings.begin(), h->encodings.end(), [](Encoding e) { return e == Encoding::kDense; }))
+    h->encodings.clear();
+  return Status::Ok();
+}
+
+}  // namespace downpour

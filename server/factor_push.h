@@ -1,0 +1,41 @@
+// factor_push.h — turns a push carrying sufficient factors (Encoding::kFactors chunks) into the
+// equivalent dense f32 push, before the shard validates, logs and applies it (docs/factors.md).
+//
+// Wire (common/messages.capnp): a factor chunk covers flat elements [tensor_offset, +count) of
+// an inner-product weight W (out×in, row-major; in = product of the dims after the first), so
+// rows r0 = tensor_offset/in .. r1 = (tensor_offset+count-1)/in. Its frame holds δ[:, r0..r1],
+// B × (r1-r0+1) floats (row b contiguous), B = MessageHeader::factor_batch. After the chunk
+// frames comes ONE extra frame, a: B × in floats, shared by every factor chunk of the message;
+// all factor chunks of one message belong to one tensor. The dense chunk is the slice of
+// G = δᵀ·a (rows × in, one sgemm from oneDNN) that the chunk covers.
+//
+// Thread-safety: pure function over its arguments (oneDNN's sgemm may use OpenMP threads).
+// Ownership: the rewritten frames own their dense gradients (Frame::Borrow with a keepalive).
+#pragma once
+
+#include "common/codec.h"
+#include "common/layout.h"
+#include "common/status.h"
+#include "common/transport.h"
+
+namespace downpour {
+
+// The largest factor_batch a server takes (a batch beyond it is a corrupt header, not a net).
+inline constexpr uint32_t kMaxFactorBatch = 65536;
+
+// True when some chunk of `h` is sent as sufficient factors.
+bool HasFactorChunks(const MessageHeader& h);
+
+// Validates the factor chunks of a push (frames[0] is the header) and rewrites `h` and `frames`
+// into the same push with those chunks dense: each factor chunk's frame becomes its count f32
+// gradient, its encoding kDense, the a frame is dropped, checksums (verified here for every
+// chunk) are cleared, factor_batch is 0. Chunks of other encodings are left as they are. A push
+// without factor chunks is left untouched. Refusals (nothing rewritten): `reason` says why —
+// kDType (init push, dtype not f32, factor chunks of two tensors or of a tensor that is not 2-D
+// or more), kFrameCount (list or frame counts, missing a frame), kUnknownChunk (chunk id out of
+// range), kElemCount (factor_batch outside 1..kMaxFactorBatch, element count not the layout's),
+// kByteLength (a frame not exactly B×rows×4 or B×in×4 bytes), kChecksum, kNonFinite (NaN or Inf
+// in δ or a).
+Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason);
+
+}  // namespace downpour
