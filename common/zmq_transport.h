@@ -16,6 +16,22 @@
 // rate. What ZeroMQ already holds for it (server_sndhwm messages) stays until it disconnects.
 // Client (DEALER) sends are unchanged: they wait up to send_timeout_ms.
 //
+// Emulated link (ZmqOptions::link_gbps > 0, cluster.link_gbps; experiments only): every message
+// any endpoint of this transport sends reserves its bytes (all frames) on one LinkPacer
+// (common/rate_limiter.h) shared by the transport's endpoints and threads — a process has one
+// transport, so this is the process's egress link. A client Send sleeps until the message's
+// virtual finish time, then hands it to ZeroMQ (the caller is the client's I/O thread). A server
+// Send never sleeps: the reply joins its peer's queue (the same bounded queue as above, in order)
+// with its finish time, and Receive releases it when due, waking at the earliest due time
+// instead of waiting out its whole timeout. A message smaller than link_pace_min_bytes (headers,
+// acks, heartbeats) is charged to the link — later messages leave later — but is not itself
+// held back: a real host interleaves a small message's packets with a bulk transfer's (fair
+// queueing), it does not wait behind megabytes (a client's small message, or a server's to a
+// peer with nothing queued). Ingress is not limited. link_gbps = 0: no pacing at all.
+//
+// Traffic (traffic()): bytes and messages this transport's endpoints handed to ZeroMQ and took
+// from it, all frames of a message (header + payloads), not ZMTP framing nor the ROUTER identity.
+//
 // Security (ZmqOptions::curve, keys from common/security.h): with curve.enabled every bound
 // socket is a CurveZMQ server and every connection a CurveZMQ client, so traffic is
 // authenticated and encrypted. A ZAP handler (RFC 27) owned by the transport accepts a client
@@ -79,6 +95,10 @@ struct ZmqOptions {
   // Source address of outgoing tcp connections (ignored for ipc) ("127.0.0.5", "::1"); "" = any (the OS picks).
   // Servers then see this process at that address (PeerInfo::address).
   std::string connect_source;
+  // Emulated egress link of this transport in Gbit/s (see above; cluster.link_gbps); 0 = off.
+  double link_gbps = 0;
+  // Messages smaller than this are charged to the emulated link but not held back (see above).
+  size_t link_pace_min_bytes = size_t{64} << 10;
   // Called on the security thread for each refused connection with one line saying what was
   // refused and why. Must be quick and must not call into this transport. Empty = not called.
   std::function<void(const std::string& what)> on_refused;
@@ -94,6 +114,8 @@ class ZmqTransport : public Transport {
   // Connections refused so far on this transport's bound sockets (ZAP denials and failed
   // CurveZMQ handshakes). Always 0 with curve off. Thread-safe.
   uint64_t refused_connections() const;
+  // Bytes and messages sent and received so far by this transport's endpoints. Thread-safe.
+  TrafficCounts traffic() const override;
 
   struct Impl;
 
