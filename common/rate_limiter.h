@@ -2,9 +2,8 @@
 // experiments only). Every message a process sends reserves its bytes on one virtual link; the
 // pacer answers when that message would have left the link had it gone out at `gbps` behind all
 // earlier reservations (a virtual finish time: finish = max(now, last finish) + bytes / rate).
-// The sender then delivers the message at that time: a client endpoint sleeps until it (it runs
-// on the client's own I/O thread), a server endpoint queues the reply and releases it when due,
-// so its message loop never waits (common/zmq_transport.h).
+// The sender then delivers the message at that time: the endpoint queues it and releases it when
+// due, so neither a server's message loop nor a client's I/O loop waits (common/zmq_transport.h).
 //
 // A token bucket of depth `burst` link time: an idle link saves at most `burst` of credit
 // (finish = max(last finish, now - burst) + bytes / rate). Without it, a lone sender that comes

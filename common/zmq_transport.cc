@@ -434,26 +434,87 @@ class ZmqServer : public ServerEndpoint {
 
 class ZmqClient : public ClientEndpoint {
  public:
+  using Clock = std::chrono::steady_clock;
   ZmqClient(ZmqTransport::Impl* impl, zmq::socket_t socket, std::string address)
       : impl_(impl), socket_(std::move(socket)), address_(std::move(address)) {}
-  // On an emulated link, first sleeps until the message's finish time (zmq_transport.h).
+  // Paced messages still queued leave if they fall due within the socket's linger; the rest is
+  // dropped, as ZeroMQ drops what a closed socket has not sent by then.
+  ~ZmqClient() override {
+    const auto until = Clock::now() + std::chrono::milliseconds(impl_->options.linger_ms);
+    while (!queue_.empty() && queue_.front().due <= until) {
+      std::this_thread::sleep_until(queue_.front().due);
+      if (!SendHead().ok()) break;
+    }
+  }
+  // On an emulated link a message that is not due yet is queued (see zmq_transport.h); past
+  // client_pace_queue_bytes of queued messages the caller waits for the link.
   Status Send(Frames frames) override {
+    DP_RETURN_IF_ERROR(Flush());
     const size_t bytes = MessageBytes(frames);
-    std::this_thread::sleep_until(impl_->Due(bytes));
-    DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, frames, impl_->options.zero_copy_min_bytes, address_));
-    impl_->CountSent(bytes);
+    const auto due = impl_->Due(bytes);
+    if (queue_.empty() && due <= Clock::now()) {
+      DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, frames, impl_->options.zero_copy_min_bytes, address_));
+      impl_->CountSent(bytes);
+      return Status::Ok();
+    }
+    queue_.push_back(Queued{std::move(frames), due, bytes});
+    queued_bytes_ += bytes;
+    while (queued_bytes_ > impl_->options.client_pace_queue_bytes) {
+      std::this_thread::sleep_until(queue_.front().due);
+      DP_RETURN_IF_ERROR(SendHead());
+    }
     return Status::Ok();
   }
+  // Releases queued messages as they fall due while it waits (waking at the next due time).
   Status Receive(Frames* frames, std::chrono::milliseconds timeout) override {
-    DP_RETURN_IF_ERROR(ReceiveAll(socket_, nullptr, frames, timeout, address_));
-    impl_->CountReceived(*frames);
-    return Status::Ok();
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      DP_RETURN_IF_ERROR(Flush());
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() < 0) left = std::chrono::milliseconds(0);
+      auto wait = left;
+      if (!queue_.empty()) wait = std::min(left, std::chrono::ceil<std::chrono::milliseconds>(queue_.front().due - Clock::now()));
+      if (wait.count() < 0) wait = std::chrono::milliseconds(0);
+      Status s = ReceiveAll(socket_, nullptr, frames, wait, address_);
+      if (s.code() == StatusCode::kTimeout) {
+        if (wait < left) continue;
+        return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
+      }
+      DP_RETURN_IF_ERROR(s);
+      impl_->CountReceived(*frames);
+      return Status::Ok();
+    }
   }
 
  private:
+  struct Queued {
+    Frames frames;
+    Clock::time_point due;  // its finish time on the emulated link
+    size_t bytes = 0;
+  };
+
+  // Sends every queued message that is due, in order.
+  Status Flush() {
+    const auto now = Clock::now();
+    while (!queue_.empty() && queue_.front().due <= now) DP_RETURN_IF_ERROR(SendHead());
+    return Status::Ok();
+  }
+  // Sends the oldest queued message; it leaves the queue whether or not ZeroMQ took it (an error
+  // is the caller's, as an unqueued Send's would be).
+  Status SendHead() {
+    Queued q = std::move(queue_.front());
+    queue_.pop_front();
+    queued_bytes_ -= q.bytes;
+    DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, q.frames, impl_->options.zero_copy_min_bytes, address_));
+    impl_->CountSent(q.bytes);
+    return Status::Ok();
+  }
+
   ZmqTransport::Impl* impl_;
   zmq::socket_t socket_;
   std::string address_;
+  std::deque<Queued> queue_;  // paced messages not due yet, oldest first (emulated link only)
+  size_t queued_bytes_ = 0;
 };
 
 // ---- CurveGuard ------------------------------------------------------------------------------

@@ -1,20 +1,24 @@
 // link_pacer_test.cc — the emulated link (cluster.link_gbps): LinkPacer's virtual finish times
 // on a fake clock; then real ZmqTransports on 127.0.0.1 whose measured rate, over ~0.5 s of
-// 4 MiB frames, holds the set rate within 10% (client -> server: the client's Send sleeps;
-// server -> client: the server queues its replies and releases them when due); a server whose
-// link is busy for a second still receives and answers a second peer at once (its loop never
-// waits for the link); and the byte counters (traffic()) count every frame on both sides.
+// 4 MiB frames, holds the set rate within 10% (client -> server and server -> client: the
+// endpoint queues what is not due and releases it when due, its Send never waiting); a client
+// sending and receiving at once takes the longer of the two, not the sum (full duplex); a server
+// whose link is busy for a second still receives and answers a second peer at once (its loop
+// never waits for the link); the byte counters (traffic()) count every frame on both sides; and the
+// run config's cluster.link_gbps reaches a process's ZmqOptions and turns shared memory off.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/process_net.h"
 #include "common/rate_limiter.h"
 #include "common/zmq_transport.h"
 
@@ -98,7 +102,23 @@ double Gbps(size_t bytes, Clock::duration d) {
 
 class LinkRate : public ::testing::TestWithParam<double> {};
 
-// The client's link: each Send sleeps until its frame's finish time; the server reads freely.
+// Calls `send` and records how long it took.
+class SendTimer {
+ public:
+  Status operator()(const std::function<Status()>& send) {
+    const auto t = Clock::now();
+    Status s = send();
+    longest_ = std::max(longest_, Clock::now() - t);
+    return s;
+  }
+  Clock::duration longest() const { return longest_; }
+
+ private:
+  Clock::duration longest_{0};
+};
+
+// The client's link: Send queues, the client's Receive calls release frames when due (as the PS
+// client's I/O loop does); the server reads freely.
 TEST_P(LinkRate, ClientSendsHoldTheSetRate) {
   const double gbps = GetParam();
   ZmqTransport server_transport(Options(0));
@@ -116,8 +136,12 @@ TEST_P(LinkRate, ClientSendsHoldTheSetRate) {
   const int n = FramesFor(gbps, 0.5);
   auto payload = std::make_shared<std::vector<char>>(kFrameBytes, 'x');
   const auto start = Clock::now();
+  std::atomic<bool> stop{false};
+  SendTimer timed;
   std::thread sender([&] {
-    for (int i = 0; i < n; ++i) ASSERT_TRUE(client->Send(Big(payload)).ok());
+    for (int i = 0; i < n; ++i) ASSERT_TRUE(timed([&] { return client->Send(Big(payload)); }).ok());
+    Frames none;
+    while (!stop) EXPECT_EQ(client->Receive(&none, 5ms).code(), StatusCode::kTimeout);  // drains the queue
   });
   size_t received = 0;
   for (int i = 0; i < n; ++i) {
@@ -126,12 +150,14 @@ TEST_P(LinkRate, ClientSendsHoldTheSetRate) {
     received += got[0].size() + got[1].size();
   }
   const auto elapsed = Clock::now() - start;
+  stop = true;
   sender.join();
   EXPECT_EQ(received, n * BigBytes());
   const double measured = Gbps(received, elapsed);
   std::printf("set %.1f Gbit/s, measured %.3f Gbit/s (%d frames of 4 MiB)\n", gbps, measured, n);
   EXPECT_NEAR(measured, gbps, kTolerance * gbps) << n << " frames of 4 MiB in "
                                                   << std::chrono::duration<double>(elapsed).count() << " s";
+  EXPECT_LT(timed.longest(), 5ms) << "a paced client Send must queue, not wait for the link";
   // Every frame counted, on both sides (the hello too).
   EXPECT_EQ(client_transport.traffic().sent_bytes, received + 5);
   EXPECT_EQ(client_transport.traffic().sent_messages, static_cast<uint64_t>(n) + 1);
@@ -211,8 +237,48 @@ TEST_P(LinkRate, ServerRepliesHoldTheSetRateWithoutBlockingTheLoop) {
   EXPECT_NEAR(measured, gbps, kTolerance * gbps) << n << " replies of 4 MiB in "
                                                   << std::chrono::duration<double>(elapsed).count() << " s";
   EXPECT_LT(loop.longest_send(), 5ms) << "a paced Send must queue, not wait for the link";
+  // The loop thread counts a reply once ZeroMQ took it, which may be just after it arrived here.
+  for (int i = 0; i < 100 && server_transport.traffic().sent_bytes < received + 4; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(server_transport.traffic().sent_bytes, received + 4);  // + "pong"
   EXPECT_EQ(client_transport.traffic().received_bytes, received + 4);
+}
+
+// A client that sends one link-second's worth while the server sends it as much back takes about
+// one link-second, not two: its replies are read while its own frames wait for their due time.
+TEST(LinkDuplex, SendingAndReceivingAtOnceTakeTheLongerNotTheSum) {
+  const double gbps = 2.0;
+  ZmqTransport server_transport(Options(gbps));
+  ZmqTransport client_transport(Options(gbps));
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  std::unique_ptr<ClientEndpoint> client;
+  ASSERT_TRUE(client_transport.Connect(server->address(), &client).ok());
+  ReplyLoop loop(server.get());  // answers "pull N" with N frames; ignores the big ones
+  Frames got;
+  ASSERT_TRUE(client->Send(Small("ping")).ok());
+  ASSERT_TRUE(client->Receive(&got, 5000ms).ok());
+
+  const int n = FramesFor(gbps, 0.5);  // 0.5 s each way
+  auto payload = std::make_shared<std::vector<char>>(kFrameBytes, 'z');
+  const auto start = Clock::now();
+  const std::string pull = "pull " + std::to_string(n);
+  ASSERT_TRUE(client->Send(Small(pull)).ok());
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(client->Send(Big(payload)).ok());
+  int replies = 0;
+  while (replies < n) {
+    ASSERT_TRUE(client->Receive(&got, 10000ms).ok()) << "reply " << replies;
+    ++replies;
+  }
+  const auto received_all = Clock::now() - start;
+  // The client's own frames are released by its Receive calls too; wait for the last to leave.
+  while (client_transport.traffic().sent_bytes < 4 + pull.size() + static_cast<uint64_t>(n) * BigBytes()) {
+    EXPECT_EQ(client->Receive(&got, 5ms).code(), StatusCode::kTimeout);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("duplex at %.1f Gbit/s: 0.5 s each way took %.3f s (replies in %.3f s)\n", gbps, seconds,
+              std::chrono::duration<double>(received_all).count());
+  EXPECT_LT(seconds, 0.5 * 1.25) << "sending and receiving were serialised";
+  EXPECT_GT(seconds, 0.5 * 0.9);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gbps, LinkRate, ::testing::Values(1.0, 4.0),
@@ -247,6 +313,29 @@ TEST(LinkNoStall, AServerUnderALimitAnswersASecondPeerAtOnce) {
   int bulk_got = 0;
   while (bulk_got < n && bulk->Receive(&got, 5000ms).ok()) ++bulk_got;
   EXPECT_EQ(bulk_got, n);
+}
+
+// ---- the run config's cluster.link_gbps ------------------------------------------------------
+
+TEST(LinkConfig, LinkGbpsReachesTheTransportAndTurnsSharedMemoryOff) {
+  RunConfig c;
+  ProcessNet net;
+  ASSERT_TRUE(SetUpProcessNet(c, NetFlags{}, NetRole::kWorker, "", &net).ok());
+  EXPECT_EQ(net.zmq.link_gbps, 0);  // off by default
+  EXPECT_TRUE(SharedMemoryOn(c));
+  EXPECT_EQ(EmulatedLinkNote(c), "");
+
+  c.cluster.link_gbps = 2.5;
+  for (NetRole role : {NetRole::kCoordinator, NetRole::kServer, NetRole::kWorker, NetRole::kAdmin}) {
+    ASSERT_TRUE(SetUpProcessNet(c, NetFlags{}, role, "", &net).ok()) << NetRoleName(role);
+    EXPECT_EQ(net.zmq.link_gbps, 2.5) << NetRoleName(role);
+  }
+  EXPECT_FALSE(SharedMemoryOn(c));
+  EXPECT_EQ(EmulatedLinkNote(c),
+            "emulated link: cluster.link_gbps = 2.5 Gbit/s of egress per process (experiments only); shared memory "
+            "off (cluster.shared_memory would bypass the link)");
+  c.cluster.shared_memory = false;  // nothing to turn off
+  EXPECT_EQ(EmulatedLinkNote(c), "emulated link: cluster.link_gbps = 2.5 Gbit/s of egress per process (experiments only)");
 }
 
 }  // namespace
