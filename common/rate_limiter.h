@@ -6,10 +6,11 @@
 // due, so neither a server's message loop nor a client's I/O loop waits (common/zmq_transport.h).
 //
 // A token bucket of depth `burst` link time: an idle link saves at most `burst` of credit
-// (finish = max(last finish, now - burst) + bytes / rate). Without it, a lone sender that comes
-// back a little after its previous finish time (its sleep overshoots, more so on a loaded host;
-// ZeroMQ takes the frame) loses that gap on every message: with no burst, 3.66 Gbit/s measured
-// for a set 4 (4 MiB frames, 2 busy cores); 1 ms: 3.65-3.97; 5 ms (the default): 3.92-4.01.
+// (finish = max(last finish, now - burst) + bytes / rate). Without it, a lone sender whose next
+// message is handed over a little after the previous one's finish time (a wake-up late by a
+// scheduler tick on a busy host, a poll rounded up to its millisecond) loses that gap on every
+// message: with no burst 3.66 Gbit/s measured for a set 4 (4 MiB frames, 2 busy cores), 1 ms:
+// 3.65-3.97, 5 ms (the default): 3.92-4.02.
 // Over any span of back-to-back sends the rate is `gbps` to within one burst of link time, not a
 // sum of per-message jitter. Latency, ingress limits and switch contention are not modelled
 // (docs/emulated_links.md).
