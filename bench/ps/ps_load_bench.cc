@@ -855,7 +855,16 @@ int main(int argc, char** argv) {
   app.add_option("--link-gbps", pipeline.service.link_gbps,
                  "with --pipeline-grid / --pipeline: an emulated link of this many Gbit/s per shard server and per "
                  "worker (cluster.link_gbps); only downpour runs then")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            double x = 0;
+            try {
+              x = std::stod(v);
+            } catch (const std::exception&) {
+            }
+            return x > 0 && std::isfinite(x) ? std::string() : "must be a link speed > 0 in Gbit/s, got " + v;
+          },
+          "GBIT/S > 0"));
   app.add_option("--json", json_path, "with --pipeline-grid / --pipeline: write the results here as JSON (docs/emulated_links.md)");
   app.add_flag("--wal", wal.on, "run the shards with their write-ahead log on (checkpoint.wal)");
   app.add_flag("--wal-grid", wal_grid, "at (S,W) in {(2,1),(4,4)}: write-ahead log off vs on in alternating pairs");
