@@ -86,6 +86,15 @@ std::string ProcessNet::Describe(const std::string& bound_address) const {
                            : (token.empty() ? "CurveZMQ off, no run secret" : "CurveZMQ off (loopback, run secret)"));
 }
 
+bool SharedMemoryOn(const RunConfig& c) { return c.cluster.shared_memory && !(c.cluster.link_gbps > 0); }
+
+std::string EmulatedLinkNote(const RunConfig& c) {
+  if (!(c.cluster.link_gbps > 0)) return "";
+  return fmt::format(
+      "emulated link: cluster.link_gbps = {:g} Gbit/s of egress per process (experiments only){}", c.cluster.link_gbps,
+      c.cluster.shared_memory ? "; shared memory off (cluster.shared_memory would bypass the link)" : "");
+}
+
 Status SetUpProcessNet(const RunConfig& c, const NetFlags& f, NetRole role, const std::string& run_dir,
                        ProcessNet* out) {
   *out = ProcessNet{};
@@ -101,6 +110,7 @@ Status SetUpProcessNet(const RunConfig& c, const NetFlags& f, NetRole role, cons
   out->zmq.connect_source = ConnectSource(c, f);
   // A bound socket's per-peer queue of replies a peer does not read (common/zmq_transport.h).
   out->zmq.peer_queue_bytes = static_cast<size_t>(c.cluster.peer_queue_mb) << 20;
+  out->zmq.link_gbps = c.cluster.link_gbps;  // 0 = no emulated link
   if (!c.security.keys.empty()) {
     DP_RETURN_IF_ERROR(LoadCurveKeys(c.security.keys, ClientKeyRole(role), binds, &out->zmq.curve));
     out->keyed = true;

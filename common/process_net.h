@@ -12,6 +12,9 @@
 //   source       outgoing connections (servers to the coordinator, workers to everyone) leave
 //                from --bind when it names one address, or from cluster.bind when that names
 //                one non-loopback address; else the OS picks.
+//   link         cluster.link_gbps > 0: the transport paces this process's egress to it
+//                (ZmqOptions::link_gbps, common/zmq_transport.h), and same-host shared memory is
+//                off (SharedMemoryOn), since it would bypass the emulated link.
 //   security     security.keys set: CurveZMQ with that key directory (common/security.h
 //                LoadCurveKeys: this role's client key; binders also the endpoint key and the
 //                allow-list), keyed = true. No keys: the bind must be loopback unless
@@ -63,6 +66,13 @@ struct ProcessNet {
   // CurveZMQ on" (the bound parts only for binders; `bound_address` "" for a worker).
   std::string Describe(const std::string& bound_address) const;
 };
+
+// Whether same-host payloads may go through shared memory: cluster.shared_memory, unless an
+// emulated link (cluster.link_gbps) is on, whose bytes shared memory would bypass.
+bool SharedMemoryOn(const RunConfig& config);
+// "" without an emulated link; else the one line a program logs about it ("emulated link
+// cluster.link_gbps = 10 Gbit/s per process (egress, experiments only); shared memory off: ...").
+std::string EmulatedLinkNote(const RunConfig& config);
 
 // Sets up `out` for a process of `role` in the run whose directory is `run_dir` ("" = no run
 // directory: no run secret, e.g. a standalone server in a benchmark).

@@ -105,9 +105,22 @@ class ClientEndpoint {
   virtual Status Receive(Frames* frames, std::chrono::milliseconds timeout) = 0;
 };
 
+// What a transport's endpoints have sent and received: every frame of every message (header and
+// payloads), counted when handed to / taken from the transport. Shared-memory payloads never pass
+// through a transport and are not in here.
+struct TrafficCounts {
+  uint64_t sent_bytes = 0;
+  uint64_t received_bytes = 0;
+  uint64_t sent_messages = 0;
+  uint64_t received_messages = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
+  // Totals so far over all endpoints of this transport; thread-safe. Transports that do not
+  // count return zeros.
+  virtual TrafficCounts traffic() const { return {}; }
   // address: "tcp://127.0.0.1:0" (port 0 = the OS picks one; see ServerEndpoint::address()),
   // "tcp://*:5555", or for InprocTransport any name.
   virtual Status Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) = 0;

@@ -19,6 +19,7 @@
 
 #include "common/log_limit.h"
 #include "common/net_address.h"
+#include "common/rate_limiter.h"
 
 namespace downpour {
 
@@ -70,7 +71,24 @@ struct ZmqTransport::Impl {
   // Made by the first curve Bind. Declared after `context`, so destroyed (thread joined, its
   // sockets closed) before the context terminates.
   std::unique_ptr<CurveGuard> guard;
-  explicit Impl(const ZmqOptions& o) : options(o), context(o.io_threads) {}
+  // The emulated egress link (options.link_gbps > 0), shared by every endpoint; null = off.
+  std::unique_ptr<LinkPacer> pacer;
+  std::atomic<uint64_t> sent_bytes{0}, received_bytes{0}, sent_messages{0}, received_messages{0};
+  explicit Impl(const ZmqOptions& o)
+      : options(o), context(o.io_threads), pacer(o.link_gbps > 0 ? std::make_unique<LinkPacer>(o.link_gbps) : nullptr) {}
+  void CountSent(size_t bytes) {
+    sent_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    sent_messages.fetch_add(1, std::memory_order_relaxed);
+  }
+  void CountReceived(const Frames& frames);
+  // When a message of `bytes` may go: now without a link; its virtual finish time on the link,
+  // or now for a small message (charged all the same; see zmq_transport.h).
+  std::chrono::steady_clock::time_point Due(size_t bytes) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!pacer) return now;
+    const auto finish = pacer->ReserveAt(bytes, now);
+    return bytes < options.link_pace_min_bytes ? now : finish;
+  }
 };
 
 namespace {
@@ -233,6 +251,15 @@ size_t MessageBytes(const Frames& frames) {
   return n;
 }
 
+}  // namespace
+
+void ZmqTransport::Impl::CountReceived(const Frames& frames) {
+  received_bytes.fetch_add(MessageBytes(frames), std::memory_order_relaxed);
+  received_messages.fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+
 std::string PeerHex(const PeerId& peer) {
   std::string out;
   for (unsigned char c : peer) out += fmt::format("{:02x}", c);
@@ -269,10 +296,11 @@ class ZmqServer : public ServerEndpoint {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
       Flush();
-      // While replies wait, wake often to offer them again (a peer may start reading any time).
+      // While replies wait, wake often to offer them again (a peer may start reading any time),
+      // or when the first paced reply falls due.
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() < 0) left = std::chrono::milliseconds(0);
-      const auto wait = queues_.empty() ? left : std::min(left, kFlushSlice);
+      const auto wait = std::min(left, NextFlush());
       PeerId who;
       Status s = ReceiveAll(socket_, &who, frames, wait, address_, info);
       if (s.code() == StatusCode::kTimeout) {
@@ -287,6 +315,7 @@ class ZmqServer : public ServerEndpoint {
         continue;
       }
       if (s.ok() && frames->empty()) return Corrupt("zmq '{}': message without frames", address_);
+      if (s.ok()) impl_->CountReceived(*frames);
       if (from != nullptr) *from = std::move(who);
       return s;
     }
@@ -295,21 +324,27 @@ class ZmqServer : public ServerEndpoint {
     if (dropped_.count(to)) {
       return Unavailable("zmq '{}': peer {} was dropped (it did not read its replies)", address_, PeerHex(to));
     }
+    const size_t bytes = MessageBytes(frames);
+    const auto due = impl_->Due(bytes);  // on an emulated link, when the reply may leave
     auto q = queues_.find(to);
     if (q == queues_.end()) {
-      bool sent = false;
-      DP_RETURN_IF_ERROR(TrySendRouted(socket_, to, frames, impl_->options.zero_copy_min_bytes, address_, &sent));
-      if (sent) return Status::Ok();
+      if (due <= std::chrono::steady_clock::now()) {
+        bool sent = false;
+        DP_RETURN_IF_ERROR(TrySendRouted(socket_, to, frames, impl_->options.zero_copy_min_bytes, address_, &sent));
+        if (sent) {
+          impl_->CountSent(bytes);
+          return Status::Ok();
+        }
+      }
       q = queues_.emplace(to, PeerQueue{}).first;
     }
-    const size_t bytes = MessageBytes(frames);
     if (q->second.bytes + bytes > impl_->options.peer_queue_bytes) {
       Drop(q, bytes);
       return Unavailable("zmq '{}': peer {} dropped: its unsent replies exceed {} bytes", address_, PeerHex(to),
                          impl_->options.peer_queue_bytes);
     }
     q->second.bytes += bytes;
-    q->second.messages.push_back(std::move(frames));
+    q->second.messages.push_back(Queued{std::move(frames), due});
     return Status::Ok();
   }
   uint64_t dropped_peers() const override { return dropped_count_.load(std::memory_order_relaxed); }
@@ -318,30 +353,53 @@ class ZmqServer : public ServerEndpoint {
  private:
   static constexpr auto kFlushSlice = std::chrono::milliseconds(2);
   static constexpr size_t kRememberDropped = 4096;  // dropped ids kept (oldest forgotten first)
+  struct Queued {
+    Frames frames;
+    std::chrono::steady_clock::time_point due;  // not before (emulated link); past = at once
+  };
   struct PeerQueue {
-    std::deque<Frames> messages;
+    std::deque<Queued> messages;
     size_t bytes = 0;
   };
   using Queues = std::unordered_map<PeerId, PeerQueue>;
 
-  // Offers every queued reply, oldest first per peer, until that peer's pipe is full again.
+  // Offers every queued reply that is due, oldest first per peer, until that peer's pipe is full
+  // again or its next reply is not due yet.
   void Flush() {
+    const auto now = std::chrono::steady_clock::now();
     for (auto it = queues_.begin(); it != queues_.end();) {
       PeerQueue& q = it->second;
-      while (!q.messages.empty()) {
+      while (!q.messages.empty() && q.messages.front().due <= now) {
         bool sent = false;
-        Status s = TrySendRouted(socket_, it->first, q.messages.front(), impl_->options.zero_copy_min_bytes, address_,
-                                 &sent);
+        Status s = TrySendRouted(socket_, it->first, q.messages.front().frames, impl_->options.zero_copy_min_bytes,
+                                 address_, &sent);
         if (!s.ok()) {  // the peer disconnected: nobody to deliver to
           q.messages.clear();
           break;
         }
         if (!sent) break;
-        q.bytes -= MessageBytes(q.messages.front());
+        const size_t bytes = MessageBytes(q.messages.front().frames);
+        impl_->CountSent(bytes);
+        q.bytes -= bytes;
         q.messages.pop_front();
       }
       it = q.messages.empty() ? queues_.erase(it) : std::next(it);
     }
+  }
+
+  // How long Receive may wait before the queues need another Flush: kFlushSlice while a due
+  // reply waits for its peer's pipe, else until the earliest paced reply falls due (rounded up
+  // to the poll's millisecond), else as long as it likes.
+  std::chrono::milliseconds NextFlush() const {
+    const auto now = std::chrono::steady_clock::now();
+    auto next = std::chrono::steady_clock::time_point::max();
+    for (const auto& [peer, q] : queues_) {
+      if (q.messages.empty()) continue;
+      if (q.messages.front().due <= now) return kFlushSlice;
+      next = std::min(next, q.messages.front().due);
+    }
+    if (next == std::chrono::steady_clock::time_point::max()) return std::chrono::milliseconds::max();
+    return std::chrono::ceil<std::chrono::milliseconds>(next - now);
   }
 
   void Drop(Queues::iterator q, size_t more_bytes) {
@@ -376,19 +434,87 @@ class ZmqServer : public ServerEndpoint {
 
 class ZmqClient : public ClientEndpoint {
  public:
+  using Clock = std::chrono::steady_clock;
   ZmqClient(ZmqTransport::Impl* impl, zmq::socket_t socket, std::string address)
       : impl_(impl), socket_(std::move(socket)), address_(std::move(address)) {}
-  Status Send(Frames frames) override {
-    return SendAll(socket_, nullptr, frames, impl_->options.zero_copy_min_bytes, address_);
+  // Paced messages still queued leave if they fall due within the socket's linger; the rest is
+  // dropped, as ZeroMQ drops what a closed socket has not sent by then.
+  ~ZmqClient() override {
+    const auto until = Clock::now() + std::chrono::milliseconds(impl_->options.linger_ms);
+    while (!queue_.empty() && queue_.front().due <= until) {
+      std::this_thread::sleep_until(queue_.front().due);
+      if (!SendHead().ok()) break;
+    }
   }
+  // On an emulated link a message that is not due yet is queued (see zmq_transport.h); past
+  // client_pace_queue_bytes of queued messages the caller waits for the link.
+  Status Send(Frames frames) override {
+    DP_RETURN_IF_ERROR(Flush());
+    const size_t bytes = MessageBytes(frames);
+    const auto due = impl_->Due(bytes);
+    if (queue_.empty() && due <= Clock::now()) {
+      DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, frames, impl_->options.zero_copy_min_bytes, address_));
+      impl_->CountSent(bytes);
+      return Status::Ok();
+    }
+    queue_.push_back(Queued{std::move(frames), due, bytes});
+    queued_bytes_ += bytes;
+    while (queued_bytes_ > impl_->options.client_pace_queue_bytes) {
+      std::this_thread::sleep_until(queue_.front().due);
+      DP_RETURN_IF_ERROR(SendHead());
+    }
+    return Status::Ok();
+  }
+  // Releases queued messages as they fall due while it waits (waking at the next due time).
   Status Receive(Frames* frames, std::chrono::milliseconds timeout) override {
-    return ReceiveAll(socket_, nullptr, frames, timeout, address_);
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      DP_RETURN_IF_ERROR(Flush());
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() < 0) left = std::chrono::milliseconds(0);
+      auto wait = left;
+      if (!queue_.empty()) wait = std::min(left, std::chrono::ceil<std::chrono::milliseconds>(queue_.front().due - Clock::now()));
+      if (wait.count() < 0) wait = std::chrono::milliseconds(0);
+      Status s = ReceiveAll(socket_, nullptr, frames, wait, address_);
+      if (s.code() == StatusCode::kTimeout) {
+        if (wait < left) continue;
+        return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
+      }
+      DP_RETURN_IF_ERROR(s);
+      impl_->CountReceived(*frames);
+      return Status::Ok();
+    }
   }
 
  private:
+  struct Queued {
+    Frames frames;
+    Clock::time_point due;  // its finish time on the emulated link
+    size_t bytes = 0;
+  };
+
+  // Sends every queued message that is due, in order.
+  Status Flush() {
+    const auto now = Clock::now();
+    while (!queue_.empty() && queue_.front().due <= now) DP_RETURN_IF_ERROR(SendHead());
+    return Status::Ok();
+  }
+  // Sends the oldest queued message; it leaves the queue whether or not ZeroMQ took it (an error
+  // is the caller's, as an unqueued Send's would be).
+  Status SendHead() {
+    Queued q = std::move(queue_.front());
+    queue_.pop_front();
+    queued_bytes_ -= q.bytes;
+    DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, q.frames, impl_->options.zero_copy_min_bytes, address_));
+    impl_->CountSent(q.bytes);
+    return Status::Ok();
+  }
+
   ZmqTransport::Impl* impl_;
   zmq::socket_t socket_;
   std::string address_;
+  std::deque<Queued> queue_;  // paced messages not due yet, oldest first (emulated link only)
+  size_t queued_bytes_ = 0;
 };
 
 // ---- CurveGuard ------------------------------------------------------------------------------
@@ -576,6 +702,15 @@ ZmqTransport::~ZmqTransport() = default;
 uint64_t ZmqTransport::refused_connections() const {
   std::lock_guard<std::mutex> lock(impl_->guard_mu);
   return impl_->guard ? impl_->guard->refused() : 0;
+}
+
+TrafficCounts ZmqTransport::traffic() const {
+  TrafficCounts t;
+  t.sent_bytes = impl_->sent_bytes.load(std::memory_order_relaxed);
+  t.received_bytes = impl_->received_bytes.load(std::memory_order_relaxed);
+  t.sent_messages = impl_->sent_messages.load(std::memory_order_relaxed);
+  t.received_messages = impl_->received_messages.load(std::memory_order_relaxed);
+  return t;
 }
 
 Status ZmqTransport::Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) {

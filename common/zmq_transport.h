@@ -16,6 +16,28 @@
 // rate. What ZeroMQ already holds for it (server_sndhwm messages) stays until it disconnects.
 // Client (DEALER) sends are unchanged: they wait up to send_timeout_ms.
 //
+// Emulated link (ZmqOptions::link_gbps > 0, cluster.link_gbps; experiments only): every message
+// any endpoint of this transport sends reserves its bytes (all frames) on one LinkPacer
+// (common/rate_limiter.h) shared by the transport's endpoints and threads — a process has one
+// transport, so this is the process's egress link — and leaves at its virtual finish time. No
+// Send waits for the link: a message that is not due yet is queued behind the endpoint's earlier
+// ones (so order holds) and released when due by the endpoint's later Send and Receive calls,
+// whose waits end at the next due time. A server's replies join the peer's queue above (bounded
+// by peer_queue_bytes, a peer past it dropped as before), so its loop never waits. A client keeps
+// its own queue; past client_pace_queue_bytes its Send waits for the link (the PS client, whose
+// window is smaller, never does). So a client must keep calling Receive (or Send) for its queue
+// to drain — the PS client's I/O loop does, every millisecond while requests are open — and its
+// replies are read while its sends are paced (full duplex, as a real NIC). Queued messages still
+// due within linger_ms leave when a client endpoint is destroyed; later ones are dropped, as
+// ZeroMQ drops unsent messages at close. A message smaller than link_pace_min_bytes (headers,
+// acks, heartbeats) is charged to the link — later messages leave later — but is not itself
+// held back when nothing is queued before it: a real host interleaves a small message's packets
+// with a bulk transfer's (fair queueing), it does not wait behind megabytes. Ingress is not
+// limited. link_gbps = 0: no pacing and no queue beyond the server's as above.
+//
+// Traffic (traffic()): bytes and messages this transport's endpoints handed to ZeroMQ and took
+// from it, all frames of a message (header + payloads), not ZMTP framing nor the ROUTER identity.
+//
 // Security (ZmqOptions::curve, keys from common/security.h): with curve.enabled every bound
 // socket is a CurveZMQ server and every connection a CurveZMQ client, so traffic is
 // authenticated and encrypted. A ZAP handler (RFC 27) owned by the transport accepts a client
@@ -79,6 +101,12 @@ struct ZmqOptions {
   // Source address of outgoing tcp connections (ignored for ipc) ("127.0.0.5", "::1"); "" = any (the OS picks).
   // Servers then see this process at that address (PeerInfo::address).
   std::string connect_source;
+  // Emulated egress link of this transport in Gbit/s (see above; cluster.link_gbps); 0 = off.
+  double link_gbps = 0;
+  // Messages smaller than this are charged to the emulated link but not held back (see above).
+  size_t link_pace_min_bytes = size_t{64} << 10;
+  // Per client endpoint on an emulated link: paced messages queued before its Send waits.
+  size_t client_pace_queue_bytes = size_t{256} << 20;
   // Called on the security thread for each refused connection with one line saying what was
   // refused and why. Must be quick and must not call into this transport. Empty = not called.
   std::function<void(const std::string& what)> on_refused;
@@ -94,6 +122,8 @@ class ZmqTransport : public Transport {
   // Connections refused so far on this transport's bound sockets (ZAP denials and failed
   // CurveZMQ handshakes). Always 0 with curve off. Thread-safe.
   uint64_t refused_connections() const;
+  // Bytes and messages sent and received so far by this transport's endpoints. Thread-safe.
+  TrafficCounts traffic() const override;
 
   struct Impl;
 

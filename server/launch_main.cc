@@ -398,6 +398,8 @@ int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const s
 // One "[launch] warning: ..." line per setting that works but is probably a mistake.
 void PrintWarnings(const RunConfig& cfg) {
   for (const std::string& w : RunConfigWarnings(cfg)) std::fprintf(stderr, "[launch] %s\n", w.c_str());
+  // Not a warning: what an emulated link does to the job (every child says it too).
+  if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) std::printf("[launch] %s\n", link.c_str());
 }
 
 // With cluster.transport = "ipc", once the run directory exists (the socket paths' lengths are

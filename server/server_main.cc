@@ -34,7 +34,8 @@
 // version_sum), and "server_end" with the shard's counters (duplicates, wal_records, replayed,
 // pushes_by_worker as "[n0, n1, ...]": gradient pushes taken per worker id, across restarts)
 // and refused_connections (CurveZMQ
-// handshakes the transport refused: a client without the cluster's key). The pull lines are the log the
+// handshakes the transport refused: a client without the cluster's key), tx_bytes / rx_bytes
+// (what this process sent and received on the wire, every frame; common/transport.h). The pull lines are the log the
 // ssp bound is checked against (ahead <= s always).
 #include <spdlog/spdlog.h>
 
@@ -127,7 +128,8 @@ Status Run(const Flags& f, bool* serving) {
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
   o.max_workers = cfg.cluster.max_workers;
-  o.shared_memory = cfg.cluster.shared_memory;
+  o.shared_memory = SharedMemoryOn(cfg);  // off on an emulated link (cluster.link_gbps)
+  if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) spdlog::info("server {}: {}", f.id, link);
   if (cfg.checkpoint.wal) o.wal_path = ServerWalPath(f.run_dir, cfg.checkpoint, f.id);
   o.wal_fsync_ms = std::chrono::milliseconds(cfg.checkpoint.wal_fsync_ms);
   o.checkpoint_every_updates = cfg.checkpoint.every_updates;
@@ -246,6 +248,9 @@ Status Run(const Flags& f, bool* serving) {
                                       {"wal_records", st.wal_records},
                                       {"replayed", st.replayed},
                                       {"pushes_by_worker", ListString(st.pushes_by_worker)},
+                                      // Wire bytes of this process (all frames, both ways).
+                                      {"tx_bytes", transport.traffic().sent_bytes},
+                                      {"rx_bytes", transport.traffic().received_bytes},
                                       {"ok", s.ok()}});
   return s;
 }

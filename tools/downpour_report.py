@@ -71,8 +71,11 @@ def html_table(runs):
 
 
 # The worker's step-time breakdown (metrics "step" records, docs/operations.md): field → label.
+# tx_bytes / rx_bytes: the wire bytes the worker process sent (≈ pushes) and received (≈ pulled
+# weights) during the step (docs/operations.md).
 BREAKDOWN_FIELDS = [("step_ms", "step"), ("compute_ms", "compute"), ("pull_wait_ms", "pull wait"),
-                    ("push_wait_ms", "push wait"), ("loader_wait_ms", "loader"), ("comm_ms", "comm")]
+                    ("push_wait_ms", "push wait"), ("loader_wait_ms", "loader"), ("comm_ms", "comm"),
+                    ("tx_bytes", "tx bytes"), ("rx_bytes", "rx bytes")]
 
 
 def _median(values):
@@ -106,12 +109,14 @@ def step_breakdown(workers):
 
 
 def breakdown_line(row):
-    """"step = X ms; compute Y, pull wait Z, push wait W, loader V; comm C; overlap ratio R"."""
+    """"step = X ms; compute Y, pull wait Z, push wait W, loader V; comm C; overlap ratio R (medians
+    of N steps); wire per step: tx T MB, rx U MB" (MB = 10^6 bytes; "—" for runs without byte counts)."""
     f = lambda key: dr.fmt(row[key], ".1f")  # noqa: E731
+    mb = lambda key: dr.fmt(row.get(key) / 1e6 if row.get(key) is not None else None, ".3f")  # noqa: E731
     return (f"worker {row['worker']}: step = {f('step_ms')} ms; compute {f('compute_ms')}, pull wait "
             f"{f('pull_wait_ms')}, push wait {f('push_wait_ms')}, loader {f('loader_wait_ms')}; comm {f('comm_ms')}; "
             f"overlap ratio step / max(compute, comm) = {dr.fmt(row['overlap_ratio'], '.2f')} "
-            f"(medians of {row['steps']} steps)")
+            f"(medians of {row['steps']} steps); wire per step: tx {mb('tx_bytes')} MB, rx {mb('rx_bytes')} MB")
 
 
 CSS = """

@@ -44,7 +44,17 @@
 //   downpour-bench-ps --grid            # (S,W) in {(1,1),(2,1),(2,2),(4,4)}
 //   downpour-bench-ps --security-grid --repeats 3
 //   downpour-bench-ps --wal-grid --repeats 3 [--wal-dir /fast/disk] [--wal-fsync-ms 200]
+//
+// --link-gbps X (with --pipeline-grid / --pipeline) runs downpour on an emulated link
+// (cluster.link_gbps, common/rate_limiter.h): every shard server and every worker gets its own
+// ZmqTransport paced to X Gbit/s of egress, as if each were a host of its own. The references
+// have no emulated link, so only downpour runs then (shm is refused: it would bypass the link).
+// --json PATH writes the grid's results for tools (the scaling model): per (S,W) the round time
+// of every repeat, the wire bytes per worker round (worker and server side, from the transports'
+// counters), and the shards' update time per chunk and per float (format: docs/emulated_links.md).
+//
 //   downpour-bench-ps --pipeline-grid --repeats 5 --rounds 12 [--transport tcp|ipc|shm]
+//   downpour-bench-ps --pipeline-grid --repeats 3 --rounds 6 --link-gbps 10 --json ps-10g.json
 #include <fmt/core.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -53,6 +63,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <chrono>
 #include <cstdio>
@@ -92,6 +103,9 @@ struct PsResult {
   double sgd_seconds = 0;   // all shards: in the update rule
   double busy_seconds = 0;  // all shards: handling messages on the loop thread
   uint64_t region_parts = 0;  // timed rounds: messages whose payload went through shared memory
+  // Timed rounds, all workers / all shards: wire bytes (every frame) from the transports' counters.
+  double worker_tx_bytes = 0, worker_rx_bytes = 0, server_tx_bytes = 0, server_rx_bytes = 0;
+  uint64_t chunk_updates = 0;  // timed rounds, all shards
 };
 
 // How the parameter service's workers reach its shards, and how they cut a request.
@@ -100,6 +114,9 @@ enum class ServiceTransport { kTcp, kIpc, kShm };
 struct ServiceSetting {
   ServiceTransport transport = ServiceTransport::kTcp;
   int max_chunks_per_message = PsClientOptions{}.max_chunks_per_message;
+  // Emulated link per shard server and per worker (ZmqOptions::link_gbps); 0 = none, and then
+  // the shards share one transport as before.
+  double link_gbps = 0;
 };
 
 const char* TransportName(ServiceTransport t) {
@@ -228,7 +245,19 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   const IpcDir ipc_dir(svc.transport != ServiceTransport::kTcp);
   ZmqOptions server_options;
   server_options.curve = keys.server();
-  ZmqTransport server_transport(server_options);
+  server_options.link_gbps = svc.link_gbps;
+  // One transport for all shards, or with an emulated link one per shard (each its own host).
+  std::vector<std::unique_ptr<ZmqTransport>> server_transports;
+  const int transports = svc.link_gbps > 0 ? servers : 1;
+  for (int s = 0; s < transports; ++s) server_transports.push_back(std::make_unique<ZmqTransport>(server_options));
+  auto server_traffic = [&] {
+    TrafficCounts sum;
+    for (const auto& t : server_transports) {
+      sum.sent_bytes += t->traffic().sent_bytes;
+      sum.received_bytes += t->traffic().received_bytes;
+    }
+    return sum;
+  };
   std::vector<std::unique_ptr<ShardServer>> shards;
   std::vector<std::string> addresses;
   for (int s = 0; s < servers; ++s) {
@@ -245,7 +274,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     ThrowIfError(ShardServer::Create(layout, o, &shard));
     std::string address = ipc_dir.Address(s, base_port);
     std::unique_ptr<ServerEndpoint> ep;
-    ThrowIfError(server_transport.Bind(address, &ep));
+    ThrowIfError(server_transports[static_cast<size_t>(s % transports)]->Bind(address, &ep));
     shard->Start(std::move(ep));
     shards.push_back(std::move(shard));
     addresses.push_back(address);
@@ -261,6 +290,9 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   // clients and transports are torn down (not part of a round).
   std::vector<std::chrono::steady_clock::time_point> done(static_cast<size_t>(workers));
   double cpu0 = 0;
+  TrafficCounts server_at_start;
+  std::mutex traffic_mu;
+  TrafficCounts worker_traffic;  // guarded by traffic_mu: timed rounds, summed over workers
   std::vector<std::thread> threads;
   std::vector<Status> worker_status(static_cast<size_t>(workers));
   for (int w = 0; w < workers; ++w) {
@@ -268,7 +300,9 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
       auto run = [&]() -> Status {
         ZmqOptions client_options;
         client_options.curve = keys.worker();
+        client_options.link_gbps = svc.link_gbps;
         ZmqTransport transport(client_options);
+        TrafficCounts mine_at_start;
         PsClientOptions co;
         co.server_addresses = addresses;
         co.worker_id = w;
@@ -289,15 +323,21 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
           if (r == warmup && at_start.fetch_add(1) == 0) {
             for (int s = 0; s < servers; ++s) stats_at_start[static_cast<size_t>(s)] = shards[static_cast<size_t>(s)]->Stats();
             latencies.on = true;
+            server_at_start = server_traffic();
             t0 = std::chrono::steady_clock::now();
             cpu0 = ProcessCpuSeconds();
           }
+          if (r == warmup) mine_at_start = transport.traffic();
           RequestId push = client->Push(grads, r);
           RequestId pull = client->Pull(weights, r + 1);
           DP_RETURN_IF_ERROR(client->Wait(push, 120s));
           DP_RETURN_IF_ERROR(client->Wait(pull, 120s));
         }
         done[static_cast<size_t>(w)] = std::chrono::steady_clock::now();
+        const TrafficCounts mine = transport.traffic();
+        std::lock_guard<std::mutex> lock(traffic_mu);
+        worker_traffic.sent_bytes += mine.sent_bytes - mine_at_start.sent_bytes;
+        worker_traffic.received_bytes += mine.received_bytes - mine_at_start.received_bytes;
         return Status::Ok();
       };
       worker_status[static_cast<size_t>(w)] = run();
@@ -306,6 +346,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   for (auto& t : threads) t.join();
   const auto t1 = *std::max_element(done.begin(), done.end());
   const double cpu1 = ProcessCpuSeconds();
+  const TrafficCounts server_at_end = server_traffic();
   for (const Status& s : worker_status) ThrowIfError(s);
 
   PsResult result;
@@ -315,6 +356,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     result.sgd_seconds += 1e-9 * static_cast<double>(st.sgd_ns - stats_at_start[i].sgd_ns);
     result.busy_seconds += 1e-9 * static_cast<double>(st.busy_ns - stats_at_start[i].busy_ns);
     result.region_parts += st.region_parts - stats_at_start[i].region_parts;
+    result.chunk_updates += st.chunk_updates - stats_at_start[i].chunk_updates;
     result.applied += st.pushes_applied;
     result.received += st.pushes_received;
     result.rejected += st.pushes_rejected;
@@ -325,6 +367,12 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   result.seconds = std::chrono::duration<double>(t1 - t0).count();
   result.cpu_seconds = cpu1 - cpu0;
   result.bytes_moved = 2.0 * static_cast<double>(n) * sizeof(float) * workers * rounds;
+  result.worker_tx_bytes = static_cast<double>(worker_traffic.sent_bytes);
+  result.worker_rx_bytes = static_cast<double>(worker_traffic.received_bytes);
+  // The shards' transports keep counting after the last worker's round (acks to nobody, none):
+  // the snapshot at the end of the timed span is what they moved in it.
+  result.server_tx_bytes = static_cast<double>(server_at_end.sent_bytes - server_at_start.sent_bytes);
+  result.server_rx_bytes = static_cast<double>(server_at_end.received_bytes - server_at_start.received_bytes);
   result.push_latency = latencies.TakePush();
   result.pull_latency = latencies.TakePull();
   return result;
@@ -527,12 +575,18 @@ std::string VariantName(int v, const PipelineSetting& p) {
   }
 }
 
-// Every repeat of one (S,W): seconds per round per worker and GB/s of each variant, in repeat order.
+// Every repeat of one (S,W): seconds per round per worker and GB/s of each variant, in repeat
+// order (empty for a variant that did not run: with an emulated link only downpour runs); and
+// downpour's own measurements per repeat.
 struct PipelineCase {
-  int servers = 0, workers = 0;
+  int servers = 0, workers = 0, chunks = 0, rounds = 0;
   std::vector<double> seconds[kVariants];
   std::vector<double> gbs[kVariants];
+  std::vector<PsResult> downpour;  // per repeat (latency lists dropped)
 };
+
+// Whether variant `v` runs: the references have no emulated link, so with one only downpour.
+bool VariantRuns(int v, const PipelineSetting& p) { return p.service.link_gbps <= 0 || v == kDownpour; }
 
 // Ratios of round rates a / b (> 1 = a faster), per repeat.
 std::vector<double> RateRatios(const std::vector<double>& a_seconds, const std::vector<double>& b_seconds) {
@@ -556,8 +610,9 @@ std::string MedianRange(const std::vector<double>& v, const char* format = "{:.3
 }
 
 // One run of variant `v`; prints its line and returns (seconds per round per worker, GB/s).
+// Downpour's run also lands in `*ps` (its latency lists emptied).
 std::pair<double, double> RunVariant(int v, const ParamLayout& layout, int workers, int warmup, int rounds, int port,
-                                     const PipelineSetting& p, int repeat) {
+                                     const PipelineSetting& p, int repeat, PsResult* ps) {
   const int servers = layout.servers();
   double seconds = 0, bytes = 0;
   std::string detail;
@@ -581,12 +636,18 @@ std::pair<double, double> RunVariant(int v, const ParamLayout& layout, int worke
     detail = fmt::format(" | chunks: {} | {}", LatencyText(r.push_latency, r.pull_latency),
                          ServerTimeText(r.sgd_seconds, r.busy_seconds, servers, workers, rounds, r.seconds));
   } else {
-    const PsResult r = RunParameterService(layout, workers, warmup, rounds, port, BenchKeys(false), {}, p.service);
+    PsResult r = RunParameterService(layout, workers, warmup, rounds, port, BenchKeys(false), {}, p.service);
     seconds = r.seconds;
     bytes = r.bytes_moved;
-    detail = fmt::format(" | pushes applied {} rejected {} | via shared memory {} | parts (max {} chunks): {} | {}",
+    const double worker_rounds = static_cast<double>(workers) * rounds;
+    detail = fmt::format(" | pushes applied {} rejected {} | via shared memory {} | parts (max {} chunks): {} | {} | "
+                         "wire per worker round: tx {:.1f} MB rx {:.1f} MB",
                          r.applied, r.rejected, r.region_parts, p.service.max_chunks_per_message, LatencyText(r.push_latency, r.pull_latency),
-                         ServerTimeText(r.sgd_seconds, r.busy_seconds, servers, workers, rounds, r.seconds));
+                         ServerTimeText(r.sgd_seconds, r.busy_seconds, servers, workers, rounds, r.seconds),
+                         r.worker_tx_bytes / worker_rounds / 1e6, r.worker_rx_bytes / worker_rounds / 1e6);
+    r.push_latency.clear();
+    r.pull_latency.clear();
+    *ps = std::move(r);
   }
   const double per_round = seconds / rounds;
   const double gbs = bytes / seconds / 1e9;
@@ -606,20 +667,31 @@ PipelineCase RunPipelineCase(int servers, int workers, int warmup, int rounds, i
   out.workers = workers;
   double load[3] = {0, 0, 0};
   ::getloadavg(load, 3);
-  fmt::print("S={} W={}: {} chunks, {} timed rounds per worker, load average {:.2f}\n", servers, workers,
-             layout.num_chunks(), rounds, load[0]);
+  out.chunks = layout.num_chunks();
+  out.rounds = rounds;
+  fmt::print("S={} W={}: {} chunks, {} timed rounds per worker, load average {:.2f}{}\n", servers, workers,
+             layout.num_chunks(), rounds, load[0],
+             p.service.link_gbps > 0 ? fmt::format(", emulated link {:g} Gbit/s per process", p.service.link_gbps) : "");
   for (int r = 0; r < repeats; ++r) {
     for (int k = 0; k < kVariants; ++k) {
       const int v = (k + r) % kVariants;
+      if (!VariantRuns(v, p)) continue;
       *port += servers + 2;
-      const auto [per_round, gbs] = RunVariant(v, layout, workers, warmup, rounds, *port, p, r);
+      PsResult ps;
+      const auto [per_round, gbs] = RunVariant(v, layout, workers, warmup, rounds, *port, p, r, &ps);
       out.seconds[v].push_back(per_round);
       out.gbs[v].push_back(gbs);
+      if (v == kDownpour) out.downpour.push_back(std::move(ps));
     }
   }
   fmt::print("S={} W={} over {} repeats — s/round/worker median [min–max], GB/s median:\n", servers, workers, repeats);
   for (int v = 0; v < kVariants; ++v) {
+    if (!VariantRuns(v, p)) continue;
     fmt::print("  {:15} {}  {:.2f} GB/s\n", VariantName(v, p), MedianRange(out.seconds[v]), Median(out.gbs[v]));
+  }
+  if (p.service.link_gbps > 0) {
+    std::fflush(stdout);
+    return out;  // no reference to compare with
   }
   const auto dp_sgd = RateRatios(out.seconds[kDownpour], out.seconds[kRefSgd]);
   const auto none_bare = RateRatios(out.seconds[kRefNone], out.seconds[kOldBare]);
@@ -631,8 +703,96 @@ PipelineCase RunPipelineCase(int servers, int workers, int warmup, int rounds, i
   return out;
 }
 
+// Medians over repeats of downpour's per-round measurements (per worker round: one worker's push
+// of every gradient and pull of every weight).
+struct DownpourMedians {
+  double worker_tx = 0, worker_rx = 0, server_tx = 0, server_rx = 0;  // bytes per worker round
+  double sgd_s_per_chunk = 0, sgd_ns_per_float = 0, busy_s_per_round = 0;
+};
+
+DownpourMedians Medians(const PipelineCase& c, int64_t model_floats) {
+  std::vector<double> v[7];
+  const double worker_rounds = static_cast<double>(c.workers) * c.rounds;
+  for (const PsResult& r : c.downpour) {
+    v[0].push_back(r.worker_tx_bytes / worker_rounds);
+    v[1].push_back(r.worker_rx_bytes / worker_rounds);
+    v[2].push_back(r.server_tx_bytes / worker_rounds);
+    v[3].push_back(r.server_rx_bytes / worker_rounds);
+    v[4].push_back(r.chunk_updates > 0 ? r.sgd_seconds / static_cast<double>(r.chunk_updates) : 0);
+    v[5].push_back(1e9 * r.sgd_seconds / (worker_rounds * static_cast<double>(model_floats)));
+    v[6].push_back(r.busy_seconds / worker_rounds);
+  }
+  if (c.downpour.empty()) return {};
+  return {Median(v[0]), Median(v[1]), Median(v[2]), Median(v[3]), Median(v[4]), Median(v[5]), Median(v[6])};
+}
+
+// With an emulated link: downpour alone, as a Markdown table.
+void PrintLinkTable(const std::vector<PipelineCase>& cases, const PipelineSetting& p) {
+  const int64_t floats = TotalElements(AlexNetTensorSpecs());
+  fmt::print("\n| S | W | link Gbit/s | s/round/worker | GB/s | worker tx MB/round | worker rx MB/round | sgd ms/chunk |\n"
+             "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  for (const PipelineCase& c : cases) {
+    const DownpourMedians m = Medians(c, floats);
+    fmt::print("| {} | {} | {:g} | {} | {:.2f} | {:.1f} | {:.1f} | {:.2f} |\n", c.servers, c.workers,
+               p.service.link_gbps, MedianRange(c.seconds[kDownpour]), Median(c.gbs[kDownpour]), m.worker_tx / 1e6,
+               m.worker_rx / 1e6, 1e3 * m.sgd_s_per_chunk);
+  }
+  std::fflush(stdout);
+}
+
+// "[0.1, 0.2]" with full precision, for JSON.
+std::string JsonList(const std::vector<double>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += fmt::format("{}{:.6g}", i ? ", " : "", v[i]);
+  return out + "]";
+}
+
+// The grid as JSON (format: docs/emulated_links.md, "downpour-bench-ps --json"). Throws on a write error.
+void WritePipelineJson(const std::string& path, const std::vector<PipelineCase>& cases, const PipelineSetting& p,
+                       int64_t chunk_elems, int repeats) {
+  const int64_t floats = TotalElements(AlexNetTensorSpecs());
+  double load[3] = {0, 0, 0};
+  ::getloadavg(load, 3);
+  std::string j = "{\n";
+  j += fmt::format("  \"format\": \"downpour-bench-ps/1\",\n  \"model\": {{\"name\": \"alexnet\", \"floats\": {}, "
+                   "\"bytes\": {}}},\n",
+                   floats, floats * 4);
+  j += fmt::format("  \"link_gbps\": {},\n", p.service.link_gbps > 0 ? fmt::format("{:g}", p.service.link_gbps) : "null");
+  j += fmt::format("  \"transport\": \"{}\",\n  \"chunk_elems\": {},\n  \"max_chunks_per_message\": {},\n",
+                   TransportName(p.service.transport), chunk_elems, p.service.max_chunks_per_message);
+  j += fmt::format("  \"repeats\": {},\n  \"machine\": {{\"nproc\": {}, \"load1_at_end\": {:.2f}}},\n  \"cases\": [\n",
+                   repeats, UsableCores(), load[0]);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const PipelineCase& c = cases[i];
+    const DownpourMedians m = Medians(c, floats);
+    j += fmt::format("    {{\"servers\": {}, \"workers\": {}, \"chunks\": {}, \"timed_rounds_per_worker\": {},\n",
+                     c.servers, c.workers, c.chunks, c.rounds);
+    j += fmt::format("     \"downpour\": {{\"round_s\": {}, \"round_s_median\": {:.6g}, \"gbs\": {},\n",
+                     JsonList(c.seconds[kDownpour]), Median(c.seconds[kDownpour]), JsonList(c.gbs[kDownpour]));
+    j += fmt::format("       \"worker_tx_bytes_per_round\": {:.0f}, \"worker_rx_bytes_per_round\": {:.0f},\n"
+                     "       \"server_tx_bytes_per_round\": {:.0f}, \"server_rx_bytes_per_round\": {:.0f},\n",
+                     m.worker_tx, m.worker_rx, m.server_tx, m.server_rx);
+    j += fmt::format("       \"sgd_s_per_chunk\": {:.6g}, \"sgd_ns_per_float\": {:.6g}, \"server_busy_s_per_round\": {:.6g}}}",
+                     m.sgd_s_per_chunk, m.sgd_ns_per_float, m.busy_s_per_round);
+    const std::pair<int, const char*> refs[] = {{kOldBare, "old_bare"}, {kRefNone, "ref_none"}, {kRefSgd, "ref_sgd"}};
+    for (const auto& [v, name] : refs) {
+      if (c.seconds[v].empty()) continue;
+      j += fmt::format(",\n     \"{}\": {{\"round_s\": {}, \"round_s_median\": {:.6g}, \"gbs\": {}}}", name,
+                       JsonList(c.seconds[v]), Median(c.seconds[v]), JsonList(c.gbs[v]));
+    }
+    j += i + 1 < cases.size() ? "},\n" : "}\n";
+  }
+  j += "  ]\n}\n";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) ThrowIfError(IoError("--json {}: cannot open for writing: {}", path, std::strerror(errno)));
+  const bool ok = std::fwrite(j.data(), 1, j.size(), f) == j.size();
+  if (std::fclose(f) != 0 || !ok) ThrowIfError(IoError("--json {}: write failed: {}", path, std::strerror(errno)));
+  fmt::print("wrote {}\n", path);
+}
+
 // The grid's summary as a Markdown table (pasted into bench/RESULTS.md section 10).
 void PrintPipelineTable(const std::vector<PipelineCase>& cases, const PipelineSetting& p) {
+  if (p.service.link_gbps > 0) return PrintLinkTable(cases, p);
   fmt::print("\n| S | W | old bare s/round | ref none s/round | ref sgd s/round | {} s/round | downpour / ref sgd | "
              "ref none / old bare |\n| ---: | ---: | --- | --- | --- | --- | --- | --- |\n",
              VariantName(kDownpour, p));
@@ -661,6 +821,7 @@ int main(int argc, char** argv) {
   downpour::bench::PipelineSetting pipeline;
   bool pipeline_grid = false, pipeline_one = false;
   std::string transport = "tcp", reference_transport = "tcp";
+  std::string json_path;
   app.add_option("--servers", servers, "shard servers S")->check(CLI::Range(1, 64));
   app.add_option("--workers", workers, "synthetic workers W")->check(CLI::Range(1, 64));
   app.add_option("--rounds", rounds, "timed push+pull rounds per worker")->check(CLI::Range(1, 100000));
@@ -691,6 +852,20 @@ int main(int argc, char** argv) {
   app.add_option("--reference-transport", reference_transport,
                  "the pipelined reference over tcp (loopback, ps-lite's default) or ipc (ps-lite's DMLC_LOCAL)")
       ->check(CLI::IsMember({"tcp", "ipc"}));
+  app.add_option("--link-gbps", pipeline.service.link_gbps,
+                 "with --pipeline-grid / --pipeline: an emulated link of this many Gbit/s per shard server and per "
+                 "worker (cluster.link_gbps); only downpour runs then")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            double x = 0;
+            try {
+              x = std::stod(v);
+            } catch (const std::exception&) {
+            }
+            return x > 0 && std::isfinite(x) ? std::string() : "must be a link speed > 0 in Gbit/s, got " + v;
+          },
+          "GBIT/S > 0"));
+  app.add_option("--json", json_path, "with --pipeline-grid / --pipeline: write the results here as JSON (docs/emulated_links.md)");
   app.add_flag("--wal", wal.on, "run the shards with their write-ahead log on (checkpoint.wal)");
   app.add_flag("--wal-grid", wal_grid, "at (S,W) in {(2,1),(4,4)}: write-ahead log off vs on in alternating pairs");
   app.add_option("--wal-dir", wal.dir, "where the logs go (a temporary directory inside it, removed after each run)");
@@ -701,6 +876,16 @@ int main(int argc, char** argv) {
                                : transport == "shm" ? downpour::bench::ServiceTransport::kShm
                                                     : downpour::bench::ServiceTransport::kTcp;
   pipeline.reference_ipc = reference_transport == "ipc";
+  if ((pipeline.service.link_gbps > 0 || !json_path.empty()) && !pipeline_grid && !pipeline_one) {
+    fmt::print(stderr, "downpour-bench-ps: {} needs --pipeline-grid or --pipeline\n",
+               pipeline.service.link_gbps > 0 ? "--link-gbps" : "--json");
+    return downpour::cli::kExitUsage;
+  }
+  if (pipeline.service.link_gbps > 0 && transport == "shm") {
+    fmt::print(stderr, "downpour-bench-ps: --link-gbps with --transport shm: shared memory would bypass the emulated "
+                       "link (use tcp or ipc)\n");
+    return downpour::cli::kExitUsage;
+  }
   try {
     fmt::print("model: AlexNet tensors, {} floats ({:.1f} MB) each way per round\n",
                downpour::TotalElements(downpour::AlexNetTensorSpecs()),
@@ -719,6 +904,7 @@ int main(int argc, char** argv) {
             downpour::bench::RunPipelineCase(s, w, warmup, case_rounds, repeats, chunk_elems, &p, pipeline));
       }
       downpour::bench::PrintPipelineTable(results, pipeline);
+      if (!json_path.empty()) downpour::bench::WritePipelineJson(json_path, results, pipeline, chunk_elems, repeats);
       downpour::bench::PrintCeilings();  // the load at the end, too
     } else if (wal_grid) {
       int p = port;

@@ -415,6 +415,7 @@ Status Trainer::Evaluate(bool final_eval, EvalRecord* out, bool starting_weights
     DP_RETURN_IF_ERROR(channel_->Pull(clock_, eval_net_->params(), &info));
     out->versions = info.version_sum;
     channel_->TakeWireSpans();  // evaluation traffic is not a step's
+    if (o_.traffic) traffic_last_ = o_.traffic();
   } else {
     std::copy(net_->params().begin(), net_->params().end(), eval_net_->params().begin());
     out->versions = local_iter_;
@@ -447,6 +448,13 @@ void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s)
           : std::numeric_limits<double>::quiet_NaN();  // written as null: the servers measure it
   last_push_chunks_ = push_info_.chunks;
   last_push_sum_ = push_info_.staleness_sum;
+  MetricValue tx_bytes, rx_bytes;  // null without a transport
+  if (o_.traffic) {
+    const TrafficCounts t = o_.traffic();
+    tx_bytes = static_cast<int64_t>(t.sent_bytes - traffic_last_.sent_bytes);
+    rx_bytes = static_cast<int64_t>(t.received_bytes - traffic_last_.received_bytes);
+    traffic_last_ = t;
+  }
   // Metrics are best effort: a full disk must not stop training.
   (void)metrics_->Write("step", {{"wall_s", Elapsed()},
                                  {"step", steps_done},
@@ -466,7 +474,9 @@ void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s)
                                  {"version_min", pull_info_.version_min},
                                  {"version_max", pull_info_.version_max},
                                  {"staleness_mean", staleness},
-                                 {"grad_norm", clipping() ? MetricValue(grad_norm_) : MetricValue()}});
+                                 {"grad_norm", clipping() ? MetricValue(grad_norm_) : MetricValue()},
+                                 {"tx_bytes", tx_bytes},
+                                 {"rx_bytes", rx_bytes}});
 }
 
 void Trainer::LogEval(const EvalRecord& r, bool final_eval) {
@@ -531,6 +541,7 @@ Status Trainer::Run(TrainResult* result) {
     EvalRecord r;
     DP_RETURN_IF_ERROR(Evaluate(false, &r, /*starting_weights=*/true));
   }
+  if (o_.traffic) traffic_last_ = o_.traffic();  // register and the first evaluation are no step's
   for (int64_t step = from.step; step < planned; ++step) {
     const double t0 = NowS();
     pull_ms_ = 0;
@@ -603,7 +614,9 @@ Status Trainer::Run(TrainResult* result) {
                                    {"final_top1", result->has_eval ? result->final_eval.top1 : nan},
                                    {"final_top5", result->has_eval ? result->final_eval.top5 : nan},
                                    {"final_test_loss", result->has_eval ? result->final_eval.loss : nan},
-                                   {"clipped_steps", clipped_steps_}});
+                                   {"clipped_steps", clipped_steps_},
+                                   {"tx_bytes", TotalBytes(&TrafficCounts::sent_bytes)},
+                                   {"rx_bytes", TotalBytes(&TrafficCounts::received_bytes)}});
   }
   return Status::Ok();
 }

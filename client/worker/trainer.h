@@ -54,6 +54,7 @@
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/run_config.h"
+#include "common/transport.h"
 
 namespace downpour::worker {
 
@@ -90,6 +91,11 @@ struct TrainerOptions {
   // Called after every step and once more when training is done (finished = true): the worker
   // saves it, which is what a later resume reads. May be empty.
   std::function<void(const WorkerProgress&)> on_progress;
+  // The process's wire traffic so far (its transport's counters, common/transport.h): step
+  // records carry the bytes sent / received during the step (tx_bytes ~ pushes, rx_bytes ~
+  // pulled weights, both with their headers, requests, acks and heartbeats; not evaluation
+  // pulls), the done record the process's totals. Empty = not measured (reference run: nulls).
+  std::function<TrafficCounts()> traffic;
 };
 
 struct EvalRecord {
@@ -166,6 +172,10 @@ class Trainer {
   std::vector<PushFactor> step_factors_;    // this step's tensors whose grad span holds factors
   std::vector<float> history_;   // momentum (reference run only)
   bool clipping() const { return o_.solver.clip_gradients > 0; }
+  // The process's total of `field` so far (o_.traffic); null without a transport.
+  MetricValue TotalBytes(uint64_t TrafficCounts::*field) const {
+    return o_.traffic ? MetricValue(o_.traffic().*field) : MetricValue();
+  }
   void ClipGradient(std::span<float> grad);
   double grad_norm_ = 0;         // L2 norm of the last clipped-or-not gradient (clipping on)
   int64_t clipped_steps_ = 0;    // steps whose gradient was scaled down
@@ -183,6 +193,7 @@ class Trainer {
   PullInfo pull_info_;
   PushInfo push_info_;           // cumulative
   int64_t last_push_chunks_ = 0, last_push_sum_ = 0;
+  TrafficCounts traffic_last_;   // o_.traffic() when the last step (or evaluation) ended
   // Overlapped pulls: fixed maps from the layout and the net, and per-step state.
   bool overlap_ = false;                           // options asked for it and the run allows it
   std::vector<std::vector<int32_t>> layer_chunks_; // per layer: chunks overlapping its tensors

@@ -306,7 +306,8 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   po.token = pnet.token;
   // Same-host payloads through shared memory (cluster.shared_memory); a server that offers none
   // is used over the socket.
-  po.shared_memory = config.cluster.shared_memory;
+  po.shared_memory = SharedMemoryOn(config);  // off on an emulated link (cluster.link_gbps)
+  if (const std::string link = EmulatedLinkNote(config); !link.empty()) spdlog::info("worker {}: {}", args.id, link);
   // Sync/ssp servers hold a pull until it is servable, up to the wait below: a reply must not
   // time out earlier than that. A server that answers nothing (restarting) is waited for up to
   // cluster.server_wait_ms, then the request fails naming it.
@@ -356,6 +357,8 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
     rendezvous->set_clock(clock);
     return Status::Ok();
   });
+  // Wire bytes per step and in total (step / done records): the process's one transport.
+  topts.traffic = [transport = cluster->transport.get()] { return transport->traffic(); };
   const bool final_eval = to.evaluate && test != nullptr;
   topts.on_training_done = [&, final_eval]() -> Status {
     DP_RETURN_IF_ERROR(rendezvous->AnnounceFinished(std::chrono::milliseconds(10000)));

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """downpour-summarize's step-time breakdown: per-worker medians of the worker's step records
-(step, compute, pull wait, push wait, loader, comm), the first step of each segment left out, the
-overlap ratio step / max(compute, comm), in its output and in summary.json; runs whose records
-predate the breakdown get "—"."""
+(step, compute, pull wait, push wait, loader, comm, wire bytes sent and received), the first step of
+each segment left out, the overlap ratio step / max(compute, comm), in its output and in
+summary.json; runs whose records predate the breakdown get "—"."""
 import json
 import os
 import tempfile
@@ -27,8 +27,10 @@ class Breakdown(unittest.TestCase):
         # Worker 0: a cold first step (left out), then steps where compute (100 ms) hides comm.
         first = dict(step_ms=900.0, compute_ms=300.0, pull_wait_ms=500.0, push_wait_ms=50.0, loader_wait_ms=40.0,
                      comm_ms=550.0)
+        first.update(tx_bytes=999, rx_bytes=999)
         rows0 = [first] + [dict(step_ms=110.0 + k, compute_ms=100.0, pull_wait_ms=3.0, push_wait_ms=5.0,
-                                loader_wait_ms=1.0, comm_ms=60.0) for k in range(5)]
+                                loader_wait_ms=1.0, comm_ms=60.0, tx_bytes=2_000_000 + k, rx_bytes=8_000_000)
+                           for k in range(5)]
         fab.append_jsonl(self.run_dir, "worker-0", with_breakdown(fab.worker_segment(0, 1000.0, 0, 6), rows0))
         # Worker 1: records without the breakdown (a run from before it).
         fab.append_jsonl(self.run_dir, "worker-1", fab.worker_segment(1, 1000.0, 0, 6))
@@ -49,11 +51,15 @@ class Breakdown(unittest.TestCase):
         self.assertEqual(row["pull_wait_ms"], 3.0)
         self.assertEqual(row["comm_ms"], 60.0)
         self.assertAlmostEqual(row["overlap_ratio"], 1.12)
+        self.assertEqual(row["tx_bytes"], 2_000_002)
+        self.assertEqual(row["rx_bytes"], 8_000_000)
 
     def test_line_per_worker(self):
         self.assertIn("worker 0: step = 112.0 ms; compute 100.0, pull wait 3.0, push wait 5.0, loader 1.0; "
                       "comm 60.0; overlap ratio step / max(compute, comm) = 1.12", self.stdout)
+        self.assertIn("(medians of 5 steps); wire per step: tx 2.000 MB, rx 8.000 MB", self.stdout)
         self.assertIn("worker 1: step = — ms; compute —", self.stdout)
+        self.assertIn("wire per step: tx — MB, rx — MB", self.stdout)
         row = next(b for b in self.s["step_breakdown"] if b["worker"] == 1)
         self.assertIsNone(row["overlap_ratio"])
 

@@ -1,0 +1,342 @@
+// link_pacer_test.cc — the emulated link (cluster.link_gbps): LinkPacer's virtual finish times
+// on a fake clock; then real ZmqTransports on 127.0.0.1 whose measured rate, over ~0.5 s of
+// 4 MiB frames, holds the set rate within 10% (client -> server and server -> client: the
+// endpoint queues what is not due and releases it when due, its Send never waiting); a client
+// sending and receiving at once takes the longer of the two, not the sum (full duplex); a server
+// whose link is busy for a second still receives and answers a second peer at once (its loop
+// never waits for the link); the byte counters (traffic()) count every frame on both sides; and the
+// run config's cluster.link_gbps reaches a process's ZmqOptions and turns shared memory off.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/process_net.h"
+#include "common/rate_limiter.h"
+#include "common/zmq_transport.h"
+
+namespace downpour {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kFrameBytes = size_t{4} << 20;  // a layout chunk (1M floats)
+constexpr double kTolerance = 0.10;               // the bound on the held rate
+
+// ---- LinkPacer on a fake clock ---------------------------------------------------------------
+
+TEST(LinkPacer, BackToBackReservationsAreSpacedByTheirBytesAtTheRate) {
+  LinkPacer pacer(1.0, Clock::duration::zero());  // 1 Gbit/s = 125 bytes per microsecond
+  const Clock::time_point t0 = Clock::time_point{} + 1h;
+  EXPECT_EQ(pacer.ReserveAt(125000, t0), t0 + 1ms);
+  EXPECT_EQ(pacer.ReserveAt(125000, t0), t0 + 2ms);        // behind the first
+  EXPECT_EQ(pacer.ReserveAt(250000, t0 + 1ms), t0 + 4ms);  // still behind, not from "now"
+  EXPECT_EQ(pacer.Duration(size_t{125} << 20), std::chrono::nanoseconds(1048576000));
+}
+
+TEST(LinkPacer, AnIdleLinkSavesAtMostTheBurst) {
+  LinkPacer pacer(8.0, 100us);  // 1 byte per ns, a bucket of 100 us
+  const Clock::time_point t0 = Clock::time_point{} + 1h;
+  EXPECT_EQ(pacer.ReserveAt(1000, t0), t0 - 100us + 1us);  // the bucket starts full
+  // Idle for a second: 100 us of credit, no more; then back-to-back at the rate.
+  EXPECT_EQ(pacer.ReserveAt(1000000, t0 + 1s), t0 + 1s - 100us + 1ms);
+  EXPECT_EQ(pacer.ReserveAt(1000000, t0 + 1s), t0 + 1s - 100us + 2ms);
+  // A sender that comes back 50 us after its finish time loses nothing (within the burst).
+  EXPECT_EQ(pacer.ReserveAt(1000000, t0 + 1s + 2ms - 50us), t0 + 1s - 100us + 3ms);
+}
+
+TEST(LinkPacer, ThreadsShareOneLink) {
+  LinkPacer pacer(8.0, Clock::duration::zero());
+  const Clock::time_point t0 = Clock::time_point{} + 1h;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) pacer.ReserveAt(1000, t0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(pacer.ReserveAt(0, t0), t0 + 4ms);  // 4000 messages of 1 us each, none lost
+}
+
+// ---- real sockets ----------------------------------------------------------------------------
+
+ZmqOptions Options(double gbps) {
+  ZmqOptions o;
+  o.linger_ms = 0;
+  o.link_gbps = gbps;
+  return o;
+}
+
+Frames Small(const std::string& text) {
+  Frames f;
+  f.push_back(Frame::Copy(text));
+  return f;
+}
+
+// A header frame and one 4 MiB payload borrowed from `payload` (kept alive by it).
+Frames Big(const std::shared_ptr<std::vector<char>>& payload) {
+  Frames f;
+  f.push_back(Frame::Copy("chunk"));
+  f.push_back(Frame::Borrow(payload->data(), payload->size(), payload));
+  return f;
+}
+
+size_t BigBytes() { return std::strlen("chunk") + kFrameBytes; }
+
+// Frames that take about `seconds` on a link of `gbps`.
+int FramesFor(double gbps, double seconds) {
+  return static_cast<int>(gbps * 1e9 / 8 * seconds / static_cast<double>(BigBytes()) + 0.5);
+}
+
+double Gbps(size_t bytes, Clock::duration d) {
+  return static_cast<double>(bytes) * 8 / std::chrono::duration<double>(d).count() / 1e9;
+}
+
+class LinkRate : public ::testing::TestWithParam<double> {};
+
+// Calls `send` and records how long it took.
+class SendTimer {
+ public:
+  Status operator()(const std::function<Status()>& send) {
+    const auto t = Clock::now();
+    Status s = send();
+    longest_ = std::max(longest_, Clock::now() - t);
+    return s;
+  }
+  Clock::duration longest() const { return longest_; }
+
+ private:
+  Clock::duration longest_{0};
+};
+
+// The client's link: Send queues, the client's Receive calls release frames when due (as the PS
+// client's I/O loop does); the server reads freely.
+TEST_P(LinkRate, ClientSendsHoldTheSetRate) {
+  const double gbps = GetParam();
+  ZmqTransport server_transport(Options(0));
+  ZmqTransport client_transport(Options(gbps));
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  std::unique_ptr<ClientEndpoint> client;
+  ASSERT_TRUE(client_transport.Connect(server->address(), &client).ok());
+  // Connect first, off the clock: a small message is charged but not held back.
+  ASSERT_TRUE(client->Send(Small("hello")).ok());
+  PeerId from;
+  Frames got;
+  ASSERT_TRUE(server->Receive(&from, &got, 5000ms).ok());
+
+  const int n = FramesFor(gbps, 0.5);
+  auto payload = std::make_shared<std::vector<char>>(kFrameBytes, 'x');
+  const auto start = Clock::now();
+  std::atomic<bool> stop{false};
+  SendTimer timed;
+  std::thread sender([&] {
+    for (int i = 0; i < n; ++i) ASSERT_TRUE(timed([&] { return client->Send(Big(payload)); }).ok());
+    Frames none;
+    while (!stop) EXPECT_EQ(client->Receive(&none, 5ms).code(), StatusCode::kTimeout);  // drains the queue
+  });
+  size_t received = 0;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(server->Receive(&from, &got, 10000ms).ok()) << "frame " << i;
+    ASSERT_EQ(got.size(), 2u);
+    received += got[0].size() + got[1].size();
+  }
+  const auto elapsed = Clock::now() - start;
+  stop = true;
+  sender.join();
+  EXPECT_EQ(received, n * BigBytes());
+  const double measured = Gbps(received, elapsed);
+  std::printf("set %.1f Gbit/s, measured %.3f Gbit/s (%d frames of 4 MiB)\n", gbps, measured, n);
+  EXPECT_NEAR(measured, gbps, kTolerance * gbps) << n << " frames of 4 MiB in "
+                                                  << std::chrono::duration<double>(elapsed).count() << " s";
+  EXPECT_LT(timed.longest(), 5ms) << "a paced client Send must queue, not wait for the link";
+  // Every frame counted, on both sides (the hello too).
+  EXPECT_EQ(client_transport.traffic().sent_bytes, received + 5);
+  EXPECT_EQ(client_transport.traffic().sent_messages, static_cast<uint64_t>(n) + 1);
+  EXPECT_EQ(server_transport.traffic().received_bytes, received + 5);
+  EXPECT_EQ(server_transport.traffic().received_messages, static_cast<uint64_t>(n) + 1);
+  EXPECT_EQ(server_transport.traffic().sent_bytes, 0u);
+}
+
+// A server loop that answers each "pull N" with N replies of 4 MiB and "ping" with "pong",
+// until stopped. It never sleeps: paced replies wait in the transport's queue.
+class ReplyLoop {
+ public:
+  explicit ReplyLoop(ServerEndpoint* server) : server_(server) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ReplyLoop() {
+    stop_ = true;
+    thread_.join();
+  }
+  // Longest the loop spent in one Send (it must never wait for the link).
+  Clock::duration longest_send() const { return Clock::duration(longest_send_ns_.load()); }
+
+ private:
+  void Run() {
+    auto payload = std::make_shared<std::vector<char>>(kFrameBytes, 'y');
+    while (!stop_) {
+      PeerId from;
+      Frames got;
+      if (!server_->Receive(&from, &got, 20ms).ok()) continue;
+      const std::string text(reinterpret_cast<const char*>(got[0].data()), got[0].size());
+      const int n = text.rfind("pull ", 0) == 0 ? std::stoi(text.substr(5)) : 0;
+      for (int i = 0; i < n; ++i) Timed([&] { return server_->Send(from, Big(payload)); });
+      if (text == "ping") Timed([&] { return server_->Send(from, Small("pong")); });
+    }
+  }
+  template <typename F>
+  void Timed(F send) {
+    const auto t = Clock::now();
+    EXPECT_TRUE(send().ok());
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
+    if (ns > longest_send_ns_) longest_send_ns_ = ns;
+  }
+
+  ServerEndpoint* server_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> longest_send_ns_{0};
+  std::thread thread_;
+};
+
+// The server's link: replies queue in the transport and leave when due.
+TEST_P(LinkRate, ServerRepliesHoldTheSetRateWithoutBlockingTheLoop) {
+  const double gbps = GetParam();
+  ZmqTransport server_transport(Options(gbps));
+  ZmqTransport client_transport(Options(0));
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  std::unique_ptr<ClientEndpoint> client;
+  ASSERT_TRUE(client_transport.Connect(server->address(), &client).ok());
+  ReplyLoop loop(server.get());
+  Frames got;
+  ASSERT_TRUE(client->Send(Small("ping")).ok());
+  ASSERT_TRUE(client->Receive(&got, 5000ms).ok());  // connected
+
+  const int n = FramesFor(gbps, 0.5);
+  const auto start = Clock::now();
+  ASSERT_TRUE(client->Send(Small("pull " + std::to_string(n))).ok());
+  size_t received = 0;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(client->Receive(&got, 10000ms).ok()) << "reply " << i;
+    ASSERT_EQ(got.size(), 2u);
+    received += got[0].size() + got[1].size();
+  }
+  const auto elapsed = Clock::now() - start;
+  EXPECT_EQ(received, n * BigBytes());
+  const double measured = Gbps(received, elapsed);
+  std::printf("set %.1f Gbit/s, measured %.3f Gbit/s (%d frames of 4 MiB)\n", gbps, measured, n);
+  EXPECT_NEAR(measured, gbps, kTolerance * gbps) << n << " replies of 4 MiB in "
+                                                  << std::chrono::duration<double>(elapsed).count() << " s";
+  EXPECT_LT(loop.longest_send(), 5ms) << "a paced Send must queue, not wait for the link";
+  // The loop thread counts a reply once ZeroMQ took it, which may be just after it arrived here.
+  for (int i = 0; i < 100 && server_transport.traffic().sent_bytes < received + 4; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(server_transport.traffic().sent_bytes, received + 4);  // + "pong"
+  EXPECT_EQ(client_transport.traffic().received_bytes, received + 4);
+}
+
+// A client that sends one link-second's worth while the server sends it as much back takes about
+// one link-second, not two: its replies are read while its own frames wait for their due time.
+TEST(LinkDuplex, SendingAndReceivingAtOnceTakeTheLongerNotTheSum) {
+  const double gbps = 2.0;
+  ZmqTransport server_transport(Options(gbps));
+  ZmqTransport client_transport(Options(gbps));
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  std::unique_ptr<ClientEndpoint> client;
+  ASSERT_TRUE(client_transport.Connect(server->address(), &client).ok());
+  ReplyLoop loop(server.get());  // answers "pull N" with N frames; ignores the big ones
+  Frames got;
+  ASSERT_TRUE(client->Send(Small("ping")).ok());
+  ASSERT_TRUE(client->Receive(&got, 5000ms).ok());
+
+  const int n = FramesFor(gbps, 0.5);  // 0.5 s each way
+  auto payload = std::make_shared<std::vector<char>>(kFrameBytes, 'z');
+  const auto start = Clock::now();
+  const std::string pull = "pull " + std::to_string(n);
+  ASSERT_TRUE(client->Send(Small(pull)).ok());
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(client->Send(Big(payload)).ok());
+  int replies = 0;
+  while (replies < n) {
+    ASSERT_TRUE(client->Receive(&got, 10000ms).ok()) << "reply " << replies;
+    ++replies;
+  }
+  const auto received_all = Clock::now() - start;
+  // The client's own frames are released by its Receive calls too; wait for the last to leave.
+  while (client_transport.traffic().sent_bytes < 4 + pull.size() + static_cast<uint64_t>(n) * BigBytes()) {
+    EXPECT_EQ(client->Receive(&got, 5ms).code(), StatusCode::kTimeout);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("duplex at %.1f Gbit/s: 0.5 s each way took %.3f s (replies in %.3f s)\n", gbps, seconds,
+              std::chrono::duration<double>(received_all).count());
+  EXPECT_LT(seconds, 0.5 * 1.25) << "sending and receiving were serialised";
+  EXPECT_GT(seconds, 0.5 * 0.9);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gbps, LinkRate, ::testing::Values(1.0, 4.0),
+                         [](const auto& info) { return std::to_string(static_cast<int>(info.param)) + "Gbps"; });
+
+// One peer fills the server's link for about a second; a second peer's ping is still received
+// and answered at once (a small reply is charged to the link, not held behind the queue).
+TEST(LinkNoStall, AServerUnderALimitAnswersASecondPeerAtOnce) {
+  ZmqTransport server_transport(Options(1.0));
+  ZmqTransport client_transport(Options(0));
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  std::unique_ptr<ClientEndpoint> bulk, other;
+  ASSERT_TRUE(client_transport.Connect(server->address(), &bulk).ok());
+  ASSERT_TRUE(client_transport.Connect(server->address(), &other).ok());
+  ReplyLoop loop(server.get());
+  Frames got;
+  for (ClientEndpoint* c : {bulk.get(), other.get()}) {
+    ASSERT_TRUE(c->Send(Small("ping")).ok());
+    ASSERT_TRUE(c->Receive(&got, 5000ms).ok());
+  }
+  const int n = FramesFor(1.0, 1.0);  // ~1 s of the link
+  ASSERT_TRUE(bulk->Send(Small("pull " + std::to_string(n))).ok());
+  std::this_thread::sleep_for(100ms);  // the bulk replies are queued and leaving
+  const auto t = Clock::now();
+  ASSERT_TRUE(other->Send(Small("ping")).ok());
+  ASSERT_TRUE(other->Receive(&got, 5000ms).ok());
+  const auto round_trip = Clock::now() - t;
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(got[0].data()), got[0].size()), "pong");
+  EXPECT_LT(round_trip, 100ms) << "the second peer waited for the first one's link";
+  // The bulk peer is still being served at the link's pace, and gets everything.
+  int bulk_got = 0;
+  while (bulk_got < n && bulk->Receive(&got, 5000ms).ok()) ++bulk_got;
+  EXPECT_EQ(bulk_got, n);
+}
+
+// ---- the run config's cluster.link_gbps ------------------------------------------------------
+
+TEST(LinkConfig, LinkGbpsReachesTheTransportAndTurnsSharedMemoryOff) {
+  RunConfig c;
+  ProcessNet net;
+  ASSERT_TRUE(SetUpProcessNet(c, NetFlags{}, NetRole::kWorker, "", &net).ok());
+  EXPECT_EQ(net.zmq.link_gbps, 0);  // off by default
+  EXPECT_TRUE(SharedMemoryOn(c));
+  EXPECT_EQ(EmulatedLinkNote(c), "");
+
+  c.cluster.link_gbps = 2.5;
+  for (NetRole role : {NetRole::kCoordinator, NetRole::kServer, NetRole::kWorker, NetRole::kAdmin}) {
+    ASSERT_TRUE(SetUpProcessNet(c, NetFlags{}, role, "", &net).ok()) << NetRoleName(role);
+    EXPECT_EQ(net.zmq.link_gbps, 2.5) << NetRoleName(role);
+  }
+  EXPECT_FALSE(SharedMemoryOn(c));
+  EXPECT_EQ(EmulatedLinkNote(c),
+            "emulated link: cluster.link_gbps = 2.5 Gbit/s of egress per process (experiments only); shared memory "
+            "off (cluster.shared_memory would bypass the link)");
+  c.cluster.shared_memory = false;  // nothing to turn off
+  EXPECT_EQ(EmulatedLinkNote(c), "emulated link: cluster.link_gbps = 2.5 Gbit/s of egress per process (experiments only)");
+}
+
+}  // namespace
+}  // namespace downpour
