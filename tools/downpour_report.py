@@ -39,7 +39,7 @@ COLUMNS = [
     ("max staleness", True, lambda label, s: dr.fmt(s["staleness_max"], "d")),
     ("max clocks ahead", True, lambda label, s: dr.fmt(s.get("clock_ahead_max"), "d")),
     ("mean pull wait (ms)", True, lambda label, s: dr.fmt(s.get("pull_wait_ms_mean"), ".1f")),
-    # Wire bytes per worker step (push_bytes / pull_bytes in the step records; "—" for runs without).
+    # Wire bytes per worker step (tx_bytes / rx_bytes in the step records; "—" for runs without).
     ("push MB/step", True, lambda label, s: dr.fmt(_mb(s.get("push_bytes_per_step")), ".3f")),
     ("pull MB/step", True, lambda label, s: dr.fmt(_mb(s.get("pull_bytes_per_step")), ".3f")),
     ("median step (ms)", True, lambda label, s: dr.fmt(s.get("step_ms_median"), ".1f")),

@@ -518,12 +518,14 @@ def diverged_line(name, s):
             f"or a smaller solver.base_lr")
 
 
-BYTE_FIELDS = ("push_bytes", "pull_bytes")  # per-step wire bytes in worker step records (issue 14), when present
+# Per-step wire bytes in worker step records (issue 14), when present: what the worker's transport
+# sent (pushes, with their headers) and received (pulled weights, acks) during that step.
+BYTE_FIELDS = ("tx_bytes", "rx_bytes")
 
 
 def wire_bytes(workers, times):
-    """What the workers' step records say about bytes on the wire (fields push_bytes / pull_bytes,
-    bytes of that one step; runs from before issue 14 have none): the mean push and pull bytes per
+    """What the workers' step records say about bytes on the wire (fields tx_bytes / rx_bytes: the
+    worker's transport's bytes out (push) and in (pull) during that one step; runs from before issue 14 have none): the mean push and pull bytes per
     worker step, the median step_ms (the first step of each segment left out, as the breakdown
     does), and [(active time, bytes moved by all workers up to then)] for the accuracy-vs-bytes
     curve. Each value None / [] when the records lack it."""
@@ -532,7 +534,7 @@ def wire_bytes(workers, times):
         for seg_no, seg in enumerate(w.segments):
             steps = [r for r in seg if r.get("event") == "step"]
             for i, r in enumerate(steps):
-                p, q = r.get("push_bytes"), r.get("pull_bytes")
+                p, q = r.get(BYTE_FIELDS[0]), r.get(BYTE_FIELDS[1])
                 if isinstance(p, (int, float)):
                     push.append(p)
                 if isinstance(q, (int, float)):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bytes on the wire in the tools (issue 14): summaries read push_bytes / pull_bytes from the
+"""Bytes on the wire in the tools (issue 14): summaries read tx_bytes / rx_bytes from the
 workers' step records (bytes per step, the cumulative bytes at each evaluation), downpour-compare
 adds the columns and accuracy_vs_bytes.png, downpour-experiment takes a per-run `base`, and
 configs/experiments/compression.toml is the grid the issue asks for (validated by the C++ config
@@ -29,14 +29,14 @@ def load_experiment_module():
 
 
 def add_bytes(run_dir, push, pull):
-    """Gives every worker step record push_bytes / pull_bytes, as the issue-14 worker writes them."""
+    """Gives every worker step record tx_bytes / rx_bytes, as the issue-14 worker writes them."""
     for wid in range(2):
         path = os.path.join(run_dir, "metrics", f"worker-{wid}.jsonl")
         with open(path) as f:
             records = [json.loads(line) for line in f if line.strip()]
         for r in records:
             if r["event"] == "step":
-                r.update(push_bytes=push, pull_bytes=pull, step_ms=1000.0 + r["step"] % 3)
+                r.update(tx_bytes=push, rx_bytes=pull, step_ms=1000.0 + r["step"] % 3)
         with open(path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
 
