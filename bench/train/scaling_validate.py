@@ -150,6 +150,8 @@ def run_job(args, net, index, w, s, link, codec, data):
     sets = [f"cluster.workers={w}", f"cluster.servers={s}", f"worker.steps={steps}",
             f"cluster.coordinator=127.0.0.1:{port}", f"cluster.base_port={port + 5}", "eval.every_steps=0",
             "checkpoint.every_updates=0", "consistency.mode=async"] + data + codec.config_sets()
+    if args.batch:
+        sets.append(f"worker.batch_size={args.batch}")
     if link:
         sets.append(f"cluster.link_gbps={link:g}")
     cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config", os.path.join(ROOT, NETS[net]["base"]),
@@ -185,6 +187,7 @@ def main():
     ap.add_argument("--links", default="1,10", help="Gbit/s per process (cluster.link_gbps); 0 = no limit")
     ap.add_argument("--codecs", default="fp32", help="downpour-scaling codec names, comma-separated")
     ap.add_argument("--steps", type=int, help="steps per worker (default: fmnist 300, alexnet 8)")
+    ap.add_argument("--batch", type=int, help="batch per worker (default: the run config's)")
     ap.add_argument("--rates", help="rates JSON for the model")
     ap.add_argument("--rates-from-bench", help="saved downpour-bench-ps output for the model's rates")
     ap.add_argument("--bench", action="store_true", help="run downpour-bench-ps (S=1, W=1) for the rates first")
@@ -214,6 +217,8 @@ def main():
     results, index = [], 0
     for net in nets:
         base = load_base(net)
+        if args.batch:
+            base["worker"]["batch_size"] = args.batch  # the profile, the prediction and the job
         profile, time_path = time_profile(args, net, base)
         tensors, _ = tensors_of(args, net, base)
         print(f"{net}: one worker alone {1e3 * profile.compute_s:.1f} ms forward+backward at batch {profile.batch} "
@@ -243,17 +248,20 @@ def main():
                                   f"prediction {100 * err:+.0f}%", flush=True)
                         results.append(row)
     lines = ["| net | W | S | link Gbit/s | codec | predicted img/s | measured img/s (median steps) | "
-             "whole run img/s | prediction error | within 20% | push MB/step predicted / measured | load average |",
-             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
+             "whole run img/s | prediction error | within 20% | push MB/step predicted / measured | "
+             "pull MB/step predicted / measured | load average |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     for r in results:
         m = r.get("measured_images_per_s")
         mb = r.get("measured_push_bytes")
+        mq = r.get("measured_pull_bytes")
         lines.append(f"| {r['net']} | {r['workers']} | {r['servers']} | {r['link_gbps'] or 'none'} | {r['codec']} | "
                      f"{r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} | "
                      f"{dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
                      f"{percent(r.get('error'))} | "
                      f"{'—' if r.get('error') is None else ('yes' if abs(r['error']) <= 0.2 else 'NO')} | "
                      f"{r['push_bytes'] / 1e6:.2f} / {dr.fmt(None if mb is None else mb / 1e6, '.2f')} | "
+                     f"{r['pull_bytes'] / 1e6:.2f} / {dr.fmt(None if mq is None else mq / 1e6, '.2f')} | "
                      + ("—" if "load_average" not in r else "{:.1f} → {:.1f}".format(*r["load_average"])) + " |")
     table = "\n".join(lines) + "\n"
     print("\n" + table)
