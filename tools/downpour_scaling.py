@@ -26,7 +26,10 @@ PULL_CODECS = ("fp32", "fp16", "bf16")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MODES = ("async", "sync", "ssp")
 DEFAULT_CHUNK_ELEMS = 1 << 20  # common/layout.h kDefaultChunkElems
-DEFAULT_LINK_BURST_MS = 5.0  # common/rate_limiter.h LinkPacer::kDefaultBurst
+# An emulated link's idle credit the model assumes: none. The pacer's 5 ms burst
+# (common/rate_limiter.h kDefaultBurst) exists to absorb late wake-ups and millisecond polls, which
+# spend it; over back-to-back sends the rate is the set one (docs/scaling.md).
+DEFAULT_LINK_BURST_MS = 0.0
 CODEC_HELP = ("fp32 | fp16 | bf16 | topk:F | onebit, optionally with factors and pull=fp16|bf16, "
               "joined by '+': e.g. factors, factors+pull=fp16, topk:0.01, onebit+pull=bf16")
 
