@@ -26,6 +26,10 @@ PULL_CODECS = ("fp32", "fp16", "bf16")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MODES = ("async", "sync", "ssp")
 DEFAULT_CHUNK_ELEMS = 1 << 20  # common/layout.h kDefaultChunkElems
+# An emulated link's idle credit the model assumes: none. The pacer's 5 ms burst
+# (common/rate_limiter.h kDefaultBurst) exists to absorb late wake-ups and millisecond polls, which
+# spend it; over back-to-back sends the rate is the set one (docs/scaling.md).
+DEFAULT_LINK_BURST_MS = 0.0
 CODEC_HELP = ("fp32 | fp16 | bf16 | topk:F | onebit, optionally with factors and pull=fp16|bf16, "
               "joined by '+': e.g. factors, factors+pull=fp16, topk:0.01, onebit+pull=bf16")
 
@@ -180,6 +184,8 @@ class LayerBytes:
     pull: int = 0           # bytes a worker receives
     factored: bool = False  # sufficient factors used for its weight
     factor_flops: float = 0.0  # server GEMM flops to form deltaᵀ·a (per push, all servers)
+    push_by_server: dict = dataclasses.field(default_factory=dict)  # {server: push bytes}
+    pull_by_server: dict = dataclasses.field(default_factory=dict)  # {server: pull bytes}
 
 
 def is_inner_product(tensor, layer_types):
@@ -191,16 +197,20 @@ def is_inner_product(tensor, layer_types):
     return kind is None or kind == "InnerProduct"
 
 
-def factor_plan(tensor, chunks, batch):
+def factor_plan(tensor, chunks, batch, by_server=None):
     """(factor floats, servers holding the weight) for sufficient factors of an out×in weight:
     each chunk carries batch × (the rows it touches) of delta, and every server holding a chunk of
-    it gets the layer's input activations (batch × in) once."""
+    it gets the layer's input activations (batch × in) once. by_server (a dict), when given,
+    receives each server's share of those floats."""
     out_dim, in_dim = tensor.shape
     delta = 0
     holders = set()
     for c in chunks:
         first_row, last_row = c.offset // in_dim, (c.offset + c.count - 1) // in_dim
-        delta += batch * (last_row - first_row + 1)
+        rows = batch * (last_row - first_row + 1)
+        delta += rows
+        if by_server is not None:
+            by_server[c.server] = by_server.get(c.server, 0) + rows + (0 if c.server in holders else batch * in_dim)
         holders.add(c.server)
     return delta + batch * in_dim * len(holders), len(holders)
 
@@ -228,14 +238,22 @@ def step_bytes(tensors, layer_types, servers, batch, codec, chunk_elems=DEFAULT_
         mine = by_tensor.get(i, [])
         lb.floats += t.numel
         lb.pull += t.numel * DTYPE_BYTES[codec.pull]
+        for c in mine:
+            lb.pull_by_server[c.server] = lb.pull_by_server.get(c.server, 0) + c.count * DTYPE_BYTES[codec.pull]
         if codec.factors and is_inner_product(t, layer_types):
-            floats, _ = factor_plan(t, mine, batch)
+            shares = {}
+            floats, _ = factor_plan(t, mine, batch, shares)
             if floats < t.numel:
                 lb.push += floats * FLOAT_BYTES
+                for server, n in shares.items():
+                    lb.push_by_server[server] = lb.push_by_server.get(server, 0) + n * FLOAT_BYTES
                 lb.factored = True
                 lb.factor_flops += 2.0 * batch * t.numel
                 continue
-        lb.push += sum(dense_push_bytes(c.count, codec) for c in mine)
+        for c in mine:
+            n = dense_push_bytes(c.count, codec)
+            lb.push += n
+            lb.push_by_server[c.server] = lb.push_by_server.get(c.server, 0) + n
     return layers
 
 
@@ -299,6 +317,8 @@ class Rates:
     transport_gbytes: float = 0.0        # software ceiling of one process, GB/s per direction; 0 = none
     server_gflops: float = 100.0         # server GEMM rate for sufficient factors (one loop thread)
     latency_ms: float = 0.0              # per-layer request latency (round trip)
+    loader_us_per_image: float = 0.0     # worker: data loader CPU per image (downpour-bench-data's
+    #                                      images per CPU-second, inverted); 0 = not measured
     source: str = "defaults (bench/RESULTS.md §10, quiet VM, shared memory)"
 
     @property
@@ -369,6 +389,8 @@ class Cluster:
     chunk_elems: int = DEFAULT_CHUNK_ELEMS
     pull_every: int = 1          # worker.pull_every: a whole (blocking) pull before every n-th step
     push_every: int = 1          # worker.push_every: one push (mean gradient) per n steps
+    link_burst_ms: float = 0.0   # emulated: the pacer's credit of an idle link (common/rate_limiter.h
+    #                              kDefaultBurst = 5 ms); 0 = a link that saves no credit
 
 
 def check_cluster(c):
@@ -382,6 +404,8 @@ def check_cluster(c):
               (c.servers_per_host >= 1, f"--servers-per-host {c.servers_per_host}: must be >= 1"),
               (c.pull_every >= 1, f"--pull-every {c.pull_every}: must be >= 1"),
               (c.push_every >= 1, f"--push-every {c.push_every}: must be >= 1"),
+              (c.link_burst_ms >= 0 and math.isfinite(c.link_burst_ms),
+               f"--link-burst-ms {c.link_burst_ms:g}: must be >= 0"),
               (c.mode in MODES, f"--mode {c.mode}: expected async, sync or ssp:S")]
     for ok, message in checks:
         if not ok:
@@ -425,6 +449,16 @@ def link_rates(cluster, rates):
     return push, pull
 
 
+def server_pull_rate(cluster, rates):
+    """Emulated links: the B/s one worker gets from ONE server's paced egress when all W pull at
+    once (link / W). Each server paces only its own egress and the worker's ingress is not paced,
+    so the parts of a pull from different servers arrive side by side."""
+    rate = cluster.link_gbps * 1e9 / 8 / cluster.workers
+    if rates.transport_gbytes > 0:
+        rate = min(rate, rates.transport_gbytes * 1e9)
+    return rate
+
+
 @dataclasses.dataclass
 class Prediction:
     cluster: Cluster
@@ -459,16 +493,28 @@ class Prediction:
                 "images_per_s": self.images_per_s, "efficiency": self.efficiency, "bound": self.bound}
 
 
-def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, apply_s, steps=12):
-    """One worker's steady-state step period. layers: [(forward_s, backward_s, push_bytes,
-    pull_bytes)] in forward order. Backward runs last layer first; a layer's push leaves when its
-    gradient is ready, FIFO on the worker's egress; with overlap (async/ssp) its pull is requested
-    when its push is on the wire (sync: once the server has every worker's push and applied it,
-    apply_s[j] later) and lands FIFO on the ingress; forward waits layer by layer for its weights.
-    Without overlap the pulls are requested at the end of backward and forward waits for all."""
+def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, apply_s, steps=12,
+                    per_server_pull=False, burst_s=0.0):
+    """One worker's steady-state step period. layers: [(forward_s, backward_s, {server: push
+    bytes}, {server: pull bytes})] in forward order. Backward runs last layer first; a layer's
+    push parts leave when its gradient is ready, FIFO on the worker's egress; with overlap
+    (async/ssp) the pull of a server's part is requested when that part is on the wire (it follows
+    the push on the same connection; sync: once the server has every worker's push and applied it,
+    apply_s[j] later); forward waits layer by layer for its weights. Without overlap the pulls are
+    requested at the end of backward and forward waits for all. The next step starts once every
+    push is acknowledged (the worker's push wait).
+    Pull parts land FIFO on the worker's ingress at pull_rate (a real NIC), or, with
+    per_server_pull (emulated links), FIFO per server at pull_rate each (each server's paced
+    egress). burst_s: an emulated pacer's credit — a link idle that long sends its next burst_s of
+    bytes at once (finish = max(last finish, now - burst) + bytes / rate, never before now)."""
+    def send(now, last, nbytes, rate):
+        finish = max(last, now - burst_s) + nbytes / rate
+        return finish, max(finish, now)
+
     n = len(layers)
     ready = [0.0] * n
-    t = egress = ingress = 0.0
+    t = egress = 0.0
+    ingress = {}
     starts = []
     for _ in range(steps):
         starts.append(t)
@@ -481,20 +527,23 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             t += layers[j][1]
             grad[j] = t
         new_ready = [0.0] * n
+        acked = t
         for j in reversed(range(n)):
             _, _, push, pull = layers[j]
-            if push == 0 and pull == 0:
-                continue
-            egress = max(grad[j], egress) + push / push_rate
-            if sync:  # answered once every worker's push of the layer is applied
-                request = max(egress + apply_s[j], t) + latency_s
-            elif overlap:  # the pull follows the layer's push on the wire
-                request = egress + latency_s
-            else:  # --no-overlap: one whole pull at the start of the next step
-                request = t + latency_s
-            ingress = max(request, ingress) + pull / pull_rate
-            new_ready[j] = ingress
+            for server in sorted(set(push) | set(pull)):
+                egress, delivered = send(grad[j], egress, push.get(server, 0), push_rate)
+                acked = max(acked, delivered)
+                if sync:  # answered once every worker's push of the layer is applied
+                    request = max(delivered + apply_s[j], t) + latency_s
+                elif overlap:  # the pull follows the layer's push on the connection
+                    request = delivered + latency_s
+                else:  # --no-overlap: one whole pull at the start of the next step
+                    request = t + latency_s
+                queue = server if per_server_pull else 0
+                ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0), pull_rate)
+                new_ready[j] = max(new_ready[j], arrived)
         ready = new_ready
+        t = max(t, acked)
     half = steps // 2
     return (starts[-1] - starts[half]) / (steps - 1 - half)
 
@@ -514,22 +563,42 @@ def predict(profile, tensors, rates, cluster, codec):
     if missing:
         raise dr.UsageError(f"tensor layer {missing[0]!r} has no timing in {profile.source} "
                             "(the time JSON and the tensor list are of different models)")
-    rows, apply_s = [], []
-    for name, _, fwd, bwd in profile.layers:
-        lb = per_layer.get(name, LayerBytes())
-        rows.append((fwd * slow, bwd * slow, lb.push, lb.pull))
-        # The servers holding this layer apply W pushes of it (sync: before any pull is served).
-        holders = min(s, max(1, math.ceil(lb.floats / cluster.chunk_elems))) if lb.floats else 1
-        apply_s.append(w * (lb.floats * sgd + lb.factor_flops * gemm) / holders)
-    push_rate, pull_rate = link_rates(cluster, rates)
     push = sum(lb.push for lb in per_layer.values())
     pull = sum(lb.pull for lb in per_layer.values())
     floats = sum(lb.floats for lb in per_layer.values())
     flops = sum(lb.factor_flops for lb in per_layer.values())
+    # One server's loop per round: its 1/S share of W workers' pushes and pulls, applied and handled.
+    server_s = w / s * ((floats * sgd + flops * gemm + push * handling) / cluster.push_every
+                        + pull * handling / cluster.pull_every)
+    host_cpu_s = 0.0
+    if cluster.colocated and cluster.cores_per_host > 0:
+        worker_cpu = profile.compute_s * max(profile.threads, 1) if profile.threads else 0.0
+        # Every worker's compute and its data loader, every server loop (update, factor GEMM,
+        # handling), and the workers' own send/receive work, on the host's cores.
+        worker_io = (push / cluster.push_every + pull / cluster.pull_every) * handling
+        loader = cluster.batch * rates.loader_us_per_image * 1e-6
+        host_cpu_s = (w * (worker_cpu + loader + worker_io) + s * server_s) / cluster.cores_per_host
+        if profile.threads:
+            # A CPU worker on a shared host computes at its share of the cores left by everything
+            # else: its compute stretches to the host's CPU round, and the communication it cannot
+            # hide comes on top (not max(compute, cpu round) alone).
+            slow = max(slow, host_cpu_s / profile.compute_s)
+    rows, apply_s = [], []
+    for name, _, fwd, bwd in profile.layers:
+        lb = per_layer.get(name, LayerBytes())
+        rows.append((fwd * slow, bwd * slow, lb.push_by_server, lb.pull_by_server))
+        # The servers holding this layer apply W pushes of it (sync: before any pull is served).
+        holders = min(s, max(1, math.ceil(lb.floats / cluster.chunk_elems))) if lb.floats else 1
+        apply_s.append(w * (lb.floats * sgd + lb.factor_flops * gemm) / holders)
+    push_rate, pull_rate = link_rates(cluster, rates)
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync
     if cluster.pull_every == 1 and cluster.push_every == 1:
-        worker_s = simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s)
+        if cluster.emulated:
+            worker_s = simulate_worker(rows, push_rate, server_pull_rate(cluster, rates), sync, overlap, latency,
+                                       apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3)
+        else:
+            worker_s = simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s)
     else:
         # Amortized: a whole blocking pull before every pull_every-th step (the worker overlaps
         # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
@@ -537,15 +606,6 @@ def predict(profile, tensors, rates, cluster, codec):
         compute = profile.compute_s * slow
         pull_s = pull / pull_rate + latency + (sum(apply_s) if sync else 0.0)
         worker_s = max(compute + pull_s / cluster.pull_every, (push / push_rate) / cluster.push_every)
-    # One server's loop per round: its 1/S share of W workers' pushes and pulls, applied and handled.
-    server_s = w / s * ((floats * sgd + flops * gemm + push * handling) / cluster.push_every
-                        + pull * handling / cluster.pull_every)
-    host_cpu_s = 0.0
-    if cluster.colocated and cluster.cores_per_host > 0:
-        worker_cpu = profile.compute_s * max(profile.threads, 1) if profile.threads else 0.0
-        # Every worker's compute, every server loop, and the workers' own send/receive work.
-        worker_io = (push / cluster.push_every + pull / cluster.pull_every) * handling
-        host_cpu_s = (w * worker_cpu + s * server_s + w * worker_io) / cluster.cores_per_host
     link_s = max(push / push_rate / cluster.push_every, pull / pull_rate / cluster.pull_every)
     # sync: the simulation already puts each layer's apply of all W pushes on the critical path
     # (identical workers: the barrier waits for no straggler; docs/scaling.md says what that leaves out).
@@ -554,7 +614,8 @@ def predict(profile, tensors, rates, cluster, codec):
     bound = max(candidates, key=candidates.get)
     if bound == "worker":
         comm_exposed = worker_s - profile.compute_s * slow
-        bound = "compute" if comm_exposed < 0.02 * worker_s else "link"
+        bound = ("host cpu" if slow > contention(cluster, profile) else "compute") \
+            if comm_exposed < 0.02 * worker_s else "link"
     solo = profile.compute_s * contention(dataclasses.replace(cluster, workers_per_host=1), profile)
     return Prediction(cluster, codec, push, pull, profile.compute_s * slow, solo, worker_s, server_s, host_cpu_s,
                       link_s, step, bound)

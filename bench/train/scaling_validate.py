@@ -5,6 +5,7 @@
     bench/train/scaling_validate.py [--build build] [--nets fmnist,alexnet] [--workers 1,2,4]
         [--servers 2] [--links 1,10] [--codecs fp32] [--rates FILE | --rates-from-bench FILE | --bench]
         [--work DIR] [--dry-run]
+    bench/train/scaling_validate.py --rejoin RUNS/validation.json [--work DIR]   (re-predict, no job)
 
 For each net it first times one worker's step on this machine (`downpour-time --json` at the
 run config's batch and worker.threads), and takes transport rates from --rates (JSON),
@@ -135,7 +136,7 @@ def sgemm_ceiling(args):
 def predict(profile, tensors, rates, net_base, w, s, link, codec, cores):
     cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async",
                          batch=net_base["worker"]["batch_size"], workers_per_host=w,
-                         cores_per_host=cores, emulated=True, colocated=True,
+                         cores_per_host=cores, emulated=True, colocated=True, link_burst_ms=0.0,
                          chunk_elems=net_base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS))
     return sc.predict(profile, tensors, rates, cluster, codec)
 
@@ -171,6 +172,54 @@ def run_job(args, net, index, w, s, link, codec, data):
     return run_dir, summary, measured
 
 
+def rejoin(args, path):
+    """--rejoin validation.json: re-predict every row with the current model from the profiles,
+    tensor lists and rates that run saved next to it (<dir>/<net>.time.json, <net>.tensors.txt,
+    and --rates / --rates-from-bench, else <dir>/bench-ps.txt), and join with the measured values
+    in it. Starts no job. Prints old vs new prediction and error per row and writes
+    <dir>/validation-rejoined.md and .json."""
+    data = sc.read_json(path, "--rejoin")
+    where = os.path.dirname(os.path.abspath(path))
+    if args.rates or args.rates_from_bench:
+        rates = rates_of(args)
+    else:
+        bench = os.path.join(where, "bench-ps.txt")
+        rates = sc.rates_from_bench(sc.read_text(bench, "--rejoin"), bench) if os.path.exists(bench) else sc.Rates()
+    profiles, tensors = {}, {}
+    lines = ["| net | W | S | link Gbit/s | codec | measured img/s | old predicted | old error | new predicted | "
+             "new error | new bound | new within 20% |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    rows = []
+    for r in data.get("rows", []):
+        net = r["net"]
+        if net not in profiles:
+            profiles[net] = sc.read_profile(os.path.join(where, f"{net}.time.json"), "--rejoin")
+            tensors[net] = sc.read_tensors(os.path.join(where, f"{net}.tensors.txt"), "--rejoin")
+        base = load_base(net)
+        base["worker"]["batch_size"] = profiles[net].batch
+        p = predict(profiles[net], tensors[net], rates, base, r["workers"], r["servers"], r["link_gbps"],
+                    sc.parse_codec(r["codec"]), args.cores)
+        m = r.get("measured_images_per_s")
+        new_err = p.images_per_s / m - 1 if m else None
+        row = dict(r, old_predicted_images_per_s=r["predicted_images_per_s"], old_error=r.get("error"),
+                   old_bound=r.get("predicted_bound"), predicted_images_per_s=p.images_per_s,
+                   predicted_step_ms=1e3 * p.step_s, predicted_bound=p.bound, error=new_err)
+        rows.append(row)
+        lines.append(f"| {net} | {r['workers']} | {r['servers']} | {r['link_gbps'] or 'none'} | {r['codec']} | "
+                     f"{dr.fmt(m, '.1f')} | {r['predicted_images_per_s']:.1f} | {percent(r.get('error'))} | "
+                     f"{p.images_per_s:.1f} | {percent(new_err)} | {p.bound} | "
+                     f"{'—' if new_err is None else ('yes' if abs(new_err) <= 0.2 else 'NO')} |")
+    table = "\n".join(lines) + "\n"
+    print(f"rates: {rates.source}; cores {args.cores}\n\n" + table)
+    out = args.work if args.work_given else where
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "validation-rejoined.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(out, "validation-rejoined.json"), "w") as f:
+        json.dump({"rates": rates.source, "rejoined_from": path, "rows": rows}, f, indent=1)
+    print(f"written: {out}/validation-rejoined.md, validation-rejoined.json")
+
+
 def percent(err):
     return "—" if err is None else f"{100 * err:+.0f}%"
 
@@ -180,7 +229,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="build tree (default ./build)")
     ap.add_argument("--data-root", default=os.path.join(ROOT, "data-sets"),
                     help="where fashion-mnist/ and fashion-256/ are")
-    ap.add_argument("--work", default="/tmp/downpour-scaling-validate", help="scratch folder (runs, profiles, tables)")
+    ap.add_argument("--work", help="scratch folder (runs, profiles, tables; default /tmp/downpour-scaling-validate; "
+                    "with --rejoin: where the rejoined table goes, default beside the JSON)")
     ap.add_argument("--nets", default="fmnist,alexnet")
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--servers", default="2")
@@ -195,7 +245,17 @@ def main():
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1,
                     help="cores the model may assume the jobs have (default: nproc; less on a shared machine)")
     ap.add_argument("--dry-run", action="store_true", help="profiles and predictions only; start no job")
+    ap.add_argument("--rejoin", metavar="JSON", help="re-predict a finished run's validation.json with the current "
+                    "model (its saved profiles, tensors and bench-ps.txt) and join with its measurements; no job")
     args = ap.parse_args()
+    args.work_given = args.work is not None
+    args.work = args.work or "/tmp/downpour-scaling-validate"
+    if args.rejoin:
+        try:
+            rejoin(args, args.rejoin)
+        except dr.ToolError as e:
+            sys.exit(f"scaling_validate: {e}")
+        return
     args.build = os.path.abspath(args.build)
     os.makedirs(args.work, exist_ok=True)
     nets = [n for n in args.nets.split(",") if n]
