@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
-const char* kFmnist = "/usr/share/datasets/fashion-mnist";
+const char* kFmnist = test::kFashionMnistDir;
 constexpr int kSteps = 150;
 
 class IpcJobTest : public ::testing::Test {
@@ -50,36 +50,7 @@ class IpcJobTest : public ::testing::Test {
 
   // A plain tcp config (as every other test writes one); ipc comes from --set.
   std::string Config() {
-    const int port = test::FreePortRange(3);
-    const std::string text = fmt::format(R"([run]
-seed = 5
-[model]
-config = "{}"
-[cluster]
-servers = 2
-workers = 2
-coordinator = "127.0.0.1:{}"
-base_port = {}
-heartbeat_ms = 200
-heartbeat_timeout_ms = 2000
-[solver]
-base_lr = 0.01
-lr_policy = "fixed"
-[worker]
-batch_size = 32
-steps = {}
-threads = 1
-[data]
-train = "{}/train-images-idx3-ubyte.gz"
-test = "{}/t10k-images-idx3-ubyte.gz"
-[eval]
-every_steps = 0
-test_batches = 20
-[checkpoint]
-every_updates = 0
-)",
-                                         test::SourcePath("configs/models/fmnist_small.toml"), port, port + 1, kSteps,
-                                         kFmnist, kFmnist);
+    const std::string text = test::SmallFashionJobToml(kSteps, /*test_batches=*/20);
     test::WriteFile(dir_ / "job.toml", text);
     return (dir_ / "job.toml").string();
   }

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
-const char* kFmnist = "/usr/share/datasets/fashion-mnist";
+const char* kFmnist = test::kFashionMnistDir;
 constexpr int kSteps = 30;
 constexpr double kLinkGbps = 0.2;  // slow enough that the link, not this machine, bounds a step
 
@@ -39,36 +39,7 @@ TEST(LinkJob, EveryProcessIsPacedAndStepsCountTheirWireBytes) {
   for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
     ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
   const fs::path dir = test::ScratchDir("link-job");
-  const int port = test::FreePortRange(3);
-  test::WriteFile(dir / "job.toml", fmt::format(R"([run]
-seed = 5
-[model]
-config = "{}"
-[cluster]
-servers = 2
-workers = 2
-coordinator = "127.0.0.1:{}"
-base_port = {}
-heartbeat_ms = 200
-heartbeat_timeout_ms = 2000
-[solver]
-base_lr = 0.01
-lr_policy = "fixed"
-[worker]
-batch_size = 32
-steps = {}
-threads = 1
-[data]
-train = "{}/train-images-idx3-ubyte.gz"
-test = "{}/t10k-images-idx3-ubyte.gz"
-[eval]
-every_steps = 0
-test_batches = 10
-[checkpoint]
-every_updates = 0
-)",
-                                                test::SourcePath("configs/models/fmnist_small.toml"), port, port + 1,
-                                                kSteps, kFmnist, kFmnist));
+  test::WriteFile(dir / "job.toml", test::SmallFashionJobToml(kSteps, /*test_batches=*/10));
   const fs::path run = dir / "run";
   std::string out;
   ASSERT_EQ(test::RunCommand({test::Binary("downpour-launch"), "--config", (dir / "job.toml").string(), "--run-dir",
