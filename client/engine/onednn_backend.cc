@@ -36,6 +36,12 @@ memory::desc DescOf(const Blob& b) {
   return PlainDesc(b.shape);
 }
 
+// True when oneDNN chose its reference (naive, unvectorised) kernel for `pd`: "ref:any" and
+// the like, against "jit:avx2", "gemm:jit", "brgconv:avx512_core", ...
+bool IsReferenceKernel(const dnnl::primitive_desc_base& pd) {
+  return std::strncmp(pd.impl_info_str(), "ref", 3) == 0;
+}
+
 // Float storage for a memory descriptor (blocked layouts may pad channels), zeroed so the
 // padding stays zero through elementwise ops.
 struct Buffer {
@@ -128,13 +134,31 @@ class DnnConv : public DnnLayer {
       bwd_data_w_md_ = bwd_data_pd_.weights_desc();
       bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
       const memory::desc any_dw(wdims, dt::f32, tag::any);
-      auto bwd = has_bias_ ? dnnl::convolution_backward_weights::desc(
-                                 dnnl::algorithm::convolution_direct, src_md_, any_dw, bias_md,
-                                 dst_md_, strides, pad, pad_r)
-                           : dnnl::convolution_backward_weights::desc(
-                                 dnnl::algorithm::convolution_direct, src_md_, any_dw, dst_md_,
-                                 strides, pad, pad_r);
-      bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(bwd, c_.eng, fwd_pd_);
+      auto bwd_w_pd = [&](const memory::desc& src, const memory::desc& diff_dst) {
+        auto bwd = has_bias_ ? dnnl::convolution_backward_weights::desc(
+                                   dnnl::algorithm::convolution_direct, src, any_dw, bias_md, diff_dst,
+                                   strides, pad, pad_r)
+                             : dnnl::convolution_backward_weights::desc(
+                                   dnnl::algorithm::convolution_direct, src, any_dw, diff_dst, strides,
+                                   pad, pad_r);
+        return dnnl::convolution_backward_weights::primitive_desc(bwd, c_.eng, fwd_pd_);
+      };
+      // The forward's layouts first (no reorders). On AVX2 (no AVX-512) oneDNN v2 has no JIT
+      // backward-weights kernel for a first layer with one input channel in those layouts
+      // (src abcd, diff_dst aBcd8b) and takes its reference kernel: 740 ms of fmnist_small's
+      // 790 ms step. Then let oneDNN choose both layouts, then plain ones (its GEMM-based
+      // kernel); the src and diff_dst are reordered into what the chosen kernel reads.
+      bwd_w_pd_ = bwd_w_pd(src_md_, dst_md_);
+      const memory::desc plain_src = PlainDesc(x), plain_dst = PlainDesc(y);
+      for (const auto& [s, d] : {std::pair{any_src, any_dst}, std::pair{plain_src, plain_dst}}) {
+        if (!IsReferenceKernel(bwd_w_pd_)) break;
+        try {
+          auto pd = bwd_w_pd(s, d);
+          if (!IsReferenceKernel(pd)) bwd_w_pd_ = pd;
+        } catch (const dnnl::error&) {
+          // This layout has no kernel at all; keep the one we have.
+        }
+      }
       bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
     } catch (const dnnl::error& e) {
       return InvalidArgument("oneDNN convolution setup failed for input {}: {}", ShapeString(x), e.what());
@@ -148,6 +172,10 @@ class DnnConv : public DnnLayer {
     if (w_reorder_.needed) w_buf_.Resize(w_md_);
     bwd_data_w_reorder_.Init(c_, user_w_md_, bwd_data_w_md_);
     if (bwd_data_w_reorder_.needed) bwd_data_w_buf_.Resize(bwd_data_w_md_);
+    bwd_w_src_reorder_.Init(c_, src_md_, bwd_w_pd_.src_desc());
+    if (bwd_w_src_reorder_.needed) bwd_w_src_buf_.Resize(bwd_w_pd_.src_desc());
+    bwd_w_diff_dst_reorder_.Init(c_, dst_md_, bwd_w_pd_.diff_dst_desc());
+    if (bwd_w_diff_dst_reorder_.needed) bwd_w_diff_dst_buf_.Resize(bwd_w_pd_.diff_dst_desc());
     dw_reorder_.Init(c_, bwd_w_pd_.diff_weights_desc(), user_w_md_);
     if (dw_reorder_.needed) dw_buf_.Resize(bwd_w_pd_.diff_weights_desc());
     AllocTop(top[0], dst_md_);
@@ -178,8 +206,19 @@ class DnnConv : public DnnLayer {
     float* src = src_reorder_.needed ? src_buf_.data() : bottom[0]->data;  // forward's copy
     memory diff_dst = Mem(dst_md_, top[0]->grad);
     float* dw = dw_reorder_.needed ? dw_buf_.data() : params_[0].grad;
-    std::unordered_map<int, memory> wargs{{DNNL_ARG_SRC, Mem(src_md_, src)},
-                                          {DNNL_ARG_DIFF_DST, diff_dst},
+    // The backward-weights kernel's own layouts, when it reads others than the forward's.
+    float* w_src = src;
+    if (bwd_w_src_reorder_.needed) {
+      bwd_w_src_reorder_.Run(c_, src, bwd_w_src_buf_.data());
+      w_src = bwd_w_src_buf_.data();
+    }
+    float* w_diff_dst = top[0]->grad;
+    if (bwd_w_diff_dst_reorder_.needed) {
+      bwd_w_diff_dst_reorder_.Run(c_, top[0]->grad, bwd_w_diff_dst_buf_.data());
+      w_diff_dst = bwd_w_diff_dst_buf_.data();
+    }
+    std::unordered_map<int, memory> wargs{{DNNL_ARG_SRC, Mem(bwd_w_pd_.src_desc(), w_src)},
+                                          {DNNL_ARG_DIFF_DST, Mem(bwd_w_pd_.diff_dst_desc(), w_diff_dst)},
                                           {DNNL_ARG_DIFF_WEIGHTS, Mem(bwd_w_pd_.diff_weights_desc(), dw)}};
     if (has_bias_) wargs.emplace(DNNL_ARG_DIFF_BIAS, Mem(bwd_w_pd_.diff_bias_desc(), params_[1].grad));
     bwd_w_.execute(c_.stream, wargs);
@@ -209,7 +248,8 @@ class DnnConv : public DnnLayer {
   dnnl::convolution_backward_weights::primitive_desc bwd_w_pd_;
   dnnl::convolution_backward_weights bwd_w_;
   Reorder src_reorder_, diff_src_reorder_, w_reorder_, dw_reorder_, bwd_data_w_reorder_;
-  Buffer src_buf_, diff_src_buf_, w_buf_, dw_buf_, bwd_data_w_buf_;
+  Reorder bwd_w_src_reorder_, bwd_w_diff_dst_reorder_;
+  Buffer src_buf_, diff_src_buf_, w_buf_, dw_buf_, bwd_data_w_buf_, bwd_w_src_buf_, bwd_w_diff_dst_buf_;
 };
 
 class DnnRelu : public DnnLayer {
