@@ -88,6 +88,11 @@ class Layer {
   // step number before Forward so masks are a pure function of (seed, step, layer).
   virtual void SetStep(int64_t /*step*/) {}
 
+  // Which backend kernels this layer runs, e.g. "fwd jit:avx2, bwd_data jit:avx2, bwd_weights
+  // gemm:jit" for a oneDNN convolution; empty where the backend has only one. For
+  // `downpour-time` and for tests that no layer fell back to a naive kernel.
+  virtual std::string KernelNames() const { return {}; }
+
   // Sufficient factors (Net::SetFactoredParams): while set, an inner-product layer's Backward
   // leaves its weight gradient (params[0].grad) unwritten — the net sends the layer's top
   // gradient and input instead, and the server forms the product. Bias and bottom gradients

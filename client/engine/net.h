@@ -163,6 +163,7 @@ class Net {
   void ForwardLayer(int i, Phase phase);
   void BackwardLayer(int i);
   bool LayerHasBackward(int i) const { return layers_[i]->HasBackward(); }
+  std::string LayerKernelNames(int i) const { return layers_[i]->KernelNames(); }
   // The class scores of the last forward (N × num_classes), host copy.
   std::vector<float> ReadScores();
   // Any blob of the last forward by name ("data", a layer's top), host copy in canonical

@@ -182,6 +182,11 @@ class DnnConv : public DnnLayer {
     return Status::Ok();
   }
 
+  std::string KernelNames() const override {
+    return std::string("fwd ") + fwd_pd_.impl_info_str() + ", bwd_data " + bwd_data_pd_.impl_info_str() +
+           ", bwd_weights " + bwd_w_pd_.impl_info_str();
+  }
+
   void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
     float* src = bottom[0]->data;
     if (src_reorder_.needed) {
