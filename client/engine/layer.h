@@ -89,8 +89,8 @@ class Layer {
   virtual void SetStep(int64_t /*step*/) {}
 
   // Which backend kernels this layer runs, e.g. "fwd jit:avx2, bwd_data jit:avx2, bwd_weights
-  // gemm:jit" for a oneDNN convolution; empty where the backend has only one. For
-  // `downpour-time` and for tests that no layer fell back to a naive kernel.
+  // gemm:jit" for a oneDNN convolution; empty where the backend has only one. For tests that
+  // no layer fell back to a naive kernel (downpour-time does not print it yet).
   virtual std::string KernelNames() const { return {}; }
 
   // Sufficient factors (Net::SetFactoredParams): while set, an inner-product layer's Backward
