@@ -58,6 +58,7 @@ Status CheckListLengths(const MessageHeader& h) {
                            MsgTypeName(h.type), field, got, n);
   };
   if (!h.versions.empty() && h.versions.size() != n) return bad("versions", h.versions.size());
+  if (!h.staleness.empty() && h.staleness.size() != n) return bad("staleness", h.staleness.size());
   if (!h.elem_counts.empty() && h.elem_counts.size() != n) return bad("elemCounts", h.elem_counts.size());
   if (!h.byte_lengths.empty() && h.byte_lengths.size() != n) return bad("byteLengths", h.byte_lengths.size());
   if (!h.checksums.empty() && h.checksums.size() != n) return bad("checksums", h.checksums.size());
@@ -140,6 +141,7 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.flags = r.getFlags();
   h.chunk_ids = ReadList<uint32_t>(r.getChunkIds());
   h.versions = ReadList<int64_t>(r.getVersions());
+  h.staleness = ReadList<int64_t>(r.getStaleness());
   h.dtype = static_cast<DType>(dtype);
   h.encoding = static_cast<Encoding>(enc);
   h.elem_counts = ReadList<uint64_t>(r.getElemCounts());
@@ -196,6 +198,7 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   auto n = [](const auto& v) { return static_cast<unsigned>(v.size()); };
   if (!h.chunk_ids.empty()) FillList(b.initChunkIds(n(h.chunk_ids)), h.chunk_ids);
   if (!h.versions.empty()) FillList(b.initVersions(n(h.versions)), h.versions);
+  if (!h.staleness.empty()) FillList(b.initStaleness(n(h.staleness)), h.staleness);
   b.setDtype(static_cast<cw::DType>(h.dtype));
   b.setEncoding(static_cast<cw::Encoding>(h.encoding));
   if (!h.elem_counts.empty()) FillList(b.initElemCounts(n(h.elem_counts)), h.elem_counts);

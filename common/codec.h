@@ -132,6 +132,7 @@ struct MessageHeader {
   std::vector<uint32_t> checksums;
   std::vector<Encoding> encodings;  // per chunk (push); empty = all `encoding`
   uint32_t factor_batch = 0;        // push with factor chunks: rows of delta / activations
+  std::vector<int64_t> staleness;   // ack of a gradient push: per chunk, as the server measured (-1: not applied)
 
   uint16_t error_code = 0;  // StatusCode
   std::string error_text;

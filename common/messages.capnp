@@ -148,4 +148,8 @@ struct Header {
   # asks for its reply's `dtype` (f32 / f16 / bf16); the reply says what it carries.
   encodings @37 :List(Encoding);
   factorBatch @38 :UInt32;     # push with factor chunks: the batch rows of delta and of the activations
+  staleness @39 :List(Int64);  # ack of a gradient push, one per chunk id: the versions applied to the
+                               # chunk since the push's version when the server took it (what it
+                               # counts in Stats), -1 for a chunk it did not apply (a late sync
+                               # push); empty for init pushes and resent duplicates
 }

@@ -98,7 +98,7 @@ struct ClusterConfig {
 };
 
 // Learning-rate policies, exactly as Caffe's SGDSolver::GetLearningRate defines them
-// (server/update/lr_policy.h computes them).
+// (common/solver/lr_policy.h computes them).
 enum class LrPolicy {
   kFixed,      // base_lr
   kStep,       // base_lr * gamma ^ floor(iter / stepsize)

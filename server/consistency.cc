@@ -100,9 +100,9 @@ class AsyncPolicy : public ConsistencyPolicy {
     members_.Advance(ctx.worker, ctx.clock + 1);
     for (const PushChunk& c : chunks) {
       const int64_t s = Staleness(shard, c);
-      shard.RecordStaleness(s);
+      shard.RecordStaleness(c.local, s);
       const float lr_scale = staleness_aware_ && s > 1 ? 1.0f / static_cast<float>(s) : 1.0f;
-      shard.Apply(c.local, c.grad, 1.0f, lr_scale);
+      shard.Apply(c.local, c.grad, 1.0f, lr_scale, 1);
     }
     return PushOutcome::kApplied;
   }
@@ -171,7 +171,7 @@ class SyncPolicy : public ConsistencyPolicy {
     for (const PushChunk& c : chunks) {
       if (ctx.clock < shard.version(c.local)) continue;  // late: that clock is applied
       any_taken = true;
-      shard.RecordStaleness(Staleness(shard, c));
+      shard.RecordStaleness(c.local, Staleness(shard, c));
       Acc& a = acc_[static_cast<size_t>(c.local)];
       if (a.sum.empty()) a.sum.assign(static_cast<size_t>(c.count), 0.0f);
       for (int64_t i = 0; i < c.count; ++i) a.sum[static_cast<size_t>(i)] += c.grad[i];
@@ -257,7 +257,7 @@ class SyncPolicy : public ConsistencyPolicy {
     Acc& a = acc_[static_cast<size_t>(local)];
     const int have = static_cast<int>(a.workers.size());
     if (have == 0 || have < Needed()) return;
-    shard.Apply(local, a.sum.data(), 1.0f / static_cast<float>(have), 1.0f);
+    shard.Apply(local, a.sum.data(), 1.0f / static_cast<float>(have), 1.0f, have);
     std::fill(a.sum.begin(), a.sum.end(), 0.0f);
     a.workers.clear();
   }

@@ -56,10 +56,13 @@ class ShardUpdater {
   virtual int64_t version(int local) const = 0;
   virtual int64_t count(int local) const = 0;
   // One SgdUpdate of chunk `local` with grad * grad_scale at lr (from the lr policy at the
-  // chunk's version) times lr_scale; bumps the version.
-  virtual void Apply(int local, const float* grad, float grad_scale, float lr_scale) = 0;
-  // Records one measured staleness (versions the gradient was behind when taken).
-  virtual void RecordStaleness(int64_t staleness) = 0;
+  // chunk's schedule iteration) times lr_scale; bumps the version. `gradients` is how many worker
+  // gradients the update combines (1 applied on arrival, n averaged in sync): the schedule
+  // iteration advances by gradients × batches per push (common/solver/lr_policy.h).
+  virtual void Apply(int local, const float* grad, float grad_scale, float lr_scale, int gradients) = 0;
+  // Records one measured staleness of chunk `local` (versions the gradient was behind when
+  // taken); the push's ack reports it to the worker.
+  virtual void RecordStaleness(int local, int64_t staleness) = 0;
 };
 
 enum class PushOutcome { kApplied, kAccumulated, kDroppedLate };

@@ -9,7 +9,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include "server/update/sgd.h"
+#include "common/solver/sgd.h"
 
 namespace downpour {
 namespace {

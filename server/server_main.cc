@@ -127,6 +127,7 @@ Status Run(const Flags& f, bool* serving) {
   o.solver = cfg.solver;
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
+  o.batches_per_push = cfg.worker.push_every;
   o.max_workers = cfg.cluster.max_workers;
   o.shared_memory = SharedMemoryOn(cfg);  // off on an emulated link (cluster.link_gbps)
   if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) spdlog::info("server {}: {}", f.id, link);

@@ -14,8 +14,8 @@
 #include "common/grad_codec.h"
 #include "common/tensor_file.h"
 #include "server/factor_push.h"
-#include "server/update/lr_policy.h"
-#include "server/update/sgd.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/sgd.h"
 
 namespace downpour {
 
@@ -63,6 +63,7 @@ struct ShardServer::ChunkState {
   std::shared_ptr<WeightBuffer> weights;
   std::vector<float> history;  // momentum, count floats
   int64_t version = 0;         // applied updates
+  int64_t iter = 0;            // the lr schedule's iteration: worker batches in the applied updates
   bool initialized = false;
 };
 
@@ -82,12 +83,13 @@ class ShardServer::Updater : public ShardUpdater {
   int64_t count(int local) const override {
     return s_->layout_.chunk(s_->owned_[static_cast<size_t>(local)]).count;
   }
-  void Apply(int local, const float* grad, float grad_scale, float lr_scale) override {
-    s_->ApplyGradient(local, grad, grad_scale, lr_scale);
+  void Apply(int local, const float* grad, float grad_scale, float lr_scale, int gradients) override {
+    s_->ApplyGradient(local, grad, grad_scale, lr_scale, gradients);
   }
-  void RecordStaleness(int64_t staleness) override {
+  void RecordStaleness(int local, int64_t staleness) override {
     auto& st = s_->stats_;
     const auto v = static_cast<uint64_t>(std::max<int64_t>(0, staleness));
+    s_->push_staleness_[static_cast<size_t>(local)] = static_cast<int64_t>(v);
     st.staleness_sum += v;
     st.staleness_max = std::max(st.staleness_max, v);
     const size_t b = std::min<size_t>(v, st.staleness_histogram.size() - 1);
@@ -145,6 +147,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   updater_ = std::make_unique<Updater>(this);
   stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
+  push_staleness_.assign(chunks_.size(), -1);
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
   peers_of_worker_.resize(static_cast<size_t>(max_workers_));
   dedup_.resize(static_cast<size_t>(max_workers_));
@@ -630,8 +633,12 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   }
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(LogRecord(&r));
+  for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
   ApplyPush(h.sender, h.session, h.request_id, h.clock, init, chunks);
   for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
+  if (!init) {
+    for (int l : locals) reply->staleness.push_back(push_staleness_[static_cast<size_t>(l)]);
+  }
   MaybeCheckpoint();
   return Status::Ok();
 }
@@ -799,11 +806,11 @@ std::vector<float>& ShardServer::MutableWeights(int local) {
   return w->data;
 }
 
-void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale) {
+void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients) {
   ChunkState& st = chunks_[static_cast<size_t>(local)];
   const Chunk& c = layout_.chunk(owned_[static_cast<size_t>(local)]);
   const TensorSpec& t = layout_.tensors()[static_cast<size_t>(c.tensor)];
-  UpdateParams p = MakeUpdateParams(options_.solver, st.version, t.lr_mult, t.decay_mult, grad_scale);
+  UpdateParams p = MakeUpdateParams(options_.solver, st.iter, t.lr_mult, t.decay_mult, grad_scale);
   p.lr *= lr_scale;
   const auto n = static_cast<size_t>(c.count);
   float* weights = MutableWeights(local).data();
@@ -812,6 +819,7 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
   stats_.sgd_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   ++st.version;
+  st.iter += ScheduleIterations(gradients, options_.batches_per_push);
   ++stats_.chunk_updates;
   ++updates_;
 }
@@ -962,6 +970,12 @@ int64_t ShardServer::ChunkVersion(int32_t chunk) const {
   return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].version;
 }
 
+int64_t ShardServer::ChunkScheduleIter(int32_t chunk) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return -1;
+  return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].iter;
+}
+
 int64_t ShardServer::updates() const {
   std::lock_guard<std::mutex> lock(mu_);
   return updates_;
@@ -995,12 +1009,14 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
   file.meta["layout_hash"] = std::to_string(layout_.hash());
   file.meta["model_id"] = std::to_string(options_.model_id);
   file.meta["updates"] = std::to_string(updates_);
-  std::vector<int64_t> versions, inited;
+  std::vector<int64_t> versions, iters, inited;
   for (const ChunkState& c : chunks_) {
     versions.push_back(c.version);
+    iters.push_back(c.iter);
     inited.push_back(c.initialized ? 1 : 0);
   }
   file.meta["versions"] = FormatMetaInts(versions);
+  file.meta["schedule_iters"] = FormatMetaInts(iters);
   file.meta["initialized"] = FormatMetaInts(inited);
   file.meta["wal_seq"] = std::to_string(wal_seq_);
   file.meta["max_workers"] = std::to_string(max_workers_);
@@ -1071,8 +1087,17 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     return FailedPrecondition("{}: checkpoint of model {}; this server serves model {}", path, meta("model_id"),
                               options_.model_id);
   }
-  std::vector<int64_t> versions, inited;
+  std::vector<int64_t> versions, iters, inited;
   DP_RETURN_IF_ERROR(ParseIntList(meta("versions"), path, "versions", chunks_.size(), &versions));
+  // Checkpoints before the schedule counted worker batches lack it: their iteration was the version.
+  if (file.meta.count("schedule_iters") != 0) {
+    DP_RETURN_IF_ERROR(ParseIntList(meta("schedule_iters"), path, "schedule_iters", chunks_.size(), &iters));
+  } else {
+    iters = versions;
+  }
+  for (size_t i = 0; i < iters.size(); ++i) {
+    if (iters[i] < 0) return Corrupt("{}: meta 'schedule_iters': chunk {} has {} (< 0)", path, i, iters[i]);
+  }
   DP_RETURN_IF_ERROR(ParseIntList(meta("initialized"), path, "initialized", chunks_.size(), &inited));
   // Written since the write-ahead log (older checkpoints lack them: counters start at 0, the
   // policy at its initial state).
@@ -1135,6 +1160,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     chunks_[i].weights = std::make_shared<WeightBuffer>(w[i]->data);
     chunks_[i].history = hist[i]->data;
     chunks_[i].version = versions[i];
+    chunks_[i].iter = iters[i];
     chunks_[i].initialized = inited[i] != 0;
   }
   updates_ = std::strtoll(meta("updates").c_str(), nullptr, 10);

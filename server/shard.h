@@ -131,6 +131,9 @@ struct ShardOptions {
   SolverConfig solver;                 // update rule and lr policy
   ConsistencyConfig consistency;       // async / sync / ssp:s
   int expected_workers = 1;            // W: worker ids 0..W-1 (sync/ssp accounting)
+  // Worker batches one push's gradient averages (the run's worker.push_every): the lr schedule's
+  // iteration advances by this per worker gradient applied (common/solver/lr_policy.h).
+  int batches_per_push = 1;
   int64_t checkpoint_every_updates = 0;  // 0 = off; else save after every n updates of the shard
   std::string checkpoint_path;         // where periodic / default checkpoints go ("" = none)
   std::chrono::milliseconds poll_interval{20};  // loop wakes this often to check Stop / waits
@@ -203,6 +206,7 @@ class ShardServer {
   std::vector<float> ChunkWeights(int32_t chunk) const;  // empty if not owned / not initialised
   std::vector<float> ChunkHistory(int32_t chunk) const;  // momentum; empty if not owned
   int64_t ChunkVersion(int32_t chunk) const;             // -1 if not owned
+  int64_t ChunkScheduleIter(int32_t chunk) const;        // the lr schedule's iteration; -1 if not owned
   int64_t updates() const;                               // applied chunk updates
   bool shutdown_requested() const { return shutdown_.load(); }
 
@@ -267,7 +271,7 @@ class ShardServer {
   ShardStatsWire StatsLocked() const;
   Status SaveCheckpointLocked(const std::string& path);
   std::vector<float>& MutableWeights(int local);
-  void ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale);
+  void ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients);
 
   const ParamLayout layout_;
   const ShardOptions options_;
@@ -298,6 +302,7 @@ class ShardServer {
   std::unique_ptr<WalWriter> wal_;
   uint64_t wal_seq_ = 0;     // last log seq applied or covered by the loaded checkpoint
   bool replaying_ = false;
+  std::vector<int64_t> push_staleness_;  // per local chunk: the push being applied's staleness (-1: not applied), for its ack
   std::vector<int64_t> staleness_ring_;  // last kStalenessWindow chunk staleness values
   size_t staleness_next_ = 0;
   int64_t staleness_ring_sum_ = 0;

@@ -11,7 +11,7 @@
 #include <zmq.hpp>
 
 #include "common/status.h"
-#include "server/update/sgd.h"
+#include "common/solver/sgd.h"
 
 namespace downpour::bench {
 namespace {

@@ -15,7 +15,7 @@
 //    and the chunk's weights sent zero-copy from the resident buffer (ps-lite's van sends an
 //    SArray zero-copy the same way).
 //  * update=none: the server only receives. update=sgd: on each push chunk it runs downpour's
-//    SgdUpdate (server/update/sgd.h — the shards' own function, with the same solver scalars and
+//    SgdUpdate (common/solver/sgd.h — the shards' own function, with the same solver scalars and
 //    the tensor's lr/decay multipliers, MakeUpdateParams at the chunk's version) on that chunk's
 //    weights and history, reading the gradient in place from the received ZeroMQ message, as a
 //    ps-lite KVServer request handle reads req_data.vals.

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "client/engine/fillers.h"
+#include "common/solver/sgd.h"
 #include "common/tensor_file.h"
 
 namespace downpour::engine {
@@ -329,17 +330,25 @@ void Net::WriteFactors(int li, int t) {
 
 void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history) {
   DP_CHECK_EQ(static_cast<int64_t>(history.size()), num_params_);
+  // The servers' rule (common/solver), per tensor with its multipliers, in blocks over threads
+  // (element-wise, so the blocking changes no bit).
+  constexpr int64_t kBlock = 1 << 16;
   for (size_t i = 0; i < shapes_.params.size(); ++i) {
-    const float rate = lr * shapes_.params[i].lr_mult;
-    const float decay = weight_decay * shapes_.params[i].decay_mult;
-    float* w = host_params_ + param_offsets_[i];
-    const float* g = host_grads_ + param_offsets_[i];
-    float* v = history.data() + param_offsets_[i];
+    UpdateParams p;
+    p.lr = lr;
+    p.momentum = momentum;
+    p.weight_decay = weight_decay;
+    p.lr_mult = shapes_.params[i].lr_mult;
+    p.decay_mult = shapes_.params[i].decay_mult;
+    const int64_t off = param_offsets_[i];
     const int64_t n = shapes_.params[i].numel();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t j = 0; j < n; ++j) {
-      v[j] = momentum * v[j] + rate * (g[j] + decay * w[j]);
-      w[j] -= v[j];
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t at = b * kBlock;
+      const auto len = static_cast<size_t>(std::min(kBlock, n - at));
+      downpour::SgdUpdate(p, std::span<const float>(host_grads_ + off + at, len),
+                          std::span<float>(host_params_ + off + at, len), history.subspan(off + at, len));
     }
   }
 }

@@ -148,9 +148,9 @@ class Net {
   // floats are [param_offset(t), +param_specs()[t].numel()) in params().
   const std::vector<int>& layer_param_tensors(int i) const { return shapes_.layer_params[static_cast<size_t>(i)]; }
 
-  // Plain SGD with momentum and weight decay over params()/grads() (Caffe's rule, with the
-  // per-tensor multipliers), for training on the engine alone (tests, benchmarks). The
-  // servers own the real update; `history` is the caller's momentum buffer (num params).
+  // SGD with momentum and weight decay over params()/grads() with the per-tensor multipliers:
+  // the servers' own rule (common/solver SgdUpdate, bit for bit), for training on the engine
+  // alone (--local runs, tests, benchmarks). `history` is the caller's momentum buffer.
   void SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history);
 
   // Checkpoints in common/tensor_file.h format; names = param_specs() names.

@@ -33,6 +33,9 @@ struct Request {
   int pending_buffers = 0;
   Status status;
   MessageHeader reply;  // the last reply (control calls read it)
+  // Push: each applied chunk's staleness as its server measured it (the acks' staleness lists,
+  // entries of -1, a chunk taken but not applied, left out), for Wait(id, timeout, &staleness).
+  std::vector<int64_t> staleness;
 
   void Fail(const Status& s) {
     if (status.ok()) status = s;
@@ -287,6 +290,9 @@ constexpr size_t kMaxActiveOps = 256;
 // A server that forgets this client again and again with no operation completing in between is
 // not restarting, it is broken (or refuses this worker): fail rather than loop.
 constexpr int kMaxRecoveries = 16;
+// A staleness an ack may report (versions behind): beyond any real run (kMaxClock), so a forged value
+// cannot skew the worker's mean.
+constexpr int64_t kMaxReportedStaleness = int64_t{1} << 40;
 
 template <typename T>
 std::vector<T> Slice(const std::vector<T>& v, size_t begin, size_t end) {
@@ -360,6 +366,7 @@ class PsClient::Impl::LinkRunner {
     size_t open = 0;  // parts not answered yet
     Status first_error;
     MessageHeader last_reply;
+    std::vector<int64_t> staleness;    // push: from the acks of its parts
     Clock::time_point reply_deadline;  // the last (re)send of a part + reply_timeout
   };
 
@@ -381,6 +388,10 @@ class PsClient::Impl::LinkRunner {
   void Complete(Active& a, const Status& s) {
     a.parts.clear();  // drop our references to borrowed buffers before finishing
     a.op.payload.clear();
+    if (!a.staleness.empty()) {
+      std::lock_guard<std::mutex> lock(a.op.request->mu);
+      a.op.request->staleness.insert(a.op.request->staleness.end(), a.staleness.begin(), a.staleness.end());
+    }
     FinishOp(*a.op.request, s.ok() ? a.first_error : s, s.ok() && a.first_error.ok() ? &a.last_reply : nullptr);
   }
 
@@ -784,7 +795,12 @@ class PsClient::Impl::LinkRunner {
         s = impl_.AcceptPullReply(link_, a.op, part.header.chunk_ids, h, got);
         if (!s.ok() && a.first_error.ok()) a.first_error = s;
       }
-      if (a.op.header.type == MsgType::kPush && (a.op.header.flags & kFlagInit) == 0) link_.acked_pushes.fetch_add(1);
+      if (a.op.header.type == MsgType::kPush && (a.op.header.flags & kFlagInit) == 0) {
+        link_.acked_pushes.fetch_add(1);
+        for (int64_t v : h.staleness) {  // a server's word: kept only when plausible
+          if (v >= 0 && v <= kMaxReportedStaleness) a.staleness.push_back(v);
+        }
+      }
       if (a.op.header.type == MsgType::kRegister) {
         link_.registered = true;
         link_.needs_register = false;
@@ -1114,7 +1130,9 @@ RequestId PsClient::PushInit(std::span<const float> flat_weights) {
   return Submit(MsgType::kPush, {}, flat_weights, {}, /*all_chunks=*/true, 0, kFlagInit);
 }
 
-Status PsClient::Wait(RequestId id, std::chrono::milliseconds timeout) {
+Status PsClient::Wait(RequestId id, std::chrono::milliseconds timeout) { return Wait(id, timeout, nullptr); }
+
+Status PsClient::Wait(RequestId id, std::chrono::milliseconds timeout, std::vector<int64_t>* staleness) {
   std::shared_ptr<Request> req;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -1132,6 +1150,10 @@ Status PsClient::Wait(RequestId id, std::chrono::milliseconds timeout) {
           "replies outstanding)",
           id, timeout.count(), req->pending_ops);
     }
+  }
+  if (staleness != nullptr) {
+    std::lock_guard<std::mutex> lock(req->mu);
+    *staleness = std::move(req->staleness);
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->requests.erase(id);

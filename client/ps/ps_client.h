@@ -209,6 +209,10 @@ class PsClient {
   // Waits for a request. Ok, the request's error, or kTimeout (the request stays pending and
   // can be waited again). Unknown ids (already waited) are kInvalidArgument.
   Status Wait(RequestId id, std::chrono::milliseconds timeout);
+  // The same; for a push, `staleness` (not null) receives each applied chunk's staleness as the
+  // servers measured it (versions applied since the version it was computed from, the value
+  // they count in their stats), in ack order.
+  Status Wait(RequestId id, std::chrono::milliseconds timeout, std::vector<int64_t>* staleness);
 
   // Versions of each chunk (index = chunk id) as of the last completed pull; -1 = never pulled.
   std::span<const int64_t> last_versions() const { return versions_; }

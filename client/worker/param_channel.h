@@ -44,13 +44,14 @@ struct WireSpan {
   double done_s = 0;
 };
 
-// Staleness the servers reported for the pushes since the last WaitPushes(): per applied
-// chunk push, (chunk version when applied) − (version the gradient was computed from).
+// Staleness the servers reported in their acks, running totals that WaitPushes() adds to: per
+// applied chunk push, (chunk version when applied) − (version the gradient was computed from),
+// the same value each server counts in its stats.
 struct PushInfo {
-  int64_t chunks = 0;           // chunk pushes acknowledged
+  int64_t chunks = 0;           // applied chunk pushes whose ack reported a staleness
   int64_t staleness_sum = 0;
   int64_t staleness_max = 0;
-  bool staleness_known = false; // false when the replies carried no versions
+  bool staleness_known = false; // false until an ack carried a staleness
 };
 
 // A tensor whose span of the pushed `grads` holds sufficient factors, not its gradient:

@@ -54,7 +54,8 @@ void PsChannel::WatchLoop() {
     lock.unlock();
     bool first = true;
     for (const auto& [handle, id] : watch) {
-      Status s = client_->Wait(id, std::chrono::milliseconds(first ? 1 : 0));
+      std::vector<int64_t> staleness;
+      Status s = client_->Wait(id, std::chrono::milliseconds(first ? 1 : 0), &staleness);
       first = false;
       if (s.code() == StatusCode::kTimeout) {
         last_timeout[handle] = s;
@@ -69,6 +70,7 @@ void PsChannel::WatchLoop() {
         r.done = true;
         r.done_s = now;
         r.status = std::move(s);
+        r.staleness = std::move(staleness);
         --watching_;
       }
       cv_.notify_all();
@@ -94,7 +96,7 @@ uint64_t PsChannel::Track(RequestId id, int server, bool push, std::vector<int32
   return handle;
 }
 
-Status PsChannel::Await(uint64_t handle, std::vector<int32_t>* chunks) {
+Status PsChannel::Await(uint64_t handle, std::vector<int32_t>* chunks, std::vector<int64_t>* staleness) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = requests_.find(handle);
   if (it == requests_.end()) {
@@ -112,6 +114,7 @@ Status PsChannel::Await(uint64_t handle, std::vector<int32_t>* chunks) {
   lock.unlock();
   spans_.push_back(WireSpan{r.issued_s, r.done_s});
   if (chunks != nullptr) *chunks = std::move(r.chunks);
+  if (staleness != nullptr) *staleness = std::move(r.staleness);
   return r.status;
 }
 
@@ -174,12 +177,19 @@ Status PsChannel::SetPushFactors(std::span<const PushFactor> factors) {
 
 Status PsChannel::WaitPushes(PushInfo* info) {
   Status first;
+  std::vector<int64_t> staleness;
   for (uint64_t handle : pending_pushes_) {
-    Status s = Await(handle, nullptr);
+    Status s = Await(handle, nullptr, &staleness);
     if (!s.ok() && first.ok()) first = s;
+    // The servers' own measure, from the acks (the value they count in their stats).
+    for (int64_t v : staleness) {
+      ++info->chunks;
+      info->staleness_sum += v;
+      info->staleness_max = std::max(info->staleness_max, v);
+      info->staleness_known = true;
+    }
   }
   pending_pushes_.clear();
-  info->staleness_known = false;
   return first;
 }
 

@@ -70,13 +70,14 @@ class PsChannel : public ParamChannel {
     double done_s = 0;
     bool done = false;
     Status status;                // the PsClient's answer, once done
+    std::vector<int64_t> staleness;  // a push's: per applied chunk, from the acks
   };
   std::vector<FactorTensor> factors_;  // SetPushFactors: for the pushes started next
   // Registers a request just issued with the watcher; returns its handle.
   uint64_t Track(RequestId id, int server, bool push, std::vector<int32_t> chunks, double issued_s);
   // Blocks until request `handle` is done (up to wait_timeout_), then forgets it and records its
   // wire span; `chunks` gets a pull's chunk ids.
-  Status Await(uint64_t handle, std::vector<int32_t>* chunks);
+  Status Await(uint64_t handle, std::vector<int32_t>* chunks, std::vector<int64_t>* staleness = nullptr);
   void FillVersions(const std::vector<int32_t>& chunks, PullInfo* info) const;
   void WatchLoop();
 

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 
 #include "client/worker/factor_choice.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/sgd.h"
 #include "common/tensor_file.h"
 
 namespace downpour::worker {
@@ -95,23 +97,6 @@ Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalReco
   out->top1 = top1_sum / n;
   out->top5 = top5_sum / n;
   return Status::Ok();
-}
-
-double LearningRate(const SolverConfig& s, int64_t iter) {
-  const double it = static_cast<double>(iter);
-  switch (s.lr_policy) {
-    case LrPolicy::kFixed: return s.base_lr;
-    case LrPolicy::kStep: return s.base_lr * std::pow(s.gamma, std::floor(it / static_cast<double>(s.stepsize)));
-    case LrPolicy::kMultistep: {
-      const auto passed = std::count_if(s.stepvalues.begin(), s.stepvalues.end(), [&](int64_t v) { return v <= iter; });
-      return s.base_lr * std::pow(s.gamma, static_cast<double>(passed));
-    }
-    case LrPolicy::kPoly:
-      return s.base_lr * std::pow(std::max(0.0, 1.0 - it / static_cast<double>(s.max_iter)), s.power);
-    case LrPolicy::kInv: return s.base_lr * std::pow(1.0 + s.gamma * it, -s.power);
-    case LrPolicy::kExp: return s.base_lr * std::pow(s.gamma, it);
-  }
-  return s.base_lr;
 }
 
 Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net, const ParamLayout* layout,
@@ -296,13 +281,11 @@ void Trainer::OnGradReady(int tensor) {
 // Caffe's ClipGradients: when the L2 norm of the whole gradient (every tensor, after the
 // push_every average) exceeds solver.clip_gradients, scale it down to that norm.
 void Trainer::ClipGradient(std::span<float> g) {
-  double sumsq = 0;
-  for (float x : g) sumsq += static_cast<double>(x) * x;
-  grad_norm_ = std::sqrt(sumsq);
-  const double limit = o_.solver.clip_gradients;
-  if (grad_norm_ > limit) {
-    const float scale = static_cast<float>(limit / grad_norm_);
-    for (float& x : g) x *= scale;
+  const double sq = SquaredNorm(g);
+  grad_norm_ = std::sqrt(sq);
+  const float scale = ClipScale(sq, o_.solver.clip_gradients);
+  if (scale != 1.0f) {
+    Scale(g, scale);
     ++clipped_steps_;
   }
 }
@@ -315,7 +298,9 @@ void Trainer::ApplyLocalUpdate() {
     std::fill(accum_.begin(), accum_.end(), 0.0f);
   }
   if (clipping()) ClipGradient(grads);
-  const float lr = static_cast<float>(LearningRate(o_.solver, local_iter_));
+  // The schedule's iteration is worker batches processed (common/solver/lr_policy.h), the same
+  // count a server uses: an update here averages push_every batches.
+  const float lr = LearningRateAt(o_.solver, local_iter_ * std::max(1, o_.worker.push_every));
   net_->SgdUpdate(lr, o_.solver.momentum, o_.solver.weight_decay, history_);
   ++local_iter_;
 }
@@ -445,7 +430,7 @@ void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s)
   const double staleness =
       push_info_.staleness_known && chunks > 0
           ? static_cast<double>(push_info_.staleness_sum - last_push_sum_) / static_cast<double>(chunks)
-          : std::numeric_limits<double>::quiet_NaN();  // written as null: the servers measure it
+          : std::numeric_limits<double>::quiet_NaN();  // null: no ack this step reported one
   last_push_chunks_ = push_info_.chunks;
   last_push_sum_ = push_info_.staleness_sum;
   MetricValue tx_bytes, rx_bytes;  // null without a transport

@@ -224,7 +224,4 @@ class Trainer {
 // are the caller's). Used by the trainer and by downpour-test.
 Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalRecord* out);
 
-// Caffe's SGDSolver::GetLearningRate for the reference run.
-double LearningRate(const SolverConfig& s, int64_t iter);
-
 }  // namespace downpour::worker

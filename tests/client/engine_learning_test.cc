@@ -1,6 +1,6 @@
 // The learning test: the small Fashion-MNIST net (configs/models/fmnist_small.toml) trained
 // on the oneDNN engine alone (no servers) with the servers' own update rule
-// (server/update: SgdUpdate, LearningRateAt) reaches >= 89% top-1 accuracy on the 10,000
+// (common/solver: SgdUpdate, LearningRateAt) reaches >= 89% top-1 accuracy on the 10,000
 // test images of Debian's dataset-fashion-mnist, in a bounded run (a fixed number of epochs,
 // a few minutes on 2 busy cores). Prints per-epoch accuracy, images/s and wall time.
 //
@@ -20,8 +20,8 @@
 #include "common/run_config.h"
 #include "data/idx.h"
 #include "downpour_config.h"
-#include "server/update/lr_policy.h"
-#include "server/update/sgd.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/sgd.h"
 
 namespace downpour::engine {
 namespace {

@@ -5,13 +5,16 @@
 //    once the caller has run CheckLabels).
 //  * ReadBlob: any blob by name in canonical layout (the same values on the reference and the
 //    oneDNN backend, whose blob may be blocked); an unknown name is NotFound naming it.
+//  * SgdUpdate: the servers' rule (common/solver), bit for bit, with each tensor's multipliers.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "client/engine/net.h"
 #include "client/engine/reference_backend.h"
 #include "client/engine/tensor_compare.h"
+#include "common/solver/sgd.h"
 #include "downpour_config.h"
 
 namespace downpour::engine {
@@ -30,6 +33,38 @@ std::unique_ptr<Net> SmallNet(bool reference, int batch) {
   EXPECT_TRUE(s.ok()) << s.ToString();
   if (net) net->InitParams(7);
   return net;
+}
+
+// One solver: the engine's local update is common/solver's SgdUpdate per tensor (lr_mult,
+// decay_mult from the model), bit for bit, over several steps with momentum and weight decay.
+TEST(EngineNet, SgdUpdateIsTheServersRuleBitForBit) {
+  auto net = SmallNet(true, 4);
+  ASSERT_NE(net, nullptr);
+  const size_t n = net->params().size();
+  std::vector<float> w(net->params().begin(), net->params().end()), h(n, 0.0f), hist(n, 0.0f);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 0.1f);
+  for (int step = 0; step < 3; ++step) {
+    for (float& g : net->grads()) g = dist(rng);
+    std::vector<float> g(net->grads().begin(), net->grads().end());
+    const float lr = 0.05f / static_cast<float>(step + 1);
+    net->SgdUpdate(lr, 0.9f, 5e-4f, hist);
+    for (size_t t = 0; t < net->param_specs().size(); ++t) {
+      const TensorSpec& spec = net->param_specs()[t];
+      UpdateParams p;
+      p.lr = lr;
+      p.momentum = 0.9f;
+      p.weight_decay = 5e-4f;
+      p.lr_mult = spec.lr_mult;
+      p.decay_mult = spec.decay_mult;
+      const auto off = static_cast<size_t>(net->param_offset(static_cast<int>(t)));
+      const auto len = static_cast<size_t>(spec.numel());
+      downpour::SgdUpdate(p, std::span<const float>(g).subspan(off, len), std::span<float>(w).subspan(off, len),
+                          std::span<float>(h).subspan(off, len));
+    }
+    ASSERT_EQ(std::memcmp(w.data(), net->params().data(), n * sizeof(float)), 0) << "weights after step " << step;
+    ASSERT_EQ(std::memcmp(h.data(), hist.data(), n * sizeof(float)), 0) << "history after step " << step;
+  }
 }
 
 TEST(EngineNet, CheckLabelsAcceptsEveryClass) {

@@ -29,8 +29,8 @@
 #include "common/grad_codec.h"
 #include "common/inproc_transport.h"
 #include "server/shard.h"
-#include "server/update/lr_policy.h"
-#include "server/update/sgd.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/sgd.h"
 
 namespace downpour {
 namespace {

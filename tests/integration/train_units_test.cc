@@ -137,23 +137,6 @@ TEST(Progress, QuietPrintsNothing) {
   std::filesystem::remove(path);
 }
 
-TEST(LearningRate, MatchesCaffePolicies) {
-  SolverConfig s;
-  s.base_lr = 0.01f;
-  s.lr_policy = LrPolicy::kInv;
-  s.gamma = 0.0001f;
-  s.power = 0.75f;
-  EXPECT_NEAR(LearningRate(s, 1000), 0.01 * std::pow(1.1, -0.75), 1e-9);
-  s.lr_policy = LrPolicy::kStep;
-  s.gamma = 0.1f;
-  s.stepsize = 100;
-  EXPECT_NEAR(LearningRate(s, 250), 0.01 * 0.01, 1e-9);
-  s.lr_policy = LrPolicy::kMultistep;
-  s.stepvalues = {10, 20};
-  EXPECT_NEAR(LearningRate(s, 20), 0.01 * 0.01, 1e-9);
-  EXPECT_NEAR(LearningRate(s, 9), 0.01, 1e-9);
-}
-
 // Records what the loop pushes: the flat gradient as the pushes read it.
 class RecordingChannel : public ParamChannel {
  public:

@@ -29,8 +29,8 @@
 #include "common/grad_codec.h"
 #include "common/inproc_transport.h"
 #include "server/shard.h"
-#include "server/update/lr_policy.h"
-#include "server/update/sgd.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/sgd.h"
 
 namespace downpour {
 namespace {
@@ -246,6 +246,7 @@ class ShardFuzz : public ::testing::Test {
     p.init = (h.flags & kFlagInit) != 0;
     const size_t n = h.chunk_ids.size();
     if (h.sender != registered_ || h.layout_hash != layout_.hash() || h.model_id != 0) return p;
+    if ((h.flags & kFlagShm) != 0) return p;  // payload "in shared memory": this peer never asked for a region
     if (h.clock < 0 || h.clock > kMaxClock) return p;  // iterations: a forged clock is refused
     if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense || n == 0) return p;
     if (frames.size() != n + 1 || h.elem_counts.size() != n || h.byte_lengths.size() != n) return p;

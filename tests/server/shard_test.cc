@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <thread>
 
 #include "client/ps/ps_client.h"
@@ -21,8 +22,8 @@
 
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
-#include "server/update/lr_policy.h"
-#include "server/update/sgd.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/sgd.h"
 
 namespace downpour {
 namespace {
@@ -602,6 +603,106 @@ TEST_F(ShardFixture, SyncBackupWorkerAppliesAfterWMinusB) {
   ASSERT_TRUE(c2->Wait(c2->Push(std::vector<float>(8, 50.0f), 0), 5000ms).ok());  // the backup: late
   EXPECT_EQ(shards_[0]->Stats().dropped_late, 1u);
   EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
+}
+
+// The lr schedule's iteration is worker batches applied in every mode (common/solver/lr_policy.h):
+// after the same four worker gradients, a sync shard (two clocks of two) and an async shard (four
+// pushes) are at iteration 4, and both stepped the lr down after the second batch.
+TEST_F(ShardFixture, SyncAndAsyncSeeTheSameLrAfterTheSameImages) {
+  for (ConsistencyMode mode : {ConsistencyMode::kSync, ConsistencyMode::kAsync}) {
+    SCOPED_TRACE(mode == ConsistencyMode::kSync ? "sync" : "async");
+    TearDown();
+    shards_.clear();
+    addresses_.clear();
+    ShardOptions o;
+    o.solver.base_lr = 1.0f;
+    o.solver.lr_policy = LrPolicy::kStep;
+    o.solver.stepsize = 2;
+    o.solver.gamma = 0.5f;
+    o.solver.momentum = 0.0f;
+    o.solver.weight_decay = 0.0f;
+    o.consistency.mode = mode;
+    o.expected_workers = 2;
+    StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+    auto c0 = Client(0), c1 = Client(1);
+    ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+    const std::vector<float> g(8, 1.0f);
+    for (int clock = 0; clock < 2; ++clock) {
+      std::vector<float> w(8);
+      ASSERT_TRUE(c0->Wait(c0->Pull(w, clock), 5000ms).ok());
+      ASSERT_TRUE(c1->Wait(c1->Pull(w, clock), 5000ms).ok());
+      ASSERT_TRUE(c0->Wait(c0->Push(g, clock), 5000ms).ok());
+      ASSERT_TRUE(c1->Wait(c1->Push(g, clock), 5000ms).ok());
+    }
+    EXPECT_EQ(shards_[0]->ChunkScheduleIter(0), 4);
+    // sync: one update per clock, the average of two: lr 1 at iteration 0, 0.5 at iteration 2.
+    // async: four updates at iterations 0, 1, 2, 3: lr 1, 1, 0.5, 0.5.
+    const float want = mode == ConsistencyMode::kSync ? -(1.0f + 0.5f) : -(1.0f + 1.0f + 0.5f + 0.5f);
+    EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, want));
+    EXPECT_EQ(shards_[0]->ChunkVersion(0), mode == ConsistencyMode::kSync ? 2 : 4);
+  }
+}
+
+// The iteration advances by worker.push_every per gradient (each averages that many batches),
+// and survives a checkpoint.
+TEST_F(ShardFixture, ScheduleIterCountsBatchesPerPushAndIsCheckpointed) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 0.1f;
+  o.batches_per_push = 3;
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  for (int step = 0; step < 2; ++step) ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), step), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkScheduleIter(0), 6);
+  ASSERT_TRUE(shards_[0]->SaveCheckpoint(ForServer(o, 0).checkpoint_path).ok());
+  RecoverReport report;
+  auto fresh = KillAndRecover(0, o, &report);
+  EXPECT_TRUE(report.checkpoint_loaded);
+  EXPECT_EQ(fresh->ChunkScheduleIter(0), 6);
+  EXPECT_EQ(fresh->ChunkVersion(0), 2);
+}
+
+// Each push's ack carries the staleness the server measured for each of its chunks, the value it
+// counts in its stats: the worker sees exactly what the server saw.
+TEST_F(ShardFixture, AckCarriesTheStalenessTheServerCounts) {
+  ShardOptions o;
+  o.solver.base_lr = 0.01f;
+  o.expected_workers = 3;
+  StartShards(SmallModel(), 2, 8, o);
+  std::vector<std::unique_ptr<PsClient>> c;
+  for (int i = 0; i < 3; ++i) c.push_back(Client(i));
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  ASSERT_TRUE(c[0]->Wait(c[0]->PushInit(Iota(n, 0.0f, 0.01f)), 5000ms).ok());
+  std::mt19937 rng(7);
+  std::vector<std::vector<float>> w(3, std::vector<float>(n));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c[i]->Wait(c[i]->Pull(w[i], 0), 5000ms).ok());
+  int64_t seen_sum = 0, seen_max = 0, seen_chunks = 0;
+  std::vector<int64_t> clock(3, 0);
+  for (int k = 0; k < 30; ++k) {
+    const int i = static_cast<int>(rng() % 3);  // a random worker pushes, then pulls again
+    std::vector<int64_t> staleness;
+    ASSERT_TRUE(c[i]->Wait(c[i]->Push(Iota(n, 0.1f, 0.001f), clock[i]), 5000ms, &staleness).ok());
+    EXPECT_EQ(staleness.size(), static_cast<size_t>(layout_.num_chunks()));
+    for (int64_t v : staleness) {
+      seen_sum += v;
+      seen_max = std::max(seen_max, v);
+      ++seen_chunks;
+    }
+    ++clock[static_cast<size_t>(i)];
+    ASSERT_TRUE(c[i]->Wait(c[i]->Pull(w[i], clock[i]), 5000ms).ok());
+  }
+  uint64_t server_sum = 0, server_max = 0, server_chunks = 0;
+  for (auto& s : shards_) {
+    const ShardStatsWire st = s->Stats();
+    server_sum += st.staleness_sum;
+    server_max = std::max(server_max, st.staleness_max);
+    for (uint64_t b : st.staleness_histogram) server_chunks += b;
+  }
+  EXPECT_GT(seen_sum, 0);  // three workers interleaved: some pushes were behind
+  EXPECT_EQ(static_cast<uint64_t>(seen_sum), server_sum);
+  EXPECT_EQ(static_cast<uint64_t>(seen_max), server_max);
+  EXPECT_EQ(static_cast<uint64_t>(seen_chunks), server_chunks);
 }
 
 TEST_F(ShardFixture, SspPullWaitsForTheSlowestWorker) {

@@ -1,14 +1,14 @@
 // sgd.cc — element-wise SGD steps. Simple counted loops over __restrict pointers so that
 // GCC vectorises them at -O3; no FMA contraction (see CMakeLists.txt) so the fused and the
 // step-by-step paths round identically.
-#include "server/update/sgd.h"
+#include "common/solver/sgd.h"
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 
 #include "common/status.h"
-#include "server/update/lr_policy.h"
+#include "common/solver/lr_policy.h"
 
 namespace downpour {
 

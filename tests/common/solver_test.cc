@@ -1,4 +1,4 @@
-// Tests for server/update: learning-rate policies against Caffe's closed forms, the update
+// Tests for common/solver: learning-rate policies against Caffe's closed forms, the update
 // pipeline against hand-computed multi-step values (as Caffe's test_gradient_based_solver
 // does), and the fused SgdUpdate against the pipeline, bit for bit.
 #include <cmath>
@@ -9,8 +9,8 @@
 
 #include <gtest/gtest.h>
 
-#include "server/update/lr_policy.h"
-#include "server/update/sgd.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/sgd.h"
 
 namespace downpour {
 namespace {
@@ -252,6 +252,17 @@ TEST(SgdTest, FusedIsBitIdenticalToPipeline) {
 TEST(SgdDeathTest, MismatchedLengthsAreABrokenInvariant) {
   std::vector<float> w(3), h(3), g(4);
   EXPECT_DEATH(SgdUpdate(UpdateParams{}, g, w, h), "CHECK failed: grad.size\\(\\) == w.size\\(\\)");
+}
+
+// The schedule's iteration counts worker batches: n gradients of p batches each move it n × p;
+// nonsense counts (0, negative) move it as one.
+TEST(ScheduleIterations, CountsWorkerBatches) {
+  EXPECT_EQ(ScheduleIterations(1, 1), 1);
+  EXPECT_EQ(ScheduleIterations(4, 1), 4);   // sync: an update averaging four workers
+  EXPECT_EQ(ScheduleIterations(1, 3), 3);   // async, push_every = 3
+  EXPECT_EQ(ScheduleIterations(2, 3), 6);
+  EXPECT_EQ(ScheduleIterations(0, 0), 1);
+  EXPECT_EQ(ScheduleIterations(-2, 5), 5);
 }
 
 }  // namespace

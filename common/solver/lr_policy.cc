@@ -1,5 +1,5 @@
 // lr_policy.cc — Caffe's learning-rate policies.
-#include "server/update/lr_policy.h"
+#include "common/solver/lr_policy.h"
 
 #include <algorithm>
 #include <cmath>
