@@ -3,7 +3,10 @@
 # benchmarks: the built binaries, the non-system shared libraries they link (oneDNN xz-compressed),
 # and Fashion-MNIST. The GPU machine supplies the driver, CUDA runtime, cuBLAS and cuDNN.
 #   bench/gpu/pack_for_device.sh [build-dir] [out-dir]   (defaults: build, .devcarry)
-# Then bench/gpu/device_check.sh runs there (out-dir must be carried along).
+# Then bench/gpu/device_check.sh (tests, benchmarks) or bench/gpu/device_train.sh (a distributed
+# run with GPU workers; pack with EXTRA_BINS="server/downpour-launch server/downpour-server
+# server/downpour-coordinator client/worker/downpour-worker data/downpour-data") runs there, with
+# out-dir carried along.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -19,7 +22,8 @@ done
 for b in "$out"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda[^/]*|libcudart[^/]*|libcublas[^/]*|libcudnn[^/]*|libstdc\+\+|libgcc_s)\.so' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
-xz -T2 -6 "$out/lib/libdnnl.so.2"
+# Compressed, to stay inside the device tool's 64 MiB (oneDNN alone is 40 MB).
+tar -cJf "$out/libs.tar.xz" -C "$out/lib" . && tar -cJf "$out/bins.tar.xz" -C "$out/bin" . && rm -rf "$out/lib" "$out/bin"
 cp /usr/share/datasets/fashion-mnist/*.gz "$out/fashion-mnist/"
 echo "$root" >"$out/source_dir"   # the tests read configs under the source path compiled in
 du -sh "$out"
