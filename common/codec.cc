@@ -80,6 +80,8 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   b.setCheckpointsWritten(s.checkpoints_written);
   b.setUndecodable(s.undecodable);
   b.setDuplicates(s.duplicates);
+  b.setDcCompensated(s.dc_compensated);
+  b.setDcUncompensated(s.dc_uncompensated);
   b.setDroppedPeers(s.dropped_peers);
   FillList(b.initPushesByWorker(static_cast<unsigned>(s.pushes_by_worker.size())), s.pushes_by_worker);
   b.setWalRecords(s.wal_records);
@@ -104,6 +106,8 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.checkpoints_written = r.getCheckpointsWritten();
   s.undecodable = r.getUndecodable();
   s.duplicates = r.getDuplicates();
+  s.dc_compensated = r.getDcCompensated();
+  s.dc_uncompensated = r.getDcUncompensated();
   s.dropped_peers = r.getDroppedPeers();
   s.pushes_by_worker = ReadList<uint64_t>(r.getPushesByWorker());
   s.wal_records = r.getWalRecords();

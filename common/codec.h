@@ -102,6 +102,8 @@ struct ShardStatsWire {
   uint64_t checkpoints_written = 0;
   uint64_t undecodable = 0;
   uint64_t duplicates = 0;                // pushes already taken, acknowledged again (resends)
+  uint64_t dc_compensated = 0;            // DC-ASGD: chunk gradients compensated for their delay
+  uint64_t dc_uncompensated = 0;          // DC-ASGD: chunk gradients applied as pushed (no matching pull copy)
   uint64_t dropped_peers = 0;             // peers dropped for not reading their replies
   std::vector<uint64_t> pushes_by_worker;  // gradient pushes taken per worker id
   uint64_t wal_records = 0;

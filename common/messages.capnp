@@ -81,6 +81,8 @@ struct Stats {
   busyNanos @18 :UInt64;       # time the message loop spent handling messages (decode, validate,
                                # log, apply, reply) by this process, ns: busy / wall = loop load
   regionParts @19 :UInt64;     # push and pull messages whose payload went through shared memory
+  dcCompensated @20 :UInt64;   # DC-ASGD: chunk gradients compensated for their delay
+  dcUncompensated @21 :UInt64; # DC-ASGD: chunk gradients applied as pushed (no pull copy of their version)
 }
 
 struct Header {

@@ -302,6 +302,17 @@ Status ReadConsistency(TableReader& r, ConsistencyConfig* c) {
   }
   DP_RETURN_IF_ERROR(r.Int("backup_workers", &c->backup_workers));
   DP_RETURN_IF_ERROR(r.Bool("staleness_aware_lr", &c->staleness_aware_lr));
+  if (const toml::node* n = r.Get("algorithm")) {
+    const auto text = n->value<std::string>();
+    if (text && *text == "sgd") {
+      c->algorithm = Algorithm::kSgd;
+    } else if (text && *text == "dc-asgd") {
+      c->algorithm = Algorithm::kDcAsgd;
+    } else {
+      return r.Bad("algorithm", *n, "expected \"sgd\" (the gradient as pushed) or \"dc-asgd\" (delay compensation)");
+    }
+  }
+  DP_RETURN_IF_ERROR(r.Float("dc_lambda", &c->dc_lambda));
   return r.Finish();
 }
 
@@ -499,6 +510,8 @@ std::string ConsistencyModeString(const ConsistencyConfig& c) {
   return "?";
 }
 
+std::string AlgorithmString(Algorithm a) { return a == Algorithm::kDcAsgd ? "dc-asgd" : "sgd"; }
+
 std::string OwnShardPath(const DataConfig& data, int worker, int workers) {
   const std::filesystem::path dir(data.train);
   const std::filesystem::path converted = dir / fmt::format("shard_{}_of_{}", worker, workers);
@@ -631,6 +644,10 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              fmt::format("must be < cluster.workers ({})", cl.workers))
       .Check(!co.staleness_aware_lr || co.mode != ConsistencyMode::kSync, "consistency.staleness_aware_lr",
              co.staleness_aware_lr, "applies to async and ssp only (sync has no staleness)")
+      .Check(std::isfinite(co.dc_lambda) && co.dc_lambda >= 0.0f, "consistency.dc_lambda", co.dc_lambda,
+             "must be >= 0 and finite (0 = no compensation)")
+      .Check(co.algorithm != Algorithm::kDcAsgd || co.mode != ConsistencyMode::kSync, "consistency.algorithm",
+             AlgorithmString(co.algorithm), "\"dc-asgd\" compensates delays; mode \"sync\" has none (use async or ssp:<s>)")
       .Check(wo.batch_size >= 1, "worker.batch_size", wo.batch_size, "must be >= 1")
       .Check(wo.steps >= 1, "worker.steps", wo.steps, "must be >= 1")
       .Check(wo.epochs >= 0, "worker.epochs", wo.epochs, "must be >= 0 (0 = use steps)")
@@ -791,6 +808,8 @@ std::string ToToml(const RunConfig& c) {
   line("mode", str(ConsistencyModeString(c.consistency)));
   line("backup_workers", num(c.consistency.backup_workers));
   line("staleness_aware_lr", boolean(c.consistency.staleness_aware_lr));
+  line("algorithm", str(AlgorithmString(c.consistency.algorithm)));
+  line("dc_lambda", flt(c.consistency.dc_lambda));
   s += "\n[worker]\n";
   line("batch_size", num(c.worker.batch_size));
   line("steps", num(c.worker.steps));

@@ -146,15 +146,27 @@ enum class ConsistencyMode {
 };
 
 // [consistency]
+// How a server turns a pushed gradient into its update (TOML consistency.algorithm).
+enum class Algorithm {
+  kSgd,     // "sgd": the gradient as pushed (Downpour / BSP / SSP, by mode)
+  kDcAsgd,  // "dc-asgd": delay compensation, Zheng et al. 2017 (async / ssp)
+};
+
 struct ConsistencyConfig {
   ConsistencyMode mode = ConsistencyMode::kAsync;  // TOML: mode = "async" | "sync" | "ssp:<s>"
   int staleness_bound = 0;          // s of "ssp:<s>" (>= 0); 0 for async and sync
   int backup_workers = 0;           // sync only: apply after W - b arrivals (0 <= b < W)
   bool staleness_aware_lr = false;  // async/ssp: divide lr by the measured staleness (>= 1)
+  Algorithm algorithm = Algorithm::kSgd;  // TOML: algorithm = "sgd" | "dc-asgd"
+  // DC-ASGD: g + dc_lambda × g ⊙ g ⊙ (w − w_pulled), w_pulled the weights the pushing worker
+  // last pulled (>= 0, finite; 0 = no compensation). The paper's constant-λ variant.
+  float dc_lambda = 0.04f;
   bool operator==(const ConsistencyConfig&) const = default;
 };
 // "async", "sync" or "ssp:<s>".
 std::string ConsistencyModeString(const ConsistencyConfig& c);
+// "sgd" or "dc-asgd".
+std::string AlgorithmString(Algorithm a);
 
 // [worker] — the training loop of one worker.
 struct WorkerConfig {

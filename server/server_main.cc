@@ -246,6 +246,8 @@ Status Run(const Flags& f, bool* serving) {
                                       {"staleness_sum", st.staleness_sum},
                                       {"staleness_max", st.staleness_max},
                                       {"duplicates", st.duplicates},
+                                      {"dc_compensated", st.dc_compensated},
+                                      {"dc_uncompensated", st.dc_uncompensated},
                                       {"wal_records", st.wal_records},
                                       {"replayed", st.replayed},
                                       {"pushes_by_worker", ListString(st.pushes_by_worker)},

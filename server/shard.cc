@@ -148,6 +148,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
   push_staleness_.assign(chunks_.size(), -1);
+  if (options_.consistency.algorithm == Algorithm::kDcAsgd) dc_pulled_.resize(static_cast<size_t>(max_workers_));
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
   peers_of_worker_.resize(static_cast<size_t>(max_workers_));
   dedup_.resize(static_cast<size_t>(max_workers_));
@@ -616,6 +617,8 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
       return policy_ok;
     }
   }
+  // DC-ASGD: the compensated gradient is what gets logged and applied, so a replay repeats it.
+  if (!init && options_.consistency.algorithm == Algorithm::kDcAsgd) CompensateDelay(h.sender, &chunks);
   // Logged before it is applied and acknowledged: an ack means the push is in the log.
   WalRecord r;
   r.kind = WalKind::kPush;
@@ -824,6 +827,52 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
   ++updates_;
 }
 
+// DC-ASGD (Zheng et al., "Asynchronous Stochastic Gradient Descent with Delay Compensation",
+// ICML 2017), the constant-λ variant: g' = g + λ · g ⊙ g ⊙ (w_now − w_pulled), where w_pulled is
+// the chunk as this worker last pulled it. Only when that copy is of the version the gradient
+// was computed from; otherwise (no pull seen since this server started, e.g. after a restart)
+// the gradient goes as pushed and is counted. Compensated gradients live in dc_scratch_ until
+// the push is applied.
+void ShardServer::RememberPulled(int32_t worker, const std::vector<int>& locals) {
+  if (!KnownWorker(worker)) return;
+  auto& mine = dc_pulled_[static_cast<size_t>(worker)];
+  if (mine.empty()) mine.resize(chunks_.size());
+  for (int l : locals) {
+    PulledCopy& copy = mine[static_cast<size_t>(l)];
+    const ChunkState& st = chunks_[static_cast<size_t>(l)];
+    copy.weights = st.weights->data;
+    copy.version = st.version;
+  }
+}
+
+void ShardServer::CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks) {
+  const float lambda = options_.consistency.dc_lambda;
+  dc_scratch_.resize(chunks->size());
+  for (size_t i = 0; i < chunks->size(); ++i) {
+    PushChunk& c = (*chunks)[i];
+    const ChunkState& st = chunks_[static_cast<size_t>(c.local)];
+    const std::vector<PulledCopy>* mine =
+        KnownWorker(worker) ? &dc_pulled_[static_cast<size_t>(worker)] : nullptr;
+    const PulledCopy* copy =
+        mine != nullptr && !mine->empty() ? &(*mine)[static_cast<size_t>(c.local)] : nullptr;
+    if (copy == nullptr || copy->version != c.version_from ||
+        copy->weights.size() != static_cast<size_t>(c.count)) {
+      ++stats_.dc_uncompensated;
+      continue;
+    }
+    std::vector<float>& out = dc_scratch_[i];
+    out.resize(static_cast<size_t>(c.count));
+    const float* w = st.weights->data.data();
+    const float* w0 = copy->weights.data();
+    for (int64_t j = 0; j < c.count; ++j) {
+      const float g = c.grad[j];
+      out[static_cast<size_t>(j)] = g + lambda * g * g * (w[j] - w0[j]);
+    }
+    c.grad = out.data();
+    ++stats_.dc_compensated;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pull.
 
@@ -861,6 +910,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   }
   // The dtype the pull asked for; shared memory carries f32 (the client asks f32 there).
   reply.dtype = region != nullptr ? DType::kF32 : p.request.dtype;
+  if (options_.consistency.algorithm == Algorithm::kDcAsgd) RememberPulled(p.request.sender, p.locals);
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];
     const int32_t id = owned_[static_cast<size_t>(l)];

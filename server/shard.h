@@ -302,6 +302,16 @@ class ShardServer {
   std::unique_ptr<WalWriter> wal_;
   uint64_t wal_seq_ = 0;     // last log seq applied or covered by the loaded checkpoint
   bool replaying_ = false;
+  // DC-ASGD: per worker id (up to max_workers), per local chunk, the weights it last pulled and
+  // their version (empty until its first pull): memory up to max_workers × this shard.
+  struct PulledCopy {
+    std::vector<float> weights;
+    int64_t version = -1;
+  };
+  std::vector<std::vector<PulledCopy>> dc_pulled_;
+  std::vector<std::vector<float>> dc_scratch_;  // the push being applied: compensated gradients
+  void RememberPulled(int32_t worker, const std::vector<int>& locals);
+  void CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks);
   std::vector<int64_t> push_staleness_;  // per local chunk: the push being applied's staleness (-1: not applied), for its ack
   std::vector<int64_t> staleness_ring_;  // last kStalenessWindow chunk staleness values
   size_t staleness_next_ = 0;

@@ -201,6 +201,19 @@ TEST(RunConfigTest, ErrorsNameFileTableKeyAndValue) {
   EXPECT_THAT(ParseError("[cluster]\nworkers = 2\n[consistency]\nmode = \"sync\"\n"
                          "backup_workers = 2\n"),
               HasSubstr("consistency.backup_workers = 2: must be < cluster.workers (2)"));
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"hogwild\"\n"),
+              HasSubstr("bad.toml: consistency.algorithm = \"hogwild\": expected \"sgd\""));
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"dc-asgd\"\ndc_lambda = -0.1\n"),
+              HasSubstr("consistency.dc_lambda = -0.1: must be >= 0 and finite"));
+  EXPECT_THAT(ParseError("[consistency]\nmode = \"sync\"\nalgorithm = \"dc-asgd\"\n"),
+              HasSubstr("consistency.algorithm = \"dc-asgd\": \"dc-asgd\" compensates delays; mode \"sync\" has none"));
+}
+
+TEST(RunConfigTest, DcAsgdIsASetting) {
+  const RunConfig c = ParseOk("[consistency]\nmode = \"ssp:2\"\nalgorithm = \"dc-asgd\"\ndc_lambda = 0.5\n");
+  EXPECT_EQ(c.consistency.algorithm, Algorithm::kDcAsgd);
+  EXPECT_FLOAT_EQ(c.consistency.dc_lambda, 0.5f);
+  EXPECT_EQ(ParseOk("").consistency.algorithm, Algorithm::kSgd);  // the default stays plain SGD
 }
 
 TEST(RunConfigTest, RejectsUnknownKeysAndTables) {

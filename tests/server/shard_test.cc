@@ -705,6 +705,50 @@ TEST_F(ShardFixture, AckCarriesTheStalenessTheServerCounts) {
   EXPECT_EQ(static_cast<uint64_t>(seen_chunks), server_chunks);
 }
 
+// DC-ASGD against hand-computed values: lr 1, no momentum or decay, λ = 0.5. Both workers pull
+// w0; worker 0's gradient is fresh (w = w0: no compensation term); worker 1's is one update
+// behind and is compensated with the weights it pulled: g1 + λ g1² (w1 − w0).
+TEST_F(ShardFixture, DcAsgdCompensatesAStaleGradientWithTheWeightsThatWorkerPulled) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.algorithm = Algorithm::kDcAsgd;
+  o.consistency.dc_lambda = 0.5f;
+  o.expected_workers = 3;
+  StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
+  auto c0 = Client(0), c1 = Client(1);
+  const std::vector<float> w0{1.0f, -2.0f, 0.5f, 3.0f};
+  ASSERT_TRUE(c0->Wait(c0->PushInit(w0), 5000ms).ok());
+  std::vector<float> w(4);
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Pull(w, 0), 5000ms).ok());
+  const std::vector<float> g0{0.5f, 1.0f, -1.0f, 2.0f}, g1{2.0f, -1.0f, 4.0f, 0.25f};
+  ASSERT_TRUE(c0->Wait(c0->Push(g0, 0), 5000ms).ok());
+  std::vector<float> w1(4);
+  for (size_t i = 0; i < 4; ++i) w1[i] = w0[i] - g0[i];
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), w1);
+  ASSERT_TRUE(c1->Wait(c1->Push(g1, 0), 5000ms).ok());
+  std::vector<float> want(4);
+  for (size_t i = 0; i < 4; ++i) want[i] = w1[i] - (g1[i] + 0.5f * g1[i] * g1[i] * (w1[i] - w0[i]));
+  // e.g. element 0: w1 = 0.5, g1 = 2: 0.5 - (2 + 0.5·4·(0.5 − 1)) = 0.5 − 1 = −0.5
+  EXPECT_FLOAT_EQ(want[0], -0.5f);
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), want);
+  const ShardStatsWire st = shards_[0]->Stats();
+  EXPECT_EQ(st.dc_compensated, 2u);
+  EXPECT_EQ(st.dc_uncompensated, 0u);
+  // A worker with no pulled copy here (it never pulled from this server, or the server restarted
+  // since): its gradient goes as pushed, and is counted.
+  auto c2 = Client(2);
+  const std::vector<float> before = shards_[0]->ChunkWeights(0);
+  ASSERT_TRUE(c2->Wait(c2->Push(g0, 0), 5000ms).ok());
+  std::vector<float> plain(4);
+  for (size_t i = 0; i < 4; ++i) plain[i] = before[i] - g0[i];
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), plain);
+  EXPECT_EQ(shards_[0]->Stats().dc_uncompensated, 1u);
+  EXPECT_EQ(shards_[0]->Stats().dc_compensated, 2u);
+}
+
 TEST_F(ShardFixture, SspPullWaitsForTheSlowestWorker) {
   ShardOptions o;
   o.solver.base_lr = 1.0f;
