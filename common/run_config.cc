@@ -345,6 +345,8 @@ Status ReadWorker(TableReader& r, WorkerConfig* w) {
     if (!text || !ParseDevice(*text, w)) return r.Bad("device", *n, "expected \"cpu\" or \"gpu:N\"");
   }
   DP_RETURN_IF_ERROR(r.Int("threads", &w->threads));
+  DP_RETURN_IF_ERROR(r.Int("straggler", &w->straggler));
+  DP_RETURN_IF_ERROR(r.Int("straggler_delay_ms", &w->straggler_delay_ms));
   DP_RETURN_IF_ERROR(r.Bool("tf32", &w->tf32));
   DP_RETURN_IF_ERROR(r.String("conv_algo", &w->conv_algo));
   return r.Finish();
@@ -655,6 +657,10 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(wo.push_every >= 1, "worker.push_every", wo.push_every, "must be >= 1")
       .Check(wo.gpu_index >= 0, "worker.device", DeviceString(wo), "GPU index must be >= 0")
       .Check(wo.threads >= 0, "worker.threads", wo.threads, "must be >= 0 (0 = all cores)")
+      .Check(wo.straggler >= -1 && wo.straggler < cl.workers, "worker.straggler", wo.straggler,
+             fmt::format("must be a worker id (0..{}) or -1 (none)", cl.workers - 1))
+      .Check(wo.straggler_delay_ms >= 0 && wo.straggler_delay_ms <= 60000, "worker.straggler_delay_ms",
+             wo.straggler_delay_ms, "must be in 0..60000")
       .Check(std::find(kConvAlgoNames.begin(), kConvAlgoNames.end(), wo.conv_algo) != kConvAlgoNames.end(),
              "worker.conv_algo", wo.conv_algo, "expected search, heuristic, gemm, implicit_gemm, fft or winograd")
       .Check(da.crop >= 0, "data.crop", da.crop, "must be >= 0 (0 = no crop)")
@@ -818,6 +824,8 @@ std::string ToToml(const RunConfig& c) {
   line("push_every", num(c.worker.push_every));
   line("device", str(DeviceString(c.worker)));
   line("threads", num(c.worker.threads));
+  line("straggler", num(c.worker.straggler));
+  line("straggler_delay_ms", num(c.worker.straggler_delay_ms));
   line("tf32", boolean(c.worker.tf32));
   line("conv_algo", str(c.worker.conv_algo));
   s += "\n[data]\n";

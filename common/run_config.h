@@ -178,6 +178,10 @@ struct WorkerConfig {
   DeviceKind device = DeviceKind::kCpu;  // TOML: device = "cpu" | "gpu:N"
   int gpu_index = 0;            // N of "gpu:N" (>= 0)
   int threads = 0;              // CPU compute threads; 0 = all cores
+  // An emulated straggler for experiments: worker `straggler` (-1 = none) sleeps
+  // straggler_delay_ms after every step (downpour-worker --step-delay-ms does it for one process).
+  int straggler = -1;
+  int straggler_delay_ms = 0;
   bool tf32 = true;             // GPU: TF32 tensor cores for fp32 convolutions/GEMMs (off = exact fp32)
   // GPU: how cuDNN convolution algorithms are chosen: "search" (measured per layer, as
   // torch.backends.cudnn.benchmark), "heuristic", or forced "gemm", "implicit_gemm", "fft",

@@ -558,6 +558,12 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   TrainerOptions to;
   to.worker_id = a.id;
   to.step_delay = std::chrono::milliseconds(a.step_delay_ms);
+  if (a.step_delay_ms == 0 && config.worker.straggler == a.id) {
+    to.step_delay = std::chrono::milliseconds(config.worker.straggler_delay_ms);
+    if (to.step_delay.count() > 0)
+      spdlog::info("worker {}: the run's straggler: sleeps {} ms after every step (worker.straggler)", a.id,
+                   to.step_delay.count());
+  }
   to.worker = config.worker;
   to.eval = config.eval;
   to.solver = config.solver;

@@ -209,6 +209,16 @@ TEST(RunConfigTest, ErrorsNameFileTableKeyAndValue) {
               HasSubstr("consistency.algorithm = \"dc-asgd\": \"dc-asgd\" compensates delays; mode \"sync\" has none"));
 }
 
+TEST(RunConfigTest, StragglerMustBeAWorker) {
+  EXPECT_THAT(ParseError("[cluster]\nworkers = 2\n[worker]\nstraggler = 2\nstraggler_delay_ms = 50\n"),
+              HasSubstr("worker.straggler = 2: must be a worker id (0..1) or -1 (none)"));
+  EXPECT_THAT(ParseError("[worker]\nstraggler_delay_ms = -5\n"),
+              HasSubstr("worker.straggler_delay_ms = -5: must be in 0..60000"));
+  const RunConfig c = ParseOk("[cluster]\nworkers = 4\n[worker]\nstraggler = 3\nstraggler_delay_ms = 40\n");
+  EXPECT_EQ(c.worker.straggler, 3);
+  EXPECT_EQ(c.worker.straggler_delay_ms, 40);
+}
+
 TEST(RunConfigTest, DcAsgdIsASetting) {
   const RunConfig c = ParseOk("[consistency]\nmode = \"ssp:2\"\nalgorithm = \"dc-asgd\"\ndc_lambda = 0.5\n");
   EXPECT_EQ(c.consistency.algorithm, Algorithm::kDcAsgd);
