@@ -25,6 +25,7 @@ def _mb(v):
 COLUMNS = [
     ("run", False, lambda label, s: label),
     ("mode", False, lambda label, s: str(s["mode"])),
+    ("algorithm", False, lambda label, s: str(s.get("algorithm", "sgd"))),
     ("workers", True, lambda label, s: dr.fmt(s["workers"], "d")),
     ("servers", True, lambda label, s: dr.fmt(s["servers"], "d")),
     ("segments", True, lambda label, s: dr.fmt(s.get("segments", 1), "d")),

@@ -92,6 +92,19 @@ class UsageError(ToolError):
 # ---------------------------------------------------------------------------------------------
 # Command-line pieces shared by the tools.
 
+def algorithm_label(consistency):
+    """The update rule of a run's [consistency] in words (docs/algorithms.md): "sgd", or e.g.
+    "dc-asgd (lambda 0.04)", "sgd, lr/staleness", "sgd, 1 backup"."""
+    algo = consistency.get("algorithm", "sgd")
+    parts = [f"dc-asgd (lambda {consistency.get('dc_lambda', 0.04):g})" if algo == "dc-asgd" else algo]
+    if consistency.get("staleness_aware_lr"):
+        parts.append("lr/staleness")
+    b = consistency.get("backup_workers", 0) or 0
+    if b:
+        parts.append(f"{b} backup" + ("s" if b > 1 else ""))
+    return ", ".join(parts)
+
+
 def version_string(tool):
     """`<tool> <version> (commit <short sha>)`: the version is the first line of ROOT/VERSION."""
     try:
@@ -590,6 +603,7 @@ def summarize(spec):
         "parts": [os.path.abspath(p) for p in parts],
         "name": config.get("run", {}).get("name", ""),
         "mode": consistency.get("mode", "async"),
+        "algorithm": algorithm_label(consistency),
         "servers": cluster.get("servers"),
         "workers": cluster.get("workers"),
         "batch_size": config.get("worker", {}).get("batch_size"),

@@ -20,11 +20,11 @@ def run_tool(tool, *args, env=None, cwd=None):
                           env=env, cwd=cwd, timeout=120)
 
 
-def write_config(run_dir, mode="async", workers=2, servers=2, name="fabricated"):
+def write_config(run_dir, mode="async", workers=2, servers=2, name="fabricated", consistency_extra=""):
     os.makedirs(os.path.join(run_dir, "metrics"), exist_ok=True)
     with open(os.path.join(run_dir, "config.toml"), "w") as f:
         f.write(f'[run]\nname = "{name}"\n\n[cluster]\nservers = {servers}\nworkers = {workers}\n\n'
-                f'[consistency]\nmode = "{mode}"\n\n[worker]\nbatch_size = {BATCH}\nsteps = 200\n')
+                f'[consistency]\nmode = "{mode}"\n{consistency_extra}\n[worker]\nbatch_size = {BATCH}\nsteps = 200\n')
 
 
 def append_jsonl(run_dir, name, records):

@@ -89,7 +89,7 @@ class CompareTwoRuns(unittest.TestCase):
         rows = [line for line in lines if line.startswith("| ") and not line.startswith("| run ")
                 and not line.startswith("| ---")]
         self.assertEqual(len(rows), 2)
-        self.assertTrue(rows[0].startswith("| sync_w2 | sync | 2 | 2 | 1 | 160.0 |"), rows[0])
+        self.assertTrue(rows[0].startswith("| sync_w2 | sync | sgd | 2 | 2 | 1 | 160.0 |"), rows[0])
         self.assertTrue(rows[1].startswith(f"| {self.label} | async |"), rows[1])
 
     def test_summaries_json_keyed_by_label_in_order(self):
@@ -110,7 +110,7 @@ class CompareTwoRuns(unittest.TestCase):
         p, _ = parse_report(os.path.join(self.out, "report.html"))
         self.assertEqual(p.title, "modes <test>")
         header, *rows = p.rows
-        self.assertEqual(header[:3], ["run", "mode", "workers"])
+        self.assertEqual(header[:4], ["run", "mode", "algorithm", "workers"])
         self.assertEqual([r[0] for r in rows], ["sync_w2", self.label])
         with open(os.path.join(self.out, "comparison.md")) as f:
             md_header = f.read().splitlines()[2]

@@ -27,6 +27,28 @@ class TempDirTest(unittest.TestCase):
         self._tmp.cleanup()
 
 
+class AlgorithmIsNamed(TempDirTest):
+    """The summary and the one-line report name the update rule (docs/algorithms.md)."""
+
+    def run_with(self, mode, extra):
+        run_dir = os.path.join(self.tmp, f"run-{len(os.listdir(self.tmp))}")
+        fab.write_config(run_dir, mode=mode, consistency_extra=extra)
+        fab.append_jsonl(run_dir, "worker-0", fab.worker_segment(0, 1000.0, 0, 200, eval_every=20, final=True))
+        return summarize(run_dir)
+
+    def test_plain_dc_asgd_backups_and_staleness_aware(self):
+        s, out = self.run_with("async", "")
+        self.assertEqual(s["algorithm"], "sgd")
+        self.assertNotIn("[", out)
+        s, out = self.run_with("async", 'algorithm = "dc-asgd"\ndc_lambda = 0.1\n')
+        self.assertEqual(s["algorithm"], "dc-asgd (lambda 0.1)")
+        self.assertIn("async [dc-asgd (lambda 0.1)] W=2", out)
+        s, _ = self.run_with("sync", "backup_workers = 1\n")
+        self.assertEqual(s["algorithm"], "sgd, 1 backup")
+        s, _ = self.run_with("ssp:2", "staleness_aware_lr = true\n")
+        self.assertEqual(s["algorithm"], "sgd, lr/staleness")
+
+
 class NeverResumedRun(TempDirTest):
     def setUp(self):
         super().setUp()
