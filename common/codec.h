@@ -87,6 +87,10 @@ inline constexpr uint32_t kFlagDone = 1u << 2;
 // register: the worker asks for a shared-memory region (common/shm_region.h); push / pull / pull
 // reply: the payload is in that region, not in frames (ps_client.h "Shared memory").
 inline constexpr uint32_t kFlagShm = 1u << 3;
+// push: an elastic-averaging exchange (EASGD, consistency.algorithm = "easgd"): the payload is
+// α(x_worker − x_center) for each chunk, which the server adds to its weights as it is (no
+// learning rate, momentum or decay). Refused by a server whose run is not EASGD, and vice versa.
+inline constexpr uint32_t kFlagElastic = 1u << 4;
 
 struct ShardStatsWire {
   uint64_t pushes_received = 0;

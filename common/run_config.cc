@@ -308,11 +308,17 @@ Status ReadConsistency(TableReader& r, ConsistencyConfig* c) {
       c->algorithm = Algorithm::kSgd;
     } else if (text && *text == "dc-asgd") {
       c->algorithm = Algorithm::kDcAsgd;
+    } else if (text && *text == "easgd") {
+      c->algorithm = Algorithm::kEasgd;
     } else {
-      return r.Bad("algorithm", *n, "expected \"sgd\" (the gradient as pushed) or \"dc-asgd\" (delay compensation)");
+      return r.Bad("algorithm", *n,
+                   "expected \"sgd\" (the gradient as pushed), \"dc-asgd\" (delay compensation) or \"easgd\" "
+                   "(elastic averaging)");
     }
   }
   DP_RETURN_IF_ERROR(r.Float("dc_lambda", &c->dc_lambda));
+  DP_RETURN_IF_ERROR(r.Int("easgd_tau", &c->easgd_tau));
+  DP_RETURN_IF_ERROR(r.Float("easgd_alpha", &c->easgd_alpha));
   return r.Finish();
 }
 
@@ -512,7 +518,18 @@ std::string ConsistencyModeString(const ConsistencyConfig& c) {
   return "?";
 }
 
-std::string AlgorithmString(Algorithm a) { return a == Algorithm::kDcAsgd ? "dc-asgd" : "sgd"; }
+std::string AlgorithmString(Algorithm a) {
+  switch (a) {
+    case Algorithm::kDcAsgd: return "dc-asgd";
+    case Algorithm::kEasgd: return "easgd";
+    case Algorithm::kSgd: break;
+  }
+  return "sgd";
+}
+
+float EasgdAlpha(const ConsistencyConfig& c, int workers) {
+  return c.easgd_alpha > 0.0f ? c.easgd_alpha : 0.9f / static_cast<float>(std::max(1, workers));
+}
 
 std::string OwnShardPath(const DataConfig& data, int worker, int workers) {
   const std::filesystem::path dir(data.train);
@@ -648,6 +665,13 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              co.staleness_aware_lr, "applies to async and ssp only (sync has no staleness)")
       .Check(std::isfinite(co.dc_lambda) && co.dc_lambda >= 0.0f, "consistency.dc_lambda", co.dc_lambda,
              "must be >= 0 and finite (0 = no compensation)")
+      .Check(co.easgd_tau >= 1, "consistency.easgd_tau", co.easgd_tau, "must be >= 1 (steps between exchanges)")
+      .Check(std::isfinite(co.easgd_alpha) && co.easgd_alpha >= 0.0f && co.easgd_alpha < 1.0f,
+             "consistency.easgd_alpha", co.easgd_alpha, "must be in [0, 1) (0 = 0.9 / cluster.workers)")
+      .Check(co.algorithm != Algorithm::kEasgd || co.mode == ConsistencyMode::kAsync, "consistency.algorithm",
+             AlgorithmString(co.algorithm), "\"easgd\" exchanges asynchronously: it needs mode \"async\"")
+      .Check(co.algorithm != Algorithm::kEasgd || !co.staleness_aware_lr, "consistency.staleness_aware_lr",
+             co.staleness_aware_lr, "does not apply to \"easgd\" (workers step with their own lr)")
       .Check(co.algorithm != Algorithm::kDcAsgd || co.mode != ConsistencyMode::kSync, "consistency.algorithm",
              AlgorithmString(co.algorithm), "\"dc-asgd\" compensates delays; mode \"sync\" has none (use async or ssp:<s>)")
       .Check(wo.batch_size >= 1, "worker.batch_size", wo.batch_size, "must be >= 1")
@@ -682,7 +706,11 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(cl.link_gbps == 0 || (std::isfinite(cl.link_gbps) && cl.link_gbps > 0), "cluster.link_gbps",
              cl.link_gbps, "must be a finite link speed > 0 in Gbit/s (0 in code = off)")
       .Check(c.compression.top_k_fraction > 0 && c.compression.top_k_fraction <= 1,
-             "compression.top_k_fraction", c.compression.top_k_fraction, "must be in (0, 1]");
+             "compression.top_k_fraction", c.compression.top_k_fraction, "must be in (0, 1]")
+      .Check(co.algorithm != Algorithm::kEasgd || !c.compression.factors, "compression.factors", c.compression.factors,
+             "\"easgd\" workers push no gradients (their exchanges are dense weight differences): turn it off")
+      .Check(co.algorithm != Algorithm::kEasgd || c.compression.push == WireCodec::kFp32, "compression.push",
+             WireCodecName(c.compression.push), "\"easgd\" exchanges must be exact: use \"fp32\"");
   return v.status();
 }
 
@@ -816,6 +844,8 @@ std::string ToToml(const RunConfig& c) {
   line("staleness_aware_lr", boolean(c.consistency.staleness_aware_lr));
   line("algorithm", str(AlgorithmString(c.consistency.algorithm)));
   line("dc_lambda", flt(c.consistency.dc_lambda));
+  line("easgd_tau", num(c.consistency.easgd_tau));
+  line("easgd_alpha", flt(c.consistency.easgd_alpha));
   s += "\n[worker]\n";
   line("batch_size", num(c.worker.batch_size));
   line("steps", num(c.worker.steps));

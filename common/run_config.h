@@ -150,6 +150,7 @@ enum class ConsistencyMode {
 enum class Algorithm {
   kSgd,     // "sgd": the gradient as pushed (Downpour / BSP / SSP, by mode)
   kDcAsgd,  // "dc-asgd": delay compensation, Zheng et al. 2017 (async / ssp)
+  kEasgd,   // "easgd": elastic averaging, Zhang, Choromanska, LeCun 2015 (async)
 };
 
 struct ConsistencyConfig {
@@ -161,12 +162,18 @@ struct ConsistencyConfig {
   // DC-ASGD: g + dc_lambda × g ⊙ g ⊙ (w − w_pulled), w_pulled the weights the pushing worker
   // last pulled (>= 0, finite; 0 = no compensation). The paper's constant-λ variant.
   float dc_lambda = 0.04f;
+  // EASGD: each worker trains its own copy x_i with the solver and every easgd_tau steps moves it
+  // and the servers' center x~ towards each other by easgd_alpha × (x_i − x~) (>= 1; 0 < α < 1;
+  // 0 = the paper's β / W with β = 0.9).
+  int easgd_tau = 4;
+  float easgd_alpha = 0.0f;
   bool operator==(const ConsistencyConfig&) const = default;
 };
 // "async", "sync" or "ssp:<s>".
 std::string ConsistencyModeString(const ConsistencyConfig& c);
-// "sgd" or "dc-asgd".
+// "sgd", "dc-asgd" or "easgd"; EasgdAlpha: easgd_alpha, or 0.9 / workers when it is 0.
 std::string AlgorithmString(Algorithm a);
+float EasgdAlpha(const ConsistencyConfig& c, int workers);
 
 // [worker] — the training loop of one worker.
 struct WorkerConfig {

@@ -542,6 +542,14 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     return HandlePush(dense, decoded, reply, reason);
   }
   const bool init = (h.flags & kFlagInit) != 0;
+  const bool elastic = (h.flags & kFlagElastic) != 0;
+  const bool easgd = options_.consistency.algorithm == Algorithm::kEasgd;
+  if (!init && elastic != easgd) {
+    *reason = RejectReason::kClock;  // the consistency policy's refusal
+    if (easgd) return InvalidArgument("push: a gradient push to an EASGD server (it takes elastic exchanges only)");
+    return InvalidArgument("push: an elastic (EASGD) exchange, but this run's consistency.algorithm is \"{}\"",
+                           AlgorithmString(options_.consistency.algorithm));
+  }
   if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) {
     *reason = RejectReason::kDType;
     return InvalidArgument("push: dtype {} / encoding {} not supported (server takes f32 dense)",
@@ -623,7 +631,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   WalRecord r;
   r.kind = WalKind::kPush;
   r.worker = h.sender;
-  r.flags = init ? kFlagInit : 0;
+  r.flags = h.flags & (kFlagInit | kFlagElastic);
   r.session = h.session;
   r.request_id = h.request_id;
   r.clock = h.clock;
@@ -637,7 +645,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(LogRecord(&r));
   for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
-  ApplyPush(h.sender, h.session, h.request_id, h.clock, init, chunks);
+  ApplyPush(h.sender, h.session, h.request_id, h.clock, r.flags, chunks);
   for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
   if (!init) {
     for (int l : locals) reply->staleness.push_back(push_staleness_[static_cast<size_t>(l)]);
@@ -718,10 +726,24 @@ Status ShardServer::DecodeCodedPush(const MessageHeader& h, const Frames& frames
   return Status::Ok();
 }
 
-void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, bool init,
+void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                             const std::vector<PushChunk>& chunks) {
   RememberRequest(worker, session, request_id);
-  if (init) {
+  const bool init = (flags & kFlagInit) != 0;
+  if (!init && (flags & kFlagElastic) != 0) {
+    // EASGD (Zhang, Choromanska, LeCun, NIPS 2015), the center's side of an exchange:
+    // x_center += α(x_worker − x_center), the difference computed and sent by the worker.
+    for (const PushChunk& c : chunks) {
+      float* w = MutableWeights(c.local).data();
+      for (int64_t j = 0; j < c.count; ++j) w[j] += c.grad[j];
+      ChunkState& st = chunks_[static_cast<size_t>(c.local)];
+      updater_->RecordStaleness(c.local, std::max<int64_t>(0, st.version - c.version_from));
+      ++st.version;
+      ++stats_.chunk_updates;
+      ++updates_;
+    }
+    ++stats_.pushes_by_worker[static_cast<size_t>(worker)];
+  } else if (init) {
     for (const PushChunk& c : chunks) {
       ChunkState& st = chunks_[static_cast<size_t>(c.local)];
       if (st.initialized) continue;  // first init wins; later ones (or after restore) are no-ops
@@ -1296,7 +1318,7 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
         }
         chunks.push_back(PushChunk{local, c.data, static_cast<int64_t>(c.count), c.version_from});
       }
-      ApplyPush(r.worker, r.session, r.request_id, r.clock, init, chunks);
+      ApplyPush(r.worker, r.session, r.request_id, r.clock, r.flags, chunks);
       return Status::Ok();
     }
     case WalKind::kClock:

@@ -258,7 +258,7 @@ class ShardServer {
   void Reject(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& request,
               const Status& status, RejectReason reason);
   // One push, validated (live) or read from the log (replay): dedup window, init or policy.
-  void ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, bool init,
+  void ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                  const std::vector<PushChunk>& chunks);
   bool IsDuplicate(int32_t worker, uint64_t session, uint64_t request_id) const;
   void RememberRequest(int32_t worker, uint64_t session, uint64_t request_id);

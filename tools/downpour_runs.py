@@ -96,7 +96,13 @@ def algorithm_label(consistency):
     """The update rule of a run's [consistency] in words (docs/algorithms.md): "sgd", or e.g.
     "dc-asgd (lambda 0.04)", "sgd, lr/staleness", "sgd, 1 backup"."""
     algo = consistency.get("algorithm", "sgd")
-    parts = [f"dc-asgd (lambda {consistency.get('dc_lambda', 0.04):g})" if algo == "dc-asgd" else algo]
+    if algo == "dc-asgd":
+        algo = f"dc-asgd (lambda {consistency.get('dc_lambda', 0.04):g})"
+    elif algo == "easgd":
+        alpha = consistency.get("easgd_alpha", 0) or 0
+        algo = f"easgd (tau {consistency.get('easgd_tau', 4)}, alpha {alpha:g})" if alpha else \
+            f"easgd (tau {consistency.get('easgd_tau', 4)})"
+    parts = [algo]
     if consistency.get("staleness_aware_lr"):
         parts.append("lr/staleness")
     b = consistency.get("backup_workers", 0) or 0

@@ -1113,6 +1113,9 @@ RequestId PsClient::PullChunks(std::span<float> flat_weights_out, std::span<cons
 RequestId PsClient::Push(std::span<const float> flat_grads, int64_t clock) {
   return Submit(MsgType::kPush, {}, flat_grads, {}, /*all_chunks=*/true, clock, 0);
 }
+RequestId PsClient::PushElastic(std::span<const float> flat_diff, int64_t clock) {
+  return Submit(MsgType::kPush, {}, flat_diff, {}, /*all_chunks=*/true, clock, kFlagElastic);
+}
 RequestId PsClient::PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
                                std::span<const FactorTensor> factors) {
   return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0, factors);

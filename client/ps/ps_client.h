@@ -201,6 +201,9 @@ class PsClient {
                        int64_t clock, std::span<const FactorTensor> factors = {});
   RequestId PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor,
                         int64_t clock, std::span<const FactorTensor> factors = {});
+  // EASGD's exchange (kFlagElastic): `flat_diff` (all parameters) is α(x_worker − x_center),
+  // which every server adds to its chunks of the center. Versions as for a push.
+  RequestId PushElastic(std::span<const float> flat_diff, int64_t clock);
   // Initial weights (Caffe-like: worker 0 pushes its filler's weights once). Servers take them
   // for chunks that have none yet and ignore them otherwise (e.g. after a restore), so every
   // worker may push init; pulls wait until a chunk is initialised.

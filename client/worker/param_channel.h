@@ -87,6 +87,12 @@ class ParamChannel {
   }
   // Waits until every started push is acknowledged; accumulates staleness into `info`.
   virtual Status WaitPushes(PushInfo* info) = 0;
+  // EASGD: sends α(x_worker − x_center) for every chunk to its server, which adds it to the
+  // center, and waits for the acknowledgements. Channels without EASGD refuse.
+  virtual Status PushElastic(int64_t clock, std::span<const float> diff, PushInfo* info) {
+    (void)clock, (void)diff, (void)info;
+    return FailedPrecondition("this parameter channel does not do EASGD exchanges");
+  }
   // The worker finished iteration `clock` (sync/ssp accounting, heartbeats).
   virtual Status Clock(int64_t clock) = 0;
   // The worker leaves the job (training done). Other workers are no longer waited for it.

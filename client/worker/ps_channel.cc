@@ -193,6 +193,11 @@ Status PsChannel::WaitPushes(PushInfo* info) {
   return first;
 }
 
+Status PsChannel::PushElastic(int64_t clock, std::span<const float> diff, PushInfo* info) {
+  pending_pushes_.push_back(Track(client_->PushElastic(diff, clock), -1, true, {}, SteadyS()));
+  return WaitPushes(info);
+}
+
 Status PsChannel::Clock(int64_t clock) { return on_clock_ ? on_clock_(clock) : Status::Ok(); }
 
 Status PsChannel::Leave() { return on_leave_ ? on_leave_() : Status::Ok(); }

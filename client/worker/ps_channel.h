@@ -56,6 +56,7 @@ class PsChannel : public ParamChannel {
   Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) override;
   Status SetPushFactors(std::span<const PushFactor> factors) override;
   Status WaitPushes(PushInfo* info) override;
+  Status PushElastic(int64_t clock, std::span<const float> diff, PushInfo* info) override;
   Status Clock(int64_t clock) override;
   Status Leave() override;
   std::vector<WireSpan> TakeWireSpans() override;

@@ -115,14 +115,17 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
   DP_CHECK_EQ(layout_->total_elems(), static_cast<int64_t>(net_->params().size()));
   DP_CHECK_EQ(layout_->tensors().size(), net_->param_specs().size());
   if (o_.worker.push_every > 1) accum_.assign(net_->params().size(), 0.0f);
-  if (channel_ == nullptr) history_.assign(net_->params().size(), 0.0f);
+  if (o_.easgd && channel_ == nullptr) o_.easgd = false;  // a local run has no center
+  if (channel_ == nullptr || o_.easgd) history_.assign(net_->params().size(), 0.0f);
+  if (o_.easgd) center_.assign(net_->params().size(), 0.0f);
   const std::vector<int> factored = ChooseFactoredTensors(
-      *net_, FactorChoiceInput{o_.factors, o_.worker.push_every, o_.solver.clip_gradients, channel_ != nullptr,
-                               o_.worker_id});
+      *net_, FactorChoiceInput{o_.factors && !o_.easgd, o_.worker.push_every, o_.solver.clip_gradients,
+                               channel_ != nullptr && !o_.easgd, o_.worker_id});
   DP_CHECK(net_->SetFactoredParams(factored).ok());  // inner-product weights by construction
   factors_on_ = !factored.empty();
   net_->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
-  overlap_ = o_.overlap_pull && channel_ != nullptr && o_.worker.pull_every == 1 && o_.worker.push_every == 1;
+  overlap_ = o_.overlap_pull && channel_ != nullptr && !o_.easgd && o_.worker.pull_every == 1 &&
+             o_.worker.push_every == 1;
   if (overlap_) {
     BuildOverlapMaps();
     net_->SetBeforeLayerCallback([this](int layer) { OnLayerForward(layer); });
@@ -300,13 +303,30 @@ void Trainer::ApplyLocalUpdate() {
   if (clipping()) ClipGradient(grads);
   // The schedule's iteration is worker batches processed (common/solver/lr_policy.h), the same
   // count a server uses: an update here averages push_every batches.
-  const float lr = LearningRateAt(o_.solver, local_iter_ * std::max(1, o_.worker.push_every));
+  // An EASGD worker is one of easgd_workers training at once: the run has processed that many
+  // times its batches.
+  const int64_t batches = local_iter_ * std::max(1, o_.worker.push_every) * (o_.easgd ? o_.easgd_workers : 1);
+  const float lr = LearningRateAt(o_.solver, batches);
   net_->SgdUpdate(lr, o_.solver.momentum, o_.solver.weight_decay, history_);
   ++local_iter_;
 }
 
+// EASGD's exchange (Zhang, Choromanska, LeCun 2015, asynchronous EASGD): read the center x~,
+// e = α(x − x~); the servers add e to x~ and this worker subtracts it from x.
+Status Trainer::ElasticExchange() {
+  PullInfo info;
+  DP_RETURN_IF_ERROR(channel_->Pull(clock_, center_, &info));
+  const auto x = net_->params();
+  const float alpha = o_.easgd_alpha;
+  for (size_t i = 0; i < center_.size(); ++i) center_[i] = alpha * (x[i] - center_[i]);
+  DP_RETURN_IF_ERROR(channel_->PushElastic(clock_, center_, &push_info_));
+  for (size_t i = 0; i < center_.size(); ++i) x[i] -= center_[i];
+  ++clock_;
+  return channel_->Clock(clock_);
+}
+
 Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool last_step) {
-  pushing_ = channel_ != nullptr && push_step;
+  pushing_ = channel_ != nullptr && push_step && !o_.easgd;
   planner_.Reset();
   step_factors_.clear();
   callback_status_ = Status::Ok();
@@ -366,8 +386,13 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool 
     ++clock_;
     DP_RETURN_IF_ERROR(channel_->Clock(clock_));
     push_wait_ms_ = 1e3 * (NowS() - t1);
-  } else if (channel_ == nullptr && push_step) {
+  } else if ((channel_ == nullptr || o_.easgd) && push_step) {
     ApplyLocalUpdate();
+    if (o_.easgd && ((step + 1) % o_.easgd_tau == 0 || last_step)) {
+      const double te = NowS();
+      DP_RETURN_IF_ERROR(ElasticExchange());
+      push_wait_ms_ = 1e3 * (NowS() - te);
+    }
   } else {
     const auto g = net_->grads();
     for (size_t i = 0; i < g.size(); ++i) accum_[i] += g[i];
@@ -533,7 +558,8 @@ Status Trainer::Run(TrainResult* result) {
     // The first step of a run (a resumed one too) always pulls: the net holds no server weights
     // yet. A step whose pulls the previous step started waits for them layer by layer instead.
     const bool pulled_ahead = !inflight_.empty();
-    if (channel_ != nullptr && !pulled_ahead && (step % w.pull_every == 0 || step == from.step)) {
+    // An EASGD worker keeps its own weights: it pulls the center once, to start from it.
+    if (channel_ != nullptr && !pulled_ahead && (o_.easgd ? step == from.step : (step % w.pull_every == 0 || step == from.step))) {
       DP_RETURN_IF_ERROR(channel_->Pull(clock_, net_->params(), &pull_info_));
       pull_ms_ = 1e3 * (NowS() - t0);
     }

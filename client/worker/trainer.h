@@ -79,6 +79,14 @@ struct TrainerOptions {
   // Sleep after every step (straggler emulation for consistency experiments and tests); the
   // sleep counts as step time, as a slow machine's would.
   std::chrono::milliseconds step_delay{0};
+  // EASGD (consistency.algorithm = "easgd"; docs/algorithms.md): the worker trains its own copy
+  // with the solver (the servers' rule, its own momentum) and every easgd_tau steps pulls the
+  // center x~, sends e = easgd_alpha × (x − x~) (the servers add it to x~) and sets x -= e. Its
+  // lr schedule counts its batches × easgd_workers (the run's images / batch, as in other modes).
+  bool easgd = false;
+  int easgd_tau = 1;
+  float easgd_alpha = 0.0f;
+  int easgd_workers = 1;
   // Runs once after the last step (its pushes acknowledged), before the final evaluation. A
   // distributed worker announces it has finished there, and the evaluating worker waits for
   // every other worker to finish, so the final evaluation and the saved model see every update.
@@ -170,7 +178,9 @@ class Trainer {
   std::vector<float> accum_;     // sum of gradients since the last push (push_every > 1)
   bool factors_on_ = false;                 // some tensor is factored (Net::SetFactoredParams)
   std::vector<PushFactor> step_factors_;    // this step's tensors whose grad span holds factors
-  std::vector<float> history_;   // momentum (reference run only)
+  std::vector<float> history_;   // momentum (reference run and EASGD workers)
+  std::vector<float> center_;    // EASGD: the center as last pulled; then the elastic difference
+  Status ElasticExchange();
   bool clipping() const { return o_.solver.clip_gradients > 0; }
   // The process's total of `field` so far (o_.traffic); null without a transport.
   MetricValue TotalBytes(uint64_t TrafficCounts::*field) const {

@@ -570,6 +570,10 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   // Sync servers hold a pull until the clock is complete, so sync keeps the blocking pull.
   to.overlap_pull = a.overlap && config.consistency.mode != ConsistencyMode::kSync;
   to.factors = config.compression.factors;
+  to.easgd = config.consistency.algorithm == Algorithm::kEasgd;
+  to.easgd_tau = config.consistency.easgd_tau;
+  to.easgd_alpha = EasgdAlpha(config.consistency, config.cluster.workers);
+  to.easgd_workers = config.cluster.workers;
   to.evaluate = evaluate;
   if (evaluate) to.model_out = (std::filesystem::path(a.run_dir) / "model_final.dpt").string();
   to.resume = resume;

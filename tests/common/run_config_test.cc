@@ -219,6 +219,21 @@ TEST(RunConfigTest, StragglerMustBeAWorker) {
   EXPECT_EQ(c.worker.straggler_delay_ms, 40);
 }
 
+TEST(RunConfigTest, EasgdSettingsAreChecked) {
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"easgd\"\neasgd_tau = 0\n"),
+              HasSubstr("consistency.easgd_tau = 0: must be >= 1"));
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"easgd\"\neasgd_alpha = 1.5\n"),
+              HasSubstr("consistency.easgd_alpha = 1.5: must be in [0, 1)"));
+  EXPECT_THAT(ParseError("[consistency]\nmode = \"sync\"\nalgorithm = \"easgd\"\n"),
+              HasSubstr("consistency.algorithm = \"easgd\": \"easgd\" exchanges asynchronously"));
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"easgd\"\n[compression]\nfactors = true\n"),
+              HasSubstr("compression.factors = true: \"easgd\" workers push no gradients"));
+  const RunConfig c = ParseOk("[cluster]\nworkers = 3\n[consistency]\nalgorithm = \"easgd\"\neasgd_tau = 8\n");
+  EXPECT_EQ(c.consistency.algorithm, Algorithm::kEasgd);
+  EXPECT_EQ(c.consistency.easgd_tau, 8);
+  EXPECT_FLOAT_EQ(EasgdAlpha(c.consistency, 3), 0.3f);  // the paper's beta / W, beta = 0.9
+}
+
 TEST(RunConfigTest, DcAsgdIsASetting) {
   const RunConfig c = ParseOk("[consistency]\nmode = \"ssp:2\"\nalgorithm = \"dc-asgd\"\ndc_lambda = 0.5\n");
   EXPECT_EQ(c.consistency.algorithm, Algorithm::kDcAsgd);

@@ -8,6 +8,11 @@
 //   * ssp:2 with a straggler: every pull the servers served (their JSONL logs) was at most 2
 //     clocks ahead of the slowest worker, and the bound was reached (the fast worker waited);
 //     the same job in async lets the fast worker run far ahead (negative control).
+//   * sync with one backup worker and a straggler: the fast workers train at their own pace
+//     (not the straggler's), and the straggler's late gradients are dropped and counted; without
+//     the backup the same job runs at the straggler's pace (negative control).
+//   * EASGD: workers train their own copies and exchange with the servers' center every tau
+//     steps; the center (what the final evaluation reads) learns, and every exchange was taken.
 #include <signal.h>
 
 #include <algorithm>
@@ -129,6 +134,11 @@ every_updates = 0
   // largest "ahead" (pull clock − slowest live clock) of worker 0's pulls over both servers'
   // logs, and checks what holds in every mode.
   int64_t StragglerRun(const std::string& mode, int64_t* max_wait_ms_worker0, int64_t* pulls_at_bound);
+
+  // 3 workers x 2 servers of the tiny net in sync with `backups` backup workers, worker 2 a
+  // straggler (120 ms per step): the fast workers' training seconds over the straggler's, and
+  // the late pushes the servers dropped (as the straggler read their stats at its end).
+  double BackupRun(int backups, int64_t* dropped_late);
 
   fs::path dir_;
 };
@@ -351,6 +361,79 @@ int64_t TrainProcessTest::StragglerRun(const std::string& mode, int64_t* max_wai
   std::cout << mode << ": worker 0 at most " << max_ahead << " clocks ahead of the slowest worker, " << *pulls_at_bound
             << " pulls at 2 ahead, longest wait " << *max_wait_ms_worker0 << " ms\n";
   return max_ahead;
+}
+
+double TrainProcessTest::BackupRun(int backups, int64_t* dropped_late) {
+  constexpr int kSteps = 30;
+  const std::string model = Write("tiny.toml", kTinyNet);
+  std::string text = Config(model, "sync", 3, 2, 16, kSteps, 0.05, 2);
+  text.replace(text.find("mode = \"sync\""), std::string("mode = \"sync\"").size(),
+               fmt::format("mode = \"sync\"\nbackup_workers = {}", backups));
+  const std::string cfg = Write(fmt::format("cfg-b{}.toml", backups), text);
+  const std::string run = (dir_ / fmt::format("run-b{}", backups)).string();
+  test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}, {"--step-delay-ms", "120"}}});
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
+  EXPECT_TRUE(job.Stop());
+  double train_s[3] = {0, 0, 0};
+  for (int w = 0; w < 3; ++w) {
+    const auto done = Records(run, w, "done");
+    EXPECT_EQ(done.size(), 1u) << "worker " << w;
+    if (done.empty()) continue;
+    EXPECT_EQ(done[0].Get("steps").AsInt(), kSteps);
+    train_s[w] = done[0].Get("train_s").AsDouble();
+  }
+  *dropped_late = 0;
+  for (const auto& r : Records(run, 2, "server_stats")) {
+    EXPECT_TRUE(r.Get("ok").AsBool());
+    *dropped_late += r.Get("dropped_late").AsInt();
+  }
+  const double ratio = std::max(train_s[0], train_s[1]) / std::max(train_s[2], 1e-9);
+  std::cout << "sync, " << backups << " backup(s), worker 2 sleeping 120 ms a step: workers train " << train_s[0]
+            << " s, " << train_s[1] << " s, " << train_s[2] << " s; late pushes dropped " << *dropped_late << "\n";
+  return ratio;
+}
+
+TEST_F(TrainProcessTest, SyncWithABackupWorkerRunsAtTheFastWorkersPace) {
+  int64_t dropped = 0;
+  // 30 steps x 120 ms: the straggler needs >= 3.6 s; the tiny net's steps take a few ms.
+  const double ratio = BackupRun(1, &dropped);
+  EXPECT_LT(ratio, 0.5) << "the fast workers waited for the straggler";
+  EXPECT_GT(dropped, 0) << "the straggler's late gradients were not dropped";
+}
+
+TEST_F(TrainProcessTest, SyncWithoutBackupsRunsAtTheStragglersPace) {
+  // Negative control: with no backup every clock waits for the straggler, and nothing is late.
+  int64_t dropped = 0;
+  const double ratio = BackupRun(0, &dropped);
+  EXPECT_GT(ratio, 0.8);
+  EXPECT_EQ(dropped, 0);
+}
+
+TEST_F(TrainProcessTest, EasgdCenterLearnsFromElasticExchanges) {
+  constexpr int kSteps = 80, kTau = 4;
+  const std::string model = Write("tiny.toml", kTinyNet);
+  std::string text = Config(model, "async", 2, 2, 16, kSteps, 0.05, 20);
+  text.replace(text.find("mode = \"async\""), std::string("mode = \"async\"").size(),
+               fmt::format("mode = \"async\"\nalgorithm = \"easgd\"\neasgd_tau = {}", kTau));
+  const std::string cfg = Write("easgd.toml", text);
+  const std::string run = (dir_ / "run-easgd").string();
+  test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}}});
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
+  EXPECT_TRUE(job.Stop());
+  const auto done = Records(run, 0, "done");
+  ASSERT_EQ(done.size(), 1u) << job.Log("worker-0");
+  // 2 x 80 x 16 images on the tiny net: the center is far above chance (10%).
+  EXPECT_GT(done[0].Get("final_top1").AsDouble(), 0.45);
+  for (int s = 0; s < 2; ++s) {
+    const auto end = ServerRecords(run, s, "server_end");
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0);
+    // One exchange every tau steps from each worker, each applied once to every chunk of the shard.
+    const auto start = ServerRecords(run, s, "server_start");
+    ASSERT_EQ(start.size(), 1u);
+    EXPECT_EQ(end[0].Get("chunk_updates").AsInt(), 2 * (kSteps / kTau) * start[0].Get("chunks").AsInt())
+        << "server " << s;
+  }
 }
 
 TEST_F(TrainProcessTest, SspNeverLetsAWorkerRunMoreThanBoundAhead) {

@@ -247,6 +247,7 @@ class ShardFuzz : public ::testing::Test {
     const size_t n = h.chunk_ids.size();
     if (h.sender != registered_ || h.layout_hash != layout_.hash() || h.model_id != 0) return p;
     if ((h.flags & kFlagShm) != 0) return p;  // payload "in shared memory": this peer never asked for a region
+    if (!p.init && (h.flags & kFlagElastic) != 0) return p;  // an EASGD exchange: this server runs plain SGD
     if (h.clock < 0 || h.clock > kMaxClock) return p;  // iterations: a forged clock is refused
     if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense || n == 0) return p;
     if (frames.size() != n + 1 || h.elem_counts.size() != n || h.byte_lengths.size() != n) return p;

@@ -749,6 +749,50 @@ TEST_F(ShardFixture, DcAsgdCompensatesAStaleGradientWithTheWeightsThatWorkerPull
   EXPECT_EQ(shards_[0]->Stats().dc_compensated, 2u);
 }
 
+// EASGD's center: an elastic exchange adds the worker's α(x − x~) to the weights exactly (no lr,
+// momentum or decay), survives a kill through the log, and the two kinds of push never mix: a
+// gradient push to an EASGD server and an elastic one to a plain server are refused, weights
+// unchanged.
+TEST_F(ShardFixture, EasgdCenterAddsTheElasticDifferenceAndRefusesGradients) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 0.5f;
+  o.solver.momentum = 0.9f;
+  o.solver.weight_decay = 0.1f;
+  o.consistency.algorithm = Algorithm::kEasgd;
+  StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
+  auto c = Client(0);
+  const std::vector<float> w0{1.0f, -2.0f, 0.5f, 3.0f}, e{0.25f, -0.5f, 0.125f, 1.0f};
+  ASSERT_TRUE(c->Wait(c->PushInit(w0), 5000ms).ok());
+  std::vector<float> w(4);
+  ASSERT_TRUE(c->Wait(c->Pull(w, 0), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->PushElastic(e, 0), 5000ms).ok());
+  const std::vector<float> want{1.25f, -2.5f, 0.625f, 4.0f};
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), want);
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
+  const Status refused = c->Wait(c->Push(e, 1), 5000ms);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("EASGD server"), std::string::npos) << refused.message();
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), want);
+  RecoverReport report;
+  auto fresh = KillAndRecover(0, o, &report);
+  EXPECT_EQ(report.replayed_pushes, 2u);  // the init and the exchange
+  EXPECT_EQ(fresh->ChunkWeights(0), want);
+}
+
+TEST_F(ShardFixture, ElasticExchangeToAPlainServerIsRefused) {
+  ShardOptions o;
+  o.solver.base_lr = 0.5f;
+  StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(4, 1.0f)), 5000ms).ok());
+  const Status s = c->Wait(c->PushElastic(std::vector<float>(4, 0.5f), 0), 5000ms);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("elastic (EASGD) exchange"), std::string::npos) << s.message();
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kClock)], 1u);
+}
+
 TEST_F(ShardFixture, SspPullWaitsForTheSlowestWorker) {
   ShardOptions o;
   o.solver.base_lr = 1.0f;
