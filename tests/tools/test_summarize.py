@@ -47,6 +47,8 @@ class AlgorithmIsNamed(TempDirTest):
         self.assertEqual(s["algorithm"], "sgd, 1 backup")
         s, _ = self.run_with("ssp:2", "staleness_aware_lr = true\n")
         self.assertEqual(s["algorithm"], "sgd, lr/staleness")
+        s, _ = self.run_with("async", 'algorithm = "easgd"\neasgd_tau = 8\n')
+        self.assertEqual(s["algorithm"], "easgd (tau 8)")
 
 
 class NeverResumedRun(TempDirTest):
