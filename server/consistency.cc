@@ -139,7 +139,7 @@ class SspPolicy : public AsyncPolicy {
 };
 
 // BSP: per chunk, gradients of clock t (t = the chunk's version) are summed until
-// live - backup workers have contributed, then applied once as their average. Pushes for a clock
+// live - backup of the live workers have contributed, then applied once as their average. Pushes for a clock
 // already applied (backup workers arriving late) are dropped and counted; a pull at clock c waits
 // until every requested chunk has applied clock c - 1.
 class SyncPolicy : public ConsistencyPolicy {
@@ -252,11 +252,17 @@ class SyncPolicy : public ConsistencyPolicy {
     const auto& ws = acc_[static_cast<size_t>(local)].workers;
     return std::find(ws.begin(), ws.end(), w) != ws.end();
   }
-  int Needed() const { return std::max(1, members_.Live() - backup_); }
+  // A clock is applied once live − backups of the workers still live have contributed to it.
+  // Contributions of workers that have since finished or died stay in the sum but do not stand
+  // in for a live worker's: when the fast workers finish, the last clock still waits for the
+  // live straggler (without backups), and its gradient is not dropped as late.
   void MaybeApply(ShardUpdater& shard, int local) {
     Acc& a = acc_[static_cast<size_t>(local)];
     const int have = static_cast<int>(a.workers.size());
-    if (have == 0 || have < Needed()) return;
+    if (have == 0) return;
+    const int have_live = static_cast<int>(
+        std::count_if(a.workers.begin(), a.workers.end(), [&](int32_t w) { return members_.IsLive(w); }));
+    if (have_live < std::max(0, members_.Live() - backup_)) return;
     shard.Apply(local, a.sum.data(), 1.0f / static_cast<float>(have), 1.0f, have);
     std::fill(a.sum.begin(), a.sum.end(), 0.0f);
     a.workers.clear();

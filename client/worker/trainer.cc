@@ -559,7 +559,8 @@ Status Trainer::Run(TrainResult* result) {
     // yet. A step whose pulls the previous step started waits for them layer by layer instead.
     const bool pulled_ahead = !inflight_.empty();
     // An EASGD worker keeps its own weights: it pulls the center once, to start from it.
-    if (channel_ != nullptr && !pulled_ahead && (o_.easgd ? step == from.step : (step % w.pull_every == 0 || step == from.step))) {
+    const bool pull_due = o_.easgd ? step == from.step : (step % w.pull_every == 0 || step == from.step);
+    if (channel_ != nullptr && !pulled_ahead && pull_due) {
       DP_RETURN_IF_ERROR(channel_->Pull(clock_, net_->params(), &pull_info_));
       pull_ms_ = 1e3 * (NowS() - t0);
     }
