@@ -869,14 +869,14 @@ void ShardServer::RememberPulled(int32_t worker, const std::vector<int>& locals)
 
 void ShardServer::CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks) {
   const float lambda = options_.consistency.dc_lambda;
+  // This worker's pulled copies; empty when it has pulled nothing here (or is no known worker).
+  static const std::vector<PulledCopy> kNone;
+  const std::vector<PulledCopy>& mine = KnownWorker(worker) ? dc_pulled_[static_cast<size_t>(worker)] : kNone;
   dc_scratch_.resize(chunks->size());
   for (size_t i = 0; i < chunks->size(); ++i) {
     PushChunk& c = (*chunks)[i];
     const ChunkState& st = chunks_[static_cast<size_t>(c.local)];
-    const std::vector<PulledCopy>* mine =
-        KnownWorker(worker) ? &dc_pulled_[static_cast<size_t>(worker)] : nullptr;
-    const PulledCopy* copy =
-        mine != nullptr && !mine->empty() ? &(*mine)[static_cast<size_t>(c.local)] : nullptr;
+    const PulledCopy* copy = mine.empty() ? nullptr : &mine[static_cast<size_t>(c.local)];
     if (copy == nullptr || copy->version != c.version_from ||
         copy->weights.size() != static_cast<size_t>(c.count)) {
       ++stats_.dc_uncompensated;
