@@ -59,6 +59,7 @@ Status CheckListLengths(const MessageHeader& h) {
   };
   if (!h.versions.empty() && h.versions.size() != n) return bad("versions", h.versions.size());
   if (!h.staleness.empty() && h.staleness.size() != n) return bad("staleness", h.staleness.size());
+  if (!h.iters.empty() && h.iters.size() != n) return bad("scheduleIters", h.iters.size());
   if (!h.elem_counts.empty() && h.elem_counts.size() != n) return bad("elemCounts", h.elem_counts.size());
   if (!h.byte_lengths.empty() && h.byte_lengths.size() != n) return bad("byteLengths", h.byte_lengths.size());
   if (!h.checksums.empty() && h.checksums.size() != n) return bad("checksums", h.checksums.size());
@@ -82,6 +83,7 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   b.setDuplicates(s.duplicates);
   b.setDcCompensated(s.dc_compensated);
   b.setDcUncompensated(s.dc_uncompensated);
+  b.setEvaluatorPulls(s.evaluator_pulls);
   b.setDroppedPeers(s.dropped_peers);
   FillList(b.initPushesByWorker(static_cast<unsigned>(s.pushes_by_worker.size())), s.pushes_by_worker);
   b.setWalRecords(s.wal_records);
@@ -108,6 +110,7 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.duplicates = r.getDuplicates();
   s.dc_compensated = r.getDcCompensated();
   s.dc_uncompensated = r.getDcUncompensated();
+  s.evaluator_pulls = r.getEvaluatorPulls();
   s.dropped_peers = r.getDroppedPeers();
   s.pushes_by_worker = ReadList<uint64_t>(r.getPushesByWorker());
   s.wal_records = r.getWalRecords();
@@ -132,7 +135,7 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   const auto enc = static_cast<uint16_t>(r.getEncoding());
   if (enc > kMaxEncoding) return Corrupt("header: unknown encoding {}", enc);
   const auto role = static_cast<uint16_t>(r.getRole());
-  if (role > static_cast<uint16_t>(Role::kObserver)) return Corrupt("header: unknown role {}", role);
+  if (role > static_cast<uint16_t>(Role::kEvaluator)) return Corrupt("header: unknown role {}", role);
 
   MessageHeader h;
   h.type = static_cast<MsgType>(type);
@@ -146,6 +149,7 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.chunk_ids = ReadList<uint32_t>(r.getChunkIds());
   h.versions = ReadList<int64_t>(r.getVersions());
   h.staleness = ReadList<int64_t>(r.getStaleness());
+  h.iters = ReadList<int64_t>(r.getScheduleIters());
   h.dtype = static_cast<DType>(dtype);
   h.encoding = static_cast<Encoding>(enc);
   h.elem_counts = ReadList<uint64_t>(r.getElemCounts());
@@ -203,6 +207,7 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   if (!h.chunk_ids.empty()) FillList(b.initChunkIds(n(h.chunk_ids)), h.chunk_ids);
   if (!h.versions.empty()) FillList(b.initVersions(n(h.versions)), h.versions);
   if (!h.staleness.empty()) FillList(b.initStaleness(n(h.staleness)), h.staleness);
+  if (!h.iters.empty()) FillList(b.initScheduleIters(n(h.iters)), h.iters);
   b.setDtype(static_cast<cw::DType>(h.dtype));
   b.setEncoding(static_cast<cw::Encoding>(h.encoding));
   if (!h.elem_counts.empty()) FillList(b.initElemCounts(n(h.elem_counts)), h.elem_counts);

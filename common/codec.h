@@ -41,7 +41,8 @@ const char* MsgTypeName(MsgType t);
 enum class DType : uint16_t { kF32 = 0, kF16 = 1, kBf16 = 2 };
 enum class Encoding : uint16_t { kDense = 0, kTopK = 1, kOneBit = 2, kFactors = 3 };
 inline constexpr uint16_t kMaxEncoding = 3;
-enum class Role : uint16_t { kUnknown = 0, kServer = 1, kWorker = 2, kObserver = 3 };
+// kEvaluator: the run's one evaluator process (downpour-evaluator), which pulls snapshots only.
+enum class Role : uint16_t { kUnknown = 0, kServer = 1, kWorker = 2, kObserver = 3, kEvaluator = 4 };
 
 // Bytes per element of a dense payload of `dtype`.
 inline size_t DTypeSize(DType d) { return d == DType::kF32 ? 4 : 2; }
@@ -108,6 +109,7 @@ struct ShardStatsWire {
   uint64_t duplicates = 0;                // pushes already taken, acknowledged again (resends)
   uint64_t dc_compensated = 0;            // DC-ASGD: chunk gradients compensated for their delay
   uint64_t dc_uncompensated = 0;          // DC-ASGD: chunk gradients applied as pushed (no matching pull copy)
+  uint64_t evaluator_pulls = 0;           // pulls served to the evaluator (not in pulls_served)
   uint64_t dropped_peers = 0;             // peers dropped for not reading their replies
   std::vector<uint64_t> pushes_by_worker;  // gradient pushes taken per worker id
   uint64_t wal_records = 0;
@@ -139,6 +141,7 @@ struct MessageHeader {
   std::vector<Encoding> encodings;  // per chunk (push); empty = all `encoding`
   uint32_t factor_batch = 0;        // push with factor chunks: rows of delta / activations
   std::vector<int64_t> staleness;   // ack of a gradient push: per chunk, as the server measured (-1: not applied)
+  std::vector<int64_t> iters;       // pull reply: per chunk, its lr-schedule iteration (batches applied)
 
   uint16_t error_code = 0;  // StatusCode
   std::string error_text;

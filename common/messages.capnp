@@ -53,6 +53,7 @@ enum Role {
   server @1;
   worker @2;
   observer @3;   # benchmarks / tools that only read stats
+  evaluator @4;  # the run's evaluator (downpour-evaluator): reads weight snapshots, never writes
 }
 
 struct Stats {
@@ -83,6 +84,7 @@ struct Stats {
   regionParts @19 :UInt64;     # push and pull messages whose payload went through shared memory
   dcCompensated @20 :UInt64;   # DC-ASGD: chunk gradients compensated for their delay
   dcUncompensated @21 :UInt64; # DC-ASGD: chunk gradients applied as pushed (no pull copy of their version)
+  evaluatorPulls @22 :UInt64;  # pull messages served to the run's evaluator (snapshots; not in pullsServed)
 }
 
 struct Header {
@@ -154,4 +156,6 @@ struct Header {
                                # chunk since the push's version when the server took it (what it
                                # counts in Stats), -1 for a chunk it did not apply (a late sync
                                # push); empty for init pushes and resent duplicates
+  scheduleIters @40 :List(Int64);  # pull reply, one per chunk id: the chunk's lr-schedule iteration
+                               # (worker batches applied to it, docs/config.md#solver) when served
 }

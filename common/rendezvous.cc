@@ -254,7 +254,7 @@ void RendezvousClient::ApplyReplyLocked(const MessageHeader& reply) {
   }
   gone_seq_ = reply.gone_seq;
   if (reply.incarnation != 0) incarnation_.store(reply.incarnation);
-  if (options_.role == Role::kWorker && reply.type == MsgType::kHeartbeat) {
+  if ((options_.role == Role::kWorker || options_.role == Role::kEvaluator) && reply.type == MsgType::kHeartbeat) {
     live_workers_.store(reply.worker_count);
     slice_.store(reply.slice_index >= 0 && reply.worker_count > reply.slice_index
                      ? (int64_t{reply.slice_index} << 32) | reply.worker_count

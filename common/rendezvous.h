@@ -1,7 +1,7 @@
 // rendezvous.h — a process's link to the coordinator (server/coordinator.h): register (role,
 // layout hash, own address, the run's token) to get an id and the server list, then heartbeat
-// on a thread of its own, hearing about dead workers and shutdown. Used by shard servers and by workers, so it
-// lives in common/ (server and client never include each other).
+// on a thread of its own, hearing about dead workers and shutdown. Used by shard servers, workers
+// and the evaluator, so it lives in common/ (server and client never include each other).
 //
 // Membership changes. The client keeps its own gone list and the sequence number of the last
 // change it has seen (sent as gone_seq with every heartbeat); a reply adds the workers gone
@@ -83,7 +83,8 @@ class RendezvousClient {
   // no longer live: finished).
   bool data_slice(int* index, int* count) const;
   // Workers live (registered, not gone) as of the coordinator's latest heartbeat reply to this
-  // worker, joiners included; -1 before the first. A finished worker waits on it for the others.
+  // worker or evaluator, joiners included; -1 before the first. The evaluator waits on it (and
+  // on gone_workers()) for every worker to finish before the final evaluation.
   int live_workers() const { return live_workers_.load(); }
   // Times this client registered again (a restarted coordinator, a lost id).
   uint64_t reregistrations() const { return reregistrations_.load(); }

@@ -381,7 +381,9 @@ Status ReadData(TableReader& r, DataConfig* d) {
 }
 
 Status ReadEval(TableReader& r, EvalConfig* e) {
+  DP_RETURN_IF_ERROR(r.Bool("evaluator", &e->evaluator));
   DP_RETURN_IF_ERROR(r.Int("every_steps", &e->every_steps));
+  DP_RETURN_IF_ERROR(r.Int("every_updates", &e->every_updates));
   DP_RETURN_IF_ERROR(r.Float("every_seconds", &e->every_seconds));
   DP_RETURN_IF_ERROR(r.Int("test_batches", &e->test_batches));
   DP_RETURN_IF_ERROR(r.Bool("at_start", &e->at_start));
@@ -525,6 +527,13 @@ std::string AlgorithmString(Algorithm a) {
     case Algorithm::kSgd: break;
   }
   return "sgd";
+}
+
+bool RunHasEvaluator(const RunConfig& config) { return config.eval.evaluator && !config.data.test.empty(); }
+
+int64_t EvaluatorEveryUpdates(const RunConfig& config) {
+  if (config.eval.every_updates > 0) return config.eval.every_updates;
+  return config.eval.every_steps * std::max(1, config.cluster.workers);
 }
 
 float EasgdAlpha(const ConsistencyConfig& c, int workers) {
@@ -696,6 +705,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(std::all_of(da.mean_values.begin(), da.mean_values.end(), [](float m) { return std::isfinite(m); }),
              "data.mean_values", fmt::format("[{}]", fmt::join(da.mean_values, ", ")).c_str(), "must be finite")
       .Check(ev.every_steps >= 0, "eval.every_steps", ev.every_steps, "must be >= 0 (0 = off)")
+      .Check(ev.every_updates >= 0, "eval.every_updates", ev.every_updates,
+             "must be >= 0 (0 = every_steps x cluster.workers)")
       .Check(ev.every_seconds >= 0 && std::isfinite(ev.every_seconds), "eval.every_seconds", ev.every_seconds,
              "must be finite and >= 0 (0 = off)")
       .Check(ev.test_batches >= 0, "eval.test_batches", ev.test_batches, "must be >= 0 (0 = whole test set)")
@@ -873,7 +884,9 @@ std::string ToToml(const RunConfig& c) {
   line("scale", flt(c.data.scale));
   line("prefetch", num(c.data.prefetch));
   s += "\n[eval]\n";
+  line("evaluator", boolean(c.eval.evaluator));
   line("every_steps", num(c.eval.every_steps));
+  line("every_updates", num(c.eval.every_updates));
   line("every_seconds", flt(c.eval.every_seconds));
   line("test_batches", num(c.eval.test_batches));
   line("at_start", boolean(c.eval.at_start));

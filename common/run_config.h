@@ -233,7 +233,18 @@ std::string OwnShardPath(const DataConfig& data, int worker, int workers);
 
 // [eval] — periodic test-set evaluation (by worker 0).
 struct EvalConfig {
-  int64_t every_steps = 500;   // evaluate every n steps; 0 = off
+  // Who evaluates a distributed run (docs/operations.md "The evaluator"): true = a process of
+  // its own, downpour-evaluator (one per run, started by the launcher), which pulls snapshots on
+  // the schedule below and, once every worker has finished, evaluates and saves the final
+  // weights, so every worker trains at the same pace; false = worker 0 evaluates between its
+  // steps. A --local run always evaluates in its one process.
+  bool evaluator = true;
+  int64_t every_steps = 500;   // evaluate every n steps (worker 0; the evaluator: every_updates); 0 = off
+  // The evaluator: every n worker batches the servers applied (the lr schedule's iteration,
+  // docs/config.md#solver); 0 = every_steps × cluster.workers (as often, in images, as worker
+  // 0's every_steps). An evaluation that takes longer than the interval skips the points it
+  // missed and evaluates the newest snapshot: it never falls behind.
+  int64_t every_updates = 0;
   double every_seconds = 0.0;  // and/or every t seconds of wall time; 0 = off
   int test_batches = 0;        // batches per evaluation; 0 = the whole test set
   bool at_start = false;       // also evaluate the starting weights before the first step
@@ -332,5 +343,12 @@ inline constexpr int64_t kLargeFrameBytes = int64_t{32} << 20;
 // Every field, as TOML that ParseRunConfig reads back to an equal RunConfig (the run
 // directory stores the config used this way).
 std::string ToToml(const RunConfig& config);
+
+// Whether a distributed run of `config` has an evaluator process: eval.evaluator and a test set
+// (data.test). The launcher starts downpour-evaluator then, and worker 0 does not evaluate.
+bool RunHasEvaluator(const RunConfig& config);
+// The evaluator's update interval: eval.every_updates, or every_steps × cluster.workers when it
+// is 0 (0 when both are 0: no update-driven evaluations).
+int64_t EvaluatorEveryUpdates(const RunConfig& config);
 
 }  // namespace downpour

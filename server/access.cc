@@ -21,6 +21,8 @@ const char* PrivilegeName(Privilege p) {
       return "worker traffic";
     case Privilege::kObserve:
       return "register as an observer";
+    case Privilege::kEvaluate:
+      return "register as the evaluator";
   }
   return "unknown";
 }
@@ -34,6 +36,7 @@ const char* KeyRoleFor(Privilege p) {
       return "server";
     case Privilege::kRegisterWorker:
     case Privilege::kWorkerTraffic:
+    case Privilege::kEvaluate:
       return "worker";
     case Privilege::kAdmin:
     case Privilege::kObserve:

@@ -20,6 +20,9 @@
 //                    (the shard also requires the connection that registered the worker id).
 //   kObserve         register as an observer (benchmarks and tools reading stats).
 //                    Keyed: "admin"; unkeyed: the token.
+//   kEvaluate        register as the run's evaluator (coordinator, shard), which may then pull
+//                    weight snapshots and nothing else. Keyed: "worker" (it runs beside the
+//                    workers with their key; it can do less than they can); unkeyed: the token.
 //
 // Checkpoint paths from the wire (ConfineToRunDir): a path a peer names must resolve inside the
 // run directory; absolute paths elsewhere, ".." escapes and symlinks that lead out are refused.
@@ -48,7 +51,7 @@ struct AccessPolicy {
   std::string run_dir;
 };
 
-enum class Privilege { kAdmin, kRegisterServer, kRegisterWorker, kWorkerTraffic, kObserve };
+enum class Privilege { kAdmin, kRegisterServer, kRegisterWorker, kWorkerTraffic, kObserve, kEvaluate };
 const char* PrivilegeName(Privilege p);
 
 // Ok when `peer` may exercise `privilege` with message `h` under `policy`; otherwise

@@ -20,6 +20,8 @@ const char* RoleName(Role r) {
       return "worker";
     case Role::kObserver:
       return "observer";
+    case Role::kEvaluator:
+      return "evaluator";
     case Role::kUnknown:
       break;
   }
@@ -100,6 +102,8 @@ bool Coordinator::EveryoneTold() const {
     const Holder& h = workers_[static_cast<size_t>(w)].holder;
     if (h.bound && !told_shutdown_.count(h.peer)) return false;
   }
+  const Holder& e = evaluator_.holder;
+  if (e.bound && !evaluator_.silent && !evaluator_.done && !told_shutdown_.count(e.peer)) return false;
   return true;
 }
 
@@ -213,6 +217,13 @@ void Coordinator::CheckLiveness() {
       Emit("worker_dead", w, fmt::format("not heard from within {} ms of a restart", options_.heartbeat_timeout.count()));
     }
   }
+  if (evaluator_.holder.bound && !evaluator_.pending && !evaluator_.silent && !evaluator_.done &&
+      now - evaluator_.holder.seen > options_.heartbeat_timeout) {
+    evaluator_.silent = true;
+    spdlog::warn("coordinator: the evaluator silent for more than {} ms: declared dead",
+                 options_.heartbeat_timeout.count());
+    Emit("evaluator_dead", 0, fmt::format("silent > {} ms", options_.heartbeat_timeout.count()));
+  }
   // Gone joiners leave the gone list after gone_retention (their ids stay used).
   while (!expiry_.empty() && now - expiry_.front().first > options_.gone_retention) {
     const auto [at, w] = expiry_.front();
@@ -235,8 +246,34 @@ void Coordinator::MaybeEndRun() {
     if (!slot.done && !slot.silent) return;
     if (slot.done) ++done;
   }
-  spdlog::info("coordinator: every worker is done or dead ({} done): ending the run", done);
-  BeginShutdown(-1, "every worker done or dead");
+  if (!options_.evaluator) {
+    spdlog::info("coordinator: every worker is done or dead ({} done): ending the run", done);
+    BeginShutdown(-1, "every worker done or dead");
+    return;
+  }
+  // The evaluator makes the final evaluation after the workers: wait for it, unless it died, or
+  // never registered and has not within the timeout since.
+  const auto now = Clock::now();
+  if (!workers_ended_) {
+    workers_ended_ = true;
+    workers_ended_at_ = now;
+    if (!evaluator_.done) {
+      spdlog::info("coordinator: every worker is done or dead ({} done): waiting for the evaluator's final evaluation",
+                   done);
+    }
+  }
+  std::string how;
+  if (evaluator_.done) {
+    how = "the evaluator done";
+  } else if (evaluator_.silent) {
+    how = "the evaluator dead";
+  } else if (!evaluator_.holder.bound && now - workers_ended_at_ > options_.heartbeat_timeout) {
+    how = "no evaluator registered";
+  } else {
+    return;
+  }
+  spdlog::info("coordinator: every worker is done or dead ({} done), {}: ending the run", done, how);
+  BeginShutdown(-1, "every worker done or dead, " + how);
 }
 
 void Coordinator::BeginShutdown(int32_t by, const std::string& who) {
@@ -271,15 +308,16 @@ Status Coordinator::CheckRebind(const char* what, int32_t id, const Holder& hold
 
 Status Coordinator::HandleRegister(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info,
                                    const MessageHeader& h) {
-  const Privilege needed = h.role == Role::kServer   ? Privilege::kRegisterServer
-                           : h.role == Role::kWorker ? Privilege::kRegisterWorker
-                                                     : Privilege::kObserve;
+  const Privilege needed = h.role == Role::kServer      ? Privilege::kRegisterServer
+                           : h.role == Role::kWorker    ? Privilege::kRegisterWorker
+                           : h.role == Role::kEvaluator ? Privilege::kEvaluate
+                                                        : Privilege::kObserve;
   DP_RETURN_IF_ERROR(Authorize(options_.access, info, h, needed));
   if (h.layout_hash != options_.layout_hash) {
     return FailedPrecondition(
         "register refused: layout hash mismatch: {} {} has {:#018x}, coordinator has "
         "{:#018x} (different model, server count or chunk size)",
-        h.role == Role::kServer ? "server" : "worker", h.sender, h.layout_hash, options_.layout_hash);
+        RoleName(h.role), h.sender, h.layout_hash, options_.layout_hash);
   }
   switch (h.role) {
     case Role::kServer:
@@ -289,6 +327,8 @@ Status Coordinator::HandleRegister(ServerEndpoint* ep, const PeerId& peer, const
     case Role::kObserver:
       ReplyRegister(ep, peer, h, -1);
       return Status::Ok();
+    case Role::kEvaluator:
+      return RegisterEvaluator(ep, peer, info, h);
     case Role::kUnknown:
       break;
   }
@@ -321,6 +361,41 @@ Status Coordinator::RegisterServer(ServerEndpoint* ep, const PeerId& peer, const
       slot.holder.seen = Clock::now();  // its heartbeats start now
     }
     pending_.clear();
+    for (const auto& p : pending_evaluator_) ReplyRegister(ep, p.peer, p.request, 0);
+    if (!pending_evaluator_.empty()) {
+      evaluator_.pending = false;
+      evaluator_.holder.seen = Clock::now();  // its heartbeats start now
+    }
+    pending_evaluator_.clear();
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::RegisterEvaluator(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info,
+                                      const MessageHeader& h) {
+  if (!options_.evaluator) {
+    return FailedPrecondition("register refused: this run has no evaluator process (eval.evaluator = false)");
+  }
+  if (h.sender != 0 && h.sender != -1) {
+    return InvalidArgument("register refused: evaluator id {}: a run has one evaluator, id 0", h.sender);
+  }
+  // A restarted evaluator that proves its role takes the id over after two missed heartbeats.
+  const auto silence =
+      Authenticated(options_.access, info) ? std::min(2 * options_.heartbeat_interval, options_.heartbeat_timeout)
+                                           : options_.heartbeat_timeout;
+  DP_RETURN_IF_ERROR(CheckRebind("evaluator", 0, evaluator_.holder, peer, silence));
+  evaluator_.holder = Holder{true, peer, Clock::now()};
+  evaluator_.silent = false;
+  spdlog::info("coordinator: the evaluator registered from {}", DescribePeer(info));
+  Emit("evaluator_registered", 0, "");
+  MessageHeader assigned = h;
+  assigned.sender = 0;
+  if (AllServersRegistered()) {
+    evaluator_.pending = false;
+    ReplyRegister(ep, peer, assigned, 0);
+  } else {
+    pending_evaluator_.assign(1, PendingRegister{peer, assigned});
+    evaluator_.pending = true;
   }
   return Status::Ok();
 }
@@ -376,6 +451,20 @@ Status Coordinator::RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const
 }
 
 Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h) {
+  if (h.role == Role::kEvaluator) {
+    if (h.sender != 0 || !evaluator_.holder.bound || evaluator_.holder.peer != peer) {
+      return FailedPrecondition("{} for the evaluator: it is not registered on this connection", MsgTypeName(h.type));
+    }
+    evaluator_.holder.seen = Clock::now();
+    evaluator_.silent = false;
+    if ((h.flags & kFlagDone) != 0 && !evaluator_.done) {
+      evaluator_.done = true;
+      spdlog::info("coordinator: the evaluator is done");
+      Emit("evaluator_done", 0, "");
+      MaybeEndRun();
+    }
+    return Status::Ok();
+  }
   if (h.sender < 0 || (h.role != Role::kWorker && h.role != Role::kServer)) return Status::Ok();  // read-only
   Holder* holder = nullptr;
   if (h.role == Role::kServer) {
@@ -453,9 +542,9 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
       if (!s.ok()) break;
       r.type = h.type == MsgType::kClock ? MsgType::kAck : MsgType::kHeartbeat;
       FillChanges(h, &r);
-      if (h.role == Role::kWorker) {
+      if (h.role == Role::kWorker || h.role == Role::kEvaluator) {
         r.server_addresses = server_addresses_;  // a moved server's new one
-        FillSlice(h.sender, &r);
+        FillSlice(h.role == Role::kWorker ? h.sender : -1, &r);  // the evaluator: how many are live
       }
       r.shutdown = shutdown_.load();
       if (r.shutdown) told_shutdown_.insert(peer);

@@ -24,8 +24,18 @@
 //  * shutdown: on request (admin), or by itself once every worker of 0..W-1 and every worker
 //    that registered (joiners too) is done (a heartbeat with kFlagDone: evaluated, saved,
 //    exiting) or silent past the timeout — how a cluster run ends without a launcher that sees
-//    every process. Every later heartbeat reply says shutdown. Serve() returns once every
-//    registered process has heard it, or after `shutdown_grace` at the latest.
+//    every process. In a run with an evaluator (options.evaluator) the evaluator must then be
+//    done too (its final evaluation of the finished weights, the model saved), or silent past
+//    the timeout, or — never registered — not heard of within the timeout after the workers
+//    ended. Every later heartbeat reply says shutdown. Serve() returns once every registered
+//    process has heard it, or after `shutdown_grace` at the latest.
+//  * the evaluator (Role::kEvaluator, one per run, id 0; refused in a run without one): it
+//    registers like a worker (the reply waits for the servers; the id is bound to its
+//    connection and taken over by a restarted evaluator after two silent heartbeat intervals
+//    when it proves its role, else after the timeout), heartbeats with kFlagDone when it has
+//    made the final evaluation, and hears what a worker hears: the gone list, the server
+//    addresses and how many workers are live (workerCount) — it makes the final evaluation
+//    once every worker has finished or died.
 //
 // Every reply carries `incarnation`: random, nonzero, new per Coordinator object.
 //
@@ -78,7 +88,8 @@ namespace downpour {
 // A membership event, for the run's metrics (downpour-coordinator writes one JSONL line each).
 struct CoordinatorEvent {
   std::string kind;    // "server_registered", "worker_registered", "worker_finished",
-                       // "worker_done", "worker_dead", "shutdown", "refused"
+                       // "worker_done", "worker_dead", "evaluator_registered",
+                       // "evaluator_done", "evaluator_dead", "shutdown", "refused"
   int32_t id = -1;     // server or worker id (shutdown: the requester's id, -1 = the
                        // coordinator itself; refused: the id the message claimed)
   std::string detail;  // server address; dead worker: last clock and silence; shutdown: role
@@ -99,6 +110,7 @@ struct CoordinatorOptions {
   // of the start count as dead.
   bool rejoin = false;
   std::chrono::milliseconds shutdown_grace{3000};     // longest wait for everyone to hear shutdown
+  bool evaluator = false;
   std::chrono::milliseconds poll_interval{20};
   // Called on the Serve thread with the coordinator's lock held; keep it short.
   std::function<void(const CoordinatorEvent&)> on_event;
@@ -169,6 +181,7 @@ class Coordinator {
   Status HandleRegister(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h);
   Status RegisterServer(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h);
   Status RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h);
+  Status RegisterEvaluator(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h);
   // Ok when `peer` may bind `what` `id` now: unbound, bound to `peer`, or its holder is silent
   // (for longer than `silence`).
   Status CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer,
@@ -197,6 +210,17 @@ class Coordinator {
   std::vector<std::string> server_addresses_;  // "" until registered
   std::vector<Holder> server_holders_;         // index = server id
   std::vector<WorkerSlot> workers_;            // index = worker id
+  // The evaluator (options_.evaluator): bound like a worker id; at most one.
+  struct EvaluatorSlot {
+    Holder holder;
+    bool pending = false;  // its register reply waits for the servers
+    bool silent = false;   // registered, then silent past the timeout
+    bool done = false;     // said kFlagDone: final evaluation made
+  };
+  EvaluatorSlot evaluator_;
+  std::vector<PendingRegister> pending_evaluator_;  // 0 or 1 entries
+  bool workers_ended_ = false;                      // the workers' half of the end rule held
+  Clock::time_point workers_ended_at_;
   std::set<int32_t> live_;         // registered, not silent: watched for liveness
   std::set<int32_t> gone_listed_;  // in a full gone list
   std::deque<Change> changes_;     // the last kChangeLog changes, seq ascending

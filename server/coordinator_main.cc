@@ -67,6 +67,7 @@ Status Run(const Flags& f, bool* serving) {
   o.max_workers = cfg.cluster.max_workers;
   o.heartbeat_interval = std::chrono::milliseconds(cfg.cluster.heartbeat_ms);
   o.rejoin = f.rejoin;
+  o.evaluator = RunHasEvaluator(cfg);
   o.layout_hash = layout.hash();
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.shutdown_grace = std::chrono::milliseconds(4 * cfg.cluster.heartbeat_ms + 1000);

@@ -13,7 +13,8 @@
 // Cluster mode (--slurm, --mpi, --role; docs/cluster.md): each task runs exactly one role as its
 // single child, chosen from the resource manager's environment or the flags
 // (server/cluster_env.h: rank 0 the coordinator, 1..S the servers, then the workers; the task
-// count must be S+W+1), and says first where its role came from:
+// count must be S+W+1), and says first where its role came from (the coordinator's task also
+// runs the run's evaluator, downpour-evaluator, as a second child when the run has one):
 //   [launch] slurm task 3/6 (SLURM_PROCID=3 of SLURM_NTASKS=6) on n2: server 2
 // The child gets --coordinator HOST:PORT (and --bind / --advertise) on top of the usual
 // arguments. Every task checks before it starts anything — the task count, the node list, the
@@ -26,7 +27,8 @@
 //   D/launch-<role>[-<i>].jsonl its own launcher metrics (with its child's died/restart lines)
 //   D/tensors-<role>[-<i>].txt  the tensor list it made for its coordinator or server
 // and refuses to start only when its own files are already there. The run ends when every
-// worker is done: the coordinator then tells the servers, and every task's child exits. A
+// worker is done and the evaluator has made the final evaluation: the coordinator then tells the
+// servers, and every task's child exits. A
 // task's child is supervised as its role is on one machine (below); a worker task whose worker
 // the job goes on without exits 0, so the resource manager does not stop the job for it.
 //
@@ -37,9 +39,10 @@
 //   D/logs/<role>-<i>.log    each child's stdout+stderr (appended to on resume)
 //   D/launch.jsonl           the launcher's metrics: "start", "died" / "restart" / "given_up"
 //                            per supervision event, one "exit" line per child, "end"
-// and starts downpour-coordinator, S × downpour-server --id i, W × downpour-worker --id j,
-// each with --config D/config.toml --run-dir D (servers and the coordinator also get
-// --tensors/--model). With neither (and no --worker-cmd), the tensor list comes from the model
+// and starts downpour-coordinator, S × downpour-server --id i, W × downpour-worker --id j and,
+// when the run has one (eval.evaluator and a data.test; common/run_config.h RunHasEvaluator),
+// downpour-evaluator, each with --config D/config.toml --run-dir D (servers and the
+// coordinator also get --tensors/--model). A --worker-cmd stand-in run has no evaluator. With neither (and no --worker-cmd), the tensor list comes from the model
 // config itself: `downpour-worker --config D/config.toml --write-tensors D/tensors.txt` runs
 // first (servers never parse a net; the worker owns that) and D/tensors.txt is passed on.
 // --weights FILE starts from saved weights (model.weights, a tensor file or a .caffemodel) and
@@ -71,11 +74,13 @@
 // is restarted with --recover up to cluster.server_restarts times, a dead coordinator with
 // --rejoin up to cluster.coordinator_restarts times (one more death of either fails the job
 // with its exit code); a dead worker is restarted with --resume up to --restart-workers /
-// cluster.restart_workers times, then the job goes on without it — except worker 0, which
-// makes the final evaluation: it is restarted at least once, and its death with no restart
-// left fails the job. Each death and restart is one "[launch] ..." line and one launch.jsonl
-// record. The job ends when no worker runs or waits for a restart: exit 0 if at least one
-// exited 0 (then coordinator and servers get SIGTERM); or on a death that fails it, on
+// cluster.restart_workers times, then the job goes on without it — except worker 0 in a run
+// without an evaluator process, which makes the final evaluation: it is restarted at least
+// once, and its death with no restart left fails the job. A dead evaluator is restarted as
+// often as a worker, at least once; one more death fails the job. Each death and restart is
+// one "[launch] ..." line and one launch.jsonl record. The job ends when no worker (nor the
+// evaluator) runs or waits for a restart: exit 0 if at least one exited 0 (then coordinator
+// and servers get SIGTERM); or on a death that fails it, on
 // SIGINT/SIGTERM, or at --timeout-s. Errors before any process starts exit 2 (usage, config or
 // input) — common/cli.h.
 #include <fmt/format.h>
@@ -228,6 +233,7 @@ void SuperviseCoordinator(const RunConfig& cfg, ChildSpec* c) {
 // the model, so it is restarted at least once whatever that setting says, and when it dies with
 // no restart left the job fails (continue it later with downpour-launch --resume).
 void SuperviseWorker(const LaunchFlags& f, const RunConfig& cfg, int id, ChildSpec* c) {
+  const bool evaluates = id == 0 && !RunHasEvaluator(cfg);
   const int allowed = f.restart_workers >= 0 ? f.restart_workers : cfg.cluster.restart_workers;
   const std::string setting = f.restart_workers >= 0 ? fmt::format("--restart-workers {}", allowed)
                                                      : fmt::format("cluster.restart_workers = {}", allowed);
@@ -236,7 +242,7 @@ void SuperviseWorker(const LaunchFlags& f, const RunConfig& cfg, int id, ChildSp
   c->max_restarts = allowed;
   c->on_death = OnDeath::kContinue;
   c->limit = setting;
-  if (id == 0) {
+  if (evaluates) {
     c->on_death = OnDeath::kFail;
     if (allowed < 1) {
       c->max_restarts = 1;
@@ -244,6 +250,33 @@ void SuperviseWorker(const LaunchFlags& f, const RunConfig& cfg, int id, ChildSp
       c->limit = fmt::format("1 for worker 0, which makes the final evaluation; {}", setting);
     }
   }
+}
+
+// The evaluator makes the run's final evaluation and saves its model: a dead one is restarted (it
+// starts over: evaluations are of the servers' weights, so nothing of it is lost) as often as a
+// worker would be, at least once; one more death fails the job.
+void SuperviseEvaluator(const LaunchFlags& f, const RunConfig& cfg, ChildSpec* c) {
+  const int allowed = f.restart_workers >= 0 ? f.restart_workers : cfg.cluster.restart_workers;
+  c->restart_argv = c->argv;
+  c->restart_note = "";
+  c->max_restarts = std::max(1, allowed);
+  c->on_death = OnDeath::kFail;
+  c->limit = fmt::format("at least 1 for the evaluator, which makes the final evaluation; {}",
+                         f.restart_workers >= 0 ? fmt::format("--restart-workers {}", allowed)
+                                                : fmt::format("cluster.restart_workers = {}", allowed));
+}
+
+// The evaluator's child, with `extra` arguments (cluster mode: --coordinator, --bind).
+Status BuildEvaluatorChild(const LaunchFlags& f, const RunConfig& cfg, const std::string& run_dir,
+                           const std::vector<std::string>& extra, ChildSpec* e) {
+  std::vector<std::string> args = {"--config", (fs::path(run_dir) / "config.toml").string(), "--run-dir", run_dir};
+  args.insert(args.end(), extra.begin(), extra.end());
+  DP_RETURN_IF_ERROR(RoleArgv(f, "downpour-evaluator", "", "--set eval.evaluator=false", args, &e->argv));
+  e->name = "evaluator";
+  e->log_path = (fs::path(run_dir) / "logs" / "evaluator.log").string();
+  e->primary = true;  // the job is done when the workers and the final evaluation are
+  SuperviseEvaluator(f, cfg, e);
+  return Status::Ok();
 }
 
 // `resume` (may be null): servers recover from their checkpoints and logs, workers continue.
@@ -286,6 +319,11 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
     w.primary = true;
     SuperviseWorker(f, cfg, j, &w);
     children->push_back(w);
+  }
+  if (RunHasEvaluator(cfg)) {
+    ChildSpec e;
+    DP_RETURN_IF_ERROR(BuildEvaluatorChild(f, cfg, run_dir, {}, &e));
+    children->push_back(e);
   }
   return Status::Ok();
 }
@@ -332,6 +370,8 @@ Status NewRunConfig(const LaunchFlags& f, RunConfig* cfg) {
     cfg->model.weights = fs::absolute(f.weights).lexically_normal().string();
     cfg->eval.at_start = true;
   }
+  // Stand-in workers (the load benchmark's) train no model an evaluator could read.
+  if (!f.worker_cmd.empty()) cfg->eval.evaluator = false;
   DP_RETURN_IF_ERROR(ValidateRunConfig(*cfg, fmt::format("{} with --servers/--workers", f.config)));
   if (!f.tensors.empty() && !f.model.empty()) {
     return InvalidArgument("downpour-launch: give either --tensors ({}) or --model ({}), not both", f.tensors, f.model);
@@ -693,6 +733,20 @@ int LaunchTask(const LaunchFlags& f) {
   ChildSpec child;
   if (s.ok()) s = BuildTaskChild(f, plan, run_dir, model_args, &child);
   if (s.ok()) SuperviseTaskChild(f, cfg, plan, &child);
+  // The coordinator's task runs the evaluator too (it connects as a worker does).
+  std::vector<ChildSpec> children;
+  const bool evaluator = plan.role == TaskRole::kCoordinator && RunHasEvaluator(cfg);
+  if (s.ok() && evaluator) {
+    bool evaluator_keyed = false;
+    // Its connections leave from the task's --bind address when that names one (not a wildcard).
+    const std::string source = IsWildcardAddress(f.net.bind) ? std::string() : f.net.bind;
+    s = CheckNetwork(cfg, NetFlags{source, "", plan.coordinator}, NetRole::kWorker, &evaluator_keyed);
+    std::vector<std::string> extra = {"--coordinator", plan.coordinator};
+    if (!source.empty()) extra.insert(extra.end(), {"--bind", source});
+    ChildSpec e;
+    if (s.ok()) s = BuildEvaluatorChild(f, cfg, run_dir, extra, &e);
+    if (s.ok()) children.push_back(e);
+  }
   // Everything checked: now this task's part of the run directory.
   if (s.ok()) {
     std::error_code ec;
@@ -713,12 +767,13 @@ int LaunchTask(const LaunchFlags& f) {
   std::printf("[launch] run %s: %d server(s), %d worker(s), %s; coordinator %s; run dir %s\n", cfg.run.name.c_str(),
               cfg.cluster.servers, cfg.cluster.workers, ConsistencyModeString(cfg.consistency).c_str(),
               plan.coordinator.c_str(), run_dir.c_str());
+  children.insert(children.begin(), child);
   if (f.dry_run) {
-    PrintDryRun(child);
+    for (const ChildSpec& c : children) PrintDryRun(c);
     return 0;
   }
   const std::string metrics = (fs::path(run_dir) / fmt::format("launch-{}.jsonl", plan.FileStem())).string();
-  return RunJob(f, {child}, metrics, [&](MetricsWriter* m) {
+  return RunJob(f, children, metrics, [&](MetricsWriter* m) {
     (void)m->Write("start", {{"servers", cfg.cluster.servers},
                              {"workers", cfg.cluster.workers},
                              {"mode", ConsistencyModeString(cfg.consistency)},

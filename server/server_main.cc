@@ -248,6 +248,7 @@ Status Run(const Flags& f, bool* serving) {
                                       {"duplicates", st.duplicates},
                                       {"dc_compensated", st.dc_compensated},
                                       {"dc_uncompensated", st.dc_uncompensated},
+                                      {"evaluator_pulls", st.evaluator_pulls},
                                       {"wal_records", st.wal_records},
                                       {"replayed", st.replayed},
                                       {"pushes_by_worker", ListString(st.pushes_by_worker)},

@@ -72,6 +72,7 @@ struct ShardServer::PendingPull {
   MessageHeader request;
   std::vector<int> locals;
   std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
+  bool reader = false;  // the evaluator's snapshot pull: no consistency wait, no bookkeeping
 };
 
 // The policy's view of the shard (consistency.h). Called with mu_ held, on the loop thread.
@@ -269,8 +270,9 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
       break;
     case MsgType::kPull: {
-      s = CheckWorker(peer, info, h, &reason);
-      PendingPull p{peer, h, {}, std::chrono::steady_clock::now()};
+      const bool reader = h.role == Role::kEvaluator;
+      s = reader ? CheckReader(peer, h, &reason) : CheckWorker(peer, info, h, &reason);
+      PendingPull p{peer, h, {}, std::chrono::steady_clock::now(), reader};
       if (s.ok()) s = ResolveChunks(h, /*all_if_empty=*/true, &p.locals, &reason);
       if (s.ok() && (h.encoding != Encoding::kDense || !h.encodings.empty())) {
         reason = RejectReason::kDType;  // a pull asks only for a dtype (f32 / f16 / bf16)
@@ -360,6 +362,7 @@ Status ShardServer::HandleCheckpoint(const PeerInfo& info, const MessageHeader& 
 
 Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
                                    MessageHeader* reply, RejectReason* reason) {
+  if (h.role == Role::kEvaluator) return RegisterReader(peer, info, h, reply, reason);
   *reason = RejectReason::kUnauthorized;
   DP_RETURN_IF_ERROR(Authorize(options_.access, info, h, Privilege::kRegisterWorker));
   *reason = RejectReason::kLayoutHash;
@@ -415,6 +418,55 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
 void ShardServer::ForgetPeer(const PeerId& peer) {
   registered_.erase(peer);
   regions_.erase(peer);
+}
+
+bool ShardServer::IsReader(const PeerId& peer) const {
+  return std::find(readers_.begin(), readers_.end(), peer) != readers_.end();
+}
+
+Status ShardServer::RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
+                                   MessageHeader* reply, RejectReason* reason) {
+  *reason = RejectReason::kUnauthorized;
+  DP_RETURN_IF_ERROR(Authorize(options_.access, info, h, Privilege::kEvaluate));
+  *reason = RejectReason::kLayoutHash;
+  if (h.layout_hash != layout_.hash()) {
+    return FailedPrecondition("register: layout hash mismatch: the evaluator has {:#018x}, server {} has {:#018x}",
+                              h.layout_hash, options_.server_id, layout_.hash());
+  }
+  *reason = RejectReason::kModelId;
+  if (h.model_id != options_.model_id) {
+    return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
+                           options_.model_id);
+  }
+  if (!IsReader(peer)) {
+    readers_.push_back(peer);
+    if (readers_.size() > static_cast<size_t>(kMaxReaders)) readers_.pop_front();  // bounded: the oldest goes
+    spdlog::info("server {}: the evaluator registered from {}", options_.server_id, DescribePeer(info));
+  }
+  reply->type = MsgType::kRegisterReply;
+  reply->assigned_id = h.sender;
+  reply->server_count = layout_.servers();
+  reply->worker_count = options_.expected_workers;
+  return Status::Ok();
+}
+
+Status ShardServer::CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const {
+  if (!IsReader(peer)) {
+    *reason = RejectReason::kNotRegistered;
+    return FailedPrecondition("pull: this connection is not registered as the evaluator with server {}",
+                              options_.server_id);
+  }
+  if (h.layout_hash != layout_.hash()) {
+    *reason = RejectReason::kLayoutHash;
+    return FailedPrecondition("pull: layout hash {:#018x} differs from server {}'s {:#018x}", h.layout_hash,
+                              options_.server_id, layout_.hash());
+  }
+  if (h.model_id != options_.model_id) {
+    *reason = RejectReason::kModelId;
+    return InvalidArgument("pull: model id {} is not served by server {} (serves {})", h.model_id,
+                           options_.server_id, options_.model_id);
+  }
+  return Status::Ok();
 }
 
 void ShardServer::OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
@@ -739,6 +791,9 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
       ChunkState& st = chunks_[static_cast<size_t>(c.local)];
       updater_->RecordStaleness(c.local, std::max<int64_t>(0, st.version - c.version_from));
       ++st.version;
+      // An exchange stands for the easgd_tau batches the worker trained since its last one: the
+      // center's place on the run's images-processed axis (what the evaluator reports).
+      st.iter += std::max(1, options_.consistency.easgd_tau);
       ++stats_.chunk_updates;
       ++updates_;
     }
@@ -902,7 +957,7 @@ bool ShardServer::PullReady(const PendingPull& p) const {
   for (int l : p.locals) {
     if (!chunks_[static_cast<size_t>(l)].initialized) return false;
   }
-  return policy_->PullReady(*updater_, p.request.sender, p.request.clock, p.locals);
+  return p.reader || policy_->PullReady(*updater_, p.request.sender, p.request.clock, p.locals);
 }
 
 void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
@@ -932,7 +987,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   }
   // The dtype the pull asked for; shared memory carries f32 (the client asks f32 there).
   reply.dtype = region != nullptr ? DType::kF32 : p.request.dtype;
-  if (options_.consistency.algorithm == Algorithm::kDcAsgd) RememberPulled(p.request.sender, p.locals);
+  if (options_.consistency.algorithm == Algorithm::kDcAsgd && !p.reader) RememberPulled(p.request.sender, p.locals);
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];
     const int32_t id = owned_[static_cast<size_t>(l)];
@@ -940,6 +995,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
     const uint64_t bytes = buf->data.size() * sizeof(float);
     reply.chunk_ids.push_back(static_cast<uint32_t>(id));
     reply.versions.push_back(st.version);
+    reply.iters.push_back(st.iter);
     reply.elem_counts.push_back(buf->data.size());
     reply.byte_lengths.push_back(buf->data.size() * DTypeSize(reply.dtype));
     if (region != nullptr) {  // the pull area follows the push area
@@ -956,6 +1012,11 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
       buf->readers.fetch_sub(1, std::memory_order_release);
     });
     payload.push_back(Frame::Borrow(buf->data.data(), bytes, std::move(keep)));  // zero-copy, COW
+  }
+  if (p.reader) {
+    ++stats_.evaluator_pulls;
+    Reply(ep, p.peer, reply, std::move(payload));
+    return;
   }
   ++stats_.pulls_served;
   if (options_.on_pull_served) {

@@ -23,7 +23,16 @@
 // admin role (keys) or with the run's secret (no keys); a checkpoint path from the wire must
 // resolve inside the run directory; register as a worker needs the worker role / the secret;
 // with keys, push / pull / clock also need the worker role. Stats and heartbeat are open (they
-// change nothing). Refusals are counted (kUnauthorized, kOutsideRunDir), answered with an error
+// change nothing).
+//
+// The evaluator (Role::kEvaluator, downpour-evaluator): registers as a reader (Privilege
+// kEvaluate: the worker key, or the run's secret), at most kMaxReaders connections (the oldest
+// is dropped). A reader's pull is served as soon as its chunks have weights, whatever the
+// consistency rule (a snapshot, not a step of training), records nothing in the policy or
+// DC-ASGD's pulled copies and is counted in stats.evaluator_pulls, not pulls_served. A reader
+// may not push or clock: those need a worker registration on the connection. Every pull reply
+// carries each chunk's lr-schedule iteration (scheduleIters), which places a snapshot on the
+// run's images-processed axis. Refusals are counted (kUnauthorized, kOutsideRunDir), answered with an error
 // reply that says what was refused, and logged at a bounded rate (common/log_limit.h).
 //
 // Initial weights. Chunks start uninitialised; the first init push for a chunk sets its weights
@@ -222,6 +231,7 @@ class ShardServer {
   static constexpr int kDedupSessions = 4;          // sessions remembered per worker
   static constexpr int kDedupIdsPerSession = 4096;  // request ids remembered per session
   static constexpr int kPeersPerWorker = 4;         // registered connections kept per worker id
+  static constexpr int kMaxReaders = 4;             // evaluator connections kept (oldest dropped)
   static constexpr int kStalenessWindow = 200;      // chunk updates the stability guard averages
 
  private:
@@ -288,6 +298,11 @@ class ShardServer {
   std::unique_ptr<ConsistencyPolicy> policy_;
   std::unique_ptr<Updater> updater_;
   std::unordered_map<PeerId, int32_t> registered_;  // peer identity -> worker id
+  std::deque<PeerId> readers_;                      // evaluator connections, oldest first
+  bool IsReader(const PeerId& peer) const;
+  Status RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
+                        RejectReason* reason);
+  Status CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
   std::vector<std::deque<PeerId>> peers_of_worker_;  // per worker id, oldest first (bounds registered_)
   // Registered connections' shared regions: [push area | pull area], each share_floats_ floats.
   // Bounded like registered_ (a region goes with its connection).

@@ -39,6 +39,15 @@ mode: the servers' checkpoint was older), its earlier records with step > S are 
 dropped. A worker's k-th `start` record opens its k-th segment; the run's segment k is the k-th
 segment of every worker (a resume restarts the whole job).
 
+The evaluator. A run with an evaluator process (config eval.evaluator = true and a data.test;
+runs from before it have no such key and were evaluated by worker 0) has
+metrics/evaluator.jsonl (role "evaluator"): its eval records are the run's evaluations, and
+worker 0's (none, normally) are not used. An evaluator record has no wall_s: it is placed on the
+run's active clock by when its snapshot was pulled, t − eval_s (the run segment that falls in,
+measured from that segment's first worker start); it carries train_images (images all workers had processed, from the servers'
+lr-schedule iteration) and a global epoch (train_images / training-set size). A worker-0
+evaluation's images are estimated as its step × batch_size × workers.
+
 Diverged runs. A run whose final top-1 is at most 1.5 / num_classes (chance; num_classes from the
 model file's layer feeding SoftmaxWithLoss), or that logged a non-finite (null, NaN, Inf) training
 or final test loss, is marked "diverged": true in summary.json, with "diverged_reason"; the
@@ -461,6 +470,37 @@ def segment_span(seg):
     return seg[0]["t"], ends[-1] if ends else seg[-1]["t"]
 
 
+def has_evaluator(config):
+    """Whether the run had an evaluator process (see the module's docstring)."""
+    return bool(config.get("eval", {}).get("evaluator", False) and config.get("data", {}).get("test", ""))
+
+
+def evaluator_evals(files, times):
+    """The evaluator's eval records as (active time, record), by "t" (see the module's
+    docstring); [] for a run without an evaluator file."""
+    out = []
+    for records in files.values():
+        if not records or records[0].get("role") != "evaluator":
+            continue
+        for r in records:
+            if r.get("event") == "eval" and isinstance(r.get("t"), (int, float)):
+                # The weights are those pulled when the evaluation began (t is its end).
+                eval_s = r.get("eval_s") if isinstance(r.get("eval_s"), (int, float)) else 0.0
+                out.append((run_clock(r["t"] - eval_s, times), r))
+    return out
+
+
+def run_clock(t, times):
+    """Wall-clock time t on the run's active clock: t − t0 of the latest segment that started at or
+    before t (the first if none did), plus the active time before that segment."""
+    k = 0
+    for i, (t0, _, _) in enumerate(times):
+        if t0 <= t:
+            k = i
+    t0, _, before = times[k]
+    return max(0.0, t - t0) + before
+
+
 def expected_tasks(config):
     """The tasks of a cluster run: coordinator, server-0..S-1, worker-0..W-1 (from [cluster])."""
     cluster = config.get("cluster", {})
@@ -482,6 +522,8 @@ def missing_files(parts, config, launch_files, metric_paths):
         if "launch.jsonl" not in launch_files:
             missing.append(f"launch-{task}.jsonl")
         missing.append(os.path.join("metrics", f"{task}.jsonl"))
+    if has_evaluator(config):  # the coordinator's task runs it: no launch file of its own
+        missing.append(os.path.join("metrics", "evaluator.jsonl"))
     return [name for name in missing if name not in have]
 
 
@@ -593,8 +635,12 @@ def summarize(spec):
     if not workers:
         raise ToolError(f"{spec}: no worker records in metrics/ (did any worker start?)")
     times = segment_times(workers)
-    evals = sorted(((active_time(r, k, times), r) for w in workers for k, r in w.records("eval")),
-                   key=lambda e: e[0])
+    evaluated_by = "evaluator"
+    evals = sorted(evaluator_evals(files, times), key=lambda e: e[0])
+    if not evals:
+        evaluated_by = "worker 0"
+        evals = sorted(((active_time(r, k, times), r) for w in workers for k, r in w.records("eval")),
+                       key=lambda e: e[0])
     finals = [e for e in evals if e[1].get("final")]
     final = finals[-1][1] if finals else None
     reached = [e for e in evals if (e[1].get("top1") or 0) >= TARGET_TOP1]
@@ -640,7 +686,18 @@ def summarize(spec):
     summary["missing"] = missing_files(parts, config, launch_files, files)
     wire, cumulative = wire_bytes(workers, times)
     summary.update(wire)
-    summary["evals"] = [{"wall_s": t, "epoch": e.get("epoch"), "step": e.get("step"), "top1": e.get("top1"),
+    summary["evaluated_by"] = evaluated_by if evals else None
+    batch, nworkers = summary["batch_size"], summary["workers"]
+
+    def images_of(e):
+        if e.get("train_images") is not None:
+            return e["train_images"]
+        if isinstance(e.get("step"), int) and isinstance(batch, int) and isinstance(nworkers, int):
+            return e["step"] * batch * nworkers
+        return None
+
+    summary["evals"] = [{"wall_s": t, "epoch": e.get("epoch"), "step": e.get("step"), "images": images_of(e),
+                         "top1": e.get("top1"),
                          "top5": e.get("top5"), "test_loss": e.get("test_loss"), "final": bool(e.get("final")),
                          "server_versions": e.get("server_versions"), "bytes": bytes_until(cumulative, t)}
                         for t, e in evals]

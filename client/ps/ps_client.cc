@@ -211,7 +211,9 @@ struct PsClient::Impl {
 
 PsClient::PsClient(const ParamLayout& layout, PsClientOptions options)
     : layout_(layout), options_(std::move(options)),
-      versions_(static_cast<size_t>(layout.num_chunks()), -1), impl_(std::make_unique<Impl>()) {
+      versions_(static_cast<size_t>(layout.num_chunks()), -1),
+      iters_(static_cast<size_t>(layout.num_chunks()), -1),
+      impl_(std::make_unique<Impl>()) {
   impl_->owner = this;
   // A random session, so (worker, session, request id) names one push even across a restart of
   // this worker (request ids start at 1 again).
@@ -558,7 +560,7 @@ class PsClient::Impl::LinkRunner {
     h.sender = o_.worker_id;
     h.model_id = o_.model_id;
     h.layout_hash = impl_.owner->layout_.hash();
-    h.role = Role::kWorker;
+    h.role = o_.role;
     h.session = impl_.owner->session_;
     return h;
   }
@@ -941,6 +943,8 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
       std::memcpy(op.pull_out.data() + c.flat_offset, area + link.share_offset[static_cast<size_t>(c.id)],
                   static_cast<size_t>(c.count) * sizeof(float));
       std::atomic_ref<int64_t>(owner->versions_[static_cast<size_t>(c.id)]).store(h.versions[i], std::memory_order_relaxed);
+      if (!h.iters.empty())
+        std::atomic_ref<int64_t>(owner->iters_[static_cast<size_t>(c.id)]).store(h.iters[i], std::memory_order_relaxed);
     }
     return Status::Ok();
   }
@@ -975,6 +979,8 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
     }
     // atomic_ref: a Push on the caller's thread may read this version concurrently.
     std::atomic_ref<int64_t>(owner->versions_[static_cast<size_t>(c.id)]).store(h.versions[i], std::memory_order_relaxed);
+    if (!h.iters.empty())
+      std::atomic_ref<int64_t>(owner->iters_[static_cast<size_t>(c.id)]).store(h.iters[i], std::memory_order_relaxed);
   }
   return Status::Ok();
 }
@@ -1026,7 +1032,7 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     h.model_id = options_.model_id;
     h.clock = clock;
     h.layout_hash = layout_.hash();
-    h.role = Role::kWorker;
+    h.role = options_.role;
     h.flags = flags;
     h.session = session_;
     for (int32_t c : ids) h.chunk_ids.push_back(static_cast<uint32_t>(c));
@@ -1183,7 +1189,7 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
   op.header.sender = o.worker_id;
   op.header.model_id = o.model_id;
   op.header.layout_hash = layout.hash();
-  op.header.role = Role::kWorker;
+  op.header.role = o.role;
   op.header.text = text;
   op.header.clock = clock;
   op.header.session = impl.owner->session();

@@ -113,6 +113,10 @@ struct FactorTensor {
 struct PsClientOptions {
   std::vector<std::string> server_addresses;  // index = server id; size = layout.servers()
   int32_t worker_id = 0;                      // id given at rendezvous (coordinator)
+  // Who this client is to the servers: a worker, or the run's evaluator (Role::kEvaluator:
+  // registers as a reader and may only pull; its pulls are served at once with the weights as
+  // they are, whatever the consistency mode, and leave no trace in the workers' accounting).
+  Role role = Role::kWorker;
   uint32_t model_id = 0;                      // several models on one set of servers (later)
   bool checksums = false;                     // send CRC-32C per push frame (servers verify)
   // A request to one server is sent as messages of at most this many chunks (0 = one message),
@@ -219,6 +223,9 @@ class PsClient {
 
   // Versions of each chunk (index = chunk id) as of the last completed pull; -1 = never pulled.
   std::span<const int64_t> last_versions() const { return versions_; }
+  // Each chunk's lr-schedule iteration (worker batches the server had applied to it, index =
+  // chunk id) as of the last completed pull; -1 = never pulled (or a server that sends none).
+  std::span<const int64_t> last_iters() const { return iters_; }
 
   // Control requests to one server, blocking up to `timeout`.
   Status Stats(int server, ShardStatsWire* out, std::chrono::milliseconds timeout);
@@ -263,6 +270,7 @@ class PsClient {
   PsClientOptions options_;
   uint64_t session_ = 0;
   std::vector<int64_t> versions_;  // per chunk, written by the owning server's I/O thread
+  std::vector<int64_t> iters_;     // per chunk, likewise (pull replies' scheduleIters)
   std::unique_ptr<Impl> impl_;
 };
 

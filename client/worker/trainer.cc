@@ -58,8 +58,9 @@ int64_t PlannedSteps(const WorkerConfig& w, int64_t shard_size) {
   return w.steps;
 }
 
-// The evaluated weights as a tensor file (common/tensor_file.h), one tensor per parameter,
-// named as param_specs() names them (what Net::LoadWeights reads).
+
+}  // namespace
+
 Status SaveModel(engine::Net& net, const std::string& path) {
   TensorFile file;
   file.meta["model"] = net.spec().name;
@@ -70,8 +71,6 @@ Status SaveModel(engine::Net& net, const std::string& path) {
   }
   return WriteTensorFile(path, file);
 }
-
-}  // namespace
 
 Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalRecord* out) {
   DP_RETURN_IF_ERROR(test->Rewind());

@@ -234,4 +234,9 @@ class Trainer {
 // are the caller's). Used by the trainer and by downpour-test.
 Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalRecord* out);
 
+// `net`'s weights as a tensor file (common/tensor_file.h), one tensor per parameter, named as
+// param_specs() names them (what Net::LoadWeights reads); written atomically. The run's
+// model_final.dpt (the evaluator, or the evaluating worker).
+Status SaveModel(engine::Net& net, const std::string& path);
+
 }  // namespace downpour::worker

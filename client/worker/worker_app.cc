@@ -22,6 +22,7 @@
 #include "client/worker/progress.h"
 #include "client/worker/ps_channel.h"
 #include "client/worker/reslicing_source.h"
+#include "client/worker/run_setup.h"
 #include "client/worker/sources.h"
 #include "client/worker/worker_state.h"
 #include "common/layout.h"
@@ -33,8 +34,6 @@
 
 namespace downpour::worker {
 namespace {
-
-constexpr int kEvalBatch = 100;  // test batches (divides the 10k Fashion-MNIST test set)
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -81,31 +80,6 @@ Status OpenTrainSource(const RunConfig& c, int id, bool shuffle, int num_classes
   return OpenLoaderTrainSource(c, id, shuffle, num_classes, out);
 }
 
-Status OpenTestSource(const RunConfig& c, int batch, int num_classes, std::unique_ptr<TestSource>* out) {
-  std::string labels;
-  if (IsIdxImagePath(c.data.test, &labels)) {
-    IdxSourceOptions o;
-    o.images_path = c.data.test;
-    o.labels_path = labels;
-    o.batch_size = batch;
-    o.scale = c.data.scale;
-    return OpenIdxTestSource(o, out);
-  }
-  return OpenLoaderTestSource(c, batch, num_classes, out);
-}
-
-// The engine options [worker] asks for, at batch size `batch`.
-engine::NetOptions NetOptionsFor(const RunConfig& c, int batch) {
-  engine::NetOptions o;
-  o.device = c.worker.device;
-  o.gpu_id = c.worker.gpu_index;
-  o.tf32 = c.worker.tf32;
-  o.conv_algo = c.worker.conv_algo;
-  o.threads = c.worker.threads;
-  o.batch = batch;
-  return o;
-}
-
 Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net>* net,
                  std::unique_ptr<engine::Net>* eval_net) {
   engine::NetSpec spec;
@@ -130,16 +104,6 @@ Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net
     DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, eval_net));
   }
   return Status::Ok();
-}
-
-// Server i listens on <bind>:<base_port + i> (the launcher's convention; a wildcard bind is
-// reached through loopback on this machine), or with cluster.transport = "ipc" at
-// ipc://<ipc_dir>/server-<i>.sock (common/run_config.h ServerAddress).
-std::vector<std::string> ServerAddresses(const ClusterConfig& c, const std::string& run_dir) {
-  const std::string dir = std::filesystem::absolute(run_dir).lexically_normal().string();
-  std::vector<std::string> out;
-  for (int i = 0; i < c.servers; ++i) out.push_back(ServerAddress(c, dir, i));
-  return out;
 }
 
 // After training: every server's counters (staleness histogram included) into the metrics,
@@ -178,20 +142,6 @@ void LogPsAcks(const PsClient& client, int servers, MetricsWriter* metrics) {
                                      {"resent", client.resent_parts(s)},
                                      {"restarts_seen", client.restarts_seen(s)}});
   }
-}
-
-// Sync/ssp pulls wait for the slowest live worker; a dead one is dropped after the heartbeat
-// timeout, so wait comfortably longer than that. This is how long a server that answers may
-// hold a request (PsClientOptions::reply_timeout).
-std::chrono::milliseconds PullWait(const ClusterConfig& c) {
-  return std::chrono::milliseconds(std::max(120000, 4 * c.heartbeat_timeout_ms));
-}
-
-// How long the worker waits for one request in all: a server may be away for up to
-// server_wait_ms (restarting) and then hold the request for up to PullWait, and the client's own
-// error (naming the server) should surface before the caller gives up.
-std::chrono::milliseconds RequestWait(const ClusterConfig& c) {
-  return PullWait(c) + std::chrono::milliseconds(c.server_wait_ms) + std::chrono::seconds(10);
 }
 
 // In sync mode the servers' clock is the truth: a chunk at version v has applied clocks
@@ -485,8 +435,9 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   }
   WorkerArgs a = args;
   if (a.local && a.id < 0) a.id = 0;
-  // Only worker 0, named as such, evaluates: never one that joined.
-  const bool evaluate = a.id == 0 && !config.data.test.empty();
+  // Only worker 0, named as such, evaluates: never one that joined; and in a distributed run
+  // only when the run has no evaluator process (eval.evaluator = false).
+  const bool evaluate = a.id == 0 && !config.data.test.empty() && (a.local || !RunHasEvaluator(config));
 
   DP_RETURN_IF_ERROR(data::CheckRunDataFitsModel(config));  // records vs the model's input, before the net
   std::unique_ptr<engine::Net> net, eval_net;

@@ -234,6 +234,18 @@ TEST(RunConfigTest, EasgdSettingsAreChecked) {
   EXPECT_FLOAT_EQ(EasgdAlpha(c.consistency, 3), 0.3f);  // the paper's beta / W, beta = 0.9
 }
 
+TEST(RunConfigTest, TheEvaluatorIsTheDefaultAndItsIntervalIsChecked) {
+  EXPECT_THAT(ParseError("[eval]\nevery_updates = -1\n"), HasSubstr("eval.every_updates = -1: must be >= 0"));
+  EXPECT_THAT(ParseError("[eval]\nevaluator = 1\n"), HasSubstr("eval.evaluator"));
+  RunConfig c = ParseOk("[cluster]\nworkers = 4\n[eval]\nevery_steps = 250\n");
+  EXPECT_TRUE(RunHasEvaluator(c));
+  EXPECT_EQ(EvaluatorEveryUpdates(c), 1000);  // every_steps x workers: as often, in images, as worker 0
+  c = ParseOk("[eval]\nevery_updates = 300\n");
+  EXPECT_EQ(EvaluatorEveryUpdates(c), 300);
+  EXPECT_FALSE(RunHasEvaluator(ParseOk("[eval]\nevaluator = false\n")));
+  EXPECT_FALSE(RunHasEvaluator(ParseOk("[data]\ntest = \"\"\n")));  // nothing to evaluate on
+}
+
 TEST(RunConfigTest, DcAsgdIsASetting) {
   const RunConfig c = ParseOk("[consistency]\nmode = \"ssp:2\"\nalgorithm = \"dc-asgd\"\ndc_lambda = 0.5\n");
   EXPECT_EQ(c.consistency.algorithm, Algorithm::kDcAsgd);
@@ -269,6 +281,8 @@ TEST(RunConfigTest, ToTomlRoundTrips) {
   c.data.sharding = DataSharding::kOwn;
   c.data.scale = 1.0f;
   c.eval.every_seconds = 0.1;
+  c.eval.evaluator = false;
+  c.eval.every_updates = 777;
   RunConfig back;
   Status s = ParseRunConfig(ToToml(c), "roundtrip.toml", &back);
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << ToToml(c);

@@ -71,7 +71,8 @@ TEST(AlexNetLaunch, TwoServersTwoWorkersAsyncTakeThreeStepsAndEvaluate) {
       EXPECT_EQ(s.Get("images").AsInt(), 4 * s.Get("step").AsInt());
     }
   }
-  const auto evals = test::Metrics(run, "worker-0.jsonl", "eval");
+  // The run's evaluator process made the evaluations (no worker does).
+  const auto evals = test::Metrics(run, "evaluator.jsonl", "eval");
   ASSERT_FALSE(evals.empty());
   EXPECT_TRUE(evals.back().Get("final").AsBool());
   EXPECT_EQ(evals.back().Get("test_images").AsInt(), 100);

@@ -130,8 +130,10 @@ every_updates = 40
 
   // Waits (bounded) until worker `w` has logged `steps` steps (its metrics file may not exist
   // yet, or hold a line being written: read without asserting).
+  // The run's evaluator process makes the evaluations (eval.evaluator, the default): it goes
+  // through every fault below as the workers do.
   double FinalTop1(const fs::path& run) {
-    const auto evals = Worker(run, 0, "eval");
+    const auto evals = test::Metrics(run, "evaluator.jsonl", "eval");
     if (evals.empty() || !evals.back().Get("final").AsBool()) return -1;
     return evals.back().Get("top1").AsDouble();
   }
@@ -253,7 +255,7 @@ TEST_F(FaultTest, WorkerStartedByHandJoinsTheRunningJob) {
   const fs::path run = dir_ / "run";
   auto launcher = StartJob(Config("run", "async", "max_workers = 3"), run, "run.log");
   ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps / 5, 120s)) << test::ReadFile(dir_ / "run.log");
-  // It runs past the others' last step: worker 0's final evaluation waits for it.
+  // It runs past the others' last step: the evaluator's final evaluation waits for it.
   constexpr int kJoinerSteps = kSteps;
   test::Child joiner({test::Binary("downpour-worker"), "--run-dir", run.string(), "--coordinator",
                       fmt::format("127.0.0.1:{}", port_), "--steps", std::to_string(kJoinerSteps), "--quiet"},
@@ -267,10 +269,12 @@ TEST_F(FaultTest, WorkerStartedByHandJoinsTheRunningJob) {
   ExpectEveryAckedPushTakenOnce(run, {0, 1, 2});
   EXPECT_NE(test::ReadFile(dir_ / "run.log").find("that joined the job to finish before the final evaluation"),
             std::string::npos);
-  // The final evaluation came after the joiner's last step.
-  const auto evals = Worker(run, 0, "eval");
+  // The final evaluation came after the joiner's last step (its snapshot was pulled at t − eval_s).
+  const auto evals = test::Metrics(run, "evaluator.jsonl", "eval");
   ASSERT_FALSE(evals.empty());
-  EXPECT_GT(evals.back().Get("t").AsDouble(), Worker(run, 2, "step").back().Get("t").AsDouble());
+  ASSERT_TRUE(evals.back().Get("final").AsBool());
+  EXPECT_GT(evals.back().Get("t").AsDouble() - evals.back().Get("eval_s").AsDouble(),
+            Worker(run, 2, "step").back().Get("t").AsDouble());
 }
 
 }  // namespace

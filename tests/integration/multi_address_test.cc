@@ -155,10 +155,13 @@ TEST_F(MultiAddressTest, EveryProcessOnItsOwnAddressTrainsAndIsSeenThere) {
 
   // Each task said where its role came from and ran exactly that one process.
   EXPECT_THAT(Out("server-1"), HasSubstr("[launch] started by hand (--role server --id 1): server 1"));
-  // Trained: worker 0's final evaluation on the whole test set.
-  const std::vector<MetricRecord> evals = test::Metrics(RunDir("worker-0"), "worker-0.jsonl", "eval");
-  ASSERT_FALSE(evals.empty()) << Log("worker-0");
+  // Trained: the evaluator's final evaluation on the whole test set. The coordinator's task ran
+  // the evaluator as its second child, from the coordinator's address.
+  const std::vector<MetricRecord> evals = test::Metrics(RunDir("coordinator"), "evaluator.jsonl", "eval");
+  ASSERT_FALSE(evals.empty()) << Out("coordinator");
+  EXPECT_TRUE(evals.back().Get("final").AsBool());
   EXPECT_GT(evals.back().Get("top1").AsDouble(), 0.75) << "final test accuracy";
+  EXPECT_TRUE(test::Metrics(RunDir("worker-0"), "worker-0.jsonl", "eval").empty()) << "a worker evaluated";
   // Each process is seen at its own address: servers and workers by the coordinator, workers by
   // the servers; the servers advertise, and the workers were given, the servers' addresses.
   const std::string coordinator_log = Log("coordinator");
@@ -179,7 +182,8 @@ TEST_F(MultiAddressTest, EveryProcessOnItsOwnAddressTrainsAndIsSeenThere) {
   EXPECT_TRUE(fs::exists(RunDir("server-1") / "launch-server-1.jsonl"));
   EXPECT_TRUE(fs::exists(RunDir("server-1") / "metrics" / "server-1.jsonl"));
   EXPECT_FALSE(fs::exists(RunDir("server-1") / "metrics" / "worker-0.jsonl"));
-  EXPECT_TRUE(fs::exists(RunDir("worker-0") / "model_final.dpt"));
+  EXPECT_TRUE(fs::exists(RunDir("coordinator") / "model_final.dpt"));
+  EXPECT_THAT(Log("coordinator"), HasSubstr(fmt::format("the evaluator registered from {}", kCoordinatorHost)));
 }
 
 // The same over IPv6: everything on ::1, the coordinator given as [::1]:PORT, servers
@@ -196,7 +200,9 @@ TEST_F(MultiAddressTest, IPv6ByHandJobRuns) {
   EXPECT_THAT(Log("coordinator"),
               HasSubstr(fmt::format("server 0 at tcp://[::1]:{} registered from ::1", coordinator_port_ + 1)));
   EXPECT_THAT(Log("server-0"), HasSubstr("worker 0 registered from ::1"));
-  ASSERT_FALSE(test::Metrics(RunDir("worker-0"), "worker-0.jsonl", "eval").empty()) << Log("worker-0");
+  const std::vector<MetricRecord> evals = test::Metrics(RunDir("coordinator"), "evaluator.jsonl", "eval");
+  ASSERT_FALSE(evals.empty()) << Out("coordinator");
+  EXPECT_TRUE(evals.back().Get("final").AsBool());
 }
 
 }  // namespace

@@ -87,8 +87,9 @@ every_updates = 20
     return test::Metrics(run, fmt::format("worker-{}.jsonl", w), event);
   }
 
+  // The run's evaluator process makes the evaluations (eval.evaluator, the default).
   double FinalTop1(const fs::path& run) {
-    const auto evals = Worker(run, 0, "eval");
+    const auto evals = test::Metrics(run, "evaluator.jsonl", "eval");
     if (evals.empty() || !evals.back().Get("final").AsBool()) return -1;
     return evals.back().Get("top1").AsDouble();
   }
@@ -122,7 +123,7 @@ TEST_F(ResumeTest, KilledRunResumesToTheSameEndAndFineTuneStartsAtTheSavedAccura
     }
     ASSERT_GE(steps_before_kill, 120) << test::ReadFile(dir_ / "killed.log");
     const std::vector<pid_t> children = test::ChildrenOf(launcher.pid());
-    ASSERT_EQ(children.size(), 5u) << "coordinator, 2 servers, 2 workers";
+    ASSERT_EQ(children.size(), 6u) << "coordinator, 2 servers, 2 workers, the evaluator";
     for (pid_t p : children) ::kill(p, SIGKILL);
     launcher.Signal(SIGKILL);
     EXPECT_EQ(launcher.WaitExit(10s), 128 + SIGKILL);
@@ -200,9 +201,10 @@ TEST_F(ResumeTest, KilledRunResumesToTheSameEndAndFineTuneStartsAtTheSavedAccura
                    "tune.log"),
             0)
       << test::ReadFile(dir_ / "tune.log");
-  const auto evals = Worker(tune, 0, "eval");
+  const auto evals = test::Metrics(tune, "evaluator.jsonl", "eval");
   ASSERT_GE(evals.size(), 2u);
-  EXPECT_EQ(evals.front().Get("step").AsInt(), 0);
+  EXPECT_EQ(evals.front().Get("due").AsString(), "start");
+  EXPECT_EQ(evals.front().Get("iter").AsInt(), 0);
   EXPECT_DOUBLE_EQ(evals.front().Get("top1").AsDouble(), whole_top1);
 }
 

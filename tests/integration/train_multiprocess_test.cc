@@ -54,7 +54,9 @@ class TrainProcessTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // The run config text; the coordinator and servers take ports free on this machine now.
+  // The run config text; the coordinator and servers take ports free on this machine now. Worker 0
+  // evaluates (eval.evaluator = false): most jobs here start their processes by hand
+  // (test::Job) or through --worker-cmd, which start no evaluator.
   std::string Config(const std::string& model, const std::string& mode, int workers, int servers, int batch,
                      int steps, double lr, int test_batches) {
     const int port = test::FreePortRange(1 + servers);
@@ -84,6 +86,7 @@ threads = 1
 train = "{}/train-images-idx3-ubyte.gz"
 test = "{}/t10k-images-idx3-ubyte.gz"
 [eval]
+evaluator = false
 every_steps = 0
 test_batches = {}
 [checkpoint]
@@ -226,32 +229,74 @@ TEST_F(TrainProcessTest, SyncTwoWorkersEqualsOneProcessWithDoubledBatch) {
   }
 }
 
-TEST_F(TrainProcessTest, AsyncFourWorkersConverge) {
+// The way users run a job (the launcher, no --worker-cmd): the run's evaluator process does every
+// evaluation, so no worker evaluates or waits; its update-driven evaluations are each of the
+// newest point the servers had passed, never more than one interval behind it, with the points
+// between two evaluations counted as skipped; the final one saw every update of every worker.
+TEST_F(TrainProcessTest, AsyncFourWorkersConvergeAndTheEvaluatorKeepsPace) {
   const std::string model = test::SourcePath("configs/models/fmnist_small.toml");
-  const std::string cfg = Write("async.toml", Config(model, "async", 4, 2, 64, 120, 0.01, 20));
+  constexpr int64_t kEvery = 60;  // worker batches: 7 points inside the run's 480
+  std::string text = Config(model, "async", 4, 2, 64, 120, 0.01, 20);
+  const std::string by_worker0 = "evaluator = false\n";
+  text.replace(text.find(by_worker0), by_worker0.size(), fmt::format("evaluator = true\nevery_updates = {}\n", kEvery));
+  const std::string cfg = Write("async.toml", text);
   const std::string run = (dir_ / "run").string();
   // No --tensors: the launcher derives the tensor list from the model config (the way users run it).
   ASSERT_EQ(Launch(cfg, run, "", ""), 0) << Log("launch.log");
   EXPECT_TRUE(fs::exists(run + "/tensors.txt"));
-  for (int w = 0; w < 4; ++w) EXPECT_EQ(Records(run, w, "done").size(), 1u) << "worker " << w;
-  const auto evals = Records(run, 0, "eval");
-  ASSERT_FALSE(evals.empty());
-  const double top1 = evals.back().Get("top1").AsDouble();
+  for (int w = 0; w < 4; ++w) {
+    const auto done = Records(run, w, "done");
+    ASSERT_EQ(done.size(), 1u) << "worker " << w;
+    EXPECT_TRUE(Records(run, w, "eval").empty()) << "worker " << w << " evaluated";
+    // Every worker trained the whole time: none spent any of it evaluating.
+    EXPECT_DOUBLE_EQ(done[0].Get("wall_s").AsDouble(), done[0].Get("train_s").AsDouble()) << "worker " << w;
+    EXPECT_TRUE(Records(run, w, "final_wait").empty()) << "worker " << w;
+  }
+  const auto evals = test::Metrics(run, "evaluator.jsonl", "eval");
+  ASSERT_GE(evals.size(), 2u) << Log("launch.log");
+  int64_t last_point = 0, points = 0;
+  for (size_t i = 0; i + 1 < evals.size(); ++i) {
+    const MetricRecord& e = evals[i];
+    SCOPED_TRACE(fmt::format("evaluation {}", i));
+    ASSERT_EQ(e.Get("due").AsString(), "updates");
+    const int64_t point = e.Get("due_iter").AsInt();
+    EXPECT_EQ(point % kEvery, 0);
+    EXPECT_GE(e.Get("lag_updates").AsInt(), 0);
+    EXPECT_LT(e.Get("lag_updates").AsInt(), kEvery) << "lagged more than one interval";
+    EXPECT_EQ(e.Get("iter").AsInt(), point + e.Get("lag_updates").AsInt());
+    EXPECT_EQ(e.Get("train_images").AsInt(), e.Get("iter").AsInt() * 64);
+    // The points between this evaluation and the last are the ones it says it skipped.
+    EXPECT_EQ((point - last_point) / kEvery - 1, e.Get("skipped").AsInt());
+    EXPECT_LT(point, 480) << "the run's last point is the final evaluation's";
+    last_point = point;
+    ++points;
+  }
+  EXPECT_GE(points, 1);
+  const MetricRecord& final_eval = evals.back();
+  ASSERT_TRUE(final_eval.Get("final").AsBool());
   // 4 × 120 × 64 = 30,720 images (half an epoch): the net is well past chance (10%).
-  EXPECT_GT(top1, 0.72) << "final test accuracy";
+  EXPECT_GT(final_eval.Get("top1").AsDouble(), 0.72) << "final test accuracy";
+  EXPECT_EQ(final_eval.Get("iter").AsInt(), 480);
+  EXPECT_NEAR(final_eval.Get("epoch").AsDouble(), 480.0 * 64 / 60000, 1e-9);
   // The final evaluation waited for every worker: it saw every update the servers applied (the
   // sum of the pulled chunk versions equals the servers' chunk updates), not a snapshot taken
   // while other workers were still pushing.
-  ASSERT_TRUE(evals.back().Get("final").AsBool());
-  int64_t applied = 0;
+  int64_t applied = 0, evaluator_pulls = 0, worker_pulls = 0;
   for (int s = 0; s < 2; ++s) {
     const auto end = ServerRecords(run, s, "server_end");
     ASSERT_EQ(end.size(), 1u) << "server " << s;
     applied += end[0].Get("chunk_updates").AsInt();
+    evaluator_pulls += end[0].Get("evaluator_pulls").AsInt();
+    worker_pulls += end[0].Get("pulls_served").AsInt();
   }
-  EXPECT_EQ(evals.back().Get("server_versions").AsInt(), applied);
-  EXPECT_EQ(Records(run, 0, "final_wait").size(), 1u);
+  EXPECT_EQ(final_eval.Get("server_versions").AsInt(), applied);
+  EXPECT_GT(evaluator_pulls, static_cast<int64_t>(evals.size())) << "probes and snapshots";
+  EXPECT_GT(worker_pulls, 0);
+  const auto done = test::Metrics(run, "evaluator.jsonl", "done");
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_DOUBLE_EQ(done[0].Get("final_top1").AsDouble(), final_eval.Get("top1").AsDouble());
   EXPECT_TRUE(fs::exists(run + "/model_final.dpt"));
+  EXPECT_NE(Log("launch.log").find("[evaluator] evaluator: final test accuracy"), std::string::npos);
 }
 
 TEST_F(TrainProcessTest, LauncherNamesAMissingModelConfigAndStartsNothing) {

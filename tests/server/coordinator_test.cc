@@ -414,6 +414,101 @@ TEST_F(CoordinatorTest, TheRunEndsWhenTheLastWorkerIsDone) {
   EXPECT_TRUE(Contains(w0->gone_workers(), 0));
 }
 
+// ---- issue 16: the evaluator process ----------------------------------------------------------
+
+// A run with an evaluator ends only once the evaluator is done too, after the workers; until
+// then its heartbeats hear the finished workers and how many are live (its cue for the final
+// evaluation).
+TEST_F(CoordinatorTest, ARunWithAnEvaluatorEndsWhenTheEvaluatorIsDone) {
+  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) { o->evaluator = true; });
+  RendezvousClient* server = Join(Role::kServer, 0);
+  server->StartHeartbeats({});
+  RendezvousInfo info;
+  RendezvousClient* ev = Join(Role::kEvaluator, 0, "", &info);
+  EXPECT_EQ(info.id, 0);
+  ASSERT_EQ(info.server_addresses.size(), 1u);
+  ev->StartHeartbeats({});
+  RendezvousClient* w0 = Join(Role::kWorker, 0);
+  RendezvousClient* w1 = Join(Role::kWorker, 1);
+  w0->StartHeartbeats({});
+  w1->StartHeartbeats({});
+  EXPECT_TRUE(Eventually([&] { return ev->live_workers() == 2; }, 2s));
+  ASSERT_TRUE(w0->AnnounceDone(2s).ok());
+  ASSERT_TRUE(w1->AnnounceDone(2s).ok());
+  EXPECT_TRUE(Eventually([&] { return ev->live_workers() == 0 && ev->gone_workers().size() == 2; }, 2s));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(coordinator_->shutting_down()) << "the evaluator has not made the final evaluation";
+  ASSERT_TRUE(ev->AnnounceDone(2s).ok());
+  EXPECT_TRUE(coordinator_->shutting_down());
+  EXPECT_TRUE(Eventually([&] { return server->shutdown_requested(); }, 2s));
+  EXPECT_EQ(CountEvents("evaluator_registered"), 1u);
+  EXPECT_EQ(CountEvents("evaluator_done"), 1u);
+}
+
+// A dead evaluator (silent past the timeout) does not hold the run forever, nor does one that
+// never registered; a second evaluator cannot take the id while the first heartbeats; a run
+// without one refuses it.
+TEST_F(CoordinatorTest, ADeadOrMissingEvaluatorDoesNotHoldTheRunAndOnlyOneIsTaken) {
+  Start(AccessPolicy{}, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->evaluator = true; });
+  RendezvousClient* server = Join(Role::kServer, 0);
+  server->StartHeartbeats({});
+  RendezvousClient* ev = Join(Role::kEvaluator, 0);
+  ev->StartHeartbeats({});
+  const Status second = TryJoin(Role::kEvaluator, 0, "");
+  EXPECT_FALSE(second.ok());
+  EXPECT_NE(second.message().find("held by another connection"), std::string::npos) << second.ToString();
+  EXPECT_FALSE(TryJoin(Role::kEvaluator, 3, "").ok());  // one evaluator per run, id 0
+  RendezvousClient* w0 = Join(Role::kWorker, 0);
+  w0->StartHeartbeats({});
+  ASSERT_TRUE(w0->AnnounceDone(2s).ok());
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(coordinator_->shutting_down());
+  clients_[1].reset();  // the evaluator dies
+  EXPECT_TRUE(Eventually([&] { return coordinator_->shutting_down(); }, 3s));
+  EXPECT_EQ(CountEvents("evaluator_dead"), 1u);
+
+  // Never registered: the run ends a timeout after the workers did.
+  Start(AccessPolicy{}, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->evaluator = true; });
+  server = Join(Role::kServer, 0);
+  server->StartHeartbeats({});
+  w0 = Join(Role::kWorker, 0);
+  w0->StartHeartbeats({});
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(w0->AnnounceDone(2s).ok());
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(coordinator_->shutting_down());
+  EXPECT_TRUE(Eventually([&] { return coordinator_->shutting_down(); }, 3s));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, options_.heartbeat_timeout);
+
+  // A run without an evaluator refuses one, naming the setting.
+  Start(AccessPolicy{}, /*workers=*/1);
+  const Status refused = TryJoin(Role::kEvaluator, 0, "");
+  EXPECT_NE(refused.message().find("eval.evaluator = false"), std::string::npos) << refused.ToString();
+}
+
+// Registering as the evaluator needs the run's secret (no keys) or the worker key.
+TEST_F(CoordinatorTest, TheEvaluatorRegistersWithTheSecretOrTheWorkerKeyOnly) {
+  static const std::string kSecret(64, 'e');
+  Start(AccessPolicy{false, kSecret, ""}, /*workers=*/1, /*servers=*/1,
+        [](CoordinatorOptions* o) { o->evaluator = true; });
+  EXPECT_FALSE(TryJoin(Role::kEvaluator, 0, "").ok());
+  EXPECT_FALSE(TryJoin(Role::kEvaluator, 0, "not the secret").ok());
+  Start(AccessPolicy{true, "", ""}, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->evaluator = true; });
+  for (const std::string role : {"", "server", "admin"}) {
+    auto p = Peer(role);
+    const MessageHeader r = Ask(p.get(), Message(MsgType::kRegister, Role::kEvaluator, 0));
+    EXPECT_EQ(r.type, MsgType::kError) << role;
+    EXPECT_NE(r.error_text.find("needs the 'worker' key"), std::string::npos) << r.error_text;
+  }
+  auto w = Peer("worker");
+  // No server registered yet: the reply waits (as a worker's does), so no error comes back.
+  Frames f(1);
+  ASSERT_TRUE(HeaderFrame(Message(MsgType::kRegister, Role::kEvaluator, 0), &f[0]).ok());
+  ASSERT_TRUE(w->Send(std::move(f)).ok());
+  Frames got;
+  EXPECT_EQ(w->Receive(&got, 300ms).code(), StatusCode::kTimeout);
+}
+
 // ---- issue 13: bounded state, changes only, restarts, joiners ---------------------------------
 
 TEST_F(CoordinatorTest, FiftyThousandMadeUpWorkerIdsAreRefusedWithBoundedTablesRepliesAndLogLines) {

@@ -92,6 +92,7 @@ TEST_F(LaunchTest, RunsAJobAndFillsTheRunDirectory) {
   ASSERT_TRUE(LoadRunConfig(test::SourcePath("configs/runs/default.toml"), &example).ok());
   example.cluster.servers = 3;
   example.cluster.workers = 2;
+  example.eval.evaluator = false;  // stand-in workers train nothing an evaluator could read
   EXPECT_EQ(stored, example);
   // One raw log per child.
   EXPECT_EQ(test::ReadFile(run + "/logs/worker-0.log"),

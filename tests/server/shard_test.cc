@@ -793,6 +793,95 @@ TEST_F(ShardFixture, ElasticExchangeToAPlainServerIsRefused) {
   EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kClock)], 1u);
 }
 
+// The evaluator (Role::kEvaluator): its pull of a sync shard is served at once while a worker's
+// pull for the next clock waits; it carries each chunk's lr-schedule iteration; it is counted as
+// an evaluator pull (not in pulls_served, not a DC-ASGD copy); and the evaluator can neither
+// push nor clock: weights unchanged.
+TEST_F(ShardFixture, EvaluatorSnapshotIsServedAtOnceAndTheEvaluatorCannotWrite) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 2;
+  StartShards({{"a", {16}, 1, 1}}, 2, 8, o);  // one chunk per server
+  auto c0 = Client(0), c1 = Client(1);
+  const size_t n = 16;
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(n, 10.0f)), 5000ms).ok());
+  std::vector<float> w(n);
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Pull(w, 0), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(n, 2.0f), 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Push(std::vector<float>(n, 4.0f), 0), 5000ms).ok());  // clock 0: 10 - 3
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(n, 2.0f), 1), 5000ms).ok());  // clock 1: half in
+  const RequestId waiting = c0->Pull(w, 2);  // must wait for worker 1's clock-1 gradient
+  EXPECT_EQ(c0->Wait(waiting, 100ms).code(), StatusCode::kTimeout);
+  const ShardStatsWire before0 = shards_[0]->Stats();
+
+  PsClientOptions eo;
+  eo.server_addresses = addresses_;
+  eo.role = Role::kEvaluator;
+  eo.reply_timeout = 10000ms;
+  std::unique_ptr<PsClient> ev;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, eo, &ev).ok());
+  ASSERT_TRUE(ev->Connect(5000ms).ok());
+  std::vector<float> snap(n);
+  ASSERT_TRUE(ev->Wait(ev->Pull(snap, 0), 1000ms).ok());  // at once, whatever the clock
+  EXPECT_EQ(snap, std::vector<float>(n, 7.0f));
+  // Sync: one averaged update of two workers' batches is iteration 2 (docs/config.md#solver).
+  EXPECT_EQ(ev->last_iters()[0], 2);
+  EXPECT_EQ(ev->last_iters()[1], 2);
+  EXPECT_EQ(c0->Wait(waiting, 50ms).code(), StatusCode::kTimeout);  // the worker still waits
+  const ShardStatsWire after0 = shards_[0]->Stats();
+  EXPECT_EQ(after0.evaluator_pulls, 1u);
+  EXPECT_EQ(after0.pulls_served, before0.pulls_served);
+  // Not a writer: pushes (init ones too) and clocks from the evaluator's connection are refused.
+  const std::vector<float> weights = AllWeights();
+  auto raw = std::make_unique<RawPeer>(&transport_, addresses_[0]);
+  MessageHeader reg;
+  reg.type = MsgType::kRegister;
+  reg.role = Role::kEvaluator;
+  reg.sender = 0;
+  reg.layout_hash = layout_.hash();
+  raw->Send(reg);
+  ASSERT_EQ(raw->Receive().type, MsgType::kRegisterReply);
+  for (uint32_t flags : {0u, kFlagInit}) {
+    MessageHeader push = reg;
+    push.type = MsgType::kPush;
+    push.flags = flags;
+    push.clock = 1;
+    push.chunk_ids = {0};
+    push.versions = {shards_[0]->ChunkVersion(0)};
+    push.elem_counts = {8};
+    push.byte_lengths = {32};
+    Frames payload;
+    const std::vector<float> g(8, 100.0f);
+    payload.push_back(Frame::Copy(g.data(), 32));
+    raw->Send(push, std::move(payload));
+    const MessageHeader r = raw->Receive();
+    EXPECT_EQ(r.type, MsgType::kError);
+    EXPECT_NE(r.error_text.find("not registered"), std::string::npos) << r.error_text;
+  }
+  MessageHeader clock = reg;
+  clock.type = MsgType::kClock;
+  clock.clock = 1;
+  raw->Send(clock);
+  EXPECT_EQ(raw->Receive().type, MsgType::kError);
+  EXPECT_EQ(AllWeights(), weights);
+  // A pull as the evaluator from a connection that did not register as one is refused.
+  auto stranger = std::make_unique<RawPeer>(&transport_, addresses_[0]);
+  MessageHeader pull = reg;
+  pull.type = MsgType::kPull;
+  stranger->Send(pull);
+  const MessageHeader refused = stranger->Receive();
+  EXPECT_EQ(refused.type, MsgType::kError);
+  EXPECT_NE(refused.error_text.find("not registered as the evaluator"), std::string::npos) << refused.error_text;
+  // The worker's clock completes as usual.
+  ASSERT_TRUE(c1->Wait(c1->Push(std::vector<float>(n, 4.0f), 1), 5000ms).ok());
+  ASSERT_TRUE(c0->Wait(waiting, 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n, 4.0f));
+}
+
 TEST_F(ShardFixture, SspPullWaitsForTheSlowestWorker) {
   ShardOptions o;
   o.solver.base_lr = 1.0f;
@@ -980,6 +1069,14 @@ TEST_F(ShardAccess, WithoutKeysAStrangerWithoutTheTokenCanDoNothing) {
   }
   EXPECT_EQ(Rejected(RejectReason::kUnauthorized), 9u);
   EXPECT_EQ(Rejected(RejectReason::kNotRegistered), 6u);
+  // Registering as the evaluator needs the secret too.
+  for (const std::string token : {"", "wrong-token"}) {
+    auto stranger = Peer("");
+    MessageHeader reg = Header(MsgType::kRegister, token);
+    reg.role = Role::kEvaluator;
+    ExpectRefused(stranger.get(), reg, token.empty() ? "no token" : "wrong token");
+  }
+  EXPECT_EQ(Rejected(RejectReason::kUnauthorized), 11u);
   ExpectNothingChanged();
   // Stats stay open (they change nothing).
   auto observer = Peer("");
@@ -1017,6 +1114,22 @@ TEST_F(ShardAccess, WithKeysEachRoleIsBoundToItsKey) {
     ExpectRefused(p.get(), Header(MsgType::kClock), "needs the 'worker' key");
   }
   EXPECT_EQ(Rejected(RejectReason::kUnauthorized), 6u + 12u);
+  // The evaluator registers with the worker key only.
+  for (const std::string role : {"", "server", "admin"}) {
+    SCOPED_TRACE("evaluator with key '" + role + "'");
+    auto p = Peer(role);
+    MessageHeader reg = Header(MsgType::kRegister, kSecret);
+    reg.role = Role::kEvaluator;
+    ExpectRefused(p.get(), reg, "needs the 'worker' key");
+  }
+  {
+    auto evaluator = Peer("worker", "127.0.0.7");
+    MessageHeader reg = Header(MsgType::kRegister);
+    reg.role = Role::kEvaluator;
+    evaluator->Send(reg);
+    EXPECT_EQ(evaluator->Receive().type, MsgType::kRegisterReply);
+  }
+  EXPECT_EQ(Rejected(RejectReason::kUnauthorized), 6u + 12u + 3u);
   // A worker key on a connection that did not register the id: refused as unregistered.
   auto other_worker = Peer("worker");
   ExpectRefused(other_worker.get(), Push(0), "not registered", Payload(std::vector<float>(8, 100.0f)));

@@ -157,3 +157,33 @@ def cluster_run(run_dirs, steps=100, t0=1000.0, omit=(), codes=None):
         append_launch(d, f"launch-{task}", launch_records(t0 - 3 + 0.1 * i, t_end + 1 + 0.1 * i,
                                                           task.replace("-", " "), (codes or {}).get(task, 0)))
     return placed
+
+
+def evaluator_run(run_dir, steps=100, t0=1000.0, every=40, workers=2, lag=3, eval_s=2.0, name="with-evaluator"):
+    """A finished 2 × 2 run evaluated by its evaluator process (eval.evaluator = true): workers
+    take a step per second and log no evaluations; metrics/evaluator.jsonl holds an evaluation
+    every `every` worker batches (all workers together), each `lag` batches past its point and
+    written `eval_s` after its snapshot was pulled, then the final one once both workers were done.
+    Returns the evaluator's eval records."""
+    write_config(run_dir, name=name)
+    with open(os.path.join(run_dir, "config.toml"), "a") as f:
+        f.write('\n[data]\ntest = "test_lmdb"\n\n[eval]\nevaluator = true\n')
+    for wid in range(workers):
+        append_jsonl(run_dir, f"worker-{wid}", worker_segment(wid, t0, 0, steps))
+    rec = lambda t, event, **fields: {"t": t, "role": "evaluator", "id": 0, "event": event, **fields}  # noqa: E731
+    evals, total = [], steps * workers
+    for point in range(every, total, every):
+        pulled = t0 + (point + lag) / workers  # workers together do `workers` batches per second
+        iter_ = point + lag
+        evals.append(rec(pulled + eval_s, "eval", final=False, due="updates", iter=iter_, iter_min=iter_ - 1,
+                         train_images=iter_ * BATCH, epoch=iter_ * BATCH / (SHARD * workers), due_iter=point,
+                         lag_updates=lag, skipped=0, eval_s=eval_s, test_loss=loss_at(iter_ / workers),
+                         top1=top1_at(iter_ / workers), top5=0.99, test_images=10000, server_versions=iter_))
+    t_end = t0 + steps
+    evals.append(rec(t_end + 0.5 + eval_s, "eval", final=True, due="final", iter=total, iter_min=total,
+                     train_images=total * BATCH, epoch=total * BATCH / (SHARD * workers), skipped=0, eval_s=eval_s,
+                     test_loss=loss_at(steps), top1=top1_at(steps), top5=0.99, test_images=10000,
+                     server_versions=total))
+    append_jsonl(run_dir, "evaluator", [rec(t0 - 0.5, "start", servers=2, workers=workers, every_updates=every)] +
+                 evals + [rec(t_end + 0.6 + eval_s, "done", final=True, final_top1=top1_at(steps))])
+    return evals

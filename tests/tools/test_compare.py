@@ -11,7 +11,8 @@ import unittest
 import fabricate as fab
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ALL_PLOTS = {"accuracy_vs_time.png", "accuracy_vs_epoch.png", "loss_vs_time.png", "loss_vs_epoch.png",
+ALL_PLOTS = {"accuracy_vs_time.png", "accuracy_vs_epoch.png", "accuracy_vs_images.png", "loss_vs_time.png",
+             "loss_vs_epoch.png",
              "throughput.png", "staleness_hist.png"}
 
 

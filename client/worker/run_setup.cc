@@ -1,0 +1,51 @@
+// run_setup.cc — see run_setup.h.
+#include "client/worker/run_setup.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "client/worker/loader_sources.h"
+#include "client/worker/worker_app.h"
+
+namespace downpour::worker {
+
+Status OpenTestSource(const RunConfig& c, int batch, int num_classes, std::unique_ptr<TestSource>* out) {
+  std::string labels;
+  if (IsIdxImagePath(c.data.test, &labels)) {
+    IdxSourceOptions o;
+    o.images_path = c.data.test;
+    o.labels_path = labels;
+    o.batch_size = batch;
+    o.scale = c.data.scale;
+    return OpenIdxTestSource(o, out);
+  }
+  return OpenLoaderTestSource(c, batch, num_classes, out);
+}
+
+engine::NetOptions NetOptionsFor(const RunConfig& c, int batch) {
+  engine::NetOptions o;
+  o.device = c.worker.device;
+  o.gpu_id = c.worker.gpu_index;
+  o.tf32 = c.worker.tf32;
+  o.conv_algo = c.worker.conv_algo;
+  o.threads = c.worker.threads;
+  o.batch = batch;
+  return o;
+}
+
+std::vector<std::string> ServerAddresses(const ClusterConfig& c, const std::string& run_dir) {
+  const std::string dir = std::filesystem::absolute(run_dir).lexically_normal().string();
+  std::vector<std::string> out;
+  for (int i = 0; i < c.servers; ++i) out.push_back(ServerAddress(c, dir, i));
+  return out;
+}
+
+std::chrono::milliseconds PullWait(const ClusterConfig& c) {
+  return std::chrono::milliseconds(std::max(120000, 4 * c.heartbeat_timeout_ms));
+}
+
+std::chrono::milliseconds RequestWait(const ClusterConfig& c) {
+  return PullWait(c) + std::chrono::milliseconds(c.server_wait_ms) + std::chrono::seconds(10);
+}
+
+}  // namespace downpour::worker

@@ -1,0 +1,42 @@
+// run_setup.h — what the worker and the evaluator process build alike from a run config: the
+// engine options, the test set, the servers' addresses and how long to wait for them.
+//
+// Thread-safety: free functions over values.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/engine/net.h"
+#include "client/worker/sources.h"
+#include "common/run_config.h"
+#include "common/status.h"
+
+namespace downpour::worker {
+
+inline constexpr int kEvalBatch = 100;  // test batches (divides the 10k Fashion-MNIST test set)
+
+// The test set data.test (an LMDB, or an IDX file pair), in batches of `batch`.
+Status OpenTestSource(const RunConfig& c, int batch, int num_classes, std::unique_ptr<TestSource>* out);
+
+// The engine options [worker] asks for, at batch size `batch`.
+engine::NetOptions NetOptionsFor(const RunConfig& c, int batch);
+
+// Server i listens on <bind>:<base_port + i> (the launcher's convention; a wildcard bind is
+// reached through loopback on this machine), or with cluster.transport = "ipc" at
+// ipc://<ipc_dir>/server-<i>.sock (common/run_config.h ServerAddress).
+std::vector<std::string> ServerAddresses(const ClusterConfig& c, const std::string& run_dir);
+
+// Sync/ssp pulls wait for the slowest live worker; a dead one is dropped after the heartbeat
+// timeout, so wait comfortably longer than that. This is how long a server that answers may
+// hold a request (PsClientOptions::reply_timeout).
+std::chrono::milliseconds PullWait(const ClusterConfig& c);
+
+// How long one request may take in all: a server may be away for up to server_wait_ms
+// (restarting) and then hold the request for up to PullWait, and the client's own error (naming
+// the server) should surface before the caller gives up.
+std::chrono::milliseconds RequestWait(const ClusterConfig& c);
+
+}  // namespace downpour::worker
