@@ -372,6 +372,7 @@ Status ReadData(TableReader& r, DataConfig* d) {
     }
   }
   DP_RETURN_IF_ERROR(r.Int("crop", &d->crop));
+  DP_RETURN_IF_ERROR(r.Int("pad", &d->pad));
   DP_RETURN_IF_ERROR(r.Bool("mirror", &d->mirror));
   DP_RETURN_IF_ERROR(r.String("mean_file", &d->mean_file));
   DP_RETURN_IF_ERROR(r.FloatList("mean_values", &d->mean_values));
@@ -697,6 +698,9 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(std::find(kConvAlgoNames.begin(), kConvAlgoNames.end(), wo.conv_algo) != kConvAlgoNames.end(),
              "worker.conv_algo", wo.conv_algo, "expected search, heuristic, gemm, implicit_gemm, fft or winograd")
       .Check(da.crop >= 0, "data.crop", da.crop, "must be >= 0 (0 = no crop)")
+      .Check(da.pad >= 0 && da.pad <= 64, "data.pad", da.pad, "must be in 0..64 (0 = no padding)")
+      .Check(da.pad == 0 || !(da.train.ends_with("idx3-ubyte") || da.train.ends_with("idx3-ubyte.gz")), "data.pad",
+             da.pad, "needs an LMDB data.train (IDX files are read without augmentation; downpour-data convert-idx)")
       .Check(da.scale > 0 && std::isfinite(da.scale), "data.scale", da.scale, "must be finite and > 0")
       .Check(da.prefetch >= 1, "data.prefetch", da.prefetch, "must be >= 1")
       .Check(da.mean_file.empty() || da.mean_values.empty(), "data.mean_values",
@@ -874,6 +878,7 @@ std::string ToToml(const RunConfig& c) {
   line("test", str(c.data.test));
   line("sharding", str(c.data.sharding == DataSharding::kSlice ? "slice" : "own"));
   line("crop", num(c.data.crop));
+  line("pad", num(c.data.pad));
   line("mirror", boolean(c.data.mirror));
   line("mean_file", str(c.data.mean_file));
   {

@@ -216,6 +216,8 @@ struct DataConfig {
   std::string test = "data-sets/fashion-mnist/test_lmdb";    // test LMDB path; "" = no test set
   DataSharding sharding = DataSharding::kSlice;  // TOML: sharding = "slice" | "own"
   int crop = 0;              // random crop side (center crop at test); 0 = no crop
+  int pad = 0;               // training: the random crop is taken from the record padded by
+                             // this many pixels each side (0 in the input); 0..64, LMDB only
   bool mirror = false;       // random horizontal flips during training
   std::string mean_file;     // mean image to subtract: a downpour tensor file or a Caffe
                              // .binaryproto (downpour-data mean); "" = none

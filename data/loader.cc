@@ -61,6 +61,7 @@ Status Loader::ValidateOptions() const {
   }
   if (o.batch_size < 1) return InvalidArgument("loader: batch_size is {}, must be >= 1", o.batch_size);
   if (o.crop < 0) return InvalidArgument("loader: crop is {}, must be >= 0", o.crop);
+  if (o.pad < 0 || o.pad > 64) return InvalidArgument("loader: pad is {}, must be in [0, 64]", o.pad);
   if (o.threads < 1 || o.threads > 256) {
     return InvalidArgument("loader: threads is {}, must be in [1, 256]", o.threads);
   }
@@ -314,8 +315,13 @@ Status Loader::LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, I
     return Corrupt("{}: size {}x{} differs from the mean image {}x{} ({})", where, v.h, v.w,
                    mean_.image_h, mean_.image_w, options_.mean_file);
   }
-  const CropChoice crop = ChooseCrop(v.h, v.w, out_h_, out_w_, options_.train, options_.mirror,
-                                     options_.seed ^ Mix64(options_.shard_index), epoch, position);
+  // Padding (training only): the crop is chosen in the padded image, then placed back in the
+  // record's coordinates, where it may reach past the edges by up to `pad` pixels.
+  const int pad = options_.train ? options_.pad : 0;
+  CropChoice crop = ChooseCrop(v.h + 2 * pad, v.w + 2 * pad, out_h_, out_w_, options_.train, options_.mirror,
+                               options_.seed ^ Mix64(options_.shard_index), epoch, position);
+  crop.y0 -= pad;
+  crop.x0 -= pad;
   TransformToFloat(v, crop, out_h_, out_w_, mean_, dst);
   *label = datum->label();
   return Status::Ok();

@@ -56,6 +56,11 @@ struct LoaderOptions {
   int shard_count = 1;            // W; 1 = read the whole LMDB (a worker's own shard)
   int batch_size = 64;            // N, images per batch
   int crop = 0;                   // square crop side (e.g. 227); 0 = whole image
+  // Training: the random crop is taken from the record padded by `pad` pixels on every side
+  // (padded pixels are 0 in the output: the mean, after subtraction), so with crop 0 the image
+  // keeps its size and moves by up to `pad` pixels each way (the CIFAR / Fashion-MNIST
+  // "random crop with padding"). Evaluation takes the same centre crop as without padding.
+  int pad = 0;
   bool train = true;              // true: random crop + mirror; false: centre crop, no mirror
   bool mirror = false;            // random horizontal flip (train only)
   std::string mean_file;          // mean image (mean_file.h); empty = none

@@ -31,6 +31,35 @@ CropChoice ChooseCrop(int h, int w, int crop_h, int crop_w, bool train, bool mir
 
 namespace {
 
+// A crop that reaches past the edges (padding): every pixel checked, outside ones 0.
+template <typename T>
+void TransformPadded(const ImageView& src, const T* pixels, const CropChoice& crop, int crop_h, int crop_w,
+                     const MeanSpec& mean, float* dst) {
+  for (int ch = 0; ch < src.c; ++ch) {
+    const float mv = mean.values.empty() ? 0.f
+                                         : mean.values[mean.values.size() == 1 ? 0 : size_t(ch)];
+    for (int y = 0; y < crop_h; ++y) {
+      const int sy = crop.y0 + y;
+      float* out = dst + (int64_t{ch} * crop_h + y) * crop_w;
+      if (sy < 0 || sy >= src.h) {
+        for (int x = 0; x < crop_w; ++x) out[x] = 0.f;
+        continue;
+      }
+      const T* row = pixels + ch * src.channel_stride + sy * src.row_stride;
+      const float* mrow = mean.image ? mean.image + (int64_t{ch} * src.h + sy) * src.w : nullptr;
+      for (int x = 0; x < crop_w; ++x) {
+        const int sx = crop.x0 + (crop.mirror ? crop_w - 1 - x : x);
+        if (sx < 0 || sx >= src.w) {
+          out[x] = 0.f;
+          continue;
+        }
+        const float m = mrow ? mrow[sx] : mv;
+        out[x] = (static_cast<float>(row[sx * src.col_stride]) - m) * mean.scale;
+      }
+    }
+  }
+}
+
 template <typename T>
 void TransformStrided(const ImageView& src, const T* pixels, const CropChoice& crop, int crop_h,
                       int crop_w, const MeanSpec& mean, float* dst) {
@@ -83,7 +112,13 @@ void TransformPlanarU8(const ImageView& src, const CropChoice& crop, int crop_h,
 
 void TransformToFloat(const ImageView& src, const CropChoice& crop, int crop_h, int crop_w,
                       const MeanSpec& mean, float* dst) {
-  if (src.u8 != nullptr && src.col_stride == 1 && src.row_stride == src.w) {
+  if (crop.y0 < 0 || crop.x0 < 0 || crop.y0 + crop_h > src.h || crop.x0 + crop_w > src.w) {
+    if (src.u8 != nullptr) {
+      TransformPadded(src, src.u8, crop, crop_h, crop_w, mean, dst);
+    } else {
+      TransformPadded(src, src.f32, crop, crop_h, crop_w, mean, dst);
+    }
+  } else if (src.u8 != nullptr && src.col_stride == 1 && src.row_stride == src.w) {
     TransformPlanarU8(src, crop, crop_h, crop_w, mean, dst);
   } else if (src.u8 != nullptr) {
     TransformStrided(src, src.u8, crop, crop_h, crop_w, mean, dst);

@@ -42,7 +42,8 @@ struct MeanSpec {
 };
 
 // Writes one image, planar c x crop_h x crop_w floats, into dst. The view and the mean image
-// must have the same c/h/w (checked by the caller).
+// must have the same c/h/w (checked by the caller). The crop may reach past the image's edges
+// (y0 / x0 negative, or y0 + crop_h > h: a padded crop); pixels outside the image are 0 in dst.
 void TransformToFloat(const ImageView& src, const CropChoice& crop, int crop_h, int crop_w,
                       const MeanSpec& mean, float* dst);
 

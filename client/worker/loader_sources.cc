@@ -122,6 +122,7 @@ Status OpenLoaderTrainSource(const RunConfig& c, int worker_id, bool shuffle, in
   }
   o.batch_size = c.worker.batch_size;
   o.crop = c.data.crop;
+  o.pad = c.data.pad;
   o.train = true;
   o.mirror = c.data.mirror;
   o.mean_file = c.data.mean_file;

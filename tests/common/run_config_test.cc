@@ -234,6 +234,13 @@ TEST(RunConfigTest, EasgdSettingsAreChecked) {
   EXPECT_FLOAT_EQ(EasgdAlpha(c.consistency, 3), 0.3f);  // the paper's beta / W, beta = 0.9
 }
 
+TEST(RunConfigTest, PaddingIsCheckedAndNeedsAnLmdb) {
+  EXPECT_THAT(ParseError("[data]\npad = 65\n"), HasSubstr("data.pad = 65: must be in 0..64"));
+  EXPECT_THAT(ParseError("[data]\npad = 2\ntrain = \"/x/train-images-idx3-ubyte.gz\"\n"),
+              HasSubstr("data.pad = 2: needs an LMDB data.train"));
+  EXPECT_EQ(ParseOk("[data]\npad = 2\n").data.pad, 2);
+}
+
 TEST(RunConfigTest, TheEvaluatorIsTheDefaultAndItsIntervalIsChecked) {
   EXPECT_THAT(ParseError("[eval]\nevery_updates = -1\n"), HasSubstr("eval.every_updates = -1: must be >= 0"));
   EXPECT_THAT(ParseError("[eval]\nevaluator = 1\n"), HasSubstr("eval.evaluator"));

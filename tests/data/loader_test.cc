@@ -239,6 +239,67 @@ TEST(Loader, CropsStayInsideTheImageAndMirrorAsCaffe) {
   EXPECT_LT(mirrored, 140);
 }
 
+// data.pad: raw (uint8, the Fashion-MNIST path) 8 x 8 records whose pixel (y, x) is 1 + 8y + x;
+// with pad 2 and no crop every training image is the record moved by (dy, dx) in [-2, 2]^2,
+// uncovered pixels 0; all 25 moves occur; evaluation (and pad 0) leave the record as it is.
+TEST(Loader, PaddedCropsShiftTheImageAndFillWithZeros) {
+  TempDir dir;
+  constexpr int kSide = 8, kPad = 2;
+  {
+    std::unique_ptr<LmdbWriter> writer;
+    ASSERT_TRUE(LmdbWriter::Create(dir / "db", &writer).ok());
+    std::vector<uint8_t> px(kSide * kSide);
+    for (int p = 0; p < kSide * kSide; ++p) px[static_cast<size_t>(p)] = static_cast<uint8_t>(1 + p);
+    for (int i = 0; i < 50; ++i) ASSERT_TRUE(writer->Put(RecordKey(i, "r"), MakeRawDatum(1, kSide, kSide, px.data(), i)).ok());
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  auto expected = [](int y, int x, int dy, int dx) {
+    const int sy = y + dy, sx = x + dx;
+    return sy < 0 || sx < 0 || sy >= kSide || sx >= kSide ? 0.0f : static_cast<float>(1 + kSide * sy + sx);
+  };
+  LoaderOptions o;
+  o.db_path = dir / "db";
+  o.batch_size = 10;
+  o.pad = kPad;
+  o.seed = 9;
+  o.epochs = 6;
+  Loader loader(o);
+  ASSERT_TRUE(loader.Open().ok()) << loader.status().ToString();
+  std::set<std::pair<int, int>> moves;
+  int images = 0;
+  while (const Batch* b = loader.Next()) {
+    for (int i = 0; i < b->n; ++i) {
+      const float* img = b->data + size_t(i) * kSide * kSide;
+      // The move: the one (dy, dx) that explains the centre pixel (never padding with pad 2).
+      const int centre = static_cast<int>(img[4 * kSide + 4]) - 1;
+      const int dy = centre / kSide - 4, dx = centre % kSide - 4;
+      ASSERT_LE(std::abs(dy), kPad);
+      ASSERT_LE(std::abs(dx), kPad);
+      for (int y = 0; y < kSide; ++y)
+        for (int x = 0; x < kSide; ++x) ASSERT_EQ(img[y * kSide + x], expected(y, x, dy, dx)) << y << "," << x;
+      moves.insert({dy, dx});
+      ++images;
+    }
+    loader.Release(b);
+  }
+  EXPECT_EQ(images, 300);
+  EXPECT_EQ(moves.size(), 25u) << "every move of up to 2 pixels each way";
+  // Evaluation takes the record as it is, padded or not.
+  LoaderOptions e = EvalOptions(dir / "db", 10, 0);
+  e.pad = kPad;
+  Loader eval(e);
+  ASSERT_TRUE(eval.Open().ok()) << eval.status().ToString();
+  const Batch* b = eval.Next();
+  ASSERT_NE(b, nullptr);
+  for (int y = 0; y < kSide; ++y)
+    for (int x = 0; x < kSide; ++x) EXPECT_EQ(b->data[y * kSide + x], expected(y, x, 0, 0));
+  eval.Release(b);
+  LoaderOptions bad = o;
+  bad.pad = -1;
+  Loader refused(bad);
+  EXPECT_NE(refused.Open().message().find("pad is -1"), std::string::npos);
+}
+
 TEST(Loader, EvalIsCentreCropInKeyOrderWithMeanImageAndScale) {
   TempDir dir;
   WriteCoordinateDb(dir / "db", 3, 9, 8);

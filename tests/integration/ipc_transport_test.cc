@@ -87,7 +87,8 @@ TEST_F(IpcJobTest, JobOverIpcTrainsSurvivesAServerKillAndLeavesNoSocketFile) {
     ASSERT_EQ(done.size(), 1u) << "worker " << w;
     EXPECT_EQ(done[0].Get("steps").AsInt(), kSteps) << "worker " << w;
   }
-  const auto evals = test::Metrics(run, "worker-0.jsonl", "eval");
+  // The evaluator read the servers over ipc too.
+  const auto evals = test::Metrics(run, "evaluator.jsonl", "eval");
   ASSERT_FALSE(evals.empty());
   ASSERT_TRUE(evals.back().Get("final").AsBool());
   // 2 × 150 × 32 = 9,600 images: well past chance (10%).
