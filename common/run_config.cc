@@ -530,6 +530,12 @@ std::string AlgorithmString(Algorithm a) {
   return "sgd";
 }
 
+SolverConfig RunSolver(const RunConfig& config, bool local) {
+  SolverConfig s = config.solver;
+  if (s.max_iter == 0) s.max_iter = std::max<int64_t>(1, config.worker.steps * (local ? 1 : std::max(1, config.cluster.workers)));
+  return s;
+}
+
 bool RunHasEvaluator(const RunConfig& config) { return config.eval.evaluator && !config.data.test.empty(); }
 
 int64_t EvaluatorEveryUpdates(const RunConfig& config) {
@@ -649,7 +655,9 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(so.power >= 0 && std::isfinite(so.power), "solver.power", so.power,
              "must be finite and >= 0")
       .Check(so.stepsize > 0, "solver.stepsize", so.stepsize, "must be > 0")
-      .Check(so.max_iter > 0, "solver.max_iter", so.max_iter, "must be > 0")
+      .Check(so.max_iter >= 0, "solver.max_iter", so.max_iter, "must be >= 0 (0 = the run's planned worker batches)")
+      .Check(so.max_iter > 0 || so.lr_policy != LrPolicy::kPoly || c.worker.epochs == 0, "solver.max_iter",
+             so.max_iter, "0 (the run's length) needs a run counted in worker.steps, not worker.epochs")
       .Check(so.momentum >= 0 && so.momentum < 1, "solver.momentum", so.momentum,
              "must be in [0, 1)")
       .Check(so.weight_decay >= 0 && std::isfinite(so.weight_decay), "solver.weight_decay",

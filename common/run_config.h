@@ -131,7 +131,8 @@ struct SolverConfig {
   float power = 1.0f;                // exponent for poly and inv (>= 0)
   int64_t stepsize = 1000;           // iterations per step for "step" (> 0)
   std::vector<int64_t> stepvalues;   // strictly increasing iterations for "multistep" (non-empty then)
-  int64_t max_iter = 10000;          // horizon of "poly": lr reaches 0 at iter = max_iter (> 0)
+  int64_t max_iter = 10000;          // horizon of "poly": lr reaches 0 at iter = max_iter (>= 0;
+                                     // 0 = the run's planned worker batches, RunSolver)
   float momentum = 0.9f;             // in [0, 1)
   float weight_decay = 0.0005f;      // L2 coefficient (>= 0), times each tensor's decay_mult
   float clip_gradients = -1.0f;      // global L2-norm threshold, applied by each worker to its
@@ -345,6 +346,11 @@ inline constexpr int64_t kLargeFrameBytes = int64_t{32} << 20;
 // Every field, as TOML that ParseRunConfig reads back to an equal RunConfig (the run
 // directory stores the config used this way).
 std::string ToToml(const RunConfig& config);
+
+// The solver a run's processes use: config.solver, with a poly max_iter of 0 resolved to the
+// run's planned worker batches (worker.steps × cluster.workers; `local`: worker.steps, the one
+// process's own), so the rate reaches 0 at the last step however many workers the run has.
+SolverConfig RunSolver(const RunConfig& config, bool local = false);
 
 // Whether a distributed run of `config` has an evaluator process: eval.evaluator and a test set
 // (data.test). The launcher starts downpour-evaluator then, and worker 0 does not evaluate.

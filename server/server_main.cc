@@ -124,7 +124,7 @@ Status Run(const Flags& f, bool* serving) {
   o.access.keyed = net.keyed;
   o.access.run_secret = net.token;
   o.access.run_dir = f.run_dir;
-  o.solver = cfg.solver;
+  o.solver = RunSolver(cfg);  // a poly max_iter of 0: the run's planned batches
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
   o.batches_per_push = cfg.worker.push_every;

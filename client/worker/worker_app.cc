@@ -517,7 +517,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   }
   to.worker = config.worker;
   to.eval = config.eval;
-  to.solver = config.solver;
+  to.solver = RunSolver(config, a.local);  // a poly max_iter of 0: the run's planned batches
   // Sync servers hold a pull until the clock is complete, so sync keeps the blocking pull.
   to.overlap_pull = a.overlap && config.consistency.mode != ConsistencyMode::kSync;
   to.factors = config.compression.factors;

@@ -22,6 +22,9 @@ float LearningRateAt(const SolverConfig& s, int64_t iter) {
       return static_cast<float>(base * std::pow(gamma, static_cast<double>(k)));
     }
     case LrPolicy::kPoly: {
+      // max_iter 0 means "the run's length" and is resolved by RunSolver before use; unresolved,
+      // the rate stays at base_lr rather than dividing by zero.
+      if (s.max_iter <= 0) return static_cast<float>(base);
       const double frac = 1.0 - it / static_cast<double>(s.max_iter);
       return static_cast<float>(base * std::pow(std::max(frac, 0.0), power));
     }

@@ -1,6 +1,7 @@
 // Tests for common/run_config.h: defaults, every section parsed, bad input rejected with the
 // file, the table.key and the value, and ToToml round trips.
 #include "common/run_config.h"
+#include "common/solver/lr_policy.h"
 
 #include <filesystem>
 #include <string>
@@ -232,6 +233,17 @@ TEST(RunConfigTest, EasgdSettingsAreChecked) {
   EXPECT_EQ(c.consistency.algorithm, Algorithm::kEasgd);
   EXPECT_EQ(c.consistency.easgd_tau, 8);
   EXPECT_FLOAT_EQ(EasgdAlpha(c.consistency, 3), 0.3f);  // the paper's beta / W, beta = 0.9
+}
+
+TEST(RunConfigTest, PolyMaxIterZeroIsTheRunsPlannedBatches) {
+  const RunConfig c = ParseOk("[solver]\nlr_policy = \"poly\"\nmax_iter = 0\n[cluster]\nworkers = 4\n[worker]\nsteps = 300\n");
+  EXPECT_EQ(RunSolver(c).max_iter, 1200);
+  EXPECT_EQ(RunSolver(c, /*local=*/true).max_iter, 300);
+  EXPECT_FLOAT_EQ(LearningRateAt(RunSolver(c), 600), c.solver.base_lr * 0.5f);
+  EXPECT_EQ(RunSolver(ParseOk("[solver]\nmax_iter = 77\n")).max_iter, 77);  // explicit: kept
+  EXPECT_THAT(ParseError("[solver]\nlr_policy = \"poly\"\nmax_iter = 0\n[worker]\nepochs = 2\n"),
+              HasSubstr("solver.max_iter = 0: 0 (the run's length) needs a run counted in worker.steps"));
+  EXPECT_THAT(ParseError("[solver]\nmax_iter = -1\n"), HasSubstr("solver.max_iter = -1: must be >= 0"));
 }
 
 TEST(RunConfigTest, PaddingIsCheckedAndNeedsAnLmdb) {
