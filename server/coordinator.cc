@@ -295,6 +295,11 @@ void Coordinator::ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const Me
   Reply(ep, peer, r);
 }
 
+std::chrono::milliseconds Coordinator::TakeoverSilence(const PeerInfo& info) const {
+  return Authenticated(options_.access, info) ? std::min(2 * options_.heartbeat_interval, options_.heartbeat_timeout)
+                                              : options_.heartbeat_timeout;
+}
+
 Status Coordinator::CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer,
                                 std::chrono::milliseconds silence) const {
   if (!holder.bound || holder.peer == peer) return Status::Ok();
@@ -344,10 +349,7 @@ Status Coordinator::RegisterServer(ServerEndpoint* ep, const PeerId& peer, const
   Holder& holder = server_holders_[static_cast<size_t>(h.sender)];
   // A restarted server, proven a server, takes its id over as soon as the old holder has missed
   // two heartbeats; anyone else waits for the full timeout of silence.
-  const auto silence =
-      Authenticated(options_.access, info) ? std::min(2 * options_.heartbeat_interval, options_.heartbeat_timeout)
-                                           : options_.heartbeat_timeout;
-  DP_RETURN_IF_ERROR(CheckRebind("server", h.sender, holder, peer, silence));
+  DP_RETURN_IF_ERROR(CheckRebind("server", h.sender, holder, peer, TakeoverSilence(info)));
   holder = Holder{true, peer, Clock::now()};
   server_addresses_[static_cast<size_t>(h.sender)] = h.text;  // a restarted server re-registers
   spdlog::info("coordinator: server {} at {} registered from {}", h.sender, h.text, DescribePeer(info));
@@ -380,10 +382,7 @@ Status Coordinator::RegisterEvaluator(ServerEndpoint* ep, const PeerId& peer, co
     return InvalidArgument("register refused: evaluator id {}: a run has one evaluator, id 0", h.sender);
   }
   // A restarted evaluator that proves its role takes the id over after two missed heartbeats.
-  const auto silence =
-      Authenticated(options_.access, info) ? std::min(2 * options_.heartbeat_interval, options_.heartbeat_timeout)
-                                           : options_.heartbeat_timeout;
-  DP_RETURN_IF_ERROR(CheckRebind("evaluator", 0, evaluator_.holder, peer, silence));
+  DP_RETURN_IF_ERROR(CheckRebind("evaluator", 0, evaluator_.holder, peer, TakeoverSilence(info)));
   evaluator_.holder = Holder{true, peer, Clock::now()};
   evaluator_.silent = false;
   spdlog::info("coordinator: the evaluator registered from {}", DescribePeer(info));

@@ -186,6 +186,9 @@ class Coordinator {
   // (for longer than `silence`).
   Status CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer,
                      std::chrono::milliseconds silence) const;
+  // The silence after which a server or the evaluator that proved its role (keys, or the run's
+  // secret) takes its id over from its old holder: two heartbeat intervals; else the timeout.
+  std::chrono::milliseconds TakeoverSilence(const PeerInfo& info) const;
   Status NoteHeartbeat(const PeerId& peer, const MessageHeader& h);
   // Fills the reply's gone lists and seq for a sender that has seen `h.gone_seq`.
   void FillChanges(const MessageHeader& h, MessageHeader* r) const;

@@ -456,17 +456,7 @@ Status ShardServer::CheckReader(const PeerId& peer, const MessageHeader& h, Reje
     return FailedPrecondition("pull: this connection is not registered as the evaluator with server {}",
                               options_.server_id);
   }
-  if (h.layout_hash != layout_.hash()) {
-    *reason = RejectReason::kLayoutHash;
-    return FailedPrecondition("pull: layout hash {:#018x} differs from server {}'s {:#018x}", h.layout_hash,
-                              options_.server_id, layout_.hash());
-  }
-  if (h.model_id != options_.model_id) {
-    *reason = RejectReason::kModelId;
-    return InvalidArgument("pull: model id {} is not served by server {} (serves {})", h.model_id,
-                           options_.server_id, options_.model_id);
-  }
-  return Status::Ok();
+  return CheckLayoutAndModel(h, reason);
 }
 
 void ShardServer::OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
@@ -533,6 +523,17 @@ Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, Reje
     return FailedPrecondition("{}: sender {} is not registered with server {} on this connection", MsgTypeName(h.type),
                               h.sender, options_.server_id);
   }
+  DP_RETURN_IF_ERROR(CheckLayoutAndModel(h, reason));
+  // A clock is a count of iterations: the consistency arithmetic (clock + 1, clock - s) must not
+  // overflow on a forged one.
+  if (h.clock < 0 || h.clock > kMaxClock) {
+    *reason = RejectReason::kClock;
+    return InvalidArgument("{}: clock {} is outside 0..{}", MsgTypeName(h.type), h.clock, kMaxClock);
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::CheckLayoutAndModel(const MessageHeader& h, RejectReason* reason) const {
   if (h.layout_hash != layout_.hash()) {
     *reason = RejectReason::kLayoutHash;
     return FailedPrecondition("{}: layout hash {:#018x} differs from server {}'s {:#018x}", MsgTypeName(h.type),
@@ -542,12 +543,6 @@ Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, Reje
     *reason = RejectReason::kModelId;
     return InvalidArgument("{}: model id {} is not served by server {} (serves {})", MsgTypeName(h.type),
                            h.model_id, options_.server_id, options_.model_id);
-  }
-  // A clock is a count of iterations: the consistency arithmetic (clock + 1, clock - s) must not
-  // overflow on a forged one.
-  if (h.clock < 0 || h.clock > kMaxClock) {
-    *reason = RejectReason::kClock;
-    return InvalidArgument("{}: clock {} is outside 0..{}", MsgTypeName(h.type), h.clock, kMaxClock);
   }
   return Status::Ok();
 }

@@ -303,6 +303,8 @@ class ShardServer {
   Status RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
                         RejectReason* reason);
   Status CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
+  // The layout hash and model id of a worker's or the evaluator's message are this server's.
+  Status CheckLayoutAndModel(const MessageHeader& h, RejectReason* reason) const;
   std::vector<std::deque<PeerId>> peers_of_worker_;  // per worker id, oldest first (bounds registered_)
   // Registered connections' shared regions: [push area | pull area], each share_floats_ floats.
   // Bounded like registered_ (a region goes with its connection).

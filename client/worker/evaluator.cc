@@ -9,7 +9,6 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 #include "client/engine/net.h"
@@ -237,28 +236,8 @@ Status RunEvaluator(const EvaluatorArgs& args, EvaluatorResult* result, bool* st
   const auto wait = RequestWait(config.cluster);
   std::unique_ptr<PsClient> client;
   DP_RETURN_IF_ERROR(PsClient::Create(transport.get(), layout, po, &client));
-  // A restarted server at another address is followed there (as a worker does): the heartbeat
-  // thread reaches the client through a slot emptied, under its lock, before the client goes.
-  struct ClientSlot {
-    std::mutex mu;
-    PsClient* client = nullptr;
-  };
-  auto slot = std::make_shared<ClientSlot>();
-  slot->client = client.get();
-  link->OnServerMoved([slot](int32_t server, const std::string& address) {
-    std::lock_guard<std::mutex> lock(slot->mu);
-    if (slot->client == nullptr) return;
-    spdlog::info("evaluator: server {} is now at {}", server, address);
-    const Status s = slot->client->SetServerAddress(server, address);
-    if (!s.ok()) spdlog::warn("evaluator: cannot follow server {} to {}: {}", server, address, s.ToString());
-  });
-  struct SlotReset {
-    std::shared_ptr<ClientSlot> slot;
-    ~SlotReset() {
-      std::lock_guard<std::mutex> lock(slot->mu);
-      slot->client = nullptr;
-    }
-  } slot_reset{slot};
+  // A restarted server at another address is followed there, as a worker does.
+  const ServerMoveFollower follow(link.get(), client.get(), "evaluator");
   link->StartHeartbeats({});
   DP_RETURN_IF_ERROR(client->Connect(wait));
 

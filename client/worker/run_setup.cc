@@ -1,6 +1,8 @@
 // run_setup.cc — see run_setup.h.
 #include "client/worker/run_setup.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -46,6 +48,23 @@ std::chrono::milliseconds PullWait(const ClusterConfig& c) {
 
 std::chrono::milliseconds RequestWait(const ClusterConfig& c) {
   return PullWait(c) + std::chrono::milliseconds(c.server_wait_ms) + std::chrono::seconds(10);
+}
+
+ServerMoveFollower::ServerMoveFollower(RendezvousClient* link, PsClient* client, std::string who)
+    : slot_(std::make_shared<Slot>()) {
+  slot_->client = client;
+  link->OnServerMoved([slot = slot_, who = std::move(who)](int32_t server, const std::string& address) {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    if (slot->client == nullptr) return;
+    spdlog::info("{}: server {} is now at {}", who, server, address);
+    const Status s = slot->client->SetServerAddress(server, address);
+    if (!s.ok()) spdlog::warn("{}: cannot follow server {} to {}: {}", who, server, address, s.ToString());
+  });
+}
+
+ServerMoveFollower::~ServerMoveFollower() {
+  std::lock_guard<std::mutex> lock(slot_->mu);
+  slot_->client = nullptr;
 }
 
 }  // namespace downpour::worker

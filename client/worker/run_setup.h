@@ -6,11 +6,14 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "client/engine/net.h"
+#include "client/ps/ps_client.h"
 #include "client/worker/sources.h"
+#include "common/rendezvous.h"
 #include "common/run_config.h"
 #include "common/status.h"
 
@@ -38,5 +41,25 @@ std::chrono::milliseconds PullWait(const ClusterConfig& c);
 // (restarting) and then hold the request for up to PullWait, and the client's own error (naming
 // the server) should surface before the caller gives up.
 std::chrono::milliseconds RequestWait(const ClusterConfig& c);
+
+// Follows servers that restart at another address (the coordinator's heartbeat replies say so):
+// `link`'s heartbeat thread moves `client`'s link to the new address, logging as `who`
+// ("worker 3", "evaluator"). The heartbeat thread outlives the client: it reaches it through a
+// slot that this object empties, under its lock, when it is destroyed — so destroy it before
+// the client.
+class ServerMoveFollower {
+ public:
+  ServerMoveFollower(RendezvousClient* link, PsClient* client, std::string who);
+  ~ServerMoveFollower();
+  ServerMoveFollower(const ServerMoveFollower&) = delete;
+  ServerMoveFollower& operator=(const ServerMoveFollower&) = delete;
+
+ private:
+  struct Slot {
+    std::mutex mu;
+    PsClient* client = nullptr;
+  };
+  std::shared_ptr<Slot> slot_;
+};
 
 }  // namespace downpour::worker

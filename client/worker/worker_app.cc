@@ -268,28 +268,8 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   std::unique_ptr<PsClient> client;
   DP_RETURN_IF_ERROR(PsClient::Create(cluster->transport.get(), layout, po, &client));
   // A server restarted at another address (the coordinator's heartbeat replies say so) is
-  // followed there. The heartbeat thread outlives this client: it reaches it through a slot
-  // that is emptied, under its lock, before the client goes.
-  struct ClientSlot {
-    std::mutex mu;
-    PsClient* client = nullptr;
-  };
-  auto slot = std::make_shared<ClientSlot>();
-  slot->client = client.get();
-  link->OnServerMoved([slot, id = args.id](int32_t server, const std::string& address) {
-    std::lock_guard<std::mutex> lock(slot->mu);
-    if (slot->client == nullptr) return;
-    spdlog::info("worker {}: server {} is now at {}", id, server, address);
-    const Status s = slot->client->SetServerAddress(server, address);
-    if (!s.ok()) spdlog::warn("worker {}: cannot follow server {} to {}: {}", id, server, address, s.ToString());
-  });
-  struct SlotReset {
-    std::shared_ptr<ClientSlot> slot;
-    ~SlotReset() {
-      std::lock_guard<std::mutex> lock(slot->mu);
-      slot->client = nullptr;
-    }
-  } slot_reset{slot};
+  // followed there.
+  const ServerMoveFollower follow(link, client.get(), fmt::format("worker {}", args.id));
   DP_RETURN_IF_ERROR(client->Connect(wait));
   // Every worker offers the same seeded initial weights; servers keep the first and pulls
   // wait until every chunk has weights (restored servers ignore them all).
