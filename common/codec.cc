@@ -150,6 +150,7 @@ Status DecodeInto(cw::Header::Reader r, MessageHeader* out) {
   h.versions = ReadList<int64_t>(r.getVersions());
   h.staleness = ReadList<int64_t>(r.getStaleness());
   h.iters = ReadList<int64_t>(r.getScheduleIters());
+  h.move_batches = r.getMoveBatches();
   h.dtype = static_cast<DType>(dtype);
   h.encoding = static_cast<Encoding>(enc);
   h.elem_counts = ReadList<uint64_t>(r.getElemCounts());
@@ -208,6 +209,7 @@ Status EncodeHeader(const MessageHeader& h, std::string* out) {
   if (!h.versions.empty()) FillList(b.initVersions(n(h.versions)), h.versions);
   if (!h.staleness.empty()) FillList(b.initStaleness(n(h.staleness)), h.staleness);
   if (!h.iters.empty()) FillList(b.initScheduleIters(n(h.iters)), h.iters);
+  b.setMoveBatches(h.move_batches);
   b.setDtype(static_cast<cw::DType>(h.dtype));
   b.setEncoding(static_cast<cw::Encoding>(h.encoding));
   if (!h.elem_counts.empty()) FillList(b.initElemCounts(n(h.elem_counts)), h.elem_counts);

@@ -92,6 +92,14 @@ inline constexpr uint32_t kFlagShm = 1u << 3;
 // α(x_worker − x_center) for each chunk, which the server adds to its weights as it is (no
 // learning rate, momentum or decay). Refused by a server whose run is not EASGD, and vice versa.
 inline constexpr uint32_t kFlagElastic = 1u << 4;
+// push: a model moves on (multi-model runs, common/rotation.h): a stage of local training ended
+// and the payload is, per chunk, the change of the weights over the stage divided by the stage's
+// group size (w_end − w_pulled) / g, which the server adds as it is (no learning rate, momentum
+// or decay) and counts as one update; header.move_batches (>= 1) is the batches trained, by
+// which the chunks' lr-schedule iteration advances. Taken only by a multi-model server
+// (ShardOptions::model_moves).
+inline constexpr uint32_t kFlagMove = 1u << 5;
+inline constexpr uint32_t kMaxMoveBatches = 1u << 24;  // a move push's move_batches: 1..this
 
 struct ShardStatsWire {
   uint64_t pushes_received = 0;
@@ -142,6 +150,7 @@ struct MessageHeader {
   uint32_t factor_batch = 0;        // push with factor chunks: rows of delta / activations
   std::vector<int64_t> staleness;   // ack of a gradient push: per chunk, as the server measured (-1: not applied)
   std::vector<int64_t> iters;       // pull reply: per chunk, its lr-schedule iteration (batches applied)
+  uint32_t move_batches = 0;        // push with kFlagMove: batches the stage trained
 
   uint16_t error_code = 0;  // StatusCode
   std::string error_text;

@@ -2,6 +2,7 @@
 #include "common/layout.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -105,6 +106,15 @@ Status ParamLayout::Build(std::vector<TensorSpec> specs, int servers, int64_t ch
   l.hash_ = h.value();
   *out = std::move(l);
   return Status::Ok();
+}
+
+uint64_t CombinedLayoutHash(std::span<const ParamLayout> layouts) {
+  if (layouts.size() == 1) return layouts[0].hash();
+  Fnv64 h;
+  h.Str("models");
+  h.I64(static_cast<int64_t>(layouts.size()));
+  for (const ParamLayout& l : layouts) h.I64(static_cast<int64_t>(l.hash()));
+  return h.value();
 }
 
 int64_t ParamLayout::ServerElems(int s) const {
@@ -223,6 +233,18 @@ Status ResolveTensorList(const std::string& tensors_file, const std::string& mod
   }
   if (model.empty()) return InvalidArgument("the model's tensor list is needed: give --tensors <file> or --model alexnet-shapes");
   return InvalidArgument("--model '{}' is not built in (known: alexnet-shapes); use --tensors <file>", model);
+}
+
+std::string ModelTensorListPath(const std::string& dir, int model) {
+  return (std::filesystem::path(dir) / ("tensors-model-" + std::to_string(model) + ".txt")).string();
+}
+
+Status LoadModelTensorLists(const std::string& dir, int models, std::vector<std::vector<TensorSpec>>* out) {
+  out->assign(static_cast<size_t>(models), {});
+  for (int k = 0; k < models; ++k) {
+    DP_RETURN_IF_ERROR(LoadTensorList(ModelTensorListPath(dir, k), &(*out)[static_cast<size_t>(k)]));
+  }
+  return Status::Ok();
 }
 
 }  // namespace downpour

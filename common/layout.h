@@ -78,6 +78,10 @@ class ParamLayout {
   uint64_t hash_ = 0;
 };
 
+// The layout hash a multi-model run's processes compare at rendezvous (server/model_host.h):
+// one layout's own hash, or for K > 1 a hash of every model's layout hash in model-id order.
+uint64_t CombinedLayoutHash(std::span<const ParamLayout> layouts);
+
 // The learnable tensors of AlexNet (Caffe's bvlc_alexnet, grouped conv2/4/5): 16 tensors,
 // 60,965,224 floats. Weights lr_mult 1 decay 1, biases lr_mult 2 decay 0. Used by tests,
 // benchmarks and `--model alexnet-shapes`.
@@ -99,5 +103,10 @@ namespace downpour {
 // Exactly one of them must be given; errors name the flag.
 Status ResolveTensorList(const std::string& tensors_file, const std::string& model,
                          std::vector<TensorSpec>* out);
+
+// A multi-model run's tensor lists ([[models]]): model k's is <dir>/tensors-model-<k>.txt, which
+// downpour-launch writes into the run directory (downpour-worker --write-tensors per model config).
+std::string ModelTensorListPath(const std::string& dir, int model);
+Status LoadModelTensorLists(const std::string& dir, int models, std::vector<std::vector<TensorSpec>>* out);
 
 }  // namespace downpour

@@ -158,4 +158,6 @@ struct Header {
                                # push); empty for init pushes and resent duplicates
   scheduleIters @40 :List(Int64);  # pull reply, one per chunk id: the chunk's lr-schedule iteration
                                # (worker batches applied to it, docs/config.md#solver) when served
+  moveBatches @41 :UInt32;     # push with the move flag (a multi-model run's stage ends): the worker
+                               # batches the stage trained; the chunks' lr-schedule iteration advances by it
 }

@@ -56,6 +56,7 @@ std::string NodeText(const toml::node& node) {
     return out + "]";
   }
   if (node.is_table()) return "{...}";
+  if (const auto* d = node.as_floating_point()) return fmt::format("{}", d->get());  // shortest: 0.1, not 0.1000...01
   std::ostringstream os;
   node.visit([&os](const auto& v) { os << v; });
   return os.str();
@@ -479,6 +480,140 @@ std::string FloatText(T v) {
   return s;
 }
 
+constexpr std::string_view kRotationSchemeNames[] = {"pipeline", "sequential", "independent"};
+
+Status ReadRotation(TableReader& r, RotationConfig* c) {
+  if (const toml::node* n = r.Get("scheme")) {
+    const auto text = n->value<std::string>();
+    bool found = false;
+    for (size_t i = 0; text && i < std::size(kRotationSchemeNames); ++i) {
+      if (*text == kRotationSchemeNames[i]) {
+        c->scheme = static_cast<RotationScheme>(i);
+        found = true;
+      }
+    }
+    if (!found) return r.Bad("scheme", *n, "expected \"pipeline\", \"sequential\" or \"independent\"");
+  }
+  DP_RETURN_IF_ERROR(r.Int("passes", &c->passes));
+  DP_RETURN_IF_ERROR(r.Int("stage_steps", &c->stage_steps));
+  return r.Finish();
+}
+
+// [[models]]: an array of tables {name, config, solver = {...}}; each entry's solver starts
+// from the run's [solver].
+Status ReadModels(const toml::node& node, const RunConfig& base, const std::string& source,
+                  const std::map<std::string, std::string>& overridden, std::vector<ModelEntry>* out) {
+  const toml::array* arr = node.as_array();
+  if (arr != nullptr && arr->empty()) {
+    return InvalidArgument("{}: models = []: no models (K = 0); give at least one [[models]] entry, or leave models out "
+                           "for a one-model run",
+                           source);
+  }
+  if (arr == nullptr || !arr->is_array_of_tables()) {
+    return InvalidArgument("{}: models = {}: expected [[models]] tables (name, config, [models.solver])", source,
+                           NodeText(node));
+  }
+  out->clear();
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table* t = arr->get(i)->as_table();
+    TableReader r(t, fmt::format("models[{}]", i), source, overridden);
+    ModelEntry e;
+    e.config = base.model.config;
+    e.solver = base.solver;
+    DP_RETURN_IF_ERROR(r.String("name", &e.name));
+    if (!r.Get("name")) return InvalidArgument("{}: models[{}].name is missing: every model needs a name", source, i);
+    DP_RETURN_IF_ERROR(r.String("config", &e.config));
+    if (const toml::node* s = r.Get("solver")) {
+      if (!s->is_table()) return r.Bad("solver", *s, "expected a table of [solver] keys");
+      TableReader sr(s->as_table(), fmt::format("models[{}].solver", i), source, overridden);
+      DP_RETURN_IF_ERROR(ReadSolver(sr, &e.solver));
+    }
+    DP_RETURN_IF_ERROR(r.Finish());
+    out->push_back(std::move(e));
+  }
+  return Status::Ok();
+}
+
+// [sweep]: "table.key = [values]" for the kSweepKeys; expands to the cross product (first key
+// slowest), one model per point, named "key=value+key=value".
+Status ReadSweep(const toml::table& sweep, const RunConfig& base, const std::string& source,
+                 std::vector<ModelEntry>* out) {
+  struct Axis {
+    std::string key;  // "solver.base_lr"
+    const toml::array* values;
+  };
+  std::vector<Axis> axes;
+  for (const auto& [table, sub] : sweep) {
+    const std::string prefix(table.str());
+    if (!sub.is_table()) {
+      return InvalidArgument("{}: sweep.{} = {}: not a sweepable key (sweepable: {})", source, prefix, NodeText(sub),
+                             fmt::join(kSweepKeys, ", "));
+    }
+    for (const auto& [k, v] : *sub.as_table()) {
+      const std::string key = prefix + "." + std::string(k.str());
+      if (std::find(std::begin(kSweepKeys), std::end(kSweepKeys), key) == std::end(kSweepKeys)) {
+        return InvalidArgument("{}: sweep.{} = {}: not a sweepable key (sweepable: {})", source, key, NodeText(v),
+                               fmt::join(kSweepKeys, ", "));
+      }
+      const toml::array* arr = v.as_array();
+      if (arr == nullptr) return InvalidArgument("{}: sweep.{} = {}: expected a list of values", source, key, NodeText(v));
+      if (arr->empty()) {
+        return InvalidArgument("{}: sweep.{} = []: an empty list gives no models (K = 0)", source, key);
+      }
+      const bool text = key == "model.config";
+      for (const toml::node& e : *arr) {
+        const bool ok = text ? e.is_string() : (e.is_integer() || (e.is_floating_point() && key != "solver.max_iter"));
+        if (!ok) {
+          return InvalidArgument("{}: sweep.{} = {}: expected a list of {}", source, key, NodeText(v),
+                                 text ? "model TOML paths" : key == "solver.max_iter" ? "integers" : "numbers");
+        }
+      }
+      axes.push_back({key, arr});
+    }
+  }
+  if (axes.empty()) return InvalidArgument("{}: [sweep] is empty: no models (K = 0)", source);
+  size_t points = 1;
+  for (const Axis& a : axes) {
+    points *= a.values->size();
+    if (points > 4096) return InvalidArgument("{}: [sweep] expands to more than 4096 models", source);
+  }
+  out->clear();
+  for (size_t p = 0; p < points; ++p) {
+    ModelEntry e;
+    e.config = base.model.config;
+    e.solver = base.solver;
+    std::vector<std::string> parts;
+    size_t rest = p;
+    std::vector<size_t> index(axes.size());
+    for (size_t a = axes.size(); a-- > 0;) {
+      index[a] = rest % axes[a].values->size();
+      rest /= axes[a].values->size();
+    }
+    for (size_t a = 0; a < axes.size(); ++a) {
+      const toml::node& v = *axes[a].values->get(index[a]);
+      const std::string& key = axes[a].key;
+      const std::string field = key.substr(key.find('.') + 1);
+      if (key == "model.config") {
+        e.config = v.as_string()->get();
+        parts.push_back("config=" + std::filesystem::path(e.config).stem().string());
+        continue;
+      }
+      const double x = v.is_integer() ? static_cast<double>(v.as_integer()->get()) : v.as_floating_point()->get();
+      if (field == "base_lr") e.solver.base_lr = static_cast<float>(x);
+      if (field == "weight_decay") e.solver.weight_decay = static_cast<float>(x);
+      if (field == "momentum") e.solver.momentum = static_cast<float>(x);
+      if (field == "gamma") e.solver.gamma = static_cast<float>(x);
+      if (field == "power") e.solver.power = static_cast<float>(x);
+      if (field == "clip_gradients") e.solver.clip_gradients = static_cast<float>(x);
+      if (field == "max_iter") e.solver.max_iter = v.as_integer()->get();
+      parts.push_back(fmt::format("{}={}", field, NodeText(v)));
+    }
+    e.name = fmt::format("{}", fmt::join(parts, "+"));
+    out->push_back(std::move(e));
+  }
+  return Status::Ok();
+}
+
 
 }  // namespace
 
@@ -536,7 +671,20 @@ SolverConfig RunSolver(const RunConfig& config, bool local) {
   return s;
 }
 
-bool RunHasEvaluator(const RunConfig& config) { return config.eval.evaluator && !config.data.test.empty(); }
+SolverConfig ModelSolver(const RunConfig& config, int model) {
+  SolverConfig s = config.models.at(static_cast<size_t>(model)).solver;
+  if (s.max_iter == 0) {
+    s.max_iter = std::max<int64_t>(1, int64_t{config.rotation.passes} * std::max(1, config.cluster.workers) *
+                                          config.rotation.stage_steps);
+  }
+  return s;
+}
+
+const char* RotationSchemeName(RotationScheme scheme) { return kRotationSchemeNames[static_cast<int>(scheme)].data(); }
+
+bool RunHasEvaluator(const RunConfig& config) {
+  return config.eval.evaluator && !config.data.test.empty() && config.models.empty();
+}
 
 int64_t EvaluatorEveryUpdates(const RunConfig& config) {
   if (config.eval.every_updates > 0) return config.eval.every_updates;
@@ -604,6 +752,40 @@ std::string DeviceString(const WorkerConfig& w) {
   return w.device == DeviceKind::kCpu ? std::string("cpu") : fmt::format("gpu:{}", w.gpu_index);
 }
 
+namespace {
+
+// The checks of one solver: the run's [solver] (table "solver") or a model's
+// ("models[i].solver").
+void CheckSolver(Validator& v, const SolverConfig& so, const RunConfig& c, const std::string& table) {
+  const std::string T = table;
+  v.Check(so.base_lr > 0 && std::isfinite(so.base_lr), T + ".base_lr", so.base_lr,
+             "must be finite and > 0")
+      .Check(so.gamma > 0 && std::isfinite(so.gamma), T + ".gamma", so.gamma,
+             "must be finite and > 0")
+      .Check(so.power >= 0 && std::isfinite(so.power), T + ".power", so.power,
+             "must be finite and >= 0")
+      .Check(so.stepsize > 0, T + ".stepsize", so.stepsize, "must be > 0")
+      .Check(so.max_iter >= 0, T + ".max_iter", so.max_iter, "must be >= 0 (0 = the run's planned worker batches)")
+      .Check(so.max_iter > 0 || so.lr_policy != LrPolicy::kPoly || c.worker.epochs == 0, T + ".max_iter",
+             so.max_iter, "0 (the run's length) needs a run counted in worker.steps, not worker.epochs")
+      .Check(so.momentum >= 0 && so.momentum < 1, T + ".momentum", so.momentum,
+             "must be in [0, 1)")
+      .Check(so.weight_decay >= 0 && std::isfinite(so.weight_decay), T + ".weight_decay",
+             so.weight_decay, "must be finite and >= 0")
+      .Check(!std::isnan(so.clip_gradients), T + ".clip_gradients", so.clip_gradients,
+             "must be a number (<= 0 turns clipping off)")
+      .Check(so.lr_policy != LrPolicy::kMultistep || !so.stepvalues.empty(), T + ".stepvalues",
+             fmt::format("[{}]", fmt::join(so.stepvalues, ", ")).c_str(),
+             "lr_policy \"multistep\" needs at least one step value");
+  for (size_t i = 0; i < so.stepvalues.size(); ++i) {
+    v.Check(so.stepvalues[i] > 0 && (i == 0 || so.stepvalues[i] > so.stepvalues[i - 1]),
+            T + ".stepvalues", fmt::format("[{}]", fmt::join(so.stepvalues, ", ")).c_str(),
+            "must be positive and strictly increasing");
+  }
+}
+
+}  // namespace
+
 Status ValidateRunConfig(const RunConfig& c, const std::string& src) { return ValidateRunConfig(c, src, {}); }
 
 Status ValidateRunConfig(const RunConfig& c, const std::string& src,
@@ -647,31 +829,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              "cluster.transport", std::string(ClusterTransportName(cl.transport)),
              fmt::format("ipc reaches processes on this host only, but cluster.bind = \"{}\" is for a job across "
                          "hosts: use transport = \"tcp\" or a loopback cluster.bind",
-                         cl.bind))
-      .Check(so.base_lr > 0 && std::isfinite(so.base_lr), "solver.base_lr", so.base_lr,
-             "must be finite and > 0")
-      .Check(so.gamma > 0 && std::isfinite(so.gamma), "solver.gamma", so.gamma,
-             "must be finite and > 0")
-      .Check(so.power >= 0 && std::isfinite(so.power), "solver.power", so.power,
-             "must be finite and >= 0")
-      .Check(so.stepsize > 0, "solver.stepsize", so.stepsize, "must be > 0")
-      .Check(so.max_iter >= 0, "solver.max_iter", so.max_iter, "must be >= 0 (0 = the run's planned worker batches)")
-      .Check(so.max_iter > 0 || so.lr_policy != LrPolicy::kPoly || c.worker.epochs == 0, "solver.max_iter",
-             so.max_iter, "0 (the run's length) needs a run counted in worker.steps, not worker.epochs")
-      .Check(so.momentum >= 0 && so.momentum < 1, "solver.momentum", so.momentum,
-             "must be in [0, 1)")
-      .Check(so.weight_decay >= 0 && std::isfinite(so.weight_decay), "solver.weight_decay",
-             so.weight_decay, "must be finite and >= 0")
-      .Check(!std::isnan(so.clip_gradients), "solver.clip_gradients", so.clip_gradients,
-             "must be a number (<= 0 turns clipping off)")
-      .Check(so.lr_policy != LrPolicy::kMultistep || !so.stepvalues.empty(), "solver.stepvalues",
-             fmt::format("[{}]", fmt::join(so.stepvalues, ", ")).c_str(),
-             "lr_policy \"multistep\" needs at least one step value");
-  for (size_t i = 0; i < so.stepvalues.size(); ++i) {
-    v.Check(so.stepvalues[i] > 0 && (i == 0 || so.stepvalues[i] > so.stepvalues[i - 1]),
-            "solver.stepvalues", fmt::format("[{}]", fmt::join(so.stepvalues, ", ")).c_str(),
-            "must be positive and strictly increasing");
-  }
+                         cl.bind));
+  CheckSolver(v, so, c, "solver");
   v.Check(co.staleness_bound >= 0, "consistency.mode", ConsistencyModeString(co), "staleness bound must be >= 0")
       .Check(co.backup_workers >= 0, "consistency.backup_workers", co.backup_workers, "must be >= 0")
       .Check(co.backup_workers == 0 || co.mode == ConsistencyMode::kSync, "consistency.backup_workers",
@@ -734,6 +893,43 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              "\"easgd\" workers push no gradients (their exchanges are dense weight differences): turn it off")
       .Check(co.algorithm != Algorithm::kEasgd || c.compression.push == WireCodec::kFp32, "compression.push",
              WireCodecName(c.compression.push), "\"easgd\" exchanges must be exact: use \"fp32\"");
+  // Several models (docs/multi_model.md).
+  const auto& ro = c.rotation;
+  v.Check(ro.passes >= 1, "rotation.passes", ro.passes, "must be >= 1")
+      .Check(ro.stage_steps >= 0, "rotation.stage_steps", ro.stage_steps, "must be >= 0 (0 = one pass over the partition)");
+  if (!c.models.empty()) {
+    v.Check(ro.scheme != RotationScheme::kPipeline || da.sharding == DataSharding::kOwn, "data.sharding",
+            std::string(da.sharding == DataSharding::kOwn ? "own" : "slice"),
+            "rotation.scheme = \"pipeline\" moves models, not data: every worker reads its own partition "
+            "(data.sharding = \"own\", downpour-data convert-* --shards W)")
+        .Check(wo.push_every == 1, "worker.push_every", wo.push_every,
+               "must be 1 with [[models]] (a stage's local SGD updates after every batch)")
+        .Check(co.mode == ConsistencyMode::kAsync || ro.stage_steps > 0, "consistency.mode",
+               ConsistencyModeString(co),
+               "sync and ssp with [[models]] need rotation.stage_steps > 0: every worker must take the same steps "
+               "on a model (partitions may differ by a record)")
+        .Check(co.algorithm != Algorithm::kEasgd, "consistency.algorithm", AlgorithmString(co.algorithm),
+               "\"easgd\" keeps worker-local weights, which a model moving between workers would lose: not with "
+               "[[models]]");
+  }
+  std::map<std::string, size_t> names;
+  for (size_t i = 0; i < c.models.size(); ++i) {
+    const ModelEntry& m = c.models[i];
+    const std::string at = fmt::format("models[{}]", i);
+    const bool charset = std::all_of(m.name.begin(), m.name.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '=' || ch == '+' ||
+             ch == '-';
+    });
+    v.Check(!m.name.empty() && m.name.size() <= 128 && charset, at + ".name", m.name,
+            "must be 1..128 letters, digits or _ . = + - (it names the model's files)")
+        .Check(!m.config.empty(), at + ".config", m.config, "must name a model TOML");
+    const auto [it, fresh] = names.emplace(m.name, i);
+    v.Check(fresh, at + ".name", m.name, fmt::format("the same name as models[{}]: model names must differ", it->second));
+    CheckSolver(v, m.solver, c, at + ".solver");
+    v.Check(m.solver.max_iter > 0 || m.solver.lr_policy != LrPolicy::kPoly || ro.stage_steps > 0,
+            at + ".solver.max_iter", m.solver.max_iter,
+            "0 (the run's length) needs rotation.stage_steps > 0 (a model's planned batches); give max_iter");
+  }
   return v.status();
 }
 
@@ -770,9 +966,11 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
       {"checkpoint", [&](TableReader& r) { return ReadCheckpoint(r, &c.checkpoint); }},
       {"security", [&](TableReader& r) { return ReadSecurity(r, &c.security); }},
       {"compression", [&](TableReader& r) { return ReadCompression(r, &c.compression); }},
+      {"rotation", [&](TableReader& r) { return ReadRotation(r, &c.rotation); }},
   };
   for (const auto& [key, node] : root) {
-    bool known = false;
+    if (key.str() == "models") continue;  // [[models]]: an array of tables, read below
+    bool known = key.str() == "sweep";
     for (const Section& s : sections) known = known || key.str() == s.name;
     if (!known) {
       std::string source = source_name;
@@ -781,7 +979,7 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
       }
       return InvalidArgument(
           "{}: unknown {} '{}' (known tables: run, model, cluster, solver, consistency, worker, "
-          "data, eval, checkpoint, security, compression)",
+          "data, eval, checkpoint, security, compression, rotation, sweep, [[models]])",
           source, node.is_table() ? "table" : "top-level key", key.str());
     }
     if (!node.is_table()) {
@@ -793,6 +991,14 @@ Status ParseRunConfig(std::string_view toml_text, const std::string& source_name
     TableReader reader(root[s.name].as_table(), s.name, source_name, overridden);
     DP_RETURN_IF_ERROR(s.read(reader));
   }
+  // Several models: [[models]] entries or a [sweep], over the [model] and [solver] just read.
+  const toml::node* models = root.get("models");
+  const toml::table* sweep = root["sweep"].as_table();
+  if (models && sweep) {
+    return InvalidArgument("{}: give [[models]] or [sweep], not both (a sweep expands to the models itself)", source_name);
+  }
+  if (models) DP_RETURN_IF_ERROR(ReadModels(*models, c, source_name, overridden, &c.models));
+  if (sweep) DP_RETURN_IF_ERROR(ReadSweep(*sweep, c, source_name, &c.models));
   DP_RETURN_IF_ERROR(ValidateRunConfig(c, source_name, overridden));
   *out = std::move(c);
   return Status::Ok();
@@ -850,17 +1056,20 @@ std::string ToToml(const RunConfig& c) {
   } else {
     s += "# link_gbps: off (no emulated link)\n";
   }
+  auto solver = [&](const SolverConfig& so) {
+    line("base_lr", flt(so.base_lr));
+    line("lr_policy", str(LrPolicyName(so.lr_policy)));
+    line("gamma", flt(so.gamma));
+    line("power", flt(so.power));
+    line("stepsize", num(so.stepsize));
+    line("stepvalues", fmt::format("[{}]", fmt::join(so.stepvalues, ", ")));
+    line("max_iter", num(so.max_iter));
+    line("momentum", flt(so.momentum));
+    line("weight_decay", flt(so.weight_decay));
+    line("clip_gradients", flt(so.clip_gradients));
+  };
   s += "\n[solver]\n";
-  line("base_lr", flt(c.solver.base_lr));
-  line("lr_policy", str(LrPolicyName(c.solver.lr_policy)));
-  line("gamma", flt(c.solver.gamma));
-  line("power", flt(c.solver.power));
-  line("stepsize", num(c.solver.stepsize));
-  line("stepvalues", fmt::format("[{}]", fmt::join(c.solver.stepvalues, ", ")));
-  line("max_iter", num(c.solver.max_iter));
-  line("momentum", flt(c.solver.momentum));
-  line("weight_decay", flt(c.solver.weight_decay));
-  line("clip_gradients", flt(c.solver.clip_gradients));
+  solver(c.solver);
   s += "\n[consistency]\n";
   line("mode", str(ConsistencyModeString(c.consistency)));
   line("backup_workers", num(c.consistency.backup_workers));
@@ -917,6 +1126,17 @@ std::string ToToml(const RunConfig& c) {
   line("pull", str(WireCodecName(c.compression.pull)));
   line("top_k_fraction", flt(c.compression.top_k_fraction));
   line("error_feedback", boolean(c.compression.error_feedback));
+  s += "\n[rotation]\n";
+  line("scheme", str(RotationSchemeName(c.rotation.scheme)));
+  line("passes", num(c.rotation.passes));
+  line("stage_steps", num(c.rotation.stage_steps));
+  for (const ModelEntry& m : c.models) {  // a [sweep] is stored expanded
+    s += "\n[[models]]\n";
+    line("name", str(m.name));
+    line("config", str(m.config));
+    s += "[models.solver]\n";
+    solver(m.solver);
+  }
   return s;
 }
 

@@ -303,6 +303,52 @@ struct SecurityConfig {
   bool operator==(const SecurityConfig&) const = default;
 };
 
+// [[models]] — several models trained on one set of servers (docs/multi_model.md). Each entry
+// is one model: a name, a model TOML and a solver; everything else (cluster, data, worker loop,
+// consistency) is the run's. A [sweep] table is shorthand that expands to one entry per point
+// of the cross product of its lists, e.g.
+//   [sweep]
+//   solver.base_lr = [0.01, 0.02]
+//   solver.weight_decay = [0.0005, 0.001]
+// gives 4 models named "base_lr=0.01+weight_decay=0.0005", ... Sweepable keys: kSweepKeys.
+// Model id k (the wire's header.model_id) is the entry's index.
+struct ModelEntry {
+  std::string name;     // unique; letters, digits and _ . = + - only (used in file names)
+  std::string config;   // model TOML; TOML default: [model].config
+  SolverConfig solver;  // [solver], with the entry's own [models.solver] keys over it
+  bool operator==(const ModelEntry&) const = default;
+};
+inline constexpr std::string_view kSweepKeys[] = {"solver.base_lr",      "solver.weight_decay", "solver.momentum",
+                                                  "solver.gamma",        "solver.power",        "solver.clip_gradients",
+                                                  "solver.max_iter",     "model.config"};
+
+// How the workers of a multi-model run share the K models ([rotation] scheme).
+enum class RotationScheme {
+  // Models move, data stays: every worker reads only its own partition (data.sharding = "own");
+  // in stage t worker i trains model (i + t) mod K (rotation.h), then the model moves on.
+  kPipeline,
+  // Baseline (a): the K models one after another, each data-parallel over all W workers.
+  kSequential,
+  // Baseline (b): K independent one-worker jobs, each reading the whole training set; job k
+  // runs on worker k mod W (a worker runs its jobs one after another).
+  kIndependent,
+};
+const char* RotationSchemeName(RotationScheme scheme);  // "pipeline" | "sequential" | "independent"
+
+// [rotation] — the schedule of a multi-model run (ignored without [[models]]).
+struct RotationConfig {
+  RotationScheme scheme = RotationScheme::kPipeline;
+  // Pipeline: each model's visit to one partition in one stage is one pass over it (epochs = 1
+  // per stage); the run has passes × K stages, so every model visits every partition `passes`
+  // times and is trained `passes` epochs in every scheme.
+  int passes = 1;
+  // Steps per stage (each worker's batches on one model before it moves on); 0 = one pass over
+  // the worker's own partition. Sequential and independent runs give every model the same
+  // images: passes × W × stage_steps batches (or passes epochs).
+  int64_t stage_steps = 0;
+  bool operator==(const RotationConfig&) const = default;
+};
+
 struct RunConfig {
   RunSection run;
   ModelSection model;
@@ -315,6 +361,8 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   SecurityConfig security;
   CompressionConfig compression;
+  std::vector<ModelEntry> models;  // [[models]] / [sweep]; empty = one model ([model], [solver])
+  RotationConfig rotation;
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -353,8 +401,13 @@ std::string ToToml(const RunConfig& config);
 SolverConfig RunSolver(const RunConfig& config, bool local = false);
 
 // Whether a distributed run of `config` has an evaluator process: eval.evaluator and a test set
-// (data.test). The launcher starts downpour-evaluator then, and worker 0 does not evaluate.
+// (data.test), in a one-model run (a multi-model run's worker 0 evaluates every model at the
+// end). The launcher starts downpour-evaluator then, and worker 0 does not evaluate.
 bool RunHasEvaluator(const RunConfig& config);
+// Model `model`'s solver in a multi-model run (config.models): its entry's, with a poly max_iter
+// of 0 resolved to the model's planned batches, rotation.passes × cluster.workers ×
+// rotation.stage_steps (the same in every rotation scheme).
+SolverConfig ModelSolver(const RunConfig& config, int model);
 // The evaluator's update interval: eval.every_updates, or every_steps × cluster.workers when it
 // is 0 (0 when both are 0: no update-driven evaluations).
 int64_t EvaluatorEveryUpdates(const RunConfig& config);

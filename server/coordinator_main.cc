@@ -50,10 +50,24 @@ struct Flags {
 Status Run(const Flags& f, bool* serving) {
   RunConfig cfg;
   DP_RETURN_IF_ERROR(LoadRunConfig(f.config, &cfg));
-  std::vector<TensorSpec> specs;
-  DP_RETURN_IF_ERROR(ResolveTensorList(f.tensors, f.model, &specs));
-  ParamLayout layout;
-  DP_RETURN_IF_ERROR(ParamLayout::Build(specs, cfg.cluster.servers, cfg.cluster.chunk_elems, &layout));
+  // The layout hash every process is checked against: the model's, or a multi-model run's
+  // combined hash of every model's (tensor lists D/tensors-model-<k>.txt, written by the launcher).
+  std::vector<std::vector<TensorSpec>> specs;
+  if (!cfg.models.empty()) {
+    if (!f.tensors.empty() || !f.model.empty()) {
+      return InvalidArgument("--tensors / --model: {} trains {} models ([[models]]); their tensor lists are "
+                             "{}/tensors-model-<k>.txt (downpour-launch writes them)",
+                             f.config, cfg.models.size(), f.run_dir);
+    }
+    DP_RETURN_IF_ERROR(LoadModelTensorLists(f.run_dir, static_cast<int>(cfg.models.size()), &specs));
+  } else {
+    specs.emplace_back();
+    DP_RETURN_IF_ERROR(ResolveTensorList(f.tensors, f.model, &specs[0]));
+  }
+  std::vector<ParamLayout> layouts(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    DP_RETURN_IF_ERROR(ParamLayout::Build(specs[k], cfg.cluster.servers, cfg.cluster.chunk_elems, &layouts[k]));
+  }
   // Addresses, keys and the run secret, checked before anything binds.
   ProcessNet net;
   DP_RETURN_IF_ERROR(SetUpProcessNet(cfg, f.net, NetRole::kCoordinator, f.run_dir, &net));
@@ -68,7 +82,7 @@ Status Run(const Flags& f, bool* serving) {
   o.heartbeat_interval = std::chrono::milliseconds(cfg.cluster.heartbeat_ms);
   o.rejoin = f.rejoin;
   o.evaluator = RunHasEvaluator(cfg);
-  o.layout_hash = layout.hash();
+  o.layout_hash = CombinedLayoutHash(layouts);
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.shutdown_grace = std::chrono::milliseconds(4 * cfg.cluster.heartbeat_ms + 1000);
   // A gone joiner stays in the gone list this long (every process hears of it well before).

@@ -284,8 +284,8 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
                      std::vector<ChildSpec>* children) {
   const std::string config_path = (fs::path(run_dir) / "config.toml").string();
   const std::string logs = (fs::path(run_dir) / "logs").string();
-  std::vector<std::string> model_args;
-  if (!f.tensors.empty()) model_args = {"--tensors", fs::absolute(f.tensors).string()};
+  std::vector<std::string> model_args;  // none for a multi-model run: D/tensors-model-<k>.txt
+  if (!f.tensors.empty() && cfg.models.empty()) model_args = {"--tensors", fs::absolute(f.tensors).string()};
   if (!f.model.empty()) model_args = {"--model", f.model};
 
   ChildSpec c;
@@ -376,6 +376,12 @@ Status NewRunConfig(const LaunchFlags& f, RunConfig* cfg) {
   if (!f.tensors.empty() && !f.model.empty()) {
     return InvalidArgument("downpour-launch: give either --tensors ({}) or --model ({}), not both", f.tensors, f.model);
   }
+  if (!cfg->models.empty() && (!f.tensors.empty() || !f.model.empty() || !f.worker_cmd.empty())) {
+    return InvalidArgument("downpour-launch: {} trains {} models ([[models]]): their tensor lists come from their model "
+                           "configs, and the workers are downpour-worker's (--tensors, --model and --worker-cmd "
+                           "are for one-model runs)",
+                           f.config, cfg->models.size());
+  }
   return Status::Ok();
 }
 
@@ -395,6 +401,10 @@ Status ResumeRunConfig(const LaunchFlags& f, RunConfig* cfg, ResumePlan* plan) {
     return NotFound("--resume {}: not a run directory (no config.toml in it)", f.resume);
   }
   DP_RETURN_IF_ERROR(LoadRunConfig(config, cfg));
+  if (!cfg->models.empty()) {
+    return FailedPrecondition("--resume {}: a multi-model run ([[models]]) cannot be resumed yet (docs/multi_model.md)",
+                              f.resume);
+  }
   return PlanResume(f.resume, *cfg, plan);
 }
 
@@ -487,6 +497,11 @@ int Launch(const LaunchFlags& f) {
   std::vector<ChildSpec> children;
   if (s.ok()) s = BuildChildren(flags, cfg, run_dir, resuming ? &plan : nullptr, &children);
   if (s.ok() && f.worker_cmd.empty()) s = data::CheckRunDataFitsModel(cfg);  // records vs the model's input
+  for (size_t k = 0; s.ok() && k < cfg.models.size(); ++k) {  // and vs every model's of a multi-model run
+    RunConfig one = cfg;
+    one.model.config = cfg.models[k].config;
+    s = data::CheckRunDataFitsModel(one);
+  }
   if (s.ok()) {
     std::error_code ec;
     fs::create_directories(fs::path(run_dir) / "logs", ec);
@@ -602,6 +617,11 @@ int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const s
 // ---- cluster mode: one task of a job spread over hosts ----
 
 Status PlanTask(const LaunchFlags& f, const RunConfig& cfg, TaskPlan* plan) {
+  if (!cfg.models.empty()) {
+    return InvalidArgument("{}: a multi-model run ([[models]]) is not started as a cluster job (--slurm, --mpi, "
+                           "--role) yet: start it with downpour-launch, which runs every process (docs/multi_model.md)",
+                           f.config);
+  }
   PlanInputs in;
   in.servers = cfg.cluster.servers;
   in.workers = cfg.cluster.workers;

@@ -87,13 +87,25 @@ Status CheckTaskFilesAreNew(const std::string& run_dir, const std::string& stem)
   return Status::Ok();
 }
 
+namespace {
+// model.config, and every [[models]] entry's config.
+Status CheckModelConfigs(const RunConfig& c, const std::string& source) {
+  DP_RETURN_IF_ERROR(CheckFile(c.model.config, "model.config", source, "model config"));
+  for (size_t k = 0; k < c.models.size(); ++k) {
+    DP_RETURN_IF_ERROR(CheckFile(c.models[k].config, fmt::format("models[{}].config", k).c_str(), source,
+                                 "model config"));
+  }
+  return Status::Ok();
+}
+}  // namespace
+
 Status CheckTaskInputs(const RunConfig& c, const std::string& source, bool worker) {
   if (worker) return CheckRunInputs(c, source);
-  return CheckFile(c.model.config, "model.config", source, "model config");
+  return CheckModelConfigs(c, source);
 }
 
 Status CheckRunInputs(const RunConfig& c, const std::string& source) {
-  DP_RETURN_IF_ERROR(CheckFile(c.model.config, "model.config", source, "model config"));
+  DP_RETURN_IF_ERROR(CheckModelConfigs(c, source));
   if (!c.model.weights.empty()) {
     DP_RETURN_IF_ERROR(CheckFile(c.model.weights, "model.weights", source, "weights file"));
   }
@@ -112,15 +124,20 @@ Status CheckRunInputs(const RunConfig& c, const std::string& source) {
   return Status::Ok();
 }
 
-std::string ServerCheckpointPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server) {
+namespace {
+std::string ShardFileName(int server, int model, const char* ext) {
+  return model == 0 ? fmt::format("server-{}.{}", server, ext) : fmt::format("server-{}.model-{}.{}", server, model, ext);
+}
+}  // namespace
+
+std::string ServerCheckpointPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server, int model) {
   const fs::path dir =
       fs::path(checkpoint.dir).is_absolute() ? fs::path(checkpoint.dir) : fs::path(run_dir) / checkpoint.dir;
-  return (dir / fmt::format("server-{}.dpt", server)).string();
+  return (dir / ShardFileName(server, model, "dpt")).string();
 }
 
-std::string ServerWalPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server) {
-  return (fs::path(ServerCheckpointPath(run_dir, checkpoint, server)).parent_path() /
-          fmt::format("server-{}.wal", server))
+std::string ServerWalPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server, int model) {
+  return (fs::path(ServerCheckpointPath(run_dir, checkpoint, server)).parent_path() / ShardFileName(server, model, "wal"))
       .string();
 }
 

@@ -51,10 +51,12 @@ struct ResumePlan {
 // `plan`. Errors are kFailedPrecondition naming the run, the missing files and the reason.
 Status PlanResume(const std::string& run_dir, const RunConfig& config, ResumePlan* plan);
 
-// <run_dir>/<checkpoint.dir>/server-<i>.dpt (checkpoint.dir may be absolute).
-std::string ServerCheckpointPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server);
-// <run_dir>/<checkpoint.dir>/server-<i>.wal: the shard's write-ahead log (server/wal.h), beside
-// its checkpoint; downpour-server --recover replays it after the checkpoint.
-std::string ServerWalPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server);
+// <run_dir>/<checkpoint.dir>/server-<i>.dpt (checkpoint.dir may be absolute); model k > 0 of a
+// multi-model run: server-<i>.model-<k>.dpt.
+std::string ServerCheckpointPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server,
+                                 int model = 0);
+// <run_dir>/<checkpoint.dir>/server-<i>.wal (model k > 0: server-<i>.model-<k>.wal): the shard's
+// write-ahead log (server/wal.h), beside its checkpoint; downpour-server --recover replays it.
+std::string ServerWalPath(const std::string& run_dir, const CheckpointConfig& checkpoint, int server, int model = 0);
 
 }  // namespace downpour

@@ -28,6 +28,14 @@
 // --standalone), heartbeats, drops workers the coordinator declares dead, and exits 0 on a
 // shutdown message, the coordinator's shutdown, or SIGINT/SIGTERM.
 //
+// Several models ([[models]] in the run config; server/model_host.h): the process serves its
+// shard of every model on the one endpoint, routing by the header's model id. Model k's tensor
+// list is D/tensors-model-<k>.txt (written by downpour-launch; --tensors and --model are then
+// refused), its solver models[k].solver, its checkpoint and log server-<i>.model-<k>.dpt / .wal
+// (model 0 keeps server-<i>.dpt / .wal), and it takes move pushes (common/rotation.h). --restore
+// is refused (--recover restores every model). Pull lines then carry "model"; server_end sums
+// the models' counters and one "model_end" line per model gives each model's own.
+//
 // Metrics: D/metrics/server-<i>.jsonl — "server_start" (mode, bound, workers, chunks), one
 // "pull" line per served pull (worker, clock, min_clock = slowest live worker's clock as this
 // shard knows it, ahead = clock - min_clock, wait_ms held back by the consistency policy,
@@ -54,6 +62,7 @@
 #include "common/zmq_transport.h"
 #include "server/process_util.h"
 #include "server/run_dir.h"
+#include "server/model_host.h"
 #include "server/shard.h"
 
 namespace downpour {
@@ -100,13 +109,58 @@ std::string BindAddress(const Flags& f, const RunConfig& cfg, const ProcessNet& 
 
 // `*serving` turns true once setup (config, tensor list, layout, restore, bind, rendezvous) is
 // done: an error before that exits 2 for bad input, after it 1 (cli.h).
+// Counters of several shards added up (one process's share of every model).
+ShardStatsWire SumStats(const ModelHost& host) {
+  ShardStatsWire sum = host.shard(0)->Stats();
+  for (int k = 1; k < host.models(); ++k) {
+    const ShardStatsWire st = host.shard(k)->Stats();
+    sum.pushes_received += st.pushes_received;
+    sum.pushes_applied += st.pushes_applied;
+    sum.pushes_rejected += st.pushes_rejected;
+    sum.pulls_served += st.pulls_served;
+    sum.chunk_updates += st.chunk_updates;
+    sum.staleness_sum += st.staleness_sum;
+    sum.staleness_max = std::max(sum.staleness_max, st.staleness_max);
+    sum.duplicates += st.duplicates;
+    sum.dc_compensated += st.dc_compensated;
+    sum.dc_uncompensated += st.dc_uncompensated;
+    sum.evaluator_pulls += st.evaluator_pulls;
+    sum.wal_records += st.wal_records;
+    sum.replayed += st.replayed;
+    for (size_t i = 0; i < sum.rejected_by_reason.size() && i < st.rejected_by_reason.size(); ++i) {
+      sum.rejected_by_reason[i] += st.rejected_by_reason[i];
+    }
+    for (size_t i = 0; i < sum.pushes_by_worker.size() && i < st.pushes_by_worker.size(); ++i) {
+      sum.pushes_by_worker[i] += st.pushes_by_worker[i];
+    }
+  }
+  return sum;
+}
+
 Status Run(const Flags& f, bool* serving) {
   RunConfig cfg;
   DP_RETURN_IF_ERROR(LoadRunConfig(f.config, &cfg));
-  std::vector<TensorSpec> specs;
-  DP_RETURN_IF_ERROR(ResolveTensorList(f.tensors, f.model, &specs));
-  ParamLayout layout;
-  DP_RETURN_IF_ERROR(ParamLayout::Build(specs, cfg.cluster.servers, cfg.cluster.chunk_elems, &layout));
+  const bool multi = !cfg.models.empty();
+  std::vector<std::vector<TensorSpec>> specs;
+  if (multi) {
+    if (!f.tensors.empty() || !f.model.empty()) {
+      return InvalidArgument("--tensors / --model: {} trains {} models ([[models]]); their tensor lists are "
+                             "{}/tensors-model-<k>.txt (downpour-launch writes them)",
+                             f.config, cfg.models.size(), f.run_dir);
+    }
+    if (!f.restore.empty()) {
+      return InvalidArgument("--restore {}: a multi-model server restores every model with --recover", f.restore);
+    }
+    DP_RETURN_IF_ERROR(LoadModelTensorLists(f.run_dir, static_cast<int>(cfg.models.size()), &specs));
+  } else {
+    specs.emplace_back();
+    DP_RETURN_IF_ERROR(ResolveTensorList(f.tensors, f.model, &specs[0]));
+  }
+  std::vector<ParamLayout> layouts(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    DP_RETURN_IF_ERROR(ParamLayout::Build(specs[k], cfg.cluster.servers, cfg.cluster.chunk_elems, &layouts[k]));
+  }
+  const int models = static_cast<int>(layouts.size());
 
   // Addresses, keys and the run secret, checked before anything binds.
   ProcessNet net;
@@ -119,31 +173,31 @@ Status Run(const Flags& f, bool* serving) {
     DP_RETURN_IF_ERROR(CheckIpcPathLengths(cfg.cluster, AbsoluteRunDir(f)));
   }
 
-  ShardOptions o;
+  ShardOptions o;  // every model's; model_id, solver and file paths per model below
   o.server_id = f.id;
   o.access.keyed = net.keyed;
   o.access.run_secret = net.token;
   o.access.run_dir = f.run_dir;
-  o.solver = RunSolver(cfg);  // a poly max_iter of 0: the run's planned batches
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
   o.batches_per_push = cfg.worker.push_every;
   o.max_workers = cfg.cluster.max_workers;
   o.shared_memory = SharedMemoryOn(cfg);  // off on an emulated link (cluster.link_gbps)
+  o.model_moves = multi;
   if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) spdlog::info("server {}: {}", f.id, link);
-  if (cfg.checkpoint.wal) o.wal_path = ServerWalPath(f.run_dir, cfg.checkpoint, f.id);
   o.wal_fsync_ms = std::chrono::milliseconds(cfg.checkpoint.wal_fsync_ms);
   o.checkpoint_every_updates = cfg.checkpoint.every_updates;
-  o.checkpoint_path = ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id);
-  std::filesystem::create_directories(std::filesystem::path(o.checkpoint_path).parent_path());
+  std::filesystem::create_directories(
+      std::filesystem::path(ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id)).parent_path());
   const std::filesystem::path metrics_dir = std::filesystem::path(f.run_dir) / "metrics";
   std::filesystem::create_directories(metrics_dir);
   std::unique_ptr<MetricsWriter> metrics;
   DP_RETURN_IF_ERROR(MetricsWriter::Open((metrics_dir / fmt::format("server-{}.jsonl", f.id)).string(), "server", f.id,
                                          &metrics));
-  o.on_pull_served = [m = metrics.get()](const PullServedEvent& e) {
+  const auto pull_line = [m = metrics.get(), multi](int model, const PullServedEvent& e) {
     const bool none_live = e.min_live_clock == std::numeric_limits<int64_t>::max();
-    (void)m->Write("pull", {{"worker", e.worker},
+    (void)m->Write("pull", {{"model", multi ? MetricValue(model) : MetricValue()},
+                            {"worker", e.worker},
                             {"clock", e.clock},
                             {"min_clock", none_live ? MetricValue() : MetricValue(e.min_live_clock)},
                             {"ahead", none_live ? MetricValue() : MetricValue(e.clock - e.min_live_clock)},
@@ -155,8 +209,9 @@ Status Run(const Flags& f, bool* serving) {
                                         {"staleness_bound", cfg.consistency.staleness_bound},
                                         {"workers", cfg.cluster.workers},
                                         {"servers", cfg.cluster.servers},
-                                        {"chunks", static_cast<int64_t>(layout.ServerChunks(f.id).size())},
-                                        {"floats", layout.ServerElems(f.id)}});
+                                        {"models", models},
+                                        {"chunks", static_cast<int64_t>(layouts[0].ServerChunks(f.id).size())},
+                                        {"floats", layouts[0].ServerElems(f.id)}});
   // Declared before the shard: the shard owns the endpoint, which must close before the
   // transport's ZeroMQ context terminates.
   // A stranger can provoke these at will: logged at a bounded rate, all counted.
@@ -165,27 +220,46 @@ Status Run(const Flags& f, bool* serving) {
     refusals->Log(fmt::format("server {}: refused connection: {}", id, what));
   };
   ZmqTransport transport(net.zmq);
-  std::unique_ptr<ShardServer> shard;
-  DP_RETURN_IF_ERROR(ShardServer::Create(layout, o, &shard));
-  if (f.recover) {
-    RecoverReport rep;
-    DP_RETURN_IF_ERROR(shard->Recover(&rep));
-    spdlog::info("server {}: recovered: checkpoint {} ({} updates, log seq {}) + {} pushes replayed from the log "
-                 "({} records{}){}",
-                 f.id, rep.checkpoint_loaded ? o.checkpoint_path : std::string("(none)"), rep.checkpoint_updates,
-                 rep.checkpoint_seq, rep.replayed_pushes, rep.replayed, rep.torn_tail ? ", a torn last record dropped" : "",
-                 cfg.checkpoint.wal ? "" : " (checkpoint.wal = false: no log)");
-  } else if (!f.restore.empty()) {
-    DP_RETURN_IF_ERROR(shard->LoadCheckpoint(f.restore));
+  std::vector<std::unique_ptr<ShardServer>> shards;
+  for (int k = 0; k < models; ++k) {
+    ShardOptions ok = o;
+    ok.model_id = static_cast<uint32_t>(k);
+    ok.solver = multi ? ModelSolver(cfg, k) : RunSolver(cfg);  // a poly max_iter of 0: the planned batches
+    ok.checkpoint_path = ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id, k);
+    if (cfg.checkpoint.wal) ok.wal_path = ServerWalPath(f.run_dir, cfg.checkpoint, f.id, k);
+    ok.on_pull_served = [pull_line, k](const PullServedEvent& e) { pull_line(k, e); };
+    std::unique_ptr<ShardServer> shard;
+    DP_RETURN_IF_ERROR(ShardServer::Create(layouts[static_cast<size_t>(k)], ok, &shard));
+    const std::string what = multi ? fmt::format("server {} model {} ({})", f.id, k, cfg.models[static_cast<size_t>(k)].name)
+                                   : fmt::format("server {}", f.id);
+    if (f.recover) {
+      RecoverReport rep;
+      DP_RETURN_IF_ERROR(shard->Recover(&rep));
+      spdlog::info("{}: recovered: checkpoint {} ({} updates, log seq {}) + {} pushes replayed from the log "
+                   "({} records{}){}",
+                   what, rep.checkpoint_loaded ? ok.checkpoint_path : std::string("(none)"), rep.checkpoint_updates,
+                   rep.checkpoint_seq, rep.replayed_pushes, rep.replayed,
+                   rep.torn_tail ? ", a torn last record dropped" : "",
+                   cfg.checkpoint.wal ? "" : " (checkpoint.wal = false: no log)");
+    } else if (!f.restore.empty()) {
+      DP_RETURN_IF_ERROR(shard->LoadCheckpoint(f.restore));
+    }
+    DP_RETURN_IF_ERROR(shard->OpenLog());
+    shards.push_back(std::move(shard));
   }
-  DP_RETURN_IF_ERROR(shard->OpenLog());
+  std::unique_ptr<ModelHost> host;
+  DP_RETURN_IF_ERROR(ModelHost::Create(std::move(shards), &host));
 
   std::unique_ptr<ServerEndpoint> endpoint;
   DP_RETURN_IF_ERROR(transport.Bind(BindAddress(f, cfg, net), &endpoint));
   const std::string address = net.AdvertisedUrl(endpoint->address());
   DP_RETURN_IF_ERROR(WriteFileAtomic(ResolveInRunDir(f.run_dir, fmt::format("server-{}.addr", f.id)), address + "\n"));
-  spdlog::info("server {}/{}: {} chunks, {} floats, layout hash {:#018x}", f.id, layout.servers(),
-               layout.ServerChunks(f.id).size(), layout.ServerElems(f.id), layout.hash());
+  for (int k = 0; k < models; ++k) {
+    const ParamLayout& layout = layouts[static_cast<size_t>(k)];
+    spdlog::info("server {}/{}{}: {} chunks, {} floats, layout hash {:#018x}", f.id, layout.servers(),
+                 multi ? fmt::format(" model {} ({})", k, cfg.models[static_cast<size_t>(k)].name) : std::string(),
+                 layout.ServerChunks(f.id).size(), layout.ServerElems(f.id), layout.hash());
+  }
   spdlog::info("server {}: {}", f.id, net.Describe(endpoint->address()));
 
   std::unique_ptr<RendezvousClient> link;
@@ -195,41 +269,59 @@ Status Run(const Flags& f, bool* serving) {
     ro.token = net.token;
     ro.role = Role::kServer;
     ro.requested_id = f.id;
-    ro.layout_hash = layout.hash();
+    ro.layout_hash = CombinedLayoutHash(layouts);
     ro.address = address;
     ro.heartbeat_interval = std::chrono::milliseconds(cfg.cluster.heartbeat_ms);
     RendezvousInfo info;
     DP_RETURN_IF_ERROR(RendezvousClient::Register(&transport, ro, std::chrono::seconds(60), &link, &info));
-    link->StartHeartbeats([s = shard.get()](int32_t worker, bool finished) { s->MarkWorkerGone(worker, finished); });
+    link->StartHeartbeats([h = host.get()](int32_t worker, bool finished) {
+      for (int k = 0; k < h->models(); ++k) h->shard(k)->MarkWorkerGone(worker, finished);
+    });
   }
 
   *serving = true;
-  shard->Start(std::move(endpoint));
+  host->Start(std::move(endpoint));
   while (true) {
     if (StopSignalArrived(std::chrono::milliseconds(100))) {
       spdlog::info("server {}: signal, stopping", f.id);
       break;
     }
-    if (shard->shutdown_requested()) break;
+    if (host->shutdown_requested()) break;
     if (link && link->shutdown_requested()) {
       spdlog::info("server {}: coordinator says the run is over", f.id);
       break;
     }
   }
-  shard->Stop();
-  Status s = shard->Join();
-  // A stopped run (Ctrl-C, the end of the job) can be resumed without losing an update: the
-  // shard checkpoints once more on its way out when checkpointing is on.
-  if (cfg.checkpoint.every_updates > 0 && shard->updates() > 0) {
-    const Status c = shard->SaveCheckpoint(o.checkpoint_path);
+  host->Stop();
+  Status s = host->Join();
+  // A stopped run (Ctrl-C, the end of the job) can be resumed without losing an update: every
+  // model's shard checkpoints once more on its way out when checkpointing is on.
+  for (int k = 0; k < models; ++k) {
+    ShardServer* shard = host->shard(k);
+    if (cfg.checkpoint.every_updates <= 0 || shard->updates() <= 0) continue;
+    const std::string& path = shard->options().checkpoint_path;
+    const Status c = shard->SaveCheckpoint(path);
     if (c.ok()) {
-      spdlog::info("server {}: checkpoint {} written on stop ({} updates)", f.id, o.checkpoint_path, shard->updates());
+      spdlog::info("server {}: checkpoint {} written on stop ({} updates)", f.id, path, shard->updates());
     } else {
-      spdlog::error("server {}: checkpoint on stop failed: {}", f.id, c.ToString());
+      spdlog::error("server {}: checkpoint {} on stop failed: {}", f.id, path, c.ToString());
       if (s.ok()) s = c;
     }
   }
-  const ShardStatsWire st = shard->Stats();
+  if (multi) {
+    for (int k = 0; k < models; ++k) {
+      const ShardStatsWire mk = host->shard(k)->Stats();
+      (void)metrics->Write("model_end", {{"model", k},
+                                         {"name", cfg.models[static_cast<size_t>(k)].name},
+                                         {"pushes_applied", mk.pushes_applied},
+                                         {"pushes_rejected", mk.pushes_rejected},
+                                         {"pulls_served", mk.pulls_served},
+                                         {"chunk_updates", mk.chunk_updates},
+                                         {"duplicates", mk.duplicates},
+                                         {"pushes_by_worker", ListString(mk.pushes_by_worker)}});
+    }
+  }
+  const ShardStatsWire st = SumStats(*host);
   spdlog::info("server {}: pushes received {} applied {} rejected {} duplicates {}, pulls {}, chunk updates {}, "
                "log records {} replayed {}, gradient pushes by worker {}",
                f.id, st.pushes_received, st.pushes_applied, st.pushes_rejected, st.duplicates, st.pulls_served,
@@ -252,6 +344,7 @@ Status Run(const Flags& f, bool* serving) {
                                       {"wal_records", st.wal_records},
                                       {"replayed", st.replayed},
                                       {"pushes_by_worker", ListString(st.pushes_by_worker)},
+                                      {"unknown_model", static_cast<int64_t>(host->unknown_model())},
                                       // Wire bytes of this process (all frames, both ways).
                                       {"tx_bytes", transport.traffic().sent_bytes},
                                       {"rx_bytes", transport.traffic().received_bytes},

@@ -171,18 +171,30 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
     Frames frames;
     Status s = ep->Receive(&peer, &frames, options_.poll_interval, &info);
     if (s.ok()) {
-      const auto t0 = std::chrono::steady_clock::now();
-      HandleMessage(ep, peer, info, frames);
-      const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.busy_ns += static_cast<uint64_t>(busy.count());
+      Handle(ep, peer, info, frames);
     } else if (s.code() != StatusCode::kTimeout) {
       return s;
     }
-    ServePending(ep);
-    refusal_log_.Flush();
-    reply_log_.Flush();
+    Tick(ep);
   }
+  return Finish();
+}
+
+void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
+  const auto t0 = std::chrono::steady_clock::now();
+  HandleMessage(ep, peer, info, frames);
+  const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.busy_ns += static_cast<uint64_t>(busy.count());
+}
+
+void ShardServer::Tick(ServerEndpoint* ep) {
+  ServePending(ep);
+  refusal_log_.Flush();
+  reply_log_.Flush();
+}
+
+Status ShardServer::Finish() {
   refusal_log_.FlushFinal();
   reply_log_.FlushFinal();
   std::lock_guard<std::mutex> lock(mu_);
@@ -590,8 +602,18 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   }
   const bool init = (h.flags & kFlagInit) != 0;
   const bool elastic = (h.flags & kFlagElastic) != 0;
+  const bool move = (h.flags & kFlagMove) != 0;
   const bool easgd = options_.consistency.algorithm == Algorithm::kEasgd;
-  if (!init && elastic != easgd) {
+  if (move) {
+    *reason = RejectReason::kClock;  // the consistency policy's refusal
+    if (!options_.model_moves) {
+      return InvalidArgument("push: a model move (multi-model runs), but this server serves one model");
+    }
+    if (init || elastic) return InvalidArgument("push: a model move cannot also be an init push or an exchange");
+    if (h.move_batches < 1 || h.move_batches > kMaxMoveBatches) {
+      return InvalidArgument("push: a model move of {} batches (valid: 1..{})", h.move_batches, kMaxMoveBatches);
+    }
+  } else if (!init && elastic != easgd) {
     *reason = RejectReason::kClock;  // the consistency policy's refusal
     if (easgd) return InvalidArgument("push: a gradient push to an EASGD server (it takes elastic exchanges only)");
     return InvalidArgument("push: an elastic (EASGD) exchange, but this run's consistency.algorithm is \"{}\"",
@@ -665,7 +687,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
     return Status::Ok();
   }
-  if (!init) {
+  if (!init && !move) {
     Status policy_ok = policy_->CheckPush(*updater_, PushContext{h.sender, h.clock}, chunks);
     if (!policy_ok.ok()) {
       *reason = RejectReason::kClock;
@@ -673,15 +695,15 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     }
   }
   // DC-ASGD: the compensated gradient is what gets logged and applied, so a replay repeats it.
-  if (!init && options_.consistency.algorithm == Algorithm::kDcAsgd) CompensateDelay(h.sender, &chunks);
+  if (!init && !move && options_.consistency.algorithm == Algorithm::kDcAsgd) CompensateDelay(h.sender, &chunks);
   // Logged before it is applied and acknowledged: an ack means the push is in the log.
   WalRecord r;
   r.kind = WalKind::kPush;
   r.worker = h.sender;
-  r.flags = h.flags & (kFlagInit | kFlagElastic);
+  r.flags = h.flags & (kFlagInit | kFlagElastic | kFlagMove);
   r.session = h.session;
   r.request_id = h.request_id;
-  r.clock = h.clock;
+  r.clock = move ? int64_t{h.move_batches} : h.clock;  // a move's log record keeps its batches there
   if (wal_) {
     r.chunks.reserve(n);
     for (size_t i = 0; i < n; ++i) {
@@ -692,7 +714,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(LogRecord(&r));
   for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
-  ApplyPush(h.sender, h.session, h.request_id, h.clock, r.flags, chunks);
+  ApplyPush(h.sender, h.session, h.request_id, r.clock, r.flags, chunks);
   for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
   if (!init) {
     for (int l : locals) reply->staleness.push_back(push_staleness_[static_cast<size_t>(l)]);
@@ -777,7 +799,20 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
                             const std::vector<PushChunk>& chunks) {
   RememberRequest(worker, session, request_id);
   const bool init = (flags & kFlagInit) != 0;
-  if (!init && (flags & kFlagElastic) != 0) {
+  if (!init && (flags & kFlagMove) != 0) {
+    // A model moves on (multi-model runs): its holder's change over the stage, added as it is;
+    // `clock` is the batches the stage trained (the lr schedule's place).
+    for (const PushChunk& c : chunks) {
+      float* w = MutableWeights(c.local).data();
+      for (int64_t j = 0; j < c.count; ++j) w[j] += c.grad[j];
+      ChunkState& st = chunks_[static_cast<size_t>(c.local)];
+      ++st.version;
+      st.iter += clock;
+      ++stats_.chunk_updates;
+      ++updates_;
+    }
+    ++stats_.pushes_by_worker[static_cast<size_t>(worker)];
+  } else if (!init && (flags & kFlagElastic) != 0) {
     // EASGD (Zhang, Choromanska, LeCun, NIPS 2015), the center's side of an exchange:
     // x_center += α(x_worker − x_center), the difference computed and sent by the worker.
     for (const PushChunk& c : chunks) {

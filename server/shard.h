@@ -136,7 +136,7 @@ struct PullServedEvent {
 
 struct ShardOptions {
   int server_id = 0;                   // which of layout.servers() this is
-  uint32_t model_id = 0;               // model served (several models later)
+  uint32_t model_id = 0;               // model served (a ModelHost routes by it: server/model_host.h)
   SolverConfig solver;                 // update rule and lr policy
   ConsistencyConfig consistency;       // async / sync / ssp:s
   int expected_workers = 1;            // W: worker ids 0..W-1 (sync/ssp accounting)
@@ -162,6 +162,9 @@ struct ShardOptions {
   // Offer a shared-memory region to workers on this host that ask for one at register
   // (PsClientOptions::shared_memory): payloads then skip the socket.
   bool shared_memory = true;
+  // A multi-model server (server/model_host.h): take move pushes (kFlagMove), the change of a
+  // model's weights over a stage of local training, as a model moves between workers.
+  bool model_moves = false;
 };
 
 // What Recover() did.
@@ -191,6 +194,16 @@ class ShardServer {
   void Start(std::unique_ptr<ServerEndpoint> endpoint);
   Status Join();
   void Stop();  // thread-safe; Serve returns within poll_interval
+
+  // Serve's parts, for a process that serves several models on one endpoint
+  // (server/model_host.h): Handle takes one received message (any thread may call it, one at a
+  // time: Serve's loop or the host's), Tick serves the pulls the consistency policy released and
+  // flushes the bounded logs (after every receive or timeout), Finish flushes and syncs the
+  // write-ahead log once the loop has ended. Call OpenLog before the first Handle.
+  void Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames);
+  void Tick(ServerEndpoint* ep);
+  Status Finish();
+  const ShardOptions& options() const { return options_; }
 
   // Thread-safe. The coordinator reported `worker` gone — it finished, or it fell silent and
   // was declared dead; either way sync/ssp accounting drops it.

@@ -655,7 +655,8 @@ class PsClient::Impl::LinkRunner {
         bool wait = false;
         const bool via_region = ViaRegion(p, &wait);
         if (wait) return Status::Ok();
-        if (link_.encoder && !p.encoded && p.header.type == MsgType::kPush && (p.header.flags & kFlagInit) == 0) {
+        if (link_.encoder && !p.encoded && p.header.type == MsgType::kPush &&
+            (p.header.flags & (kFlagInit | kFlagMove)) == 0) {
           EncodePart(p);  // once, at the first send: resends reuse the bytes
         }
         Frames frames;
@@ -987,7 +988,7 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
 
 RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const float> in,
                            std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                           uint32_t flags, std::span<const FactorTensor> factors) {
+                           uint32_t flags, std::span<const FactorTensor> factors, uint32_t move_batches) {
   auto req = std::make_shared<Request>();
   RequestId id;
   {
@@ -1034,13 +1035,14 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     h.layout_hash = layout_.hash();
     h.role = options_.role;
     h.flags = flags;
+    h.move_batches = move_batches;
     h.session = session_;
     for (int32_t c : ids) h.chunk_ids.push_back(static_cast<uint32_t>(c));
     if (type == MsgType::kPull) {
       op.pull_out = out;
       h.dtype = CodecDType(options_.pull_codec);  // fp32 / fp16 / bf16
     } else {
-      const bool lossy = (flags & kFlagInit) == 0 && IsLossy(options_.push_codec);
+      const bool lossy = (flags & (kFlagInit | kFlagMove)) == 0 && IsLossy(options_.push_codec);
       if (lossy) {  // encoded on the link's I/O thread at the first send (EncodePart)
         h.dtype = CodecDType(options_.push_codec);
         h.encoding = CodecEncoding(options_.push_codec);
@@ -1121,6 +1123,9 @@ RequestId PsClient::Push(std::span<const float> flat_grads, int64_t clock) {
 }
 RequestId PsClient::PushElastic(std::span<const float> flat_diff, int64_t clock) {
   return Submit(MsgType::kPush, {}, flat_diff, {}, /*all_chunks=*/true, clock, kFlagElastic);
+}
+RequestId PsClient::PushMove(std::span<const float> flat_change, uint32_t batches) {
+  return Submit(MsgType::kPush, {}, flat_change, {}, /*all_chunks=*/true, 0, kFlagMove, {}, batches);
 }
 RequestId PsClient::PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
                                std::span<const FactorTensor> factors) {

@@ -208,6 +208,11 @@ class PsClient {
   // EASGD's exchange (kFlagElastic): `flat_diff` (all parameters) is α(x_worker − x_center),
   // which every server adds to its chunks of the center. Versions as for a push.
   RequestId PushElastic(std::span<const float> flat_diff, int64_t clock);
+  // A model moves on (kFlagMove; multi-model runs, common/rotation.h): `flat_change` (all
+  // parameters) is the change of this worker's copy over a stage divided by the stage's group
+  // size, which every server adds to its chunks; `batches` (>= 1) the stage's batches. Always
+  // sent f32 (exact). Versions as for a push.
+  RequestId PushMove(std::span<const float> flat_change, uint32_t batches);
   // Initial weights (Caffe-like: worker 0 pushes its filler's weights once). Servers take them
   // for chunks that have none yet and ignore them otherwise (e.g. after a restore), so every
   // worker may push init; pulls wait until a chunk is initialised.
@@ -264,7 +269,7 @@ class PsClient {
   PsClient(const ParamLayout& layout, PsClientOptions options);
   RequestId Submit(MsgType type, std::span<float> out, std::span<const float> in,
                    std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                   uint32_t flags, std::span<const FactorTensor> factors = {});
+                   uint32_t flags, std::span<const FactorTensor> factors = {}, uint32_t move_batches = 0);
 
   ParamLayout layout_;
   PsClientOptions options_;

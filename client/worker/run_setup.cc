@@ -51,20 +51,25 @@ std::chrono::milliseconds RequestWait(const ClusterConfig& c) {
 }
 
 ServerMoveFollower::ServerMoveFollower(RendezvousClient* link, PsClient* client, std::string who)
+    : ServerMoveFollower(link, std::vector<PsClient*>{client}, std::move(who)) {}
+
+ServerMoveFollower::ServerMoveFollower(RendezvousClient* link, std::vector<PsClient*> clients, std::string who)
     : slot_(std::make_shared<Slot>()) {
-  slot_->client = client;
+  slot_->clients = std::move(clients);
   link->OnServerMoved([slot = slot_, who = std::move(who)](int32_t server, const std::string& address) {
     std::lock_guard<std::mutex> lock(slot->mu);
-    if (slot->client == nullptr) return;
+    if (slot->clients.empty()) return;
     spdlog::info("{}: server {} is now at {}", who, server, address);
-    const Status s = slot->client->SetServerAddress(server, address);
-    if (!s.ok()) spdlog::warn("{}: cannot follow server {} to {}: {}", who, server, address, s.ToString());
+    for (PsClient* client : slot->clients) {
+      const Status s = client->SetServerAddress(server, address);
+      if (!s.ok()) spdlog::warn("{}: cannot follow server {} to {}: {}", who, server, address, s.ToString());
+    }
   });
 }
 
 ServerMoveFollower::~ServerMoveFollower() {
   std::lock_guard<std::mutex> lock(slot_->mu);
-  slot_->client = nullptr;
+  slot_->clients.clear();
 }
 
 }  // namespace downpour::worker

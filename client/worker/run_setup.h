@@ -50,6 +50,8 @@ std::chrono::milliseconds RequestWait(const ClusterConfig& c);
 class ServerMoveFollower {
  public:
   ServerMoveFollower(RendezvousClient* link, PsClient* client, std::string who);
+  // Every client of `clients` (a multi-model worker's, one per model) follows the servers.
+  ServerMoveFollower(RendezvousClient* link, std::vector<PsClient*> clients, std::string who);
   ~ServerMoveFollower();
   ServerMoveFollower(const ServerMoveFollower&) = delete;
   ServerMoveFollower& operator=(const ServerMoveFollower&) = delete;
@@ -57,7 +59,7 @@ class ServerMoveFollower {
  private:
   struct Slot {
     std::mutex mu;
-    PsClient* client = nullptr;
+    std::vector<PsClient*> clients;
   };
   std::shared_ptr<Slot> slot_;
 };

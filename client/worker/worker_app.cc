@@ -19,6 +19,7 @@
 #include "client/engine/net_spec.h"
 #include "client/ps/ps_client.h"
 #include "client/worker/loader_sources.h"
+#include "client/worker/multi_model.h"
 #include "client/worker/progress.h"
 #include "client/worker/ps_channel.h"
 #include "client/worker/reslicing_source.h"
@@ -350,15 +351,13 @@ bool IsIdxImagePath(const std::string& path, std::string* labels_path) {
   return !labels.empty();
 }
 
-Status WriteTensorList(const std::string& config_path, const std::vector<std::string>& sets,
-                       const std::string& out_path) {
-  RunConfig config;
-  DP_RETURN_IF_ERROR(LoadRunConfig(config_path, sets, &config));
+namespace {
+Status WriteModelTensorList(const std::string& model_config, const std::string& out_path) {
   engine::NetSpec spec;
-  DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(config.model.config, &spec));
+  DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(model_config, &spec));
   engine::NetShapes shapes;
   DP_RETURN_IF_ERROR(engine::InferShapes(spec, 1, &shapes));
-  std::string text = fmt::format("# tensors of {} ({})\n", spec.name, config.model.config);
+  std::string text = fmt::format("# tensors of {} ({})\n", spec.name, model_config);
   for (const TensorSpec& t : shapes.params) {
     std::string dims;
     for (size_t i = 0; i < t.shape.size(); ++i) dims += fmt::format("{}{}", i ? "x" : "", t.shape[i]);
@@ -368,6 +367,20 @@ Status WriteTensorList(const std::string& config_path, const std::vector<std::st
   if (f == nullptr) return IoError("tensor list {}: cannot open for writing", out_path);
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   if (std::fclose(f) != 0 || !ok) return IoError("tensor list {}: write failed", out_path);
+  return Status::Ok();
+}
+}  // namespace
+
+Status WriteTensorList(const std::string& config_path, const std::vector<std::string>& sets,
+                       const std::string& out_path) {
+  RunConfig config;
+  DP_RETURN_IF_ERROR(LoadRunConfig(config_path, sets, &config));
+  if (config.models.empty()) return WriteModelTensorList(config.model.config, out_path);
+  // Several models: every model's list, tensors-model-<k>.txt beside out_path (common/layout.h).
+  const std::string dir = std::filesystem::path(out_path).parent_path().string();
+  for (size_t k = 0; k < config.models.size(); ++k) {
+    DP_RETURN_IF_ERROR(WriteModelTensorList(config.models[k].config, ModelTensorListPath(dir, static_cast<int>(k))));
+  }
   return Status::Ok();
 }
 
@@ -415,6 +428,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   }
   WorkerArgs a = args;
   if (a.local && a.id < 0) a.id = 0;
+  if (!config.models.empty()) return RunMultiModelWorker(config, a, started);  // [[models]]: multi_model.h
   // Only worker 0, named as such, evaluates: never one that joined; and in a distributed run
   // only when the run has no evaluator process (eval.evaluator = false).
   const bool evaluate = a.id == 0 && !config.data.test.empty() && (a.local || !RunHasEvaluator(config));

@@ -66,7 +66,8 @@ struct WorkerArgs {
 
 // The model's learnable tensors (model.config of the run config at `config_path`, with the
 // `sets` overrides) as a tensor list (common/layout.h ParseTensorList format), for servers'
-// --tensors.
+// --tensors. A multi-model config ([[models]]) gets every model's list instead, written beside
+// `out_path` as tensors-model-<k>.txt (common/layout.h ModelTensorListPath).
 Status WriteTensorList(const std::string& config_path, const std::vector<std::string>& sets,
                        const std::string& out_path);
 

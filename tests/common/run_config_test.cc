@@ -543,3 +543,117 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
 
 }  // namespace
 }  // namespace downpour
+
+namespace downpour {
+namespace {
+
+constexpr std::string_view kOwnData = R"(
+[data]
+sharding = "own"
+)";
+
+TEST(RunConfigModelsTest, ModelsEntriesOverrideTheRunSolverAndRoundTrip) {
+  const std::string text = std::string(R"(
+[solver]
+base_lr = 0.02
+weight_decay = 0.0005
+momentum = 0.9
+[rotation]
+scheme = "pipeline"
+passes = 3
+stage_steps = 50
+[[models]]
+name = "small-lr"
+[models.solver]
+base_lr = 0.005
+[[models]]
+name = "wide"
+config = "configs/models/cifar10_small.toml"
+solver = { weight_decay = 0.001, momentum = 0.8 }
+)") + std::string(kOwnData);
+  const RunConfig c = ParseOk(text);
+  ASSERT_EQ(c.models.size(), 2u);
+  EXPECT_EQ(c.models[0].name, "small-lr");
+  EXPECT_EQ(c.models[0].config, c.model.config);  // [model].config by default
+  EXPECT_FLOAT_EQ(c.models[0].solver.base_lr, 0.005f);
+  EXPECT_FLOAT_EQ(c.models[0].solver.weight_decay, 0.0005f);  // the run's, not overridden
+  EXPECT_EQ(c.models[1].config, "configs/models/cifar10_small.toml");
+  EXPECT_FLOAT_EQ(c.models[1].solver.base_lr, 0.02f);
+  EXPECT_FLOAT_EQ(c.models[1].solver.weight_decay, 0.001f);
+  EXPECT_FLOAT_EQ(c.models[1].solver.momentum, 0.8f);
+  EXPECT_EQ(c.rotation.scheme, RotationScheme::kPipeline);
+  EXPECT_EQ(c.rotation.passes, 3);
+  EXPECT_EQ(c.rotation.stage_steps, 50);
+  RunConfig back;
+  const Status s = ParseRunConfig(ToToml(c), "roundtrip.toml", &back);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << ToToml(c);
+  EXPECT_EQ(back, c) << ToToml(c);
+}
+
+TEST(RunConfigModelsTest, SweepExpandsToTheCrossProductNamedByItsValues) {
+  const RunConfig c = ParseOk(std::string(R"(
+[solver]
+momentum = 0.9
+[sweep]
+solver.base_lr = [0.01, 0.02]
+solver.weight_decay = [0.0005, 0.001, 0]
+)") + std::string(kOwnData) + "[rotation]\nstage_steps = 10\n");
+  ASSERT_EQ(c.models.size(), 6u);
+  EXPECT_EQ(c.models[0].name, "base_lr=0.01+weight_decay=0.0005");
+  EXPECT_FLOAT_EQ(c.models[0].solver.base_lr, 0.01f);
+  EXPECT_FLOAT_EQ(c.models[2].solver.weight_decay, 0.0f);
+  EXPECT_EQ(c.models[5].name, "base_lr=0.02+weight_decay=0");
+  EXPECT_FLOAT_EQ(c.models[5].solver.base_lr, 0.02f);
+  for (const ModelEntry& m : c.models) EXPECT_FLOAT_EQ(m.solver.momentum, 0.9f);
+  // Stored expanded: what every process reads back is the same K models.
+  RunConfig back;
+  ASSERT_TRUE(ParseRunConfig(ToToml(c), "roundtrip.toml", &back).ok());
+  EXPECT_EQ(back.models, c.models);
+}
+
+TEST(RunConfigModelsTest, ModelSolverResolvesPolyMaxIterToTheModelsPlannedBatches) {
+  RunConfig c = ParseOk(std::string(R"(
+[cluster]
+workers = 4
+[solver]
+lr_policy = "poly"
+max_iter = 0
+[rotation]
+passes = 2
+stage_steps = 25
+[sweep]
+solver.base_lr = [0.01, 0.02]
+)") + std::string(kOwnData));
+  EXPECT_EQ(ModelSolver(c, 1).max_iter, 2 * 4 * 25);
+  EXPECT_FLOAT_EQ(ModelSolver(c, 1).base_lr, 0.02f);
+}
+
+TEST(RunConfigModelsTest, BadModelListsGetOneErrorNamingTheKey) {
+  const std::string own(kOwnData);
+  EXPECT_THAT(ParseError("models = []\n" + own), HasSubstr("no models (K = 0)"));
+  EXPECT_THAT(ParseError(own + "[[models]]\nname = \"a\"\n[[models]]\nname = \"a\"\n"),
+              HasSubstr("models[1].name = \"a\": the same name as models[0]"));
+  EXPECT_THAT(ParseError(own + "[[models]]\nconfig = \"x.toml\"\n"), HasSubstr("models[0].name is missing"));
+  EXPECT_THAT(ParseError(own + "[[models]]\nname = \"a/b\"\n"), HasSubstr("models[0].name = \"a/b\""));
+  EXPECT_THAT(ParseError(own + "[[models]]\nname = \"a\"\nlr = 1\n"), HasSubstr("unknown key models[0].lr"));
+  EXPECT_THAT(ParseError(own + "[[models]]\nname = \"a\"\n[models.solver]\nbase_lr = -1\n"),
+              HasSubstr("models[0].solver.base_lr = -1: must be finite and > 0"));
+  EXPECT_THAT(ParseError(own + "[[models]]\nname = \"a\"\n[models.solver]\nlearning_rate = 1\n"),
+              HasSubstr("unknown key models[0].solver.learning_rate"));
+  EXPECT_THAT(ParseError(own + "[sweep]\nsolver.learning_rate = [0.1, 0.2]\n"),
+              HasSubstr("sweep.solver.learning_rate = [0.1, 0.2]: not a sweepable key"));
+  EXPECT_THAT(ParseError(own + "[sweep]\nworker.batch_size = [32, 64]\n"), HasSubstr("sweep.worker.batch_size"));
+  EXPECT_THAT(ParseError(own + "[sweep]\nsolver.base_lr = []\n"), HasSubstr("sweep.solver.base_lr = []: an empty list"));
+  EXPECT_THAT(ParseError(own + "[sweep]\nsolver.base_lr = \"0.1\"\n"), HasSubstr("expected a list of values"));
+  EXPECT_THAT(ParseError(own + "[sweep]\nsolver.base_lr = [0.1]\n[[models]]\nname = \"a\"\n"),
+              HasSubstr("give [[models]] or [sweep], not both"));
+  // The pipeline moves models, not data: each worker must have a partition of its own.
+  EXPECT_THAT(ParseError("[[models]]\nname = \"a\"\n"), HasSubstr("data.sharding = \"slice\""));
+  EXPECT_THAT(ParseError(own + "[rotation]\nscheme = \"round-robin\"\n"), HasSubstr("rotation.scheme = \"round-robin\""));
+  EXPECT_THAT(ParseError(own + "[rotation]\npasses = 0\n"), HasSubstr("rotation.passes = 0: must be >= 1"));
+  EXPECT_THAT(ParseError(own + "[solver]\nlr_policy = \"poly\"\nmax_iter = 0\n[[models]]\nname = \"a\"\n"),
+              HasSubstr("models[0].solver.max_iter = 0"));
+}
+
+}  // namespace
+}  // namespace downpour

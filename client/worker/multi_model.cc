@@ -1,0 +1,487 @@
+// multi_model.cc — see multi_model.h.
+#include "client/worker/multi_model.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <thread>
+
+#include "client/engine/net.h"
+#include "client/engine/net_spec.h"
+#include "client/ps/ps_client.h"
+#include "client/worker/loader_sources.h"
+#include "client/worker/ps_channel.h"
+#include "client/worker/run_setup.h"
+#include "client/worker/trainer.h"
+#include "common/codec.h"
+#include "common/file_io.h"
+#include "common/layout.h"
+#include "common/metrics.h"
+#include "common/process_net.h"
+#include "common/rendezvous.h"
+#include "common/rotation.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/sgd.h"
+#include "common/zmq_transport.h"
+#include "data/input_check.h"
+
+namespace downpour::worker {
+namespace {
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// One model as this worker holds it.
+struct ModelSlot {
+  std::string name;
+  std::string config;
+  SolverConfig solver;  // ModelSolver: a poly max_iter of 0 resolved
+  std::unique_ptr<engine::Net> net;
+  ParamLayout layout;
+  std::unique_ptr<PsClient> client;
+  std::vector<float> history;  // momentum of the current local stage (or independent job)
+  std::vector<float> start;    // weights at the start of the current local stage
+  int64_t iter = 0;            // the model's lr-schedule iteration as this worker last knew it
+};
+
+// The run config with model k's net: what the per-model input checks and nets read.
+RunConfig ConfigOfModel(const RunConfig& c, int k) {
+  RunConfig one = c;
+  one.model.config = c.models[static_cast<size_t>(k)].config;
+  one.models.clear();
+  return one;
+}
+
+int64_t MinOf(std::span<const int64_t> v) {
+  int64_t m = std::numeric_limits<int64_t>::max();
+  for (int64_t x : v) m = std::min(m, x);
+  return v.empty() ? 0 : m;
+}
+
+class MultiModelWorker {
+ public:
+  MultiModelWorker(const RunConfig& c, const WorkerArgs& a) : c_(c), a_(a), id_(a.id) {}
+
+  Status Setup(bool* started);
+  Status Run();
+
+ private:
+  Status OpenPartition(int partition, TrainSource** out);
+  int64_t StageSteps(const StageTask& t, TrainSource* source) const;
+  Status PullWhenMoved(ModelSlot& m, const StageTask& t, int stage, double* wait_s);
+  Status LocalStage(ModelSlot& m, const StageTask& t, int stage, TrainSource* source, int64_t steps, double* loss);
+  Status DataParallelStage(ModelSlot& m, TrainSource* source, int64_t steps, double* loss);
+  Status WaitForEveryWorker();
+  Status EvaluateModels();
+
+  const RunConfig& c_;
+  const WorkerArgs& a_;
+  const int id_;
+  // Destroyed in reverse: the follower before the clients, the clients and the rendezvous link
+  // before the transport whose ZeroMQ context they use.
+  ProcessNet pnet_;
+  std::unique_ptr<ZmqTransport> transport_;
+  std::unique_ptr<RendezvousClient> link_;
+  std::vector<ModelSlot> models_;
+  std::unique_ptr<ServerMoveFollower> follow_;
+  std::map<int, std::unique_ptr<TrainSource>> partitions_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::chrono::milliseconds wait_{0};
+  int64_t image_bytes_ = 0;  // pixel bytes of one training image (C × H × W, uint8 records)
+};
+
+Status MultiModelWorker::Setup(bool* started) {
+  if (a_.local) {
+    return InvalidArgument("--local: the run config trains {} models ([[models]]); a multi-model run needs its "
+                           "servers: start it with downpour-launch",
+                           c_.models.size());
+  }
+  if (id_ < 0 || id_ >= c_.cluster.workers) {
+    return InvalidArgument("--id {}: a multi-model run's workers are 0..{} (its rotation is planned for "
+                           "cluster.workers; no worker joins it)",
+                           id_, c_.cluster.workers - 1);
+  }
+  if (a_.resume) return InvalidArgument("--resume: a multi-model run cannot be resumed yet (docs/multi_model.md)");
+  const int K = static_cast<int>(c_.models.size());
+  std::vector<ParamLayout> layouts;
+  for (int k = 0; k < K; ++k) {
+    const RunConfig one = ConfigOfModel(c_, k);
+    DP_RETURN_IF_ERROR(data::CheckRunDataFitsModel(one));
+    ModelSlot m;
+    m.name = c_.models[static_cast<size_t>(k)].name;
+    m.config = c_.models[static_cast<size_t>(k)].config;
+    m.solver = ModelSolver(c_, k);
+    engine::NetSpec spec;
+    DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(m.config, &spec));
+    DP_RETURN_IF_ERROR(engine::Net::Create(spec, NetOptionsFor(one, c_.worker.batch_size), &m.net));
+    m.net->InitParams(static_cast<uint64_t>(c_.run.seed));
+    DP_RETURN_IF_ERROR(ParamLayout::Build(m.net->param_specs(), c_.cluster.servers, c_.cluster.chunk_elems, &m.layout));
+    layouts.push_back(m.layout);
+    image_bytes_ = int64_t{m.net->input_channels()} * m.net->input_height() * m.net->input_width();
+    models_.push_back(std::move(m));
+  }
+  const auto metrics_dir = std::filesystem::path(a_.run_dir) / "metrics";
+  std::error_code ec;
+  std::filesystem::create_directories(metrics_dir, ec);
+  if (ec) return IoError("run dir {}: cannot create {}: {}", a_.run_dir, metrics_dir.string(), ec.message());
+  DP_RETURN_IF_ERROR(SetUpProcessNet(c_, a_.net, NetRole::kWorker, a_.run_dir, &pnet_));
+  // The worker's own partition is opened before anything starts (a missing shard is bad input).
+  TrainSource* own = nullptr;
+  DP_RETURN_IF_ERROR(OpenPartition(id_, &own));
+  DP_RETURN_IF_ERROR(
+      MetricsWriter::Open((metrics_dir / fmt::format("worker-{}.jsonl", id_)).string(), "worker", id_, &metrics_));
+  if (started != nullptr) *started = true;
+
+  spdlog::info("worker {}: {}", id_, pnet_.Describe(""));
+  transport_ = std::make_unique<ZmqTransport>(pnet_.zmq);
+  RendezvousOptions ro;
+  ro.coordinator = pnet_.coordinator;
+  ro.token = pnet_.token;
+  ro.role = Role::kWorker;
+  ro.requested_id = id_;
+  ro.layout_hash = CombinedLayoutHash(layouts);
+  ro.heartbeat_interval = std::chrono::milliseconds(c_.cluster.heartbeat_ms);
+  RendezvousInfo info;
+  DP_RETURN_IF_ERROR(RendezvousClient::Register(transport_.get(), ro, std::chrono::seconds(120), &link_, &info));
+  if (info.id != id_) return FailedPrecondition("worker {}: the coordinator answered with id {}", id_, info.id);
+  link_->StartHeartbeats({});
+  wait_ = RequestWait(c_.cluster);
+  std::vector<PsClient*> clients;
+  for (int k = 0; k < K; ++k) {
+    ModelSlot& m = models_[static_cast<size_t>(k)];
+    PsClientOptions po;
+    po.server_addresses =
+        info.server_addresses.empty() ? ServerAddresses(c_.cluster, a_.run_dir) : info.server_addresses;
+    po.worker_id = id_;
+    po.model_id = static_cast<uint32_t>(k);
+    po.token = pnet_.token;
+    po.shared_memory = SharedMemoryOn(c_);
+    po.reply_timeout = PullWait(c_.cluster);
+    po.server_wait = std::chrono::milliseconds(c_.cluster.server_wait_ms);
+    po.push_codec = c_.compression.push;  // gradient pushes of data-parallel stages; moves are f32
+    po.pull_codec = c_.compression.pull;
+    po.top_k_fraction = c_.compression.top_k_fraction;
+    po.error_feedback = c_.compression.error_feedback;
+    DP_RETURN_IF_ERROR(PsClient::Create(transport_.get(), m.layout, po, &m.client));
+    clients.push_back(m.client.get());
+  }
+  follow_ = std::make_unique<ServerMoveFollower>(link_.get(), clients, fmt::format("worker {}", id_));
+  for (ModelSlot& m : models_) {
+    DP_RETURN_IF_ERROR(m.client->Connect(wait_));
+    // Every worker offers the same seeded weights; the servers keep the first.
+    DP_RETURN_IF_ERROR(m.client->Wait(m.client->PushInit(m.net->params()), wait_));
+  }
+  return Status::Ok();
+}
+
+Status MultiModelWorker::OpenPartition(int partition, TrainSource** out) {
+  auto it = partitions_.find(partition);
+  if (it == partitions_.end()) {
+    std::unique_ptr<TrainSource> source;
+    // Worker `partition`'s LMDB (data.sharding = "own"), shuffled by this worker's own seed.
+    const int classes = models_.empty() ? 0 : models_[0].net->num_classes();
+    DP_RETURN_IF_ERROR(OpenLoaderTrainSource(c_, partition, a_.shuffle, classes, &source));
+    it = partitions_.emplace(partition, std::move(source)).first;
+  }
+  *out = it->second.get();
+  return Status::Ok();
+}
+
+int64_t MultiModelWorker::StageSteps(const StageTask& t, TrainSource* source) const {
+  const int64_t per_unit =
+      c_.rotation.stage_steps > 0
+          ? c_.rotation.stage_steps
+          : std::max<int64_t>(1, (source->shard_size() + c_.worker.batch_size - 1) / c_.worker.batch_size);
+  return per_unit * t.units;
+}
+
+// A stage's holder pulls the model once it has taken every move push of the stages before
+// (t.moves_before): the model's chunk versions count its move pushes.
+Status MultiModelWorker::PullWhenMoved(ModelSlot& m, const StageTask& t, int stage, double* wait_s) {
+  const double t0 = NowS();
+  bool said = false;
+  while (true) {
+    DP_RETURN_IF_ERROR(m.client->Wait(m.client->Pull(m.net->params(), 0), wait_));
+    if (MinOf(m.client->last_versions()) >= t.moves_before) break;
+    if (link_->shutdown_requested()) {
+      return Unavailable("worker {}: the run ended while stage {} waited for model {} ({})", id_, stage, t.model, m.name);
+    }
+    if (!said) {
+      spdlog::info("worker {}: stage {}: waiting for model {} ({}) to arrive ({} of {} earlier stage pushes so far)",
+                   id_, stage, t.model, m.name, MinOf(m.client->last_versions()), t.moves_before);
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  *wait_s = NowS() - t0;
+  m.iter = MinOf(m.client->last_iters());
+  return Status::Ok();
+}
+
+Status MultiModelWorker::LocalStage(ModelSlot& m, const StageTask& t, int stage, TrainSource* source, int64_t steps,
+                                    double* loss) {
+  engine::Net& net = *m.net;
+  const auto params = net.params();
+  if (t.pull || m.history.size() != params.size()) m.history.assign(params.size(), 0.0f);
+  m.start.assign(params.begin(), params.end());
+  double loss_sum = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    BatchView batch;
+    DP_RETURN_IF_ERROR(source->Next(&batch));
+    DP_RETURN_IF_ERROR(net.CheckLabels(batch.labels, batch.n));
+    if (batch.n != net.batch_size() || batch.c != net.input_channels() || batch.h != net.input_height() ||
+        batch.w != net.input_width()) {
+      return InvalidArgument("worker {}: model {} ({}): batch {}x{}x{}x{} does not match the net's input {}x{}x{}x{}",
+                             id_, t.model, m.name, batch.n, batch.c, batch.h, batch.w, net.batch_size(),
+                             net.input_channels(), net.input_height(), net.input_width());
+    }
+    const float l = net.ForwardBackward(batch.data, batch.labels);
+    if (!std::isfinite(l)) {
+      return FailedPrecondition("worker {}: model {} ({}) diverged: training loss {} at stage {} step {} (lower its "
+                                "base_lr)",
+                                id_, t.model, m.name, l, stage, s);
+    }
+    loss_sum += l;
+    auto grads = net.grads();
+    if (m.solver.clip_gradients > 0) {
+      const float scale = ClipScale(SquaredNorm(grads), m.solver.clip_gradients);
+      if (scale != 1.0f) Scale(grads, scale);
+    }
+    // The model's place on its schedule: batches it has processed, this stage's other holders'
+    // included (they train at the same time).
+    const float lr = LearningRateAt(m.solver, m.iter + s * t.group);
+    net.SgdUpdate(lr, m.solver.momentum, m.solver.weight_decay, m.history);
+    if (a_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a_.step_delay_ms));
+  }
+  std::vector<float> change(params.size());
+  const float inv = 1.0f / static_cast<float>(t.group);
+  for (size_t i = 0; i < change.size(); ++i) change[i] = (params[i] - m.start[i]) * inv;
+  if (steps > static_cast<int64_t>(kMaxMoveBatches)) {
+    return InvalidArgument("worker {}: a stage of {} steps is more than a move push can say", id_, steps);
+  }
+  DP_RETURN_IF_ERROR(m.client->Wait(m.client->PushMove(change, static_cast<uint32_t>(steps)), wait_));
+  m.iter += steps * t.group;
+  *loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0;
+  return Status::Ok();
+}
+
+Status MultiModelWorker::DataParallelStage(ModelSlot& m, TrainSource* source, int64_t steps, double* loss) {
+  TrainerOptions to;
+  to.worker_id = id_;
+  to.worker = c_.worker;
+  to.worker.steps = steps;
+  to.worker.epochs = 0;
+  to.solver = m.solver;
+  to.overlap_pull = a_.overlap && c_.consistency.mode != ConsistencyMode::kSync;
+  to.factors = c_.compression.factors;
+  to.step_delay = std::chrono::milliseconds(a_.step_delay_ms);
+  RendezvousClient* link = link_.get();
+  PsChannel channel(m.client.get(), wait_, [link](int64_t clock) {
+    link->set_clock(clock);
+    return Status::Ok();
+  });
+  // The stage's own records are written by Run (one "stage" line); the trainer writes none.
+  Trainer trainer(to, m.net.get(), nullptr, &m.layout, &channel, source, nullptr, nullptr, nullptr);
+  TrainResult r;
+  DP_RETURN_IF_ERROR(trainer.Run(&r));
+  *loss = 0;  // the trainer's per-step losses went unrecorded (no metrics writer)
+  return Status::Ok();
+}
+
+Status MultiModelWorker::Run() {
+  const int K = static_cast<int>(c_.models.size());
+  const int W = c_.cluster.workers;
+  const std::vector<StageTask> stages = WorkerStages(c_.rotation.scheme, K, W, c_.rotation.passes, id_);
+  (void)metrics_->Write("mm_start", {{"models", K},
+                                     {"workers", W},
+                                     {"scheme", RotationSchemeName(c_.rotation.scheme)},
+                                     {"passes", c_.rotation.passes},
+                                     {"stages", static_cast<int64_t>(stages.size())},
+                                     {"batch_size", c_.worker.batch_size}});
+  const double t_run = NowS();
+  int64_t total_images = 0, total_model_bytes = 0, total_data_moved = 0;
+  double total_wait = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const StageTask& t = stages[i];
+    const int stage = static_cast<int>(i);
+    ModelSlot& m = models_[static_cast<size_t>(t.model)];
+    TrainSource* source = nullptr;
+    DP_RETURN_IF_ERROR(OpenPartition(t.partition, &source));
+    const int64_t steps = StageSteps(t, source);
+    const TrafficCounts before = transport_->traffic();
+    const double t0 = NowS();
+    double wait_s = 0, loss = 0;
+    const int64_t floats = m.layout.total_elems();
+    int64_t model_bytes = 0;
+    if (t.data_parallel) {
+      DP_RETURN_IF_ERROR(DataParallelStage(m, source, steps, &loss));
+    } else {
+      if (t.pull) {
+        DP_RETURN_IF_ERROR(PullWhenMoved(m, t, stage, &wait_s));
+        model_bytes += floats * 4;
+      }
+      DP_RETURN_IF_ERROR(LocalStage(m, t, stage, source, steps, &loss));
+      model_bytes += floats * 4;
+    }
+    const TrafficCounts after = transport_->traffic();
+    if (t.data_parallel) model_bytes = static_cast<int64_t>((after.sent_bytes - before.sent_bytes) +
+                                                            (after.received_bytes - before.received_bytes));
+    const int64_t images = steps * c_.worker.batch_size;
+    const int64_t data_moved = t.partition == id_ ? 0 : images * image_bytes_;
+    total_images += images;
+    total_model_bytes += model_bytes;
+    total_data_moved += data_moved;
+    total_wait += wait_s;
+    const double seconds = NowS() - t0;
+    (void)metrics_->Write("stage", {{"stage", stage},
+                                    {"model", t.model},
+                                    {"name", m.name},
+                                    {"partition", t.partition},
+                                    {"own", t.partition == id_},
+                                    {"group", t.group},
+                                    {"steps", steps},
+                                    {"images", images},
+                                    {"loss", t.data_parallel ? MetricValue() : MetricValue(loss)},
+                                    {"seconds", seconds},
+                                    {"wait_s", wait_s},
+                                    {"model_bytes", model_bytes},
+                                    {"data_bytes_moved", data_moved},
+                                    {"tx_bytes", static_cast<int64_t>(after.sent_bytes - before.sent_bytes)},
+                                    {"rx_bytes", static_cast<int64_t>(after.received_bytes - before.received_bytes)},
+                                    {"t", NowS() - t_run}});
+    if (!a_.quiet) {
+      spdlog::info("worker {}: stage {}/{}: model {} ({}) on partition {}: {} steps in {:.1f} s{}{}", id_, stage + 1,
+                   stages.size(), t.model, m.name, t.partition, steps, seconds,
+                   t.data_parallel ? std::string() : fmt::format(", loss {:.4f}", loss),
+                   wait_s > 0.05 ? fmt::format(" (waited {:.1f} s for it)", wait_s) : std::string());
+    }
+  }
+  const TrafficCounts traffic = transport_->traffic();
+  (void)metrics_->Write("done", {{"images", total_images},
+                                 {"wall_s", NowS() - t_run},
+                                 {"wait_s", total_wait},
+                                 {"model_bytes", total_model_bytes},
+                                 {"data_bytes_moved", total_data_moved},
+                                 {"tx_bytes_total", static_cast<int64_t>(traffic.sent_bytes)},
+                                 {"rx_bytes_total", static_cast<int64_t>(traffic.received_bytes)}});
+  DP_RETURN_IF_ERROR(link_->AnnounceFinished(std::chrono::milliseconds(10000)));
+  if (id_ == 0 && !c_.data.test.empty()) {
+    DP_RETURN_IF_ERROR(WaitForEveryWorker());
+    DP_RETURN_IF_ERROR(EvaluateModels());
+  }
+  const Status done = link_->AnnounceDone(std::chrono::milliseconds(10000));
+  if (!done.ok()) spdlog::warn("worker {}: could not tell the coordinator it is done: {}", id_, done.ToString());
+  return Status::Ok();
+}
+
+// The final evaluation is of the finished run: every other worker has finished (or died).
+Status MultiModelWorker::WaitForEveryWorker() {
+  bool said = false;
+  while (!link_->shutdown_requested()) {
+    const std::vector<int32_t> gone = link_->gone_workers();
+    std::vector<int32_t> waiting;
+    for (int32_t w = 0; w < c_.cluster.workers; ++w) {
+      if (w != id_ && std::find(gone.begin(), gone.end(), w) == gone.end()) waiting.push_back(w);
+    }
+    if (waiting.empty() && link_->live_workers() <= 0) break;
+    if (!waiting.empty() && !said) {
+      spdlog::info("worker {}: waiting for worker(s) {} to finish before evaluating the models", id_,
+                   fmt::join(waiting, ", "));
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return Status::Ok();
+}
+
+Status MultiModelWorker::EvaluateModels() {
+  std::vector<LeaderboardRow> rows;
+  const std::filesystem::path models_dir = std::filesystem::path(a_.run_dir) / "models";
+  std::error_code ec;
+  std::filesystem::create_directories(models_dir, ec);
+  if (ec) return IoError("run dir {}: cannot create {}: {}", a_.run_dir, models_dir.string(), ec.message());
+  for (size_t k = 0; k < models_.size(); ++k) {
+    ModelSlot& m = models_[k];
+    const RunConfig one = ConfigOfModel(c_, static_cast<int>(k));
+    engine::NetSpec spec;
+    DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(m.config, &spec));
+    std::unique_ptr<engine::Net> eval_net;
+    DP_RETURN_IF_ERROR(engine::Net::Create(spec, NetOptionsFor(one, kEvalBatch), &eval_net));
+    DP_RETURN_IF_ERROR(m.client->Wait(m.client->Pull(eval_net->params(), 0), wait_));
+    const int64_t iter = MinOf(m.client->last_iters());
+    std::unique_ptr<TestSource> test;
+    DP_RETURN_IF_ERROR(OpenTestSource(one, kEvalBatch, eval_net->num_classes(), &test));
+    EvalRecord r;
+    DP_RETURN_IF_ERROR(EvaluateNet(eval_net.get(), test.get(), c_.eval.test_batches, &r));
+    const std::string path = (models_dir / (m.name + ".dpt")).string();
+    DP_RETURN_IF_ERROR(SaveModel(*eval_net, path));
+    LeaderboardRow row;
+    row.model = static_cast<int>(k);
+    row.name = m.name;
+    row.top1 = r.top1;
+    row.top5 = r.top5;
+    row.loss = r.loss;
+    row.images = iter * c_.worker.batch_size;
+    rows.push_back(row);
+    (void)metrics_->Write("model_eval", {{"model", row.model},
+                                         {"name", row.name},
+                                         {"top1", r.top1},
+                                         {"top5", r.top5},
+                                         {"loss", r.loss},
+                                         {"test_images", r.images},
+                                         {"train_images", row.images},
+                                         {"base_lr", m.solver.base_lr},
+                                         {"weight_decay", m.solver.weight_decay},
+                                         {"path", path}});
+  }
+  const std::string json = LeaderboardJson(rows);
+  DP_RETURN_IF_ERROR(WriteFileAtomic((std::filesystem::path(a_.run_dir) / "leaderboard.json").string(), json));
+  std::sort(rows.begin(), rows.end(), [](const LeaderboardRow& x, const LeaderboardRow& y) {
+    return x.top1 != y.top1 ? x.top1 > y.top1 : x.loss != y.loss ? x.loss < y.loss : x.model < y.model;
+  });
+  std::printf("leaderboard (%zu models, best first):\n", rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::printf("  %2zu. %-40s top-1 %6.2f%%  top-5 %6.2f%%  loss %.4f  (%lld training images)\n", i + 1,
+                rows[i].name.c_str(), 100 * rows[i].top1, 100 * rows[i].top5, rows[i].loss,
+                static_cast<long long>(rows[i].images));
+  }
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string LeaderboardJson(std::vector<LeaderboardRow> rows) {
+  std::sort(rows.begin(), rows.end(), [](const LeaderboardRow& x, const LeaderboardRow& y) {
+    return x.top1 != y.top1 ? x.top1 > y.top1 : x.loss != y.loss ? x.loss < y.loss : x.model < y.model;
+  });
+  std::string out = "{\"models\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const LeaderboardRow& r = rows[i];
+    std::string name;
+    for (char ch : r.name) {  // names are [A-Za-z0-9_.=+-] (run_config.cc); escape anyway
+      if (ch == '"' || ch == '\\') name += '\\';
+      name += ch;
+    }
+    out += fmt::format("{}\n  {{\"rank\": {}, \"model\": {}, \"name\": \"{}\", \"top1\": {}, \"top5\": {}, "
+                       "\"loss\": {}, \"train_images\": {}}}",
+                       i ? "," : "", i + 1, r.model, name, r.top1, r.top5, r.loss, r.images);
+  }
+  return out + "\n]}\n";
+}
+
+Status RunMultiModelWorker(const RunConfig& config, const WorkerArgs& args, bool* started) {
+  MultiModelWorker w(config, args);
+  DP_RETURN_IF_ERROR(w.Setup(started));
+  return w.Run();
+}
+
+}  // namespace downpour::worker

@@ -1,0 +1,63 @@
+// model_host.h — one server process serving its shards of several models on one endpoint.
+//
+// A multi-model run ([[models]] in the run config, docs/multi_model.md) trains K models on one
+// set of servers. Each model is a ShardServer of its own (server/shard.h): its own layout
+// (models may differ in shape), solver and lr schedule, consistency state, versions, counters,
+// registrations, duplicate window, write-ahead log and checkpoint files. Nothing is shared
+// between two models but the socket: the host receives every message, reads the model id in
+// its header and hands the message to that model's shard, which validates it exactly as a
+// single-model server does (so a push for model B cannot touch model A's weights: they are
+// different objects). A message naming a model id this process does not serve is refused with
+// an error reply (flags = RejectReason::kModelId) and counted in unknown_model(); a message
+// whose header cannot be decoded goes to model 0's shard, which refuses and counts it as
+// undecodable. A shutdown that any model's shard accepted (it checks the sender's authority)
+// ends the whole process.
+//
+// Memory is the sum of the models' shards; every model's layout splits its floats evenly over
+// the S servers (common/layout.h), so the set stays balanced within K floats per server.
+//
+// Thread-safety: Serve runs on one thread; Stop(), shutdown_requested(), unknown_model() and the
+// shards' own thread-safe calls may be made from any thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/transport.h"
+#include "server/shard.h"
+
+namespace downpour {
+
+class ModelHost {
+ public:
+  // shards[k] must serve model id k (ShardOptions::model_id == k) and the same server id.
+  static Status Create(std::vector<std::unique_ptr<ShardServer>> shards, std::unique_ptr<ModelHost>* out);
+
+  // Opens every shard's write-ahead log, then runs the message loop on the calling thread until
+  // Stop() or a shutdown message; returns the endpoint's error if receiving fails otherwise.
+  Status Serve(ServerEndpoint* endpoint);
+  void Start(std::unique_ptr<ServerEndpoint> endpoint);  // Serve on a thread of its own
+  Status Join();
+  void Stop();
+
+  int models() const { return static_cast<int>(shards_.size()); }
+  ShardServer* shard(int model) const { return shards_[static_cast<size_t>(model)].get(); }
+  bool shutdown_requested() const;
+  uint64_t unknown_model() const { return unknown_model_.load(); }
+
+ private:
+  explicit ModelHost(std::vector<std::unique_ptr<ShardServer>> shards) : shards_(std::move(shards)) {}
+  void RefuseUnknownModel(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h);
+
+  std::vector<std::unique_ptr<ShardServer>> shards_;
+  std::atomic<uint64_t> unknown_model_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  Status thread_status_;
+  std::unique_ptr<ServerEndpoint> owned_endpoint_;
+};
+
+}  // namespace downpour
