@@ -356,7 +356,7 @@ Status MultiModelWorker::Run() {
                                     {"data_bytes_moved", data_moved},
                                     {"tx_bytes", static_cast<int64_t>(after.sent_bytes - before.sent_bytes)},
                                     {"rx_bytes", static_cast<int64_t>(after.received_bytes - before.received_bytes)},
-                                    {"t", NowS() - t_run}});
+                                    {"run_s", NowS() - t_run}});
     if (!a_.quiet) {
       spdlog::info("worker {}: stage {}/{}: model {} ({}) on partition {}: {} steps in {:.1f} s{}{}", id_, stage + 1,
                    stages.size(), t.model, m.name, t.partition, steps, seconds,

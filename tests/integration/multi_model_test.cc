@@ -1,0 +1,259 @@
+// multi_model_test.cc — multi-model runs as real processes (downpour-launch; docs/multi_model.md):
+// three learning rates of fmnist_small trained on one set of servers (S = 2) by W = 2 workers,
+// each with its own Fashion-MNIST partition (downpour-data --shards), in every rotation scheme.
+// What the servers applied is checked against the schedule: in the pipeline and the independent
+// jobs every model took exactly W × passes move pushes on every chunk (none lost, none applied
+// twice) and nothing of another model; the pipeline read only the workers' own partitions, the
+// independent jobs the others' too (counted as data moved, exactly); the sequential baseline
+// trains each model data-parallel, one after another. Worker 0's leaderboard ranks every model
+// and every model learned. And what is refused before anything starts: a worker's partition
+// missing, two models of one name. Every wait is bounded; every process is reaped.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/layout.h"
+#include "common/metrics.h"
+#include "tests/testing/harness.h"
+
+namespace downpour {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+constexpr int kWorkers = 2;
+constexpr int kServers = 2;
+constexpr int kModels = 3;
+constexpr int kStageSteps = 15;
+constexpr int kBatch = 32;
+constexpr int64_t kImageBytes = 28 * 28;
+
+class MultiModelJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path fm = test::kFashionMnistDir;
+    if (!fs::exists(fm / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch", "downpour-data"})
+      ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
+    dir_ = test::ScratchDir("dp-multimodel");
+    std::string out;
+    // Two partitions of the first 4000 training images, one per worker; the test set as an LMDB.
+    ASSERT_EQ(test::RunCommand({test::Binary("downpour-data"), "convert-idx", "--images",
+                                (fm / "train-images-idx3-ubyte.gz").string(), "--labels",
+                                (fm / "train-labels-idx1-ubyte.gz").string(), "--limit", "4000", "--shards",
+                                std::to_string(kWorkers), "--out", (dir_ / "train").string()},
+                               &out),
+              0)
+        << out;
+  }
+  void TearDown() override {
+    if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
+  }
+
+  std::string Config(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]") {
+    const int port = test::FreePortRange(3);
+    const fs::path fm = test::kFashionMnistDir;
+    const std::string text = fmt::format(R"([run]
+seed = 3
+[model]
+config = "{}"
+[cluster]
+servers = {}
+workers = {}
+coordinator = "127.0.0.1:{}"
+base_port = {}
+heartbeat_ms = 200
+heartbeat_timeout_ms = 2000
+[solver]
+momentum = 0.9
+weight_decay = 0.0005
+lr_policy = "poly"
+max_iter = 0
+[worker]
+batch_size = {}
+threads = 1
+[data]
+train = "{}"
+test = "{}/t10k-images-idx3-ubyte.gz"
+sharding = "own"
+[eval]
+test_batches = 20
+[checkpoint]
+every_updates = 0
+[rotation]
+scheme = "{}"
+passes = 1
+stage_steps = {}
+[sweep]
+solver.base_lr = {}
+)",
+                                         test::SourcePath("configs/models/fmnist_small.toml"), kServers, kWorkers,
+                                         port, port + 1, kBatch, (dir_ / "train").string(), fm.string(), scheme,
+                                         kStageSteps, sweep);
+    const fs::path path = dir_ / (scheme + ".toml");
+    test::WriteFile(path, text);
+    return path.string();
+  }
+
+  // Runs the job to its end; returns the run directory.
+  fs::path RunJob(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]") {
+    const fs::path run = dir_ / ("run-" + scheme);
+    std::string out;
+    const int code = test::RunCommand(
+        {test::Binary("downpour-launch"), "--config", Config(scheme, sweep), "--run-dir", run.string()}, &out, 240s);
+    EXPECT_EQ(code, 0) << out;
+    out_ = out;
+    return run;
+  }
+
+  // Chunks of model k that server s owns (from the tensor list the launcher wrote).
+  int ChunksOf(const fs::path& run, int k, int s) {
+    std::vector<TensorSpec> specs;
+    EXPECT_TRUE(LoadTensorList(ModelTensorListPath(run.string(), k), &specs).ok());
+    ParamLayout layout;
+    EXPECT_TRUE(ParamLayout::Build(specs, kServers, kDefaultChunkElems, &layout).ok());
+    return static_cast<int>(layout.ServerChunks(s).size());
+  }
+
+  // Every model's chunk updates on every server: exactly its chunks × the move pushes it took.
+  void ExpectEveryMoveAppliedOnce(const fs::path& run, int64_t moves, int models = kModels) {
+    for (int s = 0; s < kServers; ++s) {
+      const auto ends = test::Metrics(run, fmt::format("server-{}.jsonl", s), "model_end");
+      ASSERT_EQ(ends.size(), static_cast<size_t>(models)) << "server " << s;
+      for (const MetricRecord& e : ends) {
+        const int k = static_cast<int>(e.Get("model").AsInt());
+        EXPECT_EQ(e.Get("chunk_updates").AsInt(), ChunksOf(run, k, s) * moves) << "server " << s << " model " << k;
+        EXPECT_EQ(e.Get("pushes_rejected").AsInt(), 0) << "server " << s << " model " << k;
+      }
+    }
+  }
+
+  // Worker 0's leaderboard: every model, best first, each well past chance.
+  void ExpectLeaderboard(const fs::path& run) {
+    const auto evals = test::Metrics(run, "worker-0.jsonl", "model_eval");
+    ASSERT_EQ(evals.size(), static_cast<size_t>(kModels));
+    for (const MetricRecord& e : evals) {
+      EXPECT_GT(e.Get("top1").AsDouble(), 0.45) << e.Get("name").AsString();
+      EXPECT_EQ(e.Get("train_images").AsInt(), int64_t{kWorkers} * kStageSteps * kBatch) << e.Get("name").AsString();
+      EXPECT_TRUE(fs::exists(e.Get("path").AsString())) << e.Get("path").AsString();
+    }
+    const std::string board = test::ReadFile(run / "leaderboard.json");
+    EXPECT_THAT(board, HasSubstr("\"rank\": 1"));
+    EXPECT_THAT(board, HasSubstr("\"rank\": 3"));
+    EXPECT_THAT(out_, HasSubstr("leaderboard (3 models, best first)"));
+  }
+
+  fs::path dir_;
+  std::string out_;
+};
+
+TEST_F(MultiModelJobTest, PipelineMovesModelsNotDataAndAppliesEveryMoveOnce) {
+  const fs::path run = RunJob("pipeline");
+  // K = 3 > W = 2: each worker trains every model once, on its own partition, (i + t) mod K.
+  for (int w = 0; w < kWorkers; ++w) {
+    const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
+    ASSERT_EQ(stages.size(), static_cast<size_t>(kModels)) << "worker " << w;
+    for (size_t t = 0; t < stages.size(); ++t) {
+      EXPECT_EQ(stages[t].Get("model").AsInt(), static_cast<int64_t>((w + t) % kModels)) << "worker " << w;
+      EXPECT_EQ(stages[t].Get("partition").AsInt(), w);
+      EXPECT_EQ(stages[t].Get("data_bytes_moved").AsInt(), 0);
+      EXPECT_EQ(stages[t].Get("steps").AsInt(), kStageSteps);
+      EXPECT_GT(stages[t].Get("model_bytes").AsInt(), 0);
+    }
+  }
+  ExpectEveryMoveAppliedOnce(run, kWorkers);  // W × passes moves per model
+  ExpectLeaderboard(run);
+}
+
+TEST_F(MultiModelJobTest, FewerModelsThanWorkersShareAModelPerStageAndAverageTheirChanges) {
+  // K = 1 < W = 2: both workers hold the one model in every stage (group 2); each pushes half
+  // its change, so the model moves on as the average of the two copies, 2 moves per stage.
+  const fs::path run = RunJob("pipeline", "[0.01]");
+  for (int w = 0; w < kWorkers; ++w) {
+    const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
+    ASSERT_EQ(stages.size(), 1u) << "worker " << w;
+    EXPECT_EQ(stages[0].Get("group").AsInt(), kWorkers);
+    EXPECT_EQ(stages[0].Get("partition").AsInt(), w);
+  }
+  ExpectEveryMoveAppliedOnce(run, kWorkers, /*models=*/1);
+  const auto evals = test::Metrics(run, "worker-0.jsonl", "model_eval");
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_GT(evals[0].Get("top1").AsDouble(), 0.45);
+  EXPECT_EQ(evals[0].Get("train_images").AsInt(), int64_t{kWorkers} * kStageSteps * kBatch);
+}
+
+TEST_F(MultiModelJobTest, IndependentJobsReadTheWholeSetAndCountTheDataMoved) {
+  const fs::path run = RunJob("independent");
+  // Model k is a job on worker k mod W: W × passes stages over the partitions, its own first.
+  for (int w = 0; w < kWorkers; ++w) {
+    const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
+    int jobs = 0;
+    for (int k = w; k < kModels; k += kWorkers) ++jobs;
+    ASSERT_EQ(stages.size(), static_cast<size_t>(jobs * kWorkers)) << "worker " << w;
+    int64_t moved = 0;
+    for (const MetricRecord& s : stages) {
+      EXPECT_EQ(s.Get("model").AsInt() % kWorkers, w);
+      const bool own = s.Get("partition").AsInt() == w;
+      EXPECT_EQ(s.Get("data_bytes_moved").AsInt(), own ? 0 : int64_t{kStageSteps} * kBatch * kImageBytes);
+      moved += s.Get("data_bytes_moved").AsInt();
+    }
+    const auto done = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "done");
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].Get("data_bytes_moved").AsInt(), moved);
+    EXPECT_EQ(moved, int64_t{jobs} * (kWorkers - 1) * kStageSteps * kBatch * kImageBytes);
+  }
+  ExpectEveryMoveAppliedOnce(run, kWorkers);
+  ExpectLeaderboard(run);
+}
+
+TEST_F(MultiModelJobTest, SequentialTrainsEachModelDataParallelInTurn) {
+  const fs::path run = RunJob("sequential");
+  for (int w = 0; w < kWorkers; ++w) {
+    const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
+    ASSERT_EQ(stages.size(), static_cast<size_t>(kModels));
+    for (int k = 0; k < kModels; ++k) EXPECT_EQ(stages[static_cast<size_t>(k)].Get("model").AsInt(), k);
+  }
+  // Every worker's gradient pushes reached every model, and no model took a move.
+  for (int s = 0; s < kServers; ++s) {
+    for (const MetricRecord& e : test::Metrics(run, fmt::format("server-{}.jsonl", s), "model_end")) {
+      EXPECT_GE(e.Get("chunk_updates").AsInt(), int64_t{kWorkers} * kStageSteps) << "server " << s;
+      EXPECT_EQ(e.Get("pushes_rejected").AsInt(), 0);
+    }
+  }
+  ExpectLeaderboard(run);
+}
+
+TEST_F(MultiModelJobTest, AMissingPartitionOrTwoModelsOfOneNameAreRefusedBeforeAnythingStarts) {
+  std::string out;
+  fs::rename(dir_ / "train" / "shard_1_of_2", dir_ / "train" / "moved-away");
+  EXPECT_EQ(test::RunCommand({test::Binary("downpour-launch"), "--config", Config("pipeline"), "--run-dir",
+                              (dir_ / "run-missing").string()},
+                             &out),
+            2)
+      << out;
+  EXPECT_THAT(out, HasSubstr("data.train (sharding \"own\", worker 1)"));
+  EXPECT_FALSE(fs::exists(dir_ / "run-missing" / "config.toml"));
+  fs::rename(dir_ / "train" / "moved-away", dir_ / "train" / "shard_1_of_2");
+  const fs::path dup = dir_ / "dup.toml";
+  std::string text = test::ReadFile(Config("pipeline"));
+  text = text.substr(0, text.find("[sweep]")) + "[[models]]\nname = \"a\"\n[[models]]\nname = \"a\"\n";
+  test::WriteFile(dup, text);
+  EXPECT_EQ(test::RunCommand({test::Binary("downpour-launch"), "--config", dup.string(), "--run-dir",
+                              (dir_ / "run-dup").string()},
+                             &out),
+            2)
+      << out;
+  EXPECT_THAT(out, HasSubstr("models[1].name = \"a\": the same name as models[0]"));
+}
+
+}  // namespace
+}  // namespace downpour
