@@ -627,6 +627,45 @@ def bytes_until(cumulative, t):
     return cumulative[i - 1][1] if i else 0
 
 
+def multi_model_summary(config, workers):
+    """A multi-model run's part of the summary ([[models]]; docs/multi_model.md), or None: the
+    scheme, the leaderboard (worker 0's final evaluation of every model, best top-1 first), each
+    model's curve (its evaluations as it moved on: images it had seen, epochs, top-1), images per
+    model, and the bytes moved: model payload pulled and pushed, and data read from partitions
+    that were not the reader's own."""
+    models = config.get("models")
+    if not models:
+        return None
+    rotation = config.get("rotation", {})
+    finals = [r for w in workers for _, r in w.records("model_eval")]
+    board = sorted(finals, key=lambda r: (-(r.get("top1") or 0), r.get("loss") or math.inf, r.get("model") or 0))
+    curves = {}
+    for w in workers:
+        for _, r in w.records("model_curve"):
+            curves.setdefault(r.get("name"), []).append({"images": r.get("train_images"), "epoch": r.get("epoch"),
+                                                         "top1": r.get("top1"), "loss": r.get("loss"),
+                                                         "run_s": r.get("run_s")})
+    for points in curves.values():
+        points.sort(key=lambda e: e["images"] or 0)
+    stages = [r for w in workers for _, r in w.records("stage")]
+    images = {}
+    for r in stages:
+        images[r.get("name")] = images.get(r.get("name"), 0) + (r.get("images") or 0)
+    return {
+        "scheme": rotation.get("scheme", "pipeline"),
+        "models": len(models),
+        "passes": rotation.get("passes", 1),
+        "leaderboard": [{"rank": i + 1, "model": r.get("model"), "name": r.get("name"), "top1": r.get("top1"),
+                         "top5": r.get("top5"), "loss": r.get("loss"), "train_images": r.get("train_images")}
+                        for i, r in enumerate(board)],
+        "curves": curves,
+        "images_per_model": images,
+        "model_bytes": sum(r.get("model_bytes") or 0 for r in stages),
+        "data_bytes_moved": sum(r.get("data_bytes_moved") or 0 for r in stages),
+        "wait_s": sum(r.get("wait_s") or 0 for r in stages),
+    }
+
+
 def summarize(spec):
     """The summary (the fields of summary.json) of a run: RUN_DIR or RUN_DIR+RUN_DIR2+..."""
     parts = run_parts(spec)
@@ -702,6 +741,12 @@ def summarize(spec):
                          "server_versions": e.get("server_versions"), "bytes": bytes_until(cumulative, t)}
                         for t, e in evals]
     summary["train_loss"] = loss_curve(workers, times)
+    summary["multi_model"] = multi_model_summary(config, workers)
+    if summary["multi_model"] and summary["multi_model"]["leaderboard"]:
+        # The run's result is its best model (the leaderboard has every model's).
+        best = summary["multi_model"]["leaderboard"][0]
+        summary["final_top1"], summary["final_top5"] = best["top1"], best["top5"]
+        summary["evaluated_by"] = "worker 0 (every model)"
     return summary
 
 

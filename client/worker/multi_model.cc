@@ -50,6 +50,7 @@ struct ModelSlot {
   std::vector<float> history;  // momentum of the current local stage (or independent job)
   std::vector<float> start;    // weights at the start of the current local stage
   int64_t iter = 0;            // the model's lr-schedule iteration as this worker last knew it
+  std::unique_ptr<engine::Net> eval_net;  // batch kEvalBatch, made at the first evaluation
 };
 
 // The run config with model k's net: what the per-model input checks and nets read.
@@ -81,6 +82,10 @@ class MultiModelWorker {
   Status DataParallelStage(ModelSlot& m, TrainSource* source, int64_t steps, double* loss);
   Status WaitForEveryWorker();
   Status EvaluateModels();
+  // The model's weights as this worker last left them (its net), on eval.test_batches test batches.
+  Status EvaluateStage(ModelSlot& m, int model, int stage, int64_t images, double run_s);
+  Status EvalNetOf(ModelSlot& m, engine::Net** out);
+  std::unique_ptr<TestSource> test_;
 
   const RunConfig& c_;
   const WorkerArgs& a_;
@@ -96,6 +101,7 @@ class MultiModelWorker {
   std::unique_ptr<MetricsWriter> metrics_;
   std::chrono::milliseconds wait_{0};
   int64_t image_bytes_ = 0;  // pixel bytes of one training image (C × H × W, uint8 records)
+  int64_t train_images_ = 1; // the training set: this worker's partition × W (partitions differ by a record)
 };
 
 Status MultiModelWorker::Setup(bool* started) {
@@ -136,6 +142,7 @@ Status MultiModelWorker::Setup(bool* started) {
   // The worker's own partition is opened before anything starts (a missing shard is bad input).
   TrainSource* own = nullptr;
   DP_RETURN_IF_ERROR(OpenPartition(id_, &own));
+  train_images_ = std::max<int64_t>(1, own->shard_size() * c_.cluster.workers);
   DP_RETURN_IF_ERROR(
       MetricsWriter::Open((metrics_dir / fmt::format("worker-{}.jsonl", id_)).string(), "worker", id_, &metrics_));
   if (started != nullptr) *started = true;
@@ -308,7 +315,7 @@ Status MultiModelWorker::Run() {
                                      {"batch_size", c_.worker.batch_size}});
   const double t_run = NowS();
   int64_t total_images = 0, total_model_bytes = 0, total_data_moved = 0;
-  double total_wait = 0;
+  double total_wait = 0, total_eval = 0;
   for (size_t i = 0; i < stages.size(); ++i) {
     const StageTask& t = stages[i];
     const int stage = static_cast<int>(i);
@@ -341,6 +348,20 @@ Status MultiModelWorker::Run() {
     total_data_moved += data_moved;
     total_wait += wait_s;
     const double seconds = NowS() - t0;
+    // The model as it moves on, on the test set: the curve of each model over the images it saw.
+    // A local stage's holder evaluates the copy it handed on (not when a group averages copies);
+    // a data-parallel stage's worker 0 the servers' copy when its own stage ends.
+    const bool eval_due = c_.eval.every_steps > 0 && !c_.data.test.empty() &&
+                          (t.data_parallel ? id_ == 0 : t.group == 1);
+    if (eval_due) {
+      if (t.data_parallel) {
+        DP_RETURN_IF_ERROR(m.client->Wait(m.client->Pull(m.net->params(), 0), wait_));
+        m.iter = MinOf(m.client->last_iters());
+      }
+      const double e0 = NowS();
+      DP_RETURN_IF_ERROR(EvaluateStage(m, t.model, stage, m.iter * c_.worker.batch_size, NowS() - t_run));
+      total_eval += NowS() - e0;
+    }
     (void)metrics_->Write("stage", {{"stage", stage},
                                     {"model", t.model},
                                     {"name", m.name},
@@ -365,8 +386,12 @@ Status MultiModelWorker::Run() {
     }
   }
   const TrafficCounts traffic = transport_->traffic();
+  const double wall = NowS() - t_run;
   (void)metrics_->Write("done", {{"images", total_images},
-                                 {"wall_s", NowS() - t_run},
+                                 {"wall_s", wall},
+                                 // Training time: waits for models and evaluations left out.
+                                 {"train_s", wall - total_wait - total_eval},
+                                 {"eval_s", total_eval},
                                  {"wait_s", total_wait},
                                  {"model_bytes", total_model_bytes},
                                  {"data_bytes_moved", total_data_moved},
@@ -379,6 +404,40 @@ Status MultiModelWorker::Run() {
   }
   const Status done = link_->AnnounceDone(std::chrono::milliseconds(10000));
   if (!done.ok()) spdlog::warn("worker {}: could not tell the coordinator it is done: {}", id_, done.ToString());
+  return Status::Ok();
+}
+
+Status MultiModelWorker::EvalNetOf(ModelSlot& m, engine::Net** out) {
+  if (!m.eval_net) {
+    engine::NetSpec spec;
+    DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(m.config, &spec));
+    const RunConfig one = ConfigOfModel(c_, static_cast<int>(&m - models_.data()));
+    DP_RETURN_IF_ERROR(engine::Net::Create(spec, NetOptionsFor(one, kEvalBatch), &m.eval_net));
+  }
+  if (!test_) DP_RETURN_IF_ERROR(OpenTestSource(c_, kEvalBatch, m.eval_net->num_classes(), &test_));
+  *out = m.eval_net.get();
+  return Status::Ok();
+}
+
+Status MultiModelWorker::EvaluateStage(ModelSlot& m, int model, int stage, int64_t images, double run_s) {
+  engine::Net* net = nullptr;
+  DP_RETURN_IF_ERROR(EvalNetOf(m, &net));
+  const auto from = m.net->params();
+  std::copy(from.begin(), from.end(), net->params().begin());
+  const double t0 = NowS();
+  EvalRecord r;
+  DP_RETURN_IF_ERROR(EvaluateNet(net, test_.get(), c_.eval.test_batches, &r));
+  (void)metrics_->Write("model_curve", {{"model", model},
+                                        {"name", m.name},
+                                        {"stage", stage},
+                                        {"train_images", images},
+                                        {"epoch", static_cast<double>(images) / static_cast<double>(train_images_)},
+                                        {"top1", r.top1},
+                                        {"top5", r.top5},
+                                        {"loss", r.loss},
+                                        {"test_images", r.images},
+                                        {"eval_s", NowS() - t0},
+                                        {"run_s", run_s}});
   return Status::Ok();
 }
 

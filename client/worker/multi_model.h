@@ -22,6 +22,10 @@
 // mean training loss, seconds, wait_s = waiting for the model's earlier stages, model_bytes =
 // model payload pulled and pushed, data_bytes_moved = pixel bytes read from a partition not
 // this worker's own, tx_bytes / rx_bytes on the wire during the stage), and "done" (totals).
+// With eval.every_steps > 0, a model is also evaluated on eval.test_batches test batches as it
+// moves on ("model_curve": model, name, stage, train_images = the model's schedule iteration ×
+// batch, epoch, top1, top5, loss, run_s): by its holder after a local stage (not when a group
+// averages copies: no one holds the average), by worker 0 after its data-parallel stage.
 // Worker 0 then waits for every worker to finish, evaluates every model's final weights on
 // data.test ("model_eval" records), saves them as <run-dir>/models/<name>.dpt and writes the
 // leaderboard, best top-1 first, to <run-dir>/leaderboard.json and stdout.
