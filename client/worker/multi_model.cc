@@ -339,8 +339,13 @@ Status MultiModelWorker::Run() {
       model_bytes += floats * 4;
     }
     const TrafficCounts after = transport_->traffic();
-    if (t.data_parallel) model_bytes = static_cast<int64_t>((after.sent_bytes - before.sent_bytes) +
-                                                            (after.received_bytes - before.received_bytes));
+    if (t.data_parallel) {
+      // The model's payload a data-parallel stage moves: every pull and every gradient push of a
+      // whole model (f32), counted as it is asked for, not from the wire counters, which miss
+      // what goes through same-host shared memory.
+      const int64_t pulls = (steps + c_.worker.pull_every - 1) / c_.worker.pull_every;
+      model_bytes = (pulls + steps / c_.worker.push_every) * floats * 4;
+    }
     const int64_t images = steps * c_.worker.batch_size;
     const int64_t data_moved = t.partition == id_ ? 0 : images * image_bytes_;
     total_images += images;

@@ -20,7 +20,8 @@
 // Metrics (<run-dir>/metrics/worker-<id>.jsonl): "mm_start" (K, W, scheme, stages), one "stage"
 // record per stage (stage, model, name, partition, own, group, steps, images, loss = the stage's
 // mean training loss, seconds, wait_s = waiting for the model's earlier stages, model_bytes =
-// model payload pulled and pushed, data_bytes_moved = pixel bytes read from a partition not
+// model payload pulled and pushed (f32; a data-parallel stage: a whole model per pull and per
+// push, shared memory or not), data_bytes_moved = pixel bytes read from a partition not
 // this worker's own, tx_bytes / rx_bytes on the wire during the stage), and "done" (totals).
 // With eval.every_steps > 0, a model is also evaluated on eval.test_batches test batches as it
 // moves on ("model_curve": model, name, stage, train_images = the model's schedule iteration ×

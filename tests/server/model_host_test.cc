@@ -317,6 +317,22 @@ TEST_F(ModelHostTest, AOneModelServerRefusesMoves) {
   EXPECT_TRUE(SameBytes(Weights(0), before));
 }
 
+TEST_F(ModelHostTest, TheSetOfModelsStaysBalancedAcrossServers) {
+  // Memory is the sum of the models' shards; each model splits its floats evenly, so every
+  // server holds the set's mean within one float per model.
+  int64_t total = 0;
+  std::vector<int64_t> per_server(kServers, 0);
+  for (const ParamLayout& l : layouts_) {
+    total += l.total_elems();
+    for (int s = 0; s < kServers; ++s) per_server[static_cast<size_t>(s)] += l.ServerElems(s);
+  }
+  for (int s = 0; s < kServers; ++s) {
+    EXPECT_LE(std::abs(per_server[static_cast<size_t>(s)] * kServers - total),
+              static_cast<int64_t>(layouts_.size()) * kServers)
+        << "server " << s;
+  }
+}
+
 TEST(ModelHostCreateTest, RefusesMisnumberedShards) {
   ParamLayout l;
   ASSERT_TRUE(ParamLayout::Build({{"w", {8}, 1, 1}}, 1, 16, &l).ok());
