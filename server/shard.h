@@ -46,6 +46,12 @@
 // computed from (≥ 0), counted in a histogram. Gradient clipping by global norm is not
 // applied here (it needs every shard's norm): each worker clips before pushing.
 //
+// Model moves (multi-model runs, ShardOptions::model_moves; common/rotation.h): a push with
+// kFlagMove carries a model's change over a stage of local training, which is added as it is
+// (no lr, momentum or decay), counts as one update of every chunk it names and advances the
+// chunks' lr-schedule iteration by header.move_batches (1..kMaxMoveBatches); it is logged (the
+// batches in the record's clock) and replayed like any push, and refused by a one-model server.
+//
 // Checkpoints: SaveCheckpoint/LoadCheckpoint (common/tensor_file.h, atomic), on a checkpoint
 // message, and every `checkpoint_every_updates` applied updates of the shard. A checkpoint holds
 // everything the shard's behaviour depends on: weights, history, versions, the consistency
