@@ -171,7 +171,11 @@ TEST_F(ResumeTest, KilledRunResumesToTheSameEndAndFineTuneStartsAtTheSavedAccura
         << "server " << s;
   }
   const double resumed_top1 = FinalTop1(run);
-  EXPECT_NEAR(resumed_top1, whole_top1, 0.02)
+  // Two async runs of 300 steps differ by their update order alone: under CI's -j2 load the pair
+  // has ended 2.36 points apart (2026-11-26, the resumed one lower; 2 of 2 reruns inside 2
+  // points), so 3 points. A run that restarted from fresh weights is caught above ("restored
+  // from" in every server's log, the curve continuing at resume_step).
+  EXPECT_NEAR(resumed_top1, whole_top1, 0.03)
       << "uninterrupted " << whole_top1 << ", killed and resumed " << resumed_top1;
   // The summary counts the run as one: two segments, every step once.
   std::string out;
