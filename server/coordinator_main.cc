@@ -33,6 +33,7 @@
 #include "common/run_config.h"
 #include "common/zmq_transport.h"
 #include "server/coordinator.h"
+#include "server/model_host.h"
 #include "server/process_util.h"
 
 namespace downpour {
@@ -51,23 +52,9 @@ Status Run(const Flags& f, bool* serving) {
   RunConfig cfg;
   DP_RETURN_IF_ERROR(LoadRunConfig(f.config, &cfg));
   // The layout hash every process is checked against: the model's, or a multi-model run's
-  // combined hash of every model's (tensor lists D/tensors-model-<k>.txt, written by the launcher).
-  std::vector<std::vector<TensorSpec>> specs;
-  if (!cfg.models.empty()) {
-    if (!f.tensors.empty() || !f.model.empty()) {
-      return InvalidArgument("--tensors / --model: {} trains {} models ([[models]]); their tensor lists are "
-                             "{}/tensors-model-<k>.txt (downpour-launch writes them)",
-                             f.config, cfg.models.size(), f.run_dir);
-    }
-    DP_RETURN_IF_ERROR(LoadModelTensorLists(f.run_dir, static_cast<int>(cfg.models.size()), &specs));
-  } else {
-    specs.emplace_back();
-    DP_RETURN_IF_ERROR(ResolveTensorList(f.tensors, f.model, &specs[0]));
-  }
-  std::vector<ParamLayout> layouts(specs.size());
-  for (size_t k = 0; k < specs.size(); ++k) {
-    DP_RETURN_IF_ERROR(ParamLayout::Build(specs[k], cfg.cluster.servers, cfg.cluster.chunk_elems, &layouts[k]));
-  }
+  // combined hash of every model's.
+  std::vector<ParamLayout> layouts;
+  DP_RETURN_IF_ERROR(LoadRunLayouts(cfg, f.config, f.tensors, f.model, f.run_dir, &layouts));
   // Addresses, keys and the run secret, checked before anything binds.
   ProcessNet net;
   DP_RETURN_IF_ERROR(SetUpProcessNet(cfg, f.net, NetRole::kCoordinator, f.run_dir, &net));

@@ -6,6 +6,28 @@
 
 namespace downpour {
 
+Status LoadRunLayouts(const RunConfig& config, const std::string& config_path, const std::string& tensors_file,
+                      const std::string& model, const std::string& run_dir, std::vector<ParamLayout>* out) {
+  std::vector<std::vector<TensorSpec>> specs;
+  if (!config.models.empty()) {
+    if (!tensors_file.empty() || !model.empty()) {
+      return InvalidArgument("--tensors / --model: {} trains {} models ([[models]]); their tensor lists are "
+                             "{}/tensors-model-<k>.txt (downpour-launch writes them)",
+                             config_path, config.models.size(), run_dir);
+    }
+    DP_RETURN_IF_ERROR(LoadModelTensorLists(run_dir, static_cast<int>(config.models.size()), &specs));
+  } else {
+    specs.emplace_back();
+    DP_RETURN_IF_ERROR(ResolveTensorList(tensors_file, model, &specs[0]));
+  }
+  out->assign(specs.size(), ParamLayout{});
+  for (size_t k = 0; k < specs.size(); ++k) {
+    DP_RETURN_IF_ERROR(
+        ParamLayout::Build(specs[k], config.cluster.servers, config.cluster.chunk_elems, &(*out)[k]));
+  }
+  return Status::Ok();
+}
+
 Status ModelHost::Create(std::vector<std::unique_ptr<ShardServer>> shards, std::unique_ptr<ModelHost>* out) {
   if (shards.empty()) return InvalidArgument("model host: no models to serve");
   for (size_t k = 0; k < shards.size(); ++k) {

@@ -25,11 +25,21 @@
 #include <thread>
 #include <vector>
 
+#include "common/layout.h"
+#include "common/run_config.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "server/shard.h"
 
 namespace downpour {
+
+// The layouts a server or the coordinator of the run `config` (read from `config_path`) serves:
+// one model's, from --tensors `tensors_file` or the built-in --model `model`; or, with
+// [[models]], every model's from <run_dir>/tensors-model-<k>.txt (downpour-launch writes them;
+// --tensors and --model are then refused, naming the config). CombinedLayoutHash of the result is
+// the hash every process of the run compares at rendezvous.
+Status LoadRunLayouts(const RunConfig& config, const std::string& config_path, const std::string& tensors_file,
+                      const std::string& model, const std::string& run_dir, std::vector<ParamLayout>* out);
 
 class ModelHost {
  public:

@@ -141,25 +141,11 @@ Status Run(const Flags& f, bool* serving) {
   RunConfig cfg;
   DP_RETURN_IF_ERROR(LoadRunConfig(f.config, &cfg));
   const bool multi = !cfg.models.empty();
-  std::vector<std::vector<TensorSpec>> specs;
-  if (multi) {
-    if (!f.tensors.empty() || !f.model.empty()) {
-      return InvalidArgument("--tensors / --model: {} trains {} models ([[models]]); their tensor lists are "
-                             "{}/tensors-model-<k>.txt (downpour-launch writes them)",
-                             f.config, cfg.models.size(), f.run_dir);
-    }
-    if (!f.restore.empty()) {
-      return InvalidArgument("--restore {}: a multi-model server restores every model with --recover", f.restore);
-    }
-    DP_RETURN_IF_ERROR(LoadModelTensorLists(f.run_dir, static_cast<int>(cfg.models.size()), &specs));
-  } else {
-    specs.emplace_back();
-    DP_RETURN_IF_ERROR(ResolveTensorList(f.tensors, f.model, &specs[0]));
+  if (multi && !f.restore.empty()) {
+    return InvalidArgument("--restore {}: a multi-model server restores every model with --recover", f.restore);
   }
-  std::vector<ParamLayout> layouts(specs.size());
-  for (size_t k = 0; k < specs.size(); ++k) {
-    DP_RETURN_IF_ERROR(ParamLayout::Build(specs[k], cfg.cluster.servers, cfg.cluster.chunk_elems, &layouts[k]));
-  }
+  std::vector<ParamLayout> layouts;
+  DP_RETURN_IF_ERROR(LoadRunLayouts(cfg, f.config, f.tensors, f.model, f.run_dir, &layouts));
   const int models = static_cast<int>(layouts.size());
 
   // Addresses, keys and the run secret, checked before anything binds.
