@@ -680,6 +680,13 @@ SolverConfig ModelSolver(const RunConfig& config, int model) {
   return s;
 }
 
+RunConfig ModelRunConfig(const RunConfig& config, int model) {
+  RunConfig one = config;
+  one.model.config = config.models.at(static_cast<size_t>(model)).config;
+  one.models.clear();
+  return one;
+}
+
 const char* RotationSchemeName(RotationScheme scheme) { return kRotationSchemeNames[static_cast<int>(scheme)].data(); }
 
 bool RunHasEvaluator(const RunConfig& config) {

@@ -408,6 +408,9 @@ bool RunHasEvaluator(const RunConfig& config);
 // of 0 resolved to the model's planned batches, rotation.passes × cluster.workers ×
 // rotation.stage_steps (the same in every rotation scheme).
 SolverConfig ModelSolver(const RunConfig& config, int model);
+// The run config as model `model` of a multi-model run sees it: [model].config set to the
+// entry's, no [[models]] (what its net, and the check of the data against its input, read).
+RunConfig ModelRunConfig(const RunConfig& config, int model);
 // The evaluator's update interval: eval.every_updates, or every_steps × cluster.workers when it
 // is 0 (0 when both are 0: no update-driven evaluations).
 int64_t EvaluatorEveryUpdates(const RunConfig& config);

@@ -498,9 +498,7 @@ int Launch(const LaunchFlags& f) {
   if (s.ok()) s = BuildChildren(flags, cfg, run_dir, resuming ? &plan : nullptr, &children);
   if (s.ok() && f.worker_cmd.empty()) s = data::CheckRunDataFitsModel(cfg);  // records vs the model's input
   for (size_t k = 0; s.ok() && k < cfg.models.size(); ++k) {  // and vs every model's of a multi-model run
-    RunConfig one = cfg;
-    one.model.config = cfg.models[k].config;
-    s = data::CheckRunDataFitsModel(one);
+    s = data::CheckRunDataFitsModel(ModelRunConfig(cfg, static_cast<int>(k)));
   }
   if (s.ok()) {
     std::error_code ec;

@@ -53,18 +53,17 @@ struct ModelSlot {
   std::unique_ptr<engine::Net> eval_net;  // batch kEvalBatch, made at the first evaluation
 };
 
-// The run config with model k's net: what the per-model input checks and nets read.
-RunConfig ConfigOfModel(const RunConfig& c, int k) {
-  RunConfig one = c;
-  one.model.config = c.models[static_cast<size_t>(k)].config;
-  one.models.clear();
-  return one;
-}
-
 int64_t MinOf(std::span<const int64_t> v) {
   int64_t m = std::numeric_limits<int64_t>::max();
   for (int64_t x : v) m = std::min(m, x);
   return v.empty() ? 0 : m;
+}
+
+// Best first: top-1 descending, then loss ascending, then model id (the leaderboard's order).
+void SortBestFirst(std::vector<LeaderboardRow>* rows) {
+  std::sort(rows->begin(), rows->end(), [](const LeaderboardRow& x, const LeaderboardRow& y) {
+    return x.top1 != y.top1 ? x.top1 > y.top1 : x.loss != y.loss ? x.loss < y.loss : x.model < y.model;
+  });
 }
 
 class MultiModelWorker {
@@ -119,7 +118,7 @@ Status MultiModelWorker::Setup(bool* started) {
   const int K = static_cast<int>(c_.models.size());
   std::vector<ParamLayout> layouts;
   for (int k = 0; k < K; ++k) {
-    const RunConfig one = ConfigOfModel(c_, k);
+    const RunConfig one = ModelRunConfig(c_, k);
     DP_RETURN_IF_ERROR(data::CheckRunDataFitsModel(one));
     ModelSlot m;
     m.name = c_.models[static_cast<size_t>(k)].name;
@@ -416,7 +415,7 @@ Status MultiModelWorker::EvalNetOf(ModelSlot& m, engine::Net** out) {
   if (!m.eval_net) {
     engine::NetSpec spec;
     DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(m.config, &spec));
-    const RunConfig one = ConfigOfModel(c_, static_cast<int>(&m - models_.data()));
+    const RunConfig one = ModelRunConfig(c_, static_cast<int>(&m - models_.data()));
     DP_RETURN_IF_ERROR(engine::Net::Create(spec, NetOptionsFor(one, kEvalBatch), &m.eval_net));
   }
   if (!test_) DP_RETURN_IF_ERROR(OpenTestSource(c_, kEvalBatch, m.eval_net->num_classes(), &test_));
@@ -474,7 +473,7 @@ Status MultiModelWorker::EvaluateModels() {
   if (ec) return IoError("run dir {}: cannot create {}: {}", a_.run_dir, models_dir.string(), ec.message());
   for (size_t k = 0; k < models_.size(); ++k) {
     ModelSlot& m = models_[k];
-    const RunConfig one = ConfigOfModel(c_, static_cast<int>(k));
+    const RunConfig one = ModelRunConfig(c_, static_cast<int>(k));
     engine::NetSpec spec;
     DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(m.config, &spec));
     std::unique_ptr<engine::Net> eval_net;
@@ -508,9 +507,7 @@ Status MultiModelWorker::EvaluateModels() {
   }
   const std::string json = LeaderboardJson(rows);
   DP_RETURN_IF_ERROR(WriteFileAtomic((std::filesystem::path(a_.run_dir) / "leaderboard.json").string(), json));
-  std::sort(rows.begin(), rows.end(), [](const LeaderboardRow& x, const LeaderboardRow& y) {
-    return x.top1 != y.top1 ? x.top1 > y.top1 : x.loss != y.loss ? x.loss < y.loss : x.model < y.model;
-  });
+  SortBestFirst(&rows);
   std::printf("leaderboard (%zu models, best first):\n", rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     std::printf("  %2zu. %-40s top-1 %6.2f%%  top-5 %6.2f%%  loss %.4f  (%lld training images)\n", i + 1,
@@ -524,9 +521,7 @@ Status MultiModelWorker::EvaluateModels() {
 }  // namespace
 
 std::string LeaderboardJson(std::vector<LeaderboardRow> rows) {
-  std::sort(rows.begin(), rows.end(), [](const LeaderboardRow& x, const LeaderboardRow& y) {
-    return x.top1 != y.top1 ? x.top1 > y.top1 : x.loss != y.loss ? x.loss < y.loss : x.model < y.model;
-  });
+  SortBestFirst(&rows);
   std::string out = "{\"models\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const LeaderboardRow& r = rows[i];
