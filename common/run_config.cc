@@ -481,6 +481,7 @@ std::string FloatText(T v) {
 }
 
 constexpr std::string_view kRotationSchemeNames[] = {"pipeline", "sequential", "independent"};
+constexpr std::string_view kRotationGroupsNames[] = {"data_parallel", "average"};
 
 Status ReadRotation(TableReader& r, RotationConfig* c) {
   if (const toml::node* n = r.Get("scheme")) {
@@ -496,6 +497,17 @@ Status ReadRotation(TableReader& r, RotationConfig* c) {
   }
   DP_RETURN_IF_ERROR(r.Int("passes", &c->passes));
   DP_RETURN_IF_ERROR(r.Int("stage_steps", &c->stage_steps));
+  if (const toml::node* n = r.Get("groups")) {
+    const auto text = n->value<std::string>();
+    bool found = false;
+    for (size_t i = 0; text && i < std::size(kRotationGroupsNames); ++i) {
+      if (*text == kRotationGroupsNames[i]) {
+        c->groups = static_cast<RotationGroups>(i);
+        found = true;
+      }
+    }
+    if (!found) return r.Bad("groups", *n, "expected \"data_parallel\" or \"average\"");
+  }
   return r.Finish();
 }
 
@@ -688,6 +700,7 @@ RunConfig ModelRunConfig(const RunConfig& config, int model) {
 }
 
 const char* RotationSchemeName(RotationScheme scheme) { return kRotationSchemeNames[static_cast<int>(scheme)].data(); }
+const char* RotationGroupsName(RotationGroups groups) { return kRotationGroupsNames[static_cast<int>(groups)].data(); }
 
 bool RunHasEvaluator(const RunConfig& config) {
   return config.eval.evaluator && !config.data.test.empty() && config.models.empty();
@@ -918,6 +931,23 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
         .Check(co.algorithm != Algorithm::kEasgd, "consistency.algorithm", AlgorithmString(co.algorithm),
                "\"easgd\" keeps worker-local weights, which a model moving between workers would lose: not with "
                "[[models]]");
+    // A pipeline with K < W: each stage's holders of a model train it together through the
+    // servers (rotation.h); the servers find a stage's holders from the model's version.
+    const int K = static_cast<int>(c.models.size());
+    if (ro.scheme == RotationScheme::kPipeline && K < cl.workers && ro.groups == RotationGroups::kDataParallel) {
+      v.Check(ro.stage_steps > 0, "rotation.stage_steps", ro.stage_steps,
+              fmt::format("a pipeline of {} models on {} workers trains each stage's holders of a model together "
+                          "(rotation.groups = \"data_parallel\"): they must take the same steps; set stage_steps > 0 "
+                          "(or groups = \"average\")",
+                          K, cl.workers))
+          .Check(co.mode != ConsistencyMode::kSsp, "consistency.mode", ConsistencyModeString(co),
+                 "ssp bounds the clocks of all of a model's workers, but a pipeline's holders of a model change "
+                 "every stage: use \"async\" or \"sync\" (or rotation.groups = \"average\")")
+          .Check(co.backup_workers < cl.workers / K, "consistency.backup_workers", co.backup_workers,
+                 fmt::format("must be < the smallest group of holders of a model in a stage ({} = {} workers / {} "
+                             "models)",
+                             cl.workers / K, cl.workers, K));
+    }
   }
   std::map<std::string, size_t> names;
   for (size_t i = 0; i < c.models.size(); ++i) {
@@ -1137,6 +1167,7 @@ std::string ToToml(const RunConfig& c) {
   line("scheme", str(RotationSchemeName(c.rotation.scheme)));
   line("passes", num(c.rotation.passes));
   line("stage_steps", num(c.rotation.stage_steps));
+  line("groups", str(RotationGroupsName(c.rotation.groups)));
   for (const ModelEntry& m : c.models) {  // a [sweep] is stored expanded
     s += "\n[[models]]\n";
     line("name", str(m.name));

@@ -335,6 +335,18 @@ enum class RotationScheme {
 };
 const char* RotationSchemeName(RotationScheme scheme);  // "pipeline" | "sequential" | "independent"
 
+// How a pipeline's holders of one model in one stage train it when K < W ([rotation] groups).
+enum class RotationGroups {
+  // Together, through the servers, per step, in the run's consistency mode (async: every
+  // holder's gradient applied on arrival; sync: a round averages the holders' gradients).
+  kDataParallel,
+  // Each holder trains its own copy with local SGD on its own partition and pushes its change
+  // divided by the group's size: the model moves on as the copies' average (fewer bytes: one
+  // model per holder per stage instead of one per step).
+  kAverage,
+};
+const char* RotationGroupsName(RotationGroups groups);  // "data_parallel" | "average"
+
 // [rotation] — the schedule of a multi-model run (ignored without [[models]]).
 struct RotationConfig {
   RotationScheme scheme = RotationScheme::kPipeline;
@@ -346,6 +358,8 @@ struct RotationConfig {
   // the worker's own partition. Sequential and independent runs give every model the same
   // images: passes × W × stage_steps batches (or passes epochs).
   int64_t stage_steps = 0;
+  // Pipeline with fewer models than workers: how a stage's holders of a model train it.
+  RotationGroups groups = RotationGroups::kDataParallel;
   bool operator==(const RotationConfig&) const = default;
 };
 

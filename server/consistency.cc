@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -144,7 +145,8 @@ class SspPolicy : public AsyncPolicy {
 // until every requested chunk has applied clock c - 1.
 class SyncPolicy : public ConsistencyPolicy {
  public:
-  SyncPolicy(int backup, int workers, int max_workers) : backup_(backup), members_(workers, max_workers) {}
+  SyncPolicy(int backup, int workers, int max_workers, RoundMembers round)
+      : backup_(backup), members_(workers, max_workers), round_(std::move(round)) {}
 
   Status CheckPush(const ShardUpdater& shard, const PushContext& ctx,
                    std::span<const PushChunk> chunks) const override {
@@ -160,6 +162,11 @@ class SyncPolicy : public ConsistencyPolicy {
       }
       if (ctx.clock == now && Contributed(c.local, ctx.worker)) {
         return InvalidArgument("sync: worker {} pushed clock {} twice", ctx.worker, ctx.clock);
+      }
+      if (ctx.clock == now && round_ && !round_(ctx.worker, now)) {
+        return InvalidArgument("sync: worker {} pushed clock {}, but that round belongs to other workers (the "
+                               "stage's holders of this model)",
+                               ctx.worker, ctx.clock);
       }
     }
     return Status::Ok();
@@ -262,7 +269,12 @@ class SyncPolicy : public ConsistencyPolicy {
     if (have == 0) return;
     const int have_live = static_cast<int>(
         std::count_if(a.workers.begin(), a.workers.end(), [&](int32_t w) { return members_.IsLive(w); }));
-    if (have_live < std::max(0, members_.Live() - backup_)) return;
+    int expected = members_.Live();
+    if (round_) {
+      expected = 0;
+      for (int32_t w = 0; w < members_.size(); ++w) expected += members_.IsLive(w) && round_(w, shard.version(local)) ? 1 : 0;
+    }
+    if (have_live < std::max(0, expected - backup_)) return;
     shard.Apply(local, a.sum.data(), 1.0f / static_cast<float>(have), 1.0f, have);
     std::fill(a.sum.begin(), a.sum.end(), 0.0f);
     a.workers.clear();
@@ -270,16 +282,18 @@ class SyncPolicy : public ConsistencyPolicy {
 
   int backup_;
   Membership members_;
+  RoundMembers round_;            // who a round waits for; empty = every live worker
   mutable std::vector<Acc> acc_;  // per local chunk; sized lazily to the shard
 };
 
 }  // namespace
 
 std::unique_ptr<ConsistencyPolicy> MakeConsistencyPolicy(const ConsistencyConfig& config, int expected_workers,
-                                                         int max_workers) {
+                                                         int max_workers, RoundMembers round_members) {
   switch (config.mode) {
     case ConsistencyMode::kSync:
-      return std::make_unique<SyncPolicy>(config.backup_workers, expected_workers, max_workers);
+      return std::make_unique<SyncPolicy>(config.backup_workers, expected_workers, max_workers,
+                                          std::move(round_members));
     case ConsistencyMode::kSsp:
       return std::make_unique<SspPolicy>(config.staleness_bound, config.staleness_aware_lr, expected_workers,
                                          max_workers);

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -101,9 +102,17 @@ class ConsistencyPolicy {
   virtual Status LoadState(const TensorFile& file, const ShardUpdater& shard, const std::string& path) = 0;
 };
 
+// Sync only: whether `worker` takes part in the round that turns a chunk's version `version`
+// into version + 1. Empty = every live worker. A pipeline whose stages' holders of a model train
+// it together (common/rotation.h HoldsModel) gives the holders of the stage the round is in: the
+// round waits for its live holders only (less backups), and a push of the current round by any
+// other worker is refused (CheckPush). A pure function of (worker, version), so checkpoint and
+// write-ahead-log replay rebuild the same rounds.
+using RoundMembers = std::function<bool(int32_t worker, int64_t version)>;
+
 // expected_workers: W of the run (ids 0..W-1 start live); max_workers (>= W; 0 = W): ids
 // 0..max_workers-1 are accounted for.
 std::unique_ptr<ConsistencyPolicy> MakeConsistencyPolicy(const ConsistencyConfig& config, int expected_workers,
-                                                         int max_workers = 0);
+                                                         int max_workers = 0, RoundMembers round_members = {});
 
 }  // namespace downpour

@@ -58,6 +58,7 @@
 #include "common/metrics.h"
 #include "common/process_net.h"
 #include "common/rendezvous.h"
+#include "common/rotation.h"
 #include "common/run_config.h"
 #include "common/zmq_transport.h"
 #include "server/process_util.h"
@@ -122,6 +123,7 @@ ShardStatsWire SumStats(const ModelHost& host) {
     sum.staleness_sum += st.staleness_sum;
     sum.staleness_max = std::max(sum.staleness_max, st.staleness_max);
     sum.duplicates += st.duplicates;
+    sum.dropped_late += st.dropped_late;
     sum.dc_compensated += st.dc_compensated;
     sum.dc_uncompensated += st.dc_uncompensated;
     sum.evaluator_pulls += st.evaluator_pulls;
@@ -214,6 +216,15 @@ Status Run(const Flags& f, bool* serving) {
     ok.checkpoint_path = ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id, k);
     if (cfg.checkpoint.wal) ok.wal_path = ServerWalPath(f.run_dir, cfg.checkpoint, f.id, k);
     ok.on_pull_served = [pull_line, k](const PullServedEvent& e) { pull_line(k, e); };
+    // A sync pipeline with K < W: a round of model k waits for the holders of the stage it is in.
+    const RotationConfig& ro = cfg.rotation;
+    if (multi && cfg.consistency.mode == ConsistencyMode::kSync && ro.scheme == RotationScheme::kPipeline &&
+        models < cfg.cluster.workers && ro.groups == RotationGroups::kDataParallel) {
+      ok.round_members = [k, steps = ro.stage_steps, models, workers = cfg.cluster.workers,
+                          passes = ro.passes](int32_t worker, int64_t version) {
+        return HoldsModel(worker, k, version, steps, models, workers, passes);
+      };
+    }
     std::unique_ptr<ShardServer> shard;
     DP_RETURN_IF_ERROR(ShardServer::Create(layouts[static_cast<size_t>(k)], ok, &shard));
     const std::string what = multi ? fmt::format("server {} model {} ({})", f.id, k, cfg.models[static_cast<size_t>(k)].name)
@@ -304,6 +315,7 @@ Status Run(const Flags& f, bool* serving) {
                                          {"pulls_served", mk.pulls_served},
                                          {"chunk_updates", mk.chunk_updates},
                                          {"duplicates", mk.duplicates},
+                                         {"dropped_late", mk.dropped_late},
                                          {"pushes_by_worker", ListString(mk.pushes_by_worker)}});
     }
   }

@@ -144,7 +144,8 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
     chunks_[i].weights = std::make_shared<WeightBuffer>(std::vector<float>(n, 0.0f));
     chunks_[i].history.assign(n, 0.0f);
   }
-  policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers, max_workers_);
+  policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers, max_workers_,
+                                  options_.round_members);
   updater_ = std::make_unique<Updater>(this);
   stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);

@@ -156,6 +156,9 @@ struct ShardOptions {
   // Called for every served pull, on the loop thread with the shard's lock held: keep it short
   // (downpour-server appends one JSONL line, which is how the ssp bound is checked from logs).
   std::function<void(const PullServedEvent&)> on_pull_served;
+  // Sync: who each round waits for (server/consistency.h RoundMembers); empty = every live worker.
+  // Set for a multi-model pipeline whose stages' holders of this model train it together.
+  RoundMembers round_members;
   // Who may checkpoint, shut down, register and push (server/access.h). The default checks no
   // token and confines wire checkpoint paths to an empty run_dir (i.e. refuses them).
   AccessPolicy access;

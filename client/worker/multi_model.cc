@@ -76,9 +76,9 @@ class MultiModelWorker {
  private:
   Status OpenPartition(int partition, TrainSource** out);
   int64_t StageSteps(const StageTask& t, TrainSource* source) const;
-  Status PullWhenMoved(ModelSlot& m, const StageTask& t, int stage, double* wait_s);
+  Status PullWhenMoved(ModelSlot& m, int model, int64_t version, int stage, double* wait_s);
   Status LocalStage(ModelSlot& m, const StageTask& t, int stage, TrainSource* source, int64_t steps, double* loss);
-  Status DataParallelStage(ModelSlot& m, TrainSource* source, int64_t steps, double* loss);
+  Status DataParallelStage(ModelSlot& m, TrainSource* source, int64_t steps, int64_t clock_base);
   Status WaitForEveryWorker();
   Status EvaluateModels();
   // The model's weights as this worker last left them (its net), on eval.test_batches test batches.
@@ -209,20 +209,20 @@ int64_t MultiModelWorker::StageSteps(const StageTask& t, TrainSource* source) co
   return per_unit * t.units;
 }
 
-// A stage's holder pulls the model once it has taken every move push of the stages before
-// (t.moves_before): the model's chunk versions count its move pushes.
-Status MultiModelWorker::PullWhenMoved(ModelSlot& m, const StageTask& t, int stage, double* wait_s) {
+// A stage's holder pulls the model once it has taken every update of the stages before
+// (VersionsBefore): the model's chunk versions count its move pushes and its gradient updates.
+Status MultiModelWorker::PullWhenMoved(ModelSlot& m, int model, int64_t version, int stage, double* wait_s) {
   const double t0 = NowS();
   bool said = false;
   while (true) {
     DP_RETURN_IF_ERROR(m.client->Wait(m.client->Pull(m.net->params(), 0), wait_));
-    if (MinOf(m.client->last_versions()) >= t.moves_before) break;
+    if (MinOf(m.client->last_versions()) >= version) break;
     if (link_->shutdown_requested()) {
-      return Unavailable("worker {}: the run ended while stage {} waited for model {} ({})", id_, stage, t.model, m.name);
+      return Unavailable("worker {}: the run ended while stage {} waited for model {} ({})", id_, stage, model, m.name);
     }
     if (!said) {
-      spdlog::info("worker {}: stage {}: waiting for model {} ({}) to arrive ({} of {} earlier stage pushes so far)",
-                   id_, stage, t.model, m.name, MinOf(m.client->last_versions()), t.moves_before);
+      spdlog::info("worker {}: stage {}: waiting for model {} ({}) to arrive ({} of {} earlier updates so far)", id_,
+                   stage, model, m.name, MinOf(m.client->last_versions()), version);
       said = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -279,8 +279,11 @@ Status MultiModelWorker::LocalStage(ModelSlot& m, const StageTask& t, int stage,
   return Status::Ok();
 }
 
-Status MultiModelWorker::DataParallelStage(ModelSlot& m, TrainSource* source, int64_t steps, double* loss) {
+// The stage's holders train the model together through the servers, per step, in the run's
+// consistency mode; the trainer's clocks start at clock_base (sync: the model's round).
+Status MultiModelWorker::DataParallelStage(ModelSlot& m, TrainSource* source, int64_t steps, int64_t clock_base) {
   TrainerOptions to;
+  to.clock_base = clock_base;
   to.worker_id = id_;
   to.worker = c_.worker;
   to.worker.steps = steps;
@@ -297,18 +300,19 @@ Status MultiModelWorker::DataParallelStage(ModelSlot& m, TrainSource* source, in
   // The stage's own records are written by Run (one "stage" line); the trainer writes none.
   Trainer trainer(to, m.net.get(), nullptr, &m.layout, &channel, source, nullptr, nullptr, nullptr);
   TrainResult r;
-  DP_RETURN_IF_ERROR(trainer.Run(&r));
-  *loss = 0;  // the trainer's per-step losses went unrecorded (no metrics writer)
-  return Status::Ok();
+  return trainer.Run(&r);  // its per-step losses go unrecorded (no metrics writer)
 }
 
 Status MultiModelWorker::Run() {
   const int K = static_cast<int>(c_.models.size());
   const int W = c_.cluster.workers;
-  const std::vector<StageTask> stages = WorkerStages(c_.rotation.scheme, K, W, c_.rotation.passes, id_);
+  const std::vector<StageTask> stages =
+      WorkerStages(c_.rotation.scheme, K, W, c_.rotation.passes, id_, c_.rotation.groups);
   (void)metrics_->Write("mm_start", {{"models", K},
                                      {"workers", W},
                                      {"scheme", RotationSchemeName(c_.rotation.scheme)},
+                                     {"mode", ConsistencyModeString(c_.consistency)},
+                                     {"groups", RotationGroupsName(c_.rotation.groups)},
                                      {"passes", c_.rotation.passes},
                                      {"stages", static_cast<int64_t>(stages.size())},
                                      {"batch_size", c_.worker.batch_size}});
@@ -327,11 +331,16 @@ Status MultiModelWorker::Run() {
     double wait_s = 0, loss = 0;
     const int64_t floats = m.layout.total_elems();
     int64_t model_bytes = 0;
+    const ConsistencyMode mode = c_.consistency.mode;
+    const int64_t versions_before = VersionsBefore(t, mode, steps);
     if (t.data_parallel) {
-      DP_RETURN_IF_ERROR(DataParallelStage(m, source, steps, &loss));
+      // A pipeline group's holders start once the model has taken the earlier stages' updates
+      // (a sync round waits for them anyway; async must not train from the old weights).
+      if (versions_before > 0) DP_RETURN_IF_ERROR(PullWhenMoved(m, t.model, versions_before, stage, &wait_s));
+      DP_RETURN_IF_ERROR(DataParallelStage(m, source, steps, mode == ConsistencyMode::kSync ? versions_before : 0));
     } else {
       if (t.pull) {
-        DP_RETURN_IF_ERROR(PullWhenMoved(m, t, stage, &wait_s));
+        DP_RETURN_IF_ERROR(PullWhenMoved(m, t.model, versions_before, stage, &wait_s));
         model_bytes += floats * 4;
       }
       DP_RETURN_IF_ERROR(LocalStage(m, t, stage, source, steps, &loss));
@@ -354,12 +363,16 @@ Status MultiModelWorker::Run() {
     const double seconds = NowS() - t0;
     // The model as it moves on, on the test set: the curve of each model over the images it saw.
     // A local stage's holder evaluates the copy it handed on (not when a group averages copies);
-    // a data-parallel stage's worker 0 the servers' copy when its own stage ends.
+    // a data-parallel stage's first holder (worker 0 in sequential, worker i < K in a pipeline
+    // group) the servers' copy once it has taken every holder's updates of the stage.
+    const bool first_holder = c_.rotation.scheme == RotationScheme::kSequential ? id_ == 0 : id_ < K;
     const bool eval_due = c_.eval.every_steps > 0 && !c_.data.test.empty() &&
-                          (t.data_parallel ? id_ == 0 : t.group == 1);
+                          (t.data_parallel ? first_holder : t.group == 1);
     if (eval_due) {
       if (t.data_parallel) {
-        DP_RETURN_IF_ERROR(m.client->Wait(m.client->Pull(m.net->params(), 0), wait_));
+        double waited = 0;
+        DP_RETURN_IF_ERROR(PullWhenMoved(m, t.model, VersionsAfter(t, mode, steps), stage, &waited));
+        total_wait += waited;
         m.iter = MinOf(m.client->last_iters());
       }
       const double e0 = NowS();

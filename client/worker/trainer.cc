@@ -526,8 +526,8 @@ Status Trainer::Run(TrainResult* result) {
     net_->set_step(from.step);  // dropout masks continue as if never stopped
   }
   steps_done_ = from.step;
-  clock_ = from.clock;
-  local_iter_ = from.clock;
+  clock_ = o_.resume ? from.clock : o_.clock_base;
+  local_iter_ = clock_;
   images_ = from.images;
   epoch_ = from.epoch;
   eval_s_ = from.eval_s;

@@ -96,6 +96,10 @@ struct TrainerOptions {
   // masks are positioned for that step, clock / images / wall time continue, and the metrics'
   // "start" record says so (resumed, resume_step, wall_offset_s). Unset = a fresh start.
   std::optional<WorkerProgress> resume;
+  // A fresh start's first clock (pushes and pulls carry it): a multi-model pipeline stage starts
+  // at the model's version, so a sync group's rounds line up with the servers' (the servers'
+  // sync rounds are chunk versions). Ignored when resuming.
+  int64_t clock_base = 0;
   // Called after every step and once more when training is done (finished = true): the worker
   // saves it, which is what a later resume reads. May be empty.
   std::function<void(const WorkerProgress&)> on_progress;

@@ -584,6 +584,7 @@ solver = { weight_decay = 0.001, momentum = 0.8 }
   EXPECT_EQ(c.rotation.scheme, RotationScheme::kPipeline);
   EXPECT_EQ(c.rotation.passes, 3);
   EXPECT_EQ(c.rotation.stage_steps, 50);
+  EXPECT_EQ(c.rotation.groups, RotationGroups::kDataParallel);  // the default
   RunConfig back;
   const Status s = ParseRunConfig(ToToml(c), "roundtrip.toml", &back);
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << ToToml(c);
@@ -653,6 +654,21 @@ TEST(RunConfigModelsTest, BadModelListsGetOneErrorNamingTheKey) {
   EXPECT_THAT(ParseError(own + "[rotation]\npasses = 0\n"), HasSubstr("rotation.passes = 0: must be >= 1"));
   EXPECT_THAT(ParseError(own + "[solver]\nlr_policy = \"poly\"\nmax_iter = 0\n[[models]]\nname = \"a\"\n"),
               HasSubstr("models[0].solver.max_iter = 0"));
+  // K = 1 < W = 4: the holders of a stage train the model together, so they need a fixed stage
+  // length, a mode whose rounds can follow the holders, and backups fewer than a group.
+  const std::string one = own + "[cluster]\nworkers = 4\n[solver]\nlr_policy = \"fixed\"\n[[models]]\nname = \"a\"\n";
+  EXPECT_THAT(ParseError(one + "[rotation]\ngroups = \"mean\"\n"),
+              HasSubstr("rotation.groups = \"mean\": expected \"data_parallel\" or \"average\""));
+  EXPECT_THAT(ParseError(one), HasSubstr("rotation.stage_steps = 0: a pipeline of 1 models on 4 workers"));
+  EXPECT_THAT(ParseError(one + "[rotation]\nstage_steps = 5\n[consistency]\nmode = \"ssp:3\"\n"),
+              HasSubstr("consistency.mode = \"ssp:3\": ssp bounds the clocks"));
+  EXPECT_THAT(ParseError(own + "[cluster]\nworkers = 4\n[solver]\nlr_policy = \"fixed\"\n[sweep]\nsolver.base_lr = [0.1, "
+                         "0.2]\n[rotation]\nstage_steps = 5\n[consistency]\nmode = \"sync\"\nbackup_workers = 2\n"),
+              HasSubstr("consistency.backup_workers = 2: must be < the smallest group of holders of a model in a stage "
+                        "(2 = 4 workers / 2 models)"));
+  // Averaging the copies once per stage needs none of that; nor does K >= W.
+  EXPECT_EQ(ParseOk(one + "[rotation]\ngroups = \"average\"\n").rotation.groups, RotationGroups::kAverage);
+  ParseOk(own + "[cluster]\nworkers = 2\n[solver]\nlr_policy = \"fixed\"\n[sweep]\nsolver.base_lr = [0.1, 0.2]\n");
 }
 
 }  // namespace

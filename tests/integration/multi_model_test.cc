@@ -59,7 +59,26 @@ class MultiModelJobTest : public ::testing::Test {
     if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
   }
 
-  std::string Config(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]") {
+  // Partitions of the same 4000 images for W workers (SetUp made W = kWorkers's in train/).
+  fs::path Partitions(int workers) {
+    if (workers == kWorkers) return dir_ / "train";
+    const fs::path out = dir_ / fmt::format("train-{}", workers);
+    if (fs::exists(out)) return out;
+    const fs::path fm = test::kFashionMnistDir;
+    std::string text;
+    EXPECT_EQ(test::RunCommand({test::Binary("downpour-data"), "convert-idx", "--images",
+                                (fm / "train-images-idx3-ubyte.gz").string(), "--labels",
+                                (fm / "train-labels-idx1-ubyte.gz").string(), "--limit", "4000", "--shards",
+                                std::to_string(workers), "--out", out.string()},
+                               &text),
+              0)
+        << text;
+    return out;
+  }
+
+  // rotation: extra [rotation] lines; tail: tables appended at the end.
+  std::string Config(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]",
+                     const std::string& rotation = "", const std::string& tail = "", int workers = kWorkers) {
     const int port = test::FreePortRange(3);
     const fs::path fm = test::kFashionMnistDir;
     const std::string text = fmt::format(R"([run]
@@ -93,23 +112,27 @@ every_updates = 0
 scheme = "{}"
 passes = 1
 stage_steps = {}
+{}
 [sweep]
 solver.base_lr = {}
+{}
 )",
-                                         test::SourcePath("configs/models/fmnist_small.toml"), kServers, kWorkers,
-                                         port, port + 1, kBatch, (dir_ / "train").string(), fm.string(), scheme,
-                                         kStageSteps, sweep);
+                                         test::SourcePath("configs/models/fmnist_small.toml"), kServers, workers,
+                                         port, port + 1, kBatch, Partitions(workers).string(), fm.string(), scheme,
+                                         kStageSteps, rotation, sweep, tail);
     const fs::path path = dir_ / (scheme + ".toml");
     test::WriteFile(path, text);
     return path.string();
   }
 
   // Runs the job to its end; returns the run directory.
-  fs::path RunJob(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]") {
+  fs::path RunJob(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]",
+                  const std::string& rotation = "", const std::string& tail = "", int workers = kWorkers) {
     const fs::path run = dir_ / ("run-" + scheme);
     std::string out;
-    const int code = test::RunCommand(
-        {test::Binary("downpour-launch"), "--config", Config(scheme, sweep), "--run-dir", run.string()}, &out, 240s);
+    const int code = test::RunCommand({test::Binary("downpour-launch"), "--config",
+                                       Config(scheme, sweep, rotation, tail, workers), "--run-dir", run.string()},
+                                      &out, 240s);
     EXPECT_EQ(code, 0) << out;
     out_ = out;
     return run;
@@ -124,7 +147,8 @@ solver.base_lr = {}
     return static_cast<int>(layout.ServerChunks(s).size());
   }
 
-  // Every model's chunk updates on every server: exactly its chunks × the move pushes it took.
+  // Every model's chunk updates on every server: exactly its chunks × the updates it took (move
+  // pushes, or gradient pushes / sync rounds of data-parallel stages), none refused.
   void ExpectEveryMoveAppliedOnce(const fs::path& run, int64_t moves, int models = kModels) {
     for (int s = 0; s < kServers; ++s) {
       const auto ends = test::Metrics(run, fmt::format("server-{}.jsonl", s), "model_end");
@@ -175,9 +199,10 @@ TEST_F(MultiModelJobTest, PipelineMovesModelsNotDataAndAppliesEveryMoveOnce) {
 }
 
 TEST_F(MultiModelJobTest, FewerModelsThanWorkersShareAModelPerStageAndAverageTheirChanges) {
-  // K = 1 < W = 2: both workers hold the one model in every stage (group 2); each pushes half
-  // its change, so the model moves on as the average of the two copies, 2 moves per stage.
-  const fs::path run = RunJob("pipeline", "[0.01]");
+  // K = 1 < W = 2, rotation.groups = "average": both workers hold the one model in every stage
+  // (group 2); each pushes half its change, so the model moves on as the average of the two
+  // copies, 2 moves per stage.
+  const fs::path run = RunJob("pipeline", "[0.01]", "groups = \"average\"");
   for (int w = 0; w < kWorkers; ++w) {
     const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
     ASSERT_EQ(stages.size(), 1u) << "worker " << w;
@@ -189,6 +214,54 @@ TEST_F(MultiModelJobTest, FewerModelsThanWorkersShareAModelPerStageAndAverageThe
   ASSERT_EQ(evals.size(), 1u);
   EXPECT_GT(evals[0].Get("top1").AsDouble(), 0.45);
   EXPECT_EQ(evals[0].Get("train_images").AsInt(), int64_t{kWorkers} * kStageSteps * kBatch);
+}
+
+// K = 1 < W = 2, async, rotation.groups = "data_parallel" (the default): the stage's two holders
+// train the model together through the servers, every gradient applied on arrival: the model
+// takes W x steps gradient pushes per stage, no move pushes.
+TEST_F(MultiModelJobTest, AsyncGroupsTrainTheirModelTogetherThroughTheServers) {
+  const fs::path run = RunJob("pipeline", "[0.01]");
+  for (int w = 0; w < kWorkers; ++w) {
+    const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
+    ASSERT_EQ(stages.size(), 1u) << "worker " << w;
+    EXPECT_EQ(stages[0].Get("group").AsInt(), kWorkers);
+    EXPECT_EQ(stages[0].Get("partition").AsInt(), w);
+  }
+  ExpectEveryMoveAppliedOnce(run, int64_t{kWorkers} * kStageSteps, /*models=*/1);
+  const auto evals = test::Metrics(run, "worker-0.jsonl", "model_eval");
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_GT(evals[0].Get("top1").AsDouble(), 0.45);
+  EXPECT_EQ(evals[0].Get("train_images").AsInt(), int64_t{kWorkers} * kStageSteps * kBatch);
+}
+
+// K = 2 < W = 4, sync: workers {0, 2} and {1, 3} hold a model in turn; every round of a model
+// averages the gradients of the two holders of the stage it belongs to (the servers know them
+// from the model's version), so each model takes K x steps rounds, none refused, none late,
+// and the second stage's holders start where the first stage's left the model.
+TEST_F(MultiModelJobTest, SyncGroupsAverageTheStagesHoldersEveryRound) {
+  constexpr int kW = 4, kK = 2;
+  const fs::path run = RunJob("pipeline", "[0.01, 0.02]", "", "[consistency]\nmode = \"sync\"\n", kW);
+  for (int w = 0; w < kW; ++w) {
+    const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
+    ASSERT_EQ(stages.size(), static_cast<size_t>(kK)) << "worker " << w;
+    for (size_t t = 0; t < stages.size(); ++t) {
+      EXPECT_EQ(stages[t].Get("model").AsInt(), static_cast<int64_t>((w + t) % kK)) << "worker " << w;
+      EXPECT_EQ(stages[t].Get("group").AsInt(), kW / kK);
+      EXPECT_EQ(stages[t].Get("data_bytes_moved").AsInt(), 0);
+    }
+  }
+  ExpectEveryMoveAppliedOnce(run, int64_t{kK} * kStageSteps, kK);
+  for (int s = 0; s < kServers; ++s) {
+    for (const MetricRecord& e : test::Metrics(run, fmt::format("server-{}.jsonl", s), "model_end")) {
+      EXPECT_EQ(e.Get("dropped_late").AsInt(), 0) << "server " << s;
+    }
+  }
+  const auto evals = test::Metrics(run, "worker-0.jsonl", "model_eval");
+  ASSERT_EQ(evals.size(), static_cast<size_t>(kK));
+  for (const MetricRecord& e : evals) {
+    EXPECT_GT(e.Get("top1").AsDouble(), 0.45) << e.Get("name").AsString();
+    EXPECT_EQ(e.Get("train_images").AsInt(), int64_t{kW} * kStageSteps * kBatch) << e.Get("name").AsString();
+  }
 }
 
 TEST_F(MultiModelJobTest, IndependentJobsReadTheWholeSetAndCountTheDataMoved) {

@@ -17,6 +17,7 @@
 
 #include "client/ps/ps_client.h"
 #include "common/inproc_transport.h"
+#include "common/rotation.h"
 #include "server/shard.h"
 #include "server/wal.h"
 
@@ -603,6 +604,53 @@ TEST_F(ShardFixture, SyncBackupWorkerAppliesAfterWMinusB) {
   ASSERT_TRUE(c2->Wait(c2->Push(std::vector<float>(8, 50.0f), 0), 5000ms).ok());  // the backup: late
   EXPECT_EQ(shards_[0]->Stats().dropped_late, 1u);
   EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
+}
+
+// A sync pipeline group (common/rotation.h): with round members, a round waits for the holders
+// of the stage it is in, not for every live worker, and a push of the current round by a worker
+// that does not hold the model then is refused and counted, weights unchanged. K = 2 models on
+// W = 4 workers, 2 steps per stage: model 0's rounds 0-1 belong to workers {0, 2}, 2-3 to {1, 3}.
+TEST_F(ShardFixture, SyncRoundsOfAPipelineGroupWaitForTheStagesHoldersOnly) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.mode = ConsistencyMode::kSync;
+  o.expected_workers = 4;
+  o.round_members = [](int32_t worker, int64_t version) {
+    return HoldsModel(worker, /*model=*/0, version, /*stage_steps=*/2, /*models=*/2, /*workers=*/4, /*passes=*/1);
+  };
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  std::vector<std::unique_ptr<PsClient>> c;
+  for (int i = 0; i < 4; ++i) c.push_back(Client(i));
+  ASSERT_TRUE(c[0]->Wait(c[0]->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
+  const auto push = [&](int worker, float g, int64_t clock) {
+    return c[static_cast<size_t>(worker)]->Wait(c[static_cast<size_t>(worker)]->Push(std::vector<float>(8, g), clock),
+                                                5000ms);
+  };
+  // Round 0: workers 0 and 2 (1 and 3 are live but not holders: not waited for).
+  ASSERT_TRUE(push(0, 2.0f, 0).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 0);
+  ASSERT_TRUE(push(2, 4.0f, 0).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, -3.0f));  // lr 1 x the average 3
+  // Worker 1 holds model 1 in stage 0: its push of round 1 is refused, nothing taken.
+  const Status refused = push(1, 100.0f, 1);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("belongs to other workers"), std::string::npos) << refused.message();
+  EXPECT_EQ(shards_[0]->Stats().pushes_rejected, 1u);
+  ASSERT_TRUE(push(0, 1.0f, 1).ok());
+  ASSERT_TRUE(push(2, 1.0f, 1).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 2);
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, -4.0f));
+  // Stage 1: rounds 2-3 belong to workers 1 and 3; worker 0's push of round 2 is refused.
+  EXPECT_FALSE(push(0, 100.0f, 2).ok());
+  ASSERT_TRUE(push(1, 6.0f, 2).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 2);  // waits for worker 3
+  ASSERT_TRUE(push(3, 2.0f, 2).ok());
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 3);
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(8, -8.0f));
+  EXPECT_EQ(shards_[0]->Stats().pushes_rejected, 2u);
 }
 
 // The lr schedule's iteration is worker batches applied in every mode (common/solver/lr_policy.h):
