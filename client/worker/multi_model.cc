@@ -114,8 +114,22 @@ Status MultiModelWorker::Setup(bool* started) {
                            "cluster.workers; no worker joins it)",
                            id_, c_.cluster.workers - 1);
   }
-  if (a_.resume) return InvalidArgument("--resume: a multi-model run cannot be resumed yet (docs/multi_model.md)");
   const int K = static_cast<int>(c_.models.size());
+  // A restarted worker (the launcher's --resume) finds its first unfinished stage from the
+  // models' versions: possible when each of its stages is its own (one holder, a move push).
+  if (a_.resume) {
+    for (const StageTask& t :
+         WorkerStages(c_.rotation.scheme, K, c_.cluster.workers, c_.rotation.passes, id_, c_.rotation.groups)) {
+      if (t.data_parallel || t.group > 1) {
+        return InvalidArgument(
+            "--resume: worker {} of this multi-model run shares stages with other workers (rotation.scheme = \"{}\", "
+            "{} models on {} workers): a restarted worker cannot tell its own updates of a shared stage from the "
+            "others'; only runs whose stages each have one holder (a pipeline with K >= W, or \"independent\") "
+            "take a restarted worker back (docs/multi_model.md)",
+            id_, RotationSchemeName(c_.rotation.scheme), K, c_.cluster.workers);
+      }
+    }
+  }
   std::vector<ParamLayout> layouts;
   for (int k = 0; k < K; ++k) {
     const RunConfig one = ModelRunConfig(c_, k);
@@ -308,6 +322,21 @@ Status MultiModelWorker::Run() {
   const int W = c_.cluster.workers;
   const std::vector<StageTask> stages =
       WorkerStages(c_.rotation.scheme, K, W, c_.rotation.passes, id_, c_.rotation.groups);
+  // A restarted worker (Setup checked that each of its stages is its own) skips the stages whose
+  // move the servers have taken (the model's version is past the stage's end, and no later
+  // holder moves it before this stage's move arrives) and redoes the first other one from the
+  // servers' copy of the model: no move is lost or applied twice.
+  size_t first = 0;
+  if (a_.resume) {
+    for (; first < stages.size(); ++first) {
+      const StageTask& t = stages[first];
+      ModelSlot& m = models_[static_cast<size_t>(t.model)];
+      DP_RETURN_IF_ERROR(m.client->Wait(m.client->Pull(m.net->params(), 0), wait_));
+      if (MinOf(m.client->last_versions()) < VersionsAfter(t, c_.consistency.mode, 0)) break;
+    }
+    spdlog::info("worker {}: restarted: {} of its {} stages were done; it goes on at stage {}", id_, first,
+                 stages.size(), first + 1);
+  }
   (void)metrics_->Write("mm_start", {{"models", K},
                                      {"workers", W},
                                      {"scheme", RotationSchemeName(c_.rotation.scheme)},
@@ -315,12 +344,15 @@ Status MultiModelWorker::Run() {
                                      {"groups", RotationGroupsName(c_.rotation.groups)},
                                      {"passes", c_.rotation.passes},
                                      {"stages", static_cast<int64_t>(stages.size())},
+                                     {"resumed", a_.resume},
+                                     {"first_stage", static_cast<int64_t>(first)},
                                      {"batch_size", c_.worker.batch_size}});
   const double t_run = NowS();
   int64_t total_images = 0, total_model_bytes = 0, total_data_moved = 0;
   double total_wait = 0, total_eval = 0;
-  for (size_t i = 0; i < stages.size(); ++i) {
-    const StageTask& t = stages[i];
+  for (size_t i = first; i < stages.size(); ++i) {
+    StageTask t = stages[i];
+    if (a_.resume && i == first) t.pull = true;  // an independent job's weights were lost with the process
     const int stage = static_cast<int>(i);
     ModelSlot& m = models_[static_cast<size_t>(t.model)];
     TrainSource* source = nullptr;

@@ -12,8 +12,14 @@
 //     (w_end − w_pulled) / group with the stage's batches (kFlagMove). The lr schedule's
 //     iteration is the model's, carried by the servers: the pull says where it stands, and a
 //     stage of g holders advances it by g batches per step.
-//   * a data-parallel stage (sequential): the one-model Trainer through the servers, in the
-//     run's consistency mode, on this worker's own partition.
+//   * a data-parallel stage (sequential; a pipeline's groups when K < W and rotation.groups =
+//     "data_parallel"): the one-model Trainer through the servers, in the run's consistency
+//     mode, on this worker's own partition; a pipeline group's holders first wait until the
+//     model has taken every update of the earlier stages, and in sync start their clocks at
+//     the model's version (the servers' rounds wait for the stage's holders).
+// A restarted worker (--resume, which the launcher gives a dead worker it restarts) goes on at
+// its first stage whose move the servers have not taken, from the servers' copy of the model;
+// runs whose stages are shared (data-parallel, or groups averaging) refuse it.
 // Partitions: worker j's own LMDB (data.sharding = "own"); a stage on another worker's
 // partition (independent jobs) reads that worker's LMDB, which counts as data moved.
 //
@@ -26,13 +32,15 @@
 // With eval.every_steps > 0, a model is also evaluated on eval.test_batches test batches as it
 // moves on ("model_curve": model, name, stage, train_images = the model's schedule iteration ×
 // batch, epoch, top1, top5, loss, run_s): by its holder after a local stage (not when a group
-// averages copies: no one holds the average), by worker 0 after its data-parallel stage.
+// averages copies: no one holds the average), by the first holder (worker 0 in sequential,
+// worker i < K in a pipeline group) after a data-parallel stage, once every holder's updates
+// of the stage are in.
 // Worker 0 then waits for every worker to finish, evaluates every model's final weights on
 // data.test ("model_eval" records), saves them as <run-dir>/models/<name>.dpt and writes the
 // leaderboard, best top-1 first, to <run-dir>/leaderboard.json and stdout.
 //
-// Not handled (said in docs/multi_model.md): workers joining or dying mid-run (the rotation is
-// planned for cluster.workers; a dead holder stops its models' stages), --resume.
+// Not handled (said in docs/multi_model.md): workers joining (the rotation is planned for
+// cluster.workers); a dead holder that is not restarted stops its models' later stages.
 //
 // Thread-safety: RunMultiModelWorker is reentrant; it owns everything it builds.
 #pragma once

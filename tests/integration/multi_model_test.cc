@@ -9,9 +9,11 @@
 // and every model learned. And what is refused before anything starts: a worker's partition
 // missing, two models of one name. Every wait is bounded; every process is reaped.
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -119,7 +121,7 @@ solver.base_lr = {}
 )",
                                          test::SourcePath("configs/models/fmnist_small.toml"), kServers, workers,
                                          port, port + 1, kBatch, Partitions(workers).string(), fm.string(), scheme,
-                                         kStageSteps, rotation, sweep, tail);
+                                         stage_steps_, rotation, sweep, tail);
     const fs::path path = dir_ / (scheme + ".toml");
     test::WriteFile(path, text);
     return path.string();
@@ -167,7 +169,7 @@ solver.base_lr = {}
     ASSERT_EQ(evals.size(), static_cast<size_t>(kModels));
     for (const MetricRecord& e : evals) {
       EXPECT_GT(e.Get("top1").AsDouble(), 0.45) << e.Get("name").AsString();
-      EXPECT_EQ(e.Get("train_images").AsInt(), int64_t{kWorkers} * kStageSteps * kBatch) << e.Get("name").AsString();
+      EXPECT_EQ(e.Get("train_images").AsInt(), int64_t{kWorkers} * stage_steps_ * kBatch) << e.Get("name").AsString();
       EXPECT_TRUE(fs::exists(e.Get("path").AsString())) << e.Get("path").AsString();
     }
     const std::string board = test::ReadFile(run / "leaderboard.json");
@@ -178,6 +180,7 @@ solver.base_lr = {}
 
   fs::path dir_;
   std::string out_;
+  int stage_steps_ = kStageSteps;
 };
 
 TEST_F(MultiModelJobTest, PipelineMovesModelsNotDataAndAppliesEveryMoveOnce) {
@@ -220,7 +223,7 @@ TEST_F(MultiModelJobTest, FewerModelsThanWorkersShareAModelPerStageAndAverageThe
 // train the model together through the servers, every gradient applied on arrival: the model
 // takes W x steps gradient pushes per stage, no move pushes.
 TEST_F(MultiModelJobTest, AsyncGroupsTrainTheirModelTogetherThroughTheServers) {
-  const fs::path run = RunJob("pipeline", "[0.01]");
+  const fs::path run = RunJob("pipeline", "[0.02]");
   for (int w = 0; w < kWorkers; ++w) {
     const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
     ASSERT_EQ(stages.size(), 1u) << "worker " << w;
@@ -240,7 +243,7 @@ TEST_F(MultiModelJobTest, AsyncGroupsTrainTheirModelTogetherThroughTheServers) {
 // and the second stage's holders start where the first stage's left the model.
 TEST_F(MultiModelJobTest, SyncGroupsAverageTheStagesHoldersEveryRound) {
   constexpr int kW = 4, kK = 2;
-  const fs::path run = RunJob("pipeline", "[0.01, 0.02]", "", "[consistency]\nmode = \"sync\"\n", kW);
+  const fs::path run = RunJob("pipeline", "[0.02, 0.03]", "", "[consistency]\nmode = \"sync\"\n", kW);
   for (int w = 0; w < kW; ++w) {
     const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
     ASSERT_EQ(stages.size(), static_cast<size_t>(kK)) << "worker " << w;
@@ -262,6 +265,43 @@ TEST_F(MultiModelJobTest, SyncGroupsAverageTheStagesHoldersEveryRound) {
     EXPECT_GT(e.Get("top1").AsDouble(), 0.45) << e.Get("name").AsString();
     EXPECT_EQ(e.Get("train_images").AsInt(), int64_t{kW} * kStageSteps * kBatch) << e.Get("name").AsString();
   }
+}
+
+// A worker killed mid-run (K = 3 > W = 2, stages of 30 steps) is restarted by the launcher with
+// --resume and goes on at its first stage whose move the servers have not taken, from their copy
+// of the model: every model still takes exactly W x passes moves (none lost, none applied
+// twice), and the run ends with its leaderboard.
+TEST_F(MultiModelJobTest, AKilledWorkerGoesOnAtItsFirstUnfinishedStageAndNoMoveIsLostOrAppliedTwice) {
+  stage_steps_ = 30;
+  const fs::path run = dir_ / "run-killed";
+  test::Child launcher({test::Binary("downpour-launch"), "--config", Config("pipeline"), "--run-dir", run.string(),
+                        "--restart-workers", "1"},
+                       dir_ / "killed.log");
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  const fs::path worker1_log = run / "metrics" / "worker-1.jsonl";
+  while ((!fs::exists(worker1_log) || test::ReadFile(worker1_log).find("\"event\":\"stage\"") == std::string::npos) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(test::Metrics(run, "worker-1.jsonl", "stage").empty()) << test::ReadFile(dir_ / "killed.log");
+  const pid_t worker1 = test::ChildWith(launcher.pid(), {"downpour-worker", "--id 1 "});
+  ASSERT_GT(worker1, 0) << "worker 1 not found among the launcher's children";
+  ASSERT_EQ(::kill(worker1, SIGKILL), 0);
+  ASSERT_EQ(launcher.WaitExit(240s), 0) << test::ReadFile(dir_ / "killed.log");
+  out_ = test::ReadFile(dir_ / "killed.log");
+  std::vector<MetricRecord> launch;
+  ASSERT_TRUE(ReadMetrics((run / "launch.jsonl").string(), &launch).ok());
+  const auto restarts = std::count_if(launch.begin(), launch.end(), [](const MetricRecord& r) {
+    return r.Get("event").AsString() == "restart" && r.Get("child").AsString() == "worker 1";
+  });
+  EXPECT_EQ(restarts, 1) << out_;
+  const auto starts = test::Metrics(run, "worker-1.jsonl", "mm_start");
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_TRUE(starts[1].Get("resumed").AsBool());
+  EXPECT_GE(starts[1].Get("first_stage").AsInt(), 1);  // its first stage's move was in
+  EXPECT_LT(starts[1].Get("first_stage").AsInt(), kModels);
+  ExpectEveryMoveAppliedOnce(run, kWorkers);
+  ExpectLeaderboard(run);
 }
 
 TEST_F(MultiModelJobTest, IndependentJobsReadTheWholeSetAndCountTheDataMoved) {
