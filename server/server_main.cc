@@ -88,6 +88,18 @@ std::string ListString(const std::vector<uint64_t>& v) {
   return out + "]";
 }
 
+// "not_registered:4 version:1" — the reasons refused messages were refused for, nonzero ones
+// only ("" when none was).
+std::string RejectedString(const ShardStatsWire& st) {
+  std::string out;
+  for (size_t i = 0; i < st.rejected_by_reason.size(); ++i) {
+    if (st.rejected_by_reason[i] == 0) continue;
+    if (!out.empty()) out += ' ';
+    out += fmt::format("{}:{}", RejectReasonName(static_cast<RejectReason>(i)), st.rejected_by_reason[i]);
+  }
+  return out;
+}
+
 std::string ResolveInRunDir(const std::string& run_dir, const std::string& p) {
   return std::filesystem::path(p).is_absolute() ? p : (std::filesystem::path(run_dir) / p).string();
 }
@@ -316,7 +328,8 @@ Status Run(const Flags& f, bool* serving) {
                                          {"chunk_updates", mk.chunk_updates},
                                          {"duplicates", mk.duplicates},
                                          {"dropped_late", mk.dropped_late},
-                                         {"pushes_by_worker", ListString(mk.pushes_by_worker)}});
+                                         {"pushes_by_worker", ListString(mk.pushes_by_worker)},
+                                         {"rejected_by_reason", RejectedString(mk)}});
     }
   }
   const ShardStatsWire st = SumStats(*host);
@@ -326,6 +339,7 @@ Status Run(const Flags& f, bool* serving) {
                st.chunk_updates, st.wal_records, st.replayed, ListString(st.pushes_by_worker));
   refusals->Flush();
   (void)metrics->Write("server_end", {{"pushes_received", st.pushes_received},
+                                      {"rejected_by_reason", RejectedString(st)},
                                       {"refused_connections", static_cast<int64_t>(transport.refused_connections())},
                                       {"pushes_applied", st.pushes_applied},
                                       {"pushes_rejected", st.pushes_rejected},
