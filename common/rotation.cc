@@ -70,6 +70,18 @@ int64_t MovesPerModel(RotationScheme scheme, int models, int workers, int passes
   return int64_t{workers} * passes;
 }
 
+bool EveryStageHasOneHolder(RotationScheme scheme, int models, int workers) {
+  switch (scheme) {
+    case RotationScheme::kPipeline:
+      return models >= workers;
+    case RotationScheme::kIndependent:
+      return true;
+    case RotationScheme::kSequential:
+      break;
+  }
+  return false;
+}
+
 int64_t VersionsBefore(const StageTask& t, ConsistencyMode mode, int64_t steps) {
   if (!t.data_parallel) return t.moves_before;
   return (mode == ConsistencyMode::kSync ? t.stages_before : t.moves_before) * steps;

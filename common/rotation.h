@@ -71,6 +71,11 @@ std::vector<StageTask> WorkerStages(RotationScheme scheme, int models, int worke
 int64_t MovesPerModel(RotationScheme scheme, int models, int workers, int passes,
                       RotationGroups groups = RotationGroups::kDataParallel);
 
+// Whether every stage of every worker has one holder, who moves the model on with one move push
+// (a pipeline with K >= W; the independent baseline): then a restarted worker can tell from a
+// model's version whether its own stage's move is in, and a run can be resumed.
+bool EveryStageHasOneHolder(RotationScheme scheme, int models, int workers);
+
 // The model's chunk version at which stage `t` starts (every update of the earlier stages
 // taken), `steps` per holder per stage: a local stage's earlier stages each added one move
 // push; a data-parallel pipeline stage's one version per step and holder (async) or per step

@@ -106,6 +106,7 @@
 #include "common/process_group.h"
 #include "common/process_net.h"
 #include "common/run_config.h"
+#include "common/rotation.h"
 #include "common/run_secret.h"
 #include "common/status.h"
 #include "data/input_check.h"
@@ -401,9 +402,13 @@ Status ResumeRunConfig(const LaunchFlags& f, RunConfig* cfg, ResumePlan* plan) {
     return NotFound("--resume {}: not a run directory (no config.toml in it)", f.resume);
   }
   DP_RETURN_IF_ERROR(LoadRunConfig(config, cfg));
-  if (!cfg->models.empty()) {
-    return FailedPrecondition("--resume {}: a multi-model run ([[models]]) cannot be resumed yet (docs/multi_model.md)",
-                              f.resume);
+  const int K = static_cast<int>(cfg->models.size());
+  if (K > 0 && !EveryStageHasOneHolder(cfg->rotation.scheme, K, cfg->cluster.workers)) {
+    return FailedPrecondition(
+        "--resume {}: this multi-model run's stages are shared by several workers (rotation.scheme = \"{}\", {} models "
+        "on {} workers), whose own updates a restarted worker cannot tell apart; only runs whose stages each have one "
+        "holder (a pipeline with K >= W, or \"independent\") can be resumed (docs/multi_model.md)",
+        f.resume, RotationSchemeName(cfg->rotation.scheme), K, cfg->cluster.workers);
   }
   return PlanResume(f.resume, *cfg, plan);
 }

@@ -117,18 +117,13 @@ Status MultiModelWorker::Setup(bool* started) {
   const int K = static_cast<int>(c_.models.size());
   // A restarted worker (the launcher's --resume) finds its first unfinished stage from the
   // models' versions: possible when each of its stages is its own (one holder, a move push).
-  if (a_.resume) {
-    for (const StageTask& t :
-         WorkerStages(c_.rotation.scheme, K, c_.cluster.workers, c_.rotation.passes, id_, c_.rotation.groups)) {
-      if (t.data_parallel || t.group > 1) {
-        return InvalidArgument(
-            "--resume: worker {} of this multi-model run shares stages with other workers (rotation.scheme = \"{}\", "
-            "{} models on {} workers): a restarted worker cannot tell its own updates of a shared stage from the "
-            "others'; only runs whose stages each have one holder (a pipeline with K >= W, or \"independent\") "
-            "take a restarted worker back (docs/multi_model.md)",
-            id_, RotationSchemeName(c_.rotation.scheme), K, c_.cluster.workers);
-      }
-    }
+  if (a_.resume && !EveryStageHasOneHolder(c_.rotation.scheme, K, c_.cluster.workers)) {
+    return InvalidArgument(
+        "--resume: worker {} of this multi-model run shares stages with other workers (rotation.scheme = \"{}\", "
+        "{} models on {} workers): a restarted worker cannot tell its own updates of a shared stage from the "
+        "others'; only runs whose stages each have one holder (a pipeline with K >= W, or \"independent\") "
+        "take a restarted worker back (docs/multi_model.md)",
+        id_, RotationSchemeName(c_.rotation.scheme), K, c_.cluster.workers);
   }
   std::vector<ParamLayout> layouts;
   for (int k = 0; k < K; ++k) {

@@ -128,6 +128,22 @@ TEST(RotationTest, StageVersionsChainAndSyncRoundsWaitForTheStagesHolders) {
   }
 }
 
+// A run can take a restarted worker back exactly when every stage of every worker is its own.
+TEST(RotationTest, EveryStageHasOneHolderAgreesWithTheStages) {
+  for (RotationScheme scheme : {RotationScheme::kPipeline, RotationScheme::kSequential, RotationScheme::kIndependent})
+  for (RotationGroups groups : {RotationGroups::kDataParallel, RotationGroups::kAverage})
+  for (int k = 1; k <= 5; ++k) {
+    for (int w = 1; w <= 5; ++w) {
+      bool own = true;
+      for (int i = 0; i < w; ++i) {
+        for (const StageTask& s : WorkerStages(scheme, k, w, 2, i, groups)) own = own && !s.data_parallel && s.group == 1;
+      }
+      EXPECT_EQ(EveryStageHasOneHolder(scheme, k, w), own)
+          << RotationSchemeName(scheme) << " " << RotationGroupsName(groups) << " K=" << k << " W=" << w;
+    }
+  }
+}
+
 TEST(RotationTest, BaselinesGiveEveryModelTheSameImagesAsThePipeline) {
   for (int k = 1; k <= 5; ++k) {
     for (int w = 1; w <= 5; ++w) {

@@ -186,6 +186,17 @@ solver.base_lr = {}
     EXPECT_THAT(out_, HasSubstr("leaderboard (3 models, best first)"));
   }
 
+  // Whether worker w finished a stage within 120 s (its metrics have a "stage" record).
+  static bool WaitForFirstStage(const fs::path& run, int w) {
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    const fs::path log = run / "metrics" / fmt::format("worker-{}.jsonl", w);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (fs::exists(log) && test::ReadFile(log).find("\"event\":\"stage\"") != std::string::npos) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+
   // Runs the K = 3 > W = 2 pipeline with stages of 30 steps and SIGKILLs the launcher's child
   // whose command line has `parts` once worker 1 has finished its first stage; the job must end
   // well with that child restarted once (`child` in launch.jsonl).
@@ -195,13 +206,7 @@ solver.base_lr = {}
     test::Child launcher({test::Binary("downpour-launch"), "--config", Config("pipeline"), "--run-dir", run.string(),
                           "--restart-workers", "1"},
                          dir_ / "killed.log");
-    const auto deadline = std::chrono::steady_clock::now() + 120s;
-    const fs::path worker1_log = run / "metrics" / "worker-1.jsonl";
-    while ((!fs::exists(worker1_log) || test::ReadFile(worker1_log).find("\"event\":\"stage\"") == std::string::npos) &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(20ms);
-    }
-    EXPECT_TRUE(fs::exists(worker1_log)) << test::ReadFile(dir_ / "killed.log");
+    EXPECT_TRUE(WaitForFirstStage(run, 1)) << test::ReadFile(dir_ / "killed.log");
     const pid_t victim = test::ChildWith(launcher.pid(), parts);
     EXPECT_GT(victim, 0) << child << " not found among the launcher's children";
     if (victim > 0) EXPECT_EQ(::kill(victim, SIGKILL), 0);
@@ -326,6 +331,39 @@ TEST_F(MultiModelJobTest, AKilledWorkerGoesOnAtItsFirstUnfinishedStageAndNoMoveI
 // are not applied twice: every model still takes exactly W x passes moves on every server.
 TEST_F(MultiModelJobTest, AKilledServerRecoversEveryModelAndNoMoveIsLostOrAppliedTwice) {
   const fs::path run = RunKillingMidRun({"downpour-server", "--id 1 "}, "server 1");
+  ExpectEveryMoveAppliedOnce(run, kWorkers, kModels, /*server_restarted=*/true);
+  ExpectLeaderboard(run);
+}
+
+// The whole job SIGKILLed mid-run (launcher, coordinator, servers, workers) and continued with
+// downpour-launch --resume: the servers recover every model from their logs, each worker goes on
+// at its first stage whose move is not in; every model takes exactly W x passes moves in all, and
+// the run ends with its leaderboard.
+TEST_F(MultiModelJobTest, AKilledRunIsResumedAndNoMoveIsLostOrAppliedTwice) {
+  stage_steps_ = 30;
+  const fs::path run = dir_ / "run-resumed";
+  {
+    test::Child launcher({test::Binary("downpour-launch"), "--config", Config("pipeline"), "--run-dir", run.string()},
+                         dir_ / "killed.log");
+    ASSERT_TRUE(WaitForFirstStage(run, 1)) << test::ReadFile(dir_ / "killed.log");
+    const std::vector<pid_t> children = test::ChildrenOf(launcher.pid());
+    ASSERT_EQ(children.size(), 5u) << "coordinator, 2 servers, 2 workers";
+    for (pid_t p : children) ::kill(p, SIGKILL);
+    launcher.Signal(SIGKILL);
+    EXPECT_EQ(launcher.WaitExit(10s), 128 + SIGKILL);
+    for (pid_t p : children) {
+      for (int i = 0; i < 100 && test::Alive(p); ++i) std::this_thread::sleep_for(20ms);
+      EXPECT_FALSE(test::Alive(p)) << "pid " << p << " survived SIGKILL";
+    }
+  }
+  ASSERT_TRUE(test::Metrics(run, "worker-0.jsonl", "model_eval").empty()) << "the run finished before it was killed";
+  ASSERT_EQ(test::RunCommand({test::Binary("downpour-launch"), "--resume", run.string()}, &out_, 240s), 0) << out_;
+  for (int w = 0; w < kWorkers; ++w) {
+    const auto starts = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "mm_start");
+    ASSERT_EQ(starts.size(), 2u) << "worker " << w;
+    EXPECT_TRUE(starts[1].Get("resumed").AsBool()) << "worker " << w;
+  }
+  EXPECT_GE(test::Metrics(run, "worker-1.jsonl", "mm_start")[1].Get("first_stage").AsInt(), 1);
   ExpectEveryMoveAppliedOnce(run, kWorkers, kModels, /*server_restarted=*/true);
   ExpectLeaderboard(run);
 }
