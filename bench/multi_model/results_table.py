@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import downpour_runs as dr  # noqa: E402
 
 NETS = ["compact", "small"]
-SCHEMES = ["pipeline", "sequential", "independent"]
+# sequential-sync: baseline (a) in sync at the models' own 64-image batch (4 workers x 16 images a round)
+SCHEMES = ["pipeline", "sequential", "sequential-sync", "independent"]
 
 
 def model_floats(run_dir, k):
@@ -36,7 +37,7 @@ def run_numbers(run_dir):
     dones = [r for w in workers for _, r in w.records("done")]
     mm = s["multi_model"]
     model_bytes = mm["model_bytes"]
-    if mm["scheme"] == "sequential":
+    if mm["scheme"] == "sequential":  # (both sequential runs)
         # A data-parallel step pulls and pushes a whole model (f32). Counted from the steps, as the
         # worker now records it: this experiment's first run recorded the wire counters, which do
         # not see same-host shared memory.
@@ -77,7 +78,7 @@ def main():
         if "pipeline" in rows:
             p = rows["pipeline"]
             moved_p = p["model_bytes"] + p["data_bytes"]
-            for base in ("independent", "sequential"):
+            for base in ("independent", "sequential", "sequential-sync"):
                 if base in rows:
                     b = rows[base]
                     moved_b = b["model_bytes"] + b["data_bytes"]
