@@ -620,11 +620,6 @@ int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const s
 // ---- cluster mode: one task of a job spread over hosts ----
 
 Status PlanTask(const LaunchFlags& f, const RunConfig& cfg, TaskPlan* plan) {
-  if (!cfg.models.empty()) {
-    return InvalidArgument("{}: a multi-model run ([[models]]) is not started as a cluster job (--slurm, --mpi, "
-                           "--role) yet: start it with downpour-launch, which runs every process (docs/multi_model.md)",
-                           f.config);
-  }
   PlanInputs in;
   in.servers = cfg.cluster.servers;
   in.workers = cfg.cluster.workers;
@@ -742,7 +737,7 @@ int LaunchTask(const LaunchFlags& f) {
   // Inputs this role reads (a stand-in command brings its own).
   const bool worker = plan.role == TaskRole::kWorker;
   const bool auto_tensors = !worker && f.tensors.empty() && f.model.empty() && f.worker_cmd.empty();
-  if (s.ok() && (worker ? f.worker_cmd.empty() : auto_tensors)) s = CheckTaskInputs(cfg, f.config, worker);
+  if (s.ok() && (worker ? f.worker_cmd.empty() : auto_tensors)) s = CheckTaskInputs(cfg, f.config, worker, plan.id);
   // The network this task's child will set up: keys, the loopback rule, the advertise host.
   bool keyed = false;
   const NetRole role =
@@ -753,6 +748,9 @@ int LaunchTask(const LaunchFlags& f) {
   if (!f.tensors.empty()) model_args = {"--tensors", fs::absolute(f.tensors).string()};
   if (!f.model.empty()) model_args = {"--model", f.model};
   if (auto_tensors) model_args = {"--tensors", tensors};
+  // A multi-model run's servers and coordinator read every model's list from the run directory
+  // (tensors-model-<k>.txt, which this task's downpour-worker --write-tensors writes there).
+  if (!cfg.models.empty()) model_args.clear();
   ChildSpec child;
   if (s.ok()) s = BuildTaskChild(f, plan, run_dir, model_args, &child);
   if (s.ok()) SuperviseTaskChild(f, cfg, plan, &child);

@@ -97,18 +97,34 @@ Status CheckModelConfigs(const RunConfig& c, const std::string& source) {
   }
   return Status::Ok();
 }
+
+// The weights a run starts from, the test set and the mean file: what every worker reads besides
+// the model configs and its training data.
+Status CheckOtherInputs(const RunConfig& c, const std::string& source) {
+  if (!c.model.weights.empty()) {
+    DP_RETURN_IF_ERROR(CheckFile(c.model.weights, "model.weights", source, "weights file"));
+  }
+  if (!c.data.test.empty()) DP_RETURN_IF_ERROR(CheckDataset(c.data.test, "data.test", source));
+  if (!c.data.mean_file.empty()) {
+    DP_RETURN_IF_ERROR(CheckFile(c.data.mean_file, "data.mean_file", source, "mean file"));
+  }
+  return Status::Ok();
+}
 }  // namespace
 
-Status CheckTaskInputs(const RunConfig& c, const std::string& source, bool worker) {
-  if (worker) return CheckRunInputs(c, source);
-  return CheckModelConfigs(c, source);
+Status CheckTaskInputs(const RunConfig& c, const std::string& source, bool worker, int worker_id) {
+  if (!worker) return CheckModelConfigs(c, source);
+  const bool reads_all = !c.models.empty() && c.rotation.scheme == RotationScheme::kIndependent;
+  if (c.data.sharding != DataSharding::kOwn || reads_all) return CheckRunInputs(c, source);
+  // Only this worker's own partition need be on this host.
+  DP_RETURN_IF_ERROR(CheckModelConfigs(c, source));
+  DP_RETURN_IF_ERROR(CheckDataset(OwnShardPath(c.data, worker_id, c.cluster.workers),
+                                  fmt::format("data.train (sharding \"own\", worker {})", worker_id), source));
+  return CheckOtherInputs(c, source);
 }
 
 Status CheckRunInputs(const RunConfig& c, const std::string& source) {
   DP_RETURN_IF_ERROR(CheckModelConfigs(c, source));
-  if (!c.model.weights.empty()) {
-    DP_RETURN_IF_ERROR(CheckFile(c.model.weights, "model.weights", source, "weights file"));
-  }
   if (c.data.sharding == DataSharding::kOwn) {
     for (int j = 0; j < c.cluster.workers; ++j) {
       DP_RETURN_IF_ERROR(CheckDataset(OwnShardPath(c.data, j, c.cluster.workers),
@@ -117,11 +133,7 @@ Status CheckRunInputs(const RunConfig& c, const std::string& source) {
   } else {
     DP_RETURN_IF_ERROR(CheckDataset(c.data.train, "data.train", source));
   }
-  if (!c.data.test.empty()) DP_RETURN_IF_ERROR(CheckDataset(c.data.test, "data.test", source));
-  if (!c.data.mean_file.empty()) {
-    DP_RETURN_IF_ERROR(CheckFile(c.data.mean_file, "data.mean_file", source, "mean file"));
-  }
-  return Status::Ok();
+  return CheckOtherInputs(c, source);
 }
 
 namespace {

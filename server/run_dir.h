@@ -35,9 +35,12 @@ Status CheckTaskFilesAreNew(const std::string& run_dir, const std::string& stem)
 // processes the launcher starts see them.
 Status CheckRunInputs(const RunConfig& config, const std::string& source);
 
-// The inputs one task of a cluster job reads: a worker all of CheckRunInputs; a coordinator or
-// server only model.config (for its tensor list), so data need not be on their hosts.
-Status CheckTaskInputs(const RunConfig& config, const std::string& source, bool worker);
+// The inputs one task of a cluster job reads: a worker (id `worker_id`) what CheckRunInputs
+// checks, except that with data.sharding = "own" it needs only its own partition on its host
+// (every partition when it is a multi-model run's independent baseline, whose jobs read them
+// all); a coordinator or server only the model configs (for the tensor lists), so data need not
+// be on their hosts.
+Status CheckTaskInputs(const RunConfig& config, const std::string& source, bool worker, int worker_id = 0);
 
 // How to resume the run in `run_dir` (whose config.toml is `config`). The servers restart with
 // --recover, which restores the checkpoint (if any) and replays the write-ahead log after it.

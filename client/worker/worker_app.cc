@@ -26,6 +26,7 @@
 #include "client/worker/run_setup.h"
 #include "client/worker/sources.h"
 #include "client/worker/worker_state.h"
+#include "common/file_io.h"
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/process_net.h"
@@ -363,11 +364,9 @@ Status WriteModelTensorList(const std::string& model_config, const std::string& 
     for (size_t i = 0; i < t.shape.size(); ++i) dims += fmt::format("{}{}", i ? "x" : "", t.shape[i]);
     text += fmt::format("{} {} {} {}\n", t.name, dims, t.lr_mult, t.decay_mult);
   }
-  std::FILE* f = std::fopen(out_path.c_str(), "w");
-  if (f == nullptr) return IoError("tensor list {}: cannot open for writing", out_path);
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) return IoError("tensor list {}: write failed", out_path);
-  return Status::Ok();
+  // Atomically: the tasks of a cluster job on a shared file system may each write the same list
+  // while a server of the job reads it.
+  return WriteFileAtomic(out_path, text, Durability::kProcessCrash);
 }
 }  // namespace
 

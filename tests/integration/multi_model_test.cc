@@ -82,6 +82,7 @@ class MultiModelJobTest : public ::testing::Test {
   std::string Config(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]",
                      const std::string& rotation = "", const std::string& tail = "", int workers = kWorkers) {
     const int port = test::FreePortRange(3);
+    coordinator_ = fmt::format("127.0.0.1:{}", port);
     const fs::path fm = test::kFashionMnistDir;
     const std::string text = fmt::format(R"([run]
 seed = 3
@@ -224,6 +225,7 @@ solver.base_lr = {}
   fs::path dir_;
   std::string out_;
   int stage_steps_ = kStageSteps;
+  std::string coordinator_;  // the last Config's
 };
 
 TEST_F(MultiModelJobTest, PipelineMovesModelsNotDataAndAppliesEveryMoveOnce) {
@@ -365,6 +367,31 @@ TEST_F(MultiModelJobTest, AKilledRunIsResumedAndNoMoveIsLostOrAppliedTwice) {
   }
   EXPECT_GE(test::Metrics(run, "worker-1.jsonl", "mm_start")[1].Get("first_stage").AsInt(), 1);
   ExpectEveryMoveAppliedOnce(run, kWorkers, kModels, /*server_restarted=*/true);
+  ExpectLeaderboard(run);
+}
+
+// A multi-model run started as a cluster job: one downpour-launch --role task per process, as
+// Slurm or MPI start them (here by hand, on 127.0.0.1, with a shared run directory whose tensor
+// lists every non-worker task writes atomically). Every model takes exactly its W x passes moves
+// and worker 0's task prints the leaderboard.
+TEST_F(MultiModelJobTest, AClusterJobOfOneTaskPerProcessTrainsEveryModel) {
+  const std::string cfg = Config("pipeline");
+  const fs::path run = dir_ / "run-tasks";
+  std::vector<std::pair<std::string, std::unique_ptr<test::Child>>> tasks;
+  const auto start = [&](const std::string& role, int id) {
+    const std::string name = id < 0 ? role : fmt::format("{}-{}", role, id);
+    std::vector<std::string> argv = {test::Binary("downpour-launch"), "--config", cfg, "--run-dir", run.string(),
+                                     "--role", role, "--coordinator", coordinator_, "--timeout-s", "240"};
+    if (id >= 0) argv.insert(argv.end(), {"--id", std::to_string(id)});
+    tasks.emplace_back(name, std::make_unique<test::Child>(argv, dir_ / (name + ".out")));
+  };
+  start("coordinator", -1);
+  for (int s = 0; s < kServers; ++s) start("server", s);
+  for (int w = 0; w < kWorkers; ++w) start("worker", w);
+  for (auto& [name, task] : tasks) EXPECT_EQ(task->WaitExit(240s), 0) << name << ":\n" << test::ReadFile(dir_ / (name + ".out"));
+  for (int k = 0; k < kModels; ++k) EXPECT_TRUE(fs::exists(ModelTensorListPath(run.string(), k))) << "model " << k;
+  out_ = test::ReadFile(dir_ / "worker-0.out");
+  ExpectEveryMoveAppliedOnce(run, kWorkers);
   ExpectLeaderboard(run);
 }
 

@@ -466,6 +466,31 @@ TEST(RunInputs, OwnShardingFindsTheConvertersShardsOrNumberedFolders) {
   fs::remove_all(dir);
 }
 
+// A worker task of a cluster job needs only its own partition on its host (the coordinator and
+// the servers none); a multi-model run's independent jobs read every partition, so there a worker
+// task needs them all.
+TEST(RunInputs, AWorkerTaskNeedsOnlyItsOwnPartition) {
+  const fs::path dir = test::ScratchDir("task_inputs");
+  RunConfig c;
+  c.model.config = test::SourcePath("configs/models/fmnist_small.toml");
+  c.cluster.workers = 2;
+  c.data.sharding = DataSharding::kOwn;
+  c.data.train = (dir / "train").string();
+  c.data.test = "";
+  fs::create_directories(dir / "train" / "shard_1_of_2");
+  test::WriteFile(dir / "train" / "shard_1_of_2" / "data.mdb", "");
+  EXPECT_TRUE(CheckTaskInputs(c, "run.toml", /*worker=*/true, 1).ok());
+  const Status s = CheckTaskInputs(c, "run.toml", /*worker=*/true, 0);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("data.train (sharding \"own\", worker 0)"));
+  EXPECT_TRUE(CheckTaskInputs(c, "run.toml", /*worker=*/false, 0).ok());
+  EXPECT_FALSE(CheckRunInputs(c, "run.toml").ok());  // the local launcher starts every worker
+  c.models.push_back(ModelEntry{"a", c.model.config, c.solver});
+  c.rotation.scheme = RotationScheme::kIndependent;
+  EXPECT_FALSE(CheckTaskInputs(c, "run.toml", /*worker=*/true, 1).ok());
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace downpour
 
