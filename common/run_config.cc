@@ -483,31 +483,28 @@ std::string FloatText(T v) {
 constexpr std::string_view kRotationSchemeNames[] = {"pipeline", "sequential", "independent"};
 constexpr std::string_view kRotationGroupsNames[] = {"data_parallel", "average"};
 
-Status ReadRotation(TableReader& r, RotationConfig* c) {
-  if (const toml::node* n = r.Get("scheme")) {
-    const auto text = n->value<std::string>();
-    bool found = false;
-    for (size_t i = 0; text && i < std::size(kRotationSchemeNames); ++i) {
-      if (*text == kRotationSchemeNames[i]) {
-        c->scheme = static_cast<RotationScheme>(i);
-        found = true;
-      }
+// `key`, when given, as the enum value whose index in `names` it is; else `expected` in the error.
+template <typename Enum, size_t N>
+Status ReadNamed(TableReader& r, const char* key, const std::string_view (&names)[N], const char* expected, Enum* out) {
+  const toml::node* n = r.Get(key);
+  if (n == nullptr) return Status::Ok();
+  const auto text = n->value<std::string>();
+  for (size_t i = 0; text && i < N; ++i) {
+    if (*text == names[i]) {
+      *out = static_cast<Enum>(i);
+      return Status::Ok();
     }
-    if (!found) return r.Bad("scheme", *n, "expected \"pipeline\", \"sequential\" or \"independent\"");
   }
+  return r.Bad(key, *n, expected);
+}
+
+Status ReadRotation(TableReader& r, RotationConfig* c) {
+  DP_RETURN_IF_ERROR(ReadNamed(r, "scheme", kRotationSchemeNames,
+                               "expected \"pipeline\", \"sequential\" or \"independent\"", &c->scheme));
   DP_RETURN_IF_ERROR(r.Int("passes", &c->passes));
   DP_RETURN_IF_ERROR(r.Int("stage_steps", &c->stage_steps));
-  if (const toml::node* n = r.Get("groups")) {
-    const auto text = n->value<std::string>();
-    bool found = false;
-    for (size_t i = 0; text && i < std::size(kRotationGroupsNames); ++i) {
-      if (*text == kRotationGroupsNames[i]) {
-        c->groups = static_cast<RotationGroups>(i);
-        found = true;
-      }
-    }
-    if (!found) return r.Bad("groups", *n, "expected \"data_parallel\" or \"average\"");
-  }
+  DP_RETURN_IF_ERROR(ReadNamed(r, "groups", kRotationGroupsNames, "expected \"data_parallel\" or \"average\"",
+                               &c->groups));
   return r.Finish();
 }
 

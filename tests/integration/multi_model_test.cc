@@ -348,15 +348,7 @@ TEST_F(MultiModelJobTest, AKilledRunIsResumedAndNoMoveIsLostOrAppliedTwice) {
     test::Child launcher({test::Binary("downpour-launch"), "--config", Config("pipeline"), "--run-dir", run.string()},
                          dir_ / "killed.log");
     ASSERT_TRUE(WaitForFirstStage(run, 1)) << test::ReadFile(dir_ / "killed.log");
-    const std::vector<pid_t> children = test::ChildrenOf(launcher.pid());
-    ASSERT_EQ(children.size(), 5u) << "coordinator, 2 servers, 2 workers";
-    for (pid_t p : children) ::kill(p, SIGKILL);
-    launcher.Signal(SIGKILL);
-    EXPECT_EQ(launcher.WaitExit(10s), 128 + SIGKILL);
-    for (pid_t p : children) {
-      for (int i = 0; i < 100 && test::Alive(p); ++i) std::this_thread::sleep_for(20ms);
-      EXPECT_FALSE(test::Alive(p)) << "pid " << p << " survived SIGKILL";
-    }
+    test::KillJob(launcher, 5, "coordinator, 2 servers, 2 workers");
   }
   ASSERT_TRUE(test::Metrics(run, "worker-0.jsonl", "model_eval").empty()) << "the run finished before it was killed";
   ASSERT_EQ(test::RunCommand({test::Binary("downpour-launch"), "--resume", run.string()}, &out_, 240s), 0) << out_;

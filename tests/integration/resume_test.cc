@@ -122,15 +122,7 @@ TEST_F(ResumeTest, KilledRunResumesToTheSameEndAndFineTuneStartsAtTheSavedAccura
       if (steps_before_kill < 120) std::this_thread::sleep_for(100ms);
     }
     ASSERT_GE(steps_before_kill, 120) << test::ReadFile(dir_ / "killed.log");
-    const std::vector<pid_t> children = test::ChildrenOf(launcher.pid());
-    ASSERT_EQ(children.size(), 6u) << "coordinator, 2 servers, 2 workers, the evaluator";
-    for (pid_t p : children) ::kill(p, SIGKILL);
-    launcher.Signal(SIGKILL);
-    EXPECT_EQ(launcher.WaitExit(10s), 128 + SIGKILL);
-    for (pid_t p : children) {
-      for (int i = 0; i < 100 && test::Alive(p); ++i) std::this_thread::sleep_for(20ms);
-      EXPECT_FALSE(test::Alive(p)) << "pid " << p << " survived SIGKILL";
-    }
+    test::KillJob(launcher, 6, "coordinator, 2 servers, 2 workers, the evaluator");
   }
   ASSERT_TRUE(Worker(run, 0, "done").empty()) << "the run finished before it was killed";
 

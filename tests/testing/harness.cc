@@ -188,6 +188,18 @@ bool ReadStat(pid_t pid, char* state, pid_t* ppid) {
 
 }  // namespace
 
+void KillJob(Child& launcher, size_t children, const std::string& what) {
+  const std::vector<pid_t> pids = ChildrenOf(launcher.pid());
+  EXPECT_EQ(pids.size(), children) << what;
+  for (pid_t p : pids) ::kill(p, SIGKILL);
+  launcher.Signal(SIGKILL);
+  EXPECT_EQ(launcher.WaitExit(std::chrono::seconds(10)), 128 + SIGKILL);
+  for (pid_t p : pids) {
+    for (int i = 0; i < 100 && Alive(p); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(Alive(p)) << "pid " << p << " survived SIGKILL";
+  }
+}
+
 std::vector<pid_t> ChildrenOf(pid_t parent) {
   std::vector<pid_t> out;
   std::error_code ec;

@@ -75,6 +75,10 @@ int RunShell(const std::string& command, std::string* output,
 std::vector<pid_t> ChildrenOf(pid_t parent);
 // True while `pid` exists and is not a zombie.
 bool Alive(pid_t pid);
+// A whole job dying at once, as a host losing power would: SIGKILL to the launcher's children
+// (expects `children` of them: `what` names them in the failure) and then to the launcher, which
+// must exit by that signal; checks that every one of them is gone.
+void KillJob(Child& launcher, size_t children, const std::string& what);
 // The command line of a running process, NUL separators as spaces ("" when it is gone).
 std::string CmdLine(pid_t pid);
 // The child of `parent` whose command line holds every one of `parts`; -1 if none.
