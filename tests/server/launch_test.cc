@@ -437,25 +437,33 @@ TEST_F(LaunchTest, KillingTheLauncherLeavesNoChildren) {
 namespace downpour {
 namespace {
 
-// data.sharding = "own": each worker's LMDB is <train>/shard_<j>_of_<W> as downpour-data
-// --shards W writes them, or <train>/<j>; a missing one is named before anything starts.
-TEST(RunInputs, OwnShardingFindsTheConvertersShardsOrNumberedFolders) {
-  const fs::path dir = test::ScratchDir("run_inputs");
+// Two workers, each reading its own LMDB under <dir>/train, no test set.
+RunConfig OwnShardingConfig(const fs::path& dir) {
   RunConfig c;
   c.model.config = test::SourcePath("configs/models/fmnist_small.toml");
   c.cluster.workers = 2;
   c.data.sharding = DataSharding::kOwn;
   c.data.train = (dir / "train").string();
   c.data.test = "";
-  for (const char* shard : {"shard_0_of_2", "shard_1_of_2"}) {
-    fs::create_directories(dir / "train" / shard);
-    test::WriteFile(dir / "train" / shard / "data.mdb", "");
-  }
+  return c;
+}
+
+// An (empty) LMDB directory at <dir>/train/<name>.
+void MakeShard(const fs::path& dir, const std::string& name) {
+  fs::create_directories(dir / "train" / name);
+  test::WriteFile(dir / "train" / name / "data.mdb", "");
+}
+
+// data.sharding = "own": each worker's LMDB is <train>/shard_<j>_of_<W> as downpour-data
+// --shards W writes them, or <train>/<j>; a missing one is named before anything starts.
+TEST(RunInputs, OwnShardingFindsTheConvertersShardsOrNumberedFolders) {
+  const fs::path dir = test::ScratchDir("run_inputs");
+  RunConfig c = OwnShardingConfig(dir);
+  for (const char* shard : {"shard_0_of_2", "shard_1_of_2"}) MakeShard(dir, shard);
   EXPECT_TRUE(CheckRunInputs(c, "run.toml").ok());
   EXPECT_EQ(OwnShardPath(c.data, 1, 2), (dir / "train" / "shard_1_of_2").string());
   fs::remove_all(dir / "train" / "shard_1_of_2");
-  fs::create_directories(dir / "train" / "1");
-  test::WriteFile(dir / "train" / "1" / "data.mdb", "");
+  MakeShard(dir, "1");
   EXPECT_TRUE(CheckRunInputs(c, "run.toml").ok());
   EXPECT_EQ(OwnShardPath(c.data, 1, 2), (dir / "train" / "1").string());
   c.cluster.workers = 3;  // shard_0_of_2 is not worker 0's of 3, and there is no train/0
@@ -471,14 +479,8 @@ TEST(RunInputs, OwnShardingFindsTheConvertersShardsOrNumberedFolders) {
 // task needs them all.
 TEST(RunInputs, AWorkerTaskNeedsOnlyItsOwnPartition) {
   const fs::path dir = test::ScratchDir("task_inputs");
-  RunConfig c;
-  c.model.config = test::SourcePath("configs/models/fmnist_small.toml");
-  c.cluster.workers = 2;
-  c.data.sharding = DataSharding::kOwn;
-  c.data.train = (dir / "train").string();
-  c.data.test = "";
-  fs::create_directories(dir / "train" / "shard_1_of_2");
-  test::WriteFile(dir / "train" / "shard_1_of_2" / "data.mdb", "");
+  RunConfig c = OwnShardingConfig(dir);
+  MakeShard(dir, "shard_1_of_2");
   EXPECT_TRUE(CheckTaskInputs(c, "run.toml", /*worker=*/true, 1).ok());
   const Status s = CheckTaskInputs(c, "run.toml", /*worker=*/true, 0);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
