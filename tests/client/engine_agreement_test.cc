@@ -89,6 +89,30 @@ TEST(EngineAgreement, Cifar10SmallNet) {
   CompareBackends(spec, 2, 1);
 }
 
+// A one-channel input (a grayscale first layer, whose weight gradient oneDNN's backend forms by
+// im2col and sgemm, client/engine/onednn_backend.cc) with a rectangular kernel, stride and pad,
+// with and without bias, feeding a second convolution that does take a data gradient.
+TEST(EngineAgreement, OneChannelInputConvolutionWithPadAndStride) {
+  for (const char* bias : {"bias_filler = { type = \"constant\", value = 0.1 }\n", "bias_term = false\n"}) {
+    const std::string toml = fmt::format(
+        "name = \"one_channel\"\n[input]\nchannels = 1\nheight = 13\nwidth = 11\n"
+        "[[layer]]\nname = \"conv1\"\ntype = \"Convolution\"\nbottom = \"data\"\ntop = \"conv1\"\n"
+        "num_output = 6\nkernel_h = 4\nkernel_w = 3\nstride = 2\npad = 1\n"
+        "weight_filler = {{ type = \"gaussian\", std = 0.3 }}\n{}"
+        "[[layer]]\nname = \"conv2\"\ntype = \"Convolution\"\nbottom = \"conv1\"\ntop = \"conv2\"\n"
+        "num_output = 8\nkernel_size = 3\nweight_filler = {{ type = \"xavier\" }}\n"
+        "[[layer]]\nname = \"fc\"\ntype = \"InnerProduct\"\nbottom = \"conv2\"\ntop = \"fc\"\nnum_output = 5\n"
+        "weight_filler = {{ type = \"xavier\" }}\n"
+        "[[layer]]\nname = \"loss\"\ntype = \"SoftmaxWithLoss\"\nbottom = [\"fc\", \"label\"]\ntop = \"loss\"\n",
+        bias);
+    SCOPED_TRACE(bias);
+    NetSpec spec;
+    const Status s = ParseNetSpecString(toml, "one_channel", &spec);
+    ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << toml;
+    CompareBackends(spec, 3, 2);
+  }
+}
+
 // A net around one pooling layer: after a 16-channel convolution (oneDNN keeps that output
 // blocked, nChw16c / nChw8c) or straight on the (plain NCHW) input, then fc → loss.
 NetSpec PoolNet(int height, int width, const std::string& pool, bool after_conv) {
