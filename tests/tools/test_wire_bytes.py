@@ -111,7 +111,7 @@ class PerRunBase(ExperimentTest):
         self.assertIn("steps = 3", alex)
         self.assertIn("base_port = 6800", alex)
         self.assertNotIn("base = ", alex)
-        self.assertIn('config = "configs/models/fmnist_small.toml"', small)
+        self.assertIn('config = "configs/models/fmnist_fast.toml"', small)
 
     def test_a_missing_run_base_is_a_usage_error_naming_the_run(self):
         text = ('[experiment]\nname = "x"\nbase = "configs/runs/default.toml"\n'
