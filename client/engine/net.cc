@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "client/engine/fillers.h"
+#include "client/engine/ref_kernels.h"
 #include "common/solver/sgd.h"
 #include "common/tensor_file.h"
 
@@ -215,12 +216,9 @@ void Net::AccuracyFromScores(const int* labels, int k, float* top1, float* topk)
   const int c = shapes_.num_classes;
   int c1 = 0, ck = 0;
   for (int i = 0; i < batch_; ++i) {
-    const float* row = s.data() + int64_t(i) * c;
-    const float ls = row[labels[i]];
-    int better = 0;
-    for (int j = 0; j < c; ++j) better += row[j] > ls;
-    c1 += better < 1;
-    ck += better < k;
+    const int above = ref::ScoresAboveLabel(s.data() + int64_t(i) * c, c, labels[i]);
+    c1 += above < 1;
+    ck += above < k;
   }
   *top1 = float(c1) / batch_;
   *topk = float(ck) / batch_;

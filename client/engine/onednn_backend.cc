@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "client/engine/fillers.h"
+#include "client/engine/ref_kernels.h"
 
 namespace downpour::engine {
 namespace {
@@ -710,15 +711,7 @@ class DnnAccuracy : public DnnLayer {
   }
   void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
     const int n = bottom[0]->shape[0], k = bottom[0]->shape[1];
-    int correct = 0;
-    for (int i = 0; i < n; ++i) {
-      const float* row = bottom[0]->data + int64_t(i) * k;
-      const float ls = row[static_cast<int>(bottom[1]->data[i])];
-      int better = 0;
-      for (int j = 0; j < k; ++j) better += row[j] > ls;
-      correct += better < spec_.top_k;
-    }
-    top[0]->data[0] = float(correct) / n;
+    top[0]->data[0] = ref::Accuracy(n, k, bottom[0]->data, bottom[1]->data, spec_.top_k);
   }
   void Backward(const std::vector<Blob*>&, const std::vector<bool>&, const std::vector<Blob*>&) override {}
 };

@@ -290,18 +290,24 @@ void SoftmaxLossBackward(int n, int k, const T* prob, const float* labels, T dlo
     }
 }
 
-// Fraction of rows whose label is among the top_k scores (ties count against: a class
-// with a strictly larger score ranks above the label, as in Caffe).
+// How many of a row's k scores rank above its label's: those strictly larger (ties count for
+// the label, as in Caffe) and any NaN, the label's own included, so a diverged net scores 0,
+// not the fraction of rows whose comparisons all came out false. The label is among the top_k
+// scores when this is < top_k. (The CUDA backend's accuracy kernel has the same rule.)
+template <typename T>
+int ScoresAboveLabel(const T* row, int k, int label) {
+  const T label_score = row[label];
+  int above = 0;
+  for (int j = 0; j < k; ++j) above += !(row[j] <= label_score);
+  return above;
+}
+
+// Fraction of rows whose label is among the top_k scores (ScoresAboveLabel).
 template <typename T>
 T Accuracy(int n, int k, const T* x, const float* labels, int top_k) {
   int correct = 0;
-  for (int i = 0; i < n; ++i) {
-    const T* row = x + int64_t(i) * k;
-    const T label_score = row[static_cast<int>(labels[i])];
-    int better = 0;
-    for (int j = 0; j < k; ++j) better += row[j] > label_score;
-    correct += better < top_k;
-  }
+  for (int i = 0; i < n; ++i)
+    correct += ScoresAboveLabel(x + int64_t(i) * k, k, static_cast<int>(labels[i])) < top_k;
   return T(correct) / T(n);
 }
 

@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "client/engine/net.h"
@@ -81,6 +83,29 @@ TEST(EngineAgreement, FashionMnistSmallNet) {
   NetSpec spec;
   ASSERT_TRUE(ParseNetSpecFile(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/fmnist_small.toml", &spec).ok());
   CompareBackends(spec, 4, 1);
+}
+
+// A diverged net (NaN weights) scores 0 on both backends, top-1 and top-k: a NaN ranks above
+// the label (once, every comparison being false, it ranked the label first).
+TEST(EngineAgreement, NaNWeightsScoreZero) {
+  NetSpec spec;
+  ASSERT_TRUE(ParseNetSpecFile(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/fmnist_fast.toml", &spec).ok());
+  for (const bool reference : {true, false}) {
+    NetOptions opt;
+    opt.batch = 4;
+    opt.reference = reference;
+    std::unique_ptr<Net> net;
+    const Status s = Net::Create(spec, opt, &net);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    net->InitParams(3);
+    std::fill(net->params().begin(), net->params().end(), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> images(net->input_count(), 0.5f);
+    std::vector<int> labels = {0, 3, 7, 9};
+    const EvalResult r = net->Forward(images.data(), labels.data());
+    EXPECT_FALSE(std::isfinite(r.loss)) << net->backend().name();
+    EXPECT_EQ(r.top1, 0.0f) << net->backend().name();
+    EXPECT_EQ(r.topk, 0.0f) << net->backend().name();
+  }
 }
 
 TEST(EngineAgreement, Cifar10SmallNet) {

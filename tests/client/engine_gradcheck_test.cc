@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -275,6 +276,19 @@ TEST(EngineGradCheck, AccuracyTopK) {
   EXPECT_FLOAT_EQ(ref::Accuracy(3, 4, x.data(), labels.data(), 2), 2.0f / 3);
   EXPECT_FLOAT_EQ(ref::Accuracy(3, 4, x.data(), labels.data(), 3), 2.0f / 3);
   EXPECT_FLOAT_EQ(ref::Accuracy(3, 4, x.data(), labels.data(), 4), 1.0f);
+}
+
+TEST(EngineGradCheck, AccuracyOfNonFiniteScoresIsZero) {
+  // A diverged net: every comparison with a NaN is false, which once ranked the label first.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = {nan, nan, nan, 0.1f, nan, 0.3f, 0.9f, 0.2f, 0.1f};
+  std::vector<float> labels = {1, 0, 0};  // row 0 all NaN; row 1 the label's own score NaN;
+                                          // row 2 finite, label first
+  EXPECT_FLOAT_EQ(ref::Accuracy(3, 3, x.data(), labels.data(), 1), 1.0f / 3);
+  EXPECT_FLOAT_EQ(ref::Accuracy(3, 3, x.data(), labels.data(), 3), 2.0f / 3);  // row 1: 2 above
+  x[7] = nan;  // row 2: another class NaN ranks above the label
+  EXPECT_FLOAT_EQ(ref::Accuracy(3, 3, x.data(), labels.data(), 1), 0.0f);
+  EXPECT_FLOAT_EQ(ref::Accuracy(3, 3, x.data(), labels.data(), 2), 1.0f / 3);
 }
 
 // Whole-net checks: a Net on the reference backend, dropout on with its mask fixed by the step,

@@ -89,7 +89,7 @@ __global__ void AccuracyKernel(int n, int k, const float* scores, const float* l
     const float* row = scores + int64_t(i) * k;
     const float label_score = row[static_cast<int>(labels[i])];
     int better = 0;
-    for (int j = 0; j < k; ++j) better += row[j] > label_score;
+    for (int j = 0; j < k; ++j) better += !(row[j] <= label_score);  // a NaN ranks above: never correct
     correct += better < top_k ? 1.0 : 0.0;
   }
   const double total = BlockSum(correct);
