@@ -181,11 +181,13 @@ class DnnConv : public DnnLayer {
     if (dw_reorder_.needed) dw_buf_.Resize(bwd_w_pd_.diff_weights_desc());
     // One input channel (a grayscale net's first layer), no groups, a plain input: oneDNN v2's
     // AVX2 backward-weights kernel runs this at ~4 GFLOP/s (fmnist_small's conv1: 15 ms of a
-    // 94 ms step on one core), so the weight gradient is an im2col and one sgemm per image
-    // instead. Larger inputs keep oneDNN's kernel, which is fast for them.
-    col_path_ = g == 1 && x[1] == 1 && bottom_md_ == PlainDesc(x);
+    // 94 ms step on one core), so the weight gradient is an im2col of the whole batch and one
+    // sgemm instead (5 ms). Inputs of more channels keep oneDNN's kernel, which is fast for them,
+    // and so does a batch whose patches would take more than kMaxColFloats.
+    constexpr int64_t kMaxColFloats = int64_t{32} << 20;  // 128 MB
+    const int64_t k = int64_t(spec_.kernel_h) * spec_.kernel_w + 1, np = int64_t(y[0]) * y[2] * y[3];
+    col_path_ = g == 1 && x[1] == 1 && bottom_md_ == PlainDesc(x) && np * k <= kMaxColFloats;
     if (col_path_) {
-      const int64_t k = int64_t(spec_.kernel_h) * spec_.kernel_w + 1, np = int64_t(y[0]) * y[2] * y[3];
       col_.assign(np * k, 1.0f);  // column k - 1 stays 1: the bias gradient's
       col_dw_.assign(int64_t(y[1]) * k, 0.0f);
       const memory::desc channels_first(Dims(y), dt::f32, tag::bacd);  // O × N × H × W
@@ -305,7 +307,7 @@ class DnnConv : public DnnLayer {
   bool col_path_ = false;          // OneChannelWeightGrad instead of bwd_w_
   std::vector<float> col_;         // every output pixel's patch and a 1, N·P × (kh·kw + 1)
   std::vector<float> col_dw_;      // [dW | db], O × (kh·kw + 1)
-  Reorder col_dy_reorder_;         // dY into plain NCHW for it
+  Reorder col_dy_reorder_;         // dY into channels-first O × N × H × W for it
   Buffer col_dy_buf_;
   memory::desc bottom_md_, user_w_md_, src_md_, w_md_, dst_md_, bwd_data_w_md_;
   dnnl::convolution_forward::primitive_desc fwd_pd_;
