@@ -115,6 +115,14 @@ class DnnConv : public DnnLayer {
     const memory::dims strides{spec_.stride_h, spec_.stride_w}, pad{spec_.pad_h, spec_.pad_w};
     // Caffe floors the output size; oneDNN's size check floors too, so symmetric padding fits.
     const memory::dims pad_r = pad;
+    // One input channel (a grayscale net's first layer), no groups, a plain input: oneDNN v2's
+    // AVX2 backward-weights kernel runs this at ~4 GFLOP/s (fmnist_small's conv1: 15 ms of a
+    // 94 ms step on one core), so the weight gradient is an im2col of the whole batch and one
+    // sgemm instead (5 ms). Inputs of more channels keep oneDNN's kernel, which is fast for them,
+    // and so does a batch whose patches would take more than kMaxColFloats.
+    constexpr int64_t kMaxColFloats = int64_t{32} << 20;  // 128 MB
+    const int64_t k = int64_t(spec_.kernel_h) * spec_.kernel_w + 1, np = int64_t(y[0]) * y[2] * y[3];
+    col_path_ = g == 1 && x[1] == 1 && bottom_md_ == PlainDesc(x) && np * k <= kMaxColFloats;
     try {
       auto fd = has_bias_ ? dnnl::convolution_forward::desc(
                                 dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
@@ -149,18 +157,21 @@ class DnnConv : public DnnLayer {
       // (src abcd, diff_dst aBcd8b) and takes its reference kernel: 740 ms of fmnist_small's
       // 790 ms step. Then let oneDNN choose both layouts, then plain ones (its GEMM-based
       // kernel); the src and diff_dst are reordered into what the chosen kernel reads.
-      bwd_w_pd_ = bwd_w_pd(src_md_, dst_md_);
-      const memory::desc plain_src = PlainDesc(x), plain_dst = PlainDesc(y);
-      for (const auto& [s, d] : {std::pair{any_src, any_dst}, std::pair{plain_src, plain_dst}}) {
-        if (!IsReferenceKernel(bwd_w_pd_)) break;
-        try {
-          auto pd = bwd_w_pd(s, d);
-          if (!IsReferenceKernel(pd)) bwd_w_pd_ = pd;
-        } catch (const dnnl::error&) {
-          // This layout has no kernel at all; keep the one we have.
+      // Not built on the one-channel path (OneChannelWeightGrad).
+      if (!col_path_) {
+        bwd_w_pd_ = bwd_w_pd(src_md_, dst_md_);
+        const memory::desc plain_src = PlainDesc(x), plain_dst = PlainDesc(y);
+        for (const auto& [s, d] : {std::pair{any_src, any_dst}, std::pair{plain_src, plain_dst}}) {
+          if (!IsReferenceKernel(bwd_w_pd_)) break;
+          try {
+            auto pd = bwd_w_pd(s, d);
+            if (!IsReferenceKernel(pd)) bwd_w_pd_ = pd;
+          } catch (const dnnl::error&) {
+            // This layout has no kernel at all; keep the one we have.
+          }
         }
+        bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
       }
-      bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
     } catch (const dnnl::error& e) {
       return InvalidArgument("oneDNN convolution setup failed for input {}: {}", ShapeString(x), e.what());
     }
@@ -173,20 +184,14 @@ class DnnConv : public DnnLayer {
     if (w_reorder_.needed) w_buf_.Resize(w_md_);
     bwd_data_w_reorder_.Init(c_, user_w_md_, bwd_data_w_md_);
     if (bwd_data_w_reorder_.needed) bwd_data_w_buf_.Resize(bwd_data_w_md_);
-    bwd_w_src_reorder_.Init(c_, src_md_, bwd_w_pd_.src_desc());
-    if (bwd_w_src_reorder_.needed) bwd_w_src_buf_.Resize(bwd_w_pd_.src_desc());
-    bwd_w_diff_dst_reorder_.Init(c_, dst_md_, bwd_w_pd_.diff_dst_desc());
-    if (bwd_w_diff_dst_reorder_.needed) bwd_w_diff_dst_buf_.Resize(bwd_w_pd_.diff_dst_desc());
-    dw_reorder_.Init(c_, bwd_w_pd_.diff_weights_desc(), user_w_md_);
-    if (dw_reorder_.needed) dw_buf_.Resize(bwd_w_pd_.diff_weights_desc());
-    // One input channel (a grayscale net's first layer), no groups, a plain input: oneDNN v2's
-    // AVX2 backward-weights kernel runs this at ~4 GFLOP/s (fmnist_small's conv1: 15 ms of a
-    // 94 ms step on one core), so the weight gradient is an im2col of the whole batch and one
-    // sgemm instead (5 ms). Inputs of more channels keep oneDNN's kernel, which is fast for them,
-    // and so does a batch whose patches would take more than kMaxColFloats.
-    constexpr int64_t kMaxColFloats = int64_t{32} << 20;  // 128 MB
-    const int64_t k = int64_t(spec_.kernel_h) * spec_.kernel_w + 1, np = int64_t(y[0]) * y[2] * y[3];
-    col_path_ = g == 1 && x[1] == 1 && bottom_md_ == PlainDesc(x) && np * k <= kMaxColFloats;
+    if (!col_path_) {
+      bwd_w_src_reorder_.Init(c_, src_md_, bwd_w_pd_.src_desc());
+      if (bwd_w_src_reorder_.needed) bwd_w_src_buf_.Resize(bwd_w_pd_.src_desc());
+      bwd_w_diff_dst_reorder_.Init(c_, dst_md_, bwd_w_pd_.diff_dst_desc());
+      if (bwd_w_diff_dst_reorder_.needed) bwd_w_diff_dst_buf_.Resize(bwd_w_pd_.diff_dst_desc());
+      dw_reorder_.Init(c_, bwd_w_pd_.diff_weights_desc(), user_w_md_);
+      if (dw_reorder_.needed) dw_buf_.Resize(bwd_w_pd_.diff_weights_desc());
+    }
     if (col_path_) {
       col_.assign(np * k, 1.0f);  // column k - 1 stays 1: the bias gradient's
       col_dw_.assign(int64_t(y[1]) * k, 0.0f);
