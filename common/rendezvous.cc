@@ -76,19 +76,22 @@ Status RendezvousClient::Register(Transport* transport, RendezvousOptions option
   // a few silent heartbeat intervals (server/coordinator.h), so the refusal is waited out, up to
   // `timeout`, instead of ending the process.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool said = false;
+  Status refused = Status::Ok();  // the last "held" refusal, once there was one
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     const Status s = c->Exchange(c->RegisterRequest(), &reply, std::max(left, std::chrono::milliseconds(1)),
                                  /*say_waiting=*/true);
     if (s.ok()) break;
+    // A retry that ran out of time (the sleep below overshot on a loaded machine) says why it
+    // was retrying, not that the coordinator is missing: it answered every earlier try.
+    if (s.code() == StatusCode::kTimeout && !refused.ok()) return refused;
     const bool held = s.code() == StatusCode::kFailedPrecondition &&
                       s.message().find("held by another connection") != std::string::npos;
     if (!held || std::chrono::steady_clock::now() + c->options_.heartbeat_interval >= deadline) return s;
-    if (!said) {
+    if (refused.ok()) {
       spdlog::info("coordinator {}: {}; waiting for it to be released", c->options_.coordinator, s.message());
-      said = true;
     }
+    refused = s;
     std::this_thread::sleep_for(c->options_.heartbeat_interval);
   }
   if (reply.type != MsgType::kRegisterReply) {
