@@ -350,6 +350,7 @@ Status Run(const Flags& f, bool* serving) {
                                       {"staleness_sum", st.staleness_sum},
                                       {"staleness_max", st.staleness_max},
                                       {"duplicates", st.duplicates},
+                                      {"dropped_late", st.dropped_late},
                                       {"dc_compensated", st.dc_compensated},
                                       {"dc_uncompensated", st.dc_uncompensated},
                                       {"evaluator_pulls", st.evaluator_pulls},

@@ -580,14 +580,22 @@ def diverged_line(name, s):
 
 
 # Per-step wire bytes in worker step records (issue 14), when present: what the worker's transport
-# sent (pushes, with their headers) and received (pulled weights, acks) during that step.
+# sent (pushes, with their headers) and received (pulled weights, acks) during that step; and the
+# payload bytes that went through same-host shared memory instead (the socket then carried only
+# the headers; records from before these fields have none).
 BYTE_FIELDS = ("tx_bytes", "rx_bytes")
+SHM_BYTE_FIELDS = ("shm_tx_bytes", "shm_rx_bytes")
+
+
+def _num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def wire_bytes(workers, times):
-    """What the workers' step records say about bytes on the wire (fields tx_bytes / rx_bytes: the
-    worker's transport's bytes out (push) and in (pull) during that one step; runs from before issue 14 have none): the mean push and pull bytes per
-    worker step, the median step_ms (the first step of each segment left out, as the breakdown
+    """What the workers' step records say about the bytes they moved (fields tx_bytes / rx_bytes:
+    the worker's transport's bytes out (push) and in (pull) during that one step, plus
+    shm_tx_bytes / shm_rx_bytes, the payloads that went through same-host shared memory instead;
+    runs from before issue 14 have none): the mean push and pull bytes per worker step, the median step_ms (the first step of each segment left out, as the breakdown
     does), and [(active time, bytes moved by all workers up to then)] for the accuracy-vs-bytes
     curve. Each value None / [] when the records lack it."""
     moved, push, pull, step_ms = [], [], [], []
@@ -596,12 +604,16 @@ def wire_bytes(workers, times):
             steps = [r for r in seg if r.get("event") == "step"]
             for i, r in enumerate(steps):
                 p, q = r.get(BYTE_FIELDS[0]), r.get(BYTE_FIELDS[1])
-                if isinstance(p, (int, float)):
+                if _num(p) and _num(r.get(SHM_BYTE_FIELDS[0])):
+                    p += r[SHM_BYTE_FIELDS[0]]
+                if _num(q) and _num(r.get(SHM_BYTE_FIELDS[1])):
+                    q += r[SHM_BYTE_FIELDS[1]]
+                if _num(p):
                     push.append(p)
-                if isinstance(q, (int, float)):
+                if _num(q):
                     pull.append(q)
-                if isinstance(p, (int, float)) or isinstance(q, (int, float)):
-                    moved.append((active_time(r, seg_no, times), (p or 0) + (q or 0)))
+                if _num(p) or _num(q):
+                    moved.append((active_time(r, seg_no, times), (p if _num(p) else 0) + (q if _num(q) else 0)))
                 if i > 0 and isinstance(r.get("step_ms"), (int, float)):
                     step_ms.append(r["step_ms"])
     moved.sort(key=lambda m: m[0])

@@ -168,6 +168,8 @@ struct PsClient::Impl {
     std::atomic<uint64_t> acked_pushes{0};
     std::atomic<uint64_t> resent_parts{0};
     std::atomic<uint64_t> restarts_seen{0};
+    std::atomic<uint64_t> shm_sent_bytes{0};      // push payload written into the region
+    mutable std::atomic<uint64_t> shm_received_bytes{0};  // pulled weights read out of it (in a const reader)
     // Same-host shared memory (I/O thread only): the region the server offered at the last
     // register (null = payloads over the socket), where each of its chunks lives in the server's
     // share (by chunk id, floats; only this server's chunks), and which chunks have a part in
@@ -614,10 +616,13 @@ class PsClient::Impl::LinkRunner {
     h.flags |= kFlagShm;
     if (p.header.type == MsgType::kPush) {
       auto* area = reinterpret_cast<float*>(link_.region->payload());
+      uint64_t bytes = 0;
       for (size_t i = 0; i < p.payload.size(); ++i) {
         const uint32_t c = p.header.chunk_ids[i];
         std::memcpy(area + link_.share_offset[c], p.payload[i].data(), p.payload[i].size());
+        bytes += p.payload[i].size();
       }
+      link_.shm_sent_bytes.fetch_add(bytes, std::memory_order_relaxed);
     }
     frames->emplace_back();
     DP_RETURN_IF_ERROR(HeaderFrame(h, &(*frames)[0]));
@@ -939,14 +944,17 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
   }
   if (via_region) {  // the server wrote the pull area (it follows the push area)
     const auto* area = reinterpret_cast<const float*>(link.region->payload()) + link.share_floats;
+    uint64_t bytes = 0;
     for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
       const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
       std::memcpy(op.pull_out.data() + c.flat_offset, area + link.share_offset[static_cast<size_t>(c.id)],
                   static_cast<size_t>(c.count) * sizeof(float));
+      bytes += static_cast<uint64_t>(c.count) * sizeof(float);
       std::atomic_ref<int64_t>(owner->versions_[static_cast<size_t>(c.id)]).store(h.versions[i], std::memory_order_relaxed);
       if (!h.iters.empty())
         std::atomic_ref<int64_t>(owner->iters_[static_cast<size_t>(c.id)]).store(h.iters[i], std::memory_order_relaxed);
     }
+    link.shm_received_bytes.fetch_add(bytes, std::memory_order_relaxed);
     return Status::Ok();
   }
   if (h.dtype != op.header.dtype) {
@@ -1260,6 +1268,14 @@ uint64_t PsClient::resent_parts(int server) const {
 }
 uint64_t PsClient::restarts_seen(int server) const {
   return LinkCounter(impl_->links, server, [](const Impl::Link& l) { return l.restarts_seen.load(); });
+}
+TrafficCounts PsClient::shared_memory_traffic() const {
+  TrafficCounts t;
+  for (const auto& l : impl_->links) {
+    t.sent_bytes += l->shm_sent_bytes.load(std::memory_order_relaxed);
+    t.received_bytes += l->shm_received_bytes.load(std::memory_order_relaxed);
+  }
+  return t;
 }
 
 Status PsClient::Stats(int server, ShardStatsWire* out, std::chrono::milliseconds timeout) {

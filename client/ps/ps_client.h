@@ -257,6 +257,11 @@ class PsClient {
   uint64_t acked_pushes(int server) const;
   uint64_t resent_parts(int server) const;
   uint64_t restarts_seen(int server) const;
+  // Payload bytes that went through shared memory instead of the socket, over all links
+  // (thread-safe): push gradients written into regions (sent_bytes, each send of a part, resends
+  // too) and pulled weights read out of them (received_bytes). The transport's own counters
+  // (Transport::traffic) see only those messages' headers. Message counts stay 0.
+  TrafficCounts shared_memory_traffic() const;
 
   // This client's session (random, nonzero, fixed for its lifetime), sent in every message.
   uint64_t session() const { return session_; }

@@ -424,7 +424,7 @@ Status Trainer::Evaluate(bool final_eval, EvalRecord* out, bool starting_weights
     DP_RETURN_IF_ERROR(channel_->Pull(clock_, eval_net_->params(), &info));
     out->versions = info.version_sum;
     channel_->TakeWireSpans();  // evaluation traffic is not a step's
-    if (o_.traffic) traffic_last_ = o_.traffic();
+    MarkTraffic();
   } else {
     std::copy(net_->params().begin(), net_->params().end(), eval_net_->params().begin());
     out->versions = local_iter_;
@@ -457,13 +457,9 @@ void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s)
           : std::numeric_limits<double>::quiet_NaN();  // null: no ack this step reported one
   last_push_chunks_ = push_info_.chunks;
   last_push_sum_ = push_info_.staleness_sum;
-  MetricValue tx_bytes, rx_bytes;  // null without a transport
-  if (o_.traffic) {
-    const TrafficCounts t = o_.traffic();
-    tx_bytes = static_cast<int64_t>(t.sent_bytes - traffic_last_.sent_bytes);
-    rx_bytes = static_cast<int64_t>(t.received_bytes - traffic_last_.received_bytes);
-    traffic_last_ = t;
-  }
+  MetricValue tx_bytes, rx_bytes, shm_tx_bytes, shm_rx_bytes;  // null without a transport / shared memory
+  TrafficSince(o_.traffic, &traffic_last_, &tx_bytes, &rx_bytes);
+  TrafficSince(o_.shm_traffic, &shm_last_, &shm_tx_bytes, &shm_rx_bytes);
   // Metrics are best effort: a full disk must not stop training.
   (void)metrics_->Write("step", {{"wall_s", Elapsed()},
                                  {"step", steps_done},
@@ -485,7 +481,23 @@ void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s)
                                  {"staleness_mean", staleness},
                                  {"grad_norm", clipping() ? MetricValue(grad_norm_) : MetricValue()},
                                  {"tx_bytes", tx_bytes},
-                                 {"rx_bytes", rx_bytes}});
+                                 {"rx_bytes", rx_bytes},
+                                 {"shm_tx_bytes", shm_tx_bytes},
+                                 {"shm_rx_bytes", shm_rx_bytes}});
+}
+
+void Trainer::TrafficSince(const std::function<TrafficCounts()>& counts, TrafficCounts* last, MetricValue* tx,
+                           MetricValue* rx) {
+  if (!counts) return;
+  const TrafficCounts t = counts();
+  *tx = static_cast<int64_t>(t.sent_bytes - last->sent_bytes);
+  *rx = static_cast<int64_t>(t.received_bytes - last->received_bytes);
+  *last = t;
+}
+
+void Trainer::MarkTraffic() {
+  if (o_.traffic) traffic_last_ = o_.traffic();
+  if (o_.shm_traffic) shm_last_ = o_.shm_traffic();
 }
 
 void Trainer::LogEval(const EvalRecord& r, bool final_eval) {
@@ -550,7 +562,7 @@ Status Trainer::Run(TrainResult* result) {
     EvalRecord r;
     DP_RETURN_IF_ERROR(Evaluate(false, &r, /*starting_weights=*/true));
   }
-  if (o_.traffic) traffic_last_ = o_.traffic();  // register and the first evaluation are no step's
+  MarkTraffic();  // register and the first evaluation are no step's
   for (int64_t step = from.step; step < planned; ++step) {
     const double t0 = NowS();
     pull_ms_ = 0;
@@ -626,8 +638,10 @@ Status Trainer::Run(TrainResult* result) {
                                    {"final_top5", result->has_eval ? result->final_eval.top5 : nan},
                                    {"final_test_loss", result->has_eval ? result->final_eval.loss : nan},
                                    {"clipped_steps", clipped_steps_},
-                                   {"tx_bytes", TotalBytes(&TrafficCounts::sent_bytes)},
-                                   {"rx_bytes", TotalBytes(&TrafficCounts::received_bytes)}});
+                                   {"tx_bytes", TotalBytes(o_.traffic, &TrafficCounts::sent_bytes)},
+                                   {"rx_bytes", TotalBytes(o_.traffic, &TrafficCounts::received_bytes)},
+                                   {"shm_tx_bytes", TotalBytes(o_.shm_traffic, &TrafficCounts::sent_bytes)},
+                                   {"shm_rx_bytes", TotalBytes(o_.shm_traffic, &TrafficCounts::received_bytes)}});
   }
   return Status::Ok();
 }

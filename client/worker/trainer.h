@@ -108,6 +108,10 @@ struct TrainerOptions {
   // pulled weights, both with their headers, requests, acks and heartbeats; not evaluation
   // pulls), the done record the process's totals. Empty = not measured (reference run: nulls).
   std::function<TrafficCounts()> traffic;
+  // Payload bytes that went through same-host shared memory instead (PsClient::
+  // shared_memory_traffic): step records carry them as shm_tx_bytes / shm_rx_bytes, the done
+  // record the totals. Empty = none (null fields).
+  std::function<TrafficCounts()> shm_traffic;
 };
 
 struct EvalRecord {
@@ -186,10 +190,14 @@ class Trainer {
   std::vector<float> center_;    // EASGD: the center as last pulled; then the elastic difference
   Status ElasticExchange();
   bool clipping() const { return o_.solver.clip_gradients > 0; }
-  // The process's total of `field` so far (o_.traffic); null without a transport.
-  MetricValue TotalBytes(uint64_t TrafficCounts::*field) const {
-    return o_.traffic ? MetricValue(o_.traffic().*field) : MetricValue();
+  // The process's total of `field` so far from `counts` (o_.traffic, o_.shm_traffic); null without one.
+  static MetricValue TotalBytes(const std::function<TrafficCounts()>& counts, uint64_t TrafficCounts::*field) {
+    return counts ? MetricValue(static_cast<int64_t>(counts().*field)) : MetricValue();
   }
+  // Bytes sent / received since the last call (or MarkTraffic) per `counts`; nulls without one.
+  static void TrafficSince(const std::function<TrafficCounts()>& counts, TrafficCounts* last, MetricValue* tx,
+                           MetricValue* rx);
+  void MarkTraffic();  // what the next step record counts starts now
   void ClipGradient(std::span<float> grad);
   double grad_norm_ = 0;         // L2 norm of the last clipped-or-not gradient (clipping on)
   int64_t clipped_steps_ = 0;    // steps whose gradient was scaled down
@@ -208,6 +216,7 @@ class Trainer {
   PushInfo push_info_;           // cumulative
   int64_t last_push_chunks_ = 0, last_push_sum_ = 0;
   TrafficCounts traffic_last_;   // o_.traffic() when the last step (or evaluation) ended
+  TrafficCounts shm_last_;       // o_.shm_traffic() likewise
   // Overlapped pulls: fixed maps from the layout and the net, and per-step state.
   bool overlap_ = false;                           // options asked for it and the run allows it
   std::vector<std::vector<int32_t>> layer_chunks_; // per layer: chunks overlapping its tensors

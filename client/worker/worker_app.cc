@@ -291,6 +291,8 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   });
   // Wire bytes per step and in total (step / done records): the process's one transport.
   topts.traffic = [transport = cluster->transport.get()] { return transport->traffic(); };
+  // ... and the payloads that went through same-host shared memory instead (0 without a region).
+  topts.shm_traffic = [c = client.get()] { return c->shared_memory_traffic(); };
   const bool final_eval = to.evaluate && test != nullptr;
   topts.on_training_done = [&, final_eval]() -> Status {
     DP_RETURN_IF_ERROR(rendezvous->AnnounceFinished(std::chrono::milliseconds(10000)));

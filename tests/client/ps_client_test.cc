@@ -254,6 +254,21 @@ TEST_P(PsClientTest, PushCarriesThePulledVersionsSoStalenessIsMeasured) {
   }
 }
 
+// The payloads that go through shared memory are counted (the socket carries only their
+// headers), once per push and per pull: the worker's step records report them.
+TEST_P(PsClientTest, SharedMemoryPayloadBytesAreCounted) {
+  ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
+  std::vector<float> w(n_), g(n_, 1.0f);
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
+  const TrafficCounts t = client_->shared_memory_traffic();
+  const uint64_t model = n_ * sizeof(float);
+  EXPECT_EQ(t.sent_bytes, GetParam() ? 2 * model : 0u);  // the init push and one gradient
+  EXPECT_EQ(t.received_bytes, GetParam() ? 2 * model : 0u);
+  EXPECT_EQ(w[0], -1.0f);
+}
+
 TEST_P(PsClientTest, ManyRequestsInFlightAcrossServers) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f);

@@ -28,15 +28,16 @@ def load_experiment_module():
     return module
 
 
-def add_bytes(run_dir, push, pull):
-    """Gives every worker step record tx_bytes / rx_bytes, as the issue-14 worker writes them."""
+def add_bytes(run_dir, push, pull, **shm):
+    """Gives every worker step record tx_bytes / rx_bytes, as the issue-14 worker writes them (and
+    shm_tx_bytes / shm_rx_bytes when given)."""
     for wid in range(2):
         path = os.path.join(run_dir, "metrics", f"worker-{wid}.jsonl")
         with open(path) as f:
             records = [json.loads(line) for line in f if line.strip()]
         for r in records:
             if r["event"] == "step":
-                r.update(tx_bytes=push, rx_bytes=pull, step_ms=1000.0 + r["step"] % 3)
+                r.update(tx_bytes=push, rx_bytes=pull, step_ms=1000.0 + r["step"] % 3, **shm)
         with open(path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
 
@@ -65,6 +66,18 @@ class WireBytes(unittest.TestCase):
         self.assertEqual(first["step"], 20)
         self.assertEqual(first["bytes"], 2 * 20 * 4000)
         self.assertEqual(s["evals"][-1]["bytes"], 2 * 100 * 4000)
+
+    def test_shared_memory_payloads_count_with_the_wire_headers(self):
+        # Same host, shared memory on: the socket carries only headers, the payloads go through
+        # the region; the bytes per step are both (null shared-memory fields count as none).
+        run = fab.simple_run(os.path.join(self.tmp, "a"), steps=50)
+        add_bytes(run, 300, 500, shm_tx_bytes=2_448_000, shm_rx_bytes=None)
+        r = fab.run_tool("downpour-summarize", "-q", run)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(run, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual((s["push_bytes_per_step"], s["pull_bytes_per_step"]), (2_448_300, 500))
+        self.assertEqual(s["bytes_total"], 2 * 50 * (2_448_300 + 500))
 
     def test_runs_without_byte_fields_say_none(self):
         run = fab.simple_run(os.path.join(self.tmp, "a"), steps=40)
