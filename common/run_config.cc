@@ -309,15 +309,19 @@ Status ReadConsistency(TableReader& r, ConsistencyConfig* c) {
       c->algorithm = Algorithm::kSgd;
     } else if (text && *text == "dc-asgd") {
       c->algorithm = Algorithm::kDcAsgd;
+    } else if (text && *text == "dc-asgd-a") {
+      c->algorithm = Algorithm::kDcAsgdAdaptive;
     } else if (text && *text == "easgd") {
       c->algorithm = Algorithm::kEasgd;
     } else {
       return r.Bad("algorithm", *n,
-                   "expected \"sgd\" (the gradient as pushed), \"dc-asgd\" (delay compensation) or \"easgd\" "
-                   "(elastic averaging)");
+                   "expected \"sgd\" (the gradient as pushed), \"dc-asgd\" (delay compensation, constant lambda), "
+                   "\"dc-asgd-a\" (delay compensation, adaptive lambda) or \"easgd\" (elastic averaging)");
     }
   }
   DP_RETURN_IF_ERROR(r.Float("dc_lambda", &c->dc_lambda));
+  DP_RETURN_IF_ERROR(r.Float("dc_lambda0", &c->dc_lambda0));
+  DP_RETURN_IF_ERROR(r.Float("dc_mean_square_decay", &c->dc_mean_square_decay));
   DP_RETURN_IF_ERROR(r.Int("easgd_tau", &c->easgd_tau));
   DP_RETURN_IF_ERROR(r.Float("easgd_alpha", &c->easgd_alpha));
   return r.Finish();
@@ -668,6 +672,7 @@ std::string ConsistencyModeString(const ConsistencyConfig& c) {
 std::string AlgorithmString(Algorithm a) {
   switch (a) {
     case Algorithm::kDcAsgd: return "dc-asgd";
+    case Algorithm::kDcAsgdAdaptive: return "dc-asgd-a";
     case Algorithm::kEasgd: return "easgd";
     case Algorithm::kSgd: break;
   }
@@ -859,6 +864,10 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              co.staleness_aware_lr, "applies to async and ssp only (sync has no staleness)")
       .Check(std::isfinite(co.dc_lambda) && co.dc_lambda >= 0.0f, "consistency.dc_lambda", co.dc_lambda,
              "must be >= 0 and finite (0 = no compensation)")
+      .Check(std::isfinite(co.dc_lambda0) && co.dc_lambda0 >= 0.0f, "consistency.dc_lambda0", co.dc_lambda0,
+             "must be >= 0 and finite (0 = no compensation)")
+      .Check(co.dc_mean_square_decay >= 0.0f && co.dc_mean_square_decay < 1.0f, "consistency.dc_mean_square_decay",
+             co.dc_mean_square_decay, "must be in [0, 1)")
       .Check(co.easgd_tau >= 1, "consistency.easgd_tau", co.easgd_tau, "must be >= 1 (steps between exchanges)")
       .Check(std::isfinite(co.easgd_alpha) && co.easgd_alpha >= 0.0f && co.easgd_alpha < 1.0f,
              "consistency.easgd_alpha", co.easgd_alpha, "must be in [0, 1) (0 = 0.9 / cluster.workers)")
@@ -866,8 +875,10 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              AlgorithmString(co.algorithm), "\"easgd\" exchanges asynchronously: it needs mode \"async\"")
       .Check(co.algorithm != Algorithm::kEasgd || !co.staleness_aware_lr, "consistency.staleness_aware_lr",
              co.staleness_aware_lr, "does not apply to \"easgd\" (workers step with their own lr)")
-      .Check(co.algorithm != Algorithm::kDcAsgd || co.mode != ConsistencyMode::kSync, "consistency.algorithm",
-             AlgorithmString(co.algorithm), "\"dc-asgd\" compensates delays; mode \"sync\" has none (use async or ssp:<s>)")
+      .Check(!DelayCompensated(co.algorithm) || co.mode != ConsistencyMode::kSync, "consistency.algorithm",
+             AlgorithmString(co.algorithm),
+             fmt::format("\"{}\" compensates delays; mode \"sync\" has none (use async or ssp:<s>)",
+                         AlgorithmString(co.algorithm)))
       .Check(wo.batch_size >= 1, "worker.batch_size", wo.batch_size, "must be >= 1")
       .Check(wo.steps >= 1, "worker.steps", wo.steps, "must be >= 1")
       .Check(wo.epochs >= 0, "worker.epochs", wo.epochs, "must be >= 0 (0 = use steps)")
@@ -1110,6 +1121,8 @@ std::string ToToml(const RunConfig& c) {
   line("staleness_aware_lr", boolean(c.consistency.staleness_aware_lr));
   line("algorithm", str(AlgorithmString(c.consistency.algorithm)));
   line("dc_lambda", flt(c.consistency.dc_lambda));
+  line("dc_lambda0", flt(c.consistency.dc_lambda0));
+  line("dc_mean_square_decay", flt(c.consistency.dc_mean_square_decay));
   line("easgd_tau", num(c.consistency.easgd_tau));
   line("easgd_alpha", flt(c.consistency.easgd_alpha));
   s += "\n[worker]\n";

@@ -150,7 +150,8 @@ enum class ConsistencyMode {
 // How a server turns a pushed gradient into its update (TOML consistency.algorithm).
 enum class Algorithm {
   kSgd,     // "sgd": the gradient as pushed (Downpour / BSP / SSP, by mode)
-  kDcAsgd,  // "dc-asgd": delay compensation, Zheng et al. 2017 (async / ssp)
+  kDcAsgd,  // "dc-asgd": delay compensation, Zheng et al. 2017 (async / ssp), constant λ
+  kDcAsgdAdaptive,  // "dc-asgd-a": the same with λ / sqrt(mean square of g), per element
   kEasgd,   // "easgd": elastic averaging, Zhang, Choromanska, LeCun 2015 (async)
 };
 
@@ -159,10 +160,15 @@ struct ConsistencyConfig {
   int staleness_bound = 0;          // s of "ssp:<s>" (>= 0); 0 for async and sync
   int backup_workers = 0;           // sync only: apply after W - b arrivals (0 <= b < W)
   bool staleness_aware_lr = false;  // async/ssp: divide lr by the measured staleness (>= 1)
-  Algorithm algorithm = Algorithm::kSgd;  // TOML: algorithm = "sgd" | "dc-asgd"
+  Algorithm algorithm = Algorithm::kSgd;  // TOML: algorithm = "sgd" | "dc-asgd" | "dc-asgd-a" | "easgd"
   // DC-ASGD: g + dc_lambda × g ⊙ g ⊙ (w − w_pulled), w_pulled the weights the pushing worker
   // last pulled (>= 0, finite; 0 = no compensation). The paper's constant-λ variant.
   float dc_lambda = 0.04f;
+  // DC-ASGD-a, the paper's adaptive variant: λ = dc_lambda0 / sqrt(ms) per element, ms the
+  // server's running mean of g ⊙ g (ms ← m·ms + (1 − m)·g ⊙ g, m = dc_mean_square_decay).
+  // dc_lambda0 >= 0 and finite; 0 <= m < 1. Defaults: the paper's CIFAR-10 setting.
+  float dc_lambda0 = 2.0f;
+  float dc_mean_square_decay = 0.95f;
   // EASGD: each worker trains its own copy x_i with the solver and every easgd_tau steps moves it
   // and the servers' center x~ towards each other by easgd_alpha × (x_i − x~) (>= 1; 0 < α < 1;
   // 0 = the paper's β / W with β = 0.9).
@@ -172,8 +178,9 @@ struct ConsistencyConfig {
 };
 // "async", "sync" or "ssp:<s>".
 std::string ConsistencyModeString(const ConsistencyConfig& c);
-// "sgd", "dc-asgd" or "easgd"; EasgdAlpha: easgd_alpha, or 0.9 / workers when it is 0.
+// "sgd", "dc-asgd", "dc-asgd-a" or "easgd"; DelayCompensated: either DC-ASGD; EasgdAlpha: easgd_alpha, or 0.9 / workers when it is 0.
 std::string AlgorithmString(Algorithm a);
+inline bool DelayCompensated(Algorithm a) { return a == Algorithm::kDcAsgd || a == Algorithm::kDcAsgdAdaptive; }
 float EasgdAlpha(const ConsistencyConfig& c, int workers);
 
 // [worker] — the training loop of one worker.

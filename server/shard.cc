@@ -150,7 +150,10 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
   push_staleness_.assign(chunks_.size(), -1);
-  if (options_.consistency.algorithm == Algorithm::kDcAsgd) dc_pulled_.resize(static_cast<size_t>(max_workers_));
+  if (DelayCompensated(options_.consistency.algorithm)) {
+    dc_pulled_.resize(static_cast<size_t>(max_workers_));
+    if (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive) dc_mean_square_.resize(chunks_.size());
+  }
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
   peers_of_worker_.resize(static_cast<size_t>(max_workers_));
   dedup_.resize(static_cast<size_t>(max_workers_));
@@ -696,7 +699,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     }
   }
   // DC-ASGD: the compensated gradient is what gets logged and applied, so a replay repeats it.
-  if (!init && !move && options_.consistency.algorithm == Algorithm::kDcAsgd) CompensateDelay(h.sender, &chunks);
+  if (!init && !move && DelayCompensated(options_.consistency.algorithm)) CompensateDelay(h.sender, &chunks);
   // Logged before it is applied and acknowledged: an ack means the push is in the log.
   WalRecord r;
   r.kind = WalKind::kPush;
@@ -936,11 +939,14 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
 }
 
 // DC-ASGD (Zheng et al., "Asynchronous Stochastic Gradient Descent with Delay Compensation",
-// ICML 2017), the constant-λ variant: g' = g + λ · g ⊙ g ⊙ (w_now − w_pulled), where w_pulled is
-// the chunk as this worker last pulled it. Only when that copy is of the version the gradient
-// was computed from; otherwise (no pull seen since this server started, e.g. after a restart)
-// the gradient goes as pushed and is counted. Compensated gradients live in dc_scratch_ until
-// the push is applied.
+// ICML 2017): g' = g + λ · g ⊙ g ⊙ (w_now − w_pulled), where w_pulled is the chunk as this
+// worker last pulled it. Only when that copy is of the version the gradient was computed from;
+// otherwise (no pull seen since this server started, e.g. after a restart) the gradient goes as
+// pushed and is counted. Compensated gradients live in dc_scratch_ until the push is applied.
+// λ is dc_lambda (the constant variant, DC-ASGD-c) or, for DC-ASGD-a, dc_lambda0 / sqrt(ms) per
+// element, ms ← m · ms + (1 − m) · g ⊙ g updated with every gradient (compensated or not) before
+// it is used. ms starts at the chunk's first g ⊙ g rather than the paper's 0, whose first
+// steps would divide by sqrt((1 − m) · g²), a λ 4.5× too large at m = 0.95.
 void ShardServer::RememberPulled(int32_t worker, const std::vector<int>& locals) {
   if (!KnownWorker(worker)) return;
   auto& mine = dc_pulled_[static_cast<size_t>(worker)];
@@ -954,7 +960,10 @@ void ShardServer::RememberPulled(int32_t worker, const std::vector<int>& locals)
 }
 
 void ShardServer::CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks) {
-  const float lambda = options_.consistency.dc_lambda;
+  const ConsistencyConfig& co = options_.consistency;
+  const bool adaptive = co.algorithm == Algorithm::kDcAsgdAdaptive;
+  const float lambda = adaptive ? co.dc_lambda0 : co.dc_lambda;
+  const float m = co.dc_mean_square_decay;
   // This worker's pulled copies; empty when it has pulled nothing here (or is no known worker).
   static const std::vector<PulledCopy> kNone;
   const std::vector<PulledCopy>& mine = KnownWorker(worker) ? dc_pulled_[static_cast<size_t>(worker)] : kNone;
@@ -962,6 +971,17 @@ void ShardServer::CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks
   for (size_t i = 0; i < chunks->size(); ++i) {
     PushChunk& c = (*chunks)[i];
     const ChunkState& st = chunks_[static_cast<size_t>(c.local)];
+    const float* ms = nullptr;
+    if (adaptive) {
+      std::vector<float>& v = dc_mean_square_[static_cast<size_t>(c.local)];
+      const bool first = v.empty();
+      v.resize(static_cast<size_t>(c.count));
+      for (int64_t j = 0; j < c.count; ++j) {
+        const float g2 = c.grad[j] * c.grad[j];
+        v[static_cast<size_t>(j)] = first ? g2 : m * v[static_cast<size_t>(j)] + (1.0f - m) * g2;
+      }
+      ms = v.data();
+    }
     const PulledCopy* copy = mine.empty() ? nullptr : &mine[static_cast<size_t>(c.local)];
     if (copy == nullptr || copy->version != c.version_from ||
         copy->weights.size() != static_cast<size_t>(c.count)) {
@@ -974,7 +994,9 @@ void ShardServer::CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks
     const float* w0 = copy->weights.data();
     for (int64_t j = 0; j < c.count; ++j) {
       const float g = c.grad[j];
-      out[static_cast<size_t>(j)] = g + lambda * g * g * (w[j] - w0[j]);
+      // ms[j] >= g² (1 − m) > 0 whenever g != 0; where g == 0 there is nothing to compensate.
+      const float lam = ms == nullptr ? lambda : (ms[j] > 0.0f ? lambda / std::sqrt(ms[j]) : 0.0f);
+      out[static_cast<size_t>(j)] = g + lam * g * g * (w[j] - w0[j]);
     }
     c.grad = out.data();
     ++stats_.dc_compensated;
@@ -1018,7 +1040,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   }
   // The dtype the pull asked for; shared memory carries f32 (the client asks f32 there).
   reply.dtype = region != nullptr ? DType::kF32 : p.request.dtype;
-  if (options_.consistency.algorithm == Algorithm::kDcAsgd && !p.reader) RememberPulled(p.request.sender, p.locals);
+  if (DelayCompensated(options_.consistency.algorithm) && !p.reader) RememberPulled(p.request.sender, p.locals);
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];
     const int32_t id = owned_[static_cast<size_t>(l)];

@@ -349,6 +349,9 @@ class ShardServer {
   };
   std::vector<std::vector<PulledCopy>> dc_pulled_;
   std::vector<std::vector<float>> dc_scratch_;  // the push being applied: compensated gradients
+  // DC-ASGD-a: per local chunk, the running mean of g ⊙ g over every gradient pushed to it
+  // (empty until its first push; not in checkpoints: a restarted server starts it afresh).
+  std::vector<std::vector<float>> dc_mean_square_;
   void RememberPulled(int32_t worker, const std::vector<int>& locals);
   void CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks);
   std::vector<int64_t> push_staleness_;  // per local chunk: the push being applied's staleness (-1: not applied), for its ack

@@ -103,10 +103,12 @@ class UsageError(ToolError):
 
 def algorithm_label(consistency):
     """The update rule of a run's [consistency] in words (docs/algorithms.md): "sgd", or e.g.
-    "dc-asgd (lambda 0.04)", "sgd, lr/staleness", "sgd, 1 backup"."""
+    "dc-asgd (lambda 0.04)", "dc-asgd-a (lambda0 2)", "sgd, lr/staleness", "sgd, 1 backup"."""
     algo = consistency.get("algorithm", "sgd")
     if algo == "dc-asgd":
         algo = f"dc-asgd (lambda {consistency.get('dc_lambda', 0.04):g})"
+    elif algo == "dc-asgd-a":
+        algo = f"dc-asgd-a (lambda0 {consistency.get('dc_lambda0', 2.0):g})"
     elif algo == "easgd":
         alpha = consistency.get("easgd_alpha", 0) or 0
         algo = f"easgd (tau {consistency.get('easgd_tau', 4)}, alpha {alpha:g})" if alpha else \

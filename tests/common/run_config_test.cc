@@ -206,6 +206,12 @@ TEST(RunConfigTest, ErrorsNameFileTableKeyAndValue) {
               HasSubstr("bad.toml: consistency.algorithm = \"hogwild\": expected \"sgd\""));
   EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"dc-asgd\"\ndc_lambda = -0.1\n"),
               HasSubstr("consistency.dc_lambda = -0.1: must be >= 0 and finite"));
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"dc-asgd-a\"\ndc_lambda0 = -2\n"),
+              HasSubstr("consistency.dc_lambda0 = -2"));
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"dc-asgd-a\"\ndc_mean_square_decay = 1.0\n"),
+              HasSubstr("consistency.dc_mean_square_decay = 1"));
+  EXPECT_THAT(ParseError("[consistency]\nmode = \"sync\"\nalgorithm = \"dc-asgd-a\"\n"),
+              HasSubstr("\"dc-asgd-a\" compensates delays"));
   EXPECT_THAT(ParseError("[consistency]\nmode = \"sync\"\nalgorithm = \"dc-asgd\"\n"),
               HasSubstr("consistency.algorithm = \"dc-asgd\": \"dc-asgd\" compensates delays; mode \"sync\" has none"));
 }
@@ -270,6 +276,10 @@ TEST(RunConfigTest, DcAsgdIsASetting) {
   EXPECT_EQ(c.consistency.algorithm, Algorithm::kDcAsgd);
   EXPECT_FLOAT_EQ(c.consistency.dc_lambda, 0.5f);
   EXPECT_EQ(ParseOk("").consistency.algorithm, Algorithm::kSgd);  // the default stays plain SGD
+  const RunConfig a = ParseOk("[consistency]\nalgorithm = \"dc-asgd-a\"\ndc_lambda0 = 1.5\n");
+  EXPECT_EQ(a.consistency.algorithm, Algorithm::kDcAsgdAdaptive);
+  EXPECT_FLOAT_EQ(a.consistency.dc_lambda0, 1.5f);
+  EXPECT_FLOAT_EQ(a.consistency.dc_mean_square_decay, 0.95f);  // the paper's m
 }
 
 TEST(RunConfigTest, RejectsUnknownKeysAndTables) {

@@ -797,6 +797,47 @@ TEST_F(ShardFixture, DcAsgdCompensatesAStaleGradientWithTheWeightsThatWorkerPull
   EXPECT_EQ(shards_[0]->Stats().dc_compensated, 2u);
 }
 
+// DC-ASGD-a against hand-computed values: as above, with λ = λ0 / sqrt(ms) per element and
+// ms ← m·ms + (1 − m)·g² over every pushed gradient (starting at the chunk's first g²): after
+// worker 0's fresh g0, ms = g0²; worker 1's stale g1 makes ms = m g0² + (1 − m) g1² and is
+// compensated with that λ.
+TEST_F(ShardFixture, AdaptiveDcAsgdScalesLambdaByTheRunningMeanSquareOfTheGradient) {
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.algorithm = Algorithm::kDcAsgdAdaptive;
+  o.consistency.dc_lambda0 = 0.5f;
+  o.consistency.dc_mean_square_decay = 0.5f;
+  o.expected_workers = 2;
+  StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
+  auto c0 = Client(0), c1 = Client(1);
+  const std::vector<float> w0{1.0f, -2.0f, 0.5f, 3.0f};
+  ASSERT_TRUE(c0->Wait(c0->PushInit(w0), 5000ms).ok());
+  std::vector<float> w(4);
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Pull(w, 0), 5000ms).ok());
+  const std::vector<float> g0{0.5f, 1.0f, -1.0f, 0.0f}, g1{2.0f, -1.0f, 4.0f, 0.25f};
+  ASSERT_TRUE(c0->Wait(c0->Push(g0, 0), 5000ms).ok());
+  std::vector<float> w1(4);
+  for (size_t i = 0; i < 4; ++i) w1[i] = w0[i] - g0[i];  // fresh: w = w0, no compensation term
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), w1);
+  ASSERT_TRUE(c1->Wait(c1->Push(g1, 0), 5000ms).ok());
+  const std::vector<float> got = shards_[0]->ChunkWeights(0);
+  for (size_t i = 0; i < 4; ++i) {
+    const double ms = 0.5 * g0[i] * g0[i] + 0.5 * g1[i] * g1[i];
+    const double want = w1[i] - (g1[i] + 0.5 / std::sqrt(ms) * g1[i] * g1[i] * (w1[i] - w0[i]));
+    EXPECT_NEAR(got[i], want, 1e-5) << i;
+  }
+  // Element 0 by hand: ms = 0.5·0.25 + 0.5·4 = 2.125, λ = 0.5 / 1.4577 = 0.34300,
+  // g' = 2 + 0.343·4·(0.5 − 1) = 1.31401, w = 0.5 − 1.31401 = −0.81401.
+  EXPECT_NEAR(got[0], -0.81401f, 1e-4);
+  // Element 3: g0 = 0 left ms at 0 until g1 (ms = 0.5 · 0.0625): λ = 0.5 / 0.17678 = 2.8284,
+  // and w1 = w0 there, so nothing to compensate: w = 3 − 0.25.
+  EXPECT_FLOAT_EQ(got[3], 2.75f);
+  EXPECT_EQ(shards_[0]->Stats().dc_compensated, 2u);
+}
+
 // EASGD's center: an elastic exchange adds the worker's α(x − x~) to the weights exactly (no lr,
 // momentum or decay), survives a kill through the log, and the two kinds of push never mix: a
 // gradient push to an EASGD server and an elastic one to a plain server are refused, weights
