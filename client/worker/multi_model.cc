@@ -84,6 +84,8 @@ class MultiModelWorker {
   // The model's weights as this worker last left them (its net), on eval.test_batches test batches.
   Status EvaluateStage(ModelSlot& m, int model, int stage, int64_t images, double run_s);
   Status EvalNetOf(ModelSlot& m, engine::Net** out);
+  // Payload bytes this worker's clients moved through same-host shared memory (all models).
+  TrafficCounts SharedMemoryTraffic() const;
   std::unique_ptr<TestSource> test_;
 
   const RunConfig& c_;
@@ -354,6 +356,7 @@ Status MultiModelWorker::Run() {
     DP_RETURN_IF_ERROR(OpenPartition(t.partition, &source));
     const int64_t steps = StageSteps(t, source);
     const TrafficCounts before = transport_->traffic();
+    const TrafficCounts shm_before = SharedMemoryTraffic();
     const double t0 = NowS();
     double wait_s = 0, loss = 0;
     const int64_t floats = m.layout.total_elems();
@@ -374,6 +377,7 @@ Status MultiModelWorker::Run() {
       model_bytes += floats * 4;
     }
     const TrafficCounts after = transport_->traffic();
+    const TrafficCounts shm_after = SharedMemoryTraffic();
     if (t.data_parallel) {
       // The model's payload a data-parallel stage moves: every pull and every gradient push of a
       // whole model (f32), counted as it is asked for, not from the wire counters, which miss
@@ -421,6 +425,9 @@ Status MultiModelWorker::Run() {
                                     {"data_bytes_moved", data_moved},
                                     {"tx_bytes", static_cast<int64_t>(after.sent_bytes - before.sent_bytes)},
                                     {"rx_bytes", static_cast<int64_t>(after.received_bytes - before.received_bytes)},
+                                    {"shm_tx_bytes", static_cast<int64_t>(shm_after.sent_bytes - shm_before.sent_bytes)},
+                                    {"shm_rx_bytes",
+                                     static_cast<int64_t>(shm_after.received_bytes - shm_before.received_bytes)},
                                     {"run_s", NowS() - t_run}});
     if (!a_.quiet) {
       spdlog::info("worker {}: stage {}/{}: model {} ({}) on partition {}: {} steps in {:.1f} s{}{}", id_, stage + 1,
@@ -430,6 +437,7 @@ Status MultiModelWorker::Run() {
     }
   }
   const TrafficCounts traffic = transport_->traffic();
+  const TrafficCounts shm = SharedMemoryTraffic();
   const double wall = NowS() - t_run;
   (void)metrics_->Write("done", {{"images", total_images},
                                  {"wall_s", wall},
@@ -440,7 +448,9 @@ Status MultiModelWorker::Run() {
                                  {"model_bytes", total_model_bytes},
                                  {"data_bytes_moved", total_data_moved},
                                  {"tx_bytes_total", static_cast<int64_t>(traffic.sent_bytes)},
-                                 {"rx_bytes_total", static_cast<int64_t>(traffic.received_bytes)}});
+                                 {"rx_bytes_total", static_cast<int64_t>(traffic.received_bytes)},
+                                 {"shm_tx_bytes_total", static_cast<int64_t>(shm.sent_bytes)},
+                                 {"shm_rx_bytes_total", static_cast<int64_t>(shm.received_bytes)}});
   DP_RETURN_IF_ERROR(link_->AnnounceFinished(std::chrono::milliseconds(10000)));
   if (id_ == 0 && !c_.data.test.empty()) {
     DP_RETURN_IF_ERROR(WaitForEveryWorker());
@@ -449,6 +459,17 @@ Status MultiModelWorker::Run() {
   const Status done = link_->AnnounceDone(std::chrono::milliseconds(10000));
   if (!done.ok()) spdlog::warn("worker {}: could not tell the coordinator it is done: {}", id_, done.ToString());
   return Status::Ok();
+}
+
+TrafficCounts MultiModelWorker::SharedMemoryTraffic() const {
+  TrafficCounts sum;
+  for (const ModelSlot& m : models_) {
+    if (!m.client) continue;
+    const TrafficCounts c = m.client->shared_memory_traffic();
+    sum.sent_bytes += c.sent_bytes;
+    sum.received_bytes += c.received_bytes;
+  }
+  return sum;
 }
 
 Status MultiModelWorker::EvalNetOf(ModelSlot& m, engine::Net** out) {

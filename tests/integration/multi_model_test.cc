@@ -275,6 +275,15 @@ TEST_F(MultiModelJobTest, AsyncGroupsTrainTheirModelTogetherThroughTheServers) {
     ASSERT_EQ(stages.size(), 1u) << "worker " << w;
     EXPECT_EQ(stages[0].Get("group").AsInt(), kWorkers);
     EXPECT_EQ(stages[0].Get("partition").AsInt(), w);
+    // One pull and one push of the whole model per step: model_bytes is half each way. What the
+    // worker moved, on the wire or through same-host shared memory, is at least that.
+    const int64_t each_way = stages[0].Get("model_bytes").AsInt() / 2;
+    const int64_t sent = stages[0].Get("tx_bytes").AsInt() + stages[0].Get("shm_tx_bytes").AsInt();
+    const int64_t received = stages[0].Get("rx_bytes").AsInt() + stages[0].Get("shm_rx_bytes").AsInt();
+    EXPECT_GE(sent, each_way) << "worker " << w;
+    EXPECT_LT(sent, 2 * each_way) << "worker " << w;
+    EXPECT_GE(received, each_way) << "worker " << w;
+    EXPECT_LT(received, 2 * each_way) << "worker " << w;
   }
   ExpectEveryMoveAppliedOnce(run, int64_t{kWorkers} * stage_steps_, /*models=*/1);
   const auto evals = test::Metrics(run, "worker-0.jsonl", "model_eval");
