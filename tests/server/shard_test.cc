@@ -138,6 +138,25 @@ class ShardFixture : public ::testing::Test {
     for (auto& s : shards_) s->Stop();
     for (auto& s : shards_) EXPECT_TRUE(s->Join().ok());
   }
+
+  // The DC-ASGD tests' start: one server, one chunk of 4 floats, lr 1, no momentum or decay
+  // (so an update is w − g'), the algorithm's settings from `o`; worker 0 pushes kDcW0 as the
+  // initial weights and workers 0 and 1 both pull it, the copy a stale gradient is compensated
+  // against.
+  static inline const std::vector<float> kDcW0{1.0f, -2.0f, 0.5f, 3.0f};
+  void StartDcAsgd(ShardOptions o, std::unique_ptr<PsClient>* c0, std::unique_ptr<PsClient>* c1) {
+    o.solver.base_lr = 1.0f;
+    o.solver.momentum = 0.0f;
+    o.solver.weight_decay = 0.0f;
+    StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
+    *c0 = Client(0);
+    *c1 = Client(1);
+    ASSERT_TRUE((*c0)->Wait((*c0)->PushInit(kDcW0), 5000ms).ok());
+    std::vector<float> w(4);
+    ASSERT_TRUE((*c0)->Wait((*c0)->Pull(w, 0), 5000ms).ok());
+    ASSERT_TRUE((*c1)->Wait((*c1)->Pull(w, 0), 5000ms).ok());
+  }
+
   std::unique_ptr<PsClient> Client(int worker) {
     PsClientOptions o;
     o.server_addresses = addresses_;
@@ -753,24 +772,18 @@ TEST_F(ShardFixture, AckCarriesTheStalenessTheServerCounts) {
   EXPECT_EQ(static_cast<uint64_t>(seen_chunks), server_chunks);
 }
 
-// DC-ASGD against hand-computed values: lr 1, no momentum or decay, λ = 0.5. Both workers pull
-// w0; worker 0's gradient is fresh (w = w0: no compensation term); worker 1's is one update
-// behind and is compensated with the weights it pulled: g1 + λ g1² (w1 − w0).
+// DC-ASGD against hand-computed values: λ = 0.5. Worker 0's gradient is fresh (w = w0: no
+// compensation term); worker 1's is one update behind and is compensated with the weights it
+// pulled: g1 + λ g1² (w1 − w0).
 TEST_F(ShardFixture, DcAsgdCompensatesAStaleGradientWithTheWeightsThatWorkerPulled) {
   ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
   o.consistency.algorithm = Algorithm::kDcAsgd;
   o.consistency.dc_lambda = 0.5f;
   o.expected_workers = 3;
-  StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
-  auto c0 = Client(0), c1 = Client(1);
-  const std::vector<float> w0{1.0f, -2.0f, 0.5f, 3.0f};
-  ASSERT_TRUE(c0->Wait(c0->PushInit(w0), 5000ms).ok());
-  std::vector<float> w(4);
-  ASSERT_TRUE(c0->Wait(c0->Pull(w, 0), 5000ms).ok());
-  ASSERT_TRUE(c1->Wait(c1->Pull(w, 0), 5000ms).ok());
+  std::unique_ptr<PsClient> c0, c1;
+  StartDcAsgd(o, &c0, &c1);
+  if (HasFatalFailure()) return;
+  const std::vector<float>& w0 = kDcW0;
   const std::vector<float> g0{0.5f, 1.0f, -1.0f, 2.0f}, g1{2.0f, -1.0f, 4.0f, 0.25f};
   ASSERT_TRUE(c0->Wait(c0->Push(g0, 0), 5000ms).ok());
   std::vector<float> w1(4);
@@ -803,20 +816,14 @@ TEST_F(ShardFixture, DcAsgdCompensatesAStaleGradientWithTheWeightsThatWorkerPull
 // compensated with that λ.
 TEST_F(ShardFixture, AdaptiveDcAsgdScalesLambdaByTheRunningMeanSquareOfTheGradient) {
   ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
   o.consistency.algorithm = Algorithm::kDcAsgdAdaptive;
   o.consistency.dc_lambda0 = 0.5f;
   o.consistency.dc_mean_square_decay = 0.5f;
   o.expected_workers = 2;
-  StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
-  auto c0 = Client(0), c1 = Client(1);
-  const std::vector<float> w0{1.0f, -2.0f, 0.5f, 3.0f};
-  ASSERT_TRUE(c0->Wait(c0->PushInit(w0), 5000ms).ok());
-  std::vector<float> w(4);
-  ASSERT_TRUE(c0->Wait(c0->Pull(w, 0), 5000ms).ok());
-  ASSERT_TRUE(c1->Wait(c1->Pull(w, 0), 5000ms).ok());
+  std::unique_ptr<PsClient> c0, c1;
+  StartDcAsgd(o, &c0, &c1);
+  if (HasFatalFailure()) return;
+  const std::vector<float>& w0 = kDcW0;
   const std::vector<float> g0{0.5f, 1.0f, -1.0f, 0.0f}, g1{2.0f, -1.0f, 4.0f, 0.25f};
   ASSERT_TRUE(c0->Wait(c0->Push(g0, 0), 5000ms).ok());
   std::vector<float> w1(4);
