@@ -162,7 +162,8 @@ class CompressionExperiment(unittest.TestCase):
             if c["push"] in ("topk", "onebit"):
                 self.assertTrue(c["error_feedback"], label)
             if "alexnet" in model:
-                self.assertLessEqual(cfg["worker"]["steps"], 50, f"{label}: AlexNet rows must stay bounded")
+                # 60 steps per worker: ~4 min a row on the 2-core VM (bench/RESULTS.md §11.3)
+                self.assertLessEqual(cfg["worker"]["steps"], 60, f"{label}: AlexNet rows must stay bounded")
                 self.assertGreater(cfg["eval"]["test_batches"], 0, f"{label}: AlexNet evaluates on a test subset")
         codecs = {"fp32/fp32", "factorsfp32/fp32", "factorsfp32/fp16", "topk/fp32", "onebit/fp32"}
         models = {"configs/models/fmnist_small.toml", "configs/models/alexnet_fashion.toml"}
