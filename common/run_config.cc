@@ -305,15 +305,7 @@ Status ReadConsistency(TableReader& r, ConsistencyConfig* c) {
   DP_RETURN_IF_ERROR(r.Bool("staleness_aware_lr", &c->staleness_aware_lr));
   if (const toml::node* n = r.Get("algorithm")) {
     const auto text = n->value<std::string>();
-    if (text && *text == "sgd") {
-      c->algorithm = Algorithm::kSgd;
-    } else if (text && *text == "dc-asgd") {
-      c->algorithm = Algorithm::kDcAsgd;
-    } else if (text && *text == "dc-asgd-a") {
-      c->algorithm = Algorithm::kDcAsgdAdaptive;
-    } else if (text && *text == "easgd") {
-      c->algorithm = Algorithm::kEasgd;
-    } else {
+    if (!text || !ParseAlgorithm(*text, &c->algorithm)) {
       return r.Bad("algorithm", *n,
                    "expected \"sgd\" (the gradient as pushed), \"dc-asgd\" (delay compensation, constant lambda), "
                    "\"dc-asgd-a\" (delay compensation, adaptive lambda) or \"easgd\" (elastic averaging)");
@@ -677,6 +669,16 @@ std::string AlgorithmString(Algorithm a) {
     case Algorithm::kSgd: break;
   }
   return "sgd";
+}
+
+bool ParseAlgorithm(std::string_view text, Algorithm* out) {
+  for (Algorithm a : {Algorithm::kSgd, Algorithm::kDcAsgd, Algorithm::kDcAsgdAdaptive, Algorithm::kEasgd}) {
+    if (text == AlgorithmString(a)) {
+      *out = a;
+      return true;
+    }
+  }
+  return false;
 }
 
 SolverConfig RunSolver(const RunConfig& config, bool local) {

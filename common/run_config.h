@@ -180,6 +180,7 @@ struct ConsistencyConfig {
 std::string ConsistencyModeString(const ConsistencyConfig& c);
 // "sgd", "dc-asgd", "dc-asgd-a" or "easgd"; DelayCompensated: either DC-ASGD; EasgdAlpha: easgd_alpha, or 0.9 / workers when it is 0.
 std::string AlgorithmString(Algorithm a);
+bool ParseAlgorithm(std::string_view text, Algorithm* out);  // AlgorithmString's inverse; false for other text
 inline bool DelayCompensated(Algorithm a) { return a == Algorithm::kDcAsgd || a == Algorithm::kDcAsgdAdaptive; }
 float EasgdAlpha(const ConsistencyConfig& c, int workers);
 
