@@ -91,6 +91,8 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   b.setSgdNanos(s.sgd_ns);
   b.setBusyNanos(s.busy_ns);
   b.setRegionParts(s.region_parts);
+  b.setWalNanos(s.wal_ns);
+  b.setWalSyncCpuNanos(s.wal_sync_cpu_ns);
 }
 
 ShardStatsWire DecodeStats(cw::Stats::Reader r) {
@@ -118,6 +120,8 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.sgd_ns = r.getSgdNanos();
   s.busy_ns = r.getBusyNanos();
   s.region_parts = r.getRegionParts();
+  s.wal_ns = r.getWalNanos();
+  s.wal_sync_cpu_ns = r.getWalSyncCpuNanos();
   return s;
 }
 

@@ -125,6 +125,8 @@ struct ShardStatsWire {
   uint64_t sgd_ns = 0;   // in the update rule
   uint64_t busy_ns = 0;  // handling messages on the loop thread
   uint64_t region_parts = 0;  // push / pull messages whose payload went through shared memory
+  uint64_t wal_ns = 0;           // the loop's time appending to the write-ahead log (part of busy_ns)
+  uint64_t wal_sync_cpu_ns = 0;  // CPU time of the log's fsync thread (not on the loop)
   bool operator==(const ShardStatsWire&) const = default;
 };
 

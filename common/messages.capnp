@@ -85,6 +85,9 @@ struct Stats {
   dcCompensated @20 :UInt64;   # DC-ASGD: chunk gradients compensated for their delay
   dcUncompensated @21 :UInt64; # DC-ASGD: chunk gradients applied as pushed (no pull copy of their version)
   evaluatorPulls @22 :UInt64;  # pull messages served to the run's evaluator (snapshots; not in pullsServed)
+  walNanos @23 :UInt64;        # time the message loop spent appending to the write-ahead log (CRC-32 and
+                               # write(2) into the page cache; with fsync every ack, the fsyncs too), ns
+  walSyncCpuNanos @24 :UInt64; # CPU time of the log's own fsync thread (checkpoint.wal_fsync_ms > 0), ns
 }
 
 struct Header {

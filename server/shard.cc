@@ -875,7 +875,10 @@ void ShardServer::RememberRequest(int32_t worker, uint64_t session, uint64_t req
 
 Status ShardServer::LogRecord(WalRecord* r) {
   if (!wal_) return Status::Ok();
+  const auto t0 = std::chrono::steady_clock::now();
   Status s = wal_->Append(r);
+  stats_.wal_ns += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   if (!s.ok()) {
     return IoError("server {}: the write-ahead log failed, so the {} was not taken: {}", options_.server_id,
                    r->kind == WalKind::kPush ? "push" : "change", s.message());
@@ -1129,7 +1132,11 @@ void ShardServer::ApplyGone(int32_t worker, bool finished) { policy_->OnWorkerDe
 // ---------------------------------------------------------------------------------------------
 // Stats, snapshots.
 
-ShardStatsWire ShardServer::StatsLocked() const { return stats_; }
+ShardStatsWire ShardServer::StatsLocked() const {
+  ShardStatsWire s = stats_;
+  if (wal_) s.wal_sync_cpu_ns = wal_->sync_cpu_ns();
+  return s;
+}
 
 ShardStatsWire ShardServer::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -283,6 +284,11 @@ void WalWriter::SyncLoop() {
     lock.unlock();
     const int rc = fdatasync(fd_);
     const int err = errno;
+    timespec cpu{};
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
+      sync_cpu_ns_.store(static_cast<uint64_t>(cpu.tv_sec) * 1000000000u + static_cast<uint64_t>(cpu.tv_nsec),
+                         std::memory_order_relaxed);
+    }
     lock.lock();
     if (rc != 0 && sync_error_.ok()) sync_error_ = IoError("{}: fdatasync: {}", path_, std::strerror(err));
   }

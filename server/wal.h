@@ -99,6 +99,9 @@ class WalWriter {
   Status Restart();
   uint64_t next_seq() const { return next_seq_; }
   uint64_t bytes() const { return bytes_; }
+  // CPU time (ns) the fsync thread has used so far (fsync_ms > 0; 0 otherwise): the kernel's
+  // write-back of the log runs there, beside the shard's loop, not in Append.
+  uint64_t sync_cpu_ns() const { return sync_cpu_ns_.load(std::memory_order_relaxed); }
   const std::string& path() const { return path_; }
 
  private:
@@ -113,6 +116,7 @@ class WalWriter {
   std::chrono::milliseconds fsync_ms_;
   uint64_t bytes_ = 0;
   std::atomic<bool> dirty_{false};
+  std::atomic<uint64_t> sync_cpu_ns_{0};
   std::string buf_;  // reused record buffer
   std::mutex sync_mu_;  // guards stop_ and sync_error_
   std::condition_variable sync_cv_;

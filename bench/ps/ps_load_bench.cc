@@ -102,6 +102,8 @@ struct PsResult {
   std::vector<double> push_latency, pull_latency;
   double sgd_seconds = 0;   // all shards: in the update rule
   double busy_seconds = 0;  // all shards: handling messages on the loop thread
+  double wal_seconds = 0;       // all shards: the loop's appends to the write-ahead log (in busy_seconds)
+  double wal_sync_seconds = 0;  // all shards: CPU of the logs' fsync threads (beside the loops)
   uint64_t region_parts = 0;  // timed rounds: messages whose payload went through shared memory
   // Timed rounds, all workers / all shards: wire bytes (every frame) from the transports' counters.
   double worker_tx_bytes = 0, worker_rx_bytes = 0, server_tx_bytes = 0, server_rx_bytes = 0;
@@ -355,6 +357,8 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     ShardStatsWire st = shard->Stats();
     result.sgd_seconds += 1e-9 * static_cast<double>(st.sgd_ns - stats_at_start[i].sgd_ns);
     result.busy_seconds += 1e-9 * static_cast<double>(st.busy_ns - stats_at_start[i].busy_ns);
+    result.wal_seconds += 1e-9 * static_cast<double>(st.wal_ns - stats_at_start[i].wal_ns);
+    result.wal_sync_seconds += 1e-9 * static_cast<double>(st.wal_sync_cpu_ns - stats_at_start[i].wal_sync_cpu_ns);
     result.region_parts += st.region_parts - stats_at_start[i].region_parts;
     result.chunk_updates += st.chunk_updates - stats_at_start[i].chunk_updates;
     result.applied += st.pushes_applied;
@@ -429,9 +433,15 @@ void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_ele
       servers, workers, layout.num_chunks(), curve ? " curve" : "", rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
       bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected,
       wal.on ? fmt::format(" | wal records {} (fsync {} ms)", ps.wal_records, wal.fsync_ms) : "");
-  fmt::print("S={} W={} downpour ({}, max {} chunks/message, {} via shared memory) parts: {} | {}\n", servers, workers,
+  // With the log on: the loop's time appending to it and its fsync threads' CPU, per worker-round
+  // (tools/downpour_scaling.py reads them as the per-float cost of logging a push).
+  const double worker_rounds = static_cast<double>(workers) * rounds;
+  fmt::print("S={} W={} downpour ({}, max {} chunks/message, {} via shared memory) parts: {} | {}{}\n", servers, workers,
              TransportName(svc.transport), svc.max_chunks_per_message, ps.region_parts, LatencyText(ps.push_latency, ps.pull_latency),
-             ServerTimeText(ps.sgd_seconds, ps.busy_seconds, servers, workers, rounds, ps.seconds));
+             ServerTimeText(ps.sgd_seconds, ps.busy_seconds, servers, workers, rounds, ps.seconds),
+             wal.on ? fmt::format(", wal append {:.3f} s/round, wal fsync thread cpu {:.3f} s/round",
+                                  ps.wal_seconds / worker_rounds, ps.wal_sync_seconds / worker_rounds)
+                    : "");
   std::fflush(stdout);
 }
 

@@ -76,6 +76,8 @@ MessageHeader Sample(MsgType type) {
       h.stats.dropped_late = 1;
       h.stats.checkpoints_written = 2;
       h.stats.undecodable = 7;
+      h.stats.wal_ns = 123456789;
+      h.stats.wal_sync_cpu_ns = 987654;
       break;
     default:
       break;

@@ -1584,6 +1584,35 @@ TEST_F(ShardFixture, DuplicatePushIsAckedButAppliedOnceAlsoAfterARestart) {
   EXPECT_EQ(shards_[2]->Stats().pushes_by_worker, std::vector<uint64_t>{3});
 }
 
+// The loop's time appending to the log is measured (the scaling model reads it from the load
+// benchmark as a server's cost per logged float): part of its busy time, and zero without a log.
+TEST_F(ShardFixture, TheLoopsTimeInTheLogIsCountedWithinItsBusyTime) {
+  UsePersistDir();
+  ShardOptions o;
+  o.wal_fsync_ms = 0ms;  // every ack fsyncs on the loop: the appends cannot take no time at all
+  StartShards({{"a", {4096}, 1, 1}}, 1, 4096, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(4096, 1.0f)), 5000ms).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(4096, 0.5f), i), 5000ms).ok());
+  const ShardStatsWire st = shards_[0]->Stats();
+  EXPECT_EQ(st.wal_records, 4u);
+  EXPECT_GT(st.wal_ns, 0u);
+  EXPECT_LE(st.wal_ns, st.busy_ns);
+  EXPECT_EQ(st.wal_sync_cpu_ns, 0u) << "fsync on the loop: no fsync thread";
+}
+
+TEST_F(ShardFixture, WithoutALogNoLogTimeIsCounted) {
+  StartShards({{"a", {64}, 1, 1}}, 1, 64, ShardOptions{});
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(64, 1.0f)), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(64, 0.5f), 0), 5000ms).ok());
+  const ShardStatsWire st = shards_[0]->Stats();
+  EXPECT_EQ(st.wal_records, 0u);
+  EXPECT_EQ(st.wal_ns, 0u);
+  EXPECT_EQ(st.wal_sync_cpu_ns, 0u);
+  EXPECT_GT(st.busy_ns, 0u);
+}
+
 TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
   UsePersistDir();
   ShardOptions o;

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "common/file_io.h"
 #include "server/wal.h"
@@ -243,6 +244,27 @@ TEST(Wal, RestartEmptiesTheLogAndTheSequenceGoesOn) {
   EXPECT_EQ(info.records, 1u);
   EXPECT_EQ(info.first_seq, 11u);
   EXPECT_EQ(info.file_bytes, w->bytes());
+}
+
+// The fsync thread's CPU is counted (the kernel's write-back of the log runs there, beside the
+// shard's loop); with fsync on every Append there is no such thread and nothing to count.
+TEST(Wal, TheFsyncThreadCountsItsCpuTime) {
+  const std::vector<float> g(1 << 20, 0.25f);  // 4 MiB a record
+  std::unique_ptr<WalWriter> w;
+  ASSERT_TRUE(WalWriter::Open(TestPath("sync_cpu.wal"), 1, true, 5ms, &w).ok());
+  WalRecord push;
+  push.kind = WalKind::kPush;
+  push.chunks = {WalChunk{0, 0, g.data(), static_cast<uint32_t>(g.size())}};
+  for (int i = 0; i < 200 && w->sync_cpu_ns() == 0; ++i) {  // bounded: a few fsyncs at most
+    ASSERT_TRUE(w->Append(&push).ok());
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_GT(w->sync_cpu_ns(), 0u);
+
+  std::unique_ptr<WalWriter> inline_sync;
+  ASSERT_TRUE(WalWriter::Open(TestPath("sync_inline.wal"), 1, true, 0ms, &inline_sync).ok());
+  ASSERT_TRUE(inline_sync->Append(&push).ok());
+  EXPECT_EQ(inline_sync->sync_cpu_ns(), 0u);
 }
 
 TEST(Wal, MissingLogIsNotFound) {
