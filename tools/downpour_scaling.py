@@ -5,7 +5,8 @@ speed, a consistency mode and a wire codec, from
   - per-layer compute times on the user's device (`downpour-time --json`),
   - the model's learnable tensors (`tensors.txt`, as downpour-worker --write-tensors writes it),
   - transport rates measured by the load benchmark (Rates: the servers' update and loop time
-    per float, the transport's own ceiling, the server's GEMM rate for sufficient factors).
+    per float, their write-ahead log's time per float, the transport's own ceiling, the server's
+    GEMM rate for sufficient factors).
 
 Pure functions over plain data, no I/O except the readers at the bottom; every error is a
 downpour_runs.UsageError naming the flag or file and field (the tool exits 2 on it).
@@ -319,6 +320,21 @@ class Rates:
     latency_ms: float = 0.0              # per-layer request latency (round trip)
     loader_us_per_image: float = 0.0     # worker: data loader CPU per image (downpour-bench-data's
     #                                      images per CPU-second, inverted); 0 = not measured
+    # checkpoint.wal (Cluster.wal): a server appends every push it takes to its log, as the decoded
+    # dense f32 gradient whatever the codec (server/wal.h). Per pushed float: the loop's append
+    # (CRC-32 and write(2) into the page cache), and the CPU of the log's fsync thread beside it.
+    # Default: downpour-bench-ps --servers 1 --workers 1 --rounds 6 --wal on the 2-core VM of
+    # 2026-11-27 ("wal append 0.860 s/round, wal fsync thread cpu 0.017 s/round" of 60,965,224
+    # floats; a virtualized guest whose page-cache writes are slow): measure yours.
+    wal_ns_per_float: float = 14.1
+    wal_sync_ns_per_float: float = 0.28
+    wal_disk_gbytes: float = 0.0         # a server host's sustained log write rate, GB/s; 0 = not a limit
+    # The transport's CPU per payload byte outside the servers' loops: both ends' ZeroMQ I/O
+    # threads and kernel, the client's threads. Paid on a shared host (colocated) beside the
+    # jobs' compute; elsewhere on cores of its own. downpour-bench-ps --servers 1 --workers 1
+    # --rounds 6 over loopback TCP on the VM of 2026-11-27: process cpu 1.239 s/round less the
+    # loop's 0.226 s, over 60,965,224 × 8 bytes (shared memory, --transport shm: 0.15).
+    io_ns_per_byte: float = 2.08
     source: str = "defaults (bench/RESULTS.md §10, quiet VM, shared memory)"
 
     @property
@@ -329,6 +345,8 @@ class Rates:
 
 
 RATE_KEYS = {f.name for f in dataclasses.fields(Rates)} - {"source"}
+# The keys a load benchmark without --wal does not measure: rates_from_bench keeps the defaults.
+WAL_KEYS = ("wal_ns_per_float", "wal_sync_ns_per_float")
 
 
 def rates_from_json(data, where):
@@ -347,27 +365,59 @@ def rates_from_json(data, where):
 BENCH_ALEXNET_FLOATS = 60965224  # downpour-bench-ps moves bvlc_alexnet's tensors
 _BENCH_RATE = re.compile(r"^S=(\d+) W=(\d+) chunks=\d+.*\| downpour: ([\d.]+) rounds/s/worker ([\d.]+) GB/s")
 _BENCH_SERVER = re.compile(r"^S=(\d+) W=(\d+) downpour \(.*server sgd ([\d.]+) s/round .*loop busy ([\d.]+) s/round")
+_BENCH_WAL = re.compile(r"wal append ([\d.]+) s/round, wal fsync thread cpu ([\d.]+) s/round")
+_BENCH_CPU = re.compile(r"process cpu ([\d.]+) s/round")
 
 
 def rates_from_bench(text, where, servers=1, workers=1):
     """Rates from `downpour-bench-ps --servers S --workers W` output (S=1, W=1 by default): the
     update and loop time per float from its 'server sgd ... loop busy ...' line (seconds per
     worker-round summed over the servers, each round 60,965,224 floats), and the transport ceiling
-    from its GB/s (both directions, all workers) as GB/s per direction per worker."""
-    gbs = server = None
+    from its GB/s (both directions, all workers) as GB/s per direction per worker. The output of
+    a run with --wal as well (appended to the same file) gives the log's rates from its 'wal
+    append ... wal fsync thread cpu ...'; the plain run's lines give the rest (a run with the log
+    on moves fewer GB/s and its loop includes the appends). Without a --wal run the log's rates
+    keep their defaults, named in the source."""
+    gbs = server = wal = io = None
+    wal_gbs = wal_server = None
     for line in text.splitlines():
-        m = _BENCH_RATE.match(line.strip())
+        line = line.strip()
+        m = _BENCH_RATE.match(line)
         if m and (int(m[1]), int(m[2])) == (servers, workers):
-            gbs = float(m[4])
-        m = _BENCH_SERVER.match(line.strip())
+            if "wal records" in line:
+                wal_gbs = float(m[4])
+            else:
+                gbs = float(m[4])
+        m = _BENCH_SERVER.match(line)
         if m and (int(m[1]), int(m[2])) == (servers, workers):
-            server = (float(m[3]), float(m[4]))
-    if gbs is None or server is None:
+            w = _BENCH_WAL.search(line)
+            if w:
+                wal = (float(w[1]), float(w[2]))
+                wal_server = (float(m[3]), float(m[4]) - wal[0])
+            else:
+                server = (float(m[3]), float(m[4]))
+                c = _BENCH_CPU.search(line)
+                if c:  # the process less the servers' loops, per byte of the round (4 in, 4 out per float)
+                    io = max(0.0, float(c[1]) - server[1]) / (BENCH_ALEXNET_FLOATS * 2 * FLOAT_BYTES) * 1e9
+    if gbs is None and wal_gbs is None or server is None and wal_server is None:
         raise dr.UsageError(f"{where}: no downpour-bench-ps result lines for S={servers} W={workers} "
                             "(run build/bench/ps/downpour-bench-ps --servers 1 --workers 1 --rounds 10 > FILE)")
-    return Rates(sgd_ns_per_float=server[0] / BENCH_ALEXNET_FLOATS * 1e9,
-                 server_ns_per_float=server[1] / BENCH_ALEXNET_FLOATS * 1e9,
-                 transport_gbytes=gbs / (2 * workers), source=f"{where} (S={servers} W={workers})")
+    source = f"{where} (S={servers} W={workers})"
+    if gbs is None:
+        source += "; transport ceiling from a run with the log on"
+    values = dict(sgd_ns_per_float=(server or wal_server)[0] / BENCH_ALEXNET_FLOATS * 1e9,
+                  server_ns_per_float=(server or wal_server)[1] / BENCH_ALEXNET_FLOATS * 1e9,
+                  transport_gbytes=(gbs if gbs is not None else wal_gbs) / (2 * workers))
+    if io is not None:
+        values["io_ns_per_byte"] = io
+    else:
+        source += "; transport CPU per byte: default (no 'process cpu' in the output)"
+    if wal is not None:
+        values.update(wal_ns_per_float=wal[0] / BENCH_ALEXNET_FLOATS * 1e9,
+                      wal_sync_ns_per_float=wal[1] / BENCH_ALEXNET_FLOATS * 1e9)
+    else:
+        source += "; write-ahead log rates: defaults (no --wal run)"
+    return Rates(**values, source=source)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,6 +441,7 @@ class Cluster:
     push_every: int = 1          # worker.push_every: one push (mean gradient) per n steps
     link_burst_ms: float = 0.0   # emulated: the pacer's credit of an idle link (common/rate_limiter.h
     #                              kDefaultBurst = 5 ms); 0 = a link that saves no credit
+    wal: bool = False            # checkpoint.wal: every server logs every push before applying it
 
 
 def check_cluster(c):
@@ -473,6 +524,7 @@ class Prediction:
     link_s: float            # bytes / the worker's rates (a lower bound the simulation includes)
     step_s: float
     bound: str
+    disk_s: float = 0.0      # checkpoint.wal with a disk rate: a server host's log writes per round
 
     @property
     def images_per_s(self):
@@ -490,6 +542,7 @@ class Prediction:
                 "pull_bytes": self.pull_bytes, "compute_ms": 1e3 * self.compute_s,
                 "worker_ms": 1e3 * self.worker_s, "server_ms": 1e3 * self.server_s,
                 "host_cpu_ms": 1e3 * self.host_cpu_s, "link_ms": 1e3 * self.link_s, "step_ms": 1e3 * self.step_s,
+                "wal": c.wal, "disk_ms": 1e3 * self.disk_s,
                 "images_per_s": self.images_per_s, "efficiency": self.efficiency, "bound": self.bound}
 
 
@@ -567,17 +620,29 @@ def predict(profile, tensors, rates, cluster, codec):
     pull = sum(lb.pull for lb in per_layer.values())
     floats = sum(lb.floats for lb in per_layer.values())
     flops = sum(lb.factor_flops for lb in per_layer.values())
-    # One server's loop per round: its 1/S share of W workers' pushes and pulls, applied and handled.
-    server_s = w / s * ((floats * sgd + flops * gemm + push * handling) / cluster.push_every
+    # The write-ahead log: every push is appended as its dense f32 gradient, whatever the codec.
+    wal = rates.wal_ns_per_float * 1e-9 if cluster.wal else 0.0
+    wal_sync = rates.wal_sync_ns_per_float * 1e-9 if cluster.wal else 0.0
+    # One server's loop per round: its 1/S share of W workers' pushes and pulls, logged, applied
+    # and handled.
+    server_s = w / s * ((floats * (sgd + wal) + flops * gemm + push * handling) / cluster.push_every
                         + pull * handling / cluster.pull_every)
+    # A server host's log disk, shared by its servers (on one host: all S), per round.
+    disk_s = 0.0
+    if cluster.wal and rates.wal_disk_gbytes > 0:
+        on_host = s if cluster.colocated else min(s, cluster.servers_per_host)
+        disk_s = on_host * w / s * floats * FLOAT_BYTES / (rates.wal_disk_gbytes * 1e9) / cluster.push_every
     host_cpu_s = 0.0
     if cluster.colocated and cluster.cores_per_host > 0:
         worker_cpu = profile.compute_s * max(profile.threads, 1) if profile.threads else 0.0
         # Every worker's compute and its data loader, every server loop (update, factor GEMM,
-        # handling), and the workers' own send/receive work, on the host's cores.
-        worker_io = (push / cluster.push_every + pull / cluster.pull_every) * handling
+        # log, handling), and the transport's own CPU for every byte each worker sends and
+        # receives (both ends' I/O threads and kernel), on the host's cores.
+        worker_io = (push / cluster.push_every + pull / cluster.pull_every) * rates.io_ns_per_byte * 1e-9
         loader = cluster.batch * rates.loader_us_per_image * 1e-6
-        host_cpu_s = (w * (worker_cpu + loader + worker_io) + s * server_s) / cluster.cores_per_host
+        # The logs' fsync threads write every push back to disk beside the loops.
+        syncing = w * floats * wal_sync / cluster.push_every
+        host_cpu_s = (w * (worker_cpu + loader + worker_io) + s * server_s + syncing) / cluster.cores_per_host
         if profile.threads:
             # A CPU worker on a shared host computes at its share of the cores left by everything
             # else: its compute stretches to the host's CPU round, and the communication it cannot
@@ -589,7 +654,7 @@ def predict(profile, tensors, rates, cluster, codec):
         rows.append((fwd * slow, bwd * slow, lb.push_by_server, lb.pull_by_server))
         # The servers holding this layer apply W pushes of it (sync: before any pull is served).
         holders = min(s, max(1, math.ceil(lb.floats / cluster.chunk_elems))) if lb.floats else 1
-        apply_s.append(w * (lb.floats * sgd + lb.factor_flops * gemm) / holders)
+        apply_s.append(w * (lb.floats * (sgd + wal) + lb.factor_flops * gemm) / holders)
     push_rate, pull_rate = link_rates(cluster, rates)
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync
@@ -609,7 +674,7 @@ def predict(profile, tensors, rates, cluster, codec):
     link_s = max(push / push_rate / cluster.push_every, pull / pull_rate / cluster.pull_every)
     # sync: the simulation already puts each layer's apply of all W pushes on the critical path
     # (identical workers: the barrier waits for no straggler; docs/scaling.md says what that leaves out).
-    candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s}
+    candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s, "disk": disk_s}
     step = max(candidates.values())
     bound = max(candidates, key=candidates.get)
     if bound == "worker":
@@ -618,7 +683,7 @@ def predict(profile, tensors, rates, cluster, codec):
             if comm_exposed < 0.02 * worker_s else "link"
     solo = profile.compute_s * contention(dataclasses.replace(cluster, workers_per_host=1), profile)
     return Prediction(cluster, codec, push, pull, profile.compute_s * slow, solo, worker_s, server_s, host_cpu_s,
-                      link_s, step, bound)
+                      link_s, step, bound, disk_s)
 
 
 # ---------------------------------------------------------------------------------------------

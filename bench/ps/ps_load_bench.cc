@@ -436,9 +436,14 @@ void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_ele
   // With the log on: the loop's time appending to it and its fsync threads' CPU, per worker-round
   // (tools/downpour_scaling.py reads them as the per-float cost of logging a push).
   const double worker_rounds = static_cast<double>(workers) * rounds;
-  fmt::print("S={} W={} downpour ({}, max {} chunks/message, {} via shared memory) parts: {} | {}{}\n", servers, workers,
+  // The whole process's CPU per worker-round as well: beyond the servers' loops it is the
+  // transport's (both ends' ZeroMQ I/O threads and kernel, the clients' threads), which a shared
+  // host pays beside the jobs' compute (tools/downpour_scaling.py io_ns_per_byte).
+  fmt::print("S={} W={} downpour ({}, max {} chunks/message, {} via shared memory) parts: {} | {}, process cpu {:.3f} "
+             "s/round{}\n", servers, workers,
              TransportName(svc.transport), svc.max_chunks_per_message, ps.region_parts, LatencyText(ps.push_latency, ps.pull_latency),
              ServerTimeText(ps.sgd_seconds, ps.busy_seconds, servers, workers, rounds, ps.seconds),
+             ps.cpu_seconds / worker_rounds,
              wal.on ? fmt::format(", wal append {:.3f} s/round, wal fsync thread cpu {:.3f} s/round",
                                   ps.wal_seconds / worker_rounds, ps.wal_sync_seconds / worker_rounds)
                     : "");

@@ -13,6 +13,10 @@ every k-th step (worker.pull_every = k), then pulls and pushes every k-th step (
 worker.push_every = k) — then S in 1..128, smallest first, and reports the codecs that reach the
 target there. Async, one server shard per host, every host on the same link. What a longer period
 costs in accuracy (staler weights) is not modelled: that is the experiment's question.
+
+The servers' write-ahead log is off, as configs/runs/alexnet.toml has it; --wal-ns-per-float X
+(and --wal-disk-gbytes G, a server host's sustained log write rate) asks the same with the log
+on (checkpoint.wal = true: every shard appends its share of every push, densely, before applying it).
 """
 import argparse
 import json
@@ -28,7 +32,7 @@ SERVERS = [1, 2, 4, 8, 16, 32, 64, 128]
 PULL_EVERY = [1, 2, 4, 8, 16]
 
 
-def answer(profile, tensors, rates, link, w, target):
+def answer(profile, tensors, rates, link, w, target, wal=False):
     """The first (knob, k, S) in the search order where some codec reaches the target: pulls every
     k-th step first (push_every 1), then pulls and pushes every k-th step (the push a mean of k
     gradients, worker.push_every); k and then S smallest first."""
@@ -38,7 +42,8 @@ def answer(profile, tensors, rates, link, w, target):
             for s in SERVERS:
                 ok = []
                 for name in CODECS:
-                    c = sc.Cluster(w, s, link, "async", batch=128, pull_every=k, push_every=k if both else 1)
+                    c = sc.Cluster(w, s, link, "async", batch=128, pull_every=k, push_every=k if both else 1,
+                                   wal=wal)
                     p = sc.predict(profile, tensors, rates, c, sc.parse_codec(name))
                     if best is None or p.efficiency > best[0]:
                         best = (p.efficiency, knob(both, k), s, name)
@@ -62,10 +67,16 @@ def main():
     ap.add_argument("--workers", default="8,16,64")
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--wal-ns-per-float", type=float, help="the log on, at this loop cost per pushed float")
+    ap.add_argument("--wal-disk-gbytes", type=float, default=0.0, help="with the log: a server host's log disk GB/s")
     args = ap.parse_args()
     tensors = sc.read_tensors(os.path.join(HERE, "alexnet_tensors.txt"))
     rates_path = os.path.join(HERE, "rates_tcp_quiet.json")
     rates = sc.rates_from_json(sc.read_json(rates_path, "rates"), rates_path)
+    wal = args.wal_ns_per_float is not None
+    if wal:
+        rates = sc.dataclasses.replace(rates, wal_ns_per_float=args.wal_ns_per_float, wal_sync_ns_per_float=0.0,
+                                       wal_disk_gbytes=args.wal_disk_gbytes)
     base = sc.read_profile(os.path.join(HERE, "alexnet_cpu_quiet_b64.json"))
     out = []
     for ms in [float(x) for x in args.step_ms.split(",")]:
@@ -73,7 +84,7 @@ def main():
         for link in [float(x) for x in args.links.split(",")]:
             for w in [int(x) for x in args.workers.split(",")]:
                 out.append({"step_ms": ms, "link_gbps": link, "workers": w,
-                            **answer(profile, tensors, rates, link, w, args.target)})
+                            **answer(profile, tensors, rates, link, w, args.target, wal)})
     if args.json:
         json.dump(out, sys.stdout, indent=1)
         print()

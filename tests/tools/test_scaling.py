@@ -155,8 +155,9 @@ def two_worker_case(**over):
     profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=64, threads=0, device="gpu:0", source="hand")
     tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
     rates = sc.Rates(**{"sgd_ns_per_float": 0.0, "server_ns_per_float": 0.0, **over.pop("rates", {})})
+    codec = sc.parse_codec(over.pop("codec", "fp32"))
     cluster = sc.Cluster(**{"workers": 2, "servers": 1, "link_gbps": 8.0, "batch": 64, **over})
-    return sc.predict(profile, tensors, rates, cluster, sc.parse_codec(over.pop("codec", "fp32")))
+    return sc.predict(profile, tensors, rates, cluster, codec)
 
 
 class HandComputed(unittest.TestCase):
@@ -210,7 +211,7 @@ class HandComputed(unittest.TestCase):
         tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
         c = sc.Cluster(workers=2, servers=1, link_gbps=8.0, batch=64, workers_per_host=2, cores_per_host=2,
                        emulated=True, colocated=True)
-        rates = sc.Rates(sgd_ns_per_float=100.0, server_ns_per_float=100.0)
+        rates = sc.Rates(sgd_ns_per_float=100.0, server_ns_per_float=100.0, io_ns_per_byte=0.0)
         p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
         self.assertAlmostEqual(p.host_cpu_s, 0.055, places=9)
         self.assertAlmostEqual(p.compute_s, 0.055, places=9)
@@ -222,6 +223,56 @@ class HandComputed(unittest.TestCase):
         loaded = sc.predict(profile, tensors, dataclasses.replace(rates, loader_us_per_image=100.0), c,
                             sc.parse_codec("fp32"))
         self.assertAlmostEqual(loaded.host_cpu_s, 0.0614, places=9)
+        # The transport's own CPU at 10 ns per byte: each worker's 1 MB push and 1 MB pull cost
+        # 20 ms of the host's CPU beside the compute: (2 × (30 + 20) + 50) / 2 = 75 ms.
+        io = sc.predict(profile, tensors, dataclasses.replace(rates, io_ns_per_byte=10.0), c, sc.parse_codec("fp32"))
+        self.assertAlmostEqual(io.host_cpu_s, 0.075, places=9)
+        # Not on a cluster's own hosts: there it runs on cores the model does not share out.
+        apart = dataclasses.replace(c, colocated=False, cores_per_host=0)
+        self.assertEqual(sc.predict(profile, tensors, dataclasses.replace(rates, io_ns_per_byte=10.0), apart,
+                                    sc.parse_codec("fp32")).host_cpu_s, 0.0)
+
+    def test_the_write_ahead_log_costs_each_server_every_pushed_float(self):
+        """checkpoint.wal: the server appends both workers' 250,000 floats at 100 ns each before
+        applying them (2 ns): 2 × 250,000 × 102 ns = 51 ms per round > the workers' 34 ms. The
+        log holds the dense gradient whatever the codec: with 1-bit pushes it costs the same. Off,
+        the rate is not charged."""
+        rates = {"sgd_ns_per_float": 2.0, "server_ns_per_float": 2.0, "wal_ns_per_float": 100.0}
+        p = two_worker_case(wal=True, rates=rates)
+        self.assertAlmostEqual(p.server_s, 0.051, places=9)
+        self.assertAlmostEqual(p.step_s, 0.051, places=9)
+        self.assertEqual(p.bound, "server")
+        self.assertAlmostEqual(two_worker_case(wal=True, rates=rates, codec="onebit").server_s, 0.051, places=9)
+        self.assertAlmostEqual(two_worker_case(rates=rates).server_s, 0.001, places=9)
+
+    def test_sync_logs_every_push_before_it_applies_them(self):
+        """sync with the log: the apply on the pull's path is 2 × 250,000 × (2 + 2) ns = 2 ms:
+        10 + 20 + push 2 + 2 + pull 2 = 36 ms (35 without the log)."""
+        rates = {"sgd_ns_per_float": 2.0, "server_ns_per_float": 2.0, "wal_ns_per_float": 2.0}
+        self.assertAlmostEqual(two_worker_case(mode="sync", wal=True, rates=rates).step_s, 0.036, places=9)
+
+    def test_a_slow_log_disk_bounds_the_step(self):
+        """A server host whose disk writes 10 MB/s: both workers' 1 MB pushes take 200 ms to
+        reach it, every round."""
+        p = two_worker_case(wal=True, rates={"wal_ns_per_float": 0.0, "wal_disk_gbytes": 0.01})
+        self.assertAlmostEqual(p.disk_s, 0.2, places=9)
+        self.assertAlmostEqual(p.step_s, 0.2, places=9)
+        self.assertEqual(p.bound, "disk")
+
+    def test_colocated_the_logs_fsync_threads_take_host_cpu(self):
+        """The colocated case below with the log on at 20 ns per float on the loop and 40 ns per
+        float in the fsync thread: the server's loop is 2 × 250,000 × 120 ns = 60 ms, the fsync
+        threads 2 × 250,000 × 40 ns = 20 ms: (60 + 60 + 20) / 2 = 70 ms of CPU per round."""
+        profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=64, threads=1, source="hand")
+        tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
+        c = sc.Cluster(workers=2, servers=1, link_gbps=8.0, batch=64, workers_per_host=2, cores_per_host=2,
+                       emulated=True, colocated=True, wal=True)
+        rates = sc.Rates(sgd_ns_per_float=100.0, server_ns_per_float=100.0, wal_ns_per_float=20.0,
+                         wal_sync_ns_per_float=40.0, io_ns_per_byte=0.0)
+        p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
+        self.assertAlmostEqual(p.server_s, 0.060, places=9)
+        self.assertAlmostEqual(p.host_cpu_s, 0.070, places=9)
+        self.assertAlmostEqual(p.compute_s, 0.070, places=9)
 
     def test_workers_sharing_a_host_share_its_nic(self):
         """Two workers per host on a real cluster with S = 2 server hosts: each worker gets half its
@@ -311,6 +362,14 @@ S=1 W=1 chunks=69 | downpour: 4.97 rounds/s/worker 2.42 GB/s | bare zmq: 4.10 ro
 S=1 W=1 downpour (tcp, max 4 chunks/message, 0 via shared memory) parts: push p50 1 ms \
 | server sgd 0.061 s/round (30% of wall per server), loop busy 0.122 s/round (60%)
 """
+# The same benchmark with --wal, appended to the plain run's output.
+BENCH_WAL_OUTPUT = """model: AlexNet tensors, 60965224 floats (243.9 MB) each way per round
+S=1 W=1 chunks=69 | downpour: 0.85 rounds/s/worker 0.41 GB/s | bare zmq: 0.58 rounds/s/worker 0.28 GB/s | ratio 146% \
+| pushes recv/applied/rejected 621/621/0 | wal records 621 (fsync 200 ms)
+S=1 W=1 downpour (tcp, max 1 chunks/message, 0 via shared memory) parts: push p50/p99 492.0/742.7 ms (n=414) \
+| server sgd 0.046 s/round (4% of wall per server), loop busy 1.076 s/round (91%), wal append 0.860 s/round, \
+wal fsync thread cpu 0.017 s/round
+"""
 
 
 class CommandLine(unittest.TestCase):
@@ -385,6 +444,58 @@ class CommandLine(unittest.TestCase):
         r = self.scaling("-w", "1", "-s", "1", "-l", "10", "--rates-from-bench", bench, "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertAlmostEqual(json.loads(r.stdout)["rates"]["transport_gbytes"], 1.21)
+        self.assertIn("write-ahead log rates: defaults", rates.source)
+        self.assertEqual(rates.wal_ns_per_float, sc.Rates().wal_ns_per_float)
+        self.assertIn("transport CPU per byte: default", rates.source)
+
+    def test_transport_cpu_per_byte_from_the_load_benchmarks_process_cpu(self):
+        """'process cpu' less the loop's busy time, over the round's 8 bytes per float."""
+        text = BENCH_OUTPUT.replace("loop busy 0.122 s/round (60%)", "loop busy 0.122 s/round (60%), process cpu 1.098 s/round")
+        rates = sc.rates_from_bench(text, "bench.txt")
+        self.assertAlmostEqual(rates.io_ns_per_byte, (1.098 - 0.122) / (ALEXNET_FLOATS * 8) * 1e9)
+        self.assertAlmostEqual(rates.server_ns_per_float, 0.122 / ALEXNET_FLOATS * 1e9)
+        self.assertNotIn("transport CPU per byte: default", rates.source)
+
+    def test_rates_of_the_log_from_a_wal_run_of_the_load_benchmark(self):
+        """The log's rates from the --wal run's server line; the rest from the plain run's lines
+        (the --wal run's loop includes the appends and moves fewer GB/s). A --wal run alone: its
+        loop less the appends, its GB/s, and the source says so."""
+        rates = sc.rates_from_bench(BENCH_OUTPUT + BENCH_WAL_OUTPUT, "bench.txt")
+        self.assertAlmostEqual(rates.wal_ns_per_float, 0.860 / ALEXNET_FLOATS * 1e9)
+        self.assertAlmostEqual(rates.wal_sync_ns_per_float, 0.017 / ALEXNET_FLOATS * 1e9)
+        self.assertAlmostEqual(rates.server_ns_per_float, 0.122 / ALEXNET_FLOATS * 1e9)
+        self.assertAlmostEqual(rates.transport_gbytes, 1.21)
+        alone = sc.rates_from_bench(BENCH_WAL_OUTPUT, "wal.txt")
+        self.assertAlmostEqual(alone.server_ns_per_float, (1.076 - 0.860) / ALEXNET_FLOATS * 1e9)
+        self.assertAlmostEqual(alone.sgd_ns_per_float, 0.046 / ALEXNET_FLOATS * 1e9)
+        self.assertAlmostEqual(alone.transport_gbytes, 0.205)
+        self.assertIn("transport ceiling from a run with the log on", alone.source)
+
+    def test_wal_follows_the_run_unless_the_flag_says(self):
+        """--run-dir: the run's checkpoint.wal (a config without it has the log on); --wal
+        overrides; with neither the log is off."""
+        run = os.path.join(self.tmp, "run")
+        fab.write_config(run, mode="async", workers=2, servers=2)
+        with open(os.path.join(run, "config.toml")) as f:
+            text = f.read().replace("[cluster]\n", "[cluster]\nlink_gbps = 10.0\n")
+        with open(os.path.join(run, "config.toml"), "w") as f:
+            f.write(text)
+        shutil.copy(self.tensors, os.path.join(run, "tensors.txt"))
+
+        def wal_of(*args):
+            r = fab.run_tool("downpour-scaling", "--time", self.time, *args, "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return json.loads(r.stdout)["predictions"][0]
+
+        self.assertTrue(wal_of("--run-dir", run)["wal"])
+        off = wal_of("--run-dir", run, "--wal", "off")
+        self.assertFalse(off["wal"])
+        self.assertGreater(wal_of("--run-dir", run)["server_ms"], off["server_ms"])
+        with open(os.path.join(run, "config.toml"), "a") as f:
+            f.write("\n[checkpoint]\nwal = false\n")
+        self.assertFalse(wal_of("--run-dir", run)["wal"])
+        self.assertFalse(wal_of("--tensors", self.tensors, "-w", "1", "-l", "10")["wal"])
+        self.assertTrue(wal_of("--tensors", self.tensors, "-w", "1", "-l", "10", "--wal", "on")["wal"])
 
     def assert_usage(self, r, *parts):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
