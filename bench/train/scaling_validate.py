@@ -109,10 +109,12 @@ def time_profile(args, net, base, repeats=3):
 
 
 def tensors_of(args, net, base):
+    # The job's model (base["model"]["config"]: fmnist_small for fmnist), not the run config's own
+    # default (the default job trains fmnist_fast, whose layers have the same names).
     path = os.path.join(args.work, f"{net}.tensors.txt")
     subprocess.run([os.path.join(args.build, "client", "worker", "downpour-worker"), "--config",
-                    os.path.join(ROOT, NETS[net]["base"]), "--write-tensors", path], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
+                    os.path.join(ROOT, NETS[net]["base"]), "--set", f"model.config={base['model']['config']}",
+                    "--write-tensors", path], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return sc.read_tensors(path), path
 
 
@@ -122,10 +124,15 @@ def rates_of(args):
     if args.rates_from_bench:
         return sc.rates_from_bench(sc.read_text(args.rates_from_bench, "--rates-from-bench"), args.rates_from_bench)
     if args.bench:
+        # The plain run for the update, loop and transport rates, then the same with the
+        # write-ahead log on (its log in --work, on the disk the jobs' logs go to) for its rates.
         path = os.path.join(args.work, "bench-ps.txt")
+        bench = [os.path.join(args.build, "bench", "ps", "downpour-bench-ps"), "--servers", "1", "--workers", "1",
+                 "--rounds", "6"]
         with open(path, "w") as f:
-            subprocess.run([os.path.join(args.build, "bench", "ps", "downpour-bench-ps"), "--servers", "1", "--workers",
-                            "1", "--rounds", "6"], stdout=f, check=True)
+            subprocess.run(bench, stdout=f, check=True)
+            f.flush()
+            subprocess.run(bench + ["--wal", "--wal-dir", os.path.abspath(args.work)], stdout=f, check=True)
         return sc.rates_from_bench(sc.read_text(path, "--bench"), path)
     return sc.Rates()
 
@@ -139,8 +146,13 @@ def sgemm_ceiling(args):
     return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
 
 
+def wal_of(net_base):
+    """The run's checkpoint.wal (a config without it has the log on: docs/config.md)."""
+    return bool(net_base.get("checkpoint", {}).get("wal", True))
+
+
 def predict(profile, tensors, rates, net_base, w, s, link, codec, cores):
-    cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async",
+    cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async", wal=wal_of(net_base),
                          batch=net_base["worker"]["batch_size"], workers_per_host=w,
                          cores_per_host=cores, emulated=True, colocated=True, link_burst_ms=0.0,
                          chunk_elems=net_base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS))
@@ -157,6 +169,8 @@ def run_job(args, net, index, w, s, link, codec, data):
     sets = [f"cluster.workers={w}", f"cluster.servers={s}", f"worker.steps={steps}",
             f"cluster.coordinator=127.0.0.1:{port}", f"cluster.base_port={port + 5}", "eval.every_steps=0",
             "checkpoint.every_updates=0", "consistency.mode=async"] + data + codec.config_sets()
+    if args.wal:
+        sets.append(f"checkpoint.wal={'true' if args.wal == 'on' else 'false'}")
     if args.batch:
         sets.append(f"worker.batch_size={args.batch}")
     if link:
@@ -175,6 +189,12 @@ def run_job(args, net, index, w, s, link, codec, data):
     rows = report.step_breakdown(dr.worker_files(files))
     batch = summary["batch_size"]
     measured = sum(batch * 1000.0 / row["step_ms"] for row in rows if row["step_ms"])
+    # The servers' logs (no checkpoint truncates them here: GBs per fmnist job) and the
+    # checkpoints: not needed for the table, and a grid of them fills a disk.
+    for folder, _, names in os.walk(run_dir):
+        for n in names:
+            if n.endswith((".wal", ".dpt")):
+                os.remove(os.path.join(folder, n))
     return run_dir, summary, measured
 
 
@@ -203,6 +223,8 @@ def rejoin(args, path):
             tensors[net] = sc.read_tensors(os.path.join(where, f"{net}.tensors.txt"), "--rejoin")
         base = load_base(net)
         base["worker"]["batch_size"] = profiles[net].batch
+        if "wal" in r:  # the job's checkpoint.wal (rows written before it was recorded: the config's)
+            base.setdefault("checkpoint", {})["wal"] = r["wal"]
         p = predict(profiles[net], tensors[net], rates, base, r["workers"], r["servers"], r["link_gbps"],
                     sc.parse_codec(r["codec"]), args.cores)
         m = r.get("measured_images_per_s")
@@ -250,6 +272,9 @@ def main():
     ap.add_argument("--timeout-s", type=int, default=900, help="per job (default 900)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1,
                     help="cores the model may assume the jobs have (default: nproc; less on a shared machine)")
+    ap.add_argument("--wal", choices=("on", "off"),
+                    help="checkpoint.wal of every job and its prediction (default: the run config's: "
+                         "fmnist on, alexnet off)")
     ap.add_argument("--dry-run", action="store_true", help="profiles and predictions only; start no job")
     ap.add_argument("--rejoin", metavar="JSON", help="re-predict a finished run's validation.json with the current "
                     "model (its saved profiles, tensors and bench-ps.txt) and join with its measurements; no job")
@@ -279,10 +304,14 @@ def main():
     ceiling = sgemm_ceiling(args)
     print(f"machine: nproc {os.cpu_count()}, load {os.getloadavg()[0]:.2f}; sgemm: {ceiling or 'n/a'}")
     print(f"rates: {rates.source}: sgd {rates.sgd_ns_per_float:.3g} ns/float, loop {rates.server_ns_per_float:.3g} "
-          f"ns/float, transport {rates.transport_gbytes:g} GB/s", flush=True)
+          f"ns/float, transport {rates.transport_gbytes:g} GB/s (its CPU {rates.io_ns_per_byte:.3g} ns/byte), "
+          f"write-ahead log {rates.wal_ns_per_float:.3g} + "
+          f"{rates.wal_sync_ns_per_float:.3g} ns/float", flush=True)
     results, index = [], 0
     for net in nets:
         base = load_base(net)
+        if args.wal:
+            base.setdefault("checkpoint", {})["wal"] = args.wal == "on"
         if args.batch:
             base["worker"]["batch_size"] = args.batch  # the profile, the prediction and the job
         profile, time_path = time_profile(args, net, base)
@@ -296,6 +325,7 @@ def main():
                     for w in workers:
                         p = predict(profile, tensors, rates, base, w, s, link, codec, args.cores)
                         row = {"net": net, "workers": w, "servers": s, "link_gbps": link or None, "codec": codec.name,
+                               "wal": wal_of(base),
                                "predicted_images_per_s": p.images_per_s, "predicted_step_ms": 1e3 * p.step_s,
                                "predicted_bound": p.bound, "push_bytes": p.push_bytes, "pull_bytes": p.pull_bytes}
                         print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}: "
@@ -313,16 +343,16 @@ def main():
                             print(f"  measured {measured:.1f} img/s (whole run {summary['images_per_s']:.1f}); "
                                   f"prediction {100 * err:+.0f}%", flush=True)
                         results.append(row)
-    lines = ["| net | W | S | link Gbit/s | codec | predicted img/s | measured img/s (median steps) | "
+    lines = ["| net | W | S | link Gbit/s | codec | log | predicted img/s | measured img/s (median steps) | "
              "whole run img/s | prediction error | within 20% | push MB/step predicted / measured | "
              "pull MB/step predicted / measured | load average |",
-             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+             "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     for r in results:
         m = r.get("measured_images_per_s")
         mb = r.get("measured_push_bytes")
         mq = r.get("measured_pull_bytes")
         lines.append(f"| {r['net']} | {r['workers']} | {r['servers']} | {r['link_gbps'] or 'none'} | {r['codec']} | "
-                     f"{r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} | "
+                     f"{'on' if r['wal'] else 'off'} | {r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} | "
                      f"{dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
                      f"{percent(r.get('error'))} | "
                      f"{'—' if r.get('error') is None else ('yes' if abs(r['error']) <= 0.2 else 'NO')} | "
