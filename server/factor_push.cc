@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include "common/solver/sgd.h"
@@ -28,6 +29,17 @@ RowSpan RowsOf(const Chunk& c, int64_t in) {
 // (row-major), then the chunk's window [offset - r0·in, +count) of them moved to the front.
 std::shared_ptr<std::vector<float>> DenseFromFactors(const Chunk& c, int64_t in, int64_t batch,
                                                      const float* delta, const float* a) {
+  // One thread, the shard's loop thread that calls this: a shard is one loop thread (servers
+  // scale by shards, docs/scaling.md), and dnnl's default OpenMP team of nproc threads, on a host
+  // whose other cores run workers, spends its time waiting for them at its barriers. Measured on
+  // the 2-core VM (fmnist_small, S = 2, W = 1, factors + fp16 pulls, 10 Gbit/s): the servers'
+  // CPU per worker step 25.5 ms with the default team, 8.2 ms with one thread (bench/RESULTS.md
+  // §11.5). omp_set_num_threads sets the calling thread's own team size only.
+  static thread_local const bool one_thread = [] {
+    omp_set_num_threads(1);
+    return true;
+  }();
+  (void)one_thread;
   const RowSpan r = RowsOf(c, in);
   auto g = std::make_shared<std::vector<float>>(static_cast<size_t>(r.rows * in));
   const dnnl_status_t st = dnnl_sgemm('T', 'N', r.rows, in, batch, 1.0f, delta, r.rows, a, in, 0.0f, g->data(), in);
