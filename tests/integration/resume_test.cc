@@ -163,11 +163,14 @@ TEST_F(ResumeTest, KilledRunResumesToTheSameEndAndFineTuneStartsAtTheSavedAccura
         << "server " << s;
   }
   const double resumed_top1 = FinalTop1(run);
-  // Two async runs of 300 steps differ by their update order alone: under CI's -j2 load the pair
-  // has ended 2.36 points apart (2026-11-26, the resumed one lower; 2 of 2 reruns inside 2
-  // points), so 3 points. A run that restarted from fresh weights is caught above ("restored
-  // from" in every server's log, the curve continuing at resume_step).
-  EXPECT_NEAR(resumed_top1, whole_top1, 0.03)
+  // Two async runs of 300 steps differ by their update order alone, and at 300 steps the curve
+  // is still steep: under CI's -j2 load the pair has ended 2.36 points apart (2026-11-26, the
+  // resumed one lower) and 4.12 apart (2026-11-27, the resumed one higher: 84.07% against
+  // 79.95%). What a broken resume does — progress lost, weights restarted — makes the resumed
+  // run worse, so the check is one-sided: not more than 3 points below. A run that restarted
+  // from fresh weights is also caught above ("restored from" in every server's log, the curve
+  // continuing at resume_step).
+  EXPECT_GE(resumed_top1, whole_top1 - 0.03)
       << "uninterrupted " << whole_top1 << ", killed and resumed " << resumed_top1;
   // The summary counts the run as one: two segments, every step once.
   std::string out;
