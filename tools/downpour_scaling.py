@@ -106,6 +106,11 @@ def codec_from_config(config):
     return parse_codec("+".join(parts), "[compression] in the run config")
 
 
+def wal_from_config(config):
+    """A run config's checkpoint.wal (absent: on, the run config's default, docs/config.md)."""
+    return bool(config.get("checkpoint", {}).get("wal", True))
+
+
 # ---------------------------------------------------------------------------------------------
 # Tensors and the parameter layout (common/layout.cc, replicated exactly).
 
@@ -345,8 +350,6 @@ class Rates:
 
 
 RATE_KEYS = {f.name for f in dataclasses.fields(Rates)} - {"source"}
-# The keys a load benchmark without --wal does not measure: rates_from_bench keeps the defaults.
-WAL_KEYS = ("wal_ns_per_float", "wal_sync_ns_per_float")
 
 
 def rates_from_json(data, where):

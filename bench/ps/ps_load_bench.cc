@@ -433,12 +433,11 @@ void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_ele
       servers, workers, layout.num_chunks(), curve ? " curve" : "", rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
       bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected,
       wal.on ? fmt::format(" | wal records {} (fsync {} ms)", ps.wal_records, wal.fsync_ms) : "");
-  // With the log on: the loop's time appending to it and its fsync threads' CPU, per worker-round
-  // (tools/downpour_scaling.py reads them as the per-float cost of logging a push).
+  // Per worker-round, read by tools/downpour_scaling.py: the whole process's CPU (beyond the
+  // servers' loops it is the transport's: both ends' ZeroMQ I/O threads and kernel, the clients'
+  // threads; io_ns_per_byte) and, with the log on, the loops' appends to it and its fsync
+  // threads' CPU (the per-float cost of logging a push).
   const double worker_rounds = static_cast<double>(workers) * rounds;
-  // The whole process's CPU per worker-round as well: beyond the servers' loops it is the
-  // transport's (both ends' ZeroMQ I/O threads and kernel, the clients' threads), which a shared
-  // host pays beside the jobs' compute (tools/downpour_scaling.py io_ns_per_byte).
   fmt::print("S={} W={} downpour ({}, max {} chunks/message, {} via shared memory) parts: {} | {}, process cpu {:.3f} "
              "s/round{}\n", servers, workers,
              TransportName(svc.transport), svc.max_chunks_per_message, ps.region_parts, LatencyText(ps.push_latency, ps.pull_latency),

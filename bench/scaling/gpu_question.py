@@ -19,6 +19,7 @@ The servers' write-ahead log is off, as configs/runs/alexnet.toml has it; --wal-
 on (checkpoint.wal = true: every shard appends its share of every push, densely, before applying it).
 """
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -75,8 +76,8 @@ def main():
     rates = sc.rates_from_json(sc.read_json(rates_path, "rates"), rates_path)
     wal = args.wal_ns_per_float is not None
     if wal:
-        rates = sc.dataclasses.replace(rates, wal_ns_per_float=args.wal_ns_per_float, wal_sync_ns_per_float=0.0,
-                                       wal_disk_gbytes=args.wal_disk_gbytes)
+        rates = dataclasses.replace(rates, wal_ns_per_float=args.wal_ns_per_float, wal_sync_ns_per_float=0.0,
+                                    wal_disk_gbytes=args.wal_disk_gbytes)
     base = sc.read_profile(os.path.join(HERE, "alexnet_cpu_quiet_b64.json"))
     out = []
     for ms in [float(x) for x in args.step_ms.split(",")]:

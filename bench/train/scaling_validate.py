@@ -146,13 +146,8 @@ def sgemm_ceiling(args):
     return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
 
 
-def wal_of(net_base):
-    """The run's checkpoint.wal (a config without it has the log on: docs/config.md)."""
-    return bool(net_base.get("checkpoint", {}).get("wal", True))
-
-
 def predict(profile, tensors, rates, net_base, w, s, link, codec, cores):
-    cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async", wal=wal_of(net_base),
+    cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async", wal=sc.wal_from_config(net_base),
                          batch=net_base["worker"]["batch_size"], workers_per_host=w,
                          cores_per_host=cores, emulated=True, colocated=True, link_burst_ms=0.0,
                          chunk_elems=net_base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS))
@@ -325,7 +320,7 @@ def main():
                     for w in workers:
                         p = predict(profile, tensors, rates, base, w, s, link, codec, args.cores)
                         row = {"net": net, "workers": w, "servers": s, "link_gbps": link or None, "codec": codec.name,
-                               "wal": wal_of(base),
+                               "wal": sc.wal_from_config(base),
                                "predicted_images_per_s": p.images_per_s, "predicted_step_ms": 1e3 * p.step_s,
                                "predicted_bound": p.bound, "push_bytes": p.push_bytes, "pull_bytes": p.pull_bytes}
                         print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}: "
