@@ -4,7 +4,7 @@
 
     bench/train/scaling_validate.py [--build build] [--nets fmnist,alexnet] [--workers 1,2,4]
         [--servers 2] [--links 1,10] [--codecs fp32] [--rates FILE | --rates-from-bench FILE | --bench]
-        [--work DIR] [--dry-run]
+        [--work DIR] [--repeats N] [--dry-run]
     bench/train/scaling_validate.py --rejoin RUNS/validation.json [--work DIR]   (re-predict, no job)
 
 For each net it first times one worker's step on this machine (`downpour-time --json` at the
@@ -18,7 +18,11 @@ batch at the end), and reads the measured images/s from the workers' step record
   measured = sum over workers of batch × 1000 / median step_ms (steps 2.., the tools' breakdown),
   whole run = the summary's images/s (every step, the first cold one included).
 Prints a table (prediction, both measurements, error of the prediction against the median-step
-figure, within 20%?) and writes it to <work>/validation.md and validation.json.
+figure, within 20%?) and writes it to <work>/validation.md and validation.json. With --repeats N
+every prediction is printed first, then the whole grid runs N times, pass after pass; a row's
+measured figure is the median of its N jobs, its range beside it (on a shared VM the same job
+moves by tens of percent from one hour to the next: one job per row cannot tell that from the
+model's error).
 
 Nets: fmnist = configs/runs/default.toml with fmnist_small (data-sets/fashion-mnist, 300 steps);
 alexnet = configs/runs/alexnet.toml (alexnet_fashion on data-sets/fashion-256 when it exists,
@@ -35,6 +39,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tomllib
@@ -154,12 +159,14 @@ def predict(profile, tensors, rates, net_base, w, s, link, codec, cores):
     return sc.predict(profile, tensors, rates, cluster, codec)
 
 
-def run_job(args, net, index, w, s, link, codec, data):
+def run_job(args, net, index, w, s, link, codec, data, repeat=0):
     """One job; returns (run_dir, summary, measured images/s from median steps)."""
     name = f"{net}-w{w}-s{s}-{'nolink' if not link else f'{link:g}g'}-{codec.name.replace('+', '_').replace(':', '')}"
+    if args.repeats > 1:
+        name += f"-r{repeat + 1}"
     run_dir = os.path.join(args.work, name)
     shutil.rmtree(run_dir, ignore_errors=True)
-    port = 7800 + 20 * index
+    port = 7800 + 20 * (index % 100)
     steps = args.steps or NETS[net]["steps"]
     sets = [f"cluster.workers={w}", f"cluster.servers={s}", f"worker.steps={steps}",
             f"cluster.coordinator=127.0.0.1:{port}", f"cluster.base_port={port + 5}", "eval.every_steps=0",
@@ -270,11 +277,17 @@ def main():
     ap.add_argument("--wal", choices=("on", "off"),
                     help="checkpoint.wal of every job and its prediction (default: the run config's: "
                          "fmnist on, alexnet off)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the whole grid this many times, one pass after another (a slow drift of a shared "
+                         "VM then touches every row alike); measured = the median over the passes, with the "
+                         "range beside it (default 1)")
     ap.add_argument("--dry-run", action="store_true", help="profiles and predictions only; start no job")
     ap.add_argument("--rejoin", metavar="JSON", help="re-predict a finished run's validation.json with the current "
                     "model (its saved profiles, tensors and bench-ps.txt) and join with its measurements; no job")
     args = ap.parse_args()
     args.work_given = args.work is not None
+    if args.repeats < 1:
+        sys.exit(f"scaling_validate: --repeats {args.repeats}: must be >= 1")
     args.work = args.work or "/tmp/downpour-scaling-validate"
     if args.rejoin:
         try:
@@ -302,7 +315,9 @@ def main():
           f"ns/float, transport {rates.transport_gbytes:g} GB/s (its CPU {rates.io_ns_per_byte:.3g} ns/byte), "
           f"write-ahead log {rates.wal_ns_per_float:.3g} + "
           f"{rates.wal_sync_ns_per_float:.3g} ns/float", flush=True)
-    results, index = [], 0
+    # Every prediction first (each is printed before any job runs), then the grid's jobs,
+    # --repeats passes of it one after another.
+    results, cells = [], []
     for net in nets:
         base = load_base(net)
         if args.wal:
@@ -325,30 +340,53 @@ def main():
                                "predicted_bound": p.bound, "push_bytes": p.push_bytes, "pull_bytes": p.pull_bytes}
                         print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}: "
                               f"{p.images_per_s:.1f} img/s (step {1e3 * p.step_s:.0f} ms, {p.bound})", flush=True)
-                        if not args.dry_run:
-                            load_before = os.getloadavg()[0]
-                            run_dir, summary, measured = run_job(args, net, index, w, s, link, codec, data)
-                            row["load_average"] = [load_before, os.getloadavg()[0]]
-                            index += 1
-                            err = p.images_per_s / measured - 1 if measured else None
-                            row.update(run_dir=run_dir, measured_images_per_s=measured,
-                                       whole_run_images_per_s=summary["images_per_s"],
-                                       measured_push_bytes=summary.get("push_bytes_per_step"),
-                                       measured_pull_bytes=summary.get("pull_bytes_per_step"), error=err)
-                            print(f"  measured {measured:.1f} img/s (whole run {summary['images_per_s']:.1f}); "
-                                  f"prediction {100 * err:+.0f}%", flush=True)
                         results.append(row)
-    lines = ["| net | W | S | link Gbit/s | codec | log | predicted img/s | measured img/s (median steps) | "
-             "whole run img/s | prediction error | within 20% | push MB/step predicted / measured | "
+                        cells.append((row, p, (net, w, s, link, codec, data)))
+    if not args.dry_run:
+        index = 0
+        for repeat in range(args.repeats):
+            for row, p, (net, w, s, link, codec, data) in cells:
+                load_before = os.getloadavg()[0]
+                run_dir, summary, measured = run_job(args, net, index, w, s, link, codec, data, repeat)
+                index += 1
+                row.setdefault("runs", []).append({
+                    "run_dir": run_dir, "measured_images_per_s": measured,
+                    "whole_run_images_per_s": summary["images_per_s"],
+                    "load_average": [load_before, os.getloadavg()[0]],
+                    "measured_push_bytes": summary.get("push_bytes_per_step"),
+                    "measured_pull_bytes": summary.get("pull_bytes_per_step")})
+                err = p.images_per_s / measured - 1 if measured else None
+                print(f"  measured {net} W={w} S={s} link={link or 'none'} {codec.name}"
+                      f"{f' (pass {repeat + 1} of {args.repeats})' if args.repeats > 1 else ''}: {measured:.1f} img/s "
+                      f"(whole run {summary['images_per_s']:.1f}); prediction {percent(err)}", flush=True)
+        for row in results:
+            runs = row["runs"]
+            values = sorted(r["measured_images_per_s"] for r in runs)
+            measured = statistics.median(values)
+            middle = min(runs, key=lambda r: abs(r["measured_images_per_s"] - measured))
+            row.update(run_dir=middle["run_dir"], measured_images_per_s=measured,
+                       measured_min=values[0], measured_max=values[-1],
+                       whole_run_images_per_s=statistics.median(r["whole_run_images_per_s"] for r in runs),
+                       measured_push_bytes=middle["measured_push_bytes"],
+                       measured_pull_bytes=middle["measured_pull_bytes"],
+                       load_average=[runs[0]["load_average"][0], runs[-1]["load_average"][1]],
+                       error=row["predicted_images_per_s"] / measured - 1 if measured else None)
+    lines = ["| net | W | S | link Gbit/s | codec | log | predicted img/s | measured img/s (median steps"
+             + (f", median of {args.repeats} runs) | runs' range" if args.repeats > 1 else ")")
+             + " | whole run img/s | prediction error | within 20% | push MB/step predicted / measured | "
              "pull MB/step predicted / measured | load average |",
-             "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+             "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |" + (" ---: |" if args.repeats > 1 else "")
+             + " ---: | ---: | --- | ---: | ---: | --- |"]
     for r in results:
         m = r.get("measured_images_per_s")
         mb = r.get("measured_push_bytes")
         mq = r.get("measured_pull_bytes")
+        spread = ""
+        if args.repeats > 1:
+            spread = (" — |" if m is None else f" {r['measured_min']:.1f}–{r['measured_max']:.1f} |")
         lines.append(f"| {r['net']} | {r['workers']} | {r['servers']} | {r['link_gbps'] or 'none'} | {r['codec']} | "
-                     f"{'on' if r['wal'] else 'off'} | {r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} | "
-                     f"{dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
+                     f"{'on' if r['wal'] else 'off'} | {r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} |"
+                     + spread + f" {dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
                      f"{percent(r.get('error'))} | "
                      f"{'—' if r.get('error') is None else ('yes' if abs(r['error']) <= 0.2 else 'NO')} | "
                      f"{r['push_bytes'] / 1e6:.2f} / {dr.fmt(None if mb is None else mb / 1e6, '.2f')} | "
@@ -359,7 +397,7 @@ def main():
     with open(os.path.join(args.work, "validation.md"), "w") as f:
         f.write(table)
     with open(os.path.join(args.work, "validation.json"), "w") as f:
-        json.dump({"rates": rates.source, "sgemm": ceiling, "rows": results}, f, indent=1)
+        json.dump({"rates": rates.source, "sgemm": ceiling, "repeats": args.repeats, "rows": results}, f, indent=1)
     print(f"written: {args.work}/validation.md, validation.json")
 
 

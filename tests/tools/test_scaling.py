@@ -3,6 +3,7 @@
 step for every codec, the layout replicated from common/layout.cc, more servers never slower,
 a two-worker case computed by hand, the command line (table, --json, --png, --run-dir,
 --rates-from-bench) and bad input refused with exit 2 naming the flag."""
+import contextlib
 import dataclasses
 import json
 import math
@@ -533,6 +534,76 @@ class CommandLine(unittest.TestCase):
         with open(self.tensors, "w") as f:
             f.write("conv9.weight 3x3 1 1\n")
         self.assert_usage(self.scaling("-l", "1"), "conv9", "different models")
+
+
+class ValidateRepeats(unittest.TestCase):
+    """bench/train/scaling_validate.py --repeats N: every prediction before any job, the grid run N
+    times pass after pass, a row's measured figure the median of its jobs with their range, the
+    error against that median. The jobs are stubbed (what they return is set here)."""
+
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-validate-")
+        sys.path.insert(0, os.path.join(fab.ROOT, "bench", "train"))
+        import scaling_validate
+        self.sv = scaling_validate
+        self.saved = {n: getattr(self.sv, n) for n in ("time_profile", "tensors_of", "data_sets", "sgemm_ceiling",
+                                                       "run_job")}
+        self.sv.time_profile = lambda args, net, base: (sc.parse_time_json(alexnet_time(batch=64), "t"), "t")
+        self.sv.tensors_of = lambda args, net, base: (alexnet(), "x")
+        self.sv.data_sets = lambda args, net: []
+        self.sv.sgemm_ceiling = lambda args: None
+        self.calls = []
+        # W = 1 then W = 2 in each pass; three passes.
+        self.measured = iter([10.0, 5.0, 30.0, 7.0, 20.0, 6.0])
+
+        def run_job(args, net, index, w, s, link, codec, data, repeat=0):
+            self.calls.append((w, repeat, index))
+            m = next(self.measured)
+            return f"{args.work}/w{w}-r{repeat}", {"images_per_s": m / 2}, m
+        self.sv.run_job = run_job
+
+    def tearDown(self):
+        for n, f in self.saved.items():
+            setattr(self.sv, n, f)
+        sys.path.remove(os.path.join(fab.ROOT, "bench", "train"))
+        self._tmp.cleanup()
+
+    def test_median_of_passes_with_the_range(self):
+        argv = sys.argv
+        sys.argv = ["scaling_validate.py", "--nets", "alexnet", "--workers", "1,2", "--links", "10",
+                    "--repeats", "3", "--work", self._tmp.name]
+        try:
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+                self.sv.main()
+        finally:
+            sys.argv = argv
+        # Pass after pass: W=1, W=2 of pass 1, then of pass 2, then of pass 3; ports never reused.
+        self.assertEqual([(w, r) for w, r, _ in self.calls], [(1, 0), (2, 0), (1, 1), (2, 1), (1, 2), (2, 2)])
+        self.assertEqual([i for _, _, i in self.calls], list(range(6)))
+        with open(os.path.join(self._tmp.name, "validation.json")) as f:
+            out = json.load(f)
+        self.assertEqual(out["repeats"], 3)
+        one, two = out["rows"]
+        self.assertEqual((one["measured_images_per_s"], one["measured_min"], one["measured_max"]), (20.0, 10.0, 30.0))
+        self.assertEqual((two["measured_images_per_s"], two["measured_min"], two["measured_max"]), (6.0, 5.0, 7.0))
+        self.assertEqual(one["run_dir"], f"{self._tmp.name}/w1-r2")   # the job whose figure is the median
+        self.assertEqual(one["whole_run_images_per_s"], 10.0)
+        self.assertAlmostEqual(one["error"], one["predicted_images_per_s"] / 20.0 - 1)
+        self.assertEqual([r["measured_images_per_s"] for r in one["runs"]], [10.0, 30.0, 20.0])
+        with open(os.path.join(self._tmp.name, "validation.md")) as f:
+            table = f.read()
+        self.assertIn("median of 3 runs", table)
+        self.assertIn("| 10.0–30.0 |", table)
+
+    def test_repeats_below_one_is_refused(self):
+        argv = sys.argv
+        sys.argv = ["scaling_validate.py", "--repeats", "0", "--work", self._tmp.name]
+        try:
+            with self.assertRaises(SystemExit) as e:
+                self.sv.main()
+        finally:
+            sys.argv = argv
+        self.assertIn("--repeats 0", str(e.exception.code))
 
 
 if __name__ == "__main__":
