@@ -604,6 +604,32 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     return (starts[-1] - starts[half]) / (steps - 1 - half)
 
 
+def shared_host_step(worker_cpu, others, threads, cores, streams, wait, window):
+    """The workers' compute period per step on a shared host when the other processes' CPU
+    (`others` s per step: the servers' loops, the transport, the logs' write-back) arrives as a
+    burst of `streams` parallel streams (the servers), not spread evenly over the step.
+
+    The workers' `threads` threads need `worker_cpu` core-seconds per step and run on
+    base = min(threads, cores) cores. The part of the burst that lands while the workers wait
+    for communication (`wait` s per step exposed, on min(streams, cores) cores) costs them
+    nothing. The rest runs beside their compute: the kernel's fair scheduler gives each of the
+    threads + streams runnable threads an equal share, so the streams take at most
+    cores × streams / (threads + streams) cores, and no faster than the burst's bytes arrive
+    (its work over the exchange's `window` on the link). While it lasts the workers keep
+    cores − that rate: the core-seconds they lose, over their base cores, lengthen the period.
+    With threads >= cores this is the perfectly packed round (worker_cpu + others) / cores;
+    with one stream and a free core per thread, it loses nothing."""
+    base = min(threads, cores)
+    burst = max(0.0, others - wait * min(streams, cores))
+    if burst <= 0 or base <= 0:
+        return worker_cpu / max(base, 1)
+    rate = cores * streams / (threads + streams)
+    if window > 0:
+        rate = min(rate, burst / window)
+    lost = burst / rate * max(0.0, base - (cores - rate))
+    return (worker_cpu + lost) / base
+
+
 def predict(profile, tensors, rates, cluster, codec):
     """The Prediction for one (cluster, codec); profile already at cluster.batch."""
     check_cluster(cluster)
@@ -651,30 +677,50 @@ def predict(profile, tensors, rates, cluster, codec):
             # else: its compute stretches to the host's CPU round, and the communication it cannot
             # hide comes on top (not max(compute, cpu round) alone).
             slow = max(slow, host_cpu_s / profile.compute_s)
-    rows, apply_s = [], []
-    for name, _, fwd, bwd in profile.layers:
+    apply_s = []
+    for name, _, _, _ in profile.layers:
         lb = per_layer.get(name, LayerBytes())
-        rows.append((fwd * slow, bwd * slow, lb.push_by_server, lb.pull_by_server))
         # The servers holding this layer apply W pushes of it (sync: before any pull is served).
         holders = min(s, max(1, math.ceil(lb.floats / cluster.chunk_elems))) if lb.floats else 1
         apply_s.append(w * (lb.floats * (sgd + wal) + lb.factor_flops * gemm) / holders)
     push_rate, pull_rate = link_rates(cluster, rates)
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync
-    if cluster.pull_every == 1 and cluster.push_every == 1:
-        if cluster.emulated:
-            worker_s = simulate_worker(rows, push_rate, server_pull_rate(cluster, rates), sync, overlap, latency,
+
+    def worker_step(slow):
+        rows = []
+        for name, _, fwd, bwd in profile.layers:
+            lb = per_layer.get(name, LayerBytes())
+            rows.append((fwd * slow, bwd * slow, lb.push_by_server, lb.pull_by_server))
+        if cluster.pull_every == 1 and cluster.push_every == 1:
+            if cluster.emulated:
+                return simulate_worker(rows, push_rate, server_pull_rate(cluster, rates), sync, overlap, latency,
                                        apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3)
-        else:
-            worker_s = simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s)
-    else:
+            return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s)
         # Amortized: a whole blocking pull before every pull_every-th step (the worker overlaps
         # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
         # push_every steps (sync: the push's apply is on the path as well).
         compute = profile.compute_s * slow
         pull_s = pull / pull_rate + latency + (sum(apply_s) if sync else 0.0)
-        worker_s = max(compute + pull_s / cluster.pull_every, (push / push_rate) / cluster.push_every)
+        return max(compute + pull_s / cluster.pull_every, (push / push_rate) / cluster.push_every)
+
+    worker_s = worker_step(slow)
     link_s = max(push / push_rate / cluster.push_every, pull / pull_rate / cluster.pull_every)
+    if host_cpu_s > 0 and profile.threads:
+        # The round above packs every process's CPU into the cores perfectly. It does not: the
+        # servers' work (and the transport's) comes as a burst after the workers' pushes, each of
+        # the S servers on the host one stream of it, and while it lasts the kernel's fair
+        # scheduler shares the cores among the workers' threads and those streams. See
+        # shared_host_step.
+        t = w * profile.threads
+        shared = shared_host_step(worker_cpu=w * profile.compute_s * profile.threads,
+                                  others=host_cpu_s * cluster.cores_per_host - w * profile.compute_s * profile.threads,
+                                  threads=t, streams=s, cores=cluster.cores_per_host,
+                                  wait=max(0.0, worker_s - profile.compute_s * slow), window=link_s)
+        if shared > profile.compute_s * slow * (1 + 1e-12):
+            slow = shared / profile.compute_s
+            host_cpu_s = max(host_cpu_s, shared)
+            worker_s = worker_step(slow)
     # sync: the simulation already puts each layer's apply of all W pushes on the critical path
     # (identical workers: the barrier waits for no straggler; docs/scaling.md says what that leaves out).
     candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s, "disk": disk_s}

@@ -233,6 +233,43 @@ class HandComputed(unittest.TestCase):
         self.assertEqual(sc.predict(profile, tensors, dataclasses.replace(rates, io_ns_per_byte=10.0), apart,
                                     sc.parse_codec("fp32")).host_cpu_s, 0.0)
 
+    def test_a_burst_of_server_work_shares_the_cores_with_the_worker(self):
+        """shared_host_step by hand: one one-thread worker of 20 ms on 2 cores, 16 ms of the
+        servers' CPU per step. Packed perfectly, (20 + 16) / 2 = 18 ms < 20: no cost. As a burst of
+        2 streams (2 servers) the scheduler runs 3 threads on 2 cores: the servers take 4/3 of a
+        core for 16 / (4/3) = 12 ms, and the worker keeps 2/3 of its core: 4 ms lost, 24 ms."""
+        step = sc.shared_host_step
+        self.assertAlmostEqual(step(0.020, 0.016, threads=1, cores=2, streams=2, wait=0.0, window=0.004), 0.024)
+        # One stream: the worker and the burst each have a core.
+        self.assertAlmostEqual(step(0.020, 0.016, threads=1, cores=2, streams=1, wait=0.0, window=0.004), 0.020)
+        # 5 ms of exposed waiting per step absorb 10 ms of the burst on both cores: 6 ms left, 1.5 lost.
+        self.assertAlmostEqual(step(0.020, 0.016, threads=1, cores=2, streams=2, wait=0.005, window=0.004), 0.0215)
+        # A burst paced over 16 ms by the link arrives at one core's rate: it fits beside the worker.
+        self.assertAlmostEqual(step(0.020, 0.016, threads=1, cores=2, streams=2, wait=0.0, window=0.016), 0.020)
+        # Workers' threads fill the cores: the perfectly packed round, (40 + 16) / 2.
+        self.assertAlmostEqual(step(0.040, 0.016, threads=2, cores=2, streams=2, wait=0.0, window=0.004), 0.028)
+
+    def test_colocated_one_worker_beside_two_servers_loses_their_burst(self):
+        """One one-thread worker of 30 ms and 2 servers on 2 cores, links far faster than the
+        CPU: each server's loop takes 1/2 × 250,000 floats × 100 ns = 12.5 ms per step. The packed
+        round (30 + 25) / 2 = 27.5 ms left the step at its 30 ms of compute; the burst of the two
+        servers takes 25 / (4/3) = 18.75 ms at 4/3 of a core, during which the worker has 2/3 of
+        its core: 6.25 ms lost, a 36.25 ms step bound by the host's CPU."""
+        profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=64, threads=1, source="hand")
+        tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
+        c = sc.Cluster(workers=1, servers=2, link_gbps=1e6, batch=64, workers_per_host=1, cores_per_host=2,
+                       emulated=True, colocated=True)
+        rates = sc.Rates(sgd_ns_per_float=100.0, server_ns_per_float=100.0, io_ns_per_byte=0.0)
+        p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
+        self.assertAlmostEqual(p.server_s, 0.0125, places=9)
+        self.assertAlmostEqual(p.compute_s, 0.03625, places=6)
+        self.assertAlmostEqual(p.step_s, 0.03625, places=6)
+        self.assertEqual(p.bound, "host cpu")
+        # One server: its burst has the other core to itself.
+        one = sc.predict(profile, tensors, rates, dataclasses.replace(c, servers=1), sc.parse_codec("fp32"))
+        self.assertAlmostEqual(one.step_s, 0.030, places=6)
+        self.assertEqual(one.bound, "compute")
+
     def test_the_write_ahead_log_costs_each_server_every_pushed_float(self):
         """checkpoint.wal: the server appends both workers' 250,000 floats at 100 ns each before
         applying them (2 ns): 2 × 250,000 × 102 ns = 51 ms per round > the workers' 34 ms. The
