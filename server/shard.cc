@@ -1157,6 +1157,15 @@ std::vector<float> ShardServer::ChunkHistory(int32_t chunk) const {
   return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].history;
 }
 
+std::vector<float> ShardServer::ChunkDcMeanSquare(int32_t chunk) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0 ||
+      dc_mean_square_.empty()) {
+    return {};
+  }
+  return dc_mean_square_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])];
+}
+
 int64_t ShardServer::ChunkVersion(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return -1;
@@ -1235,6 +1244,10 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
     const int64_t n = static_cast<int64_t>(chunks_[i].history.size());
     file.tensors.push_back(NamedTensor{fmt::format("chunk{}.weights", owned_[i]), {n}, chunks_[i].weights->data});
     file.tensors.push_back(NamedTensor{fmt::format("chunk{}.history", owned_[i]), {n}, chunks_[i].history});
+    // DC-ASGD-a's λ of every later push depends on it (a chunk no gradient has reached has none).
+    if (!dc_mean_square_.empty() && !dc_mean_square_[i].empty()) {
+      file.tensors.push_back(NamedTensor{fmt::format("chunk{}.dc_mean_square", owned_[i]), {n}, dc_mean_square_[i]});
+    }
   }
   DP_RETURN_IF_ERROR(WriteTensorFile(path, file));
   ++stats_.checkpoints_written;
@@ -1344,6 +1357,20 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
       *slot = it->second;
     }
   }
+  // DC-ASGD-a's mean squares: restored where the file has them (a chunk no gradient had reached,
+  // or a checkpoint of another algorithm, has none: it starts again from its next gradient's g²).
+  std::vector<const NamedTensor*> mean_square(chunks_.size(), nullptr);
+  if (!dc_mean_square_.empty()) {
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      auto it = by_name.find(fmt::format("chunk{}.dc_mean_square", owned_[i]));
+      if (it == by_name.end()) continue;
+      if (it->second->data.size() != chunks_[i].history.size()) {
+        return Corrupt("{}: tensor '{}' has {} floats, chunk needs {}", path, it->first, it->second->data.size(),
+                       chunks_[i].history.size());
+      }
+      mean_square[i] = it->second;
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (has_state) DP_RETURN_IF_ERROR(policy_->LoadState(file, *updater_, path));
   for (size_t i = 0; i < by_worker.size(); ++i) stats_.pushes_by_worker[i] = static_cast<uint64_t>(by_worker[i]);
@@ -1355,6 +1382,9 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     chunks_[i].version = versions[i];
     chunks_[i].iter = iters[i];
     chunks_[i].initialized = inited[i] != 0;
+    if (!dc_mean_square_.empty()) {
+      dc_mean_square_[i] = mean_square[i] != nullptr ? mean_square[i]->data : std::vector<float>{};
+    }
   }
   updates_ = std::strtoll(meta("updates").c_str(), nullptr, 10);
   updates_at_last_checkpoint_ = owned_.empty() ? 0 : updates_ / static_cast<int64_t>(owned_.size());

@@ -55,8 +55,13 @@
 // Checkpoints: SaveCheckpoint/LoadCheckpoint (common/tensor_file.h, atomic), on a checkpoint
 // message, and every `checkpoint_every_updates` applied updates of the shard. A checkpoint holds
 // everything the shard's behaviour depends on: weights, history, versions, the consistency
-// policy's state (membership, sync's partial sums), the duplicate-push window,
-// pushes_by_worker, and the write-ahead log seq it covers ("wal_seq").
+// policy's state (membership, sync's partial sums), DC-ASGD-a's running mean squares, the
+// duplicate-push window, pushes_by_worker, and the write-ahead log seq it covers ("wal_seq").
+// Not DC-ASGD's per-worker pulled copies (as big as the model per worker): after a restart a
+// worker's pushes go uncompensated, and counted, until it pulls again. The log holds a DC-ASGD
+// push as compensated (what was applied), so replay rebuilds the weights exactly, but not the
+// raw gradients DC-ASGD-a's mean square averages: a recovered shard's mean square is its
+// checkpoint's, without the replayed pushes' share (an average that decays by m per push).
 //
 // Write-ahead log (server/wal.h, ShardOptions::wal_path): every push (init pushes too), clock,
 // worker-gone and elastic join the shard takes is appended to the log BEFORE it is applied and
@@ -236,6 +241,9 @@ class ShardServer {
   ShardStatsWire Stats() const;
   std::vector<float> ChunkWeights(int32_t chunk) const;  // empty if not owned / not initialised
   std::vector<float> ChunkHistory(int32_t chunk) const;  // momentum; empty if not owned
+  // DC-ASGD-a's running mean square of the chunk's gradients; empty if not owned, another
+  // algorithm, or no gradient pushed yet.
+  std::vector<float> ChunkDcMeanSquare(int32_t chunk) const;
   int64_t ChunkVersion(int32_t chunk) const;             // -1 if not owned
   int64_t ChunkScheduleIter(int32_t chunk) const;        // the lr schedule's iteration; -1 if not owned
   int64_t updates() const;                               // applied chunk updates
@@ -243,7 +251,7 @@ class ShardServer {
 
   // Atomic checkpoint of this shard (meta: server id/count, layout hash, model id, versions,
   // wal_seq, pushes_by_worker, the duplicate window, policy state; tensors: per chunk weights
-  // and history, sync's partial sums). Load refuses a file of another layout / server / model /
+  // and history, DC-ASGD-a's mean square, sync's partial sums). Load refuses a file of another layout / server / model /
   // worker count. A save to options.checkpoint_path restarts the write-ahead log.
   Status SaveCheckpoint(const std::string& path);
   Status LoadCheckpoint(const std::string& path);

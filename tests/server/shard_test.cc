@@ -18,6 +18,7 @@
 #include "client/ps/ps_client.h"
 #include "common/inproc_transport.h"
 #include "common/rotation.h"
+#include "common/tensor_file.h"
 #include "server/shard.h"
 #include "server/wal.h"
 
@@ -843,6 +844,65 @@ TEST_F(ShardFixture, AdaptiveDcAsgdScalesLambdaByTheRunningMeanSquareOfTheGradie
   // and w1 = w0 there, so nothing to compensate: w = 3 − 0.25.
   EXPECT_FLOAT_EQ(got[3], 2.75f);
   EXPECT_EQ(shards_[0]->Stats().dc_compensated, 2u);
+}
+
+// DC-ASGD-a's running mean square sets λ for every later push, so a killed server must come back
+// with it: the checkpoint holds it (before, a restart began it again from the next gradient's
+// g², a λ of another scale). The log replays the compensated gradients after the checkpoint,
+// byte for byte into the weights; the raw gradients behind the mean square are not in the log,
+// so those pushes' share of it (an average decaying by m a push) is what a restart forgets.
+// A checkpoint whose mean square has the wrong length is refused naming the tensor, the shard
+// left as it was.
+TEST_F(ShardFixture, AdaptiveDcAsgdMeanSquareSurvivesAKillThroughItsCheckpoint) {
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 1.0f;  // as StartDcAsgd sets them, for the recovered shard as well
+  o.solver.momentum = 0.0f;
+  o.solver.weight_decay = 0.0f;
+  o.consistency.algorithm = Algorithm::kDcAsgdAdaptive;
+  o.consistency.dc_lambda0 = 0.5f;
+  o.consistency.dc_mean_square_decay = 0.5f;
+  o.expected_workers = 2;
+  std::unique_ptr<PsClient> c0, c1;
+  StartDcAsgd(o, &c0, &c1);
+  if (HasFatalFailure()) return;
+  const std::vector<float> g0{0.5f, 1.0f, -1.0f, 0.0f}, g1{2.0f, -1.0f, 4.0f, 0.25f};
+  ASSERT_TRUE(c0->Wait(c0->Push(g0, 0), 5000ms).ok());
+  ASSERT_TRUE(c1->Wait(c1->Push(g1, 0), 5000ms).ok());
+  const std::string path = ForServer(o, 0).checkpoint_path;
+  ASSERT_TRUE(shards_[0]->SaveCheckpoint(path).ok());
+  const std::vector<float> at_checkpoint = shards_[0]->ChunkDcMeanSquare(0);
+  ASSERT_EQ(at_checkpoint.size(), 4u);
+  EXPECT_FLOAT_EQ(at_checkpoint[0], 2.125f);  // 0.5 · 0.5² + 0.5 · 2²
+  // After the checkpoint: in the log only.
+  ASSERT_TRUE(c0->Wait(c0->Push(g1, 1), 5000ms).ok());
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  EXPECT_TRUE(rep.checkpoint_loaded);
+  EXPECT_EQ(rep.replayed_pushes, 1u);
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  const std::vector<float> got = fresh->ChunkDcMeanSquare(0);
+  ASSERT_EQ(got.size(), at_checkpoint.size());
+  EXPECT_EQ(std::memcmp(got.data(), at_checkpoint.data(), got.size() * 4), 0);
+  // The uninterrupted shard has the replayed push in it as well: 0.5 · 2.125 + 0.5 · 2².
+  EXPECT_FLOAT_EQ(shards_[0]->ChunkDcMeanSquare(0)[0], 3.0625f);
+
+  TensorFile file;
+  ASSERT_TRUE(ReadTensorFile(path, &file).ok());
+  for (NamedTensor& t : file.tensors) {
+    if (t.name == "chunk0.dc_mean_square") {
+      t.data.resize(3);
+      t.shape = {3};
+    }
+  }
+  ASSERT_TRUE(WriteTensorFile(path, file).ok());
+  std::unique_ptr<ShardServer> other;
+  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &other).ok());
+  const Status s = other->LoadCheckpoint(path);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
+  EXPECT_NE(s.message().find("chunk0.dc_mean_square"), std::string::npos) << s.message();
+  EXPECT_TRUE(other->ChunkDcMeanSquare(0).empty());
+  EXPECT_EQ(other->ChunkVersion(0), 0);
 }
 
 // EASGD's center: an elastic exchange adds the worker's α(x − x~) to the weights exactly (no lr,
