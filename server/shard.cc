@@ -698,13 +698,20 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
       return policy_ok;
     }
   }
-  // DC-ASGD: the compensated gradient is what gets logged and applied, so a replay repeats it.
-  if (!init && !move && DelayCompensated(options_.consistency.algorithm)) CompensateDelay(h.sender, &chunks);
+  // DC-ASGD: the compensated gradient is what gets logged and applied, so a replay repeats it;
+  // DC-ASGD-a's log records keep the raw gradients too, for the mean square's replay.
+  const bool dc = !init && !move && DelayCompensated(options_.consistency.algorithm);
+  const bool log_raw = dc && options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive;
+  std::vector<const float*> raw;
+  if (log_raw) {
+    for (const PushChunk& c : chunks) raw.push_back(c.grad);
+  }
+  if (dc) CompensateDelay(h.sender, &chunks);
   // Logged before it is applied and acknowledged: an ack means the push is in the log.
   WalRecord r;
   r.kind = WalKind::kPush;
   r.worker = h.sender;
-  r.flags = h.flags & (kFlagInit | kFlagElastic | kFlagMove);
+  r.flags = (h.flags & (kFlagInit | kFlagElastic | kFlagMove)) | (log_raw ? kWalFlagRaw : 0u);
   r.session = h.session;
   r.request_id = h.request_id;
   r.clock = move ? int64_t{h.move_batches} : h.clock;  // a move's log record keeps its batches there
@@ -712,13 +719,16 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     r.chunks.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       r.chunks.push_back(WalChunk{h.chunk_ids[i], chunks[i].version_from, chunks[i].grad,
-                                  static_cast<uint32_t>(chunks[i].count)});
+                                  static_cast<uint32_t>(chunks[i].count), log_raw ? raw[i] : nullptr});
     }
   }
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(LogRecord(&r));
   for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
-  ApplyPush(h.sender, h.session, h.request_id, r.clock, r.flags, chunks);
+  if (log_raw) {  // taken: DC-ASGD-a's mean squares move on with it
+    for (size_t i = 0; i < n; ++i) dc_mean_square_[static_cast<size_t>(chunks[i].local)].swap(dc_ms_next_[i]);
+  }
+  ApplyPush(h.sender, h.session, h.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
   for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
   if (!init) {
     for (int l : locals) reply->staleness.push_back(push_staleness_[static_cast<size_t>(l)]);
@@ -962,28 +972,33 @@ void ShardServer::RememberPulled(int32_t worker, const std::vector<int>& locals)
   }
 }
 
+void ShardServer::NextDcMeanSquare(int local, const float* g, int64_t count, std::vector<float>* next) const {
+  const float m = options_.consistency.dc_mean_square_decay;
+  const std::vector<float>& v = dc_mean_square_[static_cast<size_t>(local)];
+  const bool first = v.size() != static_cast<size_t>(count);
+  next->resize(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) {
+    const float g2 = g[j] * g[j];
+    (*next)[static_cast<size_t>(j)] = first ? g2 : m * v[static_cast<size_t>(j)] + (1.0f - m) * g2;
+  }
+}
+
 void ShardServer::CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks) {
   const ConsistencyConfig& co = options_.consistency;
   const bool adaptive = co.algorithm == Algorithm::kDcAsgdAdaptive;
   const float lambda = adaptive ? co.dc_lambda0 : co.dc_lambda;
-  const float m = co.dc_mean_square_decay;
   // This worker's pulled copies; empty when it has pulled nothing here (or is no known worker).
   static const std::vector<PulledCopy> kNone;
   const std::vector<PulledCopy>& mine = KnownWorker(worker) ? dc_pulled_[static_cast<size_t>(worker)] : kNone;
   dc_scratch_.resize(chunks->size());
+  if (adaptive) dc_ms_next_.resize(chunks->size());
   for (size_t i = 0; i < chunks->size(); ++i) {
     PushChunk& c = (*chunks)[i];
     const ChunkState& st = chunks_[static_cast<size_t>(c.local)];
     const float* ms = nullptr;
-    if (adaptive) {
-      std::vector<float>& v = dc_mean_square_[static_cast<size_t>(c.local)];
-      const bool first = v.empty();
-      v.resize(static_cast<size_t>(c.count));
-      for (int64_t j = 0; j < c.count; ++j) {
-        const float g2 = c.grad[j] * c.grad[j];
-        v[static_cast<size_t>(j)] = first ? g2 : m * v[static_cast<size_t>(j)] + (1.0f - m) * g2;
-      }
-      ms = v.data();
+    if (adaptive) {  // the new mean square, with this gradient in it, is the one λ uses
+      NextDcMeanSquare(c.local, c.grad, c.count, &dc_ms_next_[i]);
+      ms = dc_ms_next_[i].data();
     }
     const PulledCopy* copy = mine.empty() ? nullptr : &mine[static_cast<size_t>(c.local)];
     if (copy == nullptr || copy->version != c.version_from ||
@@ -1469,7 +1484,19 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
         }
         chunks.push_back(PushChunk{local, c.data, static_cast<int64_t>(c.count), c.version_from});
       }
-      ApplyPush(r.worker, r.session, r.request_id, r.clock, r.flags, chunks);
+      if ((r.flags & kWalFlagRaw) != 0 && init) {
+        return Corrupt("{}: record seq {}: an init push with raw gradients", path, r.seq);
+      }
+      // DC-ASGD-a's raw gradients (a server resumed with another algorithm has no mean square
+      // to rebuild: the applied gradients alone restore its weights).
+      if ((r.flags & kWalFlagRaw) != 0 && !dc_mean_square_.empty()) {
+        std::vector<float> next;
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          NextDcMeanSquare(chunks[i].local, r.chunks[i].raw, chunks[i].count, &next);
+          dc_mean_square_[static_cast<size_t>(chunks[i].local)].swap(next);
+        }
+      }
+      ApplyPush(r.worker, r.session, r.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
       return Status::Ok();
     }
     case WalKind::kClock:

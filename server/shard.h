@@ -59,9 +59,8 @@
 // duplicate-push window, pushes_by_worker, and the write-ahead log seq it covers ("wal_seq").
 // Not DC-ASGD's per-worker pulled copies (as big as the model per worker): after a restart a
 // worker's pushes go uncompensated, and counted, until it pulls again. The log holds a DC-ASGD
-// push as compensated (what was applied), so replay rebuilds the weights exactly, but not the
-// raw gradients DC-ASGD-a's mean square averages: a recovered shard's mean square is its
-// checkpoint's, without the replayed pushes' share (an average that decays by m per push).
+// push as compensated (what was applied) and, for DC-ASGD-a, the raw gradient as well (its
+// mean square is made of those): replay rebuilds both exactly.
 //
 // Write-ahead log (server/wal.h, ShardOptions::wal_path): every push (init pushes too), clock,
 // worker-gone and elastic join the shard takes is appended to the log BEFORE it is applied and
@@ -357,11 +356,15 @@ class ShardServer {
   };
   std::vector<std::vector<PulledCopy>> dc_pulled_;
   std::vector<std::vector<float>> dc_scratch_;  // the push being applied: compensated gradients
+  std::vector<std::vector<float>> dc_ms_next_;  // ... and DC-ASGD-a's mean squares with it
   // DC-ASGD-a: per local chunk, the running mean of g ⊙ g over every gradient pushed to it
   // (empty until its first push; not in checkpoints: a restarted server starts it afresh).
   std::vector<std::vector<float>> dc_mean_square_;
   void RememberPulled(int32_t worker, const std::vector<int>& locals);
   void CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks);
+  // DC-ASGD-a: the chunk's next mean square, m · ms + (1 − m) · g ⊙ g (the first: g ⊙ g), into
+  // `next`; committed by swapping it into dc_mean_square_ once the push is taken.
+  void NextDcMeanSquare(int local, const float* g, int64_t count, std::vector<float>* next) const;
   std::vector<int64_t> push_staleness_;  // per local chunk: the push being applied's staleness (-1: not applied), for its ack
   std::vector<int64_t> staleness_ring_;  // last kStalenessWindow chunk staleness values
   size_t staleness_next_ = 0;

@@ -110,7 +110,15 @@ Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, Wal
       r->clock = Get<int64_t>(q + 20);
       const uint32_t nchunks = Get<uint32_t>(q + 28);
       q += 32;
-      scratch->resize(nchunks);
+      const bool raw = (r->flags & kWalFlagRaw) != 0;
+      scratch->resize(2 * static_cast<size_t>(nchunks));
+      // `count` floats at q, in place when aligned, else copied into scratch slot k.
+      auto floats = [&](size_t k, uint32_t count) -> const float* {
+        if (reinterpret_cast<uintptr_t>(q) % alignof(float) == 0) return reinterpret_cast<const float*>(q);
+        (*scratch)[k].resize(count);
+        std::memcpy((*scratch)[k].data(), q, static_cast<size_t>(count) * 4);
+        return (*scratch)[k].data();
+      };
       for (uint32_t i = 0; i < nchunks; ++i) {
         DP_RETURN_IF_ERROR(need(16, "chunk header"));
         WalChunk c;
@@ -119,14 +127,13 @@ Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, Wal
         c.count = Get<uint32_t>(q + 12);
         q += 16;
         DP_RETURN_IF_ERROR(need(static_cast<size_t>(c.count) * 4, "chunk data"));
-        if (reinterpret_cast<uintptr_t>(q) % alignof(float) == 0) {
-          c.data = reinterpret_cast<const float*>(q);
-        } else {
-          (*scratch)[i].resize(c.count);
-          std::memcpy((*scratch)[i].data(), q, static_cast<size_t>(c.count) * 4);
-          c.data = (*scratch)[i].data();
-        }
+        c.data = floats(2 * static_cast<size_t>(i), c.count);
         q += static_cast<size_t>(c.count) * 4;
+        if (raw) {
+          DP_RETURN_IF_ERROR(need(static_cast<size_t>(c.count) * 4, "raw gradient"));
+          c.raw = floats(2 * static_cast<size_t>(i) + 1, c.count);
+          q += static_cast<size_t>(c.count) * 4;
+        }
         r->chunks.push_back(c);
       }
       break;
@@ -236,6 +243,9 @@ void EncodeWalRecord(const WalRecord& r, std::string* out) {
         Put<int64_t>(out, c.version_from);
         Put<uint32_t>(out, c.count);
         out->append(reinterpret_cast<const char*>(c.data), static_cast<size_t>(c.count) * sizeof(float));
+        if ((r.flags & kWalFlagRaw) != 0 && c.raw != nullptr) {  // without it: a short record (tests)
+          out->append(reinterpret_cast<const char*>(c.raw), static_cast<size_t>(c.count) * sizeof(float));
+        }
       }
       break;
     case WalKind::kGone:
@@ -343,7 +353,11 @@ Status WalWriter::Append(WalRecord* r) {
     put(b + 48, r->clock);
     put(b + 56, static_cast<uint32_t>(r->chunks.size()));
     std::vector<iovec> iov;
-    iov.reserve(1 + 2 * r->chunks.size());
+    const bool raw = (r->flags & kWalFlagRaw) != 0;
+    for (const WalChunk& c : r->chunks) {
+      if (raw && c.raw == nullptr) return InvalidArgument("{}: a push flagged raw has a chunk without it", path_);
+    }
+    iov.reserve(1 + 3 * r->chunks.size());
     iov.push_back(iovec{b, fixed});
     uint64_t payload = fixed - kWalHeaderBytes;
     for (size_t i = 0; i < r->chunks.size(); ++i) {
@@ -355,6 +369,10 @@ Status WalWriter::Append(WalRecord* r) {
       iov.push_back(iovec{h, 16});
       iov.push_back(iovec{const_cast<float*>(c.data), static_cast<size_t>(c.count) * sizeof(float)});
       payload += 16 + static_cast<uint64_t>(c.count) * sizeof(float);
+      if (raw) {
+        iov.push_back(iovec{const_cast<float*>(c.raw), static_cast<size_t>(c.count) * sizeof(float)});
+        payload += static_cast<uint64_t>(c.count) * sizeof(float);
+      }
     }
     if (payload > kWalMaxPayload) return InvalidArgument("{}: a push of {} bytes exceeds the log's record limit", path_, payload);
     put(b + 16, static_cast<uint32_t>(payload));

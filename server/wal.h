@@ -18,7 +18,11 @@
 //   20      4     crc      u32 CRC-32 (zlib's, common/tensor_file.h) of bytes 0..19 then the payload
 //   24      ...   payload:
 //     kPush:  worker i32, flags u32 (kFlagInit ...), session u64, request_id u64, clock i64,
-//             n u32, n × { chunk_id u32, version_from i64, count u32, count × f32 }
+//             n u32, n × { chunk_id u32, version_from i64, count u32, count × f32
+//                          [, count × f32 raw when flags has kWalFlagRaw] }
+//             With kWalFlagRaw (DC-ASGD-a) each chunk holds the compensated gradient that was
+//             applied and then the raw one the worker pushed, which the server's running mean
+//             square is made of: replay needs both to rebuild the shard exactly.
 //     kGone:  worker i32, finished u8
 //     kClock: worker i32, clock i64
 //     kJoin:  worker i32
@@ -62,11 +66,16 @@ inline constexpr uint32_t kWalMaxPayload = 1u << 30;  // a push of one shard is 
 
 enum class WalKind : uint16_t { kPush = 1, kGone = 2, kClock = 3, kJoin = 4 };
 
+// A push record's flag of the log's own (never on the wire, where flags stay below it): every
+// chunk carries the raw gradient after the applied one.
+inline constexpr uint32_t kWalFlagRaw = 1u << 31;
+
 struct WalChunk {
   uint32_t chunk_id = 0;
   int64_t version_from = 0;
   const float* data = nullptr;  // count floats; points into the scanned bytes / the push frame
   uint32_t count = 0;
+  const float* raw = nullptr;   // count floats, with kWalFlagRaw only (else null)
 };
 
 struct WalRecord {

@@ -119,6 +119,68 @@ TEST(Wal, RecordsRoundTripExactly) {
   EXPECT_EQ(Bytes(path).substr(0, ref.size()), ref);
 }
 
+// DC-ASGD-a's records (kWalFlagRaw): each chunk's applied gradient, then the raw one; the
+// writer's gathered write equals the reference encoding; a flagged record without the raw
+// floats is refused naming the field.
+TEST(Wal, RawGradientsRoundTripBesideTheAppliedOnes) {
+  const std::string path = TestPath("raw.wal");
+  const std::vector<float> applied = {1.5f, -2.25f, 3.0f}, raw = {1.0f, -2.0f, 2.5f};
+  {
+    std::unique_ptr<WalWriter> w;
+    ASSERT_TRUE(WalWriter::Open(path, 1, true, 0ms, &w).ok());
+    WalRecord push;
+    push.kind = WalKind::kPush;
+    push.worker = 1;
+    push.flags = kWalFlagRaw;
+    push.clock = 4;
+    push.chunks = {WalChunk{2, 3, applied.data(), 3, raw.data()}, WalChunk{7, 3, applied.data(), 2, raw.data()}};
+    ASSERT_TRUE(w->Append(&push).ok());
+    std::string ref;
+    push.seq = 1;
+    EncodeWalRecord(push, &ref);
+    EXPECT_EQ(Bytes(path), ref);
+    // Flagged without the raw floats: the writer refuses it, nothing written.
+    WalRecord bad = push;
+    bad.chunks[1].raw = nullptr;
+    EXPECT_EQ(w->Append(&bad).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(Bytes(path), ref);
+  }
+  WalScanInfo info;
+  Status s;
+  std::vector<std::vector<float>> raws;
+  std::vector<WalRecord> recs;
+  s = ScanWal(path, [&](const WalRecord& r) {
+    recs.push_back(r);
+    for (const WalChunk& c : r.chunks) raws.emplace_back(c.raw, c.raw + c.count);
+    return Status::Ok();
+  }, &info);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].flags, kWalFlagRaw);
+  ASSERT_EQ(raws.size(), 2u);
+  EXPECT_EQ(raws[0], raw);
+  EXPECT_EQ(raws[1], std::vector<float>(raw.begin(), raw.begin() + 2));
+
+  // A CRC-valid record flagged raw whose chunks lack the raw floats (then a valid record after
+  // it, so it is not a torn tail): corrupt, naming the field.
+  WalRecord short_one;
+  short_one.kind = WalKind::kPush;
+  short_one.seq = 2;
+  short_one.flags = kWalFlagRaw;
+  short_one.chunks = {WalChunk{2, 3, applied.data(), 3, nullptr}};
+  WalRecord next;
+  next.kind = WalKind::kClock;
+  next.seq = 3;
+  std::string tail, after;
+  EncodeWalRecord(short_one, &tail);
+  EncodeWalRecord(next, &after);
+  Overwrite(path, Bytes(path) + tail + after);
+  recs.clear();
+  s = ScanWal(path, nullptr, &info);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
+  EXPECT_NE(s.message().find("raw gradient"), std::string::npos) << s.message();
+}
+
 TEST(Wal, TornLastRecordIsReportedAsATornTailAndTheRestIsKept) {
   const std::string path = TestPath("torn.wal");
   WriteThree(path, {1, 2, 3});
