@@ -145,10 +145,26 @@ class ShardFixture : public ::testing::Test {
   // initial weights and workers 0 and 1 both pull it, the copy a stale gradient is compensated
   // against.
   static inline const std::vector<float> kDcW0{1.0f, -2.0f, 0.5f, 3.0f};
-  void StartDcAsgd(ShardOptions o, std::unique_ptr<PsClient>* c0, std::unique_ptr<PsClient>* c1) {
+  // lr 1, no momentum, no weight decay: an update is w − g, for values checked by hand.
+  static ShardOptions PlainSgd() {
+    ShardOptions o;
     o.solver.base_lr = 1.0f;
     o.solver.momentum = 0.0f;
     o.solver.weight_decay = 0.0f;
+    return o;
+  }
+  // DC-ASGD-a with λ0 = 0.5, m = 0.5, two workers, and StartDcAsgd's solver (so a shard
+  // recovered from these options applies pushes as the started one did).
+  static ShardOptions AdaptiveDcOptions() {
+    ShardOptions o = PlainSgd();
+    o.consistency.algorithm = Algorithm::kDcAsgdAdaptive;
+    o.consistency.dc_lambda0 = 0.5f;
+    o.consistency.dc_mean_square_decay = 0.5f;
+    o.expected_workers = 2;
+    return o;
+  }
+  void StartDcAsgd(ShardOptions o, std::unique_ptr<PsClient>* c0, std::unique_ptr<PsClient>* c1) {
+    o.solver = PlainSgd().solver;
     StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
     *c0 = Client(0);
     *c1 = Client(1);
@@ -242,10 +258,7 @@ TEST_F(ShardFixture, UpdateThroughTheMessagePathEqualsSgdUpdate) {
 }
 
 TEST_F(ShardFixture, AsyncWorkersThreadsExactSum) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.expected_workers = 4;
   std::vector<TensorSpec> specs = {{"a", {1000}, 1, 1}, {"b", {333}, 1, 1}};
   StartShards(specs, 2, 128, o);
@@ -558,10 +571,7 @@ TEST_F(BadInput, RegisterWithWrongLayoutHashNamesBothHashes) {
 // --- Consistency policies. ---
 
 TEST_F(ShardFixture, SyncAveragesLiveWorkersAndPullWaitsForTheClock) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.expected_workers = 2;
   StartShards({{"a", {16}, 1, 1}}, 1, 8, o);
@@ -586,10 +596,7 @@ TEST_F(ShardFixture, SyncAveragesLiveWorkersAndPullWaitsForTheClock) {
 }
 
 TEST_F(ShardFixture, SyncDeadWorkerIsDroppedSoTheClockCompletes) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.expected_workers = 3;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
@@ -606,10 +613,7 @@ TEST_F(ShardFixture, SyncDeadWorkerIsDroppedSoTheClockCompletes) {
 }
 
 TEST_F(ShardFixture, SyncBackupWorkerAppliesAfterWMinusB) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.consistency.backup_workers = 1;
   o.expected_workers = 3;
@@ -631,10 +635,7 @@ TEST_F(ShardFixture, SyncBackupWorkerAppliesAfterWMinusB) {
 // that does not hold the model then is refused and counted, weights unchanged. K = 2 models on
 // W = 4 workers, 2 steps per stage: model 0's rounds 0-1 belong to workers {0, 2}, 2-3 to {1, 3}.
 TEST_F(ShardFixture, SyncRoundsOfAPipelineGroupWaitForTheStagesHoldersOnly) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.expected_workers = 4;
   o.round_members = [](int32_t worker, int64_t version) {
@@ -816,13 +817,8 @@ TEST_F(ShardFixture, DcAsgdCompensatesAStaleGradientWithTheWeightsThatWorkerPull
 // worker 0's fresh g0, ms = g0²; worker 1's stale g1 makes ms = m g0² + (1 − m) g1² and is
 // compensated with that λ.
 TEST_F(ShardFixture, AdaptiveDcAsgdScalesLambdaByTheRunningMeanSquareOfTheGradient) {
-  ShardOptions o;
-  o.consistency.algorithm = Algorithm::kDcAsgdAdaptive;
-  o.consistency.dc_lambda0 = 0.5f;
-  o.consistency.dc_mean_square_decay = 0.5f;
-  o.expected_workers = 2;
   std::unique_ptr<PsClient> c0, c1;
-  StartDcAsgd(o, &c0, &c1);
+  StartDcAsgd(AdaptiveDcOptions(), &c0, &c1);
   if (HasFatalFailure()) return;
   const std::vector<float>& w0 = kDcW0;
   const std::vector<float> g0{0.5f, 1.0f, -1.0f, 0.0f}, g1{2.0f, -1.0f, 4.0f, 0.25f};
@@ -853,14 +849,7 @@ TEST_F(ShardFixture, AdaptiveDcAsgdScalesLambdaByTheRunningMeanSquareOfTheGradie
 // mean square has the wrong length is refused naming the tensor, the shard left as it was.
 TEST_F(ShardFixture, AdaptiveDcAsgdMeanSquareSurvivesAKillThroughCheckpointAndLog) {
   UsePersistDir();
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;  // as StartDcAsgd sets them, for the recovered shard as well
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
-  o.consistency.algorithm = Algorithm::kDcAsgdAdaptive;
-  o.consistency.dc_lambda0 = 0.5f;
-  o.consistency.dc_mean_square_decay = 0.5f;
-  o.expected_workers = 2;
+  const ShardOptions o = AdaptiveDcOptions();
   std::unique_ptr<PsClient> c0, c1;
   StartDcAsgd(o, &c0, &c1);
   if (HasFatalFailure()) return;
@@ -951,10 +940,7 @@ TEST_F(ShardFixture, ElasticExchangeToAPlainServerIsRefused) {
 // an evaluator pull (not in pulls_served, not a DC-ASGD copy); and the evaluator can neither
 // push nor clock: weights unchanged.
 TEST_F(ShardFixture, EvaluatorSnapshotIsServedAtOnceAndTheEvaluatorCannotWrite) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.expected_workers = 2;
   StartShards({{"a", {16}, 1, 1}}, 2, 8, o);  // one chunk per server
@@ -1036,10 +1022,7 @@ TEST_F(ShardFixture, EvaluatorSnapshotIsServedAtOnceAndTheEvaluatorCannotWrite) 
 }
 
 TEST_F(ShardFixture, SspPullWaitsForTheSlowestWorker) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSsp;
   o.consistency.staleness_bound = 1;
   o.expected_workers = 2;
@@ -1099,10 +1082,7 @@ TEST_F(ShardFixture, CheckpointRoundTripRestoresWeightsHistoryAndVersions) {
 }
 
 TEST_F(ShardFixture, PeriodicCheckpointEveryNUpdates) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   const std::string dir = ::testing::TempDir() + "/shard_periodic_test";
   std::filesystem::create_directories(dir);
   o.checkpoint_path = dir + "/shard.dpt";
@@ -1433,10 +1413,7 @@ TEST_F(ShardFixture, ReplayWithACheckpointMidwayEqualsTheUninterruptedShard) {
 
 TEST_F(ShardFixture, SyncReplayRestoresAPartiallyAccumulatedClock) {
   UsePersistDir();
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.expected_workers = 3;
   StartShards({{"a", {16}, 1, 1}}, 1, 8, o);
@@ -1473,10 +1450,7 @@ TEST_F(ShardFixture, SyncReplayRestoresAPartiallyAccumulatedClock) {
 
 TEST_F(ShardFixture, SyncElasticWorkerJoinsOnRegisterAndTheJoinSurvivesARestart) {
   UsePersistDir();
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.expected_workers = 2;
   o.max_workers = 3;
@@ -1508,10 +1482,7 @@ void SendPush(RawPeer* p, const ParamLayout& layout, int32_t worker, uint64_t se
               float value, int64_t version, bool init);
 
 TEST_F(ShardFixture, DeadWorkerRejoinsOnRegisterButAFinishedOneDoesNot) {
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.expected_workers = 2;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
@@ -1582,10 +1553,7 @@ void SendPush(RawPeer* p, const ParamLayout& layout, int32_t worker, uint64_t se
 
 TEST_F(ShardFixture, DuplicatePushIsAckedButAppliedOnceAlsoAfterARestart) {
   UsePersistDir();
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto p = Raw(0, 0);
   const uint64_t session = 0x5E55;
@@ -1672,10 +1640,7 @@ TEST_F(ShardFixture, WithoutALogNoLogTimeIsCounted) {
 
 TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
   UsePersistDir();
-  ShardOptions o;
-  o.solver.base_lr = 1.0f;
-  o.solver.momentum = 0.0f;
-  o.solver.weight_decay = 0.0f;
+  ShardOptions o = PlainSgd();
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto c = Client(0);
   ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());

@@ -64,6 +64,17 @@ def alexnet():
     return sc.parse_tensors(ALEXNET_TENSORS, "alexnet")
 
 
+def colocated_fc_case(workers, servers, link_gbps):
+    """One-thread CPU workers of 30 ms (an fc of 250,000 floats, 1 MB) and S servers at 100 ns per
+    float, every process on one 2-core host, the transport's own CPU left out."""
+    profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=64, threads=1, source="hand")
+    tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
+    c = sc.Cluster(workers=workers, servers=servers, link_gbps=link_gbps, batch=64, workers_per_host=workers,
+                   cores_per_host=2, emulated=True, colocated=True)
+    rates = sc.Rates(sgd_ns_per_float=100.0, server_ns_per_float=100.0, io_ns_per_byte=0.0)
+    return profile, tensors, c, rates
+
+
 def push_bytes(codec, servers=1, batch=128, chunk_elems=sc.DEFAULT_CHUNK_ELEMS):
     layers = sc.step_bytes(alexnet(), {}, servers, batch, sc.parse_codec(codec), chunk_elems)
     return sum(lb.push for lb in layers.values()), sum(lb.pull for lb in layers.values())
@@ -208,11 +219,7 @@ class HandComputed(unittest.TestCase):
         round) on 2 cores: (60 + 50) / 2 = 55 ms of CPU per round, so each worker's compute takes
         55 ms, and the communication it cannot hide comes on top. A loader at 100 µs per image
         adds 64 × 0.1 ms per worker step: (2 × 36.4 + 50) / 2 = 61.4 ms."""
-        profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=64, threads=1, source="hand")
-        tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
-        c = sc.Cluster(workers=2, servers=1, link_gbps=8.0, batch=64, workers_per_host=2, cores_per_host=2,
-                       emulated=True, colocated=True)
-        rates = sc.Rates(sgd_ns_per_float=100.0, server_ns_per_float=100.0, io_ns_per_byte=0.0)
+        profile, tensors, c, rates = colocated_fc_case(workers=2, servers=1, link_gbps=8.0)
         p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
         self.assertAlmostEqual(p.host_cpu_s, 0.055, places=9)
         self.assertAlmostEqual(p.compute_s, 0.055, places=9)
@@ -255,11 +262,7 @@ class HandComputed(unittest.TestCase):
         round (30 + 25) / 2 = 27.5 ms left the step at its 30 ms of compute; the burst of the two
         servers takes 25 / (4/3) = 18.75 ms at 4/3 of a core, during which the worker has 2/3 of
         its core: 6.25 ms lost, a 36.25 ms step bound by the host's CPU."""
-        profile = sc.Profile([("fc", "InnerProduct", 0.010, 0.020)], batch=64, threads=1, source="hand")
-        tensors = sc.parse_tensors("fc.weight 1000x250 1 1\n", "hand")
-        c = sc.Cluster(workers=1, servers=2, link_gbps=1e6, batch=64, workers_per_host=1, cores_per_host=2,
-                       emulated=True, colocated=True)
-        rates = sc.Rates(sgd_ns_per_float=100.0, server_ns_per_float=100.0, io_ns_per_byte=0.0)
+        profile, tensors, c, rates = colocated_fc_case(workers=1, servers=2, link_gbps=1e6)
         p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
         self.assertAlmostEqual(p.server_s, 0.0125, places=9)
         self.assertAlmostEqual(p.compute_s, 0.03625, places=6)
