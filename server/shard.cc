@@ -701,9 +701,9 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   // DC-ASGD: the compensated gradient is what gets logged and applied, so a replay repeats it;
   // DC-ASGD-a's log records keep the raw gradients too, for the mean square's replay.
   const bool dc = !init && !move && DelayCompensated(options_.consistency.algorithm);
-  const bool log_raw = dc && options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive;
-  std::vector<const float*> raw;
-  if (log_raw) {
+  const bool adaptive_dc = dc && options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive;
+  std::vector<const float*> raw;  // the pushed gradients, before compensation, for the log
+  if (adaptive_dc && wal_) {
     for (const PushChunk& c : chunks) raw.push_back(c.grad);
   }
   if (dc) CompensateDelay(h.sender, &chunks);
@@ -711,7 +711,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   WalRecord r;
   r.kind = WalKind::kPush;
   r.worker = h.sender;
-  r.flags = (h.flags & (kFlagInit | kFlagElastic | kFlagMove)) | (log_raw ? kWalFlagRaw : 0u);
+  r.flags = (h.flags & (kFlagInit | kFlagElastic | kFlagMove)) | (adaptive_dc ? kWalFlagRaw : 0u);
   r.session = h.session;
   r.request_id = h.request_id;
   r.clock = move ? int64_t{h.move_batches} : h.clock;  // a move's log record keeps its batches there
@@ -719,13 +719,13 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     r.chunks.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       r.chunks.push_back(WalChunk{h.chunk_ids[i], chunks[i].version_from, chunks[i].grad,
-                                  static_cast<uint32_t>(chunks[i].count), log_raw ? raw[i] : nullptr});
+                                  static_cast<uint32_t>(chunks[i].count), adaptive_dc ? raw[i] : nullptr});
     }
   }
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(LogRecord(&r));
   for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
-  if (log_raw) {  // taken: DC-ASGD-a's mean squares move on with it
+  if (adaptive_dc) {  // taken: DC-ASGD-a's mean squares move on with it
     for (size_t i = 0; i < n; ++i) dc_mean_square_[static_cast<size_t>(chunks[i].local)].swap(dc_ms_next_[i]);
   }
   ApplyPush(h.sender, h.session, h.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);

@@ -250,8 +250,9 @@ class ShardServer {
 
   // Atomic checkpoint of this shard (meta: server id/count, layout hash, model id, versions,
   // wal_seq, pushes_by_worker, the duplicate window, policy state; tensors: per chunk weights
-  // and history, DC-ASGD-a's mean square, sync's partial sums). Load refuses a file of another layout / server / model /
-  // worker count. A save to options.checkpoint_path restarts the write-ahead log.
+  // and history, DC-ASGD-a's mean square, sync's partial sums). Load refuses a file of another
+  // layout / server / model / worker count. A save to options.checkpoint_path restarts the
+  // write-ahead log.
   Status SaveCheckpoint(const std::string& path);
   Status LoadCheckpoint(const std::string& path);
 
@@ -358,7 +359,8 @@ class ShardServer {
   std::vector<std::vector<float>> dc_scratch_;  // the push being applied: compensated gradients
   std::vector<std::vector<float>> dc_ms_next_;  // ... and DC-ASGD-a's mean squares with it
   // DC-ASGD-a: per local chunk, the running mean of g ⊙ g over every gradient pushed to it
-  // (empty until its first push; not in checkpoints: a restarted server starts it afresh).
+  // (empty until its first push; in checkpoints, and rebuilt by replay from the log's raw
+  // gradients).
   std::vector<std::vector<float>> dc_mean_square_;
   void RememberPulled(int32_t worker, const std::vector<int>& locals);
   void CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks);

@@ -661,9 +661,9 @@ def predict(profile, tensors, rates, cluster, codec):
     if cluster.wal and rates.wal_disk_gbytes > 0:
         on_host = s if cluster.colocated else min(s, cluster.servers_per_host)
         disk_s = on_host * w / s * floats * FLOAT_BYTES / (rates.wal_disk_gbytes * 1e9) / cluster.push_every
-    host_cpu_s = 0.0
+    host_cpu_s = workers_cpu = others_cpu = 0.0
     if cluster.colocated and cluster.cores_per_host > 0:
-        worker_cpu = profile.compute_s * max(profile.threads, 1) if profile.threads else 0.0
+        workers_cpu = w * profile.compute_s * profile.threads  # 0 for GPU workers
         # Every worker's compute and its data loader, every server loop (update, factor GEMM,
         # log, handling), and the transport's own CPU for every byte each worker sends and
         # receives (both ends' I/O threads and kernel), on the host's cores.
@@ -671,7 +671,8 @@ def predict(profile, tensors, rates, cluster, codec):
         loader = cluster.batch * rates.loader_us_per_image * 1e-6
         # The logs' fsync threads write every push back to disk beside the loops.
         syncing = w * floats * wal_sync / cluster.push_every
-        host_cpu_s = (w * (worker_cpu + loader + worker_io) + s * server_s + syncing) / cluster.cores_per_host
+        others_cpu = w * (loader + worker_io) + s * server_s + syncing
+        host_cpu_s = (workers_cpu + others_cpu) / cluster.cores_per_host
         if profile.threads:
             # A CPU worker on a shared host computes at its share of the cores left by everything
             # else: its compute stretches to the host's CPU round, and the communication it cannot
@@ -712,10 +713,8 @@ def predict(profile, tensors, rates, cluster, codec):
         # the S servers on the host one stream of it, and while it lasts the kernel's fair
         # scheduler shares the cores among the workers' threads and those streams. See
         # shared_host_step.
-        t = w * profile.threads
-        shared = shared_host_step(worker_cpu=w * profile.compute_s * profile.threads,
-                                  others=host_cpu_s * cluster.cores_per_host - w * profile.compute_s * profile.threads,
-                                  threads=t, streams=s, cores=cluster.cores_per_host,
+        shared = shared_host_step(worker_cpu=workers_cpu, others=others_cpu, threads=w * profile.threads,
+                                  streams=s, cores=cluster.cores_per_host,
                                   wait=max(0.0, worker_s - profile.compute_s * slow), window=link_s)
         if shared > profile.compute_s * slow * (1 + 1e-12):
             slow = shared / profile.compute_s
