@@ -139,7 +139,7 @@ every_updates = 0
   int64_t StragglerRun(const std::string& mode, int64_t* max_wait_ms_worker0, int64_t* pulls_at_bound);
 
   // 3 workers x 2 servers of the tiny net in sync with `backups` backup workers, worker 2 a
-  // straggler (120 ms per step): the fast workers' training seconds over the straggler's, and
+  // straggler (250 ms per step): the fast workers' training seconds over the straggler's, and
   // the late pushes the servers dropped (as the straggler read their stats at its end).
   double BackupRun(int backups, int64_t* dropped_late);
 
@@ -413,13 +413,16 @@ int64_t TrainProcessTest::StragglerRun(const std::string& mode, int64_t* max_wai
 
 double TrainProcessTest::BackupRun(int backups, int64_t* dropped_late) {
   constexpr int kSteps = 30;
+  // Long enough that the fast workers' own steps, even slowed by a loaded CI machine (~70 ms a
+  // step seen there with 120 ms), stay well below the straggler's sleep.
+  constexpr int kStragglerDelayMs = 250;
   const std::string model = Write("tiny.toml", kTinyNet);
   std::string text = Config(model, "sync", 3, 2, 16, kSteps, 0.05, 2);
   text.replace(text.find("mode = \"sync\""), std::string("mode = \"sync\"").size(),
                fmt::format("mode = \"sync\"\nbackup_workers = {}", backups));
   const std::string cfg = Write(fmt::format("cfg-b{}.toml", backups), text);
   const std::string run = (dir_ / fmt::format("run-b{}", backups)).string();
-  test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}, {"--step-delay-ms", "120"}}});
+  test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}, {"--step-delay-ms", std::to_string(kStragglerDelayMs)}}});
   for (int w = 0; w < 3; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
   EXPECT_TRUE(job.Stop());
   double train_s[3] = {0, 0, 0};
@@ -436,14 +439,16 @@ double TrainProcessTest::BackupRun(int backups, int64_t* dropped_late) {
     *dropped_late += r.Get("dropped_late").AsInt();
   }
   const double ratio = std::max(train_s[0], train_s[1]) / std::max(train_s[2], 1e-9);
-  std::cout << "sync, " << backups << " backup(s), worker 2 sleeping 120 ms a step: workers train " << train_s[0]
+  std::cout << "sync, " << backups << " backup(s), worker 2 sleeping " << kStragglerDelayMs
+            << " ms a step: workers train " << train_s[0]
             << " s, " << train_s[1] << " s, " << train_s[2] << " s; late pushes dropped " << *dropped_late << "\n";
   return ratio;
 }
 
 TEST_F(TrainProcessTest, SyncWithABackupWorkerRunsAtTheFastWorkersPace) {
   int64_t dropped = 0;
-  // 30 steps x 120 ms: the straggler needs >= 3.6 s; the tiny net's steps take a few ms.
+  // 30 steps x 250 ms: the straggler needs >= 7.5 s; the tiny net's steps take a few ms
+  // (a few tens on a loaded machine).
   const double ratio = BackupRun(1, &dropped);
   EXPECT_LT(ratio, 0.5) << "the fast workers waited for the straggler";
   EXPECT_GT(dropped, 0) << "the straggler's late gradients were not dropped";
