@@ -111,6 +111,12 @@ size_t TopKCount(double fraction, size_t n) {
   return std::min(n, static_cast<size_t>(k));
 }
 
+double TopKWarmupFraction(double fraction, uint64_t push, uint64_t warmup) {
+  if (warmup == 0 || push >= warmup || fraction >= kTopKWarmupStart) return fraction;
+  const double t = static_cast<double>(push) / static_cast<double>(warmup);
+  return std::max(fraction, kTopKWarmupStart * std::pow(fraction / kTopKWarmupStart, t));
+}
+
 size_t EncodedBytes(Encoding encoding, DType dtype, size_t n, size_t k) {
   switch (encoding) {
     case Encoding::kDense:
@@ -484,7 +490,11 @@ void ChunkEncoder::Encode(uint32_t chunk_id, std::span<const float> g, EncodedCh
     for (size_t i = 0; i < n; ++i) work_[i] = g[i] + (*r)[i];
     x = work_;
   }
-  const size_t k = TopKCount(settings_.top_k_fraction, n);
+  size_t k = 0;
+  if (codec == WireCodec::kTopK) {
+    const uint64_t push = settings_.top_k_warmup > 0 ? pushes_[chunk_id]++ : 0;
+    k = TopKCount(TopKWarmupFraction(settings_.top_k_fraction, push, settings_.top_k_warmup), n);
+  }
   if (codec == WireCodec::kTopK && 2 * k >= n) {  // indices + values cost as much as dense f32
     out->encoding = Encoding::kDense;
     EncodeDense(x, dtype, &out->bytes);  // topk values are f32

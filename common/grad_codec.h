@@ -51,6 +51,12 @@ void Bf16ToFloats(const uint16_t* in, std::span<float> out);
 // ---- Sizes.
 // k of top-k for a chunk of n floats: max(1, ceil(fraction * n)), at most n (fraction in (0, 1]).
 size_t TopKCount(double fraction, size_t n);
+// Top-k's warm-up (Deep Gradient Compression, Lin et al. 2018, warms up from 75% sparsity): the
+// fraction kept at a chunk's push number `push` (0 = its first) of a warm-up of `warmup` pushes
+// decays exponentially from kTopKWarmupStart to `fraction`, then stays there. `fraction` itself
+// when warmup is 0 or fraction >= kTopKWarmupStart.
+inline constexpr double kTopKWarmupStart = 0.25;
+double TopKWarmupFraction(double fraction, uint64_t push, uint64_t warmup);
 // Bytes of one encoded chunk of n floats (k: entries kept by top-k, unused otherwise).
 size_t EncodedBytes(Encoding encoding, DType dtype, size_t n, size_t k = 0);
 
@@ -88,6 +94,7 @@ struct CodecSettings {
   WireCodec codec = WireCodec::kFp32;
   double top_k_fraction = 0.01;  // topk: in (0, 1]
   bool error_feedback = true;    // topk / onebit: keep a per-chunk residual (fp16/bf16: none)
+  uint64_t top_k_warmup = 0;     // topk: pushes of each chunk over which k decays (TopKWarmupFraction)
 };
 
 struct EncodedChunk {
@@ -103,7 +110,8 @@ class ChunkEncoder {
   // residual, 0 at first), send C(g'), r = g' - decode(C(g')). Top-k of a chunk so small that
   // k indices and values cost as much as dense f32 (2k >= n) goes dense f32 (residual 0). A
   // gradient holding NaN / Inf goes dense f32 as it is, residual untouched: the server refuses
-  // it as non-finite, as it would the uncompressed push.
+  // it as non-finite, as it would the uncompressed push. Top-k with a warm-up counts the chunk's
+  // finite encodes and keeps TopKWarmupFraction of it.
   void Encode(uint32_t chunk_id, std::span<const float> g, EncodedChunk* out);
 
   DType dtype() const { return CodecDType(settings_.codec); }
@@ -114,6 +122,7 @@ class ChunkEncoder {
  private:
   CodecSettings settings_;
   std::unordered_map<uint32_t, std::vector<float>> residual_;
+  std::unordered_map<uint32_t, uint64_t> pushes_;  // top-k warm-up: encodes of each chunk so far
   std::vector<float> work_, decoded_;  // g' and decode(C(g')), reused
 };
 

@@ -247,6 +247,7 @@ Status ReadCompression(TableReader& r, CompressionConfig* c) {
   DP_RETURN_IF_ERROR(ReadCodec(r, "push", /*push=*/true, &c->push));
   DP_RETURN_IF_ERROR(ReadCodec(r, "pull", /*push=*/false, &c->pull));
   DP_RETURN_IF_ERROR(r.Float("top_k_fraction", &c->top_k_fraction));
+  DP_RETURN_IF_ERROR(r.Int("top_k_warmup_pushes", &c->top_k_warmup_pushes));
   DP_RETURN_IF_ERROR(r.Bool("error_feedback", &c->error_feedback));
   return r.Finish();
 }
@@ -919,6 +920,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              cl.link_gbps, "must be a finite link speed > 0 in Gbit/s (0 in code = off)")
       .Check(c.compression.top_k_fraction > 0 && c.compression.top_k_fraction <= 1,
              "compression.top_k_fraction", c.compression.top_k_fraction, "must be in (0, 1]")
+      .Check(c.compression.top_k_warmup_pushes >= 0, "compression.top_k_warmup_pushes",
+             c.compression.top_k_warmup_pushes, "must be >= 0 (0 = no warm-up)")
       .Check(co.algorithm != Algorithm::kEasgd || !c.compression.factors, "compression.factors", c.compression.factors,
              "\"easgd\" workers push no gradients (their exchanges are dense weight differences): turn it off")
       .Check(co.algorithm != Algorithm::kEasgd || c.compression.push == WireCodec::kFp32, "compression.push",
@@ -1174,6 +1177,7 @@ std::string ToToml(const RunConfig& c) {
   line("push", str(WireCodecName(c.compression.push)));
   line("pull", str(WireCodecName(c.compression.pull)));
   line("top_k_fraction", flt(c.compression.top_k_fraction));
+  line("top_k_warmup_pushes", num(c.compression.top_k_warmup_pushes));
   line("error_feedback", boolean(c.compression.error_feedback));
   s += "\n[rotation]\n";
   line("scheme", str(RotationSchemeName(c.rotation.scheme)));

@@ -298,6 +298,9 @@ struct CompressionConfig {
   WireCodec push = WireCodec::kFp32;  // codec of the gradient chunks sent dense
   WireCodec pull = WireCodec::kFp32;  // codec of pulled weights: fp32 | fp16 | bf16
   double top_k_fraction = 0.01;       // push = "topk": fraction of each chunk sent, in (0, 1]
+  // push = "topk": the first top_k_warmup_pushes pushes of each chunk keep a fraction decaying
+  // exponentially from 0.25 to top_k_fraction (DGC's warm-up); 0 = none (>= 0).
+  int64_t top_k_warmup_pushes = 0;
   // push = "topk" / "onebit": keep what was not sent in a per-chunk residual added to the next
   // gradient (error feedback, EF-SGD). Off only for ablations.
   bool error_feedback = true;

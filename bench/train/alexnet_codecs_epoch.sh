@@ -7,7 +7,9 @@
 # bench/RESULTS.md §11.3.1 has what it printed. ~22 min a codec on a 2-core VM.
 #
 #   [SEED=N] bench/train/alexnet_codecs_epoch.sh [OUT_DIR] [CODEC ...]
-#     codecs: fp32 factors-fp16 topk1 onebit (default: all four); OUT_DIR default runs/alex-conv;
+#     codecs: fp32 factors-fp16 topk1 topk1-warmup onebit (default: all but topk1-warmup);
+#     topk1-warmup: top-k 1% warmed up over the first 188 pushes (0.2 epoch, docs/compression.md);
+#     OUT_DIR default runs/alex-conv;
 #     SEED: run.seed (default 1: initial weights, data order, crops, dropout)
 # Needs a build (scripts/bootstrap) and scripts/get_fashion_mnist --alexnet.
 set -euo pipefail
@@ -26,8 +28,10 @@ for c in "${codecs[@]}"; do
     fp32) extra=() ;;
     factors-fp16) extra=(--set compression.factors=true --set compression.pull=fp16) ;;
     topk1) extra=(--set compression.push=topk --set compression.top_k_fraction=0.01 --set compression.error_feedback=true) ;;
+    topk1-warmup) extra=(--set compression.push=topk --set compression.top_k_fraction=0.01
+      --set compression.error_feedback=true --set compression.top_k_warmup_pushes=188) ;;
     onebit) extra=(--set compression.push=onebit --set compression.error_feedback=true) ;;
-    *) echo "alexnet_codecs_epoch.sh: unknown codec '$c' (fp32, factors-fp16, topk1, onebit)" >&2; exit 2 ;;
+    *) echo "alexnet_codecs_epoch.sh: unknown codec '$c' (fp32, factors-fp16, topk1, topk1-warmup, onebit)" >&2; exit 2 ;;
   esac
   d=$out/$c
   rm -rf "$d"

@@ -254,7 +254,8 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
     link->pull_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
     if (IsLossy(c->options_.push_codec)) {
       link->encoder = std::make_unique<ChunkEncoder>(
-          CodecSettings{c->options_.push_codec, c->options_.top_k_fraction, c->options_.error_feedback});
+          CodecSettings{c->options_.push_codec, c->options_.top_k_fraction, c->options_.error_feedback,
+                        c->options_.top_k_warmup});
     }
     DP_RETURN_IF_ERROR(transport->Connect(link->address, &link->endpoint));
     c->impl_->links.push_back(std::move(link));

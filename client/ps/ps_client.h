@@ -159,6 +159,7 @@ struct PsClientOptions {
   WireCodec pull_codec = WireCodec::kFp32;  // fp32 | fp16 | bf16
   double top_k_fraction = 0.01;             // push_codec topk: fraction of each chunk sent, in (0, 1]
   bool error_feedback = true;               // topk / onebit: keep and resend a per-chunk residual
+  uint64_t top_k_warmup = 0;                // push_codec topk: warm-up pushes per chunk (TopKWarmupFraction)
 };
 
 // Payload bytes of a push of every chunk of `layout` (frames only; headers are a few hundred

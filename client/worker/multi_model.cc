@@ -186,6 +186,7 @@ Status MultiModelWorker::Setup(bool* started) {
     po.push_codec = c_.compression.push;  // gradient pushes of data-parallel stages; moves are f32
     po.pull_codec = c_.compression.pull;
     po.top_k_fraction = c_.compression.top_k_fraction;
+    po.top_k_warmup = static_cast<uint64_t>(c_.compression.top_k_warmup_pushes);
     po.error_feedback = c_.compression.error_feedback;
     DP_RETURN_IF_ERROR(PsClient::Create(transport_.get(), m.layout, po, &m.client));
     clients.push_back(m.client.get());

@@ -27,6 +27,7 @@
 #include "client/worker/sources.h"
 #include "client/worker/worker_state.h"
 #include "common/file_io.h"
+#include "common/grad_codec.h"
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/process_net.h"
@@ -235,9 +236,17 @@ void SetWireCodecs(const CompressionConfig& c, int32_t id, PsClientOptions* po) 
   po->push_codec = c.push;
   po->pull_codec = c.pull;
   po->top_k_fraction = c.top_k_fraction;
+  po->top_k_warmup = static_cast<uint64_t>(c.top_k_warmup_pushes);
   po->error_feedback = c.error_feedback;
   std::string push = WireCodecName(c.push);
-  if (c.push == WireCodec::kTopK) push += fmt::format(" ({:g} of each chunk)", c.top_k_fraction);
+  if (c.push == WireCodec::kTopK) {
+    push += fmt::format(" ({:g} of each chunk", c.top_k_fraction);
+    if (c.top_k_warmup_pushes > 0) {
+      push += fmt::format(", from {:g} over its first {} pushes", std::max(c.top_k_fraction, kTopKWarmupStart),
+                          c.top_k_warmup_pushes);
+    }
+    push += ")";
+  }
   if (c.push == WireCodec::kTopK || c.push == WireCodec::kOneBit) {
     push += c.error_feedback ? " with error feedback" : " without error feedback";
   }

@@ -194,6 +194,38 @@ TEST(GradCodecTest, TopKCountIsCeilOfFractionAtLeastOne) {
   EXPECT_EQ(TopKCount(1e-9, 1000), 1u);
 }
 
+TEST(GradCodecTest, TopKWarmupDecaysExponentiallyFromAQuarterToTheFraction) {
+  EXPECT_DOUBLE_EQ(TopKWarmupFraction(0.01, 0, 100), 0.25);
+  EXPECT_NEAR(TopKWarmupFraction(0.01, 50, 100), 0.05, 1e-12);  // the geometric mean halfway
+  EXPECT_NEAR(TopKWarmupFraction(0.01, 25, 100), 0.25 * std::pow(0.04, 0.25), 1e-12);
+  EXPECT_DOUBLE_EQ(TopKWarmupFraction(0.01, 100, 100), 0.01);
+  EXPECT_DOUBLE_EQ(TopKWarmupFraction(0.01, 1000000, 100), 0.01);
+  for (uint64_t p = 1; p <= 100; ++p) {
+    ASSERT_LT(TopKWarmupFraction(0.01, p, 100), TopKWarmupFraction(0.01, p - 1, 100)) << p;
+    ASSERT_GE(TopKWarmupFraction(0.01, p, 100), 0.01) << p;
+  }
+  EXPECT_DOUBLE_EQ(TopKWarmupFraction(0.01, 0, 0), 0.01);  // no warm-up
+  EXPECT_DOUBLE_EQ(TopKWarmupFraction(0.5, 0, 100), 0.5);   // a fraction above the start: as set
+}
+
+TEST(GradCodecTest, TopKWarmupSendsFewerEntriesEachPushOfAChunkUntilTheFraction) {
+  const size_t n = 10000;
+  ChunkEncoder enc(CodecSettings{WireCodec::kTopK, 0.01, true, /*top_k_warmup=*/4});
+  const auto g = Gaussian(n, 8);
+  // k per push of chunk 5: ceil(n * 0.25 * 0.04^(p/4)) for p < 4, then ceil(n * 0.01).
+  const size_t want[] = {2500, 1119, 500, 224, 100, 100, 100};
+  for (size_t p = 0; p < std::size(want); ++p) {
+    EncodedChunk e;
+    enc.Encode(5, g, &e);
+    ASSERT_EQ(e.encoding, Encoding::kTopK) << "push " << p;
+    EXPECT_EQ(e.bytes.size(), EncodedBytes(Encoding::kTopK, DType::kF32, n, want[p])) << "push " << p;
+  }
+  // Each chunk counts its own pushes: a chunk pushed for the first time starts at a quarter.
+  EncodedChunk other;
+  enc.Encode(6, g, &other);
+  EXPECT_EQ(other.bytes.size(), EncodedBytes(Encoding::kTopK, DType::kF32, n, 2500));
+}
+
 TEST(GradCodecTest, OneBitDecodesToScaleTimesSign) {
   const auto x = Gaussian(1003, 3);  // not a multiple of 8: padding bits in the last byte
   std::vector<std::byte> bytes;
@@ -208,16 +240,16 @@ TEST(GradCodecTest, OneBitDecodesToScaleTimesSign) {
 
 // ---- Error feedback.
 
-void CheckErrorFeedback(WireCodec codec) {
+void CheckErrorFeedback(WireCodec codec, uint64_t warmup = 0) {
   const size_t n = 5000;
-  ChunkEncoder enc(CodecSettings{codec, 0.01, true});
+  ChunkEncoder enc(CodecSettings{codec, 0.01, true, warmup});
   std::vector<double> sum_g(n, 0), sum_sent(n, 0);
   double max_abs = 0;
   for (int step = 0; step < 300; ++step) {
     const auto g = Gaussian(n, 100 + static_cast<uint32_t>(step), 0.1f);
     EncodedChunk e;
     enc.Encode(3, g, &e);
-    ASSERT_EQ(e.encoding, CodecEncoding(codec));
+    ASSERT_EQ(e.encoding, CodecEncoding(codec)) << "step " << step;
     const auto y = Decode(e.encoding, enc.dtype(), e.bytes, n);
     for (size_t i = 0; i < n; ++i) {
       sum_g[i] += g[i];
@@ -241,6 +273,9 @@ void CheckErrorFeedback(WireCodec codec) {
 
 TEST(ErrorFeedbackTest, TopKSentPlusResidualEqualsSumOfGradients) { CheckErrorFeedback(WireCodec::kTopK); }
 TEST(ErrorFeedbackTest, OneBitSentPlusResidualEqualsSumOfGradients) { CheckErrorFeedback(WireCodec::kOneBit); }
+TEST(ErrorFeedbackTest, TopKWithWarmupSentPlusResidualEqualsSumOfGradients) {
+  CheckErrorFeedback(WireCodec::kTopK, /*warmup=*/100);  // k changes every push for 100, then stays
+}
 
 TEST(ErrorFeedbackTest, ResidualIsPerChunkAndOffWithoutErrorFeedback) {
   ChunkEncoder ef(CodecSettings{WireCodec::kTopK, 0.01, true});

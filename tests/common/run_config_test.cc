@@ -515,12 +515,14 @@ TEST(RunConfigCompressionTest, DefaultsAreLosslessAndEverySettingRoundTrips) {
   EXPECT_EQ(back, d);
   const RunConfig c = ParseOk(
       "[cluster]\nlink_gbps = 10\n[compression]\nfactors = true\npush = \"topk\"\npull = \"bf16\"\n"
-      "top_k_fraction = 0.05\nerror_feedback = false\n");
+      "top_k_fraction = 0.05\nerror_feedback = false\ntop_k_warmup_pushes = 188\n");
   EXPECT_TRUE(c.compression.factors);
   EXPECT_EQ(c.compression.push, WireCodec::kTopK);
   EXPECT_EQ(c.compression.pull, WireCodec::kBf16);
   EXPECT_DOUBLE_EQ(c.compression.top_k_fraction, 0.05);
   EXPECT_FALSE(c.compression.error_feedback);
+  EXPECT_EQ(c.compression.top_k_warmup_pushes, 188);
+  EXPECT_EQ(d.compression.top_k_warmup_pushes, 0);  // no warm-up by default
   EXPECT_DOUBLE_EQ(c.cluster.link_gbps, 10);
   ASSERT_TRUE(ParseRunConfig(ToToml(c), "roundtrip", &back).ok()) << ToToml(c);
   EXPECT_EQ(back, c);
@@ -543,6 +545,9 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
     EXPECT_THAT(ParseError(std::string("[compression]\ntop_k_fraction = ") + bad + "\n"), HasSubstr("(0, 1]"));
   }
   EXPECT_DOUBLE_EQ(ParseOk("[compression]\ntop_k_fraction = 1\n").compression.top_k_fraction, 1.0);
+  EXPECT_THAT(ParseError("[compression]\ntop_k_warmup_pushes = -1\n"),
+              HasSubstr("compression.top_k_warmup_pushes = -1: must be >= 0"));
+  EXPECT_THAT(ParseError("[compression]\ntop_k_warmup_pushes = 2.5\n"), HasSubstr("compression.top_k_warmup_pushes"));
   for (const char* bad : {"0", "-1", "nan", "inf"}) {
     const std::string e = ParseError(std::string("[cluster]\nlink_gbps = ") + bad + "\n");
     EXPECT_THAT(e, HasSubstr("cluster.link_gbps")) << bad;
