@@ -241,9 +241,8 @@ void SetWireCodecs(const CompressionConfig& c, int32_t id, PsClientOptions* po) 
   std::string push = WireCodecName(c.push);
   if (c.push == WireCodec::kTopK) {
     push += fmt::format(" ({:g} of each chunk", c.top_k_fraction);
-    if (c.top_k_warmup_pushes > 0) {
-      push += fmt::format(", from {:g} over its first {} pushes", std::max(c.top_k_fraction, kTopKWarmupStart),
-                          c.top_k_warmup_pushes);
+    if (c.top_k_warmup_pushes > 0 && c.top_k_fraction < kTopKWarmupStart) {
+      push += fmt::format(", from {:g} over its first {} pushes", kTopKWarmupStart, c.top_k_warmup_pushes);
     }
     push += ")";
   }
