@@ -174,20 +174,8 @@ Status MultiModelWorker::Setup(bool* started) {
   std::vector<PsClient*> clients;
   for (int k = 0; k < K; ++k) {
     ModelSlot& m = models_[static_cast<size_t>(k)];
-    PsClientOptions po;
-    po.server_addresses =
-        info.server_addresses.empty() ? ServerAddresses(c_.cluster, a_.run_dir) : info.server_addresses;
-    po.worker_id = id_;
+    PsClientOptions po = WorkerClientOptions(c_, a_.run_dir, info, id_, pnet_.token);
     po.model_id = static_cast<uint32_t>(k);
-    po.token = pnet_.token;
-    po.shared_memory = SharedMemoryOn(c_);
-    po.reply_timeout = PullWait(c_.cluster);
-    po.server_wait = std::chrono::milliseconds(c_.cluster.server_wait_ms);
-    po.push_codec = c_.compression.push;  // gradient pushes of data-parallel stages; moves are f32
-    po.pull_codec = c_.compression.pull;
-    po.top_k_fraction = c_.compression.top_k_fraction;
-    po.top_k_warmup = static_cast<uint64_t>(c_.compression.top_k_warmup_pushes);
-    po.error_feedback = c_.compression.error_feedback;
     DP_RETURN_IF_ERROR(PsClient::Create(transport_.get(), m.layout, po, &m.client));
     clients.push_back(m.client.get());
   }

@@ -8,6 +8,7 @@
 
 #include "client/worker/loader_sources.h"
 #include "client/worker/worker_app.h"
+#include "common/process_net.h"
 
 namespace downpour::worker {
 
@@ -48,6 +49,29 @@ std::chrono::milliseconds PullWait(const ClusterConfig& c) {
 
 std::chrono::milliseconds RequestWait(const ClusterConfig& c) {
   return PullWait(c) + std::chrono::milliseconds(c.server_wait_ms) + std::chrono::seconds(10);
+}
+
+PsClientOptions WorkerClientOptions(const RunConfig& c, const std::string& run_dir, const RendezvousInfo& info,
+                                    int32_t worker_id, const std::string& token) {
+  PsClientOptions po;
+  po.server_addresses = info.server_addresses.empty() ? ServerAddresses(c.cluster, run_dir) : info.server_addresses;
+  po.worker_id = worker_id;
+  po.token = token;
+  // Same-host payloads through shared memory (cluster.shared_memory); a server that offers none
+  // is used over the socket.
+  po.shared_memory = SharedMemoryOn(c);
+  // Sync/ssp servers hold a pull until it is servable, up to PullWait: a reply must not time out
+  // earlier than that. A server that answers nothing (restarting) is waited for up to
+  // cluster.server_wait_ms, then the request fails naming it.
+  po.reply_timeout = PullWait(c.cluster);
+  po.server_wait = std::chrono::milliseconds(c.cluster.server_wait_ms);
+  // Gradient pushes and weight pulls (a multi-model worker's moves of activations stay f32).
+  po.push_codec = c.compression.push;
+  po.pull_codec = c.compression.pull;
+  po.top_k_fraction = c.compression.top_k_fraction;
+  po.top_k_warmup = static_cast<uint64_t>(c.compression.top_k_warmup_pushes);
+  po.error_feedback = c.compression.error_feedback;
+  return po;
 }
 
 ServerMoveFollower::ServerMoveFollower(RendezvousClient* link, PsClient* client, std::string who)

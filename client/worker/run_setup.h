@@ -42,6 +42,13 @@ std::chrono::milliseconds PullWait(const ClusterConfig& c);
 // the server) should surface before the caller gives up.
 std::chrono::milliseconds RequestWait(const ClusterConfig& c);
 
+// The PS client options of a training worker (a single- or multi-model one): the servers'
+// addresses (the coordinator's, else the launcher's convention), its id and the run's token,
+// same-host shared memory where the run allows it (off on an emulated link), the waits above,
+// and [compression]'s wire codecs. The caller sets what is its own (model_id, role).
+PsClientOptions WorkerClientOptions(const RunConfig& c, const std::string& run_dir, const RendezvousInfo& info,
+                                    int32_t worker_id, const std::string& token);
+
 // Follows servers that restart at another address (the coordinator's heartbeat replies say so):
 // `link`'s heartbeat thread moves `client`'s link to the new address, logging as `who`
 // ("worker 3", "evaluator"). The heartbeat thread outlives the client: it reaches it through a

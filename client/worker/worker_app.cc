@@ -231,13 +231,8 @@ Status JoinCluster(const RunConfig& config, int requested_id, const ProcessNet& 
   return Status::Ok();
 }
 
-// [compression]'s wire codecs for the PS client (common/grad_codec.h), said once at start.
-void SetWireCodecs(const CompressionConfig& c, int32_t id, PsClientOptions* po) {
-  po->push_codec = c.push;
-  po->pull_codec = c.pull;
-  po->top_k_fraction = c.top_k_fraction;
-  po->top_k_warmup = static_cast<uint64_t>(c.top_k_warmup_pushes);
-  po->error_feedback = c.error_feedback;
+// [compression]'s wire codecs (common/grad_codec.h; WorkerClientOptions sets them), said once at start.
+void LogWireCodecs(const CompressionConfig& c, int32_t id) {
   std::string push = WireCodecName(c.push);
   if (c.push == WireCodec::kTopK) {
     push += fmt::format(" ({:g} of each chunk", c.top_k_fraction);
@@ -259,21 +254,9 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   if (!cluster->rendezvous) DP_RETURN_IF_ERROR(JoinCluster(config, args.id, pnet, layout, cluster));
   RendezvousClient* link = cluster->rendezvous.get();
   const RendezvousInfo& info = cluster->info;
-  PsClientOptions po;
-  po.server_addresses =
-      info.server_addresses.empty() ? ServerAddresses(config.cluster, args.run_dir) : info.server_addresses;
-  po.worker_id = args.id;
-  po.token = pnet.token;
-  // Same-host payloads through shared memory (cluster.shared_memory); a server that offers none
-  // is used over the socket.
-  po.shared_memory = SharedMemoryOn(config);  // off on an emulated link (cluster.link_gbps)
+  const PsClientOptions po = WorkerClientOptions(config, args.run_dir, info, args.id, pnet.token);
   if (const std::string link = EmulatedLinkNote(config); !link.empty()) spdlog::info("worker {}: {}", args.id, link);
-  // Sync/ssp servers hold a pull until it is servable, up to the wait below: a reply must not
-  // time out earlier than that. A server that answers nothing (restarting) is waited for up to
-  // cluster.server_wait_ms, then the request fails naming it.
-  po.reply_timeout = PullWait(config.cluster);
-  po.server_wait = std::chrono::milliseconds(config.cluster.server_wait_ms);
-  SetWireCodecs(config.compression, args.id, &po);
+  LogWireCodecs(config.compression, args.id);
   const auto wait = RequestWait(config.cluster);
   std::unique_ptr<PsClient> client;
   DP_RETURN_IF_ERROR(PsClient::Create(cluster->transport.get(), layout, po, &client));
