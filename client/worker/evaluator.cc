@@ -251,10 +251,11 @@ Status RunEvaluator(const EvaluatorArgs& args, EvaluatorResult* result, bool* st
                                  {"train_images_total", train_size},
                                  {"test_batches", config.eval.test_batches},
                                  {"restarted", restarted}});
-  spdlog::info("evaluator: evaluating {}{}{} and the final weights once every worker has finished",
+  spdlog::info("evaluator: evaluating {}{}{}{}the final weights once every worker has finished",
                every_updates > 0 ? fmt::format("every {} worker batches", every_updates) : "",
                every_updates > 0 && every_seconds > 0 ? " and " : "",
-               every_seconds > 0 ? fmt::format("every {:g} s", every_seconds) : "");
+               every_seconds > 0 ? fmt::format("every {:g} s", every_seconds) : "",
+               every_updates > 0 || every_seconds > 0 ? " and " : "");
 
   EvaluatorResult local;
   EvaluatorResult* out = result != nullptr ? result : &local;
