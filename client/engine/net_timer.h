@@ -24,6 +24,9 @@ struct NetTiming {
   double forward_ms = 0.0;   // sum over layers
   double backward_ms = 0.0;  // sum over layers
   double step_ms = 0.0;      // mean full training step: ForwardBackward + SgdUpdate
+  double step_cpu_ms = 0.0;  // the process's CPU time (all its threads, user + system) per full step:
+  //                            above step_ms × threads when the cores are busy with other work
+  //                            (bench/scaling/corun_transport.py compares the two)
   double images_per_s = 0.0; // batch / step time
   int iterations = 0;
   int batch = 0;

@@ -38,6 +38,7 @@ TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
   EXPECT_DOUBLE_EQ(t.backward_ms, bwd);
   EXPECT_GT(t.forward_ms, 0.0);
   EXPECT_GT(t.step_ms, 0.0);
+  EXPECT_GT(t.step_cpu_ms, 0.0);  // one thread's step is CPU work: never free
   EXPECT_EQ(t.batch, 8);
   EXPECT_NEAR(t.images_per_s, 1000.0 * 8 / t.step_ms, 1e-9 * t.images_per_s);
   // Accuracy has no backward.

@@ -25,6 +25,7 @@ TEST(TimeJson, IsOneObjectWithEveryLayerInNetOrder) {
       "assert d['batch'] == 2 and d['threads'] == 1 and d['iterations'] == 1 and d['device'] == 'cpu', d\n"
       "assert d['backend'] and d['model'] == 'fmnist_small' and d['params'] > 0, d\n"
       "assert abs(d['forward_ms'] - sum(l['forward_ms'] for l in d['layers'])) < 0.01 * len(d['layers']), d\n"
+      "assert d['step_ms'] > 0 and d['step_cpu_ms'] > 0, d\n"
       "print('checked', len(d['layers']))\n";
   std::string out;
   const int code = test::RunShell(test::Binary("downpour-time") + " --model '" + model +
