@@ -351,6 +351,7 @@ Status ReadWorker(TableReader& r, WorkerConfig* w) {
   DP_RETURN_IF_ERROR(r.Int("threads", &w->threads));
   DP_RETURN_IF_ERROR(r.Int("straggler", &w->straggler));
   DP_RETURN_IF_ERROR(r.Int("straggler_delay_ms", &w->straggler_delay_ms));
+  DP_RETURN_IF_ERROR(r.FloatList("emulate_ms", &w->emulate_ms));
   DP_RETURN_IF_ERROR(r.Bool("tf32", &w->tf32));
   DP_RETURN_IF_ERROR(r.String("conv_algo", &w->conv_algo));
   return r.Finish();
@@ -893,6 +894,12 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              fmt::format("must be a worker id (0..{}) or -1 (none)", cl.workers - 1))
       .Check(wo.straggler_delay_ms >= 0 && wo.straggler_delay_ms <= 60000, "worker.straggler_delay_ms",
              wo.straggler_delay_ms, "must be in 0..60000")
+      .Check(std::all_of(wo.emulate_ms.begin(), wo.emulate_ms.end(),
+                         [](float m) { return std::isfinite(m) && m >= 0 && m <= 60000; }),
+             "worker.emulate_ms", fmt::format("[{}]", fmt::join(wo.emulate_ms, ", ")).c_str(),
+             "every value must be in 0..60000 ms")
+      .Check(wo.emulate_ms.size() % 2 == 0, "worker.emulate_ms", fmt::format("{} values", wo.emulate_ms.size()).c_str(),
+             "expected a forward and a backward ms per layer (an even count)")
       .Check(std::find(kConvAlgoNames.begin(), kConvAlgoNames.end(), wo.conv_algo) != kConvAlgoNames.end(),
              "worker.conv_algo", wo.conv_algo, "expected search, heuristic, gemm, implicit_gemm, fft or winograd")
       .Check(da.crop >= 0, "data.crop", da.crop, "must be >= 0 (0 = no crop)")
@@ -1140,6 +1147,11 @@ std::string ToToml(const RunConfig& c) {
   line("threads", num(c.worker.threads));
   line("straggler", num(c.worker.straggler));
   line("straggler_delay_ms", num(c.worker.straggler_delay_ms));
+  if (!c.worker.emulate_ms.empty()) {
+    std::vector<std::string> ms;
+    for (float m : c.worker.emulate_ms) ms.push_back(flt(m));
+    line("emulate_ms", fmt::format("[{}]", fmt::join(ms, ", ")));
+  }
   line("tf32", boolean(c.worker.tf32));
   line("conv_algo", str(c.worker.conv_algo));
   s += "\n[data]\n";

@@ -198,6 +198,11 @@ struct WorkerConfig {
   // straggler_delay_ms after every step (downpour-worker --step-delay-ms does it for one process).
   int straggler = -1;
   int straggler_delay_ms = 0;
+  // Emulated compute, for the scaling model's validation only (docs/scaling.md): a forward and
+  // a backward milliseconds per layer of the model, in net order (2 × layers values). The worker
+  // then computes nothing: each layer's forward and backward sleeps its time, with the pull waits
+  // and pushes at the same points as a real step (gradients are zero). Empty = off.
+  std::vector<float> emulate_ms;
   bool tf32 = true;             // GPU: TF32 tensor cores for fp32 convolutions/GEMMs (off = exact fp32)
   // GPU: how cuDNN convolution algorithms are chosen: "search" (measured per layer, as
   // torch.backends.cudnn.benchmark), "heuristic", or forced "gemm", "implicit_gemm", "fft",

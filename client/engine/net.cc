@@ -2,7 +2,10 @@
 #include "client/engine/net.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -224,9 +227,41 @@ void Net::AccuracyFromScores(const int* labels, int k, float* top1, float* topk)
   *topk = float(ck) / batch_;
 }
 
+Status Net::SetEmulatedCompute(std::vector<float> ms) {
+  if (!ms.empty() && ms.size() != 2 * layers_.size()) {
+    return InvalidArgument(
+        "worker.emulate_ms has {} values; model {} has {} layers: expected {} (a forward and a backward ms per "
+        "layer, in net order)",
+        ms.size(), spec_.name, layers_.size(), 2 * layers_.size());
+  }
+  for (float m : ms) {
+    if (!std::isfinite(m) || m < 0) return InvalidArgument("worker.emulate_ms: {} ms: must be finite and >= 0", m);
+  }
+  emulate_ms_ = std::move(ms);
+  return Status::Ok();
+}
+
+void Net::EmulateKernel(float ms) {
+  const auto now = std::chrono::steady_clock::now();
+  emulate_due_ = std::max(emulate_due_, now) +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double, std::milli>(ms));
+  std::this_thread::sleep_until(emulate_due_);
+}
+
 float Net::ForwardBackward(const float* images, const int* labels) {
   ++step_;
   SetInputs(images, labels);
+  if (emulated()) {
+    // No kernel runs (SetEmulatedCompute): the callbacks come at a real step's points.
+    emulate_due_ = std::chrono::steady_clock::now();
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      if (before_layer_) before_layer_(static_cast<int>(li));
+      EmulateKernel(emulate_ms_[2 * li]);
+    }
+    for (int li = num_layers() - 1; li >= 0; --li) BackwardLayer(li);
+    last_accuracy_ = 0.0f;
+    return 0.0f;
+  }
   RunForward(Phase::kTrain);
   const float loss = ReadScalar(*tops_[shapes_.loss_layer][0]);
   for (int li = num_layers() - 1; li >= 0; --li) BackwardLayer(li);
@@ -247,6 +282,7 @@ EvalResult Net::Forward(const float* images, const int* labels) {
 void Net::ForwardLayer(int i, Phase phase) { layers_[i]->Forward(phase, bottoms_[i], tops_[i]); }
 
 void Net::BackwardLayer(int li) {
+  if (emulated()) EmulateKernel(emulate_ms_[2 * static_cast<size_t>(li) + 1]);
   if (!layers_[li]->HasBackward()) return;
   const auto& pis = shapes_.layer_params[li];
   const bool any_down = std::any_of(propagate_down_[li].begin(), propagate_down_[li].end(),
@@ -256,7 +292,7 @@ void Net::BackwardLayer(int li) {
   const bool factors = !pis.empty() && FactorsPay(li, pis[0]);
   if (!factor_layer_.empty() && !pis.empty()) factored_now_[static_cast<size_t>(pis[0])] = factors;
   layers_[li]->set_skip_weight_grad(factors);
-  layers_[li]->Backward(tops_[li], propagate_down_[li], bottoms_[li]);
+  if (!emulated()) layers_[li]->Backward(tops_[li], propagate_down_[li], bottoms_[li]);
   for (auto it = pis.rbegin(); it != pis.rend(); ++it) {
     if (grad_is_factored(*it)) {
       WriteFactors(li, *it);

@@ -23,6 +23,7 @@
 // thread at a time; the callback runs on the calling thread, inside ForwardBackward.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -141,6 +142,17 @@ class Net {
   // other tensor.
   bool InnerProductDims(int tensor, int64_t* out, int64_t* in) const;
 
+  // Emulated compute (worker.emulate_ms; the scaling model's validation with GPU-like steps on a
+  // CPU host): `ms` holds a forward and a backward milliseconds per layer, in net order
+  // (2 × num_layers() values, each finite and >= 0; otherwise an InvalidArgument naming
+  // worker.emulate_ms and the counts). Training steps then run no kernel: each layer's forward
+  // sleeps its time after its before-layer callback, each backward sleeps before the layer's
+  // grad-ready callbacks, in a real step's order, and factors are chosen as in a real step;
+  // gradients and factors keep what they hold (zeros after InitParams) and the loss is 0.
+  // Evaluation (Forward) still computes. An empty `ms` turns it off.
+  Status SetEmulatedCompute(std::vector<float> ms);
+  bool emulated() const { return !emulate_ms_.empty(); }
+
   // Called during forward (both phases) with layer index i before layer i runs; the layer's
   // parameters (layer_param_tensors(i)) are read only after it returns. Empty = none.
   void SetBeforeLayerCallback(std::function<void(int layer)> callback) { before_layer_ = std::move(callback); }
@@ -212,6 +224,11 @@ class Net {
   std::function<void(int)> grad_ready_;
   std::function<void(int)> before_layer_;
   float last_accuracy_ = 0.0f;
+  // Emulated compute: forward, backward ms per layer; the time the previous emulated kernel was
+  // due to end (a late wake-up is not added to the next one).
+  void EmulateKernel(float ms);
+  std::vector<float> emulate_ms_;
+  std::chrono::steady_clock::time_point emulate_due_{};
 };
 
 }  // namespace downpour::engine

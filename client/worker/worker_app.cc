@@ -90,6 +90,14 @@ Status BuildNets(const RunConfig& c, bool need_eval, std::unique_ptr<engine::Net
   engine::NetOptions o = NetOptionsFor(c, c.worker.batch_size);
   DP_RETURN_IF_ERROR(engine::Net::Create(spec, o, net));
   (*net)->InitParams(static_cast<uint64_t>(c.run.seed));
+  if (!c.worker.emulate_ms.empty()) {
+    DP_RETURN_IF_ERROR((*net)->SetEmulatedCompute(c.worker.emulate_ms));
+    double ms = 0;
+    for (float m : c.worker.emulate_ms) ms += m;
+    spdlog::warn("emulated compute (worker.emulate_ms): this worker trains nothing; each step sleeps {:.1f} ms "
+                 "through the model's layers and pushes zero gradients",
+                 ms);
+  }
   if (!c.model.weights.empty()) {
     // Fine-tuning as Caffe does it: tensors are copied by name; the file's extra layers are
     // ignored and the model's layers the file lacks keep their fillers (both listed).
@@ -420,7 +428,12 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   }
   WorkerArgs a = args;
   if (a.local && a.id < 0) a.id = 0;
-  if (!config.models.empty()) return RunMultiModelWorker(config, a, started);  // [[models]]: multi_model.h
+  if (!config.models.empty()) {  // [[models]]: multi_model.h
+    if (!config.worker.emulate_ms.empty()) {
+      return InvalidArgument("{}: worker.emulate_ms is for one model's job ([[models]] is set)", config_path);
+    }
+    return RunMultiModelWorker(config, a, started);
+  }
   // Only worker 0, named as such, evaluates: never one that joined; and in a distributed run
   // only when the run has no evaluator process (eval.evaluator = false).
   const bool evaluate = a.id == 0 && !config.data.test.empty() && (a.local || !RunHasEvaluator(config));

@@ -8,6 +8,8 @@
 //  * SgdUpdate: the servers' rule (common/solver), bit for bit, with each tensor's multipliers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <random>
 
@@ -65,6 +67,54 @@ TEST(EngineNet, SgdUpdateIsTheServersRuleBitForBit) {
     ASSERT_EQ(std::memcmp(w.data(), net->params().data(), n * sizeof(float)), 0) << "weights after step " << step;
     ASSERT_EQ(std::memcmp(h.data(), hist.data(), n * sizeof(float)), 0) << "history after step " << step;
   }
+}
+
+// worker.emulate_ms: a training step runs no kernel but sleeps each layer's time, with the
+// before-layer callbacks in forward order and the grad-ready callbacks in a real step's order
+// (the same tensors, the same sequence), and leaves weights and gradients as they were.
+TEST(EngineNet, EmulatedComputeSleepsTheLayersWithARealStepsCallbacks) {
+  auto real = SmallNet(true, 4), emulated = SmallNet(true, 4);
+  ASSERT_NE(real, nullptr);
+  ASSERT_NE(emulated, nullptr);
+  const int layers = emulated->num_layers();
+  std::vector<int> real_before, real_ready, before, ready;
+  real->SetBeforeLayerCallback([&](int l) { real_before.push_back(l); });
+  real->SetGradReadyCallback([&](int t) { real_ready.push_back(t); });
+  emulated->SetBeforeLayerCallback([&](int l) { before.push_back(l); });
+  emulated->SetGradReadyCallback([&](int t) { ready.push_back(t); });
+  std::vector<float> images(real->input_count(), 0.5f);
+  std::vector<int> labels(4, 1);
+  real->ForwardBackward(images.data(), labels.data());
+
+  // Forward 2 ms and backward 3 ms a layer: 5 ms × layers a step.
+  std::vector<float> ms;
+  for (int l = 0; l < layers; ++l) ms.insert(ms.end(), {2.0f, 3.0f});
+  ASSERT_TRUE(emulated->SetEmulatedCompute(ms).ok());
+  EXPECT_TRUE(emulated->emulated());
+  std::fill(emulated->grads().begin(), emulated->grads().end(), 0.0f);
+  const std::vector<float> weights(emulated->params().begin(), emulated->params().end());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(emulated->ForwardBackward(images.data(), labels.data()), 0.0f);
+  const double took = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 5.0 * layers);  // every layer's sleep, at least
+  EXPECT_EQ(before, real_before);
+  EXPECT_EQ(ready, real_ready);
+  EXPECT_TRUE(std::all_of(emulated->grads().begin(), emulated->grads().end(), [](float g) { return g == 0.0f; }));
+  EXPECT_TRUE(std::equal(weights.begin(), weights.end(), emulated->params().begin()));
+
+  // The count must be two per layer; an empty list turns it off.
+  ms.pop_back();
+  const Status bad = emulated->SetEmulatedCompute(ms);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.ToString().find("worker.emulate_ms has " + std::to_string(2 * layers - 1) + " values"),
+            std::string::npos)
+      << bad.ToString();
+  EXPECT_NE(bad.ToString().find("expected " + std::to_string(2 * layers)), std::string::npos) << bad.ToString();
+  EXPECT_FALSE(emulated->SetEmulatedCompute(std::vector<float>(2 * layers, -1.0f)).ok());
+  ASSERT_TRUE(emulated->SetEmulatedCompute({}).ok());
+  EXPECT_FALSE(emulated->emulated());
+  EXPECT_GT(emulated->ForwardBackward(images.data(), labels.data()), 0.0f);  // it computes again: a loss
+  EXPECT_TRUE(std::any_of(emulated->grads().begin(), emulated->grads().end(), [](float g) { return g != 0.0f; }));
 }
 
 TEST(EngineNet, CheckLabelsAcceptsEveryClass) {

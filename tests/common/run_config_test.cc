@@ -226,6 +226,18 @@ TEST(RunConfigTest, StragglerMustBeAWorker) {
   EXPECT_EQ(c.worker.straggler_delay_ms, 40);
 }
 
+TEST(RunConfigTest, EmulatedComputeMsAreChecked) {
+  EXPECT_THAT(ParseError("[worker]\nemulate_ms = [1.0, -2.0]\n"),
+              HasSubstr("worker.emulate_ms = [1, -2]: every value must be in 0..60000 ms"));
+  EXPECT_THAT(ParseError("[worker]\nemulate_ms = [1.0, nan]\n"), HasSubstr("worker.emulate_ms"));
+  EXPECT_THAT(ParseError("[worker]\nemulate_ms = [1.0, 2.0, 3.0]\n"),
+              HasSubstr("worker.emulate_ms = 3 values: expected a forward and a backward ms per layer"));
+  EXPECT_THAT(ParseError("[worker]\nemulate_ms = \"fast\"\n"), HasSubstr("expected an array of numbers"));
+  const RunConfig c = ParseOk("[worker]\nemulate_ms = [0.5, 1, 0, 2.25]\n");
+  EXPECT_EQ(c.worker.emulate_ms, (std::vector<float>{0.5f, 1.0f, 0.0f, 2.25f}));
+  EXPECT_TRUE(ParseOk("").worker.emulate_ms.empty());  // off by default
+}
+
 TEST(RunConfigTest, EasgdSettingsAreChecked) {
   EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"easgd\"\neasgd_tau = 0\n"),
               HasSubstr("consistency.easgd_tau = 0: must be >= 1"));
@@ -312,6 +324,7 @@ TEST(RunConfigTest, ToTomlRoundTrips) {
   c.eval.every_seconds = 0.1;
   c.eval.evaluator = false;
   c.eval.every_updates = 777;
+  c.worker.emulate_ms = {0.1f / 3.0f, 2.0f, 0.0f, 12.5f};
   RunConfig back;
   Status s = ParseRunConfig(ToToml(c), "roundtrip.toml", &back);
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << ToToml(c);
