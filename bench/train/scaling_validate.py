@@ -36,6 +36,7 @@ cores the model assumes the jobs have (--cores, default nproc): run this on a qu
 table shows the load average before and after each job.
 """
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -91,10 +92,10 @@ def data_sets(args, net):
     return [f"data.train={synthetic}/train_lmdb", 'data.test=""', 'data.mean_file=""', "data.scale=0.00390625"]
 
 
-def time_profile(args, net, base, repeats=3):
+def time_profile(args, net, base, repeats=3, path=None):
     """downpour-time --json for one worker of this net on this machine: the median (by forward +
     backward) of `repeats` timings, as other work on a shared machine swings a single one 2×."""
-    path = os.path.join(args.work, f"{net}.time.json")
+    path = path or os.path.join(args.work, f"{net}.time.json")
     batch = base["worker"]["batch_size"]
     threads = base["worker"].get("threads", 1)
     cmd = [os.path.join(args.build, "client", "engine", "downpour-time"), "--model",
@@ -108,8 +109,9 @@ def time_profile(args, net, base, repeats=3):
     timings.sort(key=lambda t: t[0])
     with open(path, "w") as f:
         f.write(timings[len(timings) // 2][1])
-    print(f"{net}: downpour-time forward+backward over {repeats} repeats: "
-          + ", ".join(f"{t[0]:.1f}" for t in timings) + " ms (the median is the profile)", flush=True)
+    print(f"{net}: downpour-time forward+backward over {repeats} repeat{'s' if repeats > 1 else ''}: "
+          + ", ".join(f"{t[0]:.1f}" for t in timings) + " ms" + (" (the median is the profile)" if repeats > 1 else ""),
+          flush=True)
     return sc.read_profile(path), path
 
 
@@ -159,6 +161,18 @@ def predict(profile, tensors, rates, net_base, w, s, link, codec, cores):
     return sc.predict(profile, tensors, rates, cluster, codec)
 
 
+def emulated_profile(profile, step_ms):
+    """The profile of an emulated GPU-like worker (worker.emulate_ms): this machine's per-layer
+    proportions scaled to step_ms of forward + backward, on no CPU thread of the host."""
+    p = sc.scaled_profile(profile, step_ms=step_ms)
+    return dataclasses.replace(p, threads=0, device="emulated", source=f"{profile.source} scaled to {step_ms:g} ms")
+
+
+def emulate_set(profile):
+    """The --set argument that makes a job's workers sleep this profile's layer times."""
+    return "worker.emulate_ms=[" + ", ".join(f"{1e3 * f:.4f}, {1e3 * b:.4f}" for _, _, f, b in profile.layers) + "]"
+
+
 def run_job(args, net, index, w, s, link, codec, data, repeat=0):
     """One job; returns (run_dir, summary, measured images/s from median steps)."""
     name = f"{net}-w{w}-s{s}-{'nolink' if not link else f'{link:g}g'}-{codec.name.replace('+', '_').replace(':', '')}"
@@ -177,6 +191,8 @@ def run_job(args, net, index, w, s, link, codec, data, repeat=0):
         sets.append(f"worker.batch_size={args.batch}")
     if link:
         sets.append(f"cluster.link_gbps={link:g}")
+    if args.emulated.get(net) is not None:
+        sets.append(emulate_set(args.emulated[net]))
     cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config", os.path.join(ROOT, NETS[net]["base"]),
            "--run-dir", run_dir, "--timeout-s", str(args.timeout_s)]
     for x in sets:
@@ -222,6 +238,8 @@ def rejoin(args, path):
         net = r["net"]
         if net not in profiles:
             profiles[net] = sc.read_profile(os.path.join(where, f"{net}.time.json"), "--rejoin")
+            if data.get("emulate_step_ms"):
+                profiles[net] = emulated_profile(profiles[net], data["emulate_step_ms"])
             tensors[net] = sc.read_tensors(os.path.join(where, f"{net}.tensors.txt"), "--rejoin")
         base = load_base(net)
         base["worker"]["batch_size"] = profiles[net].batch
@@ -281,11 +299,28 @@ def main():
                     help="run the whole grid this many times, one pass after another (a slow drift of a shared "
                          "VM then touches every row alike); measured = the median over the passes, with the "
                          "range beside it (default 1)")
+    ap.add_argument("--retime", action="store_true",
+                    help="also time the net again (one downpour-time) right before each job and print that job's "
+                         "own prediction from it before the job starts: a VM whose speed drifts by tens of "
+                         "percent from one hour to the next then has its speed measured when the job runs. "
+                         "The table gives both predictions (the grid's, from the profile at the start; and the "
+                         "median of the re-timed ones)")
+    ap.add_argument("--emulate-step-ms", type=float, default=0.0,
+                    help="emulated GPU-like workers: every job's workers sleep through the net's layers "
+                         "(worker.emulate_ms, this machine's per-layer proportions scaled to this many ms of "
+                         "forward + backward) instead of computing, and the model predicts workers whose "
+                         "compute takes no host CPU: the communication half of the model, on a host whose "
+                         "cores are not shared with compute (default 0: real CPU workers)")
     ap.add_argument("--dry-run", action="store_true", help="profiles and predictions only; start no job")
     ap.add_argument("--rejoin", metavar="JSON", help="re-predict a finished run's validation.json with the current "
                     "model (its saved profiles, tensors and bench-ps.txt) and join with its measurements; no job")
     args = ap.parse_args()
     args.work_given = args.work is not None
+    args.emulated = {}
+    if args.emulate_step_ms < 0 or args.emulate_step_ms != args.emulate_step_ms:
+        sys.exit(f"scaling_validate: --emulate-step-ms {args.emulate_step_ms:g}: must be >= 0")
+    if args.emulate_step_ms and args.retime:
+        sys.exit("scaling_validate: --retime times the CPU compute, which --emulate-step-ms replaces: give one")
     if args.repeats < 1:
         sys.exit(f"scaling_validate: --repeats {args.repeats}: must be >= 1")
     args.work = args.work or "/tmp/downpour-scaling-validate"
@@ -317,7 +352,7 @@ def main():
           f"{rates.wal_sync_ns_per_float:.3g} ns/float", flush=True)
     # Every prediction first (each is printed before any job runs), then the grid's jobs,
     # --repeats passes of it one after another.
-    results, cells = [], []
+    results, cells, tensors_by_net = [], [], {}
     for net in nets:
         base = load_base(net)
         if args.wal:
@@ -325,7 +360,13 @@ def main():
         if args.batch:
             base["worker"]["batch_size"] = args.batch  # the profile, the prediction and the job
         profile, time_path = time_profile(args, net, base)
+        if args.emulate_step_ms:
+            profile = emulated_profile(profile, args.emulate_step_ms)
+            args.emulated[net] = profile
+            print(f"{net}: emulated workers (worker.emulate_ms): the profile's layers scaled to "
+                  f"{args.emulate_step_ms:g} ms a step, no CPU compute", flush=True)
         tensors, _ = tensors_of(args, net, base)
+        tensors_by_net[net] = tensors
         print(f"{net}: one worker alone {1e3 * profile.compute_s:.1f} ms forward+backward at batch {profile.batch} "
               f"({time_path})", flush=True)
         data = None if args.dry_run else data_sets(args, net)
@@ -346,6 +387,19 @@ def main():
         index = 0
         for repeat in range(args.repeats):
             for row, p, (net, w, s, link, codec, data) in cells:
+                retimed = None
+                if args.retime:
+                    base = load_base(net)
+                    if args.wal:
+                        base.setdefault("checkpoint", {})["wal"] = args.wal == "on"
+                    if args.batch:
+                        base["worker"]["batch_size"] = args.batch
+                    profile, _ = time_profile(args, net, base, repeats=1,
+                                              path=os.path.join(args.work, f"{net}.time-job{index}.json"))
+                    retimed = predict(profile, tensors_by_net[net], rates, base, w, s, link, codec, args.cores)
+                    print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}, re-timed "
+                          f"({1e3 * profile.compute_s:.1f} ms alone): {retimed.images_per_s:.1f} img/s "
+                          f"(step {1e3 * retimed.step_s:.0f} ms, {retimed.bound})", flush=True)
                 load_before = os.getloadavg()[0]
                 run_dir, summary, measured = run_job(args, net, index, w, s, link, codec, data, repeat)
                 index += 1
@@ -355,10 +409,15 @@ def main():
                     "load_average": [load_before, os.getloadavg()[0]],
                     "measured_push_bytes": summary.get("push_bytes_per_step"),
                     "measured_pull_bytes": summary.get("pull_bytes_per_step")})
-                err = p.images_per_s / measured - 1 if measured else None
+                if retimed is not None:
+                    row["runs"][-1].update(retimed_predicted_images_per_s=retimed.images_per_s,
+                                           retimed_compute_ms=1e3 * retimed.compute_s,
+                                           retimed_predicted_step_ms=1e3 * retimed.step_s)
+                err = (retimed or p).images_per_s / measured - 1 if measured else None
                 print(f"  measured {net} W={w} S={s} link={link or 'none'} {codec.name}"
                       f"{f' (pass {repeat + 1} of {args.repeats})' if args.repeats > 1 else ''}: {measured:.1f} img/s "
-                      f"(whole run {summary['images_per_s']:.1f}); prediction {percent(err)}", flush=True)
+                      f"(whole run {summary['images_per_s']:.1f}); "
+                      f"{'re-timed ' if retimed else ''}prediction {percent(err)}", flush=True)
         for row in results:
             runs = row["runs"]
             values = sorted(r["measured_images_per_s"] for r in runs)
@@ -371,12 +430,18 @@ def main():
                        measured_pull_bytes=middle["measured_pull_bytes"],
                        load_average=[runs[0]["load_average"][0], runs[-1]["load_average"][1]],
                        error=row["predicted_images_per_s"] / measured - 1 if measured else None)
+            if args.retime:
+                retimed = statistics.median(r["retimed_predicted_images_per_s"] for r in runs)
+                row.update(retimed_predicted_images_per_s=retimed,
+                           retimed_error=retimed / measured - 1 if measured else None)
     lines = ["| net | W | S | link Gbit/s | codec | log | predicted img/s | measured img/s (median steps"
              + (f", median of {args.repeats} runs) | runs' range" if args.repeats > 1 else ")")
-             + " | whole run img/s | prediction error | within 20% | push MB/step predicted / measured | "
-             "pull MB/step predicted / measured | load average |",
+             + " | whole run img/s | prediction error | within 20% |"
+             + (" re-timed prediction img/s" + (" (median)" if args.repeats > 1 else "")
+                + " | its error | within 20% |" if args.retime else "")
+             + " push MB/step predicted / measured | pull MB/step predicted / measured | load average |",
              "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |" + (" ---: |" if args.repeats > 1 else "")
-             + " ---: | ---: | --- | ---: | ---: | --- |"]
+             + " ---: | ---: | --- |" + (" ---: | ---: | --- |" if args.retime else "") + " ---: | ---: | --- |"]
     for r in results:
         m = r.get("measured_images_per_s")
         mb = r.get("measured_push_bytes")
@@ -389,7 +454,10 @@ def main():
                      + spread + f" {dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
                      f"{percent(r.get('error'))} | "
                      f"{'—' if r.get('error') is None else ('yes' if abs(r['error']) <= 0.2 else 'NO')} | "
-                     f"{r['push_bytes'] / 1e6:.2f} / {dr.fmt(None if mb is None else mb / 1e6, '.2f')} | "
+                     + (f"{dr.fmt(r.get('retimed_predicted_images_per_s'), '.1f')} | {percent(r.get('retimed_error'))} | "
+                        f"{'—' if r.get('retimed_error') is None else ('yes' if abs(r['retimed_error']) <= 0.2 else 'NO')} | "
+                        if args.retime else "")
+                     + f"{r['push_bytes'] / 1e6:.2f} / {dr.fmt(None if mb is None else mb / 1e6, '.2f')} | "
                      f"{r['pull_bytes'] / 1e6:.2f} / {dr.fmt(None if mq is None else mq / 1e6, '.2f')} | "
                      + ("—" if "load_average" not in r else "{:.1f} → {:.1f}".format(*r["load_average"])) + " |")
     table = "\n".join(lines) + "\n"
@@ -397,7 +465,8 @@ def main():
     with open(os.path.join(args.work, "validation.md"), "w") as f:
         f.write(table)
     with open(os.path.join(args.work, "validation.json"), "w") as f:
-        json.dump({"rates": rates.source, "sgemm": ceiling, "repeats": args.repeats, "rows": results}, f, indent=1)
+        json.dump({"rates": rates.source, "sgemm": ceiling, "repeats": args.repeats, "retime": args.retime,
+                   "emulate_step_ms": args.emulate_step_ms, "rows": results}, f, indent=1)
     print(f"written: {args.work}/validation.md, validation.json")
 
 

@@ -4,6 +4,7 @@ step for every codec, the layout replicated from common/layout.cc, more servers 
 a two-worker case computed by hand, the command line (table, --json, --png, --run-dir,
 --rates-from-bench) and bad input refused with exit 2 naming the flag."""
 import contextlib
+import io
 import dataclasses
 import json
 import math
@@ -588,7 +589,15 @@ class ValidateRepeats(unittest.TestCase):
         self.sv = scaling_validate
         self.saved = {n: getattr(self.sv, n) for n in ("time_profile", "tensors_of", "data_sets", "sgemm_ceiling",
                                                        "run_job")}
-        self.sv.time_profile = lambda args, net, base: (sc.parse_time_json(alexnet_time(batch=64), "t"), "t")
+        self.events = []
+        # The grid's profile: 20 ms a step; --retime's, one per job: 4, 1, 2, 8, 3, 5 s (compute-bound).
+        self.retimes = iter([4000.0, 1000.0, 2000.0, 8000.0, 3000.0, 5000.0])
+
+        def time_profile(args, net, base, repeats=3, path=None):
+            step = 20.0 if path is None else next(self.retimes)
+            self.events.append(("time", step))
+            return sc.parse_time_json(alexnet_time(batch=64, step_ms=step), "t"), "t"
+        self.sv.time_profile = time_profile
         self.sv.tensors_of = lambda args, net, base: (alexnet(), "x")
         self.sv.data_sets = lambda args, net: []
         self.sv.sgemm_ceiling = lambda args: None
@@ -598,6 +607,7 @@ class ValidateRepeats(unittest.TestCase):
 
         def run_job(args, net, index, w, s, link, codec, data, repeat=0):
             self.calls.append((w, repeat, index))
+            self.events.append(("job", w))
             m = next(self.measured)
             return f"{args.work}/w{w}-r{repeat}", {"images_per_s": m / 2}, m
         self.sv.run_job = run_job
@@ -634,6 +644,42 @@ class ValidateRepeats(unittest.TestCase):
             table = f.read()
         self.assertIn("median of 3 runs", table)
         self.assertIn("| 10.0–30.0 |", table)
+
+    def test_retime_predicts_each_job_from_its_own_timing_before_it_runs(self):
+        argv = sys.argv
+        sys.argv = ["scaling_validate.py", "--nets", "alexnet", "--workers", "1,2", "--links", "0",
+                    "--repeats", "3", "--retime", "--work", self._tmp.name]
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                self.sv.main()
+        finally:
+            sys.argv = argv
+        # The grid's profile once, then a timing right before every job.
+        self.assertEqual([e for e, _ in self.events], ["time"] + ["time", "job"] * 6)
+        with open(os.path.join(self._tmp.name, "validation.json")) as f:
+            result = json.load(f)
+        self.assertTrue(result["retime"])
+        one, two = result["rows"]
+        # Each job's re-timed prediction is the model's at that job's step time.
+        base = self.sv.load_base("alexnet")
+        for row, steps in ((one, (4000.0, 2000.0, 3000.0)), (two, (1000.0, 8000.0, 5000.0))):
+            expect = [self.sv.predict(sc.parse_time_json(alexnet_time(batch=64, step_ms=ms), "t"), alexnet(),
+                                      sc.Rates(), base, row["workers"], 2, 0, sc.parse_codec("fp32"),
+                                      os.cpu_count() or 1).images_per_s for ms in steps]
+            got = [r["retimed_predicted_images_per_s"] for r in row["runs"]]
+            for g, e in zip(got, expect):
+                self.assertAlmostEqual(g, e)
+            self.assertAlmostEqual(row["retimed_predicted_images_per_s"], sorted(expect)[1])
+            self.assertAlmostEqual(row["retimed_error"], sorted(expect)[1] / row["measured_images_per_s"] - 1)
+        # The grid's prediction (20 ms) stays beside it; each re-timed one is printed before its job
+        # (no link: the step is compute, so each timing moves its prediction).
+        self.assertNotAlmostEqual(two["predicted_images_per_s"], two["retimed_predicted_images_per_s"])
+        text = out.getvalue()
+        self.assertEqual(text.count("re-timed (4000.0 ms alone)"), 1)  # the first job's timing
+        self.assertLess(text.index("re-timed (4000.0 ms alone)"), text.index("measured alexnet W=1"))
+        with open(os.path.join(self._tmp.name, "validation.md")) as f:
+            self.assertIn("re-timed prediction img/s (median)", f.read())
 
     def test_repeats_below_one_is_refused(self):
         argv = sys.argv
