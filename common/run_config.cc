@@ -1147,7 +1147,7 @@ std::string ToToml(const RunConfig& c) {
   line("threads", num(c.worker.threads));
   line("straggler", num(c.worker.straggler));
   line("straggler_delay_ms", num(c.worker.straggler_delay_ms));
-  if (!c.worker.emulate_ms.empty()) {
+  {
     std::vector<std::string> ms;
     for (float m : c.worker.emulate_ms) ms.push_back(flt(m));
     line("emulate_ms", fmt::format("[{}]", fmt::join(ms, ", ")));
