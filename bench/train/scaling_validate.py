@@ -129,18 +129,21 @@ def rates_of(args):
     if args.rates:
         return sc.rates_from_json(sc.read_json(args.rates, "--rates"), args.rates)
     if args.rates_from_bench:
-        return sc.rates_from_bench(sc.read_text(args.rates_from_bench, "--rates-from-bench"), args.rates_from_bench)
+        return sc.rates_from_bench(sc.read_text(args.rates_from_bench, "--rates-from-bench"), args.rates_from_bench,
+                                   servers=args.bench_servers)
     if args.bench:
         # The plain run for the update, loop and transport rates, then the same with the
         # write-ahead log on (its log in --work, on the disk the jobs' logs go to) for its rates.
+        # With --bench-servers S the one synthetic worker talks to S shards, as the jobs' workers
+        # do: its transport ceiling is then a worker's with S connections.
         path = os.path.join(args.work, "bench-ps.txt")
-        bench = [os.path.join(args.build, "bench", "ps", "downpour-bench-ps"), "--servers", "1", "--workers", "1",
-                 "--rounds", "6"]
+        bench = [os.path.join(args.build, "bench", "ps", "downpour-bench-ps"), "--servers", str(args.bench_servers),
+                 "--workers", "1", "--rounds", "6"]
         with open(path, "w") as f:
             subprocess.run(bench, stdout=f, check=True)
             f.flush()
             subprocess.run(bench + ["--wal", "--wal-dir", os.path.abspath(args.work)], stdout=f, check=True)
-        return sc.rates_from_bench(sc.read_text(path, "--bench"), path)
+        return sc.rates_from_bench(sc.read_text(path, "--bench"), path, servers=args.bench_servers)
     return sc.Rates()
 
 
@@ -228,7 +231,8 @@ def rejoin(args, path):
         rates = rates_of(args)
     else:
         bench = os.path.join(where, "bench-ps.txt")
-        rates = sc.rates_from_bench(sc.read_text(bench, "--rejoin"), bench) if os.path.exists(bench) else sc.Rates()
+        rates = sc.rates_from_bench(sc.read_text(bench, "--rejoin"), bench, servers=data.get("bench_servers", 1)) \
+            if os.path.exists(bench) else sc.Rates()
     profiles, tensors = {}, {}
     lines = ["| net | W | S | link Gbit/s | codec | measured img/s | old predicted | old error | new predicted | "
              "new error | new bound | new within 20% |",
@@ -289,6 +293,9 @@ def main():
     ap.add_argument("--rates", help="rates JSON for the model")
     ap.add_argument("--rates-from-bench", help="saved downpour-bench-ps output for the model's rates")
     ap.add_argument("--bench", action="store_true", help="run downpour-bench-ps (S=1, W=1) for the rates first")
+    ap.add_argument("--bench-servers", type=int, default=1,
+                    help="the load benchmark's shard servers S for --bench / --rates-from-bench (default 1; the "
+                         "jobs' S measures the transport ceiling of a worker that talks to S servers)")
     ap.add_argument("--timeout-s", type=int, default=900, help="per job (default 900)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1,
                     help="cores the model may assume the jobs have (default: nproc; less on a shared machine)")
@@ -317,6 +324,8 @@ def main():
     args = ap.parse_args()
     args.work_given = args.work is not None
     args.emulated = {}
+    if args.bench_servers < 1:
+        sys.exit(f"scaling_validate: --bench-servers {args.bench_servers}: must be >= 1")
     if args.emulate_step_ms < 0 or args.emulate_step_ms != args.emulate_step_ms:
         sys.exit(f"scaling_validate: --emulate-step-ms {args.emulate_step_ms:g}: must be >= 0")
     if args.emulate_step_ms and args.retime:
@@ -466,7 +475,8 @@ def main():
         f.write(table)
     with open(os.path.join(args.work, "validation.json"), "w") as f:
         json.dump({"rates": rates.source, "sgemm": ceiling, "repeats": args.repeats, "retime": args.retime,
-                   "emulate_step_ms": args.emulate_step_ms, "rows": results}, f, indent=1)
+                   "emulate_step_ms": args.emulate_step_ms, "bench_servers": args.bench_servers,
+                   "rows": results}, f, indent=1)
     print(f"written: {args.work}/validation.md, validation.json")
 
 
