@@ -550,7 +550,7 @@ class Prediction:
 
 
 def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, apply_s, steps=12,
-                    per_server_pull=False, burst_s=0.0):
+                    per_server_pull=False, burst_s=0.0, ack_s=None):
     """One worker's steady-state step period. layers: [(forward_s, backward_s, {server: push
     bytes}, {server: pull bytes})] in forward order. Backward runs last layer first; a layer's
     push parts leave when its gradient is ready, FIFO on the worker's egress; with overlap
@@ -562,7 +562,12 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     Pull parts land FIFO on the worker's ingress at pull_rate (a real NIC), or, with
     per_server_pull (emulated links), FIFO per server at pull_rate each (each server's paced
     egress). burst_s: an emulated pacer's credit — a link idle that long sends its next burst_s of
-    bytes at once (finish = max(last finish, now - burst) + bytes / rate, never before now)."""
+    bytes at once (finish = max(last finish, now - burst) + bytes / rate, never before now).
+    ack_s[j]: a server's apply of one worker's push part of layer j (its one loop thread applies a
+    push, then acknowledges it, then serves the pull that follows it on the connection): the
+    acknowledgment leaves ack_s after delivery, behind the pull replies already queued on the
+    same way back (the server's paced egress, or the worker's ingress), and the pull is served
+    after the apply. None: acknowledged on delivery."""
     def send(now, last, nbytes, rate):
         finish = max(last, now - burst_s) + nbytes / rate
         return finish, max(finish, now)
@@ -588,14 +593,16 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             _, _, push, pull = layers[j]
             for server in sorted(set(push) | set(pull)):
                 egress, delivered = send(grad[j], egress, push.get(server, 0), push_rate)
-                acked = max(acked, delivered)
+                applied = delivered + (ack_s[j] if ack_s is not None else 0.0)
+                queue = server if per_server_pull else 0
+                # The ack follows the pull replies already on its way back.
+                acked = max(acked, applied, ingress.get(queue, 0.0) if ack_s is not None else 0.0)
                 if sync:  # answered once every worker's push of the layer is applied
                     request = max(delivered + apply_s[j], t) + latency_s
-                elif overlap:  # the pull follows the layer's push on the connection
-                    request = delivered + latency_s
+                elif overlap:  # the pull follows the layer's push (and its apply) on the connection
+                    request = applied + latency_s
                 else:  # --no-overlap: one whole pull at the start of the next step
                     request = t + latency_s
-                queue = server if per_server_pull else 0
                 ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0), pull_rate)
                 new_ready[j] = max(new_ready[j], arrived)
         ready = new_ready
@@ -678,12 +685,15 @@ def predict(profile, tensors, rates, cluster, codec):
             # else: its compute stretches to the host's CPU round, and the communication it cannot
             # hide comes on top (not max(compute, cpu round) alone).
             slow = max(slow, host_cpu_s / profile.compute_s)
-    apply_s = []
+    apply_s, ack_s = [], []
     for name, _, _, _ in profile.layers:
         lb = per_layer.get(name, LayerBytes())
-        # The servers holding this layer apply W pushes of it (sync: before any pull is served).
-        holders = min(s, max(1, math.ceil(lb.floats / cluster.chunk_elems))) if lb.floats else 1
+        # The servers holding this layer (its chunks', from the layout) apply W pushes of it
+        # (sync: before any pull is served), side by side.
+        holders = max(1, len(lb.pull_by_server))
         apply_s.append(w * (lb.floats * (sgd + wal) + lb.factor_flops * gemm) / holders)
+        # One push of it, handled and applied by a holder before its ack (async; per holder).
+        ack_s.append((lb.floats * (sgd + wal) + lb.factor_flops * gemm + lb.push * handling) / holders)
     push_rate, pull_rate = link_rates(cluster, rates)
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync
@@ -696,8 +706,9 @@ def predict(profile, tensors, rates, cluster, codec):
         if cluster.pull_every == 1 and cluster.push_every == 1:
             if cluster.emulated:
                 return simulate_worker(rows, push_rate, server_pull_rate(cluster, rates), sync, overlap, latency,
-                                       apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3)
-            return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s)
+                                       apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3,
+                                       ack_s=ack_s)
+            return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s, ack_s=ack_s)
         # Amortized: a whole blocking pull before every pull_every-th step (the worker overlaps
         # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
         # push_every steps (sync: the push's apply is on the path as well).

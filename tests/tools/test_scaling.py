@@ -186,10 +186,40 @@ class HandComputed(unittest.TestCase):
         self.assertEqual(p.bound, "link")
 
     def test_a_slow_server_bounds_the_step(self):
-        """100 ns per float: 2 workers × 250,000 floats × 100 ns = 50 ms per round > 34 ms."""
-        p = two_worker_case(rates={"sgd_ns_per_float": 100.0, "server_ns_per_float": 100.0})
-        self.assertAlmostEqual(p.step_s, 0.050, places=9)
+        """100 ns per float: 4 workers × 250,000 floats × 100 ns = 100 ms per round, more than a
+        worker's own 63 ms (30 of compute; its 1 MB push and pull at 1e9/4 B/s, 4 ms each; 25 ms
+        for the server to apply its push before it acknowledges it and serves the pull)."""
+        rates = {"sgd_ns_per_float": 100.0, "server_ns_per_float": 100.0}
+        p = two_worker_case(workers=4, rates=rates)
+        self.assertAlmostEqual(p.worker_s, 0.063, places=9)
+        self.assertAlmostEqual(p.step_s, 0.100, places=9)
         self.assertEqual(p.bound, "server")
+        # With 2 workers the round (50 ms) is shorter than a worker's step with its push's apply
+        # on its path: 10 + 20 + push 2 + apply 25 + pull 2 = 59 ms.
+        two = two_worker_case(rates=rates)
+        self.assertAlmostEqual(two.server_s, 0.050, places=9)
+        self.assertAlmostEqual(two.step_s, 0.059, places=9)
+
+    def test_a_push_is_acknowledged_after_its_apply_behind_the_queued_pull_replies(self):
+        """The server's one loop thread applies a push, acknowledges it, then serves the pull that
+        follows it; the ack goes back behind the pull replies already queued. One worker, two
+        1 MB layers on one server at 1 ns per float (0.25 ms to apply a push), a real 1e9 B/s
+        link."""
+        profile = sc.Profile([("fc1", "InnerProduct", 0.010, 0.020), ("fc2", "InnerProduct", 0.010, 0.020)],
+                             batch=64, threads=0, device="gpu:0", source="hand")
+        tensors = sc.parse_tensors("fc1.weight 1000x250 1 1\nfc2.weight 1000x250 1 1\n", "hand")
+        rates = sc.Rates(sgd_ns_per_float=1.0, server_ns_per_float=1.0)
+        cluster = sc.Cluster(workers=1, servers=1, link_gbps=8.0, batch=64)
+        p = sc.predict(profile, tensors, rates, cluster, sc.parse_codec("fp32"))
+        # Backward: fc2 ready at 40 ms (fwd 20 + its bwd 20), fc1 at 60. fc2: push 40 → 41,
+        # applied 41.25, pull 41.25 → 42.25. fc1: push 60 → 61, applied 61.25 (after the queued
+        # fc2 reply, long gone), ack 61.25; pull 61.25 → 62.25. Next forward waits for fc1's weights
+        # at 62.25: the step is 62.25 ms.
+        self.assertAlmostEqual(p.worker_s, 0.06225, places=9)
+        # Acknowledged on delivery (the server free), it would be 62 ms: the apply is on the path.
+        free = sc.predict(profile, tensors, sc.Rates(sgd_ns_per_float=0.0, server_ns_per_float=0.0), cluster,
+                          sc.parse_codec("fp32"))
+        self.assertAlmostEqual(free.worker_s, 0.062, places=9)
 
     def test_sync_puts_the_apply_of_both_pushes_before_the_pull(self):
         """sync: push 2 ms, apply 2 × 250,000 × 2 ns = 1 ms, pull 2 ms: 10 + 20 + 2 + 1 + 2 = 35 ms."""
@@ -218,17 +248,19 @@ class HandComputed(unittest.TestCase):
     def test_colocated_cpu_workers_stretch_to_the_hosts_cpu_round(self):
         """2 one-thread workers (30 ms each) and one server (2 × 250,000 floats × 100 ns = 50 ms per
         round) on 2 cores: (60 + 50) / 2 = 55 ms of CPU per round, so each worker's compute takes
-        55 ms, and the communication it cannot hide comes on top. A loader at 100 µs per image
+        55 ms, and the communication it cannot hide comes on top: its 1 ms push, the server's
+        25 ms apply of it before the ack and the pull, the 2 ms pull. A loader at 100 µs per image
         adds 64 × 0.1 ms per worker step: (2 × 36.4 + 50) / 2 = 61.4 ms."""
         profile, tensors, c, rates = colocated_fc_case(workers=2, servers=1, link_gbps=8.0)
         p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
         self.assertAlmostEqual(p.host_cpu_s, 0.055, places=9)
         self.assertAlmostEqual(p.compute_s, 0.055, places=9)
-        self.assertGreater(p.step_s, 0.055)   # + the exposed pull (push and pull 1 + 2 ms, see above)
-        self.assertAlmostEqual(p.step_s, 0.058, places=9)
+        self.assertGreater(p.step_s, 0.055)   # + push 1, apply 25, pull 2 ms
+        self.assertAlmostEqual(p.step_s, 0.083, places=9)
         self.assertEqual(p.bound, "link")
+        # On a link far faster, only the push's apply stays on the path: 55 + 25 ms.
         fast = sc.predict(profile, tensors, rates, dataclasses.replace(c, link_gbps=1e6), sc.parse_codec("fp32"))
-        self.assertEqual(fast.bound, "host cpu")
+        self.assertAlmostEqual(fast.step_s, 0.080, places=6)
         loaded = sc.predict(profile, tensors, dataclasses.replace(rates, loader_us_per_image=100.0), c,
                             sc.parse_codec("fp32"))
         self.assertAlmostEqual(loaded.host_cpu_s, 0.0614, places=9)
@@ -259,13 +291,15 @@ class HandComputed(unittest.TestCase):
 
     def test_colocated_one_worker_beside_two_servers_loses_their_burst(self):
         """One one-thread worker of 30 ms and 2 servers on 2 cores, links far faster than the
-        CPU: each server's loop takes 1/2 × 250,000 floats × 100 ns = 12.5 ms per step. The packed
-        round (30 + 25) / 2 = 27.5 ms left the step at its 30 ms of compute; the burst of the two
-        servers takes 25 / (4/3) = 18.75 ms at 4/3 of a core, during which the worker has 2/3 of
-        its core: 6.25 ms lost, a 36.25 ms step bound by the host's CPU."""
-        profile, tensors, c, rates = colocated_fc_case(workers=1, servers=2, link_gbps=1e6)
+        CPU, the transport's CPU at 12.5 ns per byte: 2 MB a step, 25 ms of CPU, off the push's
+        ack path (the servers' loops cost nothing here). The packed round (30 + 25) / 2 = 27.5 ms
+        left the step at its 30 ms of compute; the burst of the two servers' streams takes
+        25 / (4/3) = 18.75 ms at 4/3 of a core, during which the worker has 2/3 of its core:
+        6.25 ms lost, a 36.25 ms step bound by the host's CPU."""
+        profile, tensors, c, _ = colocated_fc_case(workers=1, servers=2, link_gbps=1e6)
+        rates = sc.Rates(sgd_ns_per_float=0.0, server_ns_per_float=0.0, io_ns_per_byte=12.5)
         p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
-        self.assertAlmostEqual(p.server_s, 0.0125, places=9)
+        self.assertAlmostEqual(p.server_s, 0.0, places=9)
         self.assertAlmostEqual(p.compute_s, 0.03625, places=6)
         self.assertAlmostEqual(p.step_s, 0.03625, places=6)
         self.assertEqual(p.bound, "host cpu")
@@ -276,16 +310,19 @@ class HandComputed(unittest.TestCase):
 
     def test_the_write_ahead_log_costs_each_server_every_pushed_float(self):
         """checkpoint.wal: the server appends both workers' 250,000 floats at 100 ns each before
-        applying them (2 ns): 2 × 250,000 × 102 ns = 51 ms per round > the workers' 34 ms. The
-        log holds the dense gradient whatever the codec: with 1-bit pushes it costs the same. Off,
-        the rate is not charged."""
+        applying them (2 ns), four workers: 4 × 250,000 × 102 ns = 102 ms per round, more than a
+        worker's 63.5 ms (30 + push 4 + its own push's 25.5 ms before the ack + pull 4). The log
+        holds the dense gradient whatever the codec: with 1-bit pushes it costs the same. Off, the
+        rate is not charged."""
         rates = {"sgd_ns_per_float": 2.0, "server_ns_per_float": 2.0, "wal_ns_per_float": 100.0}
-        p = two_worker_case(wal=True, rates=rates)
-        self.assertAlmostEqual(p.server_s, 0.051, places=9)
-        self.assertAlmostEqual(p.step_s, 0.051, places=9)
+        p = two_worker_case(workers=4, wal=True, rates=rates)
+        self.assertAlmostEqual(p.server_s, 0.102, places=9)
+        self.assertAlmostEqual(p.worker_s, 0.0635, places=9)
+        self.assertAlmostEqual(p.step_s, 0.102, places=9)
         self.assertEqual(p.bound, "server")
-        self.assertAlmostEqual(two_worker_case(wal=True, rates=rates, codec="onebit").server_s, 0.051, places=9)
-        self.assertAlmostEqual(two_worker_case(rates=rates).server_s, 0.001, places=9)
+        self.assertAlmostEqual(two_worker_case(workers=4, wal=True, rates=rates, codec="onebit").server_s, 0.102,
+                               places=9)
+        self.assertAlmostEqual(two_worker_case(workers=4, rates=rates).server_s, 0.002, places=9)
 
     def test_sync_logs_every_push_before_it_applies_them(self):
         """sync with the log: the apply on the pull's path is 2 × 250,000 × (2 + 2) ns = 2 ms:
