@@ -361,7 +361,7 @@ def main():
           f"{rates.wal_sync_ns_per_float:.3g} ns/float", flush=True)
     # Every prediction first (each is printed before any job runs), then the grid's jobs,
     # --repeats passes of it one after another.
-    results, cells, tensors_by_net = [], [], {}
+    results, cells, tensors_by_net, bases = [], [], {}, {}
     for net in nets:
         base = load_base(net)
         if args.wal:
@@ -376,6 +376,7 @@ def main():
                   f"{args.emulate_step_ms:g} ms a step, no CPU compute", flush=True)
         tensors, _ = tensors_of(args, net, base)
         tensors_by_net[net] = tensors
+        bases[net] = base
         print(f"{net}: one worker alone {1e3 * profile.compute_s:.1f} ms forward+backward at batch {profile.batch} "
               f"({time_path})", flush=True)
         data = None if args.dry_run else data_sets(args, net)
@@ -398,11 +399,7 @@ def main():
             for row, p, (net, w, s, link, codec, data) in cells:
                 retimed = None
                 if args.retime:
-                    base = load_base(net)
-                    if args.wal:
-                        base.setdefault("checkpoint", {})["wal"] = args.wal == "on"
-                    if args.batch:
-                        base["worker"]["batch_size"] = args.batch
+                    base = bases[net]
                     profile, _ = time_profile(args, net, base, repeats=1,
                                               path=os.path.join(args.work, f"{net}.time-job{index}.json"))
                     retimed = predict(profile, tensors_by_net[net], rates, base, w, s, link, codec, args.cores)
