@@ -2,7 +2,6 @@
 #include "server/factor_push.h"
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
@@ -25,10 +24,10 @@ RowSpan RowsOf(const Chunk& c, int64_t in) {
   return RowSpan{r0, r1 - r0 + 1};
 }
 
-// The chunk's dense gradient: the rows it touches of G = δᵀ (rows×B) · a (B×in) by one sgemm
-// (row-major), then the chunk's window [offset - r0·in, +count) of them moved to the front.
-std::shared_ptr<std::vector<float>> DenseFromFactors(const Chunk& c, int64_t in, int64_t batch,
-                                                     const float* delta, const float* a) {
+// The rows a chunk touches of G = δᵀ (rows×B) · a (B×in), by one sgemm (row-major), as a frame
+// of the chunk's window [offset - r0·in, +count) of them (no copy: the frame starts inside).
+Frame DenseFromFactors(const Chunk& c, int64_t in, int64_t batch, const float* delta, const float* a,
+                       BufferPool<float>* scratch) {
   // One thread, the shard's loop thread that calls this: a shard is one loop thread (servers
   // scale by shards, docs/scaling.md), and dnnl's default OpenMP team of nproc threads, on a host
   // whose other cores run workers, spends its time waiting for them at its barriers. Measured on
@@ -41,13 +40,13 @@ std::shared_ptr<std::vector<float>> DenseFromFactors(const Chunk& c, int64_t in,
   }();
   (void)one_thread;
   const RowSpan r = RowsOf(c, in);
-  auto g = std::make_shared<std::vector<float>>(static_cast<size_t>(r.rows * in));
-  const dnnl_status_t st = dnnl_sgemm('T', 'N', r.rows, in, batch, 1.0f, delta, r.rows, a, in, 0.0f, g->data(), in);
+  const auto n = static_cast<size_t>(r.rows * in);
+  // beta = 0: sgemm writes every element, so the buffer needs no zeroing.
+  std::shared_ptr<float[]> g = scratch != nullptr ? scratch->Take(n) : std::shared_ptr<float[]>(new float[n]);
+  const dnnl_status_t st = dnnl_sgemm('T', 'N', r.rows, in, batch, 1.0f, delta, r.rows, a, in, 0.0f, g.get(), in);
   DP_CHECK_EQ(static_cast<int>(st), static_cast<int>(dnnl_success));
   const int64_t skip = c.tensor_offset - r.first * in;
-  if (skip > 0) std::memmove(g->data(), g->data() + skip, static_cast<size_t>(c.count) * sizeof(float));
-  g->resize(static_cast<size_t>(c.count));
-  return g;
+  return Frame::Borrow(g.get() + skip, static_cast<size_t>(c.count) * sizeof(float), g);
 }
 
 Status Refuse(RejectReason why, RejectReason* reason, Status s) {
@@ -61,7 +60,8 @@ bool HasFactorChunks(const MessageHeader& h) {
   return std::find(h.encodings.begin(), h.encodings.end(), Encoding::kFactors) != h.encodings.end();
 }
 
-Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason) {
+Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
+                        BufferPool<float>* scratch) {
   if (!HasFactorChunks(*h)) return Status::Ok();
   const size_t n = h->chunk_ids.size();
   if ((h->flags & kFlagInit) != 0 || h->dtype != DType::kF32)
@@ -145,8 +145,7 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
   for (size_t i = 0; i < n; ++i) {
     if (h->encodings[i] != Encoding::kFactors) continue;
     const Chunk& c = layout.chunk(static_cast<int32_t>(h->chunk_ids[i]));
-    std::shared_ptr<std::vector<float>> g = DenseFromFactors(c, in, batch, deltas[i], a);
-    (*frames)[i + 1] = Frame::Borrow(g->data(), g->size() * sizeof(float), g);
+    (*frames)[i + 1] = DenseFromFactors(c, in, batch, deltas[i], a, scratch);
     h->byte_lengths[i] = static_cast<uint64_t>(c.count) * sizeof(float);
     h->encodings[i] = Encoding::kDense;
   }

@@ -9,10 +9,14 @@
 // all factor chunks of one message belong to one tensor. The dense chunk is the slice of
 // G = δᵀ·a (rows × in, one sgemm from oneDNN) that the chunk covers.
 //
-// Thread-safety: pure function over its arguments (oneDNN's sgemm may use OpenMP threads).
-// Ownership: the rewritten frames own their dense gradients (Frame::Borrow with a keepalive).
+// Thread-safety: ExpandFactorPush touches only its arguments (oneDNN's sgemm may use OpenMP
+// threads); its scratch pool belongs to one thread (a shard's loop thread).
+// Ownership: the rewritten frames share their dense gradients' buffers (Frame::Borrow with a
+// keepalive) with the pool they came from, which hands a buffer out again only once every frame
+// has released it.
 #pragma once
 
+#include "common/buffer_pool.h"
 #include "common/codec.h"
 #include "common/layout.h"
 #include "common/status.h"
@@ -35,7 +39,9 @@ bool HasFactorChunks(const MessageHeader& h);
 // or more), kFrameCount (list or frame counts, missing a frame), kUnknownChunk (chunk id out of
 // range), kElemCount (factor_batch outside 1..kMaxFactorBatch, element count not the layout's),
 // kByteLength (a frame not exactly B×rows×4 or B×in×4 bytes), kChecksum, kNonFinite (NaN or Inf
-// in δ or a).
-Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason);
+// in δ or a). The dense gradients are written into buffers of `scratch`, reused from push to
+// push (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the frame).
+Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
+                        BufferPool<float>* scratch = nullptr);
 
 }  // namespace downpour

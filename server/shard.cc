@@ -45,15 +45,33 @@ bool CodedPush(const MessageHeader& h) {
   return std::any_of(h.encodings.begin(), h.encodings.end(), [](Encoding e) { return e != Encoding::kDense; });
 }
 
-// A pull reply's weights converted to f16 / bf16 (the masters stay f32); the frame owns them.
-Frame ConvertedWeights(const std::vector<float>& w, DType dtype) {
-  auto out = std::make_shared<std::vector<uint16_t>>(w.size());
-  if (dtype == DType::kF16) {
-    FloatsToHalf(w, out->data());
-  } else {
-    FloatsToBf16(w, out->data());
+// The elements of the chunks `server` holds; whole_rows: of the rows of its 2-D tensors that
+// the chunks touch (a factor chunk's dense gradient is formed row by row).
+size_t OwnedElems(const ParamLayout& layout, int32_t server, bool whole_rows) {
+  size_t total = 0;
+  for (int32_t id : layout.ServerChunks(server)) {
+    const Chunk& c = layout.chunk(id);
+    const TensorSpec& t = layout.tensors()[static_cast<size_t>(c.tensor)];
+    int64_t n = c.count;
+    if (whole_rows && t.shape.size() >= 2) {
+      const int64_t in = t.numel() / t.shape[0];
+      n = ((c.tensor_offset + c.count - 1) / in - c.tensor_offset / in + 1) * in;
+    }
+    total += static_cast<size_t>(n);
   }
-  return Frame::Borrow(out->data(), out->size() * sizeof(uint16_t), out);
+  return total;
+}
+
+// A pull reply's weights converted to f16 / bf16 (the masters stay f32), into a buffer of
+// `pool` that the frame holds until the transport has sent it.
+Frame ConvertedWeights(const std::vector<float>& w, DType dtype, BufferPool<uint16_t>* pool) {
+  std::shared_ptr<uint16_t[]> out = pool->Take(w.size());
+  if (dtype == DType::kF16) {
+    FloatsToHalf(w, out.get());
+  } else {
+    FloatsToBf16(w, out.get());
+  }
+  return Frame::Borrow(out.get(), w.size() * sizeof(uint16_t), out);
 }
 
 }  // namespace
@@ -130,7 +148,11 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       incarnation_(RandomIncarnation()),
       boot_id_(HostBootId()),
       refusal_log_(fmt::format("server {}", options_.server_id), "refusals"),
-      reply_log_(fmt::format("server {}", options_.server_id), "failed replies") {
+      reply_log_(fmt::format("server {}", options_.server_id), "failed replies"),
+      // Reused buffers for two messages' worth of this shard's chunks (factor chunks' rows
+      // reach past the chunk: the f32 pool is bounded by the rows' elements).
+      factor_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/true)),
+      pull_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false)) {
   local_of_.assign(static_cast<size_t>(layout_.num_chunks()), -1);
   for (int32_t id : layout_.ServerChunks(options_.server_id)) {
     local_of_[static_cast<size_t>(id)] = static_cast<int>(owned_.size());
@@ -282,7 +304,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       s = CheckWorker(peer, info, h, &reason);
       if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
       // Sufficient factors become dense chunks first: validation, log, policy and SGD see f32.
-      if (s.ok() && HasFactorChunks(h)) s = ExpandFactorPush(layout_, &h, &frames, &reason);
+      if (s.ok() && HasFactorChunks(h)) s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_);
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
       break;
     case MsgType::kPull: {
@@ -1075,7 +1097,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
       continue;
     }
     if (reply.dtype != DType::kF32) {
-      payload.push_back(ConvertedWeights(buf->data, reply.dtype));
+      payload.push_back(ConvertedWeights(buf->data, reply.dtype, &pull_scratch_));
       continue;
     }
     buf->readers.fetch_add(1, std::memory_order_relaxed);

@@ -122,6 +122,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/buffer_pool.h"
 #include "common/codec.h"
 #include "common/layout.h"
 #include "common/log_limit.h"
@@ -130,6 +131,7 @@
 #include "common/transport.h"
 #include "server/access.h"
 #include "server/consistency.h"
+#include "server/factor_push.h"
 #include "server/wal.h"
 
 namespace downpour {
@@ -379,6 +381,8 @@ class ShardServer {
   std::vector<std::pair<int32_t, bool>> gone_queue_;  // (worker, finished) from MarkWorkerGone, for the loop
   RateLimitedLog refusal_log_;                        // refusals a stranger can provoke: a bounded number of lines
   RateLimitedLog reply_log_;  // failed replies: a peer that went away can cause many
+  BufferPool<float> factor_scratch_;   // factor chunks' dense gradients (reused, bounded)
+  BufferPool<uint16_t> pull_scratch_;  // f16 / bf16 pull replies' weights (reused, bounded)
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};

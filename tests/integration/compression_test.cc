@@ -213,6 +213,23 @@ TEST_F(CompressionTest, HalfPullsDecodeWithinTheirBound) {
   }
 }
 
+// The servers convert each half pull into a buffer they reuse once the reply is sent: pulls
+// between pushes see each new version's weights, never an earlier reply's.
+TEST_F(CompressionTest, HalfPullsBetweenPushesSeeEachNewVersion) {
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  auto init = Client(WireCodec::kFp32, WireCodec::kFp32);
+  ASSERT_TRUE(init->Wait(init->PushInit(Gaussian(n, 3, 0.5f)), 5000ms).ok());
+  auto client = Client(WireCodec::kFp32, WireCodec::kFp16);
+  std::vector<float> pulled(n);
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE(step);
+    ASSERT_TRUE(client->Wait(client->Pull(pulled), 5000ms).ok());
+    const std::vector<float> w = AllWeights();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(pulled[i], HalfToFloat(FloatToHalf(w[i]))) << i;
+    ASSERT_TRUE(client->Wait(client->Push(Gaussian(n, 40 + static_cast<uint32_t>(step), 1.0f), step), 5000ms).ok());
+  }
+}
+
 // The write-ahead log holds what the server decoded (dense f32): a shard killed after
 // compressed pushes and recovered from its log equals the killed one byte for byte.
 TEST_F(CompressionTest, CompressedPushesReplayFromTheLogByteForByte) {

@@ -937,6 +937,115 @@ TEST(FactorBytes, PayloadBytesCountDeltaRowsPerChunkAndTheActivationsOncePerServ
   EXPECT_EQ(FactorPushPayloadBytes(layout, {}), 36u * 4);
 }
 
+// A push of every chunk of a 6×5 weight cut into chunks of 7 floats (chunks cut rows), with
+// seeded factors; and its dense gradient chunk by chunk, computed here by hand.
+struct SmallFactorPush {
+  static constexpr int64_t kOut = 6, kIn = 5, kBatch = 3;
+  explicit SmallFactorPush(const ParamLayout& layout, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    a.resize(kBatch * kIn);
+    for (float& x : a) x = d(rng);
+    header.type = MsgType::kPush;
+    header.factor_batch = kBatch;
+    for (const Chunk& c : layout.chunks()) {
+      const int64_t r0 = c.tensor_offset / kIn, rows = (c.tensor_offset + c.count - 1) / kIn - r0 + 1;
+      deltas.emplace_back(static_cast<size_t>(kBatch * rows));
+      for (float& x : deltas.back()) x = d(rng);
+      std::vector<float> dense(static_cast<size_t>(c.count));
+      for (int64_t e = 0; e < c.count; ++e) {
+        const int64_t row = (c.tensor_offset + e) / kIn - r0, col = (c.tensor_offset + e) % kIn;
+        double sum = 0;
+        for (int64_t b = 0; b < kBatch; ++b) sum += double{deltas.back()[b * rows + row]} * a[b * kIn + col];
+        dense[static_cast<size_t>(e)] = static_cast<float>(sum);
+      }
+      expected.push_back(std::move(dense));
+      header.chunk_ids.push_back(static_cast<uint32_t>(c.id));
+      header.versions.push_back(0);
+      header.elem_counts.push_back(static_cast<uint64_t>(c.count));
+      header.byte_lengths.push_back(deltas.back().size() * 4);
+      header.encodings.push_back(Encoding::kFactors);
+    }
+  }
+  // The push's frames (borrowing this object's factors).
+  Frames MakeFrames() const {
+    Frames frames(1);
+    for (const auto& x : deltas) frames.push_back(Frame::Borrow(x.data(), x.size() * 4, nullptr));
+    frames.push_back(Frame::Borrow(a.data(), a.size() * 4, nullptr));
+    return frames;
+  }
+  // Every dense chunk of `frames` equals the hand-computed gradient.
+  void ExpectDense(const Frames& frames) const {
+    ASSERT_EQ(frames.size(), expected.size() + 1);
+    for (size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_EQ(frames[i + 1].size(), expected[i].size() * 4) << "chunk " << i;
+      const auto* got = reinterpret_cast<const float*>(frames[i + 1].data());
+      for (size_t e = 0; e < expected[i].size(); ++e)
+        EXPECT_NEAR(got[e], expected[i][e], 1e-5f * (1.0f + std::fabs(expected[i][e]))) << "chunk " << i << " elem " << e;
+    }
+  }
+  MessageHeader header;
+  std::vector<float> a;
+  std::vector<std::vector<float>> deltas;
+  std::vector<std::vector<float>> expected;
+};
+
+// The server's reused buffers (common/buffer_pool.h): a buffer a push's frames still hold is
+// never handed out again, a released one is (no new buffer), and the number kept is bounded.
+TEST(FactorScratch, HeldBuffersAreNeverReusedReleasedOnesAreAndTheCountIsBounded) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"fc.weight", {SmallFactorPush::kOut, SmallFactorPush::kIn}, 1, 1}}, 1, 7,
+                                 &layout).ok());
+  const size_t chunks = layout.chunks().size();
+  ASSERT_GE(chunks, 4u);
+  BufferPool<float> scratch(1 << 20);
+  const SmallFactorPush p1(layout, 1), p2(layout, 2), p3(layout, 3);
+  auto expand = [&](const SmallFactorPush& p, Frames* frames) {
+    MessageHeader h = p.header;
+    *frames = p.MakeFrames();
+    RejectReason reason = RejectReason::kCount;
+    const Status s = ExpandFactorPush(layout, &h, frames, &reason, &scratch);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(h.encodings.empty());
+  };
+  Frames f1, f2, f3;
+  expand(p1, &f1);
+  EXPECT_EQ(scratch.blocks(), chunks);
+  expand(p2, &f2);  // while p1's frames live: new buffers, p1's untouched
+  EXPECT_EQ(scratch.blocks(), 2 * chunks);
+  p1.ExpectDense(f1);
+  p2.ExpectDense(f2);
+  f1 = Frames();
+  expand(p3, &f3);  // p1's buffers are free again: taken, nothing new
+  EXPECT_EQ(scratch.blocks(), 2 * chunks);
+  p2.ExpectDense(f2);
+  p3.ExpectDense(f3);
+
+  // Bounded: the kept buffers hold at most 20 floats (two of a chunk's 2 rows × 5); the rest of
+  // a push gets buffers of its own, freed with its frames.
+  BufferPool<float> small(20);
+  Frames g1, g2;
+  {
+    MessageHeader h = p1.header;
+    g1 = p1.MakeFrames();
+    RejectReason reason = RejectReason::kCount;
+    ASSERT_TRUE(ExpandFactorPush(layout, &h, &g1, &reason, &small).ok());
+    h = p2.header;
+    g2 = p2.MakeFrames();
+    ASSERT_TRUE(ExpandFactorPush(layout, &h, &g2, &reason, &small).ok());
+  }
+  EXPECT_GE(small.blocks(), 1u);
+  EXPECT_LE(small.elements(), 20u);
+  p1.ExpectDense(g1);
+  p2.ExpectDense(g2);
+  // Without a scratch: the same gradients.
+  Frames g3 = p3.MakeFrames();
+  MessageHeader h = p3.header;
+  RejectReason reason = RejectReason::kCount;
+  ASSERT_TRUE(ExpandFactorPush(layout, &h, &g3, &reason).ok());
+  p3.ExpectDense(g3);
+}
+
 // The server's cost of forming δᵀ·a for fc6 (4096×9216) at batch 128 in chunks of the default
 // 1 Mi floats: 4.8 GFLOP. A measurement, not a check (run with --gtest_also_run_disabled_tests).
 TEST(FactorBytes, DISABLED_ServerGemmTimeForFc6AtBatch128) {
