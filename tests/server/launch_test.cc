@@ -346,8 +346,13 @@ TEST_F(LaunchTest, ExistingRunDirectoryIsRefused) {
 // from their saved progress (--resume), with the run's own config; what cannot be resumed is
 // refused.
 TEST_F(LaunchTest, ResumeRecoversServersAndWorkersAndRefusesWhatItCannot) {
-  // A run that failed half-way (worker 0 exits 3, and again after its restart).
-  Write("worker.sh", "echo \"worker args: $*\"\nif [ \"$2\" = 0 ]; then exit 3; fi\nsleep 0.4\n");
+  // A run that failed half-way (worker 0 exits 3, and again after its restart). Worker 0 fails
+  // only once worker 1 has printed its line (bounded wait): under a loaded parallel ctest the
+  // launcher could otherwise stop worker 1 before its line, and the log count below missed it.
+  Write("worker.sh", fmt::format("echo \"worker args: $*\"\nif [ \"$2\" = 1 ]; then touch '{0}'; fi\n"
+                                 "if [ \"$2\" = 0 ]; then i=0; while [ ! -f '{0}' ] && [ $i -lt 100 ]; do "
+                                 "sleep 0.05; i=$((i+1)); done; exit 3; fi\nsleep 0.4\n",
+                                 Path("worker-1.started")));
   std::string out;
   const std::string run = Path("run");
   ASSERT_EQ(Run(Command("worker.sh", "--model alexnet-shapes"), &out), 3) << out;
