@@ -249,6 +249,7 @@ Status ReadCompression(TableReader& r, CompressionConfig* c) {
   DP_RETURN_IF_ERROR(r.Float("top_k_fraction", &c->top_k_fraction));
   DP_RETURN_IF_ERROR(r.Int("top_k_warmup_pushes", &c->top_k_warmup_pushes));
   DP_RETURN_IF_ERROR(r.Bool("error_feedback", &c->error_feedback));
+  DP_RETURN_IF_ERROR(r.Int("factor_threads", &c->factor_threads));
   return r.Finish();
 }
 
@@ -929,6 +930,9 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              "compression.top_k_fraction", c.compression.top_k_fraction, "must be in (0, 1]")
       .Check(c.compression.top_k_warmup_pushes >= 0, "compression.top_k_warmup_pushes",
              c.compression.top_k_warmup_pushes, "must be >= 0 (0 = no warm-up)")
+      .Check(c.compression.factor_threads >= 1 && c.compression.factor_threads <= kMaxFactorThreads,
+             "compression.factor_threads", c.compression.factor_threads,
+             "must be in 1..64")
       .Check(co.algorithm != Algorithm::kEasgd || !c.compression.factors, "compression.factors", c.compression.factors,
              "\"easgd\" workers push no gradients (their exchanges are dense weight differences): turn it off")
       .Check(co.algorithm != Algorithm::kEasgd || c.compression.push == WireCodec::kFp32, "compression.push",
@@ -1191,6 +1195,7 @@ std::string ToToml(const RunConfig& c) {
   line("top_k_fraction", flt(c.compression.top_k_fraction));
   line("top_k_warmup_pushes", num(c.compression.top_k_warmup_pushes));
   line("error_feedback", boolean(c.compression.error_feedback));
+  line("factor_threads", num(c.compression.factor_threads));
   s += "\n[rotation]\n";
   line("scheme", str(RotationSchemeName(c.rotation.scheme)));
   line("passes", num(c.rotation.passes));

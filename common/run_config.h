@@ -295,6 +295,9 @@ const char* WireCodecName(WireCodec codec);  // "fp32" | "fp16" | "bf16" | "topk
 // Parses a codec name; false if unknown.
 bool ParseWireCodec(std::string_view text, WireCodec* out);
 
+// compression.factor_threads' largest value (a typo's 1000 threads is refused, not started).
+inline constexpr int kMaxFactorThreads = 64;
+
 struct CompressionConfig {
   // Sufficient factors for inner-product weights (Project Adam / Poseidon): the worker sends
   // delta (B×out) and the layer input (B×in) instead of dW (out×in) wherever that is fewer
@@ -309,6 +312,9 @@ struct CompressionConfig {
   // push = "topk" / "onebit": keep what was not sent in a per-chunk residual added to the next
   // gradient (error feedback, EF-SGD). Off only for ablations.
   bool error_feedback = true;
+  // factors: the threads of each server shard that form its factor chunks' gradients (δᵀ·a),
+  // chunks side by side; 1 leaves the host's other cores to workers beside the servers.
+  int factor_threads = 1;
   bool operator==(const CompressionConfig&) const = default;
 };
 

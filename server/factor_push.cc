@@ -24,29 +24,27 @@ RowSpan RowsOf(const Chunk& c, int64_t in) {
   return RowSpan{r0, r1 - r0 + 1};
 }
 
-// The rows a chunk touches of G = δᵀ (rows×B) · a (B×in), by one sgemm (row-major), as a frame
-// of the chunk's window [offset - r0·in, +count) of them (no copy: the frame starts inside).
-Frame DenseFromFactors(const Chunk& c, int64_t in, int64_t batch, const float* delta, const float* a,
-                       BufferPool<float>* scratch) {
-  // One thread, the shard's loop thread that calls this: a shard is one loop thread (servers
-  // scale by shards, docs/scaling.md), and dnnl's default OpenMP team of nproc threads, on a host
-  // whose other cores run workers, spends its time waiting for them at its barriers. Measured on
-  // the 2-core VM (fmnist_small, S = 2, W = 1, factors + fp16 pulls, 10 Gbit/s): the servers'
-  // CPU per worker step 25.5 ms with the default team, 8.2 ms with one thread (bench/RESULTS.md
-  // §11.5). omp_set_num_threads sets the calling thread's own team size only.
+// The rows a chunk touches of G = δᵀ (rows×B) · a (B×in) into g (rows×in, row-major), by one
+// sgemm. beta = 0: sgemm writes every element, so g needs no zeroing.
+void FormRows(const Chunk& c, int64_t in, int64_t batch, const float* delta, const float* a, float* g) {
+  const RowSpan r = RowsOf(c, in);
+  const dnnl_status_t st = dnnl_sgemm('T', 'N', r.rows, in, batch, 1.0f, delta, r.rows, a, in, 0.0f, g, in);
+  DP_CHECK_EQ(static_cast<int>(st), static_cast<int>(dnnl_success));
+}
+
+// Each sgemm on one thread. Outside a parallel region dnnl takes the calling thread's OpenMP team
+// size, by default nproc, and on a host whose other cores run workers that team spends its time
+// waiting for them at its barriers. Measured on the 2-core VM (fmnist_small, S = 2, W = 1,
+// factors + fp16 pulls, 10 Gbit/s): the servers' CPU per worker step 25.5 ms with the default
+// team, 8.2 ms with one thread (bench/RESULTS.md §11.5). omp_set_num_threads sets the calling
+// thread's own team size only; inside the chunks' parallel loop dnnl runs each sgemm on the
+// thread that calls it.
+void OneThreadPerSgemm() {
   static thread_local const bool one_thread = [] {
     omp_set_num_threads(1);
     return true;
   }();
   (void)one_thread;
-  const RowSpan r = RowsOf(c, in);
-  const auto n = static_cast<size_t>(r.rows * in);
-  // beta = 0: sgemm writes every element, so the buffer needs no zeroing.
-  std::shared_ptr<float[]> g = scratch != nullptr ? scratch->Take(n) : std::shared_ptr<float[]>(new float[n]);
-  const dnnl_status_t st = dnnl_sgemm('T', 'N', r.rows, in, batch, 1.0f, delta, r.rows, a, in, 0.0f, g.get(), in);
-  DP_CHECK_EQ(static_cast<int>(st), static_cast<int>(dnnl_success));
-  const int64_t skip = c.tensor_offset - r.first * in;
-  return Frame::Borrow(g.get() + skip, static_cast<size_t>(c.count) * sizeof(float), g);
 }
 
 Status Refuse(RejectReason why, RejectReason* reason, Status s) {
@@ -61,7 +59,7 @@ bool HasFactorChunks(const MessageHeader& h) {
 }
 
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
-                        BufferPool<float>* scratch) {
+                        BufferPool<float>* scratch, int threads) {
   if (!HasFactorChunks(*h)) return Status::Ok();
   const size_t n = h->chunk_ids.size();
   if ((h->flags & kFlagInit) != 0 || h->dtype != DType::kF32)
@@ -141,11 +139,28 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
       return Refuse(RejectReason::kNonFinite, reason,
                     InvalidArgument("push: factor chunk {} (tensor '{}') holds NaN or Inf", h->chunk_ids[i], t.name));
   }
-  // Valid: rewrite into the dense push.
+  // Valid: every factor chunk's rows of δᵀ·a, the chunks side by side on `threads` threads (the
+  // buffers taken first, here: the pool belongs to this thread), then the push rewritten with
+  // each chunk's window of its rows (no copy: the frame starts inside them).
+  std::vector<size_t> work;
+  std::vector<std::shared_ptr<float[]>> rows(n);
   for (size_t i = 0; i < n; ++i) {
     if (h->encodings[i] != Encoding::kFactors) continue;
+    const auto elems = static_cast<size_t>(RowsOf(layout.chunk(static_cast<int32_t>(h->chunk_ids[i])), in).rows * in);
+    rows[i] = scratch != nullptr ? scratch->Take(elems) : std::shared_ptr<float[]>(new float[elems]);
+    work.push_back(i);
+  }
+  OneThreadPerSgemm();
+  const int team = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), work.size()));
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1)
+  for (size_t k = 0; k < work.size(); ++k) {
+    const size_t i = work[k];
+    FormRows(layout.chunk(static_cast<int32_t>(h->chunk_ids[i])), in, batch, deltas[i], a, rows[i].get());
+  }
+  for (size_t i : work) {
     const Chunk& c = layout.chunk(static_cast<int32_t>(h->chunk_ids[i]));
-    (*frames)[i + 1] = DenseFromFactors(c, in, batch, deltas[i], a, scratch);
+    const int64_t skip = c.tensor_offset - RowsOf(c, in).first * in;
+    (*frames)[i + 1] = Frame::Borrow(rows[i].get() + skip, static_cast<size_t>(c.count) * sizeof(float), rows[i]);
     h->byte_lengths[i] = static_cast<uint64_t>(c.count) * sizeof(float);
     h->encodings[i] = Encoding::kDense;
   }

@@ -40,8 +40,10 @@ bool HasFactorChunks(const MessageHeader& h);
 // range), kElemCount (factor_batch outside 1..kMaxFactorBatch, element count not the layout's),
 // kByteLength (a frame not exactly B×rows×4 or B×in×4 bytes), kChecksum, kNonFinite (NaN or Inf
 // in δ or a). The dense gradients are written into buffers of `scratch`, reused from push to
-// push (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the frame).
+// push (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the frame), by
+// `threads` OpenMP threads, one chunk's sgemm per thread at a time (the same floats whatever the
+// count: each chunk is one sgemm on one thread).
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
-                        BufferPool<float>* scratch = nullptr);
+                        BufferPool<float>* scratch = nullptr, int threads = 1);
 
 }  // namespace downpour

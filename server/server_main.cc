@@ -181,6 +181,7 @@ Status Run(const Flags& f, bool* serving) {
   o.consistency = cfg.consistency;
   o.expected_workers = cfg.cluster.workers;
   o.batches_per_push = cfg.worker.push_every;
+  o.factor_threads = cfg.compression.factor_threads;
   o.max_workers = cfg.cluster.max_workers;
   o.shared_memory = SharedMemoryOn(cfg);  // off on an emulated link (cluster.link_gbps)
   o.model_moves = multi;

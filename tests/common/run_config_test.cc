@@ -528,7 +528,7 @@ TEST(RunConfigCompressionTest, DefaultsAreLosslessAndEverySettingRoundTrips) {
   EXPECT_EQ(back, d);
   const RunConfig c = ParseOk(
       "[cluster]\nlink_gbps = 10\n[compression]\nfactors = true\npush = \"topk\"\npull = \"bf16\"\n"
-      "top_k_fraction = 0.05\nerror_feedback = false\ntop_k_warmup_pushes = 188\n");
+      "top_k_fraction = 0.05\nerror_feedback = false\ntop_k_warmup_pushes = 188\nfactor_threads = 4\n");
   EXPECT_TRUE(c.compression.factors);
   EXPECT_EQ(c.compression.push, WireCodec::kTopK);
   EXPECT_EQ(c.compression.pull, WireCodec::kBf16);
@@ -536,6 +536,8 @@ TEST(RunConfigCompressionTest, DefaultsAreLosslessAndEverySettingRoundTrips) {
   EXPECT_FALSE(c.compression.error_feedback);
   EXPECT_EQ(c.compression.top_k_warmup_pushes, 188);
   EXPECT_EQ(d.compression.top_k_warmup_pushes, 0);  // no warm-up by default
+  EXPECT_EQ(c.compression.factor_threads, 4);
+  EXPECT_EQ(d.compression.factor_threads, 1);  // one thread per shard by default
   EXPECT_DOUBLE_EQ(c.cluster.link_gbps, 10);
   ASSERT_TRUE(ParseRunConfig(ToToml(c), "roundtrip", &back).ok()) << ToToml(c);
   EXPECT_EQ(back, c);
@@ -561,6 +563,11 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
   EXPECT_THAT(ParseError("[compression]\ntop_k_warmup_pushes = -1\n"),
               HasSubstr("compression.top_k_warmup_pushes = -1: must be >= 0"));
   EXPECT_THAT(ParseError("[compression]\ntop_k_warmup_pushes = 2.5\n"), HasSubstr("compression.top_k_warmup_pushes"));
+  for (const char* bad : {"0", "-2", "65"}) {
+    EXPECT_THAT(ParseError(std::string("[compression]\nfactor_threads = ") + bad + "\n"),
+                HasSubstr(std::string("compression.factor_threads = ") + bad + ": must be in 1..64"));
+  }
+  EXPECT_THAT(ParseError("[compression]\nfactor_threads = 1.5\n"), HasSubstr("compression.factor_threads"));
   for (const char* bad : {"0", "-1", "nan", "inf"}) {
     const std::string e = ParseError(std::string("[cluster]\nlink_gbps = ") + bad + "\n");
     EXPECT_THAT(e, HasSubstr("cluster.link_gbps")) << bad;

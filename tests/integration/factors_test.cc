@@ -1044,6 +1044,18 @@ TEST(FactorScratch, HeldBuffersAreNeverReusedReleasedOnesAreAndTheCountIsBounded
   RejectReason reason = RejectReason::kCount;
   ASSERT_TRUE(ExpandFactorPush(layout, &h, &g3, &reason).ok());
   p3.ExpectDense(g3);
+  // compression.factor_threads: the chunks side by side on three threads give the same floats,
+  // bit for bit (each chunk is one sgemm on one thread either way).
+  for (int threads : {2, 3, 8}) {
+    Frames t = p3.MakeFrames();
+    MessageHeader ht = p3.header;
+    ASSERT_TRUE(ExpandFactorPush(layout, &ht, &t, &reason, &scratch, threads).ok());
+    ASSERT_EQ(t.size(), g3.size());
+    for (size_t i = 1; i < t.size(); ++i) {
+      ASSERT_EQ(t[i].size(), g3[i].size());
+      EXPECT_EQ(std::memcmp(t[i].data(), g3[i].data(), t[i].size()), 0) << threads << " threads, chunk " << i;
+    }
+  }
 }
 
 // The server's cost of forming δᵀ·a for fc6 (4096×9216) at batch 128 in chunks of the default
@@ -1070,18 +1082,24 @@ TEST(FactorBytes, DISABLED_ServerGemmTimeForFc6AtBatch128) {
     base.byte_lengths.push_back(deltas.back().size() * 4);
     base.encodings.push_back(Encoding::kFactors);
   }
-  for (int rep = 0; rep < 3; ++rep) {
-    MessageHeader h = base;
-    Frames frames(1);
-    for (const auto& x : deltas) frames.push_back(Frame::Borrow(x.data(), x.size() * 4, nullptr));
-    frames.push_back(Frame::Borrow(a.data(), a.size() * 4, nullptr));
-    RejectReason reason = RejectReason::kCount;
-    const auto t0 = std::chrono::steady_clock::now();
-    const Status s = ExpandFactorPush(layout, &h, &frames, &reason);
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    std::printf("fc6 at batch 128, %zu chunks: expand (validate + sgemm) %.1f ms, %.1f GFLOP/s\n",
-                layout.chunks().size(), 1e3 * sec, 2.0 * kOut * kIn * kBatch / sec / 1e9);
+  // As a shard runs it: the dense gradients in its reused buffers (the first round fills them),
+  // with compression.factor_threads 1 and 2.
+  BufferPool<float> scratch(2 * static_cast<size_t>(kOut * kIn));
+  for (int threads : {1, 2}) {
+    for (int rep = 0; rep < 4; ++rep) {
+      MessageHeader h = base;
+      Frames frames(1);
+      for (const auto& x : deltas) frames.push_back(Frame::Borrow(x.data(), x.size() * 4, nullptr));
+      frames.push_back(Frame::Borrow(a.data(), a.size() * 4, nullptr));
+      RejectReason reason = RejectReason::kCount;
+      const auto t0 = std::chrono::steady_clock::now();
+      const Status s = ExpandFactorPush(layout, &h, &frames, &reason, &scratch, threads);
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      std::printf("fc6 at batch 128, %zu chunks, %d thread(s)%s: expand (validate + sgemm) %.1f ms, %.1f GFLOP/s\n",
+                  layout.chunks().size(), threads, rep == 0 && threads == 1 ? ", fresh buffers" : "", 1e3 * sec,
+                  2.0 * kOut * kIn * kBatch / sec / 1e9);
+    }
   }
 }
 
