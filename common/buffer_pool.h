@@ -4,7 +4,7 @@
 // every chunk of an fp16 / bf16 pull reply. Allocating them per message cost a server a quarter
 // of its CPU in a factored AlexNet job with fp16 pulls: zero-filling each buffer, and the page
 // faults and munmaps of malloc's thread arenas (perf, bench/RESULTS.md §11.5.5). A BufferPool
-// keeps up to max_blocks of them and hands one out again once the pool holds the only reference:
+// keeps such buffers and hands one out again once the pool holds the only reference to it:
 // a frame that borrows it (Frame::Borrow with the shared_ptr as keepalive) keeps it out of the
 // pool until the transport and the handler are done with it, on whatever thread they release it.
 //

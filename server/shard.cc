@@ -304,7 +304,8 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       s = CheckWorker(peer, info, h, &reason);
       if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
       // Sufficient factors become dense chunks first: validation, log, policy and SGD see f32.
-      if (s.ok() && HasFactorChunks(h)) s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads);
+      if (s.ok() && HasFactorChunks(h))
+        s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads);
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
       break;
     case MsgType::kPull: {

@@ -131,7 +131,6 @@
 #include "common/transport.h"
 #include "server/access.h"
 #include "server/consistency.h"
-#include "server/factor_push.h"
 #include "server/wal.h"
 
 namespace downpour {

@@ -981,7 +981,8 @@ struct SmallFactorPush {
       ASSERT_EQ(frames[i + 1].size(), expected[i].size() * 4) << "chunk " << i;
       const auto* got = reinterpret_cast<const float*>(frames[i + 1].data());
       for (size_t e = 0; e < expected[i].size(); ++e)
-        EXPECT_NEAR(got[e], expected[i][e], 1e-5f * (1.0f + std::fabs(expected[i][e]))) << "chunk " << i << " elem " << e;
+        EXPECT_NEAR(got[e], expected[i][e], 1e-5f * (1.0f + std::fabs(expected[i][e])))
+            << "chunk " << i << " elem " << e;
     }
   }
   MessageHeader header;
