@@ -489,7 +489,7 @@ def link_rates(cluster, rates):
     shared by the workers_per_host workers on it, and each server host's NIC shared by all W
     workers for its shards. Emulated (cluster.link_gbps on one host): every process paces only its
     own egress, so a push is limited by the worker's pacing alone and a pull by the servers'
-    (S × link shared by W)."""
+    (S × link shared by W; the worker's step uses server_pull_rate and server_egress_s)."""
     link = cluster.link_gbps * 1e9 / 8
     hosts = math.ceil(cluster.servers / cluster.servers_per_host)
     if cluster.emulated:
@@ -504,13 +504,30 @@ def link_rates(cluster, rates):
 
 
 def server_pull_rate(cluster, rates):
-    """Emulated links: the B/s one worker gets from ONE server's paced egress when all W pull at
-    once (link / W). Each server paces only its own egress and the worker's ingress is not paced,
-    so the parts of a pull from different servers arrive side by side."""
-    rate = cluster.link_gbps * 1e9 / 8 / cluster.workers
+    """Emulated links: the B/s a worker's pull parts leave ONE server's paced egress at: the whole
+    link. Each server paces only its own egress and the worker's ingress is not paced, so the
+    parts of a pull from different servers arrive side by side. The W workers' parts queue FIFO at
+    that one egress, which sends at the link's rate whenever it has bytes (work-conserving); async
+    workers drift out of phase, so a worker's parts rarely wait behind another's until the egress
+    is saturated, and then the round is the egress's (server_egress_s). Measured (bench/RESULTS.md
+    §11.5.5, run J): fp32 at 1 Gbit/s, W = 2 and 4, 54.8 and 70.3 images/s, against 54.8 and
+    70.1 this way and 39.3 and 50.4 with a fixed link / W each."""
+    rate = cluster.link_gbps * 1e9 / 8
     if rates.transport_gbytes > 0:
         rate = min(rate, rates.transport_gbytes * 1e9)
     return rate
+
+
+def server_egress_s(per_layer, cluster, rates):
+    """Emulated links: one round's time on the busiest server's paced egress, W workers' pull parts
+    (every pull_every steps) and their acknowledgments' few bytes left out."""
+    by_server = {}
+    for lb in per_layer.values():
+        for server, nbytes in lb.pull_by_server.items():
+            by_server[server] = by_server.get(server, 0) + nbytes
+    if not by_server:
+        return 0.0
+    return cluster.workers * max(by_server.values()) / server_pull_rate(cluster, rates) / cluster.pull_every
 
 
 @dataclasses.dataclass
@@ -528,6 +545,7 @@ class Prediction:
     step_s: float
     bound: str
     disk_s: float = 0.0      # checkpoint.wal with a disk rate: a server host's log writes per round
+    egress_s: float = 0.0    # emulated links: the busiest server's paced egress per round
 
     @property
     def images_per_s(self):
@@ -545,7 +563,7 @@ class Prediction:
                 "pull_bytes": self.pull_bytes, "compute_ms": 1e3 * self.compute_s,
                 "worker_ms": 1e3 * self.worker_s, "server_ms": 1e3 * self.server_s,
                 "host_cpu_ms": 1e3 * self.host_cpu_s, "link_ms": 1e3 * self.link_s, "step_ms": 1e3 * self.step_s,
-                "wal": c.wal, "disk_ms": 1e3 * self.disk_s,
+                "wal": c.wal, "disk_ms": 1e3 * self.disk_s, "egress_ms": 1e3 * self.egress_s,
                 "images_per_s": self.images_per_s, "efficiency": self.efficiency, "bound": self.bound}
 
 
@@ -733,16 +751,21 @@ def predict(profile, tensors, rates, cluster, codec):
             worker_s = worker_step(slow)
     # sync: the simulation already puts each layer's apply of all W pushes on the critical path
     # (identical workers: the barrier waits for no straggler; docs/scaling.md says what that leaves out).
-    candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s, "disk": disk_s}
+    # Emulated links: the W workers' pulls share each server's one paced egress (server_pull_rate).
+    egress_s = server_egress_s(per_layer, cluster, rates) if cluster.emulated else 0.0
+    candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s, "disk": disk_s,
+                  "server egress": egress_s}
     step = max(candidates.values())
     bound = max(candidates, key=candidates.get)
+    if bound == "server egress":
+        bound = "link"
     if bound == "worker":
         comm_exposed = worker_s - profile.compute_s * slow
         bound = ("host cpu" if slow > contention(cluster, profile) else "compute") \
             if comm_exposed < 0.02 * worker_s else "link"
     solo = profile.compute_s * contention(dataclasses.replace(cluster, workers_per_host=1), profile)
     return Prediction(cluster, codec, push, pull, profile.compute_s * slow, solo, worker_s, server_s, host_cpu_s,
-                      link_s, step, bound, disk_s)
+                      link_s, step, bound, disk_s, egress_s)
 
 
 # ---------------------------------------------------------------------------------------------

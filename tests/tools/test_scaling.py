@@ -228,15 +228,29 @@ class HandComputed(unittest.TestCase):
 
     def test_emulated_links_pace_only_what_each_process_sends(self):
         """cluster.link_gbps on one host: the push runs at the worker's full 1e9 B/s (1 ms), the
-        pull shares the one server's paced egress (2 ms): 10 + 20 + 1 + 2 = 33 ms."""
+        pull leaves the one server's paced egress at its full rate too (1 ms; the other worker's
+        pull, out of phase, does not delay it while the egress has time to spare: 2 × 1 ms a
+        round): 10 + 20 + 1 + 1 = 32 ms."""
         p = two_worker_case(emulated=True)
-        self.assertAlmostEqual(p.step_s, 0.033, places=9)
+        self.assertAlmostEqual(p.step_s, 0.032, places=9)
+        self.assertAlmostEqual(p.egress_s, 0.002, places=9)
 
     def test_emulated_pull_parts_come_from_each_servers_own_egress(self):
         """S = 2 on emulated links: the weight's halves (0.5 MB) leave the worker at 1e9 B/s, 0.5 ms
         each (30.5, 31.0 ms); each half's pull follows its push on that server's connection and is
-        paced by that server's egress, shared by W = 2: 0.5e9 B/s, 1 ms: 31.5 and 32.0 ms."""
-        self.assertAlmostEqual(two_worker_case(servers=2, emulated=True).step_s, 0.032, places=9)
+        paced by that server's egress at 1e9 B/s, 0.5 ms: 31.0 and 31.5 ms."""
+        self.assertAlmostEqual(two_worker_case(servers=2, emulated=True).step_s, 0.0315, places=9)
+
+    def test_emulated_a_saturated_servers_egress_is_the_round(self):
+        """40 workers pulling 1 MB each from one server's paced 1e9 B/s egress: 40 ms a round,
+        longer than a worker's own 32 ms step, so the egress sets the round (bound: link)."""
+        p = two_worker_case(workers=40, emulated=True)
+        self.assertAlmostEqual(p.worker_s, 0.032, places=9)
+        self.assertAlmostEqual(p.egress_s, 0.040, places=9)
+        self.assertAlmostEqual(p.step_s, 0.040, places=9)
+        self.assertEqual(p.bound, "link")
+        # A real cluster has no such candidate: the server host's NIC is shared in link_rates.
+        self.assertEqual(two_worker_case(workers=40).egress_s, 0.0)
 
     def test_an_idle_links_burst_credit_hides_a_short_transfer(self):
         """With 5 ms of credit the 1 ms push and the 2 ms pull of an otherwise idle link finish at
@@ -249,14 +263,15 @@ class HandComputed(unittest.TestCase):
         """2 one-thread workers (30 ms each) and one server (2 × 250,000 floats × 100 ns = 50 ms per
         round) on 2 cores: (60 + 50) / 2 = 55 ms of CPU per round, so each worker's compute takes
         55 ms, and the communication it cannot hide comes on top: its 1 ms push, the server's
-        25 ms apply of it before the ack and the pull, the 2 ms pull. A loader at 100 µs per image
+        25 ms apply of it before the ack and the pull, the 1 ms pull (the server's egress at its
+        full rate: 2 ms of pulls a round leave it time to spare). A loader at 100 µs per image
         adds 64 × 0.1 ms per worker step: (2 × 36.4 + 50) / 2 = 61.4 ms."""
         profile, tensors, c, rates = colocated_fc_case(workers=2, servers=1, link_gbps=8.0)
         p = sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32"))
         self.assertAlmostEqual(p.host_cpu_s, 0.055, places=9)
         self.assertAlmostEqual(p.compute_s, 0.055, places=9)
-        self.assertGreater(p.step_s, 0.055)   # + push 1, apply 25, pull 2 ms
-        self.assertAlmostEqual(p.step_s, 0.083, places=9)
+        self.assertGreater(p.step_s, 0.055)   # + push 1, apply 25, pull 1 ms
+        self.assertAlmostEqual(p.step_s, 0.082, places=9)
         self.assertEqual(p.bound, "link")
         # On a link far faster, only the push's apply stays on the path: 55 + 25 ms.
         fast = sc.predict(profile, tensors, rates, dataclasses.replace(c, link_gbps=1e6), sc.parse_codec("fp32"))
