@@ -37,6 +37,18 @@ struct Chunk {
   int32_t server = 0;         // owning server, 0..S-1
 };
 
+// The rows [first, first + rows) of a row-major tensor with `in` floats a row (an inner-product
+// weight, out × in) that a chunk touches; a chunk may start and end inside a row. Sufficient
+// factors are sent and formed row by row (server/factor_push.h).
+struct RowSpan {
+  int64_t first = 0;
+  int64_t rows = 0;
+};
+inline RowSpan RowsOf(const Chunk& c, int64_t in) {
+  const int64_t r0 = c.tensor_offset / in, r1 = (c.tensor_offset + c.count - 1) / in;
+  return RowSpan{r0, r1 - r0 + 1};
+}
+
 class ParamLayout {
  public:
   ParamLayout() = default;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -14,20 +15,9 @@
 namespace downpour {
 namespace {
 
-// The rows of W (out×in) that a chunk [offset, +count) touches.
-struct RowSpan {
-  int64_t first = 0;
-  int64_t rows = 0;
-};
-RowSpan RowsOf(const Chunk& c, int64_t in) {
-  const int64_t r0 = c.tensor_offset / in, r1 = (c.tensor_offset + c.count - 1) / in;
-  return RowSpan{r0, r1 - r0 + 1};
-}
-
-// The rows a chunk touches of G = δᵀ (rows×B) · a (B×in) into g (rows×in, row-major), by one
-// sgemm. beta = 0: sgemm writes every element, so g needs no zeroing.
-void FormRows(const Chunk& c, int64_t in, int64_t batch, const float* delta, const float* a, float* g) {
-  const RowSpan r = RowsOf(c, in);
+// Rows r of G = δᵀ (rows×B) · a (B×in) into g (rows×in, row-major), by one sgemm.
+// beta = 0: sgemm writes every element, so g needs no zeroing.
+void FormRows(RowSpan r, int64_t in, int64_t batch, const float* delta, const float* a, float* g) {
   const dnnl_status_t st = dnnl_sgemm('T', 'N', r.rows, in, batch, 1.0f, delta, r.rows, a, in, 0.0f, g, in);
   DP_CHECK_EQ(static_cast<int>(st), static_cast<int>(dnnl_success));
 }
@@ -142,27 +132,34 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
   // Valid: every factor chunk's rows of δᵀ·a, the chunks side by side on `threads` threads (the
   // buffers taken first, here: the pool belongs to this thread), then the push rewritten with
   // each chunk's window of its rows (no copy: the frame starts inside them).
-  std::vector<size_t> work;
-  std::vector<std::shared_ptr<float[]>> rows(n);
+  struct Work {
+    size_t i;  // the chunk's index in the message
+    const Chunk* chunk;
+    RowSpan span;
+    std::shared_ptr<float[]> rows;  // span.rows × in
+  };
+  std::vector<Work> work;
   for (size_t i = 0; i < n; ++i) {
     if (h->encodings[i] != Encoding::kFactors) continue;
-    const auto elems = static_cast<size_t>(RowsOf(layout.chunk(static_cast<int32_t>(h->chunk_ids[i])), in).rows * in);
-    rows[i] = scratch != nullptr ? scratch->Take(elems) : std::shared_ptr<float[]>(new float[elems]);
-    work.push_back(i);
+    const Chunk& c = layout.chunk(static_cast<int32_t>(h->chunk_ids[i]));
+    const RowSpan span = RowsOf(c, in);
+    const auto elems = static_cast<size_t>(span.rows * in);
+    std::shared_ptr<float[]> rows =
+        scratch != nullptr ? scratch->Take(elems) : std::shared_ptr<float[]>(new float[elems]);
+    work.push_back({i, &c, span, std::move(rows)});
   }
   OneThreadPerSgemm();
   const int team = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), work.size()));
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1)
   for (size_t k = 0; k < work.size(); ++k) {
-    const size_t i = work[k];
-    FormRows(layout.chunk(static_cast<int32_t>(h->chunk_ids[i])), in, batch, deltas[i], a, rows[i].get());
+    FormRows(work[k].span, in, batch, deltas[work[k].i], a, work[k].rows.get());
   }
-  for (size_t i : work) {
-    const Chunk& c = layout.chunk(static_cast<int32_t>(h->chunk_ids[i]));
-    const int64_t skip = c.tensor_offset - RowsOf(c, in).first * in;
-    (*frames)[i + 1] = Frame::Borrow(rows[i].get() + skip, static_cast<size_t>(c.count) * sizeof(float), rows[i]);
-    h->byte_lengths[i] = static_cast<uint64_t>(c.count) * sizeof(float);
-    h->encodings[i] = Encoding::kDense;
+  for (const Work& w : work) {
+    const int64_t skip = w.chunk->tensor_offset - w.span.first * in;
+    const auto bytes = static_cast<size_t>(w.chunk->count) * sizeof(float);
+    (*frames)[w.i + 1] = Frame::Borrow(w.rows.get() + skip, bytes, w.rows);
+    h->byte_lengths[w.i] = bytes;
+    h->encodings[w.i] = Encoding::kDense;
   }
   frames->pop_back();
   h->checksums.clear();

@@ -55,7 +55,7 @@ size_t OwnedElems(const ParamLayout& layout, int32_t server, bool whole_rows) {
     int64_t n = c.count;
     if (whole_rows && t.shape.size() >= 2) {
       const int64_t in = t.numel() / t.shape[0];
-      n = ((c.tensor_offset + c.count - 1) / in - c.tensor_offset / in + 1) * in;
+      n = RowsOf(c, in).rows * in;
     }
     total += static_cast<size_t>(n);
   }

@@ -753,12 +753,9 @@ def predict(profile, tensors, rates, cluster, codec):
     # (identical workers: the barrier waits for no straggler; docs/scaling.md says what that leaves out).
     # Emulated links: the W workers' pulls share each server's one paced egress (server_pull_rate).
     egress_s = server_egress_s(per_layer, cluster, rates) if cluster.emulated else 0.0
-    candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s, "disk": disk_s,
-                  "server egress": egress_s}
+    candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s, "disk": disk_s, "link": egress_s}
     step = max(candidates.values())
     bound = max(candidates, key=candidates.get)
-    if bound == "server egress":
-        bound = "link"
     if bound == "worker":
         comm_exposed = worker_s - profile.compute_s * slow
         bound = ("host cpu" if slow > contention(cluster, profile) else "compute") \

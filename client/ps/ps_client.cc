@@ -116,7 +116,7 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
       const float* a = delta + batch * out;                              // batch × in
       for (size_t i : idx) {
         const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
-        const int64_t r0 = c.tensor_offset / in, rows = (c.tensor_offset + c.count - 1) / in - r0 + 1;
+        const auto [r0, rows] = RowsOf(c, in);
         auto cols = std::make_shared<std::vector<float>>(static_cast<size_t>(batch * rows));
         for (int64_t b = 0; b < batch; ++b)
           std::memcpy(cols->data() + b * rows, delta + b * out + r0, static_cast<size_t>(rows) * sizeof(float));
@@ -1114,8 +1114,7 @@ uint64_t FactorPushPayloadBytes(const ParamLayout& layout, std::span<const Facto
     }
     const TensorSpec& t = layout.tensors()[static_cast<size_t>(c.tensor)];
     const int64_t in = t.numel() / t.shape[0];
-    const int64_t rows = (c.tensor_offset + c.count - 1) / in - c.tensor_offset / in + 1;
-    bytes += static_cast<uint64_t>(b * rows) * sizeof(float);
+    bytes += static_cast<uint64_t>(b * RowsOf(c, in).rows) * sizeof(float);
     if (activations.insert({c.tensor, c.server}).second) bytes += static_cast<uint64_t>(b * in) * sizeof(float);
   }
   return bytes;
