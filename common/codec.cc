@@ -93,6 +93,7 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   b.setRegionParts(s.region_parts);
   b.setWalNanos(s.wal_ns);
   b.setWalSyncCpuNanos(s.wal_sync_cpu_ns);
+  b.setFactorNanos(s.factor_ns);
 }
 
 ShardStatsWire DecodeStats(cw::Stats::Reader r) {
@@ -122,6 +123,7 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.region_parts = r.getRegionParts();
   s.wal_ns = r.getWalNanos();
   s.wal_sync_cpu_ns = r.getWalSyncCpuNanos();
+  s.factor_ns = r.getFactorNanos();
   return s;
 }
 

@@ -88,6 +88,8 @@ struct Stats {
   walNanos @23 :UInt64;        # time the message loop spent appending to the write-ahead log (CRC-32 and
                                # write(2) into the page cache; with fsync every ack, the fsyncs too), ns
   walSyncCpuNanos @24 :UInt64; # CPU time of the log's own fsync thread (checkpoint.wal_fsync_ms > 0), ns
+  factorNanos @25 :UInt64;     # time the message loop spent forming sufficient-factor pushes' dense
+                               # gradients (δᵀ·a, compression.factors; part of busyNanos), ns
 }
 
 struct Header {

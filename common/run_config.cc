@@ -209,6 +209,7 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   DP_RETURN_IF_ERROR(r.Int("server_wait_ms", &c->server_wait_ms));
   DP_RETURN_IF_ERROR(r.Int("max_workers", &c->max_workers));
   DP_RETURN_IF_ERROR(r.Int("peer_queue_mb", &c->peer_queue_mb));
+  DP_RETURN_IF_ERROR(r.Int("server_threads", &c->server_threads));
   if (const toml::node* n = r.Get("transport")) {
     const auto text = n->value<std::string>();
     if (text && *text == "tcp") {
@@ -852,6 +853,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              fmt::format("must be 0 (= workers) or >= cluster.workers ({})", cl.workers))
       .Check(cl.max_workers <= 65536, "cluster.max_workers", cl.max_workers, "must be <= 65536")
       .Check(cl.peer_queue_mb >= 1, "cluster.peer_queue_mb", cl.peer_queue_mb, "must be >= 1")
+      .Check(cl.server_threads >= 1 && cl.server_threads <= kMaxServerThreads, "cluster.server_threads",
+             cl.server_threads, fmt::format("must be in 1..{}", kMaxServerThreads))
       .Check(cl.transport != ClusterTransport::kIpc || IsLoopbackLiteral(cl.bind) || cl.bind == "localhost",
              "cluster.transport", std::string(ClusterTransportName(cl.transport)),
              fmt::format("ipc reaches processes on this host only, but cluster.bind = \"{}\" is for a job across "
@@ -1109,6 +1112,7 @@ std::string ToToml(const RunConfig& c) {
   line("server_wait_ms", num(c.cluster.server_wait_ms));
   line("max_workers", num(c.cluster.max_workers));
   line("peer_queue_mb", num(c.cluster.peer_queue_mb));
+  line("server_threads", num(c.cluster.server_threads));
   line("transport", str(ClusterTransportName(c.cluster.transport)));
   line("ipc_dir", str(c.cluster.ipc_dir));
   line("shared_memory", boolean(c.cluster.shared_memory));

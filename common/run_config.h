@@ -79,6 +79,11 @@ struct ClusterConfig {
   // Replies a server queues for one peer whose connection is full (it does not read), in MiB;
   // past it the peer is dropped and counted (a client that never reads cannot stall a server).
   int peer_queue_mb = 256;
+  // Threads each server shard spreads its element-wise work over (1..kMaxServerThreads): the
+  // update of a pushed chunk, the finite check of a pushed gradient, the fp16/bf16 conversion of
+  // pulled weights. Element-wise, so every float is the same whatever the count. 1 = the shard's
+  // message loop does it all; give a server host's spare cores (docs/config.md).
+  int server_threads = 1;
   // How workers reach the servers: "tcp" or "ipc" (one host only: refused with a non-loopback
   // cluster.bind here, and by the launcher for a job whose tasks span hosts).
   ClusterTransport transport = ClusterTransport::kTcp;
@@ -295,6 +300,8 @@ const char* WireCodecName(WireCodec codec);  // "fp32" | "fp16" | "bf16" | "topk
 // Parses a codec name; false if unknown.
 bool ParseWireCodec(std::string_view text, WireCodec* out);
 
+// cluster.server_threads' largest value (a typo's 1000 threads is refused, not started).
+inline constexpr int kMaxServerThreads = 64;
 // compression.factor_threads' largest value (a typo's 1000 threads is refused, not started).
 inline constexpr int kMaxFactorThreads = 64;
 

@@ -141,6 +141,9 @@ ShardStatsWire SumStats(const ModelHost& host) {
     sum.evaluator_pulls += st.evaluator_pulls;
     sum.wal_records += st.wal_records;
     sum.replayed += st.replayed;
+    sum.sgd_ns += st.sgd_ns;
+    sum.busy_ns += st.busy_ns;
+    sum.factor_ns += st.factor_ns;
     for (size_t i = 0; i < sum.rejected_by_reason.size() && i < st.rejected_by_reason.size(); ++i) {
       sum.rejected_by_reason[i] += st.rejected_by_reason[i];
     }
@@ -182,6 +185,7 @@ Status Run(const Flags& f, bool* serving) {
   o.expected_workers = cfg.cluster.workers;
   o.batches_per_push = cfg.worker.push_every;
   o.factor_threads = cfg.compression.factor_threads;
+  o.server_threads = cfg.cluster.server_threads;
   o.max_workers = cfg.cluster.max_workers;
   o.shared_memory = SharedMemoryOn(cfg);  // off on an emulated link (cluster.link_gbps)
   o.model_moves = multi;
@@ -335,9 +339,11 @@ Status Run(const Flags& f, bool* serving) {
   }
   const ShardStatsWire st = SumStats(*host);
   spdlog::info("server {}: pushes received {} applied {} rejected {} duplicates {}, pulls {}, chunk updates {}, "
-               "log records {} replayed {}, gradient pushes by worker {}",
+               "log records {} replayed {}, gradient pushes by worker {}; message loop busy {:.2f} s (update rule "
+               "{:.2f} s, sufficient factors {:.2f} s)",
                f.id, st.pushes_received, st.pushes_applied, st.pushes_rejected, st.duplicates, st.pulls_served,
-               st.chunk_updates, st.wal_records, st.replayed, ListString(st.pushes_by_worker));
+               st.chunk_updates, st.wal_records, st.replayed, ListString(st.pushes_by_worker), 1e-9 * st.busy_ns,
+               1e-9 * st.sgd_ns, 1e-9 * st.factor_ns);
   refusals->Flush();
   (void)metrics->Write("server_end", {{"pushes_received", st.pushes_received},
                                       {"rejected_by_reason", RejectedString(st)},
@@ -362,6 +368,10 @@ Status Run(const Flags& f, bool* serving) {
                                       // Wire bytes of this process (all frames, both ways).
                                       {"tx_bytes", transport.traffic().sent_bytes},
                                       {"rx_bytes", transport.traffic().received_bytes},
+                                      // Where the message loop's time went (busy / wall = its load).
+                                      {"busy_s", 1e-9 * static_cast<double>(st.busy_ns)},
+                                      {"sgd_s", 1e-9 * static_cast<double>(st.sgd_ns)},
+                                      {"factor_s", 1e-9 * static_cast<double>(st.factor_ns)},
                                       {"ok", s.ok()}});
   return s;
 }

@@ -62,15 +62,43 @@ size_t OwnedElems(const ParamLayout& layout, int32_t server, bool whole_rows) {
   return total;
 }
 
+// Element-wise work f(begin, end) over [0, n) in blocks of 64Ki elements on `threads` OpenMP
+// threads (cluster.server_threads); one call f(0, n) at one thread or below two blocks. The
+// blocks are disjoint and each element is computed alone, so the result is the same float for
+// float whatever the thread count.
+template <typename F>
+void ForBlocks(int threads, int64_t n, const F& f) {
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  if (threads <= 1 || blocks < 2) {
+    f(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel for num_threads(static_cast<int>(std::min<int64_t>(threads, blocks))) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) f(b * kBlock, std::min(n, (b + 1) * kBlock));
+}
+
+bool AllFiniteOn(int threads, std::span<const float> x) {
+  std::atomic<bool> finite{true};
+  ForBlocks(threads, static_cast<int64_t>(x.size()), [&](int64_t b, int64_t e) {
+    if (!AllFinite(x.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))))
+      finite.store(false, std::memory_order_relaxed);
+  });
+  return finite.load(std::memory_order_relaxed);
+}
+
 // A pull reply's weights converted to f16 / bf16 (the masters stay f32), into a buffer of
 // `pool` that the frame holds until the transport has sent it.
-Frame ConvertedWeights(const std::vector<float>& w, DType dtype, BufferPool<uint16_t>* pool) {
+Frame ConvertedWeights(const std::vector<float>& w, DType dtype, BufferPool<uint16_t>* pool, int threads) {
   std::shared_ptr<uint16_t[]> out = pool->Take(w.size());
-  if (dtype == DType::kF16) {
-    FloatsToHalf(w, out.get());
-  } else {
-    FloatsToBf16(w, out.get());
-  }
+  ForBlocks(threads, static_cast<int64_t>(w.size()), [&](int64_t b, int64_t e) {
+    const std::span<const float> in(w.data() + b, static_cast<size_t>(e - b));
+    if (dtype == DType::kF16) {
+      FloatsToHalf(in, out.get() + b);
+    } else {
+      FloatsToBf16(in, out.get() + b);
+    }
+  });
   return Frame::Borrow(out.get(), w.size() * sizeof(uint16_t), out);
 }
 
@@ -304,8 +332,12 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       s = CheckWorker(peer, info, h, &reason);
       if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
       // Sufficient factors become dense chunks first: validation, log, policy and SGD see f32.
-      if (s.ok() && HasFactorChunks(h))
+      if (s.ok() && HasFactorChunks(h)) {
+        const auto t0 = std::chrono::steady_clock::now();
         s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads);
+        stats_.factor_ns += static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+      }
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
       break;
     case MsgType::kPull: {
@@ -689,7 +721,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
       }
     }
     const float* data = AlignedFloats(frames[i + 1], &scratch[i]);
-    if (!AllFinite(std::span<const float>(data, static_cast<size_t>(count)))) {
+    if (!AllFiniteOn(options_.server_threads, std::span<const float>(data, static_cast<size_t>(count)))) {
       *reason = RejectReason::kNonFinite;
       return InvalidArgument("push: chunk {} (tensor '{}') holds NaN or Inf", id,
                              layout_.tensors()[static_cast<size_t>(layout_.chunk(static_cast<int32_t>(id)).tensor)].name);
@@ -965,7 +997,12 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
   const auto n = static_cast<size_t>(c.count);
   float* weights = MutableWeights(local).data();
   const auto t0 = std::chrono::steady_clock::now();
-  SgdUpdate(p, std::span<const float>(grad, n), std::span<float>(weights, n), std::span<float>(st.history.data(), n));
+  float* history = st.history.data();
+  ForBlocks(options_.server_threads, static_cast<int64_t>(n), [&](int64_t b, int64_t e) {
+    const auto at = static_cast<size_t>(b), len = static_cast<size_t>(e - b);
+    SgdUpdate(p, std::span<const float>(grad + at, len), std::span<float>(weights + at, len),
+              std::span<float>(history + at, len));
+  });
   stats_.sgd_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   ++st.version;
@@ -1098,7 +1135,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
       continue;
     }
     if (reply.dtype != DType::kF32) {
-      payload.push_back(ConvertedWeights(buf->data, reply.dtype, &pull_scratch_));
+      payload.push_back(ConvertedWeights(buf->data, reply.dtype, &pull_scratch_, options_.server_threads));
       continue;
     }
     buf->readers.fetch_add(1, std::memory_order_relaxed);

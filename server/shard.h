@@ -155,6 +155,9 @@ struct ShardOptions {
   // iteration advances by this per worker gradient applied (common/solver/lr_policy.h).
   int batches_per_push = 1;
   int factor_threads = 1;  // threads forming factor chunks' gradients (compression.factor_threads)
+  // Threads for a shard's element-wise work: updates, finite checks of pushes, fp16/bf16 pull
+  // conversion (cluster.server_threads; the same floats at any count).
+  int server_threads = 1;
   int64_t checkpoint_every_updates = 0;  // 0 = off; else save after every n updates of the shard
   std::string checkpoint_path;         // where periodic / default checkpoints go ("" = none)
   std::chrono::milliseconds poll_interval{20};  // loop wakes this often to check Stop / waits

@@ -78,6 +78,7 @@ MessageHeader Sample(MsgType type) {
       h.stats.undecodable = 7;
       h.stats.wal_ns = 123456789;
       h.stats.wal_sync_cpu_ns = 987654;
+      h.stats.factor_ns = 24680;
       break;
     default:
       break;

@@ -308,6 +308,7 @@ TEST(RunConfigTest, ToTomlRoundTrips) {
   RunConfig c;
   c.run.name = "quote\"d \\ name";
   c.cluster.servers = 3;
+  c.cluster.server_threads = 7;
   c.solver.base_lr = 0.1f / 3.0f;  // not exactly representable in decimal
   c.solver.lr_policy = LrPolicy::kMultistep;
   c.solver.stepvalues = {5, 50, 500};
@@ -568,6 +569,13 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
                 HasSubstr(std::string("compression.factor_threads = ") + bad + ": must be in 1..64"));
   }
   EXPECT_THAT(ParseError("[compression]\nfactor_threads = 1.5\n"), HasSubstr("compression.factor_threads"));
+  for (const char* bad : {"0", "-2", "65"}) {
+    EXPECT_THAT(ParseError(std::string("[cluster]\nserver_threads = ") + bad + "\n"),
+                HasSubstr(std::string("cluster.server_threads = ") + bad + ": must be in 1..64"));
+  }
+  EXPECT_THAT(ParseError("[cluster]\nserver_threads = 1.5\n"), HasSubstr("cluster.server_threads"));
+  EXPECT_EQ(ParseOk("[cluster]\nserver_threads = 64\n").cluster.server_threads, 64);
+  EXPECT_EQ(ParseOk("").cluster.server_threads, 1);  // the message loop alone by default
   for (const char* bad : {"0", "-1", "nan", "inf"}) {
     const std::string e = ParseError(std::string("[cluster]\nlink_gbps = ") + bad + "\n");
     EXPECT_THAT(e, HasSubstr("cluster.link_gbps")) << bad;

@@ -556,6 +556,12 @@ TEST_F(FactorShard, WithSharedMemoryFactorGroupsTakeTheSocketAndDenseChunksTheRe
   EXPECT_GE(shards_[0]->Stats().region_parts + shards_[1]->Stats().region_parts, region_before + 3);
   EXPECT_EQ(shards_[0]->Stats().pushes_rejected + shards_[1]->Stats().pushes_rejected, 0u);
   EXPECT_NE(AllWeights(), before);
+  // The loop's time forming δᵀ·a is counted (server_end's factor_s), as part of its busy time.
+  for (const auto& s : shards_) {
+    const ShardStatsWire st = s->Stats();
+    EXPECT_GT(st.factor_ns, 0u);
+    EXPECT_LE(st.factor_ns, st.busy_ns);
+  }
 }
 
 TEST_F(FactorShard, ClientRefusesATensorThatCannotHoldFactors) {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "client/ps/ps_client.h"
+#include "common/grad_codec.h"
 #include "common/inproc_transport.h"
 #include "common/rotation.h"
 #include "common/tensor_file.h"
@@ -256,6 +257,84 @@ TEST_F(ShardFixture, UpdateThroughTheMessagePathEqualsSgdUpdate) {
   EXPECT_EQ(pulled, ref);
   for (const Chunk& c : layout_.chunks()) EXPECT_EQ(client->last_versions()[static_cast<size_t>(c.id)], 5);
 }
+
+// cluster.server_threads: a shard spreads a chunk's update, a push's finite check and a pull's
+// fp16 conversion over threads, in blocks of 64Ki floats. Chunks of 300,000 floats (5 blocks, the
+// last one short) on 1, 3 and 4 threads: after several pushes the weights equal SgdUpdate over
+// each tensor whole, bit for bit; fp16 pulls are the weights rounded to half; an Inf in the last
+// block of a push is refused and applies nothing.
+class ServerThreads : public ShardFixture, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ServerThreads, SameFloatsAtAnyCountAndANonFiniteLastBlockIsRefused) {
+  ShardOptions o;
+  o.solver.base_lr = 0.05f;
+  o.solver.momentum = 0.9f;
+  o.solver.weight_decay = 0.01f;
+  o.server_threads = GetParam();
+  o.expected_workers = 2;  // worker 1 pulls in fp16
+  StartShards({{"w", {600, 1000}, 1.0f, 1.0f}, {"b", {600}, 2.0f, 0.0f}}, 1, 300000, o);
+  ASSERT_EQ(layout_.chunks().size(), 3u);
+  auto client = Client(0);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  std::vector<float> ref = Iota(n, -1.0f, 3e-6f), hist(n, 0.0f);
+  ASSERT_TRUE(client->Wait(client->PushInit(ref), 5000ms).ok());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> g(n);
+    for (float& x : g) x = d(rng);
+    ASSERT_TRUE(client->Wait(client->Push(g, step), 5000ms).ok());
+    for (size_t t = 0; t < layout_.tensors().size(); ++t) {
+      const TensorSpec& spec = layout_.tensors()[t];
+      const auto off = static_cast<size_t>(layout_.tensor_flat_offset(static_cast<int>(t)));
+      const auto len = static_cast<size_t>(spec.numel());
+      UpdateParams p = MakeUpdateParams(o.solver, step, spec.lr_mult, spec.decay_mult, 1.0f);
+      SgdUpdate(p, std::span<const float>(g.data() + off, len), std::span<float>(ref.data() + off, len),
+                std::span<float>(hist.data() + off, len));
+    }
+  }
+  const std::vector<float> w = AllWeights();
+  ASSERT_EQ(w.size(), n);
+  EXPECT_EQ(std::memcmp(w.data(), ref.data(), n * 4), 0) << GetParam() << " threads";
+
+  PsClientOptions half;
+  half.server_addresses = addresses_;
+  half.worker_id = 1;
+  half.reply_timeout = 10000ms;
+  half.pull_codec = WireCodec::kFp16;
+  std::unique_ptr<PsClient> reader;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, half, &reader).ok());
+  ASSERT_TRUE(reader->Connect(5000ms).ok());
+  std::vector<float> pulled(n);
+  ASSERT_TRUE(reader->Wait(reader->Pull(pulled), 5000ms).ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(pulled[i], HalfToFloat(FloatToHalf(ref[i]))) << "element " << i;
+
+  const int32_t chunk = layout_.ServerChunks(0)[0];
+  const auto count = static_cast<size_t>(layout_.chunk(chunk).count);
+  std::vector<float> bad(count, 0.5f);
+  bad[count - 1] = INFINITY;  // the last, short block
+  MessageHeader h;
+  h.type = MsgType::kPush;
+  h.sender = 0;
+  h.request_id = 77;
+  h.layout_hash = layout_.hash();
+  h.chunk_ids = {static_cast<uint32_t>(chunk)};
+  h.versions = {4};
+  h.elem_counts = {count};
+  h.byte_lengths = {count * 4};
+  auto peer = Raw(0, 0);
+  Frames f;
+  f.push_back(Frame::Copy(bad.data(), count * 4));
+  peer->Send(h, std::move(f));
+  const MessageHeader r = peer->Receive();
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_NE(r.error_text.find("NaN or Inf"), std::string::npos) << r.error_text;
+  EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kNonFinite)], 1u);
+  const std::vector<float> after = AllWeights();
+  EXPECT_EQ(std::memcmp(after.data(), ref.data(), n * 4), 0) << "the refused push changed weights";
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, ServerThreads, ::testing::Values(1, 3, 4));
 
 TEST_F(ShardFixture, AsyncWorkersThreadsExactSum) {
   ShardOptions o = PlainSgd();
