@@ -186,6 +186,19 @@ class ShardFixture : public ::testing::Test {
     EXPECT_TRUE(c->Connect(5000ms).ok());
     return c;
   }
+  // What a shard's update of the whole model with gradient g at chunk version `version` makes
+  // of (*ref, *hist): SgdUpdate per tensor with its multipliers and the lr at that version.
+  void ReferenceUpdate(const SolverConfig& solver, int64_t version, const std::vector<float>& g, std::vector<float>* ref,
+                       std::vector<float>* hist) const {
+    for (size_t t = 0; t < layout_.tensors().size(); ++t) {
+      const TensorSpec& spec = layout_.tensors()[t];
+      const auto off = static_cast<size_t>(layout_.tensor_flat_offset(static_cast<int>(t)));
+      const auto len = static_cast<size_t>(spec.numel());
+      UpdateParams p = MakeUpdateParams(solver, version, spec.lr_mult, spec.decay_mult, 1.0f);
+      SgdUpdate(p, std::span<const float>(g.data() + off, len), std::span<float>(ref->data() + off, len),
+                std::span<float>(hist->data() + off, len));
+    }
+  }
   std::vector<float> AllWeights() const {
     std::vector<float> w(static_cast<size_t>(layout_.total_elems()));
     for (const Chunk& c : layout_.chunks()) {
@@ -242,15 +255,7 @@ TEST_F(ShardFixture, UpdateThroughTheMessagePathEqualsSgdUpdate) {
     EXPECT_EQ(pulled, ref) << "step " << step;
     std::vector<float> g = Iota(n, 0.1f * static_cast<float>(step + 1), -0.0078125f);
     ASSERT_TRUE(client->Wait(client->Push(g, step), 5000ms).ok());
-    for (size_t t = 0; t < layout_.tensors().size(); ++t) {
-      const TensorSpec& spec = layout_.tensors()[t];
-      const auto off = static_cast<size_t>(layout_.tensor_flat_offset(static_cast<int>(t)));
-      const auto len = static_cast<size_t>(spec.numel());
-      // Each chunk's version equals `step` here (one push per step).
-      UpdateParams p = MakeUpdateParams(o.solver, step, spec.lr_mult, spec.decay_mult, 1.0f);
-      SgdUpdate(p, std::span<const float>(g.data() + off, len), std::span<float>(ref.data() + off, len),
-                std::span<float>(hist.data() + off, len));
-    }
+    ReferenceUpdate(o.solver, step, g, &ref, &hist);  // each chunk's version is `step` (one push per step)
   }
   EXPECT_EQ(AllWeights(), ref);  // bit for bit
   ASSERT_TRUE(client->Wait(client->Pull(pulled), 5000ms).ok());
@@ -284,14 +289,7 @@ TEST_P(ServerThreads, SameFloatsAtAnyCountAndANonFiniteLastBlockIsRefused) {
     std::vector<float> g(n);
     for (float& x : g) x = d(rng);
     ASSERT_TRUE(client->Wait(client->Push(g, step), 5000ms).ok());
-    for (size_t t = 0; t < layout_.tensors().size(); ++t) {
-      const TensorSpec& spec = layout_.tensors()[t];
-      const auto off = static_cast<size_t>(layout_.tensor_flat_offset(static_cast<int>(t)));
-      const auto len = static_cast<size_t>(spec.numel());
-      UpdateParams p = MakeUpdateParams(o.solver, step, spec.lr_mult, spec.decay_mult, 1.0f);
-      SgdUpdate(p, std::span<const float>(g.data() + off, len), std::span<float>(ref.data() + off, len),
-                std::span<float>(hist.data() + off, len));
-    }
+    ReferenceUpdate(o.solver, step, g, &ref, &hist);
   }
   const std::vector<float> w = AllWeights();
   ASSERT_EQ(w.size(), n);
