@@ -70,10 +70,27 @@ Status ReadWholeFile(const std::string& path, std::string_view what, std::string
   return Status::Ok();
 }
 
+Status CheckReplaceable(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return IoError("{}: cannot check what is there: {}", path, Errno());
+  }
+  if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) return Status::Ok();
+  const char* kind = S_ISCHR(st.st_mode)    ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISDIR(st.st_mode)  ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  return InvalidArgument("{}: is {}; refusing to replace it with a written file (give a file path)", path, kind);
+}
+
 Status WriteTemp(const std::string& path, std::string_view bytes, std::string* tmp, Durability durability,
                  FileMode mode) {
   const std::filesystem::path target(path);
   if (target.filename().empty()) return InvalidArgument("{}: not a file name", path);
+  DP_RETURN_IF_ERROR(CheckReplaceable(path));
   const std::string dir = DirOf(path);
   std::string name = dir + "/." + target.filename().string() + ".tmp.XXXXXX";
   const int fd = ::mkstemp(name.data());

@@ -39,6 +39,13 @@ using FileMode = std::optional<mode_t>;
 Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability = Durability::kPowerLoss,
                        FileMode mode = std::nullopt);
 
+// Ok when an atomic write may rename a new file onto `path`: nothing is there, or a regular file
+// (or a symbolic link, which the rename replaces, not its target). Anything else, a device such as
+// /dev/null, a FIFO, a socket or a directory, is an InvalidArgument naming it: renaming over
+// /dev/null as root would replace the system's device with a regular file. Every writer here
+// checks before it creates its temporary.
+Status CheckReplaceable(const std::string& path);
+
 // fsync of a directory, after a rename into it; errors name `path` (the file renamed).
 Status FsyncDirectory(const std::string& dir, const std::string& path);
 

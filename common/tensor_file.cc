@@ -373,6 +373,7 @@ const NamedTensor* FindTensor(const TensorFile& file, std::string_view name) {
 
 Status WriteTensorFile(const std::string& path, const TensorFile& file) {
   DP_RETURN_IF_ERROR(CheckWritable(path, file));
+  DP_RETURN_IF_ERROR(CheckReplaceable(path));
   const std::filesystem::path target(path);
   const std::string dir =
       target.has_parent_path() ? target.parent_path().string() : std::string(".");

@@ -4,6 +4,7 @@
 #include "common/tensor_file.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -15,6 +16,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "common/file_io.h"
 
 namespace downpour {
 namespace {
@@ -315,13 +318,32 @@ TEST_F(TensorFileTest, FailedWriteLeavesOldFileIntact) {
   EXPECT_EQ(CountEntries(), 1) << "temporary file left behind";
 }
 
-// The rename itself fails (the target is a non-empty directory): temp removed, error named.
-TEST_F(TensorFileTest, FailedRenameCleansUp) {
+// Something that is not a regular file at the path (a directory, a FIFO) is refused before any
+// temporary exists, and stays what it was: renaming over /dev/null as root once replaced the
+// machine's device with a regular file (downpour-worker --write-tensors /dev/null, 2026-11-28).
+TEST_F(TensorFileTest, ANonRegularFileAtThePathIsRefusedAndLeftAlone) {
   fs::create_directories(dir_ / "occupied" / "child");
   Status s = WriteTensorFile(Path("occupied"), Sample());
-  EXPECT_EQ(s.code(), StatusCode::kIoError);
-  EXPECT_THAT(s.message(), HasSubstr("rename"));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("occupied: is a directory"));
   EXPECT_EQ(CountEntries(), 1);
+  EXPECT_TRUE(fs::is_directory(dir_ / "occupied" / "child"));
+
+  const std::string fifo = Path("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  s = WriteTensorFile(fifo, Sample());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("is a FIFO"));
+  s = WriteFileAtomic(fifo, "bytes");
+  EXPECT_THAT(s.message(), HasSubstr("is a FIFO"));
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_EQ(CountEntries(), 2) << "a temporary left behind";
+
+  // The device itself is only checked, never written to here.
+  s = CheckReplaceable("/dev/null");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("/dev/null: is a character device"));
+  EXPECT_TRUE(CheckReplaceable(Path("new-file")).ok());
 }
 
 TEST_F(TensorFileTest, OverwriteReplacesAtomically) {
