@@ -135,7 +135,7 @@ class PerRunBase(ExperimentTest):
 
 
 class CompressionExperiment(unittest.TestCase):
-    """configs/experiments/compression.toml: 2 nets × 5 codecs × 2 links, AlexNet bounded."""
+    """configs/experiments/compression.toml: 2 nets × 6 codecs × 2 links, AlexNet bounded."""
 
     def configs(self):
         exp = load_experiment_module()
@@ -148,7 +148,7 @@ class CompressionExperiment(unittest.TestCase):
 
     def test_the_grid(self):
         _, configs = self.configs()
-        self.assertEqual(len(configs), 20)
+        self.assertEqual(len(configs), 24)
         seen = set()
         for label, (run, cfg) in configs.items():
             c = cfg["compression"]
@@ -165,17 +165,17 @@ class CompressionExperiment(unittest.TestCase):
                 # 60 steps per worker: ~4 min a row on the 2-core VM (bench/RESULTS.md §11.3)
                 self.assertLessEqual(cfg["worker"]["steps"], 60, f"{label}: AlexNet rows must stay bounded")
                 self.assertGreater(cfg["eval"]["test_batches"], 0, f"{label}: AlexNet evaluates on a test subset")
-        codecs = {"fp32/fp32", "factorsfp32/fp32", "factorsfp32/fp16", "topk/fp32", "onebit/fp32"}
+        codecs = {"fp32/fp32", "factorsfp32/fp32", "factorsfp32/fp16", "topk/fp32", "onebit/fp32", "topk/fp16"}
         models = {"configs/models/fmnist_small.toml", "configs/models/alexnet_fashion.toml"}
         self.assertEqual(seen, {(m, c, l) for m in models for c in codecs for l in (1.0, 10.0)})
 
-    def test_groups_compare_the_five_codecs_at_one_net_and_link(self):
+    def test_groups_compare_the_six_codecs_at_one_net_and_link(self):
         _, configs = self.configs()
         groups = {}
         for label, (run, _) in configs.items():
             groups.setdefault(run["group"], []).append(label)
         self.assertEqual(sorted(groups), ["alexnet-10gbps", "alexnet-1gbps", "fmnist-10gbps", "fmnist-1gbps"])
-        self.assertTrue(all(len(v) == 5 for v in groups.values()))
+        self.assertTrue(all(len(v) == 6 for v in groups.values()))
 
     @unittest.skipUnless(REAL_WORKER and os.access(REAL_WORKER, os.X_OK), "needs a build (DOWNPOUR_BUILD_DIR)")
     def test_every_run_config_passes_the_config_loader(self):
