@@ -208,6 +208,19 @@ class ShardFixture : public ::testing::Test {
     }
     return w;
   }
+  // The header of worker 0's f32 push of `count` floats to `chunk`, computed from `version`.
+  MessageHeader DensePush(int32_t chunk, int64_t version, size_t count, uint64_t request_id) const {
+    MessageHeader h;
+    h.type = MsgType::kPush;
+    h.sender = 0;
+    h.request_id = request_id;
+    h.layout_hash = layout_.hash();
+    h.chunk_ids = {static_cast<uint32_t>(chunk)};
+    h.versions = {version};
+    h.elem_counts = {count};
+    h.byte_lengths = {count * 4};
+    return h;
+  }
   // A registered raw peer for server `s`, worker id `worker`.
   std::unique_ptr<RawPeer> Raw(int s, int worker) {
     auto p = std::make_unique<RawPeer>(&transport_, addresses_[static_cast<size_t>(s)]);
@@ -311,19 +324,10 @@ TEST_P(ServerThreads, SameFloatsAtAnyCountAndANonFiniteLastBlockIsRefused) {
   const auto count = static_cast<size_t>(layout_.chunk(chunk).count);
   std::vector<float> bad(count, 0.5f);
   bad[count - 1] = INFINITY;  // the last, short block
-  MessageHeader h;
-  h.type = MsgType::kPush;
-  h.sender = 0;
-  h.request_id = 77;
-  h.layout_hash = layout_.hash();
-  h.chunk_ids = {static_cast<uint32_t>(chunk)};
-  h.versions = {4};
-  h.elem_counts = {count};
-  h.byte_lengths = {count * 4};
   auto peer = Raw(0, 0);
   Frames f;
   f.push_back(Frame::Copy(bad.data(), count * 4));
-  peer->Send(h, std::move(f));
+  peer->Send(DensePush(chunk, 4, count, 77), std::move(f));
   const MessageHeader r = peer->Receive();
   EXPECT_EQ(r.type, MsgType::kError);
   EXPECT_NE(r.error_text.find("NaN or Inf"), std::string::npos) << r.error_text;
@@ -402,18 +406,7 @@ class BadInput : public ShardFixture {
     grad_.assign(static_cast<size_t>(layout_.chunk(chunk_).count), 1.0f);
   }
   // A valid push of chunk_ from worker 0 to server 0; tests break one thing.
-  MessageHeader GoodPush() const {
-    MessageHeader h;
-    h.type = MsgType::kPush;
-    h.sender = 0;
-    h.request_id = 99;
-    h.layout_hash = layout_.hash();
-    h.chunk_ids = {static_cast<uint32_t>(chunk_)};
-    h.versions = {0};
-    h.elem_counts = {grad_.size()};
-    h.byte_lengths = {grad_.size() * 4};
-    return h;
-  }
+  MessageHeader GoodPush() const { return DensePush(chunk_, 0, grad_.size(), 99); }
   Frames GradFrames(const std::vector<float>& g) const {
     Frames f;
     f.push_back(Frame::Copy(g.data(), g.size() * 4));
