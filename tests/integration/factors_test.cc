@@ -40,6 +40,7 @@
 #include "common/inproc_transport.h"
 #include "server/factor_push.h"
 #include "server/shard.h"
+#include "tests/client/factor_product.h"
 
 namespace downpour {
 namespace {
@@ -147,19 +148,7 @@ double RelDiff(std::span<const float> a, std::span<const float> b) {
   return scale > 0 ? diff / scale : diff;
 }
 
-// dW (out×in) = δᵀ (out×B) · a (B×in) from a factored span [δ | a], in double.
-std::vector<float> DenseFromSpan(std::span<const float> span, int64_t b, int64_t out, int64_t in) {
-  std::vector<float> g(static_cast<size_t>(out * in));
-  const float* delta = span.data();
-  const float* a = delta + b * out;
-  for (int64_t r = 0; r < out; ++r)
-    for (int64_t c = 0; c < in; ++c) {
-      double s = 0;
-      for (int64_t k = 0; k < b; ++k) s += static_cast<double>(delta[k * out + r]) * a[k * in + c];
-      g[static_cast<size_t>(r * in + c)] = static_cast<float>(s);
-    }
-  return g;
-}
+using engine::testing::DenseFromFactors;
 
 // ---------------------------------------------------------------------------------------------
 // Engine
@@ -198,7 +187,7 @@ TEST_P(EngineFactors, FactoredSpanHoldsDeltaAndInputWhoseProductIsTheLayersDW) {
     for (int t : {0, 2}) {
       int64_t out = 0, in = 0;
       ASSERT_TRUE(factored->InnerProductDims(t, &out, &in));
-      const std::vector<float> g = DenseFromSpan(factored->grad(t), kB, out, in);
+      const std::vector<float> g = DenseFromFactors(factored->grad(t), kB, out, in);
       EXPECT_LE(RelDiff(g, dense->grad(t)), 1e-5) << factored->param_specs()[static_cast<size_t>(t)].name;
       const auto tail = factored->grad(t).subspan(static_cast<size_t>(kB * (out + in)));
       EXPECT_TRUE(std::all_of(tail.begin(), tail.end(), [](float x) { return x == 12345.0f; }))
@@ -520,7 +509,7 @@ TEST_F(FactorShard, ChunksCuttingRowsOnTwoServersApplyTheDenseUpdate) {
     std::vector<float> factored(static_cast<size_t>(layout_.total_elems())), dense(factored.size());
     for (float& x : factored) x = d(rng);
     dense = factored;
-    const std::vector<float> g = DenseFromSpan(std::span<const float>(factored).subspan(0, kB * (kOut + kIn)), kB, kOut, kIn);
+    const std::vector<float> g = DenseFromFactors(std::span<const float>(factored).subspan(0, kB * (kOut + kIn)), kB, kOut, kIn);
     std::copy(g.begin(), g.end(), dense.begin());
     const std::vector<FactorTensor> f = {{0, kB}};
     const Status s = client_->Wait(client_->PushTensors(factored, 0, 3, step, f), 5000ms);
