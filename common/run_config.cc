@@ -210,6 +210,7 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   DP_RETURN_IF_ERROR(r.Int("max_workers", &c->max_workers));
   DP_RETURN_IF_ERROR(r.Int("peer_queue_mb", &c->peer_queue_mb));
   DP_RETURN_IF_ERROR(r.Int("server_threads", &c->server_threads));
+  DP_RETURN_IF_ERROR(r.Int("trace_events", &c->trace_events));
   if (const toml::node* n = r.Get("transport")) {
     const auto text = n->value<std::string>();
     if (text && *text == "tcp") {
@@ -855,6 +856,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(cl.peer_queue_mb >= 1, "cluster.peer_queue_mb", cl.peer_queue_mb, "must be >= 1")
       .Check(cl.server_threads >= 1 && cl.server_threads <= kMaxServerThreads, "cluster.server_threads",
              cl.server_threads, fmt::format("must be in 1..{}", kMaxServerThreads))
+      .Check(cl.trace_events >= 0 && cl.trace_events <= kMaxTraceEvents, "cluster.trace_events", cl.trace_events,
+             fmt::format("must be in 0..{} (0 = off)", kMaxTraceEvents))
       .Check(cl.transport != ClusterTransport::kIpc || IsLoopbackLiteral(cl.bind) || cl.bind == "localhost",
              "cluster.transport", std::string(ClusterTransportName(cl.transport)),
              fmt::format("ipc reaches processes on this host only, but cluster.bind = \"{}\" is for a job across "
@@ -1113,6 +1116,7 @@ std::string ToToml(const RunConfig& c) {
   line("max_workers", num(c.cluster.max_workers));
   line("peer_queue_mb", num(c.cluster.peer_queue_mb));
   line("server_threads", num(c.cluster.server_threads));
+  line("trace_events", num(c.cluster.trace_events));
   line("transport", str(ClusterTransportName(c.cluster.transport)));
   line("ipc_dir", str(c.cluster.ipc_dir));
   line("shared_memory", boolean(c.cluster.shared_memory));

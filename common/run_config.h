@@ -99,6 +99,11 @@ struct ClusterConfig {
   // the transport (common/zmq_transport.h), so one machine can show a job at 1, 10 or 25 Gbit/s
   // per host. 0 = off (the default). Setting it turns shared memory off (it would bypass the link).
   double link_gbps = 0;
+  // Timelines (docs/operations.md "Timelines"): each server and worker keeps its first this many
+  // trace events (what its loop or training thread did, each message's wait for the link and
+  // for its reply) and writes them as <run_dir>/trace/<role>-<id>.json when it exits. 0 = off
+  // (the default); at most kMaxTraceEvents (about 130 bytes of memory per event).
+  int64_t trace_events = 0;
   bool operator==(const ClusterConfig&) const = default;
 };
 
@@ -302,6 +307,8 @@ bool ParseWireCodec(std::string_view text, WireCodec* out);
 
 // cluster.server_threads' largest value (a typo's 1000 threads is refused, not started).
 inline constexpr int kMaxServerThreads = 64;
+// cluster.trace_events' largest value (about 1.3 GB of memory per process).
+inline constexpr int64_t kMaxTraceEvents = 10'000'000;
 // compression.factor_threads' largest value (a typo's 1000 threads is refused, not started).
 inline constexpr int kMaxFactorThreads = 64;
 

@@ -20,6 +20,7 @@
 #include "common/log_limit.h"
 #include "common/net_address.h"
 #include "common/rate_limiter.h"
+#include "common/trace.h"
 
 namespace downpour {
 
@@ -81,6 +82,23 @@ struct ZmqTransport::Impl {
     sent_messages.fetch_add(1, std::memory_order_relaxed);
   }
   void CountReceived(const Frames& frames);
+  // A track for one endpoint's egress spans on the timeline; -1 when there is no timeline.
+  int TraceTrack(const std::string& name) {
+    return options.trace != nullptr && options.trace->on() ? options.trace->Thread(name) : -1;
+  }
+  // The timeline's span of a message that waited from `queued` (its Send) to now, due at `due`.
+  void TraceEgress(int track, size_t bytes, std::chrono::steady_clock::time_point queued,
+                   std::chrono::steady_clock::time_point due) {
+    if (track < 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    const auto ms = [](std::chrono::steady_clock::duration d) {
+      return std::max(0.0, std::chrono::duration<double, std::milli>(d).count());
+    };
+    options.trace->Async(track, "link", "egress", 0, queued, now,
+                         {{"bytes", static_cast<double>(bytes)},
+                          {"link_ms", ms(due - queued)},
+                          {"late_ms", ms(now - std::max(due, queued))}});
+  }
   // When a message of `bytes` may go: now without a link; its virtual finish time on the link,
   // or now for a small message (charged all the same; see zmq_transport.h).
   std::chrono::steady_clock::time_point Due(size_t bytes) {
@@ -272,7 +290,8 @@ class ZmqServer : public ServerEndpoint {
       : impl_(impl),
         socket_(std::move(socket)),
         address_(std::move(address)),
-        drop_log_("zmq '" + address_ + "'", "dropped-peer lines") {
+        drop_log_("zmq '" + address_ + "'", "dropped-peer lines"),
+        trace_track_(impl_->TraceTrack("egress of " + address_)) {
     struct stat st {};
     if (IsIpcAddress(address_) && ::lstat(IpcPath(address_).c_str(), &st) == 0) {
       ipc_inode_ = st.st_ino;
@@ -344,7 +363,7 @@ class ZmqServer : public ServerEndpoint {
                          impl_->options.peer_queue_bytes);
     }
     q->second.bytes += bytes;
-    q->second.messages.push_back(Queued{std::move(frames), due});
+    q->second.messages.push_back(Queued{std::move(frames), due, std::chrono::steady_clock::now()});
     return Status::Ok();
   }
   uint64_t dropped_peers() const override { return dropped_count_.load(std::memory_order_relaxed); }
@@ -356,6 +375,7 @@ class ZmqServer : public ServerEndpoint {
   struct Queued {
     Frames frames;
     std::chrono::steady_clock::time_point due;  // not before (emulated link); past = at once
+    std::chrono::steady_clock::time_point queued;  // its Send (the timeline's egress span)
   };
   struct PeerQueue {
     std::deque<Queued> messages;
@@ -380,6 +400,7 @@ class ZmqServer : public ServerEndpoint {
         if (!sent) break;
         const size_t bytes = MessageBytes(q.messages.front().frames);
         impl_->CountSent(bytes);
+        impl_->TraceEgress(trace_track_, bytes, q.messages.front().queued, q.messages.front().due);
         q.bytes -= bytes;
         q.messages.pop_front();
       }
@@ -430,13 +451,17 @@ class ZmqServer : public ServerEndpoint {
   RateLimitedLog drop_log_;
   ino_t ipc_inode_ = 0;  // the socket file this endpoint bound (ipc only; 0 = none)
   dev_t ipc_device_ = 0;
+  const int trace_track_;  // -1 = no timeline
 };
 
 class ZmqClient : public ClientEndpoint {
  public:
   using Clock = std::chrono::steady_clock;
   ZmqClient(ZmqTransport::Impl* impl, zmq::socket_t socket, std::string address)
-      : impl_(impl), socket_(std::move(socket)), address_(std::move(address)) {}
+      : impl_(impl),
+        socket_(std::move(socket)),
+        address_(std::move(address)),
+        trace_track_(impl_->TraceTrack("egress to " + address_)) {}
   // Paced messages still queued leave if they fall due within the socket's linger; the rest is
   // dropped, as ZeroMQ drops what a closed socket has not sent by then.
   ~ZmqClient() override {
@@ -457,7 +482,7 @@ class ZmqClient : public ClientEndpoint {
       impl_->CountSent(bytes);
       return Status::Ok();
     }
-    queue_.push_back(Queued{std::move(frames), due, bytes});
+    queue_.push_back(Queued{std::move(frames), due, bytes, Clock::now()});
     queued_bytes_ += bytes;
     while (queued_bytes_ > impl_->options.client_pace_queue_bytes) {
       std::this_thread::sleep_until(queue_.front().due);
@@ -491,6 +516,7 @@ class ZmqClient : public ClientEndpoint {
     Frames frames;
     Clock::time_point due;  // its finish time on the emulated link
     size_t bytes = 0;
+    Clock::time_point queued;  // its Send (the timeline's egress span)
   };
 
   // Sends every queued message that is due, in order.
@@ -507,6 +533,7 @@ class ZmqClient : public ClientEndpoint {
     queued_bytes_ -= q.bytes;
     DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, q.frames, impl_->options.zero_copy_min_bytes, address_));
     impl_->CountSent(q.bytes);
+    impl_->TraceEgress(trace_track_, q.bytes, q.queued, q.due);
     return Status::Ok();
   }
 
@@ -515,6 +542,7 @@ class ZmqClient : public ClientEndpoint {
   std::string address_;
   std::deque<Queued> queue_;  // paced messages not due yet, oldest first (emulated link only)
   size_t queued_bytes_ = 0;
+  const int trace_track_;  // -1 = no timeline
 };
 
 // ---- CurveGuard ------------------------------------------------------------------------------

@@ -80,6 +80,8 @@
 
 namespace downpour {
 
+class TraceLog;
+
 struct ZmqOptions {
   int io_threads = 2;                       // ZeroMQ I/O threads of the context
   int send_timeout_ms = 30000;              // a client send blocked this long (queue full) fails
@@ -107,6 +109,12 @@ struct ZmqOptions {
   size_t link_pace_min_bytes = size_t{64} << 10;
   // Per client endpoint on an emulated link: paced messages queued before its Send waits.
   size_t client_pace_queue_bytes = size_t{256} << 20;
+  // Timeline (cluster.trace_events; not owned, must outlive the transport; null or off = none):
+  // every message that waited in an endpoint's queue (the emulated link, or a server's full
+  // pipe) is recorded as a "link"/"egress" span from its Send to the moment ZeroMQ took it, with
+  // its bytes, the link's share of the wait (link_ms: its finish time on the link) and the rest
+  // (late_ms: a full pipe, or a loop busy elsewhere when it fell due), on a track per endpoint.
+  TraceLog* trace = nullptr;
   // Called on the security thread for each refused connection with one line saying what was
   // refused and why. Must be quick and must not call into this transport. Empty = not called.
   std::function<void(const std::string& what)> on_refused;

@@ -60,6 +60,7 @@
 #include "common/rendezvous.h"
 #include "common/rotation.h"
 #include "common/run_config.h"
+#include "common/trace.h"
 #include "common/zmq_transport.h"
 #include "server/process_util.h"
 #include "server/run_dir.h"
@@ -224,6 +225,11 @@ Status Run(const Flags& f, bool* serving) {
   net.zmq.on_refused = [refusals, id = f.id](const std::string& what) {
     refusals->Log(fmt::format("server {}: refused connection: {}", id, what));
   };
+  // The timeline (cluster.trace_events; off by default), before the transport that records into it.
+  TraceLog trace(fmt::format("server {}", f.id), static_cast<size_t>(cfg.cluster.trace_events));
+  net.zmq.trace = &trace;
+  o.trace = &trace;
+  o.trace_track = trace.Thread("loop");
   ZmqTransport transport(net.zmq);
   std::vector<std::unique_ptr<ShardServer>> shards;
   for (int k = 0; k < models; ++k) {
@@ -308,6 +314,7 @@ Status Run(const Flags& f, bool* serving) {
   }
   host->Stop();
   Status s = host->Join();
+  WriteTraceFile(trace, f.run_dir, fmt::format("server-{}", f.id));
   // A stopped run (Ctrl-C, the end of the job) can be resumed without losing an update: every
   // model's shard checkpoints once more on its way out when checkpointing is on.
   for (int k = 0; k < models; ++k) {

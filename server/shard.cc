@@ -318,6 +318,11 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
     return;
   }
   if (h.type == MsgType::kPush) ++stats_.pushes_received;
+  // The timeline's span of this message (a pull's serving nests in it when served at once).
+  TraceSpan span(options_.trace, options_.trace_track, "server", MsgTypeName(h.type));
+  span.Arg("worker", h.sender);
+  span.Arg("chunks", static_cast<double>(h.chunk_ids.size()));
+  const uint64_t sgd_ns0 = stats_.sgd_ns;
   MessageHeader reply;
   reply.request_id = h.request_id;
   reply.model_id = options_.model_id;
@@ -333,12 +338,14 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
       // Sufficient factors become dense chunks first: validation, log, policy and SGD see f32.
       if (s.ok() && HasFactorChunks(h)) {
+        TraceSpan factors(options_.trace, options_.trace_track, "server", "factors");
         const auto t0 = std::chrono::steady_clock::now();
         s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads);
         stats_.factor_ns += static_cast<uint64_t>(
             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
       }
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
+      span.Arg("update_ms", 1e-6 * static_cast<double>(stats_.sgd_ns - sgd_ns0));
       break;
     case MsgType::kPull: {
       const bool reader = h.role == Role::kEvaluator;
@@ -1092,6 +1099,10 @@ bool ShardServer::PullReady(const PendingPull& p) const {
 }
 
 void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
+  TraceSpan span(options_.trace, options_.trace_track, "server", "serve pull");
+  span.Arg("worker", p.request.sender);
+  span.Arg("chunks", static_cast<double>(p.locals.size()));
+  span.Arg("waited_ms", 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - p.arrived).count());
   MessageHeader reply;
   reply.type = MsgType::kPullReply;
   reply.request_id = p.request.request_id;

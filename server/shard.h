@@ -128,6 +128,7 @@
 #include "common/log_limit.h"
 #include "common/run_config.h"
 #include "common/shm_region.h"
+#include "common/trace.h"
 #include "common/transport.h"
 #include "server/access.h"
 #include "server/consistency.h"
@@ -158,6 +159,10 @@ struct ShardOptions {
   // Threads for a shard's element-wise work: updates, finite checks of pushes, fp16/bf16 pull
   // conversion (cluster.server_threads; the same floats at any count).
   int server_threads = 1;
+  // Timeline (cluster.trace_events; not owned, outlives the shard; null = none): the loop's
+  // spans go on track `trace_track` (common/trace.h, docs/operations.md "Timelines").
+  TraceLog* trace = nullptr;
+  int trace_track = 0;
   int64_t checkpoint_every_updates = 0;  // 0 = off; else save after every n updates of the shard
   std::string checkpoint_path;         // where periodic / default checkpoints go ("" = none)
   std::chrono::milliseconds poll_interval{20};  // loop wakes this often to check Stop / waits

@@ -325,7 +325,12 @@ class PsClient::Impl::LinkRunner {
  public:
   using Clock = std::chrono::steady_clock;
 
-  LinkRunner(Impl& impl, Link& link) : impl_(impl), link_(link), o_(impl.owner->options_) {}
+  LinkRunner(Impl& impl, Link& link)
+      : impl_(impl),
+        link_(link),
+        o_(impl.owner->options_),
+        trace_track_(o_.trace != nullptr && o_.trace->on() ? o_.trace->Thread(fmt::format("to server {}", link.server))
+                                                            : -1) {}
 
   void Run() {
     while (true) {
@@ -800,6 +805,7 @@ class PsClient::Impl::LinkRunner {
       if (o_.on_part_reply) {
         o_.on_part_reply(link_.server, a.op.header.type, part.header.chunk_ids.size(), Seconds(Clock::now() - part.sent_at));
       }
+      TracePart(a.op.header.type, part);
       if (a.op.header.type == MsgType::kPull) {
         s = impl_.AcceptPullReply(link_, a.op, part.header.chunk_ids, h, got);
         if (!s.ok() && a.first_error.ok()) a.first_error = s;
@@ -844,9 +850,20 @@ class PsClient::Impl::LinkRunner {
     --a.open;
   }
 
+  // The timeline's span of an answered part: from its last send to its reply.
+  void TracePart(MsgType type, const Part& part) const {
+    if (trace_track_ < 0) return;
+    const char* name = type == MsgType::kPush ? "push part" : type == MsgType::kPull ? "pull part" : MsgTypeName(type);
+    o_.trace->Async(trace_track_, "client", name, 0, part.sent_at, Clock::now(),
+                    {{"server", static_cast<double>(link_.server)},
+                     {"chunks", static_cast<double>(part.header.chunk_ids.size())},
+                     {"bytes", static_cast<double>(part.bytes)}});
+  }
+
   Impl& impl_;
   Link& link_;
   const PsClientOptions& o_;
+  const int trace_track_;  // -1 = no timeline
   std::map<RequestId, Active> active_;  // by id = call order
   uint64_t inflight_ = 0;               // bytes of parts sent and not answered
   const std::chrono::milliseconds tick_ =

@@ -95,6 +95,7 @@
 #include "common/layout.h"
 #include "common/run_config.h"
 #include "common/status.h"
+#include "common/trace.h"
 #include "common/transport.h"
 
 namespace downpour {
@@ -153,6 +154,10 @@ struct PsClientOptions {
   // part carried and the seconds from its last send to its reply (the load benchmark's
   // per-chunk latency percentiles). Keep it short; empty = not called.
   std::function<void(int server, MsgType type, size_t chunks, double seconds)> on_part_reply;
+  // Timeline (cluster.trace_events; not owned, outlives the client; null = none): every answered
+  // part as a "client" span from its last send to its reply ("push part", "pull part", ...),
+  // with its server, chunks and payload bytes, on a track per server ("to server i").
+  TraceLog* trace = nullptr;
   // Wire codecs (see "Wire codecs" above; the worker sets them from [compression]). Defaults:
   // lossless f32 both ways.
   WireCodec push_codec = WireCodec::kFp32;  // fp32 | fp16 | bf16 | topk | onebit

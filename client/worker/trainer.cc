@@ -110,7 +110,8 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
       test_(test),
       metrics_(metrics),
       progress_(progress),
-      planner_(*layout, o_.min_push_elems) {
+      planner_(*layout, o_.min_push_elems),
+      trace_track_(o_.trace != nullptr && o_.trace->on() ? o_.trace->Thread("train") : -1) {
   DP_CHECK_EQ(layout_->total_elems(), static_cast<int64_t>(net_->params().size()));
   DP_CHECK_EQ(layout_->tensors().size(), net_->param_specs().size());
   if (o_.worker.push_every > 1) accum_.assign(net_->params().size(), 0.0f);
@@ -217,6 +218,8 @@ void Trainer::OnLayerForward(int layer) {
   for (int32_t c : layer_chunks_[static_cast<size_t>(layer)]) {
     const int index = chunk_inflight_[static_cast<size_t>(c)];
     if (index < 0 || inflight_[static_cast<size_t>(index)].waited) continue;
+    TraceSpan span(o_.trace, trace_track_, "worker", "pull wait");
+    span.Arg("layer", layer);
     Status s = WaitInflightPull(static_cast<size_t>(index));
     if (!s.ok()) {
       callback_status_ = s;
@@ -252,6 +255,7 @@ void Trainer::OnGradReady(int tensor) {
     // Forward is over, so the pulls it used were all waited; the next step's start now.
     if (!pulls_finished_) {
       const double t0 = NowS();
+      TraceSpan span(o_.trace, trace_track_, "worker", "pull wait");
       callback_status_ = FinishPulls();
       forward_pull_wait_ms_ += 1e3 * (NowS() - t0);
       pulls_finished_ = true;
@@ -338,7 +342,9 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool 
   }
   forward_pull_wait_ms_ = 0;
   const double t0 = NowS();
+  TraceSpan compute_span(o_.trace, trace_track_, "worker", "forward+backward");
   const float loss = net_->ForwardBackward(batch.data, batch.labels);
+  compute_span.End();
   const double t1 = NowS();
   DP_RETURN_IF_ERROR(callback_status_);
   if (overlap_ && !pulls_finished_) {
@@ -380,6 +386,7 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool 
       DP_RETURN_IF_ERROR(StartReadyPulls({}));
       DP_CHECK(std::all_of(chunk_pulled_.begin(), chunk_pulled_.end(), [](bool b) { return b; }));
     }
+    TraceSpan wait_span(o_.trace, trace_track_, "worker", "push wait");
     DP_RETURN_IF_ERROR(channel_->WaitPushes(&push_info_));
     if (!accum_.empty()) std::fill(accum_.begin(), accum_.end(), 0.0f);
     ++clock_;
@@ -408,6 +415,7 @@ bool Trainer::EvalDue(int64_t steps_done) const {
 
 Status Trainer::Evaluate(bool final_eval, EvalRecord* out, bool starting_weights) {
   DP_CHECK(eval_net_ != nullptr && test_ != nullptr);
+  TraceSpan span(o_.trace, trace_track_, "worker", "evaluate");
   const double t0 = NowS();
   *out = EvalRecord{};
   if (starting_weights) {
@@ -565,6 +573,8 @@ Status Trainer::Run(TrainResult* result) {
   MarkTraffic();  // register and the first evaluation are no step's
   for (int64_t step = from.step; step < planned; ++step) {
     const double t0 = NowS();
+    TraceSpan step_span(o_.trace, trace_track_, "worker", "step");
+    step_span.Arg("step", static_cast<double>(step + 1));
     pull_ms_ = 0;
     // The first step of a run (a resumed one too) always pulls: the net holds no server weights
     // yet. A step whose pulls the previous step started waits for them layer by layer instead.
@@ -572,6 +582,7 @@ Status Trainer::Run(TrainResult* result) {
     // An EASGD worker keeps its own weights: it pulls the center once, to start from it.
     const bool pull_due = o_.easgd ? step == from.step : (step % w.pull_every == 0 || step == from.step);
     if (channel_ != nullptr && !pulled_ahead && pull_due) {
+      TraceSpan span(o_.trace, trace_track_, "worker", "pull");
       DP_RETURN_IF_ERROR(channel_->Pull(clock_, net_->params(), &pull_info_));
       pull_ms_ = 1e3 * (NowS() - t0);
     }

@@ -54,6 +54,7 @@
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/run_config.h"
+#include "common/trace.h"
 #include "common/transport.h"
 
 namespace downpour::worker {
@@ -112,6 +113,9 @@ struct TrainerOptions {
   // shared_memory_traffic): step records carry them as shm_tx_bytes / shm_rx_bytes, the done
   // record the totals. Empty = none (null fields).
   std::function<TrafficCounts()> shm_traffic;
+  // Timeline (cluster.trace_events; not owned; null = none): the training thread's steps, their
+  // compute, pull waits and push waits, on a track "train" (docs/operations.md "Timelines").
+  TraceLog* trace = nullptr;
 };
 
 struct EvalRecord {
@@ -237,6 +241,7 @@ class Trainer {
   // Step-time breakdown of the last step (milliseconds).
   double pull_ms_ = 0, push_wait_ms_ = 0, compute_ms_ = 0, loader_ms_ = 0, comm_ms_ = 0;
   double forward_pull_wait_ms_ = 0;                // pull waits inside ForwardBackward
+  int trace_track_ = -1;                           // the timeline's "train" track (o_.trace on)
   double loss_last_ = 0;
   double loss_ema_ = -1;
   double rate_ema_ = 0;

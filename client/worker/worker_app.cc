@@ -32,6 +32,7 @@
 #include "common/metrics.h"
 #include "common/process_net.h"
 #include "common/rendezvous.h"
+#include "common/trace.h"
 #include "common/zmq_transport.h"
 #include "data/input_check.h"
 
@@ -209,6 +210,8 @@ Status PlaceJoiningWorker(const RunConfig& c, int id, PsClient* client, engine::
 // This worker's place in the cluster: its transport, its link to the coordinator and what the
 // coordinator said (the servers' addresses, its id). Declared before what uses the transport.
 struct ClusterLink {
+  // The timeline (cluster.trace_events; off by default), before the transport that records into it.
+  std::unique_ptr<TraceLog> trace;
   std::unique_ptr<ZmqTransport> transport;
   std::unique_ptr<RendezvousClient> rendezvous;
   RendezvousInfo info;
@@ -221,7 +224,11 @@ struct ClusterLink {
 Status JoinCluster(const RunConfig& config, int requested_id, const ProcessNet& pnet, const ParamLayout& layout,
                    ClusterLink* out) {
   spdlog::info("worker {}: {}", requested_id, pnet.Describe(""));
-  out->transport = std::make_unique<ZmqTransport>(pnet.zmq);
+  out->trace = std::make_unique<TraceLog>(fmt::format("worker {}", requested_id),
+                                          static_cast<size_t>(config.cluster.trace_events));
+  ZmqOptions zmq = pnet.zmq;
+  zmq.trace = out->trace.get();
+  out->transport = std::make_unique<ZmqTransport>(zmq);
   RendezvousOptions ro;
   ro.coordinator = pnet.coordinator;
   ro.token = pnet.token;
@@ -262,7 +269,15 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   if (!cluster->rendezvous) DP_RETURN_IF_ERROR(JoinCluster(config, args.id, pnet, layout, cluster));
   RendezvousClient* link = cluster->rendezvous.get();
   const RendezvousInfo& info = cluster->info;
-  const PsClientOptions po = WorkerClientOptions(config, args.run_dir, info, args.id, pnet.token);
+  // The timeline is written however the run ends (a failed run's is the one worth reading).
+  TraceLog* trace = cluster->trace.get();
+  trace->SetProcess(fmt::format("worker {}", info.id));
+  const auto write = [run_dir = args.run_dir, id = info.id](TraceLog* t) {
+    WriteTraceFile(*t, run_dir, fmt::format("worker-{}", id));
+  };
+  const std::unique_ptr<TraceLog, decltype(write)> write_trace(trace, write);
+  PsClientOptions po = WorkerClientOptions(config, args.run_dir, info, args.id, pnet.token);
+  po.trace = trace;
   if (const std::string link = EmulatedLinkNote(config); !link.empty()) spdlog::info("worker {}: {}", args.id, link);
   LogWireCodecs(config.compression, args.id);
   const auto wait = RequestWait(config.cluster);
@@ -276,6 +291,7 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   // wait until every chunk has weights (restored servers ignore them all).
   DP_RETURN_IF_ERROR(client->Wait(client->PushInit(net->params()), wait));
   TrainerOptions topts = to;
+  topts.trace = trace;
   if (topts.resume) {
     DP_RETURN_IF_ERROR(PlaceResumedWorker(config, args.id, client.get(), net, wait, &*topts.resume));
     link->set_clock(topts.resume->clock);

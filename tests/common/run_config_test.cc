@@ -309,6 +309,7 @@ TEST(RunConfigTest, ToTomlRoundTrips) {
   c.run.name = "quote\"d \\ name";
   c.cluster.servers = 3;
   c.cluster.server_threads = 7;
+  c.cluster.trace_events = 123456;
   c.solver.base_lr = 0.1f / 3.0f;  // not exactly representable in decimal
   c.solver.lr_policy = LrPolicy::kMultistep;
   c.solver.stepvalues = {5, 50, 500};
@@ -576,6 +577,13 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
   EXPECT_THAT(ParseError("[cluster]\nserver_threads = 1.5\n"), HasSubstr("cluster.server_threads"));
   EXPECT_EQ(ParseOk("[cluster]\nserver_threads = 64\n").cluster.server_threads, 64);
   EXPECT_EQ(ParseOk("").cluster.server_threads, 1);  // the message loop alone by default
+  for (const char* bad : {"-1", "10000001"}) {
+    EXPECT_THAT(ParseError(std::string("[cluster]\ntrace_events = ") + bad + "\n"),
+                HasSubstr(std::string("cluster.trace_events = ") + bad + ": must be in 0..10000000 (0 = off)"));
+  }
+  EXPECT_THAT(ParseError("[cluster]\ntrace_events = \"many\"\n"), HasSubstr("cluster.trace_events"));
+  EXPECT_EQ(ParseOk("[cluster]\ntrace_events = 10000000\n").cluster.trace_events, 10000000);
+  EXPECT_EQ(ParseOk("").cluster.trace_events, 0);  // off by default
   for (const char* bad : {"0", "-1", "nan", "inf"}) {
     const std::string e = ParseError(std::string("[cluster]\nlink_gbps = ") + bad + "\n");
     EXPECT_THAT(e, HasSubstr("cluster.link_gbps")) << bad;
