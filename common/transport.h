@@ -89,6 +89,12 @@ class ServerEndpoint {
   // (ZmqTransport; see zmq_transport.h). kUnavailable when the peer is unknown / gone, or was
   // dropped for not reading its replies.
   virtual Status Send(const PeerId& to, Frames frames) = 0;
+  // Sends queued replies that have fallen due (an emulated link's paced replies, replies that
+  // waited for a full pipe), without waiting; the rest stay queued. A loop in the middle of long
+  // work (a push of many chunks) calls it between pieces, so its replies leave when due as a
+  // kernel's socket buffer would let them, not when the loop next calls Receive. The loop's
+  // thread only. Transports that queue nothing do nothing.
+  virtual void ReleaseDue() {}
   // Peers dropped so far because their queue of unsent replies outgrew its bound (a client that
   // never reads). Thread-safe. Transports without a bound return 0.
   virtual uint64_t dropped_peers() const { return 0; }

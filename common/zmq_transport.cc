@@ -366,6 +366,9 @@ class ZmqServer : public ServerEndpoint {
     q->second.messages.push_back(Queued{std::move(frames), due, std::chrono::steady_clock::now()});
     return Status::Ok();
   }
+  void ReleaseDue() override {
+    if (!queues_.empty()) Flush();
+  }
   uint64_t dropped_peers() const override { return dropped_count_.load(std::memory_order_relaxed); }
   std::string address() const override { return address_; }
 

@@ -49,7 +49,7 @@ bool HasFactorChunks(const MessageHeader& h) {
 }
 
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
-                        BufferPool<float>* scratch, int threads) {
+                        BufferPool<float>* scratch, int threads, const std::function<void()>& between_chunks) {
   if (!HasFactorChunks(*h)) return Status::Ok();
   const size_t n = h->chunk_ids.size();
   if ((h->flags & kFlagInit) != 0 || h->dtype != DType::kF32)
@@ -153,6 +153,7 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1)
   for (size_t k = 0; k < work.size(); ++k) {
     FormRows(work[k].span, in, batch, deltas[work[k].i], a, work[k].rows.get());
+    if (between_chunks && omp_get_thread_num() == 0) between_chunks();  // the calling thread (the team's first)
   }
   for (const Work& w : work) {
     const int64_t skip = w.chunk->tensor_offset - w.span.first * in;

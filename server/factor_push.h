@@ -16,6 +16,8 @@
 // has released it.
 #pragma once
 
+#include <functional>
+
 #include "common/buffer_pool.h"
 #include "common/codec.h"
 #include "common/layout.h"
@@ -42,8 +44,11 @@ bool HasFactorChunks(const MessageHeader& h);
 // in δ or a). The dense gradients are written into buffers of `scratch`, reused from push to
 // push (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the frame), by
 // `threads` OpenMP threads, one chunk's sgemm per thread at a time (the same floats whatever the
-// count: each chunk is one sgemm on one thread).
+// count: each chunk is one sgemm on one thread). `between_chunks`, when set, is called on the
+// calling thread after each of its chunks (a shard releases its due replies there:
+// ServerEndpoint::ReleaseDue).
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
-                        BufferPool<float>* scratch = nullptr, int threads = 1);
+                        BufferPool<float>* scratch = nullptr, int threads = 1,
+                        const std::function<void()>& between_chunks = {});
 
 }  // namespace downpour

@@ -236,14 +236,18 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
 
 void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
   const auto t0 = std::chrono::steady_clock::now();
+  loop_endpoint_ = ep;
   HandleMessage(ep, peer, info, frames);
+  loop_endpoint_ = nullptr;
   const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.busy_ns += static_cast<uint64_t>(busy.count());
 }
 
 void ShardServer::Tick(ServerEndpoint* ep) {
+  loop_endpoint_ = ep;
   ServePending(ep);
+  loop_endpoint_ = nullptr;
   refusal_log_.Flush();
   reply_log_.Flush();
 }
@@ -340,7 +344,8 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       if (s.ok() && HasFactorChunks(h)) {
         TraceSpan factors(options_.trace, options_.trace_track, "server", "factors");
         const auto t0 = std::chrono::steady_clock::now();
-        s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads);
+        s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads,
+                             [ep] { ep->ReleaseDue(); });
         stats_.factor_ns += static_cast<uint64_t>(
             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
       }
@@ -1012,6 +1017,8 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
   });
   stats_.sgd_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  // A push of many chunks keeps the loop for a while: replies that fell due meanwhile leave now.
+  if (loop_endpoint_ != nullptr) loop_endpoint_->ReleaseDue();
   ++st.version;
   st.iter += ScheduleIterations(gradients, options_.batches_per_push);
   ++stats_.chunk_updates;

@@ -397,6 +397,9 @@ class ShardServer {
   std::thread thread_;
   Status thread_status_;
   std::unique_ptr<ServerEndpoint> owned_endpoint_;
+  // The endpoint of the message or tick the loop is handling (null outside one, and in replay):
+  // long work releases its due replies through it between chunks (ServerEndpoint::ReleaseDue).
+  ServerEndpoint* loop_endpoint_ = nullptr;
 };
 
 }  // namespace downpour

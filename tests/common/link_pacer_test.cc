@@ -315,6 +315,49 @@ TEST(LinkNoStall, AServerUnderALimitAnswersASecondPeerAtOnce) {
   EXPECT_EQ(bulk_got, n);
 }
 
+// A loop that queues three paced replies (4 MiB each, ~34 ms apiece at 1 Gbit/s) and then works
+// for 300 ms without calling Receive: with ReleaseDue between its pieces of work the replies leave
+// when due, as a kernel would send them; without it they wait for the loop's next Receive.
+Clock::duration LastReplyAfterLongWork(bool release_between_pieces) {
+  ZmqTransport server_transport(Options(1.0));
+  ZmqTransport client_transport(Options(0));
+  std::unique_ptr<ServerEndpoint> server;
+  EXPECT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  std::unique_ptr<ClientEndpoint> client;
+  EXPECT_TRUE(client_transport.Connect(server->address(), &client).ok());
+  EXPECT_TRUE(client->Send(Small("pull 3")).ok());
+  PeerId from;
+  Frames got;
+  EXPECT_TRUE(server->Receive(&from, &got, 5000ms).ok());
+  const auto t0 = Clock::now();
+  auto payload = std::make_shared<std::vector<char>>(kFrameBytes, 'y');
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(server->Send(from, Big(payload)).ok());
+  std::atomic<int64_t> last_ns{-1};
+  std::thread reader([&] {
+    Frames reply;
+    for (int i = 0; i < 3; ++i) {
+      if (!client->Receive(&reply, 5000ms).ok()) return;
+    }
+    last_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  });
+  for (int piece = 0; piece < 30; ++piece) {  // 300 ms of work in 10 ms pieces
+    std::this_thread::sleep_for(10ms);
+    if (release_between_pieces) server->ReleaseDue();
+  }
+  while (last_ns < 0 && Clock::now() - t0 < 5s) (void)server->Receive(&from, &got, 10ms);
+  reader.join();
+  return std::chrono::nanoseconds(last_ns.load());
+}
+
+TEST(LinkNoStall, RepliesLeaveWhenDueWhileTheLoopWorksIfItReleasesThem) {
+  const auto with = LastReplyAfterLongWork(true);
+  const auto without = LastReplyAfterLongWork(false);
+  // Three frames take ~101 ms at 1 Gbit/s; 250 ms leaves room for a loaded 2-core machine.
+  EXPECT_GE(with, 90ms) << "the replies were not paced";
+  EXPECT_LT(with, 250ms) << "the replies waited for the loop's work to end";
+  EXPECT_GE(without, 300ms) << "without ReleaseDue nothing leaves before the loop's next Receive";
+}
+
 // ---- the run config's cluster.link_gbps ------------------------------------------------------
 
 TEST(LinkConfig, LinkGbpsReachesTheTransportAndTurnsSharedMemoryOff) {

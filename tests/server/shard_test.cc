@@ -276,6 +276,49 @@ TEST_F(ShardFixture, UpdateThroughTheMessagePathEqualsSgdUpdate) {
   for (const Chunk& c : layout_.chunks()) EXPECT_EQ(client->last_versions()[static_cast<size_t>(c.id)], 5);
 }
 
+// An endpoint that counts the loop's ReleaseDue calls and passes everything else on.
+class CountingEndpoint : public ServerEndpoint {
+ public:
+  CountingEndpoint(std::unique_ptr<ServerEndpoint> inner, std::atomic<int>* releases)
+      : inner_(std::move(inner)), releases_(releases) {}
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
+    return inner_->Receive(from, frames, timeout, info);
+  }
+  Status Send(const PeerId& to, Frames frames) override { return inner_->Send(to, std::move(frames)); }
+  void ReleaseDue() override { releases_->fetch_add(1); }
+  std::string address() const override { return inner_->address(); }
+
+ private:
+  std::unique_ptr<ServerEndpoint> inner_;
+  std::atomic<int>* releases_;
+};
+
+// A push of many chunks keeps the loop for a while: after each chunk's update it lets the replies
+// that fell due meanwhile leave (ServerEndpoint::ReleaseDue; the emulated link's paced replies
+// would otherwise wait for the whole push). 8 chunks (tensors of 30, 6 and 17 floats in chunks of
+// up to 8) in messages of 4: 8 calls per push.
+TEST_F(ShardFixture, ALongPushReleasesDueRepliesAfterEveryChunk) {
+  ASSERT_TRUE(ParamLayout::Build(SmallModel(), 1, 8, &layout_).ok());
+  ASSERT_EQ(layout_.chunks().size(), 8u);
+  std::unique_ptr<ShardServer> shard;
+  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(ShardOptions{}, 0), &shard).ok());
+  std::unique_ptr<ServerEndpoint> ep;
+  ASSERT_TRUE(transport_.Bind("shard-counting", &ep).ok());
+  addresses_.push_back(ep->address());
+  std::atomic<int> releases{0};
+  shard->Start(std::make_unique<CountingEndpoint>(std::move(ep), &releases));
+  shards_.push_back(std::move(shard));
+  auto client = Client(0);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  ASSERT_TRUE(client->Wait(client->PushInit(std::vector<float>(n, 1.0f)), 5000ms).ok());
+  EXPECT_EQ(releases.load(), 0);  // an init push updates nothing
+  const std::vector<float> g(n, 0.5f);
+  ASSERT_TRUE(client->Wait(client->Push(g, 0), 5000ms).ok());
+  EXPECT_EQ(releases.load(), 8);
+  ASSERT_TRUE(client->Wait(client->Push(g, 1), 5000ms).ok());
+  EXPECT_EQ(releases.load(), 16);
+}
+
 // cluster.server_threads: a shard spreads a chunk's update, a push's finite check and a pull's
 // fp16 conversion over threads, in blocks of 64Ki floats. Chunks of 300,000 floats (5 blocks, the
 // last one short) on 1, 3 and 4 threads: after several pushes the weights equal SgdUpdate over
