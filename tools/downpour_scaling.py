@@ -445,6 +445,12 @@ class Cluster:
     link_burst_ms: float = 0.0   # emulated: the pacer's credit of an idle link (common/rate_limiter.h
     #                              kDefaultBurst = 5 ms); 0 = a link that saves no credit
     wal: bool = False            # checkpoint.wal: every server logs every push before applying it
+    # Async workers in lockstep (identical, fast workers whose servers bound the step: they push at
+    # once, each server applies their pushes interleaved and its egress carries their pulls side by
+    # side): a worker's part waits for all W (docs/scaling.md "Lockstep"). False: out of phase.
+    lockstep: bool = False
+    server_threads: int = 1      # cluster.server_threads: a shard's update spread over threads
+    factor_threads: int = 1      # compression.factor_threads: a shard's δᵀa GEMMs spread over threads
 
 
 def check_cluster(c):
@@ -460,6 +466,8 @@ def check_cluster(c):
               (c.push_every >= 1, f"--push-every {c.push_every}: must be >= 1"),
               (c.link_burst_ms >= 0 and math.isfinite(c.link_burst_ms),
                f"--link-burst-ms {c.link_burst_ms:g}: must be >= 0"),
+              (1 <= c.server_threads <= 64, f"--server-threads {c.server_threads}: must be in 1..64"),
+              (1 <= c.factor_threads <= 64, f"--factor-threads {c.factor_threads}: must be in 1..64"),
               (c.mode in MODES, f"--mode {c.mode}: expected async, sync or ssp:S")]
     for ok, message in checks:
         if not ok:
@@ -474,6 +482,18 @@ def parse_mode(text):
     if not m:
         raise dr.UsageError(f"--mode {text!r}: expected async, sync or ssp:S")
     return "ssp"
+
+
+def server_thread_speedups(cluster):
+    """(update, GEMM) speedups of a server's loop from cluster.server_threads and
+    compression.factor_threads: each count, at most the host's cores over the servers on it
+    (--cores-per-host; no bound when 0). The work is element-wise or one GEMM per chunk, so it
+    divides evenly; what it does not model is oversubscription (docs/scaling.md)."""
+    cap = math.inf
+    if cluster.cores_per_host > 0:
+        on_host = cluster.servers if cluster.colocated else min(cluster.servers, cluster.servers_per_host)
+        cap = max(1, cluster.cores_per_host // on_host)
+    return min(cluster.server_threads, cap), min(cluster.factor_threads, cap)
 
 
 def contention(cluster, profile):
@@ -564,6 +584,7 @@ class Prediction:
                 "worker_ms": 1e3 * self.worker_s, "server_ms": 1e3 * self.server_s,
                 "host_cpu_ms": 1e3 * self.host_cpu_s, "link_ms": 1e3 * self.link_s, "step_ms": 1e3 * self.step_s,
                 "wal": c.wal, "disk_ms": 1e3 * self.disk_s, "egress_ms": 1e3 * self.egress_s,
+                "server_threads": c.server_threads, "factor_threads": c.factor_threads, "lockstep": c.lockstep,
                 "images_per_s": self.images_per_s, "efficiency": self.efficiency, "bound": self.bound}
 
 
@@ -662,9 +683,12 @@ def predict(profile, tensors, rates, cluster, codec):
     slow = contention(cluster, profile)
     sync = cluster.mode == "sync"
     w, s = cluster.workers, cluster.servers
-    sgd = rates.sgd_ns_per_float * 1e-9
+    sgd_cpu = rates.sgd_ns_per_float * 1e-9
     handling = rates.handling_ns_per_byte * 1e-9
-    gemm = 1.0 / (rates.server_gflops * 1e9) if rates.server_gflops > 0 else 0.0
+    gemm_cpu = 1.0 / (rates.server_gflops * 1e9) if rates.server_gflops > 0 else 0.0
+    # The loop's wall time per float / flop with its threads; the CPU it takes stays the same.
+    sgd_speedup, gemm_speedup = server_thread_speedups(cluster)
+    sgd, gemm = sgd_cpu / sgd_speedup, gemm_cpu / gemm_speedup
     layer_names = [name for name, _, _, _ in profile.layers]
     missing = [name for name in per_layer if name not in layer_names]
     if missing:
@@ -679,8 +703,12 @@ def predict(profile, tensors, rates, cluster, codec):
     wal_sync = rates.wal_sync_ns_per_float * 1e-9 if cluster.wal else 0.0
     # One server's loop per round: its 1/S share of W workers' pushes and pulls, logged, applied
     # and handled.
-    server_s = w / s * ((floats * (sgd + wal) + flops * gemm + push * handling) / cluster.push_every
+    def loop_s(sgd, gemm):
+        return w / s * ((floats * (sgd + wal) + flops * gemm + push * handling) / cluster.push_every
                         + pull * handling / cluster.pull_every)
+
+    server_s = loop_s(sgd, gemm)
+    server_cpu_s = loop_s(sgd_cpu, gemm_cpu)
     # A server host's log disk, shared by its servers (on one host: all S), per round.
     disk_s = 0.0
     if cluster.wal and rates.wal_disk_gbytes > 0:
@@ -696,7 +724,7 @@ def predict(profile, tensors, rates, cluster, codec):
         loader = cluster.batch * rates.loader_us_per_image * 1e-6
         # The logs' fsync threads write every push back to disk beside the loops.
         syncing = w * floats * wal_sync / cluster.push_every
-        others_cpu = w * (loader + worker_io) + s * server_s + syncing
+        others_cpu = w * (loader + worker_io) + s * server_cpu_s + syncing
         host_cpu_s = (workers_cpu + others_cpu) / cluster.cores_per_host
         if profile.threads:
             # A CPU worker on a shared host computes at its share of the cores left by everything
@@ -716,6 +744,12 @@ def predict(profile, tensors, rates, cluster, codec):
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync
 
+    # Lockstep: every layer's part is applied after the W workers' parts of it (interleaved), and
+    # a server's egress carries the W workers' pull parts side by side.
+    lockstep = cluster.lockstep and not sync and w > 1
+    step_ack_s = [a * w for a in ack_s] if lockstep else ack_s
+    egress_share = w if lockstep else 1
+
     def worker_step(slow):
         rows = []
         for name, _, fwd, bwd in profile.layers:
@@ -723,10 +757,10 @@ def predict(profile, tensors, rates, cluster, codec):
             rows.append((fwd * slow, bwd * slow, lb.push_by_server, lb.pull_by_server))
         if cluster.pull_every == 1 and cluster.push_every == 1:
             if cluster.emulated:
-                return simulate_worker(rows, push_rate, server_pull_rate(cluster, rates), sync, overlap, latency,
-                                       apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3,
-                                       ack_s=ack_s)
-            return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s, ack_s=ack_s)
+                return simulate_worker(rows, push_rate, server_pull_rate(cluster, rates) / egress_share, sync, overlap,
+                                       latency, apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3,
+                                       ack_s=step_ack_s)
+            return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s, ack_s=step_ack_s)
         # Amortized: a whole blocking pull before every pull_every-th step (the worker overlaps
         # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
         # push_every steps (sync: the push's apply is on the path as well).

@@ -12,8 +12,9 @@
 #   bench/gpu/pack_for_device.sh build .devcarry
 # There:  [STEPS=40] [BUDGET_S=420] bench/gpu/device_compression.sh .devcarry
 # Writes $OUT/jobs.tsv (one row per job: images/s from the workers' median steps and from the
-# whole run, median step ms, wire MB per worker step), $OUT/alexnet-gpu-b128.time.json and
-# $OUT/bench-ps.txt; the jobs' logs and step records come back as $OUT/jobs.tgz.
+# whole run, median step ms, wire MB per worker step), $OUT/<job>.trace.txt (downpour-trace's
+# summary of the job's timelines; TRACE_EVENTS=0 turns them off), $OUT/alexnet-gpu-b128.time.json
+# and $OUT/bench-ps.txt; the jobs' logs, step records and timelines come back as $OUT/jobs.tgz.
 source "$(dirname "$0")/device_env.sh" "${1:-}"
 steps=${STEPS:-40}
 budget=${BUDGET_S:-420}   # no new job starts after this many seconds
@@ -39,7 +40,10 @@ job() {  # job NAME PORT --set ...: one AlexNet job; its row in $out/rows.tsv
     --bin-dir "$bin" --timeout-s 140 --set "worker.device=${DEVICE:-gpu:0}" --set "worker.batch_size=${BATCH:-128}" --set worker.threads=4 \
     --set "worker.steps=$steps" --set eval.every_steps=0 --set 'data.test=""' --set checkpoint.every_updates=0 \
     --set "data.train=$data/train_lmdb" --set "data.mean_file=$data/mean.tensor" \
-    --set "cluster.coordinator=127.0.0.1:$port" --set "cluster.base_port=$((port + 5))" "$@"
+    --set "cluster.coordinator=127.0.0.1:$port" --set "cluster.base_port=$((port + 5))" \
+    --set "cluster.trace_events=${TRACE_EVENTS:-200000}" "$@"
+  # Each job's timelines, summarised (docs/operations.md "Timelines"); the files are in jobs.tgz.
+  python3 tools/downpour-trace "/tmp/jobs/$name" >"$out/$name.trace.txt" 2>&1
   python3 - "/tmp/jobs/$name" "$name" >>"$out/rows.tsv" <<'PY'
 import json, sys
 sys.path.insert(0, "tools")

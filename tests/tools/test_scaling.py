@@ -221,6 +221,41 @@ class HandComputed(unittest.TestCase):
                           sc.parse_codec("fp32"))
         self.assertAlmostEqual(free.worker_s, 0.062, places=9)
 
+    def test_server_threads_divide_the_update_up_to_the_hosts_cores(self):
+        """cluster.server_threads: the 50 ms round (2 × 250,000 floats × 100 ns) on 4 threads takes
+        12.5 ms, and so does 8 on a 4-core server host; a worker's push is applied in 6.25 ms, so its
+        step is 10 + 20 + 2 + 6.25 + 2 = 40.25 ms. The CPU the loop takes does not shrink."""
+        rates = {"sgd_ns_per_float": 100.0, "server_ns_per_float": 100.0}
+        self.assertAlmostEqual(two_worker_case(rates=rates).server_s, 0.050, places=9)
+        for threads in (4, 8):
+            p = two_worker_case(server_threads=threads, cores_per_host=4, rates=rates)
+            self.assertAlmostEqual(p.server_s, 0.0125, places=9)
+            self.assertAlmostEqual(p.step_s, 0.04025, places=9)
+        self.assertAlmostEqual(two_worker_case(server_threads=8, rates=rates).server_s, 0.00625, places=9)
+        one, four = (two_worker_case(server_threads=t, cores_per_host=8, colocated=True, emulated=True, rates=rates)
+                     for t in (1, 4))
+        self.assertAlmostEqual(one.host_cpu_s, four.host_cpu_s, places=12)
+        self.assertGreater(one.host_cpu_s, 0)
+
+    def test_factor_threads_divide_the_gemm(self):
+        """compression.factor_threads: a push's δᵀa is 2 × 64 × 250,000 = 32 MFLOP, 32 ms at
+        1 GFLOP/s; two workers' take 64 ms of the loop on one thread, 32 on two."""
+        rates = {"sgd_ns_per_float": 0.0, "server_ns_per_float": 0.0, "server_gflops": 1.0}
+        self.assertAlmostEqual(two_worker_case(codec="factors", rates=rates).server_s, 0.064, places=9)
+        self.assertAlmostEqual(two_worker_case(codec="factors", factor_threads=2, rates=rates).server_s, 0.032,
+                               places=9)
+
+    def test_lockstep_workers_wait_for_each_others_parts(self):
+        """Emulated links, 4 ns per float (1 ms to apply a push). Out of phase: push 1 ms, apply 1,
+        pull 1 (the server's own 1e9 B/s egress): 10 + 20 + 3 = 33 ms. In lockstep the server
+        applies both workers' pushes (2 ms) and its egress carries both pulls (2 ms): 35 ms. One
+        worker has nobody to wait for."""
+        rates = {"sgd_ns_per_float": 4.0, "server_ns_per_float": 4.0}
+        self.assertAlmostEqual(two_worker_case(emulated=True, rates=rates).step_s, 0.033, places=9)
+        self.assertAlmostEqual(two_worker_case(emulated=True, lockstep=True, rates=rates).step_s, 0.035, places=9)
+        self.assertAlmostEqual(two_worker_case(workers=1, emulated=True, lockstep=True, rates=rates).step_s, 0.033,
+                               places=9)
+
     def test_sync_puts_the_apply_of_both_pushes_before_the_pull(self):
         """sync: push 2 ms, apply 2 × 250,000 × 2 ns = 1 ms, pull 2 ms: 10 + 20 + 2 + 1 + 2 = 35 ms."""
         p = two_worker_case(mode="sync", rates={"sgd_ns_per_float": 2.0, "server_ns_per_float": 2.0})
@@ -515,9 +550,9 @@ class CommandLine(unittest.TestCase):
         run = os.path.join(self.tmp, "run")
         fab.write_config(run, mode="sync", workers=2, servers=2)
         with open(os.path.join(run, "config.toml"), "a") as f:
-            f.write("\n[compression]\nfactors = true\npull = \"fp16\"\n")
+            f.write("\n[compression]\nfactors = true\npull = \"fp16\"\nfactor_threads = 3\n")
         with open(os.path.join(run, "config.toml")) as f:
-            text = f.read().replace("[cluster]\n", "[cluster]\nlink_gbps = 10.0\n")
+            text = f.read().replace("[cluster]\n", "[cluster]\nlink_gbps = 10.0\nserver_threads = 4\n")
         with open(os.path.join(run, "config.toml"), "w") as f:
             f.write(text)
         shutil.copy(self.tensors, os.path.join(run, "tensors.txt"))
@@ -526,6 +561,12 @@ class CommandLine(unittest.TestCase):
         (row,) = json.loads(r.stdout)["predictions"]
         self.assertEqual((row["workers"], row["servers"], row["mode"], row["link_gbps"], row["batch"], row["codec"]),
                          (2, 2, "sync", 10.0, fab.BATCH, "factors+pull=fp16"))
+        self.assertEqual((row["server_threads"], row["factor_threads"], row["lockstep"]), (4, 3, False))
+        r = fab.run_tool("downpour-scaling", "--time", self.time, "--run-dir", run, "--json", "--server-threads", "2",
+                         "--lockstep")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        (row,) = json.loads(r.stdout)["predictions"]
+        self.assertEqual((row["server_threads"], row["factor_threads"], row["lockstep"]), (2, 3, True))
 
     def test_rates_from_the_load_benchmark(self):
         bench = os.path.join(self.tmp, "bench.txt")
@@ -608,6 +649,10 @@ class CommandLine(unittest.TestCase):
         self.assert_usage(self.scaling("-w", "x", "-l", "10"), "--workers 'x'")
         self.assert_usage(self.scaling("-w", "1", "-l", "10", "--mode", "bsp"), "--mode 'bsp'")
         self.assert_usage(self.scaling("-w", "1", "-l", "10", "--target", "1.5"), "--target 1.5")
+        self.assert_usage(self.scaling("-w", "1", "-l", "10", "--server-threads", "0"),
+                          "--server-threads 0: must be in 1..64")
+        self.assert_usage(self.scaling("-w", "1", "-l", "10", "--factor-threads", "65"),
+                          "--factor-threads 65: must be in 1..64")
         self.assert_usage(self.scaling("-w", "1"), "--link-gbps: required")
         self.assert_usage(fab.run_tool("downpour-scaling", "--tensors", self.tensors, "-l", "1"), "--time: required")
         self.assert_usage(fab.run_tool("downpour-scaling", "--time", self.time, "-l", "1"), "--tensors")

@@ -160,7 +160,8 @@ def metrics(run_dir, name, event):
 
 
 @unittest.skipUnless(BUILD_DIR, "DOWNPOUR_BUILD_DIR is not set (ctest sets it to the build tree)")
-@unittest.skipUnless(os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")), "dataset-fashion-mnist missing")
+@unittest.skipUnless(os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
+                     "dataset-fashion-mnist missing")
 class TraceOfAJob(TempDirTest):
     STEPS = 30
 
