@@ -62,6 +62,12 @@ size_t OwnedElems(const ParamLayout& layout, int32_t server, bool whole_rows) {
   return total;
 }
 
+// Nanoseconds since `t0` (the loop's counters: busy, update rule, factors, log).
+uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
 // Element-wise work f(begin, end) over [0, n) in blocks of 64Ki elements on `threads` OpenMP
 // threads (cluster.server_threads); one call f(0, n) at one thread or below two blocks. The
 // blocks are disjoint and each element is computed alone, so the result is the same float for
@@ -239,9 +245,9 @@ void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
   loop_endpoint_ = ep;
   HandleMessage(ep, peer, info, frames);
   loop_endpoint_ = nullptr;
-  const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+  const uint64_t busy = NanosSince(t0);
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.busy_ns += static_cast<uint64_t>(busy.count());
+  stats_.busy_ns += busy;
 }
 
 void ShardServer::Tick(ServerEndpoint* ep) {
@@ -346,8 +352,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
         const auto t0 = std::chrono::steady_clock::now();
         s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads,
                              [ep] { ep->ReleaseDue(); });
-        stats_.factor_ns += static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+        stats_.factor_ns += NanosSince(t0);
       }
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
       span.Arg("update_ms", 1e-6 * static_cast<double>(stats_.sgd_ns - sgd_ns0));
@@ -954,8 +959,7 @@ Status ShardServer::LogRecord(WalRecord* r) {
   if (!wal_) return Status::Ok();
   const auto t0 = std::chrono::steady_clock::now();
   Status s = wal_->Append(r);
-  stats_.wal_ns += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  stats_.wal_ns += NanosSince(t0);
   if (!s.ok()) {
     return IoError("server {}: the write-ahead log failed, so the {} was not taken: {}", options_.server_id,
                    r->kind == WalKind::kPush ? "push" : "change", s.message());
@@ -1015,8 +1019,7 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
     SgdUpdate(p, std::span<const float>(grad + at, len), std::span<float>(weights + at, len),
               std::span<float>(history + at, len));
   });
-  stats_.sgd_ns += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  stats_.sgd_ns += NanosSince(t0);
   // A push of many chunks keeps the loop for a while: replies that fell due meanwhile leave now.
   if (loop_endpoint_ != nullptr) loop_endpoint_->ReleaseDue();
   ++st.version;

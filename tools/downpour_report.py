@@ -109,6 +109,13 @@ def step_breakdown(workers):
     return out
 
 
+def images_per_s_from_steps(rows, batch):
+    """The job's images/s from step_breakdown rows: the sum over workers of batch / median step
+    (what the scaling model predicts: steady state, no start-up, no evaluations); workers without
+    a median step are left out."""
+    return sum(batch * 1000.0 / row["step_ms"] for row in rows if row["step_ms"])
+
+
 def breakdown_line(row):
     """"step = X ms; compute Y, pull wait Z, push wait W, loader V; comm C; overlap ratio R (medians
     of N steps); wire per step: tx T MB, rx U MB" (MB = 10^6 bytes; "—" for runs without byte counts)."""

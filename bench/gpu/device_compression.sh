@@ -54,7 +54,7 @@ try:
     _, files = dr.load_run([run_dir])
     rows = report.step_breakdown(dr.worker_files(files))
     b = summary["batch_size"]
-    med = sum(b * 1000.0 / r["step_ms"] for r in rows if r["step_ms"])
+    med = report.images_per_s_from_steps(rows, b)
     step = max(r["step_ms"] for r in rows)
     tx = max(r["tx_bytes"] or 0 for r in rows) / 1e6
     rx = max(r["rx_bytes"] or 0 for r in rows) / 1e6

@@ -209,7 +209,7 @@ def run_job(args, net, index, w, s, link, codec, data, repeat=0):
     _, files = dr.load_run([run_dir])
     rows = report.step_breakdown(dr.worker_files(files))
     batch = summary["batch_size"]
-    measured = sum(batch * 1000.0 / row["step_ms"] for row in rows if row["step_ms"])
+    measured = report.images_per_s_from_steps(rows, batch)
     # The servers' logs (no checkpoint truncates them here: GBs per fmnist job) and the
     # checkpoints: not needed for the table, and a grid of them fills a disk.
     for folder, _, names in os.walk(run_dir):

@@ -5,6 +5,7 @@ each segment left out, the overlap ratio step / max(compute, comm), in its outpu
 summary.json; runs whose records predate the breakdown get "—"."""
 import json
 import os
+import sys
 import tempfile
 import unittest
 
@@ -53,6 +54,14 @@ class Breakdown(unittest.TestCase):
         self.assertAlmostEqual(row["overlap_ratio"], 1.12)
         self.assertEqual(row["tx_bytes"], 2_000_002)
         self.assertEqual(row["rx_bytes"], 8_000_000)
+
+    def test_images_per_s_sums_batch_over_each_workers_median_step(self):
+        """The job's steady images/s (scaling_validate.py, bench/gpu/device_compression.sh): worker 0's
+        median step of 112 ms at batch 64; worker 1 has no breakdown and adds nothing."""
+        sys.path.insert(0, fab.TOOLS)
+        import downpour_report as report
+        rows = self.s["step_breakdown"]
+        self.assertAlmostEqual(report.images_per_s_from_steps(rows, 64), 64 * 1000.0 / 112.0)
 
     def test_line_per_worker(self):
         self.assertIn("worker 0: step = 112.0 ms; compute 100.0, pull wait 3.0, push wait 5.0, loader 1.0; "
