@@ -4,14 +4,47 @@ a tool as a user does."""
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TOOLS = os.path.join(ROOT, "tools")
 BATCH = 64
 SHARD = 30000  # images per worker shard: epoch = images / SHARD
+
+
+class TempDirTest(unittest.TestCase):
+    """A test with a fresh temporary directory, self.tmp, removed after it."""
+
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-tools-")
+        self.tmp = self._tmp.name
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+
+def free_port_pair():
+    """Two consecutive free TCP ports (servers listen on base_port + i), and a third for the
+    coordinator. Bound to port 0 so the kernel picks them; a tiny race remains, as for any test."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            base = a.getsockname()[1]
+            if base >= 65534:
+                continue
+            with socket.socket() as b, socket.socket() as c:
+                try:
+                    b.bind(("127.0.0.1", base + 1))
+                except OSError:
+                    continue
+                c.bind(("127.0.0.1", 0))
+                return base, c.getsockname()[1]
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
 
 
 def run_tool(tool, *args, env=None, cwd=None):

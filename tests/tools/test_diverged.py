@@ -8,7 +8,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 import textwrap
 import unittest
 
@@ -30,14 +29,7 @@ def summarize(run_dir):
         return json.load(f), r
 
 
-class TempDirTest(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-diverged-")
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
+class TempDirTest(fab.TempDirTest):
     def run_dir(self, name, **kwargs):
         return fab.simple_run(os.path.join(self.tmp, name), **kwargs)
 

@@ -8,7 +8,6 @@ time and the failed tasks."""
 import json
 import os
 import shutil
-import tempfile
 import unittest
 
 import fabricate as fab
@@ -29,14 +28,7 @@ def without_place(s):
     return {k: v for k, v in s.items() if k not in PLACE_ONLY}
 
 
-class TempDirTest(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-parts-")
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
+class TempDirTest(fab.TempDirTest):
     def path(self, *names):
         return os.path.join(self.tmp, *names)
 

@@ -7,7 +7,6 @@ the launcher; a failing launcher's exit code is passed on.
 Heavy: a real 2-server × 2-worker job. Needs the binaries of a build: DOWNPOUR_BUILD_DIR (ctest
 sets it). Makes data-sets/fashion-mnist under the repository root the first time (~10 s)."""
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -21,28 +20,9 @@ BUILD_DIR = os.environ.get("DOWNPOUR_BUILD_DIR")
 RUN_DEFAULT = os.path.join(fab.ROOT, "scripts", "run_default")
 
 
-def free_port_pair():
-    """Two consecutive free TCP ports (servers listen on base_port + i), and a third for the
-    coordinator. Bound to port 0 so the kernel picks them; a tiny race remains, as for any test."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = a.getsockname()[1]
-            if base >= 65534:
-                continue
-            with socket.socket() as b, socket.socket() as c:
-                try:
-                    b.bind(("127.0.0.1", base + 1))
-                except OSError:
-                    continue
-                c.bind(("127.0.0.1", 0))
-                return base, c.getsockname()[1]
-    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
-
-
 def tiny_config(path, steps=30):
     """Paths inside are relative to the repository root, where run_default runs."""
-    base_port, coordinator_port = free_port_pair()
+    base_port, coordinator_port = fab.free_port_pair()
     with open(path, "w") as f:
         f.write(f"""# run_default test: the default job, shortened.
 [run]

@@ -4,7 +4,6 @@ wall_s, resumed runs (async resumed once, a finished run resumed, sync resumed a
 and its exit codes."""
 import json
 import os
-import tempfile
 import unittest
 
 import fabricate as fab
@@ -18,13 +17,7 @@ def summarize(run_dir):
         return json.load(f), r.stdout
 
 
-class TempDirTest(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-tools-")
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
+TempDirTest = fab.TempDirTest
 
 
 class AlgorithmIsNamed(TempDirTest):

@@ -10,9 +10,7 @@ wait span per step; the servers' and workers' egress spans carry the link's shar
 A tiny cluster.trace_events keeps that many events and reports the rest as dropped."""
 import json
 import os
-import socket
 import subprocess
-import tempfile
 import unittest
 
 import fabricate as fab
@@ -50,16 +48,7 @@ def rows(summary, process):
     raise AssertionError(f"no process {process!r} in {summary}")
 
 
-class TempDirTest(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-trace-")
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
-
-class Summary(TempDirTest):
+class Summary(fab.TempDirTest):
     def test_counts_shares_percentiles_and_egress_args(self):
         run = os.path.join(self.tmp, "run")
         # Ten 100 ms steps over 1 s, each with a 60 ms forward+backward; two egress waits.
@@ -134,21 +123,6 @@ class Summary(TempDirTest):
         self.assertIn("not a directory", r.stderr)
 
 
-def free_ports():
-    """A free base port with base + 1 free too (servers), and a free coordinator port."""
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b, socket.socket() as c:
-            a.bind(("127.0.0.1", 0))
-            base = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-            c.bind(("127.0.0.1", 0))
-            return base, c.getsockname()[1]
-    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
-
-
 def metrics(run_dir, name, event):
     out = []
     with open(os.path.join(run_dir, "metrics", name + ".jsonl")) as f:
@@ -162,11 +136,11 @@ def metrics(run_dir, name, event):
 @unittest.skipUnless(BUILD_DIR, "DOWNPOUR_BUILD_DIR is not set (ctest sets it to the build tree)")
 @unittest.skipUnless(os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
                      "dataset-fashion-mnist missing")
-class TraceOfAJob(TempDirTest):
+class TraceOfAJob(fab.TempDirTest):
     STEPS = 30
 
     def job(self, name, trace_events):
-        base, coordinator = free_ports()
+        base, coordinator = fab.free_port_pair()
         cfg = os.path.join(self.tmp, name + ".toml")
         with open(cfg, "w") as f:
             f.write(f"""[run]
