@@ -8,7 +8,7 @@
 //   TraceLog trace("worker 0", 200000);
 //   const int tid = trace.Thread("train");
 //   { TraceSpan s(&trace, tid, "worker", "forward+backward"); ... }     // a span of one thread
-//   trace.Async("link", "egress", trace.NextId(), queued_at, sent_at, {{"bytes", 4e6}});
+//   trace.Async(tid, "link", "egress", 0, queued_at, sent_at, {{"bytes", 4e6}});  // id 0: a new one
 //   trace.Write(run_dir + "/trace/worker-0.json");
 //
 // Two kinds of event:

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -72,7 +73,10 @@ class RawPeer {
 
 class ShardFixture : public ::testing::Test {
  protected:
-  void StartShards(std::vector<TensorSpec> specs, int servers, int64_t chunk_elems, ShardOptions base) {
+  // `wrap`, when set, is given each shard's endpoint and returns the one the shard serves.
+  using WrapEndpoint = std::function<std::unique_ptr<ServerEndpoint>(std::unique_ptr<ServerEndpoint>)>;
+  void StartShards(std::vector<TensorSpec> specs, int servers, int64_t chunk_elems, ShardOptions base,
+                   const WrapEndpoint& wrap = {}) {
     ASSERT_TRUE(ParamLayout::Build(std::move(specs), servers, chunk_elems, &layout_).ok());
     for (int s = 0; s < servers; ++s) {
       ShardOptions o = ForServer(base, s);
@@ -81,7 +85,7 @@ class ShardFixture : public ::testing::Test {
       std::unique_ptr<ServerEndpoint> ep;
       ASSERT_TRUE(transport_.Bind(fmt::format("shard{}", s), &ep).ok());
       addresses_.push_back(ep->address());
-      shard->Start(std::move(ep));
+      shard->Start(wrap ? wrap(std::move(ep)) : std::move(ep));
       shards_.push_back(std::move(shard));
     }
   }
@@ -298,16 +302,11 @@ class CountingEndpoint : public ServerEndpoint {
 // would otherwise wait for the whole push). 8 chunks (tensors of 30, 6 and 17 floats in chunks of
 // up to 8) in messages of 4: 8 calls per push.
 TEST_F(ShardFixture, ALongPushReleasesDueRepliesAfterEveryChunk) {
-  ASSERT_TRUE(ParamLayout::Build(SmallModel(), 1, 8, &layout_).ok());
-  ASSERT_EQ(layout_.chunks().size(), 8u);
-  std::unique_ptr<ShardServer> shard;
-  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(ShardOptions{}, 0), &shard).ok());
-  std::unique_ptr<ServerEndpoint> ep;
-  ASSERT_TRUE(transport_.Bind("shard-counting", &ep).ok());
-  addresses_.push_back(ep->address());
   std::atomic<int> releases{0};
-  shard->Start(std::make_unique<CountingEndpoint>(std::move(ep), &releases));
-  shards_.push_back(std::move(shard));
+  StartShards(SmallModel(), 1, 8, ShardOptions{}, [&releases](std::unique_ptr<ServerEndpoint> ep) {
+    return std::make_unique<CountingEndpoint>(std::move(ep), &releases);
+  });
+  ASSERT_EQ(layout_.chunks().size(), 8u);
   auto client = Client(0);
   const size_t n = static_cast<size_t>(layout_.total_elems());
   ASSERT_TRUE(client->Wait(client->PushInit(std::vector<float>(n, 1.0f)), 5000ms).ok());
