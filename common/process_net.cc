@@ -111,6 +111,7 @@ Status SetUpProcessNet(const RunConfig& c, const NetFlags& f, NetRole role, cons
   // A bound socket's per-peer queue of replies a peer does not read (common/zmq_transport.h).
   out->zmq.peer_queue_bytes = static_cast<size_t>(c.cluster.peer_queue_mb) << 20;
   out->zmq.link_gbps = c.cluster.link_gbps;  // 0 = no emulated link
+  out->zmq.reply_order_by_key = c.cluster.reply_order == ReplyOrder::kStep;
   if (!c.security.keys.empty()) {
     DP_RETURN_IF_ERROR(LoadCurveKeys(c.security.keys, ClientKeyRole(role), binds, &out->zmq.curve));
     out->keyed = true;

@@ -20,4 +20,9 @@ LinkPacer::Clock::time_point LinkPacer::ReserveAt(size_t bytes, Clock::time_poin
   return last_finish_;
 }
 
+LinkPacer::Clock::time_point LinkPacer::BusyUntil() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_finish_;
+}
+
 }  // namespace downpour

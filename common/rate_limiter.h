@@ -41,6 +41,9 @@ class LinkPacer {
   Clock::time_point ReserveAt(size_t bytes, Clock::time_point now);
   // How long `bytes` take on this link.
   Clock::duration Duration(size_t bytes) const;
+  // When everything reserved so far will have left the link (the last finish time; in the past
+  // when the link is idle).
+  Clock::time_point BusyUntil();
 
  private:
   const double gbps_;

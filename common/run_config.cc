@@ -223,6 +223,16 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   }
   DP_RETURN_IF_ERROR(r.String("ipc_dir", &c->ipc_dir));
   DP_RETURN_IF_ERROR(r.Bool("shared_memory", &c->shared_memory));
+  if (const toml::node* n = r.Get("reply_order")) {
+    const auto text = n->value<std::string>();
+    if (text && *text == "arrival") {
+      c->reply_order = ReplyOrder::kArrival;
+    } else if (text && *text == "step") {
+      c->reply_order = ReplyOrder::kStep;
+    } else {
+      return r.Bad("reply_order", *n, "expected \"arrival\" or \"step\"");
+    }
+  }
   if (const toml::node* n = r.Get("link_gbps")) {
     // Absent = off; a value given must be a link speed (0 or less is a mistake, not "off").
     DP_RETURN_IF_ERROR(r.Float("link_gbps", &c->link_gbps));
@@ -736,6 +746,8 @@ const char* ClusterTransportName(ClusterTransport transport) {
   return transport == ClusterTransport::kIpc ? "ipc" : "tcp";
 }
 
+const char* ReplyOrderName(ReplyOrder order) { return order == ReplyOrder::kStep ? "step" : "arrival"; }
+
 std::string ServerIpcPath(const ClusterConfig& cluster, const std::string& run_dir, int server) {
   std::filesystem::path dir(cluster.ipc_dir);
   if (cluster.ipc_dir.empty()) {
@@ -930,15 +942,18 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(!ck.dir.empty(), "checkpoint.dir", ck.dir, "must be non-empty")
       .Check(ck.wal_fsync_ms >= 0, "checkpoint.wal_fsync_ms", ck.wal_fsync_ms,
              "must be >= 0 (0 = fsync before every acknowledgement)")
-      .Check(cl.link_gbps == 0 || (std::isfinite(cl.link_gbps) && cl.link_gbps > 0), "cluster.link_gbps",
-             cl.link_gbps, "must be a finite link speed > 0 in Gbit/s (0 in code = off)")
-      .Check(c.compression.top_k_fraction > 0 && c.compression.top_k_fraction <= 1,
-             "compression.top_k_fraction", c.compression.top_k_fraction, "must be in (0, 1]")
+      .Check(cl.link_gbps == 0 || (std::isfinite(cl.link_gbps) && cl.link_gbps > 0), "cluster.link_gbps", cl.link_gbps,
+             "must be a finite link speed > 0 in Gbit/s (0 in code = off)")
+      .Check(cl.reply_order == ReplyOrder::kArrival || cl.link_gbps > 0, "cluster.reply_order",
+             std::string(ReplyOrderName(cl.reply_order)),
+             "\"step\" orders replies on an emulated link: it needs cluster.link_gbps (on a real network the NIC "
+             "decides; not implemented)")
+      .Check(c.compression.top_k_fraction > 0 && c.compression.top_k_fraction <= 1, "compression.top_k_fraction",
+             c.compression.top_k_fraction, "must be in (0, 1]")
       .Check(c.compression.top_k_warmup_pushes >= 0, "compression.top_k_warmup_pushes",
              c.compression.top_k_warmup_pushes, "must be >= 0 (0 = no warm-up)")
       .Check(c.compression.factor_threads >= 1 && c.compression.factor_threads <= kMaxFactorThreads,
-             "compression.factor_threads", c.compression.factor_threads,
-             "must be in 1..64")
+             "compression.factor_threads", c.compression.factor_threads, "must be in 1..64")
       .Check(co.algorithm != Algorithm::kEasgd || !c.compression.factors, "compression.factors", c.compression.factors,
              "\"easgd\" workers push no gradients (their exchanges are dense weight differences): turn it off")
       .Check(co.algorithm != Algorithm::kEasgd || c.compression.push == WireCodec::kFp32, "compression.push",
@@ -1120,6 +1135,7 @@ std::string ToToml(const RunConfig& c) {
   line("transport", str(ClusterTransportName(c.cluster.transport)));
   line("ipc_dir", str(c.cluster.ipc_dir));
   line("shared_memory", boolean(c.cluster.shared_memory));
+  line("reply_order", str(ReplyOrderName(c.cluster.reply_order)));
   if (c.cluster.link_gbps > 0) {
     line("link_gbps", flt(c.cluster.link_gbps));
   } else {

@@ -51,6 +51,13 @@ enum class ClusterTransport {
 };
 const char* ClusterTransportName(ClusterTransport transport);  // "tcp" | "ipc"
 
+// In what order a server's replies take its emulated link (cluster.reply_order).
+enum class ReplyOrder {
+  kArrival,  // as the server made them: workers asking at once get theirs interleaved
+  kStep,     // a worker's pull replies for one step together, the step asked for first ahead
+};
+const char* ReplyOrderName(ReplyOrder order);  // "arrival" | "step"
+
 // [cluster] — processes and endpoints of one job.
 struct ClusterConfig {
   int servers = 1;                          // S parameter-server shards (>= 1)
@@ -99,6 +106,11 @@ struct ClusterConfig {
   // the transport (common/zmq_transport.h), so one machine can show a job at 1, 10 or 25 Gbit/s
   // per host. 0 = off (the default). Setting it turns shared memory off (it would bypass the link).
   double link_gbps = 0;
+  // With an emulated link: the order in which each server's replies take it. "step" hands the
+  // link to one worker's pull replies of a step before the next worker's (the step whose first
+  // pull arrived first goes first), so workers that ask at once do not all wait for the last
+  // byte; it needs link_gbps (a real network's NIC interleaves flows; not implemented there).
+  ReplyOrder reply_order = ReplyOrder::kArrival;
   // Timelines (docs/operations.md "Timelines"): each server and worker keeps its first this many
   // trace events (what its loop or training thread did, each message's wait for the link and
   // for its reply) and writes them as <run_dir>/trace/<role>-<id>.json when it exits. 0 = off

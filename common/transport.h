@@ -89,6 +89,15 @@ class ServerEndpoint {
   // (ZmqTransport; see zmq_transport.h). kUnavailable when the peer is unknown / gone, or was
   // dropped for not reading its replies.
   virtual Status Send(const PeerId& to, Frames frames) = 0;
+  // Send, with the reply's place among those waiting for the link: an endpoint that orders its
+  // replies (ZmqOptions::reply_order_by_key, cluster.reply_order = "step") hands the waiting reply
+  // with the lowest `order` to the link first, whichever peer it is for; a peer's own replies
+  // still leave in the order they were sent (a lower `order` after a higher one counts as the
+  // higher). Other endpoints send as Send does.
+  virtual Status SendOrdered(const PeerId& to, Frames frames, uint64_t order) {
+    (void)order;
+    return Send(to, std::move(frames));
+  }
   // Sends queued replies that have fallen due (an emulated link's paced replies, replies that
   // waited for a full pipe), without waiting; the rest stay queued. A loop in the middle of long
   // work (a push of many chunks) calls it between pieces, so its replies leave when due as a

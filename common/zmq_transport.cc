@@ -339,13 +339,18 @@ class ZmqServer : public ServerEndpoint {
       return s;
     }
   }
-  Status Send(const PeerId& to, Frames frames) override {
+  Status Send(const PeerId& to, Frames frames) override { return SendOrdered(to, std::move(frames), kNoOrder); }
+  Status SendOrdered(const PeerId& to, Frames frames, uint64_t order) override {
     if (dropped_.count(to)) {
       return Unavailable("zmq '{}': peer {} was dropped (it did not read its replies)", address_, PeerHex(to));
     }
     const size_t bytes = MessageBytes(frames);
-    const auto due = impl_->Due(bytes);  // on an emulated link, when the reply may leave
     auto q = queues_.find(to);
+    // Ordered by key: a large reply, or any behind a queued one, waits for its place (Schedule).
+    if (ordered_ && (bytes >= impl_->options.link_pace_min_bytes || q != queues_.end())) {
+      return Enqueue(to, q, std::move(frames), bytes, order);
+    }
+    const auto due = impl_->Due(bytes);  // on an emulated link, when the reply may leave
     if (q == queues_.end()) {
       if (due <= std::chrono::steady_clock::now()) {
         bool sent = false;
@@ -363,7 +368,7 @@ class ZmqServer : public ServerEndpoint {
                          impl_->options.peer_queue_bytes);
     }
     q->second.bytes += bytes;
-    q->second.messages.push_back(Queued{std::move(frames), due, std::chrono::steady_clock::now()});
+    q->second.messages.push_back(Queued{std::move(frames), due, std::chrono::steady_clock::now(), bytes});
     return Status::Ok();
   }
   void ReleaseDue() override {
@@ -375,29 +380,96 @@ class ZmqServer : public ServerEndpoint {
  private:
   static constexpr auto kFlushSlice = std::chrono::milliseconds(2);
   static constexpr size_t kRememberDropped = 4096;  // dropped ids kept (oldest forgotten first)
+  static constexpr uint64_t kNoOrder = UINT64_MAX;  // Send: the peer's last order (see Enqueue)
+  // Ordered by key: the next waiting reply gets its place once the link has less than this
+  // reserved ahead (so the link never idles for want of a reservation, and the choice is made
+  // as late as that allows).
+  static constexpr auto kOrderAhead = std::chrono::milliseconds(3);
+  using TimePoint = std::chrono::steady_clock::time_point;
   struct Queued {
     Frames frames;
-    std::chrono::steady_clock::time_point due;  // not before (emulated link); past = at once
-    std::chrono::steady_clock::time_point queued;  // its Send (the timeline's egress span)
+    TimePoint due;     // not before (emulated link); past = at once; unset while not scheduled
+    TimePoint queued;  // its Send (the timeline's egress span)
+    size_t bytes = 0;
+    uint64_t order = 0;     // its order key (ordered by key only)
+    bool scheduled = true;  // has its place on the link (false: waits for Schedule)
   };
   struct PeerQueue {
-    std::deque<Queued> messages;
+    std::deque<Queued> messages;  // the scheduled ones first, then `unscheduled` waiting ones
     size_t bytes = 0;
+    size_t unscheduled = 0;
+    uint64_t last_order = 0;
   };
   using Queues = std::unordered_map<PeerId, PeerQueue>;
 
+  // Ordered by key: queues a reply without a place on the link. Its order is at least the
+  // peer's previous one, so a peer's replies keep their order; Send's (kNoOrder) is exactly the
+  // previous one (an ack rides with the replies before it), or its arrival for a first reply.
+  Status Enqueue(const PeerId& to, Queues::iterator q, Frames frames, size_t bytes, uint64_t order) {
+    const auto now = std::chrono::steady_clock::now();
+    if (q == queues_.end()) q = queues_.emplace(to, PeerQueue{}).first;
+    if (q->second.bytes + bytes > impl_->options.peer_queue_bytes) {
+      Drop(q, bytes);
+      return Unavailable("zmq '{}': peer {} dropped: its unsent replies exceed {} bytes", address_, PeerHex(to),
+                         impl_->options.peer_queue_bytes);
+    }
+    PeerQueue& pq = q->second;
+    if (order == kNoOrder) {
+      order = pq.messages.empty() ? static_cast<uint64_t>(now.time_since_epoch().count()) : pq.last_order;
+    }
+    pq.last_order = std::max(pq.last_order, order);
+    pq.bytes += bytes;
+    pq.messages.push_back(Queued{std::move(frames), TimePoint{}, now, bytes, pq.last_order, false});
+    ++pq.unscheduled;
+    Flush();
+    return Status::Ok();
+  }
+
+  // Ordered by key: gives waiting replies their place on the link, lowest order first (ties:
+  // sent first), while the link has less than kOrderAhead reserved.
+  void Schedule() {
+    while (true) {
+      const auto now = std::chrono::steady_clock::now();
+      if (impl_->pacer->BusyUntil() > now + kOrderAhead) return;
+      Queued* best = nullptr;
+      PeerQueue* best_queue = nullptr;
+      for (auto& [peer, q] : queues_) {
+        if (q.unscheduled == 0) continue;
+        Queued& m = q.messages[q.messages.size() - q.unscheduled];
+        if (best == nullptr || m.order < best->order || (m.order == best->order && m.queued < best->queued)) {
+          best = &m;
+          best_queue = &q;
+        }
+      }
+      if (best == nullptr) return;
+      best->due = impl_->Due(best->bytes);
+      best->scheduled = true;
+      --best_queue->unscheduled;
+    }
+  }
+
   // Offers every queued reply that is due, oldest first per peer, until that peer's pipe is full
-  // again or its next reply is not due yet.
+  // again or its next reply is not due yet (ordered by key: first gives waiting replies their
+  // place, and again after sending, as sending may have made room).
   void Flush() {
+    if (ordered_) Schedule();
+    SendDue();
+    if (ordered_) {
+      Schedule();
+      SendDue();
+    }
+  }
+  void SendDue() {
     const auto now = std::chrono::steady_clock::now();
     for (auto it = queues_.begin(); it != queues_.end();) {
       PeerQueue& q = it->second;
-      while (!q.messages.empty() && q.messages.front().due <= now) {
+      while (!q.messages.empty() && q.messages.front().scheduled && q.messages.front().due <= now) {
         bool sent = false;
         Status s = TrySendRouted(socket_, it->first, q.messages.front().frames, impl_->options.zero_copy_min_bytes,
                                  address_, &sent);
         if (!s.ok()) {  // the peer disconnected: nobody to deliver to
           q.messages.clear();
+          q.unscheduled = 0;
           break;
         }
         if (!sent) break;
@@ -417,11 +489,16 @@ class ZmqServer : public ServerEndpoint {
   std::chrono::milliseconds NextFlush() const {
     const auto now = std::chrono::steady_clock::now();
     auto next = std::chrono::steady_clock::time_point::max();
+    bool waiting = false;
     for (const auto& [peer, q] : queues_) {
       if (q.messages.empty()) continue;
+      waiting = waiting || q.unscheduled > 0;
+      if (!q.messages.front().scheduled) continue;
       if (q.messages.front().due <= now) return kFlushSlice;
       next = std::min(next, q.messages.front().due);
     }
+    // A waiting reply gets its place when the link's reservations run low.
+    if (waiting) next = std::min(next, std::max(now, impl_->pacer->BusyUntil() - kOrderAhead));
     if (next == std::chrono::steady_clock::time_point::max()) return std::chrono::milliseconds::max();
     return std::chrono::ceil<std::chrono::milliseconds>(next - now);
   }
@@ -447,6 +524,8 @@ class ZmqServer : public ServerEndpoint {
   ZmqTransport::Impl* impl_;
   zmq::socket_t socket_;
   std::string address_;
+  // Replies take the link by their order key (reply_order_by_key on an emulated link).
+  const bool ordered_ = impl_->options.reply_order_by_key && impl_->pacer != nullptr;
   Queues queues_;  // only peers with replies waiting
   std::unordered_set<PeerId> dropped_;
   std::deque<PeerId> dropped_order_;

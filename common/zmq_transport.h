@@ -35,6 +35,16 @@
 // with a bulk transfer's (fair queueing), it does not wait behind megabytes. Ingress is not
 // limited. link_gbps = 0: no pacing and no queue beyond the server's as above.
 //
+// Reply order on an emulated link (ZmqOptions::reply_order_by_key): by default a server's reply
+// reserves its place on the link when it is sent, so replies leave in the order the loop made
+// them, and two peers asking at once get theirs interleaved (as a real NIC interleaves two
+// flows). With reply_order_by_key a large reply is queued without a place; whenever the link
+// has less than kOrderAhead of reserved time left, the endpoint reserves the waiting reply with
+// the lowest order key (SendOrdered; ties: the one sent first), whichever peer it is for, and
+// never a peer's reply ahead of that peer's earlier ones. The server then decides, up to the
+// last few milliseconds, whose bytes the link carries next. Small replies to a peer with nothing
+// queued still go at once.
+//
 // Traffic (traffic()): bytes and messages this transport's endpoints handed to ZeroMQ and took
 // from it, all frames of a message (header + payloads), not ZMTP framing nor the ROUTER identity.
 //
@@ -107,6 +117,10 @@ struct ZmqOptions {
   double link_gbps = 0;
   // Messages smaller than this are charged to the emulated link but not held back (see above).
   size_t link_pace_min_bytes = size_t{64} << 10;
+  // On an emulated link, a server endpoint hands its queued replies to the link by their order
+  // key (ServerEndpoint::SendOrdered; cluster.reply_order = "step") instead of in the order they
+  // were sent (see above). Ignored without a link.
+  bool reply_order_by_key = false;
   // Per client endpoint on an emulated link: paced messages queued before its Send waits.
   size_t client_pace_queue_bytes = size_t{256} << 20;
   // Timeline (cluster.trace_events; not owned, must outlive the transport; null or off = none):

@@ -125,6 +125,7 @@ struct ShardServer::PendingPull {
   std::vector<int> locals;
   std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
   bool reader = false;  // the evaluator's snapshot pull: no consistency wait, no bookkeeping
+  uint64_t order = UINT64_MAX;  // its reply's order key: its step's first pull (UINT64_MAX: none)
 };
 
 // The policy's view of the shard (consistency.h). Called with mu_ held, on the loop thread.
@@ -213,6 +214,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
   peers_of_worker_.resize(static_cast<size_t>(max_workers_));
   dedup_.resize(static_cast<size_t>(max_workers_));
+  pull_step_order_.assign(static_cast<size_t>(max_workers_), {-1, 0});
 }
 
 ShardServer::~ShardServer() {
@@ -285,7 +287,7 @@ void ShardServer::MarkWorkerGone(int32_t worker, bool finished) {
   if (std::find(gone_queue_.begin(), gone_queue_.end(), item) == gone_queue_.end()) gone_queue_.push_back(item);
 }
 
-void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload) {
+void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload, uint64_t order) {
   h.incarnation = incarnation_;  // every reply: a client tells a restarted server by it
   Frames frames;
   frames.reserve(payload.size() + 1);
@@ -296,7 +298,7 @@ void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h,
     return;
   }
   for (auto& f : payload) frames.push_back(std::move(f));
-  s = ep->Send(peer, std::move(frames));
+  s = ep->SendOrdered(peer, std::move(frames), order);
   if (!s.ok()) reply_log_.Log(fmt::format("server {}: reply to a peer failed: {}", options_.server_id, s.ToString()));
 }
 
@@ -372,6 +374,17 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
         s = InvalidArgument("pull: asked for shared memory, but this connection has no region (register asking for one)");
       }
       if (s.ok()) {
+        if (!reader) {
+          // A worker's pulls of one step share an order key: when its first one arrived. An
+          // endpoint that orders replies (cluster.reply_order = "step") then sends one worker's
+          // step after another's instead of interleaving them.
+          auto& [clock, first] = pull_step_order_[static_cast<size_t>(h.sender)];
+          if (clock != h.clock) {
+            clock = h.clock;
+            first = static_cast<uint64_t>(p.arrived.time_since_epoch().count());
+          }
+          p.order = first;
+        }
         if (PullReady(p)) {
           ServePull(ep, p);
         } else {
@@ -1181,7 +1194,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
     for (int64_t v : reply.versions) e.version_sum += v;
     options_.on_pull_served(e);
   }
-  Reply(ep, p.peer, reply, std::move(payload));
+  Reply(ep, p.peer, reply, std::move(payload), p.order);
 }
 
 void ShardServer::ServePending(ServerEndpoint* ep) {

@@ -304,7 +304,9 @@ class ShardServer {
   bool PullReady(const PendingPull& p) const;
   void ServePull(ServerEndpoint* ep, const PendingPull& p);
   void ServePending(ServerEndpoint* ep);
-  void Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload = {});
+  // `order`: the reply's order key on an endpoint that orders replies (SendOrdered); the
+  // default, UINT64_MAX, is a plain Send.
+  void Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload = {}, uint64_t order = UINT64_MAX);
   void Reject(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& request,
               const Status& status, RejectReason reason);
   // One push, validated (live) or read from the log (replay): dedup window, init or policy.
@@ -383,6 +385,9 @@ class ShardServer {
   int64_t staleness_ring_sum_ = 0;
   bool stability_warned_ = false;
   std::vector<PendingPull> pending_;
+  // Per worker id: the clock of its latest pull and when that clock's first pull arrived (ns of
+  // steady_clock), the order key of that step's pull replies (ServerEndpoint::SendOrdered).
+  std::vector<std::pair<int64_t, uint64_t>> pull_step_order_;
   ShardStatsWire stats_;
   int64_t updates_ = 0;
   int64_t updates_at_last_checkpoint_ = 0;

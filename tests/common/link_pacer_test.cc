@@ -4,8 +4,10 @@
 // endpoint queues what is not due and releases it when due, its Send never waiting); a client
 // sending and receiving at once takes the longer of the two, not the sum (full duplex); a server
 // whose link is busy for a second still receives and answers a second peer at once (its loop
-// never waits for the link); the byte counters (traffic()) count every frame on both sides; and the
-// run config's cluster.link_gbps reaches a process's ZmqOptions and turns shared memory off.
+// never waits for the link); the byte counters (traffic()) count every frame on both sides; a
+// server that orders replies by key (cluster.reply_order = "step") hands one client's replies to
+// the link before another's; and the run config's cluster.link_gbps reaches a process's
+// ZmqOptions and turns shared memory off.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -358,6 +360,82 @@ TEST(LinkNoStall, RepliesLeaveWhenDueWhileTheLoopWorksIfItReleasesThem) {
   EXPECT_GE(without, 300ms) << "without ReleaseDue nothing leaves before the loop's next Receive";
 }
 
+// ---- reply order (cluster.reply_order) -------------------------------------------------------
+
+struct OrderRun {
+  Clock::duration first_done{0}, second_done{0};  // when each client had all its big replies
+  std::vector<std::string> first_seen;            // what the first client received, in order
+};
+
+// Two clients ask at once: the server's loop makes their replies interleaved (a big reply for
+// the first, one for the second, ..., an "ack" to the first after each of its big ones), the
+// first's with order key 1 and the second's with 2, at 1 Gbit/s (~34 ms a reply).
+OrderRun InterleavedReplies(bool ordered, int n) {
+  ZmqOptions o = Options(1.0);
+  o.reply_order_by_key = ordered;
+  ZmqTransport server_transport(o);
+  ZmqTransport client_transport(Options(0));
+  std::unique_ptr<ServerEndpoint> server;
+  EXPECT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  std::unique_ptr<ClientEndpoint> first, second;
+  EXPECT_TRUE(client_transport.Connect(server->address(), &first).ok());
+  EXPECT_TRUE(client_transport.Connect(server->address(), &second).ok());
+  PeerId first_id, second_id;
+  Frames got;
+  EXPECT_TRUE(first->Send(Small("hello")).ok());
+  EXPECT_TRUE(server->Receive(&first_id, &got, 5000ms).ok());
+  EXPECT_TRUE(second->Send(Small("hello")).ok());
+  EXPECT_TRUE(server->Receive(&second_id, &got, 5000ms).ok());
+  auto payload = std::make_shared<std::vector<char>>(kFrameBytes, 'z');
+  OrderRun run;
+  std::atomic<int> done{0};
+  const auto t0 = Clock::now();
+  auto read = [&](ClientEndpoint* c, int bigs, Clock::duration* at, std::vector<std::string>* seen) {
+    Frames reply;
+    for (int i = 0; i < bigs;) {
+      if (!c->Receive(&reply, 5000ms).ok()) break;
+      const std::string head(reinterpret_cast<const char*>(reply[0].data()), reply[0].size());
+      if (seen) seen->push_back(head);
+      if (head == "chunk") ++i;
+    }
+    *at = Clock::now() - t0;
+    ++done;
+  };
+  std::thread a(read, first.get(), n, &run.first_done, &run.first_seen);
+  std::thread b(read, second.get(), n, &run.second_done, nullptr);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_TRUE(server->SendOrdered(first_id, Big(payload), 1).ok());
+    EXPECT_TRUE(server->SendOrdered(second_id, Big(payload), 2).ok());
+    EXPECT_TRUE(server->Send(first_id, Small("ack")).ok());  // rides behind the first's big replies
+  }
+  while (done < 2 && Clock::now() - t0 < 10s) (void)server->Receive(&first_id, &got, 10ms);
+  a.join();
+  b.join();
+  return run;
+}
+
+// With order keys the link carries the first client's replies before the second's: it has them
+// all in about half the time, the second at the same time as without; without them both finish
+// at the end (interleaved). A peer's own replies keep their order either way.
+TEST(LinkOrder, RepliesTakeTheLinkByOrderKeyWhenAsked) {
+  constexpr int kEach = 6;  // 12 replies, ~0.4 s at 1 Gbit/s
+  const double total_s = 2.0 * kEach * static_cast<double>(BigBytes()) * 8 / 1e9;
+  const OrderRun ordered = InterleavedReplies(true, kEach);
+  const OrderRun interleaved = InterleavedReplies(false, kEach);
+  auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  EXPECT_LT(s(ordered.first_done), 0.65 * s(ordered.second_done))
+      << "ordered: " << s(ordered.first_done) << " s and " << s(ordered.second_done) << " s";
+  EXPECT_GT(s(ordered.second_done), 0.9 * total_s) << "the link did not hold its rate";
+  EXPECT_LT(s(ordered.second_done), total_s + 0.25) << "ordering left the link idle";
+  EXPECT_GT(s(interleaved.first_done), 0.8 * s(interleaved.second_done))
+      << "arrival order: " << s(interleaved.first_done) << " s and " << s(interleaved.second_done) << " s";
+  std::vector<std::string> sent;
+  for (int i = 0; i < kEach; ++i) sent.insert(sent.end(), {"chunk", "ack"});
+  sent.pop_back();  // the reader stops at the last big reply
+  EXPECT_EQ(ordered.first_seen, sent);
+  EXPECT_EQ(interleaved.first_seen, sent);
+}
+
 // ---- the run config's cluster.link_gbps ------------------------------------------------------
 
 TEST(LinkConfig, LinkGbpsReachesTheTransportAndTurnsSharedMemoryOff) {
@@ -379,6 +457,10 @@ TEST(LinkConfig, LinkGbpsReachesTheTransportAndTurnsSharedMemoryOff) {
             "off (cluster.shared_memory would bypass the link)");
   c.cluster.shared_memory = false;  // nothing to turn off
   EXPECT_EQ(EmulatedLinkNote(c), "emulated link: cluster.link_gbps = 2.5 Gbit/s of egress per process (experiments only)");
+  EXPECT_FALSE(net.zmq.reply_order_by_key);  // cluster.reply_order = "arrival" by default
+  c.cluster.reply_order = ReplyOrder::kStep;
+  ASSERT_TRUE(SetUpProcessNet(c, NetFlags{}, NetRole::kServer, "", &net).ok());
+  EXPECT_TRUE(net.zmq.reply_order_by_key);
 }
 
 }  // namespace

@@ -590,6 +590,18 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
     EXPECT_THAT(e, HasSubstr("> 0")) << bad;
   }
   EXPECT_THAT(ParseError("[compression]\nfactor = true\n"), HasSubstr("factor"));  // misspelt key
+  // cluster.reply_order: "arrival" by default, "step" only on an emulated link.
+  EXPECT_EQ(ParseOk("").cluster.reply_order, ReplyOrder::kArrival);
+  const RunConfig step = ParseOk("[cluster]\nlink_gbps = 10\nreply_order = \"step\"\n");
+  EXPECT_EQ(step.cluster.reply_order, ReplyOrder::kStep);
+  RunConfig back;
+  ASSERT_TRUE(ParseRunConfig(ToToml(step), "roundtrip", &back).ok()) << ToToml(step);
+  EXPECT_EQ(back, step);
+  EXPECT_THAT(ParseError("[cluster]\nreply_order = \"fifo\"\n"),
+              HasSubstr("cluster.reply_order = \"fifo\": expected \"arrival\" or \"step\""));
+  EXPECT_THAT(ParseError("[cluster]\nreply_order = \"step\"\n"),
+              HasSubstr("cluster.reply_order = \"step\": \"step\" orders replies on an emulated link: it needs "
+                        "cluster.link_gbps"));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // shared memory off; each worker step moves about one model of gradients out and one of weights
 // in (tx_bytes / rx_bytes in the step records), and takes at least the time a model's bytes
 // need on the link; the done and server_end records carry totals that agree with each other.
+// With cluster.reply_order = "step" the same job finishes with every push applied once.
 // Every wait is bounded; every process is reaped (tests/testing/harness.h).
 #include <algorithm>
 #include <chrono>
@@ -34,19 +35,29 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-TEST(LinkJob, EveryProcessIsPacedAndStepsCountTheirWireBytes) {
-  if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+// Runs the small job on the emulated link with `more` settings; its scratch dir in *dir.
+void RunLinkJob(const std::string& name, const std::vector<std::string>& more, fs::path* dir, std::string* out) {
   for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
     ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
-  const fs::path dir = test::ScratchDir("link-job");
-  test::WriteFile(dir / "job.toml", test::SmallFashionJobToml(kSteps, /*test_batches=*/10));
-  const fs::path run = dir / "run";
+  *dir = test::ScratchDir(name);
+  test::WriteFile(*dir / "job.toml", test::SmallFashionJobToml(kSteps, /*test_batches=*/10));
+  std::vector<std::string> cmd{test::Binary("downpour-launch"),
+                               "--config",
+                               (*dir / "job.toml").string(),
+                               "--run-dir",
+                               (*dir / "run").string(),
+                               "--set",
+                               fmt::format("cluster.link_gbps={}", kLinkGbps)};
+  for (const std::string& s : more) cmd.insert(cmd.end(), {"--set", s});
+  ASSERT_EQ(test::RunCommand(cmd, out, 240s), 0) << *out;
+}
+
+TEST(LinkJob, EveryProcessIsPacedAndStepsCountTheirWireBytes) {
+  if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  fs::path dir;
   std::string out;
-  ASSERT_EQ(test::RunCommand({test::Binary("downpour-launch"), "--config", (dir / "job.toml").string(), "--run-dir",
-                              run.string(), "--set", fmt::format("cluster.link_gbps={}", kLinkGbps)},
-                             &out, 240s),
-            0)
-      << out;
+  ASSERT_NO_FATAL_FAILURE(RunLinkJob("link-job", {}, &dir, &out));
+  const fs::path run = dir / "run";
   const std::string line = fmt::format("emulated link: cluster.link_gbps = {:g} Gbit/s", kLinkGbps);
   EXPECT_THAT(out, HasSubstr("[launch] " + line));
   for (const char* log : {"server-0.log", "server-1.log", "worker-0.log", "worker-1.log"}) {
@@ -98,6 +109,33 @@ TEST(LinkJob, EveryProcessIsPacedAndStepsCountTheirWireBytes) {
   }
   EXPECT_NEAR(servers_rx, workers_tx, 0.02 * workers_tx);
   EXPECT_NEAR(servers_tx, workers_rx, 0.02 * workers_rx);
+  fs::remove_all(dir);
+}
+
+// Replies ordered by step: the job finishes, and each server applied every push it took exactly
+// once (nothing refused, no duplicate), the same number from both workers.
+TEST(LinkJob, StepReplyOrderFinishesWithEveryPushAppliedOnce) {
+  if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  fs::path dir;
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(RunLinkJob("link-job-step", {"cluster.reply_order=\"step\""}, &dir, &out));
+  const fs::path run = dir / "run";
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(test::Metrics(run, fmt::format("worker-{}.jsonl", w), "step").size(), static_cast<size_t>(kSteps));
+  }
+  for (int s = 0; s < 2; ++s) {
+    const auto end = test::Metrics(run, fmt::format("server-{}.jsonl", s), "server_end");
+    ASSERT_EQ(end.size(), 1u);
+    const int64_t received = end[0].Get("pushes_received").AsInt();
+    EXPECT_GT(received, 0);
+    EXPECT_EQ(end[0].Get("pushes_applied").AsInt(), received) << "server " << s;
+    EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0) << "server " << s;
+    EXPECT_EQ(end[0].Get("duplicates").AsInt(), 0) << "server " << s;
+    const std::string by_worker = end[0].Get("pushes_by_worker").AsString();
+    const auto comma = by_worker.find(',');
+    ASSERT_NE(comma, std::string::npos) << by_worker;
+    EXPECT_EQ(std::stoll(by_worker.substr(1, comma - 1)), std::stoll(by_worker.substr(comma + 1))) << by_worker;
+  }
   fs::remove_all(dir);
 }
 

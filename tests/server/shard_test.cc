@@ -5,14 +5,19 @@
 // checkpoint midway), duplicate pushes applied once across restarts, incarnation on every reply,
 // the stability warning, and who may checkpoint, shut down, register and push
 // (server/access.h), with keys and with a token.
+#include "server/shard.h"
+
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -20,14 +25,10 @@
 #include "common/grad_codec.h"
 #include "common/inproc_transport.h"
 #include "common/rotation.h"
-#include "common/tensor_file.h"
-#include "server/shard.h"
-#include "server/wal.h"
-
-#include <spdlog/sinks/ringbuffer_sink.h>
-#include <spdlog/spdlog.h>
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
+#include "common/tensor_file.h"
+#include "server/wal.h"
 
 namespace downpour {
 namespace {
@@ -316,6 +317,83 @@ TEST_F(ShardFixture, ALongPushReleasesDueRepliesAfterEveryChunk) {
   EXPECT_EQ(releases.load(), 8);
   ASSERT_TRUE(client->Wait(client->Push(g, 1), 5000ms).ok());
   EXPECT_EQ(releases.load(), 16);
+}
+
+// Records the order key of every reply (SendOrdered) and who it was for.
+class OrderRecordingEndpoint : public ServerEndpoint {
+ public:
+  using Log = std::vector<std::pair<PeerId, uint64_t>>;
+  OrderRecordingEndpoint(std::unique_ptr<ServerEndpoint> inner, std::mutex* mu, Log* log)
+      : inner_(std::move(inner)), mu_(mu), log_(log) {}
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
+    return inner_->Receive(from, frames, timeout, info);
+  }
+  Status Send(const PeerId& to, Frames frames) override { return SendOrdered(to, std::move(frames), UINT64_MAX); }
+  Status SendOrdered(const PeerId& to, Frames frames, uint64_t order) override {
+    {
+      std::lock_guard<std::mutex> lock(*mu_);
+      log_->emplace_back(to, order);
+    }
+    return inner_->Send(to, std::move(frames));
+  }
+  std::string address() const override { return inner_->address(); }
+
+ private:
+  std::unique_ptr<ServerEndpoint> inner_;
+  std::mutex* mu_;
+  Log* log_;
+};
+
+// cluster.reply_order = "step": a worker's pull replies of one step share an order key, the time
+// its first pull of that step arrived, so an endpoint that orders replies sends one worker's step
+// before the next one's. Here: worker 0 pulls at clock 3 (2 messages of 4 chunks), worker 1 at
+// clock 3, worker 0 again at clock 3, then at clock 4; acknowledgements carry no key.
+TEST_F(ShardFixture, PullRepliesOfOneStepShareTheOrderKeyOfItsFirstPull) {
+  std::mutex mu;
+  OrderRecordingEndpoint::Log log;
+  ShardOptions o;
+  o.expected_workers = 2;
+  StartShards(SmallModel(), 1, 8, o, [&](std::unique_ptr<ServerEndpoint> ep) {
+    return std::make_unique<OrderRecordingEndpoint>(std::move(ep), &mu, &log);
+  });
+  auto c0 = Client(0);
+  auto c1 = Client(1);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(n, 1.0f)), 5000ms).ok());
+  std::vector<float> w(n);
+  auto keys = [&](size_t from) {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<uint64_t> k;
+    for (size_t i = from; i < log.size(); ++i) k.push_back(log[i].second);
+    return k;
+  };
+  auto size = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return log.size();
+  };
+  const size_t start = size();
+  EXPECT_EQ(keys(0), std::vector<uint64_t>(start, UINT64_MAX));  // registration and the init push's acks
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 3), 5000ms).ok());
+  const std::vector<uint64_t> first = keys(start);
+  ASSERT_EQ(first.size(), 2u);  // 8 chunks, 4 a message
+  EXPECT_EQ(first[0], first[1]);
+  EXPECT_NE(first[0], UINT64_MAX);
+  const size_t at1 = size();
+  ASSERT_TRUE(c1->Wait(c1->Pull(w, 3), 5000ms).ok());
+  const std::vector<uint64_t> other = keys(at1);
+  ASSERT_EQ(other.size(), 2u);
+  EXPECT_GT(other[0], first[0]) << "worker 1's step asked later: a later key";
+  const size_t at2 = size();
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 3), 5000ms).ok());
+  EXPECT_EQ(keys(at2), std::vector<uint64_t>(2, first[0])) << "the same step keeps its first pull's key";
+  const size_t at3 = size();
+  ASSERT_TRUE(c0->Wait(c0->Pull(w, 4), 5000ms).ok());
+  const std::vector<uint64_t> next = keys(at3);
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_GT(next[0], other[0]) << "a new step: the key of its own first pull";
+  const size_t at4 = size();
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(n, 0.5f), 4), 5000ms).ok());
+  EXPECT_EQ(keys(at4), std::vector<uint64_t>(2, UINT64_MAX)) << "acknowledgements carry no key";
 }
 
 // cluster.server_threads: a shard spreads a chunk's update, a push's finite check and a pull's
