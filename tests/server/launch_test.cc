@@ -39,9 +39,11 @@ class LaunchTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = test::ScratchDir("launch_test");
-    // A server/coordinator stand-in: says what it got, exits 0 on SIGTERM.
-    Write("serve.sh", "trap 'echo stopping; exit 0' TERM\necho \"serving $*\"\n"
-                      "while :; do sleep 0.05; done\n");
+    // A server/coordinator stand-in: says what it got (and leaves a file serving.<pid> once it
+    // has), exits 0 on SIGTERM.
+    Write("serve.sh", fmt::format("trap 'echo stopping; exit 0' TERM\necho \"serving $*\"\ntouch '{}/serving.'$$\n"
+                                  "while :; do sleep 0.05; done\n",
+                                  dir_.string()));
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -368,8 +370,15 @@ TEST_F(LaunchTest, ResumeRecoversServersAndWorkersAndRefusesWhatItCannot) {
   // Changing the run while resuming it is refused.
   EXPECT_EQ(Run(fmt::format("'{}' --resume '{}' --set worker.steps=5", Launcher(), run), &out), 2);
   EXPECT_THAT(out, HasSubstr("cannot be combined"));
-  // Resumed with stand-ins: the same roles, with --restore and --resume, logs appended.
-  Write("worker.sh", "echo \"worker args: $*\"\n");
+  // Resumed with stand-ins: the same roles, with --restore and --resume, logs appended. The
+  // workers end only once the coordinator and both servers have said what they got (bounded
+  // wait): under a loaded parallel ctest a server could otherwise be stopped before its line.
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    if (e.path().filename().string().rfind("serving.", 0) == 0) fs::remove(e.path());
+  }
+  Write("worker.sh", fmt::format("echo \"worker args: $*\"\ni=0; while [ $(ls '{}' | grep -c '^serving\\.') -lt 3 ] "
+                                 "&& [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n",
+                                 dir_.string()));
   ASSERT_EQ(Run(fmt::format("'{}' --resume '{}' --grace-ms 2000 --timeout-s 60 --coordinator-cmd '/bin/sh {}' "
                             "--server-cmd '/bin/sh {}' --worker-cmd '/bin/sh {}' --model alexnet-shapes",
                             Launcher(), run, Path("serve.sh"), Path("serve.sh"), Path("worker.sh")),
