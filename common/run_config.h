@@ -108,8 +108,9 @@ struct ClusterConfig {
   double link_gbps = 0;
   // With an emulated link: the order in which each server's replies take it. "step" hands the
   // link to one worker's pull replies of a step before the next worker's (the step whose first
-  // pull arrived first goes first), so workers that ask at once do not all wait for the last
-  // byte; it needs link_gbps (a real network's NIC interleaves flows; not implemented there).
+  // pull arrived first goes first), and the server's loop handles waiting messages in the same
+  // order, so workers that ask at once do not all wait for the last byte; it needs link_gbps (a
+  // real network's NIC interleaves flows; not implemented there).
   ReplyOrder reply_order = ReplyOrder::kArrival;
   // Timelines (docs/operations.md "Timelines"): each server and worker keeps its first this many
   // trace events (what its loop or training thread did, each message's wait for the link and

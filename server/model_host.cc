@@ -64,30 +64,87 @@ void ModelHost::RefuseUnknownModel(ServerEndpoint* ep, const PeerId& peer, const
   if (HeaderFrame(reply, &frames[0]).ok()) (void)ep->Send(peer, std::move(frames));
 }
 
+void ModelHost::Dispatch(ServerEndpoint* ep, Inbound& m) {
+  if (!m.parsed) {
+    shards_[0]->Handle(ep, m.peer, m.info, m.frames);  // refused and counted as undecodable there
+  } else if (m.h.model_id >= shards_.size()) {
+    RefuseUnknownModel(ep, m.peer, m.h);
+  } else {
+    shards_[m.h.model_id]->Handle(ep, m.peer, m.info, m.frames);
+  }
+}
+
+uint64_t ModelHost::StepKey(const Inbound& m, uint64_t arrival_ns) {
+  const bool worker_message =
+      m.parsed && (m.h.type == MsgType::kPush || m.h.type == MsgType::kPull || m.h.type == MsgType::kClock);
+  // Anything else (registrations, heartbeats, stats, the evaluator's pulls, what cannot be
+  // decoded) is small or rare, and a heartbeat must not wait behind a queue of pushes: first.
+  if (!worker_message || m.h.role == Role::kEvaluator || m.h.sender < 0 ||
+      static_cast<size_t>(m.h.sender) >= step_key_.size()) {
+    return 0;
+  }
+  const int64_t step = m.h.type == MsgType::kPush ? m.h.clock : m.h.clock - 1;
+  auto& [current, first] = step_key_[static_cast<size_t>(m.h.sender)];
+  if (step != current) {
+    current = step;
+    first = arrival_ns;
+  }
+  return first;
+}
+
+size_t ModelHost::Next() const {
+  size_t best = inbox_.size();
+  for (size_t i = 0; i < inbox_.size(); ++i) {
+    // Only a peer's oldest waiting message may go.
+    bool older = false;
+    for (size_t j = 0; j < i && !older; ++j) older = inbox_[j].peer == inbox_[i].peer;
+    if (older) continue;
+    if (best == inbox_.size() || inbox_[i].key < inbox_[best].key) best = i;  // ties: the older
+  }
+  return best;
+}
+
 Status ModelHost::Serve(ServerEndpoint* ep) {
   for (const auto& s : shards_) DP_RETURN_IF_ERROR(s->OpenLog());
   const auto poll = shards_[0]->options().poll_interval;
+  const bool by_step = shards_[0]->options().serve_by_step;
+  if (by_step) {
+    const auto& o = shards_[0]->options();
+    step_key_.assign(static_cast<size_t>(o.max_workers > 0 ? o.max_workers : o.expected_workers), {-1, 0});
+  }
   Status result;
+  size_t inbox_bytes = 0;
   while (!stop_.load() && !shutdown_requested()) {
-    PeerId peer;
-    PeerInfo info;
-    Frames frames;
-    const Status s = ep->Receive(&peer, &frames, poll, &info);
-    if (s.ok()) {
-      MessageHeader h;
-      if (!ParseHeader(frames, &h).ok()) {
-        shards_[0]->Handle(ep, peer, info, frames);  // refused and counted as undecodable there
-      } else if (h.model_id >= shards_.size()) {
-        RefuseUnknownModel(ep, peer, h);
-      } else {
-        shards_[h.model_id]->Handle(ep, peer, info, frames);
+    // Take what is waiting: one message, or with serve_by_step all there are (bounded); wait
+    // only when nothing is left to handle.
+    while (true) {
+      Inbound m;
+      const Status s = ep->Receive(&m.peer, &m.frames, inbox_.empty() ? poll : std::chrono::milliseconds(0), &m.info);
+      if (s.code() == StatusCode::kTimeout) break;
+      if (!s.ok()) {
+        result = s;
+        break;
       }
-    } else if (s.code() != StatusCode::kTimeout) {
-      result = s;
-      break;
+      m.parsed = ParseHeader(m.frames, &m.h).ok();
+      for (const Frame& f : m.frames) m.bytes += f.size();
+      if (by_step) {
+        m.key = StepKey(m, static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+      }
+      inbox_bytes += m.bytes;
+      inbox_.push_back(std::move(m));
+      if (!by_step || inbox_.size() >= kInbox || inbox_bytes >= kInboxBytes) break;
+    }
+    if (!result.ok()) break;
+    if (!inbox_.empty()) {
+      const size_t i = by_step ? Next() : 0;
+      Inbound m = std::move(inbox_[i]);
+      inbox_.erase(inbox_.begin() + static_cast<std::ptrdiff_t>(i));
+      inbox_bytes -= m.bytes;
+      Dispatch(ep, m);
     }
     for (const auto& shard : shards_) shard->Tick(ep);
   }
+  inbox_.clear();
   for (const auto& shard : shards_) {
     const Status f = shard->Finish();
     if (result.ok() && !f.ok()) result = f;

@@ -188,6 +188,7 @@ Status Run(const Flags& f, bool* serving) {
   o.factor_threads = cfg.compression.factor_threads;
   o.server_threads = cfg.cluster.server_threads;
   o.max_workers = cfg.cluster.max_workers;
+  o.serve_by_step = cfg.cluster.reply_order == ReplyOrder::kStep;
   o.shared_memory = SharedMemoryOn(cfg);  // off on an emulated link (cluster.link_gbps)
   o.model_moves = multi;
   if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) spdlog::info("server {}: {}", f.id, link);

@@ -178,6 +178,9 @@ struct ShardOptions {
   AccessPolicy access;
   // Worker ids accounted for: 0..max_workers-1; 0 = expected_workers. Must be >= it otherwise.
   int max_workers = 0;
+  // cluster.reply_order = "step": a ModelHost's loop (server/model_host.h) takes the messages
+  // waiting for it one worker's step at a time (read from model 0's shard).
+  bool serve_by_step = false;
   // Write-ahead log (server/wal.h); "" = none (checkpoints only: a dying server loses the
   // updates since its last checkpoint). downpour-server: ServerWalPath (server/run_dir.h).
   std::string wal_path;

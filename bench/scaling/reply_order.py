@@ -8,6 +8,10 @@ both alike.
     bench/scaling/reply_order.py [--build build] [--link 1] [--emulate-step-ms 300] [--workers 2]
         [--servers 2] [--steps 20] [--repeats 2] [--codec factors+pull=fp16] [--work DIR]
         [--rates FILE] [--trace-events N] [--set KEY=VALUE ...] [--dry-run]
+        [--jobs LABEL:ORDER[:BIN_DIR],...]
+
+--jobs: the jobs of one repeat, in turn (default "arrival:arrival,step:step"); a BIN_DIR runs that
+job's processes from there (downpour-launch --bin-dir), to set two builds side by side.
 
 Per job: images/s = the sum over workers of batch / median step (steps 2.., as
 scaling_validate.py), each worker's median step, and the workers' phase: for every step end of
@@ -61,11 +65,28 @@ def phase(a_ends, b_ends, step_s):
     return statistics.median(out)
 
 
-def run_job(args, name, order, sets):
+def parse_jobs(text):
+    """'label:order[:bin_dir],...' → [(label, order, bin_dir or None)]."""
+    out = []
+    for item in text.split(","):
+        parts = item.split(":", 2)
+        if len(parts) < 2 or not parts[0] or parts[1] not in ("arrival", "step"):
+            sys.exit(f"reply_order: --jobs: {item!r}: expected LABEL:ORDER[:BIN_DIR] with ORDER arrival or step")
+        if len(parts) == 3 and not os.path.isdir(parts[2]):
+            sys.exit(f"reply_order: --jobs: {item!r}: {parts[2]} is not a directory")
+        out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else None))
+    if len({label for label, _, _ in out}) != len(out):
+        sys.exit(f"reply_order: --jobs: {text!r}: labels must differ")
+    return out
+
+
+def run_job(args, name, order, sets, bin_dir=None):
     run_dir = os.path.join(args.work, name)
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config",
            os.path.join(ROOT, sv.NETS["alexnet"]["base"]), "--run-dir", run_dir, "--timeout-s", str(args.timeout_s)]
+    if bin_dir:
+        cmd += ["--bin-dir", os.path.abspath(bin_dir)]
     for x in sets + [f"cluster.reply_order={order}"]:
         cmd += ["--set", x]
     log = run_dir + ".log"
@@ -90,7 +111,7 @@ def run_job(args, name, order, sets):
         for n in names:
             if n.endswith((".wal", ".dpt")):
                 os.remove(os.path.join(folder, n))
-    return {"name": name, "order": order, "images_per_s": report.images_per_s_from_steps(rows, batch),
+    return {"name": name, "order": order, "bin_dir": bin_dir, "images_per_s": report.images_per_s_from_steps(rows, batch),
             "step_ms": {str(r["worker"]): r["step_ms"] for r in rows}, "phase": ph,
             "pull_wait_ms": {str(r["worker"]): r["pull_wait_ms"] for r in rows},
             "push_wait_ms": {str(r["worker"]): r["push_wait_ms"] for r in rows},
@@ -118,6 +139,7 @@ def main():
                     help="the scaling model's rates JSON (default: bench/scaling/rates_tcp_quiet.json)")
     ap.add_argument("--trace-events", type=int, default=0, help="cluster.trace_events of every job (0 = off)")
     ap.add_argument("--timeout-s", type=int, default=900)
+    ap.add_argument("--jobs", default="arrival:arrival,step:step", help="LABEL:ORDER[:BIN_DIR],... (see above)")
     ap.add_argument("--dry-run", action="store_true", help="the profile and the model's predictions only; no job")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more settings for every job")
     args = ap.parse_args()
@@ -126,6 +148,7 @@ def main():
     if not args.emulate_step_ms > 0:
         sys.exit(f"reply_order: --emulate-step-ms {args.emulate_step_ms:g}: must be > 0")
     args.build = os.path.abspath(args.build)
+    variants = parse_jobs(args.jobs)
     os.makedirs(args.work, exist_ok=True)
     try:
         codec = sc.parse_codec(args.codec)
@@ -158,8 +181,9 @@ def main():
           f"W = {args.workers}, S = {args.servers}, {args.codec}, emulated step {args.emulate_step_ms:g} ms", flush=True)
     jobs = []
     for rep in range(args.repeats):
-        for order in ("arrival", "step"):
-            j = run_job(args, f"{order}-r{rep + 1}", order, sets)
+        for label, order, bin_dir in variants:
+            j = run_job(args, f"{label}-r{rep + 1}", order, sets, bin_dir)
+            j["label"] = label
             jobs.append(j)
             print(f"{j['name']}: {j['images_per_s']:.1f} img/s, steps "
                   + ", ".join(f"w{k} {fmt(v)} ms" for k, v in j["step_ms"].items())
@@ -170,10 +194,10 @@ def main():
         per = lambda d: ", ".join(fmt(v) for v in d.values())  # noqa: E731
         lines.append(f"| {j['name']} | {j['order']} | {j['images_per_s']:.1f} | {per(j['step_ms'])} | "
                      f"{per(j['pull_wait_ms'])} | {per(j['push_wait_ms'])} | {fmt(j['phase'], '.2f')} |")
-    for order in ("arrival", "step"):
-        v = [j["images_per_s"] for j in jobs if j["order"] == order]
+    for label, order, _ in variants:
+        v = [j["images_per_s"] for j in jobs if j["label"] == label]
         med = statistics.median(v)
-        lines.append(f"\n{order}: median {med:.1f} images/s over {len(v)} jobs ({min(v):.1f}–{max(v):.1f}); the model "
+        lines.append(f"\n{label} ({order}): median {med:.1f} images/s over {len(v)} jobs ({min(v):.1f}–{max(v):.1f}); the model "
                      f"({'lockstep' if order == 'arrival' else 'out of phase'}) {predicted[order]:.1f} "
                      f"({100 * (predicted[order] / med - 1):+.0f}%)")
     text = "\n".join(lines) + "\n"

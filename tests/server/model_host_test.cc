@@ -8,10 +8,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "client/ps/ps_client.h"
+#include "common/codec.h"
 #include "common/inproc_transport.h"
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
@@ -345,6 +350,100 @@ TEST(ModelHostCreateTest, RefusesMisnumberedShards) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("shard 1 serves model id 0, expected 1"), std::string::npos) << s.ToString();
   EXPECT_FALSE(ModelHost::Create({}, &host).ok());
+}
+
+// Hands out a script of messages (1 ms apart, so their arrivals differ), then times out; records
+// the request id of every reply, i.e. the order the loop handled them in.
+class ScriptedEndpoint : public ServerEndpoint {
+ public:
+  explicit ScriptedEndpoint(std::vector<std::pair<PeerId, Frames>> script) : script_(std::move(script)) {}
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* /*info*/) override {
+    if (next_ == script_.size()) {
+      std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(timeout, 1ms));
+      return Timeout("scripted: no more messages");
+    }
+    std::this_thread::sleep_for(1ms);
+    *from = script_[next_].first;
+    *frames = std::move(script_[next_].second);
+    ++next_;
+    return Status::Ok();
+  }
+  Status Send(const PeerId& /*to*/, Frames frames) override {
+    MessageHeader r;
+    if (ParseHeader(frames, &r).ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      replies_.push_back(r.request_id);
+    }
+    return Status::Ok();
+  }
+  std::string address() const override { return "scripted"; }
+  std::vector<uint64_t> replies() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return replies_;
+  }
+
+ private:
+  std::vector<std::pair<PeerId, Frames>> script_;
+  size_t next_ = 0;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> replies_;
+};
+
+// The order a host's loop handles six waiting messages in: worker 0's push of step 5 (request
+// 1), worker 1's push of step 5 (2), worker 0's pull of step 5 (clock 6, request 3), worker 1's
+// pull (4), worker 0's clock report (clock 6, 5), a heartbeat from a third peer (6). (Nobody
+// registered: each worker message is refused with one error reply, which carries its request
+// id; the heartbeat is answered.)
+std::vector<uint64_t> HandlingOrder(bool serve_by_step) {
+  ParamLayout layout;
+  EXPECT_TRUE(ParamLayout::Build(ThreeModels()[0], 1, 16, &layout).ok());
+  ShardOptions o;
+  o.expected_workers = 2;
+  o.serve_by_step = serve_by_step;
+  std::unique_ptr<ShardServer> shard;
+  EXPECT_TRUE(ShardServer::Create(layout, o, &shard).ok());
+  std::vector<std::unique_ptr<ShardServer>> shards;
+  shards.push_back(std::move(shard));
+  std::unique_ptr<ModelHost> host;
+  EXPECT_TRUE(ModelHost::Create(std::move(shards), &host).ok());
+  std::vector<std::pair<PeerId, Frames>> script;
+  const struct {
+    const char* peer;
+    MsgType type;
+    int32_t sender;
+    int64_t clock;
+  } messages[] = {{"A", MsgType::kPush, 0, 5}, {"B", MsgType::kPush, 1, 5},  {"A", MsgType::kPull, 0, 6},
+                  {"B", MsgType::kPull, 1, 6}, {"A", MsgType::kClock, 0, 6}, {"C", MsgType::kHeartbeat, 0, 0}};
+  uint64_t id = 0;
+  for (const auto& m : messages) {
+    MessageHeader h;
+    h.type = m.type;
+    h.role = Role::kWorker;
+    h.sender = m.sender;
+    h.clock = m.clock;
+    h.request_id = ++id;
+    h.layout_hash = layout.hash();
+    Frames f(1);
+    EXPECT_TRUE(HeaderFrame(h, &f[0]).ok());
+    script.emplace_back(m.peer, std::move(f));
+  }
+  auto ep = std::make_unique<ScriptedEndpoint>(std::move(script));
+  ScriptedEndpoint* scripted = ep.get();
+  host->Start(std::move(ep));
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (scripted->replies().size() < 6 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  host->Stop();
+  EXPECT_TRUE(host->Join().ok());
+  return scripted->replies();
+}
+
+// By default the loop handles messages as they come; with serve_by_step (cluster.reply_order =
+// "step") the heartbeat first, then worker 0's step (push, pull, clock) before worker 1's, each
+// worker's messages in their own order.
+TEST(ModelHostOrder, ServeByStepTakesOneWorkersStepBeforeTheNext) {
+  EXPECT_EQ(HandlingOrder(false), (std::vector<uint64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(HandlingOrder(true), (std::vector<uint64_t>{6, 1, 3, 5, 2, 4}));
 }
 
 }  // namespace
