@@ -115,9 +115,9 @@ Status ModelHost::Serve(ServerEndpoint* ep) {
   Status result;
   size_t inbox_bytes = 0;
   while (!stop_.load() && !shutdown_requested()) {
-    // Take what is waiting: one message, or with serve_by_step all there are (bounded); wait
-    // only when nothing is left to handle.
-    while (true) {
+    // Take what is waiting: one message, or with serve_by_step all there are (at most kInbox
+    // messages, or until kInboxBytes is passed); wait only when nothing is left to handle.
+    while (inbox_.size() < kInbox && inbox_bytes < kInboxBytes) {
       Inbound m;
       const Status s = ep->Receive(&m.peer, &m.frames, inbox_.empty() ? poll : std::chrono::milliseconds(0), &m.info);
       if (s.code() == StatusCode::kTimeout) break;
@@ -132,7 +132,7 @@ Status ModelHost::Serve(ServerEndpoint* ep) {
       }
       inbox_bytes += m.bytes;
       inbox_.push_back(std::move(m));
-      if (!by_step || inbox_.size() >= kInbox || inbox_bytes >= kInboxBytes) break;
+      if (!by_step) break;
     }
     if (!result.ok()) break;
     if (!inbox_.empty()) {
