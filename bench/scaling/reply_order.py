@@ -83,20 +83,8 @@ def parse_jobs(text):
 def run_job(args, name, order, sets, bin_dir=None):
     run_dir = os.path.join(args.work, name)
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config",
-           os.path.join(ROOT, sv.NETS["alexnet"]["base"]), "--run-dir", run_dir, "--timeout-s", str(args.timeout_s)]
-    if bin_dir:
-        cmd += ["--bin-dir", os.path.abspath(bin_dir)]
-    for x in sets + [f"cluster.reply_order={order}"]:
-        cmd += ["--set", x]
-    log = run_dir + ".log"
-    with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if r.returncode != 0:
-        sys.exit(f"reply_order: {name} failed (exit {r.returncode}); see {log}")
-    summary = dr.write_summary(run_dir)
-    _, files = dr.load_run([run_dir])
-    workers = dr.worker_files(files)
+    extra = ["--bin-dir", os.path.abspath(bin_dir)] if bin_dir else []
+    summary, workers = sv.launch(args, "alexnet", run_dir, sets + [f"cluster.reply_order={order}"], "reply_order", extra)
     rows = report.step_breakdown(workers)
     batch = summary["batch_size"]
     ends = {w.id: step_ends(w) for w in workers}
@@ -107,10 +95,6 @@ def run_job(args, name, order, sets, bin_dir=None):
                                capture_output=True, text=True, cwd=ROOT)
         with open(run_dir + ".trace.txt", "w") as f:
             f.write(trace.stdout + trace.stderr)
-    for folder, _, names in os.walk(run_dir):  # logs and checkpoints: not needed, and large
-        for n in names:
-            if n.endswith((".wal", ".dpt")):
-                os.remove(os.path.join(folder, n))
     return {"name": name, "order": order, "bin_dir": bin_dir, "images_per_s": report.images_per_s_from_steps(rows, batch),
             "step_ms": {str(r["worker"]): r["step_ms"] for r in rows}, "phase": ph,
             "pull_wait_ms": {str(r["worker"]): r["pull_wait_ms"] for r in rows},

@@ -176,6 +176,29 @@ def emulate_set(profile):
     return "worker.emulate_ms=[" + ", ".join(f"{1e3 * f:.4f}, {1e3 * b:.4f}" for _, _, f, b in profile.layers) + "]"
 
 
+def launch(args, net, run_dir, sets, who, extra=()):
+    """Runs downpour-launch on the net's run config with `sets` into run_dir (its output in
+    run_dir.log; exits naming `who` and the job when it fails), writes the run's summary, and
+    removes the servers' logs and checkpoints (no checkpoint truncates a log here: GBs per fmnist
+    job; not needed for a table, and a grid of them fills a disk). Returns (summary, workers)."""
+    cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config", os.path.join(ROOT, NETS[net]["base"]),
+           "--run-dir", run_dir, "--timeout-s", str(args.timeout_s), *extra]
+    for x in sets:
+        cmd += ["--set", x]
+    log = run_dir + ".log"
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit(f"{who}: {os.path.basename(run_dir)} failed (exit {r.returncode}); see {log}")
+    summary = dr.write_summary(run_dir)
+    _, files = dr.load_run([run_dir])
+    for folder, _, names in os.walk(run_dir):
+        for n in names:
+            if n.endswith((".wal", ".dpt")):
+                os.remove(os.path.join(folder, n))
+    return summary, dr.worker_files(files)
+
+
 def run_job(args, net, index, w, s, link, codec, data, repeat=0):
     """One job; returns (run_dir, summary, measured images/s from median steps)."""
     name = f"{net}-w{w}-s{s}-{'nolink' if not link else f'{link:g}g'}-{codec.name.replace('+', '_').replace(':', '')}"
@@ -196,26 +219,8 @@ def run_job(args, net, index, w, s, link, codec, data, repeat=0):
         sets.append(f"cluster.link_gbps={link:g}")
     if args.emulated.get(net) is not None:
         sets.append(emulate_set(args.emulated[net]))
-    cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config", os.path.join(ROOT, NETS[net]["base"]),
-           "--run-dir", run_dir, "--timeout-s", str(args.timeout_s)]
-    for x in sets:
-        cmd += ["--set", x]
-    log = run_dir + ".log"
-    with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if r.returncode != 0:
-        sys.exit(f"scaling_validate: {name} failed (exit {r.returncode}); see {log}")
-    summary = dr.write_summary(run_dir)
-    _, files = dr.load_run([run_dir])
-    rows = report.step_breakdown(dr.worker_files(files))
-    batch = summary["batch_size"]
-    measured = report.images_per_s_from_steps(rows, batch)
-    # The servers' logs (no checkpoint truncates them here: GBs per fmnist job) and the
-    # checkpoints: not needed for the table, and a grid of them fills a disk.
-    for folder, _, names in os.walk(run_dir):
-        for n in names:
-            if n.endswith((".wal", ".dpt")):
-                os.remove(os.path.join(folder, n))
+    summary, workers = launch(args, net, run_dir, sets, "scaling_validate")
+    measured = report.images_per_s_from_steps(report.step_breakdown(workers), summary["batch_size"])
     return run_dir, summary, measured
 
 
