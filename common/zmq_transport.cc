@@ -473,7 +473,7 @@ class ZmqServer : public ServerEndpoint {
           break;
         }
         if (!sent) break;
-        const size_t bytes = MessageBytes(q.messages.front().frames);
+        const size_t bytes = q.messages.front().bytes;
         impl_->CountSent(bytes);
         impl_->TraceEgress(trace_track_, bytes, q.messages.front().queued, q.messages.front().due);
         q.bytes -= bytes;
