@@ -434,7 +434,7 @@ void CheckWholeNet(const NetSpec& spec, const std::vector<int>& labels, int per_
 // The project's small net (conv-relu-maxpool ×2, fc-relu-dropout, fc, loss), 8 per tensor.
 TEST(EngineGradCheck, WholeFashionMnistSmallNet) {
   NetSpec spec;
-  Status s = ParseNetSpecFile(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/fmnist_small.toml", &spec);
+  Status s = ParseNetSpecFile(DOWNPOUR_SOURCE_DIR "/configs/models/fmnist_small.toml", &spec);
   ASSERT_TRUE(s.ok()) << s.ToString();
   CheckWholeNet(spec, {3}, 8);
 }

@@ -210,7 +210,9 @@ TEST(EngineNet, NoConvolutionOfAShippedModelRunsOneDnnsReferenceKernel) {
       EXPECT_EQ(kernels.find("fwd ref"), std::string::npos) << model << " layer " << i << ": " << kernels;
       EXPECT_EQ(kernels.find("bwd_weights ref"), std::string::npos) << model << " layer " << i << ": " << kernels;
       // The first layer's data gradient is never computed (its bottom is the input).
-      if (i > 0) EXPECT_EQ(kernels.find("bwd_data ref"), std::string::npos) << model << " layer " << i << ": " << kernels;
+      if (i > 0) {
+        EXPECT_EQ(kernels.find("bwd_data ref"), std::string::npos) << model << " layer " << i << ": " << kernels;
+      }
     }
   }
   EXPECT_EQ(convolutions, 2 + 2 + 5 + 5) << "every convolution reports its kernels";

@@ -1,5 +1,6 @@
 // NetSpec parsing and shape inference: the shipped model configs, and bad configs giving one
 // clear error naming the layer (unknown type, missing bottom, shape mismatch, bad field).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "client/engine/net.h"
@@ -8,9 +9,7 @@
 namespace downpour::engine {
 namespace {
 
-std::string ModelPath(const char* name) {
-  return std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/" + name;
-}
+std::string ModelPath(const char* name) { return fmt::format("{}/configs/models/{}", DOWNPOUR_SOURCE_DIR, name); }
 
 TEST(EngineSpec, AlexNetHasCaffesParameterCountAndShapes) {
   NetSpec spec;
@@ -115,10 +114,9 @@ constexpr char kPoolThenLoss[] =
     "[[layer]]\nname = \"loss\"\ntype = \"SoftmaxWithLoss\"\nbottom = [\"fc\", \"label\"]\ntop = \"loss\"\n";
 
 Status ParsePool(const std::string& fields, NetSpec* spec) {
-  return ParseNetSpecString(std::string(kHeader) +
-                                "[[layer]]\nname = \"p1\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = \"p\"\n"
-                                "kernel_size = 3\nstride = 2\n" +
-                                fields + kPoolThenLoss,
+  return ParseNetSpecString(fmt::format("{}[[layer]]\nname = \"p1\"\ntype = \"Pooling\"\nbottom = \"data\"\ntop = "
+                                        "\"p\"\nkernel_size = 3\nstride = 2\n{}{}",
+                                        kHeader, fields, kPoolThenLoss),
                             "t.toml", spec);
 }
 

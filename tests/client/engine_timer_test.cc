@@ -14,7 +14,7 @@ namespace {
 
 TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
   NetSpec spec;
-  Status s = ParseNetSpecFile(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/fmnist_small.toml", &spec);
+  Status s = ParseNetSpecFile(DOWNPOUR_SOURCE_DIR "/configs/models/fmnist_small.toml", &spec);
   ASSERT_TRUE(s.ok()) << s.ToString();
   NetOptions opt;
   opt.batch = 8;

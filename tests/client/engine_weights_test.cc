@@ -24,7 +24,7 @@ class EngineWeights : public ::testing::Test {
            ("downpour_engine_weights_" + std::to_string(::getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
-    Status s = ParseNetSpecFile(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/fmnist_small.toml", &spec_);
+    Status s = ParseNetSpecFile(DOWNPOUR_SOURCE_DIR "/configs/models/fmnist_small.toml", &spec_);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }

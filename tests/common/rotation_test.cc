@@ -48,7 +48,9 @@ TEST(RotationTest, PipelineVisitsEveryModelPartitionPairEqually) {
           for (int m = 0; m < k; ++m) {
             const auto it = holders.find({t, m});
             if (it == holders.end()) continue;
-            if (k >= w) EXPECT_EQ(it->second.size(), 1u);
+            if (k >= w) {
+              EXPECT_EQ(it->second.size(), 1u);
+            }
             for (int i : it->second) {
               const StageTask& s = all[static_cast<size_t>(i)][static_cast<size_t>(t)];
               EXPECT_EQ(s.group, static_cast<int>(it->second.size()));
@@ -93,7 +95,9 @@ TEST(RotationTest, StageVersionsChainAndSyncRoundsWaitForTheStagesHolders) {
           const StageTask& s = stages[t];
           const std::pair<int64_t, int64_t> v{VersionsBefore(s, mode, steps), VersionsAfter(s, mode, steps)};
           const auto [it, fresh] = span.emplace(std::pair{static_cast<int>(t), s.model}, v);
-          if (!fresh) EXPECT_EQ(it->second, v) << "stage " << t << " model " << s.model << " worker " << i;
+          if (!fresh) {
+            EXPECT_EQ(it->second, v) << "stage " << t << " model " << s.model << " worker " << i;
+          }
           holders[{static_cast<int>(t), s.model}].insert(i);
         }
       }

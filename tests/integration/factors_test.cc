@@ -1053,7 +1053,9 @@ TEST(FactorScratch, HeldBuffersAreNeverReusedReleasedOnesAreAndTheCountIsBounded
     MessageHeader ht = p3.header;
     size_t told = 0;
     ASSERT_TRUE(ExpandFactorPush(layout, &ht, &t, &reason, &scratch, threads, [&told] { ++told; }).ok());
-    if (threads == 1) EXPECT_EQ(told, factor_chunks);
+    if (threads == 1) {
+      EXPECT_EQ(told, factor_chunks);
+    }
     EXPECT_LE(told, factor_chunks) << threads << " threads";
     ASSERT_EQ(t.size(), g3.size());
     for (size_t i = 1; i < t.size(); ++i) {

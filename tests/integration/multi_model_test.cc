@@ -210,7 +210,9 @@ solver.base_lr = {}
     EXPECT_TRUE(WaitForFirstStage(run, 1)) << test::ReadFile(dir_ / "killed.log");
     const pid_t victim = test::ChildWith(launcher.pid(), parts);
     EXPECT_GT(victim, 0) << child << " not found among the launcher's children";
-    if (victim > 0) EXPECT_EQ(::kill(victim, SIGKILL), 0);
+    if (victim > 0) {
+      EXPECT_EQ(::kill(victim, SIGKILL), 0);
+    }
     EXPECT_EQ(launcher.WaitExit(240s), 0) << test::ReadFile(dir_ / "killed.log");
     out_ = test::ReadFile(dir_ / "killed.log");
     std::vector<MetricRecord> launch;
