@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -47,9 +48,11 @@ class MultiAddressTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // One config for every host, as a cluster job has; only the ports are this test's own.
+  // One config for every host, as a cluster job has; only the ports are this test's own. The
+  // default job's net (fmnist_fast): 250 steps end at 81.9% top-1 (2026-11-28), past the 75%
+  // asked below.
   std::string WriteConfig(const std::string& coordinator_host = kCoordinatorHost, int servers = 2, int workers = 2,
-                          int steps = 350, int test_batches = 0) {
+                          int steps = 250, int test_batches = 0) {
     coordinator_port_ = test::FreePortRange(1 + servers);
     coordinator_ = FormatHostPort(coordinator_host, coordinator_port_);
     const std::string text = fmt::format(R"([run]
@@ -84,7 +87,7 @@ test_batches = {}
 [checkpoint]
 every_updates = 0
 )",
-                                         test::SourcePath("configs/models/fmnist_small.toml"), servers, workers,
+                                         test::SourcePath("configs/models/fmnist_fast.toml"), servers, workers,
                                          coordinator_, coordinator_port_ + 1, steps, kFmnist, kFmnist, test_batches);
     const std::string path = (dir_ / "job.toml").string();
     test::WriteFile(path, text);
@@ -161,6 +164,7 @@ TEST_F(MultiAddressTest, EveryProcessOnItsOwnAddressTrainsAndIsSeenThere) {
   ASSERT_FALSE(evals.empty()) << Out("coordinator");
   EXPECT_TRUE(evals.back().Get("final").AsBool());
   EXPECT_GT(evals.back().Get("top1").AsDouble(), 0.75) << "final test accuracy";
+  std::printf("final test accuracy %.4f\n", evals.back().Get("top1").AsDouble());
   EXPECT_TRUE(test::Metrics(RunDir("worker-0"), "worker-0.jsonl", "eval").empty()) << "a worker evaluated";
   // Each process is seen at its own address: servers and workers by the coordinator, workers by
   // the servers; the servers advertise, and the workers were given, the servers' addresses.
