@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -43,6 +44,42 @@ std::string Binary(const std::string& name) {
   return (fs::path(BuildDir()) / "server" / name).string();  // launcher, server, coordinator
 }
 
+namespace {
+
+// Removes the scratch directories of a test that did not fail once it has ended (its fixture
+// and the children it owned are gone by then); a failed test's are kept and named. Appended to
+// gtest's listeners, which own it, by the first ScratchDir of the program.
+class ScratchSweeper : public ::testing::EmptyTestEventListener {
+ public:
+  void Add(const fs::path& dir) { dirs_.push_back(dir); }
+
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    for (const fs::path& dir : dirs_) {
+      if (info.result()->Failed()) {
+        std::fprintf(stderr, "[scratch] kept %s\n", dir.c_str());
+        continue;
+      }
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+    dirs_.clear();
+  }
+
+ private:
+  std::vector<fs::path> dirs_;
+};
+
+ScratchSweeper& Sweeper() {
+  static ScratchSweeper* const sweeper = [] {
+    auto* s = new ScratchSweeper;
+    ::testing::UnitTest::GetInstance()->listeners().Append(s);
+    return s;
+  }();
+  return *sweeper;
+}
+
+}  // namespace
+
 fs::path ScratchDir(const std::string& prefix) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string name = info != nullptr ? fmt::format("{}_{}", info->test_suite_name(), info->name()) : "none";
@@ -52,6 +89,7 @@ fs::path ScratchDir(const std::string& prefix) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("{}_{}_{}", prefix, name, ::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
+  if (info != nullptr) Sweeper().Add(dir);
   return dir;
 }
 

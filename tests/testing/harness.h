@@ -29,7 +29,8 @@ std::string SourcePath(const std::string& relative);  // <source>/<relative>
 // A program of the build tree by name, e.g. "downpour-worker" → <build>/client/worker/downpour-worker.
 std::string Binary(const std::string& name);
 
-// A fresh, empty directory for the running test: <tmp>/<prefix>_<test name>_<pid>.
+// A fresh, empty directory for the running test: <tmp>/<prefix>_<test name>_<pid>. Removed when
+// the test ends without failing; a failed test's is kept, and its path printed, for reading.
 fs::path ScratchDir(const std::string& prefix);
 
 // A TCP port on 127.0.0.1 that is free now, and the first of `count` consecutive free ports
