@@ -187,6 +187,34 @@ Status ReadRun(TableReader& r, RunSection* s) {
   return r.Finish();
 }
 
+// The names of the enum settings, in the enums' order (run_config.h).
+constexpr std::string_view kClusterTransportNames[] = {"tcp", "ipc"};
+constexpr std::string_view kReplyOrderNames[] = {"arrival", "step"};
+constexpr std::string_view kDataShardingNames[] = {"slice", "own"};
+constexpr std::string_view kRotationSchemeNames[] = {"pipeline", "sequential", "independent"};
+constexpr std::string_view kRotationGroupsNames[] = {"data_parallel", "average"};
+
+// `key`, when given, as the enum value whose index in `names` it is; anything else is refused
+// naming the key and listing the names: expected "a", "b" or "c".
+template <typename Enum, size_t N>
+Status ReadNamed(TableReader& r, const char* key, const std::string_view (&names)[N], Enum* out) {
+  static_assert(N >= 2);
+  const toml::node* n = r.Get(key);
+  if (n == nullptr) return Status::Ok();
+  const auto text = n->value<std::string>();
+  for (size_t i = 0; text && i < N; ++i) {
+    if (*text == names[i]) {
+      *out = static_cast<Enum>(i);
+      return Status::Ok();
+    }
+  }
+  std::string expected = "expected ";
+  for (size_t i = 0; i < N; ++i) {
+    expected += fmt::format("{}\"{}\"", i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
+  }
+  return r.Bad(key, *n, expected);
+}
+
 Status ReadModel(TableReader& r, ModelSection* s) {
   DP_RETURN_IF_ERROR(r.String("config", &s->config));
   DP_RETURN_IF_ERROR(r.String("weights", &s->weights));
@@ -211,28 +239,10 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   DP_RETURN_IF_ERROR(r.Int("peer_queue_mb", &c->peer_queue_mb));
   DP_RETURN_IF_ERROR(r.Int("server_threads", &c->server_threads));
   DP_RETURN_IF_ERROR(r.Int("trace_events", &c->trace_events));
-  if (const toml::node* n = r.Get("transport")) {
-    const auto text = n->value<std::string>();
-    if (text && *text == "tcp") {
-      c->transport = ClusterTransport::kTcp;
-    } else if (text && *text == "ipc") {
-      c->transport = ClusterTransport::kIpc;
-    } else {
-      return r.Bad("transport", *n, "expected \"tcp\" or \"ipc\"");
-    }
-  }
+  DP_RETURN_IF_ERROR(ReadNamed(r, "transport", kClusterTransportNames, &c->transport));
   DP_RETURN_IF_ERROR(r.String("ipc_dir", &c->ipc_dir));
   DP_RETURN_IF_ERROR(r.Bool("shared_memory", &c->shared_memory));
-  if (const toml::node* n = r.Get("reply_order")) {
-    const auto text = n->value<std::string>();
-    if (text && *text == "arrival") {
-      c->reply_order = ReplyOrder::kArrival;
-    } else if (text && *text == "step") {
-      c->reply_order = ReplyOrder::kStep;
-    } else {
-      return r.Bad("reply_order", *n, "expected \"arrival\" or \"step\"");
-    }
-  }
+  DP_RETURN_IF_ERROR(ReadNamed(r, "reply_order", kReplyOrderNames, &c->reply_order));
   if (const toml::node* n = r.Get("link_gbps")) {
     // Absent = off; a value given must be a link speed (0 or less is a mistake, not "off").
     DP_RETURN_IF_ERROR(r.Float("link_gbps", &c->link_gbps));
@@ -373,16 +383,7 @@ Status ReadWorker(TableReader& r, WorkerConfig* w) {
 Status ReadData(TableReader& r, DataConfig* d) {
   DP_RETURN_IF_ERROR(r.String("train", &d->train));
   DP_RETURN_IF_ERROR(r.String("test", &d->test));
-  if (const toml::node* n = r.Get("sharding")) {
-    const auto text = n->value<std::string>();
-    if (text && *text == "slice") {
-      d->sharding = DataSharding::kSlice;
-    } else if (text && *text == "own") {
-      d->sharding = DataSharding::kOwn;
-    } else {
-      return r.Bad("sharding", *n, "expected \"slice\" or \"own\"");
-    }
-  }
+  DP_RETURN_IF_ERROR(ReadNamed(r, "sharding", kDataShardingNames, &d->sharding));
   DP_RETURN_IF_ERROR(r.Int("crop", &d->crop));
   DP_RETURN_IF_ERROR(r.Int("pad", &d->pad));
   DP_RETURN_IF_ERROR(r.Bool("mirror", &d->mirror));
@@ -491,31 +492,11 @@ std::string FloatText(T v) {
   return s;
 }
 
-constexpr std::string_view kRotationSchemeNames[] = {"pipeline", "sequential", "independent"};
-constexpr std::string_view kRotationGroupsNames[] = {"data_parallel", "average"};
-
-// `key`, when given, as the enum value whose index in `names` it is; else `expected` in the error.
-template <typename Enum, size_t N>
-Status ReadNamed(TableReader& r, const char* key, const std::string_view (&names)[N], const char* expected, Enum* out) {
-  const toml::node* n = r.Get(key);
-  if (n == nullptr) return Status::Ok();
-  const auto text = n->value<std::string>();
-  for (size_t i = 0; text && i < N; ++i) {
-    if (*text == names[i]) {
-      *out = static_cast<Enum>(i);
-      return Status::Ok();
-    }
-  }
-  return r.Bad(key, *n, expected);
-}
-
 Status ReadRotation(TableReader& r, RotationConfig* c) {
-  DP_RETURN_IF_ERROR(ReadNamed(r, "scheme", kRotationSchemeNames,
-                               "expected \"pipeline\", \"sequential\" or \"independent\"", &c->scheme));
+  DP_RETURN_IF_ERROR(ReadNamed(r, "scheme", kRotationSchemeNames, &c->scheme));
   DP_RETURN_IF_ERROR(r.Int("passes", &c->passes));
   DP_RETURN_IF_ERROR(r.Int("stage_steps", &c->stage_steps));
-  DP_RETURN_IF_ERROR(ReadNamed(r, "groups", kRotationGroupsNames, "expected \"data_parallel\" or \"average\"",
-                               &c->groups));
+  DP_RETURN_IF_ERROR(ReadNamed(r, "groups", kRotationGroupsNames, &c->groups));
   return r.Finish();
 }
 
@@ -743,10 +724,10 @@ std::string OwnShardPath(const DataConfig& data, int worker, int workers) {
 }
 
 const char* ClusterTransportName(ClusterTransport transport) {
-  return transport == ClusterTransport::kIpc ? "ipc" : "tcp";
+  return kClusterTransportNames[static_cast<int>(transport)].data();
 }
 
-const char* ReplyOrderName(ReplyOrder order) { return order == ReplyOrder::kStep ? "step" : "arrival"; }
+const char* ReplyOrderName(ReplyOrder order) { return kReplyOrderNames[static_cast<int>(order)].data(); }
 
 std::string ServerIpcPath(const ClusterConfig& cluster, const std::string& run_dir, int server) {
   std::filesystem::path dir(cluster.ipc_dir);
@@ -964,13 +945,12 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(ro.stage_steps >= 0, "rotation.stage_steps", ro.stage_steps, "must be >= 0 (0 = one pass over the partition)");
   if (!c.models.empty()) {
     v.Check(ro.scheme != RotationScheme::kPipeline || da.sharding == DataSharding::kOwn, "data.sharding",
-            std::string(da.sharding == DataSharding::kOwn ? "own" : "slice"),
+            std::string(kDataShardingNames[static_cast<int>(da.sharding)]),
             "rotation.scheme = \"pipeline\" moves models, not data: every worker reads its own partition "
             "(data.sharding = \"own\", downpour-data convert-* --shards W)")
         .Check(wo.push_every == 1, "worker.push_every", wo.push_every,
                "must be 1 with [[models]] (a stage's local SGD updates after every batch)")
-        .Check(co.mode == ConsistencyMode::kAsync || ro.stage_steps > 0, "consistency.mode",
-               ConsistencyModeString(co),
+        .Check(co.mode == ConsistencyMode::kAsync || ro.stage_steps > 0, "consistency.mode", ConsistencyModeString(co),
                "sync and ssp with [[models]] need rotation.stage_steps > 0: every worker must take the same steps "
                "on a model (partitions may differ by a record)")
         .Check(co.algorithm != Algorithm::kEasgd, "consistency.algorithm", AlgorithmString(co.algorithm),
@@ -1185,7 +1165,7 @@ std::string ToToml(const RunConfig& c) {
   s += "\n[data]\n";
   line("train", str(c.data.train));
   line("test", str(c.data.test));
-  line("sharding", str(c.data.sharding == DataSharding::kSlice ? "slice" : "own"));
+  line("sharding", str(kDataShardingNames[static_cast<int>(c.data.sharding)].data()));
   line("crop", num(c.data.crop));
   line("pad", num(c.data.pad));
   line("mirror", boolean(c.data.mirror));
