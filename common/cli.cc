@@ -1,11 +1,12 @@
 // cli.cc — see cli.h.
 #include "common/cli.h"
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 #include <exception>
 #include <new>
-
-#include <fmt/format.h>
 
 #include "common/version.h"
 
@@ -76,6 +77,16 @@ int Main(std::string_view program, const std::function<int()>& body) {
     std::fprintf(stderr, "%.*s: unknown exception\n", static_cast<int>(program.size()), program.data());
   }
   return kExitFailure;
+}
+
+int ServeMain(std::string_view program, const std::function<Status(bool* serving)>& run) {
+  return Main(program, [&] {
+    bool serving = false;
+    const Status s = run(&serving);
+    if (s.ok()) return kExitOk;
+    spdlog::error("{}: {}", program, s.ToString());
+    return serving ? kExitFailure : SetupExitCode(s);
+  });
 }
 
 int Fail(std::string_view program, const Status& status, int exit_code) {

@@ -54,6 +54,11 @@ CLI::Validator Between(int64_t min, int64_t max);
 // "<program>: <what>" and gives kExitFailure.
 int Main(std::string_view program, const std::function<int()>& body);
 
+// Main for a program that serves (server, coordinator): runs `run`, which sets *serving once it
+// serves. An error before then is a setup error (SetupExitCode: 2 for a bad flag, config or
+// input); after it, a runtime failure (1). Either is logged once as "<program>: <status>".
+int ServeMain(std::string_view program, const std::function<Status(bool* serving)>& run);
+
 // Prints "<program>: <status>" to stderr and returns `exit_code`.
 int Fail(std::string_view program, const Status& status, int exit_code);
 

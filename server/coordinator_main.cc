@@ -158,11 +158,5 @@ int main(int argc, char** argv) {
   app.add_flag("--rejoin", f.rejoin,
                "replace a coordinator that died: rebuild membership from the processes that re-register");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
-  return cli::Main("downpour-coordinator", [&] {
-    bool serving = false;
-    const downpour::Status s = downpour::Run(f, &serving);
-    if (s.ok()) return cli::kExitOk;
-    spdlog::error("downpour-coordinator: {}", s.ToString());
-    return serving ? cli::kExitFailure : cli::SetupExitCode(s);
-  });
+  return cli::ServeMain("downpour-coordinator", [&](bool* serving) { return downpour::Run(f, serving); });
 }

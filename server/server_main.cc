@@ -410,11 +410,5 @@ int main(int argc, char** argv) {
                  "host workers reach this server at (default cluster.advertise, else derived from the bind)");
   app.add_flag("--standalone", f.standalone, "serve without a coordinator");
   if (const auto code = cli::Parse(app, argc, argv)) return *code;
-  return cli::Main("downpour-server", [&] {
-    bool serving = false;
-    const downpour::Status s = downpour::Run(f, &serving);
-    if (s.ok()) return cli::kExitOk;
-    spdlog::error("downpour-server: {}", s.ToString());
-    return serving ? cli::kExitFailure : cli::SetupExitCode(s);
-  });
+  return cli::ServeMain("downpour-server", [&](bool* serving) { return downpour::Run(f, serving); });
 }
