@@ -18,11 +18,10 @@
 #include <filesystem>
 #include <thread>
 
-#include <unistd.h>
-
 #include "common/inproc_transport.h"
 #include "common/zmq_transport.h"
 #include "server/shard.h"
+#include "tests/testing/harness.h"
 
 namespace downpour {
 namespace {
@@ -31,25 +30,10 @@ using namespace std::chrono_literals;
 
 constexpr const char* kSecret = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2";
 
-// A checkpoint path of this test process alone, in the servers' run directory: ctest runs a
-// test's Socket and SharedMemory instances (and other tests) at once, and a shared name let one
-// load the other's checkpoint. The file is removed when the test ends.
-class ScratchFile {
- public:
-  explicit ScratchFile(const std::string& name)
-      : path_(fmt::format("{}/{}_{}.dpt", ::testing::TempDir(), name, ::getpid())) {}
-  ~ScratchFile() {
-    std::error_code ec;
-    std::filesystem::remove(path_, ec);
-  }
-  ScratchFile(const ScratchFile&) = delete;
-  ScratchFile& operator=(const ScratchFile&) = delete;
-
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+// A checkpoint path of this test alone: ctest runs a test's Socket and SharedMemory instances
+// (and other tests) at once, and a shared name let one load the other's checkpoint. In the
+// test's scratch directory (removed when the test passes).
+std::string ScratchFile(const std::string& name) { return (test::ScratchDir("ps_client") / (name + ".dpt")).string(); }
 
 // The servers of these tests: the update is w -= g, and the run's secret is required.
 ShardOptions TestShardOptions() {
@@ -58,7 +42,7 @@ ShardOptions TestShardOptions() {
   o.solver.momentum = 0.0f;
   o.solver.weight_decay = 0.0f;
   o.access.run_secret = kSecret;
-  o.access.run_dir = ::testing::TempDir();
+  o.access.run_dir = std::filesystem::temp_directory_path().string();  // holds every ScratchFile
   o.max_workers = 4;  // worker 1 (PullWaitsForInit...) is an elastic id beyond expected_workers = 1
   return o;
 }
@@ -298,8 +282,7 @@ TEST_P(PsClientTest, ClientRegistersAgainAfterAServerRestartAndNothingIsAppliedT
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f), w(n_);
   ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
-  const ScratchFile scratch("ps_client_restart");
-  const std::string& path = scratch.path();
+  const std::string path = ScratchFile("ps_client_restart");
   ASSERT_TRUE(client_->Checkpoint(0, path, 5000ms).ok());
   // Server 0 dies and comes back from its checkpoint under the same address.
   shards_[0]->Stop();
@@ -345,8 +328,7 @@ TEST_P(PsClientTest, PushWhoseAckDiedWithTheServerIsResentToTheRestartedServerAn
   ASSERT_EQ(shards_[0]->Stats().pushes_applied, applied_before + parts0);
   ASSERT_EQ(endpoints_[0]->dropped_acks.load(), static_cast<int>(parts0));
   EXPECT_EQ(client_->Wait(id, 100ms).code(), StatusCode::kTimeout);  // still waiting for the acks
-  const ScratchFile scratch("ps_client_lost_ack");
-  const std::string& path = scratch.path();
+  const std::string path = ScratchFile("ps_client_lost_ack");
   KillShard(0, path);
   StartShard(0, "s0", path);  // a new incarnation at the same address, with the push applied
   // The client probes the silent server, sees the new incarnation, registers and resends.
@@ -372,8 +354,7 @@ TEST_P(PsClientTest, PushWhoseAckDiedWithTheServerIsResentToTheRestartedServerAn
 
 TEST_P(PsClientTest, PullWhileTheServerIsDownSaysItIsWaitingAndCompletesWhenItIsBack) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 5.0f)), 5000ms).ok());
-  const ScratchFile scratch("ps_client_down");
-  const std::string& path = scratch.path();
+  const std::string path = ScratchFile("ps_client_down");
   KillShard(1, path);
   LogCapture log;
   std::vector<float> w(n_);
@@ -433,8 +414,7 @@ TEST_P(PsClientTest, SetServerAddressMovesTheClientToTheServersNewAddressMidRun)
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
   std::vector<float> g(n_, 1.0f), w(n_);
   ASSERT_TRUE(client_->Wait(client_->Push(g, 0), 5000ms).ok());
-  const ScratchFile scratch("ps_client_move");
-  const std::string& path = scratch.path();
+  const std::string path = ScratchFile("ps_client_move");
   KillShard(0, path);
   // A push goes out while server 0 is gone; it comes back elsewhere and the client is told.
   const RequestId id = client_->Push(g, 1);
@@ -496,8 +476,7 @@ TEST_P(PsClientTest, EveryMessageCarriesTheClientsSession) {
 
 TEST_P(PsClientTest, WithoutTheRunsTokenAClientCanNeitherRegisterNorCheckpointNorShutDown) {
   ASSERT_TRUE(client_->Wait(client_->PushInit(std::vector<float>(n_, 3.0f)), 5000ms).ok());
-  const ScratchFile scratch("ps_client_token");
-  const std::string& path = scratch.path();
+  const std::string path = ScratchFile("ps_client_token");
   std::filesystem::remove(path);
   for (const std::string& token : std::vector<std::string>{"", "guess"}) {
     SCOPED_TRACE("token '" + token + "'");
@@ -590,8 +569,7 @@ TEST(PsClientZmq, PullInFlightAcrossAServerRestartOnTheSamePortCompletes) {
   ZmqOptions zo;
   zo.linger_ms = 0;
   ZmqTransport transport(zo);
-  const ScratchFile scratch("ps_client_zmq");
-  const std::string& path = scratch.path();
+  const std::string path = ScratchFile("ps_client_zmq");
   auto start = [&](const std::string& address, uint64_t incarnation, bool restore, std::unique_ptr<ShardServer>* out,
                    std::string* bound) {
     ASSERT_TRUE(ShardServer::Create(layout, TestShardOptions(), out).ok());

@@ -71,10 +71,6 @@ class FaultTest : public ::testing::Test {
       ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
     dir_ = test::ScratchDir("fault");
   }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
   // A 2 x 2 job of job_ (model and steps) that checkpoints every 40 updates, heartbeats every 200 ms
   // and declares silence after 2 s; `cluster_extra` is appended to [cluster] (TOML lines).
   std::string Config(const std::string& name, const std::string& mode, const std::string& cluster_extra = "") {

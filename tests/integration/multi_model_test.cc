@@ -57,10 +57,6 @@ class MultiModelJobTest : public ::testing::Test {
               0)
         << out;
   }
-  void TearDown() override {
-    if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
-  }
-
   // Partitions of the same 4000 images for W workers (SetUp made W = kWorkers's in train/).
   fs::path Partitions(int workers) {
     if (workers == kWorkers) return dir_ / "train";

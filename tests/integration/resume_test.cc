@@ -32,10 +32,6 @@ class ResumeTest : public ::testing::Test {
     if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
     dir_ = test::ScratchDir("resume");
   }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
   // A small async job that checkpoints often; ports free now.
   std::string Config(const std::string& name) {
     const int port = test::FreePortRange(3);

@@ -292,10 +292,6 @@ class RunUnderAttack : public ::testing::Test {
     for (int s = 0; s < kServers; ++s) stats_before_.push_back(Stats(s));
   }
 
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
   // ZeroMQ options of a client holding this cluster's `role` key (plaintext in a run without
   // keys). Linger 0: what a test peer still has queued when it goes is not wanted.
   ZmqOptions Options(KeyRole role) const { return KeyOptions(keys_, role); }

@@ -50,10 +50,6 @@ class TrainProcessTest : public ::testing::Test {
       ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
     dir_ = test::ScratchDir("train_mp");
   }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
   // The run config text; the coordinator and servers take ports free on this machine now. Worker 0
   // evaluates (eval.evaluator = false): most jobs here start their processes by hand
   // (test::Job) or through --worker-cmd, which start no evaluator.

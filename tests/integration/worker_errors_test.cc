@@ -35,10 +35,6 @@ std::string Idx(uint32_t magic, const std::vector<uint32_t>& dims, const std::ve
 class WorkerErrorsTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = test::ScratchDir("worker_errors"); }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
   // 64 Fashion-MNIST-shaped images; record `bad` has label `bad_label`, the others 3.
   std::string MakeLmdb(int bad, uint8_t bad_label) {
     std::vector<uint8_t> pixels(64 * 28 * 28, 100), labels(64, 3);
