@@ -1,14 +1,16 @@
 // factor_push.cc — see factor_push.h.
 #include "server/factor_push.h"
 
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <memory>
 #include <span>
 #include <utility>
 #include <vector>
-
-#include <omp.h>
-#include <oneapi/dnnl/dnnl.h>
 
 #include "common/solver/sgd.h"
 
@@ -49,7 +51,9 @@ bool HasFactorChunks(const MessageHeader& h) {
 }
 
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
-                        BufferPool<float>* scratch, int threads, const std::function<void()>& between_chunks) {
+                        BufferPool<float>* scratch, int threads, const std::function<void()>& between_chunks,
+                        std::vector<bool>* expanded) {
+  if (expanded != nullptr) expanded->assign(h->chunk_ids.size(), false);
   if (!HasFactorChunks(*h)) return Status::Ok();
   const size_t n = h->chunk_ids.size();
   if ((h->flags & kFlagInit) != 0 || h->dtype != DType::kF32)
@@ -117,17 +121,28 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
                                   "4), frame has {}", t.name, a_bytes, batch, in, a_frame.size()));
   std::vector<float> a_scratch;
   const float* a = AlignedFloats(a_frame, &a_scratch);
-  if (!AllFinite(std::span<const float>(a, static_cast<size_t>(a_bytes / sizeof(float)))))
+  const uint32_t a_max = MaxAbsBits(std::span<const float>(a, static_cast<size_t>(a_bytes / sizeof(float))));
+  if (a_max >= 0x7f800000u)
     return Refuse(RejectReason::kNonFinite, reason,
                   InvalidArgument("push: the activations of '{}' hold NaN or Inf", t.name));
   std::vector<std::vector<float>> delta_scratch(n);
   std::vector<const float*> deltas(n, nullptr);
+  std::vector<bool> proven(n, false);  // the chunk's product is finite by the bound: no scan
+  std::vector<float> col_sums;
   for (size_t i = 0; i < n; ++i) {
     if (h->encodings[i] != Encoding::kFactors) continue;
     deltas[i] = AlignedFloats((*frames)[i + 1], &delta_scratch[i]);
     if (!AllFinite(std::span<const float>(deltas[i], (*frames)[i + 1].size() / sizeof(float))))
       return Refuse(RejectReason::kNonFinite, reason,
                     InvalidArgument("push: factor chunk {} (tensor '{}') holds NaN or Inf", h->chunk_ids[i], t.name));
+    const auto rows = static_cast<size_t>(RowsOf(layout.chunk(static_cast<int32_t>(h->chunk_ids[i])), in).rows);
+    col_sums.assign(rows, 0.0f);
+    for (uint32_t b = 0; b < batch; ++b) {
+      const float* d = deltas[i] + static_cast<size_t>(b) * rows;
+      for (size_t r = 0; r < rows; ++r) col_sums[r] += std::fabs(d[r]);
+    }
+    const float s_max = std::bit_cast<float>(MaxAbsBits(col_sums));  // a sum's Inf fails the bound
+    proven[i] = static_cast<double>(s_max) * static_cast<double>(std::bit_cast<float>(a_max)) <= kFactorProductBound;
   }
   // Valid: every factor chunk's rows of δᵀ·a, the chunks side by side on `threads` threads (the
   // buffers taken first, here: the pool belongs to this thread), then the push rewritten with
@@ -150,12 +165,26 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
   }
   OneThreadPerSgemm();
   const int team = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), work.size()));
+  std::vector<char> overflowed(work.size(), 0);  // per work item: a chunk the bound did not prove held an Inf
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1)
   for (size_t k = 0; k < work.size(); ++k) {
-    FormRows(work[k].span, in, batch, deltas[work[k].i], a, work[k].rows.get());
+    const Work& w = work[k];
+    FormRows(w.span, in, batch, deltas[w.i], a, w.rows.get());
+    if (!proven[w.i]) {  // scanned while its rows are warm in this thread's cache
+      const int64_t skip = w.chunk->tensor_offset - w.span.first * in;
+      overflowed[k] =
+          AllFinite(std::span<const float>(w.rows.get() + skip, static_cast<size_t>(w.chunk->count))) ? 0 : 1;
+    }
     if (between_chunks && omp_get_thread_num() == 0) between_chunks();  // the calling thread (the team's first)
   }
+  for (size_t k = 0; k < work.size(); ++k) {
+    if (overflowed[k] != 0)
+      return Refuse(RejectReason::kNonFinite, reason,
+                    InvalidArgument("push: factor chunk {} (tensor '{}'): the product of δ and a overflows to Inf",
+                                    h->chunk_ids[work[k].i], t.name));
+  }
   for (const Work& w : work) {
+    if (expanded != nullptr) (*expanded)[w.i] = true;
     const int64_t skip = w.chunk->tensor_offset - w.span.first * in;
     const auto bytes = static_cast<size_t>(w.chunk->count) * sizeof(float);
     (*frames)[w.i + 1] = Frame::Borrow(w.rows.get() + skip, bytes, w.rows);

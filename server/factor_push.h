@@ -17,6 +17,8 @@
 #pragma once
 
 #include <functional>
+#include <limits>
+#include <vector>
 
 #include "common/buffer_pool.h"
 #include "common/codec.h"
@@ -41,14 +43,22 @@ bool HasFactorChunks(const MessageHeader& h);
 // or more), kFrameCount (list or frame counts, missing a frame), kUnknownChunk (chunk id out of
 // range), kElemCount (factor_batch outside 1..kMaxFactorBatch, element count not the layout's),
 // kByteLength (a frame not exactly B×rows×4 or B×in×4 bytes), kChecksum, kNonFinite (NaN or Inf
-// in δ or a). The dense gradients are written into buffers of `scratch`, reused from push to
-// push (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the frame), by
-// `threads` OpenMP threads, one chunk's sgemm per thread at a time (the same floats whatever the
-// count: each chunk is one sgemm on one thread). `between_chunks`, when set, is called on the
-// calling thread after each of its chunks (a shard releases its due replies there:
-// ServerEndpoint::ReleaseDue).
+// in δ or a, or an Inf where their product overflows). Every chunk it rewrites is finite, so the
+// caller need not scan it again: `expanded` (when given) gets, per chunk of the message, whether
+// it was rewritten. Finite by proof where max over rows of Σ_b |δ[b][row]| × max |a| stays well
+// below FLT_MAX (kFactorProductBound; nothing of the product is read), else by a scan of the
+// chunk's rows right after its sgemm, on the thread that formed them. The dense gradients are written into buffers of
+// `scratch`, reused from push to push (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the
+// frame), by `threads` OpenMP threads, one chunk's sgemm per thread at a time (the same floats whatever the count: each
+// chunk is one sgemm on one thread). `between_chunks`, when set, is called on the calling thread after each of its
+// chunks (a shard releases its due replies there: ServerEndpoint::ReleaseDue).
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
                         BufferPool<float>* scratch = nullptr, int threads = 1,
-                        const std::function<void()>& between_chunks = {});
+                        const std::function<void()>& between_chunks = {}, std::vector<bool>* expanded = nullptr);
+
+// |δᵀa| ≤ Σ_b |δ_b,row| × max |a| element by element, and an fp32 sgemm's result exceeds that sum
+// by at most a relative B·2⁻²⁴ (≤ 0.4% for B ≤ kMaxFactorBatch), as does the rounded Σ_b: below
+// a quarter of FLT_MAX, no element of the formed product can be Inf.
+inline constexpr double kFactorProductBound = static_cast<double>(std::numeric_limits<float>::max()) / 4;
 
 }  // namespace downpour

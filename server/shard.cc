@@ -345,20 +345,24 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
     case MsgType::kRegister:
       s = HandleRegister(peer, info, h, &reply, &reason);
       break;
-    case MsgType::kPush:
+    case MsgType::kPush: {
       s = CheckWorker(peer, info, h, &reason);
       if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
-      // Sufficient factors become dense chunks first: validation, log, policy and SGD see f32.
+      // Sufficient factors become dense chunks first: validation, log, policy and SGD see f32
+      // (the expanded chunks known finite already).
+      std::vector<bool> finite;
       if (s.ok() && HasFactorChunks(h)) {
         TraceSpan factors(options_.trace, options_.trace_track, "server", "factors");
         const auto t0 = std::chrono::steady_clock::now();
-        s = ExpandFactorPush(layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads,
-                             [ep] { ep->ReleaseDue(); });
+        s = ExpandFactorPush(
+            layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads, [ep] { ep->ReleaseDue(); },
+            &finite);
         stats_.factor_ns += NanosSince(t0);
       }
-      if (s.ok()) s = HandlePush(h, frames, &reply, &reason);
+      if (s.ok()) s = HandlePush(h, frames, &reply, &reason, finite);
       span.Arg("update_ms", 1e-6 * static_cast<double>(stats_.sgd_ns - sgd_ns0));
       break;
+    }
     case MsgType::kPull: {
       const bool reader = h.role == Role::kEvaluator;
       s = reader ? CheckReader(peer, h, &reason) : CheckWorker(peer, info, h, &reason);
@@ -681,13 +685,14 @@ Status ShardServer::ResolveChunks(const MessageHeader& h, bool all_if_empty, std
 // ---------------------------------------------------------------------------------------------
 // Push: validate every chunk, then hand the whole push to the policy.
 
-Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply,
-                               RejectReason* reason) {
+Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
+                               const std::vector<bool>& finite) {
   if (CodedPush(h)) {  // lossy: decoded to f32 dense, then checked and applied as one
     MessageHeader dense;
     Frames decoded;
     DP_RETURN_IF_ERROR(DecodeCodedPush(h, frames, &dense, &decoded, reason));
-    return HandlePush(dense, decoded, reply, reason);
+    // DecodeChunk refuses every non-finite value it would write: the decoded chunks are finite.
+    return HandlePush(dense, decoded, reply, reason, std::vector<bool>(dense.chunk_ids.size(), true));
   }
   const bool init = (h.flags & kFlagInit) != 0;
   const bool elastic = (h.flags & kFlagElastic) != 0;
@@ -751,7 +756,9 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
       }
     }
     const float* data = AlignedFloats(frames[i + 1], &scratch[i]);
-    if (!AllFiniteOn(options_.server_threads, std::span<const float>(data, static_cast<size_t>(count)))) {
+    const bool known_finite = i < finite.size() && finite[i];
+    if (!known_finite &&
+        !AllFiniteOn(options_.server_threads, std::span<const float>(data, static_cast<size_t>(count)))) {
       *reason = RejectReason::kNonFinite;
       return InvalidArgument("push: chunk {} (tensor '{}') holds NaN or Inf", id,
                              layout_.tensors()[static_cast<size_t>(layout_.chunk(static_cast<int32_t>(id)).tensor)].name);

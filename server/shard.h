@@ -296,8 +296,10 @@ class ShardServer {
   void OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply);
   Status ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason);
   void ForgetPeer(const PeerId& peer);
-  // A push from a sender CheckWorker has accepted: validated whole, then applied.
-  Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason);
+  // A push from a sender CheckWorker has accepted: validated whole, then applied. `finite[i]`
+  // true: chunk i is known finite (expanded factors, decoded codecs) and is not scanned again.
+  Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
+                    const std::vector<bool>& finite = {});
   // A lossy push (dtype or encoding not f32 dense) decoded into `dense` / `decoded` (f32 dense
   // frames, checksums checked and dropped); refusals as HandlePush's, kDType for what is not taken.
   Status DecodeCodedPush(const MessageHeader& h, const Frames& frames, MessageHeader* dense, Frames* decoded,

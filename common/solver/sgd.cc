@@ -3,12 +3,13 @@
 // step-by-step paths round identically.
 #include "common/solver/sgd.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 
-#include "common/status.h"
 #include "common/solver/lr_policy.h"
+#include "common/status.h"
 
 namespace downpour {
 
@@ -85,6 +86,14 @@ bool AllFinite(std::span<const float> x) {
     bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
   return bad == 0;
+}
+
+uint32_t MaxAbsBits(std::span<const float> x) {
+  const float* __restrict p = x.data();
+  const size_t n = x.size();
+  uint32_t m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<uint32_t>(p[i]) & 0x7fffffffu);
+  return m;
 }
 
 void SgdUpdate(const UpdateParams& p, std::span<const float> grad, std::span<float> w,

@@ -1,13 +1,14 @@
 // Tests for common/solver: learning-rate policies against Caffe's closed forms, the update
 // pipeline against hand-computed multi-step values (as Caffe's test_gradient_based_solver
 // does), and the fused SgdUpdate against the pipeline, bit for bit.
+#include <gtest/gtest.h>
+
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
@@ -133,6 +134,25 @@ TEST(SgdTest, AllFinite) {
       std::vector<float> y = x;
       y[pos] = bad;
       EXPECT_FALSE(AllFinite(y)) << bad << " at " << pos;
+    }
+  }
+}
+
+TEST(SgdTest, MaxAbsBitsIsTheLargestMagnitudeAndFlagsNonFinite) {
+  std::vector<float> x(37, 0.5f);
+  x[3] = std::numeric_limits<float>::denorm_min();
+  x[20] = -3.25f;
+  EXPECT_EQ(std::bit_cast<float>(MaxAbsBits(x)), 3.25f);
+  EXPECT_EQ(MaxAbsBits({}), 0u);
+  x[36] = -std::numeric_limits<float>::max();  // the scalar tail
+  EXPECT_EQ(std::bit_cast<float>(MaxAbsBits(x)), std::numeric_limits<float>::max());
+  EXPECT_LT(MaxAbsBits(x), 0x7f800000u);
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()}) {
+    for (size_t pos : {size_t{0}, size_t{17}, size_t{36}}) {
+      std::vector<float> y = x;
+      y[pos] = bad;
+      EXPECT_GE(MaxAbsBits(y), 0x7f800000u) << bad << " at " << pos;
     }
   }
 }

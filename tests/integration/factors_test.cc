@@ -733,6 +733,35 @@ TEST_F(BadFactors, InfInActivations) {
   ExpectRefused(RejectReason::kNonFinite, "activations");
 }
 
+// Finite δ and a whose product is not: refused like a NaN, nothing applied.
+TEST_F(BadFactors, FactorsWhoseProductOverflowsAreRefused) {
+  MessageHeader h;
+  std::vector<std::vector<float>> f;
+  GoodPush(&h, &f);
+  for (auto& x : f) std::fill(x.begin(), x.end(), 1e20f);  // Σ_b δa = 2e40 > FLT_MAX
+  Send(h, ToFrames(f));
+  ExpectRefused(RejectReason::kNonFinite, "overflows");
+}
+
+// Large factors the bound cannot clear (Σ_b |δ| × max |a| = 1e40) but whose product is finite
+// (image 0's huge δ meets tiny activations, image 1's huge activations a zero δ): scanned, taken.
+TEST_F(BadFactors, LargeFactorsWithAFiniteProductAreTaken) {
+  MessageHeader h;
+  std::vector<std::vector<float>> f;
+  GoodPush(&h, &f);
+  for (size_t i = 0; i + 1 < f.size(); ++i) {
+    const size_t rows = f[i].size() / kB;
+    std::fill(f[i].begin(), f[i].begin() + static_cast<std::ptrdiff_t>(rows), 1e30f);  // image 0
+    std::fill(f[i].begin() + static_cast<std::ptrdiff_t>(rows), f[i].end(), 0.0f);     // image 1
+  }
+  std::fill(f.back().begin(), f.back().begin() + kIn, 1e-30f);  // a: image 0
+  std::fill(f.back().begin() + kIn, f.back().end(), 1e10f);     // a: image 1
+  Send(h, ToFrames(f));
+  EXPECT_EQ(Receive().type, MsgType::kAck);
+  EXPECT_EQ(Rejected(RejectReason::kNonFinite), 0u);
+  EXPECT_NE(AllWeights(), before_);
+}
+
 TEST_F(BadFactors, ABiasCannotCarryFactors) {
   int32_t b_chunk = -1;
   for (int32_t id : layout_.ServerChunks(1))
@@ -1034,12 +1063,15 @@ TEST(FactorScratch, HeldBuffersAreNeverReusedReleasedOnesAreAndTheCountIsBounded
   EXPECT_LE(small.elements(), 20u);
   p1.ExpectDense(g1);
   p2.ExpectDense(g2);
-  // Without a scratch: the same gradients.
+  // Without a scratch: the same gradients; every chunk reported expanded (finite, not to be
+  // scanned again).
   Frames g3 = p3.MakeFrames();
   MessageHeader h = p3.header;
   RejectReason reason = RejectReason::kCount;
-  ASSERT_TRUE(ExpandFactorPush(layout, &h, &g3, &reason).ok());
+  std::vector<bool> expanded;
+  ASSERT_TRUE(ExpandFactorPush(layout, &h, &g3, &reason, nullptr, 1, {}, &expanded).ok());
   p3.ExpectDense(g3);
+  EXPECT_EQ(expanded, std::vector<bool>(chunks, true));
   // compression.factor_threads: the chunks side by side on three threads give the same floats,
   // bit for bit (each chunk is one sgemm on one thread either way).
   // The calling thread is told after each of its chunks (a shard releases its due replies there):
