@@ -4,6 +4,7 @@ one-page HTML reports of tools/downpour-compare and tools/downpour-experiment.
 The pages are plain HTML with inline CSS: no JavaScript, no external URLs, images by relative
 path, so a report opens from the file system. Every inserted text goes through html.escape.
 """
+import bisect
 import datetime
 import html
 import os
@@ -114,6 +115,37 @@ def images_per_s_from_steps(rows, batch):
     (what the scaling model predicts: steady state, no start-up, no evaluations); workers without
     a median step are left out."""
     return sum(batch * 1000.0 / row["step_ms"] for row in rows if row["step_ms"])
+
+
+def step_ends(worker):
+    """Wall-clock ends (the records' t) of a worker's steps, the first of each segment left out."""
+    ends = []
+    for seg in worker.segments:
+        steps = [r for r in seg if r.get("event") == "step"]
+        ends += [r["t"] for r in steps[1:]]
+    return sorted(ends)
+
+
+def phase(a_ends, b_ends, step_s):
+    """Median distance from each of a's step ends to the nearest of b's, over step_s: 0 = the two
+    workers in lockstep, 0.5 = half a step apart (bench/RESULTS.md §11.4.2). None without steps."""
+    if not a_ends or not b_ends or not step_s:
+        return None
+    out = []
+    for t in a_ends:
+        i = bisect.bisect_left(b_ends, t)
+        near = [abs(t - b_ends[j]) for j in (i - 1, i) if 0 <= j < len(b_ends)]
+        out.append(min(near) / step_s)
+    return _median(out)
+
+
+def workers_phase(workers, rows):
+    """phase() of workers 0 and 1 ([Worker] from downpour_runs, their step_breakdown rows), over
+    worker 0's median step; None where either has no steps."""
+    ends = {w.id: step_ends(w) for w in workers}
+    row0 = next((r for r in rows if r["worker"] == 0), None)
+    step_s = row0["step_ms"] / 1e3 if row0 and row0["step_ms"] else None
+    return phase(ends.get(0, []), ends.get(1, []), step_s)
 
 
 def breakdown_line(row):

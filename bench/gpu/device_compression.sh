@@ -11,8 +11,9 @@
 #   client/worker/downpour-worker client/worker/downpour-evaluator data/downpour-data bench/ps/downpour-bench-ps"
 #   bench/gpu/pack_for_device.sh build .devcarry
 # There:  [STEPS=40] [BUDGET_S=420] bench/gpu/device_compression.sh .devcarry
-# Writes $OUT/jobs.tsv (one row per job: images/s from the workers' median steps and from the
-# whole run, median step ms, wire MB per worker step), $OUT/<job>.trace.txt (downpour-trace's
+# Writes $OUT/rows.tsv (one row per job: images/s from the workers' median steps and from the
+# whole run, median step ms, wire MB per worker step, the server loops' busy / sgd / factor
+# seconds, and the workers' phase: 0 = lockstep, 0.5 = half a step apart), $OUT/<job>.trace.txt (downpour-trace's
 # summary of the job's timelines; TRACE_EVENTS=0 turns them off), $OUT/alexnet-gpu-b128.time.json
 # and $OUT/bench-ps.txt; the jobs' logs, step records and timelines come back as $OUT/jobs.tgz.
 source "$(dirname "$0")/device_env.sh" "${1:-}"
@@ -52,7 +53,9 @@ run_dir, name = sys.argv[1:]
 try:
     summary = dr.write_summary(run_dir)
     _, files = dr.load_run([run_dir])
-    rows = report.step_breakdown(dr.worker_files(files))
+    workers = dr.worker_files(files)
+    rows = report.step_breakdown(workers)
+    phase = report.workers_phase(workers, rows)  # 0 = lockstep, 0.5 = half a step apart
     b = summary["batch_size"]
     med = report.images_per_s_from_steps(rows, b)
     step = max(r["step_ms"] for r in rows)
@@ -66,7 +69,7 @@ try:
         e = end[-1] if end else {}
         loops.append(f"{e.get('busy_s', 0):.1f}/{e.get('sgd_s', 0):.1f}/{e.get('factor_s', 0):.1f}")
     print(f"{name}\t{med:.0f}\t{summary['images_per_s']:.0f}\t{step:.1f}\t{comp:.1f}\t{tx:.1f}\t{rx:.1f}\t"
-          f"{summary['wall_s']:.1f}\t{loops[0]}\t{loops[1]}")
+          f"{summary['wall_s']:.1f}\t{loops[0]}\t{loops[1]}\t{'-' if phase is None else f'{phase:.2f}'}")
     for r in rows:
         print(report.breakdown_line(r), file=sys.stderr)
 except Exception as e:  # a failed job: its row says so
@@ -74,7 +77,7 @@ except Exception as e:  # a failed job: its row says so
 PY
 }
 mkdir -p /tmp/jobs
-printf 'job\timg_s_median_steps\timg_s_whole_run\tstep_ms\tcompute_ms\ttx_MB_per_step\trx_MB_per_step\twall_s\tserver0_busy/sgd/factor_s\tserver1_busy/sgd/factor_s\n' >"$out/rows.tsv"
+printf 'job\timg_s_median_steps\timg_s_whole_run\tstep_ms\tcompute_ms\ttx_MB_per_step\trx_MB_per_step\twall_s\tserver0_busy/sgd/factor_s\tserver1_busy/sgd/factor_s\tphase\n' >"$out/rows.tsv"
 link=(--set cluster.link_gbps=10)
 fp32=(--set compression.factors=false --set compression.push=fp32 --set compression.pull=fp32)
 sf16=(--set compression.factors=true --set compression.push=fp32 --set compression.pull=fp16)

@@ -26,7 +26,6 @@ workers in lockstep get their pulled weights interleaved on each server's link, 
 for both workers' bytes.
 """
 import argparse
-import bisect
 import json
 import os
 import shutil
@@ -42,27 +41,6 @@ import downpour_report as report  # noqa: E402
 import downpour_runs as dr  # noqa: E402
 import downpour_scaling as sc  # noqa: E402
 import scaling_validate as sv  # noqa: E402
-
-
-def step_ends(worker):
-    """Wall-clock ends (the records' t) of a worker's steps, the first of each segment left out."""
-    ends = []
-    for seg in worker.segments:
-        steps = [r for r in seg if r.get("event") == "step"]
-        ends += [r["t"] for r in steps[1:]]
-    return sorted(ends)
-
-
-def phase(a_ends, b_ends, step_s):
-    """Median distance from each of a's step ends to the nearest of b's, over step_s."""
-    if not a_ends or not b_ends or not step_s:
-        return None
-    out = []
-    for t in a_ends:
-        i = bisect.bisect_left(b_ends, t)
-        near = [abs(t - b_ends[j]) for j in (i - 1, i) if 0 <= j < len(b_ends)]
-        out.append(min(near) / step_s)
-    return statistics.median(out)
 
 
 def parse_jobs(text):
@@ -87,9 +65,7 @@ def run_job(args, name, order, sets, bin_dir=None):
     summary, workers = sv.launch(args, "alexnet", run_dir, sets + [f"cluster.reply_order={order}"], "reply_order", extra)
     rows = report.step_breakdown(workers)
     batch = summary["batch_size"]
-    ends = {w.id: step_ends(w) for w in workers}
-    row0 = next((r for r in rows if r["worker"] == 0), None)
-    ph = phase(ends.get(0, []), ends.get(1, []), row0["step_ms"] / 1e3 if row0 and row0["step_ms"] else None)
+    ph = report.workers_phase(workers, rows)
     if args.trace_events:
         trace = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "downpour-trace"), run_dir],
                                capture_output=True, text=True, cwd=ROOT)

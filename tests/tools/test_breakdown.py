@@ -75,3 +75,40 @@ class Breakdown(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Phase(unittest.TestCase):
+    """How far apart two workers' steps end (bench/scaling/reply_order.py, bench/gpu/
+    device_compression.sh): 0 in lockstep, 0.5 half a step apart, over worker 0's median step."""
+
+    def workers(self, offset_s, step_s=1.0):
+        tmp = tempfile.TemporaryDirectory(prefix="downpour-tools-")
+        self.addCleanup(tmp.cleanup)
+        run_dir = os.path.join(tmp.name, "run")
+        fab.write_config(run_dir)
+        rows = [dict(step_ms=step_s * 1e3)] * 8
+        fab.append_jsonl(run_dir, "worker-0", with_breakdown(fab.worker_segment(0, 1000.0, 0, 8, step_s=step_s), rows))
+        fab.append_jsonl(run_dir, "worker-1",
+                         with_breakdown(fab.worker_segment(1, 1000.0 + offset_s, 0, 8, step_s=step_s), rows))
+        sys.path.insert(0, fab.TOOLS)
+        import downpour_report as report
+        import downpour_runs as dr
+        _, files = dr.load_run([run_dir])
+        workers = dr.worker_files(files)
+        return report, workers, report.step_breakdown(workers)
+
+    def test_lockstep_is_zero_and_half_a_step_is_half(self):
+        report, workers, rows = self.workers(0.0)
+        self.assertEqual(report.workers_phase(workers, rows), 0.0)
+        report, workers, rows = self.workers(0.5)
+        self.assertAlmostEqual(report.workers_phase(workers, rows), 0.5)
+        report, workers, rows = self.workers(0.8, step_s=2.0)  # nearest end: 0.8 s of a 2 s step
+        self.assertAlmostEqual(report.workers_phase(workers, rows), 0.4)
+
+    def test_first_step_of_a_segment_is_left_out_and_no_steps_is_none(self):
+        report, workers, _ = self.workers(0.25)
+        w0 = next(w for w in workers if w.id == 0)
+        self.assertEqual(report.step_ends(w0), [1000.0 + k for k in range(2, 9)])
+        self.assertIsNone(report.phase([], [1.0], 1.0))
+        self.assertIsNone(report.phase([1.0], [1.0], None))
+
