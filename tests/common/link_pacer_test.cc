@@ -102,6 +102,24 @@ double Gbps(size_t bytes, Clock::duration d) {
   return static_cast<double>(bytes) * 8 / std::chrono::duration<double>(d).count() / 1e9;
 }
 
+// A server transport bound on 127.0.0.1 and a client transport, each with its own options (its
+// own link); Connect() opens one more client endpoint to the server (nullptr if the bind failed).
+struct Loopback {
+  Loopback(const ZmqOptions& server_options, const ZmqOptions& client_options)
+      : server_transport(server_options), client_transport(client_options) {
+    EXPECT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  }
+  std::unique_ptr<ClientEndpoint> Connect() {
+    std::unique_ptr<ClientEndpoint> c;
+    if (server != nullptr) {
+      EXPECT_TRUE(client_transport.Connect(server->address(), &c).ok());
+    }
+    return c;
+  }
+  ZmqTransport server_transport, client_transport;
+  std::unique_ptr<ServerEndpoint> server;
+};
+
 class LinkRate : public ::testing::TestWithParam<double> {};
 
 // Calls `send` and records how long it took.
@@ -123,12 +141,10 @@ class SendTimer {
 // client's I/O loop does); the server reads freely.
 TEST_P(LinkRate, ClientSendsHoldTheSetRate) {
   const double gbps = GetParam();
-  ZmqTransport server_transport(Options(0));
-  ZmqTransport client_transport(Options(gbps));
-  std::unique_ptr<ServerEndpoint> server;
-  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
-  std::unique_ptr<ClientEndpoint> client;
-  ASSERT_TRUE(client_transport.Connect(server->address(), &client).ok());
+  Loopback net(Options(0), Options(gbps));
+  std::unique_ptr<ClientEndpoint> client = net.Connect();
+  ASSERT_NE(client, nullptr);
+  ServerEndpoint* server = net.server.get();
   // Connect first, off the clock: a small message is charged but not held back.
   ASSERT_TRUE(client->Send(Small("hello")).ok());
   PeerId from;
@@ -161,11 +177,11 @@ TEST_P(LinkRate, ClientSendsHoldTheSetRate) {
                                                   << std::chrono::duration<double>(elapsed).count() << " s";
   EXPECT_LT(timed.longest(), 5ms) << "a paced client Send must queue, not wait for the link";
   // Every frame counted, on both sides (the hello too).
-  EXPECT_EQ(client_transport.traffic().sent_bytes, received + 5);
-  EXPECT_EQ(client_transport.traffic().sent_messages, static_cast<uint64_t>(n) + 1);
-  EXPECT_EQ(server_transport.traffic().received_bytes, received + 5);
-  EXPECT_EQ(server_transport.traffic().received_messages, static_cast<uint64_t>(n) + 1);
-  EXPECT_EQ(server_transport.traffic().sent_bytes, 0u);
+  EXPECT_EQ(net.client_transport.traffic().sent_bytes, received + 5);
+  EXPECT_EQ(net.client_transport.traffic().sent_messages, static_cast<uint64_t>(n) + 1);
+  EXPECT_EQ(net.server_transport.traffic().received_bytes, received + 5);
+  EXPECT_EQ(net.server_transport.traffic().received_messages, static_cast<uint64_t>(n) + 1);
+  EXPECT_EQ(net.server_transport.traffic().sent_bytes, 0u);
 }
 
 // A server loop that answers each "pull N" with N replies of 4 MiB and "ping" with "pong",
@@ -212,13 +228,10 @@ class ReplyLoop {
 // The server's link: replies queue in the transport and leave when due.
 TEST_P(LinkRate, ServerRepliesHoldTheSetRateWithoutBlockingTheLoop) {
   const double gbps = GetParam();
-  ZmqTransport server_transport(Options(gbps));
-  ZmqTransport client_transport(Options(0));
-  std::unique_ptr<ServerEndpoint> server;
-  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
-  std::unique_ptr<ClientEndpoint> client;
-  ASSERT_TRUE(client_transport.Connect(server->address(), &client).ok());
-  ReplyLoop loop(server.get());
+  Loopback net(Options(gbps), Options(0));
+  std::unique_ptr<ClientEndpoint> client = net.Connect();
+  ASSERT_NE(client, nullptr);
+  ReplyLoop loop(net.server.get());
   Frames got;
   ASSERT_TRUE(client->Send(Small("ping")).ok());
   ASSERT_TRUE(client->Receive(&got, 5000ms).ok());  // connected
@@ -240,22 +253,20 @@ TEST_P(LinkRate, ServerRepliesHoldTheSetRateWithoutBlockingTheLoop) {
                                                   << std::chrono::duration<double>(elapsed).count() << " s";
   EXPECT_LT(loop.longest_send(), 5ms) << "a paced Send must queue, not wait for the link";
   // The loop thread counts a reply once ZeroMQ took it, which may be just after it arrived here.
-  for (int i = 0; i < 100 && server_transport.traffic().sent_bytes < received + 4; ++i) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(server_transport.traffic().sent_bytes, received + 4);  // + "pong"
-  EXPECT_EQ(client_transport.traffic().received_bytes, received + 4);
+  for (int i = 0; i < 100 && net.server_transport.traffic().sent_bytes < received + 4; ++i)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(net.server_transport.traffic().sent_bytes, received + 4);  // + "pong"
+  EXPECT_EQ(net.client_transport.traffic().received_bytes, received + 4);
 }
 
 // A client that sends one link-second's worth while the server sends it as much back takes about
 // one link-second, not two: its replies are read while its own frames wait for their due time.
 TEST(LinkDuplex, SendingAndReceivingAtOnceTakeTheLongerNotTheSum) {
   const double gbps = 2.0;
-  ZmqTransport server_transport(Options(gbps));
-  ZmqTransport client_transport(Options(gbps));
-  std::unique_ptr<ServerEndpoint> server;
-  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
-  std::unique_ptr<ClientEndpoint> client;
-  ASSERT_TRUE(client_transport.Connect(server->address(), &client).ok());
-  ReplyLoop loop(server.get());  // answers "pull N" with N frames; ignores the big ones
+  Loopback net(Options(gbps), Options(gbps));
+  std::unique_ptr<ClientEndpoint> client = net.Connect();
+  ASSERT_NE(client, nullptr);
+  ReplyLoop loop(net.server.get());  // answers "pull N" with N frames; ignores the big ones
   Frames got;
   ASSERT_TRUE(client->Send(Small("ping")).ok());
   ASSERT_TRUE(client->Receive(&got, 5000ms).ok());
@@ -273,7 +284,7 @@ TEST(LinkDuplex, SendingAndReceivingAtOnceTakeTheLongerNotTheSum) {
   }
   const auto received_all = Clock::now() - start;
   // The client's own frames are released by its Receive calls too; wait for the last to leave.
-  while (client_transport.traffic().sent_bytes < 4 + pull.size() + static_cast<uint64_t>(n) * BigBytes()) {
+  while (net.client_transport.traffic().sent_bytes < 4 + pull.size() + static_cast<uint64_t>(n) * BigBytes()) {
     EXPECT_EQ(client->Receive(&got, 5ms).code(), StatusCode::kTimeout);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -289,14 +300,11 @@ INSTANTIATE_TEST_SUITE_P(Gbps, LinkRate, ::testing::Values(1.0, 4.0),
 // One peer fills the server's link for about a second; a second peer's ping is still received
 // and answered at once (a small reply is charged to the link, not held behind the queue).
 TEST(LinkNoStall, AServerUnderALimitAnswersASecondPeerAtOnce) {
-  ZmqTransport server_transport(Options(1.0));
-  ZmqTransport client_transport(Options(0));
-  std::unique_ptr<ServerEndpoint> server;
-  ASSERT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
-  std::unique_ptr<ClientEndpoint> bulk, other;
-  ASSERT_TRUE(client_transport.Connect(server->address(), &bulk).ok());
-  ASSERT_TRUE(client_transport.Connect(server->address(), &other).ok());
-  ReplyLoop loop(server.get());
+  Loopback net(Options(1.0), Options(0));
+  std::unique_ptr<ClientEndpoint> bulk = net.Connect(), other = net.Connect();
+  ASSERT_NE(bulk, nullptr);
+  ASSERT_NE(other, nullptr);
+  ReplyLoop loop(net.server.get());
   Frames got;
   for (ClientEndpoint* c : {bulk.get(), other.get()}) {
     ASSERT_TRUE(c->Send(Small("ping")).ok());
@@ -321,12 +329,10 @@ TEST(LinkNoStall, AServerUnderALimitAnswersASecondPeerAtOnce) {
 // for 300 ms without calling Receive: with ReleaseDue between its pieces of work the replies leave
 // when due, as a kernel would send them; without it they wait for the loop's next Receive.
 Clock::duration LastReplyAfterLongWork(bool release_between_pieces) {
-  ZmqTransport server_transport(Options(1.0));
-  ZmqTransport client_transport(Options(0));
-  std::unique_ptr<ServerEndpoint> server;
-  EXPECT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
-  std::unique_ptr<ClientEndpoint> client;
-  EXPECT_TRUE(client_transport.Connect(server->address(), &client).ok());
+  Loopback net(Options(1.0), Options(0));
+  std::unique_ptr<ClientEndpoint> client = net.Connect();
+  if (client == nullptr) return Clock::duration::zero();  // the failed bind or connect is reported
+  ServerEndpoint* server = net.server.get();
   EXPECT_TRUE(client->Send(Small("pull 3")).ok());
   PeerId from;
   Frames got;
@@ -373,13 +379,10 @@ struct OrderRun {
 OrderRun InterleavedReplies(bool ordered, int n) {
   ZmqOptions o = Options(1.0);
   o.reply_order_by_key = ordered;
-  ZmqTransport server_transport(o);
-  ZmqTransport client_transport(Options(0));
-  std::unique_ptr<ServerEndpoint> server;
-  EXPECT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
-  std::unique_ptr<ClientEndpoint> first, second;
-  EXPECT_TRUE(client_transport.Connect(server->address(), &first).ok());
-  EXPECT_TRUE(client_transport.Connect(server->address(), &second).ok());
+  Loopback net(o, Options(0));
+  std::unique_ptr<ClientEndpoint> first = net.Connect(), second = net.Connect();
+  if (first == nullptr || second == nullptr) return {};  // the failed bind or connect is reported
+  ServerEndpoint* server = net.server.get();
   PeerId first_id, second_id;
   Frames got;
   EXPECT_TRUE(first->Send(Small("hello")).ok());
