@@ -310,32 +310,35 @@ const char* EncodingName(Encoding e) {
 
 const char* DTypeName(DType d) { return d == DType::kF32 ? "f32" : d == DType::kF16 ? "f16" : "bf16"; }
 
-// First non-finite value among n values of `dtype` at src, or -1.
+// The largest magnitude among n values of unsigned type U at src, as bits (the sign bit
+// cleared): an integer max, which vectorises (a bool OR per element did not: 2.5 GB/s).
+template <typename U>
+U MaxMagnitudeBits(const std::byte* src, size_t n) {
+  constexpr U kMagnitude = static_cast<U>(static_cast<U>(~U{0}) >> 1);
+  U m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    U x;
+    std::memcpy(&x, src + i * sizeof(U), sizeof(U));
+    m = std::max<U>(m, static_cast<U>(x & kMagnitude));
+  }
+  return m;
+}
+
+// First non-finite value among n values of `dtype` at src, or -1. A value is NaN or Inf when its
+// magnitude bits reach the all-ones exponent: f32 0x7f800000, f16 0x7c00, bf16 0x7f80.
 int64_t FirstNonFinite(const std::byte* src, DType dtype, size_t n) {
   // Block by block: a branch-free test of the whole block (vectorised), then the index only in
   // a block that has one.
   const size_t size = DTypeSize(dtype);
+  const uint32_t inf = dtype == DType::kF32 ? 0x7f800000u : dtype == DType::kF16 ? 0x7c00u : 0x7f80u;
+  auto magnitude = [&](const std::byte* p, size_t m) -> uint32_t {
+    return size == sizeof(uint32_t) ? MaxMagnitudeBits<uint32_t>(p, m) : MaxMagnitudeBits<uint16_t>(p, m);
+  };
   for (size_t at = 0; at < n; at += kBlock) {
     const size_t m = std::min(kBlock, n - at);
-    bool bad = false;
-    if (dtype == DType::kF32) {
-      uint32_t block[kBlock];
-      std::memcpy(block, src + at * size, m * size);
-      for (size_t i = 0; i < m; ++i) bad |= (block[i] & 0x7f800000u) == 0x7f800000u;
-      if (!bad) continue;
-      for (size_t i = 0; i < m; ++i) {
-        if ((block[i] & 0x7f800000u) == 0x7f800000u) return static_cast<int64_t>(at + i);
-      }
-    } else {
-      // f16: exponent bits 0x7c00 all set; bf16: 0x7f80 all set.
-      const uint16_t mask = dtype == DType::kF16 ? 0x7c00 : 0x7f80;
-      uint16_t block[kBlock];
-      std::memcpy(block, src + at * size, m * size);
-      for (size_t i = 0; i < m; ++i) bad |= (block[i] & mask) == mask;
-      if (!bad) continue;
-      for (size_t i = 0; i < m; ++i) {
-        if ((block[i] & mask) == mask) return static_cast<int64_t>(at + i);
-      }
+    if (magnitude(src + at * size, m) < inf) continue;
+    for (size_t i = 0; i < m; ++i) {
+      if (magnitude(src + (at + i) * size, 1) >= inf) return static_cast<int64_t>(at + i);
     }
   }
   return -1;
@@ -434,6 +437,11 @@ Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> pay
 Status DecodeChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, std::span<float> out,
                    uint32_t chunk_id, CodecFault* fault) {
   DP_RETURN_IF_ERROR(CheckChunk(encoding, dtype, payload, out.size(), chunk_id, fault));
+  DecodeCheckedChunk(encoding, dtype, payload, out);
+  return Status::Ok();
+}
+
+void DecodeCheckedChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, std::span<float> out) {
   switch (encoding) {
     case Encoding::kDense:
       GetValues(payload.data(), dtype, out);
@@ -459,7 +467,6 @@ Status DecodeChunk(Encoding encoding, DType dtype, std::span<const std::byte> pa
     case Encoding::kFactors:
       break;  // refused by CheckChunk
   }
-  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------

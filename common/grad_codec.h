@@ -88,6 +88,9 @@ Status DecodeChunk(Encoding encoding, DType dtype, std::span<const std::byte> pa
 // The checks of DecodeChunk without writing anything (for "check all, then write all").
 Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, size_t count, uint32_t chunk_id,
                   CodecFault* fault);
+// The writing of DecodeChunk alone, for a payload CheckChunk accepted with count = out.size() (the
+// "write all" half: nothing is checked again). Any other payload is a caller's bug.
+void DecodeCheckedChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, std::span<float> out);
 
 // ---- The stateful encoder of a client's gradient pushes.
 struct CodecSettings {

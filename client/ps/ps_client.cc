@@ -997,10 +997,9 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
   for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
     const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
     if (h.dtype != DType::kF32) {
-      CodecFault fault;
       const std::span<float> out(op.pull_out.data() + c.flat_offset, static_cast<size_t>(c.count));
       const std::span<const std::byte> bytes(frames[i + 1].data(), frames[i + 1].size());
-      (void)DecodeChunk(Encoding::kDense, h.dtype, bytes, out, static_cast<uint32_t>(c.id), &fault);  // checked above
+      DecodeCheckedChunk(Encoding::kDense, h.dtype, bytes, out);  // CheckChunk accepted it above
     } else {
       std::memcpy(op.pull_out.data() + c.flat_offset, frames[i + 1].data(), frames[i + 1].size());
     }

@@ -4,6 +4,7 @@
 // float is written.
 #include "common/grad_codec.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -401,6 +402,42 @@ TEST(GradCodecRefusalTest, NanOrInfValues) {
   std::vector<std::byte> bf(20);
   std::memcpy(bf.data() + 18, &bnan, 2);
   ExpectRefused(Try(Encoding::kDense, DType::kBf16, bf, 10), CodecFault::kNonFinite, "element 9");
+}
+
+// Chunk-sized payloads (several of the check's 4096-value blocks, an odd tail): the largest
+// finite values and subnormals pass, every sign of NaN and Inf is found at its own index, in any
+// block, unaligned in its frame (the check reads the bytes as they came).
+TEST(GradCodecRefusalTest, NonFiniteFoundAtItsIndexInLargeUnalignedChunks) {
+  constexpr size_t kCount = 3 * 4096 + 123;
+  struct Kind {
+    DType dtype;
+    std::vector<uint32_t> finite, bad;  // bit patterns
+  };
+  const std::vector<Kind> kinds = {
+      {DType::kF32,
+       {0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x80000000u},
+       {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u}},
+      {DType::kF16, {0x7bffu, 0xfbffu, 0x0001u, 0x8000u}, {0x7c00u, 0xfc00u, 0x7e00u, 0xfe01u}},
+      {DType::kBf16, {0x7f7fu, 0xff7fu, 0x0001u, 0x8000u}, {0x7f80u, 0xff80u, 0x7fc0u, 0xffc1u}},
+  };
+  for (const Kind& k : kinds) {
+    const size_t size = k.dtype == DType::kF32 ? 4 : 2;
+    std::vector<std::byte> buf(1 + kCount * size);  // the payload starts one byte in: unaligned
+    auto put = [&](size_t i, uint32_t bits) { std::memcpy(buf.data() + 1 + i * size, &bits, size); };
+    for (size_t i = 0; i < kCount; ++i) put(i, k.finite[i % k.finite.size()]);
+    const std::span<const std::byte> payload(buf.data() + 1, kCount * size);
+    CodecFault fault = CodecFault::kNone;
+    EXPECT_TRUE(CheckChunk(Encoding::kDense, k.dtype, payload, kCount, 7, &fault).ok()) << static_cast<int>(k.dtype);
+    for (size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{2 * 4096 + 7}, kCount - 1}) {
+      for (uint32_t bad : k.bad) {
+        put(at, bad);
+        const Status s = CheckChunk(Encoding::kDense, k.dtype, payload, kCount, 7, &fault);
+        EXPECT_EQ(fault, CodecFault::kNonFinite) << static_cast<int>(k.dtype) << " " << std::hex << bad << " at " << at;
+        EXPECT_NE(s.message().find(fmt::format("element {} is", at)), std::string::npos) << s.message();
+        put(at, k.finite[0]);
+      }
+    }
+  }
 }
 
 TEST(GradCodecRefusalTest, FactorsAreNotDecodedHere) {
