@@ -11,6 +11,8 @@
 #include <immintrin.h>
 #endif
 
+#include "common/finite.h"
+
 namespace downpour {
 
 // ---------------------------------------------------------------------------------------------
@@ -73,14 +75,22 @@ void FloatsToHalf(std::span<const float> in, uint16_t* out) {
 }
 
 void HalfToFloats(const uint16_t* in, std::span<float> out) {
+  HalfBytesToFloats(reinterpret_cast<const std::byte*>(in), out);
+}
+
+void HalfBytesToFloats(const std::byte* in, std::span<float> out) {
   size_t i = 0;
 #if defined(__F16C__)
-  for (; i + 8 <= out.size(); i += 8) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+  for (; i + 8 <= out.size(); i += 8) {  // unaligned loads: frames need not be aligned
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i * sizeof(uint16_t)));
     _mm256_storeu_ps(out.data() + i, _mm256_cvtph_ps(v));
   }
 #endif
-  for (; i < out.size(); ++i) out[i] = HalfToFloat(in[i]);
+  for (; i < out.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + i * sizeof(uint16_t), sizeof(h));
+    out[i] = HalfToFloat(h);
+  }
 }
 
 void FloatsToBf16(std::span<const float> in, uint16_t* out) {
@@ -93,10 +103,16 @@ void FloatsToBf16(std::span<const float> in, uint16_t* out) {
 }
 
 void Bf16ToFloats(const uint16_t* in, std::span<float> out) {
+  Bf16BytesToFloats(reinterpret_cast<const std::byte*>(in), out);
+}
+
+void Bf16BytesToFloats(const std::byte* in, std::span<float> out) {
   float* o = out.data();
   const size_t n = out.size();
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t v = static_cast<uint32_t>(in[i]) << 16;
+    uint16_t b;
+    std::memcpy(&b, in + i * sizeof(uint16_t), sizeof(b));
+    const uint32_t v = static_cast<uint32_t>(b) << 16;
     std::memcpy(o + i, &v, sizeof(v));
   }
 }
@@ -182,22 +198,11 @@ void GetValues(const std::byte* src, DType dtype, std::span<float> out) {
     std::memcpy(out.data(), src, out.size_bytes());
     return;
   }
-  uint16_t block[kBlock];
-  for (size_t at = 0; at < out.size(); at += kBlock) {
-    const auto part = out.subspan(at, std::min(kBlock, out.size() - at));
-    std::memcpy(block, src + at * sizeof(uint16_t), part.size() * sizeof(uint16_t));
-    if (dtype == DType::kF16) {
-      HalfToFloats(block, part);
-    } else {
-      Bf16ToFloats(block, part);
-    }
+  if (dtype == DType::kF16) {
+    HalfBytesToFloats(src, out);
+  } else {
+    Bf16BytesToFloats(src, out);
   }
-}
-
-bool Finite(std::span<const float> x) {
-  bool ok = true;
-  for (float v : x) ok &= std::isfinite(v);
-  return ok;
 }
 
 // The k-th largest |x_i| (1 <= k <= n). Exact. For large chunks and small k (the top-k case)
@@ -477,7 +482,7 @@ void ChunkEncoder::Encode(uint32_t chunk_id, std::span<const float> g, EncodedCh
   const WireCodec codec = settings_.codec;
   const DType dtype = CodecDType(codec);
   const size_t n = g.size();
-  if (!Finite(g)) {  // the server refuses it as it is; the residual stays clean
+  if (!AllFinite(g)) {  // the server refuses it as it is; the residual stays clean
     out->encoding = Encoding::kDense;
     EncodeDense(g, dtype, &out->bytes);
     return;

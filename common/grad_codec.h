@@ -47,6 +47,9 @@ void FloatsToHalf(std::span<const float> in, uint16_t* out);  // out: in.size() 
 void HalfToFloats(const uint16_t* in, std::span<float> out);
 void FloatsToBf16(std::span<const float> in, uint16_t* out);
 void Bf16ToFloats(const uint16_t* in, std::span<float> out);
+// The same from bytes at any alignment (a received frame), out.size() values.
+void HalfBytesToFloats(const std::byte* in, std::span<float> out);
+void Bf16BytesToFloats(const std::byte* in, std::span<float> out);
 
 // ---- Sizes.
 // k of top-k for a chunk of n floats: max(1, ceil(fraction * n)), at most n (fraction in (0, 1]).

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/solver/sgd.h"
+#include "common/finite.h"
 
 namespace downpour {
 namespace {

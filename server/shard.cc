@@ -1,21 +1,22 @@
 // shard.cc — see shard.h. Handling order for every message: decode → validate → act → reply.
 #include "server/shard.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <sstream>
-#include <filesystem>
 
-#include <spdlog/spdlog.h>
-
+#include "common/finite.h"
 #include "common/grad_codec.h"
-#include "common/tensor_file.h"
-#include "server/factor_push.h"
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
+#include "common/tensor_file.h"
+#include "server/factor_push.h"
 
 namespace downpour {
 

@@ -3,8 +3,6 @@
 // step-by-step paths round identically.
 #include "common/solver/sgd.h"
 
-#include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -74,19 +72,6 @@ void ApplyStep(std::span<float> w, std::span<const float> history) {
   const size_t n = w.size();
   for (size_t i = 0; i < n; ++i) wp[i] = wp[i] - h[i];
 }
-
-uint32_t MaxAbsBits(std::span<const float> x) {
-  const float* __restrict p = x.data();
-  const size_t n = x.size();
-  uint32_t m = 0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<uint32_t>(p[i]) & 0x7fffffffu);
-  return m;
-}
-
-// NaN and ±inf are the magnitudes from +inf's pattern up. As an integer max this runs at about
-// twice the speed of an OR over "exponent all ones" per element (10.5–12.3 against 5.5–6.1 ms
-// over 57M floats in cache, this VM).
-bool AllFinite(std::span<const float> x) { return MaxAbsBits(x) < 0x7f800000u; }
 
 void SgdUpdate(const UpdateParams& p, std::span<const float> grad, std::span<float> w,
                std::span<float> history) {

@@ -60,15 +60,6 @@ void MomentumStep(std::span<float> history, std::span<const float> g, float mome
 // w -= history.
 void ApplyStep(std::span<float> w, std::span<const float> history);
 
-// True when no element is NaN or ±inf (the server refuses such gradients before touching
-// weights).
-bool AllFinite(std::span<const float> x);
-
-// The largest |x| over x, as its bit pattern (sign cleared): below 0x7f800000 (+inf) when every
-// element is finite, and then std::bit_cast<float> of it is the value. An integer max, so it
-// vectorises and NaN cannot hide (its pattern is above +inf's). 0 for an empty span.
-uint32_t MaxAbsBits(std::span<const float> x);
-
 // The whole pipeline, one pass, with effective lr = p.lr × p.lr_mult and decay =
 // p.weight_decay × p.decay_mult:
 //   g = grad × grad_scale;  g += decay × w;  history = momentum × history + lr_eff × g;

@@ -1,7 +1,7 @@
 // grad_codec_test.cc — the lossy wire codecs (common/grad_codec.h): each round trip within the
 // bound the header states, error feedback's invariant sum(sent) + residual == sum(gradients)
 // over many steps, and malformed payloads refused (with the right fault) before any output
-// float is written.
+// float is written; and the finite checks (common/finite.h) those refusals rest on.
 #include "common/grad_codec.h"
 
 #include <fmt/format.h>
@@ -14,6 +14,8 @@
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "common/finite.h"
 
 namespace downpour {
 namespace {
@@ -79,6 +81,32 @@ TEST(HalfTest, BulkConversionEqualsScalarBitForBit) {
   HalfToFloats(h.data(), back);
   for (size_t i = 0; i < x.size(); ++i)
     ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(HalfToFloat(h[i])));
+}
+
+// A received frame's halves are read where they lie, at any alignment and with a tail shorter
+// than a vector: the same floats as the scalar conversions.
+TEST(HalfTest, FromBytesAtAnyAlignmentEqualsScalar) {
+  std::mt19937 rng(7);
+  const size_t n = 8 * 37 + 5;
+  std::vector<std::byte> buf(1 + 2 * n);
+  for (auto& b : buf) b = static_cast<std::byte>(rng());
+  std::vector<float> out(n);
+  for (size_t offset : {size_t{0}, size_t{1}}) {
+    const std::byte* src = buf.data() + offset;
+    HalfBytesToFloats(src, std::span<float>(out.data(), n - offset));
+    for (size_t i = 0; i + offset < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      if (std::isnan(out[i]) && std::isnan(HalfToFloat(h))) continue;  // F16C quiets a signalling NaN
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(HalfToFloat(h))) << offset << " " << i;
+    }
+    Bf16BytesToFloats(src, std::span<float>(out.data(), n - offset));
+    for (size_t i = 0; i + offset < n; ++i) {
+      uint16_t b;
+      std::memcpy(&b, src + 2 * i, 2);
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(Bf16ToFloat(b))) << offset << " " << i;
+    }
+  }
 }
 
 TEST(HalfTest, RoundTripWithinStatedBound) {
@@ -436,6 +464,43 @@ TEST(GradCodecRefusalTest, NonFiniteFoundAtItsIndexInLargeUnalignedChunks) {
         EXPECT_NE(s.message().find(fmt::format("element {} is", at)), std::string::npos) << s.message();
         put(at, k.finite[0]);
       }
+    }
+  }
+}
+
+// ---- common/finite.h: the checks that keep NaN and ±inf away from weights.
+
+TEST(Finite, AllFinite) {
+  std::vector<float> x(37, 1.0f);
+  x[3] = std::numeric_limits<float>::denorm_min();
+  x[4] = -std::numeric_limits<float>::max();
+  EXPECT_TRUE(AllFinite(x));
+  EXPECT_TRUE(AllFinite({}));
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    for (size_t pos : {size_t{0}, size_t{17}, size_t{36}}) {  // head, middle, scalar tail
+      std::vector<float> y = x;
+      y[pos] = bad;
+      EXPECT_FALSE(AllFinite(y)) << bad << " at " << pos;
+    }
+  }
+}
+
+TEST(Finite, MaxAbsBitsIsTheLargestMagnitudeAndFlagsNonFinite) {
+  std::vector<float> x(37, 0.5f);
+  x[3] = std::numeric_limits<float>::denorm_min();
+  x[20] = -3.25f;
+  EXPECT_EQ(std::bit_cast<float>(MaxAbsBits(x)), 3.25f);
+  EXPECT_EQ(MaxAbsBits({}), 0u);
+  x[36] = -std::numeric_limits<float>::max();  // the scalar tail
+  EXPECT_EQ(std::bit_cast<float>(MaxAbsBits(x)), std::numeric_limits<float>::max());
+  EXPECT_LT(MaxAbsBits(x), 0x7f800000u);
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()}) {
+    for (size_t pos : {size_t{0}, size_t{17}, size_t{36}}) {
+      std::vector<float> y = x;
+      y[pos] = bad;
+      EXPECT_GE(MaxAbsBits(y), 0x7f800000u) << bad << " at " << pos;
     }
   }
 }

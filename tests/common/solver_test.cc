@@ -3,7 +3,6 @@
 // does), and the fused SgdUpdate against the pipeline, bit for bit.
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -120,41 +119,6 @@ TEST(SgdTest, SquaredNormAccumulatesInDouble) {
   }
   EXPECT_NEAR(SquaredNorm(g), expected, 1e-12 * expected);
   EXPECT_EQ(SquaredNorm({}), 0.0);
-}
-
-TEST(SgdTest, AllFinite) {
-  std::vector<float> x(37, 1.0f);
-  x[3] = std::numeric_limits<float>::denorm_min();
-  x[4] = -std::numeric_limits<float>::max();
-  EXPECT_TRUE(AllFinite(x));
-  EXPECT_TRUE(AllFinite({}));
-  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                    std::numeric_limits<float>::quiet_NaN()}) {
-    for (size_t pos : {size_t{0}, size_t{17}, size_t{36}}) {  // head, middle, scalar tail
-      std::vector<float> y = x;
-      y[pos] = bad;
-      EXPECT_FALSE(AllFinite(y)) << bad << " at " << pos;
-    }
-  }
-}
-
-TEST(SgdTest, MaxAbsBitsIsTheLargestMagnitudeAndFlagsNonFinite) {
-  std::vector<float> x(37, 0.5f);
-  x[3] = std::numeric_limits<float>::denorm_min();
-  x[20] = -3.25f;
-  EXPECT_EQ(std::bit_cast<float>(MaxAbsBits(x)), 3.25f);
-  EXPECT_EQ(MaxAbsBits({}), 0u);
-  x[36] = -std::numeric_limits<float>::max();  // the scalar tail
-  EXPECT_EQ(std::bit_cast<float>(MaxAbsBits(x)), std::numeric_limits<float>::max());
-  EXPECT_LT(MaxAbsBits(x), 0x7f800000u);
-  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                    std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()}) {
-    for (size_t pos : {size_t{0}, size_t{17}, size_t{36}}) {
-      std::vector<float> y = x;
-      y[pos] = bad;
-      EXPECT_GE(MaxAbsBits(y), 0x7f800000u) << bad << " at " << pos;
-    }
-  }
 }
 
 TEST(SgdTest, SingleStepsAreTheirFormulas) {
