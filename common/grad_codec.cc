@@ -315,27 +315,13 @@ const char* EncodingName(Encoding e) {
 
 const char* DTypeName(DType d) { return d == DType::kF32 ? "f32" : d == DType::kF16 ? "f16" : "bf16"; }
 
-// The largest magnitude among n values of unsigned type U at src, as bits (the sign bit
-// cleared): an integer max, which vectorises (a bool OR per element did not: 2.5 GB/s).
-template <typename U>
-U MaxMagnitudeBits(const std::byte* src, size_t n) {
-  constexpr U kMagnitude = static_cast<U>(static_cast<U>(~U{0}) >> 1);
-  U m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    U x;
-    std::memcpy(&x, src + i * sizeof(U), sizeof(U));
-    m = std::max<U>(m, static_cast<U>(x & kMagnitude));
-  }
-  return m;
-}
-
 // First non-finite value among n values of `dtype` at src, or -1. A value is NaN or Inf when its
 // magnitude bits reach the all-ones exponent: f32 0x7f800000, f16 0x7c00, bf16 0x7f80.
 int64_t FirstNonFinite(const std::byte* src, DType dtype, size_t n) {
   // Block by block: a branch-free test of the whole block (vectorised), then the index only in
   // a block that has one.
   const size_t size = DTypeSize(dtype);
-  const uint32_t inf = dtype == DType::kF32 ? 0x7f800000u : dtype == DType::kF16 ? 0x7c00u : 0x7f80u;
+  const uint32_t inf = dtype == DType::kF32 ? kF32InfBits : dtype == DType::kF16 ? 0x7c00u : 0x7f80u;
   auto magnitude = [&](const std::byte* p, size_t m) -> uint32_t {
     return size == sizeof(uint32_t) ? MaxMagnitudeBits<uint32_t>(p, m) : MaxMagnitudeBits<uint16_t>(p, m);
   };

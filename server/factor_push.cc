@@ -39,6 +39,18 @@ void OneThreadPerSgemm() {
   (void)one_thread;
 }
 
+// True when no element of δᵀ·a over these rows can be Inf: the largest Σ_b |δ[b][row]| times
+// max |a| stays within kFactorProductBound (factor_push.h). A sum that overflows fails it.
+bool ProductCannotOverflow(const float* delta, uint32_t batch, int64_t rows, float a_max, std::vector<float>* sums) {
+  sums->assign(static_cast<size_t>(rows), 0.0f);
+  for (uint32_t b = 0; b < batch; ++b) {
+    const float* d = delta + static_cast<size_t>(b) * static_cast<size_t>(rows);
+    for (size_t r = 0; r < sums->size(); ++r) (*sums)[r] += std::fabs(d[r]);
+  }
+  const float s_max = std::bit_cast<float>(MaxAbsBits(*sums));
+  return static_cast<double>(s_max) * static_cast<double>(a_max) <= kFactorProductBound;
+}
+
 Status Refuse(RejectReason why, RejectReason* reason, Status s) {
   *reason = why;
   return s;
@@ -122,27 +134,17 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
   std::vector<float> a_scratch;
   const float* a = AlignedFloats(a_frame, &a_scratch);
   const uint32_t a_max = MaxAbsBits(std::span<const float>(a, static_cast<size_t>(a_bytes / sizeof(float))));
-  if (a_max >= 0x7f800000u)
+  if (a_max >= kF32InfBits)
     return Refuse(RejectReason::kNonFinite, reason,
                   InvalidArgument("push: the activations of '{}' hold NaN or Inf", t.name));
   std::vector<std::vector<float>> delta_scratch(n);
   std::vector<const float*> deltas(n, nullptr);
-  std::vector<bool> proven(n, false);  // the chunk's product is finite by the bound: no scan
-  std::vector<float> col_sums;
   for (size_t i = 0; i < n; ++i) {
     if (h->encodings[i] != Encoding::kFactors) continue;
     deltas[i] = AlignedFloats((*frames)[i + 1], &delta_scratch[i]);
     if (!AllFinite(std::span<const float>(deltas[i], (*frames)[i + 1].size() / sizeof(float))))
       return Refuse(RejectReason::kNonFinite, reason,
                     InvalidArgument("push: factor chunk {} (tensor '{}') holds NaN or Inf", h->chunk_ids[i], t.name));
-    const auto rows = static_cast<size_t>(RowsOf(layout.chunk(static_cast<int32_t>(h->chunk_ids[i])), in).rows);
-    col_sums.assign(rows, 0.0f);
-    for (uint32_t b = 0; b < batch; ++b) {
-      const float* d = deltas[i] + static_cast<size_t>(b) * rows;
-      for (size_t r = 0; r < rows; ++r) col_sums[r] += std::fabs(d[r]);
-    }
-    const float s_max = std::bit_cast<float>(MaxAbsBits(col_sums));  // a sum's Inf fails the bound
-    proven[i] = static_cast<double>(s_max) * static_cast<double>(std::bit_cast<float>(a_max)) <= kFactorProductBound;
   }
   // Valid: every factor chunk's rows of δᵀ·a, the chunks side by side on `threads` threads (the
   // buffers taken first, here: the pool belongs to this thread), then the push rewritten with
@@ -151,9 +153,13 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
     size_t i;  // the chunk's index in the message
     const Chunk* chunk;
     RowSpan span;
+    int64_t skip;                   // where the chunk starts in its rows
     std::shared_ptr<float[]> rows;  // span.rows × in
+    bool proven;                    // finite by the bound: not scanned
+    bool overflowed = false;        // scanned, and an Inf found
   };
   std::vector<Work> work;
+  std::vector<float> sums;
   for (size_t i = 0; i < n; ++i) {
     if (h->encodings[i] != Encoding::kFactors) continue;
     const Chunk& c = layout.chunk(static_cast<int32_t>(h->chunk_ids[i]));
@@ -161,33 +167,29 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
     const auto elems = static_cast<size_t>(span.rows * in);
     std::shared_ptr<float[]> rows =
         scratch != nullptr ? scratch->Take(elems) : std::shared_ptr<float[]>(new float[elems]);
-    work.push_back({i, &c, span, std::move(rows)});
+    const bool proven = ProductCannotOverflow(deltas[i], batch, span.rows, std::bit_cast<float>(a_max), &sums);
+    work.push_back({i, &c, span, c.tensor_offset - span.first * in, std::move(rows), proven});
   }
   OneThreadPerSgemm();
   const int team = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), work.size()));
-  std::vector<char> overflowed(work.size(), 0);  // per work item: a chunk the bound did not prove held an Inf
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1)
   for (size_t k = 0; k < work.size(); ++k) {
-    const Work& w = work[k];
+    Work& w = work[k];
     FormRows(w.span, in, batch, deltas[w.i], a, w.rows.get());
-    if (!proven[w.i]) {  // scanned while its rows are warm in this thread's cache
-      const int64_t skip = w.chunk->tensor_offset - w.span.first * in;
-      overflowed[k] =
-          AllFinite(std::span<const float>(w.rows.get() + skip, static_cast<size_t>(w.chunk->count))) ? 0 : 1;
-    }
+    if (!w.proven)  // scanned while its rows are warm in this thread's cache
+      w.overflowed = !AllFinite(std::span<const float>(w.rows.get() + w.skip, static_cast<size_t>(w.chunk->count)));
     if (between_chunks && omp_get_thread_num() == 0) between_chunks();  // the calling thread (the team's first)
   }
-  for (size_t k = 0; k < work.size(); ++k) {
-    if (overflowed[k] != 0)
+  for (const Work& w : work) {
+    if (w.overflowed)
       return Refuse(RejectReason::kNonFinite, reason,
                     InvalidArgument("push: factor chunk {} (tensor '{}'): the product of δ and a overflows to Inf",
-                                    h->chunk_ids[work[k].i], t.name));
+                                    h->chunk_ids[w.i], t.name));
   }
   for (const Work& w : work) {
     if (expanded != nullptr) (*expanded)[w.i] = true;
-    const int64_t skip = w.chunk->tensor_offset - w.span.first * in;
     const auto bytes = static_cast<size_t>(w.chunk->count) * sizeof(float);
-    (*frames)[w.i + 1] = Frame::Borrow(w.rows.get() + skip, bytes, w.rows);
+    (*frames)[w.i + 1] = Frame::Borrow(w.rows.get() + w.skip, bytes, w.rows);
     h->byte_lengths[w.i] = bytes;
     h->encodings[w.i] = Encoding::kDense;
   }
