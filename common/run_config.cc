@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <span>
 #include <sstream>
 #include <type_traits>
 
@@ -25,6 +26,9 @@ namespace downpour {
 namespace {
 
 constexpr std::string_view kLrPolicyNames[] = {"fixed", "step", "multistep", "poly", "inv", "exp"};
+// The wire codecs, in WireCodec's order; the first kDenseWireCodecs (fp32, fp16, bf16) are dense.
+constexpr std::array<std::string_view, 5> kWireCodecNames = {"fp32", "fp16", "bf16", "topk", "onebit"};
+constexpr size_t kDenseWireCodecs = 3;
 
 // A string in double quotes with TOML/JSON basic-string escapes.
 std::string Quote(std::string_view v) {
@@ -194,8 +198,18 @@ constexpr std::string_view kDataShardingNames[] = {"slice", "own"};
 constexpr std::string_view kRotationSchemeNames[] = {"pipeline", "sequential", "independent"};
 constexpr std::string_view kRotationGroupsNames[] = {"data_parallel", "average"};
 
+// What an enum setting's error says it expected: expected "a", "b" or "c" (every key's names
+// are listed the same way).
+std::string ExpectedNames(std::span<const std::string_view> names) {
+  std::string expected = "expected ";
+  for (size_t i = 0; i < names.size(); ++i) {
+    expected += fmt::format("{}\"{}\"", i == 0 ? "" : i + 1 == names.size() ? " or " : ", ", names[i]);
+  }
+  return expected;
+}
+
 // `key`, when given, as the enum value whose index in `names` it is; anything else is refused
-// naming the key and listing the names: expected "a", "b" or "c".
+// naming the key and listing the names.
 template <typename Enum, size_t N>
 Status ReadNamed(TableReader& r, const char* key, const std::string_view (&names)[N], Enum* out) {
   static_assert(N >= 2);
@@ -208,11 +222,7 @@ Status ReadNamed(TableReader& r, const char* key, const std::string_view (&names
       return Status::Ok();
     }
   }
-  std::string expected = "expected ";
-  for (size_t i = 0; i < N; ++i) {
-    expected += fmt::format("{}\"{}\"", i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
-  }
-  return r.Bad(key, *n, expected);
+  return r.Bad(key, *n, ExpectedNames(names));
 }
 
 Status ReadModel(TableReader& r, ModelSection* s) {
@@ -259,7 +269,9 @@ Status ReadCodec(TableReader& r, const char* key, bool push, WireCodec* out) {
   const auto text = n->value<std::string>();
   if (!text || !ParseWireCodec(*text, out) ||
       (!push && *out != WireCodec::kFp32 && *out != WireCodec::kFp16 && *out != WireCodec::kBf16)) {
-    return r.Bad(key, *n, push ? "expected one of fp32|fp16|bf16|topk|onebit" : "expected one of fp32|fp16|bf16");
+    // A pull is a copy of the weights: the dense codecs only.
+    return r.Bad(key, *n,
+                 ExpectedNames(std::span(kWireCodecNames).first(push ? kWireCodecNames.size() : kDenseWireCodecs)));
   }
   return Status::Ok();
 }
@@ -280,8 +292,7 @@ Status ReadSolver(TableReader& r, SolverConfig* s) {
   if (const toml::node* n = r.Get("lr_policy")) {
     const auto text = n->value<std::string>();
     if (!text || !ParseLrPolicy(*text, &s->lr_policy)) {
-      return r.Bad("lr_policy", *n,
-                   fmt::format("expected one of {}", fmt::join(kLrPolicyNames, "|")));
+      return r.Bad("lr_policy", *n, ExpectedNames(kLrPolicyNames));
     }
   }
   DP_RETURN_IF_ERROR(r.Float("gamma", &s->gamma));
@@ -622,9 +633,7 @@ const char* LrPolicyName(LrPolicy policy) {
   return kLrPolicyNames[static_cast<int>(policy)].data();
 }
 
-namespace {
-constexpr std::array<std::string_view, 5> kWireCodecNames = {"fp32", "fp16", "bf16", "topk", "onebit"};
-}  // namespace
+namespace {}  // namespace
 
 const char* WireCodecName(WireCodec codec) { return kWireCodecNames[static_cast<size_t>(codec)].data(); }
 

@@ -6,7 +6,7 @@
 // Every field's default is documented where it is declared. Loading rejects unknown tables,
 // unknown keys, wrong types and out-of-range values with one error that names the file,
 // the table.key and the offending value, e.g.
-//   configs/runs/x.toml: solver.lr_policy = "cosine": expected one of fixed|step|...
+//   configs/runs/x.toml: solver.lr_policy = "cosine": expected "fixed", "step", ...
 //
 // Policies (lr policy, consistency mode, sharding, device) are enums parsed here, once, so
 // nothing downstream compares strings.
