@@ -204,11 +204,14 @@ TEST_P(ServerKillTest, KilledServerIsRestartedAndNoAcknowledgedUpdateIsLostOrApp
   ExpectEveryAckedPushTakenOnce(run, {0, 1});
   const double top1 = FinalTop1(run);
   // A killed run is one more sample of the mode's run-to-run spread, which is what bounds the
-  // difference. Undisturbed runs of this job (2026-11-29, 28-40 s each alone) ended at: sync
-  // 0.8125 four times (deterministic), async 0.8349-0.8401 and ssp:2 0.8352-0.8407 (three each;
-  // at 400 steps, 2026-11-25: async 0.8503-0.8526, ssp:2 0.8487-0.8582, ssp's waits reordering
-  // pushes the most). A lost or doubled update is caught exactly by ExpectEveryAckedPushTakenOnce.
-  const double tolerance = mode == "sync" ? 0.005 : mode == "async" ? 0.01 : 0.015;
+  // difference: three standard deviations of the difference of two runs. Sync ended at 0.8125
+  // four times (deterministic). Four repeats of this test (2026-11-29, third session: undisturbed
+  // and killed runs, under a parallel build at times) gave async 0.8306-0.8389 (10 runs, sd
+  // 0.0025, so 3 sd of a difference 0.011) and ssp:2 0.8308-0.8463 (8 runs, sd 0.0051: 0.022),
+  // ssp's waits reordering pushes the most; the earlier 0.015 for ssp:2 was under the range of
+  // those eight, about one CI run in 25 failing by chance. A lost or doubled update is caught
+  // exactly by ExpectEveryAckedPushTakenOnce, not by this.
+  const double tolerance = mode == "sync" ? 0.005 : mode == "async" ? 0.012 : 0.022;
   EXPECT_NEAR(top1, whole_top1, tolerance) << mode << ": undisturbed " << whole_top1 << ", server killed " << top1;
   std::printf("[%s] undisturbed %.4f, server 1 killed at step %d: %.4f; %.1f s from the kill to the end\n",
               mode.c_str(), whole_top1, job_.steps * 2 / 5, top1, seconds);
