@@ -29,6 +29,7 @@ constexpr std::string_view kLrPolicyNames[] = {"fixed", "step", "multistep", "po
 // The wire codecs, in WireCodec's order; the first kDenseWireCodecs (fp32, fp16, bf16) are dense.
 constexpr std::array<std::string_view, 5> kWireCodecNames = {"fp32", "fp16", "bf16", "topk", "onebit"};
 constexpr size_t kDenseWireCodecs = 3;
+static_assert(static_cast<size_t>(WireCodec::kBf16) + 1 == kDenseWireCodecs, "the dense codecs come first");
 
 // A string in double quotes with TOML/JSON basic-string escapes.
 std::string Quote(std::string_view v) {
@@ -267,11 +268,10 @@ Status ReadCodec(TableReader& r, const char* key, bool push, WireCodec* out) {
   const toml::node* n = r.Get(key);
   if (n == nullptr) return Status::Ok();
   const auto text = n->value<std::string>();
-  if (!text || !ParseWireCodec(*text, out) ||
-      (!push && *out != WireCodec::kFp32 && *out != WireCodec::kFp16 && *out != WireCodec::kBf16)) {
-    // A pull is a copy of the weights: the dense codecs only.
-    return r.Bad(key, *n,
-                 ExpectedNames(std::span(kWireCodecNames).first(push ? kWireCodecNames.size() : kDenseWireCodecs)));
+  // A pull is a copy of the weights: the dense codecs only.
+  const size_t allowed = push ? kWireCodecNames.size() : kDenseWireCodecs;
+  if (!text || !ParseWireCodec(*text, out) || static_cast<size_t>(*out) >= allowed) {
+    return r.Bad(key, *n, ExpectedNames(std::span(kWireCodecNames).first(allowed)));
   }
   return Status::Ok();
 }
@@ -632,8 +632,6 @@ Status ReadSweep(const toml::table& sweep, const RunConfig& base, const std::str
 const char* LrPolicyName(LrPolicy policy) {
   return kLrPolicyNames[static_cast<int>(policy)].data();
 }
-
-namespace {}  // namespace
 
 const char* WireCodecName(WireCodec codec) { return kWireCodecNames[static_cast<size_t>(codec)].data(); }
 
