@@ -421,7 +421,7 @@ TEST_F(MultiModelJobTest, IndependentJobsReadTheWholeSetAndCountTheDataMoved) {
 TEST_F(MultiModelJobTest, SequentialTrainsEachModelDataParallelInTurn) {
   // 60 async updates per model: with 30, the first model (base_lr 0.005, trained while the two
   // workers' starts are still apart) reached top-1 0.41-0.52 over seven runs, once below the bar;
-  // with 60, 0.655-0.683 over five.
+  // with 60, 0.585-0.683 over six.
   stage_steps_ = 30;
   const fs::path run = RunJob("sequential");
   for (int w = 0; w < kWorkers; ++w) {

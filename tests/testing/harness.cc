@@ -18,7 +18,6 @@
 #include <iterator>
 #include <random>
 #include <sstream>
-#include <string_view>
 #include <thread>
 
 #include "downpour_config.h"
@@ -49,16 +48,16 @@ namespace {
 
 // Removes the scratch directories of a test that did not fail once it has ended (its fixture
 // and the children it owned are gone by then); a failed test's are kept and named, and so is
-// every test's when DOWNPOUR_KEEP_SCRATCH=1 (to read how far a passing run cleared its bars).
+// every test's when DOWNPOUR_KEEP_TEST_DIR is set (to read how far a passing run cleared its bars).
 // Appended to gtest's listeners, which own it, by the first ScratchDir of the program.
 class ScratchSweeper : public ::testing::EmptyTestEventListener {
  public:
   void Add(const fs::path& dir) { dirs_.push_back(dir); }
 
   void OnTestEnd(const ::testing::TestInfo& info) override {
-    static const bool keep_all = [] {
-      const char* v = std::getenv("DOWNPOUR_KEEP_SCRATCH");
-      return v != nullptr && std::string_view(v) == "1";
+    static const bool keep_all = [] {  // set and not empty, as tests/cluster reads it
+      const char* v = std::getenv("DOWNPOUR_KEEP_TEST_DIR");
+      return v != nullptr && *v != '\0';
     }();
     for (const fs::path& dir : dirs_) {
       if (info.result()->Failed() || keep_all) {
