@@ -13,6 +13,8 @@
 //     an id of its own, the servers apply its pushes, each exactly once, and worker 0's final
 //     evaluation waits for it.
 // Every wait is bounded; every process is reaped (harness.h).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -25,11 +27,9 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-#include <gtest/gtest.h>
-
 #include "common/metrics.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -37,7 +37,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-const char* kFmnist = "/usr/share/datasets/fashion-mnist";
 // Every fault below is dealt to one job: the default job's net (fmnist_fast) for 200 steps, which
 // ends at 78% (sync) and 82% (async) top-1 in ~17 s on the 2-core VM (2026-11-28). The server-kill
 // tests compare the final accuracy with an undisturbed run's; this job's run-to-run spread was
@@ -62,53 +61,26 @@ std::vector<int64_t> ParseList(const std::string& text) {
 class FaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    if (!fs::exists(fs::path(test::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
+      GTEST_SKIP() << "dataset-fashion-mnist missing";
     for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
       ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
     dir_ = test::ScratchDir("fault");
   }
-  // A 2 x 2 job of kModel for kSteps that checkpoints every 40 updates, heartbeats every 200 ms
-  // and declares silence after 2 s; `cluster_extra` is appended to [cluster] (TOML lines).
-  std::string Config(const std::string& name, const std::string& mode, const std::string& cluster_extra = "") {
-    port_ = test::FreePortRange(3);
-    const std::string text = fmt::format(R"([run]
-seed = 5
-[model]
-config = "{}"
-[cluster]
-servers = 2
-workers = 2
-coordinator = "127.0.0.1:{}"
-base_port = {}
-heartbeat_ms = 200
-heartbeat_timeout_ms = 2000
-server_wait_ms = 60000
-{}
-[solver]
-base_lr = 0.01
-lr_policy = "step"
-gamma = 0.1
-stepsize = {}
-[consistency]
-mode = "{}"
-[worker]
-batch_size = 64
-steps = {}
-threads = 1
-[data]
-train = "{}/train-images-idx3-ubyte.gz"
-test = "{}/t10k-images-idx3-ubyte.gz"
-[eval]
-every_steps = 0
-[checkpoint]
-every_updates = 40
-)",
-                                         test::SourcePath(fmt::format("configs/models/{}.toml", kModel)), port_,
-                                         port_ + 1, cluster_extra, StepSize(mode), mode, kSteps, kFmnist, kFmnist);
-    const fs::path path = dir_ / (name + ".toml");
-    test::WriteFile(path, text);
-    return path.string();
+  // A 2 x 2 job of kModel for kSteps in `mode` that checkpoints every 40 updates, heartbeats every
+  // 200 ms and declares silence after 2 s (test::FashionJob), at batch 64 with the lr schedule below.
+  test::JobConfig Job(const std::string& mode) {
+    return test::FashionJob(kModel, kSteps)
+        .Set("cluster.server_wait_ms", 60000)
+        .Set("solver.lr_policy", "step")
+        .Set("solver.gamma", 0.1)
+        .Set("solver.stepsize", StepSize(mode))
+        .Set("consistency.mode", mode)
+        .Set("worker.batch_size", 64)
+        .Set("checkpoint.every_updates", 40);
   }
+  std::string Config(const std::string& name, const std::string& mode) { return Config(name, Job(mode)); }
+  std::string Config(const std::string& name, const test::JobConfig& job) { return job.Write(dir_ / (name + ".toml")); }
 
   // The lr drops tenfold for the last 30% of the steps, so the final weights (and the accuracy
   // two runs are compared by) carry little of async's run-to-run noise. The schedule counts
@@ -164,7 +136,6 @@ every_updates = 40
   }
 
   fs::path dir_;
-  int port_ = 0;
 };
 
 class ServerKillTest : public FaultTest, public ::testing::WithParamInterface<const char*> {};
@@ -258,12 +229,13 @@ TEST_F(FaultTest, KilledCoordinatorIsRestartedAndTrainingGoesOn) {
 
 TEST_F(FaultTest, WorkerStartedByHandJoinsTheRunningJob) {
   const fs::path run = dir_ / "run";
-  auto launcher = StartJob(Config("run", "async", "max_workers = 3"), run, "run.log");
+  const test::JobConfig job = Job("async").Set("cluster.max_workers", 3);
+  auto launcher = StartJob(Config("run", job), run, "run.log");
   ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps / 5, 120s)) << test::ReadFile(dir_ / "run.log");
   // It runs past the others' last step: the evaluator's final evaluation waits for it.
   const int joiner_steps = kSteps;
   test::Child joiner({test::Binary("downpour-worker"), "--run-dir", run.string(), "--coordinator",
-                      fmt::format("127.0.0.1:{}", port_), "--steps", std::to_string(joiner_steps), "--quiet"},
+                      job.String("cluster.coordinator"), "--steps", std::to_string(joiner_steps), "--quiet"},
                      dir_ / "joiner.log");
   ASSERT_EQ(joiner.WaitExit(200s), 0) << test::ReadFile(dir_ / "joiner.log");
   ASSERT_EQ(launcher->WaitExit(300s), 0) << test::ReadFile(dir_ / "run.log");

@@ -7,6 +7,9 @@
 // bind or a by-hand task whose coordinator is on another host (naming cluster.transport), and
 // a chunk size that makes frames of 32 MiB or more (a warning, the job still runs).
 // Every wait is bounded; every process is reaped (tests/testing/harness.h).
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -16,12 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include "common/metrics.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -50,9 +50,7 @@ class IpcJobTest : public ::testing::Test {
 
   // A plain tcp config (as every other test writes one); ipc comes from --set.
   std::string Config() {
-    const std::string text = test::SmallFashionJobToml(kSteps, /*test_batches=*/20);
-    test::WriteFile(dir_ / "job.toml", text);
-    return (dir_ / "job.toml").string();
+    return test::FashionJob("fmnist_small", kSteps).Set("eval.test_batches", 20).Write(dir_ / "job.toml");
   }
 
   std::vector<std::string> LaunchArgv(const std::string& run, const std::vector<std::string>& extra) {

@@ -6,18 +6,19 @@
 // need on the link; the done and server_end records carry totals that agree with each other.
 // With cluster.reply_order = "step" the same job finishes with every push applied once.
 // Every wait is bounded; every process is reaped (tests/testing/harness.h).
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include "common/metrics.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -40,7 +41,7 @@ void RunLinkJob(const std::string& name, const std::vector<std::string>& more, f
   for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
     ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
   *dir = test::ScratchDir(name);
-  test::WriteFile(*dir / "job.toml", test::SmallFashionJobToml(kSteps, /*test_batches=*/10));
+  test::FashionJob("fmnist_small", kSteps).Set("eval.test_batches", 10).Write(*dir / "job.toml");
   std::vector<std::string> cmd{test::Binary("downpour-launch"),
                                "--config",
                                (*dir / "job.toml").string(),

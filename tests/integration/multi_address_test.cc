@@ -21,6 +21,7 @@
 #include "common/metrics.h"
 #include "common/net_address.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -28,8 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
-
-const char* kFmnist = "/usr/share/datasets/fashion-mnist";
 
 // The addresses of the five "hosts".
 const char* kCoordinatorHost = "127.0.0.2";
@@ -39,7 +38,8 @@ const char* kWorkerHosts[] = {"127.0.0.5", "127.0.0.6"};
 class MultiAddressTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    if (!fs::exists(fs::path(test::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
+      GTEST_SKIP() << "dataset-fashion-mnist missing";
     for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
       ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
     dir_ = test::ScratchDir("multi_address");
@@ -49,45 +49,21 @@ class MultiAddressTest : public ::testing::Test {
   // asked below.
   std::string WriteConfig(const std::string& coordinator_host = kCoordinatorHost, int servers = 2, int workers = 2,
                           int steps = 250, int test_batches = 0) {
-    coordinator_port_ = test::FreePortRange(1 + servers);
+    test::JobConfig job = test::FashionJob("fmnist_fast", steps, servers, workers);
+    coordinator_port_ = static_cast<int>(job.Int("cluster.base_port")) - 1;
     coordinator_ = FormatHostPort(coordinator_host, coordinator_port_);
-    const std::string text = fmt::format(R"([run]
-name = "multi-address"
-seed = 1
-[model]
-config = "{}"
-[cluster]
-servers = {}
-workers = {}
-coordinator = "{}"
-base_port = {}
-heartbeat_ms = 200
-heartbeat_timeout_ms = 3000
-[solver]
-base_lr = 0.01
-lr_policy = "inv"
-gamma = 0.0001
-power = 0.75
-momentum = 0.9
-weight_decay = 0.0005
-[worker]
-batch_size = 64
-steps = {}
-threads = 1
-[data]
-train = "{}/train-images-idx3-ubyte.gz"
-test = "{}/t10k-images-idx3-ubyte.gz"
-[eval]
-every_steps = 0
-test_batches = {}
-[checkpoint]
-every_updates = 0
-)",
-                                         test::SourcePath("configs/models/fmnist_fast.toml"), servers, workers,
-                                         coordinator_, coordinator_port_ + 1, steps, kFmnist, kFmnist, test_batches);
-    const std::string path = (dir_ / "job.toml").string();
-    test::WriteFile(path, text);
-    return path;
+    return job.Set("run.name", "multi-address")
+        .Set("run.seed", 1)
+        .Set("cluster.coordinator", coordinator_)
+        .Set("cluster.heartbeat_timeout_ms", 3000)
+        .Set("solver.lr_policy", "inv")
+        .Set("solver.gamma", 0.0001)
+        .Set("solver.power", 0.75)
+        .Set("solver.momentum", 0.9)
+        .Set("solver.weight_decay", 0.0005)
+        .Set("worker.batch_size", 64)
+        .Set("eval.test_batches", test_batches)
+        .Write(dir_ / "job.toml");
   }
 
   // `downpour-launch --role ROLE [--id I]` on "host" `host` with its own run directory.

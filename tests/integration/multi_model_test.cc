@@ -8,22 +8,23 @@
 // trains each model data-parallel, one after another. Worker 0's leaderboard ranks every model
 // and every model learned. And what is refused before anything starts: a worker's partition
 // missing, two models of one name. Every wait is bounded; every process is reaped.
-#include <algorithm>
-#include <csignal>
-#include <chrono>
-#include <filesystem>
-#include <map>
-#include <thread>
-#include <string>
-#include <vector>
-
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -74,68 +75,45 @@ class MultiModelJobTest : public ::testing::Test {
     return out;
   }
 
-  // rotation: extra [rotation] lines; tail: tables appended at the end.
-  std::string Config(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]",
-                     const std::string& rotation = "", const std::string& tail = "", int workers = kWorkers) {
-    const int port = test::FreePortRange(3);
-    coordinator_ = fmt::format("127.0.0.1:{}", port);
-    const fs::path fm = test::kFashionMnistDir;
-    const std::string text = fmt::format(R"([run]
-seed = 3
-[model]
-config = "{}"
-[cluster]
-servers = {}
-workers = {}
-coordinator = "127.0.0.1:{}"
-base_port = {}
-heartbeat_ms = 200
-heartbeat_timeout_ms = 2000
-[solver]
-momentum = 0.9
-weight_decay = 0.0005
-lr_policy = "poly"
-max_iter = 0
-[worker]
-batch_size = {}
-threads = 1
-[data]
-train = "{}"
-test = "{}/t10k-images-idx3-ubyte.gz"
-sharding = "own"
-[eval]
-test_batches = 20
-[checkpoint]
-every_updates = 0
-[rotation]
-scheme = "{}"
-passes = 1
-stage_steps = {}
-{}
-[sweep]
-solver.base_lr = {}
-{}
-)",
-                                         test::SourcePath("configs/models/fmnist_small.toml"), kServers, workers,
-                                         port, port + 1, kBatch, Partitions(workers).string(), fm.string(), scheme,
-                                         stage_steps_, rotation, sweep, tail);
-    const fs::path path = dir_ / (scheme + ".toml");
-    test::WriteFile(path, text);
-    return path.string();
+  // The job: fmnist_small at each learning rate of `sweep` (the K models) on kServers servers,
+  // `workers` workers, each reading its own partition, the lr decaying to 0 over each model's
+  // planned batches, `scheme` with stage_steps_ steps a stage. worker.steps and eval.every_steps
+  // stay at their defaults: the rotation plans each worker's steps.
+  test::JobConfig Job(const std::string& scheme, const std::vector<double>& sweep = {0.005, 0.01, 0.02},
+                      int workers = kWorkers) {
+    test::JobConfig job = test::FashionJob("fmnist_small", /*steps=*/1, kServers, workers);
+    coordinator_ = job.String("cluster.coordinator");
+    return job.Erase("worker.steps")
+        .Erase("eval.every_steps")
+        .Erase("solver.base_lr")
+        .Set("run.seed", 3)
+        .Set("solver.momentum", 0.9)
+        .Set("solver.weight_decay", 0.0005)
+        .Set("solver.lr_policy", "poly")
+        .Set("solver.max_iter", 0)
+        .Set("worker.batch_size", kBatch)
+        .Set("data.train", Partitions(workers).string())
+        .Set("data.sharding", "own")
+        .Set("eval.test_batches", 20)
+        .Set("rotation.scheme", scheme)
+        .Set("rotation.passes", 1)
+        .Set("rotation.stage_steps", stage_steps_)
+        .SetList("sweep.solver.base_lr", sweep);
   }
+  std::string Config(const std::string& scheme) { return Write(Job(scheme)); }
+  std::string Write(const test::JobConfig& job) { return job.Write(dir_ / (job.String("rotation.scheme") + ".toml")); }
 
   // Runs the job to its end; returns the run directory.
-  fs::path RunJob(const std::string& scheme, const std::string& sweep = "[0.005, 0.01, 0.02]",
-                  const std::string& rotation = "", const std::string& tail = "", int workers = kWorkers) {
-    const fs::path run = dir_ / ("run-" + scheme);
+  fs::path RunJob(const test::JobConfig& job) {
+    const fs::path run = dir_ / ("run-" + job.String("rotation.scheme"));
     std::string out;
-    const int code = test::RunCommand({test::Binary("downpour-launch"), "--config",
-                                       Config(scheme, sweep, rotation, tail, workers), "--run-dir", run.string()},
-                                      &out, 240s);
+    const int code = test::RunCommand(
+        {test::Binary("downpour-launch"), "--config", Write(job), "--run-dir", run.string()}, &out, 240s);
     EXPECT_EQ(code, 0) << out;
     out_ = out;
     return run;
   }
+  fs::path RunJob(const std::string& scheme) { return RunJob(Job(scheme)); }
 
   // Chunks of model k that server s owns (from the tensor list the launcher wrote).
   int ChunksOf(const fs::path& run, int k, int s) {
@@ -248,7 +226,7 @@ TEST_F(MultiModelJobTest, FewerModelsThanWorkersShareAModelPerStageAndAverageThe
   // K = 1 < W = 2, rotation.groups = "average": both workers hold the one model in every stage
   // (group 2); each pushes half its change, so the model moves on as the average of the two
   // copies, 2 moves per stage.
-  const fs::path run = RunJob("pipeline", "[0.01]", "groups = \"average\"");
+  const fs::path run = RunJob(Job("pipeline", {0.01}).Set("rotation.groups", "average"));
   for (int w = 0; w < kWorkers; ++w) {
     const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
     ASSERT_EQ(stages.size(), 1u) << "worker " << w;
@@ -267,7 +245,7 @@ TEST_F(MultiModelJobTest, FewerModelsThanWorkersShareAModelPerStageAndAverageThe
 // takes W x steps gradient pushes per stage, no move pushes.
 TEST_F(MultiModelJobTest, AsyncGroupsTrainTheirModelTogetherThroughTheServers) {
   stage_steps_ = 30;  // 60 updates: 30 left top-1 too near the bar for an async run
-  const fs::path run = RunJob("pipeline", "[0.02]");
+  const fs::path run = RunJob(Job("pipeline", {0.02}));
   for (int w = 0; w < kWorkers; ++w) {
     const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
     ASSERT_EQ(stages.size(), 1u) << "worker " << w;
@@ -296,7 +274,7 @@ TEST_F(MultiModelJobTest, AsyncGroupsTrainTheirModelTogetherThroughTheServers) {
 // and the second stage's holders start where the first stage's left the model.
 TEST_F(MultiModelJobTest, SyncGroupsAverageTheStagesHoldersEveryRound) {
   constexpr int kW = 4, kK = 2;
-  const fs::path run = RunJob("pipeline", "[0.02, 0.03]", "", "[consistency]\nmode = \"sync\"\n", kW);
+  const fs::path run = RunJob(Job("pipeline", {0.02, 0.03}, kW).Set("consistency.mode", "sync"));
   for (int w = 0; w < kW; ++w) {
     const auto stages = test::Metrics(run, fmt::format("worker-{}.jsonl", w), "stage");
     ASSERT_EQ(stages.size(), static_cast<size_t>(kK)) << "worker " << w;
@@ -451,9 +429,7 @@ TEST_F(MultiModelJobTest, AMissingPartitionOrTwoModelsOfOneNameAreRefusedBeforeA
   EXPECT_FALSE(fs::exists(dir_ / "run-missing" / "config.toml"));
   fs::rename(dir_ / "train" / "moved-away", dir_ / "train" / "shard_1_of_2");
   const fs::path dup = dir_ / "dup.toml";
-  std::string text = test::ReadFile(Config("pipeline"));
-  text = text.substr(0, text.find("[sweep]")) + "[[models]]\nname = \"a\"\n[[models]]\nname = \"a\"\n";
-  test::WriteFile(dup, text);
+  Job("pipeline").Erase("sweep").Merge("[[models]]\nname = \"a\"\n[[models]]\nname = \"a\"\n").Write(dup);
   EXPECT_EQ(test::RunCommand({test::Binary("downpour-launch"), "--config", dup.string(), "--run-dir",
                               (dir_ / "run-dup").string()},
                              &out),

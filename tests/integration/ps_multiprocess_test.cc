@@ -15,6 +15,7 @@
 #include "common/run_secret.h"
 #include "common/zmq_transport.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -38,13 +39,8 @@ class PsMultiProcess : public ::testing::Test {
     // register messages (server/access.h); made before any of them starts, as the launcher does.
     ASSERT_TRUE(EnsureRunSecret(dir_.string(), &secret_).ok());
   }
-  void WriteConfig(int servers, int workers, const std::string& extra = "") {
-    std::ofstream(dir_ / "run.toml") << fmt::format(
-        "[cluster]\nservers = {}\nworkers = {}\ncoordinator = \"127.0.0.1:{}\"\nheartbeat_ms = 100\n"
-        "heartbeat_timeout_ms = 2000\nchunk_elems = 128\n"
-        "[solver]\nbase_lr = 1.0\nmomentum = 0.0\nweight_decay = 0.0\n"
-        "[checkpoint]\nevery_updates = 0\ndir = \"ckpt\"\n{}",
-        servers, workers, test::FreePort(), extra);
+  void WriteConfig(int servers, int workers, const std::string& mode = "async") {
+    test::ExactUpdateJob(servers, workers).Set("consistency.mode", mode).Write(dir_ / "run.toml");
     ASSERT_TRUE(ParamLayout::Build(specs_, servers, 128, &layout_).ok());
   }
   std::unique_ptr<Child> StartServer(int id, const std::string& coordinator, const std::string& restore = "") {
@@ -231,7 +227,7 @@ int SyncWorkerProcess(const std::string& coordinator, const std::string& token, 
 }
 
 TEST_F(PsMultiProcess, SyncRunFinishesAfterAWorkerDiesByHeartbeatTimeout) {
-  WriteConfig(2, 2, "[consistency]\nmode = \"sync\"\n");
+  WriteConfig(2, 2, "sync");
   {  // a short heartbeat timeout keeps the test quick
     std::string text;
     {

@@ -17,6 +17,7 @@
 
 #include "common/metrics.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -30,52 +31,26 @@ constexpr int kSteps = 200;
 constexpr int kKillAt = kSteps * 2 / 5;
 // The schedule counts chunk versions, one per push of either worker: 2 per step.
 constexpr int kStepSize = 2 * kSteps * 7 / 10;
-const char* kFmnist = "/usr/share/datasets/fashion-mnist";
 
 class ResumeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    if (!fs::exists(fs::path(test::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
+      GTEST_SKIP() << "dataset-fashion-mnist missing";
     dir_ = test::ScratchDir("resume");
   }
   // A small async job that checkpoints often; ports free now.
   std::string Config(const std::string& name) {
-    const int port = test::FreePortRange(3);
-    const std::string text = fmt::format(R"([run]
-seed = 3
-[model]
-config = "{}"
-[cluster]
-servers = 2
-workers = 2
-coordinator = "127.0.0.1:{}"
-base_port = {}
-heartbeat_ms = 200
-heartbeat_timeout_ms = 2000
-[solver]
-base_lr = 0.01
-lr_policy = "step"
-gamma = 0.1
-stepsize = {}
-[consistency]
-mode = "async"
-[worker]
-batch_size = 64
-steps = {}
-threads = 1
-[data]
-train = "{}/train-images-idx3-ubyte.gz"
-test = "{}/t10k-images-idx3-ubyte.gz"
-[eval]
-every_steps = 100
-[checkpoint]
-every_updates = 20
-)",
-                                         test::SourcePath("configs/models/fmnist_fast.toml"), port, port + 1, kStepSize,
-                                         kSteps, kFmnist, kFmnist);
-    const fs::path path = dir_ / (name + ".toml");
-    test::WriteFile(path, text);
-    return path.string();
+    return test::FashionJob("fmnist_fast", kSteps)
+        .Set("run.seed", 3)
+        .Set("solver.lr_policy", "step")
+        .Set("solver.gamma", 0.1)
+        .Set("solver.stepsize", kStepSize)
+        .Set("consistency.mode", "async")
+        .Set("worker.batch_size", 64)
+        .Set("eval.every_steps", 100)
+        .Set("checkpoint.every_updates", 20)
+        .Write(dir_ / (name + ".toml"));
   }
 
   int Launch(const std::vector<std::string>& args, const std::string& log) {

@@ -44,6 +44,7 @@
 #include "common/run_secret.h"
 #include "common/zmq_transport.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -237,7 +238,7 @@ class RunUnderAttack : public ::testing::Test {
   // run.toml, with this run's keys (and two more key directories for the strangers), or the
   // run's secret.
   void WriteConfig() {
-    std::string security;
+    test::JobConfig job = test::ExactUpdateJob(kServers, kWorkers).Set("cluster.heartbeat_timeout_ms", 10000);
     if (keyed_) {
       keys_ = (dir_ / "keys").string();
       other_cluster_ = (dir_ / "other-cluster").string();
@@ -246,18 +247,13 @@ class RunUnderAttack : public ::testing::Test {
         const Status s = MakeClusterKeys(d);
         ASSERT_TRUE(s.ok()) << d << ": " << s.ToString();
       }
-      security = fmt::format("[security]\nkeys = \"{}\"\n", keys_);
+      job.Set("security.keys", keys_);
     } else {
       // Made before any process starts, as downpour-launch does.
       ASSERT_TRUE(EnsureRunSecret(run_dir_.string(), &secret_).ok());
     }
     // base_lr 1, no momentum, no decay: a gradient g changes a weight by exactly -lr_mult * g.
-    test::WriteFile(dir_ / "run.toml",
-                    fmt::format("[cluster]\nservers = {}\nworkers = {}\ncoordinator = \"127.0.0.1:{}\"\n"
-                                "heartbeat_ms = 100\nheartbeat_timeout_ms = 10000\nchunk_elems = 128\n"
-                                "[solver]\nbase_lr = 1.0\nmomentum = 0.0\nweight_decay = 0.0\n"
-                                "[checkpoint]\nevery_updates = 0\ndir = \"ckpt\"\n{}",
-                                kServers, kWorkers, test::FreePort(), security));
+    job.Write(dir_ / "run.toml");
   }
 
   // The coordinator, then the servers (told where the coordinator is), each logging to dir_.

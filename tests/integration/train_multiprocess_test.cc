@@ -13,6 +13,8 @@
 //     the backup the same job runs at the straggler's pace (negative control).
 //   * EASGD: workers train their own copies and exchange with the servers' center every tau
 //     steps; the center (what the final evaluation reads) learns, and every exchange was taken.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -26,13 +28,11 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-#include <gtest/gtest.h>
-
 #include "common/metrics.h"
 #include "common/run_config.h"
 #include "common/tensor_file.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/job_config.h"
 
 namespace downpour {
 namespace {
@@ -40,61 +40,36 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-const char* kFmnist = "/usr/share/datasets/fashion-mnist";
-
 class TrainProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    if (!fs::exists(fs::path(test::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
+      GTEST_SKIP() << "dataset-fashion-mnist missing";
     for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
       ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
     dir_ = test::ScratchDir("train_mp");
   }
-  // The run config text; the coordinator and servers take ports free on this machine now. Worker 0
+  // The run config; the coordinator and servers take ports free on this machine now. Worker 0
   // evaluates (eval.evaluator = false): most jobs here start their processes by hand
   // (test::Job) or through --worker-cmd, which start no evaluator.
-  std::string Config(const std::string& model, const std::string& mode, int workers, int servers, int batch,
-                     int steps, double lr, int test_batches) {
-    const int port = test::FreePortRange(1 + servers);
-    return fmt::format(R"([run]
-seed = 3
-[model]
-config = "{}"
-[cluster]
-servers = {}
-workers = {}
-coordinator = "127.0.0.1:{}"
-base_port = {}
-heartbeat_ms = 200
-heartbeat_timeout_ms = 2000
-[solver]
-base_lr = {}
-lr_policy = "fixed"
-momentum = 0.9
-weight_decay = 0.0005
-[consistency]
-mode = "{}"
-[worker]
-batch_size = {}
-steps = {}
-threads = 1
-[data]
-train = "{}/train-images-idx3-ubyte.gz"
-test = "{}/t10k-images-idx3-ubyte.gz"
-[eval]
-evaluator = false
-every_steps = 0
-test_batches = {}
-[checkpoint]
-every_updates = 0
-)",
-                       model, servers, workers, port, port + 1, lr, mode, batch, steps, kFmnist, kFmnist, test_batches);
+  test::JobConfig Config(const std::string& model, const std::string& mode, int workers, int servers, int batch,
+                         int steps, double lr, int test_batches) {
+    return test::FashionJob(model, steps, servers, workers)
+        .Set("run.seed", 3)
+        .Set("solver.base_lr", lr)
+        .Set("solver.momentum", 0.9)
+        .Set("solver.weight_decay", 0.0005)
+        .Set("consistency.mode", mode)
+        .Set("worker.batch_size", batch)
+        .Set("eval.evaluator", false)
+        .Set("eval.test_batches", test_batches);
   }
 
   std::string Write(const std::string& name, const std::string& text) {
     test::WriteFile(dir_ / name, text);
     return (dir_ / name).string();
   }
+  std::string Write(const std::string& name, const test::JobConfig& job) { return job.Write(dir_ / name); }
   std::string Log(const std::string& name) { return test::ReadFile(dir_ / name); }
 
   // Runs a whole job through downpour-launch as users run it (it finds its sibling programs in
@@ -232,10 +207,9 @@ TEST_F(TrainProcessTest, SyncTwoWorkersEqualsOneProcessWithDoubledBatch) {
 TEST_F(TrainProcessTest, AsyncFourWorkersConvergeAndTheEvaluatorKeepsPace) {
   const std::string model = test::SourcePath("configs/models/fmnist_small.toml");
   constexpr int64_t kEvery = 60;  // worker batches: 7 points inside the run's 480
-  std::string text = Config(model, "async", 4, 2, 64, 120, 0.01, 20);
-  const std::string by_worker0 = "evaluator = false\n";
-  text.replace(text.find(by_worker0), by_worker0.size(), fmt::format("evaluator = true\nevery_updates = {}\n", kEvery));
-  const std::string cfg = Write("async.toml", text);
+  const std::string cfg = Write(
+      "async.toml",
+      Config(model, "async", 4, 2, 64, 120, 0.01, 20).Set("eval.evaluator", true).Set("eval.every_updates", kEvery));
   const std::string run = (dir_ / "run").string();
   // No --tensors: the launcher derives the tensor list from the model config (the way users run it).
   ASSERT_EQ(Launch(cfg, run, "", ""), 0) << Log("launch.log");
@@ -413,10 +387,9 @@ double TrainProcessTest::BackupRun(int backups, int64_t* dropped_late) {
   // step seen there with 120 ms), stay well below the straggler's sleep.
   constexpr int kStragglerDelayMs = 250;
   const std::string model = Write("tiny.toml", kTinyNet);
-  std::string text = Config(model, "sync", 3, 2, 16, kSteps, 0.05, 2);
-  text.replace(text.find("mode = \"sync\""), std::string("mode = \"sync\"").size(),
-               fmt::format("mode = \"sync\"\nbackup_workers = {}", backups));
-  const std::string cfg = Write(fmt::format("cfg-b{}.toml", backups), text);
+  const std::string cfg =
+      Write(fmt::format("cfg-b{}.toml", backups),
+            Config(model, "sync", 3, 2, 16, kSteps, 0.05, 2).Set("consistency.backup_workers", backups));
   const std::string run = (dir_ / fmt::format("run-b{}", backups)).string();
   test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}, {"--step-delay-ms", std::to_string(kStragglerDelayMs)}}});
   for (int w = 0; w < 3; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
@@ -461,10 +434,9 @@ TEST_F(TrainProcessTest, SyncWithoutBackupsRunsAtTheStragglersPace) {
 TEST_F(TrainProcessTest, EasgdCenterLearnsFromElasticExchanges) {
   constexpr int kSteps = 80, kTau = 4;
   const std::string model = Write("tiny.toml", kTinyNet);
-  std::string text = Config(model, "async", 2, 2, 16, kSteps, 0.05, 20);
-  text.replace(text.find("mode = \"async\""), std::string("mode = \"async\"").size(),
-               fmt::format("mode = \"async\"\nalgorithm = \"easgd\"\neasgd_tau = {}", kTau));
-  const std::string cfg = Write("easgd.toml", text);
+  const std::string cfg = Write("easgd.toml", Config(model, "async", 2, 2, 16, kSteps, 0.05, 20)
+                                                  .Set("consistency.algorithm", "easgd")
+                                                  .Set("consistency.easgd_tau", kTau));
   const std::string run = (dir_ / "run-easgd").string();
   test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}}});
   for (int w = 0; w < 2; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
@@ -518,7 +490,7 @@ namespace {
 // silence before timing out).
 TEST_F(TrainProcessTest, WorkerSaysItIsWaitingForAMissingCoordinator) {
   const std::string model = test::SourcePath("configs/models/fmnist_small.toml");
-  const std::string text = Config(model, "async", 1, 1, 16, 5, 0.01, 1);
+  const std::string text = Config(model, "async", 1, 1, 16, 5, 0.01, 1).Toml();
   const std::string cfg = Write("cfg.toml", text);
   RunConfig parsed;
   ASSERT_TRUE(ParseRunConfig(text, "cfg.toml", &parsed).ok());

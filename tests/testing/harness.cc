@@ -278,39 +278,6 @@ pid_t ChildWith(pid_t parent, const std::vector<std::string>& parts) {
   return -1;
 }
 
-std::string SmallFashionJobToml(int steps, int test_batches) {
-  const int port = FreePortRange(3);
-  return fmt::format(R"([run]
-seed = 5
-[model]
-config = "{}"
-[cluster]
-servers = 2
-workers = 2
-coordinator = "127.0.0.1:{}"
-base_port = {}
-heartbeat_ms = 200
-heartbeat_timeout_ms = 2000
-[solver]
-base_lr = 0.01
-lr_policy = "fixed"
-[worker]
-batch_size = 32
-steps = {}
-threads = 1
-[data]
-train = "{}/train-images-idx3-ubyte.gz"
-test = "{}/t10k-images-idx3-ubyte.gz"
-[eval]
-every_steps = 0
-test_batches = {}
-[checkpoint]
-every_updates = 0
-)",
-                     SourcePath("configs/models/fmnist_small.toml"), port, port + 1, steps, kFashionMnistDir,
-                     kFashionMnistDir, test_batches);
-}
-
 bool WaitWorkerSteps(const fs::path& run_dir, int w, int64_t steps, std::chrono::seconds limit) {
   const fs::path file = run_dir / "metrics" / fmt::format("worker-{}.jsonl", w);
   const auto end = std::chrono::steady_clock::now() + limit;

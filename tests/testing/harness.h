@@ -92,11 +92,6 @@ bool WaitWorkerSteps(const fs::path& run_dir, int w, int64_t steps, std::chrono:
 
 // Debian's dataset-fashion-mnist files (idx, gzipped), which scripts/test installs.
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
-// The run config of a small real job for the launcher tests: fmnist_small on kFashionMnistDir,
-// 2 servers × 2 workers (async) at a fresh loopback port range, seed 5, lr 0.01 fixed, batch 32,
-// one engine thread, `steps` per worker, heartbeat 200 ms / 2 s, no periodic evaluation or
-// checkpoint, a final evaluation of `test_batches` test batches.
-std::string SmallFashionJobToml(int steps, int test_batches);
 
 // A job of real processes started by hand — coordinator, S servers, W workers, each worker
 // with flags of its own (the launcher gives every worker the same command line). Logs go to
