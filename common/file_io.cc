@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/env.h"
+
 namespace downpour {
 namespace {
 
@@ -17,7 +19,7 @@ std::string Errno() { return std::strerror(errno); }
 Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    const ssize_t n = CurrentEnv().Write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return IoError("{}: write failed after {} of {} bytes: {}", path, done, bytes.size(), Errno());
     done += static_cast<size_t>(n);
@@ -35,7 +37,7 @@ std::string DirOf(const std::string& path) {
 Status FsyncDirectory(const std::string& dir, const std::string& path) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return IoError("{}: cannot open directory {} to fsync: {}", path, dir, Errno());
-  const int rc = ::fsync(fd);
+  const int rc = CurrentEnv().Fsync(fd);
   const std::string err = rc != 0 ? Errno() : "";
   ::close(fd);
   if (rc != 0) return IoError("{}: fsync of directory {} failed: {}", path, dir, err);
@@ -109,7 +111,7 @@ Status WriteTemp(const std::string& path, std::string_view bytes, std::string* t
     }
     if (::fchmod(fd, final_mode) != 0) s = IoError("{}: chmod {:04o} failed: {}", path, final_mode, Errno());
   }
-  if (s.ok() && durability == Durability::kPowerLoss && ::fsync(fd) != 0) {
+  if (s.ok() && durability == Durability::kPowerLoss && CurrentEnv().Fsync(fd) != 0) {
     s = IoError("{}: fsync failed: {}", path, Errno());
   }
   if (::close(fd) != 0 && s.ok()) s = IoError("{}: close failed: {}", path, Errno());
@@ -122,7 +124,7 @@ Status WriteTemp(const std::string& path, std::string_view bytes, std::string* t
 }
 
 Status CommitTemp(const std::string& tmp, const std::string& path, Durability durability) {
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (CurrentEnv().Rename(tmp.c_str(), path.c_str()) != 0) {
     const Status s = IoError("{}: rename from {} failed: {}", path, tmp, Errno());
     ::unlink(tmp.c_str());
     return s;

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <set>
 
+#include "common/env.h"
 #include "common/file_io.h"
 
 namespace downpour {
@@ -82,7 +83,7 @@ class Writer {
   Status WriteAll(const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);
     while (n > 0) {
-      const ssize_t w = ::write(fd_, c, std::min(n, size_t{1} << 30));
+      const ssize_t w = CurrentEnv().Write(fd_, c, std::min(n, size_t{1} << 30));
       if (w < 0) {
         if (errno == EINTR) continue;
         return IoError("{}: write failed: {}", path_, Errno());
@@ -387,9 +388,9 @@ Status WriteTensorFile(const std::string& path, const TensorFile& file) {
     Writer w(fd, path);
     s = WriteBody(w, file);
   }
-  if (s.ok() && ::fsync(fd) != 0) s = IoError("{}: fsync failed: {}", path, Errno());
+  if (s.ok() && CurrentEnv().Fsync(fd) != 0) s = IoError("{}: fsync failed: {}", path, Errno());
   if (::close(fd) != 0 && s.ok()) s = IoError("{}: close failed: {}", path, Errno());
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (s.ok() && CurrentEnv().Rename(tmp.c_str(), path.c_str()) != 0) {
     s = IoError("{}: rename from {} failed: {}", path, tmp, Errno());
   }
   if (!s.ok()) {

@@ -3,21 +3,21 @@
 // writes that leave the old file intact.
 #include "common/tensor_file.h"
 
-#include <sys/resource.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
+#include "common/env.h"
 #include "common/file_io.h"
+#include "tests/testing/fault_env.h"
 
 namespace downpour {
 namespace {
@@ -286,36 +286,65 @@ TEST_F(TensorFileTest, WriteIntoMissingDirectoryFails) {
   EXPECT_THAT(s.message(), HasSubstr("no/such/dir/x.dpt"));
 }
 
-// Runs in a death-test child: caps the file size so the write fails half-way, and exits 0
-// when WriteTensorFile reported that failure with the file's name.
-void WriteUnderFileSizeLimit(const std::string& path, const TensorFile& file, rlim_t limit) {
-  std::signal(SIGXFSZ, SIG_IGN);
-  rlimit lim{};
-  ::getrlimit(RLIMIT_FSIZE, &lim);
-  lim.rlim_cur = limit;
-  ::setrlimit(RLIMIT_FSIZE, &lim);
-  Status s = WriteTensorFile(path, file);
-  std::fprintf(stderr, "%s\n", s.ToString().c_str());
-  std::exit(!s.ok() && s.message().find(path) != std::string::npos ? 0 : 1);
-}
-
-// A write that fails half-way (the file-size limit stops it with EFBIG, even for root)
-// leaves the previous checkpoint loadable and no temporary behind.
-TEST_F(TensorFileTest, FailedWriteLeavesOldFileIntact) {
+// Every way the write of a file can fail after its temporary exists — the disk filling
+// half-way, the fsync, the rename — leaves the previous file loadable, the failure named with
+// the file's path, and no temporary behind; the same for tensor files (streamed) and for
+// WriteFileAtomic (the .addr files, the workers' progress, the mean files). The failures come
+// from a FaultEnv (tests/testing/fault_env.h), in this process.
+TEST_F(TensorFileTest, AFailedWriteFsyncOrRenameLeavesTheOldFileAndNoTemporary) {
   const std::string path = Path("ckpt.dpt");
   const TensorFile old_file = Sample(0.0f);
   ASSERT_TRUE(WriteTensorFile(path, old_file).ok());
   TensorFile big = Sample(1.0f);
   big.tensors.push_back({"fc6.weight", {1 << 18}, std::vector<float>(1 << 18, 0.25f)});  // 1 MiB
 
-  EXPECT_EXIT(WriteUnderFileSizeLimit(path, big, 64 * 1024), ::testing::ExitedWithCode(0),
-              "write failed");
+  struct Case {
+    const char* what;
+    std::function<void(test::FaultEnv&)> fault;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"disk full after 64 KiB", [](test::FaultEnv& e) { e.FillDiskAfter(64 * 1024); }, "write failed"},
+      {"fsync EIO", [](test::FaultEnv& e) { e.FailFsync(EIO); }, "fsync failed"},
+      {"rename EXDEV", [](test::FaultEnv& e) { e.FailRename(EXDEV); }, "rename from"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    test::FaultEnv env;
+    c.fault(env);
+    Status s;
+    {
+      ScopedEnv scoped(&env);
+      s = WriteTensorFile(path, big);
+    }
+    EXPECT_EQ(s.code(), StatusCode::kIoError);
+    EXPECT_THAT(s.message(), HasSubstr(path));
+    EXPECT_THAT(s.message(), HasSubstr(c.says));
+    TensorFile back;
+    ASSERT_TRUE(ReadTensorFile(path, &back).ok());
+    EXPECT_EQ(back, old_file);
+    EXPECT_EQ(CountEntries(), 1) << "temporary file left behind";
 
+    const std::string text_path = Path("server-0.addr");
+    ASSERT_TRUE(WriteFileAtomic(text_path, "tcp://127.0.0.1:5601\n").ok());
+    {
+      ScopedEnv scoped(&env);
+      s = WriteFileAtomic(text_path, std::string(256 * 1024, 'x'));
+    }
+    EXPECT_EQ(s.code(), StatusCode::kIoError);
+    EXPECT_THAT(s.message(), HasSubstr(text_path));
+    EXPECT_THAT(s.message(), HasSubstr(c.says));
+    std::string text;
+    ASSERT_TRUE(ReadWholeFile(text_path, "addr", &text).ok());
+    EXPECT_EQ(text, "tcp://127.0.0.1:5601\n");
+    EXPECT_EQ(CountEntries(), 2) << "temporary file left behind";
+    fs::remove(text_path);
+  }
+  // The same writes, nothing failing, go through.
+  ASSERT_TRUE(WriteTensorFile(path, big).ok());
   TensorFile back;
-  Status s = ReadTensorFile(path, &back);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(back, old_file);
-  EXPECT_EQ(CountEntries(), 1) << "temporary file left behind";
+  ASSERT_TRUE(ReadTensorFile(path, &back).ok());
+  EXPECT_EQ(back, big);
 }
 
 // Something that is not a regular file at the path (a directory, a FIFO) is refused before any

@@ -1,0 +1,95 @@
+// fault_env.cc — see fault_env.h.
+#include "tests/testing/fault_env.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <vector>
+
+namespace downpour::test {
+
+void FaultEnv::FillDiskAfter(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  budget_ = bytes;
+}
+
+size_t FaultEnv::Allow(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (budget_ < 0) return SIZE_MAX;
+  if (budget_ == 0 && n > 0) {
+    ++failed_writes_;
+    errno = ENOSPC;
+    return 0;
+  }
+  return std::min(n, static_cast<size_t>(budget_));
+}
+
+void FaultEnv::Spent(ssize_t written) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (budget_ >= 0 && written > 0) budget_ = std::max<int64_t>(0, budget_ - written);
+}
+
+ssize_t FaultEnv::Write(int fd, const void* buf, size_t n) {
+  const size_t allowed = Allow(n);
+  if (allowed == 0 && n > 0) return -1;
+  const ssize_t w = Env::Write(fd, buf, std::min(n, allowed));
+  Spent(w);
+  return w;
+}
+
+ssize_t FaultEnv::Writev(int fd, const iovec* iov, int count) {
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  size_t allowed = Allow(total);
+  if (allowed == 0 && total > 0) return -1;
+  if (allowed >= total) {
+    const ssize_t w = Env::Writev(fd, iov, count);
+    Spent(w);
+    return w;
+  }
+  std::vector<iovec> part;  // the first `allowed` bytes: a short write
+  for (int i = 0; i < count && allowed > 0; ++i) {
+    const size_t take = std::min(allowed, iov[i].iov_len);
+    part.push_back(iovec{iov[i].iov_base, take});
+    allowed -= take;
+  }
+  const ssize_t w = Env::Writev(fd, part.data(), static_cast<int>(part.size()));
+  Spent(w);
+  return w;
+}
+
+int FaultEnv::Fsync(int fd) {
+  ++fsyncs_;
+  if (const int err = fsync_err_.load()) {
+    errno = err;
+    return -1;
+  }
+  return Env::Fsync(fd);
+}
+
+int FaultEnv::Fdatasync(int fd) {
+  ++fsyncs_;
+  if (const int err = fsync_err_.load()) {
+    errno = err;
+    return -1;
+  }
+  return Env::Fdatasync(fd);
+}
+
+int FaultEnv::Ftruncate(int fd, off_t length) {
+  if (const int err = ftruncate_err_.load()) {
+    errno = err;
+    return -1;
+  }
+  return Env::Ftruncate(fd, length);
+}
+
+int FaultEnv::Rename(const char* from, const char* to) {
+  if (const int err = rename_err_.load()) {
+    errno = err;
+    return -1;
+  }
+  return Env::Rename(from, to);
+}
+
+}  // namespace downpour::test
