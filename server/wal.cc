@@ -15,6 +15,7 @@
 #include <cstring>
 #include <span>
 
+#include "common/env.h"
 #include "common/tensor_file.h"
 
 namespace downpour {
@@ -190,7 +191,7 @@ class Mapping {
 
 Status WriteAll(int fd, const std::string& path, const char* p, size_t n) {
   while (n > 0) {
-    const ssize_t w = write(fd, p, n);
+    const ssize_t w = CurrentEnv().Write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
       return IoError("{}: write: {}", path, std::strerror(errno));
@@ -205,7 +206,7 @@ Status WriteAllVec(int fd, const std::string& path, std::vector<iovec> iov) {
   size_t first = 0;
   while (first < iov.size()) {
     const int n = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
-    const ssize_t w = writev(fd, iov.data() + first, n);
+    const ssize_t w = CurrentEnv().Writev(fd, iov.data() + first, n);
     if (w < 0) {
       if (errno == EINTR) continue;
       return IoError("{}: writev: {}", path, std::strerror(errno));
@@ -292,7 +293,7 @@ void WalWriter::SyncLoop() {
     sync_cv_.wait_for(lock, fsync_ms_, [this] { return stop_; });
     if (stop_ || !dirty_.exchange(false)) continue;
     lock.unlock();
-    const int rc = fdatasync(fd_);
+    const int rc = CurrentEnv().Fdatasync(fd_);
     const int err = errno;
     timespec cpu{};
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
@@ -319,7 +320,7 @@ Status WalWriter::Open(const std::string& path, uint64_t next_seq, bool truncate
     close(fd);
     return IoError("{}: fstat: {}", path, std::strerror(errno));
   }
-  if (fsync(fd) != 0) {  // the truncation / creation itself
+  if (CurrentEnv().Fsync(fd) != 0) {  // the truncation / creation itself
     close(fd);
     return IoError("{}: fsync: {}", path, std::strerror(errno));
   }
@@ -331,10 +332,15 @@ Status WalWriter::Open(const std::string& path, uint64_t next_seq, bool truncate
 // the header and per-chunk fields from buf_, the floats straight from the push's frames, so a
 // 100 MB push is not copied once more on its way to the page cache.
 Status WalWriter::Append(WalRecord* r) {
+  DP_RETURN_IF_ERROR(Usable());  // before anything is written: a refused record is not in the log
   r->seq = next_seq_;
+  const uint64_t start = bytes_;
+  uint64_t record_bytes = 0;
+  Status written;
   if (r->kind != WalKind::kPush) {
     EncodeWalRecord(*r, &buf_);
-    DP_RETURN_IF_ERROR(WriteAll(fd_, path_, buf_.data(), buf_.size()));
+    record_bytes = buf_.size();
+    written = WriteAll(fd_, path_, buf_.data(), buf_.size());
   } else {
     // buf_: header (24) + push fields (36) + 16 bytes per chunk header, reserved up front so
     // the iovecs into it stay valid.
@@ -382,29 +388,51 @@ Status WalWriter::Append(WalRecord* r) {
       crc = Crc32(std::span<const uint8_t>(static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len), crc);
     }
     put(b + 20, crc);
-    DP_RETURN_IF_ERROR(WriteAllVec(fd_, path_, iov));
-    bytes_ += kWalHeaderBytes + payload;
-    ++next_seq_;
-    dirty_ = true;
-    return fsync_ms_.count() == 0 ? Sync() : SyncError();
+    record_bytes = kWalHeaderBytes + payload;
+    written = WriteAllVec(fd_, path_, iov);
+  }
+  if (!written.ok()) return CutOff(start, written);
+  bytes_ += record_bytes;
+  dirty_ = true;
+  if (fsync_ms_.count() == 0) {
+    // Not durable, so not taken: cut off, the log holds exactly what the shard applied.
+    if (Status synced = Sync(); !synced.ok()) return CutOff(start, synced);
   }
   ++next_seq_;
-  bytes_ += buf_.size();
-  dirty_ = true;
-  return fsync_ms_.count() == 0 ? Sync() : SyncError();
+  return Status::Ok();
 }
 
+Status WalWriter::Usable() {
+  if (!failed_.ok()) return failed_;
+  return SyncError();
+}
+
+// ftruncate back to where the record began: with O_APPEND the next record is written there.
+Status WalWriter::CutOff(uint64_t start, const Status& cause) {
+  if (CurrentEnv().Ftruncate(fd_, static_cast<off_t>(start)) != 0) {
+    failed_ = IoError("{}: a record failed ({}) and could not be cut off ({}): the log takes nothing more", path_,
+                      cause.message(), std::strerror(errno));
+    return failed_;
+  }
+  bytes_ = start;
+  return cause;
+}
+
+// A failed fsync is for good (sync_error_): after one the kernel may have dropped the unwritten
+// pages, and a later fsync that succeeds says nothing about them.
 Status WalWriter::Sync() {
   if (!dirty_.exchange(false)) return SyncError();
-  if (fdatasync(fd_) != 0) {
-    dirty_ = true;
-    return IoError("{}: fdatasync: {}", path_, std::strerror(errno));
+  if (CurrentEnv().Fdatasync(fd_) != 0) {
+    const Status e = IoError("{}: fdatasync: {}", path_, std::strerror(errno));
+    std::lock_guard<std::mutex> lock(sync_mu_);
+    if (sync_error_.ok()) sync_error_ = e;
+    return sync_error_;
   }
   return SyncError();
 }
 
 Status WalWriter::Restart() {
-  if (ftruncate(fd_, 0) != 0) return IoError("{}: truncate: {}", path_, std::strerror(errno));
+  if (CurrentEnv().Ftruncate(fd_, 0) != 0) return IoError("{}: truncate: {}", path_, std::strerror(errno));
   bytes_ = 0;
   dirty_ = true;
   return Sync();
@@ -472,7 +500,7 @@ Status TruncateWal(const std::string& path, uint64_t bytes) {
   const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return IoError("{}: open: {}", path, std::strerror(errno));
   Status s;
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fsync(fd) != 0) {
+  if (CurrentEnv().Ftruncate(fd, static_cast<off_t>(bytes)) != 0 || CurrentEnv().Fsync(fd) != 0) {
     s = IoError("{}: truncate to {} bytes: {}", path, bytes, std::strerror(errno));
   }
   close(fd);

@@ -41,7 +41,7 @@
 // Thread-safety: a WalWriter is used by one thread at a time (the shard holds its lock); with
 // fsync_ms > 0 it owns a thread of its own that fsyncs the file every fsync_ms when it has
 // unsynced records, so the shard's loop never waits for the disk (an fsync error is returned by
-// the next Append). ScanWal is reentrant.
+// the next Append, and every later one, which write nothing). ScanWal is reentrant.
 #pragma once
 
 #include <atomic>
@@ -101,9 +101,13 @@ class WalWriter {
                      std::unique_ptr<WalWriter>* out);
   ~WalWriter();
 
-  // Writes `r` (its seq is set to next_seq()) with one write(2); fsyncs when due.
+  // Writes `r` (its seq is set to next_seq()) with one write(2); fsyncs when due. On an error
+  // the record is not in the log: a record written in part, or written but not synced (fsync_ms
+  // = 0), is cut off again (ftruncate), so the log never holds a record the shard did not take
+  // nor a torn one before later records. The log takes nothing more, every later Append failing
+  // without writing, once an fsync has failed (on either thread) or a record could not be cut off.
   Status Append(WalRecord* r);
-  Status Sync();  // fsync now if anything is unsynced
+  Status Sync();  // fsync now if anything is unsynced; a failure is for good (see Append)
   // Empties the log (after a checkpoint that covers everything in it); seq numbers go on.
   Status Restart();
   uint64_t next_seq() const { return next_seq_; }
@@ -118,6 +122,8 @@ class WalWriter {
 
   void SyncLoop();
   Status SyncError();
+  Status Usable();  // failed_, else the sticky fsync error
+  Status CutOff(uint64_t start, const Status& cause);
 
   std::string path_;
   int fd_ = -1;
@@ -131,6 +137,7 @@ class WalWriter {
   std::condition_variable sync_cv_;
   bool stop_ = false;
   Status sync_error_;
+  Status failed_;       // a record that could not be cut off: nothing more is written
   std::thread syncer_;  // fsync_ms > 0 only
 };
 

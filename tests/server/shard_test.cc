@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "client/ps/ps_client.h"
+#include "common/env.h"
 #include "common/grad_codec.h"
 #include "common/inproc_transport.h"
 #include "common/rotation.h"
@@ -29,6 +30,7 @@
 #include "common/solver/sgd.h"
 #include "common/tensor_file.h"
 #include "server/wal.h"
+#include "tests/testing/fault_env.h"
 
 namespace downpour {
 namespace {
@@ -1882,7 +1884,7 @@ namespace {
 // A write-ahead log that cannot be opened and synced (here /dev/full, which takes no fsync) stops
 // the server before it serves anything, with an error naming the log: a server that could not
 // keep its promise never acknowledges a push. (A write that fails later refuses the message
-// under kLogWrite; the mutation test and the replay tests cover the writes that succeed.)
+// under kLogWrite: the next test.)
 TEST_F(ShardFixture, ALogThatCannotBeOpenedStopsTheServerBeforeItServes) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this machine";
   ASSERT_TRUE(ParamLayout::Build(SmallModel(), 1, 8, &layout_).ok());
@@ -1896,6 +1898,49 @@ TEST_F(ShardFixture, ALogThatCannotBeOpenedStopsTheServerBeforeItServes) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("/dev/full"), std::string::npos) << s.ToString();
   EXPECT_EQ(shard->Stats().pushes_applied, 0u);
+}
+
+// A push the log cannot take (the disk full part-way through its record) is refused with an I/O
+// error naming the log, counted under kLogWrite, and changes no weight; once there is room the
+// next push is taken, and the server restarted from its log is the live one byte for byte: the
+// part of a record the disk took was cut off, not left to make every later record damage.
+TEST_F(ShardFixture, APushTheLogCannotTakeIsRefusedUnappliedAndTheLogStillRecovers) {
+  test::FaultEnv env;  // outlives the shards, which write through it
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 0.1f;
+  o.solver.momentum = 0.9f;
+  o.expected_workers = 1;
+  o.wal_fsync_ms = 0ms;
+  StartShards(SmallModel(), 1, 64, o);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(Iota(n, 1.0f, 0.01f)), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->Push(Grad(n, 0, 0), 0), 5000ms).ok());
+  std::vector<float> before(n), after(n);
+  ASSERT_TRUE(c->Wait(c->Pull(before, 1), 5000ms).ok());
+  {
+    ScopedEnv scoped(&env);
+    env.FillDiskAfter(100);
+    const Status s = c->Wait(c->Push(Grad(n, 0, 1), 1), 5000ms);
+    EXPECT_EQ(s.code(), StatusCode::kIoError);
+    EXPECT_NE(s.message().find("the write-ahead log failed, so the push was not taken"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find(persist_dir_), std::string::npos) << s.message();
+    env.FillDiskAfter(-1);
+  }
+  EXPECT_GE(env.failed_writes(), 1);
+  ASSERT_TRUE(c->Wait(c->Pull(after, 1), 5000ms).ok());
+  EXPECT_EQ(after, before) << "a refused push changed the weights";
+  const ShardStatsWire stats = shards_[0]->Stats();
+  EXPECT_EQ(stats.rejected_by_reason[static_cast<size_t>(RejectReason::kLogWrite)], 1u);
+  ASSERT_TRUE(c->Wait(c->Push(Grad(n, 0, 2), 2), 5000ms).ok());
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  EXPECT_FALSE(rep.torn_tail);
+  const uint64_t msgs = (layout_.ServerChunks(0).size() + 3) / 4;
+  EXPECT_EQ(rep.replayed_pushes, 3 * msgs);  // the init and the two pushes taken
+  ExpectSameShard(*shards_[0], *fresh, 0);
 }
 
 }  // namespace

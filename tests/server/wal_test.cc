@@ -2,14 +2,17 @@
 // last record is reported as a torn tail (safe to drop); a damaged record followed by valid
 // data, a wrong magic and a sequence gap are errors naming the file, the byte offset and the
 // field; a restarted log continues the sequence.
+#include "server/wal.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "common/env.h"
 #include "common/file_io.h"
-#include "server/wal.h"
+#include "tests/testing/fault_env.h"
 
 namespace downpour {
 namespace {
@@ -327,6 +330,139 @@ TEST(Wal, TheFsyncThreadCountsItsCpuTime) {
   ASSERT_TRUE(WalWriter::Open(TestPath("sync_inline.wal"), 1, true, 0ms, &inline_sync).ok());
   ASSERT_TRUE(inline_sync->Append(&push).ok());
   EXPECT_EQ(inline_sync->sync_cpu_ns(), 0u);
+}
+
+// A push record of the gradient `g` on chunk 0.
+WalRecord Push(const std::vector<float>& g) {
+  WalRecord push;
+  push.kind = WalKind::kPush;
+  push.chunks = {WalChunk{0, 0, g.data(), static_cast<uint32_t>(g.size())}};
+  return push;
+}
+
+// A record the disk took only half of is cut off again: the log holds exactly the records that
+// were taken, the sequence has no gap, and the records after it (once there is room) read back
+// as an undamaged log. Left there, the half record would have made every later record damage
+// the log (a bad record followed by valid ones is kCorrupt), and a restart from the log fail.
+TEST(Wal, ARecordTheDiskTookHalfOfIsCutOffAndLaterRecordsReadBack) {
+  for (auto fsync_ms : {0ms, 200ms}) {
+    SCOPED_TRACE(fmt::format("fsync_ms {}", fsync_ms.count()));
+    const std::string path = TestPath("full.wal");
+    const std::vector<float> g(4096, 0.5f);  // 16 KiB a record
+    test::FaultEnv env;                      // outlives the writer, whose fsync thread may still be calling it
+    std::unique_ptr<WalWriter> w;
+    ASSERT_TRUE(WalWriter::Open(path, 1, true, fsync_ms, &w).ok());
+    WalRecord push = Push(g);
+    ASSERT_TRUE(w->Append(&push).ok());
+    const uint64_t before = w->bytes();
+    env.FillDiskAfter(5000);
+    {
+      ScopedEnv scoped(&env);
+      const Status s = w->Append(&push);
+      EXPECT_EQ(s.code(), StatusCode::kIoError);
+      EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+      EXPECT_EQ(std::filesystem::file_size(path), before) << "the half record was left in the log";
+      EXPECT_EQ(w->bytes(), before);
+      env.FillDiskAfter(-1);  // room again
+      ASSERT_TRUE(w->Append(&push).ok());
+      EXPECT_EQ(push.seq, 2u) << "the failed record used up a sequence number";
+      WalRecord clock;
+      clock.kind = WalKind::kClock;
+      clock.clock = 3;
+      ASSERT_TRUE(w->Append(&clock).ok());
+      ASSERT_TRUE(w->Sync().ok());
+    }
+    EXPECT_GE(env.failed_writes(), 1);
+    WalScanInfo info;
+    Status s;
+    const auto recs = Scan(path, &info, &s);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_FALSE(info.torn) << info.torn_reason;
+    ASSERT_EQ(recs.size(), 3u);
+    EXPECT_EQ(recs[2].seq, 3u);
+    EXPECT_EQ(recs[2].kind, WalKind::kClock);
+  }
+}
+
+// An fsync that fails is for good: the record it was for is cut off (fsync_ms = 0: it was not
+// durable, so it was not taken), and every later record is refused without a byte written, also
+// once the disk would sync again — after a failed fsync the kernel may have dropped unwritten
+// pages, and a later fsync that succeeds says nothing about them.
+TEST(Wal, AFailedFsyncRefusesThatRecordAndEveryLaterOneWithoutWriting) {
+  const std::string path = TestPath("eio.wal");
+  const std::vector<float> g(64, 0.5f);
+  test::FaultEnv env;
+  std::unique_ptr<WalWriter> w;
+  ASSERT_TRUE(WalWriter::Open(path, 1, true, 0ms, &w).ok());
+  WalRecord push = Push(g);
+  ASSERT_TRUE(w->Append(&push).ok());
+  const uint64_t before = std::filesystem::file_size(path);
+  env.FailFsync(EIO);
+  ScopedEnv scoped(&env);
+  Status s = w->Append(&push);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("fdatasync"), std::string::npos) << s.message();
+  EXPECT_EQ(std::filesystem::file_size(path), before);
+  env.FailFsync(0);
+  s = w->Append(&push);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_EQ(std::filesystem::file_size(path), before) << "a record was written after the failed fsync";
+  EXPECT_FALSE(w->Sync().ok());
+}
+
+// With group commit (fsync_ms > 0) the fsync thread's failure reaches the next Append, which
+// writes nothing: the records the thread could not sync were acknowledged already, and none is
+// added after them.
+TEST(Wal, TheFsyncThreadsFailureStopsTheNextAppendBeforeItWrites) {
+  const std::string path = TestPath("eio_thread.wal");
+  const std::vector<float> g(64, 0.5f);
+  test::FaultEnv env;  // outlives the writer and its fsync thread
+  std::unique_ptr<WalWriter> w;
+  ASSERT_TRUE(WalWriter::Open(path, 1, true, 5ms, &w).ok());
+  env.FailFsync(EIO);
+  ScopedEnv scoped(&env);
+  WalRecord push = Push(g);
+  ASSERT_TRUE(w->Append(&push).ok());
+  for (int i = 0; i < 400 && env.fsyncs() == 0; ++i) std::this_thread::sleep_for(5ms);  // bounded: 2 s
+  ASSERT_GT(env.fsyncs(), 0) << "the fsync thread never ran";
+  const uint64_t after_first = std::filesystem::file_size(path);
+  const Status s = w->Append(&push);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("fdatasync"), std::string::npos) << s.message();
+  EXPECT_EQ(std::filesystem::file_size(path), after_first);
+}
+
+// A record that fails and cannot be cut off either (ftruncate fails too) leaves the log with a
+// torn last record, which is what a crash mid-write leaves and a restart drops; nothing is
+// written after it, so it stays the last.
+TEST(Wal, ARecordThatCannotBeCutOffIsTheLastTheLogTakes) {
+  const std::string path = TestPath("stuck.wal");
+  const std::vector<float> g(4096, 0.5f);
+  test::FaultEnv env;
+  std::unique_ptr<WalWriter> w;
+  ASSERT_TRUE(WalWriter::Open(path, 1, true, 0ms, &w).ok());
+  WalRecord push = Push(g);
+  ASSERT_TRUE(w->Append(&push).ok());
+  {
+    env.FillDiskAfter(5000);
+    env.FailFtruncate(EIO);
+    ScopedEnv scoped(&env);
+    Status s = w->Append(&push);
+    EXPECT_EQ(s.code(), StatusCode::kIoError);
+    EXPECT_NE(s.message().find("could not be cut off"), std::string::npos) << s.message();
+    env.FillDiskAfter(-1);
+    env.FailFtruncate(0);
+    const uint64_t stuck = std::filesystem::file_size(path);
+    s = w->Append(&push);
+    EXPECT_EQ(s.code(), StatusCode::kIoError);
+    EXPECT_EQ(std::filesystem::file_size(path), stuck);
+  }
+  WalScanInfo info;
+  Status s;
+  const auto recs = Scan(path, &info, &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(recs.size(), 1u);
+  EXPECT_TRUE(info.torn);
 }
 
 TEST(Wal, MissingLogIsNotFound) {
