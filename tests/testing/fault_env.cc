@@ -58,38 +58,36 @@ ssize_t FaultEnv::Writev(int fd, const iovec* iov, int count) {
   return w;
 }
 
-int FaultEnv::Fsync(int fd) {
-  ++fsyncs_;
-  if (const int err = fsync_err_.load()) {
-    errno = err;
+namespace {
+
+// -1 with errno `err` when a failure is set, else the call itself.
+template <typename Call>
+int FailOr(const std::atomic<int>& err, const Call& call) {
+  if (const int e = err.load()) {
+    errno = e;
     return -1;
   }
-  return Env::Fsync(fd);
+  return call();
+}
+
+}  // namespace
+
+int FaultEnv::Fsync(int fd) {
+  ++fsyncs_;
+  return FailOr(fsync_err_, [&] { return Env::Fsync(fd); });
 }
 
 int FaultEnv::Fdatasync(int fd) {
   ++fsyncs_;
-  if (const int err = fsync_err_.load()) {
-    errno = err;
-    return -1;
-  }
-  return Env::Fdatasync(fd);
+  return FailOr(fsync_err_, [&] { return Env::Fdatasync(fd); });
 }
 
 int FaultEnv::Ftruncate(int fd, off_t length) {
-  if (const int err = ftruncate_err_.load()) {
-    errno = err;
-    return -1;
-  }
-  return Env::Ftruncate(fd, length);
+  return FailOr(ftruncate_err_, [&] { return Env::Ftruncate(fd, length); });
 }
 
 int FaultEnv::Rename(const char* from, const char* to) {
-  if (const int err = rename_err_.load()) {
-    errno = err;
-    return -1;
-  }
-  return Env::Rename(from, to);
+  return FailOr(rename_err_, [&] { return Env::Rename(from, to); });
 }
 
 }  // namespace downpour::test

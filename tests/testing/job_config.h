@@ -51,8 +51,8 @@ class JobConfig {
 };
 
 // The job most multi-process tests run: `model` (a name in configs/models/, or a path to a model
-// config) on Debian's Fashion-MNIST (harness.h kFashionMnistDir), `servers` × `workers` in async
-// mode at a fresh loopback port range (coordinator 127.0.0.1:P, servers from P + 1), seed 5,
+// config) on Debian's Fashion-MNIST (harness.h kFashionMnistDir), `servers` × `workers` (async,
+// the default mode) at a fresh loopback port range (coordinator 127.0.0.1:P, servers from P + 1), seed 5,
 // heartbeats every 200 ms with silence after 2 s, batch 32, one engine thread, `steps` per worker,
 // lr 0.01 fixed, no momentum or weight decay set (the solver's defaults), no periodic evaluation
 // or checkpoint; the final evaluation's test_batches and everything else at their defaults.
