@@ -44,6 +44,13 @@ Status ModelHost::Create(std::vector<std::unique_ptr<ShardServer>> shards, std::
   return Status::Ok();
 }
 
+bool ModelHost::log_failed() const {
+  for (const auto& s : shards_) {
+    if (s->log_failed()) return true;
+  }
+  return false;
+}
+
 bool ModelHost::shutdown_requested() const {
   for (const auto& s : shards_) {
     if (s->shutdown_requested()) return true;
@@ -114,7 +121,7 @@ Status ModelHost::Serve(ServerEndpoint* ep) {
   }
   Status result;
   size_t inbox_bytes = 0;
-  while (!stop_.load() && !shutdown_requested()) {
+  while (!stop_.load() && !shutdown_requested() && !log_failed()) {
     // Take what is waiting: one message, or with serve_by_step all there are (at most kInbox
     // messages, or until kInboxBytes is passed); wait only when nothing is left to handle.
     while (inbox_.size() < kInbox && inbox_bytes < kInboxBytes) {
@@ -145,6 +152,9 @@ Status ModelHost::Serve(ServerEndpoint* ep) {
     for (const auto& shard : shards_) shard->Tick(ep);
   }
   inbox_.clear();
+  for (const auto& shard : shards_) {  // a log failure is why the loop stopped: it is the answer
+    if (result.ok() && shard->log_failed()) result = shard->LogFailure();
+  }
   for (const auto& shard : shards_) {
     const Status f = shard->Finish();
     if (result.ok() && !f.ok()) result = f;

@@ -59,7 +59,8 @@ class ModelHost {
   static Status Create(std::vector<std::unique_ptr<ShardServer>> shards, std::unique_ptr<ModelHost>* out);
 
   // Opens every shard's write-ahead log, then runs the message loop on the calling thread until
-  // Stop() or a shutdown message; returns the endpoint's error if receiving fails otherwise.
+  // Stop() or a shutdown message; returns the endpoint's error if receiving fails otherwise, and a
+  // shard's log failure if its log stops taking records (the loop then stops at once).
   Status Serve(ServerEndpoint* endpoint);
   void Start(std::unique_ptr<ServerEndpoint> endpoint);  // Serve on a thread of its own
   Status Join();
@@ -68,6 +69,7 @@ class ModelHost {
   int models() const { return static_cast<int>(shards_.size()); }
   ShardServer* shard(int model) const { return shards_[static_cast<size_t>(model)].get(); }
   bool shutdown_requested() const;
+  bool log_failed() const;  // a shard's write-ahead log takes nothing more (ShardServer::log_failed)
   uint64_t unknown_model() const { return unknown_model_.load(); }
 
  private:

@@ -308,6 +308,7 @@ Status Run(const Flags& f, bool* serving) {
       break;
     }
     if (host->shutdown_requested()) break;
+    if (host->log_failed()) break;  // Join says why; the launcher restarts this server with --recover
     if (link && link->shutdown_requested()) {
       spdlog::info("server {}: coordinator says the run is over", f.id);
       break;
@@ -320,7 +321,8 @@ Status Run(const Flags& f, bool* serving) {
   // model's shard checkpoints once more on its way out when checkpointing is on.
   for (int k = 0; k < models; ++k) {
     ShardServer* shard = host->shard(k);
-    if (cfg.checkpoint.every_updates <= 0 || shard->updates() <= 0) continue;
+    // A shard whose log failed is restarted from its checkpoint and log as they are.
+    if (cfg.checkpoint.every_updates <= 0 || shard->updates() <= 0 || shard->log_failed()) continue;
     const std::string& path = shard->options().checkpoint_path;
     const Status c = shard->SaveCheckpoint(path);
     if (c.ok()) {

@@ -228,7 +228,7 @@ ShardServer::~ShardServer() {
 
 Status ShardServer::Serve(ServerEndpoint* ep) {
   DP_RETURN_IF_ERROR(OpenLog());
-  while (!stop_.load()) {
+  while (!stop_.load() && !log_failed_.load()) {
     PeerId peer;
     PeerInfo info;
     Frames frames;
@@ -240,7 +240,16 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
     }
     Tick(ep);
   }
-  return Finish();
+  const Status finished = Finish();
+  return log_failed_.load() ? LogFailure() : finished;
+}
+
+Status ShardServer::LogFailure() const {
+  if (!log_failed_.load()) return Status::Ok();
+  return IoError(
+      "server {}: stopped: its write-ahead log {} takes nothing more ({}); restart it from its checkpoint "
+      "and log (--recover)",
+      options_.server_id, options_.wal_path, log_failure_text_);
 }
 
 void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
@@ -441,7 +450,9 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       break;
   }
   if (!s.ok()) {
-    Reject(ep, peer, info, h, s, reason);
+    // A log that takes nothing more stops the server like a crash: the message goes unanswered,
+    // and its sender's client resends it to the restarted server, which replays its log.
+    if (!log_failed_.load()) Reject(ep, peer, info, h, s, reason);
     return;
   }
   Reply(ep, peer, reply);
@@ -982,6 +993,14 @@ Status ShardServer::LogRecord(WalRecord* r) {
   Status s = wal_->Append(r);
   stats_.wal_ns += NanosSince(t0);
   if (!s.ok()) {
+    if (const Status failure = wal_->Failure(); !failure.ok() && !log_failed_.load()) {
+      log_failure_text_ = failure.message();
+      log_failed_.store(true);
+      spdlog::error(
+          "server {}: the write-ahead log takes nothing more ({}): stopping, to be restarted from its "
+          "checkpoint and log; the {} that found it is left unanswered",
+          options_.server_id, failure.message(), r->kind == WalKind::kPush ? "push" : "change");
+    }
     return IoError("server {}: the write-ahead log failed, so the {} was not taken: {}", options_.server_id,
                    r->kind == WalKind::kPush ? "push" : "change", s.message());
   }

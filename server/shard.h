@@ -71,7 +71,10 @@
 // acknowledged push is in it. A torn last record (never acknowledged) is dropped with one log
 // line; any other damage is an error naming the file, offset and field. A message the log
 // cannot take (disk full, I/O error) is refused with an I/O error reply, not applied and counted
-// under kLogWrite.
+// under kLogWrite. Once the log takes nothing more (a failed fsync, a record it could not cut
+// off: WalWriter::Append), the shard fails-stop as a crash would: that message goes unanswered,
+// Serve returns the log's error, and the process is to be restarted from its checkpoint and log
+// (downpour-launch does), where the sender's client resends what was not acknowledged.
 //
 // Idempotent pushes: a push is named by (sender, header.session, header.request_id). The shard
 // keeps, per worker, the request ids of its last kDedupSessions sessions, at most
@@ -260,6 +263,9 @@ class ShardServer {
   int64_t ChunkScheduleIter(int32_t chunk) const;        // the lr schedule's iteration; -1 if not owned
   int64_t updates() const;                               // applied chunk updates
   bool shutdown_requested() const { return shutdown_.load(); }
+  // The write-ahead log takes nothing more: the loop has stopped or is stopping (see above).
+  bool log_failed() const { return log_failed_.load(); }
+  Status LogFailure() const;  // Ok unless log_failed(); then the error, naming the log
 
   // Atomic checkpoint of this shard (meta: server id/count, layout hash, model id, versions,
   // wal_seq, pushes_by_worker, the duplicate window, policy state; tensors: per chunk weights
@@ -404,6 +410,8 @@ class ShardServer {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};
+  std::atomic<bool> log_failed_{false};
+  std::string log_failure_text_;  // written once, before log_failed_ is set
   std::thread thread_;
   Status thread_status_;
   std::unique_ptr<ServerEndpoint> owned_endpoint_;

@@ -332,7 +332,7 @@ Status WalWriter::Open(const std::string& path, uint64_t next_seq, bool truncate
 // the header and per-chunk fields from buf_, the floats straight from the push's frames, so a
 // 100 MB push is not copied once more on its way to the page cache.
 Status WalWriter::Append(WalRecord* r) {
-  DP_RETURN_IF_ERROR(Usable());  // before anything is written: a refused record is not in the log
+  DP_RETURN_IF_ERROR(Failure());  // before anything is written: a refused record is not in the log
   r->seq = next_seq_;
   const uint64_t start = bytes_;
   uint64_t record_bytes = 0;
@@ -402,7 +402,7 @@ Status WalWriter::Append(WalRecord* r) {
   return Status::Ok();
 }
 
-Status WalWriter::Usable() {
+Status WalWriter::Failure() {
   if (!failed_.ok()) return failed_;
   return SyncError();
 }

@@ -108,6 +108,8 @@ class WalWriter {
   // without writing, once an fsync has failed (on either thread) or a record could not be cut off.
   Status Append(WalRecord* r);
   Status Sync();  // fsync now if anything is unsynced; a failure is for good (see Append)
+  // Ok while the log takes records; once it takes nothing more (see Append), why.
+  Status Failure();
   // Empties the log (after a checkpoint that covers everything in it); seq numbers go on.
   Status Restart();
   uint64_t next_seq() const { return next_seq_; }
@@ -122,7 +124,6 @@ class WalWriter {
 
   void SyncLoop();
   Status SyncError();
-  Status Usable();  // failed_, else the sticky fsync error
   Status CutOff(uint64_t start, const Status& cause);
 
   std::string path_;

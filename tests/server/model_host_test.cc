@@ -17,9 +17,11 @@
 
 #include "client/ps/ps_client.h"
 #include "common/codec.h"
+#include "common/env.h"
 #include "common/inproc_transport.h"
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
+#include "tests/testing/fault_env.h"
 
 namespace downpour {
 namespace {
@@ -282,6 +284,37 @@ TEST_F(ModelHostTest, CheckpointsAndLogsRestoreEveryModel) {
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/server-0.model-1.dpt"));
   // A checkpoint of one model does not load into another (model id and layout are checked).
   EXPECT_FALSE(hosts_[0]->shard(2)->LoadCheckpoint(dir_ + "/server-0.model-1.dpt").ok());
+}
+
+// A log that takes nothing more (here the fsync thread's fdatasync failed) stops its host's loop
+// as a crash would, and downpour-server exits so that the launcher restarts it with --recover: the
+// push that found the failure goes unanswered, Join names the log, and every model comes back from
+// its log as it was when the last push was acknowledged.
+TEST_F(ModelHostTest, AFailedLogStopsTheHostAndEveryModelComesBackFromItsLog) {
+  test::FaultEnv env;  // outlives the hosts, whose logs' fsync threads call it
+  StartHosts(/*persist=*/true);
+  InitAll();
+  std::vector<std::vector<float>> weights;
+  {
+    ScopedEnv scoped(&env);
+    env.FailFsync(EIO);
+    auto c = Client(1, 0);
+    ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(Floats(1), 0.5f), 0), 5000ms).ok());  // in the log, unsynced
+    for (int k = 0; k < 3; ++k) weights.push_back(Weights(k));
+    for (int i = 0; i < 400 && env.fsyncs() < kServers; ++i) std::this_thread::sleep_for(5ms);  // bounded: 2 s
+    ASSERT_GE(env.fsyncs(), kServers) << "the logs' fsync threads did not run";
+    const RequestId id = c->Push(std::vector<float>(Floats(1), 0.25f), 1);
+    EXPECT_EQ(c->Wait(id, 500ms).code(), StatusCode::kTimeout) << "the push that found the failure was answered";
+    for (auto& h : hosts_) {
+      EXPECT_TRUE(h->log_failed());
+      const Status joined = h->Join();  // the loop ended by itself
+      EXPECT_EQ(joined.code(), StatusCode::kIoError);
+      EXPECT_NE(joined.message().find("model-1.wal takes nothing more"), std::string::npos) << joined.message();
+    }
+    hosts_.clear();
+  }
+  StartHosts(/*persist=*/true, /*recover=*/true);
+  for (int k = 0; k < 3; ++k) EXPECT_TRUE(SameBytes(Weights(k), weights[static_cast<size_t>(k)])) << "model " << k;
 }
 
 TEST_F(ModelHostTest, MovePushesAddTheChangeAdvanceTheScheduleAndSurviveARestart) {

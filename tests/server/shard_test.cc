@@ -1943,5 +1943,47 @@ TEST_F(ShardFixture, APushTheLogCannotTakeIsRefusedUnappliedAndTheLogStillRecove
   ExpectSameShard(*shards_[0], *fresh, 0);
 }
 
+// A failed fsync of the log leaves the shard unable to promise anything: it stops as a crash
+// would. The push that found the failure goes unanswered (its client would resend it to the
+// restarted server), the loop ends with an error naming the log, and the shard recovered from its
+// log is the live one, without that push: it was cut off, not left to be replayed.
+TEST_F(ShardFixture, AFailedLogFsyncStopsTheServerLikeACrashAndItsLogStillRecovers) {
+  test::FaultEnv env;  // outlives the shards, which write through it
+  UsePersistDir();
+  ShardOptions o;
+  o.solver.base_lr = 0.1f;
+  o.solver.momentum = 0.9f;
+  o.expected_workers = 1;
+  o.wal_fsync_ms = 0ms;
+  StartShards(SmallModel(), 1, 64, o);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(Iota(n, 1.0f, 0.01f)), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->Push(Grad(n, 0, 0), 0), 5000ms).ok());
+  const uint64_t applied = shards_[0]->Stats().pushes_applied;
+  {
+    ScopedEnv scoped(&env);
+    env.FailFsync(EIO);
+    const RequestId id = c->Push(Grad(n, 0, 1), 1);
+    for (int i = 0; i < 500 && !shards_[0]->log_failed(); ++i) std::this_thread::sleep_for(10ms);  // bounded: 5 s
+    ASSERT_TRUE(shards_[0]->log_failed());
+    const Status joined = shards_[0]->Join();  // its loop ended by itself
+    EXPECT_EQ(joined.code(), StatusCode::kIoError);
+    EXPECT_NE(joined.message().find("takes nothing more"), std::string::npos) << joined.message();
+    EXPECT_NE(joined.message().find(persist_dir_), std::string::npos) << joined.message();
+    EXPECT_EQ(c->Wait(id, 300ms).code(), StatusCode::kTimeout) << "the push was answered";
+  }
+  EXPECT_EQ(shards_[0]->Stats().pushes_applied, applied);
+  std::unique_ptr<ShardServer> fresh;
+  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &fresh).ok());
+  RecoverReport rep;
+  const Status st = fresh->Recover(&rep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_FALSE(rep.torn_tail);
+  EXPECT_EQ(rep.replayed_pushes, 2 * ((layout_.ServerChunks(0).size() + 3) / 4));  // the init and push 0
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  shards_.clear();  // joined above, with the log's error (TearDown expects clean ends)
+}
+
 }  // namespace
 }  // namespace downpour
