@@ -1900,43 +1900,60 @@ TEST_F(ShardFixture, ALogThatCannotBeOpenedStopsTheServerBeforeItServes) {
   EXPECT_EQ(shard->Stats().pushes_applied, 0u);
 }
 
+// One shard whose log is fsynced before every ack (a failed fsync is then the push's own), with
+// worker 0's initial weights and its push of step 0 taken: where the log failure tests start.
+class ShardLogFailure : public ShardFixture {
+ protected:
+  void StartWithTwoPushes() {
+    UsePersistDir();
+    o_.solver.base_lr = 0.1f;
+    o_.solver.momentum = 0.9f;
+    o_.expected_workers = 1;
+    o_.wal_fsync_ms = 0ms;
+    StartShards(SmallModel(), 1, 64, o_);
+    n_ = static_cast<size_t>(layout_.total_elems());
+    c_ = Client(0);
+    ASSERT_TRUE(c_->Wait(c_->PushInit(Iota(n_, 1.0f, 0.01f)), 5000ms).ok());
+    ASSERT_TRUE(c_->Wait(c_->Push(Grad(n_, 0, 0), 0), 5000ms).ok());
+  }
+
+  void TearDown() override {
+    c_.reset();  // as a test's own client would be: gone before its servers stop
+    ShardFixture::TearDown();
+  }
+
+  test::FaultEnv env_;  // installed only inside a test's ScopedEnv; TearDown joins the shards first
+  ShardOptions o_;
+  size_t n_ = 0;
+  std::unique_ptr<PsClient> c_;
+};
+
 // A push the log cannot take (the disk full part-way through its record) is refused with an I/O
 // error naming the log, counted under kLogWrite, and changes no weight; once there is room the
 // next push is taken, and the server restarted from its log is the live one byte for byte: the
 // part of a record the disk took was cut off, not left to make every later record damage.
-TEST_F(ShardFixture, APushTheLogCannotTakeIsRefusedUnappliedAndTheLogStillRecovers) {
-  test::FaultEnv env;  // outlives the shards, which write through it
-  UsePersistDir();
-  ShardOptions o;
-  o.solver.base_lr = 0.1f;
-  o.solver.momentum = 0.9f;
-  o.expected_workers = 1;
-  o.wal_fsync_ms = 0ms;
-  StartShards(SmallModel(), 1, 64, o);
-  const size_t n = static_cast<size_t>(layout_.total_elems());
-  auto c = Client(0);
-  ASSERT_TRUE(c->Wait(c->PushInit(Iota(n, 1.0f, 0.01f)), 5000ms).ok());
-  ASSERT_TRUE(c->Wait(c->Push(Grad(n, 0, 0), 0), 5000ms).ok());
-  std::vector<float> before(n), after(n);
-  ASSERT_TRUE(c->Wait(c->Pull(before, 1), 5000ms).ok());
+TEST_F(ShardLogFailure, APushTheLogCannotTakeIsRefusedUnappliedAndTheLogStillRecovers) {
+  ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
+  std::vector<float> before(n_), after(n_);
+  ASSERT_TRUE(c_->Wait(c_->Pull(before, 1), 5000ms).ok());
   {
-    ScopedEnv scoped(&env);
-    env.FillDiskAfter(100);
-    const Status s = c->Wait(c->Push(Grad(n, 0, 1), 1), 5000ms);
+    ScopedEnv scoped(&env_);
+    env_.FillDiskAfter(100);
+    const Status s = c_->Wait(c_->Push(Grad(n_, 0, 1), 1), 5000ms);
     EXPECT_EQ(s.code(), StatusCode::kIoError);
     EXPECT_NE(s.message().find("the write-ahead log failed, so the push was not taken"), std::string::npos)
         << s.message();
     EXPECT_NE(s.message().find(persist_dir_), std::string::npos) << s.message();
-    env.FillDiskAfter(-1);
+    env_.FillDiskAfter(-1);
   }
-  EXPECT_GE(env.failed_writes(), 1);
-  ASSERT_TRUE(c->Wait(c->Pull(after, 1), 5000ms).ok());
+  EXPECT_GE(env_.failed_writes(), 1);
+  ASSERT_TRUE(c_->Wait(c_->Pull(after, 1), 5000ms).ok());
   EXPECT_EQ(after, before) << "a refused push changed the weights";
   const ShardStatsWire stats = shards_[0]->Stats();
   EXPECT_EQ(stats.rejected_by_reason[static_cast<size_t>(RejectReason::kLogWrite)], 1u);
-  ASSERT_TRUE(c->Wait(c->Push(Grad(n, 0, 2), 2), 5000ms).ok());
+  ASSERT_TRUE(c_->Wait(c_->Push(Grad(n_, 0, 2), 2), 5000ms).ok());
   RecoverReport rep;
-  auto fresh = KillAndRecover(0, o, &rep);
+  auto fresh = KillAndRecover(0, o_, &rep);
   EXPECT_FALSE(rep.torn_tail);
   const uint64_t msgs = (layout_.ServerChunks(0).size() + 3) / 4;
   EXPECT_EQ(rep.replayed_pushes, 3 * msgs);  // the init and the two pushes taken
@@ -1947,35 +1964,24 @@ TEST_F(ShardFixture, APushTheLogCannotTakeIsRefusedUnappliedAndTheLogStillRecove
 // would. The push that found the failure goes unanswered (its client would resend it to the
 // restarted server), the loop ends with an error naming the log, and the shard recovered from its
 // log is the live one, without that push: it was cut off, not left to be replayed.
-TEST_F(ShardFixture, AFailedLogFsyncStopsTheServerLikeACrashAndItsLogStillRecovers) {
-  test::FaultEnv env;  // outlives the shards, which write through it
-  UsePersistDir();
-  ShardOptions o;
-  o.solver.base_lr = 0.1f;
-  o.solver.momentum = 0.9f;
-  o.expected_workers = 1;
-  o.wal_fsync_ms = 0ms;
-  StartShards(SmallModel(), 1, 64, o);
-  const size_t n = static_cast<size_t>(layout_.total_elems());
-  auto c = Client(0);
-  ASSERT_TRUE(c->Wait(c->PushInit(Iota(n, 1.0f, 0.01f)), 5000ms).ok());
-  ASSERT_TRUE(c->Wait(c->Push(Grad(n, 0, 0), 0), 5000ms).ok());
+TEST_F(ShardLogFailure, AFailedLogFsyncStopsTheServerLikeACrashAndItsLogStillRecovers) {
+  ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
   const uint64_t applied = shards_[0]->Stats().pushes_applied;
   {
-    ScopedEnv scoped(&env);
-    env.FailFsync(EIO);
-    const RequestId id = c->Push(Grad(n, 0, 1), 1);
+    ScopedEnv scoped(&env_);
+    env_.FailFsync(EIO);
+    const RequestId id = c_->Push(Grad(n_, 0, 1), 1);
     for (int i = 0; i < 500 && !shards_[0]->log_failed(); ++i) std::this_thread::sleep_for(10ms);  // bounded: 5 s
     ASSERT_TRUE(shards_[0]->log_failed());
     const Status joined = shards_[0]->Join();  // its loop ended by itself
     EXPECT_EQ(joined.code(), StatusCode::kIoError);
     EXPECT_NE(joined.message().find("takes nothing more"), std::string::npos) << joined.message();
     EXPECT_NE(joined.message().find(persist_dir_), std::string::npos) << joined.message();
-    EXPECT_EQ(c->Wait(id, 300ms).code(), StatusCode::kTimeout) << "the push was answered";
+    EXPECT_EQ(c_->Wait(id, 300ms).code(), StatusCode::kTimeout) << "the push was answered";
   }
   EXPECT_EQ(shards_[0]->Stats().pushes_applied, applied);
   std::unique_ptr<ShardServer> fresh;
-  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &fresh).ok());
+  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o_, 0), &fresh).ok());
   RecoverReport rep;
   const Status st = fresh->Recover(&rep);
   ASSERT_TRUE(st.ok()) << st.ToString();
