@@ -153,7 +153,7 @@ Status ModelHost::Serve(ServerEndpoint* ep) {
   }
   inbox_.clear();
   for (const auto& shard : shards_) {  // a log failure is why the loop stopped: it is the answer
-    if (result.ok() && shard->log_failed()) result = shard->LogFailure();
+    if (result.ok()) result = shard->LogFailure();
   }
   for (const auto& shard : shards_) {
     const Status f = shard->Finish();

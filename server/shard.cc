@@ -249,7 +249,7 @@ Status ShardServer::LogFailure() const {
   return IoError(
       "server {}: stopped: its write-ahead log {} takes nothing more ({}); restart it from its checkpoint "
       "and log (--recover)",
-      options_.server_id, options_.wal_path, log_failure_text_);
+      options_.server_id, options_.wal_path, wal_->Failure().message());
 }
 
 void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
@@ -994,7 +994,6 @@ Status ShardServer::LogRecord(WalRecord* r) {
   stats_.wal_ns += NanosSince(t0);
   if (!s.ok()) {
     if (const Status failure = wal_->Failure(); !failure.ok() && !log_failed_.load()) {
-      log_failure_text_ = failure.message();
       log_failed_.store(true);
       spdlog::error(
           "server {}: the write-ahead log takes nothing more ({}): stopping, to be restarted from its "

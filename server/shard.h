@@ -265,7 +265,8 @@ class ShardServer {
   bool shutdown_requested() const { return shutdown_.load(); }
   // The write-ahead log takes nothing more: the loop has stopped or is stopping (see above).
   bool log_failed() const { return log_failed_.load(); }
-  Status LogFailure() const;  // Ok unless log_failed(); then the error, naming the log
+  // Ok unless log_failed(); then the error, naming the log. On the loop's thread, or after Join.
+  Status LogFailure() const;
 
   // Atomic checkpoint of this shard (meta: server id/count, layout hash, model id, versions,
   // wal_seq, pushes_by_worker, the duplicate window, policy state; tensors: per chunk weights
@@ -410,8 +411,7 @@ class ShardServer {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};
-  std::atomic<bool> log_failed_{false};
-  std::string log_failure_text_;  // written once, before log_failed_ is set
+  std::atomic<bool> log_failed_{false};  // wal_->Failure() is not Ok (set on the loop's thread)
   std::thread thread_;
   Status thread_status_;
   std::unique_ptr<ServerEndpoint> owned_endpoint_;

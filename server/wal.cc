@@ -301,8 +301,12 @@ void WalWriter::SyncLoop() {
                          std::memory_order_relaxed);
     }
     lock.lock();
-    if (rc != 0 && sync_error_.ok()) sync_error_ = IoError("{}: fdatasync: {}", path_, std::strerror(err));
+    if (rc != 0) NoteSyncFailureLocked(err);
   }
+}
+
+void WalWriter::NoteSyncFailureLocked(int err) {
+  if (sync_error_.ok()) sync_error_ = IoError("{}: fdatasync: {}", path_, std::strerror(err));
 }
 
 Status WalWriter::SyncError() {
@@ -423,9 +427,9 @@ Status WalWriter::CutOff(uint64_t start, const Status& cause) {
 Status WalWriter::Sync() {
   if (!dirty_.exchange(false)) return SyncError();
   if (CurrentEnv().Fdatasync(fd_) != 0) {
-    const Status e = IoError("{}: fdatasync: {}", path_, std::strerror(errno));
+    const int err = errno;
     std::lock_guard<std::mutex> lock(sync_mu_);
-    if (sync_error_.ok()) sync_error_ = e;
+    NoteSyncFailureLocked(err);
     return sync_error_;
   }
   return SyncError();

@@ -124,6 +124,7 @@ class WalWriter {
 
   void SyncLoop();
   Status SyncError();
+  void NoteSyncFailureLocked(int err);  // the first failed fsync, kept for good (sync_mu_ held)
   Status CutOff(uint64_t start, const Status& cause);
 
   std::string path_;
