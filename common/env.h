@@ -15,6 +15,10 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
 
 namespace downpour {
 
@@ -30,6 +34,16 @@ class Env {
 };
 
 Env& CurrentEnv();
+
+// Writes all `n` bytes at `p` to `fd` through CurrentEnv(): a short write goes on from where it
+// stopped, a call interrupted by a signal (EINTR) is made again. A call that fails, or puts down
+// nothing, ends it with an I/O error naming `path` and how far it got ("{path}: write failed
+// after 4096 of 8192 bytes: No space left on device"). `written` (if given) gets the bytes put
+// down, so a caller can tell a torn write (some) from one that left the file as it was (none).
+Status WriteFully(int fd, const void* p, size_t n, std::string_view path, size_t* written = nullptr);
+
+// The same for a gather list, in writev calls of at most IOV_MAX pieces.
+Status WritevFully(int fd, std::vector<iovec> iov, std::string_view path, size_t* written = nullptr);
 
 // Installs `env` for the whole process while it lives; the previous one is put back after.
 class ScopedEnv {

@@ -16,17 +16,6 @@ namespace {
 
 std::string Errno() { return std::strerror(errno); }
 
-Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = CurrentEnv().Write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return IoError("{}: write failed after {} of {} bytes: {}", path, done, bytes.size(), Errno());
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
 std::string DirOf(const std::string& path) {
   const std::filesystem::path target(path);
   return target.has_parent_path() ? target.parent_path().string() : std::string(".");
@@ -99,7 +88,7 @@ Status WriteTemp(const std::string& path, std::string_view bytes, std::string* t
   if (fd < 0) return IoError("{}: cannot create a temporary file in {}: {}", path, dir, Errno());
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   // mkstemp makes the file 0600; the permissions it is to have are set once it is complete.
-  Status s = WriteAll(fd, bytes, path);
+  Status s = WriteFully(fd, bytes.data(), bytes.size(), path);
   if (s.ok()) {
     mode_t final_mode = 0;
     if (mode) {

@@ -62,7 +62,7 @@ class Writer {
       return Status::Ok();
     }
     DP_RETURN_IF_ERROR(Flush());
-    return WriteAll(p, n);
+    return WriteFully(fd_, p, n, path_);
   }
   template <typename T>
   Status PutValue(T v) {
@@ -74,26 +74,12 @@ class Writer {
   }
 
   Status Flush() {
-    Status s = WriteAll(buf_.data(), buf_.size());
+    Status s = WriteFully(fd_, buf_.data(), buf_.size(), path_);
     buf_.clear();
     return s;
   }
 
  private:
-  Status WriteAll(const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = CurrentEnv().Write(fd_, c, std::min(n, size_t{1} << 30));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return IoError("{}: write failed: {}", path_, Errno());
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-    return Status::Ok();
-  }
-
   int fd_;
   const std::string& path_;
   std::vector<uint8_t> buf_;

@@ -189,38 +189,6 @@ class Mapping {
   uint64_t size_ = 0;
 };
 
-Status WriteAll(int fd, const std::string& path, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = CurrentEnv().Write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError("{}: write: {}", path, std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::Ok();
-}
-
-Status WriteAllVec(int fd, const std::string& path, std::vector<iovec> iov) {
-  size_t first = 0;
-  while (first < iov.size()) {
-    const int n = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
-    const ssize_t w = CurrentEnv().Writev(fd, iov.data() + first, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError("{}: writev: {}", path, std::strerror(errno));
-    }
-    auto left = static_cast<size_t>(w);
-    while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
-    if (left > 0) {  // a short write inside one piece
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
-      iov[first].iov_len -= left;
-    }
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 void EncodeWalRecord(const WalRecord& r, std::string* out) {
@@ -344,7 +312,7 @@ Status WalWriter::Append(WalRecord* r) {
   if (r->kind != WalKind::kPush) {
     EncodeWalRecord(*r, &buf_);
     record_bytes = buf_.size();
-    written = WriteAll(fd_, path_, buf_.data(), buf_.size());
+    written = WriteFully(fd_, buf_.data(), buf_.size(), path_);
   } else {
     // buf_: header (24) + push fields (36) + 16 bytes per chunk header, reserved up front so
     // the iovecs into it stay valid.
@@ -393,7 +361,7 @@ Status WalWriter::Append(WalRecord* r) {
     }
     put(b + 20, crc);
     record_bytes = kWalHeaderBytes + payload;
-    written = WriteAllVec(fd_, path_, iov);
+    written = WritevFully(fd_, std::move(iov), path_);
   }
   if (!written.ok()) return CutOff(start, written);
   bytes_ += record_bytes;
