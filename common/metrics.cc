@@ -2,6 +2,8 @@
 #include "common/metrics.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,7 +13,7 @@
 #include <fstream>
 #include <limits>
 
-#include <fmt/format.h>
+#include "common/env.h"
 
 namespace downpour {
 namespace {
@@ -255,17 +257,22 @@ std::string FormatMetricLine(double t, std::string_view role, int id, std::strin
   return line;
 }
 
-MetricsWriter::MetricsWriter(int fd, std::string path, std::string role, int id, Clock clock)
-    : fd_(fd), path_(std::move(path)), role_(std::move(role)), id_(id), clock_(std::move(clock)) {}
+MetricsWriter::MetricsWriter(int fd, std::string path, std::string role, int id, Clock clock, bool torn)
+    : fd_(fd), path_(std::move(path)), role_(std::move(role)), id_(id), clock_(std::move(clock)), torn_(torn) {}
 
 MetricsWriter::~MetricsWriter() { ::close(fd_); }
 
 Status MetricsWriter::Open(const std::string& path, std::string role, int id,
                            std::unique_ptr<MetricsWriter>* out, Clock clock) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);  // read: the last byte
   if (fd < 0) return IoError("{}: cannot open metrics file: {}", path, std::strerror(errno));
+  // A file whose last line is torn (its writer stopped half-way, e.g. on a full disk): the
+  // first line written here starts on a line of its own.
+  struct stat st {};
+  char last = '\n';
+  if (::fstat(fd, &st) == 0 && st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) != 1) last = '\n';
   if (!clock) clock = WallSeconds;
-  out->reset(new MetricsWriter(fd, path, std::move(role), id, std::move(clock)));
+  out->reset(new MetricsWriter(fd, path, std::move(role), id, std::move(clock), last != '\n'));
   return Status::Ok();
 }
 
@@ -273,16 +280,11 @@ Status MetricsWriter::Write(std::string_view event, std::initializer_list<Metric
   std::string line = FormatMetricLine(clock_(), role_, id_, event, fields);
   line += '\n';
   std::lock_guard<std::mutex> lock(mu_);
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError("{}: metrics write failed: {}", path_, std::strerror(errno));
-    }
-    done += static_cast<size_t>(w);
-  }
-  return Status::Ok();
+  if (torn_) line.insert(line.begin(), '\n');  // the torn line before stands alone
+  size_t written = 0;
+  Status s = WriteFully(fd_, line.data(), line.size(), path_, &written);
+  if (written > 0) torn_ = line[written - 1] != '\n';
+  return s;
 }
 
 const MetricValue& MetricRecord::Get(const std::string& key) const {
@@ -296,15 +298,22 @@ Status ParseMetricLine(std::string_view line, const std::string& where, MetricRe
   return LineParser(line, where).Parse(out);
 }
 
-Status ReadMetrics(const std::string& path, std::vector<MetricRecord>* out) {
+Status ReadMetrics(const std::string& path, std::vector<MetricRecord>* out, std::vector<int>* torn_lines) {
   std::ifstream in(path);
   if (!in) return NotFound("{}: cannot open metrics file: {}", path, std::strerror(errno));
   out->clear();
+  if (torn_lines != nullptr) torn_lines->clear();
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const size_t end = line.find_last_not_of(" \t\r");
+    if (end == std::string::npos) continue;
     MetricRecord r;
-    DP_RETURN_IF_ERROR(ParseMetricLine(line, fmt::format("{}:{}", path, n), &r));
+    Status s = ParseMetricLine(line, fmt::format("{}:{}", path, n), &r);
+    if (!s.ok() && line[end] != '}') {  // torn: the start of a line whose write stopped
+      if (torn_lines != nullptr) torn_lines->push_back(n);
+      continue;
+    }
+    DP_RETURN_IF_ERROR(s);
     out->push_back(std::move(r));
   }
   return Status::Ok();

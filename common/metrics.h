@@ -7,6 +7,12 @@
 // Also a tiny reader for such files (flat objects of strings, numbers, booleans and null),
 // used by tests and tools; it is not a general JSON parser.
 //
+// A torn line: a write that stopped half-way (a full disk, an I/O error) leaves the start of a
+// line without its end. The writer then begins its next line with a newline, and so does a
+// writer that opens a file whose last line is torn, so the torn line stands alone and the lines
+// after it are whole. The reader skips such a line (one that does not parse and does not end in
+// '}', as every written line does) and says which; any other damage is an error.
+//
 // Thread-safety: MetricsWriter::Write may be called from any number of threads; each line is
 // one write(2) to an O_APPEND file, so lines never interleave, even across processes sharing
 // the file. The writer owns its file descriptor.
@@ -95,7 +101,7 @@ class MetricsWriter {
   const std::string& path() const { return path_; }
 
  private:
-  MetricsWriter(int fd, std::string path, std::string role, int id, Clock clock);
+  MetricsWriter(int fd, std::string path, std::string role, int id, Clock clock, bool torn);
 
   const int fd_;
   const std::string path_;
@@ -103,6 +109,7 @@ class MetricsWriter {
   const int id_;
   const Clock clock_;
   std::mutex mu_;  // serialises write(2) calls so a partial write cannot interleave
+  bool torn_;      // guarded by mu_: the file's last line is torn
 };
 
 // One parsed line: key → value, plus the key order as written.
@@ -118,7 +125,8 @@ struct MetricRecord {
 // Parses one line of the format above. Errors name `where` (e.g. "file:line").
 Status ParseMetricLine(std::string_view line, const std::string& where, MetricRecord* out);
 
-// Reads every non-empty line of a JSONL file.
-Status ReadMetrics(const std::string& path, std::vector<MetricRecord>* out);
+// Reads every non-empty line of a JSONL file. A torn line (above) is skipped, its number put in
+// `torn_lines` (if given); a line that is damaged otherwise is an error naming "file:line".
+Status ReadMetrics(const std::string& path, std::vector<MetricRecord>* out, std::vector<int>* torn_lines = nullptr);
 
 }  // namespace downpour

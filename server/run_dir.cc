@@ -2,6 +2,7 @@
 #include "server/run_dir.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <filesystem>
 
@@ -158,7 +159,12 @@ Status PlanResume(const std::string& run_dir, const RunConfig& c, ResumePlan* pl
   const std::string launch_log = (fs::path(run_dir) / "launch.jsonl").string();
   if (fs::exists(launch_log, ec)) {
     std::vector<MetricRecord> records;
-    DP_RETURN_IF_ERROR(ReadMetrics(launch_log, &records));
+    std::vector<int> torn;
+    DP_RETURN_IF_ERROR(ReadMetrics(launch_log, &records, &torn));
+    if (!torn.empty()) {  // a launch that stopped half-way through a line (a full disk): that line is lost
+      spdlog::warn("{}: skipped {} torn line(s), the first at line {} (a write that stopped half-way)", launch_log,
+                   torn.size(), torn.front());
+    }
     for (auto it = records.rbegin(); it != records.rend(); ++it) {
       if (it->Get("event").AsString() != "end") continue;
       if (it->Get("code").AsInt() == 0) {

@@ -167,9 +167,17 @@ def fmt(v, spec, none="—"):
 # ---------------------------------------------------------------------------------------------
 # Reading a run directory.
 
+_TORN_WARNED = set()
+
+
 def read_jsonl(path):
-    """The records of one JSONL file, in file order. Each gets "_line" (its line number)."""
+    """The records of one JSONL file, in file order. Each gets "_line" (its line number).
+
+    A torn line (the start of a line whose write stopped half-way, e.g. on a full disk: it does not
+    parse and does not end in "}" as every written line does; common/metrics.h) is skipped with one
+    warning on stderr; any other damage is an error naming the file and line."""
     records = []
+    torn = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -178,11 +186,18 @@ def read_jsonl(path):
             try:
                 r = json.loads(line)
             except json.JSONDecodeError as e:
+                if not line.endswith("}"):
+                    torn.append(n)
+                    continue
                 raise ToolError(f"{path}:{n}: not a JSON object: {e}") from None
             if not isinstance(r, dict):
                 raise ToolError(f"{path}:{n}: not a JSON object")
             r["_line"] = n
             records.append(r)
+    if torn and path not in _TORN_WARNED:  # once per file, however often a tool reads it
+        _TORN_WARNED.add(path)
+        warn(os.path.basename(sys.argv[0]), f"warning: {path}: skipped {len(torn)} torn line(s), the first at line "
+             f"{torn[0]} (a write that stopped half-way)")
     return records
 
 

@@ -1,7 +1,10 @@
 // Tests for common/metrics.h: the line format, escaping, round trip through the reader,
-// non-finite numbers, and many threads writing whole lines.
+// non-finite numbers, many threads writing whole lines, and torn lines (a write that stopped
+// half-way) kept apart by the writer and skipped by the reader.
 #include "common/metrics.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -10,8 +13,9 @@
 #include <set>
 #include <thread>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
+#include "common/env.h"
+#include "tests/testing/fault_env.h"
+#include "tests/testing/harness.h"
 
 namespace downpour {
 namespace {
@@ -141,6 +145,93 @@ TEST(MetricsTest, OpenFailureNamesThePath) {
   EXPECT_THAT(s.message(), HasSubstr("/nonexistent-dir/m.jsonl"));
   std::vector<MetricRecord> records;
   EXPECT_EQ(ReadMetrics("/nonexistent-dir/m.jsonl", &records).code(), StatusCode::kNotFound);
+}
+
+// A full disk stops a line half-way: that write fails naming the file, the next line starts on
+// a line of its own, and the reader gives back every whole line and the torn one's number.
+TEST(MetricsTest, ATornLineStandsAloneAndTheReaderSkipsIt) {
+  const std::string path = TempPath("torn.jsonl");
+  fs::remove(path);
+  std::unique_ptr<MetricsWriter> w;
+  ASSERT_TRUE(MetricsWriter::Open(path, "worker", 0, &w, [] { return 5.0; }).ok());
+  ASSERT_TRUE(w->Write("step", {{"step", 1}}).ok());
+  test::FaultEnv env;
+  {
+    ScopedEnv scoped(&env);
+    env.FillDiskAfter(20);
+    Status s = w->Write("step", {{"step", 2}});
+    EXPECT_EQ(s.code(), StatusCode::kIoError);
+    EXPECT_THAT(s.message(), HasSubstr(path + ": write failed after 20 of"));
+    // Still full: nothing goes down, and the line before stays the torn one.
+    env.FillDiskAfter(0);
+    EXPECT_FALSE(w->Write("step", {{"step", 3}}).ok());
+    env.FillDiskAfter(-1);  // space again
+    ASSERT_TRUE(w->Write("step", {{"step", 4}}).ok());
+    ASSERT_TRUE(w->Write("step", {{"step", 5}}).ok());
+  }
+  const std::string whole = [](int step) {
+    return FormatMetricLine(5.0, "worker", 0, "step", {{"step", step}}) + "\n";
+  }(1);
+  EXPECT_EQ(test::ReadFile(path), whole + FormatMetricLine(5.0, "worker", 0, "step", {{"step", 2}}).substr(0, 20) +
+                                      "\n" + FormatMetricLine(5.0, "worker", 0, "step", {{"step", 4}}) + "\n" +
+                                      FormatMetricLine(5.0, "worker", 0, "step", {{"step", 5}}) + "\n");
+  std::vector<MetricRecord> records;
+  std::vector<int> torn;
+  Status s = ReadMetrics(path, &records, &torn);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[0].Get("step").AsInt(), 1);
+  EXPECT_EQ(records[1].Get("step").AsInt(), 4);
+  EXPECT_EQ(records[2].Get("step").AsInt(), 5);
+  EXPECT_EQ(torn, std::vector<int>{2});
+  fs::remove(path);
+}
+
+// A process that died after a torn write (the launcher, a server restarted after its disk
+// filled) opens the file again: its first line does not run on from the torn one.
+TEST(MetricsTest, AWriterOpeningAFileWithATornLastLineStartsOnANewLine) {
+  const std::string path = TempPath("reopen.jsonl");
+  const std::string first = FormatMetricLine(1.0, "launcher", 0, "start", {});
+  test::WriteFile(path, first + "\n" + first.substr(0, 11));
+  {
+    std::unique_ptr<MetricsWriter> w;
+    ASSERT_TRUE(MetricsWriter::Open(path, "launcher", 0, &w, [] { return 2.0; }).ok());
+    ASSERT_TRUE(w->Write("end", {{"code", 0}}).ok());
+    ASSERT_TRUE(w->Write("end", {{"code", 1}}).ok());
+  }
+  std::vector<MetricRecord> records;
+  std::vector<int> torn;
+  ASSERT_TRUE(ReadMetrics(path, &records, &torn).ok());
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[1].Get("code").AsInt(), 0);
+  EXPECT_EQ(records[2].Get("code").AsInt(), 1);
+  EXPECT_EQ(torn, std::vector<int>{2});
+  // A file that ends whole gets no blank line.
+  test::WriteFile(path, first + "\n");
+  {
+    std::unique_ptr<MetricsWriter> w;
+    ASSERT_TRUE(MetricsWriter::Open(path, "launcher", 0, &w, [] { return 1.0; }).ok());
+    ASSERT_TRUE(w->Write("start", {}).ok());
+  }
+  EXPECT_EQ(test::ReadFile(path), first + "\n" + first + "\n");
+  fs::remove(path);
+}
+
+// Only the start of a line is taken for torn: a line that ends in '}' and does not parse, or
+// one with a bad character in the middle, is damage, and the read fails naming file and line.
+TEST(MetricsTest, DamageThatIsNotATornLineIsAnError) {
+  const std::string path = TempPath("damaged.jsonl");
+  const std::string good = FormatMetricLine(1.0, "server", 0, "update", {{"version", 1}});
+  for (const std::string bad : {"{\"t\":1,\"a\":}", "{\"t\":1,\"role\"=\"server\"}", "{\"t\":1,\"a\":2} {\"t\":2}"}) {
+    SCOPED_TRACE(bad);
+    test::WriteFile(path, good + "\n" + bad + "\n" + good + "\n");
+    std::vector<MetricRecord> records;
+    std::vector<int> torn;
+    Status s = ReadMetrics(path, &records, &torn);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr(path + ":2"));
+  }
+  fs::remove(path);
 }
 
 }  // namespace

@@ -271,10 +271,30 @@ class ExitCodes(TempDirTest):
     def test_unreadable_metrics_line_is_a_runtime_failure_naming_file_and_line(self):
         run_dir = fab.simple_run(os.path.join(self.tmp, "run"))
         with open(os.path.join(run_dir, "metrics", "worker-1.jsonl"), "a") as f:
-            f.write('{"t": 1, "role": "worker", oops\n')
+            f.write('{"t": 1, "role": "worker", oops}\n')
         r = fab.run_tool("downpour-summarize", run_dir)
         self.assertEqual(r.returncode, 1)
         self.assertRegex(r.stderr, r"^downpour-summarize: .*worker-1\.jsonl:\d+: not a JSON object")
+
+    def test_a_torn_metrics_line_is_skipped_with_a_warning(self):
+        # A worker's write that stopped half-way (a full disk), then its next lines whole: the
+        # summary is the same as without the torn line, and stderr says which line was skipped.
+        run_dir = fab.simple_run(os.path.join(self.tmp, "run"))
+        path = os.path.join(run_dir, "metrics", "worker-1.jsonl")
+        self.assertEqual(fab.run_tool("downpour-summarize", "-q", run_dir).returncode, 0)
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            whole = json.load(f)
+        with open(path) as f:
+            lines = f.read().splitlines(keepends=True)
+        lines.insert(2, lines[1][:17] + "\n")
+        with open(path, "w") as f:
+            f.writelines(lines)
+        r = fab.run_tool("downpour-summarize", "-q", run_dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stderr, r"^downpour-summarize: warning: .*worker-1\.jsonl: skipped 1 torn line\(s\), "
+                                   r"the first at line 3 \(a write that stopped half-way\)\n$")
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            self.assertEqual(json.load(f), whole)
 
     def test_run_without_metrics_is_a_runtime_failure(self):
         run_dir = os.path.join(self.tmp, "empty")
