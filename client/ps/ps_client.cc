@@ -369,6 +369,10 @@ class PsClient::Impl::LinkRunner {
     bool encoded = false;       // a lossy push part: payload holds its encoded bytes (resends)
     bool via_region = false;    // the last send went through the shared region
     Clock::time_point sent_at;  // the last send
+    // Refusals by the server's write-ahead log (RetryRefusedByLog): sent again not before
+    // `not_before`; the first refusal was at `refused_since`.
+    int log_refusals = 0;
+    Clock::time_point refused_since, not_before;
   };
   struct Active {
     Op op;
@@ -659,9 +663,10 @@ class PsClient::Impl::LinkRunner {
       register_unsent_ = false;
     }
     if (registering_) return Status::Ok();
+    const auto now = Clock::now();
     for (auto& [id, a] : active_) {
       for (Part& p : a.parts) {
-        if (p.state != Part::State::kToSend) continue;
+        if (p.state != Part::State::kToSend || now < p.not_before) continue;
         if (inflight_ > 0 && inflight_ + p.bytes > o_.max_inflight_bytes) return Status::Ok();  // the window is full
         bool wait = false;
         const bool via_region = ViaRegion(p, &wait);
@@ -797,10 +802,18 @@ class PsClient::Impl::LinkRunner {
         if (!registering_ && !restarted) link_.restarts_seen.fetch_add(1);
         return Recover("forgot this worker (restarted)", false);
       }
-      Finish(a, part);
       Status e = StatusFromReply(h);
+      if (h.flags == static_cast<uint32_t>(RejectReason::kLogWrite) && RetryRefusedByLog(a, part, &e)) {
+        return SendPending();
+      }
+      Finish(a, part);
       if (a.first_error.ok()) a.first_error = Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
     } else {
+      if (part.log_refusals > 0 && log_refused_) {
+        log_refused_ = false;
+        spdlog::info("worker {}: server {}'s log takes {} again, after {:.1f} s", o_.worker_id, link_.server, What(a),
+                     Seconds(Clock::now() - part.refused_since));
+      }
       Finish(a, part);
       if (o_.on_part_reply) {
         o_.on_part_reply(link_.server, a.op.header.type, part.header.chunk_ids.size(), Seconds(Clock::now() - part.sent_at));
@@ -829,6 +842,33 @@ class PsClient::Impl::LinkRunner {
       active_.erase(it);
     }
     return SendPending();  // the window has room again
+  }
+
+  // The server's write-ahead log could not take `part` (nothing of it was applied): marks it to
+  // be sent again after a backoff (50 ms doubling to probe_every) and returns true, or, once the
+  // log has refused it for server_wait, returns false with *e saying so (the part then fails).
+  bool RetryRefusedByLog(const Active& a, Part& part, Status* e) {
+    const auto now = Clock::now();
+    if (part.log_refusals++ == 0) part.refused_since = now;
+    const auto refused = now - part.refused_since;
+    if (refused >= o_.server_wait) {
+      *e = Status(e->code(),
+                  fmt::format("{} (its log refused this part {} times over {:.1f} s; cluster.server_wait_ms = {})",
+                              e->message(), part.log_refusals, Seconds(refused), o_.server_wait.count()));
+      return false;
+    }
+    if (!log_refused_) {
+      log_refused_ = true;
+      spdlog::warn(
+          "worker {}: server {}'s log refused {} ({}); sending it again for up to {:.1f} s "
+          "(cluster.server_wait_ms)",
+          o_.worker_id, link_.server, What(a), e->message(), Seconds(o_.server_wait));
+    }
+    Release(part);
+    part.state = Part::State::kToSend;
+    const int doublings = std::min(part.log_refusals - 1, 10);
+    part.not_before = now + std::min<Clock::duration>(o_.probe_every, std::chrono::milliseconds(50) * (1 << doublings));
+    return true;
   }
 
   Status HandleRegisterReply(const MessageHeader& h) {
@@ -872,6 +912,7 @@ class PsClient::Impl::LinkRunner {
   bool register_unsent_ = false;  // ... and it has not gone out yet
   uint64_t register_sub_ = 0;     // the sub id of the register in flight
   int recoveries_ = 0;
+  bool log_refused_ = false;                // the server's log refuses parts: warned once, until it takes one
   Clock::time_point heard_ = Clock::now();  // the last message from the server (or the start)
   bool heard_any_ = false;                  // ... and whether there was one
   Clock::time_point back_at_;               // when it was heard after a silence

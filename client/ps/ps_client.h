@@ -46,6 +46,13 @@
 // answers probes holds a request. SetServerAddress() moves a link to the server's new address
 // (the coordinator tells it), with the same register-and-resend.
 //
+// A part refused because the server's write-ahead log could not take it (RejectReason::kLogWrite:
+// its disk full, an I/O error it survived) was not applied, so it is sent again, after 50 ms,
+// then backing off to `probe_every`, with one warning when the refusals start and one line when
+// the server takes the part. A part the log keeps refusing for `server_wait` fails with the
+// server's error (kIoError) and how long it was refused. A push is thus never half taken because
+// the server's disk filled between two of its parts.
+//
 // Shared memory (same host; options.shared_memory). At register the client asks each server for
 // a region (common/shm_region.h) and says which machine it runs on (boot id); a server on the
 // same machine answers with a sealed memfd of 2 × its share of the model: a push area and a pull
@@ -257,7 +264,8 @@ class PsClient {
   //  acked_pushes   gradient push messages (parts; init pushes not counted) the server
   //                 acknowledged, each part once however often it was sent: with the servers'
   //                 pushes_by_worker it shows that no acknowledged update was lost or doubled.
-  //  resent_parts   messages (parts of any request) sent again after a restart or a move.
+  //  resent_parts   messages (parts of any request) sent again after a restart, a move or
+  //                 a refusal by the server's write-ahead log.
   //  restarts_seen  restarts noticed (new incarnation, a "not registered" refusal after
   //                 registering) and address moves, each answered by registering again.
   uint64_t acked_pushes(int server) const;

@@ -182,12 +182,13 @@ class ShardFixture : public ::testing::Test {
     ASSERT_TRUE((*c1)->Wait((*c1)->Pull(w, 0), 5000ms).ok());
   }
 
-  std::unique_ptr<PsClient> Client(int worker) {
+  std::unique_ptr<PsClient> Client(int worker, const std::function<void(PsClientOptions&)>& adjust = {}) {
     PsClientOptions o;
     o.server_addresses = addresses_;
     o.worker_id = worker;
     o.reply_timeout = 10000ms;
     o.max_chunks_per_message = 4;  // the counter checks below depend on it
+    if (adjust) adjust(o);
     std::unique_ptr<PsClient> c;
     EXPECT_TRUE(PsClient::Create(&transport_, layout_, o, &c).ok());
     EXPECT_TRUE(c->Connect(5000ms).ok());
@@ -1928,36 +1929,62 @@ class ShardLogFailure : public ShardFixture {
   std::unique_ptr<PsClient> c_;
 };
 
-// A push the log cannot take (the disk full part-way through its record) is refused with an I/O
-// error naming the log, counted under kLogWrite, and changes no weight; once there is room the
-// next push is taken, and the server restarted from its log is the live one byte for byte: the
-// part of a record the disk took was cut off, not left to make every later record damage.
-TEST_F(ShardLogFailure, APushTheLogCannotTakeIsRefusedUnappliedAndTheLogStillRecovers) {
+// A push the log cannot take (the disk full part-way through its record) is refused, counted
+// under kLogWrite and changes no weight; its client sends it again, backing off, and once there is
+// room it is taken, each of its messages once. The server restarted from its log is then the
+// live one byte for byte: the part of a record the disk took was cut off, not left to make every
+// later record damage.
+TEST_F(ShardLogFailure, APushTheLogCannotTakeIsRefusedUnappliedSentAgainAndTakenOnce) {
   ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
-  std::vector<float> before(n_), after(n_);
-  ASSERT_TRUE(c_->Wait(c_->Pull(before, 1), 5000ms).ok());
+  const uint64_t msgs = (layout_.ServerChunks(0).size() + 3) / 4;
+  const uint64_t applied = shards_[0]->Stats().pushes_applied;
+  const auto refusals = [this] {
+    return shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kLogWrite)];
+  };
   {
     ScopedEnv scoped(&env_);
     env_.FillDiskAfter(100);
-    const Status s = c_->Wait(c_->Push(Grad(n_, 0, 1), 1), 5000ms);
-    EXPECT_EQ(s.code(), StatusCode::kIoError);
-    EXPECT_NE(s.message().find("the write-ahead log failed, so the push was not taken"), std::string::npos)
-        << s.message();
-    EXPECT_NE(s.message().find(persist_dir_), std::string::npos) << s.message();
-    env_.FillDiskAfter(-1);
+    const RequestId id = c_->Push(Grad(n_, 0, 1), 1);
+    for (int i = 0; i < 500 && refusals() < 3; ++i) std::this_thread::sleep_for(10ms);  // bounded: 5 s
+    EXPECT_GE(refusals(), 3u) << "the client did not send the refused push again";
+    EXPECT_EQ(shards_[0]->Stats().pushes_applied, applied) << "a refused push was applied";
+    EXPECT_EQ(c_->Wait(id, 1ms).code(), StatusCode::kTimeout) << "the push ended while the log refused it";
+    env_.FillDiskAfter(-1);  // room again
+    const Status s = c_->Wait(id, 5000ms);
+    ASSERT_TRUE(s.ok()) << s.ToString();
   }
-  EXPECT_GE(env_.failed_writes(), 1);
-  ASSERT_TRUE(c_->Wait(c_->Pull(after, 1), 5000ms).ok());
-  EXPECT_EQ(after, before) << "a refused push changed the weights";
-  const ShardStatsWire stats = shards_[0]->Stats();
-  EXPECT_EQ(stats.rejected_by_reason[static_cast<size_t>(RejectReason::kLogWrite)], 1u);
+  EXPECT_GE(env_.failed_writes(), 3);
+  EXPECT_EQ(shards_[0]->Stats().pushes_applied, applied + msgs) << "each message of the push taken once";
+  EXPECT_GE(c_->resent_parts(0), msgs);
   ASSERT_TRUE(c_->Wait(c_->Push(Grad(n_, 0, 2), 2), 5000ms).ok());
   RecoverReport rep;
   auto fresh = KillAndRecover(0, o_, &rep);
   EXPECT_FALSE(rep.torn_tail);
-  const uint64_t msgs = (layout_.ServerChunks(0).size() + 3) / 4;
-  EXPECT_EQ(rep.replayed_pushes, 3 * msgs);  // the init and the two pushes taken
+  EXPECT_EQ(rep.replayed_pushes, 4 * msgs);  // the init and the three pushes taken
   ExpectSameShard(*shards_[0], *fresh, 0);
+}
+
+// A log that stays unable to take the push (the disk stays full) fails it after server_wait, with
+// the server's error naming the log and how long it refused; nothing of it was applied, and the
+// client goes on once the disk has room.
+TEST_F(ShardLogFailure, APushTheLogKeepsRefusingFailsAfterServerWaitNamingTheLog) {
+  ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
+  auto c = Client(0, [](PsClientOptions& o) { o.server_wait = 600ms; });
+  const uint64_t applied = shards_[0]->Stats().pushes_applied;
+  {
+    ScopedEnv scoped(&env_);
+    env_.FillDiskAfter(0);
+    const Status s = c->Wait(c->Push(Grad(n_, 0, 1), 1), 5000ms);
+    EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+    EXPECT_NE(s.message().find("the write-ahead log failed, so the push was not taken"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find(persist_dir_), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("cluster.server_wait_ms = 600"), std::string::npos) << s.message();
+    EXPECT_EQ(shards_[0]->Stats().pushes_applied, applied);
+    env_.FillDiskAfter(-1);
+  }
+  const Status s = c->Wait(c->Push(Grad(n_, 0, 2), 2), 5000ms);
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 // A failed fsync of the log leaves the shard unable to promise anything: it stops as a crash
