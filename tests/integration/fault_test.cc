@@ -5,6 +5,8 @@
 //     final accuracy is within 0.5 points of the same job undisturbed, and for every (server,
 //     worker) the pushes the server took equal the pushes the worker saw acknowledged: no
 //     acknowledged update lost, none applied twice;
+//   * a server whose write-ahead log fails to fsync (EIO, dealt by libdownpour_fail_sync): it
+//     stops as a crash would and exits 1, and the same holds as for a killed server;
 //   * a worker SIGKILLed in sync: the job goes on without it and finishes; the other worker
 //     stalls at most about the heartbeat timeout;
 //   * the coordinator SIGKILLed: training goes on, the launcher restarts it with --rejoin, it
@@ -184,6 +186,60 @@ INSTANTIATE_TEST_SUITE_P(Modes, ServerKillTest, ::testing::Values("async", "sync
                            std::string n = info.param;
                            return n == "ssp:2" ? std::string("ssp2") : n;
                          });
+
+// The disk under a server's write-ahead log fails an fsync (EIO) mid-run. The server cannot
+// promise anything that log held, so it stops as a crash would: it leaves the push that found the
+// failure unanswered, writes no checkpoint and exits 1. The launcher restarts it with --recover
+// from its checkpoint and log, the workers resend what was not acknowledged, the job exits 0 and
+// every acknowledged push was taken once. The failure comes from libdownpour_fail_sync
+// (tests/testing/fail_sync.cc), preloaded into every process of the job: the first fsync of
+// server-1.wal after the trigger file appears fails, once.
+TEST_F(FaultTest, AServerWhoseLogFailsToSyncStopsIsRestartedAndNoAcknowledgedUpdateIsLost) {
+  const std::string shim = test::BuildDir() + "/tests/testing/libdownpour_fail_sync.so";
+  ASSERT_TRUE(fs::exists(shim)) << shim << " not built";
+  const fs::path run = dir_ / "run";
+  const fs::path trigger = dir_ / "fail-sync-now";
+  // No checkpoint but the write-ahead log: the restarted server is the log's replay, every push.
+  const std::string cfg = Config("run", Job("async").Set("checkpoint.every_updates", 0));
+  ::setenv("LD_PRELOAD", shim.c_str(), 1);  // the launcher and its children inherit these
+  ::setenv("DOWNPOUR_FAIL_SYNC_OF", "server-1.wal", 1);
+  ::setenv("DOWNPOUR_FAIL_SYNC_WHEN", trigger.c_str(), 1);
+  auto launcher = StartJob(cfg, run, "run.log");
+  for (const char* v : {"LD_PRELOAD", "DOWNPOUR_FAIL_SYNC_OF", "DOWNPOUR_FAIL_SYNC_WHEN"}) ::unsetenv(v);
+  ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps * 2 / 5, 120s)) << test::ReadFile(dir_ / "run.log");
+  test::WriteFile(trigger, "");
+  ASSERT_EQ(launcher->WaitExit(300s), 0) << test::ReadFile(dir_ / "run.log");
+  EXPECT_FALSE(fs::exists(trigger)) << "no fsync of server-1.wal came after the trigger";
+  const std::string server_log = test::ReadFile(run / "logs" / "server-1.log");
+  EXPECT_NE(server_log.find("takes nothing more"), std::string::npos) << server_log;
+  EXPECT_NE(server_log.find("Input/output error"), std::string::npos) << server_log;
+  const size_t recovered = server_log.find("recovered: ");
+  ASSERT_NE(recovered, std::string::npos) << server_log;
+  const size_t replayed = server_log.find(" pushes replayed from the log", recovered);
+  ASSERT_NE(replayed, std::string::npos) << server_log;
+  const size_t number = server_log.rfind(' ', replayed - 1) + 1;
+  EXPECT_GT(std::stoll(server_log.substr(number, replayed - number)), kSteps / 2) << server_log.substr(recovered, 200);
+  std::vector<MetricRecord> launch;
+  ASSERT_TRUE(ReadMetrics((run / "launch.jsonl").string(), &launch).ok());
+  std::vector<std::string> supervision;  // the launcher's "died" / "restart" records
+  for (const MetricRecord& r : launch) {
+    const std::string event = r.Get("event").AsString();
+    if (event == "died") {
+      supervision.push_back(fmt::format("died {} code {} {}", r.Get("child").AsString(), r.Get("code").AsInt(),
+                                        r.Get("action").AsString()));
+    } else if (event == "restart") {
+      supervision.push_back(fmt::format("restart {}", r.Get("child").AsString()));
+    }
+  }
+  EXPECT_EQ(supervision, (std::vector<std::string>{"died server 1 code 1 restart", "restart server 1"}));
+  for (int w = 0; w < 2; ++w) {
+    const auto done = Worker(run, w, "done");
+    ASSERT_FALSE(done.empty()) << "worker " << w;
+    EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps) << "worker " << w;
+  }
+  ExpectEveryAckedPushTakenOnce(run, {0, 1});
+  EXPECT_GT(FinalTop1(run), 0.7);
+}
 
 TEST_F(FaultTest, KilledWorkerInSyncIsDroppedAndTheJobFinishes) {
   const fs::path run = dir_ / "run";
