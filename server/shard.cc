@@ -17,6 +17,7 @@
 #include "common/solver/sgd.h"
 #include "common/tensor_file.h"
 #include "server/factor_push.h"
+#include "server/shard_checkpoint.h"
 
 namespace downpour {
 
@@ -1339,51 +1340,36 @@ Status ShardServer::SaveCheckpoint(const std::string& path) {
 }
 
 Status ShardServer::SaveCheckpointLocked(const std::string& path) {
-  TensorFile file;
-  file.meta["kind"] = "downpour-shard";
-  file.meta["server_id"] = std::to_string(options_.server_id);
-  file.meta["server_count"] = std::to_string(layout_.servers());
-  file.meta["layout_hash"] = std::to_string(layout_.hash());
-  file.meta["model_id"] = std::to_string(options_.model_id);
-  file.meta["updates"] = std::to_string(updates_);
-  std::vector<int64_t> versions, iters, inited;
-  for (const ChunkState& c : chunks_) {
-    versions.push_back(c.version);
-    iters.push_back(c.iter);
-    inited.push_back(c.initialized ? 1 : 0);
-  }
-  file.meta["versions"] = FormatMetaInts(versions);
-  file.meta["schedule_iters"] = FormatMetaInts(iters);
-  file.meta["initialized"] = FormatMetaInts(inited);
-  file.meta["wal_seq"] = std::to_string(wal_seq_);
-  file.meta["max_workers"] = std::to_string(max_workers_);
-  const std::vector<int64_t> by_worker(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
-  file.meta["pushes_by_worker"] = FormatMetaInts(by_worker);
-  // The duplicate window, one key per worker that has one: "session:id,id;session:id" (ids
-  // oldest first). At most 4 sessions × 4096 ids × 21 bytes, under the format's 1 MiB a value.
+  ShardCheckpoint c;
+  c.server_id = options_.server_id;
+  c.server_count = layout_.servers();
+  c.layout_hash = layout_.hash();
+  c.model_id = options_.model_id;
+  c.updates = updates_;
+  c.wal_seq = wal_seq_;
+  c.has_state = true;
+  c.max_workers = max_workers_;
+  c.pushes_by_worker.assign(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
+  c.dedup.resize(dedup_.size());
   for (size_t w = 0; w < dedup_.size(); ++w) {
-    if (dedup_[w].empty()) continue;
-    std::string text;
     for (const SessionWindow& sw : dedup_[w]) {
-      if (!text.empty()) text += ';';
-      text += std::to_string(sw.session) + ':';
-      for (size_t k = 0; k < sw.order.size(); ++k) {
-        if (k) text += ',';
-        text += std::to_string(sw.order[k]);
-      }
+      c.dedup[w].push_back({sw.session, std::vector<uint64_t>(sw.order.begin(), sw.order.end())});
     }
-    file.meta[fmt::format("dedup.{}", w)] = std::move(text);
   }
-  policy_->SaveState(&file);
+  c.chunks.resize(chunks_.size());
   for (size_t i = 0; i < chunks_.size(); ++i) {
-    const int64_t n = static_cast<int64_t>(chunks_[i].history.size());
-    file.tensors.push_back(NamedTensor{fmt::format("chunk{}.weights", owned_[i]), {n}, chunks_[i].weights->data});
-    file.tensors.push_back(NamedTensor{fmt::format("chunk{}.history", owned_[i]), {n}, chunks_[i].history});
+    ShardCheckpoint::Chunk& ch = c.chunks[i];
+    ch.id = owned_[i];
+    ch.version = chunks_[i].version;
+    ch.iter = chunks_[i].iter;
+    ch.initialized = chunks_[i].initialized;
+    ch.weights = chunks_[i].weights->data;
+    ch.history = chunks_[i].history;
     // DC-ASGD-a's λ of every later push depends on it (a chunk no gradient has reached has none).
-    if (!dc_mean_square_.empty() && !dc_mean_square_[i].empty()) {
-      file.tensors.push_back(NamedTensor{fmt::format("chunk{}.dc_mean_square", owned_[i]), {n}, dc_mean_square_[i]});
-    }
+    if (!dc_mean_square_.empty()) ch.dc_mean_square = dc_mean_square_[i];
   }
+  TensorFile file = EncodeShardCheckpoint(std::move(c));
+  policy_->SaveState(&file);
   DP_RETURN_IF_ERROR(WriteTensorFile(path, file));
   ++stats_.checkpoints_written;
   spdlog::info("shard {}: checkpoint written to {} ({} updates, log seq {})", options_.server_id, path, updates_,
@@ -1394,134 +1380,49 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
   return Status::Ok();
 }
 
-namespace {
-
-Status ParseIntList(const std::string& text, const std::string& path, const char* field, size_t n,
-                    std::vector<int64_t>* out) {
-  DP_RETURN_IF_ERROR(ParseMetaInts(text, path, field, out));
-  if (out->size() != n) {
-    return Corrupt("{}: meta '{}' has {} entries, the shard has {} chunks", path, field, out->size(), n);
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 Status ShardServer::LoadCheckpoint(const std::string& path) {
   TensorFile file;
   DP_RETURN_IF_ERROR(ReadTensorFile(path, &file));
-  auto meta = [&](const char* key) -> std::string {
-    auto it = file.meta.find(key);
-    return it == file.meta.end() ? std::string() : it->second;
-  };
-  if (meta("kind") != "downpour-shard") {
-    return Corrupt("{}: not a shard checkpoint (meta kind = '{}')", path, meta("kind"));
+  ShardCheckpointExpect expect;
+  expect.server_id = options_.server_id;
+  expect.layout_hash = layout_.hash();
+  expect.model_id = options_.model_id;
+  expect.max_workers = max_workers_;
+  expect.dc_mean_square = !dc_mean_square_.empty();
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    expect.chunk_ids.push_back(owned_[i]);
+    expect.chunk_elems.push_back(chunks_[i].history.size());
   }
-  if (meta("layout_hash") != std::to_string(layout_.hash()) ||
-      meta("server_id") != std::to_string(options_.server_id)) {
-    return FailedPrecondition(
-        "{}: checkpoint of server {} with layout hash {}; this is server {} with "
-        "layout hash {}",
-        path, meta("server_id"), meta("layout_hash"), options_.server_id, layout_.hash());
+  // Check everything before changing anything.
+  ShardCheckpoint c;
+  DP_RETURN_IF_ERROR(DecodeShardCheckpoint(file, path, expect, &c));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (c.has_state) DP_RETURN_IF_ERROR(policy_->LoadState(file, *updater_, path));
+  for (size_t w = 0; w < c.pushes_by_worker.size(); ++w) {
+    stats_.pushes_by_worker[w] = static_cast<uint64_t>(c.pushes_by_worker[w]);
   }
-  if (meta("model_id") != std::to_string(options_.model_id)) {
-    return FailedPrecondition("{}: checkpoint of model {}; this server serves model {}", path, meta("model_id"),
-                              options_.model_id);
-  }
-  std::vector<int64_t> versions, iters, inited;
-  DP_RETURN_IF_ERROR(ParseIntList(meta("versions"), path, "versions", chunks_.size(), &versions));
-  // Checkpoints before the schedule counted worker batches lack it: their iteration was the version.
-  if (file.meta.count("schedule_iters") != 0) {
-    DP_RETURN_IF_ERROR(ParseIntList(meta("schedule_iters"), path, "schedule_iters", chunks_.size(), &iters));
-  } else {
-    iters = versions;
-  }
-  for (size_t i = 0; i < iters.size(); ++i) {
-    if (iters[i] < 0) return Corrupt("{}: meta 'schedule_iters': chunk {} has {} (< 0)", path, i, iters[i]);
-  }
-  DP_RETURN_IF_ERROR(ParseIntList(meta("initialized"), path, "initialized", chunks_.size(), &inited));
-  // Written since the write-ahead log (older checkpoints lack them: counters start at 0, the
-  // policy at its initial state).
-  const bool has_state = file.meta.count("policy.member_clocks") != 0;
-  if (has_state && meta("max_workers") != std::to_string(max_workers_)) {
-    return FailedPrecondition("{}: checkpoint of a server accounting for {} workers; this one accounts for {} "
-                              "(cluster.max_workers)", path, meta("max_workers"), max_workers_);
-  }
-  std::vector<int64_t> by_worker;
-  if (has_state) {
-    DP_RETURN_IF_ERROR(ParseIntList(meta("pushes_by_worker"), path, "pushes_by_worker",
-                                    static_cast<size_t>(max_workers_), &by_worker));
-  }
-  std::vector<std::deque<SessionWindow>> dedup(static_cast<size_t>(max_workers_));
-  for (size_t w = 0; w < dedup.size(); ++w) {
-    const std::string key = fmt::format("dedup.{}", w);
-    const std::string text = meta(key.c_str());
-    if (text.empty()) continue;
-    std::istringstream sessions(text);
-    std::string one;
-    while (std::getline(sessions, one, ';')) {
-      const size_t colon = one.find(':');
-      if (colon == std::string::npos) return Corrupt("{}: meta '{}': bad session entry '{}'", path, key, one);
+  std::vector<std::deque<SessionWindow>> dedup(c.dedup.size());
+  for (size_t w = 0; w < c.dedup.size(); ++w) {
+    for (ShardCheckpoint::Session& s : c.dedup[w]) {
       SessionWindow sw;
-      sw.session = std::strtoull(one.substr(0, colon).c_str(), nullptr, 10);
-      std::istringstream ids(one.substr(colon + 1));
-      std::string id;
-      while (std::getline(ids, id, ',')) {
-        char* end = nullptr;
-        const uint64_t v = std::strtoull(id.c_str(), &end, 10);
-        if (id.empty() || *end != '\0') return Corrupt("{}: meta '{}': bad request id '{}'", path, key, id);
-        if (sw.ids.insert(v).second) sw.order.push_back(v);
-      }
+      sw.session = s.session;
+      sw.order.assign(s.ids.begin(), s.ids.end());
+      sw.ids.insert(s.ids.begin(), s.ids.end());
       dedup[w].push_back(std::move(sw));
     }
   }
-  const uint64_t wal_seq = std::strtoull(meta("wal_seq").c_str(), nullptr, 10);
-  std::map<std::string, const NamedTensor*> by_name;
-  for (const auto& t : file.tensors) by_name[t.name] = &t;
-  // Check everything before changing anything.
-  std::vector<const NamedTensor*> w(chunks_.size()), hist(chunks_.size());
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    const size_t n = chunks_[i].history.size();
-    for (auto [name, slot] : {std::pair{fmt::format("chunk{}.weights", owned_[i]), &w[i]},
-                              std::pair{fmt::format("chunk{}.history", owned_[i]), &hist[i]}}) {
-      auto it = by_name.find(name);
-      if (it == by_name.end()) return Corrupt("{}: tensor '{}' is missing", path, name);
-      if (it->second->data.size() != n) {
-        return Corrupt("{}: tensor '{}' has {} floats, chunk needs {}", path, name, it->second->data.size(), n);
-      }
-      *slot = it->second;
-    }
-  }
-  // DC-ASGD-a's mean squares: restored where the file has them (a chunk no gradient had reached,
-  // or a checkpoint of another algorithm, has none: it starts again from its next gradient's g²).
-  std::vector<const NamedTensor*> mean_square(chunks_.size(), nullptr);
-  if (!dc_mean_square_.empty()) {
-    for (size_t i = 0; i < chunks_.size(); ++i) {
-      auto it = by_name.find(fmt::format("chunk{}.dc_mean_square", owned_[i]));
-      if (it == by_name.end()) continue;
-      if (it->second->data.size() != chunks_[i].history.size()) {
-        return Corrupt("{}: tensor '{}' has {} floats, chunk needs {}", path, it->first, it->second->data.size(),
-                       chunks_[i].history.size());
-      }
-      mean_square[i] = it->second;
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (has_state) DP_RETURN_IF_ERROR(policy_->LoadState(file, *updater_, path));
-  for (size_t i = 0; i < by_worker.size(); ++i) stats_.pushes_by_worker[i] = static_cast<uint64_t>(by_worker[i]);
   dedup_ = std::move(dedup);
-  wal_seq_ = wal_seq;
+  wal_seq_ = c.wal_seq;
   for (size_t i = 0; i < chunks_.size(); ++i) {
-    chunks_[i].weights = std::make_shared<WeightBuffer>(w[i]->data);
-    chunks_[i].history = hist[i]->data;
-    chunks_[i].version = versions[i];
-    chunks_[i].iter = iters[i];
-    chunks_[i].initialized = inited[i] != 0;
-    if (!dc_mean_square_.empty()) {
-      dc_mean_square_[i] = mean_square[i] != nullptr ? mean_square[i]->data : std::vector<float>{};
-    }
+    ShardCheckpoint::Chunk& ch = c.chunks[i];
+    chunks_[i].weights = std::make_shared<WeightBuffer>(std::move(ch.weights));
+    chunks_[i].history = std::move(ch.history);
+    chunks_[i].version = ch.version;
+    chunks_[i].iter = ch.iter;
+    chunks_[i].initialized = ch.initialized;
+    if (!dc_mean_square_.empty()) dc_mean_square_[i] = std::move(ch.dc_mean_square);
   }
-  updates_ = std::strtoll(meta("updates").c_str(), nullptr, 10);
+  updates_ = c.updates;
   updates_at_last_checkpoint_ = owned_.empty() ? 0 : updates_ / static_cast<int64_t>(owned_.size());
   spdlog::info("shard {}: restored from {} ({} updates)", options_.server_id, path, updates_);
   return Status::Ok();

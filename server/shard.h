@@ -52,7 +52,8 @@
 // chunks' lr-schedule iteration by header.move_batches (1..kMaxMoveBatches); it is logged (the
 // batches in the record's clock) and replayed like any push, and refused by a one-model server.
 //
-// Checkpoints: SaveCheckpoint/LoadCheckpoint (common/tensor_file.h, atomic), on a checkpoint
+// Checkpoints: SaveCheckpoint/LoadCheckpoint (the file's codec: shard_checkpoint.h; written
+// atomically, common/tensor_file.h), on a checkpoint
 // message, and every `checkpoint_every_updates` applied updates of the shard. A checkpoint holds
 // everything the shard's behaviour depends on: weights, history, versions, the consistency
 // policy's state (membership, sync's partial sums), DC-ASGD-a's running mean squares, the
