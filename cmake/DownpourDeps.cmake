@@ -24,6 +24,7 @@ find_package(spdlog REQUIRED)                                  # libspdlog-dev
 find_package(ZLIB REQUIRED)                                    # zlib1g-dev (gzipped IDX files)
 find_package(PNG REQUIRED)                                     # libpng-dev (contact sheets)
 pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)  # libturbojpeg0-dev
+pkg_check_modules(DEFLATE REQUIRED IMPORTED_TARGET libdeflate)      # libdeflate-dev (CRC-32 of tensor files, logs)
 
 find_path(LMDB_INCLUDE_DIR lmdb.h REQUIRED)                    # liblmdb-dev
 find_library(LMDB_LIBRARY lmdb REQUIRED)

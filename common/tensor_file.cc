@@ -3,11 +3,11 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <libdeflate.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -27,22 +27,6 @@ constexpr uint32_t kMaxNameLen = 4096;
 constexpr uint32_t kMaxNdim = 8;
 constexpr uint32_t kMaxMetaLen = 1u << 20;
 constexpr size_t kIoBuffer = 1u << 20;
-
-// Slicing-by-8 tables, built at compile time: table[0] is the classic byte table, table[k]
-// advances a byte that sits k positions further back.
-constexpr std::array<std::array<uint32_t, 256>, 8> MakeCrcTables() {
-  std::array<std::array<uint32_t, 256>, 8> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[0][i] = c;
-  }
-  for (uint32_t i = 0; i < 256; ++i) {
-    for (int k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
-  }
-  return t;
-}
-constexpr auto kCrcTables = MakeCrcTables();
 
 std::string Errno() { return std::strerror(errno); }
 
@@ -305,22 +289,7 @@ Status ReadBody(Reader& r, const std::string& path, TensorFile* out) {
 }  // namespace
 
 uint32_t Crc32(std::span<const uint8_t> bytes, uint32_t crc) {
-  const auto& t = kCrcTables;
-  crc = ~crc;
-  const uint8_t* p = bytes.data();
-  size_t n = bytes.size();
-  while (n >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= crc;
-    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
-          t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) crc = t[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
-  return ~crc;
+  return libdeflate_crc32(crc, bytes.data(), bytes.size());
 }
 
 std::string FormatMetaInts(std::span<const int64_t> values) {

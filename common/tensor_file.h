@@ -69,7 +69,7 @@ Status ReadTensorFile(const std::string& path, TensorFile* out);
 // The tensor called `name`, or nullptr.
 const NamedTensor* FindTensor(const TensorFile& file, std::string_view name);
 
-// CRC-32 (zlib's) of `bytes`, continuing from `crc` (0 to start).
+// CRC-32 (zlib's; libdeflate's, PCLMUL where the CPU has it) of `bytes`, continuing from `crc` (0 to start).
 uint32_t Crc32(std::span<const uint8_t> bytes, uint32_t crc = 0);
 
 // A meta value that holds a list of integers is written "a,b,c" ("" = the empty list).
