@@ -5,8 +5,10 @@
 //     final accuracy is within 0.5 points of the same job undisturbed, and for every (server,
 //     worker) the pushes the server took equal the pushes the worker saw acknowledged: no
 //     acknowledged update lost, none applied twice;
-//   * a server whose write-ahead log fails to fsync (EIO, dealt by libdownpour_fail_sync): it
+//   * a server whose write-ahead log fails to fsync (EIO, dealt by libdownpour_fail_io): it
 //     stops as a crash would and exits 1, and the same holds as for a killed server;
+//   * the disk under a server's log full for a while: the pushes it refuses are sent again and
+//     taken once when there is room, and nothing dies;
 //   * a worker SIGKILLed in sync: the job goes on without it and finishes; the other worker
 //     stalls at most about the heartbeat timeout;
 //   * the coordinator SIGKILLed: training goes on, the launcher restarts it with --rejoin, it
@@ -94,6 +96,38 @@ class FaultTest : public ::testing::Test {
     std::vector<std::string> argv = {test::Binary("downpour-launch"), "--config", cfg, "--run-dir", run.string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<test::Child>(argv, dir_ / log);
+  }
+
+  // StartJob with libdownpour_fail_io (tests/testing/fail_io.cc) preloaded into the launcher and
+  // every process it starts, and `env` (its DOWNPOUR_FAIL_* / DOWNPOUR_FULL_* settings) set.
+  std::unique_ptr<test::Child> StartJobFailingIo(const std::string& cfg, const fs::path& run, const std::string& log,
+                                                 const std::vector<std::pair<std::string, std::string>>& env) {
+    const std::string shim = test::BuildDir() + "/tests/testing/libdownpour_fail_io.so";
+    EXPECT_TRUE(fs::exists(shim)) << shim << " not built";
+    ::setenv("LD_PRELOAD", shim.c_str(), 1);  // the launcher and its children inherit these
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    auto launcher = StartJob(cfg, run, log);
+    ::unsetenv("LD_PRELOAD");
+    for (const auto& [k, v] : env) ::unsetenv(k.c_str());
+    return launcher;
+  }
+
+  // The launcher's "died" and "restart" records, as "died <child> code <c> <action>" and
+  // "restart <child>".
+  std::vector<std::string> Supervision(const fs::path& run) {
+    std::vector<MetricRecord> launch;
+    EXPECT_TRUE(ReadMetrics((run / "launch.jsonl").string(), &launch).ok());
+    std::vector<std::string> out;
+    for (const MetricRecord& r : launch) {
+      const std::string event = r.Get("event").AsString();
+      if (event == "died") {
+        out.push_back(fmt::format("died {} code {} {}", r.Get("child").AsString(), r.Get("code").AsInt(),
+                                  r.Get("action").AsString()));
+      } else if (event == "restart") {
+        out.push_back(fmt::format("restart {}", r.Get("child").AsString()));
+      }
+    }
+    return out;
   }
 
   int RunJob(const std::string& cfg, const fs::path& run, const std::string& log) {
@@ -191,21 +225,16 @@ INSTANTIATE_TEST_SUITE_P(Modes, ServerKillTest, ::testing::Values("async", "sync
 // promise anything that log held, so it stops as a crash would: it leaves the push that found the
 // failure unanswered, writes no checkpoint and exits 1. The launcher restarts it with --recover
 // from its checkpoint and log, the workers resend what was not acknowledged, the job exits 0 and
-// every acknowledged push was taken once. The failure comes from libdownpour_fail_sync
-// (tests/testing/fail_sync.cc), preloaded into every process of the job: the first fsync of
+// every acknowledged push was taken once. The failure comes from libdownpour_fail_io
+// (tests/testing/fail_io.cc), preloaded into every process of the job: the first fsync of
 // server-1.wal after the trigger file appears fails, once.
 TEST_F(FaultTest, AServerWhoseLogFailsToSyncStopsIsRestartedAndNoAcknowledgedUpdateIsLost) {
-  const std::string shim = test::BuildDir() + "/tests/testing/libdownpour_fail_sync.so";
-  ASSERT_TRUE(fs::exists(shim)) << shim << " not built";
   const fs::path run = dir_ / "run";
   const fs::path trigger = dir_ / "fail-sync-now";
   // No checkpoint but the write-ahead log: the restarted server is the log's replay, every push.
   const std::string cfg = Config("run", Job("async").Set("checkpoint.every_updates", 0));
-  ::setenv("LD_PRELOAD", shim.c_str(), 1);  // the launcher and its children inherit these
-  ::setenv("DOWNPOUR_FAIL_SYNC_OF", "server-1.wal", 1);
-  ::setenv("DOWNPOUR_FAIL_SYNC_WHEN", trigger.c_str(), 1);
-  auto launcher = StartJob(cfg, run, "run.log");
-  for (const char* v : {"LD_PRELOAD", "DOWNPOUR_FAIL_SYNC_OF", "DOWNPOUR_FAIL_SYNC_WHEN"}) ::unsetenv(v);
+  auto launcher = StartJobFailingIo(cfg, run, "run.log",
+                                    {{"DOWNPOUR_FAIL_SYNC_OF", "server-1.wal"}, {"DOWNPOUR_FAIL_SYNC_WHEN", trigger}});
   ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps * 2 / 5, 120s)) << test::ReadFile(dir_ / "run.log");
   test::WriteFile(trigger, "");
   ASSERT_EQ(launcher->WaitExit(300s), 0) << test::ReadFile(dir_ / "run.log");
@@ -219,19 +248,40 @@ TEST_F(FaultTest, AServerWhoseLogFailsToSyncStopsIsRestartedAndNoAcknowledgedUpd
   ASSERT_NE(replayed, std::string::npos) << server_log;
   const size_t number = server_log.rfind(' ', replayed - 1) + 1;
   EXPECT_GT(std::stoll(server_log.substr(number, replayed - number)), kSteps / 2) << server_log.substr(recovered, 200);
-  std::vector<MetricRecord> launch;
-  ASSERT_TRUE(ReadMetrics((run / "launch.jsonl").string(), &launch).ok());
-  std::vector<std::string> supervision;  // the launcher's "died" / "restart" records
-  for (const MetricRecord& r : launch) {
-    const std::string event = r.Get("event").AsString();
-    if (event == "died") {
-      supervision.push_back(fmt::format("died {} code {} {}", r.Get("child").AsString(), r.Get("code").AsInt(),
-                                        r.Get("action").AsString()));
-    } else if (event == "restart") {
-      supervision.push_back(fmt::format("restart {}", r.Get("child").AsString()));
-    }
+  EXPECT_EQ(Supervision(run), (std::vector<std::string>{"died server 1 code 1 restart", "restart server 1"}));
+  for (int w = 0; w < 2; ++w) {
+    const auto done = Worker(run, w, "done");
+    ASSERT_FALSE(done.empty()) << "worker " << w;
+    EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps) << "worker " << w;
   }
-  EXPECT_EQ(supervision, (std::vector<std::string>{"died server 1 code 1 restart", "restart server 1"}));
+  ExpectEveryAckedPushTakenOnce(run, {0, 1});
+  EXPECT_GT(FinalTop1(run), 0.7);
+}
+
+// The disk under server 1's write-ahead log is full for 1.5 s mid-run (every write to the log fails
+// with ENOSPC, from libdownpour_fail_io). The server refuses every push it cannot log, applies
+// none of them and stays up; the workers send those pushes again, backing off, and once there is
+// room the log takes them. Nothing dies, the job exits 0, and every acknowledged push was taken
+// once: the refusals were not applied and the resends not applied twice.
+TEST_F(FaultTest, PushesAFullDiskRefusedAreSentAgainAndTakenOnceWhenThereIsRoom) {
+  const fs::path run = dir_ / "run";
+  const fs::path full = dir_ / "disk-full";
+  auto launcher = StartJobFailingIo(Config("run", "async"), run, "run.log",
+                                    {{"DOWNPOUR_FULL_DISK_OF", "server-1.wal"}, {"DOWNPOUR_FULL_DISK_WHILE", full}});
+  ASSERT_TRUE(test::WaitWorkerSteps(run, 0, kSteps * 2 / 5, 120s)) << test::ReadFile(dir_ / "run.log");
+  test::WriteFile(full, "");
+  std::this_thread::sleep_for(1500ms);
+  fs::remove(full);
+  ASSERT_EQ(launcher->WaitExit(300s), 0) << test::ReadFile(dir_ / "run.log");
+  EXPECT_EQ(Supervision(run), std::vector<std::string>{}) << "a process died";
+  const auto ends = test::Metrics(run, "server-1.jsonl", "server_end");
+  ASSERT_FALSE(ends.empty());
+  EXPECT_NE(ends.back().Get("rejected_by_reason").AsString().find("log_write:"), std::string::npos)
+      << "server 1 refused no push for its log: " << ends.back().Get("rejected_by_reason").AsString();
+  std::string workers;
+  for (int w = 0; w < 2; ++w) workers += test::ReadFile(run / "logs" / fmt::format("worker-{}.log", w));
+  EXPECT_NE(workers.find("server 1's log refused"), std::string::npos) << workers;
+  EXPECT_NE(workers.find("server 1's log takes"), std::string::npos) << workers;
   for (int w = 0; w < 2; ++w) {
     const auto done = Worker(run, w, "done");
     ASSERT_FALSE(done.empty()) << "worker " << w;
