@@ -370,6 +370,12 @@ TEST_F(LaunchTest, ResumeRecoversServersAndWorkersAndRefusesWhatItCannot) {
   // Changing the run while resuming it is refused.
   EXPECT_EQ(Run(fmt::format("'{}' --resume '{}' --set worker.steps=5", Launcher(), run), &out), 2);
   EXPECT_THAT(out, HasSubstr("cannot be combined"));
+  // The first launch's last record torn (its disk full half-way through the line): the run still
+  // resumes, the torn line is named, and the resumed launcher's first record starts a line of its own.
+  {
+    std::ofstream launch_log(run + "/launch.jsonl", std::ios::app);
+    launch_log << R"({"t":1764000000.5,"role":"launcher","id":0,"event":"en)";
+  }
   // Resumed with stand-ins: the same roles, with --restore and --resume, logs appended. The
   // workers end only once the coordinator and both servers have said what they got (bounded
   // wait): under a loaded parallel ctest a server could otherwise be stopped before its line.
@@ -386,6 +392,7 @@ TEST_F(LaunchTest, ResumeRecoversServersAndWorkersAndRefusesWhatItCannot) {
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("[launch] resuming run"));
+  EXPECT_THAT(out, HasSubstr(run + "/launch.jsonl: skipped 1 torn line(s)"));
   EXPECT_THAT(out, HasSubstr(fmt::format("[server 1] serving --id 1 --config {0}/config.toml --run-dir {0} --model "
                                          "alexnet-shapes --recover\n",
                                          run)));
@@ -394,7 +401,9 @@ TEST_F(LaunchTest, ResumeRecoversServersAndWorkersAndRefusesWhatItCannot) {
   const std::string log = test::ReadFile(run + "/logs/worker-1.log");
   EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 2) << "the first launch's line and the resumed one:\n" << log;
   std::vector<MetricRecord> records;
-  ASSERT_TRUE(ReadMetrics(run + "/launch.jsonl", &records).ok());
+  std::vector<int> torn;
+  ASSERT_TRUE(ReadMetrics(run + "/launch.jsonl", &records, &torn).ok());
+  EXPECT_EQ(torn.size(), 1u);
   int starts = 0;
   for (const auto& r : records) starts += r.Get("event").AsString() == "start";
   EXPECT_EQ(starts, 2);
