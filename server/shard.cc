@@ -195,6 +195,13 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
     local_of_[static_cast<size_t>(id)] = static_cast<int>(owned_.size());
     owned_.push_back(id);
   }
+  rules_.layout = &layout_;
+  rules_.local_of = local_of_;
+  rules_.owned = owned_.size();
+  rules_.server_id = options_.server_id;
+  rules_.algorithm = options_.consistency.algorithm;
+  rules_.model_moves = options_.model_moves;
+  rules_.all_finite = [threads = options_.server_threads](std::span<const float> x) { return AllFiniteOn(threads, x); };
   chunks_.resize(owned_.size());
   for (size_t i = 0; i < owned_.size(); ++i) {
     const auto n = static_cast<size_t>(layout_.chunk(owned_[i]).count);
@@ -667,32 +674,7 @@ Status ShardServer::CheckLayoutAndModel(const MessageHeader& h, RejectReason* re
 
 Status ShardServer::ResolveChunks(const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
                                   RejectReason* reason) const {
-  locals->clear();
-  if (h.chunk_ids.empty() && all_if_empty) {
-    for (size_t i = 0; i < owned_.size(); ++i) locals->push_back(static_cast<int>(i));
-    return Status::Ok();
-  }
-  std::vector<bool> seen(owned_.size(), false);
-  for (uint32_t id : h.chunk_ids) {
-    if (id >= local_of_.size()) {
-      *reason = RejectReason::kUnknownChunk;
-      return InvalidArgument("{}: chunk id {} is unknown (layout has {} chunks)", MsgTypeName(h.type), id,
-                             local_of_.size());
-    }
-    const int local = local_of_[id];
-    if (local < 0) {
-      *reason = RejectReason::kUnknownChunk;
-      return InvalidArgument("{}: chunk {} belongs to server {}, not server {}", MsgTypeName(h.type), id,
-                             layout_.chunk(static_cast<int32_t>(id)).server, options_.server_id);
-    }
-    if (seen[static_cast<size_t>(local)]) {
-      *reason = RejectReason::kDuplicateChunk;
-      return InvalidArgument("{}: chunk {} listed twice", MsgTypeName(h.type), id);
-    }
-    seen[static_cast<size_t>(local)] = true;
-    locals->push_back(local);
-  }
-  return Status::Ok();
+  return ResolveChunkIds(rules_, h, all_if_empty, locals, reason);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -707,88 +689,19 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     // DecodeChunk refuses every non-finite value it would write: the decoded chunks are finite.
     return HandlePush(dense, decoded, reply, reason, std::vector<bool>(dense.chunk_ids.size(), true));
   }
+  CheckedPush checked;
+  DP_RETURN_IF_ERROR(CheckDensePush(
+      rules_, h, frames,
+      [this](int local) {
+        const ChunkState& c = chunks_[static_cast<size_t>(local)];
+        return ChunkFacts{c.initialized, c.version};
+      },
+      finite, &checked, reason));
   const bool init = (h.flags & kFlagInit) != 0;
-  const bool elastic = (h.flags & kFlagElastic) != 0;
   const bool move = (h.flags & kFlagMove) != 0;
-  const bool easgd = options_.consistency.algorithm == Algorithm::kEasgd;
-  if (move) {
-    *reason = RejectReason::kClock;  // the consistency policy's refusal
-    if (!options_.model_moves) {
-      return InvalidArgument("push: a model move (multi-model runs), but this server serves one model");
-    }
-    if (init || elastic) return InvalidArgument("push: a model move cannot also be an init push or an exchange");
-    if (h.move_batches < 1 || h.move_batches > kMaxMoveBatches) {
-      return InvalidArgument("push: a model move of {} batches (valid: 1..{})", h.move_batches, kMaxMoveBatches);
-    }
-  } else if (!init && elastic != easgd) {
-    *reason = RejectReason::kClock;  // the consistency policy's refusal
-    if (easgd) return InvalidArgument("push: a gradient push to an EASGD server (it takes elastic exchanges only)");
-    return InvalidArgument("push: an elastic (EASGD) exchange, but this run's consistency.algorithm is \"{}\"",
-                           AlgorithmString(options_.consistency.algorithm));
-  }
-  if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) {
-    *reason = RejectReason::kDType;
-    return InvalidArgument("push: dtype {} / encoding {} not supported (server takes f32 dense)",
-                           static_cast<int>(h.dtype), static_cast<int>(h.encoding));
-  }
   const size_t n = h.chunk_ids.size();
-  if (n == 0) {
-    *reason = RejectReason::kFrameCount;
-    return InvalidArgument("push: no chunks");
-  }
-  if (frames.size() != n + 1 || h.elem_counts.size() != n || h.byte_lengths.size() != n ||
-      (!init && h.versions.size() != n)) {
-    *reason = RejectReason::kFrameCount;
-    return InvalidArgument("push: {} chunk ids but {} payload frames, {} elemCounts, {} byteLengths, {} versions",
-                           n, frames.size() - 1, h.elem_counts.size(), h.byte_lengths.size(), h.versions.size());
-  }
-  std::vector<int> locals;
-  DP_RETURN_IF_ERROR(ResolveChunks(h, /*all_if_empty=*/false, &locals, reason));
-  // Per-chunk checks. Payloads are read in place when aligned; misaligned ones are copied once.
-  std::vector<std::vector<float>> scratch(n);
-  std::vector<PushChunk> chunks(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t id = h.chunk_ids[i];
-    const int64_t count = layout_.chunk(static_cast<int32_t>(id)).count;
-    if (h.elem_counts[i] != static_cast<uint64_t>(count)) {
-      *reason = RejectReason::kElemCount;
-      return InvalidArgument("push: chunk {} has {} elements in the layout, header says {}", id, count,
-                             h.elem_counts[i]);
-    }
-    const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(float);
-    if (h.byte_lengths[i] != bytes || frames[i + 1].size() != bytes) {
-      *reason = RejectReason::kByteLength;
-      return InvalidArgument("push: chunk {} needs {} bytes; header says {}, frame has {}", id, bytes,
-                             h.byte_lengths[i], frames[i + 1].size());
-    }
-    if (!h.checksums.empty()) {
-      const uint32_t crc = Crc32c(frames[i + 1].data(), frames[i + 1].size());
-      if (crc != h.checksums[i]) {
-        *reason = RejectReason::kChecksum;
-        return Corrupt("push: chunk {} CRC-32C {:#010x}, header says {:#010x}", id, crc, h.checksums[i]);
-      }
-    }
-    const float* data = AlignedFloats(frames[i + 1], &scratch[i]);
-    const bool known_finite = i < finite.size() && finite[i];
-    if (!known_finite &&
-        !AllFiniteOn(options_.server_threads, std::span<const float>(data, static_cast<size_t>(count)))) {
-      *reason = RejectReason::kNonFinite;
-      return InvalidArgument("push: chunk {} (tensor '{}') holds NaN or Inf", id,
-                             layout_.tensors()[static_cast<size_t>(layout_.chunk(static_cast<int32_t>(id)).tensor)].name);
-    }
-    const int local = locals[i];
-    if (!init && !chunks_[static_cast<size_t>(local)].initialized) {
-      *reason = RejectReason::kNotInitialized;
-      return FailedPrecondition("push: gradient for chunk {} before its weights were initialised", id);
-    }
-    if (!init && (h.versions[i] < 0 || h.versions[i] > chunks_[static_cast<size_t>(local)].version)) {
-      *reason = RejectReason::kVersion;
-      return InvalidArgument("push: chunk {} computed from version {}, but the chunk is at version {} (valid: 0..{})",
-                             id, h.versions[i], chunks_[static_cast<size_t>(local)].version,
-                             chunks_[static_cast<size_t>(local)].version);
-    }
-    chunks[i] = PushChunk{local, data, count, init ? 0 : h.versions[i]};
-  }
+  const std::vector<int>& locals = checked.locals;
+  std::vector<PushChunk>& chunks = checked.chunks;
   reply->type = MsgType::kAck;
   reply->chunk_ids = h.chunk_ids;
   if (IsDuplicate(h.sender, h.session, h.request_id)) {  // a resend of a push already taken

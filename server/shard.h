@@ -116,11 +116,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <deque>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -136,6 +136,7 @@
 #include "common/transport.h"
 #include "server/access.h"
 #include "server/consistency.h"
+#include "server/request_check.h"
 #include "server/wal.h"
 
 namespace downpour {
@@ -344,6 +345,7 @@ class ShardServer {
   const uint64_t incarnation_;
   std::vector<int32_t> owned_;        // chunk ids owned, ascending
   std::vector<int> local_of_;         // chunk id -> local index or -1
+  PushRules rules_;                   // what this shard takes (request_check.h), over local_of_
   std::vector<uint64_t> share_offset_;  // local index -> float offset in this server's share
   uint64_t share_floats_ = 0;           // floats this server owns
   const std::string boot_id_;           // this host's (regions only for workers on it)

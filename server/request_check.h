@@ -1,0 +1,68 @@
+// request_check.h — the checks a shard makes of a request before it touches any state, as pure
+// functions of the message, the layout and the shard's rules: which of its chunks a request
+// names (ResolveChunkIds, every request), and whether a dense f32 push may be taken at all
+// (CheckDensePush: its flags against the run, its dtype and frame counts, and per chunk the
+// element count, byte length, CRC-32C, finite values, initialisation and version range). The
+// shard (shard.h) runs them, then the consistency policy's own check, then logs and applies.
+// Every refusal names the field and sets the RejectReason the shard counts it under; a push is
+// checked whole, so a refused one leaves nothing half taken.
+//
+// Thread-safety: pure functions of their arguments (PushRules::all_finite may use threads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "common/codec.h"
+#include "common/layout.h"
+#include "common/run_config.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "server/consistency.h"
+
+namespace downpour {
+
+// What a shard takes.
+struct PushRules {
+  const ParamLayout* layout = nullptr;
+  std::span<const int> local_of;  // chunk id -> index among the shard's chunks; -1 = another server's
+  size_t owned = 0;               // the shard's chunks
+  int32_t server_id = 0;
+  Algorithm algorithm = Algorithm::kSgd;  // EASGD servers take elastic exchanges only
+  bool model_moves = false;               // a multi-model server: kFlagMove pushes
+  // Whether every value is finite (the shard runs the check on its threads).
+  std::function<bool(std::span<const float>)> all_finite;
+};
+
+// What the shard knows of one of its chunks.
+struct ChunkFacts {
+  bool initialized = false;
+  int64_t version = 0;
+};
+
+// The chunk ids of `h` as local indices, in order: each owned by this server (kUnknownChunk)
+// and named once (kDuplicateChunk). `all_if_empty`: no ids = all the shard's chunks (a pull of
+// everything).
+Status ResolveChunkIds(const PushRules& rules, const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
+                       RejectReason* reason);
+
+// A dense f32 push that passed: per chunk its local index, its gradient (in the frame when
+// aligned, else copied once into `scratch`), element count and the version it was computed from
+// (0 for an init push).
+struct CheckedPush {
+  std::vector<int> locals;
+  std::vector<PushChunk> chunks;
+  std::vector<std::vector<float>> scratch;
+};
+
+// Checks the push `h` with payload `frames` (header frame first) against `rules` and the facts
+// of its chunks (`facts(local)`); `finite[i]` = chunk i is already known finite (decoded lossy
+// chunks). Fills `out` when it may be taken; otherwise the error, with *reason set.
+Status CheckDensePush(const PushRules& rules, const MessageHeader& h, const Frames& frames,
+                      const std::function<ChunkFacts(int local)>& facts, const std::vector<bool>& finite,
+                      CheckedPush* out, RejectReason* reason);
+
+}  // namespace downpour
