@@ -3,6 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <memory>
+
+#include "common/grad_codec.h"
+
 namespace downpour {
 
 Status ResolveChunkIds(const PushRules& rules, const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
@@ -118,6 +123,83 @@ Status CheckDensePush(const PushRules& rules, const MessageHeader& h, const Fram
                              id, h.versions[i], f.version, f.version);
     }
     out->chunks[i] = PushChunk{local, data, count, init ? 0 : h.versions[i]};
+  }
+  return Status::Ok();
+}
+
+bool CodedPush(const MessageHeader& h) {
+  if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) return true;
+  return std::any_of(h.encodings.begin(), h.encodings.end(), [](Encoding e) { return e != Encoding::kDense; });
+}
+
+Status DecodeCodedPush(const PushRules& rules, const MessageHeader& h, const Frames& frames, MessageHeader* dense,
+                       Frames* decoded, RejectReason* reason) {
+  const ParamLayout& layout = *rules.layout;
+  *reason = RejectReason::kDType;
+  if ((h.flags & kFlagInit) != 0) {
+    return InvalidArgument("push: initial weights must be f32 dense (got dtype {} / encoding {})",
+                           static_cast<int>(h.dtype), static_cast<int>(h.encoding));
+  }
+  if ((h.flags & kFlagShm) != 0) {
+    return InvalidArgument("push: a payload in shared memory must be f32 dense (got dtype {} / encoding {})",
+                           static_cast<int>(h.dtype), static_cast<int>(h.encoding));
+  }
+  const size_t n = h.chunk_ids.size();
+  if (n == 0 || frames.size() != n + 1 || h.elem_counts.size() != n || h.byte_lengths.size() != n ||
+      h.versions.size() != n) {
+    *reason = RejectReason::kFrameCount;
+    return InvalidArgument("push: {} chunk ids but {} payload frames, {} elemCounts, {} byteLengths, {} versions", n,
+                           frames.size() - 1, h.elem_counts.size(), h.byte_lengths.size(), h.versions.size());
+  }
+  std::vector<int> locals;
+  DP_RETURN_IF_ERROR(ResolveChunkIds(rules, h, /*all_if_empty=*/false, &locals, reason));
+  uint64_t total = 0;
+  for (uint32_t id : h.chunk_ids) total += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(id)).count);
+  auto floats = std::make_shared<std::vector<float>>(total);
+  *dense = h;
+  dense->dtype = DType::kF32;
+  dense->encoding = Encoding::kDense;
+  dense->encodings.clear();
+  dense->checksums.clear();  // checked here, over the bytes that came
+  decoded->assign(1, frames[0]);
+  uint64_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t id = h.chunk_ids[i];
+    const auto count = static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(id)).count);
+    const Encoding encoding = h.encodings.empty() ? h.encoding : h.encodings[i];
+    if (encoding == Encoding::kFactors) {
+      // Sufficient factors are formed into a dense gradient elsewhere (issue 14, h2); not here.
+      *reason = RejectReason::kDType;
+      return InvalidArgument("push: chunk {} is sufficient factors, which this server does not take", id);
+    }
+    if (h.elem_counts[i] != count) {
+      *reason = RejectReason::kElemCount;
+      return InvalidArgument("push: chunk {} has {} elements in the layout, header says {}", id, count,
+                             h.elem_counts[i]);
+    }
+    const Frame& f = frames[i + 1];
+    if (h.byte_lengths[i] != f.size()) {
+      *reason = RejectReason::kByteLength;
+      return InvalidArgument("push: chunk {} frame has {} bytes, header says {}", id, f.size(), h.byte_lengths[i]);
+    }
+    if (!h.checksums.empty() && Crc32c(f.data(), f.size()) != h.checksums[i]) {
+      *reason = RejectReason::kChecksum;
+      return Corrupt("push: chunk {} CRC-32C {:#010x}, header says {:#010x}", id, Crc32c(f.data(), f.size()),
+                     h.checksums[i]);
+    }
+    CodecFault fault = CodecFault::kNone;
+    const std::span<float> out(floats->data() + at, static_cast<size_t>(count));
+    const Status s = DecodeChunk(encoding, h.dtype, std::span<const std::byte>(f.data(), f.size()), out, id, &fault);
+    if (!s.ok()) {
+      *reason = fault == CodecFault::kLength      ? RejectReason::kByteLength
+                : fault == CodecFault::kIndex     ? RejectReason::kElemCount
+                : fault == CodecFault::kNonFinite ? RejectReason::kNonFinite
+                                                  : RejectReason::kDType;
+      return Status(s.code(), fmt::format("push: {}", s.message()));
+    }
+    dense->byte_lengths[i] = count * sizeof(float);
+    decoded->push_back(Frame::Borrow(out.data(), out.size_bytes(), floats));
+    at += count;
   }
   return Status::Ok();
 }

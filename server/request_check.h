@@ -1,6 +1,7 @@
 // request_check.h — the checks a shard makes of a request before it touches any state, as pure
 // functions of the message, the layout and the shard's rules: which of its chunks a request
-// names (ResolveChunkIds, every request), and whether a dense f32 push may be taken at all
+// names (ResolveChunkIds, every request), a lossy push decoded to f32 (DecodeCodedPush), and
+// whether a dense f32 push may be taken at all
 // (CheckDensePush: its flags against the run, its dtype and frame counts, and per chunk the
 // element count, byte length, CRC-32C, finite values, initialisation and version range). The
 // shard (shard.h) runs them, then the consistency policy's own check, then logs and applies.
@@ -57,6 +58,18 @@ struct CheckedPush {
   std::vector<PushChunk> chunks;
   std::vector<std::vector<float>> scratch;
 };
+
+// Whether `h` is a lossy push (dtype or some chunk's encoding not f32 dense, common/grad_codec.h),
+// which DecodeCodedPush turns into a dense one before CheckDensePush.
+bool CodedPush(const MessageHeader& h);
+
+// A lossy push decoded into `dense` / `decoded` (f32 dense frames; CRC-32C checked over the bytes
+// that came, then dropped), every frame validated whole before a float is written (DecodeChunk),
+// so the decoded values are finite. kDType for what is not taken: an init push or a shared-memory
+// payload not f32 dense, a sufficient-factors chunk (server/factor_push.h forms those first); a
+// codec fault under the reason it maps to.
+Status DecodeCodedPush(const PushRules& rules, const MessageHeader& h, const Frames& frames, MessageHeader* dense,
+                       Frames* decoded, RejectReason* reason);
 
 // Checks the push `h` with payload `frames` (header frame first) against `rules` and the facts
 // of its chunks (`facts(local)`); `finite[i]` = chunk i is already known finite (decoded lossy

@@ -41,12 +41,6 @@ uint64_t RandomIncarnation() {
   return v;
 }
 
-// A push whose payload is not f32 dense (common/grad_codec.h): decoded before validation.
-bool CodedPush(const MessageHeader& h) {
-  if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) return true;
-  return std::any_of(h.encodings.begin(), h.encodings.end(), [](Encoding e) { return e != Encoding::kDense; });
-}
-
 // The elements of the chunks `server` holds; whole_rows: of the rows of its 2-D tensors that
 // the chunks touch (a factor chunk's dense gradient is formed row by row).
 size_t OwnedElems(const ParamLayout& layout, int32_t server, bool whole_rows) {
@@ -685,7 +679,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   if (CodedPush(h)) {  // lossy: decoded to f32 dense, then checked and applied as one
     MessageHeader dense;
     Frames decoded;
-    DP_RETURN_IF_ERROR(DecodeCodedPush(h, frames, &dense, &decoded, reason));
+    DP_RETURN_IF_ERROR(DecodeCodedPush(rules_, h, frames, &dense, &decoded, reason));
     // DecodeChunk refuses every non-finite value it would write: the decoded chunks are finite.
     return HandlePush(dense, decoded, reply, reason, std::vector<bool>(dense.chunk_ids.size(), true));
   }
@@ -756,77 +750,6 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
 }
 
 // A lossy push: every chunk decoded into one f32 buffer before anything else looks at it.
-Status ShardServer::DecodeCodedPush(const MessageHeader& h, const Frames& frames, MessageHeader* dense, Frames* decoded,
-                                    RejectReason* reason) const {
-  *reason = RejectReason::kDType;
-  if ((h.flags & kFlagInit) != 0) {
-    return InvalidArgument("push: initial weights must be f32 dense (got dtype {} / encoding {})",
-                           static_cast<int>(h.dtype), static_cast<int>(h.encoding));
-  }
-  if ((h.flags & kFlagShm) != 0) {
-    return InvalidArgument("push: a payload in shared memory must be f32 dense (got dtype {} / encoding {})",
-                           static_cast<int>(h.dtype), static_cast<int>(h.encoding));
-  }
-  const size_t n = h.chunk_ids.size();
-  if (n == 0 || frames.size() != n + 1 || h.elem_counts.size() != n || h.byte_lengths.size() != n ||
-      h.versions.size() != n) {
-    *reason = RejectReason::kFrameCount;
-    return InvalidArgument("push: {} chunk ids but {} payload frames, {} elemCounts, {} byteLengths, {} versions",
-                           n, frames.size() - 1, h.elem_counts.size(), h.byte_lengths.size(), h.versions.size());
-  }
-  std::vector<int> locals;
-  DP_RETURN_IF_ERROR(ResolveChunks(h, /*all_if_empty=*/false, &locals, reason));
-  uint64_t total = 0;
-  for (uint32_t id : h.chunk_ids) total += static_cast<uint64_t>(layout_.chunk(static_cast<int32_t>(id)).count);
-  auto floats = std::make_shared<std::vector<float>>(total);
-  *dense = h;
-  dense->dtype = DType::kF32;
-  dense->encoding = Encoding::kDense;
-  dense->encodings.clear();
-  dense->checksums.clear();  // checked here, over the bytes that came
-  decoded->assign(1, frames[0]);
-  uint64_t at = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t id = h.chunk_ids[i];
-    const auto count = static_cast<uint64_t>(layout_.chunk(static_cast<int32_t>(id)).count);
-    const Encoding encoding = h.encodings.empty() ? h.encoding : h.encodings[i];
-    if (encoding == Encoding::kFactors) {
-      // Sufficient factors are formed into a dense gradient elsewhere (issue 14, h2); not here.
-      *reason = RejectReason::kDType;
-      return InvalidArgument("push: chunk {} is sufficient factors, which this server does not take", id);
-    }
-    if (h.elem_counts[i] != count) {
-      *reason = RejectReason::kElemCount;
-      return InvalidArgument("push: chunk {} has {} elements in the layout, header says {}", id, count,
-                             h.elem_counts[i]);
-    }
-    const Frame& f = frames[i + 1];
-    if (h.byte_lengths[i] != f.size()) {
-      *reason = RejectReason::kByteLength;
-      return InvalidArgument("push: chunk {} frame has {} bytes, header says {}", id, f.size(), h.byte_lengths[i]);
-    }
-    if (!h.checksums.empty() && Crc32c(f.data(), f.size()) != h.checksums[i]) {
-      *reason = RejectReason::kChecksum;
-      return Corrupt("push: chunk {} CRC-32C {:#010x}, header says {:#010x}", id, Crc32c(f.data(), f.size()),
-                     h.checksums[i]);
-    }
-    CodecFault fault = CodecFault::kNone;
-    const std::span<float> out(floats->data() + at, static_cast<size_t>(count));
-    const Status s = DecodeChunk(encoding, h.dtype, std::span<const std::byte>(f.data(), f.size()), out, id, &fault);
-    if (!s.ok()) {
-      *reason = fault == CodecFault::kLength      ? RejectReason::kByteLength
-                : fault == CodecFault::kIndex     ? RejectReason::kElemCount
-                : fault == CodecFault::kNonFinite ? RejectReason::kNonFinite
-                                                  : RejectReason::kDType;
-      return Status(s.code(), fmt::format("push: {}", s.message()));
-    }
-    dense->byte_lengths[i] = count * sizeof(float);
-    decoded->push_back(Frame::Borrow(out.data(), out.size_bytes(), floats));
-    at += count;
-  }
-  return Status::Ok();
-}
-
 void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                             const std::vector<PushChunk>& chunks) {
   RememberRequest(worker, session, request_id);

@@ -309,10 +309,6 @@ class ShardServer {
   // true: chunk i is known finite (expanded factors, decoded codecs) and is not scanned again.
   Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
                     const std::vector<bool>& finite = {});
-  // A lossy push (dtype or encoding not f32 dense) decoded into `dense` / `decoded` (f32 dense
-  // frames, checksums checked and dropped); refusals as HandlePush's, kDType for what is not taken.
-  Status DecodeCodedPush(const MessageHeader& h, const Frames& frames, MessageHeader* dense, Frames* decoded,
-                         RejectReason* reason) const;
   Status ResolveChunks(const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
                        RejectReason* reason) const;
   bool PullReady(const PendingPull& p) const;

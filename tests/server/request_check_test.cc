@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/finite.h"
+#include "common/grad_codec.h"
 
 namespace downpour {
 namespace {
@@ -214,6 +215,81 @@ TEST_F(RequestCheck, OnlyChunksNotKnownFiniteAreScanned) {
   RejectReason reason = RejectReason::kCount;
   ASSERT_TRUE(Check(h, frames, &out, &reason, {true, false, true}).ok());
   EXPECT_EQ(scans, 1);
+}
+
+// An fp16 push decodes to the floats it carried and then passes the dense checks; a lossy push
+// the server does not take, or one whose frame does not decode, is refused under its reason.
+TEST_F(RequestCheck, ALossyPushDecodesToDenseOrIsRefusedWithItsReason) {
+  MessageHeader h;
+  Frames frames;
+  ValidPush(&h, &frames);
+  h.dtype = DType::kF16;
+  for (size_t i = 1; i < frames.size(); ++i) {
+    std::vector<float> g(frames[i].size() / sizeof(float));
+    std::memcpy(g.data(), frames[i].data(), frames[i].size());
+    std::vector<uint16_t> half(g.size());
+    FloatsToHalf(g, half.data());
+    frames[i] = Frame::Copy(half.data(), half.size() * sizeof(uint16_t));
+    h.byte_lengths[i - 1] = half.size() * sizeof(uint16_t);
+  }
+  ASSERT_TRUE(CodedPush(h));
+  MessageHeader dense;
+  Frames decoded;
+  RejectReason reason = RejectReason::kCount;
+  Status s = DecodeCodedPush(rules_, h, frames, &dense, &decoded, &reason);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(CodedPush(dense));
+  CheckedPush out;
+  s = Check(dense, decoded, &out, &reason);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(out.chunks[i].grad[0], 0.5f + static_cast<float>(i));  // exact in fp16
+
+  struct Case {
+    const char* what;
+    std::function<void(MessageHeader&, Frames&)> damage;
+    RejectReason reason;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"init", [](MessageHeader& c, Frames&) { c.flags = kFlagInit; }, RejectReason::kDType,
+       "initial weights must be f32 dense"},
+      {"shared memory", [](MessageHeader& c, Frames&) { c.flags = kFlagShm; }, RejectReason::kDType,
+       "a payload in shared memory must be f32 dense"},
+      {"factors",
+       [](MessageHeader& c, Frames&) {
+         c.encodings = {Encoding::kDense, Encoding::kFactors, Encoding::kDense};
+       },
+       RejectReason::kDType, "is sufficient factors"},
+      {"byte length", [](MessageHeader& c, Frames&) { c.byte_lengths[0] += 2; }, RejectReason::kByteLength,
+       "frame has"},
+      {"frames", [](MessageHeader&, Frames& f) { f.pop_back(); }, RejectReason::kFrameCount, "payload frames"},
+      {"odd frame",
+       [](MessageHeader& c, Frames& f) {
+         f[1] = Frame::Copy(f[1].data(), f[1].size() - 2);
+         c.byte_lengths[0] -= 2;
+       },
+       RejectReason::kByteLength, "push: "},
+      {"NaN",
+       [](MessageHeader&, Frames& f) {
+         std::vector<uint16_t> half(f[2].size() / 2, 0x3c00);  // 1.0
+         half[0] = 0x7e00;                                     // NaN
+         f[2] = Frame::Copy(half.data(), f[2].size());
+       },
+       RejectReason::kNonFinite, "push: "},
+      {"another server's",
+       [this](MessageHeader& c, Frames&) { c.chunk_ids[0] = static_cast<uint32_t>(layout_.ServerChunks(1)[0]); },
+       RejectReason::kUnknownChunk, "belongs to server 1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    MessageHeader bad = h;
+    Frames bad_frames = frames;
+    c.damage(bad, bad_frames);
+    s = DecodeCodedPush(rules_, bad, bad_frames, &dense, &decoded, &reason);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(reason, c.reason) << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr(c.says));
+  }
 }
 
 TEST_F(RequestCheck, AnEmptyPullNamesEveryChunkOfTheShard) {
