@@ -171,6 +171,16 @@ class FaultTest : public ::testing::Test {
     }
   }
 
+  // Both workers ran all kSteps, and every push each saw acknowledged was taken once.
+  void ExpectBothWorkersFinishedAndEveryAckedPushTakenOnce(const fs::path& run) {
+    for (int w = 0; w < 2; ++w) {
+      const auto done = Worker(run, w, "done");
+      ASSERT_FALSE(done.empty()) << "worker " << w;
+      EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps) << "worker " << w;
+    }
+    ExpectEveryAckedPushTakenOnce(run, {0, 1});
+  }
+
   fs::path dir_;
 };
 
@@ -195,12 +205,7 @@ TEST_P(ServerKillTest, KilledServerIsRestartedAndNoAcknowledgedUpdateIsLostOrApp
   const std::string out = test::ReadFile(dir_ / "killed.log");
   EXPECT_NE(out.find("--recover"), std::string::npos) << out;
   EXPECT_NE(test::ReadFile(run / "logs" / "server-1.log").find("recovered"), std::string::npos);
-  for (int w = 0; w < 2; ++w) {
-    const auto done = Worker(run, w, "done");
-    ASSERT_FALSE(done.empty()) << "worker " << w;
-    EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps) << "worker " << w;
-  }
-  ExpectEveryAckedPushTakenOnce(run, {0, 1});
+  ExpectBothWorkersFinishedAndEveryAckedPushTakenOnce(run);
   const double top1 = FinalTop1(run);
   // A killed run is one more sample of the mode's run-to-run spread, which is what bounds the
   // difference. Four repeats of this test (2026-11-29, 2-core VM), undisturbed and killed runs:
@@ -249,12 +254,7 @@ TEST_F(FaultTest, AServerWhoseLogFailsToSyncStopsIsRestartedAndNoAcknowledgedUpd
   const size_t number = server_log.rfind(' ', replayed - 1) + 1;
   EXPECT_GT(std::stoll(server_log.substr(number, replayed - number)), kSteps / 2) << server_log.substr(recovered, 200);
   EXPECT_EQ(Supervision(run), (std::vector<std::string>{"died server 1 code 1 restart", "restart server 1"}));
-  for (int w = 0; w < 2; ++w) {
-    const auto done = Worker(run, w, "done");
-    ASSERT_FALSE(done.empty()) << "worker " << w;
-    EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps) << "worker " << w;
-  }
-  ExpectEveryAckedPushTakenOnce(run, {0, 1});
+  ExpectBothWorkersFinishedAndEveryAckedPushTakenOnce(run);
   EXPECT_GT(FinalTop1(run), 0.7);
 }
 
@@ -282,12 +282,7 @@ TEST_F(FaultTest, PushesAFullDiskRefusedAreSentAgainAndTakenOnceWhenThereIsRoom)
   for (int w = 0; w < 2; ++w) workers += test::ReadFile(run / "logs" / fmt::format("worker-{}.log", w));
   EXPECT_NE(workers.find("server 1's log refused"), std::string::npos) << workers;
   EXPECT_NE(workers.find("server 1's log takes"), std::string::npos) << workers;
-  for (int w = 0; w < 2; ++w) {
-    const auto done = Worker(run, w, "done");
-    ASSERT_FALSE(done.empty()) << "worker " << w;
-    EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps) << "worker " << w;
-  }
-  ExpectEveryAckedPushTakenOnce(run, {0, 1});
+  ExpectBothWorkersFinishedAndEveryAckedPushTakenOnce(run);
   EXPECT_GT(FinalTop1(run), 0.7);
 }
 
@@ -324,12 +319,7 @@ TEST_F(FaultTest, KilledCoordinatorIsRestartedAndTrainingGoesOn) {
   ASSERT_EQ(launcher->WaitExit(300s), 0) << test::ReadFile(dir_ / "run.log");
   const std::string out = test::ReadFile(dir_ / "run.log");
   EXPECT_NE(out.find("--rejoin"), std::string::npos) << out;
-  for (int w = 0; w < 2; ++w) {
-    const auto done = Worker(run, w, "done");
-    ASSERT_FALSE(done.empty()) << "worker " << w;
-    EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps);
-  }
-  ExpectEveryAckedPushTakenOnce(run, {0, 1});
+  ExpectBothWorkersFinishedAndEveryAckedPushTakenOnce(run);
   EXPECT_GT(FinalTop1(run), 0.7);
 }
 
