@@ -379,7 +379,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       const bool reader = h.role == Role::kEvaluator;
       s = reader ? CheckReader(peer, h, &reason) : CheckWorker(peer, info, h, &reason);
       PendingPull p{peer, h, {}, std::chrono::steady_clock::now(), reader};
-      if (s.ok()) s = ResolveChunks(h, /*all_if_empty=*/true, &p.locals, &reason);
+      if (s.ok()) s = ResolveChunkIds(rules_, h, /*all_if_empty=*/true, &p.locals, &reason);
       if (s.ok() && (h.encoding != Encoding::kDense || !h.encodings.empty())) {
         reason = RejectReason::kDType;  // a pull asks only for a dtype (f32 / f16 / bf16)
         s = InvalidArgument("pull: encoding {} / {} per-chunk encodings asked; pulls are dense",
@@ -607,7 +607,7 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
     return InvalidArgument("push: payload in shared memory and {} payload frames", frames->size() - 1);
   }
   std::vector<int> locals;
-  DP_RETURN_IF_ERROR(ResolveChunks(h, /*all_if_empty=*/false, &locals, reason));
+  DP_RETURN_IF_ERROR(ResolveChunkIds(rules_, h, /*all_if_empty=*/false, &locals, reason));
   uint64_t total = 0;
   for (int l : locals) total += static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
   region_scratch_.resize(total);
@@ -664,11 +664,6 @@ Status ShardServer::CheckLayoutAndModel(const MessageHeader& h, RejectReason* re
                            h.model_id, options_.server_id, options_.model_id);
   }
   return Status::Ok();
-}
-
-Status ShardServer::ResolveChunks(const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
-                                  RejectReason* reason) const {
-  return ResolveChunkIds(rules_, h, all_if_empty, locals, reason);
 }
 
 // ---------------------------------------------------------------------------------------------

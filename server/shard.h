@@ -309,8 +309,6 @@ class ShardServer {
   // true: chunk i is known finite (expanded factors, decoded codecs) and is not scanned again.
   Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
                     const std::vector<bool>& finite = {});
-  Status ResolveChunks(const MessageHeader& h, bool all_if_empty, std::vector<int>* locals,
-                       RejectReason* reason) const;
   bool PullReady(const PendingPull& p) const;
   void ServePull(ServerEndpoint* ep, const PendingPull& p);
   void ServePending(ServerEndpoint* ep);
