@@ -289,6 +289,10 @@ Status ReadBody(Reader& r, const std::string& path, TensorFile* out) {
 }  // namespace
 
 uint32_t Crc32(std::span<const uint8_t> bytes, uint32_t crc) {
+  // libdeflate (as zlib) answers a null buffer with the initial value, 0, not `crc`: an empty
+  // piece (an empty vector's data() is null) would restart the chain, and the bytes before it
+  // would go unchecked.
+  if (bytes.empty()) return crc;
   return libdeflate_crc32(crc, bytes.data(), bytes.size());
 }
 

@@ -69,7 +69,8 @@ Status ReadTensorFile(const std::string& path, TensorFile* out);
 // The tensor called `name`, or nullptr.
 const NamedTensor* FindTensor(const TensorFile& file, std::string_view name);
 
-// CRC-32 (zlib's; libdeflate's, PCLMUL where the CPU has it) of `bytes`, continuing from `crc` (0 to start).
+// CRC-32 (zlib's; libdeflate's, PCLMUL where the CPU has it) of `bytes`, continuing from `crc` (0 to start);
+// empty bytes (null data too) leave `crc` as it is.
 uint32_t Crc32(std::span<const uint8_t> bytes, uint32_t crc = 0);
 
 // A meta value that holds a list of integers is written "a,b,c" ("" = the empty list).

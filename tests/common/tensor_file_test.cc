@@ -72,7 +72,12 @@ TEST(Crc32Test, StandardCheckValueAndIncremental) {
   EXPECT_EQ(Crc32({p, s.size()}), 0xCBF43926u);
   EXPECT_EQ(Crc32({p + 4, 5}, Crc32({p, 4})), 0xCBF43926u);
   EXPECT_EQ(Crc32({}), 0u);
-  // Slicing-by-8 agrees with the bytewise path at every alignment and length.
+  // An empty piece in the middle of a chain, null data as an empty vector has, changes nothing
+  // (libdeflate alone would answer 0 and restart the chain).
+  const std::vector<uint8_t> empty;
+  EXPECT_EQ(Crc32({p + 4, 5}, Crc32({empty.data(), empty.size()}, Crc32({p, 4}))), 0xCBF43926u);
+  EXPECT_EQ(Crc32({static_cast<const uint8_t*>(nullptr), 0}, 0x12345678u), 0x12345678u);
+  // The folded path agrees with the bytewise one at every alignment and length.
   std::vector<uint8_t> buf(300);
   std::mt19937 rng(1);
   for (auto& b : buf) b = static_cast<uint8_t>(rng());
@@ -200,6 +205,26 @@ TEST_F(TensorFileTest, LayoutIsTheDocumentedOne) {
   float second;
   std::memcpy(&second, b.data() + 20 + 29, 4);
   EXPECT_EQ(second, 2.0f);
+}
+
+// An empty tensor's record (no floats) is covered by its CRC like any other: a flipped byte of
+// its name is refused. (With a CRC chain that restarted at the empty data, the record's CRC was
+// 0 whatever its name and shape, and a damaged one read back as another tensor.)
+TEST_F(TensorFileTest, AnEmptyTensorsNameAndShapeAreCoveredByItsCrc) {
+  ASSERT_TRUE(WriteTensorFile(Path("e.dpt"), Sample()).ok());
+  std::vector<char> b = Bytes(Path("e.dpt"));
+  // The file ends with "empty": 4 + 5 name + 4 ndim + 16 dims + 8 numel + 4 crc = 41 bytes.
+  uint32_t crc;
+  std::memcpy(&crc, b.data() + b.size() - 4, 4);
+  EXPECT_NE(crc, 0u);
+  const size_t name = b.size() - 41 + 4;
+  ASSERT_EQ(std::string(b.data() + name, 5), "empty");
+  b[name + 4] = 'z';
+  PutBytes(Path("e.dpt"), b);
+  TensorFile back;
+  const Status s = ReadTensorFile(Path("e.dpt"), &back);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("crc")) << s.message();
 }
 
 TEST_F(TensorFileTest, CorruptDataNamesTheTensor) {
