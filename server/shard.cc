@@ -64,6 +64,41 @@ uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
+// The header a coded push record keeps (wal.h kCodedPush): what forming, decoding and checking
+// the push read, nothing a peer could pad it with. CRC-32Cs are dropped: they were checked
+// before the push was logged, and the log's own CRC-32 covers the record.
+Frame LoggedPushHeader(const MessageHeader& wire) {
+  MessageHeader h;
+  h.type = MsgType::kPush;
+  h.sender = wire.sender;
+  h.request_id = wire.request_id;
+  h.model_id = wire.model_id;
+  h.clock = wire.clock;
+  h.layout_hash = wire.layout_hash;
+  h.role = wire.role;
+  h.flags = wire.flags;
+  h.chunk_ids = wire.chunk_ids;
+  h.versions = wire.versions;
+  h.dtype = wire.dtype;
+  h.encoding = wire.encoding;
+  h.elem_counts = wire.elem_counts;
+  h.byte_lengths = wire.byte_lengths;
+  h.encodings = wire.encodings;
+  h.factor_batch = wire.factor_batch;
+  h.move_batches = wire.move_batches;
+  h.session = wire.session;
+  std::string bytes;
+  const Status encoded = EncodeHeader(h, &bytes);
+  DP_CHECK(encoded.ok());  // its lists agreed when the push was decoded and checked
+  return Frame::Copy(bytes);
+}
+
+uint64_t PayloadBytes(const Frames& frames) {
+  uint64_t n = 0;
+  for (size_t i = 1; i < frames.size(); ++i) n += frames[i].size();
+  return n;
+}
+
 // Element-wise work f(begin, end) over [0, n) in blocks of 64Ki elements on `threads` OpenMP
 // threads (cluster.server_threads); one call f(0, n) at one thread or below two blocks. The
 // blocks are disjoint and each element is computed alone, so the result is the same float for
@@ -360,18 +395,14 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
     case MsgType::kPush: {
       s = CheckWorker(peer, info, h, &reason);
       if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
-      // Sufficient factors become dense chunks first: validation, log, policy and SGD see f32
-      // (the expanded chunks known finite already).
+      // Sufficient factors and lossy chunks become f32 dense first: validation, policy and SGD
+      // see f32 (those chunks known finite already); the push as it came is kept for the log.
       std::vector<bool> finite;
-      if (s.ok() && HasFactorChunks(h)) {
-        TraceSpan factors(options_.trace, options_.trace_track, "server", "factors");
-        const auto t0 = std::chrono::steady_clock::now();
-        s = ExpandFactorPush(
-            layout_, &h, &frames, &reason, &factor_scratch_, options_.factor_threads, [ep] { ep->ReleaseDue(); },
-            &finite);
-        stats_.factor_ns += NanosSince(t0);
-      }
-      if (s.ok()) s = HandlePush(h, frames, &reply, &reason, finite);
+      WirePush wire;
+      const bool coded = s.ok() && (HasFactorChunks(h) || CodedPush(h));
+      if (coded && wal_) wire = WirePush{h, frames};
+      if (coded) s = DensifyPush(ep, &h, &frames, &finite, &reason);
+      if (s.ok()) s = HandlePush(h, frames, &reply, &reason, finite, wal_ && coded ? &wire : nullptr);
       span.Arg("update_ms", 1e-6 * static_cast<double>(stats_.sgd_ns - sgd_ns0));
       break;
     }
@@ -669,15 +700,31 @@ Status ShardServer::CheckLayoutAndModel(const MessageHeader& h, RejectReason* re
 // ---------------------------------------------------------------------------------------------
 // Push: validate every chunk, then hand the whole push to the policy.
 
-Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
-                               const std::vector<bool>& finite) {
-  if (CodedPush(h)) {  // lossy: decoded to f32 dense, then checked and applied as one
+Status ShardServer::DensifyPush(ServerEndpoint* ep, MessageHeader* h, Frames* frames, std::vector<bool>* finite,
+                                RejectReason* reason) {
+  if (HasFactorChunks(*h)) {
+    TraceSpan factors(replaying_ ? nullptr : options_.trace, options_.trace_track, "server", "factors");
+    const auto t0 = std::chrono::steady_clock::now();
+    std::function<void()> between_chunks;
+    if (ep != nullptr) between_chunks = [ep] { ep->ReleaseDue(); };
+    DP_RETURN_IF_ERROR(ExpandFactorPush(layout_, h, frames, reason, &factor_scratch_, options_.factor_threads,
+                                        between_chunks, finite));
+    if (!replaying_) stats_.factor_ns += NanosSince(t0);
+  }
+  if (CodedPush(*h)) {  // lossy: decoded to f32 dense, then checked and applied as one
     MessageHeader dense;
     Frames decoded;
-    DP_RETURN_IF_ERROR(DecodeCodedPush(rules_, h, frames, &dense, &decoded, reason));
+    DP_RETURN_IF_ERROR(DecodeCodedPush(rules_, *h, *frames, &dense, &decoded, reason));
+    *h = std::move(dense);
+    *frames = std::move(decoded);
     // DecodeChunk refuses every non-finite value it would write: the decoded chunks are finite.
-    return HandlePush(dense, decoded, reply, reason, std::vector<bool>(dense.chunk_ids.size(), true));
+    finite->assign(h->chunk_ids.size(), true);
   }
+  return Status::Ok();
+}
+
+Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
+                               const std::vector<bool>& finite, const WirePush* wire) {
   CheckedPush checked;
   DP_RETURN_IF_ERROR(CheckDensePush(
       rules_, h, frames,
@@ -722,7 +769,15 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   r.session = h.session;
   r.request_id = h.request_id;
   r.clock = move ? int64_t{h.move_batches} : h.clock;  // a move's log record keeps its batches there
-  if (wal_) {
+  uint64_t dense_bytes = 0;
+  for (const PushChunk& c : chunks) dense_bytes += static_cast<uint64_t>(c.count) * sizeof(float);
+  if (wal_ && wire != nullptr && !dc && PayloadBytes(wire->frames) < dense_bytes) {
+    // The push as the wire carried it: fewer bytes, and replay forms the same floats from it.
+    r.kind = WalKind::kCodedPush;
+    r.frames.reserve(wire->frames.size());
+    r.frames.push_back(LoggedPushHeader(wire->header));
+    r.frames.insert(r.frames.end(), wire->frames.begin() + 1, wire->frames.end());
+  } else if (wal_) {
     r.chunks.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       r.chunks.push_back(WalChunk{h.chunk_ids[i], chunks[i].version_from, chunks[i].grad,
@@ -1297,7 +1352,7 @@ Status ShardServer::Recover(RecoverReport* report) {
       DP_RETURN_IF_ERROR(ReplayRecord(r, path));
       wal_seq_ = r.seq;
       ++report->replayed;
-      if (r.kind == WalKind::kPush) ++report->replayed_pushes;
+      if (r.kind == WalKind::kPush || r.kind == WalKind::kCodedPush) ++report->replayed_pushes;
       return Status::Ok();
     }, &info);
     replaying_ = false;
@@ -1351,6 +1406,8 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
       ApplyPush(r.worker, r.session, r.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
       return Status::Ok();
     }
+    case WalKind::kCodedPush:
+      return ReplayCodedPush(r, path);
     case WalKind::kClock:
       policy_->OnClock(r.worker, r.clock);
       return Status::Ok();
@@ -1362,6 +1419,33 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
       return Status::Ok();
   }
   return Corrupt("{}: record seq {}: unknown kind", path, r.seq);
+}
+
+// A coded push record: formed and decoded by the live path's code, checked as the live push was
+// (against the state replay has rebuilt, which is the state it met), then applied.
+Status ShardServer::ReplayCodedPush(const WalRecord& r, const std::string& path) {
+  MessageHeader h;
+  DP_RETURN_IF_ERROR(DecodeHeader(r.frames[0].data(), r.frames[0].size(), &h));  // ScanWal decoded it once
+  Frames frames = r.frames;
+  std::vector<bool> finite;
+  RejectReason reason = RejectReason::kUndecodable;
+  Status s = DensifyPush(nullptr, &h, &frames, &finite, &reason);
+  CheckedPush checked;
+  if (s.ok()) {
+    s = CheckDensePush(
+        rules_, h, frames,
+        [this](int local) {
+          const ChunkState& c = chunks_[static_cast<size_t>(local)];
+          return ChunkFacts{c.initialized, c.version};
+        },
+        finite, &checked, &reason);
+  }
+  if (!s.ok()) {
+    return Corrupt("{}: record seq {}: the logged push of worker {} is not one this shard takes ({}: {})", path, r.seq,
+                   r.worker, RejectReasonName(reason), s.message());
+  }
+  ApplyPush(r.worker, r.session, r.request_id, r.clock, r.flags, checked.chunks);
+  return Status::Ok();
 }
 
 }  // namespace downpour

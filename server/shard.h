@@ -11,8 +11,9 @@
 // the layout, payload byte length vs the header and the frame, optional CRC-32C, finite values,
 // and the consistency policy's clock rules. A lossy push (f16 / bf16, top-k, 1-bit:
 // common/grad_codec.h) is decoded to f32 dense first, every frame validated whole (lengths,
-// indices, k, finite values and scales), so the checks after it, the write-ahead log and the
-// update see f32 dense; init pushes and shared-memory pushes must be f32 dense. A pull asking
+// indices, k, finite values and scales), so the checks after it and the update see f32 dense
+// (the write-ahead log keeps it as it came when that is smaller: below); init pushes and
+// shared-memory pushes must be f32 dense. A pull asking
 // for dtype f16 / bf16 gets its weights converted (masters stay f32), except through shared
 // memory, which carries f32. A push is checked whole
 // before any chunk is applied, so a bad push never partially applies. A bad message gets an
@@ -65,7 +66,9 @@
 //
 // Write-ahead log (server/wal.h, ShardOptions::wal_path): every push (init pushes too), clock,
 // worker-gone and elastic join the shard takes is appended to the log BEFORE it is applied and
-// acknowledged; the log is fsynced at least every wal_fsync_ms, on the log's own thread (0:
+// acknowledged (a lossy or sufficient-factor push as the wire carried it, kCodedPush, when that
+// is fewer bytes than its f32 gradient and the algorithm is not DC-ASGD; replay forms and
+// decodes it again through DensifyPush); the log is fsynced at least every wal_fsync_ms, on the log's own thread (0:
 // before every ack). After a checkpoint to the shard's own path the log restarts empty. Recover() = load the checkpoint
 // (if any) + replay the log records it does not cover, through the same apply code as the
 // live path: the shard is then byte for byte what it was when the process died, and every
@@ -305,10 +308,24 @@ class ShardServer {
   void OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply);
   Status ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason);
   void ForgetPeer(const PeerId& peer);
-  // A push from a sender CheckWorker has accepted: validated whole, then applied. `finite[i]`
-  // true: chunk i is known finite (expanded factors, decoded codecs) and is not scanned again.
+  // A push as the wire carried it, before DensifyPush: what the log keeps of a lossy or
+  // sufficient-factor push when that is fewer bytes (wal.h kCodedPush).
+  struct WirePush {
+    MessageHeader header;
+    Frames frames;  // header frame first; shares the received buffers
+  };
+  // The push's sufficient-factor chunks formed (server/factor_push.h) and its lossy chunks decoded
+  // (request_check.h DecodeCodedPush) into f32 dense ones, `finite[i]` = chunk i is known finite.
+  // Live before the checks and the log; in replay for a coded push record (`ep` null then: the
+  // loop's endpoint, which releases due replies between factor chunks).
+  Status DensifyPush(ServerEndpoint* ep, MessageHeader* h, Frames* frames, std::vector<bool>* finite,
+                     RejectReason* reason);
+  // A dense f32 push from a sender CheckWorker has accepted: validated whole, then logged and
+  // applied. `finite[i]` true: chunk i is known finite (expanded factors, decoded codecs) and is
+  // not scanned again. `wire`: the push before DensifyPush (null: it came dense), logged instead
+  // of the f32 chunks when smaller and not DC-ASGD.
   Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
-                    const std::vector<bool>& finite = {});
+                    const std::vector<bool>& finite = {}, const WirePush* wire = nullptr);
   bool PullReady(const PendingPull& p) const;
   void ServePull(ServerEndpoint* ep, const PendingPull& p);
   void ServePending(ServerEndpoint* ep);
@@ -325,6 +342,7 @@ class ShardServer {
   void ApplyGone(int32_t worker, bool finished);
   Status LogRecord(WalRecord* r);  // appends when the log is on; counts
   Status ReplayRecord(const WalRecord& r, const std::string& path);
+  Status ReplayCodedPush(const WalRecord& r, const std::string& path);
   void NoteStaleness(int64_t staleness);
   bool KnownWorker(int32_t w) const { return w >= 0 && w < max_workers_; }
   void MaybeCheckpoint();

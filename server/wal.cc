@@ -15,6 +15,7 @@
 #include <cstring>
 #include <span>
 
+#include "common/codec.h"
 #include "common/env.h"
 #include "common/tensor_file.h"
 
@@ -41,6 +42,7 @@ const char* KindName(uint16_t k) {
     case WalKind::kGone: return "gone";
     case WalKind::kClock: return "clock";
     case WalKind::kJoin: return "join";
+    case WalKind::kCodedPush: return "coded push";
   }
   return "unknown";
 }
@@ -77,7 +79,7 @@ Status CheckRecord(const std::string& path, const uint8_t* data, uint64_t n, uin
   const uint32_t crc = Get<uint32_t>(p + 20);
   const uint32_t want = RecordCrc(p, p + kWalHeaderBytes, len);
   if (crc != want) return Corrupt("{}: byte {}: field crc {:#010x}, computed {:#010x}", path, off, crc, want);
-  if (kind < 1 || kind > 4) return Corrupt("{}: byte {}: field kind {} is unknown", path, off, kind);
+  if (kind < 1 || kind > kMaxWalKind) return Corrupt("{}: byte {}: field kind {} is unknown", path, off, kind);
   *len_out = kWalHeaderBytes + len;
   return Status::Ok();
 }
@@ -92,6 +94,7 @@ Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, Wal
   const uint8_t* q = p + kWalHeaderBytes;
   const uint8_t* end = q + len;
   r->chunks.clear();
+  r->frames.clear();
   auto need = [&](size_t bytes, const char* field) -> Status {
     if (static_cast<size_t>(end - q) < bytes) {
       return Corrupt("{}: byte {}: {} record too short for field {}", path, off, KindName(static_cast<uint16_t>(r->kind)),
@@ -136,6 +139,42 @@ Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, Wal
           q += static_cast<size_t>(c.count) * 4;
         }
         r->chunks.push_back(c);
+      }
+      break;
+    }
+    case WalKind::kCodedPush: {
+      DP_RETURN_IF_ERROR(need(32, "push header"));
+      r->flags = Get<uint32_t>(q);
+      r->session = Get<uint64_t>(q + 4);
+      r->request_id = Get<uint64_t>(q + 12);
+      r->clock = Get<int64_t>(q + 20);
+      const uint32_t nframes = Get<uint32_t>(q + 28);
+      q += 32;
+      if (nframes < 2) {
+        return Corrupt("{}: byte {}: coded push record field frames is {}, expected a header and a payload", path, off,
+                       nframes);
+      }
+      for (uint32_t i = 0; i < nframes; ++i) {
+        DP_RETURN_IF_ERROR(need(4, "frame length"));
+        const uint32_t length = Get<uint32_t>(q);
+        q += 4;
+        const size_t padded = (static_cast<size_t>(length) + 3) & ~size_t{3};
+        DP_RETURN_IF_ERROR(need(padded, "frame"));
+        // Records are whole multiples of 4 bytes, so a frame starts aligned in the mapping; the
+        // copy is for a mapping that is not (none on Linux), never a silent misread.
+        r->frames.push_back(reinterpret_cast<uintptr_t>(q) % alignof(float) == 0
+                                ? Frame::Borrow(q, length, nullptr)
+                                : Frame::Copy(q, length));
+        for (size_t k = length; k < padded; ++k) {
+          if (q[k] != 0) return Corrupt("{}: byte {}: coded push record frame {} has nonzero padding", path, off, i);
+        }
+        q += padded;
+      }
+      MessageHeader h;
+      const Frame& head = r->frames[0];
+      if (Status d = DecodeHeader(head.data(), head.size(), &h); !d.ok() || h.type != MsgType::kPush) {
+        return Corrupt("{}: byte {}: coded push record field header is not a push header ({})", path, off,
+                       d.ok() ? MsgTypeName(h.type) : d.message());
       }
       break;
     }
@@ -225,6 +264,18 @@ void EncodeWalRecord(const WalRecord& r, std::string* out) {
       break;
     case WalKind::kJoin:
       break;
+    case WalKind::kCodedPush:
+      Put<uint32_t>(out, r.flags);
+      Put<uint64_t>(out, r.session);
+      Put<uint64_t>(out, r.request_id);
+      Put<int64_t>(out, r.clock);
+      Put<uint32_t>(out, static_cast<uint32_t>(r.frames.size()));
+      for (const Frame& f : r.frames) {
+        Put<uint32_t>(out, static_cast<uint32_t>(f.size()));
+        out->append(reinterpret_cast<const char*>(f.data()), f.size());
+        out->append((4 - f.size() % 4) % 4, '\0');
+      }
+      break;
   }
   const auto len = static_cast<uint32_t>(out->size() - kWalHeaderBytes);
   std::memcpy(out->data() + 16, &len, 4);
@@ -300,66 +351,38 @@ Status WalWriter::Open(const std::string& path, uint64_t next_seq, bool truncate
   return Status::Ok();
 }
 
-// The record goes out with one writev(2) (more only past IOV_MAX pieces or on a short write):
-// the header and per-chunk fields from buf_, the floats straight from the push's frames, so a
-// 100 MB push is not copied once more on its way to the page cache.
+// A push record goes out with one writev(2) (more only past IOV_MAX pieces or on a short write):
+// the header and the small per-chunk / per-frame fields from buf_, the floats and frames straight
+// from the push, so a 100 MB push is not copied once more on its way to the page cache.
 Status WalWriter::Append(WalRecord* r) {
   DP_RETURN_IF_ERROR(Failure());  // before anything is written: a refused record is not in the log
   r->seq = next_seq_;
   const uint64_t start = bytes_;
   uint64_t record_bytes = 0;
   Status written;
-  if (r->kind != WalKind::kPush) {
+  if (r->kind != WalKind::kPush && r->kind != WalKind::kCodedPush) {
     EncodeWalRecord(*r, &buf_);
     record_bytes = buf_.size();
     written = WriteFully(fd_, buf_.data(), buf_.size(), path_);
   } else {
-    // buf_: header (24) + push fields (36) + 16 bytes per chunk header, reserved up front so
-    // the iovecs into it stay valid.
-    const size_t fixed = kWalHeaderBytes + 36;
-    buf_.assign(fixed + 16 * r->chunks.size(), '\0');
-    char* b = buf_.data();
-    auto put = [](char* at, auto v) { std::memcpy(at, &v, sizeof(v)); };
-    put(b, kWalMagic);
-    put(b + 4, kWalVersion);
-    put(b + 6, static_cast<uint16_t>(r->kind));
-    put(b + 8, r->seq);
-    put(b + 24, r->worker);
-    put(b + 28, r->flags);
-    put(b + 32, r->session);
-    put(b + 40, r->request_id);
-    put(b + 48, r->clock);
-    put(b + 56, static_cast<uint32_t>(r->chunks.size()));
     std::vector<iovec> iov;
-    const bool raw = (r->flags & kWalFlagRaw) != 0;
-    for (const WalChunk& c : r->chunks) {
-      if (raw && c.raw == nullptr) return InvalidArgument("{}: a push flagged raw has a chunk without it", path_);
-    }
-    iov.reserve(1 + 3 * r->chunks.size());
-    iov.push_back(iovec{b, fixed});
-    uint64_t payload = fixed - kWalHeaderBytes;
-    for (size_t i = 0; i < r->chunks.size(); ++i) {
-      const WalChunk& c = r->chunks[i];
-      char* h = b + fixed + 16 * i;
-      put(h, c.chunk_id);
-      put(h + 4, c.version_from);
-      put(h + 12, c.count);
-      iov.push_back(iovec{h, 16});
-      iov.push_back(iovec{const_cast<float*>(c.data), static_cast<size_t>(c.count) * sizeof(float)});
-      payload += 16 + static_cast<uint64_t>(c.count) * sizeof(float);
-      if (raw) {
-        iov.push_back(iovec{const_cast<float*>(c.raw), static_cast<size_t>(c.count) * sizeof(float)});
-        payload += static_cast<uint64_t>(c.count) * sizeof(float);
-      }
-    }
+    DP_RETURN_IF_ERROR(PushPieces(*r, &iov));
+    uint64_t payload = 0;
+    for (const iovec& v : iov) payload += v.iov_len;
+    payload -= kWalHeaderBytes;
     if (payload > kWalMaxPayload) return InvalidArgument("{}: a push of {} bytes exceeds the log's record limit", path_, payload);
-    put(b + 16, static_cast<uint32_t>(payload));
+    char* b = buf_.data();
+    const auto len = static_cast<uint32_t>(payload);
+    std::memcpy(b + 16, &len, 4);
+    // The CRC covers bytes 0..19 of the header, then the payload, piece by piece.
     uint32_t crc = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b), 20));
-    crc = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b) + kWalHeaderBytes, fixed - kWalHeaderBytes), crc);
+    crc = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b) + kWalHeaderBytes,
+                                         iov[0].iov_len - kWalHeaderBytes),
+                crc);
     for (size_t k = 1; k < iov.size(); ++k) {
       crc = Crc32(std::span<const uint8_t>(static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len), crc);
     }
-    put(b + 20, crc);
+    std::memcpy(b + 20, &crc, 4);
     record_bytes = kWalHeaderBytes + payload;
     written = WritevFully(fd_, std::move(iov), path_);
   }
@@ -371,6 +394,62 @@ Status WalWriter::Append(WalRecord* r) {
     if (Status synced = Sync(); !synced.ok()) return CutOff(start, synced);
   }
   ++next_seq_;
+  return Status::Ok();
+}
+
+// The pieces of a push record, in order: iov[0] is buf_'s header (24 bytes, length and crc left
+// for Append) and push fields (36); then per chunk its 16-byte header (in buf_), its floats and
+// DC-ASGD-a's raw floats, or per frame its 4-byte length (in buf_), its bytes and the padding.
+Status WalWriter::PushPieces(const WalRecord& r, std::vector<iovec>* iov) {
+  const bool coded = r.kind == WalKind::kCodedPush;
+  const bool raw = !coded && (r.flags & kWalFlagRaw) != 0;
+  for (const WalChunk& c : r.chunks) {
+    if (raw && c.raw == nullptr) return InvalidArgument("{}: a push flagged raw has a chunk without it", path_);
+  }
+  if (coded && r.frames.size() < 2) {
+    return InvalidArgument("{}: a coded push needs a header and a payload, got {} frames", path_, r.frames.size());
+  }
+  const size_t items = coded ? r.frames.size() : r.chunks.size();
+  const size_t item_bytes = coded ? 4 : 16;
+  // Reserved up front so the iovecs into it stay valid.
+  const size_t fixed = kWalHeaderBytes + 36;
+  buf_.assign(fixed + item_bytes * items, '\0');
+  char* b = buf_.data();
+  auto put = [](char* at, auto v) { std::memcpy(at, &v, sizeof(v)); };
+  put(b, kWalMagic);
+  put(b + 4, kWalVersion);
+  put(b + 6, static_cast<uint16_t>(r.kind));
+  put(b + 8, r.seq);
+  put(b + 24, r.worker);
+  put(b + 28, r.flags);
+  put(b + 32, r.session);
+  put(b + 40, r.request_id);
+  put(b + 48, r.clock);
+  put(b + 56, static_cast<uint32_t>(items));
+  static constexpr char kZeros[4] = {};
+  iov->reserve(1 + 3 * items);
+  iov->push_back(iovec{b, fixed});
+  for (size_t i = 0; i < items; ++i) {
+    char* h = b + fixed + item_bytes * i;
+    if (coded) {
+      const Frame& f = r.frames[i];
+      if (f.size() > kWalMaxPayload) {
+        return InvalidArgument("{}: a frame of {} bytes exceeds the log's record limit", path_, f.size());
+      }
+      put(h, static_cast<uint32_t>(f.size()));
+      iov->push_back(iovec{h, 4});
+      iov->push_back(iovec{const_cast<std::byte*>(f.data()), f.size()});
+      if (const size_t pad = (4 - f.size() % 4) % 4; pad != 0) iov->push_back(iovec{const_cast<char*>(kZeros), pad});
+      continue;
+    }
+    const WalChunk& c = r.chunks[i];
+    put(h, c.chunk_id);
+    put(h + 4, c.version_from);
+    put(h + 12, c.count);
+    iov->push_back(iovec{h, 16});
+    iov->push_back(iovec{const_cast<float*>(c.data), static_cast<size_t>(c.count) * sizeof(float)});
+    if (raw) iov->push_back(iovec{const_cast<float*>(c.raw), static_cast<size_t>(c.count) * sizeof(float)});
+  }
   return Status::Ok();
 }
 

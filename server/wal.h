@@ -26,6 +26,16 @@
 //     kGone:  worker i32, finished u8
 //     kClock: worker i32, clock i64
 //     kJoin:  worker i32
+//     kCodedPush: worker i32, flags u32, session u64, request_id u64, clock i64,
+//             n u32, n × { length u32, length bytes, zeros to a multiple of 4 bytes }
+//             A lossy or sufficient-factor push kept as the wire carried it, when that is fewer
+//             bytes than its f32 gradient (AlexNet's factors: ~9× fewer; top-k 1%: ~50×): frame
+//             0 is the message's header re-encoded (common/codec.h) with the fields decoding
+//             needs, the rest its payload frames. Replay forms and decodes it again with the
+//             live path's code (server/factor_push.h, request_check.h), whose floats do not
+//             depend on thread counts, so the shard comes back byte for byte on a machine of the
+//             same instruction set (oneDNN's sgemm picks its kernels by ISA). DC-ASGD pushes are
+//             logged as kPush: what they apply depends on pulled copies the log does not keep.
 //
 // Reading (ScanWal) checks every record. A bad LAST record — the file ends inside it, or its
 // CRC / header is bad and no valid record follows anywhere after it — is what a process or
@@ -44,6 +54,8 @@
 // the next Append, and every later one, which write nothing). ScanWal is reentrant.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -56,6 +68,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/transport.h"
 
 namespace downpour {
 
@@ -64,7 +77,8 @@ inline constexpr uint16_t kWalVersion = 1;
 inline constexpr size_t kWalHeaderBytes = 24;
 inline constexpr uint32_t kWalMaxPayload = 1u << 30;  // a push of one shard is far smaller
 
-enum class WalKind : uint16_t { kPush = 1, kGone = 2, kClock = 3, kJoin = 4 };
+enum class WalKind : uint16_t { kPush = 1, kGone = 2, kClock = 3, kJoin = 4, kCodedPush = 5 };
+inline constexpr uint16_t kMaxWalKind = 5;
 
 // A push record's flag of the log's own (never on the wire, where flags stay below it): every
 // chunk carries the raw gradient after the applied one.
@@ -88,6 +102,9 @@ struct WalRecord {
   int64_t clock = 0;         // push, clock
   bool finished = false;     // gone
   std::vector<WalChunk> chunks;  // push
+  // coded push: the header frame (a push's header, common/codec.h), then the payload frames. Read
+  // back, they point into the scanned log (valid during the visit), or own a copy when misaligned.
+  Frames frames;
 };
 
 // Appends records to one log file (O_APPEND; created 0600 if missing).
@@ -126,6 +143,7 @@ class WalWriter {
   Status SyncError();
   void NoteSyncFailureLocked(int err);  // the first failed fsync, kept for good (sync_mu_ held)
   Status CutOff(uint64_t start, const Status& cause);
+  Status PushPieces(const WalRecord& r, std::vector<iovec>* iov);  // a push record's writev pieces
 
   std::string path_;
   int fd_ = -1;

@@ -11,8 +11,9 @@
 //    a NaN or negative scale, a NaN value, sufficient factors, a lossy init push are refused,
 //    counted under the reason the reply names, and leave weights, momentum and versions byte for
 //    byte unchanged;
-//  * the write-ahead log holds the decoded pushes: a shard recovered from it equals the killed
-//    one byte for byte;
+//  * the write-ahead log holds each lossy push as the wire carried it (the encoder's bytes, fewer
+//    than the f32 gradient): a shard recovered from it equals the killed one byte for byte, and a
+//    logged push that does not decode stops the recovery naming the record;
 //  * a part resent after its server moved carries the bytes of its first send (not re-encoded,
 //    the residual untouched).
 #include <gtest/gtest.h>
@@ -21,7 +22,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -232,56 +235,158 @@ TEST_F(CompressionTest, HalfPullsBetweenPushesSeeEachNewVersion) {
 
 // The write-ahead log holds what the server decoded (dense f32): a shard killed after
 // compressed pushes and recovered from its log equals the killed one byte for byte.
-TEST_F(CompressionTest, CompressedPushesReplayFromTheLogByteForByte) {
-  const std::string dir = ::testing::TempDir() + "/compression_wal";
+// Every lossy codec's pushes, logged by a shard with a write-ahead log: each gradient record is
+// the push as the wire carried it (kCodedPush) wherever that is fewer bytes than its f32
+// gradient, byte for byte what the client's encoder made of each chunk (fp16: half; top-k 1%: 3
+// indices and values of 300 floats; 1-bit: the signs and a scale), and dense where the codec sends
+// f32 (the small chunks top-k leaves dense, the init push); a shard recovered from the log alone
+// equals the live one byte for byte (weights, momentum, versions).
+TEST_F(CompressionTest, CompressedPushesAreLoggedAsTheyCameAndReplayByteForByte) {
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  for (WireCodec codec : {WireCodec::kFp16, WireCodec::kBf16, WireCodec::kTopK, WireCodec::kOneBit}) {
+    SCOPED_TRACE(WireCodecName(codec));
+    const std::string dir = ::testing::TempDir() + "/compression_wal_" + std::to_string(::getpid());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    ShardOptions o;
+    o.server_id = 0;
+    o.solver = solver_;
+    o.wal_path = dir + "/server-0.wal";
+    o.checkpoint_path = dir + "/server-0.dpt";
+    std::unique_ptr<ShardServer> logged;
+    ASSERT_TRUE(ShardServer::Create(layout_, o, &logged).ok());
+    ASSERT_TRUE(logged->OpenLog().ok());
+    std::unique_ptr<ServerEndpoint> ep;
+    ASSERT_TRUE(transport_.Bind(fmt::format("logged-{}", WireCodecName(codec)), &ep).ok());
+    PsClientOptions co;
+    co.server_addresses = {ep->address(), addresses_[1]};
+    co.reply_timeout = 10000ms;
+    co.push_codec = codec;
+    co.top_k_fraction = 0.01;
+    logged->Start(std::move(ep));
+    std::unique_ptr<PsClient> c;
+    ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &c).ok());
+    ASSERT_TRUE(c->Connect(5000ms).ok());
+    ASSERT_TRUE(c->Wait(c->PushInit(Gaussian(n, 5, 0.1f)), 5000ms).ok());
+    constexpr int kSteps = 3;
+    for (int step = 0; step < kSteps; ++step) {
+      ASSERT_TRUE(c->Wait(c->Push(Gaussian(n, 300 + static_cast<uint32_t>(step), 1.0f), step), 5000ms).ok());
+    }
+    c.reset();
+    logged->Stop();
+    ASSERT_TRUE(logged->Join().ok());
+
+    // What the client's encoder sends of each of server 0's chunks (sizes do not depend on values).
+    std::map<uint32_t, std::pair<WalKind, uint64_t>> expect;  // chunk -> record kind, payload bytes
+    uint64_t coded_bytes = 0, dense_bytes = 0;
+    for (int32_t id : layout_.ServerChunks(0)) {
+      const auto count = static_cast<size_t>(layout_.chunk(id).count);
+      ChunkEncoder encoder(CodecSettings{codec, 0.01, true});
+      EncodedChunk e;
+      const std::vector<float> g = Gaussian(count, 7, 1.0f);
+      encoder.Encode(static_cast<uint32_t>(id), g, &e);
+      const bool f32 = e.encoding == Encoding::kDense && encoder.dtype() == DType::kF32;
+      expect[static_cast<uint32_t>(id)] = {f32 ? WalKind::kPush : WalKind::kCodedPush, f32 ? 0 : e.bytes.size()};
+      if (!f32) {
+        EXPECT_LT(e.bytes.size(), count * 4);
+        coded_bytes += kSteps * e.bytes.size();
+        dense_bytes += kSteps * count * 4;
+      }
+    }
+    int inits = 0, gradients = 0;
+    WalScanInfo info;
+    const Status scanned = ScanWal(o.wal_path, [&](const WalRecord& r) {
+      MessageHeader h;
+      if (r.kind == WalKind::kCodedPush) {
+        EXPECT_TRUE(DecodeHeader(r.frames[0].data(), r.frames[0].size(), &h).ok());
+      }
+      const uint32_t chunk = r.kind == WalKind::kCodedPush ? h.chunk_ids.at(0) : r.chunks.at(0).chunk_id;
+      if ((r.flags & kFlagInit) != 0) {
+        ++inits;
+        EXPECT_EQ(r.kind, WalKind::kPush);
+        return Status::Ok();
+      }
+      ++gradients;
+      EXPECT_EQ(r.kind, expect.at(chunk).first) << "chunk " << chunk;
+      if (r.kind == WalKind::kCodedPush) {
+        EXPECT_EQ(r.frames.size(), 2u);  // one chunk per message (max_chunks_per_message 1)
+        EXPECT_EQ(r.frames[1].size(), expect.at(chunk).second) << "chunk " << chunk;
+        EXPECT_TRUE(h.checksums.empty());
+      }
+      return Status::Ok();
+    }, &info);
+    ASSERT_TRUE(scanned.ok()) << scanned.ToString();
+    EXPECT_EQ(inits, static_cast<int>(layout_.ServerChunks(0).size()));
+    EXPECT_EQ(gradients, kSteps * static_cast<int>(layout_.ServerChunks(0).size()));
+    std::printf("%s: the coded chunks' log payload %llu bytes, %.1fx fewer than their f32 gradients\n",
+                WireCodecName(codec), static_cast<unsigned long long>(coded_bytes),
+                static_cast<double>(dense_bytes) / static_cast<double>(coded_bytes));
+
+    std::unique_ptr<ShardServer> recovered;
+    ASSERT_TRUE(ShardServer::Create(layout_, o, &recovered).ok());
+    RecoverReport report;
+    ASSERT_TRUE(recovered->Recover(&report).ok());
+    EXPECT_EQ(report.replayed_pushes, (kSteps + 1) * layout_.ServerChunks(0).size());
+    for (int32_t id : layout_.ServerChunks(0)) {
+      const auto wa = logged->ChunkWeights(id), wb = recovered->ChunkWeights(id);
+      ASSERT_EQ(wa.size(), wb.size());
+      EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * 4), 0) << "weights of chunk " << id;
+      const auto ha = logged->ChunkHistory(id), hb = recovered->ChunkHistory(id);
+      EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * 4), 0) << "momentum of chunk " << id;
+      EXPECT_EQ(logged->ChunkVersion(id), kSteps);
+      EXPECT_EQ(recovered->ChunkVersion(id), kSteps);
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A coded push record that is whole on disk but does not decode (here: its frame is shorter
+// than its header says) stops the recovery with an error naming the log, the record and the
+// reason, instead of applying a guess.
+TEST_F(CompressionTest, ALoggedCodedPushThatDoesNotDecodeStopsTheRecoveryNamingTheRecord) {
+  const std::string dir = ::testing::TempDir() + "/compression_wal_bad_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   ShardOptions o;
   o.server_id = 0;
   o.solver = solver_;
   o.wal_path = dir + "/server-0.wal";
-  o.checkpoint_path = dir + "/server-0.dpt";
-  std::unique_ptr<ShardServer> logged;
-  ASSERT_TRUE(ShardServer::Create(layout_, o, &logged).ok());
-  ASSERT_TRUE(logged->OpenLog().ok());
-  std::unique_ptr<ServerEndpoint> ep;
-  ASSERT_TRUE(transport_.Bind("logged0", &ep).ok());
-  const std::string address = ep->address();
-  logged->Start(std::move(ep));
-
-  const size_t n = static_cast<size_t>(layout_.total_elems());
-  for (WireCodec codec : {WireCodec::kFp16, WireCodec::kTopK, WireCodec::kOneBit}) {
-    PsClientOptions co;
-    co.server_addresses = {address, addresses_[1]};
-    co.reply_timeout = 10000ms;
-    co.push_codec = codec;
-    std::unique_ptr<PsClient> c;
-    ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &c).ok());
-    ASSERT_TRUE(c->Connect(5000ms).ok());
-    if (codec == WireCodec::kFp16) {
-      ASSERT_TRUE(c->Wait(c->PushInit(Gaussian(n, 5, 0.1f)), 5000ms).ok());
-    }
-    for (int step = 0; step < 3; ++step) {
-      ASSERT_TRUE(c->Wait(c->Push(Gaussian(n, 300 + static_cast<uint32_t>(step), 1.0f), step), 5000ms).ok());
-    }
-  }
-  logged->Stop();
-  ASSERT_TRUE(logged->Join().ok());
-  std::unique_ptr<ShardServer> recovered;
-  ASSERT_TRUE(ShardServer::Create(layout_, o, &recovered).ok());
+  const int32_t id = layout_.ServerChunks(0)[0];
+  const auto count = static_cast<size_t>(layout_.chunk(id).count);
+  const std::vector<float> w0(count, 0.5f);
+  std::string bytes, rec;
+  WalRecord init;
+  init.kind = WalKind::kPush;
+  init.seq = 1;
+  init.flags = kFlagInit;
+  init.chunks = {WalChunk{static_cast<uint32_t>(id), 0, w0.data(), static_cast<uint32_t>(count)}};
+  EncodeWalRecord(init, &bytes);
+  MessageHeader h;
+  h.type = MsgType::kPush;
+  h.layout_hash = layout_.hash();
+  h.chunk_ids = {static_cast<uint32_t>(id)};
+  h.versions = {0};
+  h.dtype = DType::kF16;
+  h.elem_counts = {count};
+  h.byte_lengths = {count * 2};
+  Frame head;
+  ASSERT_TRUE(HeaderFrame(h, &head).ok());
+  WalRecord coded;
+  coded.kind = WalKind::kCodedPush;
+  coded.seq = 2;
+  coded.frames = {head, Frame::Copy(std::string(count, '\0'))};  // half the f16 bytes it claims
+  EncodeWalRecord(coded, &rec);
+  bytes += rec;
+  { std::ofstream(o.wal_path, std::ios::binary) << bytes; }
+  std::unique_ptr<ShardServer> shard;
+  ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
   RecoverReport report;
-  ASSERT_TRUE(recovered->Recover(&report).ok());
-  // One message per chunk (max_chunks_per_message 1): the init and 9 gradient pushes of each.
-  EXPECT_EQ(report.replayed_pushes, 10 * layout_.ServerChunks(0).size());
-  for (int32_t id : layout_.ServerChunks(0)) {
-    const auto wa = logged->ChunkWeights(id), wb = recovered->ChunkWeights(id);
-    ASSERT_EQ(wa.size(), wb.size());
-    EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * 4), 0) << "weights of chunk " << id;
-    const auto ha = logged->ChunkHistory(id), hb = recovered->ChunkHistory(id);
-    EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * 4), 0) << "momentum of chunk " << id;
-    EXPECT_EQ(logged->ChunkVersion(id), 9);
-    EXPECT_EQ(recovered->ChunkVersion(id), 9);
-  }
+  const Status s = shard->Recover(&report);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
+  EXPECT_NE(s.message().find(o.wal_path + ": record seq 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("byte_length"), std::string::npos) << s.message();
+  std::printf("%s\n", s.ToString().c_str());
+  std::filesystem::remove_all(dir);
 }
 
 // A weight beyond f16's range arrives as Inf: the pull fails naming the chunk, and the caller's

@@ -14,6 +14,9 @@
 //    byte unchanged;
 //  * a factor push whose ack died is resent (same bytes) to the server recovered from its
 //    write-ahead log, recognised and applied once;
+//  * the write-ahead log keeps a factor push as its factors (fewer bytes than the dense gradient),
+//    and a shard recovered from it is the live one to the byte; DC-ASGD's pushes, and a factor
+//    push no smaller than its gradient, are logged dense;
 //  * bytes: AlexNet's push bytes per worker step at batch 128 with 2 servers, with and without
 //    factors (the activations counted once per server holding the tensor).
 #include <gtest/gtest.h>
@@ -898,6 +901,214 @@ TEST(FactorResend, AFactorPushWhoseAckDiedIsResentToTheRecoveredServerAndApplied
   shard->Stop();
   EXPECT_TRUE(shard->Join().ok());
   std::filesystem::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The write-ahead log keeps a factor push as its factors (server/wal.h kCodedPush).
+
+class FactorLog : public ::testing::Test {
+ protected:
+  static constexpr int kB = 4;
+  static constexpr int64_t kOut = 64, kIn = 48;  // W 64×48 in chunks of 1024 floats: rows cut
+
+  void SetUp() override {
+    ASSERT_TRUE(ParamLayout::Build({{"w", {kOut, kIn}, 1.0f, 1.0f}, {"b", {kOut}, 2.0f, 0.0f}}, 1, 1024, &layout_).ok());
+    dir_ = ::testing::TempDir() + "/factor_log_" + std::to_string(::getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    options_.solver.base_lr = 0.05f;
+    options_.solver.momentum = 0.9f;
+    options_.solver.weight_decay = 0.01f;
+    options_.max_workers = 2;
+    options_.factor_threads = 3;  // the recovered shard forms the factors on one thread
+    options_.wal_path = dir_ + "/server-0.wal";
+    options_.wal_fsync_ms = 0ms;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Serves a shard with `options_`, pushes initial weights and `steps` factor pushes of "w"
+  // (random δ and a; "b" dense) as worker 0, and stops it.
+  std::unique_ptr<ShardServer> Run(int steps) {
+    std::unique_ptr<ShardServer> shard;
+    EXPECT_TRUE(ShardServer::Create(layout_, options_, &shard).ok());
+    std::unique_ptr<ServerEndpoint> ep;
+    EXPECT_TRUE(transport_.Bind(fmt::format("log{}", runs_++), &ep).ok());
+    PsClientOptions co;
+    co.server_addresses = {ep->address()};
+    co.reply_timeout = 5000ms;
+    co.checksums = true;
+    shard->Start(std::move(ep));
+    std::unique_ptr<PsClient> client;
+    EXPECT_TRUE(PsClient::Create(&transport_, layout_, co, &client).ok());
+    EXPECT_TRUE(client->Connect(5000ms).ok());
+    std::mt19937 rng(11);
+    std::normal_distribution<float> d(0.0f, 0.5f);
+    std::vector<float> w0(static_cast<size_t>(layout_.total_elems()));
+    for (float& x : w0) x = d(rng);
+    EXPECT_TRUE(client->Wait(client->PushInit(w0), 5000ms).ok());
+    const std::vector<FactorTensor> f = {{0, kB}};
+    for (int step = 0; step < steps; ++step) {
+      std::vector<float> g(w0.size());  // [δ (kB×kOut) | a (kB×kIn)] in w's span, then b
+      for (float& x : g) x = d(rng);
+      const Status s = client->Wait(client->PushTensors(g, 0, 2, step, f), 5000ms);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+    client.reset();
+    shard->Stop();
+    EXPECT_TRUE(shard->Join().ok());
+    return shard;
+  }
+  // A second process of the shard, recovered from the log alone (no checkpoint).
+  std::unique_ptr<ShardServer> Recovered(RecoverReport* report) {
+    ShardOptions o = options_;
+    o.factor_threads = 1;
+    std::unique_ptr<ShardServer> shard;
+    EXPECT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
+    const Status s = shard->Recover(report);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return shard;
+  }
+  void ExpectSameShard(const ShardServer& a, const ShardServer& b) const {
+    for (const Chunk& c : layout_.chunks()) {
+      const auto wa = a.ChunkWeights(c.id), wb = b.ChunkWeights(c.id);
+      ASSERT_EQ(wa.size(), wb.size());
+      EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * 4), 0) << "weights of chunk " << c.id;
+      const auto ha = a.ChunkHistory(c.id), hb = b.ChunkHistory(c.id);
+      EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * 4), 0) << "momentum of chunk " << c.id;
+      EXPECT_EQ(a.ChunkVersion(c.id), b.ChunkVersion(c.id));
+    }
+  }
+  struct Logged {
+    WalKind kind;
+    uint64_t payload_bytes;  // coded push: its payload frames
+  };
+  std::vector<Logged> LogRecords() const {
+    std::vector<Logged> out;
+    WalScanInfo info;
+    const Status s = ScanWal(options_.wal_path, [&](const WalRecord& r) {
+      uint64_t bytes = 0;
+      for (size_t i = 1; i < r.frames.size(); ++i) bytes += r.frames[i].size();
+      out.push_back({r.kind, bytes});
+      return Status::Ok();
+    }, &info);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return out;
+  }
+
+  ParamLayout layout_;
+  ShardOptions options_;
+  std::string dir_;
+  InprocTransport transport_;
+  int runs_ = 0;
+};
+
+// Each step's push of "w" is logged as its δ blocks and a (what the wire carried), 6.7× fewer
+// bytes than its dense gradient; a shard recovered from the log, forming the factors on one
+// thread where the live one used three, has the live shard's weights, momentum and versions to
+// the byte.
+TEST_F(FactorLog, AFactorPushIsLoggedAsItsFactorsAndRecoversByteForByte) {
+  constexpr int kSteps = 4;
+  const std::unique_ptr<ShardServer> live = Run(kSteps);
+  uint64_t factor_bytes = kB * kIn * 4;  // a, once per message
+  for (const Chunk& c : layout_.chunks()) {
+    if (c.tensor == 0) factor_bytes += static_cast<uint64_t>(kB * RowsOf(c, kIn).rows * 4);
+  }
+  const uint64_t dense_bytes = kOut * kIn * 4;
+  int coded = 0, dense = 0;
+  for (const Logged& r : LogRecords()) {
+    if (r.kind == WalKind::kCodedPush) {
+      ++coded;
+      EXPECT_EQ(r.payload_bytes, factor_bytes);
+    } else if (r.kind == WalKind::kPush) {
+      ++dense;  // the init pushes and "b"
+    }
+  }
+  EXPECT_EQ(coded, kSteps);
+  EXPECT_EQ(dense, static_cast<int>(layout_.chunks().size()) + kSteps);
+  EXPECT_GE(static_cast<double>(dense_bytes) / static_cast<double>(factor_bytes), 6.5)
+      << factor_bytes << " bytes of factors against " << dense_bytes;
+  RecoverReport report;
+  const std::unique_ptr<ShardServer> back = Recovered(&report);
+  EXPECT_EQ(report.replayed_pushes, static_cast<uint64_t>(layout_.chunks().size() + 2 * kSteps));
+  ExpectSameShard(*live, *back);
+  EXPECT_EQ(back->ChunkVersion(0), kSteps);
+}
+
+// DC-ASGD applies a compensated gradient made of the pulled copies, which the log does not keep:
+// its factor pushes are logged as the f32 gradient applied, and recover to the byte too.
+TEST_F(FactorLog, UnderDcAsgdAFactorPushIsLoggedAsTheGradientApplied) {
+  options_.consistency.algorithm = Algorithm::kDcAsgd;
+  const std::unique_ptr<ShardServer> live = Run(3);
+  for (const Logged& r : LogRecords()) EXPECT_NE(r.kind, WalKind::kCodedPush);
+  RecoverReport report;
+  const std::unique_ptr<ShardServer> back = Recovered(&report);
+  ExpectSameShard(*live, *back);
+  EXPECT_EQ(back->ChunkVersion(0), 3);
+}
+
+// A factor push that is not smaller than its gradient (one chunk of few rows, a long a) is
+// logged dense: the log takes the smaller form. Sent by a raw peer (a client refuses factors
+// that do not pay for the whole tensor; per server they may not).
+TEST_F(FactorLog, AFactorPushNoSmallerThanItsGradientIsLoggedDense) {
+  std::unique_ptr<ShardServer> live = Run(1);
+  ASSERT_TRUE(ShardServer::Create(layout_, options_, &live).ok());
+  RecoverReport report;
+  ASSERT_TRUE(live->Recover(&report).ok());
+  std::unique_ptr<ServerEndpoint> ep;
+  ASSERT_TRUE(transport_.Bind("raw-log", &ep).ok());
+  std::unique_ptr<ClientEndpoint> peer;
+  ASSERT_TRUE(transport_.Connect(ep->address(), &peer).ok());
+  live->Start(std::move(ep));
+  auto send = [&](const MessageHeader& h, Frames payload) {
+    Frames f(1);
+    ASSERT_TRUE(HeaderFrame(h, &f[0]).ok());
+    for (auto& p : payload) f.push_back(std::move(p));
+    ASSERT_TRUE(peer->Send(std::move(f)).ok());
+  };
+  auto receive = [&] {
+    Frames f;
+    EXPECT_TRUE(peer->Receive(&f, 5000ms).ok());
+    MessageHeader h;
+    EXPECT_TRUE(ParseHeader(f, &h).ok());
+    return h;
+  };
+  MessageHeader reg;
+  reg.type = MsgType::kRegister;
+  reg.sender = 1;
+  reg.layout_hash = layout_.hash();
+  send(reg, {});
+  ASSERT_EQ(receive().type, MsgType::kRegisterReply);
+  // Chunk 0 (1024 floats, 22 rows) at batch 32: δ 32×22 + a 32×48 = 2240 floats.
+  const Chunk& c = layout_.chunk(0);
+  constexpr int kBig = 32;
+  const int64_t rows = RowsOf(c, kIn).rows;
+  MessageHeader h;
+  h.type = MsgType::kPush;
+  h.sender = 1;
+  h.request_id = 5;
+  h.clock = 1;
+  h.layout_hash = layout_.hash();
+  h.chunk_ids = {0};
+  h.versions = {live->ChunkVersion(0)};
+  h.elem_counts = {static_cast<uint64_t>(c.count)};
+  h.byte_lengths = {static_cast<uint64_t>(kBig * rows * 4)};
+  h.encodings = {Encoding::kFactors};
+  h.factor_batch = kBig;
+  const std::vector<float> delta(static_cast<size_t>(kBig * rows), 0.01f), a(kBig * kIn, 0.02f);
+  Frames payload;
+  payload.push_back(Frame::Copy(delta.data(), delta.size() * 4));
+  payload.push_back(Frame::Copy(a.data(), a.size() * 4));
+  send(h, std::move(payload));
+  const MessageHeader ack = receive();
+  ASSERT_EQ(ack.type, MsgType::kAck) << ack.error_text;
+  peer.reset();
+  live->Stop();
+  ASSERT_TRUE(live->Join().ok());
+  const std::vector<Logged> records = LogRecords();
+  ASSERT_FALSE(records.empty());
+  EXPECT_EQ(records.back().kind, WalKind::kPush) << "2240 floats of factors logged for a 1024-float gradient";
+  const std::unique_ptr<ShardServer> back = Recovered(&report);
+  ExpectSameShard(*live, *back);
 }
 
 // ---------------------------------------------------------------------------------------------

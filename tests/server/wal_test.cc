@@ -1,4 +1,5 @@
-// wal_test.cc — the write-ahead log file (server/wal.h): records round-trip exactly; a torn
+// wal_test.cc — the write-ahead log file (server/wal.h): records round-trip exactly (a coded
+// push's frames too, aligned, and a malformed one is refused naming the field); a torn
 // last record is reported as a torn tail (safe to drop); a damaged record followed by valid
 // data, a wrong magic and a sequence gap are errors naming the file, the byte offset and the
 // field; a restarted log continues the sequence.
@@ -6,12 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "common/codec.h"
 #include "common/env.h"
 #include "common/file_io.h"
+#include "common/tensor_file.h"
 #include "tests/testing/fault_env.h"
 
 namespace downpour {
@@ -182,6 +186,179 @@ TEST(Wal, RawGradientsRoundTripBesideTheAppliedOnes) {
   s = ScanWal(path, nullptr, &info);
   EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
   EXPECT_NE(s.message().find("raw gradient"), std::string::npos) << s.message();
+}
+
+// A push header frame (common/codec.h) for a coded push record.
+Frame PushHeaderFrame(MsgType type = MsgType::kPush) {
+  MessageHeader h;
+  h.type = type;
+  h.sender = 1;
+  h.chunk_ids = {3, 4};
+  h.versions = {5, 5};
+  h.dtype = DType::kF16;
+  h.elem_counts = {3, 0};
+  h.byte_lengths = {6, 0};
+  std::string bytes;
+  EXPECT_TRUE(EncodeHeader(h, &bytes).ok());
+  return Frame::Copy(bytes);
+}
+
+Frame BytesFrame(const std::string& b) { return Frame::Copy(b.data(), b.size()); }
+
+// The frames' bytes of a scanned coded push (its frames point into the mapping).
+std::vector<std::string> FrameBytes(const WalRecord& r) {
+  std::vector<std::string> out;
+  for (const Frame& f : r.frames) out.emplace_back(reinterpret_cast<const char*>(f.data()), f.size());
+  return out;
+}
+
+// A record's length and CRC made right again after its payload was edited (a crafted record
+// that is whole on disk, so only its meaning can be wrong).
+void Reseal(std::string* rec) {
+  const auto len = static_cast<uint32_t>(rec->size() - kWalHeaderBytes);
+  std::memcpy(rec->data() + 16, &len, 4);
+  const auto* b = reinterpret_cast<const uint8_t*>(rec->data());
+  uint32_t crc = Crc32(std::span<const uint8_t>(b, 20));
+  crc = Crc32(std::span<const uint8_t>(b + kWalHeaderBytes, len), crc);
+  std::memcpy(rec->data() + 20, &crc, 4);
+}
+
+// A lossy or sufficient-factor push kept as the wire carried it (kCodedPush): the header frame
+// and payload frames of any length come back byte for byte, each starting 4-byte aligned in the
+// mapping (frames of 3 and 6 bytes are padded), the records after it read back, and the
+// writer's gathered write is the reference encoding.
+TEST(Wal, CodedPushRecordsKeepTheirFramesByteForByteAndAligned) {
+  const std::string path = TestPath("coded.wal");
+  const std::vector<std::string> payload = {std::string("\x01\x02\x03", 3), std::string(), std::string("abcdef")};
+  WalRecord coded;
+  coded.kind = WalKind::kCodedPush;
+  coded.worker = 1;
+  coded.flags = 0;
+  coded.session = 0x1122334455667788ull;
+  coded.request_id = 77;
+  coded.clock = 9;
+  coded.frames = {PushHeaderFrame()};
+  for (const std::string& b : payload) coded.frames.push_back(BytesFrame(b));
+  {
+    std::unique_ptr<WalWriter> w;
+    ASSERT_TRUE(WalWriter::Open(path, 1, true, 0ms, &w).ok());
+    ASSERT_TRUE(w->Append(&coded).ok());
+    WalRecord clock;
+    clock.kind = WalKind::kClock;
+    clock.worker = 2;
+    clock.clock = 10;
+    ASSERT_TRUE(w->Append(&clock).ok());
+    coded.request_id = 78;
+    ASSERT_TRUE(w->Append(&coded).ok());
+    // Without a payload frame it is no push: refused, nothing written.
+    const uint64_t bytes = w->bytes();
+    WalRecord bare = coded;
+    bare.frames.resize(1);
+    EXPECT_EQ(w->Append(&bare).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(w->bytes(), bytes);
+  }
+  EXPECT_EQ(std::filesystem::file_size(path) % 4, 0u);
+  std::vector<WalRecord> recs;
+  std::vector<std::vector<std::string>> frames;
+  bool aligned = true;
+  WalScanInfo info;
+  Status s = ScanWal(path, [&](const WalRecord& r) {
+    recs.push_back(r);
+    frames.push_back(FrameBytes(r));
+    for (const Frame& f : r.frames) aligned = aligned && reinterpret_cast<uintptr_t>(f.data()) % 4 == 0;
+    recs.back().frames.clear();  // points into the mapping
+    return Status::Ok();
+  }, &info);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(recs.size(), 3u);
+  EXPECT_FALSE(info.torn);
+  EXPECT_TRUE(aligned);
+  EXPECT_EQ(recs[0].kind, WalKind::kCodedPush);
+  EXPECT_EQ(recs[0].seq, 1u);
+  EXPECT_EQ(recs[0].worker, 1);
+  EXPECT_EQ(recs[0].session, 0x1122334455667788ull);
+  EXPECT_EQ(recs[0].request_id, 77u);
+  EXPECT_EQ(recs[0].clock, 9);
+  const Frame head = PushHeaderFrame();
+  std::vector<std::string> want = {std::string(reinterpret_cast<const char*>(head.data()), head.size())};
+  want.insert(want.end(), payload.begin(), payload.end());
+  EXPECT_EQ(frames[0], want);
+  EXPECT_EQ(recs[1].kind, WalKind::kClock);
+  EXPECT_EQ(recs[1].clock, 10);
+  EXPECT_EQ(recs[2].kind, WalKind::kCodedPush);
+  EXPECT_EQ(recs[2].request_id, 78u);
+  EXPECT_EQ(frames[2], want);
+  coded.request_id = 77;
+  coded.seq = 1;
+  std::string ref;
+  EncodeWalRecord(coded, &ref);
+  EXPECT_EQ(Bytes(path).substr(0, ref.size()), ref);
+}
+
+// A coded push record whose CRC is right but whose content is not a push (a damaged writer,
+// or a hand-made file): corrupt, naming the file, the offset and the field, before anything
+// is visited.
+TEST(Wal, MalformedCodedPushRecordsAreRefusedNamingTheField) {
+  const std::string path = TestPath("coded_bad.wal");
+  auto refused = [&](const std::string& rec, const std::string& field) {
+    WalRecord after;
+    after.kind = WalKind::kClock;
+    after.seq = 2;
+    std::string tail;
+    EncodeWalRecord(after, &tail);
+    Overwrite(path, rec + tail);
+    WalScanInfo info;
+    int visited = 0;
+    const Status s = ScanWal(path, [&](const WalRecord&) {
+      ++visited;
+      return Status::Ok();
+    }, &info);
+    EXPECT_EQ(s.code(), StatusCode::kCorrupt) << field << ": " << s.ToString();
+    EXPECT_NE(s.message().find(path + ": byte 0"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(field), std::string::npos) << s.message();
+    EXPECT_EQ(visited, 0);
+  };
+  WalRecord r;
+  r.kind = WalKind::kCodedPush;
+  r.seq = 1;
+  r.frames = {PushHeaderFrame(), BytesFrame("abcdef")};
+  std::string good;
+  EncodeWalRecord(r, &good);
+  constexpr size_t kFrames = kWalHeaderBytes + 32;  // where frame 0's length field is
+  {  // the header frame is a pull's
+    WalRecord pull = r;
+    pull.frames[0] = PushHeaderFrame(MsgType::kPull);
+    std::string rec;
+    EncodeWalRecord(pull, &rec);
+    refused(rec, "field header is not a push header (pull)");
+  }
+  {  // the header frame is not a header at all
+    WalRecord junk = r;
+    junk.frames[0] = BytesFrame("not a header");
+    std::string rec;
+    EncodeWalRecord(junk, &rec);
+    refused(rec, "field header is not a push header");
+  }
+  {  // a header alone
+    WalRecord one = r;
+    one.frames.resize(1);
+    std::string rec;
+    EncodeWalRecord(one, &rec);
+    refused(rec, "field frames is 1");
+  }
+  {  // the last frame's padding is not zeros
+    std::string rec = good;
+    rec[rec.size() - 1] = 'x';
+    Reseal(&rec);
+    refused(rec, "frame 1 has nonzero padding");
+  }
+  {  // a frame length past the record
+    std::string rec = good;
+    const uint32_t huge = 1u << 20;
+    std::memcpy(rec.data() + kFrames, &huge, 4);
+    Reseal(&rec);
+    refused(rec, "too short for field frame");
+  }
 }
 
 TEST(Wal, TornLastRecordIsReportedAsATornTailAndTheRestIsKept) {
