@@ -94,6 +94,8 @@ void EncodeStats(const ShardStatsWire& s, cw::Stats::Builder b) {
   b.setWalNanos(s.wal_ns);
   b.setWalSyncCpuNanos(s.wal_sync_cpu_ns);
   b.setFactorNanos(s.factor_ns);
+  b.setWalBytes(s.wal_bytes);
+  b.setWalCodedRecords(s.wal_coded_records);
 }
 
 ShardStatsWire DecodeStats(cw::Stats::Reader r) {
@@ -124,6 +126,8 @@ ShardStatsWire DecodeStats(cw::Stats::Reader r) {
   s.wal_ns = r.getWalNanos();
   s.wal_sync_cpu_ns = r.getWalSyncCpuNanos();
   s.factor_ns = r.getFactorNanos();
+  s.wal_bytes = r.getWalBytes();
+  s.wal_coded_records = r.getWalCodedRecords();
   return s;
 }
 

@@ -90,6 +90,9 @@ struct Stats {
   walSyncCpuNanos @24 :UInt64; # CPU time of the log's own fsync thread (checkpoint.wal_fsync_ms > 0), ns
   factorNanos @25 :UInt64;     # time the message loop spent forming sufficient-factor pushes' dense
                                # gradients (δᵀ·a, compression.factors; part of busyNanos), ns
+  walBytes @26 :UInt64;        # bytes appended to the write-ahead log by this process
+  walCodedRecords @27 :UInt64; # of walRecords, pushes logged as the wire carried them (factors,
+                               # lossy codecs: fewer bytes than their f32 gradients)
 }
 
 struct Header {

@@ -141,6 +141,9 @@ ShardStatsWire SumStats(const ModelHost& host) {
     sum.dc_uncompensated += st.dc_uncompensated;
     sum.evaluator_pulls += st.evaluator_pulls;
     sum.wal_records += st.wal_records;
+    sum.wal_bytes += st.wal_bytes;
+    sum.wal_coded_records += st.wal_coded_records;
+    sum.wal_ns += st.wal_ns;
     sum.replayed += st.replayed;
     sum.sgd_ns += st.sgd_ns;
     sum.busy_ns += st.busy_ns;
@@ -349,11 +352,12 @@ Status Run(const Flags& f, bool* serving) {
   }
   const ShardStatsWire st = SumStats(*host);
   spdlog::info("server {}: pushes received {} applied {} rejected {} duplicates {}, pulls {}, chunk updates {}, "
-               "log records {} replayed {}, gradient pushes by worker {}; message loop busy {:.2f} s (update rule "
-               "{:.2f} s, sufficient factors {:.2f} s)",
+               "log records {} ({} coded, {:.1f} MB) replayed {}, gradient pushes by worker {}; message loop busy {:.2f} s "
+               "(update rule {:.2f} s, sufficient factors {:.2f} s, log {:.2f} s)",
                f.id, st.pushes_received, st.pushes_applied, st.pushes_rejected, st.duplicates, st.pulls_served,
-               st.chunk_updates, st.wal_records, st.replayed, ListString(st.pushes_by_worker), 1e-9 * st.busy_ns,
-               1e-9 * st.sgd_ns, 1e-9 * st.factor_ns);
+               st.chunk_updates, st.wal_records, st.wal_coded_records, 1e-6 * static_cast<double>(st.wal_bytes),
+               st.replayed, ListString(st.pushes_by_worker), 1e-9 * st.busy_ns, 1e-9 * st.sgd_ns,
+               1e-9 * st.factor_ns, 1e-9 * st.wal_ns);
   refusals->Flush();
   (void)metrics->Write("server_end", {{"pushes_received", st.pushes_received},
                                       {"rejected_by_reason", RejectedString(st)},
@@ -372,6 +376,9 @@ Status Run(const Flags& f, bool* serving) {
                                       {"dc_uncompensated", st.dc_uncompensated},
                                       {"evaluator_pulls", st.evaluator_pulls},
                                       {"wal_records", st.wal_records},
+                                      // Of them, pushes logged as the wire carried them (factors, lossy codecs).
+                                      {"wal_coded_records", st.wal_coded_records},
+                                      {"wal_bytes", st.wal_bytes},
                                       {"replayed", st.replayed},
                                       {"pushes_by_worker", ListString(st.pushes_by_worker)},
                                       {"unknown_model", static_cast<int64_t>(host->unknown_model())},
@@ -382,6 +389,7 @@ Status Run(const Flags& f, bool* serving) {
                                       {"busy_s", 1e-9 * static_cast<double>(st.busy_ns)},
                                       {"sgd_s", 1e-9 * static_cast<double>(st.sgd_ns)},
                                       {"factor_s", 1e-9 * static_cast<double>(st.factor_ns)},
+                                      {"wal_s", 1e-9 * static_cast<double>(st.wal_ns)},
                                       {"ok", s.ok()}});
   return s;
 }

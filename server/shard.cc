@@ -877,6 +877,7 @@ void ShardServer::RememberRequest(int32_t worker, uint64_t session, uint64_t req
 Status ShardServer::LogRecord(WalRecord* r) {
   if (!wal_) return Status::Ok();
   const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t bytes0 = wal_->bytes();
   Status s = wal_->Append(r);
   stats_.wal_ns += NanosSince(t0);
   if (!s.ok()) {
@@ -892,6 +893,8 @@ Status ShardServer::LogRecord(WalRecord* r) {
   }
   wal_seq_ = r->seq;
   ++stats_.wal_records;
+  stats_.wal_bytes += wal_->bytes() - bytes0;
+  if (r->kind == WalKind::kCodedPush) ++stats_.wal_coded_records;
   return Status::Ok();
 }
 

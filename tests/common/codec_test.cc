@@ -79,6 +79,8 @@ MessageHeader Sample(MsgType type) {
       h.stats.wal_ns = 123456789;
       h.stats.wal_sync_cpu_ns = 987654;
       h.stats.factor_ns = 24680;
+      h.stats.wal_bytes = 13579;
+      h.stats.wal_coded_records = 11;
       break;
     default:
       break;

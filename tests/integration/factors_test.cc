@@ -1025,6 +1025,10 @@ TEST_F(FactorLog, AFactorPushIsLoggedAsItsFactorsAndRecoversByteForByte) {
   }
   EXPECT_EQ(coded, kSteps);
   EXPECT_EQ(dense, static_cast<int>(layout_.chunks().size()) + kSteps);
+  const ShardStatsWire st = live->Stats();
+  EXPECT_EQ(st.wal_coded_records, static_cast<uint64_t>(kSteps));
+  EXPECT_EQ(st.wal_records, static_cast<uint64_t>(coded + dense));
+  EXPECT_EQ(st.wal_bytes, std::filesystem::file_size(options_.wal_path));
   EXPECT_GE(static_cast<double>(dense_bytes) / static_cast<double>(factor_bytes), 6.5)
       << factor_bytes << " bytes of factors against " << dense_bytes;
   RecoverReport report;
