@@ -192,6 +192,10 @@ class LayerBytes:
     factor_flops: float = 0.0  # server GEMM flops to form deltaᵀ·a (per push, all servers)
     push_by_server: dict = dataclasses.field(default_factory=dict)  # {server: push bytes}
     pull_by_server: dict = dataclasses.field(default_factory=dict)  # {server: pull bytes}
+    # bytes the servers' write-ahead logs append per push of it: per message the smaller of what
+    # the wire carried and the f32 gradient (server/wal.h kCodedPush; the log's own record
+    # headers, a few dozen bytes a message, are left out)
+    logged: int = 0
 
 
 def is_inner_product(tensor, layer_types):
@@ -251,8 +255,12 @@ def step_bytes(tensors, layer_types, servers, batch, codec, chunk_elems=DEFAULT_
             floats, _ = factor_plan(t, mine, batch, shares)
             if floats < t.numel:
                 lb.push += floats * FLOAT_BYTES
+                dense_on = {}
+                for c in mine:
+                    dense_on[c.server] = dense_on.get(c.server, 0) + c.count
                 for server, n in shares.items():
                     lb.push_by_server[server] = lb.push_by_server.get(server, 0) + n * FLOAT_BYTES
+                    lb.logged += min(n, dense_on[server]) * FLOAT_BYTES
                 lb.factored = True
                 lb.factor_flops += 2.0 * batch * t.numel
                 continue
@@ -260,6 +268,7 @@ def step_bytes(tensors, layer_types, servers, batch, codec, chunk_elems=DEFAULT_
             n = dense_push_bytes(c.count, codec)
             lb.push += n
             lb.push_by_server[c.server] = lb.push_by_server.get(c.server, 0) + n
+            lb.logged += min(n, c.count * FLOAT_BYTES)
     return layers
 
 
@@ -325,9 +334,10 @@ class Rates:
     latency_ms: float = 0.0              # per-layer request latency (round trip)
     loader_us_per_image: float = 0.0     # worker: data loader CPU per image (downpour-bench-data's
     #                                      images per CPU-second, inverted); 0 = not measured
-    # checkpoint.wal (Cluster.wal): a server appends every push it takes to its log, as the decoded
-    # dense f32 gradient whatever the codec (server/wal.h). Per pushed float: the loop's append
-    # (CRC-32 and write(2) into the page cache), and the CPU of the log's fsync thread beside it.
+    # checkpoint.wal (Cluster.wal): a server appends every push it takes to its log, as the wire
+    # carried it where that is smaller than the f32 gradient (factors, lossy codecs), else as the
+    # gradient (server/wal.h). Per logged float (4 bytes): the loop's append (CRC-32 and write(2)
+    # into the page cache), and the CPU of the log's fsync thread beside it.
     # Default: downpour-bench-ps --servers 1 --workers 1 --rounds 6 --wal on the 2-core VM of
     # 2026-11-27 ("wal append 0.860 s/round, wal fsync thread cpu 0.017 s/round" of 60,965,224
     # floats; a virtualized guest whose page-cache writes are slow): measure yours.
@@ -698,13 +708,15 @@ def predict(profile, tensors, rates, cluster, codec):
     pull = sum(lb.pull for lb in per_layer.values())
     floats = sum(lb.floats for lb in per_layer.values())
     flops = sum(lb.factor_flops for lb in per_layer.values())
-    # The write-ahead log: every push is appended as its dense f32 gradient, whatever the codec.
+    # The write-ahead log: every push is appended in the smaller of its wire form and its f32
+    # gradient (LayerBytes.logged), per 4 logged bytes at the log's rate per float.
+    logged = sum(lb.logged for lb in per_layer.values()) / FLOAT_BYTES
     wal = rates.wal_ns_per_float * 1e-9 if cluster.wal else 0.0
     wal_sync = rates.wal_sync_ns_per_float * 1e-9 if cluster.wal else 0.0
     # One server's loop per round: its 1/S share of W workers' pushes and pulls, logged, applied
     # and handled.
     def loop_s(sgd, gemm):
-        return w / s * ((floats * (sgd + wal) + flops * gemm + push * handling) / cluster.push_every
+        return w / s * ((floats * sgd + logged * wal + flops * gemm + push * handling) / cluster.push_every
                         + pull * handling / cluster.pull_every)
 
     server_s = loop_s(sgd, gemm)
@@ -713,7 +725,7 @@ def predict(profile, tensors, rates, cluster, codec):
     disk_s = 0.0
     if cluster.wal and rates.wal_disk_gbytes > 0:
         on_host = s if cluster.colocated else min(s, cluster.servers_per_host)
-        disk_s = on_host * w / s * floats * FLOAT_BYTES / (rates.wal_disk_gbytes * 1e9) / cluster.push_every
+        disk_s = on_host * w / s * logged * FLOAT_BYTES / (rates.wal_disk_gbytes * 1e9) / cluster.push_every
     host_cpu_s = workers_cpu = others_cpu = 0.0
     if cluster.colocated and cluster.cores_per_host > 0:
         workers_cpu = w * profile.compute_s * profile.threads  # 0 for GPU workers
@@ -723,7 +735,7 @@ def predict(profile, tensors, rates, cluster, codec):
         worker_io = (push / cluster.push_every + pull / cluster.pull_every) * rates.io_ns_per_byte * 1e-9
         loader = cluster.batch * rates.loader_us_per_image * 1e-6
         # The logs' fsync threads write every push back to disk beside the loops.
-        syncing = w * floats * wal_sync / cluster.push_every
+        syncing = w * logged * wal_sync / cluster.push_every
         others_cpu = w * (loader + worker_io) + s * server_cpu_s + syncing
         host_cpu_s = (workers_cpu + others_cpu) / cluster.cores_per_host
         if profile.threads:
@@ -737,9 +749,10 @@ def predict(profile, tensors, rates, cluster, codec):
         # The servers holding this layer (its chunks', from the layout) apply W pushes of it
         # (sync: before any pull is served), side by side.
         holders = max(1, len(lb.pull_by_server))
-        apply_s.append(w * (lb.floats * (sgd + wal) + lb.factor_flops * gemm) / holders)
+        layer_wal = lb.logged / FLOAT_BYTES * wal
+        apply_s.append(w * (lb.floats * sgd + layer_wal + lb.factor_flops * gemm) / holders)
         # One push of it, handled and applied by a holder before its ack (async; per holder).
-        ack_s.append((lb.floats * (sgd + wal) + lb.factor_flops * gemm + lb.push * handling) / holders)
+        ack_s.append((lb.floats * sgd + layer_wal + lb.factor_flops * gemm + lb.push * handling) / holders)
     push_rate, pull_rate = link_rates(cluster, rates)
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync

@@ -358,20 +358,24 @@ class HandComputed(unittest.TestCase):
         self.assertAlmostEqual(one.step_s, 0.030, places=6)
         self.assertEqual(one.bound, "compute")
 
-    def test_the_write_ahead_log_costs_each_server_every_pushed_float(self):
+    def test_the_write_ahead_log_costs_each_server_every_logged_float(self):
         """checkpoint.wal: the server appends both workers' 250,000 floats at 100 ns each before
         applying them (2 ns), four workers: 4 × 250,000 × 102 ns = 102 ms per round, more than a
-        worker's 63.5 ms (30 + push 4 + its own push's 25.5 ms before the ack + pull 4). The log
-        holds the dense gradient whatever the codec: with 1-bit pushes it costs the same. Off, the
-        rate is not charged."""
+        worker's 63.5 ms (30 + push 4 + its own push's 25.5 ms before the ack + pull 4). A push
+        that came smaller is logged as it came (server/wal.h kCodedPush): 1-bit's 4 + 31,250 bytes
+        are 7,813.5 floats' worth, so 4 × (250,000 × 2 + 7,813.5 × 100) ns; factors at batch 64
+        log 64 × (1000 + 250) = 80,000 floats and form the product at 100 GFLOP/s (2 × 64 ×
+        250,000 flops): 4 × (0.5 + 8 + 0.32) ms. Off, the rate is not charged."""
         rates = {"sgd_ns_per_float": 2.0, "server_ns_per_float": 2.0, "wal_ns_per_float": 100.0}
         p = two_worker_case(workers=4, wal=True, rates=rates)
         self.assertAlmostEqual(p.server_s, 0.102, places=9)
         self.assertAlmostEqual(p.worker_s, 0.0635, places=9)
         self.assertAlmostEqual(p.step_s, 0.102, places=9)
         self.assertEqual(p.bound, "server")
-        self.assertAlmostEqual(two_worker_case(workers=4, wal=True, rates=rates, codec="onebit").server_s, 0.102,
-                               places=9)
+        self.assertAlmostEqual(two_worker_case(workers=4, wal=True, rates=rates, codec="onebit").server_s,
+                               4 * (250_000 * 2 + (4 + 250_000 // 8) / 4 * 100) * 1e-9, places=9)
+        self.assertAlmostEqual(two_worker_case(workers=4, wal=True, rates=rates, codec="factors").server_s,
+                               4 * (0.5e-3 + 8e-3 + 0.32e-3), places=9)
         self.assertAlmostEqual(two_worker_case(workers=4, rates=rates).server_s, 0.002, places=9)
 
     def test_sync_logs_every_push_before_it_applies_them(self):
