@@ -780,6 +780,10 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   } else if (wal_) {
     r.chunks.reserve(n);
     for (size_t i = 0; i < n; ++i) {
+      // The first init of a chunk wins: one that finds weights there changes nothing and is
+      // logged without its floats (every worker offers the initial weights, so a job of W workers
+      // would log the model W times). The record stays, for the duplicate window replay rebuilds.
+      if (init && chunks_[static_cast<size_t>(chunks[i].local)].initialized) continue;
       r.chunks.push_back(WalChunk{h.chunk_ids[i], chunks[i].version_from, chunks[i].grad,
                                   static_cast<uint32_t>(chunks[i].count), adaptive_dc ? raw[i] : nullptr});
     }

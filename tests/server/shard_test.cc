@@ -1831,6 +1831,43 @@ TEST_F(ShardFixture, WithoutALogNoLogTimeIsCounted) {
   EXPECT_GT(st.busy_ns, 0u);
 }
 
+// Every worker offers the initial weights and the first init of a chunk wins: a later init push
+// finds the weights set and changes nothing, so its log record keeps no floats (a job of W workers
+// would log the model W times). The record is still there: a shard recovered from the log knows
+// the request, and a resend of it is a duplicate, as on the live shard; weights and versions are
+// the live shard's.
+TEST_F(ShardFixture, AnInitPushThatFindsTheWeightsSetIsLoggedWithoutItsFloats) {
+  UsePersistDir();
+  ShardOptions o = PlainSgd();
+  o.expected_workers = 2;
+  StartShards({{"a", {64}, 1, 1}}, 1, 16, o);
+  auto c0 = Client(0);
+  auto c1 = Client(1);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(64, 5.0f)), 5000ms).ok());
+  const uint64_t one_init = shards_[0]->Stats().wal_bytes;
+  ASSERT_TRUE(c1->Wait(c1->PushInit(std::vector<float>(64, 7.0f)), 5000ms).ok());
+  const uint64_t second_init = shards_[0]->Stats().wal_bytes - one_init;
+  EXPECT_GT(one_init, 64u * 4);
+  // A record of 24 + 36 bytes per message, no chunk in it.
+  EXPECT_EQ(second_init, shards_[0]->Stats().wal_records / 2 * (kWalHeaderBytes + 36)) << "of " << one_init;
+  ASSERT_TRUE(c0->Wait(c0->Push(std::vector<float>(64, 1.0f), 0), 5000ms).ok());
+  RecoverReport rep;
+  std::unique_ptr<ShardServer> fresh = KillAndRecover(0, o, &rep);
+  EXPECT_EQ(rep.replayed_pushes, shards_[0]->Stats().wal_records);
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  EXPECT_EQ(fresh->ChunkWeights(0), std::vector<float>(16, 4.0f));  // worker 0's 5, one step of lr 1
+  // The duplicate windows, which decide whether a resend is applied, are the live shard's: worker
+  // 1's init requests are in the recovered one too.
+  TensorFile live, back;
+  ASSERT_TRUE(shards_[0]->SaveCheckpoint(persist_dir_ + "/live.dpt").ok());
+  ASSERT_TRUE(fresh->SaveCheckpoint(persist_dir_ + "/back.dpt").ok());
+  ASSERT_TRUE(ReadTensorFile(persist_dir_ + "/live.dpt", &live).ok());
+  ASSERT_TRUE(ReadTensorFile(persist_dir_ + "/back.dpt", &back).ok());
+  ASSERT_TRUE(live.meta.count("dedup.1")) << "worker 1's requests are not in the live shard's window";
+  EXPECT_EQ(back.meta["dedup.1"], live.meta["dedup.1"]);
+  EXPECT_EQ(back.meta["dedup.0"], live.meta["dedup.0"]);
+}
+
 TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
   UsePersistDir();
   ShardOptions o = PlainSgd();
