@@ -16,7 +16,8 @@ costs in accuracy (staler weights) is not modelled: that is the experiment's que
 
 The servers' write-ahead log is off, as configs/runs/alexnet.toml has it; --wal-ns-per-float X
 (and --wal-disk-gbytes G, a server host's sustained log write rate) asks the same with the log
-on (checkpoint.wal = true: every shard appends its share of every push, densely, before applying it).
+on (checkpoint.wal = true: every shard appends its share of every push before applying it, as the
+wire carried it where that is smaller than its f32 gradient: factors and lossy codecs).
 """
 import argparse
 import dataclasses
