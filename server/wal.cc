@@ -105,15 +105,22 @@ Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, Wal
   DP_RETURN_IF_ERROR(need(4, "worker"));
   r->worker = Get<int32_t>(q);
   q += 4;
+  // A push record's fields after the worker (both kinds): flags, session, request id, clock and
+  // the count of what follows (chunks or frames).
+  auto push_fields = [&](uint32_t* count) -> Status {
+    DP_RETURN_IF_ERROR(need(32, "push header"));
+    r->flags = Get<uint32_t>(q);
+    r->session = Get<uint64_t>(q + 4);
+    r->request_id = Get<uint64_t>(q + 12);
+    r->clock = Get<int64_t>(q + 20);
+    *count = Get<uint32_t>(q + 28);
+    q += 32;
+    return Status::Ok();
+  };
   switch (r->kind) {
     case WalKind::kPush: {
-      DP_RETURN_IF_ERROR(need(32, "push header"));
-      r->flags = Get<uint32_t>(q);
-      r->session = Get<uint64_t>(q + 4);
-      r->request_id = Get<uint64_t>(q + 12);
-      r->clock = Get<int64_t>(q + 20);
-      const uint32_t nchunks = Get<uint32_t>(q + 28);
-      q += 32;
+      uint32_t nchunks = 0;
+      DP_RETURN_IF_ERROR(push_fields(&nchunks));
       const bool raw = (r->flags & kWalFlagRaw) != 0;
       scratch->resize(2 * static_cast<size_t>(nchunks));
       // `count` floats at q, in place when aligned, else copied into scratch slot k.
@@ -143,13 +150,8 @@ Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, Wal
       break;
     }
     case WalKind::kCodedPush: {
-      DP_RETURN_IF_ERROR(need(32, "push header"));
-      r->flags = Get<uint32_t>(q);
-      r->session = Get<uint64_t>(q + 4);
-      r->request_id = Get<uint64_t>(q + 12);
-      r->clock = Get<int64_t>(q + 20);
-      const uint32_t nframes = Get<uint32_t>(q + 28);
-      q += 32;
+      uint32_t nframes = 0;
+      DP_RETURN_IF_ERROR(push_fields(&nframes));
       if (nframes < 2) {
         return Corrupt("{}: byte {}: coded push record field frames is {}, expected a header and a payload", path, off,
                        nframes);
@@ -239,13 +241,16 @@ void EncodeWalRecord(const WalRecord& r, std::string* out) {
   Put<uint32_t>(out, 0);  // length, patched below
   Put<uint32_t>(out, 0);  // crc, patched below
   Put<int32_t>(out, r.worker);
+  auto push_fields = [&](size_t count) {  // both push kinds; `count` chunks or frames follow
+    Put<uint32_t>(out, r.flags);
+    Put<uint64_t>(out, r.session);
+    Put<uint64_t>(out, r.request_id);
+    Put<int64_t>(out, r.clock);
+    Put<uint32_t>(out, static_cast<uint32_t>(count));
+  };
   switch (r.kind) {
     case WalKind::kPush:
-      Put<uint32_t>(out, r.flags);
-      Put<uint64_t>(out, r.session);
-      Put<uint64_t>(out, r.request_id);
-      Put<int64_t>(out, r.clock);
-      Put<uint32_t>(out, static_cast<uint32_t>(r.chunks.size()));
+      push_fields(r.chunks.size());
       for (const WalChunk& c : r.chunks) {
         Put<uint32_t>(out, c.chunk_id);
         Put<int64_t>(out, c.version_from);
@@ -265,11 +270,7 @@ void EncodeWalRecord(const WalRecord& r, std::string* out) {
     case WalKind::kJoin:
       break;
     case WalKind::kCodedPush:
-      Put<uint32_t>(out, r.flags);
-      Put<uint64_t>(out, r.session);
-      Put<uint64_t>(out, r.request_id);
-      Put<int64_t>(out, r.clock);
-      Put<uint32_t>(out, static_cast<uint32_t>(r.frames.size()));
+      push_fields(r.frames.size());
       for (const Frame& f : r.frames) {
         Put<uint32_t>(out, static_cast<uint32_t>(f.size()));
         out->append(reinterpret_cast<const char*>(f.data()), f.size());

@@ -32,6 +32,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from downpour_runs import read_jsonl  # noqa: E402  (a torn line skipped with a warning, like the tools)
 
 # --set lists of each codec name (docs/config.md [compression]).
 CODECS = {
@@ -42,22 +44,6 @@ CODECS = {
     "topk": ["compression.factors=false", "compression.push=topk", "compression.top_k_fraction=0.01"],
     "onebit": ["compression.factors=false", "compression.push=onebit"],
 }
-
-
-def read_jsonl(path):
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    try:
-                        out.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass  # a torn line
-    except FileNotFoundError:
-        pass
-    return out
 
 
 def last(records, event):

@@ -168,6 +168,23 @@ class CompressionTest : public ::testing::Test {
     EXPECT_GT(Sum(&ShardStatsWire::region_parts), region_after_init);
   }
 
+  // An empty directory of this process under the test temp dir.
+  static std::string FreshDir(const std::string& prefix) {
+    const std::string dir = ::testing::TempDir() + "/" + prefix + std::to_string(::getpid());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+  }
+  // Server 0 of the fixture's layout with its write-ahead log and checkpoint in `dir`.
+  ShardOptions LoggedServer0(const std::string& dir) const {
+    ShardOptions o;
+    o.server_id = 0;
+    o.solver = solver_;
+    o.wal_path = dir + "/server-0.wal";
+    o.checkpoint_path = dir + "/server-0.dpt";
+    return o;
+  }
+
   // Bytes of a top-k frame.
   static std::vector<std::byte> TopK(const std::vector<uint32_t>& idx, const std::vector<float>& values) {
     std::vector<std::byte> b(idx.size() * 4 + values.size() * 4);
@@ -245,14 +262,8 @@ TEST_F(CompressionTest, CompressedPushesAreLoggedAsTheyCameAndReplayByteForByte)
   const size_t n = static_cast<size_t>(layout_.total_elems());
   for (WireCodec codec : {WireCodec::kFp16, WireCodec::kBf16, WireCodec::kTopK, WireCodec::kOneBit}) {
     SCOPED_TRACE(WireCodecName(codec));
-    const std::string dir = ::testing::TempDir() + "/compression_wal_" + std::to_string(::getpid());
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    ShardOptions o;
-    o.server_id = 0;
-    o.solver = solver_;
-    o.wal_path = dir + "/server-0.wal";
-    o.checkpoint_path = dir + "/server-0.dpt";
+    const std::string dir = FreshDir("compression_wal_");
+    const ShardOptions o = LoggedServer0(dir);
     std::unique_ptr<ShardServer> logged;
     ASSERT_TRUE(ShardServer::Create(layout_, o, &logged).ok());
     ASSERT_TRUE(logged->OpenLog().ok());
@@ -344,13 +355,8 @@ TEST_F(CompressionTest, CompressedPushesAreLoggedAsTheyCameAndReplayByteForByte)
 // than its header says) stops the recovery with an error naming the log, the record and the
 // reason, instead of applying a guess.
 TEST_F(CompressionTest, ALoggedCodedPushThatDoesNotDecodeStopsTheRecoveryNamingTheRecord) {
-  const std::string dir = ::testing::TempDir() + "/compression_wal_bad_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  ShardOptions o;
-  o.server_id = 0;
-  o.solver = solver_;
-  o.wal_path = dir + "/server-0.wal";
+  const std::string dir = FreshDir("compression_wal_bad_");
+  const ShardOptions o = LoggedServer0(dir);
   const int32_t id = layout_.ServerChunks(0)[0];
   const auto count = static_cast<size_t>(layout_.chunk(id).count);
   const std::vector<float> w0(count, 0.5f);

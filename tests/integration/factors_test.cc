@@ -414,6 +414,32 @@ TEST(FactorTraining, PushEveryAboveOneFallsBackToDenseWithOneLine) {
 // ---------------------------------------------------------------------------------------------
 // Client + server on a small model: chunks that cut rows, both servers, and bad payloads.
 
+// A peer of a shard without a PsClient, for pushes a client would not send: a header and payload
+// frames out, one reply in.
+class RawPeer {
+ public:
+  Status Connect(InprocTransport* transport, const std::string& address) {
+    return transport->Connect(address, &ep_);
+  }
+  void Send(const MessageHeader& h, Frames payload) {
+    Frames f(1);
+    ASSERT_TRUE(HeaderFrame(h, &f[0]).ok());
+    for (auto& p : payload) f.push_back(std::move(p));
+    ASSERT_TRUE(ep_->Send(std::move(f)).ok());
+  }
+  MessageHeader Receive() {
+    Frames f;
+    EXPECT_TRUE(ep_->Receive(&f, 5000ms).ok());
+    MessageHeader h;
+    EXPECT_TRUE(ParseHeader(f, &h).ok());
+    return h;
+  }
+  void Close() { ep_.reset(); }
+
+ private:
+  std::unique_ptr<ClientEndpoint> ep_;
+};
+
 class FactorShard : public ::testing::Test {
  protected:
   static constexpr int kB = 2;  // 2×(6+5) = 22 floats of factors fit W's 30
@@ -578,7 +604,7 @@ class BadFactors : public FactorShard {
     FactorShard::SetUp();
     before_ = AllWeights();
     // Server 1 holds the last rows of "w", all of "b" and "v" (the layout deals chunks in order).
-    ASSERT_TRUE(transport_.Connect(addresses_[1], &peer_).ok());
+    ASSERT_TRUE(peer_.Connect(&transport_, addresses_[1]).ok());
     MessageHeader h;
     h.type = MsgType::kRegister;
     h.sender = 0;
@@ -589,19 +615,8 @@ class BadFactors : public FactorShard {
       if (layout_.chunk(id).tensor == 0) w_chunks_.push_back(id);
     ASSERT_FALSE(w_chunks_.empty());
   }
-  void Send(const MessageHeader& h, Frames payload) {
-    Frames f(1);
-    ASSERT_TRUE(HeaderFrame(h, &f[0]).ok());
-    for (auto& p : payload) f.push_back(std::move(p));
-    ASSERT_TRUE(peer_->Send(std::move(f)).ok());
-  }
-  MessageHeader Receive() {
-    Frames f;
-    EXPECT_TRUE(peer_->Receive(&f, 5000ms).ok());
-    MessageHeader h;
-    EXPECT_TRUE(ParseHeader(f, &h).ok());
-    return h;
-  }
+  void Send(const MessageHeader& h, Frames payload) { peer_.Send(h, std::move(payload)); }
+  MessageHeader Receive() { return peer_.Receive(); }
   int64_t Rows(int32_t id) const {
     const Chunk& c = layout_.chunk(id);
     return (c.tensor_offset + c.count - 1) / kIn - c.tensor_offset / kIn + 1;
@@ -638,7 +653,7 @@ class BadFactors : public FactorShard {
     EXPECT_EQ(std::memcmp(now.data(), before_.data(), now.size() * 4), 0) << "weights changed";
   }
 
-  std::unique_ptr<ClientEndpoint> peer_;
+  RawPeer peer_;
   std::vector<float> before_;
   std::vector<int32_t> w_chunks_;
 };
@@ -1060,28 +1075,15 @@ TEST_F(FactorLog, AFactorPushNoSmallerThanItsGradientIsLoggedDense) {
   ASSERT_TRUE(live->Recover(&report).ok());
   std::unique_ptr<ServerEndpoint> ep;
   ASSERT_TRUE(transport_.Bind("raw-log", &ep).ok());
-  std::unique_ptr<ClientEndpoint> peer;
-  ASSERT_TRUE(transport_.Connect(ep->address(), &peer).ok());
+  RawPeer peer;
+  ASSERT_TRUE(peer.Connect(&transport_, ep->address()).ok());
   live->Start(std::move(ep));
-  auto send = [&](const MessageHeader& h, Frames payload) {
-    Frames f(1);
-    ASSERT_TRUE(HeaderFrame(h, &f[0]).ok());
-    for (auto& p : payload) f.push_back(std::move(p));
-    ASSERT_TRUE(peer->Send(std::move(f)).ok());
-  };
-  auto receive = [&] {
-    Frames f;
-    EXPECT_TRUE(peer->Receive(&f, 5000ms).ok());
-    MessageHeader h;
-    EXPECT_TRUE(ParseHeader(f, &h).ok());
-    return h;
-  };
   MessageHeader reg;
   reg.type = MsgType::kRegister;
   reg.sender = 1;
   reg.layout_hash = layout_.hash();
-  send(reg, {});
-  ASSERT_EQ(receive().type, MsgType::kRegisterReply);
+  peer.Send(reg, {});
+  ASSERT_EQ(peer.Receive().type, MsgType::kRegisterReply);
   // Chunk 0 (1024 floats, 22 rows) at batch 32: δ 32×22 + a 32×48 = 2240 floats.
   const Chunk& c = layout_.chunk(0);
   constexpr int kBig = 32;
@@ -1102,10 +1104,10 @@ TEST_F(FactorLog, AFactorPushNoSmallerThanItsGradientIsLoggedDense) {
   Frames payload;
   payload.push_back(Frame::Copy(delta.data(), delta.size() * 4));
   payload.push_back(Frame::Copy(a.data(), a.size() * 4));
-  send(h, std::move(payload));
-  const MessageHeader ack = receive();
+  peer.Send(h, std::move(payload));
+  const MessageHeader ack = peer.Receive();
   ASSERT_EQ(ack.type, MsgType::kAck) << ack.error_text;
-  peer.reset();
+  peer.Close();
   live->Stop();
   ASSERT_TRUE(live->Join().ok());
   const std::vector<Logged> records = LogRecords();
