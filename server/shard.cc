@@ -99,6 +99,12 @@ uint64_t PayloadBytes(const Frames& frames) {
   return n;
 }
 
+uint64_t DenseBytes(const std::vector<PushChunk>& chunks) {
+  uint64_t n = 0;
+  for (const PushChunk& c : chunks) n += static_cast<uint64_t>(c.count) * sizeof(float);
+  return n;
+}
+
 // Element-wise work f(begin, end) over [0, n) in blocks of 64Ki elements on `threads` OpenMP
 // threads (cluster.server_threads); one call f(0, n) at one thread or below two blocks. The
 // blocks are disjoint and each element is computed alone, so the result is the same float for
@@ -769,9 +775,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   r.session = h.session;
   r.request_id = h.request_id;
   r.clock = move ? int64_t{h.move_batches} : h.clock;  // a move's log record keeps its batches there
-  uint64_t dense_bytes = 0;
-  for (const PushChunk& c : chunks) dense_bytes += static_cast<uint64_t>(c.count) * sizeof(float);
-  if (wal_ && wire != nullptr && !dc && PayloadBytes(wire->frames) < dense_bytes) {
+  if (wal_ && wire != nullptr && !dc && PayloadBytes(wire->frames) < DenseBytes(chunks)) {
     // The push as the wire carried it: fewer bytes, and replay forms the same floats from it.
     r.kind = WalKind::kCodedPush;
     r.frames.reserve(wire->frames.size());
@@ -1431,8 +1435,7 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
 // A coded push record: formed and decoded by the live path's code, checked as the live push was
 // (against the state replay has rebuilt, which is the state it met), then applied.
 Status ShardServer::ReplayCodedPush(const WalRecord& r, const std::string& path) {
-  MessageHeader h;
-  DP_RETURN_IF_ERROR(DecodeHeader(r.frames[0].data(), r.frames[0].size(), &h));  // ScanWal decoded it once
+  MessageHeader h = r.header;
   Frames frames = r.frames;
   std::vector<bool> finite;
   RejectReason reason = RejectReason::kUndecodable;

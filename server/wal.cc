@@ -95,6 +95,7 @@ Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, Wal
   const uint8_t* end = q + len;
   r->chunks.clear();
   r->frames.clear();
+  r->header = MessageHeader{};
   auto need = [&](size_t bytes, const char* field) -> Status {
     if (static_cast<size_t>(end - q) < bytes) {
       return Corrupt("{}: byte {}: {} record too short for field {}", path, off, KindName(static_cast<uint16_t>(r->kind)),
@@ -172,11 +173,11 @@ Status DecodeRecord(const std::string& path, const uint8_t* p, uint64_t off, Wal
         }
         q += padded;
       }
-      MessageHeader h;
       const Frame& head = r->frames[0];
-      if (Status d = DecodeHeader(head.data(), head.size(), &h); !d.ok() || h.type != MsgType::kPush) {
+      r->header = MessageHeader{};
+      if (Status d = DecodeHeader(head.data(), head.size(), &r->header); !d.ok() || r->header.type != MsgType::kPush) {
         return Corrupt("{}: byte {}: coded push record field header is not a push header ({})", path, off,
-                       d.ok() ? MsgTypeName(h.type) : d.message());
+                       d.ok() ? MsgTypeName(r->header.type) : d.message());
       }
       break;
     }

@@ -67,6 +67,7 @@
 #include <string>
 #include <vector>
 
+#include "common/codec.h"
 #include "common/status.h"
 #include "common/transport.h"
 
@@ -103,8 +104,10 @@ struct WalRecord {
   bool finished = false;     // gone
   std::vector<WalChunk> chunks;  // push
   // coded push: the header frame (a push's header, common/codec.h), then the payload frames. Read
-  // back, they point into the scanned log (valid during the visit), or own a copy when misaligned.
+  // back, they point into the scanned log (valid during the visit), or own a copy when misaligned,
+  // and `header` is frames[0] decoded (ScanWal checks that it is a push's).
   Frames frames;
+  MessageHeader header;
 };
 
 // Appends records to one log file (O_APPEND; created 0600 if missing).

@@ -283,6 +283,9 @@ TEST(Wal, CodedPushRecordsKeepTheirFramesByteForByteAndAligned) {
   std::vector<std::string> want = {std::string(reinterpret_cast<const char*>(head.data()), head.size())};
   want.insert(want.end(), payload.begin(), payload.end());
   EXPECT_EQ(frames[0], want);
+  EXPECT_EQ(recs[0].header.type, MsgType::kPush);  // frame 0, decoded by the scan
+  EXPECT_EQ(recs[0].header.chunk_ids, (std::vector<uint32_t>{3, 4}));
+  EXPECT_EQ(recs[0].header.dtype, DType::kF16);
   EXPECT_EQ(recs[1].kind, WalKind::kClock);
   EXPECT_EQ(recs[1].clock, 10);
   EXPECT_EQ(recs[2].kind, WalKind::kCodedPush);
