@@ -732,13 +732,7 @@ Status ShardServer::DensifyPush(ServerEndpoint* ep, MessageHeader* h, Frames* fr
 Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
                                const std::vector<bool>& finite, const WirePush* wire) {
   CheckedPush checked;
-  DP_RETURN_IF_ERROR(CheckDensePush(
-      rules_, h, frames,
-      [this](int local) {
-        const ChunkState& c = chunks_[static_cast<size_t>(local)];
-        return ChunkFacts{c.initialized, c.version};
-      },
-      finite, &checked, reason));
+  DP_RETURN_IF_ERROR(CheckDensePush(rules_, h, frames, ChunkFactsOf(), finite, &checked, reason));
   const bool init = (h.flags & kFlagInit) != 0;
   const bool move = (h.flags & kFlagMove) != 0;
   const size_t n = h.chunk_ids.size();
@@ -1432,6 +1426,13 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
   return Corrupt("{}: record seq {}: unknown kind", path, r.seq);
 }
 
+std::function<ChunkFacts(int)> ShardServer::ChunkFactsOf() const {
+  return [this](int local) {
+    const ChunkState& c = chunks_[static_cast<size_t>(local)];
+    return ChunkFacts{c.initialized, c.version};
+  };
+}
+
 // A coded push record: formed and decoded by the live path's code, checked as the live push was
 // (against the state replay has rebuilt, which is the state it met), then applied.
 Status ShardServer::ReplayCodedPush(const WalRecord& r, const std::string& path) {
@@ -1442,13 +1443,7 @@ Status ShardServer::ReplayCodedPush(const WalRecord& r, const std::string& path)
   Status s = DensifyPush(nullptr, &h, &frames, &finite, &reason);
   CheckedPush checked;
   if (s.ok()) {
-    s = CheckDensePush(
-        rules_, h, frames,
-        [this](int local) {
-          const ChunkState& c = chunks_[static_cast<size_t>(local)];
-          return ChunkFacts{c.initialized, c.version};
-        },
-        finite, &checked, &reason);
+    s = CheckDensePush(rules_, h, frames, ChunkFactsOf(), finite, &checked, &reason);
   }
   if (!s.ok()) {
     return Corrupt("{}: record seq {}: the logged push of worker {} is not one this shard takes ({}: {})", path, r.seq,

@@ -68,8 +68,8 @@
 // worker-gone and elastic join the shard takes is appended to the log BEFORE it is applied and
 // acknowledged (a lossy or sufficient-factor push as the wire carried it, kCodedPush, when that
 // is fewer bytes than its f32 gradient and the algorithm is not DC-ASGD; replay forms and
-// decodes it again through DensifyPush); the log is fsynced at least every wal_fsync_ms, on the log's own thread (0:
-// before every ack). After a checkpoint to the shard's own path the log restarts empty. Recover() = load the checkpoint
+// decodes it again through DensifyPush); the log is fsynced at least every wal_fsync_ms, on the
+// log's own thread (0: before every ack). After a checkpoint to the shard's own path the log restarts empty. Recover() = load the checkpoint
 // (if any) + replay the log records it does not cover, through the same apply code as the
 // live path: the shard is then byte for byte what it was when the process died, and every
 // acknowledged push is in it. A torn last record (never acknowledged) is dropped with one log
@@ -343,6 +343,8 @@ class ShardServer {
   Status LogRecord(WalRecord* r);  // appends when the log is on; counts
   Status ReplayRecord(const WalRecord& r, const std::string& path);
   Status ReplayCodedPush(const WalRecord& r, const std::string& path);
+  // What CheckDensePush asks of the shard's chunks (initialised, version), live and in replay.
+  std::function<ChunkFacts(int)> ChunkFactsOf() const;
   void NoteStaleness(int64_t staleness);
   bool KnownWorker(int32_t w) const { return w >= 0 && w < max_workers_; }
   void MaybeCheckpoint();
