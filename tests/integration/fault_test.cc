@@ -2,7 +2,8 @@
 // (coordinator, 2 servers, 2 workers as processes over loopback ZeroMQ):
 //   * a server SIGKILLed mid-run, in async, sync and ssp: the launcher restarts it with
 //     --recover (checkpoint + write-ahead log), the workers ride through, the job exits 0, the
-//     final accuracy is within 0.5 points of the same job undisturbed, and for every (server,
+//     final accuracy is within the mode's run-to-run spread of the same job undisturbed (sync
+//     0.5 points, ssp:2 1.5, async 1.7: measured, see the test), and for every (server,
 //     worker) the pushes the server took equal the pushes the worker saw acknowledged: no
 //     acknowledged update lost, none applied twice;
 //   * a server SIGKILLed in a compressed job (factors + fp16 pushes) comes back from a log of
@@ -224,9 +225,13 @@ TEST_P(ServerKillTest, KilledServerIsRestartedAndNoAcknowledgedUpdateIsLostOrApp
   // sync 0.7807 all eight (deterministic); async 0.8175-0.8230 (sd 0.0016) and ssp:2 0.8167-0.8237
   // (sd 0.0023), eight each, so three sd of the difference of two runs is 0.007 and 0.010. The
   // tolerances are above that, as eight runs give a rough sd. (The fmnist_small job at 300 steps
-  // this test ran before spread wider: ssp:2 0.8308-0.8463, sd 0.0051.) A lost or doubled update
-  // is caught exactly by ExpectEveryAckedPushTakenOnce, not by this.
-  const double tolerance = mode == "sync" ? 0.005 : mode == "async" ? 0.01 : 0.015;
+  // this test ran before spread wider: ssp:2 0.8308-0.8463, sd 0.0051.) Async's eight were too few:
+  // 19 repeats on 2026-12-01 (8 of them with the build of 2026-11-29, the same spread) gave
+  // 0.8147-0.8301, sd 0.0039, and 3 of the 19 pairs differed by more than the 0.01 allowed then
+  // (one failed a fresh clone's run); three sd of the difference is 0.017. ssp:2 the same day, 8
+  // repeats: 0.8171-0.8248, sd 0.0021. A lost or doubled update is caught exactly by
+  // ExpectEveryAckedPushTakenOnce, not by this.
+  const double tolerance = mode == "sync" ? 0.005 : mode == "async" ? 0.017 : 0.015;
   EXPECT_NEAR(top1, whole_top1, tolerance) << mode << ": undisturbed " << whole_top1 << ", server killed " << top1;
   std::printf("[%s] undisturbed %.4f, server 1 killed at step %d: %.4f; %.1f s from the kill to the end\n",
               mode.c_str(), whole_top1, kSteps * 2 / 5, top1, seconds);
