@@ -360,6 +360,14 @@ class PsClient::Impl::LinkRunner {
  private:
   static constexpr std::chrono::milliseconds kBusyTick{1};
 
+  // Refusals of one message by the server's write-ahead log (RejectReason::kLogWrite): it is sent
+  // again not before `not_before`, 50 ms after the first refusal and doubling up to probe_every;
+  // the first refusal was at `since`.
+  struct LogRefusals {
+    int count = 0;
+    Clock::time_point since, not_before;
+  };
+
   struct Part {
     MessageHeader header;  // encoded at each send
     Frames payload;        // push: borrowed caller bytes, kept until the operation ends (resends)
@@ -369,10 +377,7 @@ class PsClient::Impl::LinkRunner {
     bool encoded = false;       // a lossy push part: payload holds its encoded bytes (resends)
     bool via_region = false;    // the last send went through the shared region
     Clock::time_point sent_at;  // the last send
-    // Refusals by the server's write-ahead log (RetryRefusedByLog): sent again not before
-    // `not_before`; the first refusal was at `refused_since`.
-    int log_refusals = 0;
-    Clock::time_point refused_since, not_before;
+    LogRefusals refusals;  // by the server's write-ahead log (RetryRefusedByLog)
   };
   struct Active {
     Op op;
@@ -397,6 +402,7 @@ class PsClient::Impl::LinkRunner {
     inflight_ = 0;
     if (registering_) link_.needs_register = link_.registered;
     registering_ = register_unsent_ = false;
+    register_refusals_ = {};
   }
 
   void Complete(Active& a, const Status& s) {
@@ -588,6 +594,7 @@ class PsClient::Impl::LinkRunner {
   void BeginRegister() {
     registering_ = true;
     register_unsent_ = true;
+    register_refusals_ = {};
   }
 
   // A part no longer on the wire (answered, to be resent, or its operation failed).
@@ -648,6 +655,7 @@ class PsClient::Impl::LinkRunner {
   // an error for every active operation.
   Status SendPending() {
     if (register_unsent_) {
+      if (Clock::now() < register_refusals_.not_before) return Status::Ok();  // its log refused it: later
       register_sub_ = register_sub_ % kMaxRegisterSub + 1;
       MessageHeader h = OwnHeader(MsgType::kRegister, register_sub_);
       h.token = o_.token;
@@ -666,7 +674,7 @@ class PsClient::Impl::LinkRunner {
     const auto now = Clock::now();
     for (auto& [id, a] : active_) {
       for (Part& p : a.parts) {
-        if (p.state != Part::State::kToSend || now < p.not_before) continue;
+        if (p.state != Part::State::kToSend || now < p.refusals.not_before) continue;
         if (inflight_ > 0 && inflight_ + p.bytes > o_.max_inflight_bytes) return Status::Ok();  // the window is full
         bool wait = false;
         const bool via_region = ViaRegion(p, &wait);
@@ -809,11 +817,7 @@ class PsClient::Impl::LinkRunner {
       Finish(a, part);
       if (a.first_error.ok()) a.first_error = Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
     } else {
-      if (part.log_refusals > 0 && log_refused_) {
-        log_refused_ = false;
-        spdlog::info("worker {}: server {}'s log takes {} again, after {:.1f} s", o_.worker_id, link_.server, What(a),
-                     Seconds(Clock::now() - part.refused_since));
-      }
+      NoteLogTakes(part.refusals, What(a));
       Finish(a, part);
       if (o_.on_part_reply) {
         o_.on_part_reply(link_.server, a.op.header.type, part.header.chunk_ids.size(), Seconds(Clock::now() - part.sent_at));
@@ -848,13 +852,22 @@ class PsClient::Impl::LinkRunner {
   // be sent again after a backoff (50 ms doubling to probe_every) and returns true, or, once the
   // log has refused it for server_wait, returns false with *e saying so (the part then fails).
   bool RetryRefusedByLog(const Active& a, Part& part, Status* e) {
+    if (!NoteLogRefusal(&part.refusals, What(a), e)) return false;
+    Release(part);
+    part.state = Part::State::kToSend;
+    return true;
+  }
+
+  // Counts a refusal by the server's log of `what` and sets when to send it again; false (with
+  // the count and time added to *e) once it has been refused for server_wait.
+  bool NoteLogRefusal(LogRefusals* r, const std::string& what, Status* e) {
     const auto now = Clock::now();
-    if (part.log_refusals++ == 0) part.refused_since = now;
-    const auto refused = now - part.refused_since;
+    if (r->count++ == 0) r->since = now;
+    const auto refused = now - r->since;
     if (refused >= o_.server_wait) {
       *e = Status(e->code(),
-                  fmt::format("{} (its log refused this part {} times over {:.1f} s; cluster.server_wait_ms = {})",
-                              e->message(), part.log_refusals, Seconds(refused), o_.server_wait.count()));
+                  fmt::format("{} (its log refused it {} times over {:.1f} s; cluster.server_wait_ms = {})",
+                              e->message(), r->count, Seconds(refused), o_.server_wait.count()));
       return false;
     }
     if (!log_refused_) {
@@ -862,21 +875,39 @@ class PsClient::Impl::LinkRunner {
       spdlog::warn(
           "worker {}: server {}'s log refused {} ({}); sending it again for up to {:.1f} s "
           "(cluster.server_wait_ms)",
-          o_.worker_id, link_.server, What(a), e->message(), Seconds(o_.server_wait));
+          o_.worker_id, link_.server, what, e->message(), Seconds(o_.server_wait));
     }
-    Release(part);
-    part.state = Part::State::kToSend;
-    const int doublings = std::min(part.log_refusals - 1, 10);
-    part.not_before = now + std::min<Clock::duration>(o_.probe_every, std::chrono::milliseconds(50) * (1 << doublings));
+    const int doublings = std::min(r->count - 1, 10);
+    r->not_before = now + std::min<Clock::duration>(o_.probe_every, std::chrono::milliseconds(50) * (1 << doublings));
     return true;
   }
 
+  // The one line after a warned refusal, once the log takes the message.
+  void NoteLogTakes(const LogRefusals& r, const std::string& what) {
+    if (r.count == 0 || !log_refused_) return;
+    log_refused_ = false;
+    spdlog::info("worker {}: server {}'s log takes {} again, after {:.1f} s", o_.worker_id, link_.server, what,
+                 Seconds(Clock::now() - r.since));
+  }
+
+  // The reply to a register sent after a restart. A refusal by the server's log (a worker the
+  // restarted server counts as dead rejoins, and its return is logged) is sent again like a
+  // refused part, for up to server_wait; any other refusal fails every operation.
   Status HandleRegisterReply(const MessageHeader& h) {
     if (h.type == MsgType::kError) {
       Status e = StatusFromReply(h);
+      if (h.flags == static_cast<uint32_t>(RejectReason::kLogWrite) &&
+          NoteLogRefusal(&register_refusals_, "its register", &e)) {
+        register_unsent_ = true;
+        // The server answers; its log holds the operations waiting for the register.
+        for (auto& [id, a] : active_) a.reply_deadline = std::max(a.reply_deadline, Clock::now() + o_.reply_timeout);
+        return Status::Ok();
+      }
       return Status(e.code(), fmt::format("server {}: registering again after a restart: {}", link_.server,
                                           e.message()));
     }
+    NoteLogTakes(register_refusals_, "its register");
+    register_refusals_ = {};
     registering_ = false;
     link_.needs_register = false;
     impl_.AdoptRegion(link_, h);
@@ -910,6 +941,7 @@ class PsClient::Impl::LinkRunner {
       std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
   bool registering_ = false;      // a register is due or in flight: parts wait for its reply
   bool register_unsent_ = false;  // ... and it has not gone out yet
+  LogRefusals register_refusals_;  // of the register in flight, by the server's log
   uint64_t register_sub_ = 0;     // the sub id of the register in flight
   int recoveries_ = 0;
   bool log_refused_ = false;                // the server's log refuses parts: warned once, until it takes one

@@ -51,7 +51,9 @@
 // then backing off to `probe_every`, with one warning when the refusals start and one line when
 // the server takes the part. A part the log keeps refusing for `server_wait` fails with the
 // server's error (kIoError) and how long it was refused. A push is thus never half taken because
-// the server's disk filled between two of its parts.
+// the server's disk filled between two of its parts. The register sent after a restart is
+// retried the same way: a restarted server logs the return of a worker it counts as dead, and a
+// full disk there holds the worker's operations (for up to `server_wait`) instead of failing them.
 //
 // Shared memory (same host; options.shared_memory). At register the client asks each server for
 // a region (common/shm_region.h) and says which machine it runs on (boot id); a server on the

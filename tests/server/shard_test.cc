@@ -2024,6 +2024,41 @@ TEST_F(ShardLogFailure, APushTheLogKeepsRefusingFailsAfterServerWaitNamingTheLog
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// A worker that a restarted server counts as dead rejoins by its register, and the server logs
+// its return. With the disk full that register is refused by the log: the client sends it again,
+// backing off, and the push waiting behind it waits instead of failing (as a refused push part
+// would); once there is room the register and then the push are taken, the push once.
+TEST_F(ShardLogFailure, ARejoiningRegisterTheLogCannotTakeIsSentAgainAndThePushBehindItWaits) {
+  ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
+  const uint64_t msgs = (layout_.ServerChunks(0).size() + 3) / 4;
+  shards_[0]->MarkWorkerGone(0, /*finished=*/false);
+  std::vector<float> w(n_);
+  ASSERT_TRUE(c_->Wait(c_->Pull(w, 1), 5000ms).ok());  // a served pull: the loop logged worker 0 dead
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o_, &rep);
+  const uint64_t applied = fresh->Stats().pushes_applied;
+  ShardServer* restarted = fresh.get();
+  const std::string address = Serve(std::move(fresh), "shard0-restarted");
+  const auto refusals = [restarted] {
+    return restarted->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kLogWrite)];
+  };
+  {
+    ScopedEnv scoped(&env_);
+    env_.FillDiskAfter(0);
+    ASSERT_TRUE(c_->SetServerAddress(0, address).ok());
+    const RequestId id = c_->Push(Grad(n_, 0, 1), 1);
+    for (int i = 0; i < 500 && refusals() < 3; ++i) std::this_thread::sleep_for(10ms);  // bounded: 5 s
+    EXPECT_GE(refusals(), 3u) << "the client did not send the refused register again";
+    EXPECT_EQ(c_->Wait(id, 1ms).code(), StatusCode::kTimeout) << "the push ended while the log refused the register";
+    EXPECT_EQ(restarted->Stats().pushes_applied, applied);
+    env_.FillDiskAfter(-1);  // room again
+    const Status s = c_->Wait(id, 5000ms);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(restarted->Stats().pushes_applied, applied + msgs) << "each message of the push taken once";
+  ASSERT_TRUE(c_->Wait(c_->Push(Grad(n_, 0, 2), 2), 5000ms).ok());
+}
+
 // A failed fsync of the log leaves the shard unable to promise anything: it stops as a crash
 // would. The push that found the failure goes unanswered (its client would resend it to the
 // restarted server), the loop ends with an error naming the log, and the shard recovered from its
