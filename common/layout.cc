@@ -133,6 +133,25 @@ std::vector<int32_t> ParamLayout::ChunksInRange(int64_t begin, int64_t end) cons
   return ids;
 }
 
+int64_t FactorWireFloats(const ParamLayout& layout, int tensor, int64_t batch, int* servers) {
+  const TensorSpec& t = layout.tensors()[static_cast<size_t>(tensor)];
+  DP_CHECK(t.shape.size() >= 2);
+  const int64_t in = t.numel() / t.shape[0], begin = layout.tensor_flat_offset(tensor);
+  int64_t floats = 0;
+  int last_server = -1, holders = 0;  // chunks ascend by flat offset, so a tensor's servers ascend too
+  for (int32_t id : layout.ChunksInRange(begin, begin + t.numel())) {
+    const Chunk& c = layout.chunk(id);
+    floats += batch * RowsOf(c, in).rows;
+    if (c.server != last_server) {
+      floats += batch * in;
+      ++holders;
+    }
+    last_server = c.server;
+  }
+  if (servers != nullptr) *servers = holders;
+  return floats;
+}
+
 int ParamLayout::TensorIndex(const std::string& name) const {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (tensors_[i].name == name) return static_cast<int>(i);

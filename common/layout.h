@@ -90,6 +90,14 @@ class ParamLayout {
   uint64_t hash_ = 0;
 };
 
+// Floats on the wire when a push sends the gradient of tensor `tensor` (an inner-product weight,
+// out × in, rank >= 2) as sufficient factors of batch `batch` (docs/factors.md): per chunk,
+// batch × the rows it touches (a row cut by a chunk boundary goes with both chunks), and per
+// server holding some of the tensor, the layer's input activations, batch × in, once. With many
+// servers the activations' copies can outweigh the gradient itself. `servers`, when given, gets
+// how many servers hold some of the tensor.
+int64_t FactorWireFloats(const ParamLayout& layout, int tensor, int64_t batch, int* servers = nullptr);
+
 // The layout hash a multi-model run's processes compare at rendezvous (server/model_host.h):
 // one layout's own hash, or for K > 1 a hash of every model's layout hash in model-id order.
 uint64_t CombinedLayoutHash(std::span<const ParamLayout> layouts);

@@ -12,7 +12,6 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -1193,20 +1192,12 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
 uint64_t FactorPushPayloadBytes(const ParamLayout& layout, std::span<const FactorTensor> factors) {
   std::vector<int64_t> batch_of(layout.tensors().size(), 0);
   for (const FactorTensor& f : factors) batch_of.at(static_cast<size_t>(f.tensor)) = f.batch;
-  std::set<std::pair<int32_t, int32_t>> activations;  // (tensor, server)
-  uint64_t bytes = 0;
-  for (const Chunk& c : layout.chunks()) {
-    const int64_t b = batch_of[static_cast<size_t>(c.tensor)];
-    if (b == 0) {
-      bytes += static_cast<uint64_t>(c.count) * sizeof(float);
-      continue;
-    }
-    const TensorSpec& t = layout.tensors()[static_cast<size_t>(c.tensor)];
-    const int64_t in = t.numel() / t.shape[0];
-    bytes += static_cast<uint64_t>(b * RowsOf(c, in).rows) * sizeof(float);
-    if (activations.insert({c.tensor, c.server}).second) bytes += static_cast<uint64_t>(b * in) * sizeof(float);
+  uint64_t floats = 0;
+  for (size_t t = 0; t < batch_of.size(); ++t) {
+    floats += static_cast<uint64_t>(batch_of[t] > 0 ? FactorWireFloats(layout, static_cast<int>(t), batch_of[t])
+                                                    : layout.tensors()[t].numel());
   }
-  return bytes;
+  return floats * sizeof(float);
 }
 
 RequestId PsClient::Pull(std::span<float> flat_weights_out, int64_t clock) {

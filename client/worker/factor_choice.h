@@ -1,6 +1,8 @@
 // factor_choice.h — which inner-product weights a worker pushes as sufficient factors
-// (compression.factors; docs/factors.md): those whose δ (B×out) and a (B×in) are fewer floats
-// than dW (out×in) at the run's batch B. Factors replace the gradient of ONE step, so a run
+// (compression.factors; docs/factors.md): those whose factors are fewer floats on the wire than
+// dW (out×in) at the run's batch B: δ (B×out) plus a (B×in) once per server holding rows of the
+// weight (FactorWireFloats, common/layout.h), so with many servers a layer whose single copy
+// would pay can stay dense. Factors replace the gradient of ONE step, so a run
 // that accumulates several local steps (push_every > 1), clips the global gradient norm
 // (solver.clip_gradients) or has no parameter servers sends dense gradients instead.
 //
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "client/engine/net.h"
+#include "common/layout.h"
 
 namespace downpour::worker {
 
@@ -22,7 +25,7 @@ struct FactorChoiceInput {
 };
 
 // Tensor indices (into net.param_specs(), ascending) to pass to Net::SetFactoredParams; empty
-// when factors are off or none pays at net.batch_size().
-std::vector<int> ChooseFactoredTensors(const engine::Net& net, const FactorChoiceInput& in);
+// when factors are off or none pays at net.batch_size() over `layout` (the net's tensors).
+std::vector<int> ChooseFactoredTensors(const engine::Net& net, const ParamLayout& layout, const FactorChoiceInput& in);
 
 }  // namespace downpour::worker

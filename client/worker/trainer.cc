@@ -119,7 +119,7 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
   if (channel_ == nullptr || o_.easgd) history_.assign(net_->params().size(), 0.0f);
   if (o_.easgd) center_.assign(net_->params().size(), 0.0f);
   const std::vector<int> factored = ChooseFactoredTensors(
-      *net_, FactorChoiceInput{o_.factors && !o_.easgd, o_.worker.push_every, o_.solver.clip_gradients,
+      *net_, *layout_, FactorChoiceInput{o_.factors && !o_.easgd, o_.worker.push_every, o_.solver.clip_gradients,
                                channel_ != nullptr && !o_.easgd, o_.worker_id});
   DP_CHECK(net_->SetFactoredParams(factored).ok());  // inner-product weights by construction
   factors_on_ = !factored.empty();

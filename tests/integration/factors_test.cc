@@ -398,17 +398,66 @@ TEST(FactorTraining, PushEveryAboveOneFallsBackToDenseWithOneLine) {
   no.batch = 8;
   std::unique_ptr<engine::Net> net;
   ASSERT_TRUE(engine::Net::Create(MlpSpec(), no, &net).ok());
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build(net->param_specs(), 2, 3000, &layout).ok());
   auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(100);
   spdlog::default_logger()->sinks().push_back(sink);
-  const std::vector<int> chosen = worker::ChooseFactoredTensors(*net, {true, 2, -1, true, 3});
-  const std::vector<int> clipped = worker::ChooseFactoredTensors(*net, {true, 1, 10.0, true, 3});
-  const std::vector<int> on = worker::ChooseFactoredTensors(*net, {true, 1, -1, true, 3});
+  const std::vector<int> chosen = worker::ChooseFactoredTensors(*net, layout, {true, 2, -1, true, 3});
+  const std::vector<int> clipped = worker::ChooseFactoredTensors(*net, layout, {true, 1, 10.0, true, 3});
+  const std::vector<int> on = worker::ChooseFactoredTensors(*net, layout, {true, 1, -1, true, 3});
   spdlog::default_logger()->sinks().pop_back();
   EXPECT_TRUE(chosen.empty());
   EXPECT_TRUE(clipped.empty());
   EXPECT_EQ(on, (std::vector<int>{0, 2}));
   EXPECT_EQ(CountLines(sink->last_formatted(), "push_every > 1"), 1);
   EXPECT_EQ(CountLines(sink->last_formatted(), "clip_gradients"), 1);
+}
+
+// The choice counts what goes on the wire: a to every server holding rows of the weight. fc1
+// (128×256, 32,768 floats) at batch 8 has 8×(128+256) = 3,072 floats of factors, but over 24
+// servers of ~1,726 floats it is held by 19 of them, and 19 copies of a (19×2,048) outweigh dW:
+// dense, with one line naming the servers. fc2 (64×128) on 5 servers still pays; fc3 (4×64)
+// never does. FactorWireFloats counts as FactorPushPayloadBytes does.
+TEST(FactorTraining, AWeightSpreadOverManyServersStaysDenseWhenTheActivationsCopiesOutweighIt) {
+  engine::NetOptions no;
+  no.batch = 8;
+  std::unique_ptr<engine::Net> net;
+  ASSERT_TRUE(engine::Net::Create(MlpSpec(), no, &net).ok());
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build(net->param_specs(), 24, 3000, &layout).ok());
+  int fc1_servers = 0, fc2_servers = 0;
+  const int64_t fc1 = FactorWireFloats(layout, 0, 8, &fc1_servers), fc2 = FactorWireFloats(layout, 2, 8, &fc2_servers);
+  EXPECT_EQ(fc1_servers, 19);
+  EXPECT_EQ(fc2_servers, 5);
+  EXPECT_GT(fc1, 128 * 256);
+  EXPECT_LT(fc2, 64 * 128);
+  // Counted by hand: each chunk's δ rows (rows cut by a chunk boundary in both) plus a per server.
+  for (const auto& [t, servers, floats] : {std::tuple{0, fc1_servers, fc1}, std::tuple{2, fc2_servers, fc2}}) {
+    const TensorSpec& spec = layout.tensors()[static_cast<size_t>(t)];
+    const int64_t in = spec.shape[1], begin = layout.tensor_flat_offset(t);
+    int64_t expect = 8 * in * servers;
+    for (int32_t id : layout.ChunksInRange(begin, begin + spec.numel())) {
+      const Chunk& c = layout.chunk(id);
+      expect += 8 * ((c.tensor_offset + c.count - 1) / in - c.tensor_offset / in + 1);
+    }
+    EXPECT_EQ(floats, expect) << spec.name;
+  }
+  const std::vector<FactorTensor> both{{0, 8}, {2, 8}};
+  EXPECT_EQ(FactorPushPayloadBytes(layout, both), 4u * static_cast<uint64_t>(layout.total_elems() - 128 * 256 - 64 * 128 + fc1 + fc2));
+
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(100);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const std::vector<int> on = worker::ChooseFactoredTensors(*net, layout, {true, 1, -1, true, 3});
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(on, (std::vector<int>{2}));
+  EXPECT_EQ(CountLines(sink->last_formatted(),
+                       fmt::format("'fc1.weight' (128×256) pushed dense: 19 servers hold it, and its factors at batch 8 "
+                                   "with a to each of them would be {} floats, dW is 32768", fc1)),
+            1);
+  EXPECT_EQ(CountLines(sink->last_formatted(), "'fc2.weight' (64×128) pushed as sufficient factors: δ 8×64 and a 8×128 "
+                                               "to each of the 5 server(s) holding it"),
+            1);
+  EXPECT_EQ(CountLines(sink->last_formatted(), "'fc3.weight' (4×64) pushed dense: its factors at batch 8 would be"), 1);
 }
 
 // ---------------------------------------------------------------------------------------------
