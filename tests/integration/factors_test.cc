@@ -1209,6 +1209,26 @@ TEST(FactorBytes, AlexNetAtBatch128WithTwoServers) {
   EXPECT_GE(static_cast<double>(fashion.dense) / static_cast<double>(fashion.factored), 8.0);
 }
 
+// AlexNet (1000 classes, batch 128, 1 Mi-float chunks) over many servers: fc6 is held by 41 of 64
+// servers and by 81 of 128, and those copies of a outweigh its gradient. The scaling model counts
+// the same floats (tests/tools/test_scaling.py,
+// test_factors_at_many_servers_go_dense_where_the_activations_copies_outweigh_the_gradient).
+TEST(FactorBytes, AlexNetsFc6OverManyServersCostsMoreAsFactorsThanDense) {
+  struct Case {
+    int servers;
+    int fc6_holders;
+    int64_t fc6_floats;
+  };
+  for (const Case& k : {Case{2, 2, 2888192}, Case{64, 41, 48894976}, Case{128, 81, 96086016}}) {
+    ParamLayout layout;
+    ASSERT_TRUE(ParamLayout::Build(AlexNetTensorSpecs(), k.servers, kDefaultChunkElems, &layout).ok());
+    const int fc6 = layout.TensorIndex("fc6.weight");
+    int holders = 0;
+    EXPECT_EQ(FactorWireFloats(layout, fc6, 128, &holders), k.fc6_floats) << k.servers;
+    EXPECT_EQ(holders, k.fc6_holders) << k.servers;
+  }
+}
+
 TEST(FactorBytes, PayloadBytesCountDeltaRowsPerChunkAndTheActivationsOncePerServer) {
   ParamLayout layout;
   ASSERT_TRUE(ParamLayout::Build({{"w", {6, 5}, 1, 1}, {"b", {6}, 1, 1}}, 2, 8, &layout).ok());

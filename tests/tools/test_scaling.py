@@ -156,6 +156,18 @@ class AlexNetBytes(unittest.TestCase):
         self.assertFalse(layers["fc2"].factored)
         self.assertEqual(layers["fc2"].push, 10 * 256 * 4)
 
+    def test_factors_at_many_servers_go_dense_where_the_activations_copies_outweigh_the_gradient(self):
+        """The worker's rule (client/worker/factor_choice.h): the same floats as FactorWireFloats
+        (tests/integration/factors_test.cc, FactorBytes.AlexNetsFc6OverManyServersCostsMoreAsFactorsThanDense)."""
+        tensors = alexnet()
+        fc6 = next(i for i, t in enumerate(tensors) if t.name == "fc6.weight")
+        for servers, holders, floats in ((2, 2, 2888192), (64, 41, 48894976), (128, 81, 96086016)):
+            mine = [c for c in sc.layout_chunks(tensors, servers) if c.tensor == fc6]
+            self.assertEqual(sc.factor_plan(tensors[fc6], mine, 128), (floats, holders), servers)
+        layers = sc.step_bytes(tensors, {}, 64, 128, sc.parse_codec("factors"))
+        self.assertEqual([k for k, lb in layers.items() if lb.factored], ["fc7", "fc8"])
+        self.assertEqual(push_bytes("factors", servers=128), push_bytes("fp32", servers=128))
+
     def test_only_inner_products_are_factored(self):
         tensors = sc.parse_tensors("emb.weight 4096x4096 1 1\n", "t")
         layers = sc.step_bytes(tensors, {"emb": "Embedding"}, 1, 8, sc.parse_codec("factors"))
