@@ -1,9 +1,16 @@
 // lmdb_io.cc — LMDB environment, per-thread read transactions, batched writer.
 #include "data/lmdb_io.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace downpour::data {
 namespace {
@@ -76,6 +83,87 @@ Status CheckFileHoldsEveryPage(MDB_env* env, const std::string& path, uint64_t s
 
 }  // namespace
 
+// The file an MDB_env maps: data.mdb's device and inode (two paths to one database are one).
+using FileId = std::pair<uint64_t, uint64_t>;
+
+struct SharedMdbEnv {
+  FileId file;
+  MDB_env* env = nullptr;
+  MDB_dbi dbi = 0;
+};
+
+namespace {
+
+// The process's open read-only environments (lmdb_io.h: one MDB_env per database file). A
+// process-wide table on purpose, the one exception to "no mutable globals": the rule it keeps is
+// LMDB's, and it is the process's. An entry stays from the environment's open until its close;
+// an open that finds an entry whose last user is closing it waits for the close, so the file is
+// never open twice, not even for a moment (closing drops every lock the process holds on it).
+struct OpenEnvs {
+  std::mutex mu;
+  std::condition_variable closed;
+  std::map<FileId, std::weak_ptr<SharedMdbEnv>> by_file;
+};
+
+OpenEnvs& Envs() {
+  static OpenEnvs* envs = new OpenEnvs;  // never destroyed: an LmdbEnv may outlive static destruction
+  return *envs;
+}
+
+// Closes the environment under the table's mutex, so no open of the same file runs meanwhile.
+void CloseShared(SharedMdbEnv* s) {
+  OpenEnvs& envs = Envs();
+  {
+    std::lock_guard<std::mutex> lock(envs.mu);
+    if (s->env != nullptr) mdb_env_close(s->env);
+    envs.by_file.erase(s->file);
+  }
+  envs.closed.notify_all();
+  delete s;
+}
+
+// Opens `path` (data.mdb's directory) read-only. Caller holds the table's mutex.
+Status OpenShared(const std::string& path, uint64_t size, FileId file, std::shared_ptr<SharedMdbEnv>* out) {
+  auto* raw = new SharedMdbEnv;
+  raw->file = file;
+  int rc = mdb_env_create(&raw->env);
+  if (rc != 0) {
+    delete raw;
+    return LmdbError(rc, path, "mdb_env_create");
+  }
+  mdb_env_set_maxreaders(raw->env, 1024);
+  // MDB_NOTLS: read transactions are tied to our ReadTxn objects, not to OS threads.
+  rc = mdb_env_open(raw->env, path.c_str(), MDB_RDONLY | MDB_NOTLS, 0664);
+  if (rc == EACCES || rc == EROFS) {
+    // A dataset on a read-only mount cannot take the lock file; readers need no lock as long
+    // as nobody writes the dataset while it is read (datasets are immutable once converted).
+    mdb_env_close(raw->env);
+    mdb_env_create(&raw->env);
+    rc = mdb_env_open(raw->env, path.c_str(), MDB_RDONLY | MDB_NOTLS | MDB_NOLOCK, 0664);
+  }
+  Status s = rc != 0 ? LmdbError(rc, path, "mdb_env_open") : CheckFileHoldsEveryPage(raw->env, path, size);
+  MDB_txn* txn = nullptr;
+  if (s.ok()) {
+    rc = mdb_txn_begin(raw->env, nullptr, MDB_RDONLY, &txn);
+    if (rc != 0) s = LmdbError(rc, path, "mdb_txn_begin");
+  }
+  if (s.ok()) {
+    rc = mdb_dbi_open(txn, nullptr, 0, &raw->dbi);
+    mdb_txn_abort(txn);
+    if (rc != 0) s = LmdbError(rc, path, "mdb_dbi_open");
+  }
+  if (!s.ok()) {
+    mdb_env_close(raw->env);
+    delete raw;
+    return s;
+  }
+  // Registered before the caller lets go of the mutex; removed again by CloseShared.
+  *out = std::shared_ptr<SharedMdbEnv>(raw, CloseShared);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status LmdbEnv::OpenReadOnly(const std::string& path, std::unique_ptr<LmdbEnv>* out) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -87,51 +175,48 @@ Status LmdbEnv::OpenReadOnly(const std::string& path, std::unique_ptr<LmdbEnv>* 
         path);
   }
   const std::string data_file = (fs::path(path) / "data.mdb").string();
-  if (!fs::exists(data_file, ec)) {
-    return NotFound("LMDB {}: not an LMDB (no data.mdb in the directory)", path);
+  struct stat st {};
+  if (::stat(data_file.c_str(), &st) != 0) {
+    if (errno == ENOENT) return NotFound("LMDB {}: not an LMDB (no data.mdb in the directory)", path);
+    return IoError("LMDB {}: cannot stat data.mdb: {}", path, std::strerror(errno));
   }
-  const uint64_t size = fs::file_size(data_file, ec);
-  if (ec) return IoError("LMDB {}: cannot stat data.mdb: {}", path, ec.message());
+  const auto size = static_cast<uint64_t>(st.st_size);
   DP_RETURN_IF_ERROR(CheckMetaPages(path, data_file, size));
+  const FileId file{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
   std::unique_ptr<LmdbEnv> env(new LmdbEnv());
   env->path_ = path;
-  int rc = mdb_env_create(&env->env_);
-  if (rc != 0) return LmdbError(rc, path, "mdb_env_create");
-  mdb_env_set_maxreaders(env->env_, 1024);
-  // MDB_NOTLS: read transactions are tied to our ReadTxn objects, not to OS threads.
-  rc = mdb_env_open(env->env_, path.c_str(), MDB_RDONLY | MDB_NOTLS, 0664);
-  if (rc == EACCES || rc == EROFS) {
-    // A dataset on a read-only mount cannot take the lock file; readers need no lock as long
-    // as nobody writes the dataset while it is read (datasets are immutable once converted).
-    mdb_env_close(env->env_);
-    mdb_env_create(&env->env_);
-    rc = mdb_env_open(env->env_, path.c_str(), MDB_RDONLY | MDB_NOTLS | MDB_NOLOCK, 0664);
+  {
+    OpenEnvs& envs = Envs();
+    std::unique_lock<std::mutex> lock(envs.mu);
+    while (true) {
+      auto it = envs.by_file.find(file);
+      if (it == envs.by_file.end()) {
+        DP_RETURN_IF_ERROR(OpenShared(path, size, file, &env->shared_));
+        envs.by_file[file] = env->shared_;
+        break;
+      }
+      env->shared_ = it->second.lock();
+      if (env->shared_ != nullptr) break;
+      envs.closed.wait(lock);  // its last user is closing it
+    }
   }
-  if (rc != 0) return LmdbError(rc, path, "mdb_env_open");
-  DP_RETURN_IF_ERROR(CheckFileHoldsEveryPage(env->env_, path, size));
+  // The entry count of this open (another process may have added records since the first).
   MDB_txn* txn = nullptr;
-  rc = mdb_txn_begin(env->env_, nullptr, MDB_RDONLY, &txn);
+  int rc = mdb_txn_begin(env->env(), nullptr, MDB_RDONLY, &txn);
   if (rc != 0) return LmdbError(rc, path, "mdb_txn_begin");
-  rc = mdb_dbi_open(txn, nullptr, 0, &env->dbi_);
-  if (rc != 0) {
-    mdb_txn_abort(txn);
-    return LmdbError(rc, path, "mdb_dbi_open");
-  }
   MDB_stat stat;
-  rc = mdb_stat(txn, env->dbi_, &stat);
-  if (rc != 0) {
-    mdb_txn_abort(txn);
-    return LmdbError(rc, path, "mdb_stat");
-  }
-  env->entries_ = static_cast<int64_t>(stat.ms_entries);
+  rc = mdb_stat(txn, env->dbi(), &stat);
   mdb_txn_abort(txn);
+  if (rc != 0) return LmdbError(rc, path, "mdb_stat");
+  env->entries_ = static_cast<int64_t>(stat.ms_entries);
   *out = std::move(env);
   return Status::Ok();
 }
 
-LmdbEnv::~LmdbEnv() {
-  if (env_ != nullptr) mdb_env_close(env_);
-}
+LmdbEnv::~LmdbEnv() = default;
+
+MDB_env* LmdbEnv::env() const { return shared_->env; }
+MDB_dbi LmdbEnv::dbi() const { return shared_->dbi; }
 
 Status ReadTxn::Begin(const LmdbEnv* env, std::unique_ptr<ReadTxn>* out) {
   std::unique_ptr<ReadTxn> t(new ReadTxn());

@@ -6,9 +6,17 @@
 // create one ReadTxn per thread. Values returned by ReadTxn point into the memory map and
 // stay valid until that ReadTxn's next call or its destruction.
 //
-// Thread-safety: LmdbEnv is safe to share (const use). ReadTxn and LmdbWriter are
-// single-thread objects. Ownership: LmdbEnv owns the MDB_env; ReadTxn owns its txn + cursor
-// and must not outlive its env; LmdbWriter owns its env and write transaction.
+// LMDB's other rule: a database may not be opened twice in one process at the same time (its
+// lock file's locks are per process, so a second MDB_env takes the file for unused and
+// re-initialises the reader table under the first one's readers; closing either drops the
+// other's locks). So every LmdbEnv of one data.mdb (by device and inode, whatever path names
+// it) shares one MDB_env, opened by the first and closed with the last; two loaders of one
+// LMDB, or a loader and an entry count, read side by side.
+//
+// Thread-safety: LmdbEnv is safe to share (const use), and OpenReadOnly and ~LmdbEnv may run on
+// any threads (the process's table of open environments has its own mutex). ReadTxn and
+// LmdbWriter are single-thread objects. Ownership: LmdbEnv shares the MDB_env; ReadTxn owns its
+// txn + cursor and must not outlive its env; LmdbWriter owns its env and write transaction.
 #pragma once
 
 #include <lmdb.h>
@@ -22,6 +30,8 @@
 
 namespace downpour::data {
 
+struct SharedMdbEnv;  // lmdb_io.cc: one open MDB_env of one database file
+
 class LmdbEnv {
  public:
   // Opens an existing LMDB directory read-only. A missing path or a directory without
@@ -34,16 +44,15 @@ class LmdbEnv {
   LmdbEnv(const LmdbEnv&) = delete;
   LmdbEnv& operator=(const LmdbEnv&) = delete;
 
-  const std::string& path() const { return path_; }
-  int64_t entries() const { return entries_; }  // records in the main database
-  MDB_env* env() const { return env_; }
-  MDB_dbi dbi() const { return dbi_; }
+  const std::string& path() const { return path_; }  // as given to OpenReadOnly
+  int64_t entries() const { return entries_; }      // records in the main database, at the open
+  MDB_env* env() const;                             // shared with every other open of the file
+  MDB_dbi dbi() const;
 
  private:
   LmdbEnv() = default;
   std::string path_;
-  MDB_env* env_ = nullptr;
-  MDB_dbi dbi_ = 0;
+  std::shared_ptr<SharedMdbEnv> shared_;
   int64_t entries_ = 0;
 };
 
