@@ -304,8 +304,9 @@ TEST_F(ModelHostTest, AFailedLogStopsTheHostAndEveryModelComesBackFromItsLog) {
   {
     ScopedEnv scoped(&env);
     env.FailFsync(EIO);
+    const std::vector<float> g(Floats(1), 0.25f);  // the client borrows it while the push is open
     auto c = Client(1, 0);
-    const RequestId id = c->Push(std::vector<float>(Floats(1), 0.25f), 1);
+    const RequestId id = c->Push(g, 1);
     EXPECT_EQ(c->Wait(id, 500ms).code(), StatusCode::kTimeout) << "the push that found the failure was answered";
     for (auto& h : hosts_) {
       for (int i = 0; i < 500 && !h->log_failed(); ++i) std::this_thread::sleep_for(10ms);  // bounded: 5 s

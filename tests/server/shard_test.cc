@@ -1981,7 +1981,8 @@ TEST_F(ShardLogFailure, APushTheLogCannotTakeIsRefusedUnappliedSentAgainAndTaken
   {
     ScopedEnv scoped(&env_);
     env_.FillDiskAfter(100);
-    const RequestId id = c_->Push(Grad(n_, 0, 1), 1);
+    const std::vector<float> g = Grad(n_, 0, 1);  // the client borrows it until the push ends
+    const RequestId id = c_->Push(g, 1);
     for (int i = 0; i < 500 && refusals() < 3; ++i) std::this_thread::sleep_for(10ms);  // bounded: 5 s
     EXPECT_GE(refusals(), 3u) << "the client did not send the refused push again";
     EXPECT_EQ(shards_[0]->Stats().pushes_applied, applied) << "a refused push was applied";
@@ -2046,7 +2047,8 @@ TEST_F(ShardLogFailure, ARejoiningRegisterTheLogCannotTakeIsSentAgainAndThePushB
     ScopedEnv scoped(&env_);
     env_.FillDiskAfter(0);
     ASSERT_TRUE(c_->SetServerAddress(0, address).ok());
-    const RequestId id = c_->Push(Grad(n_, 0, 1), 1);
+    const std::vector<float> g = Grad(n_, 0, 1);  // the client borrows it until the push ends
+    const RequestId id = c_->Push(g, 1);
     for (int i = 0; i < 500 && refusals() < 3; ++i) std::this_thread::sleep_for(10ms);  // bounded: 5 s
     EXPECT_GE(refusals(), 3u) << "the client did not send the refused register again";
     EXPECT_EQ(c_->Wait(id, 1ms).code(), StatusCode::kTimeout) << "the push ended while the log refused the register";
@@ -2066,10 +2068,11 @@ TEST_F(ShardLogFailure, ARejoiningRegisterTheLogCannotTakeIsSentAgainAndThePushB
 TEST_F(ShardLogFailure, AFailedLogFsyncStopsTheServerLikeACrashAndItsLogStillRecovers) {
   ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
   const uint64_t applied = shards_[0]->Stats().pushes_applied;
+  const std::vector<float> g = Grad(n_, 0, 1);  // borrowed by the client: its push stays open to the end
   {
     ScopedEnv scoped(&env_);
     env_.FailFsync(EIO);
-    const RequestId id = c_->Push(Grad(n_, 0, 1), 1);
+    const RequestId id = c_->Push(g, 1);
     for (int i = 0; i < 500 && !shards_[0]->log_failed(); ++i) std::this_thread::sleep_for(10ms);  // bounded: 5 s
     ASSERT_TRUE(shards_[0]->log_failed());
     const Status joined = shards_[0]->Join();  // its loop ended by itself
@@ -2088,6 +2091,7 @@ TEST_F(ShardLogFailure, AFailedLogFsyncStopsTheServerLikeACrashAndItsLogStillRec
   EXPECT_EQ(rep.replayed_pushes, 2 * ((layout_.ServerChunks(0).size() + 3) / 4));  // the init and push 0
   ExpectSameShard(*shards_[0], *fresh, 0);
   shards_.clear();  // joined above, with the log's error (TearDown expects clean ends)
+  c_.reset();       // before g goes
 }
 
 }  // namespace
