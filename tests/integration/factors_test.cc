@@ -393,13 +393,18 @@ TEST(FactorTraining, FmnistSmallEqualsTheDenseRun) {
   EXPECT_EQ(CountLines(factored.log, "'fc2.weight' (10×256) pushed dense"), 1);
 }
 
-TEST(FactorTraining, PushEveryAboveOneFallsBackToDenseWithOneLine) {
+// The MLP at batch 8 and its layout over `servers` servers of 3000-float chunks.
+void MlpAtBatch8(int servers, std::unique_ptr<engine::Net>* net, ParamLayout* layout) {
   engine::NetOptions no;
   no.batch = 8;
+  ASSERT_TRUE(engine::Net::Create(MlpSpec(), no, net).ok());
+  ASSERT_TRUE(ParamLayout::Build((*net)->param_specs(), servers, 3000, layout).ok());
+}
+
+TEST(FactorTraining, PushEveryAboveOneFallsBackToDenseWithOneLine) {
   std::unique_ptr<engine::Net> net;
-  ASSERT_TRUE(engine::Net::Create(MlpSpec(), no, &net).ok());
   ParamLayout layout;
-  ASSERT_TRUE(ParamLayout::Build(net->param_specs(), 2, 3000, &layout).ok());
+  ASSERT_NO_FATAL_FAILURE(MlpAtBatch8(2, &net, &layout));
   auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(100);
   spdlog::default_logger()->sinks().push_back(sink);
   const std::vector<int> chosen = worker::ChooseFactoredTensors(*net, layout, {true, 2, -1, true, 3});
@@ -419,12 +424,9 @@ TEST(FactorTraining, PushEveryAboveOneFallsBackToDenseWithOneLine) {
 // dense, with one line naming the servers. fc2 (64×128) on 5 servers still pays; fc3 (4×64)
 // never does. FactorWireFloats counts as FactorPushPayloadBytes does.
 TEST(FactorTraining, AWeightSpreadOverManyServersStaysDenseWhenTheActivationsCopiesOutweighIt) {
-  engine::NetOptions no;
-  no.batch = 8;
   std::unique_ptr<engine::Net> net;
-  ASSERT_TRUE(engine::Net::Create(MlpSpec(), no, &net).ok());
   ParamLayout layout;
-  ASSERT_TRUE(ParamLayout::Build(net->param_specs(), 24, 3000, &layout).ok());
+  ASSERT_NO_FATAL_FAILURE(MlpAtBatch8(24, &net, &layout));
   int fc1_servers = 0, fc2_servers = 0;
   const int64_t fc1 = FactorWireFloats(layout, 0, 8, &fc1_servers), fc2 = FactorWireFloats(layout, 2, 8, &fc2_servers);
   EXPECT_EQ(fc1_servers, 19);
