@@ -128,15 +128,20 @@ def step_ends(worker):
 
 def phase(a_ends, b_ends, step_s):
     """Median distance from each of a's step ends to the nearest of b's, over step_s: 0 = the two
-    workers in lockstep, 0.5 = half a step apart (bench/RESULTS.md §11.4.2). None without steps."""
+    workers in lockstep, 0.5 = half a step apart (bench/RESULTS.md §11.4.2). Only a's ends while b
+    was stepping count (between b's first and last end): before b starts or after it stops the
+    nearest end is no neighbour, and in a short job those would be most of them. None without
+    steps, or when the two never stepped at the same time."""
     if not a_ends or not b_ends or not step_s:
         return None
     out = []
     for t in a_ends:
+        if t < b_ends[0] or t > b_ends[-1]:
+            continue
         i = bisect.bisect_left(b_ends, t)
         near = [abs(t - b_ends[j]) for j in (i - 1, i) if 0 <= j < len(b_ends)]
         out.append(min(near) / step_s)
-    return _median(out)
+    return _median(out) if out else None
 
 
 def workers_phase(workers, rows):

@@ -11,6 +11,9 @@
 #   client/worker/downpour-worker client/worker/downpour-evaluator data/downpour-data bench/ps/downpour-bench-ps"
 #   bench/gpu/pack_for_device.sh build .devcarry
 # There:  [STEPS=40] [BUDGET_S=420] bench/gpu/device_compression.sh .devcarry
+# A dry run here first, on CPU workers (~2.5 minutes on 2 cores; it checks the script and the
+# rows, not the speed): OUT=/tmp/devout UNPACKED=/tmp/downpour-carry2 DEVICE=cpu BATCH=8 STEPS=4
+#   PROFILE=0 TRACE_EVENTS=20000 JOBS=bench/gpu/compression_release.txt bench/gpu/device_compression.sh .devcarry
 # Writes $OUT/rows.tsv (one row per job: images/s from the workers' median steps and from the
 # whole run, median step ms, wire MB per worker step, the server loops' busy / sgd / factor
 # seconds, and the workers' phase: 0 = lockstep, 0.5 = half a step apart), $OUT/<job>.trace.txt (downpour-trace's

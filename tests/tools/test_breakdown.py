@@ -112,3 +112,13 @@ class Phase(unittest.TestCase):
         self.assertIsNone(report.phase([], [1.0], 1.0))
         self.assertIsNone(report.phase([1.0], [1.0], None))
 
+    def test_only_ends_while_the_other_worker_steps_count(self):
+        """Worker b steps only from 3.5 to 7.5 s, half a step out of phase with a: counting a's
+        eight ends outside that span too would have made the median 1.0 steps, not 0.5."""
+        sys.path.insert(0, fab.TOOLS)
+        import downpour_report as report
+        a = [float(k) for k in range(12)]
+        b = [k + 0.5 for k in range(3, 8)]
+        self.assertAlmostEqual(report.phase(a, b, 1.0), 0.5)
+        self.assertIsNone(report.phase([0.0, 1.0], [5.0, 6.0], 1.0), "never stepping at once: no phase")
+
