@@ -18,7 +18,8 @@
 # whole run, median step ms, wire MB per worker step, the server loops' busy / sgd / factor
 # seconds, and the workers' phase: 0 = lockstep, 0.5 = half a step apart), $OUT/<job>.trace.txt (downpour-trace's
 # summary of the job's timelines; TRACE_EVENTS=0 turns them off), $OUT/alexnet-gpu-b128.time.json
-# and $OUT/bench-ps.txt; the jobs' logs, step records and timelines come back as $OUT/jobs.tgz.
+# and $OUT/bench-ps.txt; the jobs' logs, step records and timelines come back as $OUT/jobs.tgz;
+# $OUT/ratios.txt has each compressed job's images/s over the fp32 jobs' on the same link.
 source "$(dirname "$0")/device_env.sh" "${1:-}"
 steps=${STEPS:-40}
 budget=${BUDGET_S:-420}   # no new job starts after this many seconds
@@ -115,3 +116,20 @@ fi
 (cd "$out" && tar -czf logs.tgz ./*.log && rm -f ./*.log)
 cat "$out/summary.txt"
 python3 -c 'import sys; [print("  ".join(f"{c:>16}" for c in l.rstrip("\n").split("\t"))) for l in open(sys.argv[1])]' "$out/rows.tsv"
+# The issue's ratio: each compressed job's images/s (median steps) over the mean of the fp32 jobs
+# on the same link, with the fp32 jobs' spread (they alternate with the others, so a drifting
+# machine shows there); also in $out/ratios.txt.
+python3 - "$out/rows.tsv" <<'PY' | tee "$out/ratios.txt"
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
+ok = [(r[0], float(r[1])) for r in rows if len(r) > 1 and not r[1].startswith("failed")]
+for link in sorted({n.split("-")[1] for n, _ in ok if n.count("-") >= 1}):
+    base = [v for n, v in ok if n.startswith(f"fp32-{link}")]
+    if not base:
+        continue
+    mean = statistics.mean(base)
+    print(f"{link}: fp32 {mean:.0f} img/s (mean of {len(base)} jobs, {min(base):.0f}-{max(base):.0f})")
+    for n, v in ok:
+        if not n.startswith("fp32-") and n.split("-")[1] == link and mean > 0:
+            print(f"  {n}: {v:.0f} img/s = {v / mean:.2f}x fp32 ({v / max(base):.2f}-{v / min(base):.2f}x of single fp32 jobs)")
+PY
