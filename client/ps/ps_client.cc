@@ -816,7 +816,7 @@ class PsClient::Impl::LinkRunner {
       Finish(a, part);
       if (a.first_error.ok()) a.first_error = Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
     } else {
-      NoteLogTakes(part.refusals, What(a));
+      if (part.refusals.count > 0) NoteLogTakes(part.refusals, What(a));  // What() only then: every reply passes here
       Finish(a, part);
       if (o_.on_part_reply) {
         o_.on_part_reply(link_.server, a.op.header.type, part.header.chunk_ids.size(), Seconds(Clock::now() - part.sent_at));
