@@ -1960,6 +1960,11 @@ class ShardLogFailure : public ShardFixture {
     ShardFixture::TearDown();
   }
 
+  // Messages `shard` refused because its log could not take them.
+  static uint64_t LogRefusals(const ShardServer& shard) {
+    return shard.Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kLogWrite)];
+  }
+
   test::FaultEnv env_;  // installed only inside a test's ScopedEnv; TearDown joins the shards first
   ShardOptions o_;
   size_t n_ = 0;
@@ -1975,9 +1980,7 @@ TEST_F(ShardLogFailure, APushTheLogCannotTakeIsRefusedUnappliedSentAgainAndTaken
   ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
   const uint64_t msgs = (layout_.ServerChunks(0).size() + 3) / 4;
   const uint64_t applied = shards_[0]->Stats().pushes_applied;
-  const auto refusals = [this] {
-    return shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kLogWrite)];
-  };
+  const auto refusals = [this] { return LogRefusals(*shards_[0]); };
   {
     ScopedEnv scoped(&env_);
     env_.FillDiskAfter(100);
@@ -2040,9 +2043,7 @@ TEST_F(ShardLogFailure, ARejoiningRegisterTheLogCannotTakeIsSentAgainAndThePushB
   const uint64_t applied = fresh->Stats().pushes_applied;
   ShardServer* restarted = fresh.get();
   const std::string address = Serve(std::move(fresh), "shard0-restarted");
-  const auto refusals = [restarted] {
-    return restarted->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kLogWrite)];
-  };
+  const auto refusals = [restarted] { return LogRefusals(*restarted); };
   {
     ScopedEnv scoped(&env_);
     env_.FillDiskAfter(0);
