@@ -5,9 +5,9 @@
 # SERIAL: its cases run alone (ctest RUN_SERIAL), for tests that time what the machine does and
 # cannot share two cores with a parallel ctest's heavy jobs.
 #
-# Test sources build at -O1 and share one precompiled header (downpour_test_pch, below): on
-# CI's 2 cores the ~70 test files were half of a clean build, most of it -O3 on gtest's
-# macros and re-parsing the same headers. The code under test is the libraries, which keep the
+# Test sources build at -O1 and share one precompiled header (downpour_test_pch, below): the
+# test files were a large part of a clean build, most of it -O3 on gtest's macros and
+# re-parsing the same headers. The code under test is the libraries, which keep the
 # build type's flags (-O3 in Release).
 set(DOWNPOUR_TEST_CXX_FLAGS -O1)
 

@@ -1,9 +1,9 @@
 // buffer_pool.h — large scratch buffers handed out again once nobody holds them.
 //
 // A shard's loop thread makes a fresh multi-MiB buffer for every factor chunk it expands and for
-// every chunk of an fp16 / bf16 pull reply. Allocating them per message cost a server a quarter
-// of its CPU in a factored AlexNet job with fp16 pulls: zero-filling each buffer, and the page
-// faults and munmaps of malloc's thread arenas (perf, bench/RESULTS.md §11.5.5). A BufferPool
+// every chunk of an fp16 / bf16 pull reply. Allocating them per message cost a server a large
+// share of its CPU in a factored AlexNet job with fp16 pulls: zero-filling each buffer, and the
+// page faults and munmaps of malloc's thread arenas (perf, bench/RESULTS.md §11.5.5). A BufferPool
 // keeps such buffers and hands one out again once the pool holds the only reference to it:
 // a frame that borrows it (Frame::Borrow with the shared_ptr as keepalive) keeps it out of the
 // pool until the transport and the handler are done with it, on whatever thread they release it.

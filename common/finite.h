@@ -18,7 +18,8 @@ inline constexpr uint32_t kF32InfBits = 0x7f800000u;
 
 // The largest magnitude among n values of unsigned type U (the bits of f32, f16 or bf16) stored
 // at src at any alignment, as bits with the sign bit cleared. An integer max, so it vectorises
-// (a bool OR per element did not: 2.5 GB/s) and NaN cannot hide (its pattern is above inf's).
+// (a bool OR per element did not; bench/RESULTS.md §11.7) and NaN cannot hide (its pattern is
+// above inf's).
 template <typename U>
 U MaxMagnitudeBits(const std::byte* src, size_t n) {
   constexpr U kMagnitude = static_cast<U>(static_cast<U>(~U{0}) >> 1);

@@ -5,8 +5,8 @@
 // server holds within one float of N/S, even when one tensor such as fc6 (4096x9216 = 37.7M
 // floats) is larger than a server's share), and each server range is cut into chunks that
 // never straddle a tensor boundary or a server boundary and hold at most chunk_elems floats.
-// A chunk is the unit of the wire: one payload frame per chunk (DESIGN.md: frames must stay a
-// few MiB; the default 1<<20 floats = 4 MiB).
+// A chunk is the unit of the wire: one payload frame per chunk (frames must stay a few MiB,
+// docs/config.md `cluster.chunk_elems`; the default 1<<20 floats = 4 MiB).
 //
 // The layout is a pure function of (specs, servers, chunk_elems); every process computes the
 // same one, and Hash() (names, shapes, S, chunk_elems and all chunks) is compared at

@@ -9,8 +9,8 @@
 // (finish = max(last finish, now - burst) + bytes / rate). Without it, a lone sender whose next
 // message is handed over a little after the previous one's finish time (a wake-up late by a
 // scheduler tick on a busy host, a poll rounded up to its millisecond) loses that gap on every
-// message: with no burst 3.66 Gbit/s measured for a set 4 (4 MiB frames, 2 busy cores), 1 ms:
-// 3.65-3.97, 5 ms (the default): 3.92-4.02.
+// message and falls short of `gbps`; with the default burst the measured rate is the set one
+// (bench/RESULTS.md §11.7, "Rate limiter").
 // Over any span of back-to-back sends the rate is `gbps` to within one burst of link time, not a
 // sum of per-message jitter. Latency, ingress limits and switch contention are not modelled
 // (docs/emulated_links.md).

@@ -1,5 +1,6 @@
 // shm_region.h — a shared-memory region one server offers one worker on the same host, so
-// payloads skip the socket (DESIGN.md: "shared memory on one host"; ps_client.h, shard.h).
+// payloads skip the socket (docs/architecture.md "The wire format": "Same host: shared memory";
+// ps_client.h, shard.h).
 //
 //   Server: SharedRegion::Create("downpour-s0-w1", payload_bytes, &region);
 //           reply carries region->path() ("/proc/<pid>/fd/<fd>"), region->bytes(), region->nonce()

@@ -41,7 +41,7 @@ struct ConvertReport {
 std::vector<std::string> ShardPaths(const std::string& out, int shards);
 
 // How convert-idx shapes its records. The defaults keep the IDX images as they are (raw
-// 1 x rows x cols); the ImageNet-shaped variant AlexNet trains on (README "AlexNet") is
+// 1 x rows x cols); the ImageNet-shaped variant AlexNet trains on (docs/alexnet.md) is
 // resize = 256, channels = 3, encoded = "jpg".
 struct IdxOptions {
   int resize = 0;            // bilinear resize to resize x resize (as convert-folder); 0 = keep

@@ -1,5 +1,6 @@
-// consistency.h — consistency control of a shard as a pluggable policy object (DESIGN.md
-// "Consistency"): async (Downpour), sync (BSP with optional backup workers) and ssp:s.
+// consistency.h — consistency control of a shard as a pluggable policy object
+// (docs/architecture.md "Consistency policies"): async (Downpour), sync (BSP with optional
+// backup workers) and ssp:s.
 //
 // The shard validates every message first (shard.cc) and then asks the policy:
 //  * CheckPush — may this push be taken at all (all chunks are checked before any is touched);

@@ -1,5 +1,5 @@
-// coordinator.h — the run's one well-known endpoint (DESIGN.md "Coordinator"): rendezvous,
-// membership by heartbeats, clocks, shutdown broadcast.
+// coordinator.h — the run's one well-known endpoint (docs/architecture.md "The processes of a
+// job"): rendezvous, membership by heartbeats, clocks, shutdown broadcast.
 //
 //  * register: servers register with their --id and address, workers with the id they ask for
 //    or -1: then the next of 0..W-1 never registered, and once those are all taken the lowest

@@ -26,11 +26,9 @@ void FormRows(RowSpan r, int64_t in, int64_t batch, const float* delta, const fl
 
 // Each sgemm on one thread. Outside a parallel region dnnl takes the calling thread's OpenMP team
 // size, by default nproc, and on a host whose other cores run workers that team spends its time
-// waiting for them at its barriers. Measured on the 2-core VM (fmnist_small, S = 2, W = 1,
-// factors + fp16 pulls, 10 Gbit/s): the servers' CPU per worker step 25.5 ms with the default
-// team, 8.2 ms with one thread (bench/RESULTS.md §11.5). omp_set_num_threads sets the calling
-// thread's own team size only; inside the chunks' parallel loop dnnl runs each sgemm on the
-// thread that calls it.
+// waiting for them at its barriers: the servers' CPU per worker step was far more than with one
+// thread (bench/RESULTS.md §11.5.1). omp_set_num_threads sets the calling thread's own team size
+// only; inside the chunks' parallel loop dnnl runs each sgemm on the thread that calls it.
 void OneThreadPerSgemm() {
   static thread_local const bool one_thread = [] {
     omp_set_num_threads(1);

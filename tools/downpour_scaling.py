@@ -325,8 +325,8 @@ def scaled_profile(profile, batch=None, step_ms=None):
 @dataclasses.dataclass(frozen=True)
 class Rates:
     """Transport and server rates (docs/scaling.md "Rates"). Defaults: bench/RESULTS.md §10, the
-    quiet 2-core VM over shared memory at S=1, W=1 (a server loop of 0.085 s per 60,965,224-float
-    round, 38-41% of it in SgdUpdate); §2 / §10's 2-thread sgemm of ~218 GFLOP/s → ~100 per thread."""
+    quiet 2-core VM over shared memory at S=1, W=1 (the server loop's time per round, and the
+    share of it in SgdUpdate); server_gflops is half §2 / §10's 2-thread sgemm (one thread)."""
     sgd_ns_per_float: float = 0.55       # server: update rule per pushed float
     server_ns_per_float: float = 1.4     # server: whole message loop per float of a push+pull round (incl. sgd)
     transport_gbytes: float = 0.0        # software ceiling of one process, GB/s per direction; 0 = none
@@ -338,17 +338,18 @@ class Rates:
     # carried it where that is smaller than the f32 gradient (factors, lossy codecs), else as the
     # gradient (server/wal.h). Per logged float (4 bytes): the loop's append (CRC-32 and write(2)
     # into the page cache), and the CPU of the log's fsync thread beside it.
-    # Default: downpour-bench-ps --servers 1 --workers 1 --rounds 6 --wal on the 2-core VM of
-    # 2026-11-27 ("wal append 0.860 s/round, wal fsync thread cpu 0.017 s/round" of 60,965,224
-    # floats; a virtualized guest whose page-cache writes are slow): measure yours.
+    # Default: downpour-bench-ps --servers 1 --workers 1 --rounds 6 --wal on a 2-core VM (its
+    # "wal append" and "wal fsync thread cpu" per round over the round's floats, docs/scaling.md
+    # "Inputs"; a virtualized guest whose page-cache writes are slow): measure yours.
     wal_ns_per_float: float = 14.1
     wal_sync_ns_per_float: float = 0.28
     wal_disk_gbytes: float = 0.0         # a server host's sustained log write rate, GB/s; 0 = not a limit
     # The transport's CPU per payload byte outside the servers' loops: both ends' ZeroMQ I/O
     # threads and kernel, the client's threads. Paid on a shared host (colocated) beside the
     # jobs' compute; elsewhere on cores of its own. downpour-bench-ps --servers 1 --workers 1
-    # --rounds 6 over loopback TCP on the VM of 2026-11-27: process cpu 1.239 s/round less the
-    # loop's 0.226 s, over 60,965,224 × 8 bytes (shared memory, --transport shm: 0.15).
+    # --rounds 6 over loopback TCP on a 2-core VM: process cpu less the loop's busy time, over
+    # the round's 60,965,224 × 8 bytes (docs/scaling.md "Inputs"; less through shared memory,
+    # --transport shm).
     io_ns_per_byte: float = 2.08
     source: str = "defaults (bench/RESULTS.md §10, quiet VM, shared memory)"
 
@@ -539,9 +540,9 @@ def server_pull_rate(cluster, rates):
     parts of a pull from different servers arrive side by side. The W workers' parts queue FIFO at
     that one egress, which sends at the link's rate whenever it has bytes (work-conserving); async
     workers drift out of phase, so a worker's parts rarely wait behind another's until the egress
-    is saturated, and then the round is the egress's (server_egress_s). Measured (bench/RESULTS.md
-    §11.5.5, run J): fp32 at 1 Gbit/s, W = 2 and 4, 54.8 and 70.3 images/s, against 54.8 and
-    70.1 this way and 39.3 and 50.4 with a fixed link / W each."""
+    is saturated, and then the round is the egress's (server_egress_s). Run J's fp32 rows at
+    1 Gbit/s, W = 2 and 4, match this way and not a fixed link / W each (bench/RESULTS.md
+    §11.5.5)."""
     rate = cluster.link_gbps * 1e9 / 8
     if rates.transport_gbytes > 0:
         rate = min(rate, rates.transport_gbytes * 1e9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/train/alexnet_fashion256.py — AlexNet on Fashion-256, 2 servers x 2 workers, async.
 
-The heavy bench of README "AlexNet": launches configs/runs/alexnet.toml (Caffe's bvlc_alexnet
+The heavy bench of docs/alexnet.md: launches configs/runs/alexnet.toml (Caffe's bvlc_alexnet
 solver, random 227 crops + mirror + mean) for a bounded number of steps per worker, then prints
 the curve from the run's metrics JSONL: training loss (worker 0's moving average and the batch
 loss of both workers) and test top-1 / top-5 / loss against wall time and step, and what the

@@ -116,10 +116,10 @@ class DnnConv : public DnnLayer {
     // Caffe floors the output size; oneDNN's size check floors too, so symmetric padding fits.
     const memory::dims pad_r = pad;
     // One input channel (a grayscale net's first layer), no groups, a plain input: oneDNN v2's
-    // AVX2 backward-weights kernel runs this at ~4 GFLOP/s (fmnist_small's conv1: 15 ms of a
-    // 94 ms step on one core), so the weight gradient is an im2col of the whole batch and one
-    // sgemm instead (5 ms). Inputs of more channels keep oneDNN's kernel, which is fast for them,
-    // and so does a batch whose patches would take more than kMaxColFloats.
+    // AVX2 backward-weights kernel runs this far below the machine's speed (bench/RESULTS.md
+    // §12.5), so the weight gradient is an im2col of the whole batch and one sgemm instead.
+    // Inputs of more channels keep oneDNN's kernel, which is fast for them, and so does a batch
+    // whose patches would take more than kMaxColFloats.
     constexpr int64_t kMaxColFloats = int64_t{32} << 20;  // 128 MB
     const int64_t k = int64_t(spec_.kernel_h) * spec_.kernel_w + 1, np = int64_t(y[0]) * y[2] * y[3];
     col_path_ = g == 1 && x[1] == 1 && bottom_md_ == PlainDesc(x) && np * k <= kMaxColFloats;
@@ -136,7 +136,7 @@ class DnnConv : public DnnLayer {
       dst_md_ = fwd_pd_.dst_desc();
       fwd_ = dnnl::convolution_forward(fwd_pd_);
       // Backward-data gets its own weight layout: with the forward's (e.g. ABcd16b16a)
-      // oneDNN v2 falls back to its reference kernel, ~1000× slower than the JIT one.
+      // oneDNN v2 falls back to its reference kernel, far slower than the JIT one.
       dnnl::convolution_backward_data::desc bdd(dnnl::algorithm::convolution_direct, src_md_, any_w,
                                                 dst_md_, strides, pad, pad_r);
       bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(bdd, c_.eng, fwd_pd_);
@@ -154,9 +154,10 @@ class DnnConv : public DnnLayer {
       };
       // The forward's layouts first (no reorders). On AVX2 (no AVX-512) oneDNN v2 has no JIT
       // backward-weights kernel for a first layer with one input channel in those layouts
-      // (src abcd, diff_dst aBcd8b) and takes its reference kernel: 740 ms of fmnist_small's
-      // 790 ms step. Then let oneDNN choose both layouts, then plain ones (its GEMM-based
-      // kernel); the src and diff_dst are reordered into what the chosen kernel reads.
+      // (src abcd, diff_dst aBcd8b) and takes its reference kernel, most of fmnist_small's step
+      // (bench/RESULTS.md §2, "On an AVX2-only VM"). Then let oneDNN choose both layouts, then
+      // plain ones (its GEMM-based kernel); the src and diff_dst are reordered into what the
+      // chosen kernel reads.
       // Not built on the one-channel path (OneChannelWeightGrad).
       if (!col_path_) {
         bwd_w_pd_ = bwd_w_pd(src_md_, dst_md_);
@@ -550,8 +551,8 @@ class DnnInnerProduct : public DnnLayer {
       src = src_buf_.data();
     }
     // y (N×O) = x (N×K) · Wᵀ (W: O×K) + b. oneDNN's inner product (and its sgemm 'N','T')
-    // runs this small-N product at ~1/3 of the machine's speed (fc6 at batch 64: 40 ms);
-    // the same flops as yᵀ (O×N) = W · xᵀ take 15 ms, and the O×N → N×O transpose is tiny.
+    // runs this small-N product well below the machine's speed; the same flops as
+    // yᵀ (O×N) = W · xᵀ run much faster, and the O×N → N×O transpose is tiny.
     const int n = bottom[0]->shape[0], o = spec_.num_output;
     const int k = static_cast<int>(bottom[0]->count() / n);
     const dnnl_status_t st = dnnl_sgemm('N', 'T', o, n, k, 1.0f, params_[0].data, k, src, k, 0.0f,

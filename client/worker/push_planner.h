@@ -7,7 +7,8 @@
 // chunks per server and releases a server's group when
 //   * every chunk of that server is ready (nothing more will come this step), or
 //   * the group holds at least `min_push_elems` floats (big enough to be worth a message),
-// which keeps communication overlapped with the rest of backward (DESIGN.md, data flow 4).
+// which keeps communication overlapped with the rest of backward (docs/architecture.md "One
+// training step in a worker").
 //
 // Usage per push step: Reset(); then OnTensorReady(t) for each final tensor, sending the
 // groups it returns; after the last tensor every chunk has been released exactly once.

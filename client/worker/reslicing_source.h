@@ -1,6 +1,7 @@
 // reslicing_source.h — a TrainSource whose slice of a shared training set is dealt again at
 // epoch boundaries, so that when workers join or leave a running job the living ones still
-// cover the whole set between them (DESIGN.md "Sharding": slice i of W).
+// cover the whole set between them (slice i of W: docs/config.md `data.sharding`;
+// docs/operations.md "A worker that joins a running job").
 //
 // It wraps the source of the slice it reads now. When a batch of a new epoch comes out, it asks
 // `deal()` for the slice this worker should read (its rank among the live workers and their

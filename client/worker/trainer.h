@@ -1,4 +1,4 @@
-// trainer.h — the worker's training loop (DESIGN.md, "Data flow of one training step"):
+// trainer.h — the worker's training loop (docs/architecture.md "One training step in a worker"):
 //
 //   every pull_every steps: pull all weights into the net          (ParamChannel::Pull)
 //   next prefetched batch                                           (TrainSource)

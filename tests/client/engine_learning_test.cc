@@ -100,8 +100,8 @@ TEST(EngineLearning, FashionMnistNetReaches89Percent) {
   NetOptions opt;
   opt.batch = 64;
   // One compute thread: on a 2-core machine shared with a parallel build or other tests, a
-  // second OpenMP thread waits a scheduler slice at every layer's barrier (measured 6× slower
-  // per step under load); one thread is also what CI's 2 cores give each test anyway.
+  // second OpenMP thread waits a scheduler slice at every layer's barrier, which makes every
+  // step slower under load; one thread is also what CI's 2 cores give each test anyway.
   opt.threads = 1;
   std::unique_ptr<Net> net;
   s = Net::Create(spec, opt, &net);
@@ -109,9 +109,9 @@ TEST(EngineLearning, FashionMnistNetReaches89Percent) {
   net->InitParams(2024);
 
   // The servers' solver: Caffe-style SGD, momentum 0.9, L2 5e-4 (biases: lr×2, no decay per
-  // param_specs()), poly decay to 0 over the run. Two epochs reach 89.7% (2026-11-28, 95 s on
-  // an idle 2-core VM; one thread and fixed seeds make the run repeat exactly on one CPU); three
-  // reached 90.2% in half as long again, CI time the margin did not need.
+  // param_specs()), poly decay to 0 over the run. Two epochs reach 89.7% (one thread and fixed
+  // seeds make the run repeat exactly on one CPU); three reached 90.2% in half as long again, CI
+  // time the margin did not need.
   constexpr int kEpochs = 2;
   const int batch = net->batch_size();
   const int64_t steps_per_epoch = train.count / batch;

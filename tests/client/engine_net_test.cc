@@ -187,8 +187,8 @@ TEST(EngineNet, ReadBlobGivesCanonicalLayoutOnEveryBackend) {
 
 // Every convolution of every shipped model runs oneDNN's vectorised kernels, forward and both
 // backward passes: on an AVX2-only CPU oneDNN v2 offered only its naive reference kernel for a
-// one-channel first layer's weight gradient in the forward's layouts (100x slower: fmnist_small's
-// step went from 52 to 790 ms and the training tests timed out). The layer then asks for other
+// one-channel first layer's weight gradient in the forward's layouts (far slower, bench/RESULTS.md
+// §2 "On an AVX2-only VM": the training tests timed out). The layer then asks for other
 // layouts; this checks it found a kernel that is not "ref:...".
 TEST(EngineNet, NoConvolutionOfAShippedModelRunsOneDnnsReferenceKernel) {
   const std::string dir = std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/";

@@ -595,8 +595,8 @@ TEST(GpuNetAgreement, ChunkedUploadsAndHostUpdates) {
     const float lr = ref->ForwardBackward(images.data(), labels.data());
     EXPECT_NEAR(la, lb, 1e-5 * std::max(1.0f, lb));
     EXPECT_NEAR(la, lr, kTol * std::max(1.0f, lr)) << "step " << step;
-    // lr 0.005: at 0.05 this net diverges on these inputs (loss 2.3 -> 28 by step 2 on an H200,
-    // 2026-11-26), and in a diverging run rounding differences grow until the losses differ by 20%.
+    // lr 0.005: at 0.05 this net diverges on these inputs (bench/gpu/RESULTS-gpu.md "GPU tests on
+    // the H200"), and in a diverging run rounding differences grow until the losses differ by 20%.
     a->SgdUpdate(0.005f, 0.9f, 5e-4f, ha);
     b->SgdUpdate(0.005f, 0.9f, 5e-4f, hb);
     ref->SgdUpdate(0.005f, 0.9f, 5e-4f, hr);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cluster/slurm_localhost.sh start|stop|install|status|env — a real Slurm cluster on this one
 # machine for the cluster-launch tests: its own munged, one slurmctld and two slurmd (nodes n1 and
-# n2, both on 127.0.0.1), following ../shared/recipes/slurm-localhost.md.
+# n2: its slurm.conf gives both 127.0.0.1 and a port of their own, and each slurmd is started
+# with -N for its node name).
 #
 # Everything it runs or writes lives in its own state directory, $DOWNPOUR_SLURM_DIR (default
 # /tmp/downpour-slurm): slurm.conf (clients find it through SLURM_CONF, which `env` prints),

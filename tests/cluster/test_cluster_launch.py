@@ -40,7 +40,7 @@ SERVERS, WORKERS = 2, 2
 TASKS = SERVERS + WORKERS + 1
 TARGET_TOP1 = 0.84
 # Steps per worker: an eighth of the default job's 3,600 (0.96 epochs), which reach ~86% with the
-# schedule ending at them (85.90%, 86.34%, 86.50% in 50, 36, 37 s on the 2-core VM, 2026-11-29):
+# schedule ending at them (three runs: 85.90%, 86.34%, 86.50%):
 # still a real job trained to a real accuracy, at half the CI time of 900 steps (88%). These
 # tests are about the launch; the full default job's accuracy (91%) is bench/RESULTS.md §12.5's.
 # Each job runs alone (RUN_SERIAL), so its time is CI's wall time.

@@ -45,10 +45,9 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 // Every fault below is dealt to one job: the default job's net (fmnist_fast) for 200 steps, which
-// ends at 78% (sync) and 82% (async) top-1 in ~17 s on the 2-core VM (2026-11-28). The server-kill
-// tests compare the final accuracy with an undisturbed run's; this job's run-to-run spread was
-// measured for that (ServerKillTest), and is no wider than fmnist_small's at 300 steps, which
-// takes twice as long.
+// ends at 78% (sync) and 82% (async) top-1 in seconds. The server-kill tests compare the final
+// accuracy with an undisturbed run's; this job's run-to-run spread was measured for that
+// (ServerKillTest), and is no wider than fmnist_small's at 300 steps, which takes longer.
 constexpr const char* kModel = "fmnist_fast";
 constexpr int kSteps = 200;
 
@@ -263,9 +262,8 @@ TEST_F(FaultTest, AServerKilledInACompressedJobComesBackFromItsLogOfCodedPushes)
   const std::string server_log = test::ReadFile(run / "logs" / "server-1.log");
   EXPECT_GT(ReplayedPushes(server_log), kSteps / 2) << server_log;
   // The restarted server logged the workers' gradient pushes coded, so its log took about the
-  // bytes its socket did (0.99x and, at server 0, 1.01x in one run). Logged as f32, as before
-  // kCodedPush, a server's share of a worker step is ~1.2 MB against ~0.6 MB on the wire (fc1's
-  // factors, the rest in fp16): ~2x.
+  // bytes its socket did. Logged as f32, as before kCodedPush, a server's share of a worker step
+  // is ~1.2 MB against ~0.6 MB on the wire (fc1's factors, the rest in fp16): ~2x.
   const auto ends = test::Metrics(run, "server-1.jsonl", "server_end");
   ASSERT_FALSE(ends.empty());
   const MetricRecord& end = ends.back();

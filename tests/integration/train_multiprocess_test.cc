@@ -383,8 +383,8 @@ int64_t TrainProcessTest::StragglerRun(const std::string& mode, int64_t* max_wai
 
 double TrainProcessTest::BackupRun(int backups, int64_t* dropped_late) {
   constexpr int kSteps = 30;
-  // Long enough that the fast workers' own steps, even slowed by a loaded CI machine (~70 ms a
-  // step seen there with 120 ms), stay well below the straggler's sleep.
+  // Long enough that the fast workers' own steps, even slowed by a loaded CI machine, stay well
+  // below the straggler's sleep.
   constexpr int kStragglerDelayMs = 250;
   const std::string model = Write("tiny.toml", kTinyNet);
   const std::string cfg =

@@ -11,7 +11,7 @@
 //
 // Built twice from this file: checkpoint_models_test (quick: every model but the AlexNets) and
 // checkpoint_models_heavy_test (heavy: alexnet and alexnet_fashion, 61M and 57M parameters,
-// ~0.5 GB a checkpoint at S = 1; alexnet_fashion alone took ~23 s of the quick test's 24).
+// ~0.5 GB a checkpoint at S = 1; alexnet_fashion alone took most of the quick test's time).
 #include <gtest/gtest.h>
 
 #include <algorithm>
