@@ -271,4 +271,38 @@ Status ResolveAdvertise(const std::string& bind, const std::string& given, const
       bind, host.hostname);
 }
 
+Status CheckTcpBindPort(const std::string& host, int port, std::string_view what) {
+  const std::string node(IsWildcardAddress(host) ? std::string_view() : StripBrackets(host));
+  addrinfo hints{};
+  // A wildcard binds one family, as ZeroMQ's listener does: "::" IPv6, the others IPv4.
+  hints.ai_family = !node.empty() ? AF_UNSPEC : IsIpv6Literal(StripBrackets(host)) ? AF_INET6 : AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int gai = ::getaddrinfo(node.empty() ? nullptr : node.c_str(), service.c_str(), &hints, &res);
+  if (gai != 0) return InvalidArgument("{}: cannot bind {}: {}", what, FormatHostPort(host, port), gai_strerror(gai));
+  int err = 0;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    err = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    ::close(fd);
+    if (err == 0 || err == EADDRINUSE) break;
+  }
+  ::freeaddrinfo(res);
+  if (err == EADDRINUSE) {
+    return FailedPrecondition("{}: port {} on {} is in use (another job, or a process still running from an "
+                              "earlier one); choose a free port",
+                              what, port, IsWildcardAddress(host) ? "every interface" : host);
+  }
+  if (err == EADDRNOTAVAIL) {
+    return InvalidArgument("{}: cannot bind {}: {} is not an address of this host", what, FormatHostPort(host, port),
+                           host);
+  }
+  return Status::Ok();  // other errors (EACCES for a low port, ...) are the child's to report
+}
+
 }  // namespace downpour

@@ -72,6 +72,16 @@ std::string IpcPath(std::string_view address);
 // gives each server its own path.
 Status CheckIpcBindPath(const std::string& path, std::string_view what);
 
+// ---- tcp:// ----
+// Whether a listener could bind `host`:`port` now (host as cluster.bind takes it: an address, a
+// name, or a wildcard), checked before a job starts so a port in use is one clear error instead of
+// a child that fails to bind. Binds and closes a socket with SO_REUSEADDR, as ZeroMQ's listener
+// does, so a port held only by TIME_WAIT connections passes. FailedPrecondition naming `what`
+// (the key or flag that gave the port) when the port is in use; InvalidArgument when `host` does
+// not resolve or is not this host's. Check-then-bind is not atomic: a process may take the port
+// after the check.
+Status CheckTcpBindPort(const std::string& host, int port, std::string_view what);
+
 // "[::1]" -> "::1"; anything else unchanged.
 std::string_view StripBrackets(std::string_view host);
 // True for an IPv6 literal ("::1", "fe80::1", "[::1]").

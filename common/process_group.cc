@@ -287,7 +287,10 @@ void ProcessGroup::HandleDeath(size_t i) {
   died.uptime_s = std::chrono::duration<double>(c.died_at - c.started).count();
   const std::string how_it_ended = HowItEnded(spec.name, r.exit_code, r.term_signal);
   const std::string how = fmt::format("{} after {:.1f} s", how_it_ended, died.uptime_s);
-  if (r.restarts < spec.max_restarts) {
+  // A setup error (the code options_.setup_error_code) comes back on every restart: none is made.
+  const bool setup_error = options_.setup_error_code > 0 && r.term_signal == 0 &&
+                           r.exit_code == options_.setup_error_code;
+  if (r.restarts < spec.max_restarts && !setup_error) {
     const int n = r.restarts + 1;
     died.action = ChildEvent::Action::kRestart;
     died.line = fmt::format("{}; restarting it{}{} (restart {} of {})", how, spec.restart_note.empty() ? "" : " ",
@@ -300,9 +303,11 @@ void ProcessGroup::HandleDeath(size_t i) {
   // No restart left: say which death this is and the limit, or the setting that allows none.
   const std::string limit = spec.limit.empty() ? fmt::format("{} restarts", spec.max_restarts) : spec.limit;
   const std::string limit_part =
-      spec.max_restarts > 0 ? fmt::format("; it died a {} time (limit {})", Ordinal(r.restarts + 1), limit) : "";
+      setup_error            ? std::string("; a setup error, which a restart would repeat")
+      : spec.max_restarts > 0 ? fmt::format("; it died a {} time (limit {})", Ordinal(r.restarts + 1), limit)
+                              : "";
   const std::string setting_part =
-      spec.max_restarts == 0 && !spec.limit.empty() ? fmt::format(" ({})", spec.limit) : "";
+      spec.max_restarts == 0 && !spec.limit.empty() && !setup_error ? fmt::format(" ({})", spec.limit) : "";
   if (spec.on_death == OnDeath::kContinue) {
     died.action = ChildEvent::Action::kContinue;
     died.line = fmt::format("{}{}; the job goes on without it{}", how, limit_part, setting_part);

@@ -106,6 +106,9 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds grace_period{5000};  // between SIGTERM and SIGKILL when stopping
   std::chrono::milliseconds timeout{0};          // 0 = no limit; else stop all and return 124
   bool handle_signals = true;  // SIGINT/SIGTERM to this process stop the job (see above)
+  // A child that exits with this code (> 0) failed its setup in a way a restart repeats (a bad
+  // config, a port in use: common/cli.h kExitUsage): it is treated as out of restarts. 0 = none.
+  int setup_error_code = 0;
   // How many primaries must have exited 0 for a done job to succeed (see above). 0 lets a job
   // whose primaries were all given up succeed: a cluster task whose one worker the job goes on
   // without.

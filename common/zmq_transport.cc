@@ -843,6 +843,12 @@ Status ZmqTransport::Bind(const std::string& address, std::unique_ptr<ServerEndp
     std::string bound = s.get(zmq::sockopt::last_endpoint);
     *out = std::make_unique<ZmqServer>(impl_.get(), std::move(s), std::move(bound));
   } catch (const zmq::error_t& e) {
+    // A port another process holds is a setup error a retry repeats (the caller exits 2, and the
+    // launcher does not restart it); other bind errors may pass.
+    if (e.num() == EADDRINUSE) {
+      return FailedPrecondition("zmq bind '{}': the port is in use (another job, or a process left from an "
+                                "earlier one)", address);
+    }
     return ZmqError("bind", address, e);
   }
   return Status::Ok();

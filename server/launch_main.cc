@@ -86,9 +86,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -333,7 +336,7 @@ Status BuildChildren(const LaunchFlags& f, const RunConfig& cfg, const std::stri
 // its net config) as a one-child job and waits for it; its output goes to <log>, and to stderr
 // prefixed "[tensors] " (where its error, naming the bad file, is seen).
 Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config, const std::string& out,
-                                 const std::string& log) {
+                                 const std::string& log, int* stop_code) {
   const fs::path bin = FindProgram(f, "downpour-worker");
   if (!fs::exists(bin)) {
     return NotFound("downpour-worker not found (looked in {}); it writes the model's tensor list when "
@@ -352,6 +355,7 @@ Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config
   const int code = group.Run();
   if (code != 0 && group.reason().starts_with("received signal")) {
     // Stopped from outside (Ctrl-C, srun tearing the job down): not a problem of the config.
+    *stop_code = code;
     return Unavailable("stopped while getting the model's tensor list: {}", group.reason());
   }
   if (code != 0) {
@@ -375,10 +379,10 @@ Status NewRunConfig(const LaunchFlags& f, RunConfig* cfg) {
   if (!f.worker_cmd.empty()) cfg->eval.evaluator = false;
   DP_RETURN_IF_ERROR(ValidateRunConfig(*cfg, fmt::format("{} with --servers/--workers", f.config)));
   if (!f.tensors.empty() && !f.model.empty()) {
-    return InvalidArgument("downpour-launch: give either --tensors ({}) or --model ({}), not both", f.tensors, f.model);
+    return InvalidArgument("give either --tensors ({}) or --model ({}), not both", f.tensors, f.model);
   }
   if (!cfg->models.empty() && (!f.tensors.empty() || !f.model.empty() || !f.worker_cmd.empty())) {
-    return InvalidArgument("downpour-launch: {} trains {} models ([[models]]): their tensor lists come from their model "
+    return InvalidArgument("{} trains {} models ([[models]]): their tensor lists come from their model "
                            "configs, and the workers are downpour-worker's (--tensors, --model and --worker-cmd "
                            "are for one-model runs)",
                            f.config, cfg->models.size());
@@ -392,7 +396,7 @@ Status ResumeRunConfig(const LaunchFlags& f, RunConfig* cfg, ResumePlan* plan) {
   if (!f.config.empty() || !f.sets.empty() || f.servers > 0 || f.workers > 0 || !f.run_dir.empty() ||
       !f.weights.empty()) {
     return InvalidArgument(
-        "downpour-launch: --resume {} continues the run with its own config.toml; --config, --set, --servers, "
+        "--resume {} continues the run with its own config.toml; --config, --set, --servers, "
         "--workers, --run-dir and --weights cannot be combined with it",
         f.resume);
   }
@@ -448,7 +452,8 @@ Status CheckNetwork(const RunConfig& cfg, const NetFlags& flags, NetRole role, b
 }
 
 int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
-           const std::function<void(MetricsWriter*)>& write_start, int min_succeeded = 1);
+           const std::function<void(MetricsWriter*)>& write_start, int min_succeeded = 1,
+           bool* signalled = nullptr);
 
 // One "[launch] warning: ..." line per setting that works but is probably a mistake.
 void PrintWarnings(const RunConfig& cfg) {
@@ -473,26 +478,126 @@ Status CheckIpcPaths(const RunConfig& cfg, const std::string& run_dir, int first
   return Status::Ok();
 }
 
-// Returns the process exit code; errors before any child starts are printed and give 2.
+// A signal (Ctrl-C, SIGTERM) that arrives while a launch sets up, before its children run: it is
+// noted, and the launch stops at the end of setup. A handler must reach a static; this one is
+// written only by the handler and read by Launch.
+volatile std::sig_atomic_t g_setup_signal = 0;
+void NoteSetupSignal(int sig) { g_setup_signal = sig; }
+
+// A new run's directory as it was before this launch, so that a launch that stops before its
+// job starts (bad input, Ctrl-C) leaves nothing behind: a directory it created is removed, and
+// an empty one it was given is emptied again. Disarmed once the job starts.
+class NewRunDirUndo {
+ public:
+  NewRunDirUndo(std::string dir, bool created) : dir_(std::move(dir)), created_(created) {}
+  ~NewRunDirUndo() {
+    if (dir_.empty()) return;
+    std::error_code ec;
+    if (created_) {
+      fs::remove_all(dir_, ec);
+      return;
+    }
+    for (const auto& entry : fs::directory_iterator(dir_, ec)) fs::remove_all(entry.path(), ec);
+  }
+  void Disarm() { dir_.clear(); }
+
+ private:
+  std::string dir_;
+  bool created_;
+};
+
+// <out_dir>/<name>-<YYYYmmdd-HHMMSS>, or with "-2", "-3", ... appended when a launch in the same
+// second has it: created here with mkdir, which only one launch can win, so two launches never
+// share a directory. `*dir` is absolute.
+Status ClaimDefaultRunDir(const RunConfig& cfg, std::string* dir) {
+  const fs::path base = fs::absolute(DefaultRunDir(cfg)).lexically_normal();
+  std::error_code ec;
+  fs::create_directories(base.parent_path(), ec);
+  if (ec) return IoError("run.out_dir {}: cannot create: {}", base.parent_path().string(), ec.message());
+  for (int n = 1; n <= 1000; ++n) {
+    const std::string candidate = n == 1 ? base.string() : fmt::format("{}-{}", base.string(), n);
+    if (::mkdir(candidate.c_str(), 0777) == 0) {
+      *dir = candidate;
+      return Status::Ok();
+    }
+    if (errno != EEXIST) return IoError("{}: cannot create run directory: {}", candidate, std::strerror(errno));
+  }
+  return IoError("{}: 1000 run directories of this name and second exist already; give --run-dir", base.string());
+}
+
+// The TCP ports a local job's coordinator and servers will bind, each free now (a stand-in
+// command given for a role binds what it likes).
+Status CheckJobPorts(const LaunchFlags& f, const RunConfig& cfg) {
+  const std::string hint = "; or move the job with --set cluster.coordinator=HOST:PORT --set cluster.base_port=PORT";
+  if (f.coordinator_cmd.empty()) {
+    HostPort coordinator;
+    DP_RETURN_IF_ERROR(ParseHostPort(cfg.cluster.coordinator, "cluster.coordinator", &coordinator));
+    const Status s = CheckTcpBindPort(cfg.cluster.bind, coordinator.port,
+                                      fmt::format("cluster.coordinator = \"{}\"", cfg.cluster.coordinator));
+    if (!s.ok()) return Status(s.code(), s.message() + hint);
+  }
+  if (cfg.cluster.transport == ClusterTransport::kIpc || !f.server_cmd.empty()) return Status::Ok();
+  for (int i = 0; i < cfg.cluster.servers; ++i) {
+    const Status s = CheckTcpBindPort(cfg.cluster.bind, cfg.cluster.base_port + i,
+                                      fmt::format("cluster.base_port = {} (server {})", cfg.cluster.base_port, i));
+    if (!s.ok()) return Status(s.code(), s.message() + hint);
+  }
+  return Status::Ok();
+}
+
+// After a job that did not succeed: how to go on with it, or why it cannot be. A new run that
+// was stopped (`stopped_new_run`: Ctrl-C, SIGTERM) before any server or worker saved anything
+// holds nothing to resume, and its directory is removed, so that the same --run-dir can be
+// launched again.
+void EndStoppedRun(const std::string& run_dir, const RunConfig& cfg, bool stopped_new_run) {
+  ResumePlan plan;
+  const Status s = PlanResume(run_dir, cfg, &plan);
+  std::error_code ec;
+  if (s.ok()) {
+    std::printf("[launch] continue it with: downpour-launch --resume %s\n", run_dir.c_str());
+  } else if (stopped_new_run && !fs::exists(fs::path(run_dir) / "state", ec) && ServersSavedNothing(run_dir, cfg)) {
+    fs::remove_all(run_dir, ec);
+    std::printf("[launch] stopped before any server or worker saved anything: removed %s\n", run_dir.c_str());
+  } else {
+    std::printf("[launch] %s\n", s.message().c_str());
+  }
+  std::fflush(stdout);
+}
+
+// Returns the process exit code; errors before any child starts are printed and give 2, a signal
+// before then 128 + its number, and either way a new run's directory is left as it was.
 int Launch(const LaunchFlags& f) {
+  for (int sig : {SIGINT, SIGTERM}) std::signal(sig, NoteSetupSignal);
   const bool resuming = !f.resume.empty();
   RunConfig cfg;
   ResumePlan plan;
   Status s = resuming ? ResumeRunConfig(f, &cfg, &plan) : NewRunConfig(f, &cfg);
-  const std::string run_dir =
-      s.ok() ? fs::absolute(resuming ? f.resume : (f.run_dir.empty() ? DefaultRunDir(cfg) : f.run_dir))
-                   .lexically_normal()
-                   .string()
-             : std::string();
-  if (s.ok() && !resuming) s = CheckRunDirIsNew(run_dir);
+  // A run that never started a process (a --dry-run's) starts from the beginning.
+  const bool fresh = resuming && plan.never_started;
+  std::string run_dir;
+  bool created = false;
+  if (s.ok() && !resuming && f.run_dir.empty()) {
+    s = ClaimDefaultRunDir(cfg, &run_dir);
+    created = s.ok();
+  } else if (s.ok()) {
+    run_dir = fs::absolute(resuming ? f.resume : f.run_dir).lexically_normal().string();
+    std::error_code ec;
+    created = !resuming && !fs::exists(run_dir, ec);
+  }
+  if (s.ok() && !resuming && !created) s = CheckRunDirIsNew(run_dir);
+  // Armed only for a directory that was absent or empty: a refused one is never touched.
+  NewRunDirUndo undo(resuming || !s.ok() ? std::string() : run_dir, created);
   if (s.ok()) s = CheckIpcPathLengths(cfg.cluster, run_dir);
   // Inputs are checked before anything starts (a stand-in worker command brings its own).
-  if (s.ok() && f.worker_cmd.empty()) s = CheckRunInputs(cfg, resuming ? run_dir + "/config.toml" : f.config);
+  if (s.ok() && f.worker_cmd.empty()) {
+    s = CheckRunInputs(cfg, resuming ? ConfigSource(run_dir + "/config.toml") : ConfigSource(f.config, f.sets));
+  }
   // So are the keys, the loopback rule and the advertise hosts every child will set up.
   bool keyed = false;
   for (NetRole role : {NetRole::kCoordinator, NetRole::kServer, NetRole::kWorker}) {
     if (s.ok()) s = CheckNetwork(cfg, NetFlags{}, role, &keyed);
   }
+  if (s.ok() && !f.dry_run) s = CheckJobPorts(f, cfg);
   LaunchFlags flags = f;
   // Without --tensors/--model, downpour-worker supplies the tensor list from the model config
   // (a resumed run reuses the one it wrote); a job whose workers are a --worker-cmd stand-in
@@ -500,7 +605,7 @@ int Launch(const LaunchFlags& f) {
   const bool auto_tensors = flags.tensors.empty() && flags.model.empty() && flags.worker_cmd.empty();
   if (auto_tensors) flags.tensors = (fs::path(run_dir) / "tensors.txt").string();
   std::vector<ChildSpec> children;
-  if (s.ok()) s = BuildChildren(flags, cfg, run_dir, resuming ? &plan : nullptr, &children);
+  if (s.ok()) s = BuildChildren(flags, cfg, run_dir, resuming && !fresh ? &plan : nullptr, &children);
   if (s.ok() && f.worker_cmd.empty()) s = data::CheckRunDataFitsModel(cfg);  // records vs the model's input
   for (size_t k = 0; s.ok() && k < cfg.models.size(); ++k) {  // and vs every model's of a multi-model run
     s = data::CheckRunDataFitsModel(ModelRunConfig(cfg, static_cast<int>(k)));
@@ -516,29 +621,46 @@ int Launch(const LaunchFlags& f) {
   // made here, before any of them starts, so they all read this one.
   std::string secret;
   if (s.ok() && !keyed) s = EnsureRunSecret(run_dir, &secret);
-  if (s.ok() && auto_tensors && !(resuming && fs::exists(flags.tensors))) {
+  int stop_code = 0;
+  if (s.ok() && auto_tensors && !(resuming && fs::exists(flags.tensors)) && !g_setup_signal) {
     s = WriteTensorListWithWorker(flags, (fs::path(run_dir) / "config.toml").string(), flags.tensors,
-                                  (fs::path(run_dir) / "logs" / "tensors.log").string());
+                                  (fs::path(run_dir) / "logs" / "tensors.log").string(), &stop_code);
+  }
+  if (g_setup_signal && stop_code == 0) stop_code = 128 + g_setup_signal;
+  if (stop_code != 0) {
+    std::fprintf(stderr, "downpour-launch: stopped by signal %d before the job started%s\n", stop_code - 128,
+                 resuming ? "" : "; the run directory is left as it was");
+    return stop_code;
   }
   if (!s.ok()) return cli::Fail("downpour-launch", s, SetupExit(s));
   PrintWarnings(cfg);
-  if (resuming) {
+  if (fresh) {
+    std::printf("[launch] run %s never started a process (a --dry-run made it): starting it from the beginning\n",
+                cfg.run.name.c_str());
+  } else if (resuming) {
     std::printf("[launch] resuming run %s from %s (servers recover their checkpoints and logs, workers their progress)\n",
                 cfg.run.name.c_str(), run_dir.c_str());
   }
   std::printf("[launch] run %s: %d server(s), %d worker(s), %s; run dir %s\n", cfg.run.name.c_str(),
               cfg.cluster.servers, cfg.cluster.workers, ConsistencyModeString(cfg.consistency).c_str(),
               run_dir.c_str());
+  undo.Disarm();
   if (f.dry_run) {
     for (const ChildSpec& c : children) PrintDryRun(c);
     return 0;
   }
-  return RunJob(f, children, (fs::path(run_dir) / "launch.jsonl").string(), [&](MetricsWriter* m) {
-    (void)m->Write("start", {{"servers", cfg.cluster.servers},
-                             {"workers", cfg.cluster.workers},
-                             {"mode", ConsistencyModeString(cfg.consistency)},
-                             {"resumed", resuming}});
-  });
+  bool signalled = false;
+  const int code = RunJob(
+      f, children, (fs::path(run_dir) / "launch.jsonl").string(),
+      [&](MetricsWriter* m) {
+        (void)m->Write("start", {{"servers", cfg.cluster.servers},
+                                 {"workers", cfg.cluster.workers},
+                                 {"mode", ConsistencyModeString(cfg.consistency)},
+                                 {"resumed", resuming && !fresh}});
+      },
+      /*min_succeeded=*/1, &signalled);
+  if (code != 0) EndStoppedRun(run_dir, cfg, signalled && !resuming);
+  return code;
 }
 
 // One launch.jsonl record per supervision event (docs/operations.md "launch.jsonl"): "died",
@@ -579,8 +701,9 @@ void WriteEvent(MetricsWriter* m, const ChildEvent& e) {
 // Starts `children` as one job and runs it to its end, with the launcher's metrics in
 // `metrics_path` ("start" by `write_start`, the supervision events, one "exit" per child,
 // "end"); returns the exit code. `min_succeeded`: ProcessGroupOptions::min_succeeded.
+// `*signalled` (when given) tells whether SIGINT/SIGTERM to the launcher stopped the job.
 int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
-           const std::function<void(MetricsWriter*)>& write_start, int min_succeeded) {
+           const std::function<void(MetricsWriter*)>& write_start, int min_succeeded, bool* signalled) {
   std::fflush(stdout);
   std::unique_ptr<MetricsWriter> metrics;
   Status s = MetricsWriter::Open(metrics_path, "launcher", 0, &metrics);
@@ -590,6 +713,7 @@ int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const s
   options.grace_period = std::chrono::milliseconds(f.grace_ms);
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   options.min_succeeded = min_succeeded;
+  options.setup_error_code = cli::kExitUsage;
   options.on_event = [m = metrics.get()](const ChildEvent& e) { WriteEvent(m, e); };
   ProcessGroup group(options);
   const auto t0 = std::chrono::steady_clock::now();
@@ -612,8 +736,10 @@ int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const s
                                  {"given_up", r.given_up}});
   }
   ms = metrics->Write("end", {{"code", code}, {"reason", group.reason()}, {"seconds", seconds}});
-  std::printf("[launch] %s after %.1f s: %s (exit code %d)\n", code == 0 ? "done" : "FAILED", seconds,
-              group.reason().c_str(), code);
+  const bool stopped = group.reason().starts_with("received signal");
+  if (signalled != nullptr) *signalled = stopped;
+  std::printf("[launch] %s after %.1f s: %s (exit code %d)\n", code == 0 ? "done" : stopped ? "stopped" : "FAILED",
+              seconds, group.reason().c_str(), code);
   return code;
 }
 
@@ -737,7 +863,7 @@ int LaunchTask(const LaunchFlags& f) {
   // Inputs this role reads (a stand-in command brings its own).
   const bool worker = plan.role == TaskRole::kWorker;
   const bool auto_tensors = !worker && f.tensors.empty() && f.model.empty() && f.worker_cmd.empty();
-  if (s.ok() && (worker ? f.worker_cmd.empty() : auto_tensors)) s = CheckTaskInputs(cfg, f.config, worker, plan.id);
+  if (s.ok() && (worker ? f.worker_cmd.empty() : auto_tensors)) s = CheckTaskInputs(cfg, ConfigSource(f.config, f.sets), worker, plan.id);
   // The network this task's child will set up: keys, the loopback rule, the advertise host.
   bool keyed = false;
   const NetRole role =
@@ -778,10 +904,15 @@ int LaunchTask(const LaunchFlags& f) {
   if (s.ok()) s = WriteSharedConfig(run_dir, ToToml(cfg));
   std::string secret;
   if (s.ok() && !keyed) s = EnsureRunSecret(run_dir, &secret);
+  int stop_code = 0;
   if (s.ok() && auto_tensors) {
     s = WriteTensorListWithWorker(
         f, (fs::path(run_dir) / "config.toml").string(), tensors,
-        (fs::path(run_dir) / "logs" / fmt::format("tensors-{}.log", plan.FileStem())).string());
+        (fs::path(run_dir) / "logs" / fmt::format("tensors-{}.log", plan.FileStem())).string(), &stop_code);
+  }
+  if (stop_code != 0) {
+    std::fprintf(stderr, "downpour-launch: stopped by signal %d before the task started\n", stop_code - 128);
+    return stop_code;
   }
   if (!s.ok()) return cli::Fail("downpour-launch", s, SetupExit(s));
   PrintWarnings(cfg);

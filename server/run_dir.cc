@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "common/metrics.h"
@@ -63,7 +64,7 @@ Status CheckRunDirIsNew(const std::string& run_dir) {
   if (fs::exists(fs::path(run_dir) / "config.toml", ec)) {
     return FailedPrecondition(
         "run directory {} already holds a run (config.toml); continue it with --resume {}, or choose another "
-        "--run-dir",
+        "--run-dir (or remove it to start it again)",
         run_dir, run_dir);
   }
   if (!fs::is_empty(run_dir, ec)) {
@@ -90,10 +91,10 @@ Status CheckTaskFilesAreNew(const std::string& run_dir, const std::string& stem)
 
 namespace {
 // model.config, and every [[models]] entry's config.
-Status CheckModelConfigs(const RunConfig& c, const std::string& source) {
-  DP_RETURN_IF_ERROR(CheckFile(c.model.config, "model.config", source, "model config"));
+Status CheckModelConfigs(const RunConfig& c, const ConfigSource& source) {
+  DP_RETURN_IF_ERROR(CheckFile(c.model.config, "model.config", source.Of("model.config"), "model config"));
   for (size_t k = 0; k < c.models.size(); ++k) {
-    DP_RETURN_IF_ERROR(CheckFile(c.models[k].config, fmt::format("models[{}].config", k).c_str(), source,
+    DP_RETURN_IF_ERROR(CheckFile(c.models[k].config, fmt::format("models[{}].config", k).c_str(), source.file,
                                  "model config"));
   }
   return Status::Ok();
@@ -101,38 +102,47 @@ Status CheckModelConfigs(const RunConfig& c, const std::string& source) {
 
 // The weights a run starts from, the test set and the mean file: what every worker reads besides
 // the model configs and its training data.
-Status CheckOtherInputs(const RunConfig& c, const std::string& source) {
+Status CheckOtherInputs(const RunConfig& c, const ConfigSource& source) {
   if (!c.model.weights.empty()) {
-    DP_RETURN_IF_ERROR(CheckFile(c.model.weights, "model.weights", source, "weights file"));
+    DP_RETURN_IF_ERROR(CheckFile(c.model.weights, "model.weights", source.Of("model.weights"), "weights file"));
   }
-  if (!c.data.test.empty()) DP_RETURN_IF_ERROR(CheckDataset(c.data.test, "data.test", source));
+  if (!c.data.test.empty()) DP_RETURN_IF_ERROR(CheckDataset(c.data.test, "data.test", source.Of("data.test")));
   if (!c.data.mean_file.empty()) {
-    DP_RETURN_IF_ERROR(CheckFile(c.data.mean_file, "data.mean_file", source, "mean file"));
+    DP_RETURN_IF_ERROR(CheckFile(c.data.mean_file, "data.mean_file", source.Of("data.mean_file"), "mean file"));
   }
   return Status::Ok();
 }
 }  // namespace
 
-Status CheckTaskInputs(const RunConfig& c, const std::string& source, bool worker, int worker_id) {
+std::string ConfigSource::Of(std::string_view key) const {
+  for (const std::string& set : sets) {
+    if (set.size() > key.size() && set.compare(0, key.size(), key) == 0 && set[key.size()] == '=') return "--set";
+  }
+  return file;
+}
+
+Status CheckTaskInputs(const RunConfig& c, const ConfigSource& source, bool worker, int worker_id) {
   if (!worker) return CheckModelConfigs(c, source);
   const bool reads_all = !c.models.empty() && c.rotation.scheme == RotationScheme::kIndependent;
   if (c.data.sharding != DataSharding::kOwn || reads_all) return CheckRunInputs(c, source);
   // Only this worker's own partition need be on this host.
   DP_RETURN_IF_ERROR(CheckModelConfigs(c, source));
   DP_RETURN_IF_ERROR(CheckDataset(OwnShardPath(c.data, worker_id, c.cluster.workers),
-                                  fmt::format("data.train (sharding \"own\", worker {})", worker_id), source));
+                                  fmt::format("data.train (sharding \"own\", worker {})", worker_id),
+                                  source.Of("data.train")));
   return CheckOtherInputs(c, source);
 }
 
-Status CheckRunInputs(const RunConfig& c, const std::string& source) {
+Status CheckRunInputs(const RunConfig& c, const ConfigSource& source) {
   DP_RETURN_IF_ERROR(CheckModelConfigs(c, source));
   if (c.data.sharding == DataSharding::kOwn) {
     for (int j = 0; j < c.cluster.workers; ++j) {
       DP_RETURN_IF_ERROR(CheckDataset(OwnShardPath(c.data, j, c.cluster.workers),
-                                      fmt::format("data.train (sharding \"own\", worker {})", j), source));
+                                      fmt::format("data.train (sharding \"own\", worker {})", j),
+                                      source.Of("data.train")));
     }
   } else {
-    DP_RETURN_IF_ERROR(CheckDataset(c.data.train, "data.train", source));
+    DP_RETURN_IF_ERROR(CheckDataset(c.data.train, "data.train", source.Of("data.train")));
   }
   return CheckOtherInputs(c, source);
 }
@@ -154,11 +164,37 @@ std::string ServerWalPath(const std::string& run_dir, const CheckpointConfig& ch
       .string();
 }
 
+bool ServersSavedNothing(const std::string& run_dir, const RunConfig& c) {
+  std::error_code ec;
+  const int models = std::max<int>(1, static_cast<int>(c.models.size()));
+  for (int i = 0; i < c.cluster.servers; ++i) {
+    for (int k = 0; k < models; ++k) {
+      if (fs::exists(ServerCheckpointPath(run_dir, c.checkpoint, i, k), ec) ||
+          fs::exists(ServerWalPath(run_dir, c.checkpoint, i, k), ec)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+namespace {
+// Whether anything of a run's processes is in `run_dir`: a "start" record in launch.jsonl, a
+// server's checkpoint or log, a worker's progress.
+bool RunEverStarted(const std::string& run_dir, const RunConfig& c, const std::vector<MetricRecord>& launch) {
+  for (const MetricRecord& r : launch) {
+    if (r.Get("event").AsString() == "start") return true;
+  }
+  std::error_code ec;
+  return !ServersSavedNothing(run_dir, c) || fs::exists(fs::path(run_dir) / "state", ec);
+}
+}  // namespace
+
 Status PlanResume(const std::string& run_dir, const RunConfig& c, ResumePlan* plan) {
   std::error_code ec;
   const std::string launch_log = (fs::path(run_dir) / "launch.jsonl").string();
+  std::vector<MetricRecord> records;
   if (fs::exists(launch_log, ec)) {
-    std::vector<MetricRecord> records;
     std::vector<int> torn;
     DP_RETURN_IF_ERROR(ReadMetrics(launch_log, &records, &torn));
     if (!torn.empty()) {  // a launch that stopped half-way through a line (a full disk): that line is lost
@@ -174,6 +210,8 @@ Status PlanResume(const std::string& run_dir, const RunConfig& c, ResumePlan* pl
       break;
     }
   }
+  plan->never_started = !RunEverStarted(run_dir, c, records);
+  if (plan->never_started) return Status::Ok();
   if (c.checkpoint.every_updates <= 0 && !c.checkpoint.wal) {
     return FailedPrecondition(
         "run {} cannot be resumed: checkpointing was off (checkpoint.every_updates = {}, checkpoint.wal = false), so "
@@ -190,9 +228,10 @@ Status PlanResume(const std::string& run_dir, const RunConfig& c, ResumePlan* pl
     if (!has_checkpoint && !has_wal) {
       return FailedPrecondition(
           "run {} cannot be resumed: server {} saved nothing to recover from ({} is missing{}; the run stopped before "
-          "its first checkpoint — checkpoint.every_updates = {}); start it again",
+          "its first checkpoint — checkpoint.every_updates = {}); to start it again, remove the directory (rm -r {}) "
+          "and launch with the same --run-dir, or launch with another",
           run_dir, i, path, c.checkpoint.wal ? fmt::format(", and so is its write-ahead log {}", wal) : "",
-          c.checkpoint.every_updates);
+          c.checkpoint.every_updates, run_dir);
     }
     plan->checkpoints.push_back(has_checkpoint ? path : "");
     plan->wals.push_back(has_wal ? wal : "");

@@ -342,6 +342,34 @@ TEST_F(ProcessGroupTest, RestartLimitExceededFailsTheJobWithThatChildsCode) {
                                     R"(\(cluster.server_restarts = 0\))")));
 }
 
+// A child that exits with the setup-error code (a port in use, a bad config) is not restarted:
+// the restart would fail the same way. Other codes still are.
+TEST_F(ProcessGroupTest, SetupErrorIsNotRestarted) {
+  ProcessGroupOptions options = Supervised();
+  options.setup_error_code = 2;
+  ProcessGroup group(options);
+  ChildSpec server = Sh("server 0", "echo bind failed; exit 2");
+  server.max_restarts = 3;
+  server.restart_note = "with --recover";
+  server.limit = "cluster.server_restarts = 3";
+  ASSERT_TRUE(group.Start(server).ok());
+  ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 30", true)).ok());
+  EXPECT_EQ(group.Run(), 2);
+  EXPECT_EQ(group.results()[0].restarts, 0);
+  EXPECT_EQ(std::count(lines_.begin(), lines_.end(), "[server 0] bind failed"), 1);
+  EXPECT_THAT(lines_, Contains(Line(R"(\[launch\] server 0 exited with code 2 after [0-9.]+ s; a setup error, which )"
+                                    R"(a restart would repeat; stopping all)")));
+  EXPECT_TRUE(Events(ChildEvent::Kind::kRestarted).empty());
+  // Code 5 with the same options is restarted as before.
+  lines_.clear();
+  ProcessGroup other(options);
+  server.argv = {"/bin/sh", "-c", "exit 5"};
+  server.max_restarts = 1;
+  ASSERT_TRUE(other.Start(server).ok());
+  EXPECT_EQ(other.Run(), 5);
+  EXPECT_EQ(other.results()[0].restarts, 1);
+}
+
 // A child under kContinue that dies is given up; the other primaries go on, and the job
 // succeeds when they exit 0.
 TEST_F(ProcessGroupTest, ContinueChildsDeathDoesNotStopTheOthers) {

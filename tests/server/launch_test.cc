@@ -8,7 +8,10 @@
 // (task count, node list, key files, advertise host) refused before anything starts.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "common/metrics.h"
@@ -31,6 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 std::string Launcher() { return test::Binary("downpour-launch"); }
@@ -301,7 +306,8 @@ TEST_F(LaunchTest, MissingTrainLmdbIsNamedBeforeAnythingStarts) {
                             Path("run"), Path("no_such_lmdb")),
                 &out),
             2);
-  EXPECT_THAT(out, HasSubstr(fmt::format("data.train = \"{}\": no such LMDB directory", Path("no_such_lmdb"))));
+  EXPECT_THAT(out, HasSubstr(fmt::format("--set: data.train = \"{}\": no such LMDB directory", Path("no_such_lmdb"))))
+      << "a key given by --set is blamed on --set, not on the config file";
   EXPECT_FALSE(fs::exists(Path("run"))) << "the launcher created the run before checking its inputs";
   // A directory that is not an LMDB, a missing mean file, missing initial weights.
   fs::create_directories(Path("not_lmdb"));
@@ -413,6 +419,144 @@ TEST_F(LaunchTest, ResumeRecoversServersAndWorkersAndRefusesWhatItCannot) {
   EXPECT_THAT(out, HasSubstr("already finished"));
   EXPECT_EQ(Run(fmt::format("'{}' --resume '{}'", Launcher(), Path("empty")), &out), 2);
   EXPECT_THAT(out, HasSubstr("not a run directory"));
+}
+
+// A port the job needs that something else holds is one error naming the key and the port,
+// before anything starts, and the run directory is not left behind.
+TEST_F(LaunchTest, APortInUseIsNamedBeforeAnythingStarts) {
+  WriteInputs();
+  const int coordinator_port = test::FreePort();
+  const int base_port = test::FreePort();
+  auto launch = [&](std::string* out) {
+    return Run(fmt::format("'{}' --config '{}' --run-dir '{}' --set cluster.coordinator=127.0.0.1:{} "
+                           "--set cluster.base_port={}",
+                           Launcher(), Path("inputs.toml"), Path("run"), coordinator_port, base_port),
+               out);
+  };
+  for (const int held : {coordinator_port, base_port}) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(held));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << "port " << held;
+    ASSERT_EQ(::listen(fd, 1), 0);
+    std::string out;
+    EXPECT_EQ(launch(&out), 2) << out;
+    const std::string key = held == coordinator_port
+                                ? fmt::format("cluster.coordinator = \"127.0.0.1:{}\"", coordinator_port)
+                                : fmt::format("cluster.base_port = {} (server 0)", base_port);
+    EXPECT_THAT(out, HasSubstr(fmt::format("{}: port {} on 127.0.0.1 is in use", key, held)));
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "one line:\n" << out;
+    EXPECT_FALSE(fs::exists(Path("run"))) << "a refused launch left its run directory";
+    ::close(fd);
+  }
+}
+
+// Ctrl-C while the launcher sets up (here: while downpour-worker writes the tensor list) exits
+// 128 + SIGINT and leaves no run directory, so the same --run-dir launches again.
+TEST_F(LaunchTest, CtrlCDuringSetupExits130AndLeavesNoRunDirectory) {
+  // IDX inputs: checked for existence only (no LMDB records to fit to the model).
+  fs::create_directories(Path("idx"));
+  Write("idx/x-images-idx3-ubyte", "");
+  Write("idx/x-labels-idx1-ubyte", "");
+  Write("idx.toml", fmt::format("[model]\nconfig = \"{}\"\n[data]\ntrain = \"{}\"\ntest = \"\"\n",
+                                test::SourcePath("configs/models/fmnist_small.toml"),
+                                Path("idx/x-images-idx3-ubyte")));
+  fs::create_directories(Path("bin"));
+  for (const char* program : {"downpour-coordinator", "downpour-server"}) Write(fmt::format("bin/{}", program), "");
+  Write("bin/downpour-worker", fmt::format("#!/bin/sh\ntouch '{}'\nexec sleep 30\n", Path("tensors.started")));
+  ::chmod(Path("bin/downpour-worker").c_str(), 0755);
+  const int port = test::FreePortRange(3);
+  test::Child launcher({Launcher(), "--config", Path("idx.toml"), "--run-dir", Path("run"), "--bin-dir", Path("bin"),
+                        "--set", fmt::format("cluster.coordinator=127.0.0.1:{}", port), "--set",
+                        fmt::format("cluster.base_port={}", port + 1)},
+                       Path("launcher.log"));
+  bool started = false;
+  for (int i = 0; i < 500 && !started; ++i) {
+    started = fs::exists(Path("tensors.started"));
+    if (!started) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(started) << test::ReadFile(Path("launcher.log"));
+  launcher.Signal(SIGINT);
+  EXPECT_EQ(launcher.WaitExit(20s), 128 + SIGINT) << test::ReadFile(Path("launcher.log"));
+  EXPECT_THAT(test::ReadFile(Path("launcher.log")), HasSubstr("stopped by signal 2 before the job started"));
+  EXPECT_FALSE(fs::exists(Path("run"))) << test::ReadFile(Path("launcher.log"));
+}
+
+// A --dry-run's directory is a run that never started: --resume starts it from the beginning.
+// A new run stopped by Ctrl-C before any server or worker saved anything is removed; one that
+// can be resumed says how.
+TEST_F(LaunchTest, ADryRunResumesFromTheStartAndAStopBeforeAnySaveRemovesTheRun) {
+  Write("worker.sh", "exit 0\n");
+  std::string out;
+  ASSERT_EQ(Run(Command("worker.sh", "--dry-run --model alexnet-shapes"), &out), 0) << out;
+  ASSERT_TRUE(fs::exists(Path("run/config.toml")));
+  ASSERT_EQ(Run(fmt::format("'{}' --resume '{}' --grace-ms 2000 --timeout-s 60 --coordinator-cmd '/bin/sh {}' "
+                            "--server-cmd '/bin/sh {}' --worker-cmd '/bin/sh {}' --model alexnet-shapes",
+                            Launcher(), Path("run"), Path("serve.sh"), Path("serve.sh"), Path("worker.sh")),
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("never started a process (a --dry-run made it): starting it from the beginning"));
+  EXPECT_THAT(out, Not(HasSubstr("--recover")));
+  const std::vector<MetricRecord> starts = Records(Path("run/launch.jsonl"), "start");
+  ASSERT_EQ(starts.size(), 1u);
+  EXPECT_FALSE(starts[0].Get("resumed").AsBool());
+
+  // Stopped while the job runs, before anything was saved: nothing to resume, so removed.
+  Write("sleeper.sh", fmt::format("touch '{}'\nexec sleep 30\n", Path("worker.started")));
+  auto stop_after_start = [&](const std::string& run) {
+    fs::remove(Path("worker.started"));
+    test::Child launcher({"/bin/sh", "-c", "exec " + Command("sleeper.sh", "--model alexnet-shapes", run)},
+                         Path(run + ".log"));
+    bool started = false;
+    for (int i = 0; i < 500 && !started; ++i) {
+      started = fs::exists(Path("worker.started"));
+      if (!started) std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_TRUE(started) << test::ReadFile(Path(run + ".log"));
+    launcher.Signal(SIGINT);
+    EXPECT_EQ(launcher.WaitExit(20s), 128 + SIGINT);
+    return test::ReadFile(Path(run + ".log"));
+  };
+  out = stop_after_start("run2");
+  EXPECT_THAT(out, HasSubstr("[launch] stopped after"));
+  EXPECT_THAT(out, HasSubstr("stopped before any server or worker saved anything: removed " + Path("run2")));
+  EXPECT_FALSE(fs::exists(Path("run2")));
+
+  // A server's checkpoint is there when the stop comes (a stand-in writes one): kept, and the
+  // way on is named.
+  Write("serve.sh", "trap 'exit 0' TERM\nif [ \"$1\" = --id ]; then mkdir -p \"$6/checkpoints\"; "
+                    "touch \"$6/checkpoints/server-$2.dpt\"; fi\nwhile :; do sleep 0.05; done\n");
+  Write("sleeper.sh", fmt::format("i=0; while [ ! -f \"$6/checkpoints/server-1.dpt\" ] && [ $i -lt 200 ]; do "
+                                  "sleep 0.05; i=$((i+1)); done\ntouch '{}'\nexec sleep 30\n",
+                                  Path("worker.started")));
+  out = stop_after_start("run3");
+  EXPECT_THAT(out, HasSubstr("[launch] continue it with: downpour-launch --resume " + Path("run3"))) << out;
+  EXPECT_TRUE(fs::exists(Path("run3/config.toml")));
+}
+
+// Two launches in the same second with the default run directory get one each.
+TEST_F(LaunchTest, LaunchesInTheSameSecondGetTheirOwnRunDirectories) {
+  Write("out.toml", fmt::format("[run]\nname = \"twin\"\nout_dir = \"{}\"\n", Path("runs")));
+  const std::string one = fmt::format("'{}' --config '{}' --dry-run --model alexnet-shapes --worker-cmd true "
+                                      "--coordinator-cmd true --server-cmd true",
+                                      Launcher(), Path("out.toml"));
+  std::string out;
+  ASSERT_EQ(Run(fmt::format("{0} > '{1}.a' 2>&1 & {0} > '{1}.b' 2>&1 & {0} > '{1}.c' 2>&1 & wait", one,
+                            Path("twins")),
+                &out),
+            0)
+      << out;
+  std::set<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(Path("runs"))) dirs.insert(e.path().filename().string());
+  EXPECT_EQ(dirs.size(), 3u);
+  for (const std::string& d : dirs) {
+    EXPECT_TRUE(fs::exists(Path("runs/" + d + "/config.toml"))) << d;
+    EXPECT_EQ(d.rfind("twin-", 0), 0u) << d;
+  }
 }
 
 // --weights stores an absolute model.weights and eval.at_start in the run's config.
