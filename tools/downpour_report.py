@@ -21,6 +21,11 @@ def _mb(v):
     return None if v is None else v / 1e6
 
 
+def _sum2(a, b):
+    """a + b, a missing one as 0; None when both are."""
+    return None if a is None and b is None else (a or 0) + (b or 0)
+
+
 # (header, right-aligned, value of (label, summary) as text). One list, so comparison.md and
 # report.html always show the same columns.
 COLUMNS = [
@@ -41,9 +46,16 @@ COLUMNS = [
     ("max staleness", True, lambda label, s: dr.fmt(s["staleness_max"], "d")),
     ("max clocks ahead", True, lambda label, s: dr.fmt(s.get("clock_ahead_max"), "d")),
     ("mean pull wait (ms)", True, lambda label, s: dr.fmt(s.get("pull_wait_ms_mean"), ".1f")),
-    # Wire bytes per worker step (tx_bytes / rx_bytes in the step records; "—" for runs without).
+    # Bytes per worker step ("—" for runs without byte counts). push / pull: what the worker moved to
+    # and from the servers either way, sockets + same-host shared memory (tx_bytes + shm_tx_bytes,
+    # rx_bytes + shm_rx_bytes). socket: push + pull through sockets only (tx_bytes + rx_bytes), what
+    # crossed the network; shm: push + pull through shared memory only.
     ("push MB/step", True, lambda label, s: dr.fmt(_mb(s.get("push_bytes_per_step")), ".3f")),
     ("pull MB/step", True, lambda label, s: dr.fmt(_mb(s.get("pull_bytes_per_step")), ".3f")),
+    ("socket MB/step", True, lambda label, s: dr.fmt(_mb(_sum2(s.get("socket_push_bytes_per_step"),
+                                                                 s.get("socket_pull_bytes_per_step"))), ".3f")),
+    ("shm MB/step", True, lambda label, s: dr.fmt(_mb(_sum2(s.get("shm_push_bytes_per_step"),
+                                                              s.get("shm_pull_bytes_per_step"))), ".3f")),
     ("median step (ms)", True, lambda label, s: dr.fmt(s.get("step_ms_median"), ".1f")),
 ]
 
@@ -73,11 +85,13 @@ def html_table(runs):
 
 
 # The worker's step-time breakdown (metrics "step" records, docs/operations.md): field → label.
-# tx_bytes / rx_bytes: the wire bytes the worker process sent (≈ pushes) and received (≈ pulled
-# weights) during the step (docs/operations.md).
+# tx_bytes / rx_bytes: the bytes the worker process sent (≈ pushes) and received (≈ pulled weights)
+# through its sockets during the step; shm_tx_bytes / shm_rx_bytes: the payloads it wrote to and
+# read from same-host shared memory instead, not in tx / rx (docs/operations.md).
 BREAKDOWN_FIELDS = [("step_ms", "step"), ("compute_ms", "compute"), ("pull_wait_ms", "pull wait"),
                     ("push_wait_ms", "push wait"), ("loader_wait_ms", "loader"), ("comm_ms", "comm"),
-                    ("tx_bytes", "tx bytes"), ("rx_bytes", "rx bytes")]
+                    ("tx_bytes", "tx bytes"), ("rx_bytes", "rx bytes"),
+                    ("shm_tx_bytes", "shm tx bytes"), ("shm_rx_bytes", "shm rx bytes")]
 
 
 def _median(values):
@@ -155,13 +169,17 @@ def workers_phase(workers, rows):
 
 def breakdown_line(row):
     """"step = X ms; compute Y, pull wait Z, push wait W, loader V; comm C; overlap ratio R (medians
-    of N steps); wire per step: tx T MB, rx U MB" (MB = 10^6 bytes; "—" for runs without byte counts)."""
+    of N steps); wire per step: tx T MB, rx U MB" (MB = 10^6 bytes; "—" for runs without byte counts),
+    then "; shared memory per step: tx T MB, rx U MB" when the records count shared-memory bytes
+    (the wire figures are the sockets' alone)."""
     f = lambda key: dr.fmt(row[key], ".1f")  # noqa: E731
     mb = lambda key: dr.fmt(row.get(key) / 1e6 if row.get(key) is not None else None, ".3f")  # noqa: E731
     return (f"worker {row['worker']}: step = {f('step_ms')} ms; compute {f('compute_ms')}, pull wait "
             f"{f('pull_wait_ms')}, push wait {f('push_wait_ms')}, loader {f('loader_wait_ms')}; comm {f('comm_ms')}; "
             f"overlap ratio step / max(compute, comm) = {dr.fmt(row['overlap_ratio'], '.2f')} "
-            f"(medians of {row['steps']} steps); wire per step: tx {mb('tx_bytes')} MB, rx {mb('rx_bytes')} MB")
+            f"(medians of {row['steps']} steps); wire per step: tx {mb('tx_bytes')} MB, rx {mb('rx_bytes')} MB"
+            + (f"; shared memory per step: tx {mb('shm_tx_bytes')} MB, rx {mb('shm_rx_bytes')} MB"
+               if row.get("shm_tx_bytes") or row.get("shm_rx_bytes") else ""))
 
 
 CSS = """

@@ -1,7 +1,7 @@
 """downpour_runs — what the Python tools (tools/downpour-*) share: reading a run directory into
 one summary, the version string, and one error and exit-code scheme.
 
-A run directory holds (DESIGN.md "Runs"): config.toml, logs/, launch.jsonl,
+A run directory holds (docs/operations.md "The run directory"): config.toml, logs/, launch.jsonl,
 metrics/<role>-<id>.jsonl (one JSON object per line: t, role, id, event, fields),
 model_final.dpt, summary.json.
 
@@ -431,6 +431,19 @@ def last_done_per_worker(workers):
     return list(last.values())
 
 
+def steps_done(workers):
+    """Steps of all workers: each worker's last `done` record's steps; a multi-model worker's done
+    record has none ([[models]]: it trains in stages, client/worker/multi_model.cc), so its
+    stages' steps added up count instead."""
+    last, stage_steps = {}, {}
+    for w in workers:
+        for _, r in w.records("done"):
+            last[w.id] = r
+        for _, r in w.records("stage"):
+            stage_steps[w.id] = stage_steps.get(w.id, 0) + (r.get("steps") or 0)
+    return sum(d["steps"] if isinstance(d.get("steps"), int) else stage_steps.get(wid, 0) for wid, d in last.items())
+
+
 def images_per_s(done):
     train_s = done.get("train_s")
     if train_s:
@@ -596,10 +609,13 @@ def diverged_line(name, s):
             f"or a smaller solver.base_lr")
 
 
-# Per-step wire bytes in worker step records (issue 14), when present: what the worker's transport
-# sent (pushes, with their headers) and received (pulled weights, acks) during that step; and the
-# payload bytes that went through same-host shared memory instead (the socket then carried only
-# the headers; records from before these fields have none).
+# Per-step bytes in worker step records (issue 14), when present. tx_bytes / rx_bytes: what the
+# worker's transport handed to its sockets (pushes, with their headers) and took from them (pulled
+# weights, acks) during that step: every frame of every message (common/transport.h,
+# TrafficCounts), and nothing else. shm_tx_bytes / shm_rx_bytes: the payloads that went through
+# same-host shared memory instead (cluster.shared_memory; the socket then carried only their
+# headers), so they are NOT part of tx_bytes / rx_bytes. Records from before these fields have
+# none; a null shared-memory field is none moved that way.
 BYTE_FIELDS = ("tx_bytes", "rx_bytes")
 SHM_BYTE_FIELDS = ("shm_tx_bytes", "shm_rx_bytes")
 
@@ -608,44 +624,76 @@ def _num(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _cumulative(points):
+    """[(t, bytes)] → [(t, bytes up to and including t)] in time order."""
+    out, total = [], 0
+    for t, b in sorted(points, key=lambda m: m[0]):
+        total += b
+        out.append((t, total))
+    return out
+
+
 def wire_bytes(workers, times):
-    """What the workers' step records say about the bytes they moved (fields tx_bytes / rx_bytes:
-    the worker's transport's bytes out (push) and in (pull) during that one step, plus
-    shm_tx_bytes / shm_rx_bytes, the payloads that went through same-host shared memory instead;
-    runs from before issue 14 have none): the mean push and pull bytes per worker step, the median step_ms (the first step of each segment left out, as the breakdown
-    does), and [(active time, bytes moved by all workers up to then)] for the accuracy-vs-bytes
-    curve. Each value None / [] when the records lack it."""
-    moved, push, pull, step_ms = [], [], [], []
+    """What the workers' step records say about the bytes they moved (tx_bytes / rx_bytes: the
+    bytes through the worker's sockets out (push) and in (pull) during that one step;
+    shm_tx_bytes / shm_rx_bytes: the payloads that went through same-host shared memory instead,
+    not in tx / rx; runs from before issue 14 have none). Returns (summary fields, curves):
+
+    - socket_push_bytes_per_step / socket_pull_bytes_per_step, socket_bytes_total: through sockets
+      only, what crossed the network (the mean per worker step; all workers);
+    - shm_push_bytes_per_step / shm_pull_bytes_per_step, shm_bytes_total: through shared memory
+      (None when no step record carries the shm fields);
+    - push_bytes_per_step / pull_bytes_per_step, bytes_total: the two added up, what the worker
+      moved to and from the servers either way (the keys from before the split);
+    - step_ms_median: the median step_ms (the first step of each segment left out, as the
+      breakdown does);
+
+    and curves {"bytes", "socket_bytes", "shm_bytes"}: [(active time, bytes moved by all workers
+    up to then)] for the accuracy-vs-bytes plot. Each value None / [] when the records lack it."""
+    push, pull, sock_push, sock_pull, shm_push, shm_pull, step_ms = [], [], [], [], [], [], []
+    moved, socket, shm = [], [], []
+    any_shm = False
     for w in workers:
         for seg_no, seg in enumerate(w.segments):
             steps = [r for r in seg if r.get("event") == "step"]
             for i, r in enumerate(steps):
-                p, q = r.get(BYTE_FIELDS[0]), r.get(BYTE_FIELDS[1])
-                if _num(p) and _num(r.get(SHM_BYTE_FIELDS[0])):
-                    p += r[SHM_BYTE_FIELDS[0]]
-                if _num(q) and _num(r.get(SHM_BYTE_FIELDS[1])):
-                    q += r[SHM_BYTE_FIELDS[1]]
-                if _num(p):
-                    push.append(p)
-                if _num(q):
-                    pull.append(q)
-                if _num(p) or _num(q):
-                    moved.append((active_time(r, seg_no, times), (p if _num(p) else 0) + (q if _num(q) else 0)))
+                tx, rx = r.get(BYTE_FIELDS[0]), r.get(BYTE_FIELDS[1])
+                stx, srx = r.get(SHM_BYTE_FIELDS[0]), r.get(SHM_BYTE_FIELDS[1])
+                any_shm = any_shm or _num(stx) or _num(srx)
+                stx, srx = (stx if _num(stx) else 0), (srx if _num(srx) else 0)
+                if _num(tx):
+                    sock_push.append(tx)
+                    shm_push.append(stx)
+                    push.append(tx + stx)
+                if _num(rx):
+                    sock_pull.append(rx)
+                    shm_pull.append(srx)
+                    pull.append(rx + srx)
+                if _num(tx) or _num(rx):
+                    t = active_time(r, seg_no, times)
+                    s_bytes = (tx if _num(tx) else 0) + (rx if _num(rx) else 0)
+                    m_bytes = ((stx if _num(tx) else 0) + (srx if _num(rx) else 0))
+                    socket.append((t, s_bytes))
+                    shm.append((t, m_bytes))
+                    moved.append((t, s_bytes + m_bytes))
                 if i > 0 and isinstance(r.get("step_ms"), (int, float)):
                     step_ms.append(r["step_ms"])
-    moved.sort(key=lambda m: m[0])
-    cumulative, total = [], 0
-    for t, b in moved:
-        total += b
-        cumulative.append((t, total))
+    curves = {"bytes": _cumulative(moved), "socket_bytes": _cumulative(socket),
+              "shm_bytes": _cumulative(shm) if any_shm else []}
     mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
+    last = lambda c: c[-1][1] if c else None  # noqa: E731
     step_ms.sort()
     median = None
     if step_ms:
         mid = len(step_ms) // 2
         median = step_ms[mid] if len(step_ms) % 2 else (step_ms[mid - 1] + step_ms[mid]) / 2
     return {"push_bytes_per_step": mean(push), "pull_bytes_per_step": mean(pull), "step_ms_median": median,
-            "bytes_total": total if moved else None}, cumulative
+            "bytes_total": last(curves["bytes"]),
+            "socket_push_bytes_per_step": mean(sock_push), "socket_pull_bytes_per_step": mean(sock_pull),
+            "socket_bytes_total": last(curves["socket_bytes"]),
+            "shm_push_bytes_per_step": mean(shm_push) if any_shm else None,
+            "shm_pull_bytes_per_step": mean(shm_pull) if any_shm else None,
+            "shm_bytes_total": last(curves["shm_bytes"])}, curves
 
 
 def bytes_until(cumulative, t):
@@ -680,6 +728,11 @@ def multi_model_summary(config, workers):
     images = {}
     for r in stages:
         images[r.get("name")] = images.get(r.get("name"), 0) + (r.get("images") or 0)
+
+    def stage_bytes(fields):
+        # Added up over every stage record that has them (None when none does).
+        values = [r[f] for r in stages for f in fields if _num(r.get(f))]
+        return sum(values) if values else None
     return {
         "scheme": rotation.get("scheme", "pipeline"),
         "models": len(models),
@@ -691,6 +744,10 @@ def multi_model_summary(config, workers):
         "images_per_model": images,
         "model_bytes": sum(r.get("model_bytes") or 0 for r in stages),
         "data_bytes_moved": sum(r.get("data_bytes_moved") or 0 for r in stages),
+        # What the stages' transports counted (all workers): bytes through sockets (tx + rx), and
+        # the payloads that went through same-host shared memory instead (shm tx + rx).
+        "socket_bytes": stage_bytes(BYTE_FIELDS),
+        "shm_bytes": stage_bytes(SHM_BYTE_FIELDS),
         "wait_s": sum(r.get("wait_s") or 0 for r in stages),
     }
 
@@ -731,7 +788,7 @@ def summarize(spec):
         "wall_s": sum(t_end - t0 for t0, t_end, _ in times),
         "segments": len(times),
         "resumed": resumed or len(times) > 1,
-        "steps": sum(d.get("steps", 0) for d in dones),
+        "steps": steps_done(workers),
         "images": sum(d.get("images", 0) for d in dones),
         # Aggregate training throughput: every worker's images over its own training time.
         "images_per_s": sum(images_per_s(d) for d in dones),
@@ -752,7 +809,7 @@ def summarize(spec):
     summary.update(server_pulls(files))
     summary.update(launch_summary(launch_files))
     summary["missing"] = missing_files(parts, config, launch_files, files)
-    wire, cumulative = wire_bytes(workers, times)
+    wire, curves = wire_bytes(workers, times)
     summary.update(wire)
     summary["evaluated_by"] = evaluated_by if evals else None
     batch, nworkers = summary["batch_size"], summary["workers"]
@@ -767,7 +824,12 @@ def summarize(spec):
     summary["evals"] = [{"wall_s": t, "epoch": e.get("epoch"), "step": e.get("step"), "images": images_of(e),
                          "top1": e.get("top1"),
                          "top5": e.get("top5"), "test_loss": e.get("test_loss"), "final": bool(e.get("final")),
-                         "server_versions": e.get("server_versions"), "bytes": bytes_until(cumulative, t)}
+                         "server_versions": e.get("server_versions"),
+                         # Up to this evaluation, all workers: moved either way (sockets + shared
+                         # memory), through sockets, through shared memory.
+                         "bytes": bytes_until(curves["bytes"], t),
+                         "socket_bytes": bytes_until(curves["socket_bytes"], t),
+                         "shm_bytes": bytes_until(curves["shm_bytes"], t)}
                         for t, e in evals]
     summary["train_loss"] = loss_curve(workers, times)
     summary["multi_model"] = multi_model_summary(config, workers)
@@ -777,6 +839,15 @@ def summarize(spec):
         summary["final_top1"], summary["final_top5"] = best["top1"], best["top5"]
         summary["evaluated_by"] = "worker 0 (every model)"
     return summary
+
+
+def default_label(s):
+    """A run's label in tables and legends when none is given: "<mode> W=<workers>", or for a
+    multi-model run ([[models]] / [sweep]) "sweep of K models (<scheme>), W=<workers>"."""
+    mm = s.get("multi_model")
+    if mm:
+        return f"sweep of {mm['models']} models ({mm['scheme']}), W={s['workers']}"
+    return f"{s['mode']} W={s['workers']}"
 
 
 def write_summary(spec):

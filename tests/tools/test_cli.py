@@ -11,7 +11,7 @@ import unittest
 
 import fabricate as fab
 
-TOOLS = ("downpour-summarize", "downpour-compare", "downpour-experiment", "downpour-scaling")
+TOOLS = ("downpour-summarize", "downpour-compare", "downpour-experiment", "downpour-scaling", "downpour-trace")
 
 
 def first_line_of_version_file():

@@ -79,6 +79,68 @@ class WireBytes(unittest.TestCase):
         self.assertEqual((s["push_bytes_per_step"], s["pull_bytes_per_step"]), (2_448_300, 500))
         self.assertEqual(s["bytes_total"], 2 * 50 * (2_448_300 + 500))
 
+    def test_summary_keeps_socket_and_shared_memory_bytes_apart(self):
+        # tx_bytes / rx_bytes are what crossed the socket (headers only when shared memory is
+        # on); shm_tx_bytes / shm_rx_bytes the payloads that did not. The summary names both.
+        run = fab.simple_run(os.path.join(self.tmp, "a"), steps=50)
+        add_bytes(run, 300, 500, shm_tx_bytes=2_448_000, shm_rx_bytes=None)
+        r = fab.run_tool("downpour-summarize", "-q", run)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(run, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual((s["socket_push_bytes_per_step"], s["socket_pull_bytes_per_step"]), (300, 500))
+        self.assertEqual((s["shm_push_bytes_per_step"], s["shm_pull_bytes_per_step"]), (2_448_000, 0))
+        self.assertEqual(s["socket_bytes_total"], 2 * 50 * 800)
+        self.assertEqual(s["shm_bytes_total"], 2 * 50 * 2_448_000)
+        self.assertEqual(s["bytes_total"], s["socket_bytes_total"] + s["shm_bytes_total"])  # the old key, both
+        first = s["evals"][0]
+        self.assertEqual((first["socket_bytes"], first["shm_bytes"]), (2 * 20 * 800, 2 * 20 * 2_448_000))
+        self.assertEqual(first["bytes"], first["socket_bytes"] + first["shm_bytes"])
+
+    def test_breakdown_line_names_shared_memory_apart_from_the_wire(self):
+        run = fab.simple_run(os.path.join(self.tmp, "a"), steps=30)
+        add_bytes(run, 300, 500, shm_tx_bytes=2_448_000, shm_rx_bytes=1_000_000)
+        r = fab.run_tool("downpour-summarize", run)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("wire per step: tx 0.000 MB, rx 0.001 MB; shared memory per step: tx 2.448 MB, rx 1.000 MB",
+                      r.stdout)
+
+    def test_without_shared_memory_fields_socket_bytes_are_all_and_shm_unknown(self):
+        run = fab.simple_run(os.path.join(self.tmp, "a"), steps=40)
+        add_bytes(run, 1000, 3000)
+        self.assertEqual(fab.run_tool("downpour-summarize", "-q", run).returncode, 0)
+        with open(os.path.join(run, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["socket_bytes_total"], s["bytes_total"])
+        self.assertIsNone(s["shm_bytes_total"])
+        self.assertIsNone(s["shm_push_bytes_per_step"])
+        self.assertIsNone(s["evals"][0]["shm_bytes"])
+
+    def test_accuracy_vs_bytes_plots_socket_bytes_and_names_shared_memory_apart(self):
+        # A same-host run with shared memory: ~2.45 MB a step went through the region, 800 bytes
+        # through the socket. The plot's x axis is what crossed the socket, and says so; the
+        # shared-memory bytes are in the legend and the table, named as such.
+        shm = fab.simple_run(os.path.join(self.tmp, "shm"), steps=50)
+        add_bytes(shm, 300, 500, shm_tx_bytes=2_448_000, shm_rx_bytes=0)
+        out = os.path.join(self.tmp, "cmp")
+        r = fab.run_tool("downpour-compare", "-q", "-o", out, f"same-host={shm}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(out, "run0.bytes")) as f:
+            last = f.read().splitlines()[-1].split()
+        self.assertAlmostEqual(float(last[0]), 2 * 50 * 800 / 1e9, places=7)
+        with open(os.path.join(out, "accuracy_vs_bytes.gp")) as f:
+            gp = f.read()
+        self.assertNotIn("on the wire", gp)
+        self.assertIn("set xlabel 'GB through sockets", gp)
+        self.assertIn("same-host (+0.245 GB through shared memory, not on this axis)", gp)
+        p, text = parse_report(os.path.join(out, "report.html"))
+        header, *rows = p.rows
+        col = {name: i for i, name in enumerate(header)}
+        self.assertEqual(rows[0][col["socket MB/step"]], "0.001")
+        self.assertEqual(rows[0][col["shm MB/step"]], "2.448")
+        self.assertEqual(rows[0][col["push MB/step"]], "2.448")  # push MB/step: both ways, as before
+        self.assertNotIn("on the wire", text)
+
     def test_runs_without_byte_fields_say_none(self):
         run = fab.simple_run(os.path.join(self.tmp, "a"), steps=40)
         self.assertEqual(fab.run_tool("downpour-summarize", "-q", run).returncode, 0)
@@ -162,7 +224,7 @@ class CompressionExperiment(unittest.TestCase):
             if c["push"] in ("topk", "onebit"):
                 self.assertTrue(c["error_feedback"], label)
             if "alexnet" in model:
-                # 60 steps per worker: ~4 min a row on the 2-core VM (bench/RESULTS.md §11.3)
+                # 60 steps per worker: minutes a row on a 2-core VM (bench/RESULTS.md §11.3)
                 self.assertLessEqual(cfg["worker"]["steps"], 60, f"{label}: AlexNet rows must stay bounded")
                 self.assertGreater(cfg["eval"]["test_batches"], 0, f"{label}: AlexNet evaluates on a test subset")
         codecs = {"fp32/fp32", "factorsfp32/fp32", "factorsfp32/fp16", "topk/fp32", "onebit/fp32", "topk/fp16"}
