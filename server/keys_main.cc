@@ -30,7 +30,7 @@ void PrintDistribution(const std::string& dir) {
       "{0}: CurveZMQ keys made in {1}\n"
       "Copy to each host (same path, or point [security] keys at the copy); keep *.key mode 0600:\n"
       "  every host:          {1}/endpoint.pub {1}/admin.pub {1}/server.pub {1}/worker.pub\n"
-      "  coordinator host:    {1}/endpoint.key {1}/admin.key\n"
+      "  coordinator host:    {1}/endpoint.key {1}/admin.key {1}/worker.key (the evaluator)\n"
       "  server hosts:        {1}/endpoint.key {1}/server.key\n"
       "  worker hosts:        {1}/worker.key\n"
       "  operator (launcher): {1}/admin.key\n"
