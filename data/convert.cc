@@ -250,7 +250,8 @@ struct ListEntry {
 };
 
 // Reads "<path> <label>" lines (the label is the last field, so paths may hold spaces, as in
-// Caffe's list files); every named file must exist.
+// Caffe's list files). With folder.strict every named file must exist, so a missing one fails
+// before anything is written; otherwise the conversion skips it as convert_imageset does.
 Status ReadFolderList(const FolderOptions& folder, std::vector<ListEntry>* out) {
   std::error_code ec;
   if (std::filesystem::is_directory(folder.list, ec)) {
@@ -273,7 +274,7 @@ Status ReadFolderList(const FolderOptions& folder, std::vector<ListEntry>* out) 
     }
     ListEntry e{text.substr(0, text.find_last_not_of(" \t", sep) + 1), label, line_no};
     const std::string full = (std::filesystem::path(folder.root) / e.path).string();
-    if (!std::filesystem::is_regular_file(full)) {
+    if (folder.strict && !std::filesystem::is_regular_file(full)) {
       return NotFound("convert-folder: {} line {}: image file {} does not exist", folder.list,
                       line_no, full);
     }

@@ -428,11 +428,24 @@ TEST(ConvertFolder, MissingFileAndCorruptImageNameTheFile) {
   ConvertOptions o;
   o.out = dir / "out";
   ConvertReport r;
+  // Without --strict a listed file that is missing is skipped, naming it, as convert_imageset does.
   Status s = ConvertFolder(fo, o, &r);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.records, 2);
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_NE(r.skipped[0].find("list.txt line 3: "), std::string::npos) << r.skipped[0];
+  EXPECT_NE(r.skipped[0].find("ghost.jpg"), std::string::npos) << r.skipped[0];
+
+  // --strict: the missing file fails the conversion before anything is written.
+  fo.strict = true;
+  o.out = dir / "out_strict";
+  s = ConvertFolder(fo, o, &r);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find("ghost.jpg"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("line 3"), std::string::npos) << s.message();
   EXPECT_FALSE(std::filesystem::exists(o.out)) << "nothing is written before the list checks out";
+  fo.strict = false;
+  o.out = dir / "out_cut";
 
   // A JPEG cut in half, --strict: the decoder's error names the file and the list line, and
   // the records already written are removed with their staging directory.
