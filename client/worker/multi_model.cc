@@ -71,7 +71,8 @@ class MultiModelWorker {
   MultiModelWorker(const RunConfig& c, const WorkerArgs& a) : c_(c), a_(a), id_(a.id) {}
 
   Status Setup(bool* started);
-  Status Run();
+  // Trains every stage of this worker; `*result` gets its totals over them (no evaluation).
+  Status Run(TrainResult* result);
 
  private:
   Status OpenPartition(int partition, TrainSource** out);
@@ -303,7 +304,7 @@ Status MultiModelWorker::DataParallelStage(ModelSlot& m, TrainSource* source, in
   return trainer.Run(&r);  // its per-step losses go unrecorded (no metrics writer)
 }
 
-Status MultiModelWorker::Run() {
+Status MultiModelWorker::Run(TrainResult* result) {
   const int K = static_cast<int>(c_.models.size());
   const int W = c_.cluster.workers;
   const std::vector<StageTask> stages =
@@ -334,7 +335,7 @@ Status MultiModelWorker::Run() {
                                      {"first_stage", static_cast<int64_t>(first)},
                                      {"batch_size", c_.worker.batch_size}});
   const double t_run = NowS();
-  int64_t total_images = 0, total_model_bytes = 0, total_data_moved = 0;
+  int64_t total_steps = 0, total_images = 0, total_model_bytes = 0, total_data_moved = 0;
   double total_wait = 0, total_eval = 0;
   for (size_t i = first; i < stages.size(); ++i) {
     StageTask t = stages[i];
@@ -376,6 +377,7 @@ Status MultiModelWorker::Run() {
     }
     const int64_t images = steps * c_.worker.batch_size;
     const int64_t data_moved = t.partition == id_ ? 0 : images * image_bytes_;
+    total_steps += steps;
     total_images += images;
     total_model_bytes += model_bytes;
     total_data_moved += data_moved;
@@ -428,6 +430,11 @@ Status MultiModelWorker::Run() {
   const TrafficCounts traffic = transport_->traffic();
   const TrafficCounts shm = SharedMemoryTraffic();
   const double wall = NowS() - t_run;
+  result->steps = total_steps;
+  result->images = total_images;
+  result->wall_s = wall;
+  result->train_s = wall - total_wait - total_eval;
+  result->images_per_s = result->train_s > 0 ? static_cast<double>(total_images) / result->train_s : 0;
   (void)metrics_->Write("done", {{"images", total_images},
                                  {"wall_s", wall},
                                  // Training time: waits for models and evaluations left out.
@@ -587,10 +594,10 @@ std::string LeaderboardJson(std::vector<LeaderboardRow> rows) {
   return out + "\n]}\n";
 }
 
-Status RunMultiModelWorker(const RunConfig& config, const WorkerArgs& args, bool* started) {
+Status RunMultiModelWorker(const RunConfig& config, const WorkerArgs& args, TrainResult* result, bool* started) {
   MultiModelWorker w(config, args);
   DP_RETURN_IF_ERROR(w.Setup(started));
-  return w.Run();
+  return w.Run(result);
 }
 
 }  // namespace downpour::worker

@@ -52,8 +52,9 @@
 namespace downpour::worker {
 
 // Runs worker `args.id` of the multi-model run `config` (config.models non-empty) to its end.
-// `*started` as for RunWorker.
-Status RunMultiModelWorker(const RunConfig& config, const WorkerArgs& args, bool* started);
+// `*result` gets the worker's steps, images and images/s over all its stages; `*started` as for
+// RunWorker.
+Status RunMultiModelWorker(const RunConfig& config, const WorkerArgs& args, TrainResult* result, bool* started);
 
 // One leaderboard row (worker 0's final evaluation of a model).
 struct LeaderboardRow {

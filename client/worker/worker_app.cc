@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <ranges>
 #include <thread>
 
 #include "client/caffe/weights_io.h"
@@ -409,6 +410,23 @@ Status TestSavedModel(const TestArgs& args, TestResult* result) {
   if (config.data.test.empty()) {
     return InvalidArgument("{}: data.test is empty; give the test set with --data", args.config_path);
   }
+  if (!config.models.empty()) {
+    // A run of several models saves each as <run>/models/<name>.dpt: the file's name picks the
+    // model (and so its net) to test.
+    const std::string stem = std::filesystem::path(args.weights).stem().string();
+    const auto it = std::find_if(config.models.begin(), config.models.end(),
+                                 [&](const ModelEntry& m) { return m.name == stem; });
+    if (it == config.models.end() || !std::filesystem::exists(args.weights)) {
+      std::filesystem::path models_dir = std::filesystem::path(args.weights).parent_path();
+      if (models_dir.filename() != "models") models_dir /= "models";
+      return NotFound("{}: {} trains {} models ([[models]]), each saved as <run dir>/models/<name>.dpt; test one "
+                      "with --weights {}/{}.dpt (names: {})",
+                      args.weights, args.config_path, config.models.size(), models_dir.string(),
+                      config.models.front().name,
+                      fmt::join(config.models | std::views::transform(&ModelEntry::name), ", "));
+    }
+    config = ModelRunConfig(config, static_cast<int>(it - config.models.begin()));
+  }
   engine::NetSpec spec;
   DP_RETURN_IF_ERROR(engine::ParseNetSpecFile(config.model.config, &spec));
   std::unique_ptr<engine::Net> net;
@@ -448,7 +466,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
     if (!config.worker.emulate_ms.empty()) {
       return InvalidArgument("{}: worker.emulate_ms is for one model's job ([[models]] is set)", config_path);
     }
-    return RunMultiModelWorker(config, a, started);
+    return RunMultiModelWorker(config, a, result, started);
   }
   // Only worker 0, named as such, evaluates: never one that joined; and in a distributed run
   // only when the run has no evaluator process (eval.evaluator = false).

@@ -220,6 +220,21 @@ TEST_F(MultiModelJobTest, PipelineMovesModelsNotDataAndAppliesEveryMoveOnce) {
   }
   ExpectEveryMoveAppliedOnce(run, kWorkers);  // W × passes moves per model
   ExpectLeaderboard(run);
+  // Each worker's last line counts the steps of all its stages.
+  EXPECT_THAT(out_, HasSubstr(fmt::format("[worker 1] worker 1: done, {} steps, ", kModels * kStageSteps)));
+  // downpour-test on the sweep's run directory names the saved models; one of them tests as the
+  // run's own evaluation did (the same 20 batches of 100 test images).
+  std::string out;
+  EXPECT_EQ(test::RunCommand({test::Binary("downpour-test"), "--run-dir", run.string()}, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr(fmt::format("test one with --weights {}/models/", run.string())));
+  const auto evals = test::Metrics(run, "worker-0.jsonl", "model_eval");
+  ASSERT_FALSE(evals.empty());
+  EXPECT_EQ(test::RunCommand({test::Binary("downpour-test"), "--run-dir", run.string(), "--weights",
+                              evals[0].Get("path").AsString(), "--batches", "20", "--json"},
+                             &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr(fmt::format("\"top1\":{:.6f}", evals[0].Get("top1").AsDouble()))) << out;
 }
 
 TEST_F(MultiModelJobTest, FewerModelsThanWorkersShareAModelPerStageAndAverageTheirChanges) {
