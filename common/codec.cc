@@ -30,7 +30,7 @@ const char* RejectReasonName(RejectReason r) {
       "undecodable",     "bad_type",        "not_registered", "layout_hash",  "model_id",       "unknown_chunk",
       "dtype",           "elem_count",      "byte_length",    "frame_count",  "non_finite",     "checksum",
       "duplicate_chunk", "not_initialized", "clock",          "unauthorized", "outside_run_dir", "version",
-      "log_write"};
+      "log_write",       "removed"};
   static_assert(std::size(kNames) == static_cast<size_t>(RejectReason::kCount));
   const auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";

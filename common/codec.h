@@ -68,6 +68,7 @@ enum class RejectReason : uint16_t {
   kOutsideRunDir,    // checkpoint path from the wire resolves outside the run directory
   kVersion,          // a push's version_from is negative or ahead of the chunk's version
   kLogWrite,         // the server's write-ahead log could not be written: nothing was taken
+  kRemoved,          // the sender's worker was declared dead: this process is out of the run
   kCount
 };
 const char* RejectReasonName(RejectReason r);
@@ -100,6 +101,10 @@ inline constexpr uint32_t kFlagElastic = 1u << 4;
 // (ShardOptions::model_moves).
 inline constexpr uint32_t kFlagMove = 1u << 5;
 inline constexpr uint32_t kMaxMoveBatches = 1u << 24;  // a move push's move_batches: 1..this
+// heartbeat reply to a worker: the coordinator declared it dead (silent past the heartbeat
+// timeout: the process was stopped or cut off) while it was away. The process is out of the run
+// and must stop; a restart (a new process, downpour-worker --resume) joins it again.
+inline constexpr uint32_t kFlagRemoved = 1u << 6;
 
 struct ShardStatsWire {
   uint64_t pushes_received = 0;

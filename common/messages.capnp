@@ -109,6 +109,8 @@ struct Header {
                                # heartbeat: bit 1 = the worker finished training,
                                #   bit 2 = the worker is done (evaluated, saved) and exits;
                                # register / push / pull / pull reply: bit 3 = shared memory (below);
+                               # heartbeat reply to a worker: bit 6 = it was declared dead and is
+                               #   out of the run (kFlagRemoved);
                                # error reply from a server: the RejectReason (common/codec.h)
 
   # Payload description, one entry per payload frame, in frame order.

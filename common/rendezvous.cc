@@ -160,6 +160,12 @@ void RendezvousClient::HeartbeatLoop(std::function<void(int32_t, bool)> on_gone)
     if (s.ok()) {
       last_heard = now;
       if (reply.shutdown) shutdown_.store(true);
+      if ((reply.flags & kFlagRemoved) != 0 && !removed_.exchange(true)) {
+        spdlog::error("coordinator {}: it declared worker {} dead (silent past cluster.heartbeat_timeout_ms: this "
+                      "process was stopped or cut off) and removed it from the run; stopping (a restart with --resume "
+                      "joins again)",
+                      options_.coordinator, id_);
+      }
     } else if (s.code() == StatusCode::kTimeout || s.code() == StatusCode::kUnavailable) {
       // No coordinator (dead, restarting): not fatal; keep heartbeating, say so now and then.
       if (now - last_heard > 2 * options_.heartbeat_interval && now >= next_say) {

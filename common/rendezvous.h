@@ -89,6 +89,9 @@ class RendezvousClient {
   // Times this client registered again (a restarted coordinator, a lost id).
   uint64_t reregistrations() const { return reregistrations_.load(); }
   bool shutdown_requested() const { return shutdown_.load(); }
+  // The coordinator declared this worker dead while it was stopped or cut off (kFlagRemoved):
+  // the process is out of the run and must stop.
+  bool removed() const { return removed_.load(); }
   // The worker's clock, reported with the next heartbeat.
   void set_clock(int64_t clock) { clock_.store(clock); }
   // Asks the coordinator to end the run (every process hears it at its next heartbeat).
@@ -146,6 +149,7 @@ class RendezvousClient {
   std::vector<std::pair<int32_t, std::string>> undelivered_moves_;
   std::function<void(int32_t, const std::string&)> on_server_moved_;
   std::atomic<bool> shutdown_{false};
+  std::atomic<bool> removed_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -108,11 +108,17 @@ bool Coordinator::EveryoneTold() const {
 }
 
 Status Coordinator::Serve(ServerEndpoint* ep) {
+  // The loop turns at least every poll_interval. A longer gap is time this process did not run
+  // (stopped, swapped out, starved of CPU): its own silence, which must not be counted as its
+  // peers' (their heartbeats of that time are still queued).
+  const auto stall_limit = std::max<std::chrono::milliseconds>(options_.heartbeat_interval, 10 * options_.poll_interval);
+  auto last_turn = Clock::now();
   while (!stop_.load()) {
     PeerId peer;
     PeerInfo info;
     Frames frames;
     Status s = ep->Receive(&peer, &frames, options_.poll_interval, &info);
+    if (const auto gap = Clock::now() - last_turn; gap > stall_limit) ForgiveStall(gap - options_.poll_interval);
     if (s.ok()) {
       Handle(ep, peer, info, frames);
     } else if (s.code() != StatusCode::kTimeout) {
@@ -128,9 +134,28 @@ Status Coordinator::Serve(ServerEndpoint* ep) {
       std::lock_guard<std::mutex> lock(mu_);
       if (EveryoneTold() || Clock::now() - shutdown_at_ > options_.shutdown_grace) break;
     }
+    last_turn = Clock::now();
   }
   refusal_log_.FlushFinal();
   return Status::Ok();
+}
+
+void Coordinator::ForgiveStall(Clock::duration stalled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  auto forgive = [&](Holder& h) {
+    if (h.bound) h.seen = std::min(now, h.seen + stalled);
+  };
+  for (Holder& h : server_holders_) forgive(h);
+  for (WorkerSlot& slot : workers_) forgive(slot.holder);
+  forgive(evaluator_.holder);
+  started_ += stalled;
+  if (workers_ended_) workers_ended_at_ += stalled;
+  const double seconds = std::chrono::duration<double>(stalled).count();
+  spdlog::warn("coordinator: this process did not run for {:.1f} s (stopped, swapped out or starved of CPU); that "
+               "time is not counted as anyone's silence",
+               seconds);
+  Emit("stalled", -1, fmt::format("{:.1f} s", seconds));
 }
 
 void Coordinator::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h) {
@@ -449,7 +474,7 @@ Status Coordinator::RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const
   return Status::Ok();
 }
 
-Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h) {
+Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h, bool* removed) {
   if (h.role == Role::kEvaluator) {
     if (h.sender != 0 || !evaluator_.holder.bound || evaluator_.holder.peer != peer) {
       return FailedPrecondition("{} for the evaluator: it is not registered on this connection", MsgTypeName(h.type));
@@ -479,6 +504,17 @@ Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h) {
   if (h.role == Role::kServer) return Status::Ok();
   const int32_t w = h.sender;
   WorkerSlot& slot = workers_[static_cast<size_t>(w)];
+  if (slot.silent && !slot.finished) {
+    // Declared dead while it was stopped or cut off, and the servers have fenced it: it is out,
+    // and told so (a restart registers a new process, which takes the id back).
+    *removed = true;
+    if (!slot.told_removed) {
+      slot.told_removed = true;
+      spdlog::warn("coordinator: worker {}, declared dead, is heard from again: told it is out of the run", w);
+      Emit("worker_removed", w, "heard from after it was declared dead");
+    }
+    return Status::Ok();
+  }
   slot.clock = std::max(slot.clock, h.clock);
   // A finished worker is gone at once (not after the heartbeat timeout): listed with the dead,
   // so servers stop waiting for it and the evaluating worker knows it is done.
@@ -536,10 +572,12 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
       if (s.ok()) return;
       break;
     case MsgType::kHeartbeat:
-    case MsgType::kClock:
-      s = NoteHeartbeat(peer, h);
+    case MsgType::kClock: {
+      bool removed = false;
+      s = NoteHeartbeat(peer, h, &removed);
       if (!s.ok()) break;
       r.type = h.type == MsgType::kClock ? MsgType::kAck : MsgType::kHeartbeat;
+      if (removed) r.flags |= kFlagRemoved;
       FillChanges(h, &r);
       if (h.role == Role::kWorker || h.role == Role::kEvaluator) {
         r.server_addresses = server_addresses_;  // a moved server's new one
@@ -549,6 +587,7 @@ void Coordinator::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
       if (r.shutdown) told_shutdown_.insert(peer);
       Reply(ep, peer, r);
       return;
+    }
     case MsgType::kShutdown:
       s = Authorize(options_.access, info, h, Privilege::kAdmin);
       if (!s.ok()) break;

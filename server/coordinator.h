@@ -20,7 +20,12 @@
 //    restarted server's new one) and the worker's data slice: its rank among the live workers
 //    (sliceIndex) and their number (workerCount), which a worker reading a slice of a shared
 //    LMDB takes at its next epoch, so the slices are dealt again when workers join or leave.
-//    Servers pass the gone workers to their consistency policy.
+//    Servers pass the gone workers to their consistency policy and fence their processes. A
+//    worker declared dead that heartbeats again (it was stopped or cut off) is answered with
+//    kFlagRemoved: it is out of the run and stops; a restarted process registers anew.
+//  * its own pauses: a gap in its loop longer than max(heartbeat_interval, 10 poll intervals) is
+//    time this process did not run; everyone's silence and the end rule's timers move on by it
+//    (ForgiveStall), so a paused coordinator declares nobody dead for its own pause.
 //  * shutdown: on request (admin), or by itself once every worker of 0..W-1 and every worker
 //    that registered (joiners too) is done (a heartbeat with kFlagDone: evaluated, saved,
 //    exiting) or silent past the timeout — how a cluster run ends without a launcher that sees
@@ -169,6 +174,7 @@ class Coordinator {
     bool silent = false;  // silent past the timeout (finished or not)
     bool finished = false;
     bool done = false;
+    bool told_removed = false;  // declared dead, heard from again, told it is out (logged once)
     int64_t clock = 0;
     Clock::time_point gone_at;
   };
@@ -189,13 +195,17 @@ class Coordinator {
   // The silence after which a server or the evaluator that proved its role (keys, or the run's
   // secret) takes its id over from its old holder: two heartbeat intervals; else the timeout.
   std::chrono::milliseconds TakeoverSilence(const PeerInfo& info) const;
-  Status NoteHeartbeat(const PeerId& peer, const MessageHeader& h);
+  // `*removed`: the sender is a worker declared dead that is heard from again (kFlagRemoved).
+  Status NoteHeartbeat(const PeerId& peer, const MessageHeader& h, bool* removed);
   // Fills the reply's gone lists and seq for a sender that has seen `h.gone_seq`.
   void FillChanges(const MessageHeader& h, MessageHeader* r) const;
   void FillSlice(int32_t worker, MessageHeader* r) const;  // with mu_ held
   void MarkGone(int32_t w, bool finished);  // with mu_ held: a membership change
   void ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h, int32_t id);
   void CheckLiveness();
+  // This process did not run for `stalled`: every holder's silence and the end rule's timers
+  // move on by as much, so nobody is declared dead for the coordinator's own pause.
+  void ForgiveStall(Clock::duration stalled);
   void MaybeEndRun();                                      // with mu_ held
   bool EveryoneTold() const;                               // with mu_ held
   void BeginShutdown(int32_t by, const std::string& who);  // with mu_ held
@@ -208,7 +218,7 @@ class Coordinator {
   const CoordinatorOptions options_;
   const int32_t max_workers_;  // effective: max(max_workers, workers)
   const uint64_t incarnation_;
-  const Clock::time_point started_;
+  Clock::time_point started_;  // moved on by a stall of this process (ForgiveStall)
   mutable std::mutex mu_;
   std::vector<std::string> server_addresses_;  // "" until registered
   std::vector<Holder> server_holders_;         // index = server id

@@ -196,6 +196,7 @@ Status Run(const Flags& f, bool* serving) {
   o.model_moves = multi;
   if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) spdlog::info("server {}: {}", f.id, link);
   o.wal_fsync_ms = std::chrono::milliseconds(cfg.checkpoint.wal_fsync_ms);
+  o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.checkpoint_every_updates = cfg.checkpoint.every_updates;
   std::filesystem::create_directories(
       std::filesystem::path(ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id)).parent_path());

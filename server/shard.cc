@@ -258,6 +258,8 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
   peers_of_worker_.resize(static_cast<size_t>(max_workers_));
   dedup_.resize(static_cast<size_t>(max_workers_));
+  sessions_of_worker_.resize(static_cast<size_t>(max_workers_));
+  removed_sessions_.resize(static_cast<size_t>(max_workers_));
   pull_step_order_.assign(static_cast<size_t>(max_workers_), {-1, 0});
 }
 
@@ -338,6 +340,44 @@ void ShardServer::MarkWorkerGone(int32_t worker, bool finished) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::pair<int32_t, bool> item{worker, finished};
   if (std::find(gone_queue_.begin(), gone_queue_.end(), item) == gone_queue_.end()) gone_queue_.push_back(item);
+  if (finished) return;
+  // Declared dead: the process that was silent is out of the run, whatever it sends if it wakes.
+  // It registered before its silence began, at least the timeout before this notice; a process
+  // restarted under the same id registers later, after the coordinator took the id back.
+  const auto cutoff = std::chrono::steady_clock::now() - options_.heartbeat_timeout / 2;
+  auto& seen = sessions_of_worker_[static_cast<size_t>(worker)];
+  auto& removed = removed_sessions_[static_cast<size_t>(worker)];
+  for (auto it = seen.begin(); it != seen.end();) {
+    if (it->registered > cutoff) {
+      ++it;
+      continue;
+    }
+    removed.push_back(it->session);
+    if (removed.size() > static_cast<size_t>(kDedupSessions)) removed.pop_front();
+    spdlog::info("server {}: worker {} declared dead: its process (client session {:016x}) is out of the run",
+                 options_.server_id, worker, it->session);
+    it = seen.erase(it);
+  }
+}
+
+void ShardServer::NoteSession(int32_t worker, uint64_t session) {
+  if (session == 0) return;
+  auto& seen = sessions_of_worker_[static_cast<size_t>(worker)];
+  auto it = std::find_if(seen.begin(), seen.end(), [&](const SessionSeen& x) { return x.session == session; });
+  if (it != seen.end()) seen.erase(it);
+  seen.push_back(SessionSeen{session, std::chrono::steady_clock::now()});
+  if (seen.size() > static_cast<size_t>(kDedupSessions)) seen.pop_front();
+}
+
+Status ShardServer::CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const {
+  if (session == 0 || !KnownWorker(worker)) return Status::Ok();
+  const auto& removed = removed_sessions_[static_cast<size_t>(worker)];
+  if (std::find(removed.begin(), removed.end(), session) == removed.end()) return Status::Ok();
+  *reason = RejectReason::kRemoved;
+  return FailedPrecondition(
+      "worker {} was declared dead by the coordinator (silent past cluster.heartbeat_timeout_ms: the process was "
+      "stopped or cut off), so this process is out of the run; a restarted one (--resume) joins again",
+      worker);
 }
 
 void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload, uint64_t order) {
@@ -538,6 +578,7 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
     return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
                            options_.model_id);
   }
+  DP_RETURN_IF_ERROR(CheckNotRemoved(h.sender, h.session, reason));
   if (policy_->CanJoin(h.sender)) {  // an elastic joiner, or a dead worker back: logged, then taken
     WalRecord r;
     r.kind = WalKind::kJoin;
@@ -555,6 +596,7 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
       q.erase(std::remove(q.begin(), q.end(), peer), q.end());
     }
     registered_[peer] = h.sender;
+    NoteSession(h.sender, h.session);
     auto& q = peers_of_worker_[static_cast<size_t>(h.sender)];
     q.push_back(peer);
     if (q.size() > static_cast<size_t>(kPeersPerWorker)) {  // bounded: the oldest connection goes
@@ -673,6 +715,7 @@ Status ShardServer::CheckWorker(const PeerId& peer, const PeerInfo& info, const 
 }
 
 Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const {
+  DP_RETURN_IF_ERROR(CheckNotRemoved(h.sender, h.session, reason));
   auto it = registered_.find(peer);
   if (it == registered_.end() || it->second != h.sender) {
     *reason = RejectReason::kNotRegistered;

@@ -87,6 +87,10 @@ struct ShardOptions {
   std::chrono::milliseconds wal_fsync_ms{200};  // fsync the log at least this often; 0 = every ack
   bool shared_memory = true;  // offer same-host workers that ask a shared-memory region at register
   bool model_moves = false;   // take move pushes (kFlagMove, multi-model servers); off: refused
+  // cluster.heartbeat_timeout_ms: a worker declared dead has been silent this long, so only its
+  // client sessions registered at least half of it before the notice are fenced out
+  // (MarkWorkerGone); 0 = every session registered so far.
+  std::chrono::milliseconds heartbeat_timeout{0};
 };
 
 // What Recover() did.
@@ -263,6 +267,20 @@ class ShardServer {
     std::unordered_set<uint64_t> ids;
   };
   std::vector<std::deque<SessionWindow>> dedup_;  // per worker id, oldest session first
+  // Membership fencing: per worker id, the client sessions that registered (and when), and those
+  // of a process the coordinator declared dead, which are refused (kRemoved) from then on; a
+  // restarted process has a new session and joins again. Each bounded by kDedupSessions. Kept in
+  // memory only: a restarted server has forgotten its fences (the coordinator still stops the
+  // removed process).
+  struct SessionSeen {
+    uint64_t session = 0;
+    std::chrono::steady_clock::time_point registered;
+  };
+  std::vector<std::deque<SessionSeen>> sessions_of_worker_;
+  std::vector<std::deque<uint64_t>> removed_sessions_;
+  void NoteSession(int32_t worker, uint64_t session);
+  // A message of `worker` from `session` is refused: that process was declared dead.
+  Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;
   std::unique_ptr<WalWriter> wal_;
   uint64_t wal_seq_ = 0;     // last log seq applied or covered by the loaded checkpoint
   bool replaying_ = false;

@@ -563,8 +563,9 @@ class PsClient::Impl::LinkRunner {
         if (!said_waiting_) waiting_since_ = heard_;
         said_waiting_ = true;
         said_at_ = now;
-        spdlog::info("worker {}: waiting for server {} (restarting) for {:.1f} s", o_.worker_id, link_.server,
-                     Seconds(silent));
+        spdlog::info("worker {}: server {} unreachable for {:.1f} s (no reply, no answer to probes); waiting up to "
+                     "cluster.server_wait_ms = {}",
+                     o_.worker_id, link_.server, Seconds(silent), o_.server_wait.count());
       }
     }
     return Status::Ok();
@@ -901,6 +902,9 @@ class PsClient::Impl::LinkRunner {
         // The server answers; its log holds the operations waiting for the register.
         for (auto& [id, a] : active_) a.reply_deadline = std::max(a.reply_deadline, Clock::now() + o_.reply_timeout);
         return Status::Ok();
+      }
+      if (h.flags == static_cast<uint32_t>(RejectReason::kRemoved)) {  // out of the run: not a restart
+        return Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
       }
       return Status(e.code(), fmt::format("server {}: registering again after a restart: {}", link_.server,
                                           e.message()));

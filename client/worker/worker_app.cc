@@ -301,7 +301,12 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
     if (topts.resume) link->set_clock(topts.resume->clock);
   }
   RendezvousClient* rendezvous = link;
-  PsChannel channel(client.get(), wait, [rendezvous](int64_t clock) {
+  PsChannel channel(client.get(), wait, [rendezvous, id = args.id](int64_t clock) {
+    if (rendezvous->removed()) {
+      return FailedPrecondition("worker {} was declared dead by the coordinator while it was stopped or cut off, and "
+                                "is out of the run (a restart with --resume joins again)",
+                                id);
+    }
     rendezvous->set_clock(clock);
     return Status::Ok();
   });
@@ -343,9 +348,12 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
     return Status::Ok();
   };
   Trainer trainer(topts, net, eval_net, &layout, &channel, train, test, metrics, progress);
-  DP_RETURN_IF_ERROR(trainer.Run(out));
-  LogServerStats(client.get(), config.cluster.servers, metrics);
+  const Status trained = trainer.Run(out);
+  // What this client saw acknowledged is recorded whatever ended the training: a failed or
+  // removed worker's acknowledged pushes count in the history check as much as a finished one's.
   LogPsAcks(*client, config.cluster.servers, metrics);
+  DP_RETURN_IF_ERROR(trained);
+  LogServerStats(client.get(), config.cluster.servers, metrics);
   DP_RETURN_IF_ERROR(channel.Leave());
   // Done with everything (the final evaluation and the model are saved): the coordinator ends
   // a cluster run once every worker has said so or died. The work itself is complete, so a

@@ -18,7 +18,7 @@
 // "images-idx3" → "labels-idx1"), which lets runs use Debian's Fashion-MNIST files directly.
 //
 // Server restarts: requests wait for a server that does not answer up to cluster.server_wait_ms
-// (saying "waiting for server i (restarting)"), then resend what was not acknowledged
+// (saying "server i unreachable for N s"), then resend what was not acknowledged
 // (client/ps/ps_client.h); a server may hold a sync/ssp pull for PullWait on top of that.
 //
 // Joining a running job (elastic): a worker started by hand with --coordinator and an id from

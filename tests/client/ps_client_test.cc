@@ -361,7 +361,7 @@ TEST_P(PsClientTest, PullWhileTheServerIsDownSaysItIsWaitingAndCompletesWhenItIs
   const auto t0 = std::chrono::steady_clock::now();
   const RequestId id = client_->Pull(w);
   std::this_thread::sleep_for(400ms);  // down for 8 probe periods: the waiting line is due
-  EXPECT_GE(log.Count("worker 0: waiting for server 1 (restarting) for"), 1);
+  EXPECT_GE(log.Count("worker 0: server 1 unreachable for"), 1);
   EXPECT_EQ(log.Count("waiting for server 0"), 0);
   StartShard(1, "s1", path);
   ASSERT_TRUE(client_->Wait(id, 5000ms).ok());

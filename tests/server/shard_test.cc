@@ -2028,11 +2028,39 @@ TEST_F(ShardLogFailure, APushTheLogKeepsRefusingFailsAfterServerWaitNamingTheLog
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// A worker the coordinator declared dead is fenced: every message of its process (its client
+// session, registered long enough before the notice) is refused as kRemoved and changes nothing,
+// whatever it sends on waking. A restarted process (a new session) registers and is taken back.
+TEST_F(ShardLogFailure, AWorkerDeclaredDeadIsFencedAndARestartedProcessIsTakenBack) {
+  o_.heartbeat_timeout = 200ms;
+  ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
+  std::this_thread::sleep_for(150ms);  // the session registered over half the timeout before the notice
+  const uint64_t applied = shards_[0]->Stats().pushes_applied;
+  shards_[0]->MarkWorkerGone(0, /*finished=*/false);
+  const std::vector<float> g = Grad(n_, 0, 1);
+  const Status s = c_->Wait(c_->Push(g, 1), 5000ms);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("worker 0 was declared dead by the coordinator"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("this process is out of the run"), std::string::npos) << s.message();
+  EXPECT_EQ(shards_[0]->Stats().pushes_applied, applied);
+  EXPECT_GE(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kRemoved)], 1u);
+  std::vector<float> w(n_);
+  EXPECT_EQ(c_->Wait(c_->Pull(w, 1), 5000ms).code(), StatusCode::kFailedPrecondition);
+  // The same worker id in a new process: taken back, its push applied once.
+  auto restarted = Client(0);
+  ASSERT_TRUE(restarted->Wait(restarted->Push(g, 1), 5000ms).ok());
+  EXPECT_GT(shards_[0]->Stats().pushes_applied, applied);
+  EXPECT_EQ(restarted->acked_pushes(0), 1u);
+}
+
 // A worker that a restarted server counts as dead rejoins by its register, and the server logs
 // its return. With the disk full that register is refused by the log: the client sends it again,
 // backing off, and the push waiting behind it waits instead of failing (as a refused push part
 // would); once there is room the register and then the push are taken, the push once.
 TEST_F(ShardLogFailure, ARejoiningRegisterTheLogCannotTakeIsSentAgainAndThePushBehindItWaits) {
+  // The client registered moments before the death notice, so it stands for a restarted process
+  // of worker 0, not the one that went silent: the shard does not fence its session.
+  o_.heartbeat_timeout = std::chrono::hours(1);
   ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
   const uint64_t msgs = (layout_.ServerChunks(0).size() + 3) / 4;
   shards_[0]->MarkWorkerGone(0, /*finished=*/false);
