@@ -374,6 +374,7 @@ void ProcessGroup::RestartDue() {
 // Ends the job (BeginStop) when no primary runs or waits for a restart; true if it did.
 bool ProcessGroup::CheckDone() {
   if (children_.empty()) return false;
+  if (CannotFinish()) return true;
   const bool has_primary = std::any_of(children_.begin(), children_.end(), [](const auto& c) { return c->spec.primary; });
   int succeeded = 0;
   std::vector<std::string> given_up;
@@ -402,6 +403,51 @@ bool ProcessGroup::CheckDone() {
               last_given_up_code_);
   }
   return true;
+}
+
+bool ProcessGroup::CannotFinish() {
+  std::vector<std::string> given_up;
+  bool followers_running = false;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    const ChildSpec& spec = children_[i]->spec;
+    if (!spec.primary) continue;
+    const ChildResult& r = results_[i];
+    if (spec.follower) {
+      followers_running |= !r.exited || children_[i]->restart_pending;
+      continue;
+    }
+    if (!r.exited || children_[i]->restart_pending || !r.given_up) return false;  // running, or it succeeded
+    given_up.push_back(r.name);
+  }
+  if (given_up.empty() || !followers_running) return false;
+  BeginStop(fmt::format("{} given up and none finished: the job cannot finish", fmt::join(given_up, ", ")),
+            last_given_up_code_);
+  return true;
+}
+
+void ProcessGroup::CheckRunOver() {
+  if (run_over_at_ == Clock::time_point{}) {
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (!children_[i]->spec.ends_run || !results_[i].exited || results_[i].Code() != 0) continue;
+      run_over_at_ = Clock::now();
+      Emit("launch", fmt::format("{} ended the run; the others have {:.0f} s to exit", results_[i].name,
+                                 std::chrono::duration<double>(options_.run_over_grace).count()));
+      break;
+    }
+    if (run_over_at_ == Clock::time_point{}) return;
+  }
+  if (Clock::now() < run_over_at_ + options_.run_over_grace) return;
+  int succeeded = 0;
+  std::vector<std::string> left;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    const ChildResult& r = results_[i];
+    if (children_[i]->spec.primary && r.exited && !r.given_up && r.Code() == 0) ++succeeded;
+    if (!r.exited) left.push_back(r.name);
+  }
+  const std::string why = fmt::format("the run ended, and {} did not exit within {:.0f} s", fmt::join(left, ", "),
+                                      std::chrono::duration<double>(options_.run_over_grace).count());
+  Emit("launch", why + "; stopping it");
+  BeginStop(why, succeeded >= options_.min_succeeded ? 0 : 1);
 }
 
 bool ProcessGroup::AllReaped() const {
@@ -440,7 +486,8 @@ int ProcessGroup::Run() {
     }
     ReapExited();
     if (!stopping_) RestartDue();
-    if (!stopping_ && !CheckDone() && Clock::now() >= deadline) {
+    if (!stopping_ && !CheckDone()) CheckRunOver();
+    if (!stopping_ && Clock::now() >= deadline) {
       Emit("launch", fmt::format("timeout after {} ms; stopping all", options_.timeout.count()));
       BeginStop(fmt::format("timeout after {} ms", options_.timeout.count()), 124);
     }

@@ -28,6 +28,10 @@
 //     least options.min_succeeded of them exited 0; else it fails with the exit code of the
 //     last one given up. The other children (coordinator, servers) then get SIGTERM, and
 //     SIGKILL after the grace period.
+//   * cannot finish: every primary but the followers was given up and none exited 0 → all
+//     stopped; returns the exit code of the last one given up.
+//   * run over: an ends_run child exited 0 and the others are still running run_over_grace
+//     later → they are stopped; returns 0 when min_succeeded primaries exited 0, else 1.
 //   * a death with no restart left under kFail → all others are stopped the same way; returns
 //     that child's exit code (128+sig for a signal).
 //   * SIGINT/SIGTERM to this process (handle_signals) → all stopped; returns 128+signo.
@@ -69,6 +73,13 @@ struct ChildSpec {
   std::vector<std::string> argv;  // argv[0]: a path, or a name looked up in PATH
   std::string log_path;           // "" = no log file; else raw output lines are appended here
   bool primary = false;           // the job is done once every primary exited 0 or was given up
+  // A primary that finishes after the others (the evaluator's final evaluation): once every
+  // other primary is given up with none exited 0 it would wait for a run that cannot finish, so
+  // the job fails then.
+  bool follower = false;
+  // Its exit 0 means the run is over (the coordinator exits 0 only after it ended the run): the
+  // others get options.run_over_grace to exit by themselves, then are stopped.
+  bool ends_run = false;
   // Supervision. Defaults: no restart, the first death fails the job.
   int max_restarts = 0;                   // restarts allowed over the job (>= 0)
   std::vector<std::string> restart_argv;  // the command of every restart; empty = argv
@@ -109,6 +120,10 @@ struct ProcessGroupOptions {
   // A child that exits with this code (> 0) failed its setup in a way a restart repeats (a bad
   // config, a port in use: common/cli.h kExitUsage): it is treated as out of restarts. 0 = none.
   int setup_error_code = 0;
+  // After an ends_run child exited 0, how long the others may take to exit before they are
+  // stopped (a process the run ended under, stopped or cut off at the time, would wait for a
+  // coordinator and servers that are gone).
+  std::chrono::milliseconds run_over_grace{10000};
   // How many primaries must have exited 0 for a done job to succeed (see above). 0 lets a job
   // whose primaries were all given up succeed: a cluster task whose one worker the job goes on
   // without.
@@ -165,6 +180,8 @@ class ProcessGroup {
   void GiveUp(size_t i, ChildEvent died, const std::string& limit_part);
   void RestartDue();
   bool CheckDone();
+  bool CannotFinish();  // the "cannot finish" end (see above): stops the job and returns true
+  void CheckRunOver();  // the "run over" end (see above)
   void BeginStop(std::string reason, int code);
   void SignalLive(int sig);
   bool AllReaped() const;
@@ -180,6 +197,7 @@ class ProcessGroup {
   bool killed_ = false;
   int exit_code_ = 0;
   int last_given_up_code_ = 0;  // the code of the child given up last (in time)
+  std::chrono::steady_clock::time_point run_over_at_{};  // when an ends_run child exited 0 (else epoch)
   std::string reason_;
   std::chrono::steady_clock::time_point kill_at_{};
 };

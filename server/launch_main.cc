@@ -230,6 +230,7 @@ void SuperviseCoordinator(const RunConfig& cfg, ChildSpec* c) {
   c->on_death = OnDeath::kFail;
   c->restart_note = "with --rejoin";
   c->limit = fmt::format("cluster.coordinator_restarts = {}", cfg.cluster.coordinator_restarts);
+  c->ends_run = true;  // it exits 0 only once it has ended the run
 }
 
 // A dead worker is restarted with --resume (from its saved progress) up to --restart-workers /
@@ -279,6 +280,7 @@ Status BuildEvaluatorChild(const LaunchFlags& f, const RunConfig& cfg, const std
   e->name = "evaluator";
   e->log_path = (fs::path(run_dir) / "logs" / "evaluator.log").string();
   e->primary = true;  // the job is done when the workers and the final evaluation are
+  e->follower = true;  // ... and cannot finish once every worker is given up with none done
   SuperviseEvaluator(f, cfg, e);
   return Status::Ok();
 }
@@ -451,9 +453,9 @@ Status CheckNetwork(const RunConfig& cfg, const NetFlags& flags, NetRole role, b
   return Status::Ok();
 }
 
-int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
-           const std::function<void(MetricsWriter*)>& write_start, int min_succeeded = 1,
-           bool* signalled = nullptr);
+int RunJob(const LaunchFlags& f, const RunConfig& cfg, const std::vector<ChildSpec>& children,
+           const std::string& metrics_path, const std::function<void(MetricsWriter*)>& write_start,
+           int min_succeeded = 1, bool* signalled = nullptr);
 
 // One "[launch] warning: ..." line per setting that works but is probably a mistake.
 void PrintWarnings(const RunConfig& cfg) {
@@ -651,7 +653,7 @@ int Launch(const LaunchFlags& f) {
   }
   bool signalled = false;
   const int code = RunJob(
-      f, children, (fs::path(run_dir) / "launch.jsonl").string(),
+      f, cfg, children, (fs::path(run_dir) / "launch.jsonl").string(),
       [&](MetricsWriter* m) {
         (void)m->Write("start", {{"servers", cfg.cluster.servers},
                                  {"workers", cfg.cluster.workers},
@@ -702,8 +704,9 @@ void WriteEvent(MetricsWriter* m, const ChildEvent& e) {
 // `metrics_path` ("start" by `write_start`, the supervision events, one "exit" per child,
 // "end"); returns the exit code. `min_succeeded`: ProcessGroupOptions::min_succeeded.
 // `*signalled` (when given) tells whether SIGINT/SIGTERM to the launcher stopped the job.
-int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const std::string& metrics_path,
-           const std::function<void(MetricsWriter*)>& write_start, int min_succeeded, bool* signalled) {
+int RunJob(const LaunchFlags& f, const RunConfig& cfg, const std::vector<ChildSpec>& children,
+           const std::string& metrics_path, const std::function<void(MetricsWriter*)>& write_start,
+           int min_succeeded, bool* signalled) {
   std::fflush(stdout);
   std::unique_ptr<MetricsWriter> metrics;
   Status s = MetricsWriter::Open(metrics_path, "launcher", 0, &metrics);
@@ -714,6 +717,10 @@ int RunJob(const LaunchFlags& f, const std::vector<ChildSpec>& children, const s
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   options.min_succeeded = min_succeeded;
   options.setup_error_code = cli::kExitUsage;
+  // Once the coordinator has ended the run, a process that does not exit within two heartbeat
+  // timeouts (it was stopped or cut off when the run ended) is stopped.
+  options.run_over_grace =
+      std::max(std::chrono::milliseconds(5000), 2 * std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms));
   options.on_event = [m = metrics.get()](const ChildEvent& e) { WriteEvent(m, e); };
   ProcessGroup group(options);
   const auto t0 = std::chrono::steady_clock::now();
@@ -925,7 +932,7 @@ int LaunchTask(const LaunchFlags& f) {
     return 0;
   }
   const std::string metrics = (fs::path(run_dir) / fmt::format("launch-{}.jsonl", plan.FileStem())).string();
-  return RunJob(f, children, metrics, [&](MetricsWriter* m) {
+  return RunJob(f, cfg, children, metrics, [&](MetricsWriter* m) {
     (void)m->Write("start", {{"servers", cfg.cluster.servers},
                              {"workers", cfg.cluster.workers},
                              {"mode", ConsistencyModeString(cfg.consistency)},

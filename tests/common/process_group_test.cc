@@ -370,6 +370,36 @@ TEST_F(ProcessGroupTest, SetupErrorIsNotRestarted) {
   EXPECT_EQ(other.results()[0].restarts, 1);
 }
 
+// Every worker given up with none finished: the evaluator (a follower) would wait for a run that
+// cannot finish, so the job ends at once with the last one's code. One that finished is enough
+// for the follower to go on.
+TEST_F(ProcessGroupTest, AFollowerDoesNotKeepAJobThatCannotFinish) {
+  ProcessGroup group(Supervised());
+  for (int w = 0; w < 2; ++w) {
+    ChildSpec worker = Sh(fmt::format("worker {}", w), "exit 2", true);
+    worker.on_death = OnDeath::kContinue;
+    ASSERT_TRUE(group.Start(worker).ok());
+  }
+  ChildSpec evaluator = Sh("evaluator", "sleep 30", true);
+  evaluator.follower = true;
+  ASSERT_TRUE(group.Start(evaluator).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(group.Run(), 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_EQ(group.reason(), "worker 0, worker 1 given up and none finished: the job cannot finish");
+  EXPECT_TRUE(group.results()[2].stopped_by_us);
+
+  ProcessGroup one_done(Supervised());
+  ChildSpec failing = Sh("worker 0", "exit 2", true);
+  failing.on_death = OnDeath::kContinue;
+  ASSERT_TRUE(one_done.Start(failing).ok());
+  ASSERT_TRUE(one_done.Start(Sh("worker 1", "exit 0", true)).ok());
+  evaluator.argv = {"/bin/sh", "-c", "sleep 0.5"};
+  ASSERT_TRUE(one_done.Start(evaluator).ok());
+  EXPECT_EQ(one_done.Run(), 0);
+  EXPECT_FALSE(one_done.results()[2].stopped_by_us);
+}
+
 // A child under kContinue that dies is given up; the other primaries go on, and the job
 // succeeds when they exit 0.
 TEST_F(ProcessGroupTest, ContinueChildsDeathDoesNotStopTheOthers) {
