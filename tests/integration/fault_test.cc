@@ -18,7 +18,12 @@
 //     rebuilds membership from heartbeats and the job finishes;
 //   * a worker started by hand joins the running job (cluster.max_workers > workers): it gets
 //     an id of its own, the servers apply its pushes, each exactly once, and worker 0's final
-//     evaluation waits for it.
+//     evaluation waits for it;
+//   * a process stopped (SIGSTOP) for twice the heartbeat timeout and continued, in async and
+//     sync: the coordinator declares nobody dead for its own pause; a worker declared dead is out
+//     everywhere when it wakes and stops; a run that ended under a stopped worker does not wait
+//     for it; each with every acknowledged push taken once;
+//   * a job whose every worker fails at its start ends at once, saying it cannot finish.
 // Every wait is bounded; every process is reaped (harness.h).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -365,6 +370,111 @@ TEST_F(FaultTest, KilledCoordinatorIsRestartedAndTrainingGoesOn) {
   EXPECT_NE(out.find("--rejoin"), std::string::npos) << out;
   ExpectBothWorkersFinishedAndEveryAckedPushTakenOnce(run);
   EXPECT_GT(FinalTop1(run), 0.7);
+}
+
+// A process stopped (SIGSTOP) for twice the heartbeat timeout (2 s), then continued: what a
+// loaded VM, a swap storm or a stopped container does. Worker 0 sleeps 50 ms a step unless told
+// otherwise, so the job is still training when the process wakes.
+struct FrozenRun {
+  int code = -1;
+  double after_wake_s = 0;  // from the SIGCONT to the launcher's exit
+};
+
+class FreezeTest : public FaultTest, public ::testing::WithParamInterface<const char*> {
+ protected:
+  // Freezes the launcher's child whose command line has `who` once worker `watch` has taken a
+  // tenth of its steps.
+  FrozenRun RunFreezing(const fs::path& run, const std::vector<std::string>& who, int watch, int worker0_delay_ms = 50,
+                        std::chrono::seconds frozen = 4s) {
+    const test::JobConfig job =
+        Job(GetParam()).Set("worker.straggler", 0).Set("worker.straggler_delay_ms", worker0_delay_ms);
+    auto launcher = StartJob(Config("run", job), run, "run.log");
+    EXPECT_TRUE(test::WaitWorkerSteps(run, watch, kSteps / 10, 120s)) << test::ReadFile(dir_ / "run.log");
+    const pid_t victim = test::ChildWith(launcher->pid(), who);
+    EXPECT_GT(victim, 0);
+    FrozenRun r;
+    if (victim <= 0) return r;
+    EXPECT_EQ(::kill(victim, SIGSTOP), 0);
+    std::this_thread::sleep_for(frozen);
+    EXPECT_EQ(::kill(victim, SIGCONT), 0);
+    const auto woke = std::chrono::steady_clock::now();
+    r.code = launcher->WaitExit(300s);
+    r.after_wake_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - woke).count();
+    return r;
+  }
+};
+
+// The coordinator stopped for 4 s: on waking it must not take its own silence for everyone's.
+// Nobody is declared dead; the job finishes as if nothing happened.
+TEST_P(FreezeTest, AFrozenCoordinatorDeclaresNobodyDead) {
+  const fs::path run = dir_ / "run";
+  const FrozenRun r = RunFreezing(run, {"downpour-coordinator"}, /*watch=*/0);
+  const std::string out = test::ReadFile(dir_ / "run.log");
+  ASSERT_EQ(r.code, 0) << out;
+  EXPECT_NE(out.find("that time is not counted as anyone's silence"), std::string::npos) << out;
+  EXPECT_EQ(out.find("declared dead"), std::string::npos) << out;
+  ExpectBothWorkersFinishedAndEveryAckedPushTakenOnce(run);
+  EXPECT_GT(FinalTop1(run), 0.7);
+}
+
+// A worker stopped for 4 s is declared dead; when it wakes it is out everywhere: the servers
+// refuse its session and the coordinator tells it, so it stops at once instead of training half
+// in. The job ends with the other worker, exit 0, nothing left waiting, and every push either
+// worker saw acknowledged was taken exactly once.
+TEST_P(FreezeTest, AFrozenWorkerDeclaredDeadIsOutEverywhereAndTheJobEnds) {
+  const fs::path run = dir_ / "run";
+  const FrozenRun r = RunFreezing(run, {"downpour-worker", "--id 1 "}, /*watch=*/1);
+  const std::string out = test::ReadFile(dir_ / "run.log");
+  ASSERT_EQ(r.code, 0) << out;
+  EXPECT_LT(r.after_wake_s, 30) << "the job waited on a run that was over:\n" << out;
+  EXPECT_NE(out.find("coordinator: worker 1 silent for more than 2000 ms: declared dead"), std::string::npos) << out;
+  EXPECT_NE(out.find("[worker 1]"), std::string::npos);
+  EXPECT_NE(out.find("out of the run"), std::string::npos) << out;
+  EXPECT_NE(out.find("worker 1 exited with code 1"), std::string::npos) << out;
+  const auto done = Worker(run, 0, "done");
+  ASSERT_FALSE(done.empty());
+  EXPECT_EQ(done.back().Get("steps").AsInt(), kSteps);
+  EXPECT_TRUE(Worker(run, 1, "done").empty()) << "worker 1 went on training after it was declared dead";
+  ExpectEveryAckedPushTakenOnce(run, {0, 1});
+}
+
+// The run ends (worker 0 finishes, the evaluator evaluates) while worker 1 is stopped: when it
+// wakes nobody is left to answer it, so the launcher stops it instead of waiting for it to give up
+// on the servers (cluster.server_wait_ms, a minute here).
+TEST_P(FreezeTest, ARunThatEndedUnderAFrozenWorkerDoesNotWaitForIt) {
+  const fs::path run = dir_ / "run";
+  const FrozenRun r = RunFreezing(run, {"downpour-worker", "--id 1 "}, /*watch=*/1, /*worker0_delay_ms=*/0, 8s);
+  const std::string out = test::ReadFile(dir_ / "run.log");
+  ASSERT_EQ(r.code, 0) << out;
+  EXPECT_LT(r.after_wake_s, 15) << out;
+  EXPECT_NE(out.find("coordinator ended the run"), std::string::npos) << out;
+  EXPECT_GT(FinalTop1(run), 0.7);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FreezeTest, ::testing::Values("async", "sync"));
+
+// Every worker fails at its start (weights of another shape): the job cannot finish, so it ends at
+// once with the workers' exit code and a line saying why, instead of an evaluator waiting forever.
+TEST_F(FaultTest, AJobWhoseEveryWorkerIsGivenUpEndsAtOnce) {
+  const fs::path run = dir_ / "run";
+  // fmnist_small's weights for an fmnist_fast job: tensors of the same names, other shapes.
+  const std::string other = test::SourcePath("configs/models/fmnist_small.toml");
+  const std::string weights = (dir_ / "small.dpt").string();
+  std::string out;
+  ASSERT_EQ(test::RunCommand({test::Binary("downpour-worker"), "--local", "--config", Config("small", Job("async")),
+                              "--set", "model.config=" + other, "--set", "worker.steps=1", "--run-dir",
+                              (dir_ / "small").string(), "--quiet"},
+                             &out),
+            0)
+      << out;
+  fs::copy_file(dir_ / "small" / "model_final.dpt", weights);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = StartJob(Config("run", "async"), run, "run.log", {"--weights", weights})->WaitExit(120s);
+  out = test::ReadFile(dir_ / "run.log");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s) << out;
+  EXPECT_NE(out.find("worker 0, worker 1 given up and none finished: the job cannot finish"), std::string::npos)
+      << out;
 }
 
 TEST_F(FaultTest, WorkerStartedByHandJoinsTheRunningJob) {
