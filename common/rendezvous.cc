@@ -167,8 +167,9 @@ void RendezvousClient::HeartbeatLoop(std::function<void(int32_t, bool)> on_gone)
                       options_.coordinator, id_);
       }
     } else if (s.code() == StatusCode::kTimeout || s.code() == StatusCode::kUnavailable) {
-      // No coordinator (dead, restarting): not fatal; keep heartbeating, say so now and then.
-      if (now - last_heard > 2 * options_.heartbeat_interval && now >= next_say) {
+      // No coordinator (dead, restarting): not fatal; keep heartbeating, say so now and then. Once
+      // it has announced the end of the run it is expected to go: nothing to say.
+      if (!shutdown_.load() && now - last_heard > 2 * options_.heartbeat_interval && now >= next_say) {
         spdlog::warn("coordinator {} unreachable for {:.0f} s; still heartbeating (a restarted coordinator is joined "
                      "again)",
                      options_.coordinator, std::chrono::duration<double>(now - last_heard).count());

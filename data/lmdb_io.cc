@@ -1,8 +1,10 @@
 // lmdb_io.cc — LMDB environment, per-thread read transactions, batched writer.
 #include "data/lmdb_io.h"
 
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace downpour::data {
 namespace {
@@ -177,7 +180,20 @@ Status LmdbEnv::OpenReadOnly(const std::string& path, std::unique_ptr<LmdbEnv>* 
   const std::string data_file = (fs::path(path) / "data.mdb").string();
   struct stat st {};
   if (::stat(data_file.c_str(), &st) != 0) {
-    if (errno == ENOENT) return NotFound("LMDB {}: not an LMDB (no data.mdb in the directory)", path);
+    if (errno == ENOENT) {
+      // The parent of a sharded dataset (downpour-data convert-* --shards W): name its shards.
+      std::vector<std::string> shards;
+      for (const auto& e : fs::directory_iterator(path, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("shard_", 0) == 0 && fs::exists(e.path() / "data.mdb", ec)) shards.push_back(name);
+      }
+      std::sort(shards.begin(), shards.end());
+      if (!shards.empty()) {
+        return NotFound("LMDB {}: a dataset of {} shards ({}), not one LMDB: give one shard, e.g. {}/{}", path,
+                        shards.size(), fmt::format("{}", fmt::join(shards, ", ")), path, shards.front());
+      }
+      return NotFound("LMDB {}: not an LMDB (no data.mdb in the directory)", path);
+    }
     return IoError("LMDB {}: cannot stat data.mdb: {}", path, std::strerror(errno));
   }
   const auto size = static_cast<uint64_t>(st.st_size);

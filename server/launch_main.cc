@@ -84,6 +84,7 @@
 // SIGINT/SIGTERM, or at --timeout-s. Errors before any process starts exit 2 (usage, config or
 // input) — common/cli.h.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <sys/stat.h>
@@ -367,9 +368,44 @@ Status WriteTensorListWithWorker(const LaunchFlags& f, const std::string& config
   return Status::Ok();
 }
 
+// A run named after its consistency mode ("fmnist-async") whose mode --set changed, and not its
+// name, is named after the mode it runs ("fmnist-sync"), so its directory and reports do not say
+// the other one. Returns whether it renamed.
+bool NameAfterSetMode(const LaunchFlags& f, RunConfig* cfg) {
+  auto set = [&](std::string_view key) {
+    return std::any_of(f.sets.begin(), f.sets.end(), [&](const std::string& s) { return s.rfind(key, 0) == 0; });
+  };
+  if (!set("consistency.mode=") || set("run.name=")) return false;
+  const std::string mode = cfg->consistency.mode == ConsistencyMode::kAsync  ? "async"
+                           : cfg->consistency.mode == ConsistencyMode::kSync ? "sync"
+                                                                             : "ssp";
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t dash = cfg->run.name.find('-', at);
+    parts.push_back(cfg->run.name.substr(at, dash == std::string::npos ? std::string::npos : dash - at));
+    if (dash == std::string::npos) break;
+    at = dash + 1;
+  }
+  bool renamed = false;
+  for (std::string& p : parts) {
+    if ((p == "async" || p == "sync" || p == "ssp") && p != mode) {
+      p = mode;
+      renamed = true;
+    }
+  }
+  if (renamed) cfg->run.name = fmt::format("{}", fmt::join(parts, "-"));
+  return renamed;
+}
+
 // The config of a new run: the file, --set, --servers/--workers and --weights, validated.
 Status NewRunConfig(const LaunchFlags& f, RunConfig* cfg) {
   DP_RETURN_IF_ERROR(LoadRunConfig(f.config, f.sets, cfg));
+  const std::string file_name = cfg->run.name;
+  if (NameAfterSetMode(f, cfg)) {
+    std::printf("[launch] run.name \"%s\" names another mode than --set consistency.mode: this run is named \"%s\" "
+                "(--set run.name=... to choose)\n",
+                file_name.c_str(), cfg->run.name.c_str());
+  }
   if (f.servers > 0) cfg->cluster.servers = f.servers;
   if (f.workers > 0) cfg->cluster.workers = f.workers;
   if (!f.weights.empty()) {

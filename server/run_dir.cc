@@ -34,9 +34,10 @@ Status CheckDataset(const std::string& path, const std::string& key, const std::
     return Status::Ok();
   }
   if (!fs::exists(path, ec)) {
-    return NotFound(
-        "{}: {}: no such LMDB directory (make one with scripts/get_fashion_mnist or downpour-data convert-*)", source,
-        quoted);
+    // The ImageNet-shaped set AlexNet trains on here is made by the same script with --alexnet.
+    const bool alexnet = path.find("fashion-256") != std::string::npos;
+    return NotFound("{}: {}: no such LMDB directory (make one with {} or downpour-data convert-*)", source, quoted,
+                    alexnet ? "scripts/get_fashion_mnist --alexnet" : "scripts/get_fashion_mnist");
   }
   if (!fs::is_directory(path, ec)) {
     return InvalidArgument("{}: {}: is a file; expected an LMDB directory (or an IDX images file)", source, quoted);

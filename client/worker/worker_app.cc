@@ -507,7 +507,14 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
 
   std::unique_ptr<TrainSource> train;
   std::unique_ptr<TestSource> test;
-  DP_RETURN_IF_ERROR(OpenTrainSource(config, a.local ? 0 : a.id, a.shuffle, net->num_classes(), &train));
+  if (a.local && config.data.sharding == DataSharding::kSlice && config.cluster.workers > 1) {
+    // One process is the whole job: it reads the whole training set, not worker 0's slice of it.
+    RunConfig whole = config;
+    whole.cluster.workers = 1;
+    DP_RETURN_IF_ERROR(OpenTrainSource(whole, 0, a.shuffle, net->num_classes(), &train));
+  } else {
+    DP_RETURN_IF_ERROR(OpenTrainSource(config, a.local ? 0 : a.id, a.shuffle, net->num_classes(), &train));
+  }
   if (!a.local && config.data.sharding == DataSharding::kSlice) {
     // Slices are dealt again at epoch boundaries over the workers the coordinator reports live,
     // so a job that loses or gains workers still covers the whole training set.

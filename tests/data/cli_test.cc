@@ -51,6 +51,12 @@ TEST(DataCli, ConvertInspectMean) {
 
   EXPECT_EQ(RunCommand(Binary() + " inspect " + (dir / "nope"), &out), 2);  // bad input: exit 2
   EXPECT_NE(out.find("LMDB " + (dir / "nope") + ": no such directory"), std::string::npos) << out;
+  // The parent of a sharded dataset names its shards instead of "not an LMDB".
+  EXPECT_EQ(RunCommand(Binary() + " inspect " + (dir / "db"), &out), 2);
+  EXPECT_NE(out.find("LMDB " + (dir / "db") + ": a dataset of 2 shards (shard_0_of_2, shard_1_of_2), not one LMDB: "
+                     "give one shard, e.g. " + (dir / "db/shard_0_of_2")),
+            std::string::npos)
+      << out;
   EXPECT_EQ(RunCommand(Binary() + " convert-idx --images " + (dir / "missing.gz") + " --labels " +
                     (dir / "lab.gz") + " --out " + (dir / "db2"), &out), 2);
   EXPECT_NE(out.find("missing.gz"), std::string::npos) << out;

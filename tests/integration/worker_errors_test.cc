@@ -84,5 +84,21 @@ TEST_F(WorkerErrorsTest, AnExceptionEscapingTheEngineIsOneLineAndExitOne) {
   EXPECT_THAT(out, Not(HasSubstr("terminate called")));
 }
 
+// --local is one process doing the whole job: with a run config of several workers it reads the
+// whole training set, not worker 0's slice of it (64 records; 8 steps of 16 = 2 epochs, not 4).
+TEST_F(WorkerErrorsTest, ALocalRunReadsTheWholeTrainingSet) {
+  const std::string cfg = Config(MakeLmdb(0, 3));
+  std::string out;
+  ASSERT_EQ(test::RunCommand({test::Binary("downpour-worker"), "--local", "--quiet", "--config", cfg, "--run-dir",
+                              (dir_ / "run").string(), "--set", "cluster.workers=2"},
+                             &out),
+            0)
+      << out;
+  const std::string metrics = test::ReadFile(dir_ / "run" / "metrics" / "worker-0.jsonl");
+  const size_t last = metrics.rfind("\"event\":\"step\"");
+  ASSERT_NE(last, std::string::npos) << metrics;
+  EXPECT_THAT(metrics.substr(last), HasSubstr("\"step\":8,\"clock\":0,\"epoch\":2,")) << metrics.substr(last);
+}
+
 }  // namespace
 }  // namespace downpour

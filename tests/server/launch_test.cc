@@ -309,6 +309,12 @@ TEST_F(LaunchTest, MissingTrainLmdbIsNamedBeforeAnythingStarts) {
   EXPECT_THAT(out, HasSubstr(fmt::format("--set: data.train = \"{}\": no such LMDB directory", Path("no_such_lmdb"))))
       << "a key given by --set is blamed on --set, not on the config file";
   EXPECT_FALSE(fs::exists(Path("run"))) << "the launcher created the run before checking its inputs";
+  // The ImageNet-shaped set is made by the same script with --alexnet: the hint says so.
+  EXPECT_EQ(Run(fmt::format("'{}' --config '{}' --run-dir '{}' --set data.train=data-sets/fashion-256/train_lmdb",
+                            Launcher(), Path("inputs.toml"), Path("run")),
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("no such LMDB directory (make one with scripts/get_fashion_mnist --alexnet"));
   // A directory that is not an LMDB, a missing mean file, missing initial weights.
   fs::create_directories(Path("not_lmdb"));
   EXPECT_EQ(Run(fmt::format("'{}' --config '{}' --run-dir '{}' --set data.test={}", Launcher(), Path("inputs.toml"),
@@ -536,6 +542,25 @@ TEST_F(LaunchTest, ADryRunResumesFromTheStartAndAStopBeforeAnySaveRemovesTheRun)
   out = stop_after_start("run3");
   EXPECT_THAT(out, HasSubstr("[launch] continue it with: downpour-launch --resume " + Path("run3"))) << out;
   EXPECT_TRUE(fs::exists(Path("run3/config.toml")));
+}
+
+// A run named after its mode whose mode --set changes is named after the mode it runs.
+TEST_F(LaunchTest, ARunSwitchedToSyncBySetIsNamedSync) {
+  Write("worker.sh", "exit 0\n");
+  std::string out;
+  ASSERT_EQ(Run(Command("worker.sh", "--set consistency.mode=sync --model alexnet-shapes --dry-run"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("this run is named \"fmnist-sync\""));
+  RunConfig stored;
+  ASSERT_TRUE(LoadRunConfig(Path("run/config.toml"), &stored).ok());
+  EXPECT_EQ(stored.run.name, "fmnist-sync");
+  // A name given with --set is kept.
+  ASSERT_EQ(Run(Command("worker.sh", "--set consistency.mode=sync --set run.name=mine --model alexnet-shapes --dry-run",
+                        "run2"),
+                &out),
+            0)
+      << out;
+  ASSERT_TRUE(LoadRunConfig(Path("run2/config.toml"), &stored).ok());
+  EXPECT_EQ(stored.run.name, "mine");
 }
 
 // Two launches in the same second with the default run directory get one each.
