@@ -277,13 +277,18 @@ Status MetricsWriter::Open(const std::string& path, std::string role, int id,
 }
 
 Status MetricsWriter::Write(std::string_view event, std::initializer_list<MetricField> fields) {
-  std::string line = FormatMetricLine(clock_(), role_, id_, event, fields);
+  const double t = clock_();
+  std::string line = FormatMetricLine(t, role_, id_, event, fields);
   line += '\n';
-  std::lock_guard<std::mutex> lock(mu_);
-  if (torn_) line.insert(line.begin(), '\n');  // the torn line before stands alone
-  size_t written = 0;
-  Status s = WriteFully(fd_, line.data(), line.size(), path_, &written);
-  if (written > 0) torn_ = line[written - 1] != '\n';
+  Status s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (torn_) line.insert(line.begin(), '\n');  // the torn line before stands alone
+    size_t written = 0;
+    s = WriteFully(fd_, line.data(), line.size(), path_, &written);
+    if (written > 0) torn_ = line[written - 1] != '\n';
+  }
+  if (observer_) observer_(event, t, fields);
   return s;
 }
 

@@ -98,6 +98,12 @@ class MetricsWriter {
   // Appends one line. A failed write is returned (and counted), never thrown.
   Status Write(std::string_view event, std::initializer_list<MetricField> fields);
 
+  // Called with every record written (its event, "t" and fields), after the line, on the writing
+  // thread; it must be thread-safe as Write is. Set once, before the first Write (e.g. the
+  // TensorBoard mirror, common/tensorboard.h).
+  using Observer = std::function<void(std::string_view event, double t, std::initializer_list<MetricField> fields)>;
+  void SetObserver(Observer observer) { observer_ = std::move(observer); }
+
   const std::string& path() const { return path_; }
 
  private:
@@ -108,6 +114,7 @@ class MetricsWriter {
   const std::string role_;
   const int id_;
   const Clock clock_;
+  Observer observer_;
   std::mutex mu_;  // serialises write(2) calls so a partial write cannot interleave
   bool torn_;      // guarded by mu_: the file's last line is torn
 };

@@ -19,6 +19,7 @@
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/rendezvous.h"
+#include "common/tensorboard.h"
 #include "common/zmq_transport.h"
 #include "data/idx.h"
 #include "data/input_check.h"
@@ -207,6 +208,8 @@ Status RunEvaluator(const EvaluatorArgs& args, EvaluatorResult* result, bool* st
   const bool restarted = std::filesystem::file_size(metrics_path, ec) > 0 && !ec;
   std::unique_ptr<MetricsWriter> metrics;
   DP_RETURN_IF_ERROR(MetricsWriter::Open(metrics_path.string(), "evaluator", 0, &metrics));
+  // Test loss, top-1 and top-5 against the workers' batches the servers had applied.
+  DP_RETURN_IF_ERROR(MirrorToTensorBoard(args.run_dir, "evaluator", 0, {{"eval", "iter"}}, metrics.get()));
 
   // The evaluator connects as a worker does (the worker key, or the run's secret).
   ProcessNet pnet;

@@ -33,6 +33,7 @@
 #include "common/metrics.h"
 #include "common/process_net.h"
 #include "common/rendezvous.h"
+#include "common/tensorboard.h"
 #include "common/trace.h"
 #include "common/zmq_transport.h"
 #include "data/input_check.h"
@@ -552,6 +553,9 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   std::unique_ptr<MetricsWriter> metrics;
   DP_RETURN_IF_ERROR(
       MetricsWriter::Open((metrics_dir / fmt::format("worker-{}.jsonl", a.id)).string(), "worker", a.id, &metrics));
+  // The steps' loss, accuracy, images/s, staleness and bytes, and worker 0's evaluations when it
+  // makes them, as TensorBoard curves.
+  DP_RETURN_IF_ERROR(MirrorToTensorBoard(a.run_dir, "worker", a.id, {{"step", "step"}, {"eval", "step"}}, metrics.get()));
   ProgressReporter progress(stderr, a.quiet ? ProgressReporter::Mode::kQuiet : ProgressReporter::Mode::kAuto);
 
   TrainerOptions to;
