@@ -17,25 +17,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// An uncompressed IDX file: magic, dims (big-endian), bytes.
-std::string Idx(uint32_t magic, const std::vector<uint32_t>& dims, const std::vector<uint8_t>& bytes) {
-  std::string out;
-  auto be32 = [&](uint32_t v) {
-    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<char>((v >> s) & 0xff));
-  };
-  be32(magic);
-  for (uint32_t d : dims) be32(d);
-  out.append(bytes.begin(), bytes.end());
-  return out;
-}
 
 class WorkerIdsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = test::ScratchDir("worker_ids");
     std::vector<uint8_t> pixels(32 * 28 * 28, 100), labels(32, 3);
-    test::WriteFile(dir_ / "train-images-idx3-ubyte", Idx(0x803, {32, 28, 28}, pixels));
-    test::WriteFile(dir_ / "train-labels-idx1-ubyte", Idx(0x801, {32}, labels));
+    test::WriteFile(dir_ / "train-images-idx3-ubyte", test::IdxFile(0x803, {32, 28, 28}, pixels));
+    test::WriteFile(dir_ / "train-labels-idx1-ubyte", test::IdxFile(0x801, {32}, labels));
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);

@@ -51,6 +51,14 @@ class ProcessGroupTest : public ::testing::Test {
     spec.primary = primary;
     return spec;
   }
+  // A server as the launcher supervises one: restarted with --recover up to `restarts` times.
+  static ChildSpec Server(std::string name, std::string script, int restarts) {
+    ChildSpec spec = Sh(std::move(name), std::move(script));
+    spec.max_restarts = restarts;
+    spec.restart_note = "with --recover";
+    spec.limit = fmt::format("cluster.server_restarts = {}", restarts);
+    return spec;
+  }
   // Options that also collect the supervision events.
   ProcessGroupOptions Supervised(std::chrono::milliseconds grace = 2000ms) {
     ProcessGroupOptions o = Options(grace);
@@ -310,10 +318,7 @@ TEST_F(ProcessGroupTest, RestartedChildGetsItsRestartArgvAndKeepsItsPrefixAndLog
 // One death more than max_restarts fails the job with that child's exit code.
 TEST_F(ProcessGroupTest, RestartLimitExceededFailsTheJobWithThatChildsCode) {
   ProcessGroup group(Supervised());
-  ChildSpec server = Sh("server 1", "exit 5");
-  server.max_restarts = 2;
-  server.restart_note = "with --recover";
-  server.limit = "cluster.server_restarts = 2";
+  ChildSpec server = Server("server 1", "exit 5", 2);
   ASSERT_TRUE(group.Start(server).ok());
   ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 30", true)).ok());
   const auto t0 = std::chrono::steady_clock::now();
@@ -348,10 +353,7 @@ TEST_F(ProcessGroupTest, SetupErrorIsNotRestarted) {
   ProcessGroupOptions options = Supervised();
   options.setup_error_code = 2;
   ProcessGroup group(options);
-  ChildSpec server = Sh("server 0", "echo bind failed; exit 2");
-  server.max_restarts = 3;
-  server.restart_note = "with --recover";
-  server.limit = "cluster.server_restarts = 3";
+  ChildSpec server = Server("server 0", "echo bind failed; exit 2", 3);
   ASSERT_TRUE(group.Start(server).ok());
   ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 30", true)).ok());
   EXPECT_EQ(group.Run(), 2);

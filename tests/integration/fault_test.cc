@@ -72,10 +72,8 @@ std::vector<int64_t> ParseList(const std::string& text) {
 class FaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(fs::path(test::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
-      GTEST_SKIP() << "dataset-fashion-mnist missing";
-    for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
-      ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
+    if (!test::HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    ASSERT_NO_FATAL_FAILURE(test::RequireJobBinaries());
     dir_ = test::ScratchDir("fault");
   }
   // A 2 x 2 job of kModel for kSteps in `mode` that checkpoints every 40 updates, heartbeats every

@@ -30,15 +30,13 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
-const char* kFmnist = test::kFashionMnistDir;
 constexpr int kSteps = 150;
 
 class IpcJobTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(fs::path(kFmnist) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
-    for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
-      ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
+    if (!test::HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    ASSERT_NO_FATAL_FAILURE(test::RequireJobBinaries());
     // Short: the run directory holds the socket files, whose paths must fit in 107 bytes.
     char tmpl[] = "/tmp/dp-ipcjob-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);

@@ -38,8 +38,7 @@ double Median(std::vector<double> v) {
 
 // Runs the small job on the emulated link with `more` settings; its scratch dir in *dir.
 void RunLinkJob(const std::string& name, const std::vector<std::string>& more, fs::path* dir, std::string* out) {
-  for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
-    ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
+  ASSERT_NO_FATAL_FAILURE(test::RequireJobBinaries());
   *dir = test::ScratchDir(name);
   test::FashionJob("fmnist_small", kSteps).Set("eval.test_batches", 10).Write(*dir / "job.toml");
   std::vector<std::string> cmd{test::Binary("downpour-launch"),

@@ -38,10 +38,8 @@ const char* kWorkerHosts[] = {"127.0.0.5", "127.0.0.6"};
 class MultiAddressTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(fs::path(test::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
-      GTEST_SKIP() << "dataset-fashion-mnist missing";
-    for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
-      ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
+    if (!test::HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    ASSERT_NO_FATAL_FAILURE(test::RequireJobBinaries());
     dir_ = test::ScratchDir("multi_address");
   }
   // One config for every host, as a cluster job has; only the ports are this test's own. The

@@ -43,10 +43,8 @@ using namespace std::chrono_literals;
 class TrainProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(fs::path(test::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
-      GTEST_SKIP() << "dataset-fashion-mnist missing";
-    for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"})
-      ASSERT_TRUE(fs::exists(test::Binary(p))) << test::Binary(p) << " not built";
+    if (!test::HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    ASSERT_NO_FATAL_FAILURE(test::RequireJobBinaries());
     dir_ = test::ScratchDir("train_mp");
   }
   // The run config; the coordinator and servers take ports free on this machine now. Worker 0

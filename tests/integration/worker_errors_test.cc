@@ -20,17 +20,6 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// An uncompressed IDX file: magic, dims (big-endian), bytes.
-std::string Idx(uint32_t magic, const std::vector<uint32_t>& dims, const std::vector<uint8_t>& bytes) {
-  std::string out;
-  auto be32 = [&](uint32_t v) {
-    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<char>((v >> s) & 0xff));
-  };
-  be32(magic);
-  for (uint32_t d : dims) be32(d);
-  out.append(bytes.begin(), bytes.end());
-  return out;
-}
 
 class WorkerErrorsTest : public ::testing::Test {
  protected:
@@ -39,8 +28,8 @@ class WorkerErrorsTest : public ::testing::Test {
   std::string MakeLmdb(int bad, uint8_t bad_label) {
     std::vector<uint8_t> pixels(64 * 28 * 28, 100), labels(64, 3);
     labels[static_cast<size_t>(bad)] = bad_label;
-    test::WriteFile(dir_ / "images-idx3-ubyte", Idx(0x803, {64, 28, 28}, pixels));
-    test::WriteFile(dir_ / "labels-idx1-ubyte", Idx(0x801, {64}, labels));
+    test::WriteFile(dir_ / "images-idx3-ubyte", test::IdxFile(0x803, {64, 28, 28}, pixels));
+    test::WriteFile(dir_ / "labels-idx1-ubyte", test::IdxFile(0x801, {64}, labels));
     std::string out;
     EXPECT_EQ(test::RunCommand(
                   {test::Binary("downpour-data"), "convert-idx", "--images", (dir_ / "images-idx3-ubyte").string(),

@@ -33,6 +33,25 @@ std::string BuildDir() {
 
 std::string SourcePath(const std::string& relative) { return (fs::path(DOWNPOUR_SOURCE_DIR) / relative).string(); }
 
+std::string IdxFile(uint32_t magic, const std::vector<uint32_t>& dims, const std::vector<uint8_t>& bytes) {
+  std::string out;
+  auto be32 = [&](uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<char>((v >> s) & 0xff));
+  };
+  be32(magic);
+  for (uint32_t d : dims) be32(d);
+  out.append(bytes.begin(), bytes.end());
+  return out;
+}
+
+bool HaveFashionMnist() { return fs::exists(fs::path(kFashionMnistDir) / "train-images-idx3-ubyte.gz"); }
+
+void RequireJobBinaries() {
+  for (const char* p : {"downpour-worker", "downpour-server", "downpour-coordinator", "downpour-launch"}) {
+    ASSERT_TRUE(fs::exists(Binary(p))) << Binary(p) << " not built";
+  }
+}
+
 std::string Binary(const std::string& name) {
   static const std::pair<const char*, const char*> kWhere[] = {
       {"downpour-worker", "client/worker"}, {"downpour-time", "client/engine"}, {"downpour-test", "client/worker"},

@@ -92,6 +92,13 @@ bool WaitWorkerSteps(const fs::path& run_dir, int w, int64_t steps, std::chrono:
 
 // Debian's dataset-fashion-mnist files (idx, gzipped), which scripts/test installs.
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+// An uncompressed IDX file's bytes: magic, dims (big-endian), then `bytes`.
+std::string IdxFile(uint32_t magic, const std::vector<uint32_t>& dims, const std::vector<uint8_t>& bytes);
+// Whether those files are there (a test of a real job skips, saying so, when they are not).
+bool HaveFashionMnist();
+// Fails the calling test (a fatal failure: wrap in ASSERT_NO_FATAL_FAILURE) unless the programs a
+// launched job runs are built: downpour-worker, -server, -coordinator and -launch.
+void RequireJobBinaries();
 
 // A job of real processes started by hand — coordinator, S servers, W workers, each worker
 // with flags of its own (the launcher gives every worker the same command line). Logs go to

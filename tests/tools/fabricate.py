@@ -47,6 +47,49 @@ def free_port_pair():
     raise RuntimeError("no two consecutive free ports on 127.0.0.1")
 
 
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def real_job_config(path, *, workers, steps, batch_size, cluster_extra="", eval_extra=""):
+    """Writes the run config of a real Fashion-MNIST job of fmnist_small over 2 servers on free
+    loopback ports (for the tests that launch one with DOWNPOUR_BUILD_DIR's binaries); returns path."""
+    base, coordinator = free_port_pair()
+    with open(path, "w") as f:
+        f.write(f"""[run]
+seed = 3
+[model]
+config = "{ROOT}/configs/models/fmnist_small.toml"
+[cluster]
+servers = 2
+workers = {workers}
+coordinator = "127.0.0.1:{coordinator}"
+base_port = {base}
+{cluster_extra}
+[worker]
+batch_size = {batch_size}
+steps = {steps}
+threads = 1
+[data]
+train = "{FMNIST}/train-images-idx3-ubyte.gz"
+test = "{FMNIST}/t10k-images-idx3-ubyte.gz"
+[eval]
+test_batches = 2
+{eval_extra}
+[checkpoint]
+every_updates = 0
+""")
+    return path
+
+
+def summarize(test, run, *args):
+    """Runs downpour-summarize on `run` (asserting it exits 0 in `test`); returns the summary.json
+    it wrote and its stdout."""
+    r = run_tool("downpour-summarize", *args, run)
+    test.assertEqual(r.returncode, 0, r.stderr)
+    with open(os.path.join(run, "summary.json")) as f:
+        return json.load(f), r.stdout
+
+
 def run_tool(tool, *args, env=None, cwd=None):
     """Runs tools/<tool> with this interpreter; returns the CompletedProcess (text)."""
     return subprocess.run([sys.executable, os.path.join(TOOLS, tool), *args], capture_output=True, text=True,

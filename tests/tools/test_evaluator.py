@@ -7,25 +7,14 @@ without the evaluator's file is reported missing; old runs (no eval.evaluator ke
 before."""
 import json
 import os
-import tempfile
 import unittest
 
 import fabricate as fab
 
 
-class EvaluatorRun(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-evaluator-")
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
+class EvaluatorRun(fab.TempDirTest):
     def summarize(self, run):
-        r = fab.run_tool("downpour-summarize", run)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(os.path.join(run, "summary.json")) as f:
-            return json.load(f)
+        return fab.summarize(self, run)[0]
 
     def test_summary_uses_the_evaluators_records_on_the_run_clock(self):
         run = os.path.join(self.tmp, "run")

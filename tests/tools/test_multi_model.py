@@ -7,7 +7,6 @@ model's curve; a one-model run has no multi_model part."""
 import json
 import os
 import re
-import tempfile
 import unittest
 
 import fabricate as fab
@@ -57,19 +56,9 @@ def plotted_series(gp_path):
     return re.findall(r"lc (rgb '#[0-9a-fA-F]{6}'|\d+) .*?title '((?:[^']|'')*)'", plot_line)
 
 
-class MultiModelRun(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory(prefix="downpour-multimodel-")
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
+class MultiModelRun(fab.TempDirTest):
     def summarize(self, run):
-        r = fab.run_tool("downpour-summarize", run)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(os.path.join(run, "summary.json")) as f:
-            return json.load(f), r.stdout
+        return fab.summarize(self, run)
 
     def test_summary_has_the_leaderboard_curves_and_bytes_moved(self):
         run = multi_model_run(os.path.join(self.tmp, "run"), scheme="independent")

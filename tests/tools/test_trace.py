@@ -140,33 +140,9 @@ class TraceOfAJob(fab.TempDirTest):
     STEPS = 30
 
     def job(self, name, trace_events):
-        base, coordinator = fab.free_port_pair()
-        cfg = os.path.join(self.tmp, name + ".toml")
-        with open(cfg, "w") as f:
-            f.write(f"""[run]
-seed = 3
-[model]
-config = "{fab.ROOT}/configs/models/fmnist_small.toml"
-[cluster]
-servers = 2
-workers = 2
-coordinator = "127.0.0.1:{coordinator}"
-base_port = {base}
-link_gbps = 1
-trace_events = {trace_events}
-[worker]
-batch_size = 64
-steps = {self.STEPS}
-threads = 1
-[data]
-train = "{FMNIST}/train-images-idx3-ubyte.gz"
-test = "{FMNIST}/t10k-images-idx3-ubyte.gz"
-[eval]
-every_steps = 0
-test_batches = 2
-[checkpoint]
-every_updates = 0
-""")
+        cfg = fab.real_job_config(os.path.join(self.tmp, name + ".toml"), workers=2, steps=self.STEPS, batch_size=64,
+                                  cluster_extra=f"link_gbps = 1\ntrace_events = {trace_events}",
+                                  eval_extra="every_steps = 0")
         run = os.path.join(self.tmp, name)
         launch = os.path.join(BUILD_DIR, "server", "downpour-launch")
         r = subprocess.run([launch, "--config", cfg, "--run-dir", run], capture_output=True, text=True, timeout=300)

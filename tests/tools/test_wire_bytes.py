@@ -67,27 +67,24 @@ class WireBytes(unittest.TestCase):
         self.assertEqual(first["bytes"], 2 * 20 * 4000)
         self.assertEqual(s["evals"][-1]["bytes"], 2 * 100 * 4000)
 
+    def summary_of_a_shared_memory_run(self):
+        """summary.json of 2 workers x 50 steps whose sockets carried 300 / 500 bytes a step and
+        whose pushes went through shared memory (2,448,000 bytes a step; pulls' field null)."""
+        run = fab.simple_run(os.path.join(self.tmp, "a"), steps=50)
+        add_bytes(run, 300, 500, shm_tx_bytes=2_448_000, shm_rx_bytes=None)
+        return fab.summarize(self, run, "-q")[0]
+
     def test_shared_memory_payloads_count_with_the_wire_headers(self):
         # Same host, shared memory on: the socket carries only headers, the payloads go through
         # the region; the bytes per step are both (null shared-memory fields count as none).
-        run = fab.simple_run(os.path.join(self.tmp, "a"), steps=50)
-        add_bytes(run, 300, 500, shm_tx_bytes=2_448_000, shm_rx_bytes=None)
-        r = fab.run_tool("downpour-summarize", "-q", run)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(os.path.join(run, "summary.json")) as f:
-            s = json.load(f)
+        s = self.summary_of_a_shared_memory_run()
         self.assertEqual((s["push_bytes_per_step"], s["pull_bytes_per_step"]), (2_448_300, 500))
         self.assertEqual(s["bytes_total"], 2 * 50 * (2_448_300 + 500))
 
     def test_summary_keeps_socket_and_shared_memory_bytes_apart(self):
         # tx_bytes / rx_bytes are what crossed the socket (headers only when shared memory is
         # on); shm_tx_bytes / shm_rx_bytes the payloads that did not. The summary names both.
-        run = fab.simple_run(os.path.join(self.tmp, "a"), steps=50)
-        add_bytes(run, 300, 500, shm_tx_bytes=2_448_000, shm_rx_bytes=None)
-        r = fab.run_tool("downpour-summarize", "-q", run)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(os.path.join(run, "summary.json")) as f:
-            s = json.load(f)
+        s = self.summary_of_a_shared_memory_run()
         self.assertEqual((s["socket_push_bytes_per_step"], s["socket_pull_bytes_per_step"]), (300, 500))
         self.assertEqual((s["shm_push_bytes_per_step"], s["shm_pull_bytes_per_step"]), (2_448_000, 0))
         self.assertEqual(s["socket_bytes_total"], 2 * 50 * 800)
