@@ -42,8 +42,12 @@ Status RendezvousClient::Exchange(const MessageHeader& request, MessageHeader* r
                    std::chrono::duration<double>(timeout).count());
       next_say += kSayEvery;
     }
+    if (say_waiting && options_.stop_requested && options_.stop_requested()) {
+      return Unavailable("stopped while waiting for the coordinator at {}", options_.coordinator);
+    }
     Frames got;
-    const auto slice = std::min(left, std::chrono::duration_cast<std::chrono::milliseconds>(kSayEvery));
+    // Waiting to register: short slices, to say what it waits for and to notice a stop.
+    const auto slice = std::min(left, std::chrono::milliseconds(options_.stop_requested ? 100 : 5000));
     Status s = endpoint_->Receive(&got, say_waiting ? slice : left);
     if (s.code() == StatusCode::kTimeout) continue;
     DP_RETURN_IF_ERROR(s);

@@ -51,6 +51,9 @@ struct RendezvousOptions {
   // The run's secret (runs without keys), sent with register and RequestShutdown so the
   // coordinator can tell this process from a stranger (server/access.h). "" = none.
   std::string token;
+  // Polled about every 100 ms while Register waits for the coordinator: true ends the wait with
+  // kUnavailable (a process that blocks SIGTERM to handle it must still stop while it waits).
+  std::function<bool()> stop_requested;
 };
 
 struct RendezvousInfo {

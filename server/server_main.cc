@@ -297,6 +297,7 @@ Status Run(const Flags& f, bool* serving) {
     ro.layout_hash = CombinedLayoutHash(layouts);
     ro.address = address;
     ro.heartbeat_interval = std::chrono::milliseconds(cfg.cluster.heartbeat_ms);
+    ro.stop_requested = [] { return StopSignalArrived(std::chrono::milliseconds(0)); };  // SIGTERM is blocked
     RendezvousInfo info;
     DP_RETURN_IF_ERROR(RendezvousClient::Register(&transport, ro, std::chrono::seconds(60), &link, &info));
     link->StartHeartbeats([h = host.get()](int32_t worker, bool finished) {

@@ -339,5 +339,19 @@ TEST_F(PsMultiProcess, CoordinatorRefusesAMismatchedLayoutNamingBothHashes) {
   EXPECT_NE(s.message().find(fmt::format("{:#018x}", layout_.hash() ^ 0xff)), std::string::npos) << s.message();
 }
 
+// A server waiting for a coordinator that is not there (yet) blocks SIGTERM to handle it, and
+// must still stop on it: the launcher stops such servers when the job fails to start.
+TEST_F(PsMultiProcess, AServerWaitingForTheCoordinatorStopsOnSigterm) {
+  WriteConfig(1, 1);
+  auto server = StartServer(0, fmt::format("127.0.0.1:{}", test::FreePort()));
+  ASSERT_FALSE(ReadAddress(dir_ / "server-0.addr", 10s).empty());  // bound: now it waits to register
+  server->Signal(SIGTERM);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(server->WaitExit(5s), -1) << "the server ignored SIGTERM while it waited for the coordinator";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_NE(test::ReadFile(dir_ / "server-0.log").find("stopped while waiting for the coordinator"), std::string::npos)
+      << test::ReadFile(dir_ / "server-0.log");
+}
+
 }  // namespace
 }  // namespace downpour
