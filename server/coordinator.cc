@@ -140,17 +140,44 @@ Status Coordinator::Serve(ServerEndpoint* ep) {
   return Status::Ok();
 }
 
-void Coordinator::ForgiveStall(Clock::duration stalled) {
-  std::lock_guard<std::mutex> lock(mu_);
+void Coordinator::ForgiveLocked(Clock::duration span) {
   const auto now = Clock::now();
   auto forgive = [&](Holder& h) {
-    if (h.bound) h.seen = std::min(now, h.seen + stalled);
+    if (h.bound) h.seen = std::min(now, h.seen + span);
   };
   for (Holder& h : server_holders_) forgive(h);
   for (WorkerSlot& slot : workers_) forgive(slot.holder);
   forgive(evaluator_.holder);
-  started_ += stalled;
-  if (workers_ended_) workers_ended_at_ += stalled;
+  started_ += span;
+  if (workers_ended_) workers_ended_at_ += span;
+}
+
+bool Coordinator::CutOff(Clock::time_point now) {
+  const auto quiet = std::max<std::chrono::milliseconds>(4 * options_.heartbeat_interval, options_.heartbeat_timeout / 2);
+  bool any = false, heard = false;
+  for (const Holder& h : server_holders_) {
+    if (!h.bound) continue;
+    any = true;
+    heard |= now - h.seen <= quiet;
+  }
+  const bool cut = any && !heard;
+  if (cut && cut_off_since_ == Clock::time_point{}) {
+    cut_off_since_ = now;
+    spdlog::warn("coordinator: no server heard for {} ms: this process is taken to be cut off, and nobody is declared "
+                 "dead while it hears no server (for {} s at most)",
+                 quiet.count(), options_.cut_off_limit.count() / 1000);
+    Emit("cut_off", -1, "");
+  } else if (!cut && cut_off_since_ != Clock::time_point{}) {
+    spdlog::info("coordinator: servers heard again after {:.1f} s cut off",
+                 std::chrono::duration<double>(now - cut_off_since_).count());
+    cut_off_since_ = {};
+  }
+  return cut && now - cut_off_since_ < options_.cut_off_limit;
+}
+
+void Coordinator::ForgiveStall(Clock::duration stalled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ForgiveLocked(stalled);
   const double seconds = std::chrono::duration<double>(stalled).count();
   spdlog::warn("coordinator: this process did not run for {:.1f} s (stopped, swapped out or starved of CPU); that "
                "time is not counted as anyone's silence",
@@ -212,6 +239,10 @@ void Coordinator::FillSlice(int32_t worker, MessageHeader* r) const {
 void Coordinator::CheckLiveness() {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
+  const auto since_last = last_liveness_check_ == Clock::time_point{} ? Clock::duration{} : now - last_liveness_check_;
+  last_liveness_check_ = now;
+  // Cut off from every server: the others' silence is this process's own, as in a stall.
+  if (CutOff(now)) ForgiveLocked(since_last);
   for (auto it = live_.begin(); it != live_.end();) {
     const int32_t w = *it;
     WorkerSlot& slot = workers_[static_cast<size_t>(w)];

@@ -25,7 +25,8 @@
 //    kFlagRemoved: it is out of the run and stops; a restarted process registers anew.
 //  * its own pauses: a gap in its loop longer than max(heartbeat_interval, 10 poll intervals) is
 //    time this process did not run; everyone's silence and the end rule's timers move on by it
-//    (ForgiveStall), so a paused coordinator declares nobody dead for its own pause.
+//    (ForgiveStall), so a paused coordinator declares nobody dead for its own pause. Likewise
+//    while it hears no server at all (options.cut_off_limit): then it is the one cut off.
 //  * shutdown: on request (admin), or by itself once every worker of 0..W-1 and every worker
 //    that registered (joiners too) is done (a heartbeat with kFlagDone: evaluated, saved,
 //    exiting) or silent past the timeout — how a cluster run ends without a launcher that sees
@@ -115,6 +116,11 @@ struct CoordinatorOptions {
   // of the start count as dead.
   bool rejoin = false;
   std::chrono::milliseconds shutdown_grace{3000};     // longest wait for everyone to hear shutdown
+  // While every registered server has been silent for max(4 heartbeat intervals, half the
+  // timeout), this coordinator is taken to be cut off (servers never fall silent in a healthy
+  // run): nobody is declared dead for that time, up to this long (then deaths are declared
+  // again: the servers may be gone).
+  std::chrono::milliseconds cut_off_limit{120000};
   bool evaluator = false;
   std::chrono::milliseconds poll_interval{20};
   // Called on the Serve thread with the coordinator's lock held; keep it short.
@@ -206,6 +212,10 @@ class Coordinator {
   // This process did not run for `stalled`: every holder's silence and the end rule's timers
   // move on by as much, so nobody is declared dead for the coordinator's own pause.
   void ForgiveStall(Clock::duration stalled);
+  void ForgiveLocked(Clock::duration span);  // with mu_ held: ForgiveStall's shift, no line
+  // With mu_ held: whether every registered server has been silent long enough that this process
+  // is taken to be cut off (see CoordinatorOptions::cut_off_limit), saying so when it changes.
+  bool CutOff(Clock::time_point now);
   void MaybeEndRun();                                      // with mu_ held
   bool EveryoneTold() const;                               // with mu_ held
   void BeginShutdown(int32_t by, const std::string& who);  // with mu_ held
@@ -248,6 +258,8 @@ class Coordinator {
   int32_t next_worker_ = 0;  // no id below it is unused (for -1 registrations)
   Clock::time_point next_liveness_check_;
   bool rejoin_checked_ = false;  // rejoin: the never-heard workers of 0..W-1 counted dead
+  Clock::time_point last_liveness_check_;
+  Clock::time_point cut_off_since_{};  // every server silent since (epoch: hears some)
   Clock::time_point shutdown_at_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};

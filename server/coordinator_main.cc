@@ -72,6 +72,7 @@ Status Run(const Flags& f, bool* serving) {
   o.layout_hash = CombinedLayoutHash(layouts);
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.shutdown_grace = std::chrono::milliseconds(4 * cfg.cluster.heartbeat_ms + 1000);
+  o.cut_off_limit = std::chrono::milliseconds(cfg.cluster.server_wait_ms);  // as long as workers wait for servers
   // A gone joiner stays in the gone list this long (every process hears of it well before).
   o.gone_retention = std::max(std::chrono::milliseconds(60000), 10 * o.heartbeat_timeout);
   o.access.keyed = net.keyed;
