@@ -169,6 +169,8 @@ void RendezvousClient::HeartbeatLoop(std::function<void(int32_t, bool)> on_gone)
                       "process was stopped or cut off) and removed it from the run; stopping (a restart with --resume "
                       "joins again)",
                       options_.coordinator, id_);
+        std::lock_guard<std::mutex> lock(removed_mu_);
+        if (on_removed_) on_removed_();
       }
     } else if (s.code() == StatusCode::kTimeout || s.code() == StatusCode::kUnavailable) {
       // No coordinator (dead, restarting): not fatal; keep heartbeating, say so now and then. Once
@@ -215,6 +217,11 @@ void RendezvousClient::HeartbeatLoop(std::function<void(int32_t, bool)> on_gone)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+}
+
+void RendezvousClient::SetOnRemoved(std::function<void()> on_removed) {
+  std::lock_guard<std::mutex> lock(removed_mu_);
+  on_removed_ = std::move(on_removed);
 }
 
 Status RendezvousClient::RequestShutdown(std::chrono::milliseconds timeout) {

@@ -95,6 +95,10 @@ class RendezvousClient {
   // The coordinator declared this worker dead while it was stopped or cut off (kFlagRemoved):
   // the process is out of the run and must stop.
   bool removed() const { return removed_.load(); }
+  // Called once, on the heartbeat thread, when the coordinator says removed (after which
+  // removed() is true). Setting it (also to empty) waits for a call in progress, so a callback
+  // cleared before what it uses is destroyed is never called after.
+  void SetOnRemoved(std::function<void()> on_removed);
   // The worker's clock, reported with the next heartbeat.
   void set_clock(int64_t clock) { clock_.store(clock); }
   // Asks the coordinator to end the run (every process hears it at its next heartbeat).
@@ -153,6 +157,8 @@ class RendezvousClient {
   std::function<void(int32_t, const std::string&)> on_server_moved_;
   std::atomic<bool> shutdown_{false};
   std::atomic<bool> removed_{false};
+  std::mutex removed_mu_;  // guards on_removed_ and its call
+  std::function<void()> on_removed_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -186,6 +186,10 @@ struct PsClient::Impl {
   PsClient* owner = nullptr;
   Transport* transport = nullptr;
   std::vector<std::unique_ptr<Link>> links;
+  // Abort: every operation in flight and every later one fails with abort_status.
+  std::atomic<bool> aborted{false};
+  std::mutex abort_mu;  // guards abort_status
+  Status abort_status;
   std::mutex mu;  // guards requests, next_id
   std::map<RequestId, std::shared_ptr<Request>> requests;
   RequestId next_id = 1;
@@ -533,6 +537,10 @@ class PsClient::Impl::LinkRunner {
   // server_wait bounds silence (every active operation fails); reply_timeout bounds a server
   // that answers but holds an operation (that operation fails).
   Status CheckDeadlines() {
+    if (impl_.aborted.load()) {
+      std::lock_guard<std::mutex> lock(impl_.abort_mu);
+      return impl_.abort_status;
+    }
     const auto now = Clock::now();
     const auto silent = now - heard_;
     if (silent >= o_.server_wait) {
@@ -1234,6 +1242,13 @@ RequestId PsClient::PushTensors(std::span<const float> flat_grads, int first_ten
 }
 RequestId PsClient::PushInit(std::span<const float> flat_weights) {
   return Submit(MsgType::kPush, {}, flat_weights, {}, /*all_chunks=*/true, 0, kFlagInit);
+}
+
+void PsClient::Abort(Status why) {
+  std::lock_guard<std::mutex> lock(impl_->abort_mu);
+  if (impl_->aborted.load()) return;
+  impl_->abort_status = std::move(why);
+  impl_->aborted.store(true);
 }
 
 Status PsClient::Wait(RequestId id, std::chrono::milliseconds timeout) { return Wait(id, timeout, nullptr); }

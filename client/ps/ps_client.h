@@ -127,6 +127,11 @@ class PsClient {
   // Tells every server this worker finished `finished_iteration` (a resumed worker, before pulling).
   Status ReportClock(int64_t finished_iteration, std::chrono::milliseconds timeout);
 
+  // Fails every operation in flight, and every later one, with `why` (not ok), within an I/O
+  // tick: for a process that is out of the run and must not wait on servers. Thread-safe; the
+  // first reason stays.
+  void Abort(Status why);
+
   // Moves the link to `server` to `address` (registers again, resends); returns at once, the I/O
   // thread switches between messages. kInvalidArgument: server outside the layout, empty address.
   Status SetServerAddress(int server, const std::string& address);

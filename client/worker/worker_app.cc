@@ -288,6 +288,17 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   // A server restarted at another address (the coordinator's heartbeat replies say so) is
   // followed there.
   const ServerMoveFollower follow(link, client.get(), fmt::format("worker {}", args.id));
+  // Put out of the run: whatever waits on the servers fails now (they may be gone already, the
+  // run over), not after cluster.server_wait_ms. Cleared before the client goes.
+  link->SetOnRemoved([c = client.get(), id = args.id] {
+    c->Abort(FailedPrecondition("worker {} was declared dead by the coordinator while it was stopped or cut off, "
+                                "and is out of the run (a restart with --resume joins again)",
+                                id));
+  });
+  struct ClearOnRemoved {
+    RendezvousClient* link;
+    ~ClearOnRemoved() { link->SetOnRemoved({}); }
+  } clear_on_removed{link};
   DP_RETURN_IF_ERROR(client->Connect(wait));
   // Every worker offers the same seeded initial weights; servers keep the first and pulls
   // wait until every chunk has weights (restored servers ignore them all).

@@ -649,5 +649,33 @@ TEST(PsClientCreate, SilentServerFailsAfterServerWaitNotReplyTimeoutNamingTheSer
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
 }
 
+// Abort (a worker put out of the run): an operation waiting on a silent server fails at once with
+// the reason given, not after server_wait, and so does every later one.
+TEST(PsClientCreate, AbortFailsWhatWaitsAndWhatComesAfterWithItsReason) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {10}, 1, 1}}, 1, 32, &layout).ok());
+  InprocTransport t;
+  std::unique_ptr<ServerEndpoint> silent;  // bound but never answers
+  ASSERT_TRUE(t.Bind("silent", &silent).ok());
+  PsClientOptions o;
+  o.server_addresses = {"silent"};
+  o.server_wait = 60s;
+  o.probe_every = 50ms;
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&t, layout, o, &c).ok());
+  std::vector<float> w(10);
+  const RequestId pull = c->Pull(w);
+  EXPECT_EQ(c->Wait(pull, 100ms).code(), StatusCode::kTimeout);  // still waiting on the server
+  const auto t0 = std::chrono::steady_clock::now();
+  c->Abort(FailedPrecondition("out of the run"));
+  c->Abort(InvalidArgument("a second reason"));  // the first stays
+  Status s = c->Wait(pull, 5000ms);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_EQ(s.message(), "out of the run");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  s = c->Wait(c->Pull(w), 5000ms);
+  EXPECT_EQ(s.message(), "out of the run");
+}
+
 }  // namespace
 }  // namespace downpour
