@@ -17,14 +17,17 @@ import glob
 import json
 import os
 import subprocess
+import sys
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD_DIR = os.environ.get("DOWNPOUR_BUILD_DIR")
+sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
+import fabricate as fab  # noqa: E402  (the real job's config, shared with the tools' tests)
 SCRIPT = os.path.join(ROOT, "scripts", "netns-cluster")
-FMNIST = "/usr/share/datasets/fashion-mnist"
+FMNIST = fab.FMNIST
 # Names of this test's own, so a leftover of another run cannot collide with them; the subnet is
 # the first of 10.231.200-249 (from this pid on) that nothing on the machine uses.
 PREFIX = f"dpt{os.getpid() % 1000}"
@@ -140,36 +143,11 @@ class NetnsJob(unittest.TestCase):
         r = subprocess.run([os.path.join(BUILD_DIR, "server", "downpour-keys"), "--out", keys],
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.config = os.path.join(self.tmp, "job.toml")
-        with open(self.config, "w") as f:
-            f.write(f"""[run]
-seed = 3
-[model]
-config = "{ROOT}/configs/models/fmnist_small.toml"
-[cluster]
-servers = 2
-workers = 2
-coordinator = "{SUBNET}.1:{PORT}"
-base_port = 5600
-bind = "0.0.0.0"
-heartbeat_ms = 200
-heartbeat_timeout_ms = 2000
-server_wait_ms = 60000
-[security]
-keys = "{keys}"
-[worker]
-batch_size = 32
-steps = {STEPS}
-threads = 1
-[data]
-train = "{FMNIST}/train-images-idx3-ubyte.gz"
-test = "{FMNIST}/t10k-images-idx3-ubyte.gz"
-[eval]
-every_steps = 0
-test_batches = 20
-[checkpoint]
-every_updates = 100
-""")
+        self.config = fab.real_job_config(
+            os.path.join(self.tmp, "job.toml"), workers=2, steps=STEPS, batch_size=32,
+            coordinator=f"{SUBNET}.1:{PORT}", base_port=5600, checkpoint_every=100,
+            cluster_extra='bind = "0.0.0.0"\nheartbeat_ms = 200\nheartbeat_timeout_ms = 2000\nserver_wait_ms = 60000',
+            eval_extra="every_steps = 0", extra=f'[security]\nkeys = "{keys}"\n')
         self.run_dir = os.path.join(self.tmp, "run")
         self.tasks = {}
 

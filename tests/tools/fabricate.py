@@ -50,10 +50,15 @@ def free_port_pair():
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def real_job_config(path, *, workers, steps, batch_size, cluster_extra="", eval_extra=""):
-    """Writes the run config of a real Fashion-MNIST job of fmnist_small over 2 servers on free
-    loopback ports (for the tests that launch one with DOWNPOUR_BUILD_DIR's binaries); returns path."""
-    base, coordinator = free_port_pair()
+def real_job_config(path, *, workers, steps, batch_size, cluster_extra="", eval_extra="", coordinator=None,
+                    base_port=None, checkpoint_every=0, extra=""):
+    """Writes the run config of a real Fashion-MNIST job of fmnist_small over 2 servers (for the
+    tests that launch one with DOWNPOUR_BUILD_DIR's binaries); returns path. The coordinator
+    ("host:port") and the servers' base port default to free loopback ports; `extra` is appended
+    (tables of its own, e.g. [security])."""
+    if coordinator is None or base_port is None:
+        base_port, port = free_port_pair()
+        coordinator = f"127.0.0.1:{port}"
     with open(path, "w") as f:
         f.write(f"""[run]
 seed = 3
@@ -62,8 +67,8 @@ config = "{ROOT}/configs/models/fmnist_small.toml"
 [cluster]
 servers = 2
 workers = {workers}
-coordinator = "127.0.0.1:{coordinator}"
-base_port = {base}
+coordinator = "{coordinator}"
+base_port = {base_port}
 {cluster_extra}
 [worker]
 batch_size = {batch_size}
@@ -76,8 +81,8 @@ test = "{FMNIST}/t10k-images-idx3-ubyte.gz"
 test_batches = 2
 {eval_extra}
 [checkpoint]
-every_updates = 0
-""")
+every_updates = {checkpoint_every}
+{extra}""")
     return path
 
 
