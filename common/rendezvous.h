@@ -92,12 +92,10 @@ class RendezvousClient {
   // Times this client registered again (a restarted coordinator, a lost id).
   uint64_t reregistrations() const { return reregistrations_.load(); }
   bool shutdown_requested() const { return shutdown_.load(); }
-  // The coordinator declared this worker dead while it was stopped or cut off (kFlagRemoved):
-  // the process is out of the run and must stop.
-  bool removed() const { return removed_.load(); }
-  // Called once, on the heartbeat thread, when the coordinator says removed (after which
-  // removed() is true). Setting it (also to empty) waits for a call in progress, so a callback
-  // cleared before what it uses is destroyed is never called after.
+  // Called once, on the heartbeat thread, when the coordinator says this worker was declared
+  // dead while it was stopped or cut off (kFlagRemoved): the process is out of the run and must
+  // stop. Setting it (also to empty) waits for a call in progress, so a callback cleared before
+  // what it uses is destroyed is never called after.
   void SetOnRemoved(std::function<void()> on_removed);
   // The worker's clock, reported with the next heartbeat.
   void set_clock(int64_t clock) { clock_.store(clock); }

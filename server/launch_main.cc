@@ -376,9 +376,8 @@ bool NameAfterSetMode(const LaunchFlags& f, RunConfig* cfg) {
     return std::any_of(f.sets.begin(), f.sets.end(), [&](const std::string& s) { return s.rfind(key, 0) == 0; });
   };
   if (!set("consistency.mode=") || set("run.name=")) return false;
-  const std::string mode = cfg->consistency.mode == ConsistencyMode::kAsync  ? "async"
-                           : cfg->consistency.mode == ConsistencyMode::kSync ? "sync"
-                                                                             : "ssp";
+  std::string mode = ConsistencyModeString(cfg->consistency);  // "async", "sync", "ssp:2"
+  mode = mode.substr(0, mode.find(':'));
   std::vector<std::string> parts;
   for (size_t at = 0;;) {
     const size_t dash = cfg->run.name.find('-', at);
@@ -593,7 +592,7 @@ void EndStoppedRun(const std::string& run_dir, const RunConfig& cfg, bool stoppe
   std::error_code ec;
   if (s.ok()) {
     std::printf("[launch] continue it with: downpour-launch --resume %s\n", run_dir.c_str());
-  } else if (stopped_new_run && !fs::exists(fs::path(run_dir) / "state", ec) && ServersSavedNothing(run_dir, cfg)) {
+  } else if (stopped_new_run && RunSavedNothing(run_dir, cfg)) {
     fs::remove_all(run_dir, ec);
     std::printf("[launch] stopped before any server or worker saved anything: removed %s\n", run_dir.c_str());
   } else {

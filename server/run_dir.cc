@@ -165,8 +165,9 @@ std::string ServerWalPath(const std::string& run_dir, const CheckpointConfig& ch
       .string();
 }
 
-bool ServersSavedNothing(const std::string& run_dir, const RunConfig& c) {
+bool RunSavedNothing(const std::string& run_dir, const RunConfig& c) {
   std::error_code ec;
+  if (fs::exists(fs::path(run_dir) / "state", ec)) return false;  // a worker's progress
   const int models = std::max<int>(1, static_cast<int>(c.models.size()));
   for (int i = 0; i < c.cluster.servers; ++i) {
     for (int k = 0; k < models; ++k) {
@@ -186,8 +187,7 @@ bool RunEverStarted(const std::string& run_dir, const RunConfig& c, const std::v
   for (const MetricRecord& r : launch) {
     if (r.Get("event").AsString() == "start") return true;
   }
-  std::error_code ec;
-  return !ServersSavedNothing(run_dir, c) || fs::exists(fs::path(run_dir) / "state", ec);
+  return !RunSavedNothing(run_dir, c);
 }
 }  // namespace
 

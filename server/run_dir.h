@@ -69,8 +69,9 @@ struct ResumePlan {
 // naming the run, the missing files and the reason, and what to do instead.
 Status PlanResume(const std::string& run_dir, const RunConfig& config, ResumePlan* plan);
 
-// True when no server of the run has a checkpoint or a write-ahead log in `run_dir`.
-bool ServersSavedNothing(const std::string& run_dir, const RunConfig& config);
+// True when nothing of the run's processes was saved in `run_dir`: no server's checkpoint or
+// write-ahead log, no worker's progress (state/).
+bool RunSavedNothing(const std::string& run_dir, const RunConfig& config);
 
 // <run_dir>/<checkpoint.dir>/server-<i>.dpt (checkpoint.dir may be absolute); model k > 0 of a
 // multi-model run: server-<i>.model-<k>.dpt.

@@ -313,12 +313,7 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
     if (topts.resume) link->set_clock(topts.resume->clock);
   }
   RendezvousClient* rendezvous = link;
-  PsChannel channel(client.get(), wait, [rendezvous, id = args.id](int64_t clock) {
-    if (rendezvous->removed()) {
-      return FailedPrecondition("worker {} was declared dead by the coordinator while it was stopped or cut off, and "
-                                "is out of the run (a restart with --resume joins again)",
-                                id);
-    }
+  PsChannel channel(client.get(), wait, [rendezvous](int64_t clock) {
     rendezvous->set_clock(clock);
     return Status::Ok();
   });
