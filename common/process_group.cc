@@ -50,6 +50,7 @@ struct ProcessGroup::Child {
   int out_fd = -1;  // read end of the child's stdout+stderr pipe; -1 after EOF
   int log_fd = -1;  // raw log, or -1
   std::string partial;  // output received after the last newline
+  std::string last_error;  // its latest "[error]" / "[critical]" line's message: why it died, most often
   Clock::time_point started{};    // of the running (or last) incarnation
   Clock::time_point died_at{};    // of the last death
   bool restart_pending = false;   // dead, to be started again at restart_at
@@ -183,6 +184,26 @@ void ProcessGroup::Emit(const std::string& name, std::string_view line) {
   options_.output(fmt::format("[{}] {}", name, line));
 }
 
+void ProcessGroup::EmitFrom(Child& c, std::string_view line) {
+  Emit(c.spec.name, line);
+  // spdlog's pattern, "[time] [level] message", or a program's last words, "program: CODE:
+  // message" (common/cli.h). The last such line names the cause in the line that reports the
+  // job's end (a full disk, a port taken, a bad config).
+  for (std::string_view marker : {std::string_view("] [error] "), std::string_view("] [critical] ")}) {
+    if (const size_t at = line.find(marker); at != std::string_view::npos) {
+      c.last_error.assign(line.substr(at + marker.size(), 400));
+      return;
+    }
+  }
+  for (std::string_view code : {"INVALID_ARGUMENT: ", "NOT_FOUND: ", "IO_ERROR: ", "CORRUPT: ", "TIMEOUT: ",
+                                "UNAVAILABLE: ", "FAILED_PRECONDITION: ", "INTERNAL: "}) {
+    if (line.find(code) != std::string_view::npos && line.rfind("downpour-", 0) == 0) {
+      c.last_error.assign(line.substr(0, 400));
+      return;
+    }
+  }
+}
+
 // An event about child i as it stands now (its latest run): name, pid, how it ended, when,
 // and its restarts so far; the caller fills in what is particular to the event.
 ChildEvent ProcessGroup::NewEvent(ChildEvent::Kind kind, size_t i) const {
@@ -213,7 +234,7 @@ void ProcessGroup::DrainOutput(Child& c, bool eof_expected) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !eof_expected) return;
     if (n <= 0) {  // EOF, an error, or (eof_expected) nothing left from a dead group
       if (!c.partial.empty()) {
-        Emit(c.spec.name, c.partial);
+        EmitFrom(c, c.partial);
         if (c.log_fd >= 0) {  // its bytes are logged already; end the line
           [[maybe_unused]] ssize_t w = ::write(c.log_fd, "\n", 1);
         }
@@ -229,12 +250,12 @@ void ProcessGroup::DrainOutput(Child& c, bool eof_expected) {
     c.partial.append(buf, static_cast<size_t>(n));
     size_t start = 0, nl;
     while ((nl = c.partial.find('\n', start)) != std::string::npos) {
-      Emit(c.spec.name, std::string_view(c.partial).substr(start, nl - start));
+      EmitFrom(c, std::string_view(c.partial).substr(start, nl - start));
       start = nl + 1;
     }
     c.partial.erase(0, start);
     while (c.partial.size() >= kMaxLine) {
-      Emit(c.spec.name, std::string_view(c.partial).substr(0, kMaxLine));
+      EmitFrom(c, std::string_view(c.partial).substr(0, kMaxLine));
       c.partial.erase(0, kMaxLine);
     }
   }
@@ -317,7 +338,7 @@ void ProcessGroup::HandleDeath(size_t i) {
   died.action = ChildEvent::Action::kStop;
   died.line = fmt::format("{}{}; stopping all{}", how, limit_part, setting_part);
   Report(std::move(died));
-  BeginStop(how_it_ended + limit_part, r.Code());
+  BeginStop(how_it_ended + limit_part + (c.last_error.empty() ? "" : ": " + c.last_error), r.Code());
 }
 
 // Reports `died` (may be a default event: nothing to report) and gives child i up.
@@ -326,6 +347,7 @@ void ProcessGroup::GiveUp(size_t i, ChildEvent died, const std::string& why) {
   if (!died.child.empty()) Report(std::move(died));
   r.given_up = true;
   last_given_up_code_ = r.Code();
+  if (!children_[i]->last_error.empty()) last_given_up_error_ = children_[i]->last_error;
   ChildEvent gone = NewEvent(ChildEvent::Kind::kGivenUp, i);
   gone.action = ChildEvent::Action::kContinue;
   gone.line = why;  // empty after a death line, which said it already
@@ -338,6 +360,7 @@ void ProcessGroup::RestartDue() {
     Child& c = *children_[i];
     if (!c.restart_pending || now < c.restart_at) continue;
     c.restart_pending = false;
+    c.last_error.clear();  // the new incarnation's errors only
     ChildResult& r = results_[i];
     const int n = ++r.restarts;
     pid_t pid = -1;
@@ -398,8 +421,9 @@ bool ProcessGroup::CheckDone() {
                           fmt::join(given_up, ", ")),
               0);
   } else {
-    BeginStop(fmt::format("{} of the {} exited 0 (at least {} must); given up: {}", succeeded, who,
-                          options_.min_succeeded, fmt::join(given_up, ", ")),
+    BeginStop(fmt::format("{} of the {} exited 0 (at least {} must); given up: {}{}", succeeded, who,
+                          options_.min_succeeded, fmt::join(given_up, ", "),
+                          last_given_up_error_.empty() ? "" : " (" + last_given_up_error_ + ")"),
               last_given_up_code_);
   }
   return true;
@@ -420,7 +444,8 @@ bool ProcessGroup::CannotFinish() {
     given_up.push_back(r.name);
   }
   if (given_up.empty() || !followers_running) return false;
-  BeginStop(fmt::format("{} given up and none finished: the job cannot finish", fmt::join(given_up, ", ")),
+  BeginStop(fmt::format("{} given up and none finished: the job cannot finish{}", fmt::join(given_up, ", "),
+                        last_given_up_error_.empty() ? "" : " (" + last_given_up_error_ + ")"),
             last_given_up_code_);
   return true;
 }

@@ -172,6 +172,7 @@ class ProcessGroup {
   struct Child;
   Status Spawn(const std::string& name, const std::vector<std::string>& argv, pid_t* pid, int* out_fd);
   void Emit(const std::string& name, std::string_view line);
+  void EmitFrom(Child& c, std::string_view line);  // Emit, noting an error line as c's last
   ChildEvent NewEvent(ChildEvent::Kind kind, size_t i) const;
   void Report(ChildEvent event);
   void DrainOutput(Child& c, bool eof_expected);
@@ -197,6 +198,7 @@ class ProcessGroup {
   bool killed_ = false;
   int exit_code_ = 0;
   int last_given_up_code_ = 0;  // the code of the child given up last (in time)
+  std::string last_given_up_error_;  // ... and its last error line's message, if it printed one
   std::chrono::steady_clock::time_point run_over_at_{};  // when an ends_run child exited 0 (else epoch)
   std::string reason_;
   std::chrono::steady_clock::time_point kill_at_{};

@@ -372,6 +372,32 @@ TEST_F(ProcessGroupTest, SetupErrorIsNotRestarted) {
   EXPECT_EQ(other.results()[0].restarts, 1);
 }
 
+// The line that ends the job names why: the last error line the child that ended it printed
+// (spdlog's "[error]" or a program's "program: CODE: message"), not only its exit code.
+TEST_F(ProcessGroupTest, TheJobsEndNamesTheLastErrorOfTheChildThatEndedIt) {
+  ProcessGroup group(Supervised());
+  ASSERT_TRUE(group.Start(Sh("server 0",
+                             "echo '[t] [info] serving'; echo '[t] [error] server 0: /d has 1 MiB free'; exit 2", true))
+                  .ok());
+  ASSERT_TRUE(group.Start(Sh("worker 0", "sleep 30", true)).ok());
+  EXPECT_EQ(group.Run(), 2);
+  EXPECT_EQ(group.reason(), "server 0 exited with code 2: server 0: /d has 1 MiB free");
+
+  ProcessGroup workers(Supervised());
+  for (int w = 0; w < 2; ++w) {
+    ChildSpec worker = Sh(fmt::format("worker {}", w),
+                          fmt::format("echo 'downpour-worker {}: IO_ERROR: the disk is full'; exit 1", w), true);
+    worker.on_death = OnDeath::kContinue;
+    ASSERT_TRUE(workers.Start(worker).ok());
+  }
+  ChildSpec evaluator = Sh("evaluator", "sleep 30", true);
+  evaluator.follower = true;
+  ASSERT_TRUE(workers.Start(evaluator).ok());
+  EXPECT_EQ(workers.Run(), 1);
+  EXPECT_THAT(workers.reason(), HasSubstr("given up and none finished: the job cannot finish (downpour-worker "));
+  EXPECT_THAT(workers.reason(), HasSubstr(": IO_ERROR: the disk is full)"));
+}
+
 // Every worker given up with none finished: the evaluator (a follower) would wait for a run that
 // cannot finish, so the job ends at once with the last one's code. One that finished is enough
 // for the follower to go on.
