@@ -1,6 +1,7 @@
 // env.cc — see env.h.
 #include "common/env.h"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,10 +21,16 @@ std::atomic<Env*> g_env{&g_posix};
 
 ssize_t Env::Write(int fd, const void* buf, size_t n) { return ::write(fd, buf, n); }
 ssize_t Env::Writev(int fd, const iovec* iov, int count) { return ::writev(fd, iov, count); }
+ssize_t Env::Pwrite(int fd, const void* buf, size_t n, off_t offset) { return ::pwrite(fd, buf, n, offset); }
 int Env::Fsync(int fd) { return ::fsync(fd); }
 int Env::Fdatasync(int fd) { return ::fdatasync(fd); }
 int Env::Ftruncate(int fd, off_t length) { return ::ftruncate(fd, length); }
 int Env::Rename(const char* from, const char* to) { return std::rename(from, to); }
+int64_t Env::FreeBytes(const char* path) {
+  struct statvfs st {};
+  if (::statvfs(path, &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
 
 namespace {
 

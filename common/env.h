@@ -15,6 +15,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -27,10 +28,14 @@ class Env {
   virtual ~Env() = default;
   virtual ssize_t Write(int fd, const void* buf, size_t n);
   virtual ssize_t Writev(int fd, const iovec* iov, int count);
+  virtual ssize_t Pwrite(int fd, const void* buf, size_t n, off_t offset);
   virtual int Fsync(int fd);
   virtual int Fdatasync(int fd);
   virtual int Ftruncate(int fd, off_t length);
   virtual int Rename(const char* from, const char* to);
+  // Bytes an unprivileged writer may still put in the filesystem holding `path` (statvfs's
+  // f_bavail × f_frsize); -1 with errno set on failure.
+  virtual int64_t FreeBytes(const char* path);
 };
 
 Env& CurrentEnv();

@@ -13,6 +13,7 @@ struct Mailbox {
   std::condition_variable cv;
   std::deque<std::pair<PeerId, Frames>> queue;
   bool closed = false;
+  bool woken = false;  // Wake: the next Take returns kTimeout at once
 
   void Put(PeerId from, Frames frames) {
     {
@@ -23,7 +24,8 @@ struct Mailbox {
   }
   Status Take(PeerId* from, Frames* frames, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, timeout, [&] { return !queue.empty(); })) {
+    if (!cv.wait_for(lock, timeout, [&] { return !queue.empty() || woken; }) || queue.empty()) {
+      woken = false;
       return Timeout("inproc: no message within {} ms", timeout.count());
     }
     if (from) *from = std::move(queue.front().first);
@@ -80,6 +82,13 @@ class InprocServer : public ServerEndpoint {
     return Status::Ok();
   }
   std::string address() const override { return address_; }
+  void Wake() override {
+    {
+      std::lock_guard<std::mutex> lock(box_->mu);
+      box_->woken = true;
+    }
+    box_->cv.notify_all();
+  }
 
  private:
   std::shared_ptr<InprocTransport::Registry> registry_;

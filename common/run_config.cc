@@ -420,6 +420,7 @@ Status ReadCheckpoint(TableReader& r, CheckpointConfig* c) {
   DP_RETURN_IF_ERROR(r.String("dir", &c->dir));
   DP_RETURN_IF_ERROR(r.Bool("wal", &c->wal));
   DP_RETURN_IF_ERROR(r.Int("wal_fsync_ms", &c->wal_fsync_ms));
+  DP_RETURN_IF_ERROR(r.Int("wal_max_mb", &c->wal_max_mb));
   return r.Finish();
 }
 
@@ -930,6 +931,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(!ck.dir.empty(), "checkpoint.dir", ck.dir, "must be non-empty")
       .Check(ck.wal_fsync_ms >= 0, "checkpoint.wal_fsync_ms", ck.wal_fsync_ms,
              "must be >= 0 (0 = fsync before every acknowledgement)")
+      .Check(ck.wal_max_mb >= 1 && ck.wal_max_mb <= (int64_t{1} << 30), "checkpoint.wal_max_mb", ck.wal_max_mb,
+             "must be between 1 and 2^30 MiB")
       .Check(cl.link_gbps == 0 || (std::isfinite(cl.link_gbps) && cl.link_gbps > 0), "cluster.link_gbps", cl.link_gbps,
              "must be a finite link speed > 0 in Gbit/s (0 in code = off)")
       .Check(cl.reply_order == ReplyOrder::kArrival || cl.link_gbps > 0, "cluster.reply_order",
@@ -1196,6 +1199,7 @@ std::string ToToml(const RunConfig& c) {
   line("dir", str(c.checkpoint.dir));
   line("wal", boolean(c.checkpoint.wal));
   line("wal_fsync_ms", num(c.checkpoint.wal_fsync_ms));
+  line("wal_max_mb", num(c.checkpoint.wal_max_mb));
   s += "\n[security]\n";
   line("keys", str(c.security.keys));
   line("insecure", boolean(c.security.insecure));

@@ -232,6 +232,9 @@ struct CheckpointConfig {
   // Off = checkpoints only: the updates since the last one die with the server.
   bool wal = true;
   int wal_fsync_ms = 200;  // fsync the log at least this often (>= 0); 0 = before every ack
+  // A shard whose log reaches this many MiB checkpoints, which empties it (>= 1); its disk needs
+  // room for that and two checkpoints at the server's start.
+  int64_t wal_max_mb = 2048;
   bool operator==(const CheckpointConfig&) const = default;
 };
 

@@ -104,6 +104,10 @@ class ServerEndpoint {
   // kernel's socket buffer would let them, not when the loop next calls Receive. The loop's
   // thread only. Transports that queue nothing do nothing.
   virtual void ReleaseDue() {}
+  // Thread-safe: a Receive waiting now, or the next one, returns (kTimeout) at once, so that the
+  // loop can send what another thread made ready (a shard's acks its log thread has written).
+  // Transports that cannot be woken do nothing: the loop then sees it within its poll interval.
+  virtual void Wake() {}
   // Peers dropped so far because their queue of unsent replies outgrew its bound (a client that
   // never reads). Thread-safe. Transports without a bound return 0.
   virtual uint64_t dropped_peers() const { return 0; }

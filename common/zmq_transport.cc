@@ -13,7 +13,9 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <zmq.hpp>
 
@@ -191,14 +193,20 @@ Status SendAll(zmq::socket_t& socket, const std::string* prefix, Frames& frames,
 }
 
 // Receives one multipart message, waiting up to `timeout` for its first frame.
+// `wake_fd` (an eventfd, or -1): readable = come back now, kTimeout, unless a message is there.
 Status ReceiveAll(zmq::socket_t& socket, PeerId* identity, Frames* frames, std::chrono::milliseconds timeout,
-                  const std::string& address, PeerInfo* info = nullptr) {
+                  const std::string& address, PeerInfo* info = nullptr, int wake_fd = -1) {
   // Over ipc libzmq's Peer-Address is ":uid:gid:pid" (SO_PEERCRED), not an address.
   const bool ipc = IsIpcAddress(address);
   try {
-    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) == 0) {
+    zmq::pollitem_t items[2] = {{socket.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd, ZMQ_POLLIN, 0}};
+    if (zmq::poll(items, wake_fd >= 0 ? 2 : 1, timeout) == 0) {
       return Timeout("zmq '{}': no message within {} ms", address, timeout.count());
+    }
+    if ((items[0].revents & ZMQ_POLLIN) == 0) {  // woken
+      uint64_t count = 0;
+      (void)::read(wake_fd, &count, sizeof(count));
+      return Timeout("zmq '{}': woken", address);
     }
     frames->clear();
     bool first = true;
@@ -302,6 +310,7 @@ class ZmqServer : public ServerEndpoint {
   // outlives the process), so the endpoint removes it — only if it is still the file this
   // endpoint bound (same device and inode), never one another server has bound there since.
   ~ZmqServer() override {
+    if (wake_fd_ >= 0) ::close(wake_fd_);
     socket_.close();
     if (ipc_inode_ == 0) return;
     const std::string path = IpcPath(address_);
@@ -313,6 +322,7 @@ class ZmqServer : public ServerEndpoint {
   using ServerEndpoint::Receive;
   Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const uint64_t woken_before = wakes_.load();
     while (true) {
       Flush();
       // While replies wait, wake often to offer them again (a peer may start reading any time),
@@ -321,9 +331,9 @@ class ZmqServer : public ServerEndpoint {
       if (left.count() < 0) left = std::chrono::milliseconds(0);
       const auto wait = std::min(left, NextFlush());
       PeerId who;
-      Status s = ReceiveAll(socket_, &who, frames, wait, address_, info);
+      Status s = ReceiveAll(socket_, &who, frames, wait, address_, info, wake_fd_);
       if (s.code() == StatusCode::kTimeout) {
-        if (wait < left) continue;
+        if (wait < left && !WokenSince(woken_before)) continue;
         drop_log_.Flush();
         return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
       }
@@ -340,6 +350,11 @@ class ZmqServer : public ServerEndpoint {
     }
   }
   Status Send(const PeerId& to, Frames frames) override { return SendOrdered(to, std::move(frames), kNoOrder); }
+  void Wake() override {
+    wakes_.fetch_add(1);
+    const uint64_t one = 1;
+    if (wake_fd_ >= 0) (void)::write(wake_fd_, &one, sizeof(one));
+  }
   Status SendOrdered(const PeerId& to, Frames frames, uint64_t order) override {
     if (dropped_.count(to)) {
       return Unavailable("zmq '{}': peer {} was dropped (it did not read its replies)", address_, PeerHex(to));
@@ -534,6 +549,11 @@ class ZmqServer : public ServerEndpoint {
   ino_t ipc_inode_ = 0;  // the socket file this endpoint bound (ipc only; 0 = none)
   dev_t ipc_device_ = 0;
   const int trace_track_;  // -1 = no timeline
+  // Wake(): an eventfd Receive polls beside the socket (-1 if none could be made: the loop then
+  // waits out its poll interval), and a count, so a wake is not lost between two polls.
+  const int wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  std::atomic<uint64_t> wakes_{0};
+  bool WokenSince(uint64_t before) const { return wakes_.load() != before; }
 };
 
 class ZmqClient : public ClientEndpoint {

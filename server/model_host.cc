@@ -112,7 +112,10 @@ size_t ModelHost::Next() const {
 }
 
 Status ModelHost::Serve(ServerEndpoint* ep) {
-  for (const auto& s : shards_) DP_RETURN_IF_ERROR(s->OpenLog());
+  for (const auto& s : shards_) {
+    s->SetWake([ep] { ep->Wake(); });  // a log that wrote more: its held acks are due
+    DP_RETURN_IF_ERROR(s->OpenLog());
+  }
   const auto poll = shards_[0]->options().poll_interval;
   const bool by_step = shards_[0]->options().serve_by_step;
   if (by_step) {
@@ -156,8 +159,9 @@ Status ModelHost::Serve(ServerEndpoint* ep) {
     if (result.ok()) result = shard->LogFailure();
   }
   for (const auto& shard : shards_) {
-    const Status f = shard->Finish();
+    const Status f = shard->Finish(ep);
     if (result.ok() && !f.ok()) result = f;
+    shard->SetWake(nullptr);
   }
   return result;
 }

@@ -16,8 +16,9 @@
 // server/access.h. Checkpoints go to D/<checkpoint.dir>/server-<i>.dpt every
 // checkpoint.every_updates applied updates and once more when the server stops (when
 // checkpointing is on). With checkpoint.wal (the default) every push, clock and membership
-// change is first appended to D/<checkpoint.dir>/server-<i>.wal (server/wal.h; fsynced at least
-// every checkpoint.wal_fsync_ms), and the log restarts after each checkpoint.
+// change is first staged in D/<checkpoint.dir>/server-<i>.wal (server/wal.h; acknowledged once
+// written, fsynced at least every checkpoint.wal_fsync_ms), and the log restarts after each
+// checkpoint, one of which it forces at checkpoint.wal_max_mb.
 //
 // --recover: restore D/<checkpoint.dir>/server-<i>.dpt if it exists, then replay server-<i>.wal
 // if it exists (either may be missing), then serve: the shard is what it was when its previous
@@ -196,6 +197,7 @@ Status Run(const Flags& f, bool* serving) {
   o.model_moves = multi;
   if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) spdlog::info("server {}: {}", f.id, link);
   o.wal_fsync_ms = std::chrono::milliseconds(cfg.checkpoint.wal_fsync_ms);
+  o.wal_max_bytes = static_cast<uint64_t>(cfg.checkpoint.wal_max_mb) << 20;
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.checkpoint_every_updates = cfg.checkpoint.every_updates;
   std::filesystem::create_directories(

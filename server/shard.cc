@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 
+#include "common/env.h"
 #include "common/finite.h"
 #include "common/grad_codec.h"
 #include "common/solver/lr_policy.h"
@@ -272,6 +273,7 @@ ShardServer::~ShardServer() {
 // Loop.
 
 Status ShardServer::Serve(ServerEndpoint* ep) {
+  SetWake([ep] { ep->Wake(); });
   DP_RETURN_IF_ERROR(OpenLog());
   while (!stop_.load() && !log_failed_.load()) {
     PeerId peer;
@@ -285,7 +287,8 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
     }
     Tick(ep);
   }
-  const Status finished = Finish();
+  const Status finished = Finish(ep);
+  SetWake(nullptr);
   return log_failed_.load() ? LogFailure() : finished;
 }
 
@@ -305,22 +308,29 @@ void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
   const uint64_t busy = NanosSince(t0);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.busy_ns += busy;
+  ReleaseHeld(ep);
 }
 
 void ShardServer::Tick(ServerEndpoint* ep) {
   loop_endpoint_ = ep;
   ServePending(ep);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReleaseHeld(ep);
+  }
   loop_endpoint_ = nullptr;
   refusal_log_.Flush();
   reply_log_.Flush();
 }
 
-Status ShardServer::Finish() {
+Status ShardServer::Finish(ServerEndpoint* ep) {
   refusal_log_.FlushFinal();
   reply_log_.FlushFinal();
   std::lock_guard<std::mutex> lock(mu_);
-  if (wal_) return wal_->Sync();
-  return Status::Ok();
+  if (!wal_) return Status::Ok();
+  const Status s = wal_->Sync();
+  if (ep != nullptr) ReleaseHeld(ep);
+  return s;
 }
 
 void ShardServer::Start(std::unique_ptr<ServerEndpoint> endpoint) {
@@ -534,7 +544,12 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
     if (!log_failed_.load()) Reject(ep, peer, info, h, s, reason);
     return;
   }
-  Reply(ep, peer, reply);
+  // What changed the shard (or repeats a change it took) is acknowledged once the log holds it.
+  if (h.type == MsgType::kPush || h.type == MsgType::kClock || h.type == MsgType::kRegister) {
+    ReplyWhenLogged(ep, peer, reply, h.type);
+  } else {
+    Reply(ep, peer, reply);
+  }
 }
 
 Status ShardServer::HandleCheckpoint(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
@@ -923,16 +938,10 @@ Status ShardServer::LogRecord(WalRecord* r) {
   if (!wal_) return Status::Ok();
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t bytes0 = wal_->bytes();
-  Status s = wal_->Append(r);
+  Status s = wal_->Submit(r);  // staged: the log thread writes it while the loop applies it
   stats_.wal_ns += NanosSince(t0);
   if (!s.ok()) {
-    if (const Status failure = wal_->Failure(); !failure.ok() && !log_failed_.load()) {
-      log_failed_.store(true);
-      spdlog::error(
-          "server {}: the write-ahead log takes nothing more ({}): stopping, to be restarted from its "
-          "checkpoint and log; the {} that found it is left unanswered",
-          options_.server_id, failure.message(), r->kind == WalKind::kPush ? "push" : "change");
-    }
+    NoteLogFailure();
     return IoError("server {}: the write-ahead log failed, so the {} was not taken: {}", options_.server_id,
                    r->kind == WalKind::kPush ? "push" : "change", s.message());
   }
@@ -941,6 +950,61 @@ Status ShardServer::LogRecord(WalRecord* r) {
   stats_.wal_bytes += wal_->bytes() - bytes0;
   if (r->kind == WalKind::kCodedPush) ++stats_.wal_coded_records;
   return Status::Ok();
+}
+
+void ShardServer::NoteLogFailure() {
+  if (!wal_ || log_failed_.load()) return;
+  if (const Status failure = wal_->Failure(); !failure.ok()) {
+    log_failed_.store(true);
+    spdlog::error(
+        "server {}: the write-ahead log takes nothing more ({}): stopping, to be restarted from its "
+        "checkpoint and log; what it had not written is left unanswered",
+        options_.server_id, failure.message());
+  }
+}
+
+void ShardServer::ReplyWhenLogged(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& reply,
+                                  MsgType request_type) {
+  if (!wal_ || wal_->durable_seq() >= wal_->last_seq()) {
+    Reply(ep, peer, reply);
+    return;
+  }
+  held_.push_back(HeldReply{peer, reply, request_type, wal_->last_seq()});
+  if (held_.size() >= kMaxHeldReplies) {  // bounded: wait for the disk rather than grow
+    (void)wal_->Drain();
+    ReleaseHeld(ep);
+  }
+}
+
+void ShardServer::ReleaseHeld(ServerEndpoint* ep) {
+  if (!wal_) return;
+  NoteLogFailure();
+  if (log_failed_.load()) {
+    held_.clear();  // never acknowledged: their senders resend them to the restarted server
+    return;
+  }
+  const uint64_t durable = wal_->durable_seq();
+  while (!held_.empty() && held_.front().seq <= durable) {
+    Reply(ep, held_.front().peer, held_.front().reply);
+    held_.pop_front();
+  }
+  if (held_.empty()) return;
+  // A disk without room: what waits is refused as the log's (kLogWrite), so its senders back off
+  // and send it again, as for a message the stalled log refused outright. The change is applied
+  // and staged; a resend is a duplicate, acknowledged once the log has written the original.
+  const Status stalled = wal_->Stalled();
+  if (stalled.ok()) return;
+  for (const HeldReply& r : held_) {
+    MessageHeader request;
+    request.type = r.request_type;
+    request.request_id = r.reply.request_id;
+    request.model_id = r.reply.model_id;
+    Reject(ep, r.peer, PeerInfo{}, request,
+           IoError("server {}: the write-ahead log failed, so the {} is not acknowledged yet: {}", options_.server_id,
+                   MsgTypeName(r.request_type), stalled.message()),
+           RejectReason::kLogWrite);
+  }
+  held_.clear();
 }
 
 void ShardServer::NoteStaleness(int64_t staleness) {
@@ -1258,6 +1322,14 @@ int64_t ShardServer::updates() const {
 
 void ShardServer::MaybeCheckpoint() {
   if (replaying_) return;  // replay rebuilds; the next live update may checkpoint
+  if (wal_ && options_.wal_max_bytes > 0 && !options_.checkpoint_path.empty() &&
+      wal_->bytes() >= options_.wal_max_bytes) {
+    // The log's bound (checkpoint.wal_max_mb): a checkpoint covers it all and empties it.
+    Status s = SaveCheckpointLocked(options_.checkpoint_path);
+    if (!s.ok()) spdlog::error("shard {}: checkpoint at the log's bound failed: {}", options_.server_id, s.ToString());
+    updates_at_last_checkpoint_ = updates_ / static_cast<int64_t>(std::max<size_t>(1, owned_.size()));
+    return;
+  }
   const int64_t every = options_.checkpoint_every_updates;
   if (every <= 0 || options_.checkpoint_path.empty() || owned_.empty()) return;
   // "Updates of the shard" = chunk updates / owned chunks: one full round of the shard.
@@ -1368,7 +1440,68 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
 Status ShardServer::OpenLog() {
   std::lock_guard<std::mutex> lock(mu_);
   if (wal_ || options_.wal_path.empty()) return Status::Ok();
-  return WalWriter::Open(options_.wal_path, wal_seq_ + 1, /*truncate=*/true, options_.wal_fsync_ms, &wal_);
+  DP_RETURN_IF_ERROR(CheckLogRoom());
+  DP_RETURN_IF_ERROR(WalWriter::Open(options_.wal_path, wal_seq_ + 1, /*truncate=*/true, LogOptions(), &wal_));
+  NoteLogOpened();
+  return Status::Ok();
+}
+
+void ShardServer::NoteLogOpened() const {
+  spdlog::info("server {}: write-ahead log {} ({}, fsync {}, checkpoint at {})", options_.server_id, wal_->path(),
+               wal_->direct()                          ? "O_DIRECT"
+               : options_.wal_io == WalIo::kBuffered ? "buffered"
+                                                       : "buffered: the filesystem takes no O_DIRECT",
+               options_.wal_fsync_ms.count() == 0 ? std::string("before every ack")
+                                                  : fmt::format("every {} ms", options_.wal_fsync_ms.count()),
+               options_.wal_max_bytes == 0 ? std::string("no size bound") : fmt::format("{} MiB", options_.wal_max_bytes >> 20));
+}
+
+// The log's directory must take what this shard may write there before its next checkpoint
+// empties the log: the bounded log, and a checkpoint written beside the last one. What is there
+// already (a log to replay, the last checkpoint) counts as taken.
+Status ShardServer::CheckLogRoom() const {
+  if (options_.wal_max_bytes == 0) return Status::Ok();
+  const std::filesystem::path dir = std::filesystem::path(options_.wal_path).parent_path();
+  const std::string where = dir.empty() ? std::string(".") : dir.string();
+  std::error_code ec;
+  auto size_of = [&](const std::string& p) -> uint64_t {
+    if (p.empty()) return 0;
+    const auto n = std::filesystem::file_size(p, ec);
+    return ec ? 0 : static_cast<uint64_t>(n);
+  };
+  // Weights and momentum history (f32 each), and DC-ASGD-a's mean squares when it runs.
+  const uint64_t per_float = options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8;
+  const uint64_t checkpoint = share_floats_ * per_float;
+  const uint64_t want = options_.wal_max_bytes + 2 * checkpoint;
+  const uint64_t have_already = size_of(options_.wal_path) + size_of(options_.checkpoint_path);
+  const uint64_t need = want > have_already ? want - have_already : 0;
+  const int64_t free = CurrentEnv().FreeBytes(where.c_str());
+  if (free < 0) return IoError("server {}: cannot tell the free space of {}: {}", options_.server_id, where, std::strerror(errno));
+  if (static_cast<uint64_t>(free) < need) {
+    return FailedPrecondition(
+        "server {}: {} has {:.1f} MiB free, and the write-ahead log needs {:.1f} MiB there (checkpoint.wal_max_mb = "
+        "{} and two checkpoints of {:.1f} MiB): free some space, lower checkpoint.wal_max_mb, or set checkpoint.wal = "
+        "false",
+        options_.server_id, where, static_cast<double>(free) / (1 << 20), static_cast<double>(need) / (1 << 20),
+        options_.wal_max_bytes >> 20, static_cast<double>(checkpoint) / (1 << 20));
+  }
+  return Status::Ok();
+}
+
+WalOptions ShardServer::LogOptions() {
+  WalOptions o;
+  o.fsync_ms = options_.wal_fsync_ms;
+  o.io = options_.wal_io;
+  o.on_progress = [this] {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    if (wake_) wake_();
+  };
+  return o;
+}
+
+void ShardServer::SetWake(std::function<void()> wake) {
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  wake_ = std::move(wake);
 }
 
 Status ShardServer::Recover(RecoverReport* report) {
@@ -1382,6 +1515,7 @@ Status ShardServer::Recover(RecoverReport* report) {
   report->checkpoint_updates = updates_;
   report->checkpoint_seq = wal_seq_;
   if (options_.wal_path.empty()) return Status::Ok();
+  DP_RETURN_IF_ERROR(CheckLogRoom());
   const std::string& path = options_.wal_path;
   bool truncate = true;  // nothing after the checkpoint: the log starts over
   if (std::filesystem::exists(path, ec)) {
@@ -1406,15 +1540,19 @@ Status ShardServer::Recover(RecoverReport* report) {
     replaying_ = false;
     DP_RETURN_IF_ERROR(s);
     stats_.replayed += report->replayed;
-    if (info.torn) {
+    if (info.valid_bytes < info.file_bytes) {  // a torn record, or a direct writer's padding
       DP_RETURN_IF_ERROR(TruncateWal(path, info.valid_bytes));
+    }
+    if (info.torn) {
       report->torn_tail = true;
       spdlog::warn("server {}: {}: dropped a torn last record at byte {} ({} bytes; it was never acknowledged): {}",
                    options_.server_id, path, info.valid_bytes, info.file_bytes - info.valid_bytes, info.torn_reason);
     }
     truncate = info.records == 0 || info.last_seq <= covered;
   }
-  return WalWriter::Open(path, wal_seq_ + 1, truncate, options_.wal_fsync_ms, &wal_);
+  DP_RETURN_IF_ERROR(WalWriter::Open(path, wal_seq_ + 1, truncate, LogOptions(), &wal_));
+  NoteLogOpened();
+  return Status::Ok();
 }
 
 Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {

@@ -5,15 +5,17 @@
 // Each message is validated whole before it touches a weight, so a refused push changes nothing;
 // a refusal gets an error reply naming the field and is counted by reason (senders must be
 // registered and authorised, server/access.h). Pulls of chunks without weights wait; gradients
-// for them are refused (kNotInitialized). A push, clock, worker-gone or join is appended to the
-// write-ahead log (server/wal.h) before it is applied and acknowledged, or refused (kLogWrite)
-// when the log cannot take it; a push already taken (same worker, session, request id) is acked
-// again, not applied. Every reply carries this object's incarnation. docs/architecture.md "The
-// wire format" to "Checkpoints and tensor files"; docs/operations.md "Checkpoints".
+// for them are refused (kNotInitialized). A push, clock, worker-gone or join is staged in the
+// write-ahead log (server/wal.h) before it is applied, and its reply waits until the log's own
+// thread has written it; it is refused (kLogWrite) when the log cannot take it. A push already
+// taken (same worker, session, request id) is acked again, not applied. Every reply carries this
+// object's incarnation. docs/architecture.md "The wire format" to "Checkpoints and tensor
+// files"; docs/operations.md "Checkpoints".
 //
 // Thread-safety: one mutex guards the state. The loop (Serve, or Handle/Tick) runs on one thread
 // at a time; Stop, MarkWorkerGone, SaveCheckpoint and the const accessors may be called from any
 // thread; Recover, LoadCheckpoint and OpenLog before the loop, on one thread.
+// The log's own thread calls nothing here but the wake function (SetWake).
 #pragma once
 
 #include <atomic>
@@ -85,6 +87,11 @@ struct ShardOptions {
   // Write-ahead log (server/wal.h); "" = none: a dying server loses the updates since its last checkpoint.
   std::string wal_path;
   std::chrono::milliseconds wal_fsync_ms{200};  // fsync the log at least this often; 0 = every ack
+  WalIo wal_io = WalIo::kAuto;  // how the log writes (server/wal.h): O_DIRECT where the filesystem takes it
+  // checkpoint.wal_max_mb: a log reaching this many bytes checkpoints the shard (to
+  // checkpoint_path), which empties it; 0 = unbounded. With it, OpenLog and Recover first check
+  // that the log's directory has room for it and two checkpoints (kFailedPrecondition if not).
+  uint64_t wal_max_bytes = 0;
   bool shared_memory = true;  // offer same-host workers that ask a shared-memory region at register
   bool model_moves = false;   // take move pushes (kFlagMove, multi-model servers); off: refused
   // cluster.heartbeat_timeout_ms: a worker declared dead has been silent this long, so only its
@@ -127,7 +134,11 @@ class ShardServer {
   // pulls); Finish once the loop has ended (syncs the log). Call OpenLog before the first Handle.
   void Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames);
   void Tick(ServerEndpoint* ep);
-  Status Finish();
+  // `ep` (if given) gets the replies that waited for the log.
+  Status Finish(ServerEndpoint* ep = nullptr);
+  // Called (from the log's thread) when the log has written more, or failed: a loop waiting in
+  // Receive should come back and Tick (ServerEndpoint::Wake). Serve sets its endpoint's.
+  void SetWake(std::function<void()> wake);
   const ShardOptions& options() const { return options_; }
 
   // Thread-safe. `worker` finished or was declared dead: the loop drops it from sync/ssp accounting.
@@ -220,7 +231,15 @@ class ShardServer {
   bool IsDuplicate(int32_t worker, uint64_t session, uint64_t request_id) const;
   void RememberRequest(int32_t worker, uint64_t session, uint64_t request_id);
   void ApplyGone(int32_t worker, bool finished);
-  Status LogRecord(WalRecord* r);  // appends when the log is on; counts
+  Status LogRecord(WalRecord* r);  // stages the record when the log is on; counts
+  WalOptions LogOptions();
+  Status CheckLogRoom() const;  // options_.wal_max_bytes' room in the log's directory
+  void NoteLogOpened() const;   // one line: the log's path, how it writes, syncs and is bounded
+  void NoteLogFailure();  // the log failed for good: log_failed_, one line
+  // A reply to a message whose change is staged in the log leaves once the log has written it
+  // (held_); others at once. ReleaseHeld sends those now durable. With mu_ held.
+  void ReplyWhenLogged(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& reply, MsgType request_type);
+  void ReleaseHeld(ServerEndpoint* ep);
   Status ReplayRecord(const WalRecord& r, const std::string& path);
   Status ReplayCodedPush(const WalRecord& r, const std::string& path);
   // What CheckDensePush asks of the shard's chunks (initialised, version), live and in replay.
@@ -282,6 +301,16 @@ class ShardServer {
   // A message of `worker` from `session` is refused: that process was declared dead.
   Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;
   std::unique_ptr<WalWriter> wal_;
+  struct HeldReply {
+    PeerId peer;
+    MessageHeader reply;
+    MsgType request_type = MsgType::kPush;
+    uint64_t seq = 0;  // sent once the log's durable_seq reaches it
+  };
+  std::deque<HeldReply> held_;
+  static constexpr size_t kMaxHeldReplies = 65536;
+  std::mutex wake_mu_;  // guards wake_
+  std::function<void()> wake_;
   uint64_t wal_seq_ = 0;     // last log seq applied or covered by the loaded checkpoint
   bool replaying_ = false;
   // DC-ASGD: per worker id (up to max_workers), per local chunk, the weights it last pulled and

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <new>
 #include <span>
 
 #include "common/codec.h"
@@ -289,118 +290,422 @@ void EncodeWalRecord(const WalRecord& r, std::string* out) {
 // ---------------------------------------------------------------------------------------------
 // Writer.
 
-WalWriter::WalWriter(std::string path, int fd, uint64_t next_seq, std::chrono::milliseconds fsync_ms, uint64_t bytes)
-    : path_(std::move(path)), fd_(fd), next_seq_(next_seq), fsync_ms_(fsync_ms), bytes_(bytes) {
-  if (fsync_ms_.count() > 0) syncer_ = std::thread([this] { SyncLoop(); });
+namespace {
+
+uint64_t AlignDown(uint64_t x) { return x & ~uint64_t{kWalBlock - 1}; }
+
+bool NoRoom(int err) { return err == ENOSPC || err == EDQUOT; }
+
+}  // namespace
+
+void WalWriter::BlockFree::operator()(std::byte* p) const { std::free(p); }
+
+WalWriter::BlockMem WalWriter::NewBlockMem() {
+  void* p = std::aligned_alloc(kWalBlock, kStageBlock);
+  if (p == nullptr) throw std::bad_alloc();
+  return BlockMem(static_cast<std::byte*>(p));
+}
+
+WalWriter::WalWriter(std::string path, int fd, bool direct, uint64_t next_seq, const WalOptions& options,
+                     uint64_t size, BlockMem first)
+    : path_(std::move(path)), fd_(fd), direct_(direct), options_(options), next_seq_(next_seq) {
+  // The first block starts at the block boundary at or before the log's end and holds the bytes
+  // of the log from there (read by Open): a direct write puts that block down again, whole.
+  blocks_.push_back(Block{AlignDown(size), std::move(first)});
+  tail_ = size;
+  written_ = size;
+  durable_seq_.store(next_seq - 1, std::memory_order_release);
+  page_ = NewBlockMem();
+  thread_ = std::thread([this] { Run(); });
 }
 
 WalWriter::~WalWriter() {
   {
-    std::lock_guard<std::mutex> lock(sync_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  sync_cv_.notify_all();
-  if (syncer_.joinable()) syncer_.join();
-  if (fd_ >= 0) {
-    (void)Sync();
-    close(fd_);
-  }
-}
-
-// Group commit off the shard's thread: every fsync_ms, one fdatasync for whatever was appended.
-void WalWriter::SyncLoop() {
-  std::unique_lock<std::mutex> lock(sync_mu_);
-  while (!stop_) {
-    sync_cv_.wait_for(lock, fsync_ms_, [this] { return stop_; });
-    if (stop_ || !dirty_.exchange(false)) continue;
-    lock.unlock();
-    const int rc = CurrentEnv().Fdatasync(fd_);
-    const int err = errno;
-    timespec cpu{};
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
-      sync_cpu_ns_.store(static_cast<uint64_t>(cpu.tv_sec) * 1000000000u + static_cast<uint64_t>(cpu.tv_nsec),
-                         std::memory_order_relaxed);
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  // A clean close leaves the log exactly its records long (no block padding).
+  if (failed_.ok() && written_ == tail_) {
+    struct stat st {};
+    if (fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) != tail_) {
+      (void)CurrentEnv().Ftruncate(fd_, static_cast<off_t>(tail_));
     }
-    lock.lock();
-    if (rc != 0) NoteSyncFailureLocked(err);
+    (void)CurrentEnv().Fdatasync(fd_);
   }
-}
-
-void WalWriter::NoteSyncFailureLocked(int err) {
-  if (sync_error_.ok()) sync_error_ = IoError("{}: fdatasync: {}", path_, std::strerror(err));
-}
-
-Status WalWriter::SyncError() {
-  std::lock_guard<std::mutex> lock(sync_mu_);
-  return sync_error_;
+  close(fd_);
 }
 
 Status WalWriter::Open(const std::string& path, uint64_t next_seq, bool truncate, std::chrono::milliseconds fsync_ms,
                        std::unique_ptr<WalWriter>* out) {
-  const int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0);
-  const int fd = open(path.c_str(), flags, 0600);
-  if (fd < 0) return IoError("{}: cannot open the write-ahead log: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return IoError("{}: fstat: {}", path, std::strerror(errno));
+  WalOptions o;
+  o.fsync_ms = fsync_ms;
+  return Open(path, next_seq, truncate, o, out);
+}
+
+Status WalWriter::Open(const std::string& path, uint64_t next_seq, bool truncate, const WalOptions& options,
+                       std::unique_ptr<WalWriter>* out) {
+  if (options.fsync_ms.count() < 0) return InvalidArgument("{}: fsync_ms must be >= 0", path);
+  const int flags = O_RDWR | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : 0);
+  BlockMem first = NewBlockMem();
+  bool direct = options.io != WalIo::kBuffered;
+  int fd = -1;
+  uint64_t size = 0;
+  std::string direct_error;
+  // The log's last partial block is read into the first staging block; a direct open is tried
+  // with one write of that block (some filesystems open O_DIRECT and refuse its writes).
+  auto open_as = [&](bool want_direct) -> Status {
+    fd = open(path.c_str(), flags | (want_direct ? O_DIRECT : 0), 0600);
+    if (fd < 0) {
+      if (want_direct && errno == EINVAL) {
+        direct_error = std::strerror(errno);
+        return Unavailable("no O_DIRECT");
+      }
+      return IoError("{}: cannot open the write-ahead log: {}", path, std::strerror(errno));
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0) return IoError("{}: fstat: {}", path, std::strerror(errno));
+    size = static_cast<uint64_t>(st.st_size);
+    const uint64_t base = AlignDown(size);
+    std::memset(first.get(), 0, kWalBlock);
+    if (size > base) {
+      const ssize_t r = pread(fd, first.get(), kWalBlock, static_cast<off_t>(base));
+      if (r < 0 && want_direct && errno == EINVAL) {
+        direct_error = std::strerror(errno);
+        return Unavailable("no O_DIRECT");
+      }
+      if (r < static_cast<ssize_t>(size - base)) {
+        return IoError("{}: reading its last block: {}", path, r < 0 ? std::strerror(errno) : "short read");
+      }
+      std::memset(first.get() + (size - base), 0, kWalBlock - (size - base));
+    }
+    if (want_direct) {
+      const ssize_t w = CurrentEnv().Pwrite(fd, first.get(), kWalBlock, static_cast<off_t>(base));
+      if (w < 0 && errno == EINVAL) {
+        direct_error = std::strerror(errno);
+        return Unavailable("no O_DIRECT");
+      }
+      if (w != static_cast<ssize_t>(kWalBlock) || CurrentEnv().Ftruncate(fd, static_cast<off_t>(size)) != 0) {
+        return IoError("{}: cannot write the write-ahead log: {}", path, w < 0 ? std::strerror(errno) : "short write");
+      }
+    }
+    return Status::Ok();
+  };
+  Status s = open_as(direct);
+  if (!s.ok() && s.code() == StatusCode::kUnavailable) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+    if (options.io == WalIo::kDirect) {
+      return IoError("{}: the filesystem does not take O_DIRECT writes ({}); use another log directory", path,
+                     direct_error);
+    }
+    direct = false;
+    s = open_as(false);
   }
-  if (CurrentEnv().Fsync(fd) != 0) {  // the truncation / creation itself
-    close(fd);
-    return IoError("{}: fsync: {}", path, std::strerror(errno));
+  if (s.ok() && CurrentEnv().Fsync(fd) != 0) {  // the truncation / creation itself
+    s = IoError("{}: fsync: {}", path, std::strerror(errno));
   }
-  out->reset(new WalWriter(path, fd, next_seq == 0 ? 1 : next_seq, fsync_ms, static_cast<uint64_t>(st.st_size)));
+  if (!s.ok()) {
+    if (fd >= 0) close(fd);
+    return s;
+  }
+  out->reset(new WalWriter(path, fd, direct, next_seq == 0 ? 1 : next_seq, options, size, std::move(first)));
   return Status::Ok();
 }
 
-// A push record goes out with one writev(2) (more only past IOV_MAX pieces or on a short write):
-// the header and the small per-chunk / per-frame fields from buf_, the floats and frames straight
-// from the push, so a 100 MB push is not copied once more on its way to the page cache.
-Status WalWriter::Append(WalRecord* r) {
-  DP_RETURN_IF_ERROR(Failure());  // before anything is written: a refused record is not in the log
+Status WalWriter::Submit(WalRecord* r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.ok()) return failed_;
+    if (!stalled_.ok()) return stalled_;
+  }
   r->seq = next_seq_;
-  const uint64_t start = bytes_;
-  uint64_t record_bytes = 0;
-  Status written;
+  std::vector<iovec> iov;
+  bool fuse_crc = false;  // a push: its CRC computed from the staged copy, still in cache
+  uint32_t crc_head = 0;
   if (r->kind != WalKind::kPush && r->kind != WalKind::kCodedPush) {
     EncodeWalRecord(*r, &buf_);
-    record_bytes = buf_.size();
-    written = WriteFully(fd_, buf_.data(), buf_.size(), path_);
+    iov.push_back(iovec{buf_.data(), buf_.size()});
   } else {
-    std::vector<iovec> iov;
     DP_RETURN_IF_ERROR(PushPieces(*r, &iov));
     uint64_t payload = 0;
     for (const iovec& v : iov) payload += v.iov_len;
     payload -= kWalHeaderBytes;
-    if (payload > kWalMaxPayload) return InvalidArgument("{}: a push of {} bytes exceeds the log's record limit", path_, payload);
+    if (payload > kWalMaxPayload) {
+      return InvalidArgument("{}: a push of {} bytes exceeds the log's record limit", path_, payload);
+    }
     char* b = buf_.data();
     const auto len = static_cast<uint32_t>(payload);
     std::memcpy(b + 16, &len, 4);
-    // The CRC covers bytes 0..19 of the header, then the payload, piece by piece.
-    uint32_t crc = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b), 20));
-    crc = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b) + kWalHeaderBytes,
-                                         iov[0].iov_len - kWalHeaderBytes),
-                crc);
-    for (size_t k = 1; k < iov.size(); ++k) {
-      crc = Crc32(std::span<const uint8_t>(static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len), crc);
+    // The CRC covers bytes 0..19 of the header, then the payload: here the header's own fields;
+    // the rest as it is copied into the staging (below), and iov[0] goes in last, with it.
+    crc_head = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b), 20));
+    crc_head = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b) + kWalHeaderBytes,
+                                              iov[0].iov_len - kWalHeaderBytes),
+                     crc_head);
+    fuse_crc = true;
+  }
+  uint64_t total = 0;
+  for (const iovec& v : iov) total += v.iov_len;
+
+  // Room in the staging: blocks up to staging_bytes, more only for a record that is larger alone.
+  std::vector<std::pair<std::byte*, uint64_t>> dest;  // (block memory, block offset) covering the record
+  const uint64_t start = tail_;  // only this thread moves tail_
+  const uint64_t end = start + total;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const size_t max_blocks = std::max<size_t>(1, options_.staging_bytes / kStageBlock);
+    auto take = [&] {
+      if (spare_.empty()) return NewBlockMem();
+      BlockMem m = std::move(spare_.back());
+      spare_.pop_back();
+      return m;
+    };
+    while (true) {
+      if (!failed_.ok()) return failed_;
+      if (!stalled_.ok()) return stalled_;
+      if (blocks_.empty()) blocks_.push_back(Block{AlignDown(start), take()});  // after a Restart: at 0
+      const uint64_t have = blocks_.back().offset + kStageBlock;
+      if (have >= end) break;
+      if (blocks_.size() < max_blocks || written_ == tail_) {
+        blocks_.push_back(Block{have, take()});
+        continue;
+      }
+      cv_.wait(lock);  // the log thread frees blocks as it writes them
     }
-    std::memcpy(b + 20, &crc, 4);
-    record_bytes = kWalHeaderBytes + payload;
-    written = WritevFully(fd_, std::move(iov), path_);
+    for (const Block& b : blocks_) {
+      if (b.offset + kStageBlock > start && b.offset < end) dest.emplace_back(b.mem.get(), b.offset);
+    }
   }
-  if (!written.ok()) return CutOff(start, written);
-  bytes_ += record_bytes;
-  dirty_ = true;
-  if (fsync_ms_.count() == 0) {
-    // Not durable, so not taken: cut off, the log holds exactly what the shard applied.
-    if (Status synced = Sync(); !synced.ok()) return CutOff(start, synced);
+  // Copied outside the lock: the log thread reads only bytes before tail_, and frees only blocks
+  // wholly before the block it last wrote.
+  // Copies `v` to stream offset `at`, slice by slice; `crc` (if given) goes on over each slice
+  // just copied, read back while it is in cache: one pass over the push's bytes in memory.
+  auto stage = [&](const iovec& v, uint64_t at, uint32_t* crc) {
+    const auto* p = static_cast<const std::byte*>(v.iov_base);
+    size_t left = v.iov_len;
+    size_t d = 0;
+    while (left > 0) {
+      while (at >= dest[d].second + kStageBlock) ++d;
+      const size_t in_block = at - dest[d].second;
+      const size_t n = std::min({left, kStageBlock - in_block, size_t{256} << 10});
+      std::byte* to = dest[d].first + in_block;
+      std::memcpy(to, p, n);
+      if (crc != nullptr) *crc = Crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(to), n), *crc);
+      p += n;
+      left -= n;
+      at += n;
+    }
+  };
+  if (fuse_crc) {
+    uint32_t crc = crc_head;
+    uint64_t at = start + iov[0].iov_len;
+    for (size_t k = 1; k < iov.size(); ++k) {
+      stage(iov[k], at, &crc);
+      at += iov[k].iov_len;
+    }
+    std::memcpy(buf_.data() + 20, &crc, 4);
+    stage(iov[0], start, nullptr);
+  } else {
+    uint64_t at = start;
+    for (const iovec& v : iov) {
+      stage(v, at, nullptr);
+      at += v.iov_len;
+    }
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tail_ = end;
+    pending_.emplace_back(end, next_seq_);
+  }
+  cv_.notify_all();
   ++next_seq_;
   return Status::Ok();
 }
 
+Status WalWriter::Append(WalRecord* r) {
+  DP_RETURN_IF_ERROR(Submit(r));
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return durable_seq() >= r->seq || !failed_.ok() || !stalled_.ok(); });
+  if (durable_seq() >= r->seq) return Status::Ok();
+  return !failed_.ok() ? failed_ : stalled_;
+}
+
+Status WalWriter::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return written_ == tail_ || !failed_.ok() || !stalled_.ok(); });
+  if (!failed_.ok()) return failed_;
+  if (written_ != tail_) return stalled_;
+  return Status::Ok();
+}
+
+Status WalWriter::Sync() {
+  DP_RETURN_IF_ERROR(Drain());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!dirty_) return Status::Ok();
+  if (CurrentEnv().Fdatasync(fd_) != 0) {
+    failed_ = IoError("{}: fdatasync: {}", path_, std::strerror(errno));
+    return failed_;
+  }
+  dirty_ = false;
+  return Status::Ok();
+}
+
+Status WalWriter::Restart() {
+  DP_RETURN_IF_ERROR(Drain());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (CurrentEnv().Ftruncate(fd_, 0) != 0) return IoError("{}: truncate: {}", path_, std::strerror(errno));
+  if (CurrentEnv().Fdatasync(fd_) != 0) {
+    failed_ = IoError("{}: fdatasync: {}", path_, std::strerror(errno));
+    return failed_;
+  }
+  dirty_ = false;
+  for (Block& b : blocks_) {
+    if (b.mem != nullptr) spare_.push_back(std::move(b.mem));
+  }
+  blocks_.clear();
+  tail_ = 0;
+  written_ = 0;
+  return Status::Ok();
+}
+
+Status WalWriter::Stalled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stalled_;
+}
+
+Status WalWriter::Failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
+}
+
+uint64_t WalWriter::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tail_;
+}
+
+void WalWriter::NoteCpu() {
+  timespec cpu{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
+    sync_cpu_ns_.store(static_cast<uint64_t>(cpu.tv_sec) * 1000000000u + static_cast<uint64_t>(cpu.tv_nsec),
+                       std::memory_order_relaxed);
+  }
+}
+
+// The pieces of one batch go down with pwrite at their own offsets, so a batch tried again after
+// a stall puts the same bytes at the same places: nothing is cut off, nothing doubled.
+Status WalWriter::WritePieces(const std::vector<Piece>& pieces) {
+  for (const Piece& p : pieces) {
+    size_t done = 0;
+    while (done < p.size) {
+      const ssize_t w = CurrentEnv().Pwrite(fd_, p.data + done, p.size - done, static_cast<off_t>(p.offset + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int err = w < 0 ? errno : ENOSPC;
+        const Status s = IoError("{}: write of {} bytes at offset {} failed after {}: {}", path_, p.size, p.offset, done,
+                                 std::strerror(err));
+        return NoRoom(err) ? Unavailable("{}", s.message()) : s;
+      }
+      done += static_cast<size_t>(w);
+    }
+  }
+  return Status::Ok();
+}
+
+void WalWriter::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto last_sync = std::chrono::steady_clock::now();
+  const bool periodic = options_.fsync_ms.count() > 0;
+  while (true) {
+    const bool stalled = !stalled_.ok();
+    auto ready = [&] { return stop_ || (failed_.ok() && tail_ > written_ && stalled_.ok()); };
+    if (stalled) {
+      cv_.wait_for(lock, kWalStallRetry, [&] { return stop_; });
+    } else if (periodic && dirty_) {
+      cv_.wait_until(lock, last_sync + options_.fsync_ms, ready);
+    } else {
+      cv_.wait(lock, ready);
+    }
+    if (stop_ && (tail_ == written_ || !failed_.ok() || !stalled_.ok())) break;
+    if (failed_.ok() && tail_ > written_) {
+      const uint64_t from = written_;
+      const uint64_t to = tail_;
+      std::vector<Piece> pieces;
+      const uint64_t wfrom = direct_ ? AlignDown(from) : from;
+      const uint64_t wto = direct_ ? AlignDown(to) : to;
+      for (const Block& b : blocks_) {
+        const uint64_t lo = std::max(wfrom, b.offset);
+        const uint64_t hi = std::min(wto, b.offset + kStageBlock);
+        if (lo < hi) pieces.push_back(Piece{b.mem.get() + (lo - b.offset), lo, static_cast<size_t>(hi - lo)});
+      }
+      if (direct_ && wto < to) {  // the last partial block, from a private copy padded with zeros
+        const uint64_t lo = wto;
+        for (const Block& b : blocks_) {
+          if (lo >= b.offset && lo < b.offset + kStageBlock) {
+            std::memcpy(page_.get(), b.mem.get() + (lo - b.offset), to - lo);
+            break;
+          }
+        }
+        std::memset(page_.get() + (to - lo), 0, kWalBlock - (to - lo));
+        pieces.push_back(Piece{page_.get(), lo, kWalBlock});
+      }
+      lock.unlock();
+      Status s = WritePieces(pieces);
+      if (s.ok() && !periodic && CurrentEnv().Fdatasync(fd_) != 0) {
+        s = IoError("{}: fdatasync: {}", path_, std::strerror(errno));
+      }
+      NoteCpu();
+      lock.lock();
+      if (s.code() == StatusCode::kUnavailable) {
+        if (stalled_.ok()) stalled_ = IoError("{} (the disk is full: the log waits for room)", s.message());
+      } else if (!s.ok()) {
+        failed_ = s;
+      } else {
+        stalled_ = Status::Ok();
+        written_ = to;
+        dirty_ = periodic;
+        uint64_t durable = 0;
+        while (!pending_.empty() && pending_.front().first <= to) {
+          durable = pending_.front().second;
+          pending_.pop_front();
+        }
+        if (durable != 0) durable_seq_.store(durable, std::memory_order_release);
+        // Blocks wholly before the block the next write starts in are done.
+        while (blocks_.size() > 1 && blocks_.front().offset + kStageBlock <= AlignDown(written_)) {
+          if (spare_.size() < std::max<size_t>(1, options_.staging_bytes / kStageBlock)) {
+            spare_.push_back(std::move(blocks_.front().mem));
+          }
+          blocks_.pop_front();
+        }
+      }
+      lock.unlock();
+      cv_.notify_all();
+      if (options_.on_progress) options_.on_progress();
+      lock.lock();
+    }
+    if (periodic && dirty_ && failed_.ok() && std::chrono::steady_clock::now() >= last_sync + options_.fsync_ms) {
+      dirty_ = false;
+      lock.unlock();
+      const int rc = CurrentEnv().Fdatasync(fd_);
+      const int err = errno;
+      NoteCpu();
+      lock.lock();
+      last_sync = std::chrono::steady_clock::now();
+      if (rc != 0) {
+        failed_ = IoError("{}: fdatasync: {}", path_, std::strerror(err));
+        lock.unlock();
+        cv_.notify_all();
+        if (options_.on_progress) options_.on_progress();
+        lock.lock();
+      }
+    }
+  }
+}
+
 // The pieces of a push record, in order: iov[0] is buf_'s header (24 bytes, length and crc left
-// for Append) and push fields (36); then per chunk its 16-byte header (in buf_), its floats and
+// for Submit) and push fields (36); then per chunk its 16-byte header (in buf_), its floats and
 // DC-ASGD-a's raw floats, or per frame its 4-byte length (in buf_), its bytes and the padding.
 Status WalWriter::PushPieces(const WalRecord& r, std::vector<iovec>* iov) {
   const bool coded = r.kind == WalKind::kCodedPush;
@@ -455,42 +760,6 @@ Status WalWriter::PushPieces(const WalRecord& r, std::vector<iovec>* iov) {
   return Status::Ok();
 }
 
-Status WalWriter::Failure() {
-  if (!failed_.ok()) return failed_;
-  return SyncError();
-}
-
-// ftruncate back to where the record began: with O_APPEND the next record is written there.
-Status WalWriter::CutOff(uint64_t start, const Status& cause) {
-  if (CurrentEnv().Ftruncate(fd_, static_cast<off_t>(start)) != 0) {
-    failed_ = IoError("{}: a record failed ({}) and could not be cut off ({}): the log takes nothing more", path_,
-                      cause.message(), std::strerror(errno));
-    return failed_;
-  }
-  bytes_ = start;
-  return cause;
-}
-
-// A failed fsync is for good (sync_error_): after one the kernel may have dropped the unwritten
-// pages, and a later fsync that succeeds says nothing about them.
-Status WalWriter::Sync() {
-  if (!dirty_.exchange(false)) return SyncError();
-  if (CurrentEnv().Fdatasync(fd_) != 0) {
-    const int err = errno;
-    std::lock_guard<std::mutex> lock(sync_mu_);
-    NoteSyncFailureLocked(err);
-    return sync_error_;
-  }
-  return SyncError();
-}
-
-Status WalWriter::Restart() {
-  if (CurrentEnv().Ftruncate(fd_, 0) != 0) return IoError("{}: truncate: {}", path_, std::strerror(errno));
-  bytes_ = 0;
-  dirty_ = true;
-  return Sync();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Reader.
 
@@ -522,6 +791,11 @@ Status ScanWal(const std::string& path, const std::function<Status(const WalReco
       ++info->records;
       off += len;
       continue;
+    }
+    // Zeros to the next block boundary are a direct writer's padding (wal.h), not a record.
+    if (n - off < kWalBlock && std::all_of(data + off, data + n, [](uint8_t b) { return b == 0; })) {
+      info->padding_bytes = n - off;
+      break;
     }
     // A bad record: a torn tail only if no valid record starts anywhere after it.
     if (!past_end) {

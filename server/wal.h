@@ -1,7 +1,7 @@
 // wal.h — a shard's write-ahead log: every state change the shard takes from the wire (a push,
-// a worker's clock, a worker gone, an elastic worker joining) is appended here BEFORE it is
-// applied and acknowledged, so an acknowledged update survives the death of the server process
-// (the record is in the page cache after write(2)) and, after the next fsync, of the machine.
+// a worker's clock, a worker gone, an elastic worker joining) is staged here before it is
+// applied, and acknowledged only once written, so an acknowledged update survives the death of
+// the server process and, after the next fsync, of the machine.
 // A restart (downpour-server --recover) loads the shard's checkpoint and replays the records
 // the checkpoint does not cover (seq > the checkpoint's meta "wal_seq"), which rebuilds the
 // exact state: replay goes through the same apply code as the live path, in the same order.
@@ -48,10 +48,28 @@
 // restarted (truncated to empty); seq numbers go on. A crash between the two is safe: replay
 // skips records with seq <= the checkpoint's.
 //
-// Thread-safety: a WalWriter is used by one thread at a time (the shard holds its lock); with
-// fsync_ms > 0 it owns a thread of its own that fsyncs the file every fsync_ms when it has
-// unsynced records, so the shard's loop never waits for the disk (an fsync error is returned by
-// the next Append, and every later one, which write nothing). ScanWal is reentrant.
+// Writing: group commit on a log thread. The shard's loop stages a record (Submit: one copy of
+// its bytes and its CRC into page-aligned staging, no system call) and goes on to apply it; the
+// log thread writes whatever is staged with one pwrite per 4 MiB block and reports the records it
+// has written (durable_seq); the shard acknowledges a message only once its records are durable.
+// With O_DIRECT (WalIo, where the filesystem takes it) the disk's DMA reads the staging: no copy
+// into the page cache and no kernel write-back on the cores that apply (the page cache path cost
+// over half the throughput, bench/RESULTS.md §7). Direct writes are whole 4096-byte blocks, so
+// the last block is written again with the next batch, and a log the process left without
+// closing may end in up to 4095 zero bytes after its last record: padding, which ScanWal
+// reports and the writer's own close trims.
+//
+// Durability is what WalOptions::fsync_ms promises: a written record survives the death of the
+// server process (O_DIRECT: it is on the device; buffered: in the page cache); the log thread
+// fdatasyncs at least every fsync_ms, or with fsync_ms = 0 after each batch, before the batch
+// counts as durable, so that it also survives the machine.
+//
+// A disk without room (ENOSPC, EDQUOT) stalls the log: what is staged stays staged and is tried
+// again every kWalStallRetry, Submit refuses new records (the shard refuses their messages as
+// kLogWrite, and the clients send them again), and the staged records are written, each once,
+// when there is room. Any other write error, or a failed fdatasync (after which the kernel may
+// have dropped pages, and a later fdatasync that succeeds says nothing about them), is a failure
+// for good: the shard stops, and a restart replays what the log holds.
 #pragma once
 
 #include <sys/uio.h>
@@ -59,12 +77,14 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
+#include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/codec.h"
@@ -77,6 +97,8 @@ inline constexpr uint32_t kWalMagic = 0x4C575044;  // "DPWL" on disk
 inline constexpr uint16_t kWalVersion = 1;
 inline constexpr size_t kWalHeaderBytes = 24;
 inline constexpr uint32_t kWalMaxPayload = 1u << 30;  // a push of one shard is far smaller
+inline constexpr size_t kWalBlock = 4096;             // O_DIRECT's unit: offsets, lengths, buffers
+inline constexpr std::chrono::milliseconds kWalStallRetry{50};
 
 enum class WalKind : uint16_t { kPush = 1, kGone = 2, kClock = 3, kJoin = 4, kCodedPush = 5 };
 inline constexpr uint16_t kMaxWalKind = 5;
@@ -110,58 +132,116 @@ struct WalRecord {
   MessageHeader header;
 };
 
-// Appends records to one log file (O_APPEND; created 0600 if missing).
+// How the log's bytes reach the disk.
+enum class WalIo {
+  kAuto,      // O_DIRECT where the filesystem takes it (tried at Open), else buffered
+  kBuffered,  // write(2) through the page cache
+  kDirect,    // O_DIRECT, or an error at Open naming the log
+};
+
+struct WalOptions {
+  // fdatasync at least this often (on the log thread); 0 = after every batch, before its records
+  // count as durable. Must be >= 0.
+  std::chrono::milliseconds fsync_ms{200};
+  WalIo io = WalIo::kAuto;
+  // Staged bytes the log thread has not written, at most: Submit waits beyond it (the disk sets
+  // the pace). A record larger than this is staged whole once everything before it is written.
+  size_t staging_bytes = size_t{256} << 20;
+  // Called on the log thread after durable_seq() moved on, or the log stalled or failed. Keep it
+  // short (wake the shard's loop); it must not call into the writer.
+  std::function<void()> on_progress;
+};
+
+// Appends records to one log file (created 0600 if missing). Submit, Append, Drain, Sync and
+// Restart from one thread at a time (the shard's loop); durable_seq, Stalled, Failure and
+// sync_cpu_ns from any.
 class WalWriter {
  public:
-  // Opens `path` for appending; `next_seq` is the seq the next record gets. truncate = start the
-  // log empty (a fresh shard, or after --restore); otherwise appends after what is there (the
-  // caller has scanned it and truncated a torn tail). fsync_ms: fsync at least this often (on
-  // the writer's own thread); 0 = every Append fsyncs before it returns.
+  // Opens `path`; `next_seq` is the seq the next record gets. truncate = start the log empty (a
+  // fresh shard, or after --restore); otherwise records go after what is there (the caller has
+  // scanned it and cut off a torn tail and padding).
+  static Status Open(const std::string& path, uint64_t next_seq, bool truncate, const WalOptions& options,
+                     std::unique_ptr<WalWriter>* out);
   static Status Open(const std::string& path, uint64_t next_seq, bool truncate, std::chrono::milliseconds fsync_ms,
                      std::unique_ptr<WalWriter>* out);
+  // Writes what is staged (unless the log stalled or failed), trims the padding, fdatasyncs.
   ~WalWriter();
 
-  // Writes `r` (its seq is set to next_seq()) with one write(2); fsyncs when due. On an error
-  // the record is not in the log: a record written in part, or written but not synced (fsync_ms
-  // = 0), is cut off again (ftruncate), so the log never holds a record the shard did not take
-  // nor a torn one before later records. The log takes nothing more, every later Append failing
-  // without writing, once an fsync has failed (on either thread) or a record could not be cut off.
+  // Stages `r` (its seq set to next_seq()) and returns: it is in the log once durable_seq() >=
+  // r->seq. The record's floats and frames are copied, so they may change once this returns. Not
+  // taken (no seq used, nothing staged): kInvalidArgument for a malformed record, or the stall or
+  // failure that stops the log. Waits while staging is full.
+  Status Submit(WalRecord* r);
+  // Submit, then wait until the record is durable: Ok, or the stall or failure that stopped it (a
+  // stalled record stays staged and is written once the disk has room).
   Status Append(WalRecord* r);
-  Status Sync();  // fsync now if anything is unsynced; a failure is for good (see Append)
-  // Ok while the log takes records; once it takes nothing more (see Append), why.
-  Status Failure();
-  // Empties the log (after a checkpoint that covers everything in it); seq numbers go on.
+  // Waits until everything submitted is durable: Ok, or the stall or failure that stops it.
+  Status Drain();
+  Status Sync();  // Drain, then fdatasync now
+  // Drains, then empties the log (after a checkpoint that covers everything in it); seq numbers go on.
   Status Restart();
+
+  uint64_t durable_seq() const { return durable_seq_.load(std::memory_order_acquire); }
+  uint64_t last_seq() const { return next_seq_ - 1; }  // the last record submitted; 0 = none
   uint64_t next_seq() const { return next_seq_; }
-  uint64_t bytes() const { return bytes_; }
-  // CPU time (ns) the fsync thread has used so far (fsync_ms > 0; 0 otherwise): the kernel's
-  // write-back of the log runs there, beside the shard's loop, not in Append.
+  // Ok, or why the disk takes nothing now (no room): Submit refuses until a retry goes through.
+  Status Stalled() const;
+  // Ok while the log takes records; once it takes nothing more, why (for good).
+  Status Failure() const;
+  uint64_t bytes() const;  // the log's length with every submitted record
+  // CPU time (ns) the log thread has used so far: the writes and fdatasyncs of the log, beside
+  // the shard's loop.
   uint64_t sync_cpu_ns() const { return sync_cpu_ns_.load(std::memory_order_relaxed); }
+  bool direct() const { return direct_; }
   const std::string& path() const { return path_; }
 
  private:
-  WalWriter(std::string path, int fd, uint64_t next_seq, std::chrono::milliseconds fsync_ms, uint64_t bytes);
+  struct BlockFree {
+    void operator()(std::byte* p) const;
+  };
+  using BlockMem = std::unique_ptr<std::byte, BlockFree>;
+  struct Block {
+    uint64_t offset = 0;  // the file offset of its first byte (a multiple of kWalBlock)
+    BlockMem mem;         // kStageBlock bytes, kWalBlock-aligned
+  };
+  struct Piece {  // bytes for the file at `offset`
+    const std::byte* data;
+    uint64_t offset;
+    size_t size;
+  };
+  static constexpr size_t kStageBlock = size_t{4} << 20;
+  static BlockMem NewBlockMem();
 
-  void SyncLoop();
-  Status SyncError();
-  void NoteSyncFailureLocked(int err);  // the first failed fsync, kept for good (sync_mu_ held)
-  Status CutOff(uint64_t start, const Status& cause);
-  Status PushPieces(const WalRecord& r, std::vector<iovec>* iov);  // a push record's writev pieces
+  WalWriter(std::string path, int fd, bool direct, uint64_t next_seq, const WalOptions& options, uint64_t size,
+            BlockMem first);
 
-  std::string path_;
-  int fd_ = -1;
-  uint64_t next_seq_ = 1;
-  std::chrono::milliseconds fsync_ms_;
-  uint64_t bytes_ = 0;
-  std::atomic<bool> dirty_{false};
-  std::atomic<uint64_t> sync_cpu_ns_{0};
-  std::string buf_;  // reused record buffer
-  std::mutex sync_mu_;  // guards stop_ and sync_error_
-  std::condition_variable sync_cv_;
+  void Run();  // the log thread
+  Status WritePieces(const std::vector<Piece>& pieces);  // on the log thread, unlocked
+  Status PushPieces(const WalRecord& r, std::vector<iovec>* iov);  // a push record's pieces
+  void NoteCpu();
+
+  const std::string path_;
+  const int fd_;
+  const bool direct_;
+  const WalOptions options_;
+  uint64_t next_seq_ = 1;  // the loop's
+  std::string buf_;        // the loop's: a record's header and small fields
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::deque<Block> blocks_;  // the staged stream, contiguous from blocks_.front().offset
+  std::vector<BlockMem> spare_;  // written blocks kept for reuse (within staging_bytes)
+  BlockMem page_;                // the log thread's copy of a last, partial block (direct)
+  uint64_t tail_ = 0;     // the log's length with every submitted record
+  uint64_t written_ = 0;  // bytes the log thread has written (and synced, fsync_ms = 0)
+  std::deque<std::pair<uint64_t, uint64_t>> pending_;  // (end offset, seq) of records not yet written
+  bool dirty_ = false;    // written since the last fdatasync
   bool stop_ = false;
-  Status sync_error_;
-  Status failed_;       // a record that could not be cut off: nothing more is written
-  std::thread syncer_;  // fsync_ms > 0 only
+  Status stalled_;
+  Status failed_;
+  std::atomic<uint64_t> durable_seq_{0};
+  std::atomic<uint64_t> sync_cpu_ns_{0};
+  std::thread thread_;
 };
 
 // What ScanWal found.
@@ -172,6 +252,7 @@ struct WalScanInfo {
   uint64_t valid_bytes = 0;   // the valid prefix: where a torn tail starts
   uint64_t file_bytes = 0;
   bool torn = false;          // bytes after valid_bytes that are a torn last record
+  uint64_t padding_bytes = 0; // zero bytes after the last record, fewer than kWalBlock (not torn)
   std::string torn_reason;    // what was wrong with it (for the log line)
 };
 

@@ -23,6 +23,12 @@ namespace downpour {
 
 namespace {
 
+// A server's error as the client reports it: "server i: <text>", once (the text may name it).
+std::string ServerSaid(int server, const std::string& text) {
+  const std::string prefix = fmt::format("server {}: ", server);
+  return text.rfind(prefix, 0) == 0 ? text : prefix + text;
+}
+
 // One Pull/Push/control call. Done when every per-server op has its reply and the transport
 // has released every borrowed payload frame.
 struct Request {
@@ -823,7 +829,7 @@ class PsClient::Impl::LinkRunner {
         return SendPending();
       }
       Finish(a, part);
-      if (a.first_error.ok()) a.first_error = Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
+      if (a.first_error.ok()) a.first_error = Status(e.code(), ServerSaid(link_.server, e.message()));
     } else {
       if (part.refusals.count > 0) NoteLogTakes(part.refusals, What(a));  // What() only then: every reply passes here
       Finish(a, part);
@@ -912,7 +918,7 @@ class PsClient::Impl::LinkRunner {
         return Status::Ok();
       }
       if (h.flags == static_cast<uint32_t>(RejectReason::kRemoved)) {  // out of the run: not a restart
-        return Status(e.code(), fmt::format("server {}: {}", link_.server, e.message()));
+        return Status(e.code(), ServerSaid(link_.server, e.message()));
       }
       return Status(e.code(), fmt::format("server {}: registering again after a restart: {}", link_.server,
                                           e.message()));

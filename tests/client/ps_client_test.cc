@@ -70,6 +70,7 @@ class StampingEndpoint : public ServerEndpoint {
     return inner_->Send(to, std::move(frames));
   }
   std::string address() const override { return inner_->address(); }
+  void Wake() override { inner_->Wake(); }
 
   std::atomic<bool> drop_acks{false};
   std::atomic<int> dropped_acks{0};

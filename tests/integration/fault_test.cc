@@ -316,10 +316,11 @@ TEST_F(FaultTest, AServerWhoseLogFailsToSyncStopsIsRestartedAndNoAcknowledgedUpd
 }
 
 // The disk under server 1's write-ahead log is full for 1.5 s mid-run (every write to the log fails
-// with ENOSPC, from libdownpour_fail_io). The server refuses every push it cannot log, applies
-// none of them and stays up; the workers send those pushes again, backing off, and once there is
-// room the log takes them. Nothing dies, the job exits 0, and every acknowledged push was taken
-// once: the refusals were not applied and the resends not applied twice.
+// with ENOSPC, from libdownpour_fail_io). The log stalls: the server refuses every push it cannot
+// log and the acks of those it had staged, and stays up; the workers send those pushes again,
+// backing off, and once there is room the log writes what it held and takes the rest. Nothing
+// dies, the job exits 0, and every acknowledged push was taken once: the refused ones were not
+// applied, and the resends of staged ones were duplicates, not applied twice.
 TEST_F(FaultTest, PushesAFullDiskRefusedAreSentAgainAndTakenOnceWhenThereIsRoom) {
   const fs::path run = dir_ / "run";
   const fs::path full = dir_ / "disk-full";

@@ -78,6 +78,14 @@ std::string Bytes(const std::string& path) {
   return b;
 }
 
+// The log's records, without the zero padding a direct writer leaves after them while open.
+std::string Logged(const std::string& path) {
+  WalScanInfo info;
+  EXPECT_TRUE(ScanWal(path, nullptr, &info).ok());
+  EXPECT_FALSE(info.torn) << info.torn_reason;
+  return Bytes(path).substr(0, info.valid_bytes);
+}
+
 void Overwrite(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
@@ -145,13 +153,14 @@ TEST(Wal, RawGradientsRoundTripBesideTheAppliedOnes) {
     std::string ref;
     push.seq = 1;
     EncodeWalRecord(push, &ref);
-    EXPECT_EQ(Bytes(path), ref);
+    EXPECT_EQ(Logged(path), ref);
     // Flagged without the raw floats: the writer refuses it, nothing written.
     WalRecord bad = push;
     bad.chunks[1].raw = nullptr;
     EXPECT_EQ(w->Append(&bad).code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(Bytes(path), ref);
+    EXPECT_EQ(Logged(path), ref);
   }
+  EXPECT_EQ(Bytes(path), Logged(path)) << "a closed log keeps its padding";
   WalScanInfo info;
   Status s;
   std::vector<std::vector<float>> raws;
@@ -488,28 +497,27 @@ TEST(Wal, RestartEmptiesTheLogAndTheSequenceGoesOn) {
   ASSERT_TRUE(ScanWal(path, nullptr, &info).ok());
   EXPECT_EQ(info.records, 1u);
   EXPECT_EQ(info.first_seq, 11u);
-  EXPECT_EQ(info.file_bytes, w->bytes());
+  EXPECT_EQ(info.valid_bytes, w->bytes());
+  EXPECT_EQ(info.file_bytes, info.valid_bytes + info.padding_bytes);
 }
 
-// The fsync thread's CPU is counted (the kernel's write-back of the log runs there, beside the
-// shard's loop); with fsync on every Append there is no such thread and nothing to count.
-TEST(Wal, TheFsyncThreadCountsItsCpuTime) {
+// The log thread's CPU is counted (its writes and fdatasyncs run there, beside the shard's loop),
+// with fdatasync on every batch and on a timer alike.
+TEST(Wal, TheLogThreadCountsItsCpuTime) {
   const std::vector<float> g(1 << 20, 0.25f);  // 4 MiB a record
-  std::unique_ptr<WalWriter> w;
-  ASSERT_TRUE(WalWriter::Open(TestPath("sync_cpu.wal"), 1, true, 5ms, &w).ok());
-  WalRecord push;
-  push.kind = WalKind::kPush;
-  push.chunks = {WalChunk{0, 0, g.data(), static_cast<uint32_t>(g.size())}};
-  for (int i = 0; i < 200 && w->sync_cpu_ns() == 0; ++i) {  // bounded: a few fsyncs at most
-    ASSERT_TRUE(w->Append(&push).ok());
-    std::this_thread::sleep_for(10ms);
+  for (auto fsync_ms : {5ms, 0ms}) {
+    SCOPED_TRACE(fmt::format("fsync_ms {}", fsync_ms.count()));
+    std::unique_ptr<WalWriter> w;
+    ASSERT_TRUE(WalWriter::Open(TestPath("sync_cpu.wal"), 1, true, fsync_ms, &w).ok());
+    WalRecord push;
+    push.kind = WalKind::kPush;
+    push.chunks = {WalChunk{0, 0, g.data(), static_cast<uint32_t>(g.size())}};
+    for (int i = 0; i < 200 && w->sync_cpu_ns() == 0; ++i) {  // bounded
+      ASSERT_TRUE(w->Append(&push).ok());
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_GT(w->sync_cpu_ns(), 0u);
   }
-  EXPECT_GT(w->sync_cpu_ns(), 0u);
-
-  std::unique_ptr<WalWriter> inline_sync;
-  ASSERT_TRUE(WalWriter::Open(TestPath("sync_inline.wal"), 1, true, 0ms, &inline_sync).ok());
-  ASSERT_TRUE(inline_sync->Append(&push).ok());
-  EXPECT_EQ(inline_sync->sync_cpu_ns(), 0u);
 }
 
 // A push record of the gradient `g` on chunk 0.
@@ -520,55 +528,75 @@ WalRecord Push(const std::vector<float>& g) {
   return push;
 }
 
-// A record the disk took only half of is cut off again: the log holds exactly the records that
-// were taken, the sequence has no gap, and the records after it (once there is room) read back
-// as an undamaged log. Left there, the half record would have made every later record damage
-// the log (a bad record followed by valid ones is kCorrupt), and a restart from the log fail.
-TEST(Wal, ARecordTheDiskTookHalfOfIsCutOffAndLaterRecordsReadBack) {
-  for (auto fsync_ms : {0ms, 200ms}) {
-    SCOPED_TRACE(fmt::format("fsync_ms {}", fsync_ms.count()));
-    const std::string path = TestPath("full.wal");
-    const std::vector<float> g(4096, 0.5f);  // 16 KiB a record
-    test::FaultEnv env;                      // outlives the writer, whose fsync thread may still be calling it
-    std::unique_ptr<WalWriter> w;
-    ASSERT_TRUE(WalWriter::Open(path, 1, true, fsync_ms, &w).ok());
-    WalRecord push = Push(g);
-    ASSERT_TRUE(w->Append(&push).ok());
-    const uint64_t before = w->bytes();
-    env.FillDiskAfter(5000);
-    {
-      ScopedEnv scoped(&env);
-      const Status s = w->Append(&push);
-      EXPECT_EQ(s.code(), StatusCode::kIoError);
-      EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
-      EXPECT_EQ(std::filesystem::file_size(path), before) << "the half record was left in the log";
-      EXPECT_EQ(w->bytes(), before);
-      env.FillDiskAfter(-1);  // room again
+// Every record's floats (push records of one chunk), the log checked whole first.
+std::vector<std::vector<float>> LoggedFloats(const std::string& path, WalScanInfo* info) {
+  Status s;
+  std::vector<std::vector<float>> data;
+  Scan(path, info, &s, &data);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return data;
+}
+
+// A disk without room stalls the log: the record it could not take is reported and stays staged,
+// later records are refused without being staged (no seq used), and once there is room the
+// stalled record is written once, at its place, and later records follow. The log reads back
+// undamaged, the sequence without a gap, with the buffered and the direct writer alike.
+TEST(Wal, ADiskWithoutRoomStallsTheLogAndTheStalledRecordIsWrittenOnceThereIsRoom) {
+  for (WalIo io : {WalIo::kBuffered, WalIo::kAuto}) {
+    for (auto fsync_ms : {0ms, 200ms}) {
+      SCOPED_TRACE(fmt::format("fsync_ms {} io {}", fsync_ms.count(), static_cast<int>(io)));
+      const std::string path = TestPath("full.wal");
+      const std::vector<float> g(4096, 0.5f);  // 16 KiB a record
+      test::FaultEnv env;                      // outlives the writer, whose thread may still be calling it
+      std::unique_ptr<WalWriter> w;
+      WalOptions o;
+      o.fsync_ms = fsync_ms;
+      o.io = io;
+      ASSERT_TRUE(WalWriter::Open(path, 1, true, o, &w).ok());
+      WalRecord push = Push(g);
       ASSERT_TRUE(w->Append(&push).ok());
-      EXPECT_EQ(push.seq, 2u) << "the failed record used up a sequence number";
-      WalRecord clock;
-      clock.kind = WalKind::kClock;
-      clock.clock = 3;
-      ASSERT_TRUE(w->Append(&clock).ok());
-      ASSERT_TRUE(w->Sync().ok());
+      {
+        ScopedEnv scoped(&env);
+        env.FillDiskAfter(5000);
+        Status s = w->Append(&push);
+        EXPECT_EQ(s.code(), StatusCode::kIoError);
+        EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+        EXPECT_NE(s.message().find("the disk is full"), std::string::npos) << s.message();
+        EXPECT_EQ(w->durable_seq(), 1u);
+        WalRecord later = Push(g);
+        s = w->Submit(&later);
+        EXPECT_EQ(s.code(), StatusCode::kIoError) << "a stalled log staged a record";
+        EXPECT_EQ(w->next_seq(), 3u) << "a refused record used up a sequence number";
+        env.FillDiskAfter(-1);  // room again: the stalled record goes down on the next try
+        for (int i = 0; i < 200 && w->durable_seq() < 2; ++i) std::this_thread::sleep_for(5ms);  // bounded: 1 s
+        EXPECT_EQ(w->durable_seq(), 2u);
+        EXPECT_TRUE(w->Stalled().ok());
+        WalRecord clock;
+        clock.kind = WalKind::kClock;
+        clock.clock = 3;
+        ASSERT_TRUE(w->Append(&clock).ok());
+        EXPECT_EQ(clock.seq, 3u);
+        ASSERT_TRUE(w->Sync().ok());
+      }
+      EXPECT_GE(env.failed_writes(), 1);
+      w.reset();
+      WalScanInfo info;
+      Status s;
+      const auto recs = Scan(path, &info, &s);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_FALSE(info.torn) << info.torn_reason;
+      ASSERT_EQ(recs.size(), 3u);
+      EXPECT_EQ(recs[1].seq, 2u);
+      EXPECT_EQ(recs[2].kind, WalKind::kClock);
     }
-    EXPECT_GE(env.failed_writes(), 1);
-    WalScanInfo info;
-    Status s;
-    const auto recs = Scan(path, &info, &s);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    EXPECT_FALSE(info.torn) << info.torn_reason;
-    ASSERT_EQ(recs.size(), 3u);
-    EXPECT_EQ(recs[2].seq, 3u);
-    EXPECT_EQ(recs[2].kind, WalKind::kClock);
   }
 }
 
-// An fsync that fails is for good: the record it was for is cut off (fsync_ms = 0: it was not
-// durable, so it was not taken), and every later record is refused without a byte written, also
-// once the disk would sync again — after a failed fsync the kernel may have dropped unwritten
-// pages, and a later fsync that succeeds says nothing about them.
-TEST(Wal, AFailedFsyncRefusesThatRecordAndEveryLaterOneWithoutWriting) {
+// An fdatasync that fails is for good: the batch it was for never counts as durable (fsync_ms =
+// 0), and every later record is refused without being staged, also once the disk would sync again
+// — after a failed fsync the kernel may have dropped unwritten pages, and a later fsync that
+// succeeds says nothing about them.
+TEST(Wal, AFailedFsyncIsForGoodAndItsBatchNeverCountsAsDurable) {
   const std::string path = TestPath("eio.wal");
   const std::vector<float> g(64, 0.5f);
   test::FaultEnv env;
@@ -576,46 +604,44 @@ TEST(Wal, AFailedFsyncRefusesThatRecordAndEveryLaterOneWithoutWriting) {
   ASSERT_TRUE(WalWriter::Open(path, 1, true, 0ms, &w).ok());
   WalRecord push = Push(g);
   ASSERT_TRUE(w->Append(&push).ok());
-  const uint64_t before = std::filesystem::file_size(path);
   env.FailFsync(EIO);
   ScopedEnv scoped(&env);
   Status s = w->Append(&push);
   EXPECT_EQ(s.code(), StatusCode::kIoError);
   EXPECT_NE(s.message().find("fdatasync"), std::string::npos) << s.message();
-  EXPECT_EQ(std::filesystem::file_size(path), before);
+  EXPECT_EQ(w->durable_seq(), 1u);
   env.FailFsync(0);
-  s = w->Append(&push);
+  s = w->Submit(&push);
   EXPECT_EQ(s.code(), StatusCode::kIoError);
-  EXPECT_EQ(std::filesystem::file_size(path), before) << "a record was written after the failed fsync";
+  EXPECT_EQ(w->next_seq(), 3u);
   EXPECT_FALSE(w->Sync().ok());
+  EXPECT_FALSE(w->Failure().ok());
 }
 
-// With group commit (fsync_ms > 0) the fsync thread's failure reaches the next Append, which
-// writes nothing: the records the thread could not sync were acknowledged already, and none is
-// added after them.
-TEST(Wal, TheFsyncThreadsFailureStopsTheNextAppendBeforeItWrites) {
+// With fdatasync on a timer (fsync_ms > 0) its failure reaches the next Submit, which stages
+// nothing: the records it could not sync were acknowledged already, and none is added after them.
+TEST(Wal, TheTimedFsyncsFailureStopsTheNextSubmit) {
   const std::string path = TestPath("eio_thread.wal");
   const std::vector<float> g(64, 0.5f);
-  test::FaultEnv env;  // outlives the writer and its fsync thread
+  test::FaultEnv env;  // outlives the writer and its thread
   std::unique_ptr<WalWriter> w;
   ASSERT_TRUE(WalWriter::Open(path, 1, true, 5ms, &w).ok());
   env.FailFsync(EIO);
   ScopedEnv scoped(&env);
   WalRecord push = Push(g);
   ASSERT_TRUE(w->Append(&push).ok());
-  for (int i = 0; i < 400 && env.fsyncs() == 0; ++i) std::this_thread::sleep_for(5ms);  // bounded: 2 s
-  ASSERT_GT(env.fsyncs(), 0) << "the fsync thread never ran";
-  const uint64_t after_first = std::filesystem::file_size(path);
-  const Status s = w->Append(&push);
+  for (int i = 0; i < 400 && w->Failure().ok(); ++i) std::this_thread::sleep_for(5ms);  // bounded: 2 s
+  ASSERT_GT(env.fsyncs(), 0) << "the log thread never synced";
+  const Status s = w->Submit(&push);
   EXPECT_EQ(s.code(), StatusCode::kIoError);
   EXPECT_NE(s.message().find("fdatasync"), std::string::npos) << s.message();
-  EXPECT_EQ(std::filesystem::file_size(path), after_first);
+  EXPECT_EQ(w->next_seq(), 2u);
 }
 
-// A record that fails and cannot be cut off either (ftruncate fails too) leaves the log with a
-// torn last record, which is what a crash mid-write leaves and a restart drops; nothing is
-// written after it, so it stays the last.
-TEST(Wal, ARecordThatCannotBeCutOffIsTheLastTheLogTakes) {
+// A write that fails other than for room (EIO) is for good too: the records of that batch never
+// count as durable, nothing is staged after them, and what the disk holds reads back as a log
+// whose last record may be torn (what a crash mid-write leaves, and a restart drops).
+TEST(Wal, AWriteErrorIsForGoodAndTheLogReadsBack) {
   const std::string path = TestPath("stuck.wal");
   const std::vector<float> g(4096, 0.5f);
   test::FaultEnv env;
@@ -624,25 +650,122 @@ TEST(Wal, ARecordThatCannotBeCutOffIsTheLastTheLogTakes) {
   WalRecord push = Push(g);
   ASSERT_TRUE(w->Append(&push).ok());
   {
-    env.FillDiskAfter(5000);
-    env.FailFtruncate(EIO);
+    env.FailWrites(EIO);
     ScopedEnv scoped(&env);
     Status s = w->Append(&push);
     EXPECT_EQ(s.code(), StatusCode::kIoError);
-    EXPECT_NE(s.message().find("could not be cut off"), std::string::npos) << s.message();
-    env.FillDiskAfter(-1);
-    env.FailFtruncate(0);
-    const uint64_t stuck = std::filesystem::file_size(path);
-    s = w->Append(&push);
+    EXPECT_NE(s.message().find("Input/output error"), std::string::npos) << s.message();
+    env.FailWrites(0);
+    s = w->Submit(&push);
     EXPECT_EQ(s.code(), StatusCode::kIoError);
-    EXPECT_EQ(std::filesystem::file_size(path), stuck);
+    EXPECT_EQ(w->durable_seq(), 1u);
+    w.reset();
   }
   WalScanInfo info;
   Status s;
   const auto recs = Scan(path, &info, &s);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(recs.size(), 1u);
+}
+
+// Records larger than the staging are staged whole once everything before them is written, and
+// many records through a small staging come back in order, byte for byte.
+TEST(Wal, ASmallStagingTakesRecordsLargerThanItselfAndKeepsTheirOrder) {
+  const std::string path = TestPath("small_staging.wal");
+  std::vector<std::vector<float>> grads;
+  for (int i = 0; i < 12; ++i) grads.emplace_back((i % 3 == 0 ? 3 << 20 : 1000 + 77 * i), 0.5f + static_cast<float>(i));
+  {
+    std::unique_ptr<WalWriter> w;
+    WalOptions o;
+    o.staging_bytes = 1;  // one block
+    ASSERT_TRUE(WalWriter::Open(path, 1, true, o, &w).ok());
+    for (const auto& g : grads) {
+      WalRecord push = Push(g);
+      ASSERT_TRUE(w->Submit(&push).ok());
+    }
+    ASSERT_TRUE(w->Drain().ok());
+    EXPECT_EQ(w->durable_seq(), grads.size());
+  }
+  WalScanInfo info;
+  const auto data = LoggedFloats(path, &info);
+  EXPECT_EQ(info.padding_bytes, 0u) << "a closed log keeps its padding";
+  ASSERT_EQ(data.size(), grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_EQ(data[i], grads[i]) << "record " << i;
+}
+
+// A log reopened to append after what is there (a restart that replayed it) goes on at its end,
+// a partial last block included: the records before and after read back as one log.
+TEST(Wal, AReopenedLogAppendsAfterItsLastRecord) {
+  const std::string path = TestPath("reopen.wal");
+  const std::vector<float> a(333, 1.0f), b(5000, 2.0f);
+  {
+    std::unique_ptr<WalWriter> w;
+    ASSERT_TRUE(WalWriter::Open(path, 1, true, 0ms, &w).ok());
+    WalRecord push = Push(a);
+    ASSERT_TRUE(w->Append(&push).ok());
+  }
+  {
+    std::unique_ptr<WalWriter> w;
+    ASSERT_TRUE(WalWriter::Open(path, 2, false, 0ms, &w).ok());
+    WalRecord push = Push(b);
+    ASSERT_TRUE(w->Append(&push).ok());
+    EXPECT_EQ(push.seq, 2u);
+  }
+  WalScanInfo info;
+  const auto data = LoggedFloats(path, &info);
+  ASSERT_EQ(data.size(), 2u);
+  EXPECT_EQ(data[0], a);
+  EXPECT_EQ(data[1], b);
+}
+
+// Zeros after the last record, fewer than a block, are a direct writer's padding (the process
+// died with the log open), not a torn record; a block of zeros or more is torn.
+TEST(Wal, ZerosToTheNextBlockAreAWritersPaddingNotATornRecord) {
+  const std::string path = TestPath("padded.wal");
+  const std::vector<float> g(10, 1.0f);
+  WalRecord push = Push(g);
+  push.seq = 1;
+  std::string rec;
+  EncodeWalRecord(push, &rec);
+  Overwrite(path, rec + std::string(kWalBlock - rec.size(), '\0'));
+  WalScanInfo info;
+  ASSERT_TRUE(ScanWal(path, nullptr, &info).ok());
+  EXPECT_EQ(info.records, 1u);
+  EXPECT_FALSE(info.torn);
+  EXPECT_EQ(info.padding_bytes, kWalBlock - rec.size());
+  Overwrite(path, rec + std::string(kWalBlock, '\0'));
+  ASSERT_TRUE(ScanWal(path, nullptr, &info).ok());
   EXPECT_TRUE(info.torn);
+  EXPECT_EQ(info.valid_bytes, rec.size());
+}
+
+// A filesystem that takes no O_DIRECT writes: kAuto writes through the page cache instead (the
+// same records), kDirect is an error at Open naming the log.
+TEST(Wal, WithoutODirectTheLogWritesBufferedOrSaysWhyNot) {
+  const std::string path = TestPath("no_direct.wal");
+  const std::vector<float> g(100, 1.5f);
+  test::FaultEnv env;
+  env.RefuseDirectWrites(true);
+  ScopedEnv scoped(&env);
+  {
+    std::unique_ptr<WalWriter> w;
+    ASSERT_TRUE(WalWriter::Open(path, 1, true, 0ms, &w).ok());
+    EXPECT_FALSE(w->direct());
+    WalRecord push = Push(g);
+    ASSERT_TRUE(w->Append(&push).ok());
+  }
+  WalScanInfo info;
+  const auto data = LoggedFloats(path, &info);
+  ASSERT_EQ(data.size(), 1u);
+  EXPECT_EQ(data[0], g);
+  EXPECT_EQ(info.padding_bytes, 0u);
+  WalOptions o;
+  o.io = WalIo::kDirect;
+  std::unique_ptr<WalWriter> w;
+  const Status s = WalWriter::Open(path, 2, false, o, &w);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("O_DIRECT"), std::string::npos) << s.message();
 }
 
 TEST(Wal, MissingLogIsNotFound) {

@@ -8,7 +8,7 @@
 //                                          removes it fails that one call, so exactly one call
 //                                          fails in the whole job and a restarted process runs clean
 //
-//   DOWNPOUR_FULL_DISK_OF=server-1.wal     every write / writev to a file whose path ends so fails
+//   DOWNPOUR_FULL_DISK_OF=server-1.wal     every write / writev / pwrite to a file whose path ends so fails
 //   DOWNPOUR_FULL_DISK_WHILE=<dir>/full    with ENOSPC, writing nothing, while this file exists
 //
 // Every other call, and every call while a pair is unset, is the C library's.
@@ -90,4 +90,16 @@ extern "C" ssize_t writev(int fd, const iovec* iov, int count) {
   static const auto next = Next<ssize_t (*)(int, const iovec*, int)>("writev");
   if (count > 0 && Check([&] { return DiskFull(fd); })) return errno = ENOSPC, -1;
   return next(fd, iov, count);
+}
+
+extern "C" ssize_t pwrite(int fd, const void* buf, size_t n, off_t offset) {
+  static const auto next = Next<ssize_t (*)(int, const void*, size_t, off_t)>("pwrite");
+  if (n > 0 && Check([&] { return DiskFull(fd); })) return errno = ENOSPC, -1;
+  return next(fd, buf, n, offset);
+}
+
+extern "C" ssize_t pwrite64(int fd, const void* buf, size_t n, off_t offset) {
+  static const auto next = Next<ssize_t (*)(int, const void*, size_t, off_t)>("pwrite64");
+  if (n > 0 && Check([&] { return DiskFull(fd); })) return errno = ENOSPC, -1;
+  return next(fd, buf, n, offset);
 }

@@ -1,6 +1,8 @@
 // fault_env.cc — see fault_env.h.
 #include "tests/testing/fault_env.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -58,6 +60,35 @@ ssize_t FaultEnv::Writev(int fd, const iovec* iov, int count) {
   return w;
 }
 
+ssize_t FaultEnv::Pwrite(int fd, const void* buf, size_t n, off_t offset) {
+  if (const int e = write_err_.load()) {
+    ++failed_writes_;
+    errno = e;
+    return -1;
+  }
+  if (refuse_direct_.load()) {
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0 && (flags & O_DIRECT) != 0) {
+      errno = EINVAL;
+      return -1;
+    }
+  }
+  size_t allowed = Allow(n);
+  if (allowed == 0 && n > 0) return -1;  // counted, errno ENOSPC
+  if (allowed < n) {
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0 && (flags & O_DIRECT) != 0) allowed &= ~size_t{4095};
+    if (allowed == 0) {
+      ++failed_writes_;
+      errno = ENOSPC;
+      return -1;
+    }
+  }
+  const ssize_t w = Env::Pwrite(fd, buf, std::min(n, allowed), offset);
+  Spent(w);
+  return w;
+}
+
 namespace {
 
 // -1 with errno `err` when a failure is set, else the call itself.
@@ -84,6 +115,11 @@ int FaultEnv::Fdatasync(int fd) {
 
 int FaultEnv::Ftruncate(int fd, off_t length) {
   return FailOr(ftruncate_err_, [&] { return Env::Ftruncate(fd, length); });
+}
+
+int64_t FaultEnv::FreeBytes(const char* path) {
+  const int64_t set = free_bytes_.load();
+  return set >= 0 ? set : Env::FreeBytes(path);
 }
 
 int FaultEnv::Rename(const char* from, const char* to) {

@@ -23,16 +23,24 @@ class FaultEnv : public Env {
   void FailFsync(int err) { fsync_err_ = err; }  // fsync and fdatasync
   void FailRename(int err) { rename_err_ = err; }
   void FailFtruncate(int err) { ftruncate_err_ = err; }
+  void FailWrites(int err) { write_err_ = err; }  // pwrite (the log's writes)
+  // pwrite to a file opened O_DIRECT fails with EINVAL, as on a filesystem that opens O_DIRECT
+  // and refuses its writes.
+  void RefuseDirectWrites(bool refuse) { refuse_direct_ = refuse; }
+  void SetFreeBytes(int64_t bytes) { free_bytes_ = bytes; }  // -1 = the filesystem's own (default)
 
   int64_t failed_writes() const { return failed_writes_; }
   int64_t fsyncs() const { return fsyncs_; }  // fsync and fdatasync calls, failed ones too
 
   ssize_t Write(int fd, const void* buf, size_t n) override;
   ssize_t Writev(int fd, const iovec* iov, int count) override;
+  // On a file opened O_DIRECT a short write stops at a 4096-byte boundary, as the kernel's would.
+  ssize_t Pwrite(int fd, const void* buf, size_t n, off_t offset) override;
   int Fsync(int fd) override;
   int Fdatasync(int fd) override;
   int Ftruncate(int fd, off_t length) override;
   int Rename(const char* from, const char* to) override;
+  int64_t FreeBytes(const char* path) override;
 
  private:
   // How many of `n` bytes a write may put down now (0 with errno ENOSPC when the disk is full);
@@ -42,8 +50,9 @@ class FaultEnv : public Env {
 
   std::mutex mu_;  // guards budget_
   int64_t budget_ = -1;
-  std::atomic<int> fsync_err_{0}, rename_err_{0}, ftruncate_err_{0};
-  std::atomic<int64_t> failed_writes_{0}, fsyncs_{0};
+  std::atomic<int> fsync_err_{0}, rename_err_{0}, ftruncate_err_{0}, write_err_{0};
+  std::atomic<int64_t> failed_writes_{0}, fsyncs_{0}, free_bytes_{-1};
+  std::atomic<bool> refuse_direct_{false};
 };
 
 }  // namespace downpour::test
