@@ -55,8 +55,15 @@ def longest_step_gap(run_dir, first, last, worker=0):
 
 
 def final_top1(run_dir):
-    evals = [r for r in read_jsonl(f"{run_dir}/metrics/worker-0.jsonl") if r.get("event") == "eval" and r.get("final")]
-    return evals[-1]["top1"] if evals else None
+    """The run's final top-1: the evaluator process's (eval.evaluator, the default), else worker 0's."""
+    for name in ("evaluator.jsonl", "worker-0.jsonl"):
+        path = f"{run_dir}/metrics/{name}"
+        if not os.path.exists(path):
+            continue
+        evals = [r for r in read_jsonl(path) if r.get("event") == "eval" and r.get("final")]
+        if evals:
+            return evals[-1]["top1"]
+    return float("nan")
 
 
 def launcher_seconds(run_dir):

@@ -14,10 +14,10 @@
 // every pair so neither side always runs on a warmer machine), with bare ZeroMQ runs per case,
 // plaintext and CurveZMQ, as the transport ceilings.
 //
-// --wal runs the shards with their write-ahead log on (server/wal.h: every push appended to
-// <--wal-dir>/server-<i>.wal before it is applied and acknowledged, fsynced every
-// --wal-fsync-ms; no periodic checkpoints, so the log only grows: about (warmup + rounds) × W ×
-// 244 MB per run, removed after the run). --wal-grid measures its cost like --security-grid:
+// --wal runs the shards with their write-ahead log on (server/wal.h: every push staged for
+// <--wal-dir>/server-<i>.wal before it is applied and acknowledged once the log thread has written
+// it, fsynced every --wal-fsync-ms, written with --wal-io; no periodic checkpoints and no size
+// bound, so the log only grows: about (warmup + rounds) × W × 244 MB per run, removed after it). --wal-grid measures its cost like --security-grid:
 // at (S,W) in {(2,1),(4,4)}, `--repeats` pairs of runs with the log off and on, alternating
 // which goes first.
 //
@@ -98,6 +98,7 @@ struct PsResult {
   int64_t received = 0;
   int64_t rejected = 0;
   int64_t wal_records = 0;
+  double wal_bytes = 0;  // all shards: bytes their logs took over the timed rounds
   // Timed rounds only. Seconds from a part's send to its ack / pull reply (one entry per part).
   std::vector<double> push_latency, pull_latency;
   double sgd_seconds = 0;   // all shards: in the update rule
@@ -185,6 +186,7 @@ struct WalSetting {
   bool on = false;
   std::string dir = "/tmp";
   int fsync_ms = 200;
+  WalIo io = WalIo::kAuto;
 };
 
 class WalDir {
@@ -271,6 +273,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     if (!wal_dir.path().empty()) {
       o.wal_path = fmt::format("{}/server-{}.wal", wal_dir.path(), s);
       o.wal_fsync_ms = std::chrono::milliseconds(wal.fsync_ms);
+      o.wal_io = wal.io;
     }
     std::unique_ptr<ShardServer> shard;
     ThrowIfError(ShardServer::Create(layout, o, &shard));
@@ -365,6 +368,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     result.received += st.pushes_received;
     result.rejected += st.pushes_rejected;
     result.wal_records += st.wal_records;
+    result.wal_bytes += static_cast<double>(st.wal_bytes - stats_at_start[i].wal_bytes);
     shard->Stop();
     ThrowIfError(shard->Join());
   }
@@ -523,9 +527,9 @@ void RunWalCase(int servers, int workers, int warmup, int rounds, int repeats, i
       gbs[i] = ps.bytes_moved / ps.seconds / gb;
       cpu_per_gb[i] = ps.cpu_seconds / (ps.bytes_moved / gb);
       fmt::print("S={} W={} pair {} {:7}: {:.2f} GB/s, {:.2f} rounds/s/worker, {:.2f} CPU s/GB, pushes applied {}, "
-                 "log records {}\n",
+                 "log records {}, log {:.1f} MB/round, log thread cpu {:.3f} s/round\n",
                  servers, workers, r + 1, on ? "wal on" : "wal off", gbs[i], rounds / ps.seconds, cpu_per_gb[i],
-                 ps.applied, ps.wal_records);
+                 ps.applied, ps.wal_records, ps.wal_bytes / 1e6 / rounds, ps.wal_sync_seconds / rounds);
       std::fflush(stdout);
     }
     ratios.push_back(gbs[1] / gbs[0]);
@@ -885,6 +889,9 @@ int main(int argc, char** argv) {
   app.add_option("--wal-dir", wal.dir, "where the logs go (a temporary directory inside it, removed after each run)");
   app.add_option("--wal-fsync-ms", wal.fsync_ms, "checkpoint.wal_fsync_ms of the shards (0 = fsync before every ack)")
       ->check(CLI::Range(0, 1000000));
+  app.add_option("--wal-io", wal.io, "how the logs write: auto (O_DIRECT where the filesystem takes it), buffered, direct")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, downpour::WalIo>{
+          {"auto", downpour::WalIo::kAuto}, {"buffered", downpour::WalIo::kBuffered}, {"direct", downpour::WalIo::kDirect}}));
   if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
   pipeline.service.transport = transport == "ipc"   ? downpour::bench::ServiceTransport::kIpc
                                : transport == "shm" ? downpour::bench::ServiceTransport::kShm
