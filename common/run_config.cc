@@ -26,6 +26,7 @@ namespace downpour {
 namespace {
 
 constexpr std::string_view kLrPolicyNames[] = {"fixed", "step", "multistep", "poly", "inv", "exp"};
+constexpr std::string_view kUpdateRuleNames[] = {"momentum", "adagrad"};
 // The wire codecs, in WireCodec's order; the first kDenseWireCodecs (fp32, fp16, bf16) are dense.
 constexpr std::array<std::string_view, 5> kWireCodecNames = {"fp32", "fp16", "bf16", "topk", "onebit"};
 constexpr size_t kDenseWireCodecs = 3;
@@ -303,6 +304,12 @@ Status ReadSolver(TableReader& r, SolverConfig* s) {
   DP_RETURN_IF_ERROR(r.Float("momentum", &s->momentum));
   DP_RETURN_IF_ERROR(r.Float("weight_decay", &s->weight_decay));
   DP_RETURN_IF_ERROR(r.Float("clip_gradients", &s->clip_gradients));
+  if (const toml::node* n = r.Get("update")) {
+    const auto text = n->value<std::string>();
+    if (!text || !ParseUpdateRule(*text, &s->update)) return r.Bad("update", *n, ExpectedNames(kUpdateRuleNames));
+  }
+  DP_RETURN_IF_ERROR(r.Float("adagrad_epsilon", &s->adagrad_epsilon));
+  DP_RETURN_IF_ERROR(r.Float("adagrad_initial", &s->adagrad_initial));
   return r.Finish();
 }
 
@@ -634,6 +641,18 @@ const char* LrPolicyName(LrPolicy policy) {
   return kLrPolicyNames[static_cast<int>(policy)].data();
 }
 
+const char* UpdateRuleName(UpdateRuleKind kind) { return kUpdateRuleNames[static_cast<int>(kind)].data(); }
+
+bool ParseUpdateRule(std::string_view text, UpdateRuleKind* out) {
+  for (size_t i = 0; i < std::size(kUpdateRuleNames); ++i) {
+    if (text == kUpdateRuleNames[i]) {
+      *out = static_cast<UpdateRuleKind>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
 const char* WireCodecName(WireCodec codec) { return kWireCodecNames[static_cast<size_t>(codec)].data(); }
 
 bool ParseWireCodec(std::string_view text, WireCodec* out) {
@@ -804,6 +823,10 @@ void CheckSolver(Validator& v, const SolverConfig& so, const RunConfig& c, const
              so.weight_decay, "must be finite and >= 0")
       .Check(!std::isnan(so.clip_gradients), T + ".clip_gradients", so.clip_gradients,
              "must be a number (<= 0 turns clipping off)")
+      .Check(so.adagrad_epsilon > 0 && std::isfinite(so.adagrad_epsilon), T + ".adagrad_epsilon",
+             so.adagrad_epsilon, "must be finite and > 0 (AdaGrad divides by sqrt(acc + epsilon))")
+      .Check(so.adagrad_initial >= 0 && std::isfinite(so.adagrad_initial), T + ".adagrad_initial",
+             so.adagrad_initial, "must be finite and >= 0 (an accumulator of squares)")
       .Check(so.lr_policy != LrPolicy::kMultistep || !so.stepvalues.empty(), T + ".stepvalues",
              fmt::format("[{}]", fmt::join(so.stepvalues, ", ")).c_str(),
              "lr_policy \"multistep\" needs at least one step value");
@@ -1142,6 +1165,9 @@ std::string ToToml(const RunConfig& c) {
     line("momentum", flt(so.momentum));
     line("weight_decay", flt(so.weight_decay));
     line("clip_gradients", flt(so.clip_gradients));
+    line("update", str(UpdateRuleName(so.update)));
+    line("adagrad_epsilon", flt(so.adagrad_epsilon));
+    line("adagrad_initial", flt(so.adagrad_initial));
   };
   s += "\n[solver]\n";
   solver(c.solver);

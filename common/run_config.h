@@ -101,6 +101,14 @@ const char* LrPolicyName(LrPolicy policy);
 // Parses "fixed" | "step" | "multistep" | "poly" | "inv" | "exp"; false if unknown.
 bool ParseLrPolicy(std::string_view text, LrPolicy* out);
 
+// solver.update: the rule a gradient changes the weights by (common/solver/update_rule.h).
+enum class UpdateRuleKind {
+  kMomentum,  // "momentum": SGD with momentum and L2 weight decay (Caffe's SGDSolver)
+  kAdaGrad,   // "adagrad": lr / sqrt(Σ g² + epsilon) per element (Duchi et al.; DistBelief's servers)
+};
+const char* UpdateRuleName(UpdateRuleKind kind);
+bool ParseUpdateRule(std::string_view text, UpdateRuleKind* out);  // false if unknown
+
 // Server `server`'s ipc socket file: <ipc_dir>/server-<i>.sock, resolved against `run_dir`.
 std::string ServerIpcPath(const ClusterConfig& cluster, const std::string& run_dir, int server);
 // The address server `server` binds: ipc://ServerIpcPath(...), or tcp://<bind>:<base_port +
@@ -124,6 +132,9 @@ struct SolverConfig {
   float weight_decay = 0.0005f;      // L2 coefficient (>= 0), times each tensor's decay_mult
   float clip_gradients = -1.0f;      // global L2-norm threshold, applied by each worker to its
                                      // gradient before pushing (Caffe's); <= 0 turns it off
+  UpdateRuleKind update = UpdateRuleKind::kMomentum;
+  float adagrad_epsilon = 1e-10f;    // AdaGrad: lr / sqrt(acc + epsilon) (> 0)
+  float adagrad_initial = 0.1f;      // AdaGrad: each accumulator's start (>= 0)
   bool operator==(const SolverConfig&) const = default;
 };
 

@@ -8,7 +8,7 @@
 //  * PullReady — may a pull by `worker` at `clock` be answered now, or must it wait;
 //  * OnClock / OnJoin / OnWorkerDead — membership and progress, so a dead worker leaves the
 //    accounting and an elastic one joins it.
-// The policy changes weights only through ShardUpdater (one SgdUpdate per call).
+// The policy changes weights only through ShardUpdater (one update by the shard's rule per call).
 //
 // Membership. Worker ids 0..max_workers-1 are accounted for (others are refused before they
 // reach the policy). Ids < expected_workers start live; ids >= expected_workers are elastic
@@ -57,8 +57,8 @@ class ShardUpdater {
   virtual int num_local() const = 0;
   virtual int64_t version(int local) const = 0;
   virtual int64_t count(int local) const = 0;
-  // One SgdUpdate of chunk `local` with grad * grad_scale at lr (from the lr policy at the
-  // chunk's schedule iteration) times lr_scale; bumps the version. `gradients` is how many worker
+  // One update by the shard's UpdateRule of chunk `local` with grad * grad_scale at lr (from the
+  // lr policy at the chunk's schedule iteration) times lr_scale; bumps the version. `gradients` is how many worker
   // gradients the update combines (1 applied on arrival, n averaged in sync): the schedule
   // iteration advances by gradients × batches per push (common/solver/lr_policy.h).
   virtual void Apply(int local, const float* grad, float grad_scale, float lr_scale, int gradients) = 0;

@@ -238,13 +238,15 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   rules_.algorithm = options_.consistency.algorithm;
   rules_.model_moves = options_.model_moves;
   rules_.all_finite = [threads = options_.server_threads](std::span<const float> x) { return AllFiniteOn(threads, x); };
+  rule_ = options_.update_rule != nullptr ? options_.update_rule
+                                          : std::shared_ptr<const UpdateRule>(MakeUpdateRule(options_.solver));
   chunks_.resize(owned_.size());
   for (size_t i = 0; i < owned_.size(); ++i) {
     const auto n = static_cast<size_t>(layout_.chunk(owned_[i]).count);
     share_offset_.push_back(share_floats_);
     share_floats_ += n;
     chunks_[i].weights = std::make_shared<WeightBuffer>(std::vector<float>(n, 0.0f));
-    chunks_[i].history.assign(n, 0.0f);
+    chunks_[i].history.assign(n, rule_->initial_state());
   }
   policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers, max_workers_,
                                   options_.round_members);
@@ -1054,8 +1056,8 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
   float* history = st.history.data();
   ForBlocks(options_.server_threads, static_cast<int64_t>(n), [&](int64_t b, int64_t e) {
     const auto at = static_cast<size_t>(b), len = static_cast<size_t>(e - b);
-    SgdUpdate(p, std::span<const float>(grad + at, len), std::span<float>(weights + at, len),
-              std::span<float>(history + at, len));
+    rule_->Apply(p, std::span<const float>(grad + at, len), std::span<float>(weights + at, len),
+                 std::span<float>(history + at, len));
   });
   stats_.sgd_ns += NanosSince(t0);
   // A push of many chunks keeps the loop for a while: replies that fell due meanwhile leave now.
@@ -1355,6 +1357,7 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
   c.wal_seq = wal_seq_;
   c.has_state = true;
   c.max_workers = max_workers_;
+  c.update_rule = std::string(rule_->name());
   c.pushes_by_worker.assign(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
   c.dedup.resize(dedup_.size());
   for (size_t w = 0; w < dedup_.size(); ++w) {
@@ -1395,6 +1398,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   expect.model_id = options_.model_id;
   expect.max_workers = max_workers_;
   expect.dc_mean_square = !dc_mean_square_.empty();
+  expect.update_rule = std::string(rule_->name());
   for (size_t i = 0; i < chunks_.size(); ++i) {
     expect.chunk_ids.push_back(owned_[i]);
     expect.chunk_elems.push_back(chunks_[i].history.size());

@@ -37,6 +37,7 @@
 #include "common/log_limit.h"
 #include "common/run_config.h"
 #include "common/shm_region.h"
+#include "common/solver/update_rule.h"
 #include "common/trace.h"
 #include "common/transport.h"
 #include "server/access.h"
@@ -59,7 +60,10 @@ struct PullServedEvent {
 struct ShardOptions {
   int server_id = 0;                   // which of layout.servers() this is
   uint32_t model_id = 0;               // model served (a ModelHost routes by it: server/model_host.h)
-  SolverConfig solver;                 // update rule and lr policy
+  SolverConfig solver;                 // update rule (solver.update) and lr policy
+  // The update rule; null = MakeUpdateRule(solver) (common/solver/update_rule.h). A test may hand
+  // any rule here.
+  std::shared_ptr<const UpdateRule> update_rule;
   ConsistencyConfig consistency;       // async / sync / ssp:s
   int expected_workers = 1;            // W: worker ids 0..W-1 (sync/ssp accounting)
   // Worker batches per push (worker.push_every): the lr-schedule iteration's step per gradient.
@@ -157,7 +161,7 @@ class ShardServer {
   // Thread-safe snapshots (tests, benchmarks, logging).
   ShardStatsWire Stats() const;
   std::vector<float> ChunkWeights(int32_t chunk) const;  // empty if not owned / not initialised
-  std::vector<float> ChunkHistory(int32_t chunk) const;  // momentum; empty if not owned
+  std::vector<float> ChunkHistory(int32_t chunk) const;  // the update rule's state; empty if not owned
   // DC-ASGD-a's running mean square of g; empty if not owned, another algorithm, or no push yet.
   std::vector<float> ChunkDcMeanSquare(int32_t chunk) const;
   int64_t ChunkVersion(int32_t chunk) const;             // -1 if not owned
@@ -267,6 +271,7 @@ class ShardServer {
   std::vector<ChunkState> chunks_;
   std::unique_ptr<ConsistencyPolicy> policy_;
   std::unique_ptr<Updater> updater_;
+  std::shared_ptr<const UpdateRule> rule_;  // options_.update_rule or the solver's
   std::unordered_map<PeerId, int32_t> registered_;  // peer identity -> worker id
   std::deque<PeerId> readers_;                      // evaluator connections, oldest first
   bool IsReader(const PeerId& peer) const;

@@ -99,6 +99,7 @@ TensorFile EncodeShardCheckpoint(ShardCheckpoint&& c) {
   file.meta["initialized"] = FormatMetaInts(inited);
   file.meta["wal_seq"] = std::to_string(c.wal_seq);
   file.meta["max_workers"] = std::to_string(c.max_workers);
+  file.meta["update_rule"] = c.update_rule;
   file.meta["pushes_by_worker"] = FormatMetaInts(c.pushes_by_worker);
   // At most 4 sessions × 4096 ids × 21 bytes a worker, under the format's 1 MiB a value.
   for (size_t w = 0; w < c.dedup.size(); ++w) {
@@ -138,6 +139,14 @@ Status DecodeShardCheckpoint(TensorFile& file, const std::string& path, const Sh
     return FailedPrecondition("{}: checkpoint of model {}; this server serves model {}", path, Meta(file, "model_id"),
                               expect.model_id);
   }
+  const std::string rule = file.meta.count("update_rule") != 0 ? Meta(file, "update_rule") : "momentum";
+  if (rule != expect.update_rule) {
+    return FailedPrecondition(
+        "{}: checkpoint of a shard updated by solver.update = \"{}\"; this one runs \"{}\", whose state it does not "
+        "hold",
+        path, rule, expect.update_rule);
+  }
+  out->update_rule = rule;
   out->server_id = expect.server_id;
   out->layout_hash = expect.layout_hash;
   out->model_id = expect.model_id;

@@ -6,9 +6,11 @@
 //
 // The file: meta kind = "downpour-shard", server_id, server_count, layout_hash, model_id,
 // updates, versions / schedule_iters / initialized (one entry per owned chunk, "a,b,c"),
-// wal_seq, max_workers, pushes_by_worker (one per worker id), dedup.<worker> ("session:id,id;
+// wal_seq, max_workers, update_rule (common/solver/update_rule.h; "momentum" when absent, as
+// in files written before it), pushes_by_worker (one per worker id), dedup.<worker> ("session:id,id;
 // session:id", ids oldest first, for workers with a window); tensors chunk<id>.weights,
-// chunk<id>.history and (DC-ASGD-a, chunks a gradient reached) chunk<id>.dc_mean_square.
+// chunk<id>.history (the update rule's per-weight state: momentum, AdaGrad's squares) and
+// (DC-ASGD-a, chunks a gradient reached) chunk<id>.dc_mean_square.
 // Older checkpoints lack schedule_iters (the iteration was the version), and those written
 // before the write-ahead log lack the state (has_state: counters start at 0, the policy at its
 // initial state).
@@ -34,6 +36,7 @@ struct ShardCheckpoint {
   uint32_t model_id = 0;
   int64_t updates = 0;   // chunk updates the shard applied
   uint64_t wal_seq = 0;  // the last write-ahead log record it covers
+  std::string update_rule = "momentum";  // whose state `history` is
   // The state written since the write-ahead log; has_state false = an older file without it.
   bool has_state = false;
   int32_t max_workers = 0;
@@ -63,6 +66,7 @@ struct ShardCheckpointExpect {
   std::vector<int32_t> chunk_ids;   // owned, in order
   std::vector<size_t> chunk_elems;  // floats per owned chunk
   bool dc_mean_square = false;      // DC-ASGD-a: restore the mean squares the file has
+  std::string update_rule = "momentum";  // the loading shard's rule: another's state is refused
 };
 
 // The file for `c` (its float vectors moved into the tensors). Entries of `c.dedup` with no
@@ -71,7 +75,8 @@ TensorFile EncodeShardCheckpoint(ShardCheckpoint&& c);
 
 // Checks all of `file` (read from `path`) against `expect` and fills `out` (its floats moved out
 // of `file`'s tensors; the meta stays, for the policy's LoadState). Errors name the path and the
-// field: kFailedPrecondition for another server's, layout's, model's or worker count's checkpoint,
+// field: kFailedPrecondition for another server's, layout's, model's, worker count's or update
+// rule's checkpoint,
 // kCorrupt for a damaged or incomplete one. `out` is unspecified on error.
 Status DecodeShardCheckpoint(TensorFile& file, const std::string& path, const ShardCheckpointExpect& expect,
                              ShardCheckpoint* out);

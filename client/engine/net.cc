@@ -13,6 +13,7 @@
 #include "client/engine/fillers.h"
 #include "client/engine/ref_kernels.h"
 #include "common/solver/sgd.h"
+#include "common/solver/update_rule.h"
 #include "common/tensor_file.h"
 
 namespace downpour::engine {
@@ -363,6 +364,10 @@ void Net::WriteFactors(int li, int t) {
 }
 
 void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history) {
+  Update(MomentumRule(), lr, momentum, weight_decay, history);
+}
+
+void Net::Update(const UpdateRule& rule, float lr, float momentum, float weight_decay, std::span<float> history) {
   DP_CHECK_EQ(static_cast<int64_t>(history.size()), num_params_);
   // The servers' rule (common/solver), per tensor with its multipliers, in blocks over threads
   // (element-wise, so the blocking changes no bit).
@@ -381,8 +386,8 @@ void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<floa
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t at = b * kBlock;
       const auto len = static_cast<size_t>(std::min(kBlock, n - at));
-      downpour::SgdUpdate(p, std::span<const float>(host_grads_ + off + at, len),
-                          std::span<float>(host_params_ + off + at, len), history.subspan(off + at, len));
+      rule.Apply(p, std::span<const float>(host_grads_ + off + at, len), std::span<float>(host_params_ + off + at, len),
+                 history.subspan(off + at, len));
     }
   }
 }

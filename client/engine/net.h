@@ -34,6 +34,10 @@
 #include "client/engine/layer.h"
 #include "client/engine/net_spec.h"
 #include "common/status.h"
+
+namespace downpour {
+class UpdateRule;  // common/solver/update_rule.h
+}
 #include "common/tensor_spec.h"
 
 namespace downpour::engine {
@@ -160,9 +164,12 @@ class Net {
   // floats are [param_offset(t), +param_specs()[t].numel()) in params().
   const std::vector<int>& layer_param_tensors(int i) const { return shapes_.layer_params[static_cast<size_t>(i)]; }
 
-  // SGD with momentum and weight decay over params()/grads() with the per-tensor multipliers:
-  // the servers' own rule (common/solver SgdUpdate, bit for bit), for training on the engine
-  // alone (--local runs, tests, benchmarks). `history` is the caller's momentum buffer.
+  // One update of params() by grads() with `rule` and the per-tensor multipliers: the servers'
+  // own arithmetic (common/solver/update_rule.h, bit for bit), for training on the engine alone
+  // (local steps, --local runs, tests, benchmarks). `state` is the caller's buffer of the rule's
+  // per-weight state (momentum, AdaGrad's squares), started at rule.initial_state().
+  void Update(const UpdateRule& rule, float lr, float momentum, float weight_decay, std::span<float> state);
+  // Update with SGD with momentum and weight decay (MomentumRule); `history` is the momentum.
   void SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history);
 
   // Checkpoints in common/tensor_file.h format; names = param_specs() names.

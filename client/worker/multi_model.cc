@@ -29,6 +29,7 @@
 #include "common/rotation.h"
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
+#include "common/solver/update_rule.h"
 #include "common/zmq_transport.h"
 #include "data/input_check.h"
 
@@ -237,7 +238,8 @@ Status MultiModelWorker::LocalStage(ModelSlot& m, const StageTask& t, int stage,
                                     double* loss) {
   engine::Net& net = *m.net;
   const auto params = net.params();
-  if (t.pull || m.history.size() != params.size()) m.history.assign(params.size(), 0.0f);
+  const std::unique_ptr<UpdateRule> rule = MakeUpdateRule(m.solver);
+  if (t.pull || m.history.size() != params.size()) m.history.assign(params.size(), rule->initial_state());
   m.start.assign(params.begin(), params.end());
   double loss_sum = 0;
   for (int64_t s = 0; s < steps; ++s) {
@@ -265,7 +267,7 @@ Status MultiModelWorker::LocalStage(ModelSlot& m, const StageTask& t, int stage,
     // The model's place on its schedule: batches it has processed, this stage's other holders'
     // included (they train at the same time).
     const float lr = LearningRateAt(m.solver, m.iter + s * t.group);
-    net.SgdUpdate(lr, m.solver.momentum, m.solver.weight_decay, m.history);
+    net.Update(*rule, lr, m.solver.momentum, m.solver.weight_decay, m.history);
     if (a_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a_.step_delay_ms));
   }
   std::vector<float> change(params.size());

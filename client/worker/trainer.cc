@@ -116,7 +116,8 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
   DP_CHECK_EQ(layout_->tensors().size(), net_->param_specs().size());
   if (o_.worker.push_every > 1) accum_.assign(net_->params().size(), 0.0f);
   if (o_.easgd && channel_ == nullptr) o_.easgd = false;  // a local run has no center
-  if (channel_ == nullptr || o_.easgd) history_.assign(net_->params().size(), 0.0f);
+  rule_ = MakeUpdateRule(o_.solver);
+  if (channel_ == nullptr || o_.easgd) history_.assign(net_->params().size(), rule_->initial_state());
   if (o_.easgd) center_.assign(net_->params().size(), 0.0f);
   const std::vector<int> factored = ChooseFactoredTensors(
       *net_, *layout_, FactorChoiceInput{o_.factors && !o_.easgd, o_.worker.push_every, o_.solver.clip_gradients,
@@ -310,7 +311,7 @@ void Trainer::ApplyLocalUpdate() {
   // times its batches.
   const int64_t batches = local_iter_ * std::max(1, o_.worker.push_every) * (o_.easgd ? o_.easgd_workers : 1);
   const float lr = LearningRateAt(o_.solver, batches);
-  net_->SgdUpdate(lr, o_.solver.momentum, o_.solver.weight_decay, history_);
+  net_->Update(*rule_, lr, o_.solver.momentum, o_.solver.weight_decay, history_);
   ++local_iter_;
 }
 

@@ -54,6 +54,7 @@
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/run_config.h"
+#include "common/solver/update_rule.h"
 #include "common/trace.h"
 #include "common/transport.h"
 
@@ -190,7 +191,8 @@ class Trainer {
   std::vector<float> accum_;     // sum of gradients since the last push (push_every > 1)
   bool factors_on_ = false;                 // some tensor is factored (Net::SetFactoredParams)
   std::vector<PushFactor> step_factors_;    // this step's tensors whose grad span holds factors
-  std::vector<float> history_;   // momentum (reference run and EASGD workers)
+  std::unique_ptr<UpdateRule> rule_;  // solver.update, for local steps
+  std::vector<float> history_;   // the rule's state (reference run and EASGD workers)
   std::vector<float> center_;    // EASGD: the center as last pulled; then the elastic difference
   Status ElasticExchange();
   bool clipping() const { return o_.solver.clip_gradients > 0; }

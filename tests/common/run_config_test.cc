@@ -168,6 +168,12 @@ TEST(RunConfigTest, ErrorsNameFileTableKeyAndValue) {
               HasSubstr("bad.toml: solver.base_lr = -0.1: must be finite and > 0"));
   EXPECT_THAT(ParseError("[solver]\nmomentum = 1.0\n"),
               HasSubstr("bad.toml: solver.momentum = 1: must be in [0, 1)"));
+  EXPECT_THAT(ParseError("[solver]\nupdate = \"adam\"\n"),
+              HasSubstr("bad.toml: solver.update = \"adam\": expected \"momentum\" or \"adagrad\""));
+  EXPECT_THAT(ParseError("[solver]\nupdate = \"adagrad\"\nadagrad_epsilon = 0.0\n"),
+              HasSubstr("bad.toml: solver.adagrad_epsilon = 0: must be finite and > 0"));
+  EXPECT_THAT(ParseError("[solver]\nadagrad_initial = -0.5\n"),
+              HasSubstr("bad.toml: solver.adagrad_initial = -0.5: must be finite and >= 0"));
   EXPECT_THAT(ParseError("[cluster]\nservers = 0\n"),
               HasSubstr("bad.toml: cluster.servers = 0: must be >= 1"));
   EXPECT_THAT(ParseError("[cluster]\nservers = \"two\"\n"),

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "common/solver/lr_policy.h"
+#include "common/solver/adagrad.h"
 #include "common/solver/sgd.h"
+#include "common/solver/update_rule.h"
 
 namespace downpour {
 namespace {
@@ -240,6 +242,83 @@ TEST(SgdDeathTest, MismatchedLengthsAreABrokenInvariant) {
 
 // The schedule's iteration counts worker batches: n gradients of p batches each move it n × p;
 // nonsense counts (0, negative) move it as one.
+// AdaGrad with a constant gradient g and no decay: after k updates acc_k = a0 + k g² and
+// w_k = w0 − lr Σ_{i=1..k} g / sqrt(a0 + i g² + eps), element by element.
+TEST(AdaGradTest, ConstantGradientClosedForm) {
+  const float lr = 0.1f, eps = 1e-10f, a0 = 0.1f;
+  const std::vector<float> g = {0.5f, -2.0f, 0.0f, 1e-3f};
+  std::vector<float> w = {1.0f, 1.0f, 1.0f, 1.0f}, acc(4, a0);
+  UpdateParams p;
+  p.lr = lr;
+  p.momentum = 0.9f;  // not used by AdaGrad
+  for (int k = 1; k <= 50; ++k) AdaGradUpdate(p, eps, g, w, acc);
+  for (size_t j = 0; j < g.size(); ++j) {
+    double want = 1.0;
+    for (int i = 1; i <= 50; ++i) want -= lr * g[j] / std::sqrt(a0 + i * double(g[j]) * g[j] + eps);
+    EXPECT_NEAR(w[j], want, 1e-5 * (1 + std::abs(want))) << "element " << j;
+    EXPECT_NEAR(acc[j], a0 + 50.0 * g[j] * g[j], 1e-4 * (1 + acc[j])) << "element " << j;
+  }
+  EXPECT_EQ(w[2], 1.0f) << "a zero gradient moves nothing";
+}
+
+// Each step is its formula: decay added to the scaled gradient, the square accumulated, the
+// multipliers applied; and a rule is element-wise, so blocks give the floats of one call.
+TEST(AdaGradTest, OneStepWithDecayScaleAndMultipliersAndBlocking) {
+  UpdateParams p;
+  p.lr = 0.05f;
+  p.lr_mult = 2.0f;
+  p.weight_decay = 0.01f;
+  p.decay_mult = 0.5f;
+  p.grad_scale = 0.25f;
+  const float eps = 1e-8f;
+  std::vector<float> grad(1000), w(1000), acc(1000);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d;
+  for (size_t i = 0; i < w.size(); ++i) {
+    grad[i] = d(rng);
+    w[i] = d(rng);
+    acc[i] = std::abs(d(rng));
+  }
+  std::vector<float> w1 = w, a1 = acc;
+  AdaGradUpdate(p, eps, grad, w1, a1);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const float g = grad[i] * 0.25f + 0.005f * w[i];
+    const float a = acc[i] + g * g;
+    EXPECT_EQ(a1[i], a);
+    EXPECT_EQ(w1[i], w[i] - 0.1f * g / std::sqrt(a + eps));
+  }
+  std::vector<float> w2 = w, a2 = acc;
+  const AdaGradRule rule(eps, 0.1f);
+  for (size_t b = 0; b < w.size(); b += 333) {
+    const size_t n = std::min<size_t>(333, w.size() - b);
+    rule.Apply(p, std::span<const float>(grad).subspan(b, n), std::span<float>(w2).subspan(b, n),
+               std::span<float>(a2).subspan(b, n));
+  }
+  EXPECT_EQ(std::memcmp(w1.data(), w2.data(), w1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a1.data(), a2.data(), a1.size() * 4), 0);
+}
+
+// solver.update picks the rule, with its keys; momentum's rule is SgdUpdate bit for bit.
+TEST(UpdateRuleTest, TheSolverPicksTheRule) {
+  SolverConfig s;
+  EXPECT_EQ(MakeUpdateRule(s)->name(), "momentum");
+  EXPECT_EQ(MakeUpdateRule(s)->initial_state(), 0.0f);
+  s.update = UpdateRuleKind::kAdaGrad;
+  s.adagrad_initial = 0.25f;
+  const auto rule = MakeUpdateRule(s);
+  EXPECT_EQ(rule->name(), "adagrad");
+  EXPECT_EQ(rule->initial_state(), 0.25f);
+  UpdateParams p;
+  p.lr = 0.1f;
+  p.momentum = 0.9f;
+  const std::vector<float> g = {1.0f, -1.0f};
+  std::vector<float> w = {0.0f, 0.0f}, h = {0.0f, 0.0f}, w2 = w, h2 = h;
+  MomentumRule().Apply(p, g, w, h);
+  SgdUpdate(p, g, w2, h2);
+  EXPECT_EQ(w, w2);
+  EXPECT_EQ(h, h2);
+}
+
 TEST(ScheduleIterations, CountsWorkerBatches) {
   EXPECT_EQ(ScheduleIterations(1, 1), 1);
   EXPECT_EQ(ScheduleIterations(4, 1), 4);   // sync: an update averaging four workers

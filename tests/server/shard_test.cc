@@ -1955,6 +1955,69 @@ TEST_F(ShardFixture, ConcurrentPushersThroughGroupCommitRecoverToTheLiveShard) {
   ExpectSameShard(*shards_[0], *fresh, 0);
 }
 
+// AdaGrad on the servers (solver.update = "adagrad"): pushes of a constant gradient move each
+// weight as the closed form says, w_k = w0 − lr Σ g / sqrt(a0 + i g² + eps); the accumulator is
+// the chunk's state. A shard killed and recovered from its checkpoint and log is the live one,
+// byte for byte, and a checkpoint of the momentum rule does not load into it.
+TEST_F(ShardFixture, AdaGradOnTheServersFollowsItsClosedFormAndRecoversByteForByte) {
+  UsePersistDir();
+  ShardOptions o = PlainSgd();
+  o.solver.base_lr = 0.1f;
+  o.solver.update = UpdateRuleKind::kAdaGrad;
+  o.solver.adagrad_initial = 0.1f;
+  o.solver.adagrad_epsilon = 1e-10f;
+  o.checkpoint_every_updates = 3;
+  StartShards({{"a", {64}, 1, 1}}, 1, 16, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(64, 1.0f)), 5000ms).ok());
+  const float g = 0.5f;
+  for (int k = 0; k < 5; ++k) ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(64, g), k), 5000ms).ok());
+  double want = 1.0;
+  for (int i = 1; i <= 5; ++i) want -= 0.1 * g / std::sqrt(0.1 + i * g * g + 1e-10);
+  for (int32_t id : layout_.ServerChunks(0)) {
+    for (float w : shards_[0]->ChunkWeights(id)) EXPECT_NEAR(w, want, 1e-6);
+    for (float a : shards_[0]->ChunkHistory(id)) EXPECT_NEAR(a, 0.1 + 5 * g * g, 1e-6);
+  }
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  EXPECT_TRUE(rep.checkpoint_loaded);
+  EXPECT_GT(rep.replayed_pushes, 0u);
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  // The momentum rule's shard cannot take AdaGrad's accumulators as its momentum.
+  ShardOptions momentum = ForServer(o, 0);
+  momentum.solver.update = UpdateRuleKind::kMomentum;
+  std::unique_ptr<ShardServer> other;
+  ASSERT_TRUE(ShardServer::Create(layout_, momentum, &other).ok());
+  const Status s = other->LoadCheckpoint(momentum.checkpoint_path);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("solver.update = \"adagrad\""), std::string::npos) << s.message();
+}
+
+// A rule defined here, in the test alone (sign SGD: w −= lr · sign(g), no state), runs through a
+// shard handed it in ShardOptions: the factory, the config and the shard need no change.
+class SignSgdRule final : public UpdateRule {
+ public:
+  std::string_view name() const override { return "sign-sgd"; }
+  void Apply(const UpdateParams& p, std::span<const float> grad, std::span<float> w,
+             std::span<float>) const override {
+    for (size_t i = 0; i < w.size(); ++i) w[i] -= p.lr * static_cast<float>((grad[i] > 0) - (grad[i] < 0));
+  }
+};
+
+TEST_F(ShardFixture, AnUpdateRuleDefinedInATestRunsThroughAShard) {
+  ShardOptions o = PlainSgd();
+  o.solver.base_lr = 0.25f;
+  o.update_rule = std::make_shared<SignSgdRule>();
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 1.0f)), 5000ms).ok());
+  std::vector<float> g(8);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = i % 3 == 0 ? 3.0f : (i % 3 == 1 ? -0.01f : 0.0f);
+  ASSERT_TRUE(c->Wait(c->Push(g, 0), 5000ms).ok());
+  const std::vector<float> w = shards_[0]->ChunkWeights(0);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(w[i], i % 3 == 0 ? 0.75f : (i % 3 == 1 ? 1.25f : 1.0f)) << i;
+}
+
 TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
   UsePersistDir();
   ShardOptions o = PlainSgd();
