@@ -255,8 +255,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
   push_staleness_.assign(chunks_.size(), -1);
   if (DelayCompensated(options_.consistency.algorithm)) {
-    dc_pulled_.resize(static_cast<size_t>(max_workers_));
-    if (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive) dc_mean_square_.resize(chunks_.size());
+    dc_ = std::make_unique<DelayCompensation>(options_.consistency, max_workers_, static_cast<int>(chunks_.size()));
   }
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
   peers_of_worker_.resize(static_cast<size_t>(max_workers_));
@@ -820,7 +819,11 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   if (adaptive_dc && wal_) {
     for (const PushChunk& c : chunks) raw.push_back(c.grad);
   }
-  if (dc) CompensateDelay(h.sender, &chunks);
+  if (dc) {
+    dc_->Compensate(
+        h.sender, &chunks, [this](int l) { return chunks_[static_cast<size_t>(l)].weights->data.data(); },
+        &stats_.dc_compensated, &stats_.dc_uncompensated);
+  }
   // Logged before it is applied and acknowledged: an ack means the push is in the log.
   WalRecord r;
   r.kind = WalKind::kPush;
@@ -849,9 +852,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(LogRecord(&r));
   for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
-  if (adaptive_dc) {  // taken: DC-ASGD-a's mean squares move on with it
-    for (size_t i = 0; i < n; ++i) dc_mean_square_[static_cast<size_t>(chunks[i].local)].swap(dc_ms_next_[i]);
-  }
+  if (adaptive_dc) dc_->Commit(chunks);  // taken: DC-ASGD-a's mean squares move on with it
   ApplyPush(h.sender, h.session, h.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
   for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
   if (!init) {
@@ -1068,76 +1069,6 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
   ++updates_;
 }
 
-// DC-ASGD (Zheng et al., "Asynchronous Stochastic Gradient Descent with Delay Compensation",
-// ICML 2017): g' = g + λ · g ⊙ g ⊙ (w_now − w_pulled), where w_pulled is the chunk as this
-// worker last pulled it. Only when that copy is of the version the gradient was computed from;
-// otherwise (no pull seen since this server started, e.g. after a restart) the gradient goes as
-// pushed and is counted. Compensated gradients live in dc_scratch_ until the push is applied.
-// λ is dc_lambda (the constant variant, DC-ASGD-c) or, for DC-ASGD-a, dc_lambda0 / sqrt(ms) per
-// element, ms ← m · ms + (1 − m) · g ⊙ g updated with every gradient (compensated or not) before
-// it is used. ms starts at the chunk's first g ⊙ g rather than the paper's 0, whose first
-// steps would divide by sqrt((1 − m) · g²), a λ 4.5× too large at m = 0.95.
-void ShardServer::RememberPulled(int32_t worker, const std::vector<int>& locals) {
-  if (!KnownWorker(worker)) return;
-  auto& mine = dc_pulled_[static_cast<size_t>(worker)];
-  if (mine.empty()) mine.resize(chunks_.size());
-  for (int l : locals) {
-    PulledCopy& copy = mine[static_cast<size_t>(l)];
-    const ChunkState& st = chunks_[static_cast<size_t>(l)];
-    copy.weights = st.weights->data;
-    copy.version = st.version;
-  }
-}
-
-void ShardServer::NextDcMeanSquare(int local, const float* g, int64_t count, std::vector<float>* next) const {
-  const float m = options_.consistency.dc_mean_square_decay;
-  const std::vector<float>& v = dc_mean_square_[static_cast<size_t>(local)];
-  const bool first = v.size() != static_cast<size_t>(count);
-  next->resize(static_cast<size_t>(count));
-  for (int64_t j = 0; j < count; ++j) {
-    const float g2 = g[j] * g[j];
-    (*next)[static_cast<size_t>(j)] = first ? g2 : m * v[static_cast<size_t>(j)] + (1.0f - m) * g2;
-  }
-}
-
-void ShardServer::CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks) {
-  const ConsistencyConfig& co = options_.consistency;
-  const bool adaptive = co.algorithm == Algorithm::kDcAsgdAdaptive;
-  const float lambda = adaptive ? co.dc_lambda0 : co.dc_lambda;
-  // This worker's pulled copies; empty when it has pulled nothing here (or is no known worker).
-  static const std::vector<PulledCopy> kNone;
-  const std::vector<PulledCopy>& mine = KnownWorker(worker) ? dc_pulled_[static_cast<size_t>(worker)] : kNone;
-  dc_scratch_.resize(chunks->size());
-  if (adaptive) dc_ms_next_.resize(chunks->size());
-  for (size_t i = 0; i < chunks->size(); ++i) {
-    PushChunk& c = (*chunks)[i];
-    const ChunkState& st = chunks_[static_cast<size_t>(c.local)];
-    const float* ms = nullptr;
-    if (adaptive) {  // the new mean square, with this gradient in it, is the one λ uses
-      NextDcMeanSquare(c.local, c.grad, c.count, &dc_ms_next_[i]);
-      ms = dc_ms_next_[i].data();
-    }
-    const PulledCopy* copy = mine.empty() ? nullptr : &mine[static_cast<size_t>(c.local)];
-    if (copy == nullptr || copy->version != c.version_from ||
-        copy->weights.size() != static_cast<size_t>(c.count)) {
-      ++stats_.dc_uncompensated;
-      continue;
-    }
-    std::vector<float>& out = dc_scratch_[i];
-    out.resize(static_cast<size_t>(c.count));
-    const float* w = st.weights->data.data();
-    const float* w0 = copy->weights.data();
-    for (int64_t j = 0; j < c.count; ++j) {
-      const float g = c.grad[j];
-      // ms[j] >= g² (1 − m) > 0 whenever g != 0; where g == 0 there is nothing to compensate.
-      const float lam = ms == nullptr ? lambda : (ms[j] > 0.0f ? lambda / std::sqrt(ms[j]) : 0.0f);
-      out[static_cast<size_t>(j)] = g + lam * g * g * (w[j] - w0[j]);
-    }
-    c.grad = out.data();
-    ++stats_.dc_compensated;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Pull.
 
@@ -1179,7 +1110,12 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   }
   // The dtype the pull asked for; shared memory carries f32 (the client asks f32 there).
   reply.dtype = region != nullptr ? DType::kF32 : p.request.dtype;
-  if (DelayCompensated(options_.consistency.algorithm) && !p.reader) RememberPulled(p.request.sender, p.locals);
+  if (dc_ != nullptr && !p.reader) {
+    for (int l : p.locals) {
+      const ChunkState& st = chunks_[static_cast<size_t>(l)];
+      dc_->RememberPulled(p.request.sender, l, st.weights->data, st.version);
+    }
+  }
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];
     const int32_t id = owned_[static_cast<size_t>(l)];
@@ -1295,11 +1231,11 @@ std::vector<float> ShardServer::ChunkHistory(int32_t chunk) const {
 
 std::vector<float> ShardServer::ChunkDcMeanSquare(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0 ||
-      dc_mean_square_.empty()) {
+  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0 || dc_ == nullptr ||
+      !dc_->adaptive()) {
     return {};
   }
-  return dc_mean_square_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])];
+  return dc_->mean_square(local_of_[static_cast<size_t>(chunk)]);
 }
 
 int64_t ShardServer::ChunkVersion(int32_t chunk) const {
@@ -1375,7 +1311,7 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
     ch.weights = chunks_[i].weights->data;
     ch.history = chunks_[i].history;
     // DC-ASGD-a's λ of every later push depends on it (a chunk no gradient has reached has none).
-    if (!dc_mean_square_.empty()) ch.dc_mean_square = dc_mean_square_[i];
+    if (dc_ != nullptr && dc_->adaptive()) ch.dc_mean_square = dc_->mean_square(static_cast<int>(i));
   }
   TensorFile file = EncodeShardCheckpoint(std::move(c));
   policy_->SaveState(&file);
@@ -1397,7 +1333,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   expect.layout_hash = layout_.hash();
   expect.model_id = options_.model_id;
   expect.max_workers = max_workers_;
-  expect.dc_mean_square = !dc_mean_square_.empty();
+  expect.dc_mean_square = dc_ != nullptr && dc_->adaptive();
   expect.update_rule = std::string(rule_->name());
   for (size_t i = 0; i < chunks_.size(); ++i) {
     expect.chunk_ids.push_back(owned_[i]);
@@ -1430,7 +1366,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     chunks_[i].version = ch.version;
     chunks_[i].iter = ch.iter;
     chunks_[i].initialized = ch.initialized;
-    if (!dc_mean_square_.empty()) dc_mean_square_[i] = std::move(ch.dc_mean_square);
+    if (dc_ != nullptr && dc_->adaptive()) dc_->set_mean_square(static_cast<int>(i), std::move(ch.dc_mean_square));
   }
   updates_ = c.updates;
   updates_at_last_checkpoint_ = owned_.empty() ? 0 : updates_ / static_cast<int64_t>(owned_.size());
@@ -1586,12 +1522,8 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
       }
       // DC-ASGD-a's raw gradients (a server resumed with another algorithm has no mean square
       // to rebuild: the applied gradients alone restore its weights).
-      if ((r.flags & kWalFlagRaw) != 0 && !dc_mean_square_.empty()) {
-        std::vector<float> next;
-        for (size_t i = 0; i < chunks.size(); ++i) {
-          NextDcMeanSquare(chunks[i].local, r.chunks[i].raw, chunks[i].count, &next);
-          dc_mean_square_[static_cast<size_t>(chunks[i].local)].swap(next);
-        }
+      if ((r.flags & kWalFlagRaw) != 0 && dc_ != nullptr && dc_->adaptive()) {
+        for (size_t i = 0; i < chunks.size(); ++i) dc_->Replay(chunks[i].local, r.chunks[i].raw, chunks[i].count);
       }
       ApplyPush(r.worker, r.session, r.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
       return Status::Ok();

@@ -42,6 +42,7 @@
 #include "common/transport.h"
 #include "server/access.h"
 #include "server/consistency.h"
+#include "server/delay_compensation.h"
 #include "server/request_check.h"
 #include "server/wal.h"
 
@@ -318,23 +319,9 @@ class ShardServer {
   std::function<void()> wake_;
   uint64_t wal_seq_ = 0;     // last log seq applied or covered by the loaded checkpoint
   bool replaying_ = false;
-  // DC-ASGD: per worker id (up to max_workers), per local chunk, the weights it last pulled and
-  // their version (empty until its first pull): memory up to max_workers × this shard.
-  struct PulledCopy {
-    std::vector<float> weights;
-    int64_t version = -1;
-  };
-  std::vector<std::vector<PulledCopy>> dc_pulled_;
-  std::vector<std::vector<float>> dc_scratch_;  // the push being applied: compensated gradients
-  std::vector<std::vector<float>> dc_ms_next_;  // ... and DC-ASGD-a's mean squares with it
-  // DC-ASGD-a: per local chunk, the running mean of g ⊙ g (empty until its first push); in
-  // checkpoints, and rebuilt by replay from the log's raw gradients.
-  std::vector<std::vector<float>> dc_mean_square_;
-  void RememberPulled(int32_t worker, const std::vector<int>& locals);
-  void CompensateDelay(int32_t worker, std::vector<PushChunk>* chunks);
-  // DC-ASGD-a: the chunk's next mean square, m · ms + (1 − m) · g ⊙ g (the first: g ⊙ g), into
-  // `next`; committed by swapping it into dc_mean_square_ once the push is taken.
-  void NextDcMeanSquare(int local, const float* g, int64_t count, std::vector<float>* next) const;
+  // DC-ASGD's pulled copies and DC-ASGD-a's mean squares (server/delay_compensation.h); null
+  // for the other algorithms.
+  std::unique_ptr<DelayCompensation> dc_;
   std::vector<int64_t> push_staleness_;  // per local chunk: the applied push's staleness for its ack; -1 = none
   std::vector<int64_t> staleness_ring_;  // last kStalenessWindow chunk staleness values
   size_t staleness_next_ = 0;
