@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <ctime>
 #include <thread>
 
 #include <zmq.hpp>
@@ -12,6 +13,16 @@
 #include "common/status.h"
 
 namespace downpour::bench {
+namespace {
+
+// CPU time of this process, all threads (s).
+double ProcessCpu() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
 namespace {
 
 // One server thread: for each request (identity + frames), reply with the same frame sizes
@@ -81,6 +92,8 @@ BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server
   // When each worker's last round ended: the timed span stops at the last of them, before the
   // sockets are closed (as the other peers of the load benchmark count it).
   std::vector<std::chrono::steady_clock::time_point> done(static_cast<size_t>(workers));
+  std::vector<double> done_cpu(static_cast<size_t>(workers), 0.0);  // the process's CPU then
+  double cpu0 = 0;
   auto worker_fn = [&](int w) {
     std::vector<zmq::socket_t> dealers;
     for (int s = 0; s < servers; ++s) {
@@ -98,7 +111,10 @@ BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server
     std::vector<float> pulled(static_cast<size_t>(total_floats));
     for (int r = 0; r < warmup_rounds + rounds; ++r) {
       if (r == warmup_rounds) {
-        if (started.fetch_add(1) == 0) t0 = std::chrono::steady_clock::now();
+        if (started.fetch_add(1) == 0) {
+          t0 = std::chrono::steady_clock::now();
+          cpu0 = ProcessCpu();
+        }
       }
       // Push to every server first (all in flight at once), then collect every reply.
       int64_t offset = 0;
@@ -122,17 +138,21 @@ BareResult RunBareZmq(const std::vector<std::vector<int64_t>>& frames_per_server
       }
     }
     done[static_cast<size_t>(w)] = std::chrono::steady_clock::now();
+    done_cpu[static_cast<size_t>(w)] = ProcessCpu();
   };
   std::vector<std::thread> worker_threads;
   for (int w = 0; w < workers; ++w) worker_threads.emplace_back(worker_fn, w);
   for (auto& t : worker_threads) t.join();
-  const auto t1 = *std::max_element(done.begin(), done.end());
+  const auto last = std::max_element(done.begin(), done.end());
+  const auto t1 = *last;
+  const double cpu1 = done_cpu[static_cast<size_t>(last - done.begin())];
   for (auto& t : server_threads) t.join();
 
   BareResult result;
   result.seconds = std::chrono::duration<double>(t1 - t0).count();
   result.rounds = rounds;
   result.bytes_moved = 2.0 * static_cast<double>(total_floats) * sizeof(float) * workers * rounds;
+  result.cpu_seconds = cpu1 - cpu0;
   return result;
 }
 

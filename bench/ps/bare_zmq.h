@@ -21,6 +21,7 @@ struct BareResult {
   double seconds = 0;      // wall time of the timed rounds
   int rounds = 0;          // rounds per worker
   double bytes_moved = 0;  // payload bytes, both directions, all workers
+  double cpu_seconds = 0;  // CPU time of the whole process (servers, workers, ZeroMQ) over `seconds`
 };
 
 // frames_per_server[s] = element counts of the chunks server s owns (floats). With `server` and

@@ -433,9 +433,12 @@ void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_ele
   const double ps_gbs = ps.bytes_moved / ps.seconds / gb;
   fmt::print(
       "S={} W={} chunks={}{} | downpour: {:.2f} rounds/s/worker {:.2f} GB/s | bare zmq: {:.2f} "
-      "rounds/s/worker {:.2f} GB/s | ratio {:.0f}% | pushes recv/applied/rejected {}/{}/{}{}\n",
+      "rounds/s/worker {:.2f} GB/s | ratio {:.0f}% | CPU s per GB moved: downpour {:.3f}, bare zmq {:.3f} ({:.2f}x) | "
+      "pushes recv/applied/rejected {}/{}/{}{}\n",
       servers, workers, layout.num_chunks(), curve ? " curve" : "", rounds / ps.seconds, ps_gbs, rounds / bare.seconds,
-      bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.received, ps.applied, ps.rejected,
+      bare_gbs, 100.0 * ps_gbs / bare_gbs, ps.cpu_seconds / (ps.bytes_moved / gb),
+      bare.cpu_seconds / (bare.bytes_moved / gb),
+      (ps.cpu_seconds / ps.bytes_moved) / (bare.cpu_seconds / bare.bytes_moved), ps.received, ps.applied, ps.rejected,
       wal.on ? fmt::format(" | wal records {} (fsync {} ms)", ps.wal_records, wal.fsync_ms) : "");
   // Per worker-round, read by tools/downpour_scaling.py: the whole process's CPU (beyond the
   // servers' loops it is the transport's: both ends' ZeroMQ I/O threads and kernel, the clients'
