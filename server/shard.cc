@@ -220,6 +220,8 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       max_workers_(options_.max_workers > 0 ? options_.max_workers : options_.expected_workers),
       incarnation_(RandomIncarnation()),
       boot_id_(HostBootId()),
+      duplicates_(max_workers_),
+      fence_(max_workers_),
       refusal_log_(fmt::format("server {}", options_.server_id), "refusals"),
       reply_log_(fmt::format("server {}", options_.server_id), "failed replies"),
       // Reused buffers for two messages' worth of this shard's chunks (factor chunks' rows
@@ -259,9 +261,6 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   }
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
   peers_of_worker_.resize(static_cast<size_t>(max_workers_));
-  dedup_.resize(static_cast<size_t>(max_workers_));
-  sessions_of_worker_.resize(static_cast<size_t>(max_workers_));
-  removed_sessions_.resize(static_cast<size_t>(max_workers_));
   pull_step_order_.assign(static_cast<size_t>(max_workers_), {-1, 0});
 }
 
@@ -356,34 +355,14 @@ void ShardServer::MarkWorkerGone(int32_t worker, bool finished) {
   // It registered before its silence began, at least the timeout before this notice; a process
   // restarted under the same id registers later, after the coordinator took the id back.
   const auto cutoff = std::chrono::steady_clock::now() - options_.heartbeat_timeout / 2;
-  auto& seen = sessions_of_worker_[static_cast<size_t>(worker)];
-  auto& removed = removed_sessions_[static_cast<size_t>(worker)];
-  for (auto it = seen.begin(); it != seen.end();) {
-    if (it->registered > cutoff) {
-      ++it;
-      continue;
-    }
-    removed.push_back(it->session);
-    if (removed.size() > static_cast<size_t>(kDedupSessions)) removed.pop_front();
+  for (uint64_t session : fence_.Fence(worker, cutoff)) {
     spdlog::info("server {}: worker {} declared dead: its process (client session {:016x}) is out of the run",
-                 options_.server_id, worker, it->session);
-    it = seen.erase(it);
+                 options_.server_id, worker, session);
   }
 }
 
-void ShardServer::NoteSession(int32_t worker, uint64_t session) {
-  if (session == 0) return;
-  auto& seen = sessions_of_worker_[static_cast<size_t>(worker)];
-  auto it = std::find_if(seen.begin(), seen.end(), [&](const SessionSeen& x) { return x.session == session; });
-  if (it != seen.end()) seen.erase(it);
-  seen.push_back(SessionSeen{session, std::chrono::steady_clock::now()});
-  if (seen.size() > static_cast<size_t>(kDedupSessions)) seen.pop_front();
-}
-
 Status ShardServer::CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const {
-  if (session == 0 || !KnownWorker(worker)) return Status::Ok();
-  const auto& removed = removed_sessions_[static_cast<size_t>(worker)];
-  if (std::find(removed.begin(), removed.end(), session) == removed.end()) return Status::Ok();
+  if (!fence_.Removed(worker, session)) return Status::Ok();
   *reason = RejectReason::kRemoved;
   return FailedPrecondition(
       "worker {} was declared dead by the coordinator (silent past cluster.heartbeat_timeout_ms: the process was "
@@ -612,7 +591,7 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
       q.erase(std::remove(q.begin(), q.end(), peer), q.end());
     }
     registered_[peer] = h.sender;
-    NoteSession(h.sender, h.session);
+    fence_.Registered(h.sender, h.session, std::chrono::steady_clock::now());
     auto& q = peers_of_worker_[static_cast<size_t>(h.sender)];
     q.push_back(peer);
     if (q.size() > static_cast<size_t>(kPeersPerWorker)) {  // bounded: the oldest connection goes
@@ -799,7 +778,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   std::vector<PushChunk>& chunks = checked.chunks;
   reply->type = MsgType::kAck;
   reply->chunk_ids = h.chunk_ids;
-  if (IsDuplicate(h.sender, h.session, h.request_id)) {  // a resend of a push already taken
+  if (duplicates_.Seen(h.sender, h.session, h.request_id)) {  // a resend of a push already taken
     ++stats_.duplicates;
     for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
     return Status::Ok();
@@ -865,7 +844,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
 // A lossy push: every chunk decoded into one f32 buffer before anything else looks at it.
 void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                             const std::vector<PushChunk>& chunks) {
-  RememberRequest(worker, session, request_id);
+  duplicates_.Remember(worker, session, request_id);
   const bool init = (flags & kFlagInit) != 0;
   if (!init && (flags & kFlagMove) != 0) {
     // A model moves on (multi-model runs): its holder's change over the stage, added as it is;
@@ -910,31 +889,6 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
     ++stats_.pushes_by_worker[static_cast<size_t>(worker)];  // persisted: counts across restarts
   }
   if (!replaying_) ++stats_.pushes_applied;  // this process's traffic; replay is counted in `replayed`
-}
-
-bool ShardServer::IsDuplicate(int32_t worker, uint64_t session, uint64_t request_id) const {
-  if (session == 0 || !KnownWorker(worker)) return false;
-  for (const SessionWindow& w : dedup_[static_cast<size_t>(worker)]) {
-    if (w.session == session) return w.ids.count(request_id) != 0;
-  }
-  return false;
-}
-
-void ShardServer::RememberRequest(int32_t worker, uint64_t session, uint64_t request_id) {
-  if (session == 0 || !KnownWorker(worker)) return;
-  auto& sessions = dedup_[static_cast<size_t>(worker)];
-  auto it = std::find_if(sessions.begin(), sessions.end(), [&](const SessionWindow& w) { return w.session == session; });
-  if (it == sessions.end()) {
-    if (sessions.size() >= static_cast<size_t>(kDedupSessions)) sessions.pop_front();  // the oldest session
-    sessions.push_back(SessionWindow{session, {}, {}});
-    it = sessions.end() - 1;
-  }
-  if (!it->ids.insert(request_id).second) return;
-  it->order.push_back(request_id);
-  if (it->order.size() > static_cast<size_t>(kDedupIdsPerSession)) {
-    it->ids.erase(it->order.front());
-    it->order.pop_front();
-  }
 }
 
 Status ShardServer::LogRecord(WalRecord* r) {
@@ -1295,12 +1249,7 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
   c.max_workers = max_workers_;
   c.update_rule = std::string(rule_->name());
   c.pushes_by_worker.assign(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
-  c.dedup.resize(dedup_.size());
-  for (size_t w = 0; w < dedup_.size(); ++w) {
-    for (const SessionWindow& sw : dedup_[w]) {
-      c.dedup[w].push_back({sw.session, std::vector<uint64_t>(sw.order.begin(), sw.order.end())});
-    }
-  }
+  c.dedup = duplicates_.Export();
   c.chunks.resize(chunks_.size());
   for (size_t i = 0; i < chunks_.size(); ++i) {
     ShardCheckpoint::Chunk& ch = c.chunks[i];
@@ -1347,17 +1296,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   for (size_t w = 0; w < c.pushes_by_worker.size(); ++w) {
     stats_.pushes_by_worker[w] = static_cast<uint64_t>(c.pushes_by_worker[w]);
   }
-  std::vector<std::deque<SessionWindow>> dedup(c.dedup.size());
-  for (size_t w = 0; w < c.dedup.size(); ++w) {
-    for (ShardCheckpoint::Session& s : c.dedup[w]) {
-      SessionWindow sw;
-      sw.session = s.session;
-      sw.order.assign(s.ids.begin(), s.ids.end());
-      sw.ids.insert(s.ids.begin(), s.ids.end());
-      dedup[w].push_back(std::move(sw));
-    }
-  }
-  dedup_ = std::move(dedup);
+  duplicates_.Import(c.dedup);
   wal_seq_ = c.wal_seq;
   for (size_t i = 0; i < chunks_.size(); ++i) {
     ShardCheckpoint::Chunk& ch = c.chunks[i];

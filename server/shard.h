@@ -43,6 +43,7 @@
 #include "server/access.h"
 #include "server/consistency.h"
 #include "server/delay_compensation.h"
+#include "server/sessions.h"
 #include "server/request_check.h"
 #include "server/wal.h"
 
@@ -183,8 +184,6 @@ class ShardServer {
 
   const ParamLayout& layout() const { return layout_; }
 
-  static constexpr int kDedupSessions = 4;          // sessions remembered per worker
-  static constexpr int kDedupIdsPerSession = 4096;  // request ids remembered per session
   static constexpr int kPeersPerWorker = 4;         // registered connections kept per worker id
   static constexpr int kMaxReaders = 4;             // evaluator connections kept (oldest dropped)
   static constexpr int kStalenessWindow = 200;      // chunk updates the stability guard averages
@@ -233,8 +232,6 @@ class ShardServer {
   // One push, validated (live) or read from the log (replay): dedup window, init or policy.
   void ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                  const std::vector<PushChunk>& chunks);
-  bool IsDuplicate(int32_t worker, uint64_t session, uint64_t request_id) const;
-  void RememberRequest(int32_t worker, uint64_t session, uint64_t request_id);
   void ApplyGone(int32_t worker, bool finished);
   Status LogRecord(WalRecord* r);  // stages the record when the log is on; counts
   WalOptions LogOptions();
@@ -286,24 +283,8 @@ class ShardServer {
   // Bounded like registered_ (a region goes with its connection).
   std::unordered_map<PeerId, std::unique_ptr<SharedRegion>> regions_;
   std::vector<float> region_scratch_;  // a shared push copied out before validation (reused)
-  struct SessionWindow {
-    uint64_t session = 0;
-    std::deque<uint64_t> order;            // oldest first
-    std::unordered_set<uint64_t> ids;
-  };
-  std::vector<std::deque<SessionWindow>> dedup_;  // per worker id, oldest session first
-  // Membership fencing: per worker id, the client sessions that registered (and when), and those
-  // of a process the coordinator declared dead, which are refused (kRemoved) from then on; a
-  // restarted process has a new session and joins again. Each bounded by kDedupSessions. Kept in
-  // memory only: a restarted server has forgotten its fences (the coordinator still stops the
-  // removed process).
-  struct SessionSeen {
-    uint64_t session = 0;
-    std::chrono::steady_clock::time_point registered;
-  };
-  std::vector<std::deque<SessionSeen>> sessions_of_worker_;
-  std::vector<std::deque<uint64_t>> removed_sessions_;
-  void NoteSession(int32_t worker, uint64_t session);
+  DuplicateWindows duplicates_;  // requests taken, per worker's session (server/sessions.h)
+  SessionFence fence_;           // sessions registered, and those of processes declared dead
   // A message of `worker` from `session` is refused: that process was declared dead.
   Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;
   std::unique_ptr<WalWriter> wal_;
