@@ -101,10 +101,13 @@ class UsageError(ToolError):
 # ---------------------------------------------------------------------------------------------
 # Command-line pieces shared by the tools.
 
-def algorithm_label(consistency):
-    """The update rule of a run's [consistency] in words (docs/algorithms.md): "sgd", or e.g.
-    "dc-asgd (lambda 0.04)", "dc-asgd-a (lambda0 2)", "sgd, lr/staleness", "sgd, 1 backup"."""
+def algorithm_label(consistency, solver=None):
+    """The update rule of a run's [consistency] and [solver] in words (docs/algorithms.md): "sgd",
+    or e.g. "dc-asgd (lambda 0.04)", "dc-asgd-a (lambda0 2)", "sgd, lr/staleness", "sgd, 1 backup",
+    "adagrad" (solver.update; momentum SGD is "sgd")."""
     algo = consistency.get("algorithm", "sgd")
+    if algo == "sgd" and (solver or {}).get("update", "momentum") == "adagrad":
+        algo = "adagrad"
     if algo == "dc-asgd":
         algo = f"dc-asgd (lambda {consistency.get('dc_lambda', 0.04):g})"
     elif algo == "dc-asgd-a":
@@ -780,7 +783,7 @@ def summarize(spec):
         "parts": [os.path.abspath(p) for p in parts],
         "name": config.get("run", {}).get("name", ""),
         "mode": consistency.get("mode", "async"),
-        "algorithm": algorithm_label(consistency),
+        "algorithm": algorithm_label(consistency, config.get("solver", {})),
         "servers": cluster.get("servers"),
         "workers": cluster.get("workers"),
         "batch_size": config.get("worker", {}).get("batch_size"),
