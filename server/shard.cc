@@ -842,6 +842,17 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
 }
 
 // A lossy push: every chunk decoded into one f32 buffer before anything else looks at it.
+// EASGD's exchange and a model's move: the chunk's weights += the pushed change (AddRule), in
+// blocks over cluster.server_threads as a gradient's update is.
+void ShardServer::AddDelta(const PushChunk& c) {
+  static const AddRule kAdd;
+  float* w = MutableWeights(c.local).data();
+  ForBlocks(options_.server_threads, c.count, [&](int64_t b, int64_t e) {
+    const auto at = static_cast<size_t>(b), len = static_cast<size_t>(e - b);
+    kAdd.Apply(UpdateParams{}, std::span<const float>(c.grad + at, len), std::span<float>(w + at, len), {});
+  });
+}
+
 void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                             const std::vector<PushChunk>& chunks) {
   duplicates_.Remember(worker, session, request_id);
@@ -850,8 +861,7 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
     // A model moves on (multi-model runs): its holder's change over the stage, added as it is;
     // `clock` is the batches the stage trained (the lr schedule's place).
     for (const PushChunk& c : chunks) {
-      float* w = MutableWeights(c.local).data();
-      for (int64_t j = 0; j < c.count; ++j) w[j] += c.grad[j];
+      AddDelta(c);
       ChunkState& st = chunks_[static_cast<size_t>(c.local)];
       ++st.version;
       st.iter += clock;
@@ -863,8 +873,7 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
     // EASGD (Zhang, Choromanska, LeCun, NIPS 2015), the center's side of an exchange:
     // x_center += α(x_worker − x_center), the difference computed and sent by the worker.
     for (const PushChunk& c : chunks) {
-      float* w = MutableWeights(c.local).data();
-      for (int64_t j = 0; j < c.count; ++j) w[j] += c.grad[j];
+      AddDelta(c);
       ChunkState& st = chunks_[static_cast<size_t>(c.local)];
       updater_->RecordStaleness(c.local, std::max<int64_t>(0, st.version - c.version_from));
       ++st.version;

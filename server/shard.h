@@ -253,6 +253,7 @@ class ShardServer {
   Status SaveCheckpointLocked(const std::string& path);
   std::vector<float>& MutableWeights(int local);
   void ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients);
+  void AddDelta(const PushChunk& c);  // EASGD's exchange, a model's move: w += Δ
 
   const ParamLayout layout_;
   const ShardOptions options_;

@@ -43,6 +43,18 @@ class MomentumRule final : public UpdateRule {
   }
 };
 
+// Adds the pushed change as it is, w += Δ, with no lr and no state: the center's side of an EASGD
+// exchange (the worker sends α(x_i − x̃)) and a model's move in multi-model runs (its holder's
+// change over a stage). The shard picks it by the push's flags, not by solver.update.
+class AddRule final : public UpdateRule {
+ public:
+  std::string_view name() const override { return "add"; }
+  void Apply(const UpdateParams&, std::span<const float> delta, std::span<float> w,
+             std::span<float>) const override {
+    for (size_t i = 0; i < w.size(); ++i) w[i] += delta[i];
+  }
+};
+
 // The rule solver.update names, with its keys from `solver` (validated by the run config).
 std::unique_ptr<UpdateRule> MakeUpdateRule(const SolverConfig& solver);
 
