@@ -11,9 +11,7 @@ void AdaGradUpdate(const UpdateParams& p, float epsilon, std::span<const float> 
                    std::span<float> acc) {
   DP_CHECK_EQ(grad.size(), w.size());
   DP_CHECK_EQ(acc.size(), w.size());
-  const float lr = p.lr * p.lr_mult;
-  const float decay = p.weight_decay * p.decay_mult;
-  const float scale = p.grad_scale;
+  const auto [lr, decay, scale] = Effective(p);
   const size_t n = w.size();
   float* wp = w.data();
   float* ap = acc.data();

@@ -77,10 +77,8 @@ void SgdUpdate(const UpdateParams& p, std::span<const float> grad, std::span<flo
                std::span<float> history) {
   DP_CHECK_EQ(grad.size(), w.size());
   DP_CHECK_EQ(history.size(), w.size());
-  const float lr = p.lr * p.lr_mult;
-  const float decay = p.weight_decay * p.decay_mult;
+  const auto [lr, decay, scale] = Effective(p);
   const float momentum = p.momentum;
-  const float scale = p.grad_scale;
   const float* __restrict gp = grad.data();
   float* __restrict wp = w.data();
   float* __restrict h = history.data();

@@ -37,6 +37,17 @@ struct UpdateParams {
   float grad_scale = 1.0f;    // clip × normalise factor applied to the raw gradient first
 };
 
+// What every rule takes from UpdateParams, the multipliers folded in: lr × lr_mult and
+// weight_decay × decay_mult (the same products in every rule, so the rules round alike).
+struct EffectiveParams {
+  float lr;
+  float decay;
+  float grad_scale;
+};
+inline EffectiveParams Effective(const UpdateParams& p) {
+  return {p.lr * p.lr_mult, p.weight_decay * p.decay_mult, p.grad_scale};
+}
+
 // Gathers the scalars for `iter` from the solver config and a tensor's multipliers.
 UpdateParams MakeUpdateParams(const SolverConfig& solver, int64_t iter, float lr_mult,
                               float decay_mult, float grad_scale);
