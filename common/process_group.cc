@@ -195,9 +195,10 @@ void ProcessGroup::EmitFrom(Child& c, std::string_view line) {
       return;
     }
   }
-  for (std::string_view code : {"INVALID_ARGUMENT: ", "NOT_FOUND: ", "IO_ERROR: ", "CORRUPT: ", "TIMEOUT: ",
-                                "UNAVAILABLE: ", "FAILED_PRECONDITION: ", "INTERNAL: "}) {
-    if (line.find(code) != std::string_view::npos && line.rfind("downpour-", 0) == 0) {
+  if (line.rfind("downpour-", 0) != 0) return;
+  for (int k = static_cast<int>(StatusCode::kInvalidArgument); k <= static_cast<int>(StatusCode::kInternal); ++k) {
+    const std::string code = std::string(StatusCodeName(static_cast<StatusCode>(k))) + ": ";
+    if (line.find(code) != std::string_view::npos) {
       c.last_error.assign(line.substr(0, 400));
       return;
     }
