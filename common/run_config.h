@@ -70,7 +70,7 @@ struct ClusterConfig {
   int max_workers = 0;
   // MiB of replies a server queues for a peer that does not read; past it the peer is dropped.
   int peer_queue_mb = 256;
-  // Threads of each server shard for element-wise work (1..kMaxServerThreads); 1 = its loop only.
+  // Apply lanes of each server shard (1..kMaxServerThreads): threads owning its chunks' updates.
   int server_threads = 1;
   // How workers reach the servers: "tcp" or "ipc" (one host only; docs/operations.md "One host: ipc").
   ClusterTransport transport = ClusterTransport::kTcp;

@@ -103,7 +103,7 @@ class AsyncPolicy : public ConsistencyPolicy {
       const int64_t s = Staleness(shard, c);
       shard.RecordStaleness(c.local, s);
       const float lr_scale = staleness_aware_ && s > 1 ? 1.0f / static_cast<float>(s) : 1.0f;
-      shard.Apply(c.local, c.grad, 1.0f, lr_scale, 1);
+      shard.Apply(c.local, c.grad, 1.0f, lr_scale, 1, c.keep);
     }
     return PushOutcome::kApplied;
   }
@@ -180,8 +180,11 @@ class SyncPolicy : public ConsistencyPolicy {
       any_taken = true;
       shard.RecordStaleness(c.local, Staleness(shard, c));
       Acc& a = acc_[static_cast<size_t>(c.local)];
-      if (a.sum.empty()) a.sum.assign(static_cast<size_t>(c.count), 0.0f);
-      for (int64_t i = 0; i < c.count; ++i) a.sum[static_cast<size_t>(i)] += c.grad[i];
+      if (a.sum.empty()) {
+        a.sum.assign(c.grad, c.grad + c.count);  // the clock's first gradient starts the sum
+      } else {
+        for (int64_t i = 0; i < c.count; ++i) a.sum[static_cast<size_t>(i)] += c.grad[i];
+      }
       a.workers.push_back(ctx.worker);
       MaybeApply(shard, c.local);
     }
@@ -275,8 +278,11 @@ class SyncPolicy : public ConsistencyPolicy {
       for (int32_t w = 0; w < members_.size(); ++w) expected += members_.IsLive(w) && round_(w, shard.version(local)) ? 1 : 0;
     }
     if (have_live < std::max(0, expected - backup_)) return;
-    shard.Apply(local, a.sum.data(), 1.0f / static_cast<float>(have), 1.0f, have);
-    std::fill(a.sum.begin(), a.sum.end(), 0.0f);
+    // The sum goes with the update (which may run on a lane after this returns); the next
+    // clock starts a new one.
+    auto sum = std::make_shared<std::vector<float>>(std::move(a.sum));
+    a.sum.clear();
+    shard.Apply(local, sum->data(), 1.0f / static_cast<float>(have), 1.0f, have, sum);
     a.workers.clear();
   }
 

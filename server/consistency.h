@@ -43,6 +43,9 @@ struct PushChunk {
   const float* grad = nullptr;
   int64_t count = 0;
   int64_t version_from = 0;   // chunk version the worker computed the gradient from
+  // Keeps `grad` readable after the call that handed it over (the received message); null: only
+  // during that call. The shard applies a kept gradient on a lane of its own (apply_lanes.h).
+  std::shared_ptr<const void> keep;
 };
 
 struct PushContext {
@@ -60,8 +63,11 @@ class ShardUpdater {
   // One update by the shard's UpdateRule of chunk `local` with grad * grad_scale at lr (from the
   // lr policy at the chunk's schedule iteration) times lr_scale; bumps the version. `gradients` is how many worker
   // gradients the update combines (1 applied on arrival, n averaged in sync): the schedule
-  // iteration advances by gradients × batches per push (common/solver/lr_policy.h).
-  virtual void Apply(int local, const float* grad, float grad_scale, float lr_scale, int gradients) = 0;
+  // iteration advances by gradients × batches per push (common/solver/lr_policy.h). `keep` keeps
+  // `grad` readable until the update has run (the update may run after the call returns, before
+  // any later read of the chunk); null: the update has run when the call returns.
+  virtual void Apply(int local, const float* grad, float grad_scale, float lr_scale, int gradients,
+                     std::shared_ptr<const void> keep) = 0;
   // Records one measured staleness of chunk `local` (versions the gradient was behind when
   // taken); the push's ack reports it to the worker.
   virtual void RecordStaleness(int local, int64_t staleness) = 0;

@@ -122,7 +122,7 @@ Status CheckDensePush(const PushRules& rules, const MessageHeader& h, const Fram
       return InvalidArgument("push: chunk {} computed from version {}, but the chunk is at version {} (valid: 0..{})",
                              id, h.versions[i], f.version, f.version);
     }
-    out->chunks[i] = PushChunk{local, data, count, init ? 0 : h.versions[i]};
+    out->chunks[i] = PushChunk{local, data, count, init ? 0 : h.versions[i], nullptr};
   }
   return Status::Ok();
 }

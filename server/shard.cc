@@ -106,25 +106,9 @@ uint64_t DenseBytes(const std::vector<PushChunk>& chunks) {
   return n;
 }
 
-// Element-wise work f(begin, end) over [0, n) in blocks of 64Ki elements on `threads` OpenMP
-// threads (cluster.server_threads); one call f(0, n) at one thread or below two blocks. The
-// blocks are disjoint and each element is computed alone, so the result is the same float for
-// float whatever the thread count.
-template <typename F>
-void ForBlocks(int threads, int64_t n, const F& f) {
-  constexpr int64_t kBlock = int64_t{1} << 16;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  if (threads <= 1 || blocks < 2) {
-    f(int64_t{0}, n);
-    return;
-  }
-#pragma omp parallel for num_threads(static_cast<int>(std::min<int64_t>(threads, blocks))) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) f(b * kBlock, std::min(n, (b + 1) * kBlock));
-}
-
-bool AllFiniteOn(int threads, std::span<const float> x) {
+bool AllFiniteOn(BlockSplit* split, std::span<const float> x) {
   std::atomic<bool> finite{true};
-  ForBlocks(threads, static_cast<int64_t>(x.size()), [&](int64_t b, int64_t e) {
+  split->For(static_cast<int64_t>(x.size()), [&](int64_t b, int64_t e) {
     if (!AllFinite(x.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))))
       finite.store(false, std::memory_order_relaxed);
   });
@@ -133,28 +117,37 @@ bool AllFiniteOn(int threads, std::span<const float> x) {
 
 // A pull reply's weights converted to f16 / bf16 (the masters stay f32), into a buffer of
 // `pool` that the frame holds until the transport has sent it.
-Frame ConvertedWeights(const std::vector<float>& w, DType dtype, BufferPool<uint16_t>* pool, int threads) {
+Frame ConvertedWeights(const std::vector<float>& w, DType dtype, BufferPool<uint16_t>* pool) {
   std::shared_ptr<uint16_t[]> out = pool->Take(w.size());
-  ForBlocks(threads, static_cast<int64_t>(w.size()), [&](int64_t b, int64_t e) {
-    const std::span<const float> in(w.data() + b, static_cast<size_t>(e - b));
-    if (dtype == DType::kF16) {
-      FloatsToHalf(in, out.get() + b);
-    } else {
-      FloatsToBf16(in, out.get() + b);
-    }
-  });
+  if (dtype == DType::kF16) {
+    FloatsToHalf(w, out.get());
+  } else {
+    FloatsToBf16(w, out.get());
+  }
   return Frame::Borrow(out.get(), w.size() * sizeof(uint16_t), out);
 }
 
 }  // namespace
 
 struct ShardServer::ChunkState {
+  // The chunk's lane's (apply_lanes.h): only tasks on it, or the loop after draining it, touch these.
   // Shared with in-flight pull replies; replaced (copy-on-write) before an update if read.
   std::shared_ptr<WeightBuffer> weights;
-  std::vector<float> history;  // momentum, count floats
+  std::vector<float> history;  // the update rule's state, count floats
+  // The loop's: what the chunk is once everything posted to its lane has run.
   int64_t version = 0;         // applied updates
   int64_t iter = 0;            // the lr schedule's iteration: worker batches in the applied updates
   bool initialized = false;
+};
+
+// A pull reply being assembled by the lanes of its chunks; the last lane to fill its slot hands
+// it to the loop (done_pulls_), which sends it.
+struct ShardServer::PullJob {
+  PeerId peer;
+  MessageHeader reply;
+  Frames payload;  // one slot per chunk (none for a shared-memory reply)
+  uint64_t order = UINT64_MAX;
+  std::atomic<int> remaining{0};
 };
 
 struct ShardServer::PendingPull {
@@ -175,8 +168,9 @@ class ShardServer::Updater : public ShardUpdater {
   int64_t count(int local) const override {
     return s_->layout_.chunk(s_->owned_[static_cast<size_t>(local)]).count;
   }
-  void Apply(int local, const float* grad, float grad_scale, float lr_scale, int gradients) override {
-    s_->ApplyGradient(local, grad, grad_scale, lr_scale, gradients);
+  void Apply(int local, const float* grad, float grad_scale, float lr_scale, int gradients,
+             std::shared_ptr<const void> keep) override {
+    s_->ApplyGradient(local, grad, grad_scale, lr_scale, gradients, std::move(keep));
   }
   void RecordStaleness(int local, int64_t staleness) override {
     auto& st = s_->stats_;
@@ -226,8 +220,8 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       reply_log_(fmt::format("server {}", options_.server_id), "failed replies"),
       // Reused buffers for two messages' worth of this shard's chunks (factor chunks' rows
       // reach past the chunk: the f32 pool is bounded by the rows' elements).
-      factor_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/true)),
-      pull_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false)) {
+      region_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false)),
+      factor_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/true)) {
   local_of_.assign(static_cast<size_t>(layout_.num_chunks()), -1);
   for (int32_t id : layout_.ServerChunks(options_.server_id)) {
     local_of_[static_cast<size_t>(id)] = static_cast<int>(owned_.size());
@@ -239,7 +233,8 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   rules_.server_id = options_.server_id;
   rules_.algorithm = options_.consistency.algorithm;
   rules_.model_moves = options_.model_moves;
-  rules_.all_finite = [threads = options_.server_threads](std::span<const float> x) { return AllFiniteOn(threads, x); };
+  check_split_ = std::make_unique<BlockSplit>(std::max(1, options_.server_threads));
+  rules_.all_finite = [split = check_split_.get()](std::span<const float> x) { return AllFiniteOn(split, x); };
   rule_ = options_.update_rule != nullptr ? options_.update_rule
                                           : std::shared_ptr<const UpdateRule>(MakeUpdateRule(options_.solver));
   chunks_.resize(owned_.size());
@@ -253,6 +248,18 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers, max_workers_,
                                   options_.round_members);
   updater_ = std::make_unique<Updater>(this);
+  std::vector<int64_t> chunk_elems;
+  for (int32_t id : owned_) chunk_elems.push_back(layout_.chunk(id).count);
+  lanes_ = std::make_unique<ApplyLanes>(std::max(1, options_.server_threads), chunk_elems);
+  // Each lane converts fp16 / bf16 pull replies into buffers of its own pool (a pool is one
+  // thread's): its share of two messages' worth, and room for its largest chunk.
+  const size_t pool_elems = 2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false);
+  int64_t largest = 0;
+  for (int64_t n : chunk_elems) largest = std::max(largest, n);
+  for (int i = 0; i < lanes_->lanes(); ++i) {
+    pull_scratch_.push_back(std::make_unique<BufferPool<uint16_t>>(
+        pool_elems / static_cast<size_t>(lanes_->lanes()) + static_cast<size_t>(largest)));
+  }
   stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
   push_staleness_.assign(chunks_.size(), -1);
@@ -267,6 +274,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
 ShardServer::~ShardServer() {
   Stop();
   if (thread_.joinable()) thread_.join();
+  lanes_.reset();  // runs what was posted, while everything its tasks touch is still here
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -302,9 +310,7 @@ Status ShardServer::LogFailure() const {
 
 void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
   const auto t0 = std::chrono::steady_clock::now();
-  loop_endpoint_ = ep;
   HandleMessage(ep, peer, info, frames);
-  loop_endpoint_ = nullptr;
   const uint64_t busy = NanosSince(t0);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.busy_ns += busy;
@@ -312,13 +318,12 @@ void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
 }
 
 void ShardServer::Tick(ServerEndpoint* ep) {
-  loop_endpoint_ = ep;
+  SendDonePulls(ep);
   ServePending(ep);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ReleaseHeld(ep);
   }
-  loop_endpoint_ = nullptr;
   refusal_log_.Flush();
   reply_log_.Flush();
 }
@@ -327,6 +332,8 @@ Status ShardServer::Finish(ServerEndpoint* ep) {
   refusal_log_.FlushFinal();
   reply_log_.FlushFinal();
   std::lock_guard<std::mutex> lock(mu_);
+  lanes_->Drain();
+  if (ep != nullptr) SendDonePulls(ep);
   if (!wal_) return Status::Ok();
   const Status s = wal_->Sync();
   if (ep != nullptr) ReleaseHeld(ep);
@@ -417,7 +424,6 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
   TraceSpan span(options_.trace, options_.trace_track, "server", MsgTypeName(h.type));
   span.Arg("worker", h.sender);
   span.Arg("chunks", static_cast<double>(h.chunk_ids.size()));
-  const uint64_t sgd_ns0 = stats_.sgd_ns;
   MessageHeader reply;
   reply.request_id = h.request_id;
   reply.model_id = options_.model_id;
@@ -439,7 +445,6 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       if (coded && wal_) wire = WirePush{h, frames};
       if (coded) s = DensifyPush(ep, &h, &frames, &finite, &reason);
       if (s.ok()) s = HandlePush(h, frames, &reply, &reason, finite, wal_ && coded ? &wire : nullptr);
-      span.Arg("update_ms", 1e-6 * static_cast<double>(stats_.sgd_ns - sgd_ns0));
       break;
     }
     case MsgType::kPull: {
@@ -684,15 +689,15 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
   DP_RETURN_IF_ERROR(ResolveChunkIds(rules_, h, /*all_if_empty=*/false, &locals, reason));
   uint64_t total = 0;
   for (int l : locals) total += static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
-  region_scratch_.resize(total);
   // Copied out first: the worker can write the region at any time, so what is validated and
-  // applied must be a private copy (as a received frame is).
+  // applied must be a private copy (as a received frame is), kept until the lanes have applied it.
+  std::shared_ptr<float[]> copy = region_scratch_.Take(total);
   const auto* area = reinterpret_cast<const float*>(it->second->payload());
   uint64_t at = 0;
   for (int l : locals) {
     const auto n = static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
-    std::memcpy(region_scratch_.data() + at, area + share_offset_[static_cast<size_t>(l)], n * sizeof(float));
-    frames->push_back(Frame::Borrow(region_scratch_.data() + at, n * sizeof(float), nullptr));
+    std::memcpy(copy.get() + at, area + share_offset_[static_cast<size_t>(l)], n * sizeof(float));
+    frames->push_back(Frame::Borrow(copy.get() + at, n * sizeof(float), copy));
     at += n;
   }
   ++stats_.region_parts;
@@ -799,6 +804,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     for (const PushChunk& c : chunks) raw.push_back(c.grad);
   }
   if (dc) {
+    lanes_->Drain();  // compensation reads the weights as they are now
     dc_->Compensate(
         h.sender, &chunks, [this](int l) { return chunks_[static_cast<size_t>(l)].weights->data.data(); },
         &stats_.dc_compensated, &stats_.dc_uncompensated);
@@ -830,6 +836,14 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   }
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(LogRecord(&r));
+  if (!dc) {  // the message's buffers live until the lanes have applied it (DC's are reused: applied now)
+    struct Kept {
+      Frames frames;
+      std::vector<std::vector<float>> aligned;  // the chunks CheckDensePush copied to align them
+    };
+    auto keep = std::make_shared<Kept>(Kept{frames, std::move(checked.scratch)});
+    for (PushChunk& c : chunks) c.keep = keep;
+  }
   for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
   if (adaptive_dc) dc_->Commit(chunks);  // taken: DC-ASGD-a's mean squares move on with it
   ApplyPush(h.sender, h.session, h.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
@@ -841,16 +855,23 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   return Status::Ok();
 }
 
-// A lossy push: every chunk decoded into one f32 buffer before anything else looks at it.
-// EASGD's exchange and a model's move: the chunk's weights += the pushed change (AddRule), in
-// blocks over cluster.server_threads as a gradient's update is.
+// EASGD's exchange and a model's move: the chunk's weights += the pushed change (AddRule), on
+// the chunk's lane as a gradient's update is.
 void ShardServer::AddDelta(const PushChunk& c) {
-  static const AddRule kAdd;
-  float* w = MutableWeights(c.local).data();
-  ForBlocks(options_.server_threads, c.count, [&](int64_t b, int64_t e) {
-    const auto at = static_cast<size_t>(b), len = static_cast<size_t>(e - b);
-    kAdd.Apply(UpdateParams{}, std::span<const float>(c.grad + at, len), std::span<float>(w + at, len), {});
+  OnLane(c.local, c.keep, [this, local = c.local, delta = c.grad, n = static_cast<size_t>(c.count)] {
+    static const AddRule kAdd;
+    kAdd.Apply(UpdateParams{}, std::span<const float>(delta, n), std::span<float>(MutableWeights(local).data(), n), {});
   });
+}
+
+void ShardServer::OnLane(int local, std::shared_ptr<const void> keep, std::function<void()> work) {
+  if (keep == nullptr) {  // the data lives only during this call: the lane's earlier work, then this, now
+    lanes_->DrainLane(lanes_->LaneOf(local));
+    work();  // the lane is idle, and only this thread posts to it
+    return;
+  }
+  const auto bytes = static_cast<size_t>(layout_.chunk(owned_[static_cast<size_t>(local)]).count) * sizeof(float);
+  lanes_->Post(local, bytes, [work = std::move(work), keep = std::move(keep)] { work(); });
 }
 
 void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
@@ -888,7 +909,9 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
     for (const PushChunk& c : chunks) {
       ChunkState& st = chunks_[static_cast<size_t>(c.local)];
       if (st.initialized) continue;  // first init wins; later ones (or after restore) are no-ops
-      std::memcpy(MutableWeights(c.local).data(), c.grad, static_cast<size_t>(c.count) * sizeof(float));
+      OnLane(c.local, c.keep, [this, local = c.local, w = c.grad, n = static_cast<size_t>(c.count)] {
+        std::memcpy(MutableWeights(local).data(), w, n * sizeof(float));
+      });
       st.initialized = true;
     }
   } else {
@@ -1008,24 +1031,21 @@ std::vector<float>& ShardServer::MutableWeights(int local) {
   return w->data;
 }
 
-void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients) {
+void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients,
+                                std::shared_ptr<const void> keep) {
   ChunkState& st = chunks_[static_cast<size_t>(local)];
   const Chunk& c = layout_.chunk(owned_[static_cast<size_t>(local)]);
   const TensorSpec& t = layout_.tensors()[static_cast<size_t>(c.tensor)];
+  // The step is fixed here, at the chunk's place in message order; the lane only does the floats.
   UpdateParams p = MakeUpdateParams(options_.solver, st.iter, t.lr_mult, t.decay_mult, grad_scale);
   p.lr *= lr_scale;
-  const auto n = static_cast<size_t>(c.count);
-  float* weights = MutableWeights(local).data();
-  const auto t0 = std::chrono::steady_clock::now();
-  float* history = st.history.data();
-  ForBlocks(options_.server_threads, static_cast<int64_t>(n), [&](int64_t b, int64_t e) {
-    const auto at = static_cast<size_t>(b), len = static_cast<size_t>(e - b);
-    rule_->Apply(p, std::span<const float>(grad + at, len), std::span<float>(weights + at, len),
-                 std::span<float>(history + at, len));
+  OnLane(local, std::move(keep), [this, local, grad, p, n = static_cast<size_t>(c.count)] {
+    const auto t0 = std::chrono::steady_clock::now();
+    float* weights = MutableWeights(local).data();
+    float* history = chunks_[static_cast<size_t>(local)].history.data();
+    rule_->Apply(p, std::span<const float>(grad, n), std::span<float>(weights, n), std::span<float>(history, n));
+    apply_ns_.fetch_add(NanosSince(t0), std::memory_order_relaxed);
   });
-  stats_.sgd_ns += NanosSince(t0);
-  // A push of many chunks keeps the loop for a while: replies that fell due meanwhile leave now.
-  if (loop_endpoint_ != nullptr) loop_endpoint_->ReleaseDue();
   ++st.version;
   st.iter += ScheduleIterations(gradients, options_.batches_per_push);
   ++stats_.chunk_updates;
@@ -1047,16 +1067,17 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   span.Arg("worker", p.request.sender);
   span.Arg("chunks", static_cast<double>(p.locals.size()));
   span.Arg("waited_ms", 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - p.arrived).count());
-  MessageHeader reply;
+  auto job = std::make_shared<PullJob>();
+  job->peer = p.peer;
+  job->order = p.reader ? UINT64_MAX : p.order;
+  MessageHeader& reply = job->reply;
   reply.type = MsgType::kPullReply;
   reply.request_id = p.request.request_id;
   reply.model_id = options_.model_id;
   reply.sender = options_.server_id;
   reply.layout_hash = layout_.hash();
   reply.clock = p.request.clock;
-  Frames payload;
-  payload.reserve(p.locals.size());
-  SharedRegion* region = nullptr;
+  std::shared_ptr<SharedRegion> region;
   if ((p.request.flags & kFlagShm) != 0) {
     auto it = regions_.find(p.peer);
     if (it == regions_.end()) {  // the region went while the pull waited (HandleMessage checks on arrival)
@@ -1067,60 +1088,96 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
       Reply(ep, p.peer, error);
       return;
     }
-    region = it->second.get();
+    region = it->second;
     reply.flags |= kFlagShm;
     ++stats_.region_parts;
   }
   // The dtype the pull asked for; shared memory carries f32 (the client asks f32 there).
   reply.dtype = region != nullptr ? DType::kF32 : p.request.dtype;
   if (dc_ != nullptr && !p.reader) {
+    lanes_->Drain();  // the copies DC-ASGD keeps are of the weights this reply carries
     for (int l : p.locals) {
       const ChunkState& st = chunks_[static_cast<size_t>(l)];
       dc_->RememberPulled(p.request.sender, l, st.weights->data, st.version);
     }
   }
+  // The header now, from the loop's versions; the floats from each chunk's lane, after the
+  // updates posted before this pull and before any posted after it.
   for (int l : p.locals) {
     const ChunkState& st = chunks_[static_cast<size_t>(l)];
-    const int32_t id = owned_[static_cast<size_t>(l)];
-    const std::shared_ptr<WeightBuffer>& buf = st.weights;
-    const uint64_t bytes = buf->data.size() * sizeof(float);
-    reply.chunk_ids.push_back(static_cast<uint32_t>(id));
+    const auto n = static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
+    reply.chunk_ids.push_back(static_cast<uint32_t>(owned_[static_cast<size_t>(l)]));
     reply.versions.push_back(st.version);
     reply.iters.push_back(st.iter);
-    reply.elem_counts.push_back(buf->data.size());
-    reply.byte_lengths.push_back(buf->data.size() * DTypeSize(reply.dtype));
-    if (region != nullptr) {  // the pull area follows the push area
-      auto* area = reinterpret_cast<float*>(region->payload()) + share_floats_;
-      std::memcpy(area + share_offset_[static_cast<size_t>(l)], buf->data.data(), bytes);
-      continue;
-    }
-    if (reply.dtype != DType::kF32) {
-      payload.push_back(ConvertedWeights(buf->data, reply.dtype, &pull_scratch_, options_.server_threads));
-      continue;
-    }
-    buf->readers.fetch_add(1, std::memory_order_relaxed);
-    std::shared_ptr<const void> keep(buf->data.data(), [buf](const void*) {
-      buf->readers.fetch_sub(1, std::memory_order_release);
-    });
-    payload.push_back(Frame::Borrow(buf->data.data(), bytes, std::move(keep)));  // zero-copy, COW
+    reply.elem_counts.push_back(n);
+    reply.byte_lengths.push_back(n * DTypeSize(reply.dtype));
   }
   if (p.reader) {
     ++stats_.evaluator_pulls;
-    Reply(ep, p.peer, reply, std::move(payload));
+  } else {
+    ++stats_.pulls_served;
+    if (options_.on_pull_served) {
+      PullServedEvent e;
+      e.worker = p.request.sender;
+      e.clock = p.request.clock;
+      e.min_live_clock = policy_->MinLiveClock();
+      e.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.arrived).count();
+      e.chunks = static_cast<int>(p.locals.size());
+      for (int64_t v : reply.versions) e.version_sum += v;
+      options_.on_pull_served(e);
+    }
+  }
+  if (p.locals.empty()) {
+    Reply(ep, job->peer, job->reply, {}, job->order);
     return;
   }
-  ++stats_.pulls_served;
-  if (options_.on_pull_served) {
-    PullServedEvent e;
-    e.worker = p.request.sender;
-    e.clock = p.request.clock;
-    e.min_live_clock = policy_->MinLiveClock();
-    e.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.arrived).count();
-    e.chunks = static_cast<int>(p.locals.size());
-    for (int64_t v : reply.versions) e.version_sum += v;
-    options_.on_pull_served(e);
+  if (region == nullptr) job->payload.resize(p.locals.size());
+  job->remaining.store(static_cast<int>(p.locals.size()), std::memory_order_relaxed);
+  for (size_t i = 0; i < p.locals.size(); ++i) {
+    const int l = p.locals[i];
+    lanes_->Post(l, 0, [this, job, i, l, region, dtype = reply.dtype] {
+      ReadForPull(l, dtype, region.get(), region == nullptr ? &job->payload[i] : nullptr);
+      if (job->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        {
+          std::lock_guard<std::mutex> lock(done_mu_);
+          done_pulls_.push_back(job);
+        }
+        CallWake();
+      }
+    });
   }
-  Reply(ep, p.peer, reply, std::move(payload), p.order);
+}
+
+void ShardServer::ReadForPull(int local, DType dtype, SharedRegion* region, Frame* out) {
+  const std::shared_ptr<WeightBuffer>& buf = chunks_[static_cast<size_t>(local)].weights;
+  if (region != nullptr) {  // the pull area follows the push area
+    auto* area = reinterpret_cast<float*>(region->payload()) + share_floats_;
+    std::memcpy(area + share_offset_[static_cast<size_t>(local)], buf->data.data(), buf->data.size() * sizeof(float));
+    return;
+  }
+  if (dtype != DType::kF32) {
+    *out = ConvertedWeights(buf->data, dtype, pull_scratch_[static_cast<size_t>(lanes_->LaneOf(local))].get());
+    return;
+  }
+  buf->readers.fetch_add(1, std::memory_order_relaxed);
+  std::shared_ptr<const void> keep(buf->data.data(), [buf](const void*) {
+    buf->readers.fetch_sub(1, std::memory_order_release);
+  });
+  *out = Frame::Borrow(buf->data.data(), buf->data.size() * sizeof(float), std::move(keep));  // zero-copy, COW
+}
+
+void ShardServer::SendDonePulls(ServerEndpoint* ep) {
+  std::vector<std::shared_ptr<PullJob>> done;
+  {
+    std::lock_guard<std::mutex> lock(done_mu_);
+    done.swap(done_pulls_);
+  }
+  for (const auto& job : done) Reply(ep, job->peer, job->reply, std::move(job->payload), job->order);
+}
+
+void ShardServer::CallWake() {
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  if (wake_) wake_();
 }
 
 void ShardServer::ServePending(ServerEndpoint* ep) {
@@ -1169,6 +1226,7 @@ void ShardServer::ApplyGone(int32_t worker, bool finished) { policy_->OnWorkerDe
 
 ShardStatsWire ShardServer::StatsLocked() const {
   ShardStatsWire s = stats_;
+  s.sgd_ns = apply_ns_.load(std::memory_order_relaxed);
   if (wal_) s.wal_sync_cpu_ns = wal_->sync_cpu_ns();
   return s;
 }
@@ -1183,12 +1241,14 @@ std::vector<float> ShardServer::ChunkWeights(int32_t chunk) const {
   if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return {};
   const ChunkState& st = chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])];
   if (!st.initialized) return {};
+  lanes_->Drain();
   return st.weights->data;
 }
 
 std::vector<float> ShardServer::ChunkHistory(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return {};
+  lanes_->Drain();
   return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].history;
 }
 
@@ -1247,6 +1307,7 @@ Status ShardServer::SaveCheckpoint(const std::string& path) {
 }
 
 Status ShardServer::SaveCheckpointLocked(const std::string& path) {
+  lanes_->Drain();  // the weights and rule state with every taken update in them
   ShardCheckpoint c;
   c.server_id = options_.server_id;
   c.server_count = layout_.servers();
@@ -1301,6 +1362,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   ShardCheckpoint c;
   DP_RETURN_IF_ERROR(DecodeShardCheckpoint(file, path, expect, &c));
   std::lock_guard<std::mutex> lock(mu_);
+  lanes_->Drain();
   if (c.has_state) DP_RETURN_IF_ERROR(policy_->LoadState(file, *updater_, path));
   for (size_t w = 0; w < c.pushes_by_worker.size(); ++w) {
     stats_.pushes_by_worker[w] = static_cast<uint64_t>(c.pushes_by_worker[w]);
@@ -1463,7 +1525,7 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
           return Corrupt("{}: record seq {}: gradient for chunk {} before its weights were initialised", path, r.seq,
                          c.chunk_id);
         }
-        chunks.push_back(PushChunk{local, c.data, static_cast<int64_t>(c.count), c.version_from});
+        chunks.push_back(PushChunk{local, c.data, static_cast<int64_t>(c.count), c.version_from, nullptr});
       }
       if ((r.flags & kWalFlagRaw) != 0 && init) {
         return Corrupt("{}: record seq {}: an init push with raw gradients", path, r.seq);

@@ -12,10 +12,13 @@
 // object's incarnation. docs/architecture.md "The wire format" to "Checkpoints and tensor
 // files"; docs/operations.md "Checkpoints".
 //
-// Thread-safety: one mutex guards the state. The loop (Serve, or Handle/Tick) runs on one thread
-// at a time; Stop, MarkWorkerGone, SaveCheckpoint and the const accessors may be called from any
-// thread; Recover, LoadCheckpoint and OpenLog before the loop, on one thread.
-// The log's own thread calls nothing here but the wake function (SetWake).
+// Thread-safety: one mutex guards the loop's state. The loop (Serve, or Handle/Tick) runs on one
+// thread at a time; it decides everything and posts each chunk's floats work (updates, a pull's
+// read) to the apply lane that owns the chunk (server/apply_lanes.h; cluster.server_threads
+// lanes), so updates apply in parallel and in message order per chunk. Stop, MarkWorkerGone,
+// SaveCheckpoint and the const accessors may be called from any thread (the snapshots drain the
+// lanes first); Recover, LoadCheckpoint and OpenLog before the loop, on one thread. The log's
+// thread and the lanes call nothing here but the wake function (SetWake).
 #pragma once
 
 #include <atomic>
@@ -41,6 +44,8 @@
 #include "common/trace.h"
 #include "common/transport.h"
 #include "server/access.h"
+#include "server/apply_lanes.h"
+#include "server/block_split.h"
 #include "server/consistency.h"
 #include "server/delay_compensation.h"
 #include "server/sessions.h"
@@ -71,7 +76,8 @@ struct ShardOptions {
   // Worker batches per push (worker.push_every): the lr-schedule iteration's step per gradient.
   int batches_per_push = 1;
   int factor_threads = 1;  // threads forming factor chunks' gradients (compression.factor_threads)
-  // Threads for element-wise work: updates, finite checks, fp16/bf16 pulls (cluster.server_threads).
+  // Apply lanes (cluster.server_threads): threads owning the chunks' updates and pull reads; the
+  // loop splits a push's finite check over as many.
   int server_threads = 1;
   TraceLog* trace = nullptr;  // timeline (not owned, outlives the shard); null = none
   int trace_track = 0;        // the loop's track in `trace`
@@ -191,6 +197,7 @@ class ShardServer {
  private:
   struct ChunkState;
   struct PendingPull;
+  struct PullJob;
   class Updater;
 
   ShardServer(const ParamLayout& layout, ShardOptions options);
@@ -223,7 +230,14 @@ class ShardServer {
   Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
                     const std::vector<bool>& finite = {}, const WirePush* wire = nullptr);
   bool PullReady(const PendingPull& p) const;
+  // Fills the reply's header and posts the reading of each chunk to its lane (ReadForPull); the
+  // lane that reads the last chunk hands the reply to the loop, which sends it (SendDonePulls).
   void ServePull(ServerEndpoint* ep, const PendingPull& p);
+  // On the chunk's lane: its weights into the shared region, as f16 / bf16 into `out`, or
+  // borrowed zero-copy into `out` (the next update then writes a copy).
+  void ReadForPull(int local, DType dtype, SharedRegion* region, Frame* out);
+  void SendDonePulls(ServerEndpoint* ep);
+  void CallWake();
   void ServePending(ServerEndpoint* ep);
   // `order`: the reply's key on an endpoint that orders replies (SendOrdered); UINT64_MAX = Send.
   void Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload = {}, uint64_t order = UINT64_MAX);
@@ -251,9 +265,15 @@ class ShardServer {
   void MaybeCheckpoint();
   ShardStatsWire StatsLocked() const;
   Status SaveCheckpointLocked(const std::string& path);
-  std::vector<float>& MutableWeights(int local);
-  void ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients);
+  std::vector<float>& MutableWeights(int local);  // on the chunk's lane
+  // One update of chunk `local`: its step and version fixed now, its floats on the chunk's lane
+  // (kept alive by `keep`; null: run now, after the lane's earlier work).
+  void ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients,
+                     std::shared_ptr<const void> keep);
   void AddDelta(const PushChunk& c);  // EASGD's exchange, a model's move: w += Δ
+  // `work` on the lane of chunk `local`: posted when `keep` holds what it reads, else run here
+  // once the lane has done what was posted before.
+  void OnLane(int local, std::shared_ptr<const void> keep, std::function<void()> work);
 
   const ParamLayout layout_;
   const ShardOptions options_;
@@ -282,8 +302,8 @@ class ShardServer {
   std::vector<std::deque<PeerId>> peers_of_worker_;  // per worker id, oldest first (bounds registered_)
   // Registered connections' shared regions: [push area | pull area], each share_floats_ floats.
   // Bounded like registered_ (a region goes with its connection).
-  std::unordered_map<PeerId, std::unique_ptr<SharedRegion>> regions_;
-  std::vector<float> region_scratch_;  // a shared push copied out before validation (reused)
+  // Shared with the lanes that copy pull replies into them.
+  std::unordered_map<PeerId, std::shared_ptr<SharedRegion>> regions_;
   DuplicateWindows duplicates_;  // requests taken, per worker's session (server/sessions.h)
   SessionFence fence_;           // sessions registered, and those of processes declared dead
   // A message of `worker` from `session` is refused: that process was declared dead.
@@ -319,8 +339,13 @@ class ShardServer {
   std::vector<std::pair<int32_t, bool>> gone_queue_;  // (worker, finished) from MarkWorkerGone, for the loop
   RateLimitedLog refusal_log_;                        // refusals a stranger can provoke: a bounded number of lines
   RateLimitedLog reply_log_;  // failed replies: a peer that went away can cause many
+  BufferPool<float> region_scratch_;  // shared pushes copied out before validation (kept until applied)
   BufferPool<float> factor_scratch_;   // factor chunks' dense gradients (reused, bounded)
-  BufferPool<uint16_t> pull_scratch_;  // f16 / bf16 pull replies' weights (reused, bounded)
+  // Per lane: f16 / bf16 pull replies' weights (reused, bounded).
+  std::vector<std::unique_ptr<BufferPool<uint16_t>>> pull_scratch_;
+  std::atomic<uint64_t> apply_ns_{0};  // the lanes' time in the update rule (stats sgd_ns)
+  std::mutex done_mu_;                 // guards done_pulls_
+  std::vector<std::shared_ptr<PullJob>> done_pulls_;  // assembled by the lanes, for the loop to send
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};
@@ -328,9 +353,10 @@ class ShardServer {
   std::thread thread_;
   Status thread_status_;
   std::unique_ptr<ServerEndpoint> owned_endpoint_;
-  // The endpoint of the message or tick the loop is handling (null outside one, and in replay):
-  // long work releases its due replies through it between chunks (ServerEndpoint::ReleaseDue).
-  ServerEndpoint* loop_endpoint_ = nullptr;
+  std::unique_ptr<BlockSplit> check_split_;  // the loop's finite checks, over cluster.server_threads threads
+  // cluster.server_threads threads applying updates and reading pull replies, each owning some
+  // chunks (apply_lanes.h). Reset first in the destructor: its tasks touch the members above.
+  std::unique_ptr<ApplyLanes> lanes_;
 };
 
 }  // namespace downpour

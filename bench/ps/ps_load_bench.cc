@@ -55,6 +55,12 @@
 //
 //   downpour-bench-ps --pipeline-grid --repeats 5 --rounds 12 [--transport tcp|ipc|shm]
 //   downpour-bench-ps --pipeline-grid --repeats 3 --rounds 6 --link-gbps 10 --json ps-10g.json
+//
+// --server-threads N gives every shard N apply lanes (cluster.server_threads). --apply-grid
+// measures how one shard's apply throughput grows with them, without a network
+// (bench/ps/apply_scaling.h): --apply-threads 1,2,4, --workers pushers, --rounds timed pushes each.
+//
+//   downpour-bench-ps --apply-grid --apply-threads 1,2,4 --workers 4 --rounds 4 --repeats 3
 #include <fmt/core.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -75,6 +81,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/ps/apply_scaling.h"
 #include "bench/ps/bare_zmq.h"
 #include "bench/ps/pipelined_zmq.h"
 #include "client/ps/ps_client.h"
@@ -120,6 +127,7 @@ struct ServiceSetting {
   // Emulated link per shard server and per worker (ZmqOptions::link_gbps); 0 = none, and then
   // the shards share one transport as before.
   double link_gbps = 0;
+  int server_threads = 1;  // every shard's apply lanes (cluster.server_threads)
 };
 
 const char* TransportName(ServiceTransport t) {
@@ -268,6 +276,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     ShardOptions o;
     o.server_id = s;
     o.expected_workers = workers;
+    o.server_threads = svc.server_threads;
     o.solver = BenchSolver();
     o.access.keyed = keys.on();  // keyed: pushes and pulls only from "worker" keys, as in a real run
     if (!wal_dir.path().empty()) {
@@ -843,6 +852,8 @@ int main(int argc, char** argv) {
   bool pipeline_grid = false, pipeline_one = false;
   std::string transport = "tcp", reference_transport = "tcp";
   std::string json_path;
+  bool apply_grid = false;
+  downpour::bench::ApplyScalingOptions apply;
   app.add_option("--servers", servers, "shard servers S")->check(CLI::Range(1, 64));
   app.add_option("--workers", workers, "synthetic workers W")->check(CLI::Range(1, 64));
   app.add_option("--rounds", rounds, "timed push+pull rounds per worker")->check(CLI::Range(1, 100000));
@@ -887,6 +898,15 @@ int main(int argc, char** argv) {
           },
           "GBIT/S > 0"));
   app.add_option("--json", json_path, "with --pipeline-grid / --pipeline: write the results here as JSON (docs/emulated_links.md)");
+  app.add_option("--server-threads", pipeline.service.server_threads,
+                 "apply lanes of every shard (cluster.server_threads)")
+      ->check(CLI::Range(1, downpour::kMaxServerThreads));
+  app.add_flag("--apply-grid", apply_grid,
+               "one shard's apply throughput at each of --apply-threads, --workers pushers over the in-process "
+               "transport, --rounds timed pushes each, --repeats interleaved");
+  app.add_option("--apply-threads", apply.threads, "with --apply-grid: the server_threads values, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, downpour::kMaxServerThreads));
   app.add_flag("--wal", wal.on, "run the shards with their write-ahead log on (checkpoint.wal)");
   app.add_flag("--wal-grid", wal_grid, "at (S,W) in {(2,1),(4,4)}: write-ahead log off vs on in alternating pairs");
   app.add_option("--wal-dir", wal.dir, "where the logs go (a temporary directory inside it, removed after each run)");
@@ -914,6 +934,17 @@ int main(int argc, char** argv) {
     fmt::print("model: AlexNet tensors, {} floats ({:.1f} MB) each way per round\n",
                downpour::TotalElements(downpour::AlexNetTensorSpecs()),
                downpour::TotalElements(downpour::AlexNetTensorSpecs()) * 4 / 1e6);
+    if (apply_grid) {
+      downpour::bench::PrintCeilings();
+      apply.workers = workers;
+      apply.pushes = rounds;
+      apply.warmup = std::max(1, warmup);
+      apply.repeats = repeats;
+      apply.chunk_elems = chunk_elems;
+      const int rc = downpour::bench::RunApplyScaling(apply);
+      downpour::bench::PrintCeilings();
+      return rc;
+    }
     if (pipeline_grid || pipeline_one) {
       downpour::bench::PrintCeilings();
       std::vector<std::pair<int, int>> cases = {{1, 1}, {2, 1}, {2, 2}, {4, 4}};

@@ -449,14 +449,18 @@ TEST_P(FreezeTest, AFrozenWorkerDeclaredDeadIsOutEverywhereAndTheJobEnds) {
 
 // The run ends (worker 0 finishes, the evaluator evaluates) while worker 1 is stopped: when it
 // wakes nobody is left to answer it, so the launcher stops it instead of waiting for it to give up
-// on the servers (cluster.server_wait_ms, a minute here).
+// on the servers (cluster.server_wait_ms, a minute here). On a loaded machine the coordinator may
+// still be winding down when the worker wakes: then it tells the worker it is out of the run,
+// and the worker stops at once all the same.
 TEST_P(FreezeTest, ARunThatEndedUnderAFrozenWorkerDoesNotWaitForIt) {
   const fs::path run = dir_ / "run";
   const FrozenRun r = RunFreezing(run, {"downpour-worker", "--id 1 "}, /*watch=*/1, /*worker0_delay_ms=*/0, 8s);
   const std::string out = test::ReadFile(dir_ / "run.log");
   ASSERT_EQ(r.code, 0) << out;
   EXPECT_LT(r.after_wake_s, 15) << out;
-  EXPECT_NE(out.find("coordinator ended the run"), std::string::npos) << out;
+  EXPECT_TRUE(out.find("coordinator ended the run") != std::string::npos ||
+              out.find("worker 1, declared dead, is heard from again: told it is out of the run") != std::string::npos)
+      << out;
   EXPECT_GT(FinalTop1(run), 0.7);
 }
 

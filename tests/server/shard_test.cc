@@ -11,7 +11,9 @@
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -302,25 +304,180 @@ class CountingEndpoint : public ServerEndpoint {
   std::atomic<int>* releases_;
 };
 
-// A push of many chunks keeps the loop for a while: after each chunk's update it lets the replies
-// that fell due meanwhile leave (ServerEndpoint::ReleaseDue; the emulated link's paced replies
-// would otherwise wait for the whole push). 8 chunks (tensors of 30, 6 and 17 floats in chunks of
-// up to 8) in messages of 4: 8 calls per push.
-TEST_F(ShardFixture, ALongPushReleasesDueRepliesAfterEveryChunk) {
+// The loop applies nothing itself (the lanes do, server/apply_lanes.h), so it never calls into
+// the transport in the middle of an update: no ReleaseDue from a push of many chunks, and the
+// acks and the pull still come back. 8 chunks (tensors of 30, 6 and 17 floats in chunks of up
+// to 8) in messages of 4.
+TEST_F(ShardFixture, AnUpdateNeverCallsIntoTheTransport) {
   std::atomic<int> releases{0};
-  StartShards(SmallModel(), 1, 8, ShardOptions{}, [&releases](std::unique_ptr<ServerEndpoint> ep) {
+  ShardOptions o = PlainSgd();
+  o.server_threads = 3;
+  StartShards(SmallModel(), 1, 8, o, [&releases](std::unique_ptr<ServerEndpoint> ep) {
     return std::make_unique<CountingEndpoint>(std::move(ep), &releases);
   });
   ASSERT_EQ(layout_.chunks().size(), 8u);
   auto client = Client(0);
   const size_t n = static_cast<size_t>(layout_.total_elems());
   ASSERT_TRUE(client->Wait(client->PushInit(std::vector<float>(n, 1.0f)), 5000ms).ok());
-  EXPECT_EQ(releases.load(), 0);  // an init push updates nothing
   const std::vector<float> g(n, 0.5f);
   ASSERT_TRUE(client->Wait(client->Push(g, 0), 5000ms).ok());
-  EXPECT_EQ(releases.load(), 8);
   ASSERT_TRUE(client->Wait(client->Push(g, 1), 5000ms).ok());
-  EXPECT_EQ(releases.load(), 16);
+  std::vector<float> w(n);
+  ASSERT_TRUE(client->Wait(client->Pull(w, 2), 5000ms).ok());
+  std::vector<float> want(n, 0.0f);  // 1 − 0.5 − 0.5; b (floats 30..35) has lr_mult 2: 1 − 1 − 1
+  std::fill(want.begin() + 30, want.begin() + 36, -1.0f);
+  EXPECT_EQ(w, want);
+  EXPECT_EQ(releases.load(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Apply lanes (server/apply_lanes.h): cluster.server_threads threads apply, each owning chunks.
+
+// Eight workers push integer gradients at once, each push cut into messages of 4 chunks, so the
+// chunks of a push and the pushes of different workers apply on four lanes together. With lr 1
+// and neither momentum nor decay every update is w − lr_mult·g in exact integers, whatever the
+// order: the weights must be the closed form, and those of a one-lane shard, byte for byte.
+TEST_F(ShardFixture, ParallelApplyGivesTheWeightsOfSerialApply) {
+  constexpr int kWorkers = 8, kPushes = 12;
+  auto run = [&](int threads) {
+    shards_.clear();
+    addresses_.clear();
+    ShardOptions o = PlainSgd();
+    o.expected_workers = kWorkers;
+    o.server_threads = threads;
+    StartShards(SmallModel(), 1, 4, o);  // 53 floats in 15 chunks
+    const size_t n = static_cast<size_t>(layout_.total_elems());
+    std::vector<float> init(n);
+    for (size_t i = 0; i < n; ++i) init[i] = static_cast<float>(i % 11);
+    auto c0 = Client(0);
+    EXPECT_TRUE(c0->Wait(c0->PushInit(init), 5000ms).ok());
+    std::vector<std::thread> workers;
+    for (int w = 0; w < kWorkers; ++w) {
+      workers.emplace_back([&, w] {
+        auto c = Client(w);
+        for (int k = 0; k < kPushes; ++k) {
+          std::vector<float> g(n);
+          for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(static_cast<int>((w + 1) * (k + 2) + i) % 7 - 3);
+          EXPECT_TRUE(c->Wait(c->Push(g, k), 5000ms).ok());
+        }
+      });
+    }
+    for (auto& t : workers) t.join();
+    std::vector<float> want = init;
+    for (int w = 0; w < kWorkers; ++w) {
+      for (int k = 0; k < kPushes; ++k) {
+        for (size_t i = 0; i < n; ++i) {
+          const float lr_mult = i >= 30 && i < 36 ? 2.0f : 1.0f;  // tensor b
+          want[i] -= lr_mult * static_cast<float>(static_cast<int>((w + 1) * (k + 2) + i) % 7 - 3);
+        }
+      }
+    }
+    std::vector<float> got(n);
+    EXPECT_TRUE(c0->Wait(c0->Pull(got, kPushes), 5000ms).ok());
+    EXPECT_EQ(got, want) << threads << " lanes";
+    for (const Chunk& c : layout_.chunks()) EXPECT_EQ(shards_[0]->ChunkVersion(c.id), kWorkers * kPushes);
+    TearDown();
+    return got;
+  };
+  const std::vector<float> serial = run(1);
+  const std::vector<float> parallel = run(4);
+  EXPECT_EQ(std::memcmp(serial.data(), parallel.data(), serial.size() * sizeof(float)), 0);
+}
+
+// Pulls served while four workers push into the same chunks on three lanes: every pulled chunk
+// is one version of that chunk, never part of one update and part of another. Each push
+// subtracts the same integer from every float of a chunk (lr 1, gradient all ones), so a chunk
+// read whole is uniform; a torn read would mix two values. Chunks of 64Ki floats, so an update
+// takes long enough to be caught in the middle.
+TEST_F(ShardFixture, NoPullIsTornWhileOtherWorkersApply) {
+  ShardOptions o = PlainSgd();
+  o.expected_workers = 5;
+  o.server_threads = 3;
+  StartShards({{"a", {4, 65536}, 1.0f, 1.0f}}, 1, 65536, o);
+  const size_t n = static_cast<size_t>(layout_.total_elems());
+  auto reader = Client(4);
+  ASSERT_TRUE(reader->Wait(reader->PushInit(std::vector<float>(n, 0.0f)), 5000ms).ok());
+  std::atomic<bool> done{false};
+  std::vector<std::thread> pushers;
+  for (int w = 0; w < 4; ++w) {
+    pushers.emplace_back([&, w] {
+      auto c = Client(w);
+      const std::vector<float> g(n, 1.0f);
+      for (int k = 0; k < 40; ++k) EXPECT_TRUE(c->Wait(c->Push(g, k), 5000ms).ok());
+    });
+  }
+  std::thread closer([&] {
+    for (auto& t : pushers) t.join();
+    done = true;
+  });
+  int pulls = 0, torn = 0;
+  std::vector<float> w(n);
+  while (!done.load() || pulls == 0) {
+    ASSERT_TRUE(reader->Wait(reader->Pull(w, 0), 5000ms).ok());
+    ++pulls;
+    for (const Chunk& c : layout_.chunks()) {
+      const float* x = w.data() + c.flat_offset;
+      if (std::any_of(x, x + c.count, [&](float v) { return v != x[0]; })) ++torn;
+    }
+  }
+  closer.join();
+  EXPECT_EQ(torn, 0) << "of " << pulls << " pulls";
+  ASSERT_TRUE(reader->Wait(reader->Pull(w, 0), 5000ms).ok());
+  EXPECT_EQ(w, std::vector<float>(n, -160.0f));  // 4 workers × 40 pushes
+}
+
+// An update rule whose updates of one chunk wait for a gate: while the lane that owns that chunk
+// waits, the loop still takes messages and a pull of a chunk on another lane is answered.
+class GatedRule final : public UpdateRule {
+ public:
+  std::string_view name() const override { return "momentum"; }
+  void Apply(const UpdateParams& p, std::span<const float> grad, std::span<float> w,
+             std::span<float> state) const override {
+    if (grad[0] == 7.0f) {  // the gated chunk's gradient
+      std::unique_lock<std::mutex> lock(mu_);
+      entered_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return open_; });
+    }
+    SgdUpdate(p, grad, w, state);
+  }
+  void WaitEntered() const {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return entered_; });
+  }
+  void Open() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable bool entered_ = false, open_ = false;
+};
+
+TEST_F(ShardFixture, APullIsServedWhileAnotherChunkApplies) {
+  auto rule = std::make_shared<GatedRule>();
+  ShardOptions o = PlainSgd();
+  o.server_threads = 2;
+  o.update_rule = rule;
+  StartShards({{"a", {8}, 1.0f, 1.0f}}, 1, 4, o);  // chunks 0 and 1, one per lane
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 10.0f)), 5000ms).ok());
+  const std::vector<float> g{7, 7, 7, 7, 1, 1, 1, 1};
+  const RequestId push = c->Push(g, 0);
+  rule->WaitEntered();  // chunk 0's update has begun and waits
+  std::vector<float> w(8, 0.0f);
+  const std::vector<int32_t> chunk1{1};
+  ASSERT_TRUE(c->Wait(c->PullChunks(w, chunk1, 0), 5000ms).ok());
+  EXPECT_EQ(w, (std::vector<float>{0, 0, 0, 0, 9, 9, 9, 9}));  // chunk 1, its update done
+  ShardStatsWire stats;
+  EXPECT_TRUE(c->Stats(0, &stats, 5000ms).ok());  // the loop answers too
+  rule->Open();
+  ASSERT_TRUE(c->Wait(push, 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->Pull(w, 1), 5000ms).ok());
+  EXPECT_EQ(w, (std::vector<float>{3, 3, 3, 3, 9, 9, 9, 9}));
 }
 
 // Records the order key of every reply (SendOrdered) and who it was for.
