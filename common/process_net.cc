@@ -110,6 +110,7 @@ Status SetUpProcessNet(const RunConfig& c, const NetFlags& f, NetRole role, cons
   out->zmq.connect_source = ConnectSource(c, f);
   // A bound socket's per-peer queue of replies a peer does not read (common/zmq_transport.h).
   out->zmq.peer_queue_bytes = static_cast<size_t>(c.cluster.peer_queue_mb) << 20;
+  out->zmq.io_threads = c.cluster.io_threads;
   out->zmq.link_gbps = c.cluster.link_gbps;  // 0 = no emulated link
   out->zmq.reply_order_by_key = c.cluster.reply_order == ReplyOrder::kStep;
   if (!c.security.keys.empty()) {

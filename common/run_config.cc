@@ -250,6 +250,8 @@ Status ReadCluster(TableReader& r, ClusterConfig* c) {
   DP_RETURN_IF_ERROR(r.Int("max_workers", &c->max_workers));
   DP_RETURN_IF_ERROR(r.Int("peer_queue_mb", &c->peer_queue_mb));
   DP_RETURN_IF_ERROR(r.Int("server_threads", &c->server_threads));
+  DP_RETURN_IF_ERROR(r.Int("io_threads", &c->io_threads));
+  DP_RETURN_IF_ERROR(r.Int("connections_per_server", &c->connections_per_server));
   DP_RETURN_IF_ERROR(r.Int("trace_events", &c->trace_events));
   DP_RETURN_IF_ERROR(ReadNamed(r, "transport", kClusterTransportNames, &c->transport));
   DP_RETURN_IF_ERROR(r.String("ipc_dir", &c->ipc_dir));
@@ -880,6 +882,11 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(cl.peer_queue_mb >= 1, "cluster.peer_queue_mb", cl.peer_queue_mb, "must be >= 1")
       .Check(cl.server_threads >= 1 && cl.server_threads <= kMaxServerThreads, "cluster.server_threads",
              cl.server_threads, fmt::format("must be in 1..{}", kMaxServerThreads))
+      .Check(cl.io_threads >= 1 && cl.io_threads <= kMaxIoThreads, "cluster.io_threads", cl.io_threads,
+             fmt::format("must be in 1..{}", kMaxIoThreads))
+      .Check(cl.connections_per_server >= 1 && cl.connections_per_server <= kMaxConnectionsPerServer,
+             "cluster.connections_per_server", cl.connections_per_server,
+             fmt::format("must be in 1..{}", kMaxConnectionsPerServer))
       .Check(cl.trace_events >= 0 && cl.trace_events <= kMaxTraceEvents, "cluster.trace_events", cl.trace_events,
              fmt::format("must be in 0..{} (0 = off)", kMaxTraceEvents))
       .Check(cl.transport != ClusterTransport::kIpc || IsLoopbackLiteral(cl.bind) || cl.bind == "localhost",
@@ -1144,6 +1151,8 @@ std::string ToToml(const RunConfig& c) {
   line("max_workers", num(c.cluster.max_workers));
   line("peer_queue_mb", num(c.cluster.peer_queue_mb));
   line("server_threads", num(c.cluster.server_threads));
+  line("io_threads", num(c.cluster.io_threads));
+  line("connections_per_server", num(c.cluster.connections_per_server));
   line("trace_events", num(c.cluster.trace_events));
   line("transport", str(ClusterTransportName(c.cluster.transport)));
   line("ipc_dir", str(c.cluster.ipc_dir));

@@ -72,6 +72,11 @@ struct ClusterConfig {
   int peer_queue_mb = 256;
   // Apply lanes of each server shard (1..kMaxServerThreads): threads owning its chunks' updates.
   int server_threads = 1;
+  // ZeroMQ I/O threads of each process's transport (1..kMaxIoThreads): TCP framing in parallel.
+  int io_threads = 2;
+  // Connections each worker opens to each server (1..kMaxConnectionsPerServer), its chunks dealt
+  // over them, so one TCP stream is not the cap; 1 with shared memory or sufficient factors.
+  int connections_per_server = 1;
   // How workers reach the servers: "tcp" or "ipc" (one host only; docs/operations.md "One host: ipc").
   ClusterTransport transport = ClusterTransport::kTcp;
   // ipc: directory of the servers' sockets; "" = the run directory, relative = inside it.
@@ -262,6 +267,8 @@ bool ParseWireCodec(std::string_view text, WireCodec* out);  // false if unknown
 
 // Largest accepted values: a typo is refused rather than started.
 inline constexpr int kMaxServerThreads = 64;            // cluster.server_threads
+inline constexpr int kMaxIoThreads = 16;                // cluster.io_threads
+inline constexpr int kMaxConnectionsPerServer = 8;      // cluster.connections_per_server
 inline constexpr int64_t kMaxTraceEvents = 10'000'000;  // cluster.trace_events
 inline constexpr int kMaxFactorThreads = 64;            // compression.factor_threads
 

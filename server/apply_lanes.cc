@@ -54,6 +54,12 @@ void ApplyLanes::DrainLane(int index) {
   lane.progress.wait(lock, [&] { return lane.queue.empty() && !lane.running; });
 }
 
+bool ApplyLanes::Idle(int index) const {
+  const Lane& lane = *lanes_[static_cast<size_t>(index)];
+  std::lock_guard<std::mutex> lock(lane.mu);
+  return lane.queue.empty() && !lane.running;
+}
+
 void ApplyLanes::Drain() {
   for (int i = 0; i < lanes(); ++i) DrainLane(i);
 }

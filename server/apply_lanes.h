@@ -48,12 +48,15 @@ class ApplyLanes {
   // Returns once everything posted before the call (every lane; one lane) has run.
   void Drain();
   void DrainLane(int lane);
+  // Nothing posted to `lane` is waiting or running: until the next Post to it, the poster may
+  // touch that lane's chunks itself.
+  bool Idle(int lane) const;
   // Nanoseconds the lanes spent running tasks, summed over lanes. Thread-safe.
   uint64_t busy_ns() const;
 
  private:
   struct Lane {
-    std::mutex mu;
+    mutable std::mutex mu;
     std::condition_variable cv;        // work posted, or stopping (the lane waits on it)
     std::condition_variable progress;  // a task finished (Post and Drain wait on it)
     std::deque<std::pair<size_t, std::function<void()>>> queue;

@@ -1127,11 +1127,16 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
       options_.on_pull_served(e);
     }
   }
-  if (p.locals.empty()) {
-    Reply(ep, job->peer, job->reply, {}, job->order);
+  if (region == nullptr) job->payload.resize(p.locals.size());
+  // Lanes with nothing to do: the loop reads the chunks itself and answers now, without a
+  // hand-off and a wake (a pull between pushes, an evaluator's snapshot).
+  if (std::all_of(p.locals.begin(), p.locals.end(), [&](int l) { return lanes_->Idle(lanes_->LaneOf(l)); })) {
+    for (size_t i = 0; i < p.locals.size(); ++i) {
+      ReadForPull(p.locals[i], reply.dtype, region.get(), region == nullptr ? &job->payload[i] : nullptr);
+    }
+    Reply(ep, job->peer, job->reply, std::move(job->payload), job->order);
     return;
   }
-  if (region == nullptr) job->payload.resize(p.locals.size());
   job->remaining.store(static_cast<int>(p.locals.size()), std::memory_order_relaxed);
   for (size_t i = 0; i < p.locals.size(); ++i) {
     const int l = p.locals[i];

@@ -190,7 +190,8 @@ class ShardServer {
 
   const ParamLayout& layout() const { return layout_; }
 
-  static constexpr int kPeersPerWorker = 4;         // registered connections kept per worker id
+  // Registered connections kept per worker id: every connection of a worker (cluster.connections_per_server), twice.
+  static constexpr int kPeersPerWorker = 2 * kMaxConnectionsPerServer;
   static constexpr int kMaxReaders = 4;             // evaluator connections kept (oldest dropped)
   static constexpr int kStalenessWindow = 200;      // chunk updates the stability guard averages
 

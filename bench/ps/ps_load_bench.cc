@@ -56,7 +56,9 @@
 //   downpour-bench-ps --pipeline-grid --repeats 5 --rounds 12 [--transport tcp|ipc|shm]
 //   downpour-bench-ps --pipeline-grid --repeats 3 --rounds 6 --link-gbps 10 --json ps-10g.json
 //
-// --server-threads N gives every shard N apply lanes (cluster.server_threads). --apply-grid
+// --server-threads N gives every shard N apply lanes (cluster.server_threads); --connections K
+// opens K connections from each worker to each shard (cluster.connections_per_server) and
+// --io-threads T gives downpour's transports T ZeroMQ I/O threads (cluster.io_threads). --apply-grid
 // measures how one shard's apply throughput grows with them, without a network
 // (bench/ps/apply_scaling.h): --apply-threads 1,2,4, --workers pushers, --rounds timed pushes each.
 //
@@ -128,6 +130,8 @@ struct ServiceSetting {
   // the shards share one transport as before.
   double link_gbps = 0;
   int server_threads = 1;  // every shard's apply lanes (cluster.server_threads)
+  int connections = 1;     // each worker's connections per server (cluster.connections_per_server)
+  int io_threads = 2;      // ZeroMQ I/O threads of every transport (cluster.io_threads)
 };
 
 const char* TransportName(ServiceTransport t) {
@@ -256,6 +260,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   const WalDir wal_dir(wal);
   const IpcDir ipc_dir(svc.transport != ServiceTransport::kTcp);
   ZmqOptions server_options;
+  server_options.io_threads = svc.io_threads;
   server_options.curve = keys.server();
   server_options.link_gbps = svc.link_gbps;
   // One transport for all shards, or with an emulated link one per shard (each its own host).
@@ -313,6 +318,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     threads.emplace_back([&, w] {
       auto run = [&]() -> Status {
         ZmqOptions client_options;
+        client_options.io_threads = svc.io_threads;
         client_options.curve = keys.worker();
         client_options.link_gbps = svc.link_gbps;
         ZmqTransport transport(client_options);
@@ -321,6 +327,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
         co.server_addresses = addresses;
         co.worker_id = w;
         co.max_chunks_per_message = svc.max_chunks_per_message;
+        co.connections_per_server = svc.connections;
         co.shared_memory = svc.transport == ServiceTransport::kShm;
         co.on_part_reply = [&latencies](int, MsgType type, size_t, double seconds) { latencies.Record(type, seconds); };
         std::unique_ptr<PsClient> client;
@@ -601,7 +608,14 @@ std::string VariantName(int v, const PipelineSetting& p) {
     case kOldBare: return "old bare";
     case kRefNone: return fmt::format("ref none ({})", p.reference_ipc ? "ipc" : "tcp");
     case kRefSgd: return fmt::format("ref sgd ({})", p.reference_ipc ? "ipc" : "tcp");
-    default: return fmt::format("downpour ({})", TransportName(p.service.transport));
+    default: {
+      const ServiceSetting& v = p.service;  // the settings that differ from the defaults, named
+      std::string more;
+      if (v.server_threads != 1) more += fmt::format(", lanes {}", v.server_threads);
+      if (v.connections != 1) more += fmt::format(", conns {}", v.connections);
+      if (v.io_threads != 2) more += fmt::format(", io {}", v.io_threads);
+      return fmt::format("downpour ({}{})", TransportName(v.transport), more);
+    }
   }
 }
 
@@ -901,6 +915,11 @@ int main(int argc, char** argv) {
   app.add_option("--server-threads", pipeline.service.server_threads,
                  "apply lanes of every shard (cluster.server_threads)")
       ->check(CLI::Range(1, downpour::kMaxServerThreads));
+  app.add_option("--connections", pipeline.service.connections,
+                 "each worker's connections per shard (cluster.connections_per_server)")
+      ->check(CLI::Range(1, downpour::kMaxConnectionsPerServer));
+  app.add_option("--io-threads", pipeline.service.io_threads, "ZeroMQ I/O threads of downpour's transports (cluster.io_threads)")
+      ->check(CLI::Range(1, downpour::kMaxIoThreads));
   app.add_flag("--apply-grid", apply_grid,
                "one shard's apply throughput at each of --apply-threads, --workers pushers over the in-process "
                "transport, --rounds timed pushes each, --repeats interleaved");

@@ -1,5 +1,6 @@
-// ps_client.cc — see ps_client.h. One I/O thread per server (a LinkRunner) keeps that server's
-// operations in flight together, in call order: it sends their parts within a byte window,
+// ps_client.cc — see ps_client.h. One I/O thread per connection (a LinkRunner; a server has
+// connections_per_server, chunk c on its connection c % n) keeps that connection's operations
+// in flight together, in call order: it sends their parts within a byte window,
 // matches replies to parts, probes a silent server, registers again and resends after a restart
 // or an address move.
 #include "client/ps/ps_client.h"
@@ -155,6 +156,7 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
 struct PsClient::Impl {
   struct Link {
     int server = 0;
+    int connection = 0;  // which of the server's connections_per_server
     std::unique_ptr<ClientEndpoint> endpoint;  // I/O thread (after Create)
     std::string address;                       // I/O thread: where `endpoint` connects
     std::mutex mu;
@@ -191,7 +193,12 @@ struct PsClient::Impl {
   };
   PsClient* owner = nullptr;
   Transport* transport = nullptr;
-  std::vector<std::unique_ptr<Link>> links;
+  std::vector<std::unique_ptr<Link>> links;  // server s's connection j at s × per_server + j
+  int per_server = 1;                        // connections per server
+  // The link that carries chunk `c` (of server `server`).
+  Link& LinkOf(int server, int32_t c) {
+    return *links[static_cast<size_t>(server * per_server + c % per_server)];
+  }
   // Abort: every operation in flight and every later one fails with abort_status.
   std::atomic<bool> aborted{false};
   std::mutex abort_mu;  // guards abort_status
@@ -248,11 +255,18 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
   if (!(options.top_k_fraction > 0 && options.top_k_fraction <= 1)) {
     return InvalidArgument("ps client: top_k_fraction {} is outside (0, 1]", options.top_k_fraction);
   }
+  if (options.connections_per_server < 1 || options.connections_per_server > kMaxConnectionsPerServer) {
+    return InvalidArgument("ps client: connections_per_server {} is outside 1..{}", options.connections_per_server,
+                           kMaxConnectionsPerServer);
+  }
   std::unique_ptr<PsClient> c(new PsClient(layout, std::move(options)));
   c->impl_->transport = transport;
-  for (int s = 0; s < layout.servers(); ++s) {
+  c->impl_->per_server = c->options_.shared_memory ? 1 : c->options_.connections_per_server;
+  for (int at = 0; at < layout.servers() * c->impl_->per_server; ++at) {
+    const int s = at / c->impl_->per_server;
     auto link = std::make_unique<Impl::Link>();
     link->server = s;
+    link->connection = at % c->impl_->per_server;
     link->address = c->options_.server_addresses[static_cast<size_t>(s)];
     link->share_offset.assign(static_cast<size_t>(layout.num_chunks()), 0);
     for (int32_t id : layout.ServerChunks(s)) {
@@ -338,8 +352,13 @@ class PsClient::Impl::LinkRunner {
       : impl_(impl),
         link_(link),
         o_(impl.owner->options_),
-        trace_track_(o_.trace != nullptr && o_.trace->on() ? o_.trace->Thread(fmt::format("to server {}", link.server))
-                                                            : -1) {}
+        per_(static_cast<uint64_t>(impl.per_server)),
+        trace_track_(o_.trace != nullptr && o_.trace->on() ? o_.trace->Thread(TrackName(link)) : -1) {}
+
+  static std::string TrackName(const Link& link) {
+    if (link.connection == 0) return fmt::format("to server {}", link.server);
+    return fmt::format("to server {} #{}", link.server, link.connection);
+  }
 
   void Run() {
     while (true) {
@@ -491,7 +510,7 @@ class PsClient::Impl::LinkRunner {
     for (size_t b = start; b < n; b += per) ranges.emplace_back(b, std::min(n, b + per));
     if (ranges.empty()) ranges.emplace_back(0, 0);
     const size_t parts = ranges.size();
-    if (parts >= kSubMask) return InvalidArgument("ps client: {} sub-messages is too many", parts);
+    if (parts * per_ >= kSubMask) return InvalidArgument("ps client: {} sub-messages is too many", parts);
     const ParamLayout& layout = impl_.owner->layout_;
     a.parts.resize(parts);
     for (size_t k = 0; k < parts; ++k) {
@@ -499,7 +518,9 @@ class PsClient::Impl::LinkRunner {
       Part& p = a.parts[k];
       MessageHeader& h = p.header;
       h = base;
-      h.request_id = (a.op.id << kSubBits) | k;
+      // A request's parts to one server are numbered across its connections, so that no two
+      // carry the same request id (the server takes a repeated id as a resend: sessions.h).
+      h.request_id = (a.op.id << kSubBits) | (k * per_ + static_cast<uint64_t>(link_.connection));
       h.chunk_ids = Slice(base.chunk_ids, b, e);
       h.versions = Slice(base.versions, b, e);
       h.elem_counts = Slice(base.elem_counts, b, e);
@@ -813,8 +834,12 @@ class PsClient::Impl::LinkRunner {
     if (id == 0 || it == active_.end()) return restarted ? Recover("restarted (new incarnation)", true) : Status::Ok();
     if (restarted) DP_RETURN_IF_ERROR(Recover("restarted (new incarnation)", true));
     Active& a = it->second;
-    if (sub >= a.parts.size() || a.parts[sub].state == Part::State::kDone) return Status::Ok();
-    Part& part = a.parts[sub];
+    const uint64_t k = sub / per_;  // the part (numbered across the server's connections)
+    if (sub % per_ != static_cast<uint64_t>(link_.connection) || k >= a.parts.size() ||
+        a.parts[k].state == Part::State::kDone) {
+      return Status::Ok();
+    }
+    Part& part = a.parts[k];
     if (h.type == MsgType::kError) {
       if (h.flags == static_cast<uint32_t>(RejectReason::kNotRegistered) && link_.registered &&
           a.op.header.type != MsgType::kRegister) {
@@ -951,6 +976,7 @@ class PsClient::Impl::LinkRunner {
   Impl& impl_;
   Link& link_;
   const PsClientOptions& o_;
+  const uint64_t per_;  // the server's connections (part numbers interleave over them)
   const int trace_track_;  // -1 = no timeline
   std::map<RequestId, Active> active_;  // by id = call order
   uint64_t inflight_ = 0;               // bytes of parts sent and not answered
@@ -1118,12 +1144,12 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
                                   MsgTypeName(type), have, total);
     return id;
   }
-  // Group chunk ids by server, keeping order.
-  std::vector<std::vector<int32_t>> per_server(static_cast<size_t>(layout_.servers()));
+  // Group chunk ids by the connection that carries them (Impl::LinkOf), keeping order.
+  const int per = impl_->per_server;
+  std::vector<std::vector<int32_t>> per_link(impl_->links.size());
   if (all_chunks) {
     for (int s = 0; s < layout_.servers(); ++s) {
-      auto ids = layout_.ServerChunks(s);
-      per_server[static_cast<size_t>(s)].assign(ids.begin(), ids.end());
+      for (int32_t c : layout_.ServerChunks(s)) per_link[static_cast<size_t>(s * per + c % per)].push_back(c);
     }
   } else {
     for (int32_t c : chunk_ids) {
@@ -1132,12 +1158,11 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
                                       layout_.num_chunks() - 1);
         return id;
       }
-      per_server[static_cast<size_t>(layout_.chunk(c).server)].push_back(c);
+      per_link[static_cast<size_t>(layout_.chunk(c).server * per + c % per)].push_back(c);
     }
   }
   std::vector<Op> ops;
-  for (int s = 0; s < layout_.servers(); ++s) {
-    const auto& ids = per_server[static_cast<size_t>(s)];
+  for (const auto& ids : per_link) {
     if (ids.empty()) continue;
     Op op;
     op.request = req;
@@ -1201,8 +1226,8 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     req->pending_ops = static_cast<int>(ops.size());
   }
   for (Op& op : ops) {
-    const int s = layout_.chunk(static_cast<int32_t>(op.header.chunk_ids[0])).server;
-    impl_->Enqueue(*impl_->links[static_cast<size_t>(s)], std::move(op));
+    const auto c = static_cast<int32_t>(op.header.chunk_ids[0]);
+    impl_->Enqueue(impl_->LinkOf(layout_.chunk(c).server, c), std::move(op));
   }
   return id;
 }
@@ -1289,11 +1314,12 @@ Status PsClient::Wait(RequestId id, std::chrono::milliseconds timeout, std::vect
 
 namespace {
 
-// Sends a control message to one server and waits for its reply.
+// Sends a control message on one server's connection (its first by default) and waits for its reply.
 Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOptions& o, int server, MsgType type,
-               const std::string& text, std::chrono::milliseconds timeout, MessageHeader* reply, int64_t clock = 0) {
-  if (server < 0 || server >= static_cast<int>(impl.links.size())) {
-    return InvalidArgument("ps client: server {} outside 0..{}", server, impl.links.size() - 1);
+               const std::string& text, std::chrono::milliseconds timeout, MessageHeader* reply, int64_t clock = 0,
+               int connection = 0) {
+  if (server < 0 || server >= layout.servers()) {
+    return InvalidArgument("ps client: server {} outside 0..{}", server, layout.servers() - 1);
   }
   auto req = std::make_shared<Request>();
   req->pending_ops = 1;
@@ -1318,7 +1344,7 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
     op.header.flags |= kFlagShm;
     op.header.boot_id = HostBootId();
   }
-  impl.Enqueue(*impl.links[static_cast<size_t>(server)], std::move(op));
+  impl.Enqueue(*impl.links[static_cast<size_t>(server * impl.per_server + connection)], std::move(op));
   std::unique_lock<std::mutex> lock(req->mu);
   if (!req->cv.wait_for(lock, timeout, [&] { return req->pending_ops == 0; })) {
     return Timeout("ps client: no {} reply from server {} within {} ms", MsgTypeName(type), server, timeout.count());
@@ -1332,36 +1358,42 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
 Status PsClient::Connect(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int s = 0; s < layout_.servers(); ++s) {
-    const auto left = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                                 deadline - std::chrono::steady_clock::now()));
-    MessageHeader reply;
-    DP_RETURN_IF_ERROR(Control(*impl_, layout_, options_, s, MsgType::kRegister, "", left, &reply));
-    if (reply.type != MsgType::kRegisterReply) {
-      return Corrupt("server {}: register answered with {}", s, MsgTypeName(reply.type));
+    for (int j = 0; j < impl_->per_server; ++j) {  // every connection registers
+      const auto left = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                   deadline - std::chrono::steady_clock::now()));
+      MessageHeader reply;
+      DP_RETURN_IF_ERROR(Control(*impl_, layout_, options_, s, MsgType::kRegister, "", left, &reply, 0, j));
+      if (reply.type != MsgType::kRegisterReply) {
+        return Corrupt("server {}: register answered with {}", s, MsgTypeName(reply.type));
+      }
     }
   }
   return Status::Ok();
 }
 
 Status PsClient::SetServerAddress(int server, const std::string& address) {
-  if (server < 0 || server >= static_cast<int>(impl_->links.size())) {
-    return InvalidArgument("ps client: SetServerAddress: server {} outside 0..{}", server, impl_->links.size() - 1);
+  if (server < 0 || server >= layout_.servers()) {
+    return InvalidArgument("ps client: SetServerAddress: server {} outside 0..{}", server, layout_.servers() - 1);
   }
   if (address.empty()) return InvalidArgument("ps client: SetServerAddress: empty address for server {}", server);
-  Impl::Link& link = *impl_->links[static_cast<size_t>(server)];
-  {
-    std::lock_guard<std::mutex> lock(link.mu);
-    link.new_address = address;
+  for (int j = 0; j < impl_->per_server; ++j) {
+    Impl::Link& link = *impl_->links[static_cast<size_t>(server * impl_->per_server + j)];
+    {
+      std::lock_guard<std::mutex> lock(link.mu);
+      link.new_address = address;
+    }
+    link.cv.notify_all();
   }
-  link.cv.notify_all();
   return Status::Ok();
 }
 
 namespace {
+// Summed over the server's connections.
 template <typename Get>
 uint64_t LinkCounter(const std::vector<std::unique_ptr<PsClient::Impl::Link>>& links, int server, Get get) {
-  if (server < 0 || server >= static_cast<int>(links.size())) return 0;
-  return get(*links[static_cast<size_t>(server)]);
+  uint64_t sum = 0;
+  for (const auto& l : links) sum += l->server == server ? get(*l) : 0;
+  return sum;
 }
 }  // namespace
 

@@ -4,9 +4,10 @@
 // copying: keep one alive (a pull's unread, a push's unmodified) until Wait(id) returns anything
 // but kTimeout, or the client is destroyed.
 //
-// Concurrency: one I/O thread per server keeps the parts of all requests in flight together (up
-// to max_inflight_bytes), in call order on one connection: a Pull issued after a Push is served
-// after that push is applied. Every error (argument, refusal, timeout, transport) comes from Wait.
+// Concurrency: one I/O thread per connection (connections_per_server per server, each carrying
+// a fixed share of the server's chunks) keeps the parts of all requests in flight together (up
+// to max_inflight_bytes), in call order on that connection: a Pull issued after a Push is served,
+// chunk by chunk, after that push is applied. Every error (argument, refusal, timeout, transport) comes from Wait.
 //
 // Server restarts: a link keeps each part until its reply; on a restart (new incarnation, "not
 // registered") or a move (SetServerAddress) it registers again and resends every unanswered part,
@@ -60,6 +61,11 @@ struct PsClientOptions {
   std::chrono::milliseconds probe_every{1000};  // silence before a heartbeat probe, and probe period
   std::string token;  // run secret sent with register, Checkpoint, Shutdown (server/access.h); "" = none
   bool shared_memory = false;  // ask same-host servers for a shared-memory region (common/shm_region.h)
+  // Connections (each with its I/O thread) to every server, 1..kMaxConnectionsPerServer
+  // (cluster.connections_per_server): chunk c of a server travels on its connection c % n, so a
+  // chunk's requests keep their order. Each connection registers on its own. 1 with
+  // shared_memory (the region carries the payloads).
+  int connections_per_server = 1;
   // On an I/O thread per answered part (seconds: its last send to its reply); short; empty = none.
   std::function<void(int server, MsgType type, size_t chunks, double seconds)> on_part_reply;
   TraceLog* trace = nullptr;  // not owned; a span per answered part, track "to server i"; null = none
@@ -75,7 +81,7 @@ uint64_t FactorPushPayloadBytes(const ParamLayout& layout, std::span<const Facto
 
 class PsClient {
  public:
-  // Starts one I/O thread per server. kInvalidArgument if the address count is not
+  // Starts one I/O thread per connection (connections_per_server per server). kInvalidArgument if the address count is not
   // layout.servers() or an option is out of range; the transport's error if a connect fails.
   static Status Create(Transport* transport, const ParamLayout& layout, PsClientOptions options,
                        std::unique_ptr<PsClient>* out);

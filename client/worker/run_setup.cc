@@ -60,6 +60,9 @@ PsClientOptions WorkerClientOptions(const RunConfig& c, const std::string& run_d
   // Same-host payloads through shared memory (cluster.shared_memory); a server that offers none
   // is used over the socket.
   po.shared_memory = SharedMemoryOn(c);
+  // Several connections per server (cluster.connections_per_server), but one when a push's
+  // sufficient factors would send each layer's input once per connection.
+  po.connections_per_server = c.compression.factors ? 1 : c.cluster.connections_per_server;
   // Sync/ssp servers hold a pull until it is servable, up to PullWait: a reply must not time out
   // earlier than that. A server that answers nothing (restarting) is waited for up to
   // cluster.server_wait_ms, then the request fails naming it.

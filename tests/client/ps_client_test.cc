@@ -564,6 +564,115 @@ TEST_P(PsClientTest, APullIssuedRightAfterAPushSeesItWithoutWaitingForItsAck) {
 INSTANTIATE_TEST_SUITE_P(Payloads, PsClientTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "SharedMemory" : "Socket"; });
 
+// cluster.connections_per_server = 3: each server's chunks go over three connections (chunk id
+// modulo 3), each registered on its own; a pull right after a push still sees it on every chunk
+// (one chunk, one ordered path), and a restarted server is registered again on every connection
+// with nothing applied twice. With shared memory the client keeps one connection.
+TEST_P(PsClientTest, SeveralConnectionsPerServerKeepEachChunksOrderAndSurviveARestart) {
+  PsClientOptions co = ClientOptions(kSecret);
+  co.connections_per_server = 3;
+  co.worker_id = 2;
+  std::unique_ptr<PsClient> c;
+  LogCapture log;
+  ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &c).ok());
+  ASSERT_TRUE(c->Connect(5000ms).ok());
+  const int connections = GetParam() ? 1 : 3;
+  EXPECT_EQ(log.Count("server 0: worker 2 registered"), connections);
+  EXPECT_EQ(log.Count("server 1: worker 2 registered"), connections);
+  const std::vector<float> init(n_, 0.0f);
+  ASSERT_TRUE(c->Wait(c->PushInit(init), 5000ms).ok());
+  std::vector<float> w(n_);
+  for (int k = 0; k < 5; ++k) {
+    std::vector<float> g(n_);
+    for (size_t i = 0; i < n_; ++i) g[i] = static_cast<float>((i + static_cast<size_t>(k)) % 5);
+    const RequestId push = c->Push(g, k);
+    const RequestId pull = c->Pull(w, k + 1);  // in flight behind the push, chunk by chunk
+    const Status pushed = c->Wait(push, 5000ms);
+    ASSERT_TRUE(pushed.ok()) << pushed.ToString();
+    const Status pulled = c->Wait(pull, 5000ms);
+    ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+    for (size_t i = 0; i < n_; ++i) {
+      float want = 0;
+      for (int j = 0; j <= k; ++j) want -= static_cast<float>((i + static_cast<size_t>(j)) % 5);
+      ASSERT_EQ(w[i], want) << "float " << i << " after push " << k;
+    }
+  }
+  // Every part of server 0's pushes, over all its connections, is counted once.
+  size_t parts = 0;
+  for (int j = 0; j < connections; ++j) {
+    size_t chunks = 0;
+    for (int32_t id : layout_.ServerChunks(0)) chunks += id % connections == j ? 1 : 0;
+    parts += (chunks + 3) / 4;
+  }
+  EXPECT_EQ(c->acked_pushes(0), 5 * parts);
+  // Server 0 restarts from a checkpoint: every connection registers again, each part once.
+  const std::string path = ScratchFile("ps_client_connections");
+  ASSERT_TRUE(c->Checkpoint(0, path, 5000ms).ok());
+  KillShard(0, "");
+  StartShard(0, "s0", path);
+  const std::vector<float> g(n_, 1.0f);
+  ASSERT_TRUE(c->Wait(c->Push(g, 5), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->Pull(w, 6), 5000ms).ok());
+  for (size_t i = 0; i < n_; ++i) {
+    float want = -1;
+    for (int j = 0; j < 5; ++j) want -= static_cast<float>((i + static_cast<size_t>(j)) % 5);
+    ASSERT_EQ(w[i], want) << "float " << i << " after the restart";
+  }
+  EXPECT_EQ(c->acked_pushes(0), 6 * parts);
+  EXPECT_EQ(c->resent_parts(0), parts);
+  EXPECT_EQ(c->restarts_seen(0), static_cast<uint64_t>(connections));  // each connection saw it
+}
+
+// Over TCP: four connections per server and four ZeroMQ I/O threads carry a push and a pull of
+// 640 KB a server, the server seeing four registered peers for the one worker.
+TEST(PsClientZmq, FourConnectionsPerServerOverTcpMoveEveryChunk) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {400, 400}, 1, 1}}, 2, 8192, &layout).ok());
+  ZmqOptions zo;
+  zo.io_threads = 4;
+  zo.linger_ms = 0;
+  ZmqTransport transport(zo);
+  LogCapture log;
+  std::vector<std::unique_ptr<ShardServer>> shards(2);
+  PsClientOptions co;
+  for (int s = 0; s < 2; ++s) {
+    ShardOptions o = TestShardOptions();
+    o.server_id = s;
+    o.server_threads = 2;
+    ASSERT_TRUE(ShardServer::Create(layout, o, &shards[static_cast<size_t>(s)]).ok());
+    std::unique_ptr<ServerEndpoint> ep;
+    ASSERT_TRUE(transport.Bind("tcp://127.0.0.1:0", &ep).ok());
+    co.server_addresses.push_back(ep->address());
+    shards[static_cast<size_t>(s)]->Start(std::move(ep));
+  }
+  co.token = kSecret;
+  co.connections_per_server = 4;
+  co.max_chunks_per_message = 2;
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&transport, layout, co, &c).ok());
+  ASSERT_TRUE(c->Connect(5000ms).ok());
+  EXPECT_EQ(log.Count("server 0: worker 0 registered"), 4);
+  EXPECT_EQ(log.Count("server 1: worker 0 registered"), 4);
+  const size_t n = static_cast<size_t>(layout.total_elems());
+  std::vector<float> init(n), g(n), w(n);
+  for (size_t i = 0; i < n; ++i) {
+    init[i] = static_cast<float>(i % 13);
+    g[i] = static_cast<float>(i % 3);
+  }
+  Status st = c->Wait(c->PushInit(init), 5000ms);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = c->Wait(c->Push(g, 0), 5000ms);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = c->Wait(c->Pull(w, 1), 5000ms);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(w[i], init[i] - g[i]) << i;
+  c.reset();
+  for (auto& s : shards) {
+    s->Stop();
+    EXPECT_TRUE(s->Join().ok());
+  }
+}
+
 TEST(PsClientZmq, PullInFlightAcrossAServerRestartOnTheSamePortCompletes) {
   ParamLayout layout;
   ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}}, 1, 32, &layout).ok());
@@ -627,6 +736,21 @@ TEST(PsClientCreate, AddressCountMustMatchTheLayout) {
   std::unique_ptr<PsClient> c;
   Status s = PsClient::Create(&t, layout, o, &c);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PsClientCreate, ConnectionsPerServerMustBeInRange) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {10}, 1, 1}}, 1, 32, &layout).ok());
+  InprocTransport t;
+  for (int n : {0, kMaxConnectionsPerServer + 1}) {
+    PsClientOptions o;
+    o.server_addresses = {"s0"};
+    o.connections_per_server = n;
+    std::unique_ptr<PsClient> c;
+    const Status s = PsClient::Create(&t, layout, o, &c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << n;
+    EXPECT_NE(s.message().find("connections_per_server"), std::string::npos) << s.ToString();
+  }
 }
 
 TEST(PsClientCreate, SilentServerFailsAfterServerWaitNotReplyTimeoutNamingTheServer) {

@@ -315,6 +315,8 @@ TEST(RunConfigTest, ToTomlRoundTrips) {
   c.run.name = "quote\"d \\ name";
   c.cluster.servers = 3;
   c.cluster.server_threads = 7;
+  c.cluster.io_threads = 5;
+  c.cluster.connections_per_server = 3;
   c.cluster.trace_events = 123456;
   c.solver.base_lr = 0.1f / 3.0f;  // not exactly representable in decimal
   c.solver.lr_policy = LrPolicy::kMultistep;
@@ -582,7 +584,20 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
   }
   EXPECT_THAT(ParseError("[cluster]\nserver_threads = 1.5\n"), HasSubstr("cluster.server_threads"));
   EXPECT_EQ(ParseOk("[cluster]\nserver_threads = 64\n").cluster.server_threads, 64);
-  EXPECT_EQ(ParseOk("").cluster.server_threads, 1);  // the message loop alone by default
+  EXPECT_EQ(ParseOk("").cluster.server_threads, 1);  // one apply lane by default
+  for (const char* bad : {"0", "-1", "17"}) {
+    EXPECT_THAT(ParseError(std::string("[cluster]\nio_threads = ") + bad + "\n"),
+                HasSubstr(std::string("cluster.io_threads = ") + bad + ": must be in 1..16"));
+  }
+  EXPECT_EQ(ParseOk("").cluster.io_threads, 2);
+  EXPECT_EQ(ParseOk("[cluster]\nio_threads = 16\n").cluster.io_threads, 16);
+  for (const char* bad : {"0", "-3", "9"}) {
+    EXPECT_THAT(ParseError(std::string("[cluster]\nconnections_per_server = ") + bad + "\n"),
+                HasSubstr(std::string("cluster.connections_per_server = ") + bad + ": must be in 1..8"));
+  }
+  EXPECT_THAT(ParseError("[cluster]\nconnections_per_server = \"two\"\n"), HasSubstr("cluster.connections_per_server"));
+  EXPECT_EQ(ParseOk("").cluster.connections_per_server, 1);
+  EXPECT_EQ(ParseOk("[cluster]\nconnections_per_server = 8\n").cluster.connections_per_server, 8);
   for (const char* bad : {"-1", "10000001"}) {
     EXPECT_THAT(ParseError(std::string("[cluster]\ntrace_events = ") + bad + "\n"),
                 HasSubstr(std::string("cluster.trace_events = ") + bad + ": must be in 0..10000000 (0 = off)"));
