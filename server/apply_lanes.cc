@@ -41,7 +41,15 @@ ApplyLanes::~ApplyLanes() {
 void ApplyLanes::Post(int local, size_t bytes, std::function<void()> task) {
   Lane& lane = *lanes_[static_cast<size_t>(LaneOf(local))];
   std::unique_lock<std::mutex> lock(lane.mu);
-  lane.progress.wait(lock, [&] { return lane.queue.empty() || lane.queued_bytes + bytes <= max_queued_bytes_; });
+  const auto fits = [&] { return lane.queue.empty() || lane.queued_bytes + bytes <= max_queued_bytes_; };
+  if (!fits()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    lane.progress.wait(lock, fits);
+    post_wait_ns_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                      std::chrono::steady_clock::now() - t0)
+                                                      .count()),
+                            std::memory_order_relaxed);
+  }
   lane.queue.emplace_back(bytes, std::move(task));
   lane.queued_bytes += bytes;
   lock.unlock();

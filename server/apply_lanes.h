@@ -20,6 +20,7 @@
 // shard's lock); tasks must not call back into ApplyLanes. The destructor drains and joins.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,6 +54,8 @@ class ApplyLanes {
   bool Idle(int lane) const;
   // Nanoseconds the lanes spent running tasks, summed over lanes. Thread-safe.
   uint64_t busy_ns() const;
+  // Nanoseconds Post waited for a full lane: the poster was bound by the lanes. Thread-safe.
+  uint64_t post_wait_ns() const { return post_wait_ns_.load(std::memory_order_relaxed); }
 
  private:
   struct Lane {
@@ -71,6 +74,7 @@ class ApplyLanes {
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::vector<int> lane_of_;
   const size_t max_queued_bytes_;
+  std::atomic<uint64_t> post_wait_ns_{0};
 };
 
 }  // namespace downpour

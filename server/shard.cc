@@ -133,6 +133,7 @@ struct ShardServer::ChunkState {
   // The chunk's lane's (apply_lanes.h): only tasks on it, or the loop after draining it, touch these.
   // Shared with in-flight pull replies; replaced (copy-on-write) before an update if read.
   std::shared_ptr<WeightBuffer> weights;
+  std::shared_ptr<WeightBuffer> spare;  // the buffer replaced last, reused once no reply reads it
   std::vector<float> history;  // the update rule's state, count floats
   // The loop's: what the chunk is once everything posted to its lane has run.
   int64_t version = 0;         // applied updates
@@ -1022,11 +1023,22 @@ void ShardServer::NoteStaleness(int64_t staleness) {
 }
 
 std::vector<float>& ShardServer::MutableWeights(int local) {
-  auto& w = chunks_[static_cast<size_t>(local)].weights;
+  ChunkState& st = chunks_[static_cast<size_t>(local)];
+  auto& w = st.weights;
   if (w->readers.load(std::memory_order_acquire) != 0) {
-    // An in-flight pull reply still reads this buffer: the update goes to a fresh copy; the old
-    // buffer lives on in the reply's keepalive until the transport lets go of it.
-    w = std::make_shared<WeightBuffer>(w->data);
+    // An in-flight pull reply still reads this buffer: the update goes to a copy; the old buffer
+    // lives on in the reply's keepalive until the transport lets go of it, and is then the next
+    // copy's home (st.spare), so a chunk pulled every step is not a fresh allocation and its
+    // page faults every step.
+    std::shared_ptr<WeightBuffer> next;
+    if (st.spare != nullptr && st.spare.use_count() == 1 && st.spare->readers.load(std::memory_order_acquire) == 0) {
+      next = std::move(st.spare);  // the acquire above orders the transport's last read before the writes
+      std::memcpy(next->data.data(), w->data.data(), w->data.size() * sizeof(float));
+    } else {
+      next = std::make_shared<WeightBuffer>(w->data);
+    }
+    st.spare = std::move(w);
+    w = std::move(next);
   }
   return w->data;
 }

@@ -175,6 +175,9 @@ class ShardServer {
   int64_t ChunkVersion(int32_t chunk) const;             // -1 if not owned
   int64_t ChunkScheduleIter(int32_t chunk) const;        // the lr schedule's iteration; -1 if not owned
   int64_t updates() const;                               // applied chunk updates
+  // Nanoseconds the loop waited for a full apply lane (apply_lanes.h): in stats busy_ns, but time
+  // the lanes, not the loop, were the bound.
+  uint64_t lane_wait_ns() const { return lanes_->post_wait_ns(); }
   bool shutdown_requested() const { return shutdown_.load(); }
   // The write-ahead log takes nothing more: the loop has stopped or is stopping (see Serve).
   bool log_failed() const { return log_failed_.load(); }
