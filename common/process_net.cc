@@ -86,6 +86,23 @@ std::string ProcessNet::Describe(const std::string& bound_address) const {
                            : (token.empty() ? "CurveZMQ off, no run secret" : "CurveZMQ off (loopback, run secret)"));
 }
 
+ProcessTransport::ProcessTransport(const ProcessNet& net) : zmq_(net.zmq) {
+  if (net.link.gbps > 0) {
+    EmulatedLinkOptions o = net.link;
+    o.trace = net.zmq.trace;
+    o.linger_ms = net.zmq.linger_ms;
+    link_ = std::make_unique<EmulatedLinkTransport>(&zmq_, o);
+  }
+}
+
+Status ProcessTransport::Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) {
+  return link_ ? link_->Bind(address, out) : zmq_.Bind(address, out);
+}
+
+Status ProcessTransport::Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) {
+  return link_ ? link_->Connect(address, out) : zmq_.Connect(address, out);
+}
+
 bool SharedMemoryOn(const RunConfig& c) { return c.cluster.shared_memory && !(c.cluster.link_gbps > 0); }
 
 std::string EmulatedLinkNote(const RunConfig& c) {
@@ -111,8 +128,9 @@ Status SetUpProcessNet(const RunConfig& c, const NetFlags& f, NetRole role, cons
   // A bound socket's per-peer queue of replies a peer does not read (common/zmq_transport.h).
   out->zmq.peer_queue_bytes = static_cast<size_t>(c.cluster.peer_queue_mb) << 20;
   out->zmq.io_threads = c.cluster.io_threads;
-  out->zmq.link_gbps = c.cluster.link_gbps;  // 0 = no emulated link
-  out->zmq.reply_order_by_key = c.cluster.reply_order == ReplyOrder::kStep;
+  out->link.gbps = c.cluster.link_gbps;  // 0 = no emulated link
+  out->link.order_by_key = c.cluster.reply_order == ReplyOrder::kStep;
+  out->link.peer_queue_bytes = out->zmq.peer_queue_bytes;
   if (!c.security.keys.empty()) {
     DP_RETURN_IF_ERROR(LoadCurveKeys(c.security.keys, ClientKeyRole(role), binds, &out->zmq.curve));
     out->keyed = true;

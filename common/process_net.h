@@ -12,9 +12,10 @@
 //   source       outgoing connections (servers to the coordinator, workers to everyone) leave
 //                from --bind when it names one address, or from cluster.bind when that names
 //                one non-loopback address; else the OS picks.
-//   link         cluster.link_gbps > 0: the transport paces this process's egress to it
-//                (ZmqOptions::link_gbps, common/zmq_transport.h), and same-host shared memory is
-//                off (SharedMemoryOn), since it would bypass the emulated link.
+//   link         cluster.link_gbps > 0: ProcessTransport puts the emulated link
+//                (common/emulated_link.h) in front of ZeroMQ, pacing this process's egress to it
+//                (cluster.reply_order = "step": replies by order key), and same-host shared memory
+//                is off (SharedMemoryOn), since it would bypass the link.
 //   security     security.keys set: CurveZMQ with that key directory (common/security.h
 //                LoadCurveKeys: this role's client key; binders also the endpoint key and the
 //                allow-list), keyed = true. No keys: the bind must be loopback unless
@@ -26,8 +27,10 @@
 // Thread-safety: reentrant; ProcessNet is a value.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "common/emulated_link.h"
 #include "common/run_config.h"
 #include "common/status.h"
 #include "common/zmq_transport.h"
@@ -51,6 +54,7 @@ struct NetFlags {
 
 struct ProcessNet {
   ZmqOptions zmq;           // curve, connect_source, peer_queue_bytes (and ZeroMQ's defaults)
+  EmulatedLinkOptions link;  // gbps 0 = no emulated link (cluster.link_gbps)
   std::string bind;         // binders: the address to bind ("0.0.0.0", "127.0.0.3", "::")
   std::string advertise;    // binders: the host others reach it at
   std::string coordinator;  // host:port
@@ -65,6 +69,22 @@ struct ProcessNet {
   // "listening on tcp://0.0.0.0:5601, advertised as tcp://n2:5601, coordinator n1:5555,
   // CurveZMQ on" (the bound parts only for binders; `bound_address` "" for a worker).
   std::string Describe(const std::string& bound_address) const;
+};
+
+// A program's transport: ZeroMQ with net.zmq, behind the emulated link (net.link.gbps > 0) whose
+// timeline is net.zmq.trace. Without a link, Bind and Connect are ZeroMQ's own. Thread-safety as
+// ZmqTransport's.
+class ProcessTransport : public Transport {
+ public:
+  explicit ProcessTransport(const ProcessNet& net);
+  TrafficCounts traffic() const override { return zmq_.traffic(); }
+  Status Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) override;
+  Status Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) override;
+  uint64_t refused_connections() const { return zmq_.refused_connections(); }
+
+ private:
+  ZmqTransport zmq_;
+  std::unique_ptr<EmulatedLinkTransport> link_;  // null: no emulated link
 };
 
 // Whether same-host payloads may go through shared memory: cluster.shared_memory, unless an

@@ -90,7 +90,7 @@ class ServerEndpoint {
   // dropped for not reading its replies.
   virtual Status Send(const PeerId& to, Frames frames) = 0;
   // Send, with the reply's place among those waiting for the link: an endpoint that orders its
-  // replies (ZmqOptions::reply_order_by_key, cluster.reply_order = "step") hands the waiting reply
+  // replies (an emulated link's EmulatedLinkOptions::order_by_key, cluster.reply_order = "step") hands the waiting reply
   // with the lowest `order` to the link first, whichever peer it is for; a peer's own replies
   // still leave in the order they were sent (a lower `order` after a higher one counts as the
   // higher). Other endpoints send as Send does.
@@ -100,7 +100,7 @@ class ServerEndpoint {
   }
   // Sends queued replies that have fallen due (an emulated link's paced replies, replies that
   // waited for a full pipe), without waiting; the rest stay queued. A loop in the middle of long
-  // work (a push of many chunks) calls it between pieces, so its replies leave when due as a
+  // work (a push's sufficient factors expanded chunk by chunk) calls it between pieces, so its replies leave when due as a
   // kernel's socket buffer would let them, not when the loop next calls Receive. The loop's
   // thread only. Transports that queue nothing do nothing.
   virtual void ReleaseDue() {}

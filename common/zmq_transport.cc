@@ -21,7 +21,6 @@
 
 #include "common/log_limit.h"
 #include "common/net_address.h"
-#include "common/rate_limiter.h"
 #include "common/trace.h"
 
 namespace downpour {
@@ -74,11 +73,8 @@ struct ZmqTransport::Impl {
   // Made by the first curve Bind. Declared after `context`, so destroyed (thread joined, its
   // sockets closed) before the context terminates.
   std::unique_ptr<CurveGuard> guard;
-  // The emulated egress link (options.link_gbps > 0), shared by every endpoint; null = off.
-  std::unique_ptr<LinkPacer> pacer;
   std::atomic<uint64_t> sent_bytes{0}, received_bytes{0}, sent_messages{0}, received_messages{0};
-  explicit Impl(const ZmqOptions& o)
-      : options(o), context(o.io_threads), pacer(o.link_gbps > 0 ? std::make_unique<LinkPacer>(o.link_gbps) : nullptr) {}
+  explicit Impl(const ZmqOptions& o) : options(o), context(o.io_threads) {}
   void CountSent(size_t bytes) {
     sent_bytes.fetch_add(bytes, std::memory_order_relaxed);
     sent_messages.fetch_add(1, std::memory_order_relaxed);
@@ -88,26 +84,14 @@ struct ZmqTransport::Impl {
   int TraceTrack(const std::string& name) {
     return options.trace != nullptr && options.trace->on() ? options.trace->Thread(name) : -1;
   }
-  // The timeline's span of a message that waited from `queued` (its Send) to now, due at `due`.
-  void TraceEgress(int track, size_t bytes, std::chrono::steady_clock::time_point queued,
-                   std::chrono::steady_clock::time_point due) {
+  // The timeline's span of a reply that waited in its peer's queue from `queued` (its Send) to now.
+  void TraceEgress(int track, size_t bytes, std::chrono::steady_clock::time_point queued) {
     if (track < 0) return;
     const auto now = std::chrono::steady_clock::now();
-    const auto ms = [](std::chrono::steady_clock::duration d) {
-      return std::max(0.0, std::chrono::duration<double, std::milli>(d).count());
-    };
     options.trace->Async(track, "link", "egress", 0, queued, now,
                          {{"bytes", static_cast<double>(bytes)},
-                          {"link_ms", ms(due - queued)},
-                          {"late_ms", ms(now - std::max(due, queued))}});
-  }
-  // When a message of `bytes` may go: now without a link; its virtual finish time on the link,
-  // or now for a small message (charged all the same; see zmq_transport.h).
-  std::chrono::steady_clock::time_point Due(size_t bytes) {
-    const auto now = std::chrono::steady_clock::now();
-    if (!pacer) return now;
-    const auto finish = pacer->ReserveAt(bytes, now);
-    return bytes < options.link_pace_min_bytes ? now : finish;
+                          {"link_ms", 0.0},
+                          {"late_ms", std::max(0.0, std::chrono::duration<double, std::milli>(now - queued).count())}});
   }
 };
 
@@ -325,8 +309,7 @@ class ZmqServer : public ServerEndpoint {
     const uint64_t woken_before = wakes_.load();
     while (true) {
       Flush();
-      // While replies wait, wake often to offer them again (a peer may start reading any time),
-      // or when the first paced reply falls due.
+      // While replies wait, wake often to offer them again (a peer may start reading any time).
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() < 0) left = std::chrono::milliseconds(0);
       const auto wait = std::min(left, NextFlush());
@@ -359,21 +342,15 @@ class ZmqServer : public ServerEndpoint {
     if (dropped_.count(to)) {
       return Unavailable("zmq '{}': peer {} was dropped (it did not read its replies)", address_, PeerHex(to));
     }
+    (void)order;  // replies leave in the order they were sent (an emulated link orders by key)
     const size_t bytes = MessageBytes(frames);
     auto q = queues_.find(to);
-    // Ordered by key: a large reply, or any behind a queued one, waits for its place (Schedule).
-    if (ordered_ && (bytes >= impl_->options.link_pace_min_bytes || q != queues_.end())) {
-      return Enqueue(to, q, std::move(frames), bytes, order);
-    }
-    const auto due = impl_->Due(bytes);  // on an emulated link, when the reply may leave
     if (q == queues_.end()) {
-      if (due <= std::chrono::steady_clock::now()) {
-        bool sent = false;
-        DP_RETURN_IF_ERROR(TrySendRouted(socket_, to, frames, impl_->options.zero_copy_min_bytes, address_, &sent));
-        if (sent) {
-          impl_->CountSent(bytes);
-          return Status::Ok();
-        }
+      bool sent = false;
+      DP_RETURN_IF_ERROR(TrySendRouted(socket_, to, frames, impl_->options.zero_copy_min_bytes, address_, &sent));
+      if (sent) {
+        impl_->CountSent(bytes);
+        return Status::Ok();
       }
       q = queues_.emplace(to, PeerQueue{}).first;
     }
@@ -383,7 +360,7 @@ class ZmqServer : public ServerEndpoint {
                          impl_->options.peer_queue_bytes);
     }
     q->second.bytes += bytes;
-    q->second.messages.push_back(Queued{std::move(frames), due, std::chrono::steady_clock::now(), bytes});
+    q->second.messages.push_back(Queued{std::move(frames), std::chrono::steady_clock::now(), bytes});
     return Status::Ok();
   }
   void ReleaseDue() override {
@@ -395,102 +372,35 @@ class ZmqServer : public ServerEndpoint {
  private:
   static constexpr auto kFlushSlice = std::chrono::milliseconds(2);
   static constexpr size_t kRememberDropped = 4096;  // dropped ids kept (oldest forgotten first)
-  static constexpr uint64_t kNoOrder = UINT64_MAX;  // Send: the peer's last order (see Enqueue)
-  // Ordered by key: the next waiting reply gets its place once the link has less than this
-  // reserved ahead (so the link never idles for want of a reservation, and the choice is made
-  // as late as that allows).
-  static constexpr auto kOrderAhead = std::chrono::milliseconds(3);
+  static constexpr uint64_t kNoOrder = UINT64_MAX;  // Send's order: none
   using TimePoint = std::chrono::steady_clock::time_point;
   struct Queued {
     Frames frames;
-    TimePoint due;     // not before (emulated link); past = at once; unset while not scheduled
     TimePoint queued;  // its Send (the timeline's egress span)
     size_t bytes = 0;
-    uint64_t order = 0;     // its order key (ordered by key only)
-    bool scheduled = true;  // has its place on the link (false: waits for Schedule)
   };
   struct PeerQueue {
-    std::deque<Queued> messages;  // the scheduled ones first, then `unscheduled` waiting ones
+    std::deque<Queued> messages;
     size_t bytes = 0;
-    size_t unscheduled = 0;
-    uint64_t last_order = 0;
   };
   using Queues = std::unordered_map<PeerId, PeerQueue>;
 
-  // Ordered by key: queues a reply without a place on the link. Its order is at least the
-  // peer's previous one, so a peer's replies keep their order; Send's (kNoOrder) is exactly the
-  // previous one (an ack rides with the replies before it), or its arrival for a first reply.
-  Status Enqueue(const PeerId& to, Queues::iterator q, Frames frames, size_t bytes, uint64_t order) {
-    const auto now = std::chrono::steady_clock::now();
-    if (q == queues_.end()) q = queues_.emplace(to, PeerQueue{}).first;
-    if (q->second.bytes + bytes > impl_->options.peer_queue_bytes) {
-      Drop(q, bytes);
-      return Unavailable("zmq '{}': peer {} dropped: its unsent replies exceed {} bytes", address_, PeerHex(to),
-                         impl_->options.peer_queue_bytes);
-    }
-    PeerQueue& pq = q->second;
-    if (order == kNoOrder) {
-      order = pq.messages.empty() ? static_cast<uint64_t>(now.time_since_epoch().count()) : pq.last_order;
-    }
-    pq.last_order = std::max(pq.last_order, order);
-    pq.bytes += bytes;
-    pq.messages.push_back(Queued{std::move(frames), TimePoint{}, now, bytes, pq.last_order, false});
-    ++pq.unscheduled;
-    Flush();
-    return Status::Ok();
-  }
-
-  // Ordered by key: gives waiting replies their place on the link, lowest order first (ties:
-  // sent first), while the link has less than kOrderAhead reserved.
-  void Schedule() {
-    while (true) {
-      const auto now = std::chrono::steady_clock::now();
-      if (impl_->pacer->BusyUntil() > now + kOrderAhead) return;
-      Queued* best = nullptr;
-      PeerQueue* best_queue = nullptr;
-      for (auto& [peer, q] : queues_) {
-        if (q.unscheduled == 0) continue;
-        Queued& m = q.messages[q.messages.size() - q.unscheduled];
-        if (best == nullptr || m.order < best->order || (m.order == best->order && m.queued < best->queued)) {
-          best = &m;
-          best_queue = &q;
-        }
-      }
-      if (best == nullptr) return;
-      best->due = impl_->Due(best->bytes);
-      best->scheduled = true;
-      --best_queue->unscheduled;
-    }
-  }
-
-  // Offers every queued reply that is due, oldest first per peer, until that peer's pipe is full
-  // again or its next reply is not due yet (ordered by key: first gives waiting replies their
-  // place, and again after sending, as sending may have made room).
+  // Offers every queued reply, oldest first per peer, until that peer's pipe is full again.
   void Flush() {
-    if (ordered_) Schedule();
-    SendDue();
-    if (ordered_) {
-      Schedule();
-      SendDue();
-    }
-  }
-  void SendDue() {
-    const auto now = std::chrono::steady_clock::now();
     for (auto it = queues_.begin(); it != queues_.end();) {
       PeerQueue& q = it->second;
-      while (!q.messages.empty() && q.messages.front().scheduled && q.messages.front().due <= now) {
+      while (!q.messages.empty()) {
         bool sent = false;
         Status s = TrySendRouted(socket_, it->first, q.messages.front().frames, impl_->options.zero_copy_min_bytes,
                                  address_, &sent);
         if (!s.ok()) {  // the peer disconnected: nobody to deliver to
           q.messages.clear();
-          q.unscheduled = 0;
           break;
         }
         if (!sent) break;
         const size_t bytes = q.messages.front().bytes;
         impl_->CountSent(bytes);
-        impl_->TraceEgress(trace_track_, bytes, q.messages.front().queued, q.messages.front().due);
+        impl_->TraceEgress(trace_track_, bytes, q.messages.front().queued);
         q.bytes -= bytes;
         q.messages.pop_front();
       }
@@ -498,24 +408,10 @@ class ZmqServer : public ServerEndpoint {
     }
   }
 
-  // How long Receive may wait before the queues need another Flush: kFlushSlice while a due
-  // reply waits for its peer's pipe, else until the earliest paced reply falls due (rounded up
-  // to the poll's millisecond), else as long as it likes.
+  // How long Receive may wait before the queues need another Flush: kFlushSlice while a reply
+  // waits for its peer's pipe, else as long as it likes.
   std::chrono::milliseconds NextFlush() const {
-    const auto now = std::chrono::steady_clock::now();
-    auto next = std::chrono::steady_clock::time_point::max();
-    bool waiting = false;
-    for (const auto& [peer, q] : queues_) {
-      if (q.messages.empty()) continue;
-      waiting = waiting || q.unscheduled > 0;
-      if (!q.messages.front().scheduled) continue;
-      if (q.messages.front().due <= now) return kFlushSlice;
-      next = std::min(next, q.messages.front().due);
-    }
-    // A waiting reply gets its place when the link's reservations run low.
-    if (waiting) next = std::min(next, std::max(now, impl_->pacer->BusyUntil() - kOrderAhead));
-    if (next == std::chrono::steady_clock::time_point::max()) return std::chrono::milliseconds::max();
-    return std::chrono::ceil<std::chrono::milliseconds>(next - now);
+    return queues_.empty() ? std::chrono::milliseconds::max() : kFlushSlice;
   }
 
   void Drop(Queues::iterator q, size_t more_bytes) {
@@ -539,8 +435,6 @@ class ZmqServer : public ServerEndpoint {
   ZmqTransport::Impl* impl_;
   zmq::socket_t socket_;
   std::string address_;
-  // Replies take the link by their order key (reply_order_by_key on an emulated link).
-  const bool ordered_ = impl_->options.reply_order_by_key && impl_->pacer != nullptr;
   Queues queues_;  // only peers with replies waiting
   std::unordered_set<PeerId> dropped_;
   std::deque<PeerId> dropped_order_;
@@ -560,91 +454,26 @@ class ZmqClient : public ClientEndpoint {
  public:
   using Clock = std::chrono::steady_clock;
   ZmqClient(ZmqTransport::Impl* impl, zmq::socket_t socket, std::string address)
-      : impl_(impl),
-        socket_(std::move(socket)),
-        address_(std::move(address)),
-        trace_track_(impl_->TraceTrack("egress to " + address_)) {}
-  // Paced messages still queued leave if they fall due within the socket's linger; the rest is
-  // dropped, as ZeroMQ drops what a closed socket has not sent by then.
-  ~ZmqClient() override {
-    const auto until = Clock::now() + std::chrono::milliseconds(impl_->options.linger_ms);
-    while (!queue_.empty() && queue_.front().due <= until) {
-      std::this_thread::sleep_until(queue_.front().due);
-      if (!SendHead().ok()) break;
-    }
-  }
-  // On an emulated link a message that is not due yet is queued (see zmq_transport.h); past
-  // client_pace_queue_bytes of queued messages the caller waits for the link.
+      : impl_(impl), socket_(std::move(socket)), address_(std::move(address)) {}
+  // Waits up to send_timeout_ms while the socket's queue is full.
   Status Send(Frames frames) override {
-    DP_RETURN_IF_ERROR(Flush());
     const size_t bytes = MessageBytes(frames);
-    const auto due = impl_->Due(bytes);
-    if (queue_.empty() && due <= Clock::now()) {
-      DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, frames, impl_->options.zero_copy_min_bytes, address_));
-      impl_->CountSent(bytes);
-      return Status::Ok();
-    }
-    queue_.push_back(Queued{std::move(frames), due, bytes, Clock::now()});
-    queued_bytes_ += bytes;
-    while (queued_bytes_ > impl_->options.client_pace_queue_bytes) {
-      std::this_thread::sleep_until(queue_.front().due);
-      DP_RETURN_IF_ERROR(SendHead());
-    }
+    DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, frames, impl_->options.zero_copy_min_bytes, address_));
+    impl_->CountSent(bytes);
     return Status::Ok();
   }
-  // Releases queued messages as they fall due while it waits (waking at the next due time).
   Status Receive(Frames* frames, std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
-    while (true) {
-      DP_RETURN_IF_ERROR(Flush());
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() < 0) left = std::chrono::milliseconds(0);
-      auto wait = left;
-      if (!queue_.empty()) wait = std::min(left, std::chrono::ceil<std::chrono::milliseconds>(queue_.front().due - Clock::now()));
-      if (wait.count() < 0) wait = std::chrono::milliseconds(0);
-      Status s = ReceiveAll(socket_, nullptr, frames, wait, address_);
-      if (s.code() == StatusCode::kTimeout) {
-        if (wait < left) continue;
-        return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
-      }
-      DP_RETURN_IF_ERROR(s);
-      impl_->CountReceived(*frames);
-      return Status::Ok();
-    }
+    Status s = ReceiveAll(socket_, nullptr, frames, timeout, address_);
+    if (s.code() == StatusCode::kTimeout) return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
+    DP_RETURN_IF_ERROR(s);
+    impl_->CountReceived(*frames);
+    return Status::Ok();
   }
 
  private:
-  struct Queued {
-    Frames frames;
-    Clock::time_point due;  // its finish time on the emulated link
-    size_t bytes = 0;
-    Clock::time_point queued;  // its Send (the timeline's egress span)
-  };
-
-  // Sends every queued message that is due, in order.
-  Status Flush() {
-    const auto now = Clock::now();
-    while (!queue_.empty() && queue_.front().due <= now) DP_RETURN_IF_ERROR(SendHead());
-    return Status::Ok();
-  }
-  // Sends the oldest queued message; it leaves the queue whether or not ZeroMQ took it (an error
-  // is the caller's, as an unqueued Send's would be).
-  Status SendHead() {
-    Queued q = std::move(queue_.front());
-    queue_.pop_front();
-    queued_bytes_ -= q.bytes;
-    DP_RETURN_IF_ERROR(SendAll(socket_, nullptr, q.frames, impl_->options.zero_copy_min_bytes, address_));
-    impl_->CountSent(q.bytes);
-    impl_->TraceEgress(trace_track_, q.bytes, q.queued, q.due);
-    return Status::Ok();
-  }
-
   ZmqTransport::Impl* impl_;
   zmq::socket_t socket_;
   std::string address_;
-  std::deque<Queued> queue_;  // paced messages not due yet, oldest first (emulated link only)
-  size_t queued_bytes_ = 0;
-  const int trace_track_;  // -1 = no timeline
 };
 
 // ---- CurveGuard ------------------------------------------------------------------------------

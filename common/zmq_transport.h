@@ -16,34 +16,9 @@
 // rate. What ZeroMQ already holds for it (server_sndhwm messages) stays until it disconnects.
 // Client (DEALER) sends are unchanged: they wait up to send_timeout_ms.
 //
-// Emulated link (ZmqOptions::link_gbps > 0, cluster.link_gbps; experiments only): every message
-// any endpoint of this transport sends reserves its bytes (all frames) on one LinkPacer
-// (common/rate_limiter.h) shared by the transport's endpoints and threads — a process has one
-// transport, so this is the process's egress link — and leaves at its virtual finish time. No
-// Send waits for the link: a message that is not due yet is queued behind the endpoint's earlier
-// ones (so order holds) and released when due by the endpoint's later Send and Receive calls,
-// whose waits end at the next due time. A server's replies join the peer's queue above (bounded
-// by peer_queue_bytes, a peer past it dropped as before), so its loop never waits. A client keeps
-// its own queue; past client_pace_queue_bytes its Send waits for the link (the PS client, whose
-// window is smaller, never does). So a client must keep calling Receive (or Send) for its queue
-// to drain — the PS client's I/O loop does, every millisecond while requests are open — and its
-// replies are read while its sends are paced (full duplex, as a real NIC). Queued messages still
-// due within linger_ms leave when a client endpoint is destroyed; later ones are dropped, as
-// ZeroMQ drops unsent messages at close. A message smaller than link_pace_min_bytes (headers,
-// acks, heartbeats) is charged to the link — later messages leave later — but is not itself
-// held back when nothing is queued before it: a real host interleaves a small message's packets
-// with a bulk transfer's (fair queueing), it does not wait behind megabytes. Ingress is not
-// limited. link_gbps = 0: no pacing and no queue beyond the server's as above.
-//
-// Reply order on an emulated link (ZmqOptions::reply_order_by_key): by default a server's reply
-// reserves its place on the link when it is sent, so replies leave in the order the loop made
-// them, and two peers asking at once get theirs interleaved (as a real NIC interleaves two
-// flows). With reply_order_by_key a large reply is queued without a place; whenever the link
-// has less than kOrderAhead of reserved time left, the endpoint reserves the waiting reply with
-// the lowest order key (SendOrdered; ties: the one sent first), whichever peer it is for, and
-// never a peer's reply ahead of that peer's earlier ones. The server then decides, up to the
-// last few milliseconds, whose bytes the link carries next. Small replies to a peer with nothing
-// queued still go at once.
+// An emulated link (cluster.link_gbps, experiments only) is not part of this transport: it is a
+// decorator around it (common/emulated_link.h). Replies leave in the order they were sent;
+// SendOrdered's key is for that decorator.
 //
 // Traffic (traffic()): bytes and messages this transport's endpoints handed to ZeroMQ and took
 // from it, all frames of a message (header + payloads), not ZMTP framing nor the ROUTER identity.
@@ -113,21 +88,11 @@ struct ZmqOptions {
   // Source address of outgoing tcp connections (ignored for ipc) ("127.0.0.5", "::1"); "" = any (the OS picks).
   // Servers then see this process at that address (PeerInfo::address).
   std::string connect_source;
-  // Emulated egress link of this transport in Gbit/s (see above; cluster.link_gbps); 0 = off.
-  double link_gbps = 0;
-  // Messages smaller than this are charged to the emulated link but not held back (see above).
-  size_t link_pace_min_bytes = size_t{64} << 10;
-  // On an emulated link, a server endpoint hands its queued replies to the link by their order
-  // key (ServerEndpoint::SendOrdered; cluster.reply_order = "step") instead of in the order they
-  // were sent (see above). Ignored without a link.
-  bool reply_order_by_key = false;
-  // Per client endpoint on an emulated link: paced messages queued before its Send waits.
-  size_t client_pace_queue_bytes = size_t{256} << 20;
   // Timeline (cluster.trace_events; not owned, must outlive the transport; null or off = none):
-  // every message that waited in an endpoint's queue (the emulated link, or a server's full
-  // pipe) is recorded as a "link"/"egress" span from its Send to the moment ZeroMQ took it, with
-  // its bytes, the link's share of the wait (link_ms: its finish time on the link) and the rest
-  // (late_ms: a full pipe, or a loop busy elsewhere when it fell due), on a track per endpoint.
+  // every reply that waited in a server's queue for its peer's full pipe is recorded as a
+  // "link"/"egress" span from its Send to the moment ZeroMQ took it, with its bytes, link_ms 0 and
+  // the wait as late_ms, on a track per endpoint (an emulated link records its own share:
+  // common/emulated_link.h).
   TraceLog* trace = nullptr;
   // Called on the security thread for each refused connection with one line saying what was
   // refused and why. Must be quick and must not call into this transport. Empty = not called.

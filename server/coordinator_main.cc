@@ -98,7 +98,7 @@ Status Run(const Flags& f, bool* serving) {
   net.zmq.on_refused = [refusals](const std::string& what) {
     refusals->Log(fmt::format("coordinator: refused connection: {}", what));
   };
-  ZmqTransport transport(net.zmq);
+  ProcessTransport transport(net);
   std::unique_ptr<ServerEndpoint> endpoint;
   DP_RETURN_IF_ERROR(transport.Bind(net.BindUrl(port), &endpoint));
   const std::string address = endpoint->address();

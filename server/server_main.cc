@@ -237,7 +237,7 @@ Status Run(const Flags& f, bool* serving) {
   net.zmq.trace = &trace;
   o.trace = &trace;
   o.trace_track = trace.Thread("loop");
-  ZmqTransport transport(net.zmq);
+  ProcessTransport transport(net);  // ZeroMQ, behind the emulated link when cluster.link_gbps is set
   std::vector<std::unique_ptr<ShardServer>> shards;
   for (int k = 0; k < models; ++k) {
     ShardOptions ok = o;

@@ -91,6 +91,7 @@
 #include "common/layout.h"
 #include "common/security.h"
 #include "common/status.h"
+#include "common/emulated_link.h"
 #include "common/zmq_transport.h"
 #include "server/shard.h"
 
@@ -262,11 +263,22 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   ZmqOptions server_options;
   server_options.io_threads = svc.io_threads;
   server_options.curve = keys.server();
-  server_options.link_gbps = svc.link_gbps;
-  // One transport for all shards, or with an emulated link one per shard (each its own host).
+  // One transport for all shards, or with an emulated link one per shard (each its own host,
+  // each behind its own link: common/emulated_link.h).
   std::vector<std::unique_ptr<ZmqTransport>> server_transports;
+  std::vector<std::unique_ptr<EmulatedLinkTransport>> server_links;
   const int transports = svc.link_gbps > 0 ? servers : 1;
-  for (int s = 0; s < transports; ++s) server_transports.push_back(std::make_unique<ZmqTransport>(server_options));
+  for (int s = 0; s < transports; ++s) {
+    server_transports.push_back(std::make_unique<ZmqTransport>(server_options));
+    if (svc.link_gbps > 0) {
+      server_links.push_back(
+          std::make_unique<EmulatedLinkTransport>(server_transports.back().get(), EmulatedLinkOptions{svc.link_gbps}));
+    }
+  }
+  auto server_transport = [&](int s) -> Transport* {
+    if (svc.link_gbps > 0) return server_links[static_cast<size_t>(s)].get();
+    return server_transports[static_cast<size_t>(s % transports)].get();
+  };
   auto server_traffic = [&] {
     TrafficCounts sum;
     for (const auto& t : server_transports) {
@@ -293,7 +305,7 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     ThrowIfError(ShardServer::Create(layout, o, &shard));
     std::string address = ipc_dir.Address(s, base_port);
     std::unique_ptr<ServerEndpoint> ep;
-    ThrowIfError(server_transports[static_cast<size_t>(s % transports)]->Bind(address, &ep));
+    ThrowIfError(server_transport(s)->Bind(address, &ep));
     shard->Start(std::move(ep));
     shards.push_back(std::move(shard));
     addresses.push_back(address);
@@ -320,8 +332,10 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
         ZmqOptions client_options;
         client_options.io_threads = svc.io_threads;
         client_options.curve = keys.worker();
-        client_options.link_gbps = svc.link_gbps;
-        ZmqTransport transport(client_options);
+        ZmqTransport zmq(client_options);
+        std::unique_ptr<EmulatedLinkTransport> link;
+        if (svc.link_gbps > 0) link = std::make_unique<EmulatedLinkTransport>(&zmq, EmulatedLinkOptions{svc.link_gbps});
+        Transport& transport = link ? static_cast<Transport&>(*link) : zmq;
         TrafficCounts mine_at_start;
         PsClientOptions co;
         co.server_addresses = addresses;

@@ -216,7 +216,7 @@ Status RunEvaluator(const EvaluatorArgs& args, EvaluatorResult* result, bool* st
   DP_RETURN_IF_ERROR(SetUpProcessNet(config, args.net, NetRole::kWorker, args.run_dir, &pnet));
   spdlog::info("evaluator: {}", pnet.Describe(""));
   if (started != nullptr) *started = true;
-  auto transport = std::make_unique<ZmqTransport>(pnet.zmq);
+  auto transport = std::make_unique<ProcessTransport>(pnet);
   RendezvousOptions ro;
   ro.coordinator = pnet.coordinator;
   ro.token = pnet.token;

@@ -96,7 +96,7 @@ class MultiModelWorker {
   // Destroyed in reverse: the follower before the clients, the clients and the rendezvous link
   // before the transport whose ZeroMQ context they use.
   ProcessNet pnet_;
-  std::unique_ptr<ZmqTransport> transport_;
+  std::unique_ptr<ProcessTransport> transport_;
   std::unique_ptr<RendezvousClient> link_;
   std::vector<ModelSlot> models_;
   std::unique_ptr<ServerMoveFollower> follow_;
@@ -160,7 +160,7 @@ Status MultiModelWorker::Setup(bool* started) {
   if (started != nullptr) *started = true;
 
   spdlog::info("worker {}: {}", id_, pnet_.Describe(""));
-  transport_ = std::make_unique<ZmqTransport>(pnet_.zmq);
+  transport_ = std::make_unique<ProcessTransport>(pnet_);
   RendezvousOptions ro;
   ro.coordinator = pnet_.coordinator;
   ro.token = pnet_.token;

@@ -214,7 +214,7 @@ Status PlaceJoiningWorker(const RunConfig& c, int id, PsClient* client, engine::
 struct ClusterLink {
   // The timeline (cluster.trace_events; off by default), before the transport that records into it.
   std::unique_ptr<TraceLog> trace;
-  std::unique_ptr<ZmqTransport> transport;
+  std::unique_ptr<ProcessTransport> transport;
   std::unique_ptr<RendezvousClient> rendezvous;
   RendezvousInfo info;
   bool joining = false;  // started by hand into a running job (id >= workers, or assigned)
@@ -228,9 +228,9 @@ Status JoinCluster(const RunConfig& config, int requested_id, const ProcessNet& 
   spdlog::info("worker {}: {}", requested_id, pnet.Describe(""));
   out->trace = std::make_unique<TraceLog>(fmt::format("worker {}", requested_id),
                                           static_cast<size_t>(config.cluster.trace_events));
-  ZmqOptions zmq = pnet.zmq;
-  zmq.trace = out->trace.get();
-  out->transport = std::make_unique<ZmqTransport>(zmq);
+  ProcessNet net = pnet;
+  net.zmq.trace = out->trace.get();
+  out->transport = std::make_unique<ProcessTransport>(net);
   RendezvousOptions ro;
   ro.coordinator = pnet.coordinator;
   ro.token = pnet.token;

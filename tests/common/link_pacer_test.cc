@@ -1,5 +1,6 @@
 // link_pacer_test.cc — the emulated link (cluster.link_gbps): LinkPacer's virtual finish times
-// on a fake clock; then real ZmqTransports on 127.0.0.1 whose measured rate, over ~0.5 s of
+// on a fake clock; then real ZmqTransports on 127.0.0.1 behind EmulatedLinkTransports
+// (common/emulated_link.h) whose measured rate, over ~0.5 s of
 // 4 MiB frames, holds the set rate within 10% (client -> server and server -> client: the
 // endpoint queues what is not due and releases it when due, its Send never waiting); a client
 // sending and receiving at once takes the longer of the two, not the sum (full duplex); a server
@@ -7,7 +8,8 @@
 // never waits for the link); the byte counters (traffic()) count every frame on both sides; a
 // server that orders replies by key (cluster.reply_order = "step") hands one client's replies to
 // the link before another's; and the run config's cluster.link_gbps reaches a process's
-// ZmqOptions and turns shared memory off.
+// ProcessNet and turns shared memory off.
+#include <fmt/core.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -20,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/emulated_link.h"
+#include "common/inproc_transport.h"
 #include "common/process_net.h"
 #include "common/rate_limiter.h"
 #include "common/zmq_transport.h"
@@ -70,11 +74,28 @@ TEST(LinkPacer, ThreadsShareOneLink) {
 
 // ---- real sockets ----------------------------------------------------------------------------
 
-ZmqOptions Options(double gbps) {
+// One side of a loopback pair: its emulated link (0 = none) and whether its replies take the
+// link by order key.
+struct Side {
+  double gbps = 0;
+  bool ordered = false;
+};
+Side Options(double gbps) { return Side{gbps, false}; }
+
+ZmqOptions Plain() {
   ZmqOptions o;
   o.linger_ms = 0;
-  o.link_gbps = gbps;
   return o;
+}
+
+// `zmq` behind an emulated link as `side` says; null without one.
+std::unique_ptr<EmulatedLinkTransport> LinkOf(ZmqTransport* zmq, const Side& side) {
+  if (side.gbps <= 0) return nullptr;
+  EmulatedLinkOptions o;
+  o.gbps = side.gbps;
+  o.order_by_key = side.ordered;
+  o.linger_ms = 0;
+  return std::make_unique<EmulatedLinkTransport>(zmq, o);
 }
 
 Frames Small(const std::string& text) {
@@ -102,21 +123,29 @@ double Gbps(size_t bytes, Clock::duration d) {
   return static_cast<double>(bytes) * 8 / std::chrono::duration<double>(d).count() / 1e9;
 }
 
-// A server transport bound on 127.0.0.1 and a client transport, each with its own options (its
-// own link); Connect() opens one more client endpoint to the server (nullptr if the bind failed).
+// A server transport bound on 127.0.0.1 and a client transport, each behind its own emulated
+// link (common/emulated_link.h) when its side has one; Connect() opens one more client endpoint
+// to the server (nullptr if the bind failed). The byte counters are ZeroMQ's, under the links.
 struct Loopback {
-  Loopback(const ZmqOptions& server_options, const ZmqOptions& client_options)
-      : server_transport(server_options), client_transport(client_options) {
-    EXPECT_TRUE(server_transport.Bind("tcp://127.0.0.1:0", &server).ok());
+  Loopback(const Side& server_side, const Side& client_side)
+      : server_transport(Plain()),
+        client_transport(Plain()),
+        server_link(LinkOf(&server_transport, server_side)),
+        client_link(LinkOf(&client_transport, client_side)) {
+    Transport* t = server_link ? static_cast<Transport*>(server_link.get()) : &server_transport;
+    EXPECT_TRUE(t->Bind("tcp://127.0.0.1:0", &server).ok());
   }
+  ~Loopback() { server.reset(); }  // before the link and the transport it came from
   std::unique_ptr<ClientEndpoint> Connect() {
     std::unique_ptr<ClientEndpoint> c;
+    Transport* t = client_link ? static_cast<Transport*>(client_link.get()) : &client_transport;
     if (server != nullptr) {
-      EXPECT_TRUE(client_transport.Connect(server->address(), &c).ok());
+      EXPECT_TRUE(t->Connect(server->address(), &c).ok());
     }
     return c;
   }
   ZmqTransport server_transport, client_transport;
+  std::unique_ptr<EmulatedLinkTransport> server_link, client_link;
   std::unique_ptr<ServerEndpoint> server;
 };
 
@@ -377,8 +406,8 @@ struct OrderRun {
 // the first, one for the second, ..., an "ack" to the first after each of its big ones), the
 // first's with order key 1 and the second's with 2, at 1 Gbit/s (~34 ms a reply).
 OrderRun InterleavedReplies(bool ordered, int n) {
-  ZmqOptions o = Options(1.0);
-  o.reply_order_by_key = ordered;
+  Side o = Options(1.0);
+  o.ordered = ordered;
   Loopback net(o, Options(0));
   std::unique_ptr<ClientEndpoint> first = net.Connect(), second = net.Connect();
   if (first == nullptr || second == nullptr) return {};  // the failed bind or connect is reported
@@ -439,20 +468,62 @@ TEST(LinkOrder, RepliesTakeTheLinkByOrderKeyWhenAsked) {
   EXPECT_EQ(interleaved.first_seen, sent);
 }
 
+// ---- the link is a decorator: any transport underneath ----------------------------------------
+
+// The same link in front of the in-process transport: a client's 4 MiB messages arrive in order
+// at the set rate (within the tolerance), the server's loop receiving them as they come.
+TEST(LinkDecorator, PacesTheInProcessTransportToo) {
+  InprocTransport inproc;
+  EmulatedLinkOptions o;
+  o.gbps = 1.0;
+  o.linger_ms = 0;
+  EmulatedLinkTransport link(&inproc, o);
+  std::unique_ptr<ServerEndpoint> server;
+  ASSERT_TRUE(inproc.Bind("paced", &server).ok());  // ingress is not limited: the server's side plain
+  std::unique_ptr<ClientEndpoint> client;
+  ASSERT_TRUE(link.Connect("paced", &client).ok());
+  auto payload = std::make_shared<std::vector<char>>(kFrameBytes, 'p');
+  const int n = FramesFor(1.0, 0.4);
+  std::atomic<bool> all_in{false};
+  std::thread reader([&] {
+    Frames f;
+    for (int i = 0; i < n; ++i) {
+      PeerId from;
+      ASSERT_TRUE(server->Receive(&from, &f, 5000ms).ok()) << i;
+      const std::string head(reinterpret_cast<const char*>(f[0].data()), f[0].size());
+      EXPECT_EQ(head, fmt::format("chunk{}", i));
+    }
+    all_in = true;
+  });
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    Frames f;
+    f.push_back(Frame::Copy(fmt::format("chunk{}", i)));
+    f.push_back(Frame::Borrow(payload->data(), payload->size(), payload));
+    ASSERT_TRUE(client->Send(std::move(f)).ok());
+  }
+  Frames none;
+  while (!all_in.load() && Clock::now() - t0 < 3s) (void)client->Receive(&none, 1ms);  // releases what falls due
+  const auto took = Clock::now() - t0;
+  reader.join();
+  const double gbps = Gbps(static_cast<size_t>(n) * kFrameBytes, took);
+  EXPECT_NEAR(gbps, 1.0, 1.0 * kTolerance + 0.05) << n << " frames";
+}
+
 // ---- the run config's cluster.link_gbps ------------------------------------------------------
 
 TEST(LinkConfig, LinkGbpsReachesTheTransportAndTurnsSharedMemoryOff) {
   RunConfig c;
   ProcessNet net;
   ASSERT_TRUE(SetUpProcessNet(c, NetFlags{}, NetRole::kWorker, "", &net).ok());
-  EXPECT_EQ(net.zmq.link_gbps, 0);  // off by default
+  EXPECT_EQ(net.link.gbps, 0);  // off by default
   EXPECT_TRUE(SharedMemoryOn(c));
   EXPECT_EQ(EmulatedLinkNote(c), "");
 
   c.cluster.link_gbps = 2.5;
   for (NetRole role : {NetRole::kCoordinator, NetRole::kServer, NetRole::kWorker, NetRole::kAdmin}) {
     ASSERT_TRUE(SetUpProcessNet(c, NetFlags{}, role, "", &net).ok()) << NetRoleName(role);
-    EXPECT_EQ(net.zmq.link_gbps, 2.5) << NetRoleName(role);
+    EXPECT_EQ(net.link.gbps, 2.5) << NetRoleName(role);
   }
   EXPECT_FALSE(SharedMemoryOn(c));
   EXPECT_EQ(EmulatedLinkNote(c),
@@ -460,10 +531,10 @@ TEST(LinkConfig, LinkGbpsReachesTheTransportAndTurnsSharedMemoryOff) {
             "off (cluster.shared_memory would bypass the link)");
   c.cluster.shared_memory = false;  // nothing to turn off
   EXPECT_EQ(EmulatedLinkNote(c), "emulated link: cluster.link_gbps = 2.5 Gbit/s of egress per process (experiments only)");
-  EXPECT_FALSE(net.zmq.reply_order_by_key);  // cluster.reply_order = "arrival" by default
+  EXPECT_FALSE(net.link.order_by_key);  // cluster.reply_order = "arrival" by default
   c.cluster.reply_order = ReplyOrder::kStep;
   ASSERT_TRUE(SetUpProcessNet(c, NetFlags{}, NetRole::kServer, "", &net).ok());
-  EXPECT_TRUE(net.zmq.reply_order_by_key);
+  EXPECT_TRUE(net.link.order_by_key);
 }
 
 }  // namespace
