@@ -217,6 +217,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       boot_id_(HostBootId()),
       duplicates_(max_workers_),
       fence_(max_workers_),
+      peers_(max_workers_),
       refusal_log_(fmt::format("server {}", options_.server_id), "refusals"),
       reply_log_(fmt::format("server {}", options_.server_id), "failed replies"),
       // Reused buffers for two messages' worth of this shard's chunks (factor chunks' rows
@@ -268,7 +269,6 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
     dc_ = std::make_unique<DelayCompensation>(options_.consistency, max_workers_, static_cast<int>(chunks_.size()));
   }
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
-  peers_of_worker_.resize(static_cast<size_t>(max_workers_));
   pull_step_order_.assign(static_cast<size_t>(max_workers_), {-1, 0});
 }
 
@@ -458,7 +458,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
         s = InvalidArgument("pull: encoding {} / {} per-chunk encodings asked; pulls are dense",
                             static_cast<int>(h.encoding), h.encodings.size());
       }
-      if (s.ok() && (h.flags & kFlagShm) != 0 && regions_.find(peer) == regions_.end()) {
+      if (s.ok() && (h.flags & kFlagShm) != 0 && peers_.Region(peer) == nullptr) {
         reason = RejectReason::kFrameCount;
         s = InvalidArgument("pull: asked for shared memory, but this connection has no region (register asking for one)");
       }
@@ -589,21 +589,8 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
     policy_->OnJoin(h.sender);
     spdlog::info("server {}: worker {} joined the consistency accounting", options_.server_id, h.sender);
   }
-  auto old = registered_.find(peer);
-  const bool fresh = old == registered_.end() || old->second != h.sender;
-  if (fresh) {
-    if (old != registered_.end()) {  // this connection registered as another id before
-      auto& q = peers_of_worker_[static_cast<size_t>(old->second)];
-      q.erase(std::remove(q.begin(), q.end(), peer), q.end());
-    }
-    registered_[peer] = h.sender;
+  if (peers_.RegisterWorker(peer, h.sender)) {
     fence_.Registered(h.sender, h.session, std::chrono::steady_clock::now());
-    auto& q = peers_of_worker_[static_cast<size_t>(h.sender)];
-    q.push_back(peer);
-    if (q.size() > static_cast<size_t>(kPeersPerWorker)) {  // bounded: the oldest connection goes
-      ForgetPeer(q.front());
-      q.pop_front();
-    }
     spdlog::info("server {}: worker {} registered from {}", options_.server_id, h.sender, DescribePeer(info));
   }
   OfferRegion(peer, h, reply);
@@ -612,15 +599,6 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
   reply->server_count = layout_.servers();
   reply->worker_count = options_.expected_workers;
   return Status::Ok();
-}
-
-void ShardServer::ForgetPeer(const PeerId& peer) {
-  registered_.erase(peer);
-  regions_.erase(peer);
-}
-
-bool ShardServer::IsReader(const PeerId& peer) const {
-  return std::find(readers_.begin(), readers_.end(), peer) != readers_.end();
 }
 
 Status ShardServer::RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
@@ -637,9 +615,7 @@ Status ShardServer::RegisterReader(const PeerId& peer, const PeerInfo& info, con
     return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
                            options_.model_id);
   }
-  if (!IsReader(peer)) {
-    readers_.push_back(peer);
-    if (readers_.size() > static_cast<size_t>(kMaxReaders)) readers_.pop_front();  // bounded: the oldest goes
+  if (peers_.RegisterReader(peer)) {
     spdlog::info("server {}: the evaluator registered from {}", options_.server_id, DescribePeer(info));
   }
   reply->type = MsgType::kRegisterReply;
@@ -650,7 +626,7 @@ Status ShardServer::RegisterReader(const PeerId& peer, const PeerInfo& info, con
 }
 
 Status ShardServer::CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const {
-  if (!IsReader(peer)) {
+  if (!peers_.IsReader(peer)) {
     *reason = RejectReason::kNotRegistered;
     return FailedPrecondition("pull: this connection is not registered as the evaluator with server {}",
                               options_.server_id);
@@ -659,7 +635,7 @@ Status ShardServer::CheckReader(const PeerId& peer, const MessageHeader& h, Reje
 }
 
 void ShardServer::OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
-  regions_.erase(peer);  // a register starts over: a region from before is not in use any more
+  peers_.DropRegion(peer);  // a register starts over: a region from before is not in use any more
   const bool asked = (h.flags & kFlagShm) != 0;
   if (!asked || !options_.shared_memory || share_floats_ == 0) return;
   if (h.boot_id.empty() || h.boot_id != boot_id_) return;  // another machine: the socket it is
@@ -674,13 +650,13 @@ void ShardServer::OfferRegion(const PeerId& peer, const MessageHeader& h, Messag
   reply->shm_path = region->path();
   reply->shm_bytes = region->payload_bytes();
   reply->shm_nonce = region->nonce();
-  regions_[peer] = std::move(region);
+  peers_.SetRegion(peer, std::move(region));
 }
 
 Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason) {
   *reason = RejectReason::kFrameCount;
-  auto it = regions_.find(peer);
-  if (it == regions_.end()) {
+  const std::shared_ptr<SharedRegion> region = peers_.Region(peer);
+  if (region == nullptr) {
     return InvalidArgument("push: payload in shared memory, but this connection has no region (register asking for one)");
   }
   if (frames->size() != 1) {
@@ -693,7 +669,7 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
   // Copied out first: the worker can write the region at any time, so what is validated and
   // applied must be a private copy (as a received frame is), kept until the lanes have applied it.
   std::shared_ptr<float[]> copy = region_scratch_.Take(total);
-  const auto* area = reinterpret_cast<const float*>(it->second->payload());
+  const auto* area = reinterpret_cast<const float*>(region->payload());
   uint64_t at = 0;
   for (int l : locals) {
     const auto n = static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
@@ -717,8 +693,7 @@ Status ShardServer::CheckWorker(const PeerId& peer, const PeerInfo& info, const 
 
 Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const {
   DP_RETURN_IF_ERROR(CheckNotRemoved(h.sender, h.session, reason));
-  auto it = registered_.find(peer);
-  if (it == registered_.end() || it->second != h.sender) {
+  if (!peers_.IsWorker(peer, h.sender)) {
     *reason = RejectReason::kNotRegistered;
     return FailedPrecondition("{}: sender {} is not registered with server {} on this connection", MsgTypeName(h.type),
                               h.sender, options_.server_id);
@@ -1091,8 +1066,8 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   reply.clock = p.request.clock;
   std::shared_ptr<SharedRegion> region;
   if ((p.request.flags & kFlagShm) != 0) {
-    auto it = regions_.find(p.peer);
-    if (it == regions_.end()) {  // the region went while the pull waited (HandleMessage checks on arrival)
+    region = peers_.Region(p.peer);
+    if (region == nullptr) {  // the region went while the pull waited (HandleMessage checks on arrival)
       ++stats_.rejected_by_reason[static_cast<size_t>(RejectReason::kFrameCount)];
       MessageHeader error =
           ErrorReply(p.request, InvalidArgument("pull: asked for shared memory, but this connection has no region"));
@@ -1100,7 +1075,6 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
       Reply(ep, p.peer, error);
       return;
     }
-    region = it->second;
     reply.flags |= kFlagShm;
     ++stats_.region_parts;
   }

@@ -30,8 +30,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "common/buffer_pool.h"
@@ -48,6 +46,7 @@
 #include "server/block_split.h"
 #include "server/consistency.h"
 #include "server/delay_compensation.h"
+#include "server/peers.h"
 #include "server/sessions.h"
 #include "server/request_check.h"
 #include "server/wal.h"
@@ -193,9 +192,8 @@ class ShardServer {
 
   const ParamLayout& layout() const { return layout_; }
 
-  // Registered connections kept per worker id: every connection of a worker (cluster.connections_per_server), twice.
-  static constexpr int kPeersPerWorker = 2 * kMaxConnectionsPerServer;
-  static constexpr int kMaxReaders = 4;             // evaluator connections kept (oldest dropped)
+  static constexpr int kPeersPerWorker = PeerTable::kPeersPerWorker;  // registered connections kept per worker id
+  static constexpr int kMaxReaders = PeerTable::kMaxReaders;          // evaluator connections kept
   static constexpr int kStalenessWindow = 200;      // chunk updates the stability guard averages
 
  private:
@@ -216,7 +214,6 @@ class ShardServer {
   // a push's payload is copied out (then validated like frames), a pull's weights copied in.
   void OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply);
   Status ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason);
-  void ForgetPeer(const PeerId& peer);
   // A push as the wire carried it, before DensifyPush: what the log keeps of a lossy or
   // sufficient-factor push when that is fewer bytes (wal.h kCodedPush).
   struct WirePush {
@@ -295,21 +292,16 @@ class ShardServer {
   std::unique_ptr<ConsistencyPolicy> policy_;
   std::unique_ptr<Updater> updater_;
   std::shared_ptr<const UpdateRule> rule_;  // options_.update_rule or the solver's
-  std::unordered_map<PeerId, int32_t> registered_;  // peer identity -> worker id
-  std::deque<PeerId> readers_;                      // evaluator connections, oldest first
-  bool IsReader(const PeerId& peer) const;
   Status RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
                         RejectReason* reason);
   Status CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
   // The layout hash and model id of a worker's or the evaluator's message are this server's.
   Status CheckLayoutAndModel(const MessageHeader& h, RejectReason* reason) const;
-  std::vector<std::deque<PeerId>> peers_of_worker_;  // per worker id, oldest first (bounds registered_)
-  // Registered connections' shared regions: [push area | pull area], each share_floats_ floats.
-  // Bounded like registered_ (a region goes with its connection).
-  // Shared with the lanes that copy pull replies into them.
-  std::unordered_map<PeerId, std::shared_ptr<SharedRegion>> regions_;
   DuplicateWindows duplicates_;  // requests taken, per worker's session (server/sessions.h)
   SessionFence fence_;           // sessions registered, and those of processes declared dead
+  // Registered connections, readers, and their shared regions ([push area | pull area], each
+  // share_floats_ floats) (server/peers.h).
+  PeerTable peers_;
   // A message of `worker` from `session` is refused: that process was declared dead.
   Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;
   std::unique_ptr<WalWriter> wal_;
