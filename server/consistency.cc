@@ -180,11 +180,9 @@ class SyncPolicy : public ConsistencyPolicy {
       any_taken = true;
       shard.RecordStaleness(c.local, Staleness(shard, c));
       Acc& a = acc_[static_cast<size_t>(c.local)];
-      if (a.sum.empty()) {
-        a.sum.assign(c.grad, c.grad + c.count);  // the clock's first gradient starts the sum
-      } else {
-        for (int64_t i = 0; i < c.count; ++i) a.sum[static_cast<size_t>(i)] += c.grad[i];
-      }
+      const bool first = a.workers.empty();  // the clock's first gradient starts the sum
+      if (a.sum == nullptr) a.sum = std::make_shared<std::vector<float>>(static_cast<size_t>(c.count));
+      shard.Accumulate(c.local, a.sum->data(), c.grad, c.count, first, c.keep);
       a.workers.push_back(ctx.worker);
       MaybeApply(shard, c.local);
     }
@@ -220,7 +218,7 @@ class SyncPolicy : public ConsistencyPolicy {
       file->meta[fmt::format("policy.acc_workers.{}", l)] =
           FormatMetaInts(std::vector<int64_t>(a.workers.begin(), a.workers.end()));
       file->tensors.push_back(
-          NamedTensor{fmt::format("policy.acc_sum.{}", l), {static_cast<int64_t>(a.sum.size())}, a.sum});
+          NamedTensor{fmt::format("policy.acc_sum.{}", l), {static_cast<int64_t>(a.sum->size())}, *a.sum});
     }
   }
   Status LoadState(const TensorFile& file, const ShardUpdater& shard, const std::string& path) override {
@@ -243,7 +241,7 @@ class SyncPolicy : public ConsistencyPolicy {
       if (t == nullptr || t->data.size() != count) {
         return Corrupt("{}: tensor '{}' is missing or not {} floats", path, name, count);
       }
-      acc[l].sum = t->data;
+      acc[l].sum = std::make_shared<std::vector<float>>(t->data);
     }
     members_ = m;
     acc_ = std::move(acc);
@@ -252,7 +250,10 @@ class SyncPolicy : public ConsistencyPolicy {
 
  private:
   struct Acc {
-    std::vector<float> sum;        // sum of this clock's gradients, count floats
+    // Sum of this clock's gradients, count floats (written where the chunk's updates are,
+    // ShardUpdater::Accumulate; valid while `workers` is not empty); null before the first clock.
+    // Shared with the update that reads it.
+    std::shared_ptr<std::vector<float>> sum;
     std::vector<int32_t> workers;  // who contributed
   };
   void EnsureSized(const ShardUpdater& shard) const {
@@ -278,11 +279,9 @@ class SyncPolicy : public ConsistencyPolicy {
       for (int32_t w = 0; w < members_.size(); ++w) expected += members_.IsLive(w) && round_(w, shard.version(local)) ? 1 : 0;
     }
     if (have_live < std::max(0, expected - backup_)) return;
-    // The sum goes with the update (which may run on a lane after this returns); the next
-    // clock starts a new one.
-    auto sum = std::make_shared<std::vector<float>>(std::move(a.sum));
-    a.sum.clear();
-    shard.Apply(local, sum->data(), 1.0f / static_cast<float>(have), 1.0f, have, sum);
+    // The update reads the sum where the chunk's updates run, after the accumulations before it;
+    // the next clock's first gradient overwrites it there, after this update (one buffer a chunk).
+    shard.Apply(local, a.sum->data(), 1.0f / static_cast<float>(have), 1.0f, have, a.sum);
     a.workers.clear();
   }
 

@@ -71,6 +71,12 @@ class ShardUpdater {
   // Records one measured staleness of chunk `local` (versions the gradient was behind when
   // taken); the push's ack reports it to the worker.
   virtual void RecordStaleness(int local, int64_t staleness) = 0;
+  // sum = grad (`first`) or sum += grad, count floats, done where chunk `local`'s updates are
+  // (its lane) and in order with them: a later Apply of `sum` sees it. `sum` must stay valid and
+  // untouched by the caller until an Apply of it (or the next Accumulate into it) was handed
+  // over; `keep` keeps `grad` readable (null: done when the call returns).
+  virtual void Accumulate(int local, float* sum, const float* grad, int64_t count, bool first,
+                          std::shared_ptr<const void> keep) = 0;
 };
 
 enum class PushOutcome { kApplied, kAccumulated, kDroppedLate };

@@ -173,6 +173,16 @@ class ShardServer::Updater : public ShardUpdater {
              std::shared_ptr<const void> keep) override {
     s_->ApplyGradient(local, grad, grad_scale, lr_scale, gradients, std::move(keep));
   }
+  void Accumulate(int local, float* sum, const float* grad, int64_t count, bool first,
+                  std::shared_ptr<const void> keep) override {
+    s_->OnLane(local, std::move(keep), [sum, grad, n = static_cast<size_t>(count), first] {
+      if (first) {
+        std::memcpy(sum, grad, n * sizeof(float));
+      } else {
+        for (size_t i = 0; i < n; ++i) sum[i] += grad[i];
+      }
+    });
+  }
   void RecordStaleness(int local, int64_t staleness) override {
     auto& st = s_->stats_;
     const auto v = static_cast<uint64_t>(std::max<int64_t>(0, staleness));

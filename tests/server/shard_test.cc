@@ -384,6 +384,56 @@ TEST_F(ShardFixture, ParallelApplyGivesTheWeightsOfSerialApply) {
   EXPECT_EQ(std::memcmp(serial.data(), parallel.data(), serial.size() * sizeof(float)), 0);
 }
 
+// Sync: each clock's gradients are summed where the chunk's updates run (its lane) and the mean
+// applied once all eight have pushed; with integer gradients the mean is exact (a sum over 8),
+// so the weights must be the closed form, and those of one lane, byte for byte.
+TEST_F(ShardFixture, SyncSumsOnTheLanesGiveTheWeightsOfSerialApply) {
+  constexpr int kWorkers = 8, kClocks = 6;
+  auto grad = [](int w, int k, size_t i) { return static_cast<float>(static_cast<int>((w + 3) * (k + 1) + i) % 9 - 4); };
+  auto run = [&](int threads) {
+    shards_.clear();
+    addresses_.clear();
+    ShardOptions o = PlainSgd();
+    o.expected_workers = kWorkers;
+    o.server_threads = threads;
+    o.consistency.mode = ConsistencyMode::kSync;
+    StartShards(SmallModel(), 1, 4, o);
+    const size_t n = static_cast<size_t>(layout_.total_elems());
+    auto c0 = Client(0);
+    EXPECT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(n, 1.0f)), 5000ms).ok());
+    std::vector<std::thread> workers;
+    for (int w = 0; w < kWorkers; ++w) {
+      workers.emplace_back([&, w] {
+        auto c = Client(w);
+        std::vector<float> g(n), mine(n);
+        for (int k = 0; k < kClocks; ++k) {
+          for (size_t i = 0; i < n; ++i) g[i] = grad(w, k, i);
+          EXPECT_TRUE(c->Wait(c->Push(g, k), 5000ms).ok());
+          EXPECT_TRUE(c->Wait(c->Pull(mine, k + 1), 5000ms).ok());  // held until the clock is applied
+        }
+      });
+    }
+    for (auto& t : workers) t.join();
+    std::vector<float> want(n, 1.0f);
+    for (int k = 0; k < kClocks; ++k) {
+      for (size_t i = 0; i < n; ++i) {
+        float sum = 0;
+        for (int w = 0; w < kWorkers; ++w) sum += grad(w, k, i);
+        const float lr_mult = i >= 30 && i < 36 ? 2.0f : 1.0f;  // tensor b
+        want[i] -= lr_mult * (sum / kWorkers);
+      }
+    }
+    std::vector<float> got(n);
+    EXPECT_TRUE(c0->Wait(c0->Pull(got, kClocks), 5000ms).ok());
+    EXPECT_EQ(got, want) << threads << " lanes";
+    TearDown();
+    return got;
+  };
+  const std::vector<float> serial = run(1);
+  const std::vector<float> parallel = run(4);
+  EXPECT_EQ(std::memcmp(serial.data(), parallel.data(), serial.size() * sizeof(float)), 0);
+}
+
 // Pulls served while four workers push into the same chunks on three lanes: every pulled chunk
 // is one version of that chunk, never part of one update and part of another. Each push
 // subtracts the same integer from every float of a chunk (lr 1, gradient all ones), so a chunk
