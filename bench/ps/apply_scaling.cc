@@ -32,6 +32,7 @@ double ApplyRate(const ParamLayout& layout, int threads, const ApplyScalingOptio
   so.solver.base_lr = 1e-6f;  // any finite step; the work per update is what is measured
   so.solver.momentum = 0.9f;
   so.solver.weight_decay = 5e-4f;
+  if (o.sync) so.consistency.mode = ConsistencyMode::kSync;
   std::unique_ptr<ShardServer> shard;
   Status s = ShardServer::Create(layout, so, &shard);
   std::unique_ptr<ServerEndpoint> ep;
@@ -57,14 +58,21 @@ double ApplyRate(const ParamLayout& layout, int threads, const ApplyScalingOptio
       Status st = PsClient::Create(&transport, layout, co, &client);
       if (st.ok()) st = client->Connect(30s);
       const std::vector<float> grads(n, 1e-3f);
+      std::vector<float> pulled(o.sync ? n : 0);
+      // Async: pushes alone. Sync: a push, then the pull the shard holds until the clock is applied.
+      auto step = [&](int k) -> Status {
+        DP_RETURN_IF_ERROR(client->Wait(client->Push(grads, k), 120s));
+        if (o.sync) DP_RETURN_IF_ERROR(client->Wait(client->Pull(pulled, k + 1), 120s));
+        return Status::Ok();
+      };
       if (st.ok() && w == 0) st = client->Wait(client->PushInit(std::vector<float>(n, 0.01f)), 120s);
       if (w == 0) initialized = true;  // the others push gradients once the weights are there
       while (!initialized.load()) std::this_thread::sleep_for(100us);
-      for (int k = 0; st.ok() && k < o.warmup; ++k) st = client->Wait(client->Push(grads, k), 120s);
+      for (int k = 0; st.ok() && k < o.warmup; ++k) st = step(k);
       ++ready;
       while (!go.load()) std::this_thread::sleep_for(100us);
       starts[static_cast<size_t>(w)] = std::chrono::steady_clock::now();
-      for (int k = 0; st.ok() && k < o.pushes; ++k) st = client->Wait(client->Push(grads, o.warmup + k), 120s);
+      for (int k = 0; st.ok() && k < o.pushes; ++k) st = step(o.warmup + k);
       ends[static_cast<size_t>(w)] = std::chrono::steady_clock::now();
       if (!st.ok()) {
         fmt::print(stderr, "apply scaling: worker {}: {}\n", w, st.ToString());
@@ -87,9 +95,11 @@ double ApplyRate(const ParamLayout& layout, int threads, const ApplyScalingOptio
   const auto t1 = *std::max_element(ends.begin(), ends.end());
   const double seconds = std::chrono::duration<double>(t1 - t0).count();
   const int64_t chunk_updates = shard->updates() - updates0;
-  // Every timed push updates every chunk once: the model's floats per push.
-  const double floats = static_cast<double>(chunk_updates) / static_cast<double>(layout.num_chunks()) *
-                        static_cast<double>(n);
+  // Async: every timed push updates every chunk once. Sync: every timed push is summed, and each
+  // clock's W pushes make one update.
+  const double pushes = static_cast<double>(chunk_updates) / static_cast<double>(layout.num_chunks()) *
+                        (o.sync ? static_cast<double>(o.workers) : 1.0);
+  const double floats = pushes * static_cast<double>(n);
   if (o.verbose) {
     fmt::print("    wall {:.3f} s: loop busy {:.3f} s (of which {:.3f} s waiting for a full lane), update rule {:.3f} s "
                "over the lanes (wall time, preemption included)\n",
@@ -115,8 +125,9 @@ int RunApplyScaling(const ApplyScalingOptions& o) {
     return 1;
   }
   fmt::print("apply scaling: one shard of {} floats in {} chunks, {} workers pushing (in-process transport), "
-             "{} timed pushes each, momentum SGD; threads {}\n",
-             layout.total_elems(), layout.num_chunks(), o.workers, o.pushes, fmt::join(o.threads, ", "));
+             "{} timed pushes each, momentum SGD, {}; threads {}\n",
+             layout.total_elems(), layout.num_chunks(), o.workers, o.pushes,
+             o.sync ? "sync (each push then the held pull)" : "async", fmt::join(o.threads, ", "));
   std::vector<std::vector<double>> rates(o.threads.size());
   for (int r = 0; r < o.repeats; ++r) {
     for (size_t i = 0; i < o.threads.size(); ++i) {

@@ -26,6 +26,10 @@ struct ApplyScalingOptions {
   int repeats = 3;
   int64_t chunk_elems = 0;  // 0 = the layout's default
   bool verbose = true;      // per run: the loop's busy time and the lanes' time in the update rule
+  // Sync (consistency.mode = sync): each worker pushes clock k, then pulls at k + 1, which the
+  // shard holds until every worker's clock k is summed and applied. Floats per second then
+  // count every worker's pushed gradient (W per update).
+  bool sync = false;
 };
 
 // Prints the table; returns 0, or 1 after printing why a run failed.

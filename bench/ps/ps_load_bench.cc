@@ -937,6 +937,7 @@ int main(int argc, char** argv) {
   app.add_flag("--apply-grid", apply_grid,
                "one shard's apply throughput at each of --apply-threads, --workers pushers over the in-process "
                "transport, --rounds timed pushes each, --repeats interleaved");
+  app.add_flag("--apply-sync", apply.sync, "with --apply-grid: consistency.mode = sync (each push, then the held pull)");
   app.add_option("--apply-threads", apply.threads, "with --apply-grid: the server_threads values, comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(1, downpour::kMaxServerThreads));
