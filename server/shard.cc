@@ -445,68 +445,15 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
     case MsgType::kRegister:
       s = HandleRegister(peer, info, h, &reply, &reason);
       break;
-    case MsgType::kPush: {
-      s = CheckWorker(peer, info, h, &reason);
-      if (s.ok() && (h.flags & kFlagShm) != 0) s = ReadRegionPush(peer, h, &frames, &reason);
-      // Sufficient factors and lossy chunks become f32 dense first: validation, policy and SGD
-      // see f32 (those chunks known finite already); the push as it came is kept for the log.
-      std::vector<bool> finite;
-      WirePush wire;
-      const bool coded = s.ok() && (HasFactorChunks(h) || CodedPush(h));
-      if (coded && wal_) wire = WirePush{h, frames};
-      if (coded) s = DensifyPush(ep, &h, &frames, &finite, &reason);
-      if (s.ok()) s = HandlePush(h, frames, &reply, &reason, finite, wal_ && coded ? &wire : nullptr);
+    case MsgType::kPush:
+      s = ReceivePush(ep, peer, info, &h, &frames, &reply, &reason);
       break;
-    }
-    case MsgType::kPull: {
-      const bool reader = h.role == Role::kEvaluator;
-      s = reader ? CheckReader(peer, h, &reason) : CheckWorker(peer, info, h, &reason);
-      PendingPull p{peer, h, {}, std::chrono::steady_clock::now(), reader};
-      if (s.ok()) s = ResolveChunkIds(rules_, h, /*all_if_empty=*/true, &p.locals, &reason);
-      if (s.ok() && (h.encoding != Encoding::kDense || !h.encodings.empty())) {
-        reason = RejectReason::kDType;  // a pull asks only for a dtype (f32 / f16 / bf16)
-        s = InvalidArgument("pull: encoding {} / {} per-chunk encodings asked; pulls are dense",
-                            static_cast<int>(h.encoding), h.encodings.size());
-      }
-      if (s.ok() && (h.flags & kFlagShm) != 0 && peers_.Region(peer) == nullptr) {
-        reason = RejectReason::kFrameCount;
-        s = InvalidArgument("pull: asked for shared memory, but this connection has no region (register asking for one)");
-      }
-      if (s.ok()) {
-        if (!reader) {
-          // A worker's pulls of one step share an order key: when its first one arrived. An
-          // endpoint that orders replies (cluster.reply_order = "step") then sends one worker's
-          // step after another's instead of interleaving them.
-          auto& [clock, first] = pull_step_order_[static_cast<size_t>(h.sender)];
-          if (clock != h.clock) {
-            clock = h.clock;
-            first = static_cast<uint64_t>(p.arrived.time_since_epoch().count());
-          }
-          p.order = first;
-        }
-        if (PullReady(p)) {
-          ServePull(ep, p);
-        } else {
-          pending_.push_back(std::move(p));
-        }
-        return;
-      }
+    case MsgType::kPull:
+      s = TakePull(ep, peer, info, h, &reason);
+      if (s.ok()) return;  // answered, or waiting: ServePull replies
       break;
-    }
     case MsgType::kClock:
-      s = CheckWorker(peer, info, h, &reason);
-      if (s.ok()) {
-        WalRecord r;
-        r.kind = WalKind::kClock;
-        r.worker = h.sender;
-        r.clock = h.clock;
-        reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
-        s = LogRecord(&r);
-      }
-      if (s.ok()) {
-        policy_->OnClock(h.sender, h.clock);
-        reply.type = MsgType::kAck;
-      }
+      s = HandleClock(peer, info, h, &reply, &reason);
       break;
     case MsgType::kStats:
       reply.type = MsgType::kStatsReply;
@@ -519,15 +466,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
       s = HandleCheckpoint(info, h, &reply, &reason);
       break;
     case MsgType::kShutdown:
-      s = Authorize(options_.access, info, h, Privilege::kAdmin);
-      if (!s.ok()) {
-        reason = RejectReason::kUnauthorized;
-        break;
-      }
-      spdlog::info("server {}: shutdown requested by {}", options_.server_id, DescribePeer(info));
-      reply.type = MsgType::kAck;
-      shutdown_.store(true);
-      stop_.store(true);
+      s = HandleShutdown(info, h, &reply, &reason);
       break;
     default:
       s = InvalidArgument("server {} does not serve message type {}", options_.server_id, MsgTypeName(h.type));
@@ -546,6 +485,79 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
   } else {
     Reply(ep, peer, reply);
   }
+}
+
+Status ShardServer::ReceivePush(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, MessageHeader* h,
+                                Frames* frames, MessageHeader* reply, RejectReason* reason) {
+  DP_RETURN_IF_ERROR(CheckWorker(peer, info, *h, reason));
+  if ((h->flags & kFlagShm) != 0) DP_RETURN_IF_ERROR(ReadRegionPush(peer, *h, frames, reason));
+  // Sufficient factors and lossy chunks become f32 dense first: validation, policy and SGD see
+  // f32 (those chunks known finite already); the push as it came is kept for the log.
+  std::vector<bool> finite;
+  WirePush wire;
+  const bool coded = HasFactorChunks(*h) || CodedPush(*h);
+  if (coded && wal_) wire = WirePush{*h, *frames};
+  if (coded) DP_RETURN_IF_ERROR(DensifyPush(ep, h, frames, &finite, reason));
+  return HandlePush(*h, *frames, reply, reason, finite, wal_ && coded ? &wire : nullptr);
+}
+
+Status ShardServer::TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
+                             RejectReason* reason) {
+  const bool reader = h.role == Role::kEvaluator;
+  DP_RETURN_IF_ERROR(reader ? CheckReader(peer, h, reason) : CheckWorker(peer, info, h, reason));
+  PendingPull p{peer, h, {}, std::chrono::steady_clock::now(), reader};
+  DP_RETURN_IF_ERROR(ResolveChunkIds(rules_, h, /*all_if_empty=*/true, &p.locals, reason));
+  if (h.encoding != Encoding::kDense || !h.encodings.empty()) {
+    *reason = RejectReason::kDType;  // a pull asks only for a dtype (f32 / f16 / bf16)
+    return InvalidArgument("pull: encoding {} / {} per-chunk encodings asked; pulls are dense",
+                           static_cast<int>(h.encoding), h.encodings.size());
+  }
+  if ((h.flags & kFlagShm) != 0 && peers_.Region(peer) == nullptr) {
+    *reason = RejectReason::kFrameCount;
+    return InvalidArgument("pull: asked for shared memory, but this connection has no region (register asking for one)");
+  }
+  if (!reader) {
+    // A worker's pulls of one step share an order key: when its first one arrived. An endpoint
+    // that orders replies (cluster.reply_order = "step") then sends one worker's step after
+    // another's instead of interleaving them.
+    auto& [clock, first] = pull_step_order_[static_cast<size_t>(h.sender)];
+    if (clock != h.clock) {
+      clock = h.clock;
+      first = static_cast<uint64_t>(p.arrived.time_since_epoch().count());
+    }
+    p.order = first;
+  }
+  if (PullReady(p)) {
+    ServePull(ep, p);
+  } else {
+    pending_.push_back(std::move(p));
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::HandleClock(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
+                                MessageHeader* reply, RejectReason* reason) {
+  DP_RETURN_IF_ERROR(CheckWorker(peer, info, h, reason));
+  WalRecord r;
+  r.kind = WalKind::kClock;
+  r.worker = h.sender;
+  r.clock = h.clock;
+  *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
+  DP_RETURN_IF_ERROR(LogRecord(&r));
+  policy_->OnClock(h.sender, h.clock);
+  reply->type = MsgType::kAck;
+  return Status::Ok();
+}
+
+Status ShardServer::HandleShutdown(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
+                                   RejectReason* reason) {
+  *reason = RejectReason::kUnauthorized;
+  DP_RETURN_IF_ERROR(Authorize(options_.access, info, h, Privilege::kAdmin));
+  spdlog::info("server {}: shutdown requested by {}", options_.server_id, DescribePeer(info));
+  reply->type = MsgType::kAck;
+  shutdown_.store(true);
+  stop_.store(true);
+  return Status::Ok();
 }
 
 Status ShardServer::HandleCheckpoint(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,

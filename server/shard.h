@@ -204,7 +204,17 @@ class ShardServer {
 
   ShardServer(const ParamLayout& layout, ShardOptions options);
 
+  // The dispatcher: parses, routes by type to one handler below, and replies or refuses.
   void HandleMessage(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames);
+  // A push from its sender's connection: checked, read from shared memory, densified, then HandlePush.
+  Status ReceivePush(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, MessageHeader* h, Frames* frames,
+                     MessageHeader* reply, RejectReason* reason);
+  // A pull: checked, then served now (ServePull) or held until the policy lets it (pending_).
+  Status TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
+                  RejectReason* reason);
+  Status HandleClock(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
+                     RejectReason* reason);
+  Status HandleShutdown(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply, RejectReason* reason);
   Status HandleRegister(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
                         RejectReason* reason);
   Status HandleCheckpoint(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply, RejectReason* reason);
