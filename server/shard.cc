@@ -257,6 +257,17 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
     chunks_[i].weights = std::make_shared<WeightBuffer>(std::vector<float>(n, 0.0f));
     chunks_[i].history.assign(n, rule_->initial_state());
   }
+  ShardLogOptions lo;
+  lo.server_id = options_.server_id;
+  lo.path = options_.wal_path;
+  lo.fsync_ms = options_.wal_fsync_ms;
+  lo.io = options_.wal_io;
+  lo.max_bytes = options_.wal_max_bytes;
+  // A checkpoint holds the weights and the rule's state (f32 each), and DC-ASGD-a's mean squares.
+  lo.checkpoint_bytes = share_floats_ * (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8);
+  lo.checkpoint_path = options_.checkpoint_path;
+  lo.on_progress = [this] { CallWake(); };  // the log wrote more, or failed: held replies are due
+  log_ = std::make_unique<ShardLog>(std::move(lo));
   policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers, max_workers_,
                                   options_.round_members);
   updater_ = std::make_unique<Updater>(this);
@@ -286,6 +297,7 @@ ShardServer::~ShardServer() {
   Stop();
   if (thread_.joinable()) thread_.join();
   lanes_.reset();  // runs what was posted, while everything its tasks touch is still here
+  log_.reset();    // its thread calls the wake function (wake_mu_, wake_) until it stops
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,7 +306,7 @@ ShardServer::~ShardServer() {
 Status ShardServer::Serve(ServerEndpoint* ep) {
   SetWake([ep] { ep->Wake(); });
   DP_RETURN_IF_ERROR(OpenLog());
-  while (!stop_.load() && !log_failed_.load()) {
+  while (!stop_.load() && !log_->failed()) {
     PeerId peer;
     PeerInfo info;
     Frames frames;
@@ -308,15 +320,15 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
   }
   const Status finished = Finish(ep);
   SetWake(nullptr);
-  return log_failed_.load() ? LogFailure() : finished;
+  return log_->failed() ? LogFailure() : finished;
 }
 
 Status ShardServer::LogFailure() const {
-  if (!log_failed_.load()) return Status::Ok();
+  if (!log_->failed()) return Status::Ok();
   return IoError(
       "server {}: stopped: its write-ahead log {} takes nothing more ({}); restart it from its checkpoint "
       "and log (--recover)",
-      options_.server_id, options_.wal_path, wal_->Failure().message());
+      options_.server_id, options_.wal_path, log_->Failure().message());
 }
 
 void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
@@ -345,8 +357,8 @@ Status ShardServer::Finish(ServerEndpoint* ep) {
   std::lock_guard<std::mutex> lock(mu_);
   lanes_->Drain();
   if (ep != nullptr) SendDonePulls(ep);
-  if (!wal_) return Status::Ok();
-  const Status s = wal_->Sync();
+  if (!log_->open()) return Status::Ok();
+  const Status s = log_->Sync();
   if (ep != nullptr) ReleaseHeld(ep);
   return s;
 }
@@ -476,7 +488,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
   if (!s.ok()) {
     // A log that takes nothing more stops the server like a crash: the message goes unanswered,
     // and its sender's client resends it to the restarted server, which replays its log.
-    if (!log_failed_.load()) Reject(ep, peer, info, h, s, reason);
+    if (!log_->failed()) Reject(ep, peer, info, h, s, reason);
     return;
   }
   // What changed the shard (or repeats a change it took) is acknowledged once the log holds it.
@@ -496,9 +508,9 @@ Status ShardServer::ReceivePush(ServerEndpoint* ep, const PeerId& peer, const Pe
   std::vector<bool> finite;
   WirePush wire;
   const bool coded = HasFactorChunks(*h) || CodedPush(*h);
-  if (coded && wal_) wire = WirePush{*h, *frames};
+  if (coded && log_->open()) wire = WirePush{*h, *frames};
   if (coded) DP_RETURN_IF_ERROR(DensifyPush(ep, h, frames, &finite, reason));
-  return HandlePush(*h, *frames, reply, reason, finite, wal_ && coded ? &wire : nullptr);
+  return HandlePush(*h, *frames, reply, reason, finite, log_->open() && coded ? &wire : nullptr);
 }
 
 Status ShardServer::TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
@@ -798,7 +810,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   const bool dc = !init && !move && DelayCompensated(options_.consistency.algorithm);
   const bool adaptive_dc = dc && options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive;
   std::vector<const float*> raw;  // the pushed gradients, before compensation, for the log
-  if (adaptive_dc && wal_) {
+  if (adaptive_dc && log_->open()) {
     for (const PushChunk& c : chunks) raw.push_back(c.grad);
   }
   if (dc) {
@@ -815,13 +827,13 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   r.session = h.session;
   r.request_id = h.request_id;
   r.clock = move ? int64_t{h.move_batches} : h.clock;  // a move's log record keeps its batches there
-  if (wal_ && wire != nullptr && !dc && PayloadBytes(wire->frames) < DenseBytes(chunks)) {
+  if (log_->open() && wire != nullptr && !dc && PayloadBytes(wire->frames) < DenseBytes(chunks)) {
     // The push as the wire carried it: fewer bytes, and replay forms the same floats from it.
     r.kind = WalKind::kCodedPush;
     r.frames.reserve(wire->frames.size());
     r.frames.push_back(LoggedPushHeader(wire->header));
     r.frames.insert(r.frames.end(), wire->frames.begin() + 1, wire->frames.end());
-  } else if (wal_) {
+  } else if (log_->open()) {
     r.chunks.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       // The first init of a chunk wins: one that finds weights there changes nothing and is
@@ -922,76 +934,34 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
 }
 
 Status ShardServer::LogRecord(WalRecord* r) {
-  if (!wal_) return Status::Ok();
+  if (!log_->open()) return Status::Ok();
   const auto t0 = std::chrono::steady_clock::now();
-  const uint64_t bytes0 = wal_->bytes();
-  Status s = wal_->Submit(r);  // staged: the log thread writes it while the loop applies it
+  const uint64_t bytes0 = log_->bytes();
+  Status s = log_->Stage(r, r->kind == WalKind::kPush || r->kind == WalKind::kCodedPush ? "push" : "change");
   stats_.wal_ns += NanosSince(t0);
-  if (!s.ok()) {
-    NoteLogFailure();
-    return IoError("server {}: the write-ahead log failed, so the {} was not taken: {}", options_.server_id,
-                   r->kind == WalKind::kPush ? "push" : "change", s.message());
-  }
+  DP_RETURN_IF_ERROR(s);
   wal_seq_ = r->seq;
   ++stats_.wal_records;
-  stats_.wal_bytes += wal_->bytes() - bytes0;
+  stats_.wal_bytes += log_->bytes() - bytes0;
   if (r->kind == WalKind::kCodedPush) ++stats_.wal_coded_records;
   return Status::Ok();
 }
 
-void ShardServer::NoteLogFailure() {
-  if (!wal_ || log_failed_.load()) return;
-  if (const Status failure = wal_->Failure(); !failure.ok()) {
-    log_failed_.store(true);
-    spdlog::error(
-        "server {}: the write-ahead log takes nothing more ({}): stopping, to be restarted from its "
-        "checkpoint and log; what it had not written is left unanswered",
-        options_.server_id, failure.message());
-  }
-}
-
 void ShardServer::ReplyWhenLogged(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& reply,
                                   MsgType request_type) {
-  if (!wal_ || wal_->durable_seq() >= wal_->last_seq()) {
-    Reply(ep, peer, reply);
-    return;
-  }
-  held_.push_back(HeldReply{peer, reply, request_type, wal_->last_seq()});
-  if (held_.size() >= kMaxHeldReplies) {  // bounded: wait for the disk rather than grow
-    (void)wal_->Drain();
-    ReleaseHeld(ep);
-  }
+  log_->ReplyWhenLogged(peer, reply, request_type, SendTo(ep), RefuseTo(ep));
 }
 
-void ShardServer::ReleaseHeld(ServerEndpoint* ep) {
-  if (!wal_) return;
-  NoteLogFailure();
-  if (log_failed_.load()) {
-    held_.clear();  // never acknowledged: their senders resend them to the restarted server
-    return;
-  }
-  const uint64_t durable = wal_->durable_seq();
-  while (!held_.empty() && held_.front().seq <= durable) {
-    Reply(ep, held_.front().peer, held_.front().reply);
-    held_.pop_front();
-  }
-  if (held_.empty()) return;
-  // A disk without room: what waits is refused as the log's (kLogWrite), so its senders back off
-  // and send it again, as for a message the stalled log refused outright. The change is applied
-  // and staged; a resend is a duplicate, acknowledged once the log has written the original.
-  const Status stalled = wal_->Stalled();
-  if (stalled.ok()) return;
-  for (const HeldReply& r : held_) {
-    MessageHeader request;
-    request.type = r.request_type;
-    request.request_id = r.reply.request_id;
-    request.model_id = r.reply.model_id;
-    Reject(ep, r.peer, PeerInfo{}, request,
-           IoError("server {}: the write-ahead log failed, so the {} is not acknowledged yet: {}", options_.server_id,
-                   MsgTypeName(r.request_type), stalled.message()),
-           RejectReason::kLogWrite);
-  }
-  held_.clear();
+void ShardServer::ReleaseHeld(ServerEndpoint* ep) { log_->ReleaseHeld(SendTo(ep), RefuseTo(ep)); }
+
+ShardLog::Send ShardServer::SendTo(ServerEndpoint* ep) {
+  return [this, ep](const PeerId& peer, const MessageHeader& reply) { Reply(ep, peer, reply); };
+}
+
+ShardLog::Refuse ShardServer::RefuseTo(ServerEndpoint* ep) {
+  return [this, ep](const PeerId& peer, const MessageHeader& request, const Status& why) {
+    Reject(ep, peer, PeerInfo{}, request, why, RejectReason::kLogWrite);
+  };
 }
 
 void ShardServer::NoteStaleness(int64_t staleness) {
@@ -1240,7 +1210,7 @@ void ShardServer::ApplyGone(int32_t worker, bool finished) { policy_->OnWorkerDe
 ShardStatsWire ShardServer::StatsLocked() const {
   ShardStatsWire s = stats_;
   s.sgd_ns = apply_ns_.load(std::memory_order_relaxed);
-  if (wal_) s.wal_sync_cpu_ns = wal_->sync_cpu_ns();
+  if (log_->open()) s.wal_sync_cpu_ns = log_->sync_cpu_ns();
   return s;
 }
 
@@ -1296,8 +1266,8 @@ int64_t ShardServer::updates() const {
 
 void ShardServer::MaybeCheckpoint() {
   if (replaying_) return;  // replay rebuilds; the next live update may checkpoint
-  if (wal_ && options_.wal_max_bytes > 0 && !options_.checkpoint_path.empty() &&
-      wal_->bytes() >= options_.wal_max_bytes) {
+  if (log_->open() && options_.wal_max_bytes > 0 && !options_.checkpoint_path.empty() &&
+      log_->bytes() >= options_.wal_max_bytes) {
     // The log's bound (checkpoint.wal_max_mb): a checkpoint covers it all and empties it.
     Status s = SaveCheckpointLocked(options_.checkpoint_path);
     if (!s.ok()) spdlog::error("shard {}: checkpoint at the log's bound failed: {}", options_.server_id, s.ToString());
@@ -1353,7 +1323,7 @@ Status ShardServer::SaveCheckpointLocked(const std::string& path) {
                wal_seq_);
   // The checkpoint (renamed into place and fsynced) covers every record so far: the log starts
   // over. A crash before the restart is safe: replay skips seq <= wal_seq.
-  if (wal_ && path == options_.checkpoint_path) DP_RETURN_IF_ERROR(wal_->Restart());
+  if (log_->open() && path == options_.checkpoint_path) DP_RETURN_IF_ERROR(log_->Restart());
   return Status::Ok();
 }
 
@@ -1402,64 +1372,9 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
 
 Status ShardServer::OpenLog() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (wal_ || options_.wal_path.empty()) return Status::Ok();
-  DP_RETURN_IF_ERROR(CheckLogRoom());
-  DP_RETURN_IF_ERROR(WalWriter::Open(options_.wal_path, wal_seq_ + 1, /*truncate=*/true, LogOptions(), &wal_));
-  NoteLogOpened();
-  return Status::Ok();
-}
-
-void ShardServer::NoteLogOpened() const {
-  spdlog::info("server {}: write-ahead log {} ({}, fsync {}, checkpoint at {})", options_.server_id, wal_->path(),
-               wal_->direct()                          ? "O_DIRECT"
-               : options_.wal_io == WalIo::kBuffered ? "buffered"
-                                                       : "buffered: the filesystem takes no O_DIRECT",
-               options_.wal_fsync_ms.count() == 0 ? std::string("before every ack")
-                                                  : fmt::format("every {} ms", options_.wal_fsync_ms.count()),
-               options_.wal_max_bytes == 0 ? std::string("no size bound") : fmt::format("{} MiB", options_.wal_max_bytes >> 20));
-}
-
-// The log's directory must take what this shard may write there before its next checkpoint
-// empties the log: the bounded log, and a checkpoint written beside the last one. What is there
-// already (a log to replay, the last checkpoint) counts as taken.
-Status ShardServer::CheckLogRoom() const {
-  if (options_.wal_max_bytes == 0) return Status::Ok();
-  const std::filesystem::path dir = std::filesystem::path(options_.wal_path).parent_path();
-  const std::string where = dir.empty() ? std::string(".") : dir.string();
-  std::error_code ec;
-  auto size_of = [&](const std::string& p) -> uint64_t {
-    if (p.empty()) return 0;
-    const auto n = std::filesystem::file_size(p, ec);
-    return ec ? 0 : static_cast<uint64_t>(n);
-  };
-  // Weights and momentum history (f32 each), and DC-ASGD-a's mean squares when it runs.
-  const uint64_t per_float = options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8;
-  const uint64_t checkpoint = share_floats_ * per_float;
-  const uint64_t want = options_.wal_max_bytes + 2 * checkpoint;
-  const uint64_t have_already = size_of(options_.wal_path) + size_of(options_.checkpoint_path);
-  const uint64_t need = want > have_already ? want - have_already : 0;
-  const int64_t free = CurrentEnv().FreeBytes(where.c_str());
-  if (free < 0) return IoError("server {}: cannot tell the free space of {}: {}", options_.server_id, where, std::strerror(errno));
-  if (static_cast<uint64_t>(free) < need) {
-    return FailedPrecondition(
-        "server {}: {} has {:.1f} MiB free, and the write-ahead log needs {:.1f} MiB there (checkpoint.wal_max_mb = "
-        "{} and two checkpoints of {:.1f} MiB): free some space, lower checkpoint.wal_max_mb, or set checkpoint.wal = "
-        "false",
-        options_.server_id, where, static_cast<double>(free) / (1 << 20), static_cast<double>(need) / (1 << 20),
-        options_.wal_max_bytes >> 20, static_cast<double>(checkpoint) / (1 << 20));
-  }
-  return Status::Ok();
-}
-
-WalOptions ShardServer::LogOptions() {
-  WalOptions o;
-  o.fsync_ms = options_.wal_fsync_ms;
-  o.io = options_.wal_io;
-  o.on_progress = [this] {
-    std::lock_guard<std::mutex> lock(wake_mu_);
-    if (wake_) wake_();
-  };
-  return o;
+  if (log_->open() || !log_->configured()) return Status::Ok();
+  DP_RETURN_IF_ERROR(log_->CheckRoom());
+  return log_->Open(wal_seq_ + 1, /*truncate=*/true);
 }
 
 void ShardServer::SetWake(std::function<void()> wake) {
@@ -1478,7 +1393,7 @@ Status ShardServer::Recover(RecoverReport* report) {
   report->checkpoint_updates = updates_;
   report->checkpoint_seq = wal_seq_;
   if (options_.wal_path.empty()) return Status::Ok();
-  DP_RETURN_IF_ERROR(CheckLogRoom());
+  DP_RETURN_IF_ERROR(log_->CheckRoom());
   const std::string& path = options_.wal_path;
   bool truncate = true;  // nothing after the checkpoint: the log starts over
   if (std::filesystem::exists(path, ec)) {
@@ -1513,9 +1428,7 @@ Status ShardServer::Recover(RecoverReport* report) {
     }
     truncate = info.records == 0 || info.last_seq <= covered;
   }
-  DP_RETURN_IF_ERROR(WalWriter::Open(path, wal_seq_ + 1, truncate, LogOptions(), &wal_));
-  NoteLogOpened();
-  return Status::Ok();
+  return log_->Open(wal_seq_ + 1, truncate);
 }
 
 Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {

@@ -6,8 +6,9 @@
 // a refusal gets an error reply naming the field and is counted by reason (senders must be
 // registered and authorised, server/access.h). Pulls of chunks without weights wait; gradients
 // for them are refused (kNotInitialized). A push, clock, worker-gone or join is staged in the
-// write-ahead log (server/wal.h) before it is applied, and its reply waits until the log's own
-// thread has written it; it is refused (kLogWrite) when the log cannot take it. A push already
+// write-ahead log (server/wal.h, through server/shard_log.h) before it is applied, and its reply
+// waits until the log's own thread has written it; it is refused (kLogWrite) when the log cannot
+// take it. A push already
 // taken (same worker, session, request id) is acked again, not applied. Every reply carries this
 // object's incarnation. docs/architecture.md "The wire format" to "Checkpoints and tensor
 // files"; docs/operations.md "Checkpoints".
@@ -49,6 +50,7 @@
 #include "server/peers.h"
 #include "server/sessions.h"
 #include "server/request_check.h"
+#include "server/shard_log.h"
 #include "server/wal.h"
 
 namespace downpour {
@@ -179,7 +181,7 @@ class ShardServer {
   uint64_t lane_wait_ns() const { return lanes_->post_wait_ns(); }
   bool shutdown_requested() const { return shutdown_.load(); }
   // The write-ahead log takes nothing more: the loop has stopped or is stopping (see Serve).
-  bool log_failed() const { return log_failed_.load(); }
+  bool log_failed() const { return log_->failed(); }
   // Ok unless log_failed(); then the error, naming the log. On the loop's thread, or after Join.
   Status LogFailure() const;
 
@@ -259,14 +261,12 @@ class ShardServer {
                  const std::vector<PushChunk>& chunks);
   void ApplyGone(int32_t worker, bool finished);
   Status LogRecord(WalRecord* r);  // stages the record when the log is on; counts
-  WalOptions LogOptions();
-  Status CheckLogRoom() const;  // options_.wal_max_bytes' room in the log's directory
-  void NoteLogOpened() const;   // one line: the log's path, how it writes, syncs and is bounded
-  void NoteLogFailure();  // the log failed for good: log_failed_, one line
   // A reply to a message whose change is staged in the log leaves once the log has written it
-  // (held_); others at once. ReleaseHeld sends those now durable. With mu_ held.
+  // (ShardLog); others at once. ReleaseHeld sends those now durable. With mu_ held.
   void ReplyWhenLogged(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& reply, MsgType request_type);
   void ReleaseHeld(ServerEndpoint* ep);
+  ShardLog::Send SendTo(ServerEndpoint* ep);      // Reply on `ep`
+  ShardLog::Refuse RefuseTo(ServerEndpoint* ep);  // Reject on `ep`, as the log's (kLogWrite)
   Status ReplayRecord(const WalRecord& r, const std::string& path);
   Status ReplayCodedPush(const WalRecord& r, const std::string& path);
   // What CheckDensePush asks of the shard's chunks (initialised, version), live and in replay.
@@ -314,15 +314,9 @@ class ShardServer {
   PeerTable peers_;
   // A message of `worker` from `session` is refused: that process was declared dead.
   Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;
-  std::unique_ptr<WalWriter> wal_;
-  struct HeldReply {
-    PeerId peer;
-    MessageHeader reply;
-    MsgType request_type = MsgType::kPush;
-    uint64_t seq = 0;  // sent once the log's durable_seq reaches it
-  };
-  std::deque<HeldReply> held_;
-  static constexpr size_t kMaxHeldReplies = 65536;
+  // The write-ahead log, the replies held for it and its failure (server/shard_log.h); its
+  // records and replay stay here (LogRecord, Recover).
+  std::unique_ptr<ShardLog> log_;
   std::mutex wake_mu_;  // guards wake_
   std::function<void()> wake_;
   uint64_t wal_seq_ = 0;     // last log seq applied or covered by the loaded checkpoint
@@ -355,7 +349,6 @@ class ShardServer {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutdown_{false};
-  std::atomic<bool> log_failed_{false};  // wal_->Failure() is not Ok (set on the loop's thread)
   std::thread thread_;
   Status thread_status_;
   std::unique_ptr<ServerEndpoint> owned_endpoint_;

@@ -1,0 +1,118 @@
+#include "server/shard_log.h"
+
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "common/env.h"
+
+namespace downpour {
+
+// The log's directory must take what the shard may write there before its next checkpoint
+// empties the log: the bounded log, and a checkpoint written beside the last one.
+Status ShardLog::CheckRoom() const {
+  if (o_.max_bytes == 0 || o_.path.empty()) return Status::Ok();
+  const std::filesystem::path dir = std::filesystem::path(o_.path).parent_path();
+  const std::string where = dir.empty() ? std::string(".") : dir.string();
+  std::error_code ec;
+  auto size_of = [&](const std::string& p) -> uint64_t {
+    if (p.empty()) return 0;
+    const auto n = std::filesystem::file_size(p, ec);
+    return ec ? 0 : static_cast<uint64_t>(n);
+  };
+  const uint64_t want = o_.max_bytes + 2 * o_.checkpoint_bytes;
+  const uint64_t have_already = size_of(o_.path) + size_of(o_.checkpoint_path);
+  const uint64_t need = want > have_already ? want - have_already : 0;
+  const int64_t free = CurrentEnv().FreeBytes(where.c_str());
+  if (free < 0) return IoError("server {}: cannot tell the free space of {}: {}", o_.server_id, where, std::strerror(errno));
+  if (static_cast<uint64_t>(free) < need) {
+    return FailedPrecondition(
+        "server {}: {} has {:.1f} MiB free, and the write-ahead log needs {:.1f} MiB there (checkpoint.wal_max_mb = "
+        "{} and two checkpoints of {:.1f} MiB): free some space, lower checkpoint.wal_max_mb, or set checkpoint.wal = "
+        "false",
+        o_.server_id, where, static_cast<double>(free) / (1 << 20), static_cast<double>(need) / (1 << 20),
+        o_.max_bytes >> 20, static_cast<double>(o_.checkpoint_bytes) / (1 << 20));
+  }
+  return Status::Ok();
+}
+
+Status ShardLog::Open(uint64_t first_seq, bool truncate) {
+  WalOptions wo;
+  wo.fsync_ms = o_.fsync_ms;
+  wo.io = o_.io;
+  wo.on_progress = o_.on_progress;
+  DP_RETURN_IF_ERROR(WalWriter::Open(o_.path, first_seq, truncate, wo, &wal_));
+  spdlog::info("server {}: write-ahead log {} ({}, fsync {}, checkpoint at {})", o_.server_id, wal_->path(),
+               wal_->direct()             ? "O_DIRECT"
+               : o_.io == WalIo::kBuffered ? "buffered"
+                                           : "buffered: the filesystem takes no O_DIRECT",
+               o_.fsync_ms.count() == 0 ? std::string("before every ack") : fmt::format("every {} ms", o_.fsync_ms.count()),
+               o_.max_bytes == 0 ? std::string("no size bound") : fmt::format("{} MiB", o_.max_bytes >> 20));
+  return Status::Ok();
+}
+
+Status ShardLog::Stage(WalRecord* r, const char* change) {
+  const Status s = wal_->Submit(r);  // staged: the log thread writes it while the lanes apply it
+  if (s.ok()) return s;
+  NoteFailure();
+  return IoError("server {}: the write-ahead log failed, so the {} was not taken: {}", o_.server_id, change, s.message());
+}
+
+void ShardLog::NoteFailure() {
+  if (!wal_ || failed_.load()) return;
+  if (const Status failure = wal_->Failure(); !failure.ok()) {
+    failed_.store(true);
+    spdlog::error(
+        "server {}: the write-ahead log takes nothing more ({}): stopping, to be restarted from its "
+        "checkpoint and log; what it had not written is left unanswered",
+        o_.server_id, failure.message());
+  }
+}
+
+void ShardLog::ReplyWhenLogged(const PeerId& peer, const MessageHeader& reply, MsgType request_type, const Send& send,
+                               const Refuse& refuse) {
+  if (!wal_ || wal_->durable_seq() >= wal_->last_seq()) {
+    send(peer, reply);
+    return;
+  }
+  held_.push_back(Held{peer, reply, request_type, wal_->last_seq()});
+  if (held_.size() >= kMaxHeld) {  // bounded: wait for the disk rather than grow
+    (void)wal_->Drain();
+    ReleaseHeld(send, refuse);
+  }
+}
+
+void ShardLog::ReleaseHeld(const Send& send, const Refuse& refuse) {
+  if (!wal_) return;
+  NoteFailure();
+  if (failed_.load()) {
+    held_.clear();  // never acknowledged: their senders resend them to the restarted server
+    return;
+  }
+  const uint64_t durable = wal_->durable_seq();
+  while (!held_.empty() && held_.front().seq <= durable) {
+    send(held_.front().peer, held_.front().reply);
+    held_.pop_front();
+  }
+  if (held_.empty()) return;
+  // A disk without room: what waits is refused as the log's (kLogWrite), so its senders back off
+  // and send it again, as for a message the stalled log refused outright. The change is applied
+  // and staged; a resend is a duplicate, acknowledged once the log has written the original.
+  const Status stalled = wal_->Stalled();
+  if (stalled.ok()) return;
+  for (const Held& h : held_) {
+    MessageHeader request;
+    request.type = h.request_type;
+    request.request_id = h.reply.request_id;
+    request.model_id = h.reply.model_id;
+    refuse(h.peer, request,
+           IoError("server {}: the write-ahead log failed, so the {} is not acknowledged yet: {}", o_.server_id,
+                   MsgTypeName(h.request_type), stalled.message()));
+  }
+  held_.clear();
+}
+
+}  // namespace downpour
