@@ -18,18 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-size_t MessageBytes(const Frames& frames) {
-  size_t n = 0;
-  for (const Frame& f : frames) n += f.size();
-  return n;
-}
-
-std::string PeerText(const PeerId& id) {
-  std::string hex;
-  for (unsigned char c : id) hex += fmt::format("{:02x}", c);
-  return hex;
-}
-
 // The link, its options and the timeline, as the endpoints of one decorator share them.
 struct Link {
   const EmulatedLinkOptions& options;
@@ -83,8 +71,8 @@ class PacedServer : public ServerEndpoint {
   }
   Status Send(const PeerId& to, Frames frames) override { return SendOrdered(to, std::move(frames), kNoOrder); }
   Status SendOrdered(const PeerId& to, Frames frames, uint64_t order) override {
-    if (dropped_.count(to)) {
-      return Unavailable("link '{}': peer {} was dropped (it did not read its replies)", address(), PeerText(to));
+    if (dropped_.Contains(to)) {
+      return Unavailable("link '{}': peer {} was dropped (it did not read its replies)", address(), PeerHex(to));
     }
     const size_t bytes = MessageBytes(frames);
     auto q = queues_.find(to);
@@ -105,12 +93,11 @@ class PacedServer : public ServerEndpoint {
     inner_->Wake();
   }
   uint64_t dropped_peers() const override {
-    return inner_->dropped_peers() + dropped_count_.load(std::memory_order_relaxed);
+    return inner_->dropped_peers() + dropped_.count();
   }
   std::string address() const override { return inner_->address(); }
 
  private:
-  static constexpr size_t kRememberDropped = 4096;  // dropped ids kept (oldest forgotten first)
   static constexpr uint64_t kNoOrder = UINT64_MAX;  // Send: the peer's last order (see Enqueue)
   struct Queued {
     Frames frames;
@@ -137,7 +124,7 @@ class PacedServer : public ServerEndpoint {
     if (q == queues_.end()) q = queues_.emplace(to, PeerQueue{}).first;
     if (q->second.bytes + bytes > link_.options.peer_queue_bytes) {
       Drop(q, bytes);
-      return Unavailable("link '{}': peer {} dropped: its unsent replies exceed {} bytes", address(), PeerText(to),
+      return Unavailable("link '{}': peer {} dropped: its unsent replies exceed {} bytes", address(), PeerHex(to),
                          link_.options.peer_queue_bytes);
     }
     PeerQueue& pq = q->second;
@@ -226,17 +213,11 @@ class PacedServer : public ServerEndpoint {
   }
 
   void Drop(Queues::iterator q, size_t more_bytes) {
-    const std::string who = PeerText(q->first);
+    const std::string who = PeerHex(q->first);
     const size_t queued = q->second.messages.size();
     const size_t bytes = q->second.bytes;
-    dropped_.insert(q->first);
-    dropped_order_.push_back(q->first);
-    if (dropped_order_.size() > kRememberDropped) {
-      dropped_.erase(dropped_order_.front());
-      dropped_order_.pop_front();
-    }
+    const uint64_t n = dropped_.Add(q->first);
     queues_.erase(q);  // frees the frames, so their keepalives
-    const uint64_t n = dropped_count_.fetch_add(1, std::memory_order_relaxed) + 1;
     drop_log_.Log(fmt::format(
         "link '{}': dropped peer {}: it does not read its replies ({} replies, {} bytes queued for the link, {} more "
         "would pass the {} byte bound); {} peers dropped so far",
@@ -247,9 +228,7 @@ class PacedServer : public ServerEndpoint {
   Link link_;
   const bool ordered_;
   Queues queues_;  // only peers with replies waiting for the link
-  std::unordered_set<PeerId> dropped_;
-  std::deque<PeerId> dropped_order_;
-  std::atomic<uint64_t> dropped_count_{0};
+  DroppedPeers dropped_;
   RateLimitedLog drop_log_;
   const int track_;  // -1 = no timeline
   std::atomic<uint64_t> wakes_{0};  // Wake() calls, so a wake ends Receive's own short waits

@@ -1,6 +1,8 @@
 // transport.cc — see transport.h.
 #include "common/transport.h"
 
+#include <fmt/core.h>
+
 namespace downpour {
 
 Frame Frame::Copy(const void* data, size_t size) {
@@ -11,6 +13,29 @@ Frame Frame::Copy(const void* data, size_t size) {
   f.size_ = size;
   f.owner_ = std::move(bytes);
   return f;
+}
+
+size_t MessageBytes(const Frames& frames) {
+  size_t n = 0;
+  for (const Frame& f : frames) n += f.size();
+  return n;
+}
+
+std::string PeerHex(const PeerId& peer) {
+  std::string out;
+  for (unsigned char c : peer) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+uint64_t DroppedPeers::Add(const PeerId& peer) {
+  if (ids_.insert(peer).second) {
+    order_.push_back(peer);
+    if (order_.size() > kRemember) {
+      ids_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  return count_.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 }  // namespace downpour

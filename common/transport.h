@@ -26,12 +26,15 @@
 // Transport's Bind/Connect are thread-safe. Endpoints must be destroyed before their Transport.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -144,6 +147,28 @@ class Transport {
   // "tcp://*:5555", or for InprocTransport any name.
   virtual Status Bind(const std::string& address, std::unique_ptr<ServerEndpoint>* out) = 0;
   virtual Status Connect(const std::string& address, std::unique_ptr<ClientEndpoint>* out) = 0;
+};
+
+// Bytes of a message: every frame's, header included.
+size_t MessageBytes(const Frames& frames);
+// A peer's routing identity in hex, for log lines.
+std::string PeerHex(const PeerId& peer);
+
+// The peers a server endpoint dropped for not reading their replies: later messages from them are
+// ignored and sends to them refused. Remembers the last kRemember (oldest forgotten first);
+// counts every drop. Thread-safety: the endpoint's thread, except count() (any thread).
+class DroppedPeers {
+ public:
+  static constexpr size_t kRemember = 4096;
+  // Records `peer`; returns how many peers were dropped so far, this one included.
+  uint64_t Add(const PeerId& peer);
+  bool Contains(const PeerId& peer) const { return ids_.count(peer) != 0; }
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  std::unordered_set<PeerId> ids_;
+  std::deque<PeerId> order_;  // oldest first
+  std::atomic<uint64_t> count_{0};
 };
 
 // A view of a frame's bytes as floats. Returns frame.data() when it is 4-byte aligned,

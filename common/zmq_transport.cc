@@ -255,12 +255,6 @@ Status TrySendRouted(zmq::socket_t& socket, const std::string& to, const Frames&
   return Status::Ok();
 }
 
-size_t MessageBytes(const Frames& frames) {
-  size_t n = 0;
-  for (const Frame& f : frames) n += f.size();
-  return n;
-}
-
 }  // namespace
 
 void ZmqTransport::Impl::CountReceived(const Frames& frames) {
@@ -269,12 +263,6 @@ void ZmqTransport::Impl::CountReceived(const Frames& frames) {
 }
 
 namespace {
-
-std::string PeerHex(const PeerId& peer) {
-  std::string out;
-  for (unsigned char c : peer) out += fmt::format("{:02x}", c);
-  return out;
-}
 
 class ZmqServer : public ServerEndpoint {
  public:
@@ -320,7 +308,7 @@ class ZmqServer : public ServerEndpoint {
         drop_log_.Flush();
         return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
       }
-      if (s.ok() && dropped_.count(who)) {  // a dropped peer is not heard any more
+      if (s.ok() && dropped_.Contains(who)) {  // a dropped peer is not heard any more
         if (std::chrono::steady_clock::now() >= deadline) {
           return Timeout("zmq '{}': no message within {} ms", address_, timeout.count());
         }
@@ -339,7 +327,7 @@ class ZmqServer : public ServerEndpoint {
     if (wake_fd_ >= 0) (void)::write(wake_fd_, &one, sizeof(one));
   }
   Status SendOrdered(const PeerId& to, Frames frames, uint64_t order) override {
-    if (dropped_.count(to)) {
+    if (dropped_.Contains(to)) {
       return Unavailable("zmq '{}': peer {} was dropped (it did not read its replies)", address_, PeerHex(to));
     }
     (void)order;  // replies leave in the order they were sent (an emulated link orders by key)
@@ -366,12 +354,11 @@ class ZmqServer : public ServerEndpoint {
   void ReleaseDue() override {
     if (!queues_.empty()) Flush();
   }
-  uint64_t dropped_peers() const override { return dropped_count_.load(std::memory_order_relaxed); }
+  uint64_t dropped_peers() const override { return dropped_.count(); }
   std::string address() const override { return address_; }
 
  private:
   static constexpr auto kFlushSlice = std::chrono::milliseconds(2);
-  static constexpr size_t kRememberDropped = 4096;  // dropped ids kept (oldest forgotten first)
   static constexpr uint64_t kNoOrder = UINT64_MAX;  // Send's order: none
   using TimePoint = std::chrono::steady_clock::time_point;
   struct Queued {
@@ -418,14 +405,8 @@ class ZmqServer : public ServerEndpoint {
     const std::string who = PeerHex(q->first);
     const size_t queued = q->second.messages.size();
     const size_t bytes = q->second.bytes;
-    dropped_.insert(q->first);
-    dropped_order_.push_back(q->first);
-    if (dropped_order_.size() > kRememberDropped) {
-      dropped_.erase(dropped_order_.front());
-      dropped_order_.pop_front();
-    }
+    const uint64_t n = dropped_.Add(q->first);
     queues_.erase(q);  // frees the frames, so their keepalives
-    const uint64_t n = dropped_count_.fetch_add(1, std::memory_order_relaxed) + 1;
     drop_log_.Log(fmt::format(
         "zmq '{}': dropped peer {}: it does not read its replies ({} replies, {} bytes queued, {} more would pass "
         "the {} byte bound); {} peers dropped so far",
@@ -436,9 +417,7 @@ class ZmqServer : public ServerEndpoint {
   zmq::socket_t socket_;
   std::string address_;
   Queues queues_;  // only peers with replies waiting
-  std::unordered_set<PeerId> dropped_;
-  std::deque<PeerId> dropped_order_;
-  std::atomic<uint64_t> dropped_count_{0};
+  DroppedPeers dropped_;
   RateLimitedLog drop_log_;
   ino_t ipc_inode_ = 0;  // the socket file this endpoint bound (ipc only; 0 = none)
   dev_t ipc_device_ = 0;

@@ -642,5 +642,21 @@ TEST(ZmqSlowPeer, QueuedRepliesAreDeliveredInOrderWhenTheSlowPeerStartsReading) 
   EXPECT_EQ(server->dropped_peers(), 0u);
 }
 
+// A server endpoint's dropped peers: remembered up to the bound (the oldest forgotten first),
+// every drop counted; and the helpers both server endpoints share.
+TEST(DroppedPeers, RemembersTheLatestAndCountsEveryDrop) {
+  DroppedPeers d;
+  for (size_t i = 0; i <= DroppedPeers::kRemember; ++i) EXPECT_EQ(d.Add("p" + std::to_string(i)), i + 1);
+  EXPECT_FALSE(d.Contains("p0"));  // one past the bound: the oldest is forgotten
+  EXPECT_TRUE(d.Contains("p1"));
+  EXPECT_TRUE(d.Contains("p" + std::to_string(DroppedPeers::kRemember)));
+  EXPECT_EQ(d.count(), DroppedPeers::kRemember + 1);
+  EXPECT_EQ(PeerHex(std::string("\x01\xab", 2)), "01ab");
+  Frames f;
+  f.push_back(Frame::Copy("abc"));
+  f.push_back(Frame::Copy(std::string(10, 'x')));
+  EXPECT_EQ(MessageBytes(f), 13u);
+}
+
 }  // namespace
 }  // namespace downpour
