@@ -337,8 +337,18 @@ TEST_F(ShardFixture, AnUpdateNeverCallsIntoTheTransport) {
 // chunks of a push and the pushes of different workers apply on four lanes together. With lr 1
 // and neither momentum nor decay every update is w − lr_mult·g in exact integers, whatever the
 // order: the weights must be the closed form, and those of a one-lane shard, byte for byte.
+// Runs `run` (a job at that many lanes, returning the pulled weights) at 1 and at 4 lanes: the
+// weights must be the same floats.
+void ExpectOneLaneEqualsFour(const std::function<std::vector<float>(int threads)>& run) {
+  const std::vector<float> serial = run(1);
+  const std::vector<float> parallel = run(4);
+  ASSERT_EQ(serial.size(), parallel.size());
+  EXPECT_EQ(std::memcmp(serial.data(), parallel.data(), serial.size() * sizeof(float)), 0);
+}
+
 TEST_F(ShardFixture, ParallelApplyGivesTheWeightsOfSerialApply) {
   constexpr int kWorkers = 8, kPushes = 12;
+  auto grad = [](int w, int k, size_t i) { return static_cast<float>(static_cast<int>((w + 1) * (k + 2) + i) % 7 - 3); };
   auto run = [&](int threads) {
     shards_.clear();
     addresses_.clear();
@@ -357,7 +367,7 @@ TEST_F(ShardFixture, ParallelApplyGivesTheWeightsOfSerialApply) {
         auto c = Client(w);
         for (int k = 0; k < kPushes; ++k) {
           std::vector<float> g(n);
-          for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(static_cast<int>((w + 1) * (k + 2) + i) % 7 - 3);
+          for (size_t i = 0; i < n; ++i) g[i] = grad(w, k, i);
           EXPECT_TRUE(c->Wait(c->Push(g, k), 5000ms).ok());
         }
       });
@@ -368,7 +378,7 @@ TEST_F(ShardFixture, ParallelApplyGivesTheWeightsOfSerialApply) {
       for (int k = 0; k < kPushes; ++k) {
         for (size_t i = 0; i < n; ++i) {
           const float lr_mult = i >= 30 && i < 36 ? 2.0f : 1.0f;  // tensor b
-          want[i] -= lr_mult * static_cast<float>(static_cast<int>((w + 1) * (k + 2) + i) % 7 - 3);
+          want[i] -= lr_mult * grad(w, k, i);
         }
       }
     }
@@ -379,9 +389,7 @@ TEST_F(ShardFixture, ParallelApplyGivesTheWeightsOfSerialApply) {
     TearDown();
     return got;
   };
-  const std::vector<float> serial = run(1);
-  const std::vector<float> parallel = run(4);
-  EXPECT_EQ(std::memcmp(serial.data(), parallel.data(), serial.size() * sizeof(float)), 0);
+  ExpectOneLaneEqualsFour(run);
 }
 
 // Sync: each clock's gradients are summed where the chunk's updates run (its lane) and the mean
@@ -429,9 +437,7 @@ TEST_F(ShardFixture, SyncSumsOnTheLanesGiveTheWeightsOfSerialApply) {
     TearDown();
     return got;
   };
-  const std::vector<float> serial = run(1);
-  const std::vector<float> parallel = run(4);
-  EXPECT_EQ(std::memcmp(serial.data(), parallel.data(), serial.size() * sizeof(float)), 0);
+  ExpectOneLaneEqualsFour(run);
 }
 
 // Pulls served while four workers push into the same chunks on three lanes: every pulled chunk
