@@ -607,8 +607,9 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     (async/ssp) the pull of a server's part is requested when that part is on the wire (it follows
     the push on the same connection; sync: once the server has every worker's push and applied it,
     apply_s[j] later); forward waits layer by layer for its weights. Without overlap the pulls are
-    requested at the end of backward and forward waits for all. The next step starts once every
-    push is acknowledged (the worker's push wait).
+    requested at the end of backward and forward waits for all. No step waits for its
+    acknowledgements: a layer's backward waits only for the acknowledgement of its previous push,
+    which reads the gradients it overwrites (the worker's push wait).
     Pull parts land FIFO on the worker's ingress at pull_rate (a real NIC), or, with
     per_server_pull (emulated links), FIFO per server at pull_rate each (each server's paced
     egress). burst_s: an emulated pacer's credit — a link idle that long sends its next burst_s of
@@ -627,6 +628,7 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     t = egress = 0.0
     ingress = {}
     starts = []
+    acked = [0.0] * n  # per layer: when its last push was acknowledged
     for _ in range(steps):
         starts.append(t)
         if not overlap:
@@ -635,10 +637,10 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             t = max(t, ready[j]) + fwd
         grad = [0.0] * n
         for j in reversed(range(n)):
-            t += layers[j][1]
+            t = max(t, acked[j]) + layers[j][1]
             grad[j] = t
         new_ready = [0.0] * n
-        acked = t
+        acked = [0.0] * n
         for j in reversed(range(n)):
             _, _, push, pull = layers[j]
             for server in sorted(set(push) | set(pull)):
@@ -646,7 +648,7 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
                 applied = delivered + (ack_s[j] if ack_s is not None else 0.0)
                 queue = server if per_server_pull else 0
                 # The ack follows the pull replies already on its way back.
-                acked = max(acked, applied, ingress.get(queue, 0.0) if ack_s is not None else 0.0)
+                acked[j] = max(acked[j], applied, ingress.get(queue, 0.0) if ack_s is not None else 0.0)
                 if sync:  # answered once every worker's push of the layer is applied
                     request = max(delivered + apply_s[j], t) + latency_s
                 elif overlap:  # the pull follows the layer's push (and its apply) on the connection
@@ -656,7 +658,6 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
                 ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0), pull_rate)
                 new_ready[j] = max(new_ready[j], arrived)
         ready = new_ready
-        t = max(t, acked)
     half = steps // 2
     return (starts[-1] - starts[half]) / (steps - 1 - half)
 
