@@ -387,6 +387,7 @@ Status ReadWorker(TableReader& r, WorkerConfig* w) {
   DP_RETURN_IF_ERROR(r.Int("epochs", &w->epochs));
   DP_RETURN_IF_ERROR(r.Int("pull_every", &w->pull_every));
   DP_RETURN_IF_ERROR(r.Int("push_every", &w->push_every));
+  DP_RETURN_IF_ERROR(r.Int("outstanding_steps", &w->outstanding_steps));
   if (const toml::node* n = r.Get("device")) {
     const auto text = n->value<std::string>();
     if (!text || !ParseDevice(*text, w)) return r.Bad("device", *n, "expected \"cpu\" or \"gpu:N\"");
@@ -926,6 +927,8 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(wo.epochs >= 0, "worker.epochs", wo.epochs, "must be >= 0 (0 = use steps)")
       .Check(wo.pull_every >= 1, "worker.pull_every", wo.pull_every, "must be >= 1")
       .Check(wo.push_every >= 1, "worker.push_every", wo.push_every, "must be >= 1")
+      .Check(wo.outstanding_steps >= 1 && wo.outstanding_steps <= 16, "worker.outstanding_steps",
+             wo.outstanding_steps, "must be in 1..16 (steps of pushes a step may start with unacknowledged)")
       .Check(wo.gpu_index >= 0, "worker.device", DeviceString(wo), "GPU index must be >= 0")
       .Check(wo.threads >= 0, "worker.threads", wo.threads, "must be >= 0 (0 = all cores)")
       .Check(wo.straggler >= -1 && wo.straggler < cl.workers, "worker.straggler", wo.straggler,
@@ -1196,6 +1199,7 @@ std::string ToToml(const RunConfig& c) {
   line("epochs", num(c.worker.epochs));
   line("pull_every", num(c.worker.pull_every));
   line("push_every", num(c.worker.push_every));
+  line("outstanding_steps", num(c.worker.outstanding_steps));
   line("device", str(DeviceString(c.worker)));
   line("threads", num(c.worker.threads));
   line("straggler", num(c.worker.straggler));

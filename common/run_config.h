@@ -186,6 +186,11 @@ struct WorkerConfig {
   int epochs = 0;               // passes over this worker's shard; 0 = use steps
   int pull_every = 1;           // n_fetch: pull weights every n steps (>= 1)
   int push_every = 1;           // n_push: push accumulated gradients every n steps (>= 1)
+  // Steps of this worker's pushes that may be outstanding when a step starts (1..16): 1 = the
+  // last step's, whose pulls its forward waits for layer by layer; in async runs k > 1 lets a
+  // step's weights lack its own pushes of the k - 1 steps before (client/worker/pull_ahead.h).
+  // Sync and ssp keep their servers' guarantees.
+  int outstanding_steps = 1;
   DeviceKind device = DeviceKind::kCpu;  // TOML: device = "cpu" | "gpu:N"
   int gpu_index = 0;            // N of "gpu:N" (>= 0)
   int threads = 0;              // CPU compute threads; 0 = all cores

@@ -283,6 +283,7 @@ EvalResult Net::Forward(const float* images, const int* labels) {
 void Net::ForwardLayer(int i, Phase phase) { layers_[i]->Forward(phase, bottoms_[i], tops_[i]); }
 
 void Net::BackwardLayer(int li) {
+  if (before_backward_ && !shapes_.layer_params[li].empty()) before_backward_(li);
   if (emulated()) EmulateKernel(emulate_ms_[2 * static_cast<size_t>(li) + 1]);
   if (!layers_[li]->HasBackward()) return;
   const auto& pis = shapes_.layer_params[li];

@@ -160,6 +160,10 @@ class Net {
   // Called during forward (both phases) with layer index i before layer i runs; the layer's
   // parameters (layer_param_tensors(i)) are read only after it returns. Empty = none.
   void SetBeforeLayerCallback(std::function<void(int layer)> callback) { before_layer_ = std::move(callback); }
+  // Called during backward with layer index i before layer i overwrites its parameter gradients
+  // (grad(t) for t in layer_param_tensors(i)), so a caller whose pushes still read the previous
+  // step's gradients there waits for them first. Empty = none.
+  void SetBeforeBackwardCallback(std::function<void(int layer)> callback) { before_backward_ = std::move(callback); }
   // The parameter tensors (indices into param_specs(), weight then bias) layer i reads; their
   // floats are [param_offset(t), +param_specs()[t].numel()) in params().
   const std::vector<int>& layer_param_tensors(int i) const { return shapes_.layer_params[static_cast<size_t>(i)]; }
@@ -230,6 +234,7 @@ class Net {
   std::vector<float> label_staging_;
   std::function<void(int)> grad_ready_;
   std::function<void(int)> before_layer_;
+  std::function<void(int)> before_backward_;
   float last_accuracy_ = 0.0f;
   // Emulated compute: forward, backward ms per layer; the time the previous emulated kernel was
   // due to end (a late wake-up is not added to the next one).

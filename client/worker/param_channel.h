@@ -12,8 +12,8 @@
 // Buffer lifetime: a Pull writes into `weights` before it returns. A StartPull writes the
 // floats of its chunks in `weights` until its WaitPull returns: the caller must not read or
 // write them before then, nor free `weights` (after a failed WaitPull, until the channel is
-// destroyed). A StartPush reads `grads` (the flat gradient buffer, layout order) until
-// WaitPushes() returns, so the caller must not modify those floats before then.
+// destroyed). A StartPush reads its chunks' floats of `grads` (the flat gradient buffer, layout
+// order) until its WaitPush, or a WaitPushes, returns: the caller must not modify them before.
 //
 // Thread-safety: one training thread per channel.
 #pragma once
@@ -35,6 +35,7 @@ struct PullInfo {
 };
 
 using PullHandle = uint64_t;
+using PushHandle = uint64_t;
 
 // When one request (a pull or a push) was on the wire: from the call that issued it to the
 // moment the channel saw it complete (seconds on the steady clock). Used for the step-time
@@ -76,8 +77,19 @@ class ParamChannel {
   // Blocks until pull `handle` has written its chunks; `info` gets the versions of those chunks.
   // Each handle is waited once.
   virtual Status WaitPull(PullHandle handle, PullInfo* info) = 0;
-  // Sends the gradients of `group`'s chunks, read from `grads` (flat), for `clock`.
-  virtual Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) = 0;
+  // Whether pull `handle` has completed (written, or failed), without blocking: a WaitPull of it
+  // would return at once. A channel that cannot tell answers false, so its callers wait.
+  virtual bool PullDone(PullHandle handle) {
+    (void)handle;
+    return false;
+  }
+  // Sends the gradients of `group`'s chunks, read from `grads` (flat), for `clock`; `handle`
+  // (may be null) gets the push's handle for WaitPush.
+  virtual Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads,
+                           PushHandle* handle) = 0;
+  // Blocks until push `handle` is acknowledged (its floats of `grads` are free again); accumulates
+  // its staleness into `info`. Each handle is waited once, by WaitPush or by WaitPushes.
+  virtual Status WaitPush(PushHandle handle, PushInfo* info) = 0;
   // The tensors whose span of `grads` holds sufficient factors in the pushes started from now
   // on, until the next call (empty = none). A channel that cannot send factors refuses a
   // non-empty list (FailedPrecondition).
@@ -85,7 +97,8 @@ class ParamChannel {
     if (factors.empty()) return Status::Ok();
     return FailedPrecondition("this parameter channel cannot send sufficient factors (compression.factors)");
   }
-  // Waits until every started push is acknowledged; accumulates staleness into `info`.
+  // Waits until every started push not yet waited is acknowledged; accumulates staleness into
+  // `info`.
   virtual Status WaitPushes(PushInfo* info) = 0;
   // EASGD: sends α(x_worker − x_center) for every chunk to its server, which adds it to the
   // center, and waits for the acknowledgements. Channels without EASGD refuse.

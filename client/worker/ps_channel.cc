@@ -162,10 +162,18 @@ Status PsChannel::WaitPull(PullHandle handle, PullInfo* info) {
   return Status::Ok();
 }
 
-Status PsChannel::StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) {
+bool PsChannel::PullDone(PullHandle handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = requests_.find(handle);
+  return it != requests_.end() && it->second.done;
+}
+
+Status PsChannel::StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads,
+                            PushHandle* handle) {
   const double t0 = SteadyS();
-  pending_pushes_.push_back(
-      Track(client_->PushChunks(grads, group.chunk_ids, clock, factors_), group.server, true, {}, t0));
+  const uint64_t h = Track(client_->PushChunks(grads, group.chunk_ids, clock, factors_), group.server, true, {}, t0);
+  pending_pushes_.push_back(h);
+  if (handle != nullptr) *handle = h;
   return Status::Ok();
 }
 
@@ -175,19 +183,32 @@ Status PsChannel::SetPushFactors(std::span<const PushFactor> factors) {
   return Status::Ok();
 }
 
+Status PsChannel::AwaitPush(uint64_t handle, PushInfo* info) {
+  std::vector<int64_t> staleness;
+  Status s = Await(handle, nullptr, &staleness);
+  // The servers' own measure, from the acks (the value they count in their stats).
+  for (int64_t v : staleness) {
+    ++info->chunks;
+    info->staleness_sum += v;
+    info->staleness_max = std::max(info->staleness_max, v);
+    info->staleness_known = true;
+  }
+  return s;
+}
+
+Status PsChannel::WaitPush(PushHandle handle, PushInfo* info) {
+  const auto it = std::find(pending_pushes_.begin(), pending_pushes_.end(), handle);
+  if (it == pending_pushes_.end())
+    return InvalidArgument("worker channel: push handle {} is unknown (already waited?)", handle);
+  pending_pushes_.erase(it);
+  return AwaitPush(handle, info);
+}
+
 Status PsChannel::WaitPushes(PushInfo* info) {
   Status first;
-  std::vector<int64_t> staleness;
   for (uint64_t handle : pending_pushes_) {
-    Status s = Await(handle, nullptr, &staleness);
+    Status s = AwaitPush(handle, info);
     if (!s.ok() && first.ok()) first = s;
-    // The servers' own measure, from the acks (the value they count in their stats).
-    for (int64_t v : staleness) {
-      ++info->chunks;
-      info->staleness_sum += v;
-      info->staleness_max = std::max(info->staleness_max, v);
-      info->staleness_known = true;
-    }
   }
   pending_pushes_.clear();
   return first;

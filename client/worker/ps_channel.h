@@ -6,8 +6,8 @@
 // error, naming the server, should come first). StartPull: PsClient::PullChunks of the given
 // chunks, waited by WaitPull (same timeout). Versions come from PsClient::last_versions(), read
 // only for the chunks of the pull just completed (other pulls may be in flight).
-// Push: PsClient::PushChunks per planner group, zero-copy from the caller's buffer; the ids
-// are kept and WaitPushes() waits for all of them (after which the buffer is free again).
+// Push: PsClient::PushChunks per planner group, zero-copy from the caller's buffer; WaitPush
+// waits for one (its chunks' floats are then free again), WaitPushes for every one not waited.
 // Staleness is measured by the servers (they know the version a gradient meets); the channel
 // reports it as unknown and the worker reads the servers' stats at the end.
 //
@@ -53,7 +53,10 @@ class PsChannel : public ParamChannel {
   Status StartPull(int64_t clock, std::span<const int32_t> chunk_ids, std::span<float> weights,
                    PullHandle* handle) override;
   Status WaitPull(PullHandle handle, PullInfo* info) override;
-  Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) override;
+  bool PullDone(PullHandle handle) override;
+  Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads,
+                   PushHandle* handle) override;
+  Status WaitPush(PushHandle handle, PushInfo* info) override;
   Status SetPushFactors(std::span<const PushFactor> factors) override;
   Status WaitPushes(PushInfo* info) override;
   Status PushElastic(int64_t clock, std::span<const float> diff, PushInfo* info) override;
@@ -80,13 +83,15 @@ class PsChannel : public ParamChannel {
   // wire span; `chunks` gets a pull's chunk ids.
   Status Await(uint64_t handle, std::vector<int32_t>* chunks, std::vector<int64_t>* staleness = nullptr);
   void FillVersions(const std::vector<int32_t>& chunks, PullInfo* info) const;
+  // Await for a push; adds its acks' staleness to `info`.
+  Status AwaitPush(uint64_t handle, PushInfo* info);
   void WatchLoop();
 
   PsClient* client_;
   std::chrono::milliseconds wait_timeout_;
   std::function<Status(int64_t)> on_clock_;
   std::function<Status()> on_leave_;
-  std::vector<uint64_t> pending_pushes_;  // training thread only
+  std::vector<uint64_t> pending_pushes_;  // training thread only: started, not waited
   std::vector<WireSpan> spans_;           // training thread only
 
   std::mutex mu_;

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -39,16 +38,6 @@ double UnionMs(std::vector<WireSpan> spans) {
   }
   if (open) total += end - begin;
   return 1e3 * total;
-}
-
-void MergePullInfo(const PullInfo& in, bool first, PullInfo* acc) {
-  if (first) {
-    *acc = in;
-    return;
-  }
-  acc->version_min = std::min(acc->version_min, in.version_min);
-  acc->version_max = std::max(acc->version_max, in.version_max);
-  acc->version_sum += in.version_sum;
 }
 
 // Steps this worker runs: `steps`, or enough whole batches for `epochs` passes of its shard.
@@ -127,8 +116,13 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
   net_->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
   overlap_ = o_.overlap_pull && channel_ != nullptr && !o_.easgd && o_.worker.pull_every == 1 &&
              o_.worker.push_every == 1;
+  if (channel_ != nullptr && !o_.easgd) {
+    layer_chunks_ = ChunksByLayer(*net_, *layout_);
+    pushes_ = std::make_unique<PushWindow>(channel_, layout_->num_chunks());
+    net_->SetBeforeBackwardCallback([this](int layer) { OnLayerBackward(layer); });
+  }
   if (overlap_) {
-    BuildOverlapMaps();
+    pull_ahead_ = std::make_unique<PullAhead>(channel_, *layout_, layer_chunks_, net_->params(), o_.weights_lag);
     net_->SetBeforeLayerCallback([this](int layer) { OnLayerForward(layer); });
   }
 }
@@ -137,113 +131,68 @@ Trainer::~Trainer() {
   net_->SetGradReadyCallback({});
   if (factors_on_) (void)net_->SetFactoredParams({});
   if (overlap_) net_->SetBeforeLayerCallback({});
+  if (pushes_ != nullptr) net_->SetBeforeBackwardCallback({});
 }
 
-// Which chunks each layer's forward needs, and which tensors each chunk covers. Works whether or
-// not a chunk may span tensors: both are computed from flat ranges.
-void Trainer::BuildOverlapMaps() {
-  const int tensors = static_cast<int>(layout_->tensors().size());
-  const int chunks = layout_->num_chunks();
-  chunk_tensors_.assign(static_cast<size_t>(chunks), {});
-  for (const Chunk& c : layout_->chunks()) {
-    for (int t = 0; t < tensors; ++t) {
-      const int64_t b = layout_->tensor_flat_offset(t), e = layout_->tensor_flat_offset(t + 1);
-      if (b < c.flat_offset + c.count && c.flat_offset < e) chunk_tensors_[static_cast<size_t>(c.id)].push_back(t);
-    }
-  }
-  layer_chunks_.assign(static_cast<size_t>(net_->num_layers()), {});
-  for (int li = 0; li < net_->num_layers(); ++li) {
-    std::vector<int32_t>& ids = layer_chunks_[static_cast<size_t>(li)];
-    for (int t : net_->layer_param_tensors(li)) {
-      const std::vector<int32_t> in = layout_->ChunksInRange(layout_->tensor_flat_offset(t), layout_->tensor_flat_offset(t + 1));
-      ids.insert(ids.end(), in.begin(), in.end());
-    }
-    std::sort(ids.begin(), ids.end());
-    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  }
-  chunk_inflight_.assign(static_cast<size_t>(chunks), -1);
-  tensor_final_.assign(static_cast<size_t>(tensors), false);
-  chunk_pulled_.assign(static_cast<size_t>(chunks), false);
-}
-
-// Pushes `group`, then (when this step pulls ahead) starts the next step's pull of every chunk
-// that is now pushed and whose tensors are all final — after the push on the same links, so
-// each server serves it after applying this push.
+// Pushes `group`, then (when this step pulls ahead) starts the next step's pulls of its chunks,
+// after the push on the same links, so each server serves them after applying this push.
 Status Trainer::PushGroupAndPull(const PushGroup& group, std::span<const float> source) {
   if (factors_on_) DP_RETURN_IF_ERROR(channel_->SetPushFactors(step_factors_));
-  DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, source));
+  PushHandle handle = 0;
+  DP_RETURN_IF_ERROR(channel_->StartPush(clock_, group, source, &handle));
+  pushes_->Started(handle, current_step_, group.chunk_ids);
   if (!pull_next_) return Status::Ok();
-  return StartReadyPulls(group.chunk_ids);
+  return pull_ahead_->Pushed(group.chunk_ids);
 }
 
-Status Trainer::StartReadyPulls(const std::vector<int32_t>& candidates) {
-  std::vector<int32_t> check;
-  check.swap(pushed_waiting_);
-  check.insert(check.end(), candidates.begin(), candidates.end());
-  std::map<int, std::vector<int32_t>> by_server;
-  for (int32_t c : check) {
-    if (chunk_pulled_[static_cast<size_t>(c)]) continue;
-    const auto& ts = chunk_tensors_[static_cast<size_t>(c)];
-    const bool ready = std::all_of(ts.begin(), ts.end(), [&](int t) { return tensor_final_[static_cast<size_t>(t)]; });
-    if (!ready) {
-      pushed_waiting_.push_back(c);
-      continue;
-    }
-    chunk_pulled_[static_cast<size_t>(c)] = true;
-    by_server[layout_->chunk(c).server].push_back(c);
-  }
-  for (auto& [server, ids] : by_server) {
-    std::sort(ids.begin(), ids.end());
-    PullHandle handle = 0;
-    DP_RETURN_IF_ERROR(channel_->StartPull(clock_ + 1, ids, net_->params(), &handle));
-    for (int32_t c : ids) chunk_inflight_[static_cast<size_t>(c)] = static_cast<int>(inflight_.size());
-    inflight_.push_back(InflightPull{handle, false});
-  }
-  return Status::Ok();
-}
-
-Status Trainer::WaitInflightPull(size_t index) {
-  PullInfo info;
-  InflightPull& p = inflight_[index];
-  p.waited = true;  // waited once, whatever the outcome
-  DP_RETURN_IF_ERROR(channel_->WaitPull(p.handle, &info));
-  MergePullInfo(info, !inflight_info_set_, &inflight_info_);
-  inflight_info_set_ = true;
-  return Status::Ok();
-}
-
-// Forward is about to run `layer`: wait for the pulls of the chunks its weights live in.
+// Forward is about to run `layer`: its weights are taken in from the pulls, waiting where due.
 void Trainer::OnLayerForward(int layer) {
   if (!callback_status_.ok()) return;
   const double t0 = NowS();
-  for (int32_t c : layer_chunks_[static_cast<size_t>(layer)]) {
-    const int index = chunk_inflight_[static_cast<size_t>(c)];
-    if (index < 0 || inflight_[static_cast<size_t>(index)].waited) continue;
-    TraceSpan span(o_.trace, trace_track_, "worker", "pull wait");
-    span.Arg("layer", layer);
-    Status s = WaitInflightPull(static_cast<size_t>(index));
-    if (!s.ok()) {
-      callback_status_ = s;
-      break;
-    }
-  }
+  TraceSpan span(o_.trace, trace_track_, "worker", "pull wait");
+  span.Arg("layer", layer);
+  callback_status_ = pull_ahead_->BeforeForward(layer);
   forward_pull_wait_ms_ += 1e3 * (NowS() - t0);
 }
 
-Status Trainer::FinishPulls() {
-  Status first;
-  for (size_t i = 0; i < inflight_.size(); ++i) {
-    if (inflight_[i].waited) continue;
-    Status s = WaitInflightPull(i);
-    if (!s.ok() && first.ok()) first = s;
+// Backward is about to overwrite `layer`'s gradients: the previous step's pushes reading them
+// must be acknowledged first.
+void Trainer::OnLayerBackward(int layer) {
+  const std::vector<int32_t>& chunks = layer_chunks_[static_cast<size_t>(layer)];
+  if (!callback_status_.ok() || !pushes_->Pending(chunks)) return;
+  const double t0 = NowS();
+  TraceSpan span(o_.trace, trace_track_, "worker", "ack wait");
+  span.Arg("layer", layer);
+  callback_status_ = pushes_->WaitFor(chunks, &push_info_);
+  backward_push_wait_ms_ += 1e3 * (NowS() - t0);
+}
+
+// The accumulator (push_every > 1) is what the last push step's pushes read: wait for them before
+// it changes, then start it again from zero.
+Status Trainer::ReadyAccumulator() {
+  if (!accum_pushed_) return Status::Ok();
+  const double t0 = NowS();
+  DP_RETURN_IF_ERROR(pushes_->WaitAll(&push_info_));
+  backward_push_wait_ms_ += 1e3 * (NowS() - t0);
+  std::fill(accum_.begin(), accum_.end(), 0.0f);
+  accum_pushed_ = false;
+  return Status::Ok();
+}
+
+Status Trainer::SaveAckedProgress(bool finished) {
+  if (!o_.on_progress) return Status::Ok();
+  if (unacked_progress_) {
+    // The previous step's pushes: normally acknowledged already (each layer's backward waited).
+    DP_RETURN_IF_ERROR(pushes_->WaitThrough(unacked_progress_->step - 1, &push_info_));
+    o_.on_progress(*unacked_progress_);
+    unacked_progress_.reset();
   }
-  if (!inflight_.empty()) {
-    std::fill(chunk_inflight_.begin(), chunk_inflight_.end(), -1);
-    inflight_.clear();
+  if (finished || pushes_ == nullptr || pushes_->empty()) {
+    o_.on_progress(Progress(finished));
+  } else {
+    unacked_progress_ = Progress(false);
   }
-  if (inflight_info_set_) pull_info_ = inflight_info_;
-  inflight_info_set_ = false;
-  return first;
+  return Status::Ok();
 }
 
 double Trainer::Elapsed() const { return NowS() - start_; }
@@ -252,21 +201,12 @@ double Trainer::Elapsed() const { return NowS() - start_; }
 // into the accumulator when pushes stand for several steps, then push what became ready.
 void Trainer::OnGradReady(int tensor) {
   if (!pushing_ || !callback_status_.ok()) return;
-  if (pull_next_) {
-    // Forward is over, so the pulls it used were all waited; the next step's start now.
-    if (!pulls_finished_) {
-      const double t0 = NowS();
-      TraceSpan span(o_.trace, trace_track_, "worker", "pull wait");
-      callback_status_ = FinishPulls();
-      forward_pull_wait_ms_ += 1e3 * (NowS() - t0);
-      pulls_finished_ = true;
-      if (!callback_status_.ok()) return;
-    }
-    tensor_final_[static_cast<size_t>(tensor)] = true;  // its layer's backward is complete
-  }
+  if (pull_next_) pull_ahead_->TensorFinal(tensor);  // its layer's backward is complete
   if (net_->grad_is_factored(tensor)) step_factors_.push_back(PushFactor{tensor, net_->batch_size()});
   std::span<const float> source = net_->grads();
   if (!accum_.empty()) {
+    callback_status_ = ReadyAccumulator();
+    if (!callback_status_.ok()) return;
     const int64_t off = net_->param_offset(tensor);
     const auto g = net_->grad(tensor);
     const float inv = 1.0f / static_cast<float>(o_.worker.push_every);
@@ -330,33 +270,25 @@ Status Trainer::ElasticExchange() {
 }
 
 Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool last_step) {
+  current_step_ = step;
   pushing_ = channel_ != nullptr && push_step && !o_.easgd;
   planner_.Reset();
   step_factors_.clear();
   callback_status_ = Status::Ok();
   pull_next_ = overlap_ && pushing_ && !last_step;
-  pulls_finished_ = false;
-  if (pull_next_) {
-    std::fill(tensor_final_.begin(), tensor_final_.end(), false);
-    std::fill(chunk_pulled_.begin(), chunk_pulled_.end(), false);
-    pushed_waiting_.clear();
-  }
+  if (pull_ahead_ != nullptr) pull_ahead_->BeginStep(step, clock_ + 1, pull_next_);
   forward_pull_wait_ms_ = 0;
+  backward_push_wait_ms_ = 0;
   const double t0 = NowS();
   TraceSpan compute_span(o_.trace, trace_track_, "worker", "forward+backward");
   const float loss = net_->ForwardBackward(batch.data, batch.labels);
   compute_span.End();
   const double t1 = NowS();
   DP_RETURN_IF_ERROR(callback_status_);
-  if (overlap_ && !pulls_finished_) {
-    // No backward callback started the next pulls (last step, or nothing pushed): the pulls
-    // this forward used are done with all the same.
-    DP_RETURN_IF_ERROR(FinishPulls());
-    pulls_finished_ = true;
-  }
-  compute_ms_ = 1e3 * (t1 - t0) - forward_pull_wait_ms_;
+  if (PullInfo info; pull_ahead_ != nullptr && pull_ahead_->TakeInfo(&info)) pull_info_ = info;
+  compute_ms_ = 1e3 * (t1 - t0) - forward_pull_wait_ms_ - backward_push_wait_ms_;
   pull_ms_ += forward_pull_wait_ms_;
-  push_wait_ms_ = 0;
+  push_wait_ms_ = backward_push_wait_ms_;
   if (!std::isfinite(loss))
     return Internal(
         "worker {}: training loss is {} at step {} (diverged; "
@@ -366,6 +298,7 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool 
   loss_ema_ = loss_ema_ < 0 ? loss : 0.95 * loss_ema_ + 0.05 * loss;
 
   if (pushing_) {
+    TraceSpan wait_span(o_.trace, trace_track_, "worker", "push wait");
     const std::span<float> source = accum_.empty() ? net_->grads() : std::span<float>(accum_);
     if (clipping()) {
       // Every tensor's gradient is final now: clip the whole, then push it all.
@@ -381,18 +314,14 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool 
       DP_RETURN_IF_ERROR(PushGroupAndPull(group, source));
     }
     DP_CHECK(planner_.AllReleased());
-    if (pull_next_) {
-      // Backward is over: every tensor is final, so every pushed chunk may be pulled now.
-      std::fill(tensor_final_.begin(), tensor_final_.end(), true);
-      DP_RETURN_IF_ERROR(StartReadyPulls({}));
-      DP_CHECK(std::all_of(chunk_pulled_.begin(), chunk_pulled_.end(), [](bool b) { return b; }));
-    }
-    TraceSpan wait_span(o_.trace, trace_track_, "worker", "push wait");
-    DP_RETURN_IF_ERROR(channel_->WaitPushes(&push_info_));
-    if (!accum_.empty()) std::fill(accum_.begin(), accum_.end(), 0.0f);
+    // Backward is over: every tensor is final, so every pushed chunk may be pulled now.
+    if (pull_next_) DP_RETURN_IF_ERROR(pull_ahead_->EndBackward());
+    // No wait for the acknowledgements (trainer.h): the next step waits for a layer's only
+    // before overwriting its gradients.
+    accum_pushed_ = !accum_.empty();
     ++clock_;
     DP_RETURN_IF_ERROR(channel_->Clock(clock_));
-    push_wait_ms_ = 1e3 * (NowS() - t1);
+    push_wait_ms_ += 1e3 * (NowS() - t1);
   } else if ((channel_ == nullptr || o_.easgd) && push_step) {
     ApplyLocalUpdate();
     if (o_.easgd && ((step + 1) % o_.easgd_tau == 0 || last_step)) {
@@ -401,6 +330,7 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool 
       push_wait_ms_ = 1e3 * (NowS() - te);
     }
   } else {
+    if (pushes_ != nullptr) DP_RETURN_IF_ERROR(ReadyAccumulator());
     const auto g = net_->grads();
     for (size_t i = 0; i < g.size(); ++i) accum_[i] += g[i];
   }
@@ -426,9 +356,7 @@ Status Trainer::Evaluate(bool final_eval, EvalRecord* out, bool starting_weights
   } else if (channel_ != nullptr) {
     // The next step's pulls may be in flight: let them land first, so no two pulls of one
     // chunk are in flight at once (the client's versions are per chunk).
-    for (size_t i = 0; i < inflight_.size(); ++i) {
-      if (!inflight_[i].waited) DP_RETURN_IF_ERROR(WaitInflightPull(i));
-    }
+    if (pull_ahead_ != nullptr) DP_RETURN_IF_ERROR(pull_ahead_->WaitInFlight());
     PullInfo info;
     DP_RETURN_IF_ERROR(channel_->Pull(clock_, eval_net_->params(), &info));
     out->versions = info.version_sum;
@@ -579,12 +507,13 @@ Status Trainer::Run(TrainResult* result) {
     pull_ms_ = 0;
     // The first step of a run (a resumed one too) always pulls: the net holds no server weights
     // yet. A step whose pulls the previous step started waits for them layer by layer instead.
-    const bool pulled_ahead = !inflight_.empty();
+    const bool pulled_ahead = pull_ahead_ != nullptr && pull_ahead_->active();
     // An EASGD worker keeps its own weights: it pulls the center once, to start from it.
     const bool pull_due = o_.easgd ? step == from.step : (step % w.pull_every == 0 || step == from.step);
     if (channel_ != nullptr && !pulled_ahead && pull_due) {
       TraceSpan span(o_.trace, trace_track_, "worker", "pull");
       DP_RETURN_IF_ERROR(channel_->Pull(clock_, net_->params(), &pull_info_));
+      if (pull_ahead_ != nullptr) pull_ahead_->Reset(step);
       pull_ms_ = 1e3 * (NowS() - t0);
     }
     BatchView batch;
@@ -620,10 +549,12 @@ Status Trainer::Run(TrainResult* result) {
       EvalRecord r;
       DP_RETURN_IF_ERROR(Evaluate(false, &r));
     }
-    if (o_.on_progress) o_.on_progress(Progress(false));
+    DP_RETURN_IF_ERROR(SaveAckedProgress(false));
   }
   if (progress_ != nullptr) progress_->Finish();
-  if (o_.on_progress) o_.on_progress(Progress(true));
+  if (pull_ahead_ != nullptr) DP_RETURN_IF_ERROR(pull_ahead_->WaitInFlight());
+  if (pushes_ != nullptr) DP_RETURN_IF_ERROR(pushes_->WaitAll(&push_info_));
+  DP_RETURN_IF_ERROR(SaveAckedProgress(true));
   result->steps = steps_done_;
   result->images = images_;
   const double train_end = Elapsed();

@@ -7,26 +7,30 @@
 //   overlaps the rest of backward (later layers first)
 //   every push_every steps: the pushed gradient is the MEAN of the last push_every steps'
 //   gradients (local accumulation — a push then stands for a batch of push_every × B); the
-//   worker waits for the acks, then reports its clock
+//   worker reports its clock and goes on without waiting for the acknowledgements
 //   metrics → JSONL, progress line; evaluation on a schedule (the evaluating worker).
 //
+// No acknowledgement barrier: a push reads the gradient buffer until acknowledged, so the next
+// step waits for the previous step's pushes of a layer only right before that layer's backward
+// overwrites them (PushWindow; usually long acknowledged by then). A step's progress is saved
+// once its pushes are acknowledged, so a resume never skips an unacknowledged step.
+//
 // Overlapped pulls (TrainerOptions::overlap_pull; async/ssp with pull_every = push_every = 1):
-// the pull of the next step is not one blocking pull at its start. As each push group of step
-// t is started during backward, the pull of those chunks for step t+1 (clock t+1) is started
-// right after it on the same links — so each server serves it after applying that push — and
-// forward of step t+1 waits, before each layer (Net::SetBeforeLayerCallback), only for the
-// pulls of the chunks overlapping that layer's tensors (conv1 first). A chunk is pulled only
-// once every tensor it overlaps is final: its layer's backward is complete (the grad-ready
-// callback fires after Layer::Backward, which read the layer's weights for the data
-// gradient), so the pull never overwrites weights backward still reads. The last step pulls
-// nothing ahead; sync mode keeps the blocking pull (its servers hold it until the clock is
-// complete).
+// the next step's weights are not one blocking pull at its start. Each pushed chunk's pull is
+// started right after its push on the same link, so its server serves it after applying that
+// push, and forward takes each chunk in before the first layer that reads it (PullAhead, which
+// says how). With weights_lag = 0 forward waits for those pulls (conv1 first); with L >= 1
+// (async: worker.outstanding_steps − 1) a step computes on the newest weights that have arrived,
+// lacking at most its own pushes of its last L steps, so compute and the wire overlap whole. The
+// last step pulls nothing ahead; sync mode keeps the blocking pull (its servers hold it until
+// the clock is complete).
 //
 // Step-time breakdown (metrics "step" record, docs/operations.md): compute_ms (forward +
 // backward without the waits inside them), pull_wait_ms (blocked on pulls: the whole pull, or
-// the per-layer waits), push_wait_ms (the last pushes' start, WaitPushes and the clock report),
-// loader_wait_ms (blocked on the prefetch queue), step_ms, comm_ms (wire time of the requests
-// this step waited for: the union of their [issued, completed] spans).
+// the per-layer waits), push_wait_ms (acknowledgements waited before a layer's backward, the
+// last pushes' start and the clock report), loader_wait_ms (blocked on the prefetch queue),
+// step_ms, comm_ms (wire time of the requests this step waited for: the union of their
+// [issued, completed] spans).
 //
 // Without a channel (nullptr) the loop is the single-process reference run: it applies the
 // solver's SGD rule itself (Net::SgdUpdate, Caffe's lr policies), which is what a
@@ -41,6 +45,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,7 +53,9 @@
 #include "client/engine/net.h"
 #include "client/worker/param_channel.h"
 #include "client/worker/progress.h"
+#include "client/worker/pull_ahead.h"
 #include "client/worker/push_planner.h"
+#include "client/worker/push_window.h"
 #include "client/worker/sources.h"
 #include "client/worker/worker_state.h"
 #include "common/layout.h"
@@ -75,6 +82,9 @@ struct TrainerOptions {
   // layer (see above). Used only with a channel and pull_every = push_every = 1; the worker
   // sets it for async and ssp runs (off: downpour-worker --no-overlap). Default off.
   bool overlap_pull = false;
+  // With overlap_pull: how many of this worker's latest steps' pushes a step's weights may lack
+  // (pull_ahead.h). 0 = none (sync, ssp, multi-model stages); worker.outstanding_steps − 1 in async.
+  int weights_lag = 0;
   // compression.factors: push inner-product weights as sufficient factors where that is fewer
   // floats (client/worker/factor_choice.h says when; docs/factors.md). Default off.
   bool factors = false;
@@ -164,13 +174,12 @@ class Trainer {
  private:
   Status Step(int64_t step, const BatchView& batch, bool push_step, bool last_step);
   void OnGradReady(int tensor);
-  // Overlapped pulls.
-  void BuildOverlapMaps();
   Status PushGroupAndPull(const PushGroup& group, std::span<const float> source);
-  Status StartReadyPulls(const std::vector<int32_t>& candidates);
   void OnLayerForward(int layer);
-  Status WaitInflightPull(size_t index);
-  Status FinishPulls();  // waits any pull of the last generation not waited yet, then forgets them
+  void OnLayerBackward(int layer);
+  Status ReadyAccumulator();
+  // Saves the progress of steps whose pushes are all acknowledged (a resume starts after them).
+  Status SaveAckedProgress(bool finished);
   void ApplyLocalUpdate();
   bool EvalDue(int64_t steps_done) const;
   void LogStep(int64_t steps_done, const BatchView& batch, double step_s);
@@ -189,6 +198,7 @@ class Trainer {
   PushPlanner planner_;
 
   std::vector<float> accum_;     // sum of gradients since the last push (push_every > 1)
+  bool accum_pushed_ = false;    // accum_ holds the last push's mean, which its pushes may still read
   bool factors_on_ = false;                 // some tensor is factored (Net::SetFactoredParams)
   std::vector<PushFactor> step_factors_;    // this step's tensors whose grad span holds factors
   std::unique_ptr<UpdateRule> rule_;  // solver.update, for local steps
@@ -223,26 +233,20 @@ class Trainer {
   int64_t last_push_chunks_ = 0, last_push_sum_ = 0;
   TrafficCounts traffic_last_;   // o_.traffic() when the last step (or evaluation) ended
   TrafficCounts shm_last_;       // o_.shm_traffic() likewise
-  // Overlapped pulls: fixed maps from the layout and the net, and per-step state.
+  // Overlapped pulls (null without): the next step's weights pulled during backward.
   bool overlap_ = false;                           // options asked for it and the run allows it
-  std::vector<std::vector<int32_t>> layer_chunks_; // per layer: chunks overlapping its tensors
-  std::vector<std::vector<int>> chunk_tensors_;    // per chunk: tensors it overlaps
+  std::unique_ptr<PullAhead> pull_ahead_;
   bool pull_next_ = false;                         // this step starts the next step's pulls
-  bool pulls_finished_ = false;                    // this step forgot the pulls its forward used
-  std::vector<bool> tensor_final_;                 // this step's backward finished the tensor
-  std::vector<bool> chunk_pulled_;                 // this step started the chunk's next pull
-  std::vector<int32_t> pushed_waiting_;            // pushed, not all its tensors final yet
-  struct InflightPull {
-    PullHandle handle = 0;
-    bool waited = false;
-  };
-  std::vector<InflightPull> inflight_;             // the pulls the next forward waits for
-  std::vector<int> chunk_inflight_;                // per chunk: index into inflight_, or -1
-  PullInfo inflight_info_;                         // versions of the inflight pulls waited so far
-  bool inflight_info_set_ = false;
+  // Pushes not yet acknowledged (null without a channel), and the progress of the last step
+  // while its pushes are.
+  std::vector<std::vector<int32_t>> layer_chunks_; // per layer: chunks of its tensors
+  std::unique_ptr<PushWindow> pushes_;
+  std::optional<WorkerProgress> unacked_progress_;
   // Step-time breakdown of the last step (milliseconds).
   double pull_ms_ = 0, push_wait_ms_ = 0, compute_ms_ = 0, loader_ms_ = 0, comm_ms_ = 0;
   double forward_pull_wait_ms_ = 0;                // pull waits inside ForwardBackward
+  double backward_push_wait_ms_ = 0;               // acknowledgement waits inside it
+  int64_t current_step_ = 0;
   int trace_track_ = -1;                           // the timeline's "train" track (o_.trace on)
   double loss_last_ = 0;
   double loss_ema_ = -1;

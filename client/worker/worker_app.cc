@@ -578,6 +578,9 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   to.solver = RunSolver(config, a.local);  // a poly max_iter of 0: the run's planned batches
   // Sync servers hold a pull until the clock is complete, so sync keeps the blocking pull.
   to.overlap_pull = a.overlap && config.consistency.mode != ConsistencyMode::kSync;
+  // k steps outstanding at a step's start: the one its forward waits for and k - 1 it may lack.
+  // Only async lets a step's weights lack its own pushes; ssp's bound is the servers'.
+  to.weights_lag = config.consistency.mode == ConsistencyMode::kAsync ? config.worker.outstanding_steps - 1 : 0;
   to.factors = config.compression.factors;
   to.easgd = config.consistency.algorithm == Algorithm::kEasgd;
   to.easgd_tau = config.consistency.easgd_tau;

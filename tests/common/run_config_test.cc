@@ -232,6 +232,16 @@ TEST(RunConfigTest, StragglerMustBeAWorker) {
   EXPECT_EQ(c.worker.straggler_delay_ms, 40);
 }
 
+TEST(RunConfigTest, OutstandingStepsAreBounded) {
+  for (const char* bad : {"0", "-1", "17"}) {
+    EXPECT_THAT(ParseError(fmt::format("[worker]\noutstanding_steps = {}\n", bad)),
+                HasSubstr(fmt::format("worker.outstanding_steps = {}: must be in 1..16", bad)));
+  }
+  EXPECT_THAT(ParseError("[worker]\noutstanding_steps = \"all\"\n"), HasSubstr("worker.outstanding_steps"));
+  EXPECT_EQ(ParseOk("").worker.outstanding_steps, 1);
+  EXPECT_EQ(ParseOk("[worker]\noutstanding_steps = 2\n").worker.outstanding_steps, 2);
+}
+
 TEST(RunConfigTest, EmulatedComputeMsAreChecked) {
   EXPECT_THAT(ParseError("[worker]\nemulate_ms = [1.0, -2.0]\n"),
               HasSubstr("worker.emulate_ms = [1, -2]: every value must be in 0..60000 ms"));

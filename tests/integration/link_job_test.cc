@@ -95,7 +95,10 @@ TEST(LinkJob, EveryProcessIsPacedAndStepsCountTheirWireBytes) {
     ASSERT_EQ(done.size(), 1u);
     const double done_tx = static_cast<double>(done[0].Get("tx_bytes").AsInt());
     EXPECT_GE(done_tx, step_tx_sum) << file << ": the total is less than its steps";
-    EXPECT_LE(done_tx, step_tx_sum + 2 * model_bytes) << file << ": register and evaluation are small";
+    // Beyond its steps: the init push, and the last step's pushes, which may still be in the
+    // pacer when its record is written (no step waits for its own acknowledgements); register,
+    // clocks and evaluation are small.
+    EXPECT_LE(done_tx, step_tx_sum + 3 * model_bytes) << file << ": more than the init push and the last step's";
     workers_tx += done_tx;
     workers_rx += static_cast<double>(done[0].Get("rx_bytes").AsInt());
   }

@@ -9,7 +9,10 @@
 //    pull is held back until the trainer waits for it (a forward that read a layer before
 //    waiting would then compute with the previous step's weights and drift);
 //  * the channel's wire spans (comm_ms of the step-time breakdown): one per waited request;
-//  * ssp:0 with the overlap (pulls at clock t+1 before the clock report) does not stall.
+//  * ssp:0 with the overlap (pulls at clock t+1 before the clock report) does not stall;
+//  * one step of lag (worker.outstanding_steps = 2): no forward waits for a pull that follows its
+//    previous step's pushes, and with pulls delivered as late as allowed the run is delayed SGD
+//    with a delay of one step, bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -111,12 +114,21 @@ struct Event {
   PullInfo info;  // kWaitPull: versions the servers returned
 };
 
-// Records every call and forwards it to a PsChannel. With `hold_pulls`, a StartPull is only
-// remembered and goes on the wire when the trainer waits for it: the weights then change at the
-// WaitPull, not before, so a layer read before its wait would see the previous step's weights.
+// How the recording channel hands pulls on.
+enum class Pulls {
+  kOnWire,    // at once, as the trainer asked
+  kHeld,      // only remembered: it goes on the wire when the trainer waits for it, so the weights
+              // change at the WaitPull, not before (a layer read before its wait would see the
+              // previous step's weights)
+  kSnapshot,  // on the wire at once into a buffer of the channel's, written to the trainer's at
+              // the WaitPull: the weights the servers had when it was asked, delivered as late as
+              // allowed, and never reported done before that (the pipeline's timing is then fixed)
+};
+
+// Records every call and forwards it to a PsChannel, handing pulls on as `pulls` says.
 class RecordingChannel : public ParamChannel {
  public:
-  RecordingChannel(PsChannel* inner, bool hold_pulls) : inner_(inner), hold_pulls_(hold_pulls) {}
+  RecordingChannel(PsChannel* inner, Pulls pulls) : inner_(inner), hold_pulls_(pulls == Pulls::kHeld), pulls_(pulls) {}
   Status Pull(int64_t clock, std::span<float> weights, PullInfo* info) override {
     events.push_back({Event::kPull, clock, {}, {}});
     return inner_->Pull(clock, weights, info);
@@ -126,7 +138,11 @@ class RecordingChannel : public ParamChannel {
     events.push_back({Event::kStartPull, clock, {chunk_ids.begin(), chunk_ids.end()}, {}});
     *handle = next_++;
     Held& h = held_[*handle];
-    h = Held{clock, {chunk_ids.begin(), chunk_ids.end()}, weights, 0};
+    h = Held{clock, {chunk_ids.begin(), chunk_ids.end()}, weights, 0, {}};
+    if (pulls_ == Pulls::kSnapshot) {
+      h.snapshot = std::make_shared<std::vector<float>>(weights.size());
+      return inner_->StartPull(clock, chunk_ids, *h.snapshot, &h.inner);
+    }
     if (!hold_pulls_) return inner_->StartPull(clock, chunk_ids, weights, &h.inner);
     return Status::Ok();
   }
@@ -135,13 +151,24 @@ class RecordingChannel : public ParamChannel {
     held_.erase(handle);
     if (hold_pulls_) DP_RETURN_IF_ERROR(inner_->StartPull(h.clock, h.chunks, h.weights, &h.inner));
     DP_RETURN_IF_ERROR(inner_->WaitPull(h.inner, info));
+    if (h.snapshot) {
+      for (int32_t c : h.chunks) {
+        const Chunk& chunk = inner_layout_->chunk(c);
+        std::copy_n(h.snapshot->begin() + chunk.flat_offset, chunk.count, h.weights.begin() + chunk.flat_offset);
+      }
+    }
     events.push_back({Event::kWaitPull, h.clock, h.chunks, *info});
     return Status::Ok();
   }
-  Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads) override {
-    events.push_back({Event::kPush, clock, group.chunk_ids, {}});
-    return inner_->StartPush(clock, group, grads);
+  bool PullDone(PullHandle handle) override {
+    const Held& h = held_.at(handle);
+    return pulls_ == Pulls::kOnWire && inner_->PullDone(h.inner);
   }
+  Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads, PushHandle* handle) override {
+    events.push_back({Event::kPush, clock, group.chunk_ids, {}});
+    return inner_->StartPush(clock, group, grads, handle);
+  }
+  Status WaitPush(PushHandle handle, PushInfo* info) override { return inner_->WaitPush(handle, info); }
   Status WaitPushes(PushInfo* info) override { return inner_->WaitPushes(info); }
   Status Clock(int64_t clock) override { return inner_->Clock(clock); }
   Status Leave() override { return inner_->Leave(); }
@@ -155,9 +182,16 @@ class RecordingChannel : public ParamChannel {
     std::vector<int32_t> chunks;
     std::span<float> weights;
     PullHandle inner = 0;
+    std::shared_ptr<std::vector<float>> snapshot;  // kSnapshot: where the inner pull writes
   };
   PsChannel* inner_;
   bool hold_pulls_;
+  Pulls pulls_;
+
+ public:
+  const ParamLayout* inner_layout_ = nullptr;  // kSnapshot: the chunks' places
+
+ private:
   std::map<PullHandle, Held> held_;
   PullHandle next_ = 1;
 };
@@ -166,7 +200,8 @@ struct RunSetup {
   int servers = 2;
   int64_t chunk_elems = 100;  // fc1 (2304 floats) spans many chunks, biases one each
   bool overlap = true;
-  bool hold_pulls = false;
+  Pulls pulls = Pulls::kOnWire;
+  int weights_lag = 0;
   ConsistencyConfig consistency;
 };
 
@@ -177,16 +212,21 @@ struct RunOutcome {
   std::vector<std::vector<int32_t>> layer_chunks;  // per layer with parameters, in net order
 };
 
-// One worker training kSteps against fresh in-process servers (momentum SGD on the servers).
-void TrainOnce(const RunSetup& setup, RunOutcome* out) {
+// The test's net with its initial weights (the same in every run).
+void MakeNet(std::unique_ptr<engine::Net>* net) {
   engine::NetSpec spec;
   ASSERT_TRUE(engine::ParseNetSpecString(kNet, "overlapnet", &spec).ok());
   engine::NetOptions no;
   no.batch = kBatch;
   no.threads = 1;
+  ASSERT_TRUE(engine::Net::Create(spec, no, net).ok());
+  (*net)->InitParams(11);
+}
+
+// One worker training kSteps against fresh in-process servers (momentum SGD on the servers).
+void TrainOnce(const RunSetup& setup, RunOutcome* out) {
   std::unique_ptr<engine::Net> net;
-  ASSERT_TRUE(engine::Net::Create(spec, no, &net).ok());
-  net->InitParams(11);
+  ASSERT_NO_FATAL_FAILURE(MakeNet(&net));
   ASSERT_TRUE(ParamLayout::Build(net->param_specs(), setup.servers, setup.chunk_elems, &out->layout).ok());
   for (int li = 0; li < net->num_layers(); ++li) {
     std::vector<int32_t> ids;
@@ -224,12 +264,14 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
     ASSERT_TRUE(client->Wait(client->PushInit(net->params()), 5000ms).ok());
     {
       PsChannel ps(client.get(), 20000ms);
-      RecordingChannel channel(&ps, setup.hold_pulls);
+      RecordingChannel channel(&ps, setup.pulls);
+      channel.inner_layout_ = &out->layout;
       TrainerOptions to;
       to.worker.batch_size = kBatch;
       to.worker.steps = kSteps;
       to.min_push_elems = 0;  // a group per tensor: the finest overlap
       to.overlap_pull = setup.overlap;
+      to.weights_lag = setup.weights_lag;
       StepSource source;
       Trainer trainer(to, net.get(), nullptr, &out->layout, &channel, &source, nullptr, nullptr, nullptr);
       TrainResult r;
@@ -324,7 +366,7 @@ TEST(Overlap, GivesTheBlockingLoopsWeightsBitForBit) {
     SCOPED_TRACE(hold ? "pulls held until waited" : "pulls on the wire at once");
     RunSetup overlapped = blocking;
     overlapped.overlap = true;
-    overlapped.hold_pulls = hold;
+    overlapped.pulls = hold ? Pulls::kHeld : Pulls::kOnWire;
     RunOutcome run;
     ASSERT_NO_FATAL_FAILURE(TrainOnce(overlapped, &run));
     EXPECT_GT(std::count_if(run.events.begin(), run.events.end(),
@@ -335,6 +377,54 @@ TEST(Overlap, GivesTheBlockingLoopsWeightsBitForBit) {
     for (size_t i = 0; i < run.final_weights.size(); ++i) differ += run.final_weights[i] != reference.final_weights[i];
     EXPECT_EQ(differ, 0u) << "of " << run.final_weights.size() << " weights";
   }
+}
+
+// worker.outstanding_steps = 2 in async (weights_lag 1): a step may compute without its own
+// previous step's push. With every pull delivered as late as the trainer allows (the servers'
+// weights when it was asked, written at its wait, never reported done earlier), step u computes
+// on W(u-1), the servers' weights after u-1 pushes, and steps 0 and 1 on W(0): delayed SGD with
+// a delay of one step, which the test computes itself and the servers must hold bit for bit.
+// And no forward waits for a pull that follows the previous step's pushes.
+TEST(Overlap, WithOneStepOfLagAStepComputesWithoutItsPreviousPush) {
+  RunSetup lagged;
+  lagged.servers = 1;
+  lagged.pulls = Pulls::kSnapshot;
+  lagged.weights_lag = 1;
+  RunOutcome run;
+  ASSERT_NO_FATAL_FAILURE(TrainOnce(lagged, &run));
+
+  // The step a waited pull was waited in: after the last push of the step before.
+  int64_t step = 0;
+  int waits = 0;
+  for (const Event& e : run.events) {
+    if (e.kind == Event::kPush) step = e.clock + 1;
+    if (e.kind != Event::kWaitPull) continue;
+    ++waits;
+    // A pull for clock c follows the pushes of step c - 1; step u may lack step u - 1's only.
+    EXPECT_LE(e.clock, step - 1) << "a pull that follows step " << e.clock - 1 << "'s pushes waited in step " << step;
+  }
+  EXPECT_GT(waits, 0);
+
+  std::unique_ptr<engine::Net> ref;
+  ASSERT_NO_FATAL_FAILURE(MakeNet(&ref));
+  const auto params = ref->params();
+  std::vector<std::vector<float>> w = {std::vector<float>(params.begin(), params.end())};  // W(0), W(1), ...
+  std::vector<float> history(params.size(), 0.0f);
+  StepSource source;
+  for (int u = 0; u < kSteps; ++u) {
+    const std::vector<float>& used = w[static_cast<size_t>(std::max(0, u - 1))];
+    std::copy(used.begin(), used.end(), params.begin());
+    BatchView b;
+    ASSERT_TRUE(source.Next(&b).ok());
+    ref->ForwardBackward(b.data, b.labels);
+    std::copy(w.back().begin(), w.back().end(), params.begin());
+    ref->SgdUpdate(0.05f, 0.9f, 0.0005f, history);  // the servers' solver in TrainOnce
+    w.emplace_back(params.begin(), params.end());
+  }
+  ASSERT_EQ(run.final_weights.size(), w.back().size());
+  size_t differ = 0;
+  for (size_t i = 0; i < w.back().size(); ++i) differ += run.final_weights[i] != w.back()[i];
+  EXPECT_EQ(differ, 0u) << "of " << w.back().size() << " weights";
 }
 
 // The step-time breakdown's comm_ms comes from the channel's wire spans: one per waited request,
@@ -365,7 +455,7 @@ TEST(Overlap, ChannelReportsOneWireSpanPerWaitedRequest) {
     PushGroup group;
     group.server = 0;
     group.chunk_ids = {0, 1};
-    ASSERT_TRUE(channel.StartPush(0, group, grads).ok());
+    ASSERT_TRUE(channel.StartPush(0, group, grads, nullptr).ok());
     PullHandle h = 0;
     const std::vector<int32_t> ids = {0, 1, 2, 3, 4};
     ASSERT_TRUE(channel.StartPull(1, ids, weights, &h).ok());

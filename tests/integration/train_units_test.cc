@@ -1,9 +1,11 @@
 // Unit tests of the worker's pieces: the push planner (every chunk released exactly once,
-// groups per server, overlap with backward), the progress line, the JSONL writer, and
-// gradient clipping by global norm on what the loop pushes.
+// groups per server, overlap with backward), the progress line, the JSONL writer, gradient
+// clipping by global norm on what the loop pushes, and the step without an acknowledgement
+// barrier.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <cmath>
@@ -147,7 +149,8 @@ class RecordingChannel : public ParamChannel {
     return Status::Ok();
   }
   Status WaitPull(PullHandle, PullInfo*) override { return Status::Ok(); }
-  Status StartPush(int64_t, const PushGroup& group, std::span<const float> grads) override {
+  Status StartPush(int64_t, const PushGroup& group, std::span<const float> grads, PushHandle* handle) override {
+    if (handle != nullptr) *handle = static_cast<PushHandle>(chunks_pushed_ + 1);
     for (int32_t id : group.chunk_ids) {
       const auto& c = layout_.chunks()[static_cast<size_t>(id)];
       std::copy_n(grads.begin() + c.flat_offset, c.count, pushed_.begin() + c.flat_offset);
@@ -155,6 +158,7 @@ class RecordingChannel : public ParamChannel {
     }
     return Status::Ok();
   }
+  Status WaitPush(PushHandle, PushInfo*) override { return Status::Ok(); }
   Status WaitPushes(PushInfo*) override { return Status::Ok(); }
   Status Clock(int64_t) override { return Status::Ok(); }
   Status Leave() override { return Status::Ok(); }
@@ -167,16 +171,16 @@ class RecordingChannel : public ParamChannel {
   int64_t chunks_pushed_ = 0;
 };
 
-// One fixed random batch, forever.
+// One random batch, forever; or, with `fresh`, a different one every step (the same sequence in
+// every run).
 class FixedSource : public TrainSource {
  public:
-  FixedSource(int n, int c, int h, int w) : n_(n), c_(c), h_(h), w_(w), data_(size_t(n) * c * h * w), labels_(n) {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    for (float& x : data_) x = d(rng);
-    for (int i = 0; i < n; ++i) labels_[size_t(i)] = i % 10;
+  FixedSource(int n, int c, int h, int w, bool fresh = false)
+      : n_(n), c_(c), h_(h), w_(w), fresh_(fresh), data_(size_t(n) * c * h * w), labels_(n) {
+    Draw(7);
   }
   Status Next(BatchView* b) override {
+    if (fresh_) Draw(500 + static_cast<uint32_t>(step_++));
     *b = BatchView{data_.data(), labels_.data(), n_, c_, h_, w_, 0};
     return Status::Ok();
   }
@@ -184,16 +188,21 @@ class FixedSource : public TrainSource {
   Status SeekToStep(int64_t) override { return Status::Ok(); }
 
  private:
+  void Draw(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (float& x : data_) x = d(rng);
+    for (int i = 0; i < n_; ++i) labels_[size_t(i)] = static_cast<int>(rng() % 10);
+  }
   int n_, c_, h_, w_;
+  bool fresh_;
+  int64_t step_ = 0;
   std::vector<float> data_;
   std::vector<int> labels_;
 };
 
-// One training step through the loop with solver.clip_gradients = `clip`; returns the pushed
-// gradient (every chunk must have been pushed exactly once).
-std::vector<float> PushedGradient(float clip) {
-  engine::NetSpec spec;
-  const Status ps = engine::ParseNetSpecString(R"(name = "clipnet"
+// fc1 (16×36) → ReLU → fc2 (10×16) → loss, on 1×6×6 inputs.
+constexpr const char* kClipNet = R"(name = "clipnet"
 [input]
 channels = 1
 height = 6
@@ -224,7 +233,13 @@ name = "loss"
 type = "SoftmaxWithLoss"
 bottom = ["fc2", "label"]
 top = ["loss"]
-)", "clipnet", &spec);
+)";
+
+// One training step through the loop with solver.clip_gradients = `clip`; returns the pushed
+// gradient (every chunk must have been pushed exactly once).
+std::vector<float> PushedGradient(float clip) {
+  engine::NetSpec spec;
+  const Status ps = engine::ParseNetSpecString(kClipNet, "clipnet", &spec);
   EXPECT_TRUE(ps.ok()) << ps.ToString();
   engine::NetOptions no;
   no.batch = 8;
@@ -272,6 +287,178 @@ TEST(Trainer, ClipsThePushedGradientToTheGlobalNorm) {
   const std::vector<float> loose = PushedGradient(static_cast<float>(norm * 2));
   for (size_t i = 0; i < raw.size(); ++i) ASSERT_EQ(loose[i], raw[i]) << i;
 }
+
+// ---------------------------------------------------------------------------------------------
+// No acknowledgement barrier (trainer.h, push_window.h), against a channel that reads each pushed
+// gradient as late as the contract allows (at the push's acknowledgement) and compares it with
+// what was there when the push started: no step waits for its own acknowledgements (step t+1's
+// clock report comes before step t's pushes are acknowledged), yet no gradient a push still reads
+// is overwritten (push_every 1: the net's gradients; 2: the accumulator; with clipping); and a
+// step's progress (what a resume starts after) is saved only once its pushes are all
+// acknowledged, each step once, in order, the last marked finished.
+
+// No servers: pulls leave the weights as they are; a push is read twice, when started and when
+// acknowledged (the latest a zero-copy push may read), and the two reads compared.
+class LateReadChannel : public ParamChannel {
+ public:
+  enum Kind { kPush, kAck, kClock };
+  struct Event {
+    Kind kind;
+    int64_t clock;
+  };
+  explicit LateReadChannel(const ParamLayout& layout) : layout_(layout) {}
+
+  Status Pull(int64_t, std::span<float>, PullInfo*) override { return Status::Ok(); }
+  Status StartPull(int64_t, std::span<const int32_t>, std::span<float>, PullHandle* h) override {
+    *h = 0;
+    return Status::Ok();
+  }
+  Status WaitPull(PullHandle, PullInfo*) override { return Status::Ok(); }
+  Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads, PushHandle* handle) override {
+    Push& p = pending_[next_];
+    p.clock = clock;
+    p.chunks = group.chunk_ids;
+    p.grads = grads;
+    p.early = Read(p);
+    *handle = next_++;
+    events.push_back({kPush, clock});
+    return Status::Ok();
+  }
+  Status WaitPush(PushHandle handle, PushInfo*) override {
+    auto it = pending_.find(handle);
+    if (it == pending_.end()) return InvalidArgument("push {} waited twice", handle);
+    if (Read(it->second) != it->second.early) ++overwritten;
+    events.push_back({kAck, it->second.clock});
+    pending_.erase(it);
+    return Status::Ok();
+  }
+  Status WaitPushes(PushInfo* info) override {
+    while (!pending_.empty()) DP_RETURN_IF_ERROR(WaitPush(pending_.begin()->first, info));
+    return Status::Ok();
+  }
+  Status Clock(int64_t clock) override {
+    events.push_back({kClock, clock});
+    return Status::Ok();
+  }
+  Status Leave() override { return Status::Ok(); }
+
+  // Pushes of clocks below `clock` not yet acknowledged.
+  int UnackedBefore(int64_t clock) const {
+    return static_cast<int>(std::count_if(pending_.begin(), pending_.end(),
+                                          [&](const auto& kv) { return kv.second.clock < clock; }));
+  }
+  std::vector<Event> events;
+  int overwritten = 0;  // late reads that differed from the early ones
+
+ private:
+  struct Push {
+    int64_t clock = 0;
+    std::vector<int32_t> chunks;
+    std::span<const float> grads;
+    std::vector<float> early;
+  };
+  std::vector<float> Read(const Push& p) const {
+    std::vector<float> out;
+    for (int32_t c : p.chunks) {
+      const Chunk& chunk = layout_.chunk(c);
+      out.insert(out.end(), p.grads.begin() + chunk.flat_offset, p.grads.begin() + chunk.flat_offset + chunk.count);
+    }
+    return out;
+  }
+  const ParamLayout& layout_;
+  std::map<PushHandle, Push> pending_;
+  PushHandle next_ = 1;
+};
+
+constexpr int kBatch = 8;
+
+struct Outcome {
+  std::vector<LateReadChannel::Event> events;
+  int overwritten = 0;
+  std::vector<WorkerProgress> saved;
+  int unacked_at_save = 0;  // progress saved while a push of an earlier clock was unacknowledged
+};
+
+void Train(int steps, int push_every, float clip, Outcome* out) {
+  engine::NetSpec spec;
+  ASSERT_TRUE(engine::ParseNetSpecString(kClipNet, "clipnet", &spec).ok());
+  engine::NetOptions no;
+  no.batch = kBatch;
+  no.threads = 1;
+  std::unique_ptr<engine::Net> net;
+  ASSERT_TRUE(engine::Net::Create(spec, no, &net).ok());
+  net->InitParams(3);
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build(net->param_specs(), 2, 40, &layout).ok());
+  LateReadChannel channel(layout);
+  TrainerOptions to;
+  to.worker.batch_size = kBatch;
+  to.worker.steps = steps;
+  to.worker.push_every = push_every;
+  to.solver.clip_gradients = clip;
+  to.min_push_elems = 0;  // a group per tensor
+  to.on_progress = [&](const WorkerProgress& p) {
+    out->unacked_at_save += channel.UnackedBefore(p.clock);
+    out->saved.push_back(p);
+  };
+  FixedSource source(kBatch, 1, 6, 6, /*fresh=*/true);
+  Trainer trainer(to, net.get(), nullptr, &layout, &channel, &source, nullptr, nullptr, nullptr);
+  TrainResult r;
+  const Status s = trainer.Run(&r);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(channel.UnackedBefore(1 << 30), 0) << "a push left unacknowledged at the end";
+  out->events = channel.events;
+  out->overwritten = channel.overwritten;
+}
+
+struct Case {
+  int push_every;
+  float clip;
+};
+
+class AckWindow : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AckWindow, AStepGoesOnBeforeItsAcksButNoPushedGradientIsOverwritten) {
+  constexpr int kSteps = 6;
+  Outcome o;
+  ASSERT_NO_FATAL_FAILURE(Train(kSteps, GetParam().push_every, GetParam().clip, &o));
+  EXPECT_EQ(o.overwritten, 0);
+  const int pushes = kSteps / GetParam().push_every;
+  // Clock c is reported at the end of the push step that sent clock c - 1's pushes. The clock
+  // report after them (c + 1) comes before their first acknowledgement: nobody waited for them.
+  for (int64_t c = 0; c + 1 < pushes; ++c) {
+    SCOPED_TRACE(fmt::format("pushes of clock {}", c));
+    size_t first_ack = o.events.size(), next_clock = o.events.size();
+    for (size_t i = 0; i < o.events.size(); ++i) {
+      const auto& e = o.events[i];
+      if (e.kind == LateReadChannel::kAck && e.clock == c) first_ack = std::min(first_ack, i);
+      if (e.kind == LateReadChannel::kClock && e.clock == c + 1) next_clock = std::min(next_clock, i);
+    }
+    ASSERT_LT(first_ack, o.events.size()) << "never acknowledged";
+    EXPECT_LT(next_clock, first_ack);
+  }
+}
+
+TEST_P(AckWindow, ProgressIsSavedOnlyForAcknowledgedSteps) {
+  constexpr int kSteps = 6;
+  Outcome o;
+  ASSERT_NO_FATAL_FAILURE(Train(kSteps, GetParam().push_every, GetParam().clip, &o));
+  EXPECT_EQ(o.unacked_at_save, 0);
+  ASSERT_EQ(o.saved.size(), static_cast<size_t>(kSteps) + 1);  // each step, then finished
+  for (int i = 0; i < kSteps; ++i) {
+    EXPECT_EQ(o.saved[static_cast<size_t>(i)].step, i + 1);
+    EXPECT_FALSE(o.saved[static_cast<size_t>(i)].finished);
+  }
+  EXPECT_EQ(o.saved.back().step, kSteps);
+  EXPECT_TRUE(o.saved.back().finished);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, AckWindow,
+                         ::testing::Values(Case{1, -1.0f}, Case{2, -1.0f}, Case{1, 0.5f}),
+                         [](const auto& info) {
+                           return fmt::format("push_every_{}{}", info.param.push_every,
+                                              info.param.clip > 0 ? "_clipped" : "");
+                         });
 
 }  // namespace
 }  // namespace downpour::worker
