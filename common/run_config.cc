@@ -929,6 +929,11 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(wo.push_every >= 1, "worker.push_every", wo.push_every, "must be >= 1")
       .Check(wo.outstanding_steps >= 1 && wo.outstanding_steps <= 16, "worker.outstanding_steps",
              wo.outstanding_steps, "must be in 1..16 (steps of pushes a step may start with unacknowledged)")
+      .Check(wo.outstanding_steps == 1 || !DelayCompensated(co.algorithm) || co.mode != ConsistencyMode::kAsync,
+             "worker.outstanding_steps", wo.outstanding_steps,
+             fmt::format("must be 1 with consistency.algorithm = \"{}\": its servers compensate from the weights "
+                         "they last sent a worker, and a step that may lack its own last pushes computes on older ones",
+                         AlgorithmString(co.algorithm)))
       .Check(wo.gpu_index >= 0, "worker.device", DeviceString(wo), "GPU index must be >= 0")
       .Check(wo.threads >= 0, "worker.threads", wo.threads, "must be >= 0 (0 = all cores)")
       .Check(wo.straggler >= -1 && wo.straggler < cl.workers, "worker.straggler", wo.straggler,

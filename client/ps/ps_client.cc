@@ -1129,7 +1129,8 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
 
 RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const float> in,
                            std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                           uint32_t flags, std::span<const FactorTensor> factors, uint32_t move_batches) {
+                           uint32_t flags, std::span<const FactorTensor> factors, uint32_t move_batches,
+                           std::span<const int64_t> push_versions) {
   auto req = std::make_shared<Request>();
   RequestId id;
   {
@@ -1204,7 +1205,9 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
         const Chunk& ch = layout_.chunk(c);
         const float* p = in.data() + ch.flat_offset;
         const uint64_t bytes = static_cast<uint64_t>(ch.count) * sizeof(float);
-        const int64_t v = std::atomic_ref<int64_t>(versions_[static_cast<size_t>(c)]).load(std::memory_order_relaxed);
+        const int64_t v = !push_versions.empty()
+                              ? push_versions[static_cast<size_t>(c)]
+                              : std::atomic_ref<int64_t>(versions_[static_cast<size_t>(c)]).load(std::memory_order_relaxed);
         h.versions.push_back(std::max<int64_t>(0, v));
         h.elem_counts.push_back(static_cast<uint64_t>(ch.count));
         h.byte_lengths.push_back(bytes);
@@ -1259,8 +1262,9 @@ RequestId PsClient::PushMove(std::span<const float> flat_change, uint32_t batche
   return Submit(MsgType::kPush, {}, flat_change, {}, /*all_chunks=*/true, 0, kFlagMove, {}, batches);
 }
 RequestId PsClient::PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
-                               std::span<const FactorTensor> factors) {
-  return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0, factors);
+                               std::span<const FactorTensor> factors, std::span<const int64_t> versions) {
+  DP_CHECK(versions.empty() || static_cast<int>(versions.size()) == layout_.num_chunks());
+  return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0, factors, 0, versions);
 }
 RequestId PsClient::PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor, int64_t clock,
                                 std::span<const FactorTensor> factors) {

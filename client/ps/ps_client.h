@@ -103,8 +103,12 @@ class PsClient {
   RequestId Push(std::span<const float> flat_grads, int64_t clock);
   // `factors`: tensors whose span holds sufficient factors, sent one message per (tensor,
   // server). One that cannot hold them fails the request (kInvalidArgument) before any send.
+  // `versions` (empty, or one per chunk of the layout): the version each chunk's gradient was
+  // computed from, when that is not the last pulled (a worker computing on older weights than
+  // it has received); the servers measure staleness from it.
   RequestId PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids,
-                       int64_t clock, std::span<const FactorTensor> factors = {});
+                       int64_t clock, std::span<const FactorTensor> factors = {},
+                       std::span<const int64_t> versions = {});
   RequestId PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor,
                         int64_t clock, std::span<const FactorTensor> factors = {});
   // EASGD (kFlagElastic): `flat_diff` = α(x_worker − x_center), added to the servers' center.
@@ -160,7 +164,8 @@ class PsClient {
   PsClient(const ParamLayout& layout, PsClientOptions options);
   RequestId Submit(MsgType type, std::span<float> out, std::span<const float> in,
                    std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                   uint32_t flags, std::span<const FactorTensor> factors = {}, uint32_t move_batches = 0);
+                   uint32_t flags, std::span<const FactorTensor> factors = {}, uint32_t move_batches = 0,
+                   std::span<const int64_t> push_versions = {});
 
   ParamLayout layout_;
   PsClientOptions options_;

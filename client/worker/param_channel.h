@@ -97,6 +97,16 @@ class ParamChannel {
     if (factors.empty()) return Status::Ok();
     return FailedPrecondition("this parameter channel cannot send sufficient factors (compression.factors)");
   }
+  // The version each chunk's gradient in the pushes started from now on was computed from (one
+  // per chunk of the layout, borrowed until the next call; empty = the version of the chunk's
+  // last completed pull). For a caller that computes on older weights than it has received.
+  virtual void SetPushVersions(std::span<const int64_t> versions) { (void)versions; }
+  // The version of chunk `chunk` in its last completed pull (-1 = none known), read after its
+  // WaitPull and before the chunk is pulled again.
+  virtual int64_t PulledVersion(int32_t chunk) const {
+    (void)chunk;
+    return -1;
+  }
   // Waits until every started push not yet waited is acknowledged; accumulates staleness into
   // `info`.
   virtual Status WaitPushes(PushInfo* info) = 0;

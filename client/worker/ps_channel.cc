@@ -171,10 +171,16 @@ bool PsChannel::PullDone(PullHandle handle) {
 Status PsChannel::StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads,
                             PushHandle* handle) {
   const double t0 = SteadyS();
-  const uint64_t h = Track(client_->PushChunks(grads, group.chunk_ids, clock, factors_), group.server, true, {}, t0);
+  const uint64_t h =
+      Track(client_->PushChunks(grads, group.chunk_ids, clock, factors_, push_versions_), group.server, true, {}, t0);
   pending_pushes_.push_back(h);
   if (handle != nullptr) *handle = h;
   return Status::Ok();
+}
+
+int64_t PsChannel::PulledVersion(int32_t chunk) const {
+  // Written by the pull's I/O thread before its completion, which the caller has waited for.
+  return client_->last_versions()[static_cast<size_t>(chunk)];
 }
 
 Status PsChannel::SetPushFactors(std::span<const PushFactor> factors) {

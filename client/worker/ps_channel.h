@@ -58,6 +58,8 @@ class PsChannel : public ParamChannel {
                    PushHandle* handle) override;
   Status WaitPush(PushHandle handle, PushInfo* info) override;
   Status SetPushFactors(std::span<const PushFactor> factors) override;
+  void SetPushVersions(std::span<const int64_t> versions) override { push_versions_ = versions; }
+  int64_t PulledVersion(int32_t chunk) const override;
   Status WaitPushes(PushInfo* info) override;
   Status PushElastic(int64_t clock, std::span<const float> diff, PushInfo* info) override;
   Status Clock(int64_t clock) override;
@@ -77,6 +79,7 @@ class PsChannel : public ParamChannel {
     std::vector<int64_t> staleness;  // a push's: per applied chunk, from the acks
   };
   std::vector<FactorTensor> factors_;  // SetPushFactors: for the pushes started next
+  std::span<const int64_t> push_versions_;  // SetPushVersions: borrowed
   // Registers a request just issued with the watcher; returns its handle.
   uint64_t Track(RequestId id, int server, bool push, std::vector<int32_t> chunks, double issued_s);
   // Blocks until request `handle` is done (up to wait_timeout_), then forgets it and records its

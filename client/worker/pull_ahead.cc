@@ -31,6 +31,8 @@ PullAhead::PullAhead(ParamChannel* channel, const ParamLayout& layout, std::vect
   landed_.assign(chunks, false);
   landed_step_.assign(chunks, 0);
   held_.assign(chunks, 0);
+  held_version_.assign(chunks, -1);
+  landed_version_.assign(chunks, -1);
   want_.assign(chunks, -1);
   want_clock_.assign(chunks, 0);
   pulled_.assign(chunks, false);
@@ -50,6 +52,7 @@ PullAhead::~PullAhead() {
 void PullAhead::Reset(int64_t step) {
   DP_CHECK(flights_.empty());
   std::fill(held_.begin(), held_.end(), step - 1);
+  for (int32_t c = 0; c < layout_.num_chunks(); ++c) held_version_[static_cast<size_t>(c)] = channel_->PulledVersion(c);
   std::fill(landed_.begin(), landed_.end(), false);
   std::fill(want_.begin(), want_.end(), -1);
   active_ = false;
@@ -94,6 +97,7 @@ Status PullAhead::Land(uint64_t flight) {
   for (int32_t c : f.chunks) {
     landed_[static_cast<size_t>(c)] = true;
     landed_step_[static_cast<size_t>(c)] = f.step;
+    landed_version_[static_cast<size_t>(c)] = channel_->PulledVersion(c);
   }
   if (!info_set_) {
     info_ = info;
@@ -114,6 +118,7 @@ void PullAhead::TakeIn(int32_t c) {
                 static_cast<size_t>(chunk.count) * sizeof(float));
   }
   held_[i] = landed_step_[i];
+  held_version_[i] = landed_version_[i];
   landed_[i] = false;
 }
 

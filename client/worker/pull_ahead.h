@@ -68,6 +68,9 @@ class PullAhead {
   Status WaitInFlight();
   // Versions of the pulls landed since the last call; false when none landed.
   bool TakeInfo(PullInfo* info);
+  // Per chunk, the version of the weights the net holds (what a gradient is computed from, which
+  // with a lag is not the last pulled); stable storage, valid while this object lives.
+  std::span<const int64_t> held_versions() const { return held_version_; }
 
  private:
   struct Flight {
@@ -92,6 +95,7 @@ class PullAhead {
   std::vector<bool> landed_;         // landed in staging, not yet taken in
   std::vector<int64_t> landed_step_;
   std::vector<int64_t> held_;        // the net's weights hold this worker's pushes through this step
+  std::vector<int64_t> held_version_, landed_version_;  // the servers' versions of those weights
   std::vector<int64_t> want_;        // pushed while its pull was out: pull again for this step, -1 = no
   std::vector<int64_t> want_clock_;
   std::vector<bool> pulled_;         // this step's push of it was followed by a pull (or a want)

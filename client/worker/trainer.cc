@@ -123,6 +123,9 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
   }
   if (overlap_) {
     pull_ahead_ = std::make_unique<PullAhead>(channel_, *layout_, layer_chunks_, net_->params(), o_.weights_lag);
+    // Pushes carry the versions of the weights the net computed on: with a lag (or after an
+    // evaluation's pull) the last pulled are newer.
+    channel_->SetPushVersions(pull_ahead_->held_versions());
     net_->SetBeforeLayerCallback([this](int layer) { OnLayerForward(layer); });
   }
 }
@@ -130,7 +133,10 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
 Trainer::~Trainer() {
   net_->SetGradReadyCallback({});
   if (factors_on_) (void)net_->SetFactoredParams({});
-  if (overlap_) net_->SetBeforeLayerCallback({});
+  if (overlap_) {
+    net_->SetBeforeLayerCallback({});
+    channel_->SetPushVersions({});
+  }
   if (pushes_ != nullptr) net_->SetBeforeBackwardCallback({});
 }
 

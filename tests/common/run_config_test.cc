@@ -240,6 +240,8 @@ TEST(RunConfigTest, OutstandingStepsAreBounded) {
   EXPECT_THAT(ParseError("[worker]\noutstanding_steps = \"all\"\n"), HasSubstr("worker.outstanding_steps"));
   EXPECT_EQ(ParseOk("").worker.outstanding_steps, 1);
   EXPECT_EQ(ParseOk("[worker]\noutstanding_steps = 2\n").worker.outstanding_steps, 2);
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"dc-asgd\"\n[worker]\noutstanding_steps = 2\n"),
+              HasSubstr("worker.outstanding_steps = 2: must be 1 with consistency.algorithm = \"dc-asgd\""));
 }
 
 TEST(RunConfigTest, EmulatedComputeMsAreChecked) {

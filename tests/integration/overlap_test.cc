@@ -169,6 +169,8 @@ class RecordingChannel : public ParamChannel {
     return inner_->StartPush(clock, group, grads, handle);
   }
   Status WaitPush(PushHandle handle, PushInfo* info) override { return inner_->WaitPush(handle, info); }
+  void SetPushVersions(std::span<const int64_t> versions) override { inner_->SetPushVersions(versions); }
+  int64_t PulledVersion(int32_t chunk) const override { return inner_->PulledVersion(chunk); }
   Status WaitPushes(PushInfo* info) override { return inner_->WaitPushes(info); }
   Status Clock(int64_t clock) override { return inner_->Clock(clock); }
   Status Leave() override { return inner_->Leave(); }
@@ -210,6 +212,7 @@ struct RunOutcome {
   std::vector<float> final_weights;  // pulled from the servers after the run
   ParamLayout layout;
   std::vector<std::vector<int32_t>> layer_chunks;  // per layer with parameters, in net order
+  int64_t staleness_chunks = 0, staleness_sum = 0;  // from the acks (the servers' measure)
 };
 
 // The test's net with its initial weights (the same in every run).
@@ -278,6 +281,8 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
       const Status s = trainer.Run(&r);
       ASSERT_TRUE(s.ok()) << s.ToString();
       EXPECT_EQ(r.steps, kSteps);
+      out->staleness_chunks = r.staleness_chunks;
+      out->staleness_sum = r.staleness_sum;
       out->events = channel.events;
     }
     out->final_weights.assign(static_cast<size_t>(out->layout.total_elems()), 0.0f);
@@ -351,6 +356,9 @@ TEST(Overlap, EachLayersPullFollowsItsPushAndForwardWaitsForIt) {
     const auto& conv1 = run.layer_chunks.front();
     EXPECT_NE(std::find(conv1.begin(), conv1.end(), waits.front()->chunks.front()), conv1.end());
   }
+  // One worker whose every step computes on its own last push: no staleness.
+  EXPECT_EQ(run.staleness_chunks, kSteps * chunks);
+  EXPECT_EQ(run.staleness_sum, 0);
 }
 
 TEST(Overlap, GivesTheBlockingLoopsWeightsBitForBit) {
@@ -404,6 +412,12 @@ TEST(Overlap, WithOneStepOfLagAStepComputesWithoutItsPreviousPush) {
     EXPECT_LE(e.clock, step - 1) << "a pull that follows step " << e.clock - 1 << "'s pushes waited in step " << step;
   }
   EXPECT_GT(waits, 0);
+  // The servers measure each push's staleness from the version it was computed from: step 0's
+  // is 0, every later step's 1 (its own previous push applied since), not 0 as the last pulled
+  // weights (newer than those computed on) would claim.
+  const int64_t chunks = run.layout.num_chunks();
+  EXPECT_EQ(run.staleness_chunks, kSteps * chunks);
+  EXPECT_EQ(run.staleness_sum, (kSteps - 1) * chunks);
 
   std::unique_ptr<engine::Net> ref;
   ASSERT_NO_FATAL_FAILURE(MakeNet(&ref));
