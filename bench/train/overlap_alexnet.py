@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
 """overlap_alexnet.py — AlexNet (CPU workers, batch 64) step-time breakdown with the pull
-overlapped with compute (the default in async runs) and without it (downpour-worker
---no-overlap), for S servers × 1 worker, from a build tree.
+overlapped with compute (the default in async runs), without it (downpour-worker --no-overlap),
+and with one more step of pushes outstanding (worker.outstanding_steps = 2: a step computes
+without waiting for its predecessor's round trip), for S servers × 1 worker, from a build tree.
 
     bench/train/overlap_alexnet.py [--build build] [--servers 1,2] [--steps 15] [--threads 2] [--rounds 1]
+                                   [--modes overlap,blocking] [--link-gbps G]
+
+Modes: blocking (--no-overlap), overlap (outstanding_steps = 1, the default), lag1
+(outstanding_steps = 2). With --link-gbps every process paces what it sends (cluster.link_gbps,
+docs/emulated_links.md), and the table adds the link's time for the step's bytes, link ms =
+max(pushed bytes, the most pulled from one server) / rate, and step / max(compute, link): the
+share of the step that neither compute nor the link explains.
 
 Makes a small synthetic 256×256 colour LMDB first (PNG files written here with the standard
 library, converted by downpour-data convert-folder; random crops of 227 feed AlexNet), then per
@@ -79,7 +87,7 @@ workers = 1
 coordinator = "127.0.0.1:{port}"
 base_port = {base_port}
 bind = "127.0.0.1"
-
+{link}
 [solver]
 base_lr = 0.001
 lr_policy = "fixed"
@@ -94,6 +102,7 @@ batch_size = {batch}
 steps = {steps}
 pull_every = 1
 push_every = 1
+outstanding_steps = {outstanding}
 device = "cpu"
 threads = {threads}
 
@@ -115,14 +124,19 @@ every_updates = 0
 FIELDS = ["step_ms", "compute_ms", "pull_wait_ms", "push_wait_ms", "loader_wait_ms", "comm_ms"]
 
 
-def run_one(args, work, train, servers, overlap, index, round_no):
-    name = f"s{servers}-{'overlap' if overlap else 'blocking'}" + (f"-r{round_no}" if args.rounds > 1 else "")
+MODES = {"overlap": (True, 1), "blocking": (False, 1), "lag1": (True, 2)}  # overlap, outstanding_steps
+
+
+def run_one(args, work, train, servers, mode, index, round_no):
+    overlap, outstanding = MODES[mode]
+    name = f"s{servers}-{mode}" + (f"-r{round_no}" if args.rounds > 1 else "")
     run_dir = os.path.join(work, name)
     config = os.path.join(work, name + ".toml")
     with open(config, "w") as f:
         f.write(CONFIG.format(work=work, root=ROOT, servers=servers, port=7555 + 10 * index,
                               base_port=7600 + 10 * index, batch=args.batch, steps=args.steps,
-                              threads=args.threads, train=train))
+                              threads=args.threads, train=train, outstanding=outstanding,
+                              link=f"link_gbps = {args.link_gbps}" if args.link_gbps else ""))
     # The tensor list the servers serve, from the worker's own model (a --worker-cmd stand-in is
     # not asked for it by the launcher).
     tensors = os.path.join(work, name + ".tensors.txt")
@@ -140,8 +154,34 @@ def run_one(args, work, train, servers, overlap, index, round_no):
     s = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "downpour-summarize"), run_dir],
                        capture_output=True, text=True, check=True)
     with open(os.path.join(run_dir, "summary.json")) as f:
-        row = json.load(f)["step_breakdown"][0]
+        summary = json.load(f)
+    row = summary["step_breakdown"][0]
+    row["link_ms"] = None
+    if args.link_gbps:
+        # What the link needs for a step's bytes: the worker's egress carries every push, each
+        # server's the pulls of its chunks (the larger share bounds).
+        per_server = pulled_per_server(run_dir, servers)
+        push = summary["push_bytes_per_step"] or 0
+        row["link_ms"] = 1e3 * max(push, per_server) * 8 / (args.link_gbps * 1e9)
     return name, row, s.stdout
+
+
+def pulled_per_server(run_dir, servers):
+    """The most pull bytes one server sent per worker step (the servers' tx_bytes over the steps)."""
+    worst = 0.0
+    steps = 0
+    with open(os.path.join(run_dir, "metrics", "worker-0.jsonl")) as f:
+        steps = sum(1 for line in f if '"step_ms"' in line)
+    for s in range(servers):
+        path = os.path.join(run_dir, "metrics", f"server-{s}.jsonl")
+        tx = 0
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("tx_bytes") is not None:
+                    tx = max(tx, r["tx_bytes"])
+        worst = max(worst, tx / max(1, steps))
+    return worst
 
 
 def main():
@@ -156,6 +196,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat the whole grid, interleaved, so both modes see the same load drift (default 1)")
     ap.add_argument("--timeout-s", type=int, default=900, help="per run (default 900)")
+    ap.add_argument("--modes", default="overlap,blocking",
+                    help="comma-separated, from " + ", ".join(MODES) + " (default overlap,blocking)")
+    ap.add_argument("--link-gbps", type=float, default=0, help="emulated link rate (default: none)")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
     shutil.rmtree(args.work, ignore_errors=True)
@@ -165,19 +208,23 @@ def main():
     index = 0
     for round_no in range(1, args.rounds + 1):
         for servers in [int(x) for x in args.servers.split(",")]:
-            for overlap in (True, False):
-                name, row, text = run_one(args, args.work, train, servers, overlap, index, round_no)
+            for mode in args.modes.split(","):
+                if mode not in MODES:
+                    sys.exit(f"overlap_alexnet: --modes: unknown mode {mode!r} (known: {', '.join(MODES)})")
+                name, row, text = run_one(args, args.work, train, servers, mode, index, round_no)
                 index += 1
                 print(text, end="", flush=True)
                 rows.append((name, row))
     print()
     print("| run | steps | step ms | compute ms | pull wait ms | push wait ms | loader ms | comm ms "
-          "| step / max(compute, comm) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| step / max(compute, comm) | link ms | step / max(compute, link) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, row in rows:
         cells = [f"{row[k]:.0f}" if row[k] is not None else "—" for k in FIELDS]
         ratio = f"{row['overlap_ratio']:.3f}" if row["overlap_ratio"] is not None else "—"
-        print(f"| {name} | {row['steps']} | " + " | ".join(cells) + f" | {ratio} |")
+        link = row["link_ms"]
+        link_cells = (f"{link:.0f} | {row['step_ms'] / max(row['compute_ms'], link):.3f}" if link else "— | —")
+        print(f"| {name} | {row['steps']} | " + " | ".join(cells) + f" | {ratio} | {link_cells} |")
 
 
 if __name__ == "__main__":
