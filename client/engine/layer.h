@@ -116,9 +116,25 @@ class Backend {
   virtual float* Allocate(int64_t count) = 0;
   virtual void Free(float* ptr) = 0;
   virtual bool memory_is_host() const = 0;
-  // Host ↔ device copies of `count` floats (plain memcpy on the CPU).
+  // Host ↔ device copies of `count` floats (plain memcpy on the CPU). CopyToDevice may return
+  // before the bytes have moved: a layer reading the range waits for them (backend-internal),
+  // and `host` must stay as it is until the next Synchronize or blob read-back. CopyToHost
+  // returns with the bytes in `host`.
   virtual void CopyToDevice(const float* host, float* device, int64_t count) = 0;
   virtual void CopyToHost(const float* device, float* host, int64_t count) = 0;
+  // The same download without waiting: it starts after the queued work that writes the range
+  // and returns a ticket at once; `host` holds the bytes once CopyDone(ticket) is true or
+  // WaitCopy(ticket) returned. Tickets complete in the order they were issued. Default: the
+  // blocking copy, done at once (ticket 0 is always done).
+  virtual uint64_t CopyToHostAsync(const float* device, float* host, int64_t count) {
+    CopyToHost(device, host, count);
+    return 0;
+  }
+  virtual bool CopyDone(uint64_t ticket) {
+    (void)ticket;
+    return true;
+  }
+  virtual void WaitCopy(uint64_t ticket) { (void)ticket; }
 
   // Input edge: make `blob` (shape already set by the net) hold host data in canonical
   // layout (images N,C,H,W; labels as float class indices). Allocates on first use.

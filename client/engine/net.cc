@@ -264,8 +264,13 @@ float Net::ForwardBackward(const float* images, const int* labels) {
     return 0.0f;
   }
   RunForward(Phase::kTrain);
+  for (int li = num_layers() - 1; li >= 0; --li) {
+    QueueBackward(li);
+    DeliverGrads(/*wait=*/false);
+  }
+  DeliverGrads(/*wait=*/true);
+  // Read back at the end only: a read-back waits for everything queued.
   const float loss = ReadScalar(*tops_[shapes_.loss_layer][0]);
-  for (int li = num_layers() - 1; li >= 0; --li) BackwardLayer(li);
   float topk = 0.0f;
   AccuracyFromScores(labels, 1, &last_accuracy_, &topk);
   return loss;
@@ -283,6 +288,23 @@ EvalResult Net::Forward(const float* images, const int* labels) {
 void Net::ForwardLayer(int i, Phase phase) { layers_[i]->Forward(phase, bottoms_[i], tops_[i]); }
 
 void Net::BackwardLayer(int li) {
+  QueueBackward(li);
+  DeliverGrads(/*wait=*/true);
+}
+
+// Hands finished gradients to the callback in the order they were queued (later layers first,
+// bias before weight): those whose download has landed, or, with `wait`, all of them.
+void Net::DeliverGrads(bool wait) {
+  while (!pending_grads_.empty()) {
+    const PendingGrad p = pending_grads_.front();
+    if (!wait && !backend_->CopyDone(p.ticket)) return;
+    backend_->WaitCopy(p.ticket);
+    pending_grads_.pop_front();
+    if (grad_ready_) grad_ready_(p.tensor);
+  }
+}
+
+void Net::QueueBackward(int li) {
   if (before_backward_ && !shapes_.layer_params[li].empty()) before_backward_(li);
   if (emulated()) EmulateKernel(emulate_ms_[2 * static_cast<size_t>(li) + 1]);
   if (!layers_[li]->HasBackward()) return;
@@ -296,16 +318,15 @@ void Net::BackwardLayer(int li) {
   layers_[li]->set_skip_weight_grad(factors);
   if (!emulated()) layers_[li]->Backward(tops_[li], propagate_down_[li], bottoms_[li]);
   for (auto it = pis.rbegin(); it != pis.rend(); ++it) {
+    uint64_t ticket = 0;
     if (grad_is_factored(*it)) {
-      WriteFactors(li, *it);
-      if (grad_ready_) grad_ready_(*it);
-      continue;  // no dW download: the factors are the tensor's gradient this step
+      WriteFactors(li, *it);  // no dW download: the factors are the tensor's gradient this step
+    } else if (!backend_->memory_is_host()) {
+      // Started now, waited for by DeliverGrads: the layers below are queued meanwhile.
+      ticket = backend_->CopyToHostAsync(device_grads_ + param_offsets_[*it], host_grads_ + param_offsets_[*it],
+                                         shapes_.params[*it].numel());
     }
-    if (!backend_->memory_is_host()) {
-      backend_->CopyToHost(device_grads_ + param_offsets_[*it], host_grads_ + param_offsets_[*it],
-                           shapes_.params[*it].numel());
-    }
-    if (grad_ready_) grad_ready_(*it);
+    pending_grads_.push_back(PendingGrad{*it, ticket});
   }
 }
 

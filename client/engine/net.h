@@ -10,7 +10,11 @@
 //    each step and each tensor's gradient is downloaded before its callback fires.
 //  * ForwardBackward(images N×C×H×W, labels N) → loss, and parameter gradients. The
 //    grad-ready callback fires during backward as soon as a tensor's gradient is final
-//    (later layers first) so pushes overlap the rest of backward.
+//    (later layers first) so pushes overlap the rest of backward. On a device backend each
+//    download is started without waiting (Backend::CopyToHostAsync) and the layers below are
+//    queued at once; the callbacks fire in order as the downloads land (checked after each
+//    layer is queued, then waited for at the end of backward). The loss and the batch's
+//    accuracy are read back only at the end of the step.
 //  * Forward(...) for evaluation: loss, top-1 and top-k accuracy.
 //  * SetBeforeLayerCallback(f): forward (training and evaluation) calls f(i) right before layer
 //    i runs, so a caller whose pulls land layer by layer waits only for layer i's weights
@@ -25,6 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -203,6 +208,14 @@ class Net {
   float ReadScalar(const Blob& blob);
   bool FactorsPay(int layer, int tensor) const;
   void WriteFactors(int layer, int tensor);
+  // Backward of layer li, its gradients' downloads started, not waited for.
+  void QueueBackward(int li);
+  void DeliverGrads(bool wait);
+  struct PendingGrad {
+    int tensor;
+    uint64_t ticket;  // Backend::CopyToHostAsync's; 0 = nothing to wait for
+  };
+  std::deque<PendingGrad> pending_grads_;  // queued by backward, not yet handed to grad_ready_
   void AccuracyFromScores(const int* labels, int k, float* top1, float* topk);
 
   NetSpec spec_;

@@ -7,7 +7,8 @@
 //  * exactness: with one worker and one server async training is deterministic, so the
 //    overlapped loop must give bit-identical weights to the blocking loop — also when every
 //    pull is held back until the trainer waits for it (a forward that read a layer before
-//    waiting would then compute with the previous step's weights and drift);
+//    waiting would then compute with the previous step's weights and drift), and on a device
+//    stand-in whose uploads and gradient downloads complete later on another thread;
 //  * the channel's wire spans (comm_ms of the step-time breakdown): one per waited request;
 //  * ssp:0 with the overlap (pulls at clock t+1 before the clock report) does not stall;
 //  * one step of lag (worker.outstanding_steps = 2): no forward waits for a pull that follows its
@@ -20,6 +21,7 @@
 #include <random>
 #include <set>
 
+#include "client/engine/emulated_copy_backend.h"
 #include "client/engine/net.h"
 #include "client/engine/net_spec.h"
 #include "client/ps/ps_client.h"
@@ -204,6 +206,7 @@ struct RunSetup {
   bool overlap = true;
   Pulls pulls = Pulls::kOnWire;
   int weights_lag = 0;
+  bool emulated_copies = false;
   ConsistencyConfig consistency;
 };
 
@@ -215,21 +218,27 @@ struct RunOutcome {
   int64_t staleness_chunks = 0, staleness_sum = 0;  // from the acks (the servers' measure)
 };
 
-// The test's net with its initial weights (the same in every run).
-void MakeNet(std::unique_ptr<engine::Net>* net) {
+// The test's net with its initial weights (the same in every run). `emulated_copies`: on the CPU
+// backend behind a copy engine that completes every host ↔ device copy later on a thread
+// (engine/emulated_copy_backend.h), as a GPU worker's transfers are.
+void MakeNet(std::unique_ptr<engine::Net>* net, bool emulated_copies = false) {
   engine::NetSpec spec;
   ASSERT_TRUE(engine::ParseNetSpecString(kNet, "overlapnet", &spec).ok());
   engine::NetOptions no;
   no.batch = kBatch;
   no.threads = 1;
-  ASSERT_TRUE(engine::Net::Create(spec, no, net).ok());
+  std::unique_ptr<engine::Backend> backend;
+  ASSERT_TRUE(engine::CreateBackend(no, &backend).ok());
+  if (emulated_copies)
+    backend = std::make_unique<engine::EmulatedCopyBackend>(std::move(backend), std::chrono::microseconds(300));
+  ASSERT_TRUE(engine::Net::CreateWithBackend(spec, no, std::move(backend), net).ok());
   (*net)->InitParams(11);
 }
 
 // One worker training kSteps against fresh in-process servers (momentum SGD on the servers).
 void TrainOnce(const RunSetup& setup, RunOutcome* out) {
   std::unique_ptr<engine::Net> net;
-  ASSERT_NO_FATAL_FAILURE(MakeNet(&net));
+  ASSERT_NO_FATAL_FAILURE(MakeNet(&net, setup.emulated_copies));
   ASSERT_TRUE(ParamLayout::Build(net->param_specs(), setup.servers, setup.chunk_elems, &out->layout).ok());
   for (int li = 0; li < net->num_layers(); ++li) {
     std::vector<int32_t> ids;
@@ -370,11 +379,13 @@ TEST(Overlap, GivesTheBlockingLoopsWeightsBitForBit) {
   EXPECT_EQ(std::count_if(reference.events.begin(), reference.events.end(),
                           [](const Event& e) { return e.kind == Event::kStartPull; }),
             0);
-  for (bool hold : {false, true}) {
-    SCOPED_TRACE(hold ? "pulls held until waited" : "pulls on the wire at once");
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool hold = variant == 1, copies = variant == 2;
+    SCOPED_TRACE(hold ? "pulls held until waited" : copies ? "copies completed later, as a GPU's" : "pulls on the wire at once");
     RunSetup overlapped = blocking;
     overlapped.overlap = true;
     overlapped.pulls = hold ? Pulls::kHeld : Pulls::kOnWire;
+    overlapped.emulated_copies = copies;
     RunOutcome run;
     ASSERT_NO_FATAL_FAILURE(TrainOnce(overlapped, &run));
     EXPECT_GT(std::count_if(run.events.begin(), run.events.end(),

@@ -32,6 +32,11 @@ class CudaBackend : public Backend {
   void CopyToDevice(const float* host, float* device, int64_t count) override {
     ctx_->CopyToDevice(host, device, count);
   }
+  uint64_t CopyToHostAsync(const float* device, float* host, int64_t count) override {
+    return ctx_->CopyToHostAsync(device, host, count);
+  }
+  bool CopyDone(uint64_t ticket) override { return ctx_->CopyDone(ticket); }
+  void WaitCopy(uint64_t ticket) override { ctx_->WaitCopy(ticket); }
   void CopyToHost(const float* device, float* host, int64_t count) override {
     ctx_->CopyToHost(device, host, count);
   }

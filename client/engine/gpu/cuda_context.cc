@@ -82,6 +82,8 @@ CudaContext::~CudaContext() {
   ones_ = DeviceBuffer();
   if (cublas_) cublasDestroy(cublas_);
   if (cudnn_) cudnnDestroy(cudnn_);
+  for (auto& [ticket, e] : downloads_) cudaEventDestroy(e);
+  for (cudaEvent_t e : free_download_events_) cudaEventDestroy(e);
   if (grads_event_) cudaEventDestroy(grads_event_);
   if (compute_done_) cudaEventDestroy(compute_done_);
   if (copy_stream_) cudaStreamDestroy(copy_stream_);
@@ -214,8 +216,12 @@ void CudaContext::MarkParamGradsReady(const std::vector<ParamSlot>& params) {
 }
 
 void CudaContext::CopyToHost(const float* device, float* host, int64_t count) {
+  WaitCopy(CopyToHostAsync(device, host, count));
+}
+
+uint64_t CudaContext::CopyToHostAsync(const float* device, float* host, int64_t count) {
   MakeCurrent();
-  if (count <= 0) return;
+  if (count <= 0) return 0;
   Allocation* a = FindAllocation(device);
   if (a != nullptr) MaybePin(a, host, device - a->device);
   // Inside the current layer's parameter-gradient windows only the kernels up to its grads-ready
@@ -232,7 +238,36 @@ void CudaContext::CopyToHost(const float* device, float* host, int64_t count) {
   DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, wait, 0));
   DP_CUDA_THROW(cudaMemcpyAsync(host, device, static_cast<size_t>(count) * sizeof(float),
                                 cudaMemcpyDeviceToHost, copy_stream_));
-  DP_CUDA_THROW(cudaStreamSynchronize(copy_stream_));
+  cudaEvent_t done = nullptr;
+  if (free_download_events_.empty()) {
+    DP_CUDA_THROW(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  } else {
+    done = free_download_events_.back();
+    free_download_events_.pop_back();
+  }
+  DP_CUDA_THROW(cudaEventRecord(done, copy_stream_));
+  const uint64_t ticket = next_download_++;
+  downloads_.emplace(ticket, done);
+  return ticket;
+}
+
+bool CudaContext::CopyDone(uint64_t ticket) {
+  const auto it = downloads_.find(ticket);
+  if (it == downloads_.end()) return true;
+  MakeCurrent();
+  const cudaError_t r = cudaEventQuery(it->second);
+  if (r == cudaErrorNotReady) return false;
+  DP_CUDA_THROW(r);
+  return true;
+}
+
+void CudaContext::WaitCopy(uint64_t ticket) {
+  const auto it = downloads_.find(ticket);
+  if (it == downloads_.end()) return;
+  MakeCurrent();
+  DP_CUDA_THROW(cudaEventSynchronize(it->second));
+  free_download_events_.push_back(it->second);
+  downloads_.erase(it);
 }
 
 void CudaContext::UploadBlob(const float* host, float* device, int64_t count) {

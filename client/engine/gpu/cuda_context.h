@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,10 @@ class CudaContext {
   void Free(float* ptr);
   void CopyToDevice(const float* host, float* device, int64_t count);
   void CopyToHost(const float* device, float* host, int64_t count);
+  // CopyToHost without the wait: a ticket (Backend::CopyToHostAsync), done when its event is.
+  uint64_t CopyToHostAsync(const float* device, float* host, int64_t count);
+  bool CopyDone(uint64_t ticket);
+  void WaitCopy(uint64_t ticket);
   // Host ↔ device for blobs (inputs, read-backs): on the compute stream; ToHost waits.
   void UploadBlob(const float* host, float* device, int64_t count);
   void DownloadBlob(const float* device, float* host, int64_t count);
@@ -122,6 +127,9 @@ class CudaContext {
   cudaEvent_t compute_done_ = nullptr;  // scratch: "compute stream reached here"
   cudaEvent_t grads_event_ = nullptr;
   std::vector<std::pair<const float*, int64_t>> grads_ready_ranges_;  // covered by grads_event_
+  std::map<uint64_t, cudaEvent_t> downloads_;  // tickets not yet waited: their end events
+  std::vector<cudaEvent_t> free_download_events_;
+  uint64_t next_download_ = 1;
   DeviceBuffer workspace_, ones_;
   std::vector<std::unique_ptr<Allocation>> allocations_;
   std::vector<ConvAlgoChoice> conv_choices_;

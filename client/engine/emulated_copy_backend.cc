@@ -1,0 +1,168 @@
+// emulated_copy_backend.cc — see emulated_copy_backend.h.
+#include "client/engine/emulated_copy_backend.h"
+
+#include <cstring>
+
+namespace downpour::engine {
+namespace {
+
+// A layer of the inner backend that first waits for the copies its run depends on.
+class CopyOrderedLayer : public Layer {
+ public:
+  CopyOrderedLayer(std::unique_ptr<Layer> inner, EmulatedCopyBackend* backend, int index, std::vector<ParamSlot> params)
+      : inner_(std::move(inner)), backend_(backend), index_(index), params_(std::move(params)) {}
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    return inner_->Reshape(bottom, top);
+  }
+  void Forward(Phase phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    backend_->BeforeForward(index_, params_);
+    inner_->Forward(phase, bottom, top);
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override {
+    backend_->BeforeBackward(index_, params_);
+    inner_->set_skip_weight_grad(skip_weight_grad_);
+    inner_->Backward(top, propagate_down, bottom);
+  }
+  bool HasBackward() const override { return inner_->HasBackward(); }
+  void SetStep(int64_t step) override { inner_->SetStep(step); }
+  std::string KernelNames() const override { return inner_->KernelNames(); }
+
+ private:
+  std::unique_ptr<Layer> inner_;
+  EmulatedCopyBackend* backend_;
+  int index_;
+  std::vector<ParamSlot> params_;
+};
+
+}  // namespace
+
+EmulatedCopyBackend::EmulatedCopyBackend(std::unique_ptr<Backend> inner, std::chrono::microseconds delay)
+    : inner_(std::move(inner)), delay_(delay), thread_([this] { CopyLoop(); }) {}
+
+EmulatedCopyBackend::~EmulatedCopyBackend() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty(); });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void EmulatedCopyBackend::CopyLoop() {
+  auto due = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    const Copy c = queue_.front();
+    lock.unlock();
+    // One copy engine: each copy ends `delay` after the previous one, or after it was queued.
+    due = std::max(due, std::chrono::steady_clock::now()) + delay_;
+    std::this_thread::sleep_until(due);
+    std::memcpy(c.to, c.from, static_cast<size_t>(c.count) * sizeof(float));
+    lock.lock();
+    queue_.pop_front();
+    completed_ = c.ticket;
+    log_.push_back(CopyEvent{c.upload ? CopyEvent::kUploadDone : CopyEvent::kDownloadDone, c.ticket, c.device, c.count});
+    cv_.notify_all();
+  }
+}
+
+uint64_t EmulatedCopyBackend::Queue(bool upload, const float* from, float* to, int64_t count, const float* device) {
+  if (count <= 0) return 0;
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = next_ticket_++;
+    const Copy c{ticket, upload, from, to, count, device};
+    queue_.push_back(c);
+    recent_.push_back(c);
+    log_.push_back(CopyEvent{upload ? CopyEvent::kUploadQueued : CopyEvent::kDownloadQueued, ticket, device, count});
+  }
+  cv_.notify_all();
+  return ticket;
+}
+
+void EmulatedCopyBackend::CopyToDevice(const float* host, float* device, int64_t count) {
+  Queue(true, host, device, count, device);
+}
+
+uint64_t EmulatedCopyBackend::CopyToHostAsync(const float* device, float* host, int64_t count) {
+  return Queue(false, device, host, count, device);
+}
+
+void EmulatedCopyBackend::CopyToHost(const float* device, float* host, int64_t count) {
+  WaitCopy(CopyToHostAsync(device, host, count));
+}
+
+bool EmulatedCopyBackend::CopyDone(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ticket <= completed_;
+}
+
+void EmulatedCopyBackend::WaitCopy(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return ticket <= completed_; });
+}
+
+void EmulatedCopyBackend::Synchronize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty(); });
+}
+
+void EmulatedCopyBackend::ReadBlob(const Blob& blob, float* host) {
+  Synchronize();
+  inner_->ReadBlob(blob, host);
+}
+
+void EmulatedCopyBackend::ReadBlobGrad(const Blob& blob, float* host) {
+  Synchronize();
+  inner_->ReadBlobGrad(blob, host);
+}
+
+Status EmulatedCopyBackend::CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) {
+  std::unique_ptr<Layer> inner;
+  DP_RETURN_IF_ERROR(inner_->CreateLayer(context, &inner));
+  *layer = std::make_unique<CopyOrderedLayer>(std::move(inner), this, context.index, context.params);
+  return Status::Ok();
+}
+
+uint64_t EmulatedCopyBackend::LastOverlapping(bool upload, const float* begin, int64_t count) {
+  uint64_t last = 0;
+  for (const Copy& c : recent_) {
+    if (c.upload == upload && c.device < begin + count && begin < c.device + c.count) last = std::max(last, c.ticket);
+  }
+  return last;
+}
+
+void EmulatedCopyBackend::BeforeForward(int layer, const std::vector<ParamSlot>& params) {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t wait = 0;
+  for (const ParamSlot& p : params) wait = std::max(wait, LastOverlapping(true, p.data, p.spec.numel()));
+  cv_.wait(lock, [&] { return wait <= completed_; });
+  std::erase_if(recent_, [&](const Copy& c) { return c.ticket <= completed_; });  // nothing to wait for
+  log_.push_back(CopyEvent{CopyEvent::kForward, 0, nullptr, 0, layer});
+}
+
+void EmulatedCopyBackend::BeforeBackward(int layer, const std::vector<ParamSlot>& params) {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t wait = 0;
+  for (const ParamSlot& p : params) wait = std::max(wait, LastOverlapping(false, p.grad, p.spec.numel()));
+  cv_.wait(lock, [&] { return wait <= completed_; });
+  std::erase_if(recent_, [&](const Copy& c) { return c.ticket <= completed_; });  // nothing to wait for
+  log_.push_back(CopyEvent{CopyEvent::kBackward, 0, nullptr, 0, layer});
+}
+
+void EmulatedCopyBackend::Note(std::string note) {
+  std::lock_guard<std::mutex> lock(mu_);
+  log_.push_back(CopyEvent{CopyEvent::kNote, 0, nullptr, 0, -1, std::move(note)});
+}
+
+std::vector<CopyEvent> EmulatedCopyBackend::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return log_;
+}
+
+}  // namespace downpour::engine

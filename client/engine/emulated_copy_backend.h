@@ -1,0 +1,103 @@
+// emulated_copy_backend.h — a device backend's transfer contract on the CPU, for tests: another
+// backend's kernels run on "device" buffers of their own, and host ↔ device copies are done later
+// by a copy-engine thread, one after another, each `delay` after the previous, as a GPU's copy
+// stream does them. So the asynchronous path a GPU worker runs (Backend::CopyToHostAsync, layers
+// waiting only for their own uploads, gradients handed over as their downloads land) is exercised
+// where no GPU is, and a net that read a host mirror too early, or a layer that ran before its
+// weights arrived, computes with stale floats and differs from the blocking path.
+//
+// Ordering (what a GPU guarantees by streams and events): a layer's Forward waits for the
+// uploads overlapping its parameters that were queued before it; its Backward for the downloads
+// of its gradient windows (it overwrites them); a blob read-back or Synchronize for every copy.
+// Downloads are queued when asked (the layer that wrote them has run: CPU kernels are
+// synchronous). Every copy, layer run and Note goes to an event log, in order, for tests.
+//
+// Ownership: owns the inner backend and the copy thread (joined by the destructor, after the
+// queued copies). Thread-safety: one caller thread, like every backend; the log may be read from
+// it at any time.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/engine/layer.h"
+
+namespace downpour::engine {
+
+struct CopyEvent {
+  enum Kind { kUploadQueued, kUploadDone, kDownloadQueued, kDownloadDone, kForward, kBackward, kNote };
+  Kind kind;
+  uint64_t ticket = 0;          // copies
+  const float* device = nullptr;  // copies: the device range
+  int64_t count = 0;
+  int layer = -1;               // kForward / kBackward
+  std::string note;             // kNote
+};
+
+class EmulatedCopyBackend : public Backend {
+ public:
+  EmulatedCopyBackend(std::unique_ptr<Backend> inner, std::chrono::microseconds delay);
+  ~EmulatedCopyBackend() override;
+
+  DeviceKind device() const override { return inner_->device(); }
+  std::string name() const override { return "emulated-copies(" + inner_->name() + ")"; }
+  float* Allocate(int64_t count) override { return inner_->Allocate(count); }
+  void Free(float* ptr) override { inner_->Free(ptr); }
+  bool memory_is_host() const override { return false; }
+  void CopyToDevice(const float* host, float* device, int64_t count) override;
+  void CopyToHost(const float* device, float* host, int64_t count) override;
+  uint64_t CopyToHostAsync(const float* device, float* host, int64_t count) override;
+  bool CopyDone(uint64_t ticket) override;
+  void WaitCopy(uint64_t ticket) override;
+  void SetInput(const float* host, Blob* blob) override { inner_->SetInput(host, blob); }
+  void ReadBlob(const Blob& blob, float* host) override;
+  void ReleaseInput(Blob* blob) override { inner_->ReleaseInput(blob); }
+  void WriteBlobGrad(const float* host, Blob* blob) override { inner_->WriteBlobGrad(host, blob); }
+  void ReadBlobGrad(const Blob& blob, float* host) override;
+  void SetThreads(int threads) override { inner_->SetThreads(threads); }
+  Status CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) override;
+  void Synchronize() override;
+
+  // A test's own mark in the log (e.g. "tensor 3 handed over").
+  void Note(std::string note);
+  std::vector<CopyEvent> events() const;
+
+  // For the layers: wait for the copies that must precede their run, then log it.
+  void BeforeForward(int layer, const std::vector<ParamSlot>& params);
+  void BeforeBackward(int layer, const std::vector<ParamSlot>& params);
+
+ private:
+  struct Copy {
+    uint64_t ticket;
+    bool upload;
+    const float* from;
+    float* to;
+    int64_t count;
+    const float* device;  // the device end, for overlap checks and the log
+  };
+  uint64_t Queue(bool upload, const float* from, float* to, int64_t count, const float* device);
+  // The newest queued copy (of `upload`'s direction) overlapping [begin, begin + count); 0 = none.
+  uint64_t LastOverlapping(bool upload, const float* begin, int64_t count);
+  void CopyLoop();
+
+  std::unique_ptr<Backend> inner_;
+  std::chrono::microseconds delay_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Copy> queue_;        // guarded by mu_: not yet done, in ticket order
+  std::vector<Copy> recent_;      // guarded by mu_: every copy queued (for overlap lookups)
+  uint64_t next_ticket_ = 1;      // guarded by mu_
+  uint64_t completed_ = 0;        // guarded by mu_: every ticket <= it is done
+  bool stop_ = false;             // guarded by mu_
+  std::vector<CopyEvent> log_;    // guarded by mu_
+  std::thread thread_;            // last: starts after everything it reads
+};
+
+}  // namespace downpour::engine

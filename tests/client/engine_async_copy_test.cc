@@ -1,0 +1,181 @@
+// engine_async_copy_test.cc — the net's asynchronous transfer path (net.h: downloads started
+// without waiting, gradients handed over as they land, layers waiting only for their own
+// uploads) on a device stand-in that completes every copy later on another thread
+// (emulated_copy_backend.h), against the plain CPU path:
+//  * training is the same bit for bit (losses, every handed-over gradient, the final weights),
+//    with the weights uploaded at once and layer by layer;
+//  * a gradient is handed over only after its download landed;
+//  * a layer runs only after every upload queued before it landed;
+//  * the backward of the layers below is queued while a download is still out.
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "client/engine/emulated_copy_backend.h"
+#include "client/engine/net.h"
+#include "client/engine/reference_backend.h"
+
+namespace downpour::engine {
+namespace {
+
+constexpr const char* kNet = R"(name = "copynet"
+[input]
+channels = 1
+height = 8
+width = 8
+[[layer]]
+name = "conv1"
+type = "Convolution"
+bottom = ["data"]
+top = ["conv1"]
+num_output = 4
+kernel_size = 3
+pad = 1
+weight_filler = { type = "gaussian", std = 0.3 }
+bias_filler = { type = "constant", value = 0.1 }
+[[layer]]
+name = "relu1"
+type = "ReLU"
+bottom = ["conv1"]
+top = ["relu1"]
+[[layer]]
+name = "fc1"
+type = "InnerProduct"
+bottom = ["relu1"]
+top = ["fc1"]
+num_output = 16
+weight_filler = { type = "gaussian", std = 0.1 }
+bias_filler = { type = "constant", value = 0.0 }
+[[layer]]
+name = "relu2"
+type = "ReLU"
+bottom = ["fc1"]
+top = ["relu2"]
+[[layer]]
+name = "fc2"
+type = "InnerProduct"
+bottom = ["relu2"]
+top = ["fc2"]
+num_output = 10
+weight_filler = { type = "gaussian", std = 0.3 }
+bias_filler = { type = "constant", value = 0.0 }
+[[layer]]
+name = "loss"
+type = "SoftmaxWithLoss"
+bottom = ["fc2", "label"]
+top = ["loss"]
+)";
+constexpr int kBatch = 8;
+constexpr int kSteps = 4;
+
+struct TrainRun {
+  std::vector<float> losses;
+  std::vector<std::vector<std::vector<float>>> grads;  // per step, per tensor: at its hand-over
+  std::vector<float> final_weights;
+  std::vector<CopyEvent> events;  // the emulated backend's log
+};
+
+// kSteps of local SGD. `emulated`: on the copy-engine stand-in (each copy 2 ms after the last);
+// `per_layer`: weights uploaded layer by layer before each layer (as a pulling worker does).
+void Train(bool emulated, bool per_layer, TrainRun* out) {
+  NetSpec spec;
+  ASSERT_TRUE(ParseNetSpecString(kNet, "copynet", &spec).ok());
+  NetOptions no;
+  no.batch = kBatch;
+  no.threads = 1;
+  no.reference = true;
+  EmulatedCopyBackend* copies = nullptr;
+  std::unique_ptr<Net> net;
+  if (emulated) {
+    auto backend = std::make_unique<EmulatedCopyBackend>(MakeReferenceBackend(), std::chrono::milliseconds(2));
+    copies = backend.get();
+    ASSERT_TRUE(Net::CreateWithBackend(spec, no, std::move(backend), &net).ok());
+  } else {
+    ASSERT_TRUE(Net::Create(spec, no, &net).ok());
+  }
+  net->InitParams(11);
+  if (per_layer) net->SetBeforeLayerCallback([](int) {});
+  const int tensors = static_cast<int>(net->param_specs().size());
+  net->SetGradReadyCallback([&](int t) {
+    if (copies != nullptr) copies->Note("grad " + std::to_string(t));
+    const auto g = net->grad(t);
+    out->grads.back()[static_cast<size_t>(t)].assign(g.begin(), g.end());
+  });
+  std::vector<float> history(net->params().size(), 0.0f);
+  std::vector<float> images(size_t{kBatch} * 64);
+  std::vector<int> labels(kBatch);
+  for (int step = 0; step < kSteps; ++step) {
+    std::mt19937 rng(static_cast<uint32_t>(100 + step));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (float& x : images) x = d(rng);
+    for (int& l : labels) l = static_cast<int>(rng() % 10);
+    out->grads.emplace_back(static_cast<size_t>(tensors));
+    out->losses.push_back(net->ForwardBackward(images.data(), labels.data()));
+    net->SgdUpdate(0.05f, 0.9f, 0.0005f, history);
+  }
+  out->final_weights.assign(net->params().begin(), net->params().end());
+  if (copies != nullptr) out->events = copies->events();
+}
+
+class EmulatedCopies : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EmulatedCopies, TrainingEqualsTheBlockingPathBitForBit) {
+  TrainRun plain, emulated;
+  ASSERT_NO_FATAL_FAILURE(Train(false, GetParam(), &plain));
+  ASSERT_NO_FATAL_FAILURE(Train(true, GetParam(), &emulated));
+  EXPECT_EQ(emulated.losses, plain.losses);
+  ASSERT_EQ(emulated.grads.size(), plain.grads.size());
+  for (size_t s = 0; s < plain.grads.size(); ++s) {
+    for (size_t t = 0; t < plain.grads[s].size(); ++t) {
+      ASSERT_FALSE(plain.grads[s][t].empty());
+      EXPECT_EQ(emulated.grads[s][t], plain.grads[s][t]) << "step " << s << " tensor " << t
+                                                         << ": handed over before its download landed";
+    }
+  }
+  EXPECT_EQ(emulated.final_weights, plain.final_weights);
+}
+
+TEST_P(EmulatedCopies, CopiesAndLayersComeInTheContractsOrder) {
+  TrainRun run;
+  ASSERT_NO_FATAL_FAILURE(Train(true, GetParam(), &run));
+  int downloads_done = 0, handed = 0, uploads_queued = 0, uploads_done = 0, forwards = 0;
+  int backward_while_out = 0;  // a layer's backward queued while a download was still out
+  int downloads_out = 0;
+  for (const CopyEvent& e : run.events) {
+    switch (e.kind) {
+      case CopyEvent::kDownloadQueued: ++downloads_out; break;
+      case CopyEvent::kDownloadDone:
+        ++downloads_done;
+        --downloads_out;
+        break;
+      case CopyEvent::kNote:
+        ++handed;
+        // Every tensor is one download, handed over in the order they were queued.
+        EXPECT_LE(handed, downloads_done) << "gradient " << e.note << " handed over before its download landed";
+        break;
+      case CopyEvent::kUploadQueued: ++uploads_queued; break;
+      case CopyEvent::kUploadDone: ++uploads_done; break;
+      case CopyEvent::kForward:
+        ++forwards;
+        EXPECT_EQ(uploads_done, uploads_queued) << "layer " << e.layer << " ran before an upload queued before it landed";
+        break;
+      case CopyEvent::kBackward: backward_while_out += downloads_out > 0; break;
+    }
+  }
+  EXPECT_EQ(handed, kSteps * 6);  // six tensors a step
+  EXPECT_EQ(downloads_done, handed);
+  EXPECT_GT(forwards, 0);
+  EXPECT_GT(uploads_queued, 0);
+  // Layers below are not held back by a download (2 ms each): every step has some.
+  EXPECT_GE(backward_while_out, kSteps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Uploads, EmulatedCopies, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "LayerByLayer" : "AllAtOnce"; });
+
+}  // namespace
+}  // namespace downpour::engine
