@@ -12,8 +12,9 @@
 //    each with an event; a layer's forward waits only for the chunks holding its own weights,
 //    so conv1 starts while fc6's 37.7M floats are still on the bus.
 //  * Backward computes each layer's weight and bias gradients first and records an event; the
-//    download of those gradients (Net → CopyToHost before the grad-ready callback) waits on that
-//    event only, on the copy stream, so it overlaps the layer's data-gradient kernels.
+//    download of those gradients (Net → CopyToHostAsync; the grad-ready callback fires once its
+//    end event has completed) waits on that event only, on the copy stream, so it overlaps the
+//    layer's data-gradient kernels and the layers below, which are queued without waiting.
 //
 // Ownership: the backend owns a shared CudaContext (device, streams, cuDNN/cuBLAS handles,
 // the one convolution workspace); layers keep a reference to it. Thread-safety: one thread at
