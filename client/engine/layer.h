@@ -122,6 +122,11 @@ class Backend {
   // returns with the bytes in `host`.
   virtual void CopyToDevice(const float* host, float* device, int64_t count) = 0;
   virtual void CopyToHost(const float* device, float* host, int64_t count) = 0;
+  // The net's weight upload at the start of a layer's forward (or of a step): the same as
+  // CopyToDevice, but the caller guarantees that no queued kernel reads the range (every earlier
+  // step ended with a read-back, and this step's kernels so far read other layers' weights), so
+  // the copy need not wait behind the compute already queued. Default: CopyToDevice.
+  virtual void UploadWeights(const float* host, float* device, int64_t count) { CopyToDevice(host, device, count); }
   // The same download without waiting: it starts after the queued work that writes the range
   // and returns a ticket at once; `host` holds the bytes once CopyDone(ticket) is true or
   // WaitCopy(ticket) returned. Tickets complete in the order they were issued. Default: the

@@ -176,13 +176,13 @@ void Net::RunForward(Phase phase) {
   const bool upload = !backend_->memory_is_host();
   // Without a per-layer callback the weights are final now: one upload. With one, each layer's
   // weights are final only once its callback returned (they may still be arriving).
-  if (upload && !before_layer_) backend_->CopyToDevice(host_params_, device_params_, num_params_);
+  if (upload && !before_layer_) backend_->UploadWeights(host_params_, device_params_, num_params_);
   for (size_t li = 0; li < layers_.size(); ++li) {
     if (before_layer_) {
       before_layer_(static_cast<int>(li));
       if (upload) {
         for (int pi : shapes_.layer_params[li])
-          backend_->CopyToDevice(host_params_ + param_offsets_[pi], device_params_ + param_offsets_[pi],
+          backend_->UploadWeights(host_params_ + param_offsets_[pi], device_params_ + param_offsets_[pi],
                                  shapes_.params[pi].numel());
       }
     }

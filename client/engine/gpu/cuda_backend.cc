@@ -32,6 +32,9 @@ class CudaBackend : public Backend {
   void CopyToDevice(const float* host, float* device, int64_t count) override {
     ctx_->CopyToDevice(host, device, count);
   }
+  void UploadWeights(const float* host, float* device, int64_t count) override {
+    ctx_->CopyToDevice(host, device, count, /*after_compute=*/false);
+  }
   uint64_t CopyToHostAsync(const float* device, float* host, int64_t count) override {
     return ctx_->CopyToHostAsync(device, host, count);
   }

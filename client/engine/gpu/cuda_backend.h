@@ -10,7 +10,9 @@
 //    so copies are DMA at full bandwidth and truly asynchronous.
 //  * A parameter upload (Net: every step, before forward) is cut into chunks on a copy stream,
 //    each with an event; a layer's forward waits only for the chunks holding its own weights,
-//    so conv1 starts while fc6's 37.7M floats are still on the bus.
+//    so conv1 starts while fc6's 37.7M floats are still on the bus. The net's uploads
+//    (Backend::UploadWeights) do not wait behind the compute already queued: no queued kernel
+//    reads the weights being uploaded (the last step ended with a read-back).
 //  * Backward computes each layer's weight and bias gradients first and records an event; the
 //    download of those gradients (Net → CopyToHostAsync; the grad-ready callback fires once its
 //    end event has completed) waits on that event only, on the copy stream, so it overlaps the

@@ -163,7 +163,7 @@ cudaEvent_t CudaContext::PoolEvent(Allocation* a, size_t i) {
   return a->event_pool[i];
 }
 
-void CudaContext::CopyToDevice(const float* host, float* device, int64_t count) {
+void CudaContext::CopyToDevice(const float* host, float* device, int64_t count, bool after_compute) {
   MakeCurrent();
   Allocation* a = FindAllocation(device);
   if (a == nullptr || count <= 0) {
@@ -173,9 +173,11 @@ void CudaContext::CopyToDevice(const float* host, float* device, int64_t count) 
   const int64_t offset = device - a->device;
   DP_CHECK_LE(offset + count, a->count);
   MaybePin(a, host, offset);
-  // Kernels of the previous step may still read these weights.
-  DP_CUDA_THROW(cudaEventRecord(compute_done_, stream_));
-  DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
+  if (after_compute) {
+    // Queued kernels may still read these floats (a gradient check's perturbed weights).
+    DP_CUDA_THROW(cudaEventRecord(compute_done_, stream_));
+    DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
+  }
   const int64_t chunk = std::max<int64_t>(options_.upload_chunk_floats, 1);
   a->chunks.clear();
   a->upload_begin = offset;

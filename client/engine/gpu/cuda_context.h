@@ -73,7 +73,9 @@ class CudaContext {
   // out of memory throws downpour::Error naming the size and the device.
   float* Allocate(int64_t count);
   void Free(float* ptr);
-  void CopyToDevice(const float* host, float* device, int64_t count);
+  // `after_compute`: the copy stream first waits for every kernel queued so far (they may read
+  // the range); false for the net's weight uploads, whose range no queued kernel reads.
+  void CopyToDevice(const float* host, float* device, int64_t count, bool after_compute = true);
   void CopyToHost(const float* device, float* host, int64_t count);
   // CopyToHost without the wait: a ticket (Backend::CopyToHostAsync), done when its event is.
   uint64_t CopyToHostAsync(const float* device, float* host, int64_t count);
