@@ -25,7 +25,7 @@ export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The test binaries read configs at the build machine's source path and the data at Debian's path.
 src=$(cat "$carry/source_dir")
 [[ -e "$src" ]] || { mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; }
-mkdir -p /usr/share/datasets/fashion-mnist && cp --update=none "$carry"/fashion-mnist/*.gz /usr/share/datasets/fashion-mnist/
+mkdir -p /usr/share/datasets/fashion-mnist && cp -n "$carry"/fashion-mnist/*.gz /usr/share/datasets/fashion-mnist/
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nproc
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$bin"/* | grep -E "^/|=>" | sort -u | grep -E 'cud|cublas|dnnl|not found' | sort -u
   env -u LD_LIBRARY_PATH python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.backends.cudnn.version())'

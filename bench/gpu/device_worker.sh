@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 45's device checks in one call, on a GPU machine (see device_env.sh), most important first:
+#  1. the GPU tests that run the net's transfers (agreement with oneDNN, including training and
+#     chunked uploads; Fashion-MNIST training), now that gradient downloads are not waited for
+#     layer by layer;
+#  2. AlexNet S = 2, W = 2 GPU workers at an emulated 10 Gbit/s, worker.outstanding_steps 1 and 2,
+#     fp32 and factors + fp16 pulls (device_compression.sh with JOBS=bench/gpu/worker_step_jobs.txt;
+#     its ratios.txt has each job over the fp32 k = 1 jobs);
+#  3. the default job with both workers on the GPU, outstanding_steps 1 and 2, against 2026-11-26's
+#     14,797 img/s (that was fmnist_small; today's default is fmnist_fast);
+#  4. AlexNet's engine step against PyTorch's fwd + bwd + SGD, TF32 on, batch 128 (downpour-bench-gpu
+#     still times the single-upload path, not the worker's).
+# Pack first, here: EXTRA_BINS="server/downpour-launch server/downpour-server server/downpour-coordinator
+#   client/worker/downpour-worker client/worker/downpour-evaluator data/downpour-data bench/ps/downpour-bench-ps"
+#   bench/gpu/pack_for_device.sh build .devcarry
+# There:  bench/gpu/device_worker.sh .devcarry      (about 8 minutes; STEPS, BUDGET_S as device_compression.sh)
+# A dry run here (CPU workers; checks the script, not the speed): OUT=/tmp/devwk UNPACKED=/tmp/carry-wk
+#   DEVICE=cpu DEVICES=cpu BATCH=8 STEPS=4 DEFAULT_STEPS=100 SKIP_BENCH=1 bench/gpu/device_worker.sh .devcarry
+# Everything lands in $OUT (default bench/gpu/out): summary.txt, rows.tsv, ratios.txt, default.txt.
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/device_env.sh" "${1:-}"
+run agreement 180 "$bin/gpu_agreement_test" --gtest_brief=1
+run training 150 "$bin/gpu_training_test"
+JOBS=$here/worker_step_jobs.txt PROFILE=0 STEPS=${STEPS:-30} BUDGET_S=${BUDGET_S:-330} \
+  OUT=$out UNPACKED=${UNPACKED:-/tmp/downpour-carry} bash "$here/device_compression.sh" "$carry"
+data=data-sets/fashion-mnist
+src=/usr/share/datasets/fashion-mnist
+for part in train:train t10k:test; do
+  [[ -e "$data/${part##*:}_lmdb/data.mdb" ]] && continue
+  "$bin/downpour-data" convert-idx --images "$src/${part%%:*}-images-idx3-ubyte.gz" \
+      --labels "$src/${part%%:*}-labels-idx1-ubyte.gz" --out "$data/${part##*:}_lmdb" >>"$out/convert.log" 2>&1 || exit 1
+done
+for dev in ${DEVICES:-gpu:0}; do
+  for k in 1 2; do
+    name=default-${dev%%:*}-k$k
+    run "$name" 150 "$bin/downpour-launch" --config configs/runs/default.toml --run-dir "/tmp/runs/$name" \
+        --bin-dir "$bin" --set "worker.device=$dev" --set "worker.outstanding_steps=$k" \
+        ${DEFAULT_STEPS:+--set worker.steps=$DEFAULT_STEPS}
+    python3 tools/downpour-summarize "/tmp/runs/$name" >>"$out/default.txt" 2>&1
+  done
+done
+if [[ ${SKIP_BENCH:-0} != 1 ]]; then
+  run downpour-bench 90 "$bin/downpour-bench-gpu" --model configs/models/alexnet.toml --batch 128 --iterations 20 \
+      --tf32 on --json "$out/downpour-bench.json"
+  run pytorch-bench 90 env -u LD_LIBRARY_PATH python3 bench/gpu/pytorch_alexnet.py --batch 128 --iterations 20 \
+      --tf32 on --json "$out/pytorch-bench.json"
+fi
+cat "$out/summary.txt" "$out/default.txt" "$out/ratios.txt" 2>/dev/null
