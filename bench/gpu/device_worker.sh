@@ -44,5 +44,21 @@ if [[ ${SKIP_BENCH:-0} != 1 ]]; then
       --tf32 on --json "$out/downpour-bench.json"
   run pytorch-bench 90 env -u LD_LIBRARY_PATH python3 bench/gpu/pytorch_alexnet.py --batch 128 --iterations 20 \
       --tf32 on --json "$out/pytorch-bench.json"
+  # The issue's ratio: the worker's step (page-locked input, per-layer uploads, downloads as they
+  # land) over PyTorch's fwd + bwd + SGD, with and without its input upload counted.
+  python3 - "$out" <<'PY' | tee -a "$out/ratios.txt"
+import json, sys
+out = sys.argv[1]
+try:
+    d = json.load(open(f"{out}/downpour-bench.json"))["batches"][0]
+    p = json.load(open(f"{out}/pytorch-bench.json"))["batches"][0]
+except (OSError, ValueError, KeyError, IndexError) as e:
+    sys.exit(f"bench: missing ({e})")
+w = d["worker_images_per_s"]
+print(f"AlexNet b{d['batch']} TF32: worker step {w:.0f} img/s (engine step {d['engine_images_per_s']:.0f}, "
+      f"device step {d['device_images_per_s']:.0f}); PyTorch fwd+bwd+SGD {p['step_images_per_s']:.0f}, "
+      f"with input upload {p['upload_step_images_per_s']:.0f}: worker / PyTorch {w / p['step_images_per_s']:.2f}x, "
+      f"{w / p['upload_step_images_per_s']:.2f}x counting both uploads")
+PY
 fi
 cat "$out/summary.txt" "$out/default.txt" "$out/ratios.txt" 2>/dev/null

@@ -7,8 +7,10 @@ fc6/fc7 4096 with dropout 0.5, fc8 1000, softmax cross-entropy), SGD momentum 0.
 cudnn.benchmark = True (the peer of downpour's conv algorithm search); TF32 for convolutions and
 matmuls together, on or off (--tf32), as downpour's CudaOptions::tf32.
 
-Reports per batch size: fwd+bwd ms, fwd+bwd+SGD ms, images/s, and per-layer forward ms (CUDA
-events around each module). Usage:
+Reports per batch size: fwd+bwd ms, fwd+bwd+SGD ms, the same step with the batch uploaded every
+step from page-locked host memory (upload_step: the peer of downpour-bench-gpu's worker_step, whose
+input comes from the loader's page-locked ring), images/s, and per-layer forward ms (CUDA events
+around each module). Usage:
   /usr/bin/python3 bench/gpu/pytorch_alexnet.py --batch 128 256 --iterations 20 --json out.json
 """
 import argparse
@@ -102,19 +104,28 @@ def main():
         def step():
             fwd_bwd()
             opt.step()
+        x_host = torch.randn(batch, 3, 227, 227).pin_memory()
+
+        def upload_step():
+            opt.zero_grad(set_to_none=False)
+            loss_fn(model(x_host.to(dev, non_blocking=True)), y).backward()
+            opt.step()
 
         fb = timed(fwd_bwd, args.iterations, args.warmup)
         st = timed(step, args.iterations, args.warmup)
+        up = timed(upload_step, args.iterations, args.warmup)
         with torch.no_grad():
             layers = per_layer_forward_ms(model, x, max(3, args.iterations // 4))
-        r = {"batch": batch, "fwd_bwd_ms": fb, "step_ms": st, "fwd_bwd_images_per_s": 1000 * batch / fb,
-             "step_images_per_s": 1000 * batch / st, "layers": layers}
+        r = {"batch": batch, "fwd_bwd_ms": fb, "step_ms": st, "upload_step_ms": up,
+             "fwd_bwd_images_per_s": 1000 * batch / fb, "step_images_per_s": 1000 * batch / st,
+             "upload_step_images_per_s": 1000 * batch / up, "layers": layers}
         out["batches"].append(r)
         print(f"batch {batch}: fwd+bwd {fb:.3f} ms ({r['fwd_bwd_images_per_s']:.1f} img/s), "
-              f"fwd+bwd+SGD {st:.3f} ms ({r['step_images_per_s']:.1f} img/s)")
+              f"fwd+bwd+SGD {st:.3f} ms ({r['step_images_per_s']:.1f} img/s), "
+              f"with the input uploaded {up:.3f} ms ({r['upload_step_images_per_s']:.1f} img/s)")
         for l in layers:
             print(f"  {l['name']:<24} forward {l['forward_ms']:.3f} ms")
-        del model, opt, x, y
+        del model, opt, x, y, x_host
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
