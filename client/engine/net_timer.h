@@ -28,6 +28,10 @@ struct NetTiming {
   //                            above step_ms × threads when the cores are busy with other work
   //                            (bench/scaling/corun_transport.py compares the two)
   double images_per_s = 0.0; // batch / step time
+  // The step a worker runs: ForwardBackward with the input in the device's host memory
+  // (page-locked on a GPU), the weights uploaded layer by layer and a callback per gradient as
+  // it lands; no SGD (the servers apply it).
+  double worker_step_ms = 0.0;
   int iterations = 0;
   int batch = 0;
 };

@@ -41,6 +41,7 @@ TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
   EXPECT_GT(t.step_cpu_ms, 0.0);  // one thread's step is CPU work: never free
   EXPECT_EQ(t.batch, 8);
   EXPECT_NEAR(t.images_per_s, 1000.0 * 8 / t.step_ms, 1e-9 * t.images_per_s);
+  EXPECT_GT(t.worker_step_ms, 0.0);  // the worker's step: forward + backward, no SGD
   // Accuracy has no backward.
   EXPECT_EQ(t.layers.back().type, "Accuracy");
   EXPECT_EQ(t.layers.back().backward_ms, 0.0);
@@ -48,6 +49,7 @@ TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
   const std::string table = FormatTiming(t);
   EXPECT_NE(table.find("conv1"), std::string::npos);
   EXPECT_NE(table.find("images/s"), std::string::npos);
+  EXPECT_NE(table.find("Worker step"), std::string::npos);
 
   EXPECT_GT(TimeTrainingStepMs(*net, 1, 0), 0.0);
   for (float v : net->params()) ASSERT_TRUE(std::isfinite(v));
