@@ -36,7 +36,8 @@
 // solver's SGD rule itself (Net::SgdUpdate, Caffe's lr policies), which is what a
 // distributed sync run must agree with.
 //
-// Clocks: clock = number of pushes this worker has completed; pulls and pushes carry it.
+// Clocks: clock = number of push steps this worker has sent (in a saved progress: acknowledged);
+// pulls and pushes carry it.
 //
 // Ownership: the Trainer borrows everything it is given; all must outlive Run().
 // Thread-safety: one thread; the grad-ready callback runs on it inside ForwardBackward.
