@@ -453,6 +453,9 @@ class Cluster:
     chunk_elems: int = DEFAULT_CHUNK_ELEMS
     pull_every: int = 1          # worker.pull_every: a whole (blocking) pull before every n-th step
     push_every: int = 1          # worker.push_every: one push (mean gradient) per n steps
+    # worker.outstanding_steps: k > 1 lets an async step compute without its own last k - 1 steps'
+    # pushes (forward does not wait for their pulls); sync and ssp wait whatever k is.
+    outstanding_steps: int = 1
     link_burst_ms: float = 0.0   # emulated: the pacer's credit of an idle link (common/rate_limiter.h
     #                              kDefaultBurst = 5 ms); 0 = a link that saves no credit
     wal: bool = False            # checkpoint.wal: every server logs every push before applying it
@@ -475,6 +478,7 @@ def check_cluster(c):
               (c.servers_per_host >= 1, f"--servers-per-host {c.servers_per_host}: must be >= 1"),
               (c.pull_every >= 1, f"--pull-every {c.pull_every}: must be >= 1"),
               (c.push_every >= 1, f"--push-every {c.push_every}: must be >= 1"),
+              (1 <= c.outstanding_steps <= 16, f"--outstanding-steps {c.outstanding_steps}: must be in 1..16"),
               (c.link_burst_ms >= 0 and math.isfinite(c.link_burst_ms),
                f"--link-burst-ms {c.link_burst_ms:g}: must be >= 0"),
               (1 <= c.server_threads <= 64, f"--server-threads {c.server_threads}: must be in 1..64"),
@@ -600,7 +604,7 @@ class Prediction:
 
 
 def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, apply_s, steps=12,
-                    per_server_pull=False, burst_s=0.0, ack_s=None):
+                    per_server_pull=False, burst_s=0.0, ack_s=None, lag=0):
     """One worker's steady-state step period. layers: [(forward_s, backward_s, {server: push
     bytes}, {server: pull bytes})] in forward order. Backward runs last layer first; a layer's
     push parts leave when its gradient is ready, FIFO on the worker's egress; with overlap
@@ -618,7 +622,9 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     push, then acknowledges it, then serves the pull that follows it on the connection): the
     acknowledgment leaves ack_s after delivery, behind the pull replies already queued on the
     same way back (the server's paced egress, or the worker's ingress), and the pull is served
-    after the apply. None: acknowledged on delivery."""
+    after the apply. None: acknowledged on delivery.
+    lag (overlap only; worker.outstanding_steps - 1): forward of step t waits for the pulls that
+    follow step t-1-lag's pushes, not step t-1's (their weights lack its last `lag` pushes)."""
     def send(now, last, nbytes, rate):
         finish = max(last, now - burst_s) + nbytes / rate
         return finish, max(finish, now)
@@ -629,12 +635,14 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     ingress = {}
     starts = []
     acked = [0.0] * n  # per layer: when its last push was acknowledged
+    history = []       # ready times of every step's pulls, oldest first
     for _ in range(steps):
         starts.append(t)
         if not overlap:
             t = max([t] + ready)
+        due = (history[-1 - lag] if len(history) > lag else [0.0] * n) if overlap else ready
         for j, (fwd, _, _, _) in enumerate(layers):
-            t = max(t, ready[j]) + fwd
+            t = max(t, due[j]) + fwd
         grad = [0.0] * n
         for j in reversed(range(n)):
             t = max(t, acked[j]) + layers[j][1]
@@ -658,6 +666,7 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
                 ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0), pull_rate)
                 new_ready[j] = max(new_ready[j], arrived)
         ready = new_ready
+        history.append(new_ready)
     half = steps // 2
     return (starts[-1] - starts[half]) / (steps - 1 - half)
 
@@ -758,6 +767,7 @@ def predict(profile, tensors, rates, cluster, codec):
     push_rate, pull_rate = link_rates(cluster, rates)
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync
+    lag = cluster.outstanding_steps - 1 if cluster.mode == "async" and overlap else 0
 
     # Lockstep: every layer's part is applied after the W workers' parts of it (interleaved), and
     # a server's egress carries the W workers' pull parts side by side.
@@ -774,8 +784,9 @@ def predict(profile, tensors, rates, cluster, codec):
             if cluster.emulated:
                 return simulate_worker(rows, push_rate, server_pull_rate(cluster, rates) / egress_share, sync, overlap,
                                        latency, apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3,
-                                       ack_s=step_ack_s)
-            return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s, ack_s=step_ack_s)
+                                       ack_s=step_ack_s, lag=lag)
+            return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s, ack_s=step_ack_s,
+                                   lag=lag)
         # Amortized: a whole blocking pull before every pull_every-th step (the worker overlaps
         # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
         # push_every steps (sync: the push's apply is on the path as well).

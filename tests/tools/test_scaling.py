@@ -435,6 +435,16 @@ class HandComputed(unittest.TestCase):
         other direction: 10 + 20 + 2 = 32 ms."""
         self.assertAlmostEqual(two_worker_case(overlap=False).step_s, 0.032, places=9)
 
+    def test_two_outstanding_steps_hide_the_round_trip_in_async_only(self):
+        """worker.outstanding_steps = 2: forward waits for the pulls that follow the pushes of two
+        steps back, long landed, so the async step is its compute, 30 ms, not 10 + 20 + 2 + 2;
+        sync still waits for its round whatever k is."""
+        self.assertAlmostEqual(two_worker_case(outstanding_steps=2).step_s, 0.030, places=9)
+        self.assertAlmostEqual(two_worker_case(mode="sync", outstanding_steps=2).step_s,
+                               two_worker_case(mode="sync").step_s, places=12)
+        with self.assertRaisesRegex(dr.UsageError, "--outstanding-steps 0: must be in 1..16"):
+            two_worker_case(outstanding_steps=0)
+
     def test_pull_every_amortizes_a_blocking_pull(self):
         """pull_every 4: 30 ms compute + the 2 ms pull / 4; the 2 ms push hides under compute."""
         p = two_worker_case(pull_every=4)
