@@ -70,13 +70,14 @@ void EmulatedCopyBackend::CopyLoop() {
   }
 }
 
-uint64_t EmulatedCopyBackend::Queue(bool upload, const float* from, float* to, int64_t count, const float* device) {
+uint64_t EmulatedCopyBackend::Queue(bool upload, const float* from, float* to, int64_t count, const float* device,
+                                    std::shared_ptr<const std::vector<float>> keep) {
   if (count <= 0) return 0;
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ticket = next_ticket_++;
-    const Copy c{ticket, upload, from, to, count, device};
+    const Copy c{ticket, upload, from, to, count, device, std::move(keep)};
     queue_.push_back(c);
     recent_.push_back(c);
     log_.push_back(CopyEvent{upload ? CopyEvent::kUploadQueued : CopyEvent::kDownloadQueued, ticket, device, count});
@@ -120,6 +121,18 @@ void EmulatedCopyBackend::ReadBlob(const Blob& blob, float* host) {
 void EmulatedCopyBackend::ReadBlobGrad(const Blob& blob, float* host) {
   Synchronize();
   inner_->ReadBlobGrad(blob, host);
+}
+
+uint64_t EmulatedCopyBackend::ReadBlobAsync(const Blob& blob, float* host) {
+  auto copy = std::make_shared<std::vector<float>>(static_cast<size_t>(blob.count()));
+  inner_->ReadBlob(blob, copy->data());
+  return Queue(false, copy->data(), host, blob.count(), blob.data, copy);
+}
+
+uint64_t EmulatedCopyBackend::ReadBlobGradAsync(const Blob& blob, float* host) {
+  auto copy = std::make_shared<std::vector<float>>(static_cast<size_t>(blob.count()));
+  inner_->ReadBlobGrad(blob, copy->data());
+  return Queue(false, copy->data(), host, blob.count(), blob.grad, copy);
 }
 
 Status EmulatedCopyBackend::CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) {

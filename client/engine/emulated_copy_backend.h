@@ -61,6 +61,10 @@ class EmulatedCopyBackend : public Backend {
   void ReleaseInput(Blob* blob) override { inner_->ReleaseInput(blob); }
   void WriteBlobGrad(const float* host, Blob* blob) override { inner_->WriteBlobGrad(host, blob); }
   void ReadBlobGrad(const Blob& blob, float* host) override;
+  // The blob in canonical layout at once (CPU kernels are done), handed to the host by the copy
+  // engine later.
+  uint64_t ReadBlobAsync(const Blob& blob, float* host) override;
+  uint64_t ReadBlobGradAsync(const Blob& blob, float* host) override;
   void SetThreads(int threads) override { inner_->SetThreads(threads); }
   Status CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) override;
   void Synchronize() override;
@@ -81,8 +85,10 @@ class EmulatedCopyBackend : public Backend {
     float* to;
     int64_t count;
     const float* device;  // the device end, for overlap checks and the log
+    std::shared_ptr<const std::vector<float>> keep;  // a blob read's canonical copy, while queued
   };
-  uint64_t Queue(bool upload, const float* from, float* to, int64_t count, const float* device);
+  uint64_t Queue(bool upload, const float* from, float* to, int64_t count, const float* device,
+                 std::shared_ptr<const std::vector<float>> keep = nullptr);
   // The newest queued copy (of `upload`'s direction) overlapping [begin, begin + count); 0 = none.
   uint64_t LastOverlapping(bool upload, const float* begin, int64_t count);
   void CopyLoop();

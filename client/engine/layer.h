@@ -140,6 +140,18 @@ class Backend {
     return true;
   }
   virtual void WaitCopy(uint64_t ticket) { (void)ticket; }
+  // ReadBlob / ReadBlobGrad without waiting, for a blob the queued work has finished writing and
+  // will not write again before the ticket completes (a layer's input and top gradient after
+  // its backward: the net's sufficient factors). Tickets as CopyToHostAsync's. Default: the
+  // blocking read, done at once.
+  virtual uint64_t ReadBlobAsync(const Blob& blob, float* host) {
+    ReadBlob(blob, host);
+    return 0;
+  }
+  virtual uint64_t ReadBlobGradAsync(const Blob& blob, float* host) {
+    ReadBlobGrad(blob, host);
+    return 0;
+  }
 
   // Input edge: make `blob` (shape already set by the net) hold host data in canonical
   // layout (images N,C,H,W; labels as float class indices). Allocates on first use.

@@ -320,7 +320,7 @@ void Net::QueueBackward(int li) {
   for (auto it = pis.rbegin(); it != pis.rend(); ++it) {
     uint64_t ticket = 0;
     if (grad_is_factored(*it)) {
-      WriteFactors(li, *it);  // no dW download: the factors are the tensor's gradient this step
+      ticket = WriteFactors(li, *it);  // no dW download: the factors are the tensor's gradient this step
     } else if (!backend_->memory_is_host()) {
       // Started now, waited for by DeliverGrads: the layers below are queued meanwhile.
       ticket = backend_->CopyToHostAsync(device_grads_ + param_offsets_[*it], host_grads_ + param_offsets_[*it],
@@ -370,9 +370,9 @@ bool Net::FactorsPay(int li, int t) const {
 }
 
 // After layer li's backward, for its factored weight t: [δ (B×out) | a (B×in)] at the start of
-// t's host gradient span. Backend ReadBlob / ReadBlobGrad give canonical dense layouts on every
-// backend (and wait for the layer on a GPU).
-void Net::WriteFactors(int li, int t) {
+// t's host gradient span, in canonical dense layouts on every backend. Neither blob is written
+// again this step, so both reads start without waiting; the later of their tickets is returned.
+uint64_t Net::WriteFactors(int li, int t) {
   const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
   const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
   const Blob& top = *tops_[li][0];
@@ -381,8 +381,9 @@ void Net::WriteFactors(int li, int t) {
   DP_CHECK_EQ(top.count(), b * out);
   DP_CHECK_EQ(bottom.count(), b * in);
   float* span = host_grads_ + param_offsets_[t];
-  backend_->ReadBlobGrad(top, span);           // δ: B×out
-  backend_->ReadBlob(bottom, span + b * out);  // a: B×in
+  const uint64_t delta = backend_->ReadBlobGradAsync(top, span);  // δ: B×out
+  const uint64_t a = backend_->ReadBlobAsync(bottom, span + b * out);  // a: B×in
+  return std::max(delta, a);
 }
 
 void Net::SgdUpdate(float lr, float momentum, float weight_decay, std::span<float> history) {

@@ -207,7 +207,7 @@ class Net {
   void RunForward(Phase phase);
   float ReadScalar(const Blob& blob);
   bool FactorsPay(int layer, int tensor) const;
-  void WriteFactors(int layer, int tensor);
+  uint64_t WriteFactors(int layer, int tensor);
   // Backward of layer li, its gradients' downloads started, not waited for.
   void QueueBackward(int li);
   void DeliverGrads(bool wait);

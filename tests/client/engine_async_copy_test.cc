@@ -6,7 +6,8 @@
 //    with the weights uploaded at once and layer by layer;
 //  * a gradient is handed over only after its download landed;
 //  * a layer runs only after every upload queued before it landed;
-//  * the backward of the layers below is queued while a download is still out.
+//  * the backward of the layers below is queued while a download is still out;
+//  * sufficient factors, read from two blobs without waiting, are handed over once both landed.
 #include <chrono>
 #include <memory>
 #include <random>
@@ -71,6 +72,7 @@ top = ["loss"]
 )";
 constexpr int kBatch = 8;
 constexpr int kSteps = 4;
+constexpr int kFc1Weight = 2;  // conv1.weight, conv1.bias, fc1.weight, ...
 
 struct TrainRun {
   std::vector<float> losses;
@@ -80,8 +82,10 @@ struct TrainRun {
 };
 
 // kSteps of local SGD. `emulated`: on the copy-engine stand-in (each copy 2 ms after the last);
-// `per_layer`: weights uploaded layer by layer before each layer (as a pulling worker does).
-void Train(bool emulated, bool per_layer, TrainRun* out) {
+// `per_layer`: weights uploaded layer by layer before each layer (as a pulling worker does);
+// `factors`: fc1's weight handed over as sufficient factors (δ, a) read from its blobs, and no
+// update (the span then holds factors, not a gradient).
+void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false) {
   NetSpec spec;
   ASSERT_TRUE(ParseNetSpecString(kNet, "copynet", &spec).ok());
   NetOptions no;
@@ -99,6 +103,7 @@ void Train(bool emulated, bool per_layer, TrainRun* out) {
   }
   net->InitParams(11);
   if (per_layer) net->SetBeforeLayerCallback([](int) {});
+  if (factors) ASSERT_TRUE(net->SetFactoredParams({kFc1Weight}).ok());
   const int tensors = static_cast<int>(net->param_specs().size());
   net->SetGradReadyCallback([&](int t) {
     if (copies != nullptr) copies->Note("grad " + std::to_string(t));
@@ -115,7 +120,11 @@ void Train(bool emulated, bool per_layer, TrainRun* out) {
     for (int& l : labels) l = static_cast<int>(rng() % 10);
     out->grads.emplace_back(static_cast<size_t>(tensors));
     out->losses.push_back(net->ForwardBackward(images.data(), labels.data()));
-    net->SgdUpdate(0.05f, 0.9f, 0.0005f, history);
+    if (factors) {
+      EXPECT_TRUE(net->grad_is_factored(kFc1Weight));
+    } else {
+      net->SgdUpdate(0.05f, 0.9f, 0.0005f, history);
+    }
   }
   out->final_weights.assign(net->params().begin(), net->params().end());
   if (copies != nullptr) out->events = copies->events();
@@ -172,6 +181,31 @@ TEST_P(EmulatedCopies, CopiesAndLayersComeInTheContractsOrder) {
   EXPECT_GT(uploads_queued, 0);
   // Layers below are not held back by a download (2 ms each): every step has some.
   EXPECT_GE(backward_while_out, kSteps);
+}
+
+// Sufficient factors are read from two blobs without waiting: fc1's [δ | a] is handed over only
+// once both reads landed, the same floats as on the plain path.
+TEST_P(EmulatedCopies, FactorsAreHandedOverOnceBothReadsLanded) {
+  TrainRun plain, emulated;
+  ASSERT_NO_FATAL_FAILURE(Train(false, GetParam(), &plain, /*factors=*/true));
+  ASSERT_NO_FATAL_FAILURE(Train(true, GetParam(), &emulated, /*factors=*/true));
+  EXPECT_EQ(emulated.losses, plain.losses);
+  for (size_t s = 0; s < plain.grads.size(); ++s) {
+    for (size_t t = 0; t < plain.grads[s].size(); ++t) {
+      EXPECT_EQ(emulated.grads[s][t], plain.grads[s][t]) << "step " << s << " tensor " << t;
+    }
+  }
+  // Each step: 5 dense downloads and fc1's two reads; every hand-over after its reads.
+  int downloads_done = 0, handed = 0, factors_handed = 0;
+  for (const CopyEvent& e : emulated.events) {
+    if (e.kind == CopyEvent::kDownloadDone) ++downloads_done;
+    if (e.kind != CopyEvent::kNote) continue;
+    ++handed;
+    if (e.note == "grad " + std::to_string(kFc1Weight)) ++factors_handed;
+    EXPECT_LE(handed + factors_handed, downloads_done) << e.note << " handed over before its reads landed";
+  }
+  EXPECT_EQ(factors_handed, kSteps);
+  EXPECT_EQ(downloads_done, kSteps * 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Uploads, EmulatedCopies, ::testing::Bool(),

@@ -64,6 +64,12 @@ class CudaBackend : public Backend {
   // Activations are dense NCHW on this backend: gradients cross as they are.
   void WriteBlobGrad(const float* host, Blob* blob) override { ctx_->UploadBlob(host, blob->grad, blob->count()); }
   void ReadBlobGrad(const Blob& blob, float* host) override { ctx_->DownloadBlob(blob.grad, host, blob.count()); }
+  uint64_t ReadBlobAsync(const Blob& blob, float* host) override {
+    return ctx_->DownloadBlobAsync(blob.data, host, blob.count());
+  }
+  uint64_t ReadBlobGradAsync(const Blob& blob, float* host) override {
+    return ctx_->DownloadBlobAsync(blob.grad, host, blob.count());
+  }
   void ReleaseInput(Blob* blob) override {
     ctx_->MakeCurrent();
     ctx_->Synchronize();  // queued kernels may still read it

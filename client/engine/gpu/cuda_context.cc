@@ -232,12 +232,23 @@ uint64_t CudaContext::CopyToHostAsync(const float* device, float* host, int64_t 
   const bool ready = std::any_of(grads_ready_ranges_.begin(), grads_ready_ranges_.end(), [&](const auto& r) {
     return device >= r.first && device + count <= r.first + r.second;
   });
-  cudaEvent_t wait = grads_event_;
-  if (!ready) {
+  return QueueDownload(device, host, count, ready ? grads_event_ : nullptr);
+}
+
+uint64_t CudaContext::DownloadBlobAsync(const float* device, float* host, int64_t count) {
+  MakeCurrent();
+  if (count <= 0) return 0;
+  return QueueDownload(device, host, count, nullptr);
+}
+
+// The copy stream waits for `after` (null: every kernel queued so far), copies, and records the
+// end event a ticket stands for.
+uint64_t CudaContext::QueueDownload(const float* device, float* host, int64_t count, cudaEvent_t after) {
+  if (after == nullptr) {
     DP_CUDA_THROW(cudaEventRecord(compute_done_, stream_));
-    wait = compute_done_;
+    after = compute_done_;
   }
-  DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, wait, 0));
+  DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, after, 0));
   DP_CUDA_THROW(cudaMemcpyAsync(host, device, static_cast<size_t>(count) * sizeof(float),
                                 cudaMemcpyDeviceToHost, copy_stream_));
   cudaEvent_t done = nullptr;

@@ -81,6 +81,8 @@ class CudaContext {
   uint64_t CopyToHostAsync(const float* device, float* host, int64_t count);
   bool CopyDone(uint64_t ticket);
   void WaitCopy(uint64_t ticket);
+  // A blob's download on the copy stream after every kernel queued so far; a ticket as above.
+  uint64_t DownloadBlobAsync(const float* device, float* host, int64_t count);
   // Host ↔ device for blobs (inputs, read-backs): on the compute stream; ToHost waits.
   void UploadBlob(const float* host, float* device, int64_t count);
   void DownloadBlob(const float* device, float* host, int64_t count);
@@ -116,6 +118,7 @@ class CudaContext {
   };
 
   explicit CudaContext(const CudaOptions& options) : options_(options) {}
+  uint64_t QueueDownload(const float* device, float* host, int64_t count, cudaEvent_t after);
   Status Init();
   Allocation* FindAllocation(const float* device);
   void MaybePin(Allocation* a, const float* host, int64_t offset);
