@@ -19,57 +19,12 @@
 #include "client/engine/emulated_copy_backend.h"
 #include "client/engine/net.h"
 #include "client/engine/reference_backend.h"
+#include "tests/client/test_nets.h"
 
 namespace downpour::engine {
 namespace {
 
-constexpr const char* kNet = R"(name = "copynet"
-[input]
-channels = 1
-height = 8
-width = 8
-[[layer]]
-name = "conv1"
-type = "Convolution"
-bottom = ["data"]
-top = ["conv1"]
-num_output = 4
-kernel_size = 3
-pad = 1
-weight_filler = { type = "gaussian", std = 0.3 }
-bias_filler = { type = "constant", value = 0.1 }
-[[layer]]
-name = "relu1"
-type = "ReLU"
-bottom = ["conv1"]
-top = ["relu1"]
-[[layer]]
-name = "fc1"
-type = "InnerProduct"
-bottom = ["relu1"]
-top = ["fc1"]
-num_output = 16
-weight_filler = { type = "gaussian", std = 0.1 }
-bias_filler = { type = "constant", value = 0.0 }
-[[layer]]
-name = "relu2"
-type = "ReLU"
-bottom = ["fc1"]
-top = ["relu2"]
-[[layer]]
-name = "fc2"
-type = "InnerProduct"
-bottom = ["relu2"]
-top = ["fc2"]
-num_output = 10
-weight_filler = { type = "gaussian", std = 0.3 }
-bias_filler = { type = "constant", value = 0.0 }
-[[layer]]
-name = "loss"
-type = "SoftmaxWithLoss"
-bottom = ["fc2", "label"]
-top = ["loss"]
-)";
+constexpr const char* kNet = testing::kTinyConvNet;  // conv1 → fc1 → fc2 on 1×8×8
 constexpr int kBatch = 8;
 constexpr int kSteps = 4;
 constexpr int kFc1Weight = 2;  // conv1.weight, conv1.bias, fc1.weight, ...

@@ -1,5 +1,5 @@
-// test_nets.h — small model configs that several engine tests build (on the reference, oneDNN
-// and CUDA backends), written once.
+// test_nets.h — small model configs that several engine and worker tests build (on the
+// reference, oneDNN and CUDA backends), written once.
 #pragma once
 
 namespace downpour::engine::testing {
@@ -82,6 +82,57 @@ name = "loss"
 type = "SoftmaxWithLoss"
 bottom = ["fc2", "label"]
 top = "loss"
+)";
+
+// conv1 (4×1×3×3, pad 1) → ReLU → fc1 (16×256) → ReLU → fc2 (10×16) → softmax loss, on 1×8×8
+// inputs; six parameter tensors (conv1.weight is index 0, fc1.weight 2). Small enough that a
+// training run against in-process servers takes milliseconds.
+inline constexpr char kTinyConvNet[] = R"(name = "tinyconv"
+[input]
+channels = 1
+height = 8
+width = 8
+[[layer]]
+name = "conv1"
+type = "Convolution"
+bottom = ["data"]
+top = ["conv1"]
+num_output = 4
+kernel_size = 3
+pad = 1
+weight_filler = { type = "gaussian", std = 0.3 }
+bias_filler = { type = "constant", value = 0.1 }
+[[layer]]
+name = "relu1"
+type = "ReLU"
+bottom = ["conv1"]
+top = ["relu1"]
+[[layer]]
+name = "fc1"
+type = "InnerProduct"
+bottom = ["relu1"]
+top = ["fc1"]
+num_output = 16
+weight_filler = { type = "gaussian", std = 0.1 }
+bias_filler = { type = "constant", value = 0.0 }
+[[layer]]
+name = "relu2"
+type = "ReLU"
+bottom = ["fc1"]
+top = ["relu2"]
+[[layer]]
+name = "fc2"
+type = "InnerProduct"
+bottom = ["relu2"]
+top = ["fc2"]
+num_output = 10
+weight_filler = { type = "gaussian", std = 0.3 }
+bias_filler = { type = "constant", value = 0.0 }
+[[layer]]
+name = "loss"
+type = "SoftmaxWithLoss"
+bottom = ["fc2", "label"]
+top = ["loss"]
 )";
 
 }  // namespace downpour::engine::testing

@@ -29,60 +29,14 @@
 #include "client/worker/trainer.h"
 #include "common/inproc_transport.h"
 #include "server/shard.h"
+#include "tests/client/test_nets.h"
 
 namespace downpour::worker {
 namespace {
 
 using namespace std::chrono_literals;
 
-// conv1 (4×1×3×3) → ReLU → fc1 (16×144) → ReLU → fc2 (10×16) → loss, on 1×8×8 inputs.
-constexpr const char* kNet = R"(name = "overlapnet"
-[input]
-channels = 1
-height = 8
-width = 8
-[[layer]]
-name = "conv1"
-type = "Convolution"
-bottom = ["data"]
-top = ["conv1"]
-num_output = 4
-kernel_size = 3
-pad = 1
-weight_filler = { type = "gaussian", std = 0.3 }
-bias_filler = { type = "constant", value = 0.1 }
-[[layer]]
-name = "relu1"
-type = "ReLU"
-bottom = ["conv1"]
-top = ["relu1"]
-[[layer]]
-name = "fc1"
-type = "InnerProduct"
-bottom = ["relu1"]
-top = ["fc1"]
-num_output = 16
-weight_filler = { type = "gaussian", std = 0.1 }
-bias_filler = { type = "constant", value = 0.0 }
-[[layer]]
-name = "relu2"
-type = "ReLU"
-bottom = ["fc1"]
-top = ["relu2"]
-[[layer]]
-name = "fc2"
-type = "InnerProduct"
-bottom = ["relu2"]
-top = ["fc2"]
-num_output = 10
-weight_filler = { type = "gaussian", std = 0.3 }
-bias_filler = { type = "constant", value = 0.0 }
-[[layer]]
-name = "loss"
-type = "SoftmaxWithLoss"
-bottom = ["fc2", "label"]
-top = ["loss"]
-)";
+constexpr const char* kNet = engine::testing::kTinyConvNet;  // conv1 → fc1 → fc2 on 1×8×8
 
 constexpr int kBatch = 8;
 constexpr int kSteps = 5;

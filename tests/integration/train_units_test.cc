@@ -20,6 +20,7 @@
 #include "client/engine/net_spec.h"
 #include "client/worker/trainer.h"
 #include "common/layout.h"
+#include "tests/client/test_nets.h"
 
 namespace downpour::worker {
 namespace {
@@ -201,45 +202,14 @@ class FixedSource : public TrainSource {
   std::vector<int> labels_;
 };
 
-// fc1 (16×36) → ReLU → fc2 (10×16) → loss, on 1×6×6 inputs.
-constexpr const char* kClipNet = R"(name = "clipnet"
-[input]
-channels = 1
-height = 6
-width = 6
-[[layer]]
-name = "fc1"
-type = "InnerProduct"
-bottom = ["data"]
-top = ["fc1"]
-num_output = 16
-weight_filler = { type = "gaussian", std = 0.5 }
-bias_filler = { type = "constant", value = 0.1 }
-[[layer]]
-name = "relu1"
-type = "ReLU"
-bottom = ["fc1"]
-top = ["relu1"]
-[[layer]]
-name = "fc2"
-type = "InnerProduct"
-bottom = ["relu1"]
-top = ["fc2"]
-num_output = 10
-weight_filler = { type = "gaussian", std = 0.5 }
-bias_filler = { type = "constant", value = 0.0 }
-[[layer]]
-name = "loss"
-type = "SoftmaxWithLoss"
-bottom = ["fc2", "label"]
-top = ["loss"]
-)";
+// conv1 → fc1 → fc2 on 1×8×8 inputs (tests/client/test_nets.h).
+constexpr const char* kNet = engine::testing::kTinyConvNet;
 
 // One training step through the loop with solver.clip_gradients = `clip`; returns the pushed
 // gradient (every chunk must have been pushed exactly once).
 std::vector<float> PushedGradient(float clip) {
   engine::NetSpec spec;
-  const Status ps = engine::ParseNetSpecString(kClipNet, "clipnet", &spec);
+  const Status ps = engine::ParseNetSpecString(kNet, "tinyconv", &spec);
   EXPECT_TRUE(ps.ok()) << ps.ToString();
   engine::NetOptions no;
   no.batch = 8;
@@ -257,7 +227,7 @@ std::vector<float> PushedGradient(float clip) {
   to.solver.clip_gradients = clip;
   to.min_push_elems = 0;  // per-tensor pushes, as fine-grained as the planner goes
   RecordingChannel channel(layout);
-  FixedSource source(8, 1, 6, 6);
+  FixedSource source(8, 1, 8, 8);
   Trainer trainer(to, net.get(), nullptr, &layout, &channel, &source, nullptr, nullptr, nullptr);
   TrainResult r;
   const Status s = trainer.Run(&r);
@@ -381,7 +351,7 @@ struct Outcome {
 
 void Train(int steps, int push_every, float clip, Outcome* out) {
   engine::NetSpec spec;
-  ASSERT_TRUE(engine::ParseNetSpecString(kClipNet, "clipnet", &spec).ok());
+  ASSERT_TRUE(engine::ParseNetSpecString(kNet, "tinyconv", &spec).ok());
   engine::NetOptions no;
   no.batch = kBatch;
   no.threads = 1;
@@ -401,7 +371,7 @@ void Train(int steps, int push_every, float clip, Outcome* out) {
     out->unacked_at_save += channel.UnackedBefore(p.clock);
     out->saved.push_back(p);
   };
-  FixedSource source(kBatch, 1, 6, 6, /*fresh=*/true);
+  FixedSource source(kBatch, 1, 8, 8, /*fresh=*/true);
   Trainer trainer(to, net.get(), nullptr, &layout, &channel, &source, nullptr, nullptr, nullptr);
   TrainResult r;
   const Status s = trainer.Run(&r);
