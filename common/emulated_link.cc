@@ -213,15 +213,10 @@ class PacedServer : public ServerEndpoint {
   }
 
   void Drop(Queues::iterator q, size_t more_bytes) {
-    const std::string who = PeerHex(q->first);
-    const size_t queued = q->second.messages.size();
-    const size_t bytes = q->second.bytes;
-    const uint64_t n = dropped_.Add(q->first);
+    const std::string line = dropped_.Drop(q->first, fmt::format("link '{}'", address()), q->second.messages.size(),
+                                           q->second.bytes, more_bytes, link_.options.peer_queue_bytes);
     queues_.erase(q);  // frees the frames, so their keepalives
-    drop_log_.Log(fmt::format(
-        "link '{}': dropped peer {}: it does not read its replies ({} replies, {} bytes queued for the link, {} more "
-        "would pass the {} byte bound); {} peers dropped so far",
-        address(), who, queued, bytes, more_bytes, link_.options.peer_queue_bytes, n));
+    drop_log_.Log(line);
   }
 
   std::unique_ptr<ServerEndpoint> inner_;

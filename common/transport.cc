@@ -38,4 +38,13 @@ uint64_t DroppedPeers::Add(const PeerId& peer) {
   return count_.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
+std::string DroppedPeers::Drop(const PeerId& peer, std::string_view endpoint, size_t replies, size_t bytes,
+                               size_t more_bytes, size_t bound) {
+  const uint64_t n = Add(peer);
+  return fmt::format(
+      "{}: dropped peer {}: it does not read its replies ({} replies, {} bytes queued, {} more would pass the {} byte "
+      "bound); {} peers dropped so far",
+      endpoint, PeerHex(peer), replies, bytes, more_bytes, bound, n);
+}
+
 }  // namespace downpour

@@ -34,6 +34,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -162,6 +163,10 @@ class DroppedPeers {
   static constexpr size_t kRemember = 4096;
   // Records `peer`; returns how many peers were dropped so far, this one included.
   uint64_t Add(const PeerId& peer);
+  // Add, and the log line saying so: `endpoint` (e.g. "zmq 'tcp://…'") dropped `peer`, which had
+  // `replies` replies of `bytes` bytes queued, and `more_bytes` more would pass `bound`.
+  std::string Drop(const PeerId& peer, std::string_view endpoint, size_t replies, size_t bytes, size_t more_bytes,
+                   size_t bound);
   bool Contains(const PeerId& peer) const { return ids_.count(peer) != 0; }
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
 

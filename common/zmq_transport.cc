@@ -402,15 +402,10 @@ class ZmqServer : public ServerEndpoint {
   }
 
   void Drop(Queues::iterator q, size_t more_bytes) {
-    const std::string who = PeerHex(q->first);
-    const size_t queued = q->second.messages.size();
-    const size_t bytes = q->second.bytes;
-    const uint64_t n = dropped_.Add(q->first);
+    const std::string line = dropped_.Drop(q->first, fmt::format("zmq '{}'", address_), q->second.messages.size(),
+                                           q->second.bytes, more_bytes, impl_->options.peer_queue_bytes);
     queues_.erase(q);  // frees the frames, so their keepalives
-    drop_log_.Log(fmt::format(
-        "zmq '{}': dropped peer {}: it does not read its replies ({} replies, {} bytes queued, {} more would pass "
-        "the {} byte bound); {} peers dropped so far",
-        address_, who, queued, bytes, more_bytes, impl_->options.peer_queue_bytes, n));
+    drop_log_.Log(line);
   }
 
   ZmqTransport::Impl* impl_;
