@@ -150,6 +150,23 @@ class ShardFixture : public ::testing::Test {
     for (auto& s : shards_) EXPECT_TRUE(s->Join().ok());
   }
 
+  // StartShards in place of shards an earlier run of the same test stopped (TearDown).
+  void RestartShards(std::vector<TensorSpec> specs, int servers, int64_t chunk_elems, ShardOptions base) {
+    shards_.clear();
+    addresses_.clear();
+    StartShards(std::move(specs), servers, chunk_elems, std::move(base));
+  }
+
+  // The apply-lane tests' end: every weight pulled at `clock` through `c` must be `want`; then the
+  // shards stop. Returns the pulled weights.
+  std::vector<float> PullExpectAndStop(PsClient& c, int64_t clock, const std::vector<float>& want, int lanes) {
+    std::vector<float> got(want.size());
+    EXPECT_TRUE(c.Wait(c.Pull(got, clock), 5000ms).ok());
+    EXPECT_EQ(got, want) << lanes << " lanes";
+    TearDown();
+    return got;
+  }
+
   // The DC-ASGD tests' start: one server, one chunk of 4 floats, lr 1, no momentum or decay
   // (so an update is w − g'), the algorithm's settings from `o`; worker 0 pushes kDcW0 as the
   // initial weights and workers 0 and 1 both pull it, the copy a stale gradient is compensated
@@ -163,6 +180,14 @@ class ShardFixture : public ::testing::Test {
     o.solver.weight_decay = 0.0f;
     return o;
   }
+  // PlainSgd for `workers` workers on `threads` apply lanes.
+  static ShardOptions LaneOptions(int workers, int threads) {
+    ShardOptions o = PlainSgd();
+    o.expected_workers = workers;
+    o.server_threads = threads;
+    return o;
+  }
+
   // DC-ASGD-a with λ0 = 0.5, m = 0.5, two workers, and StartDcAsgd's solver (so a shard
   // recovered from these options applies pushes as the started one did).
   static ShardOptions AdaptiveDcOptions() {
@@ -350,12 +375,7 @@ TEST_F(ShardFixture, ParallelApplyGivesTheWeightsOfSerialApply) {
   constexpr int kWorkers = 8, kPushes = 12;
   auto grad = [](int w, int k, size_t i) { return static_cast<float>(static_cast<int>((w + 1) * (k + 2) + i) % 7 - 3); };
   auto run = [&](int threads) {
-    shards_.clear();
-    addresses_.clear();
-    ShardOptions o = PlainSgd();
-    o.expected_workers = kWorkers;
-    o.server_threads = threads;
-    StartShards(SmallModel(), 1, 4, o);  // 53 floats in 15 chunks
+    RestartShards(SmallModel(), 1, 4, LaneOptions(kWorkers, threads));  // 53 floats in 15 chunks
     const size_t n = static_cast<size_t>(layout_.total_elems());
     std::vector<float> init(n);
     for (size_t i = 0; i < n; ++i) init[i] = static_cast<float>(i % 11);
@@ -382,12 +402,8 @@ TEST_F(ShardFixture, ParallelApplyGivesTheWeightsOfSerialApply) {
         }
       }
     }
-    std::vector<float> got(n);
-    EXPECT_TRUE(c0->Wait(c0->Pull(got, kPushes), 5000ms).ok());
-    EXPECT_EQ(got, want) << threads << " lanes";
     for (const Chunk& c : layout_.chunks()) EXPECT_EQ(shards_[0]->ChunkVersion(c.id), kWorkers * kPushes);
-    TearDown();
-    return got;
+    return PullExpectAndStop(*c0, kPushes, want, threads);
   };
   ExpectOneLaneEqualsFour(run);
 }
@@ -399,13 +415,9 @@ TEST_F(ShardFixture, SyncSumsOnTheLanesGiveTheWeightsOfSerialApply) {
   constexpr int kWorkers = 8, kClocks = 6;
   auto grad = [](int w, int k, size_t i) { return static_cast<float>(static_cast<int>((w + 3) * (k + 1) + i) % 9 - 4); };
   auto run = [&](int threads) {
-    shards_.clear();
-    addresses_.clear();
-    ShardOptions o = PlainSgd();
-    o.expected_workers = kWorkers;
-    o.server_threads = threads;
+    ShardOptions o = LaneOptions(kWorkers, threads);
     o.consistency.mode = ConsistencyMode::kSync;
-    StartShards(SmallModel(), 1, 4, o);
+    RestartShards(SmallModel(), 1, 4, o);
     const size_t n = static_cast<size_t>(layout_.total_elems());
     auto c0 = Client(0);
     EXPECT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(n, 1.0f)), 5000ms).ok());
@@ -431,11 +443,7 @@ TEST_F(ShardFixture, SyncSumsOnTheLanesGiveTheWeightsOfSerialApply) {
         want[i] -= lr_mult * (sum / kWorkers);
       }
     }
-    std::vector<float> got(n);
-    EXPECT_TRUE(c0->Wait(c0->Pull(got, kClocks), 5000ms).ok());
-    EXPECT_EQ(got, want) << threads << " lanes";
-    TearDown();
-    return got;
+    return PullExpectAndStop(*c0, kClocks, want, threads);
   };
   ExpectOneLaneEqualsFour(run);
 }
@@ -1089,8 +1097,6 @@ TEST_F(ShardFixture, SyncAndAsyncSeeTheSameLrAfterTheSameImages) {
   for (ConsistencyMode mode : {ConsistencyMode::kSync, ConsistencyMode::kAsync}) {
     SCOPED_TRACE(mode == ConsistencyMode::kSync ? "sync" : "async");
     TearDown();
-    shards_.clear();
-    addresses_.clear();
     ShardOptions o;
     o.solver.base_lr = 1.0f;
     o.solver.lr_policy = LrPolicy::kStep;
@@ -1100,7 +1106,7 @@ TEST_F(ShardFixture, SyncAndAsyncSeeTheSameLrAfterTheSameImages) {
     o.solver.weight_decay = 0.0f;
     o.consistency.mode = mode;
     o.expected_workers = 2;
-    StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+    RestartShards({{"a", {8}, 1, 1}}, 1, 8, o);
     auto c0 = Client(0), c1 = Client(1);
     ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
     const std::vector<float> g(8, 1.0f);
