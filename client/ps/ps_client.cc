@@ -195,10 +195,11 @@ struct PsClient::Impl {
   Transport* transport = nullptr;
   std::vector<std::unique_ptr<Link>> links;  // server s's connection j at s × per_server + j
   int per_server = 1;                        // connections per server
-  // The link that carries chunk `c` (of server `server`).
-  Link& LinkOf(int server, int32_t c) {
-    return *links[static_cast<size_t>(server * per_server + c % per_server)];
-  }
+  // Server `server`'s connection `j` in `links`; chunk `c` (of that server) travels on connection
+  // c % per_server.
+  size_t LinkIndex(int server, int j) const { return static_cast<size_t>(server * per_server + j); }
+  size_t ChunkLinkIndex(int server, int32_t c) const { return LinkIndex(server, c % per_server); }
+  Link& LinkOf(int server, int32_t c) { return *links[ChunkLinkIndex(server, c)]; }
   // Abort: every operation in flight and every later one fails with abort_status.
   std::atomic<bool> aborted{false};
   std::mutex abort_mu;  // guards abort_status
@@ -1146,11 +1147,10 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     return id;
   }
   // Group chunk ids by the connection that carries them (Impl::LinkOf), keeping order.
-  const int per = impl_->per_server;
   std::vector<std::vector<int32_t>> per_link(impl_->links.size());
   if (all_chunks) {
     for (int s = 0; s < layout_.servers(); ++s) {
-      for (int32_t c : layout_.ServerChunks(s)) per_link[static_cast<size_t>(s * per + c % per)].push_back(c);
+      for (int32_t c : layout_.ServerChunks(s)) per_link[impl_->ChunkLinkIndex(s, c)].push_back(c);
     }
   } else {
     for (int32_t c : chunk_ids) {
@@ -1159,7 +1159,7 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
                                       layout_.num_chunks() - 1);
         return id;
       }
-      per_link[static_cast<size_t>(layout_.chunk(c).server * per + c % per)].push_back(c);
+      per_link[impl_->ChunkLinkIndex(layout_.chunk(c).server, c)].push_back(c);
     }
   }
   std::vector<Op> ops;
@@ -1348,7 +1348,7 @@ Status Control(PsClient::Impl& impl, const ParamLayout& layout, const PsClientOp
     op.header.flags |= kFlagShm;
     op.header.boot_id = HostBootId();
   }
-  impl.Enqueue(*impl.links[static_cast<size_t>(server * impl.per_server + connection)], std::move(op));
+  impl.Enqueue(*impl.links[impl.LinkIndex(server, connection)], std::move(op));
   std::unique_lock<std::mutex> lock(req->mu);
   if (!req->cv.wait_for(lock, timeout, [&] { return req->pending_ops == 0; })) {
     return Timeout("ps client: no {} reply from server {} within {} ms", MsgTypeName(type), server, timeout.count());
@@ -1381,7 +1381,7 @@ Status PsClient::SetServerAddress(int server, const std::string& address) {
   }
   if (address.empty()) return InvalidArgument("ps client: SetServerAddress: empty address for server {}", server);
   for (int j = 0; j < impl_->per_server; ++j) {
-    Impl::Link& link = *impl_->links[static_cast<size_t>(server * impl_->per_server + j)];
+    Impl::Link& link = *impl_->links[impl_->LinkIndex(server, j)];
     {
       std::lock_guard<std::mutex> lock(link.mu);
       link.new_address = address;
