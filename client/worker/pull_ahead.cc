@@ -20,9 +20,9 @@ std::vector<std::vector<int32_t>> ChunksByLayer(const engine::Net& net, const Pa
   return out;
 }
 
-PullAhead::PullAhead(ParamChannel* channel, const ParamLayout& layout, std::vector<std::vector<int32_t>> layer_chunks,
-                     std::span<float> weights, int lag)
-    : channel_(channel), layout_(layout), layer_chunks_(std::move(layer_chunks)), weights_(weights), lag_(lag) {
+PullAhead::PullAhead(ParamChannel* channel, const ParamLayout& layout,
+                     const std::vector<std::vector<int32_t>>& layer_chunks, std::span<float> weights, int lag)
+    : channel_(channel), layout_(layout), layer_chunks_(layer_chunks), weights_(weights), lag_(lag) {
   DP_CHECK_GE(lag, 0);
   DP_CHECK_EQ(static_cast<int64_t>(weights.size()), layout.total_elems());
   if (staged()) staging_.assign(weights.size(), 0.0f);

@@ -17,9 +17,9 @@
 //    layer's forward. One pull per chunk is in flight: a chunk pushed while its previous pull is
 //    still out is pulled again when that one has landed.
 //
-// Ownership: borrows the channel, the layout and the net's weights (all must outlive it); owns
-// the staging copy. Pulls still in flight are waited for by the destructor (the channel writes
-// into the staging copy until then). Thread-safety: one thread (the training thread).
+// Ownership: borrows the channel, the layout, the layer map and the net's weights (all must
+// outlive it); owns the staging copy. Pulls still in flight are waited for by the destructor (the
+// channel writes into the staging copy until then). Thread-safety: one thread (the training thread).
 #pragma once
 
 #include <cstdint>
@@ -39,8 +39,8 @@ std::vector<std::vector<int32_t>> ChunksByLayer(const engine::Net& net, const Pa
 
 class PullAhead {
  public:
-  // `weights`: the net's weights (all parameters, layout order).
-  PullAhead(ParamChannel* channel, const ParamLayout& layout, std::vector<std::vector<int32_t>> layer_chunks,
+  // `weights`: the net's weights (all parameters, layout order); `layer_chunks`: ChunksByLayer.
+  PullAhead(ParamChannel* channel, const ParamLayout& layout, const std::vector<std::vector<int32_t>>& layer_chunks,
             std::span<float> weights, int lag);
   ~PullAhead();
   PullAhead(const PullAhead&) = delete;
@@ -85,7 +85,7 @@ class PullAhead {
 
   ParamChannel* channel_;
   const ParamLayout& layout_;
-  std::vector<std::vector<int32_t>> layer_chunks_;
+  const std::vector<std::vector<int32_t>>& layer_chunks_;
   std::span<float> weights_;
   int lag_;
   std::vector<float> staging_;  // lag >= 1: where pulls land

@@ -234,13 +234,13 @@ class Trainer {
   int64_t last_push_chunks_ = 0, last_push_sum_ = 0;
   TrafficCounts traffic_last_;   // o_.traffic() when the last step (or evaluation) ended
   TrafficCounts shm_last_;       // o_.shm_traffic() likewise
+  std::vector<std::vector<int32_t>> layer_chunks_; // per layer: chunks of its tensors (with a channel)
   // Overlapped pulls (null without): the next step's weights pulled during backward.
   bool overlap_ = false;                           // options asked for it and the run allows it
-  std::unique_ptr<PullAhead> pull_ahead_;
+  std::unique_ptr<PullAhead> pull_ahead_;          // borrows layer_chunks_
   bool pull_next_ = false;                         // this step starts the next step's pulls
   // Pushes not yet acknowledged (null without a channel), and the progress of the last step
   // while its pushes are.
-  std::vector<std::vector<int32_t>> layer_chunks_; // per layer: chunks of its tensors
   std::unique_ptr<PushWindow> pushes_;
   std::optional<WorkerProgress> unacked_progress_;
   // Step-time breakdown of the last step (milliseconds).
