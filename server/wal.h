@@ -89,6 +89,7 @@
 
 #include "common/codec.h"
 #include "common/status.h"
+#include "common/run_config.h"  // WalIo
 #include "common/transport.h"
 
 namespace downpour {
@@ -130,13 +131,6 @@ struct WalRecord {
   // and `header` is frames[0] decoded (ScanWal checks that it is a push's).
   Frames frames;
   MessageHeader header;
-};
-
-// How the log's bytes reach the disk.
-enum class WalIo {
-  kAuto,      // O_DIRECT where the filesystem takes it (tried at Open), else buffered
-  kBuffered,  // write(2) through the page cache
-  kDirect,    // O_DIRECT, or an error at Open naming the log
 };
 
 struct WalOptions {

@@ -1,13 +1,14 @@
-// config_reference_test.cc — docs/config.md (the run-config reference) against the code, so the
-// reference cannot drift from common/run_config.h:
-//   * every key ToToml(RunConfig{}) writes is documented, once;
-//   * every documented key exists in the code;
-//   * each documented default equals the code's default, both parsed as TOML values with toml++
+// config_reference_test.cc — docs/config.md (the run-config reference) against the sections'
+// rows in common/run_config.h (RunConfigKeys), so the reference cannot drift from the code:
+//   * every key a row names is documented, once;
+//   * every documented key has a row;
+//   * each documented default equals the row's default, both parsed as TOML values with toml++
 //     (same TOML type; floats compared as float32, the type the config holds them in);
-//   * each documented type names the TOML type of the code's default.
-// A key that ToToml(RunConfig{}) leaves out because it is off unless given (cluster.link_gbps:
-// absent = no emulated link, any value given must be > 0) is documented with the default cell
-// `absent` (no backticks); ToToml writes it once it is set (kOptionalKeys below sets them).
+//   * each documented type names the row's TOML type;
+//   * a key with a fixed set of values has each of them in its meaning;
+//   * every row has a one-line doc.
+// An Optional row (cluster.link_gbps: absent = no emulated link, any value given must be > 0)
+// is documented with the default cell `absent` (no backticks).
 //
 // What the test reads: the Markdown tables of docs/config.md whose header row is exactly
 //   | key | type | default | meaning |
@@ -44,6 +45,7 @@ struct DocRow {
   std::string default_text;  // the default cell without its backticks: TOML, e.g. "64", "\"cpu\""
   int line = 0;              // 1-based line in the page
   bool optional = false;     // default cell "absent": a key ToToml writes only when it is set
+  std::string meaning;       // the meaning cell as written
 };
 
 struct Reference {
@@ -146,6 +148,7 @@ Reference ParseReference(std::string_view text, const std::string& source) {
       continue;
     }
     row.type = cells[1];
+    row.meaning = cells[3];
     if (cells[2] == "absent") {
       row.optional = true;
     } else if (!StripBackticks(cells[2], &row.default_text)) {
@@ -241,52 +244,44 @@ bool TypeOfCell(const std::string& cell, toml::node_type* out) {
   return true;
 }
 
-// The code's defaults: every key ToToml(RunConfig{}) writes, as "section.key" → its line.
+// The code's keys, as the sections' rows list them (RunConfigKeys): "section.key" → its default
+// parsed as TOML; keys that are off unless given (no default) apart.
 class CodeDefaults {
  public:
-  CodeDefaults() : text_(ToToml(RunConfig{})), root_(toml::parse(text_)) {
-    for (const auto& [section, node] : root_) {
-      sections_.insert(std::string(section.str()));
-      for (const auto& [key, value] : *node.as_table()) {
-        keys_[std::string(section.str()) + "." + std::string(key.str())] = &value;
+  CodeDefaults() : listed_(RunConfigKeys()) {
+    for (const ConfigKey& k : listed_) {
+      sections_.insert(k.key.substr(0, k.key.find('.')));
+      by_key_[k.key] = &k;
+      if (k.default_value.empty()) {
+        optional_[k.key] = &k;
+        continue;
       }
-    }
-    // The keys ToToml writes only when set: set every one of them, and keep what appears.
-    RunConfig set;
-    set.cluster.link_gbps = 10;
-    set_root_ = toml::parse(ToToml(set));
-    for (const auto& [section, node] : set_root_) {
-      for (const auto& [key, value] : *node.as_table()) {
-        const std::string dotted = std::string(section.str()) + "." + std::string(key.str());
-        if (keys_.count(dotted) == 0) optional_[dotted] = &value;
-      }
+      holders_.push_back(std::make_unique<toml::table>(toml::parse("v = " + k.default_value)));
+      keys_[k.key] = holders_.back()->get("v");
     }
   }
   const std::map<std::string, const toml::node*>& keys() const { return keys_; }
-  // Keys written only when set, as "section.key" → their value in a config that sets them.
-  const std::map<std::string, const toml::node*>& optional() const { return optional_; }
+  // Keys written only when set (their rows are Optional), as "section.key" → the row.
+  const std::map<std::string, const ConfigKey*>& optional() const { return optional_; }
   const std::set<std::string>& sections() const { return sections_; }
-  // "key = value" as ToToml wrote it, for messages.
+  const ConfigKey* Find(const std::string& key) const {
+    const auto it = by_key_.find(key);
+    return it == by_key_.end() ? nullptr : it->second;
+  }
+  // "key = value" as ToToml writes it, for messages.
   std::string LineOf(const std::string& dotted) const {
-    const std::string key = dotted.substr(dotted.find('.') + 1);
-    const std::string section = std::string("[") + dotted.substr(0, dotted.find('.')) + "]";
-    std::istringstream in(text_);
-    std::string line;
-    bool inside = false;
-    while (std::getline(in, line)) {
-      if (line.starts_with("[")) inside = line == section;
-      if (inside && line.starts_with(key + " = ")) return line;
-    }
-    return "?";
+    const ConfigKey* k = Find(dotted);
+    if (k == nullptr) return "?";
+    return dotted.substr(dotted.find('.') + 1) + " = " + (k->default_value.empty() ? "(absent)" : k->default_value);
   }
 
  private:
-  std::string text_;
-  toml::table root_;
-  toml::table set_root_;
+  std::vector<ConfigKey> listed_;
+  std::vector<std::unique_ptr<toml::table>> holders_;
   std::set<std::string> sections_;
+  std::map<std::string, const ConfigKey*> by_key_;
   std::map<std::string, const toml::node*> keys_;
-  std::map<std::string, const toml::node*> optional_;
+  std::map<std::string, const ConfigKey*> optional_;
 };
 
 std::string ReadReference() {
@@ -323,14 +318,14 @@ TEST_F(ConfigReferenceTest, ReferenceTablesParseAndCoverEverySection) {
 TEST_F(ConfigReferenceTest, EveryKeyOfTheCodeIsDocumented) {
   for (const auto& [key, node] : code_.keys()) {
     EXPECT_TRUE(documented_.count(key) > 0)
-        << kReferenceName << " lacks " << key << " (common/run_config.cc ToToml writes `" << code_.LineOf(key)
+        << kReferenceName << " lacks " << key << " (its row in common/run_config.h gives `" << code_.LineOf(key)
         << "`): add a row | `" << key << "` | type | `default` | meaning |";
   }
 }
 
 TEST_F(ConfigReferenceTest, EveryKeyWrittenOnlyWhenSetIsDocumentedAsAbsent) {
   EXPECT_FALSE(code_.optional().empty()) << "cluster.link_gbps is written only when set";
-  for (const auto& [key, node] : code_.optional()) {
+  for (const auto& [key, row] : code_.optional()) {
     const auto [first, last] = documented_.equal_range(key);
     ASSERT_EQ(std::distance(first, last), 1) << kReferenceName << " must document " << key << " once";
     EXPECT_TRUE(first->second->optional) << kReferenceName << ":" << first->second->line << ": " << key
@@ -348,7 +343,7 @@ TEST_F(ConfigReferenceTest, EveryDocumentedKeyExistsInTheCode) {
     }
     EXPECT_TRUE(code_.keys().count(row.key) > 0)
         << kReferenceName << ":" << row.line << " documents " << row.key
-        << ", which ToToml(RunConfig{}) does not write (common/run_config.h has no such key)";
+        << ", which no row of common/run_config.h names";
   }
 }
 
@@ -383,20 +378,48 @@ TEST_F(ConfigReferenceTest, DocumentedDefaultsEqualTheCodeDefaults) {
   }
 }
 
-TEST_F(ConfigReferenceTest, DocumentedTypesNameTheTomlTypeOfTheDefault) {
+TEST_F(ConfigReferenceTest, DocumentedTypesNameTheRowsType) {
   for (const DocRow& row : ref_.rows) {
-    const auto& table = code_.keys().count(row.key) > 0 ? code_.keys() : code_.optional();
-    const auto it = table.find(row.key);
-    if (it == table.end()) continue;
+    const ConfigKey* key = code_.Find(row.key);
+    if (key == nullptr) continue;
     toml::node_type type{};
     if (!TypeOfCell(row.type, &type)) {
       ADD_FAILURE() << kReferenceName << ":" << row.line << ": type of " << row.key << " '" << row.type
                     << "' does not start with integer, float, string, boolean or array";
       continue;
     }
-    EXPECT_EQ(TypeName(type), TypeName(it->second->type()))
+    EXPECT_EQ(TypeName(type), key->type.substr(0, key->type.find(' ')))
         << kReferenceName << ":" << row.line << ": " << row.key << " is documented as '" << row.type
-        << "' but the code writes `" << code_.LineOf(row.key) << "`";
+        << "' but its row in common/run_config.h reads a " << key->type;
+  }
+}
+
+// A key with a fixed set of values (an enum, "async" | "sync" | "ssp:<s>") is documented with
+// every value it accepts, each as the quoted TOML string.
+TEST_F(ConfigReferenceTest, EveryValueAKeyAcceptsIsDocumented) {
+  int checked = 0;
+  for (const DocRow& row : ref_.rows) {
+    const ConfigKey* key = code_.Find(row.key);
+    if (key == nullptr || key->choices.empty()) continue;
+    ++checked;
+    std::istringstream choices(key->choices);
+    std::string choice;
+    while (choices >> choice) {
+      if (choice == "|") continue;
+      const std::string bare = choice.substr(1, choice.size() - 2);  // without its quotes
+      EXPECT_TRUE(row.meaning.find(choice) != std::string::npos || row.meaning.find("`" + bare) != std::string::npos)
+          << kReferenceName << ":" << row.line << ": " << row.key << " accepts " << choice
+          << " (common/run_config.h), which its meaning does not name";
+    }
+  }
+  EXPECT_GE(checked, 10) << "the keys with choices: transport, reply_order, lr_policy, update, mode, algorithm, ...";
+}
+
+// Every row carries its one-line doc (ToToml writes it beside the key).
+TEST_F(ConfigReferenceTest, EveryRowHasADoc) {
+  for (const ConfigKey& key : RunConfigKeys()) {
+    EXPECT_FALSE(key.doc.empty()) << key.key << " has no doc in its row (common/run_config.h)";
+    EXPECT_EQ(key.doc.find('\n'), std::string::npos) << key.key << ": a row's doc is one line";
   }
 }
 
