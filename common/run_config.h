@@ -449,6 +449,7 @@ enum class WalIo {
   kBuffered,  // write(2) through the page cache
   kDirect,    // O_DIRECT, or an error at Open naming the log
 };
+inline constexpr std::string_view kWalIoNames[] = {"auto", "buffered", "direct"};
 
 // [checkpoint] — a server shard's durability: checkpoints (common/tensor_file.h format) and the
 // write-ahead log (server/wal.h). ShardOptions embeds it.
@@ -458,6 +459,7 @@ struct CheckpointConfig {
   bool wal = true;
   int wal_fsync_ms = 200;
   int64_t wal_max_mb = 2048;
+  WalIo wal_io = WalIo::kAuto;
 
   template <typename Self, typename V>
   static void Rows(Self& s, V& v) {
@@ -472,9 +474,12 @@ struct CheckpointConfig {
           Must<int64_t>([](int64_t x) { return x >= 1 && x <= (int64_t{1} << 30); },
                         "must be between 1 and 2^30 MiB"),
           "a log reaching this many MiB checkpoints its shard, which empties it");
+    v.Named("wal_io", s.wal_io, Names{kWalIoNames}, "how the log writes: O_DIRECT where the filesystem takes it");
   }
   bool operator==(const CheckpointConfig&) const = default;
 };
+// checkpoint.wal_max_mb in bytes.
+inline uint64_t WalMaxBytes(const CheckpointConfig& c) { return static_cast<uint64_t>(c.wal_max_mb) << 20; }
 
 // [compression] — fewer bytes on the wire (common/grad_codec.h, docs/compression.md).
 enum class WireCodec {

@@ -196,10 +196,8 @@ Status Run(const Flags& f, bool* serving) {
   o.shared_memory = SharedMemoryOn(cfg);  // off on an emulated link (cluster.link_gbps)
   o.model_moves = multi;
   if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) spdlog::info("server {}: {}", f.id, link);
-  o.wal_fsync_ms = std::chrono::milliseconds(cfg.checkpoint.wal_fsync_ms);
-  o.wal_max_bytes = static_cast<uint64_t>(cfg.checkpoint.wal_max_mb) << 20;
   o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
-  o.checkpoint_every_updates = cfg.checkpoint.every_updates;
+  o.checkpoint = cfg.checkpoint;
   std::filesystem::create_directories(
       std::filesystem::path(ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id)).parent_path());
   const std::filesystem::path metrics_dir = std::filesystem::path(f.run_dir) / "metrics";

@@ -211,8 +211,8 @@ Status ShardServer::Create(const ParamLayout& layout, ShardOptions options,
     return InvalidArgument("shard: max_workers {} is below expected_workers {} (0 = expected_workers)",
                            options.max_workers, options.expected_workers);
   }
-  if (options.wal_fsync_ms.count() < 0) {
-    return InvalidArgument("shard: wal_fsync_ms must be >= 0, got {}", options.wal_fsync_ms.count());
+  if (options.checkpoint.wal_fsync_ms < 0) {
+    return InvalidArgument("shard: checkpoint.wal_fsync_ms must be >= 0, got {}", options.checkpoint.wal_fsync_ms);
   }
   if (options.staleness_buckets < 2) options.staleness_buckets = 2;
   out->reset(new ShardServer(layout, std::move(options)));
@@ -260,9 +260,9 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   ShardLogOptions lo;
   lo.server_id = options_.server_id;
   lo.path = options_.wal_path;
-  lo.fsync_ms = options_.wal_fsync_ms;
-  lo.io = options_.wal_io;
-  lo.max_bytes = options_.wal_max_bytes;
+  lo.fsync_ms = std::chrono::milliseconds(options_.checkpoint.wal_fsync_ms);
+  lo.io = options_.checkpoint.wal_io;
+  lo.max_bytes = WalMaxBytes(options_.checkpoint);
   // A checkpoint holds the weights and the rule's state (f32 each), and DC-ASGD-a's mean squares.
   lo.checkpoint_bytes = share_floats_ * (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8);
   lo.checkpoint_path = options_.checkpoint_path;
@@ -1266,15 +1266,14 @@ int64_t ShardServer::updates() const {
 
 void ShardServer::MaybeCheckpoint() {
   if (replaying_) return;  // replay rebuilds; the next live update may checkpoint
-  if (log_->open() && options_.wal_max_bytes > 0 && !options_.checkpoint_path.empty() &&
-      log_->bytes() >= options_.wal_max_bytes) {
+  if (log_->open() && !options_.checkpoint_path.empty() && log_->bytes() >= WalMaxBytes(options_.checkpoint)) {
     // The log's bound (checkpoint.wal_max_mb): a checkpoint covers it all and empties it.
     Status s = SaveCheckpointLocked(options_.checkpoint_path);
     if (!s.ok()) spdlog::error("shard {}: checkpoint at the log's bound failed: {}", options_.server_id, s.ToString());
     updates_at_last_checkpoint_ = updates_ / static_cast<int64_t>(std::max<size_t>(1, owned_.size()));
     return;
   }
-  const int64_t every = options_.checkpoint_every_updates;
+  const int64_t every = options_.checkpoint.every_updates;
   if (every <= 0 || options_.checkpoint_path.empty() || owned_.empty()) return;
   // "Updates of the shard" = chunk updates / owned chunks: one full round of the shard.
   const int64_t rounds = updates_ / static_cast<int64_t>(owned_.size());

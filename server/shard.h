@@ -82,7 +82,12 @@ struct ShardOptions {
   int server_threads = 1;
   TraceLog* trace = nullptr;  // timeline (not owned, outlives the shard); null = none
   int trace_track = 0;        // the loop's track in `trace`
-  int64_t checkpoint_every_updates = 0;  // 0 = off; else save every n rounds of chunk updates
+  // [checkpoint] as the run gives it: periodic checkpoints every every_updates rounds of this
+  // shard's chunk updates (0 = off), and the log's fsync interval, I/O and bound (a log reaching
+  // wal_max_mb makes the shard checkpoint, which empties it; OpenLog and Recover first check that
+  // the log's directory has room for it and two checkpoints, kFailedPrecondition if not). Its dir
+  // and wal are the run's: the shard writes to checkpoint_path and wal_path below.
+  CheckpointConfig checkpoint;
   std::string checkpoint_path;         // where periodic / default checkpoints go ("" = none)
   std::chrono::milliseconds poll_interval{20};  // loop wakes this often to check Stop / waits
   int staleness_buckets = 32;          // histogram buckets; the last one is ">= buckets-1"
@@ -99,12 +104,6 @@ struct ShardOptions {
   bool serve_by_step = false;
   // Write-ahead log (server/wal.h); "" = none: a dying server loses the updates since its last checkpoint.
   std::string wal_path;
-  std::chrono::milliseconds wal_fsync_ms{200};  // fsync the log at least this often; 0 = every ack
-  WalIo wal_io = WalIo::kAuto;  // how the log writes (server/wal.h): O_DIRECT where the filesystem takes it
-  // checkpoint.wal_max_mb: a log reaching this many bytes checkpoints the shard (to
-  // checkpoint_path), which empties it; 0 = unbounded. With it, OpenLog and Recover first check
-  // that the log's directory has room for it and two checkpoints (kFailedPrecondition if not).
-  uint64_t wal_max_bytes = 0;
   bool shared_memory = true;  // offer same-host workers that ask a shared-memory region at register
   bool model_moves = false;   // take move pushes (kFlagMove, multi-model servers); off: refused
   // cluster.heartbeat_timeout_ms: a worker declared dead has been silent this long, so only its
@@ -129,7 +128,7 @@ inline constexpr int64_t kMaxClock = int64_t{1} << 48;
 
 class ShardServer {
  public:
-  // kInvalidArgument for an option out of range (server_id, expected_workers, max_workers, wal_fsync_ms).
+  // kInvalidArgument for an option out of range (server_id, expected_workers, max_workers, checkpoint.wal_fsync_ms).
   static Status Create(const ParamLayout& layout, ShardOptions options, std::unique_ptr<ShardServer>* out);
   ~ShardServer();
 

@@ -298,8 +298,8 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
     o.access.keyed = keys.on();  // keyed: pushes and pulls only from "worker" keys, as in a real run
     if (!wal_dir.path().empty()) {
       o.wal_path = fmt::format("{}/server-{}.wal", wal_dir.path(), s);
-      o.wal_fsync_ms = std::chrono::milliseconds(wal.fsync_ms);
-      o.wal_io = wal.io;
+      o.checkpoint.wal_fsync_ms = wal.fsync_ms;
+      o.checkpoint.wal_io = wal.io;
     }
     std::unique_ptr<ShardServer> shard;
     ThrowIfError(ShardServer::Create(layout, o, &shard));

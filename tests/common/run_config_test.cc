@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -354,6 +355,32 @@ TEST(RunConfigTest, ToTomlRoundTrips) {
   // Defaults too.
   ASSERT_TRUE(ParseRunConfig(ToToml(RunConfig{}), "defaults.toml", &back).ok());
   EXPECT_EQ(back, RunConfig{});
+}
+
+// Every row, as RunConfigKeys lists them: a value of the wrong TOML type is refused naming the
+// file and table.key, and a key with a fixed set of values refuses another naming what it takes.
+TEST(RunConfigTest, EveryKeyRefusesAWrongValueNamingIt) {
+  const std::vector<ConfigKey> keys = RunConfigKeys();
+  ASSERT_GT(keys.size(), 90u);
+  for (const ConfigKey& k : keys) {
+    const std::string table = k.key.substr(0, k.key.find('.'));
+    const std::string name = k.key.substr(k.key.find('.') + 1);
+    const std::string wrong = k.type == "string" ? "[1]" : "\"x\"";
+    EXPECT_THAT(ParseError(fmt::format("[{}]\n{} = {}\n", table, name, wrong)), HasSubstr("bad.toml: " + k.key + " = "))
+        << k.key << " (" << k.type << ")";
+    if (!k.choices.empty()) {
+      const std::string first = k.choices.substr(0, k.choices.find(' '));
+      EXPECT_THAT(ParseError(fmt::format("[{}]\n{} = \"nope\"\n", table, name)), HasSubstr(first)) << k.key;
+    }
+  }
+}
+
+TEST(RunConfigTest, CheckpointWalIoChoosesHowTheLogWrites) {
+  EXPECT_EQ(ParseOk("").checkpoint.wal_io, WalIo::kAuto);
+  EXPECT_EQ(ParseOk("[checkpoint]\nwal_io = \"buffered\"\n").checkpoint.wal_io, WalIo::kBuffered);
+  EXPECT_EQ(ParseOk("[checkpoint]\nwal_io = \"direct\"\n").checkpoint.wal_io, WalIo::kDirect);
+  EXPECT_THAT(ParseError("[checkpoint]\nwal_io = \"fast\"\n"),
+              HasSubstr("checkpoint.wal_io = \"fast\": expected \"auto\", \"buffered\" or \"direct\""));
 }
 
 TEST(RunConfigTest, ValidateCatchesCodeMadeConfigs) {

@@ -907,7 +907,7 @@ TEST(FactorResend, AFactorPushWhoseAckDiedIsResentToTheRecoveredServerAndApplied
   o.solver.momentum = 0.9f;
   o.solver.weight_decay = 0.01f;
   o.wal_path = dir + "/server-0.wal";
-  o.wal_fsync_ms = 0ms;
+  o.checkpoint.wal_fsync_ms = 0;
   InprocTransport transport;
   auto serve = [&](std::unique_ptr<ShardServer>* shard, uint64_t incarnation) -> StampingEndpoint* {
     std::unique_ptr<ServerEndpoint> ep;
@@ -990,7 +990,7 @@ class FactorLog : public ::testing::Test {
     options_.max_workers = 2;
     options_.factor_threads = 3;  // the recovered shard forms the factors on one thread
     options_.wal_path = dir_ + "/server-0.wal";
-    options_.wal_fsync_ms = 0ms;
+    options_.checkpoint.wal_fsync_ms = 0;
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 

@@ -74,7 +74,7 @@ class ModelHostTest : public ::testing::Test {
     if (persist) {
       o.checkpoint_path = fmt::format("{}/server-{}.model-{}.dpt", dir_, server, model);
       o.wal_path = fmt::format("{}/server-{}.model-{}.wal", dir_, server, model);
-      o.wal_fsync_ms = wal_fsync_ms_;
+      o.checkpoint.wal_fsync_ms = wal_fsync_ms_;
     }
     return o;
   }
@@ -158,7 +158,7 @@ class ModelHostTest : public ::testing::Test {
   std::vector<std::unique_ptr<ModelHost>> hosts_;
   std::string dir_;
   bool moves_ = false;
-  std::chrono::milliseconds wal_fsync_ms_{200};  // the logs' (ShardOptions' default)
+  int wal_fsync_ms_ = 200;  // the logs' (checkpoint.wal_fsync_ms's default)
   int generation_ = 0;
 };
 
@@ -296,7 +296,7 @@ TEST_F(ModelHostTest, CheckpointsAndLogsRestoreEveryModel) {
 // arrives is a race; wal_test covers that path).
 TEST_F(ModelHostTest, AFailedLogStopsTheHostAndEveryModelComesBackFromItsLog) {
   test::FaultEnv env;  // outlives the hosts, which write through it
-  wal_fsync_ms_ = 0ms;
+  wal_fsync_ms_ = 0;
   StartHosts(/*persist=*/true);
   InitAll();
   std::vector<std::vector<float>> weights, stopped;

@@ -1500,7 +1500,7 @@ TEST_F(ShardFixture, PeriodicCheckpointEveryNUpdates) {
   const std::string dir = ::testing::TempDir() + "/shard_periodic_test";
   std::filesystem::create_directories(dir);
   o.checkpoint_path = dir + "/shard.dpt";
-  o.checkpoint_every_updates = 2;
+  o.checkpoint.every_updates = 2;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto c = Client(0);
   ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
@@ -1806,7 +1806,7 @@ TEST_F(ShardFixture, ReplayWithACheckpointMidwayEqualsTheUninterruptedShard) {
   o.solver.base_lr = 0.1f;
   o.solver.momentum = 0.9f;
   o.expected_workers = 2;
-  o.checkpoint_every_updates = 3;
+  o.checkpoint.every_updates = 3;
   StartShards(SmallModel(), 1, 64, o);
   const size_t n = static_cast<size_t>(layout_.total_elems());
   auto c0 = Client(0), c1 = Client(1);
@@ -2029,7 +2029,7 @@ TEST_F(ShardFixture, DuplicatePushIsAckedButAppliedOnceAlsoAfterARestart) {
 TEST_F(ShardFixture, TheLoopsTimeInTheLogIsCountedWithinItsBusyTime) {
   UsePersistDir();
   ShardOptions o;
-  o.wal_fsync_ms = 0ms;
+  o.checkpoint.wal_fsync_ms = 0;
   StartShards({{"a", {4096}, 1, 1}}, 1, 4096, o);
   auto c = Client(0);
   ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(4096, 1.0f)), 5000ms).ok());
@@ -2097,21 +2097,22 @@ TEST_F(ShardFixture, ALogThatReachesItsBoundIsEmptiedByACheckpoint) {
   UsePersistDir();
   ShardOptions o = PlainSgd();
   o.solver.momentum = 0.9f;
-  o.wal_max_bytes = 64 << 10;  // 64 KiB: a push of 4096 floats is 16 KiB
-  StartShards({{"a", {4096}, 1, 1}}, 1, 4096, o);
+  o.checkpoint.wal_max_mb = 1;  // a push of 65536 floats is 256 KiB
+  constexpr int64_t kFloats = 65536;
+  StartShards({{"a", {kFloats}, 1, 1}}, 1, kFloats, o);
   auto c = Client(0);
-  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(4096, 1.0f)), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(kFloats, 1.0f)), 5000ms).ok());
   uint64_t largest = 0;
   const std::string wal = ForServer(o, 0).wal_path;
   for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(4096, 0.01f * static_cast<float>(i + 1)), i), 5000ms).ok());
+    ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(kFloats, 0.01f * static_cast<float>(i + 1)), i), 5000ms).ok());
     WalScanInfo info;
     ASSERT_TRUE(ScanWal(wal, nullptr, &info).ok());
     largest = std::max<uint64_t>(largest, info.valid_bytes);
   }
   const ShardStatsWire st = shards_[0]->Stats();
-  EXPECT_GE(st.checkpoints_written, 4u) << "21 records of ~16 KiB against a 64 KiB bound";
-  EXPECT_LT(largest, o.wal_max_bytes + (20 << 10)) << "the log outgrew its bound by more than a record";
+  EXPECT_GE(st.checkpoints_written, 4u) << "21 records of ~256 KiB against a 1 MiB bound";
+  EXPECT_LT(largest, WalMaxBytes(o.checkpoint) + (320 << 10)) << "the log outgrew its bound by more than a record";
   RecoverReport rep;
   auto fresh = KillAndRecover(0, o, &rep);
   EXPECT_TRUE(rep.checkpoint_loaded);
@@ -2125,7 +2126,7 @@ TEST_F(ShardFixture, ALogDirectoryWithoutRoomForTheBoundStopsTheServerBeforeItSe
   UsePersistDir();
   ASSERT_TRUE(ParamLayout::Build({{"a", {4096}, 1, 1}}, 1, 4096, &layout_).ok());
   ShardOptions o = ForServer(PlainSgd(), 0);
-  o.wal_max_bytes = 1 << 20;
+  o.checkpoint.wal_max_mb = 1;
   test::FaultEnv env;
   ScopedEnv scoped(&env);
   env.SetFreeBytes((1 << 20) + 2 * 4096 * 8 - 1);  // a byte short
@@ -2185,7 +2186,7 @@ TEST_F(ShardFixture, AdaGradOnTheServersFollowsItsClosedFormAndRecoversByteForBy
   o.solver.update = UpdateRuleKind::kAdaGrad;
   o.solver.adagrad_initial = 0.1f;
   o.solver.adagrad_epsilon = 1e-10f;
-  o.checkpoint_every_updates = 3;
+  o.checkpoint.every_updates = 3;
   StartShards({{"a", {64}, 1, 1}}, 1, 16, o);
   auto c = Client(0);
   ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(64, 1.0f)), 5000ms).ok());
@@ -2317,7 +2318,7 @@ class ShardLogFailure : public ShardFixture {
     o_.solver.base_lr = 0.1f;
     o_.solver.momentum = 0.9f;
     o_.expected_workers = 1;
-    o_.wal_fsync_ms = 0ms;
+    o_.checkpoint.wal_fsync_ms = 0;
     StartShards(SmallModel(), 1, 64, o_);
     n_ = static_cast<size_t>(layout_.total_elems());
     c_ = Client(0);
