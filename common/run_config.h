@@ -206,6 +206,7 @@ struct SolverConfig {
   UpdateRuleKind update = UpdateRuleKind::kMomentum;
   float adagrad_epsilon = 1e-10f;
   float adagrad_initial = 0.1f;
+  int64_t warmup_iters = 0;
 
   template <typename Self, typename V>
   static void Rows(Self& s, V& v) {
@@ -239,6 +240,8 @@ struct SolverConfig {
           "AdaGrad: lr / sqrt(acc + epsilon)");
     v.Key("adagrad_initial", s.adagrad_initial, FiniteNonNegative<float>("an accumulator of squares"),
           "AdaGrad: each accumulator's start");
+    v.Key("warmup_iters", s.warmup_iters, AtLeast<int64_t>(0, "0 = no warm-up"),
+          "linear warm-up: the rate at iter < n is the schedule's times (iter + 1) / n; 0 = off");
   }
   bool operator==(const SolverConfig&) const = default;
 };

@@ -95,6 +95,26 @@ TEST(LrPolicyTest, Exp) {
   ExpectRate(s, 50, 0.01 * std::pow(double(0.99f), 50.0));
 }
 
+// solver.warmup_iters = n: the first n iterations are the schedule times (iter + 1) / n, then the
+// schedule itself; with "step" the ramp multiplies the schedule's own decay.
+TEST(LrPolicyTest, WarmupRampsLinearlyUpToTheSchedule) {
+  SolverConfig s = Solver(LrPolicy::kStep);
+  s.base_lr = 0.1f;
+  s.gamma = 0.5f;
+  s.stepsize = 3;
+  s.warmup_iters = 4;
+  ExpectRate(s, 0, double(0.1f) * 0.25);
+  ExpectRate(s, 1, double(0.1f) * 0.5);
+  ExpectRate(s, 2, double(0.1f) * 0.75);
+  ExpectRate(s, 3, double(0.1f) * 0.5 * 1.0);  // the step at 3, ramp done (4/4)
+  ExpectRate(s, 4, double(0.1f) * 0.5);
+  s.warmup_iters = 0;
+  ExpectRate(s, 0, double(0.1f));  // off
+  SolverConfig fixed = Solver(LrPolicy::kFixed);
+  fixed.warmup_iters = 1;
+  ExpectRate(fixed, 0, 0.01);  // a ramp of one iteration is the schedule
+}
+
 TEST(LrPolicyTest, StalenessAware) {
   EXPECT_EQ(StalenessAwareLr(0.1f, 0), 0.1f);
   EXPECT_EQ(StalenessAwareLr(0.1f, 1), 0.1f);
