@@ -465,7 +465,7 @@ void DecodeCheckedChunk(Encoding encoding, DType dtype, std::span<const std::byt
 
 void ChunkEncoder::Encode(uint32_t chunk_id, std::span<const float> g, EncodedChunk* out) {
   out->bytes.clear();
-  const WireCodec codec = settings_.codec;
+  const WireCodec codec = settings_.push;
   const DType dtype = CodecDType(codec);
   const size_t n = g.size();
   if (!AllFinite(g)) {  // the server refuses it as it is; the residual stays clean
@@ -490,8 +490,9 @@ void ChunkEncoder::Encode(uint32_t chunk_id, std::span<const float> g, EncodedCh
   }
   size_t k = 0;
   if (codec == WireCodec::kTopK) {
-    const uint64_t push = settings_.top_k_warmup > 0 ? pushes_[chunk_id]++ : 0;
-    k = TopKCount(TopKWarmupFraction(settings_.top_k_fraction, push, settings_.top_k_warmup), n);
+    const auto warmup = static_cast<uint64_t>(std::max<int64_t>(0, settings_.top_k_warmup_pushes));
+    const uint64_t push = warmup > 0 ? pushes_[chunk_id]++ : 0;
+    k = TopKCount(TopKWarmupFraction(settings_.top_k_fraction, push, warmup), n);
   }
   if (codec == WireCodec::kTopK && 2 * k >= n) {  // indices + values cost as much as dense f32
     out->encoding = Encoding::kDense;

@@ -95,13 +95,8 @@ Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> pay
 // "write all" half: nothing is checked again). Any other payload is a caller's bug.
 void DecodeCheckedChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, std::span<float> out);
 
-// ---- The stateful encoder of a client's gradient pushes.
-struct CodecSettings {
-  WireCodec codec = WireCodec::kFp32;
-  double top_k_fraction = 0.01;  // topk: in (0, 1]
-  bool error_feedback = true;    // topk / onebit: keep a per-chunk residual (fp16/bf16: none)
-  uint64_t top_k_warmup = 0;     // topk: pushes of each chunk over which k decays (TopKWarmupFraction)
-};
+// ---- The stateful encoder of a client's gradient pushes. It reads [compression]'s push,
+// top_k_fraction, top_k_warmup_pushes and error_feedback (fp16/bf16 keep no residual).
 
 struct EncodedChunk {
   Encoding encoding = Encoding::kDense;  // the chunk's own encoding (may differ from the codec's)
@@ -110,7 +105,7 @@ struct EncodedChunk {
 
 class ChunkEncoder {
  public:
-  explicit ChunkEncoder(CodecSettings settings) : settings_(settings) {}
+  explicit ChunkEncoder(CompressionConfig settings) : settings_(settings) {}
 
   // Encodes chunk `chunk_id`'s gradient g. With error feedback: g' = g + r (the chunk's
   // residual, 0 at first), send C(g'), r = g' - decode(C(g')). Top-k of a chunk so small that
@@ -120,13 +115,13 @@ class ChunkEncoder {
   // finite encodes and keeps TopKWarmupFraction of it.
   void Encode(uint32_t chunk_id, std::span<const float> g, EncodedChunk* out);
 
-  DType dtype() const { return CodecDType(settings_.codec); }
-  const CodecSettings& settings() const { return settings_; }
+  DType dtype() const { return CodecDType(settings_.push); }
+  const CompressionConfig& settings() const { return settings_; }
   // The chunk's residual (empty before its first encode, or without error feedback).
   std::span<const float> residual(uint32_t chunk_id) const;
 
  private:
-  CodecSettings settings_;
+  CompressionConfig settings_;
   std::unordered_map<uint32_t, std::vector<float>> residual_;
   std::unordered_map<uint32_t, uint64_t> pushes_;  // top-k warm-up: encodes of each chunk so far
   std::vector<float> work_, decoded_;  // g' and decode(C(g')), reused

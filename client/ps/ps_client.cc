@@ -187,7 +187,7 @@ struct PsClient::Impl {
     std::vector<uint8_t> push_busy, pull_busy;
     bool said_no_region = false;
     // Lossy gradient pushes (I/O thread only): the encoder and its per-chunk residuals for this
-    // server's chunks; null with push_codec fp32.
+    // server's chunks; null with compression.push fp32.
     std::unique_ptr<ChunkEncoder> encoder;
     std::thread thread;
   };
@@ -249,12 +249,12 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
                            options.server_addresses.size(), layout.servers());
   }
   if (options.max_inflight_bytes == 0) return InvalidArgument("ps client: max_inflight_bytes must be > 0");
-  if (options.pull_codec != WireCodec::kFp32 && options.pull_codec != WireCodec::kFp16 &&
-      options.pull_codec != WireCodec::kBf16) {
-    return InvalidArgument("ps client: pull_codec {} is not one of fp32|fp16|bf16", WireCodecName(options.pull_codec));
+  const CompressionConfig& co = options.compression;
+  if (static_cast<size_t>(co.pull) >= kDenseWireCodecs) {
+    return InvalidArgument("ps client: compression.pull {} is not one of fp32|fp16|bf16", WireCodecName(co.pull));
   }
-  if (!(options.top_k_fraction > 0 && options.top_k_fraction <= 1)) {
-    return InvalidArgument("ps client: top_k_fraction {} is outside (0, 1]", options.top_k_fraction);
+  if (!(co.top_k_fraction > 0 && co.top_k_fraction <= 1)) {
+    return InvalidArgument("ps client: compression.top_k_fraction {} is outside (0, 1]", co.top_k_fraction);
   }
   if (options.connections_per_server < 1 || options.connections_per_server > kMaxConnectionsPerServer) {
     return InvalidArgument("ps client: connections_per_server {} is outside 1..{}", options.connections_per_server,
@@ -276,11 +276,7 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
     }
     link->push_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
     link->pull_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
-    if (IsLossy(c->options_.push_codec)) {
-      link->encoder = std::make_unique<ChunkEncoder>(
-          CodecSettings{c->options_.push_codec, c->options_.top_k_fraction, c->options_.error_feedback,
-                        c->options_.top_k_warmup});
-    }
+    if (IsLossy(c->options_.compression.push)) link->encoder = std::make_unique<ChunkEncoder>(c->options_.compression);
     DP_RETURN_IF_ERROR(transport->Connect(link->address, &link->endpoint));
     c->impl_->links.push_back(std::move(link));
   }
@@ -1181,12 +1177,12 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     for (int32_t c : ids) h.chunk_ids.push_back(static_cast<uint32_t>(c));
     if (type == MsgType::kPull) {
       op.pull_out = out;
-      h.dtype = CodecDType(options_.pull_codec);  // fp32 / fp16 / bf16
+      h.dtype = CodecDType(options_.compression.pull);  // fp32 / fp16 / bf16
     } else {
-      const bool lossy = (flags & (kFlagInit | kFlagMove)) == 0 && IsLossy(options_.push_codec);
+      const bool lossy = (flags & (kFlagInit | kFlagMove)) == 0 && IsLossy(options_.compression.push);
       if (lossy) {  // encoded on the link's I/O thread at the first send (EncodePart)
-        h.dtype = CodecDType(options_.push_codec);
-        h.encoding = CodecEncoding(options_.push_codec);
+        h.dtype = CodecDType(options_.compression.push);
+        h.encoding = CodecEncoding(options_.compression.push);
       }
       // Zero-copy: frames borrow the caller's buffer; the keepalive's deleter tells the request
       // when the transport is done with them.

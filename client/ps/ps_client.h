@@ -69,11 +69,10 @@ struct PsClientOptions {
   // On an I/O thread per answered part (seconds: its last send to its reply); short; empty = none.
   std::function<void(int server, MsgType type, size_t chunks, double seconds)> on_part_reply;
   TraceLog* trace = nullptr;  // not owned; a span per answered part, track "to server i"; null = none
-  WireCodec push_codec = WireCodec::kFp32;  // fp32 | fp16 | bf16 | topk | onebit (docs/compression.md)
-  WireCodec pull_codec = WireCodec::kFp32;  // fp32 | fp16 | bf16
-  double top_k_fraction = 0.01;             // push_codec topk: fraction of each chunk sent, in (0, 1]
-  bool error_feedback = true;               // topk / onebit: keep and resend a per-chunk residual
-  uint64_t top_k_warmup = 0;                // push_codec topk: warm-up pushes per chunk (TopKWarmupFraction)
+  // [compression] as the run gives it: the push and pull codecs, top-k's fraction and warm-up,
+  // error feedback (docs/compression.md). Its factors and factor_threads are the worker's and the
+  // servers' business.
+  CompressionConfig compression;
 };
 
 // Payload bytes of a push of every chunk when `factors` hold sufficient factors (docs/factors.md).

@@ -69,11 +69,7 @@ PsClientOptions WorkerClientOptions(const RunConfig& c, const std::string& run_d
   po.reply_timeout = PullWait(c.cluster);
   po.server_wait = std::chrono::milliseconds(c.cluster.server_wait_ms);
   // Gradient pushes and weight pulls (a multi-model worker's moves of activations stay f32).
-  po.push_codec = c.compression.push;
-  po.pull_codec = c.compression.pull;
-  po.top_k_fraction = c.compression.top_k_fraction;
-  po.top_k_warmup = static_cast<uint64_t>(c.compression.top_k_warmup_pushes);
-  po.error_feedback = c.compression.error_feedback;
+  po.compression = c.compression;
   return po;
 }
 

@@ -239,7 +239,8 @@ TEST(GradCodecTest, TopKWarmupDecaysExponentiallyFromAQuarterToTheFraction) {
 
 TEST(GradCodecTest, TopKWarmupSendsFewerEntriesEachPushOfAChunkUntilTheFraction) {
   const size_t n = 10000;
-  ChunkEncoder enc(CodecSettings{WireCodec::kTopK, 0.01, true, /*top_k_warmup=*/4});
+  ChunkEncoder enc(CompressionConfig{.push = WireCodec::kTopK, .top_k_fraction = 0.01,
+                                     .top_k_warmup_pushes = 4, .error_feedback = true});
   const auto g = Gaussian(n, 8);
   // k per push of chunk 5: ceil(n * 0.25 * 0.04^(p/4)) for p < 4, then ceil(n * 0.01).
   const size_t want[] = {2500, 1119, 500, 224, 100, 100, 100};
@@ -269,9 +270,10 @@ TEST(GradCodecTest, OneBitDecodesToScaleTimesSign) {
 
 // ---- Error feedback.
 
-void CheckErrorFeedback(WireCodec codec, uint64_t warmup = 0) {
+void CheckErrorFeedback(WireCodec codec, int64_t warmup = 0) {
   const size_t n = 5000;
-  ChunkEncoder enc(CodecSettings{codec, 0.01, true, warmup});
+  ChunkEncoder enc(CompressionConfig{.push = codec, .top_k_fraction = 0.01,
+                                     .top_k_warmup_pushes = warmup, .error_feedback = true});
   std::vector<double> sum_g(n, 0), sum_sent(n, 0);
   double max_abs = 0;
   for (int step = 0; step < 300; ++step) {
@@ -307,8 +309,8 @@ TEST(ErrorFeedbackTest, TopKWithWarmupSentPlusResidualEqualsSumOfGradients) {
 }
 
 TEST(ErrorFeedbackTest, ResidualIsPerChunkAndOffWithoutErrorFeedback) {
-  ChunkEncoder ef(CodecSettings{WireCodec::kTopK, 0.01, true});
-  ChunkEncoder plain(CodecSettings{WireCodec::kTopK, 0.01, false});
+  ChunkEncoder ef(CompressionConfig{.push = WireCodec::kTopK, .top_k_fraction = 0.01, .error_feedback = true});
+  ChunkEncoder plain(CompressionConfig{.push = WireCodec::kTopK, .top_k_fraction = 0.01, .error_feedback = false});
   const auto g = Gaussian(1000, 4);
   EncodedChunk e;
   ef.Encode(1, g, &e);
@@ -323,7 +325,7 @@ TEST(ErrorFeedbackTest, ResidualIsPerChunkAndOffWithoutErrorFeedback) {
 }
 
 TEST(ErrorFeedbackTest, NonFiniteGradientGoesAsItIsAndLeavesTheResidual) {
-  ChunkEncoder enc(CodecSettings{WireCodec::kOneBit, 0.01, true});
+  ChunkEncoder enc(CompressionConfig{.push = WireCodec::kOneBit, .top_k_fraction = 0.01, .error_feedback = true});
   auto g = Gaussian(64, 5);
   EncodedChunk e;
   enc.Encode(0, g, &e);
@@ -339,7 +341,7 @@ TEST(ErrorFeedbackTest, NonFiniteGradientGoesAsItIsAndLeavesTheResidual) {
 }
 
 TEST(ErrorFeedbackTest, TinyChunkGoesDenseWhenTopKWouldNotPay) {
-  ChunkEncoder enc(CodecSettings{WireCodec::kTopK, 0.5, true});
+  ChunkEncoder enc(CompressionConfig{.push = WireCodec::kTopK, .top_k_fraction = 0.5, .error_feedback = true});
   const auto g = Gaussian(10, 6);
   EncodedChunk e;
   enc.Encode(0, g, &e);

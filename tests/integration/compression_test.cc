@@ -87,10 +87,10 @@ class CompressionTest : public ::testing::Test {
     o.max_chunks_per_message = 2;
     o.shared_memory = true;
     o.checksums = checksums;
-    o.push_codec = push;
-    o.pull_codec = pull;
-    o.top_k_fraction = 0.01;
-    o.error_feedback = error_feedback;
+    o.compression.push = push;
+    o.compression.pull = pull;
+    o.compression.top_k_fraction = 0.01;
+    o.compression.error_feedback = error_feedback;
     std::unique_ptr<PsClient> c;
     EXPECT_TRUE(PsClient::Create(&transport_, layout_, o, &c).ok());
     EXPECT_TRUE(c->Connect(5000ms).ok());
@@ -131,7 +131,7 @@ class CompressionTest : public ::testing::Test {
     const uint64_t region_after_init = Sum(&ShardStatsWire::region_parts);
     ASSERT_GT(region_after_init, 0u) << "the servers offer shared memory: the f32 init push used it";
 
-    ChunkEncoder reference(CodecSettings{codec, 0.01, error_feedback});
+    ChunkEncoder reference(CompressionConfig{.push = codec, .top_k_fraction = 0.01, .error_feedback = error_feedback});
     std::vector<float> ref = w0, hist(n, 0.0f), pulled(n);
     constexpr int kSteps = 6;
     for (int step = 0; step < kSteps; ++step) {
@@ -272,8 +272,8 @@ TEST_F(CompressionTest, CompressedPushesAreLoggedAsTheyCameAndReplayByteForByte)
     PsClientOptions co;
     co.server_addresses = {ep->address(), addresses_[1]};
     co.reply_timeout = 10000ms;
-    co.push_codec = codec;
-    co.top_k_fraction = 0.01;
+    co.compression.push = codec;
+    co.compression.top_k_fraction = 0.01;
     logged->Start(std::move(ep));
     std::unique_ptr<PsClient> c;
     ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &c).ok());
@@ -292,7 +292,7 @@ TEST_F(CompressionTest, CompressedPushesAreLoggedAsTheyCameAndReplayByteForByte)
     uint64_t coded_bytes = 0, dense_bytes = 0;
     for (int32_t id : layout_.ServerChunks(0)) {
       const auto count = static_cast<size_t>(layout_.chunk(id).count);
-      ChunkEncoder encoder(CodecSettings{codec, 0.01, true});
+      ChunkEncoder encoder(CompressionConfig{.push = codec, .top_k_fraction = 0.01, .error_feedback = true});
       EncodedChunk e;
       const std::vector<float> g = Gaussian(count, 7, 1.0f);
       encoder.Encode(static_cast<uint32_t>(id), g, &e);
@@ -419,13 +419,13 @@ TEST_F(CompressionTest, ClientRefusesAPullCodecOrTopKFractionItCannotUse) {
   PsClientOptions o;
   o.server_addresses = addresses_;
   std::unique_ptr<PsClient> c;
-  o.pull_codec = WireCodec::kTopK;
+  o.compression.pull = WireCodec::kTopK;
   Status s = PsClient::Create(&transport_, layout_, o, &c);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("pull_codec topk"), std::string::npos) << s.ToString();
-  o.pull_codec = WireCodec::kFp16;
+  EXPECT_NE(s.message().find("compression.pull topk"), std::string::npos) << s.ToString();
+  o.compression.pull = WireCodec::kFp16;
   for (double f : {0.0, -0.5, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
-    o.top_k_fraction = f;
+    o.compression.top_k_fraction = f;
     s = PsClient::Create(&transport_, layout_, o, &c);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << f;
     EXPECT_NE(s.message().find("top_k_fraction"), std::string::npos) << s.ToString();
@@ -590,13 +590,13 @@ TEST_F(CompressionTest, ResentPartsAreNotEncodedAgain) {
   o.server_addresses = {fake->address(), addresses_[1]};
   o.reply_timeout = 10000ms;
   o.max_chunks_per_message = 2;
-  o.push_codec = WireCodec::kTopK;
-  o.top_k_fraction = 0.01;
+  o.compression.push = WireCodec::kTopK;
+  o.compression.top_k_fraction = 0.01;
   std::unique_ptr<PsClient> client;
   ASSERT_TRUE(PsClient::Create(&transport_, layout_, o, &client).ok());
   ASSERT_TRUE(client->Connect(5000ms).ok());
 
-  ChunkEncoder reference(CodecSettings{WireCodec::kTopK, 0.01, true});
+  ChunkEncoder reference(CompressionConfig{.push = WireCodec::kTopK, .top_k_fraction = 0.01, .error_feedback = true});
   std::vector<float> ref = w0, hist(n, 0.0f);
   constexpr int kSteps = 3;
   const size_t parts0 = (layout_.ServerChunks(0).size() + 1) / 2;

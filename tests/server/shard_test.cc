@@ -658,7 +658,7 @@ TEST_P(ServerThreads, SameFloatsAtAnyCountAndANonFiniteLastBlockIsRefused) {
   half.server_addresses = addresses_;
   half.worker_id = 1;
   half.reply_timeout = 10000ms;
-  half.pull_codec = WireCodec::kFp16;
+  half.compression.pull = WireCodec::kFp16;
   std::unique_ptr<PsClient> reader;
   ASSERT_TRUE(PsClient::Create(&transport_, layout_, half, &reader).ok());
   ASSERT_TRUE(reader->Connect(5000ms).ok());
