@@ -17,6 +17,29 @@
 namespace downpour {
 namespace cw = capnpwire;
 
+// The header's enums are the schema's (messages.capnp is the source of truth): the same values,
+// so a cast between them is exact, and kMax* are the schema's last enumerators.
+template <typename Ours, typename Schema>
+constexpr bool Same(Ours ours, Schema schema) {
+  return static_cast<uint16_t>(ours) == static_cast<uint16_t>(schema);
+}
+static_assert(Same(DType::kF32, cw::DType::F32) && Same(DType::kF16, cw::DType::F16) &&
+              Same(DType::kBf16, cw::DType::BF16));
+static_assert(Same(Encoding::kDense, cw::Encoding::DENSE) && Same(Encoding::kTopK, cw::Encoding::TOP_K) &&
+              Same(Encoding::kOneBit, cw::Encoding::ONE_BIT) && Same(Encoding::kFactors, cw::Encoding::FACTORS) &&
+              kMaxEncoding == static_cast<uint16_t>(cw::Encoding::FACTORS));
+static_assert(Same(Role::kUnknown, cw::Role::UNKNOWN) && Same(Role::kServer, cw::Role::SERVER) &&
+              Same(Role::kWorker, cw::Role::WORKER) && Same(Role::kObserver, cw::Role::OBSERVER) &&
+              Same(Role::kEvaluator, cw::Role::EVALUATOR));
+static_assert(Same(MsgType::kInvalid, cw::MsgType::INVALID) && Same(MsgType::kRegister, cw::MsgType::REGISTER) &&
+              Same(MsgType::kRegisterReply, cw::MsgType::REGISTER_REPLY) && Same(MsgType::kPull, cw::MsgType::PULL) &&
+              Same(MsgType::kPullReply, cw::MsgType::PULL_REPLY) && Same(MsgType::kPush, cw::MsgType::PUSH) &&
+              Same(MsgType::kAck, cw::MsgType::ACK) && Same(MsgType::kClock, cw::MsgType::CLOCK) &&
+              Same(MsgType::kHeartbeat, cw::MsgType::HEARTBEAT) && Same(MsgType::kStats, cw::MsgType::STATS) &&
+              Same(MsgType::kStatsReply, cw::MsgType::STATS_REPLY) &&
+              Same(MsgType::kCheckpoint, cw::MsgType::CHECKPOINT) && Same(MsgType::kShutdown, cw::MsgType::SHUTDOWN) &&
+              Same(MsgType::kError, cw::MsgType::ERROR) && kMaxMsgType == static_cast<uint16_t>(cw::MsgType::ERROR));
+
 const char* MsgTypeName(MsgType t) {
   static constexpr const char* kNames[] = {"invalid", "register", "registerReply", "pull",
                                            "pullReply", "push", "ack", "clock", "heartbeat",
