@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "common/codec.h"
-#include "common/run_config.h"
+#include "common/config/compression.h"
 #include "common/status.h"
 
 namespace downpour {

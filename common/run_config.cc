@@ -27,6 +27,9 @@
 namespace downpour {
 namespace {
 
+using config::NameOf;
+using config::ParseName;
+
 // A string in double quotes with TOML/JSON basic-string escapes.
 std::string Quote(std::string_view v) {
   std::string out = "\"";
@@ -671,23 +674,6 @@ Status ReadSweep(const toml::table& sweep, const RunConfig& base, const std::str
     out->push_back(std::move(e));
   }
   return Status::Ok();
-}
-
-// Enum names by index: the enums' values are their names' indices (run_config.h).
-template <typename Enum>
-const char* NameOf(std::span<const std::string_view> names, Enum value) {
-  return names[static_cast<size_t>(value)].data();
-}
-
-template <typename Enum>
-bool ParseName(std::span<const std::string_view> names, std::string_view text, Enum* out) {
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (text == names[i]) {
-      *out = static_cast<Enum>(i);
-      return true;
-    }
-  }
-  return false;
 }
 
 // "<prefix><digits>" with at most `max_digits` digits, into *out.

@@ -1,6 +1,8 @@
 // run_config.h — RunConfig, the typed form of the TOML file that describes a training run, and
 // its loader. Each section is a struct whose members' initializers are the defaults and whose
-// `Rows` lists every key once: name, member, rule and a one-line doc (common/config_table.h).
+// `Rows` lists every key once: name, member, rule and a one-line doc (common/config/table.h).
+// The sections a lower module needs alone have headers of their own (common/config/*.h), so that
+// the write-ahead log, the codecs and the solver include only theirs.
 // Reading, --set, the per-key checks, ToToml and RunConfigKeys are made from the rows;
 // docs/config.md describes every key in full and is checked against them. Loading rejects unknown
 // tables and keys, wrong types and out-of-range values with one error naming the file, the
@@ -18,22 +20,19 @@
 #include <string_view>
 #include <vector>
 
-#include "common/config_table.h"
+#include "common/config/checkpoint.h"
+#include "common/config/cluster.h"
+#include "common/config/compression.h"
+#include "common/config/consistency.h"
+#include "common/config/security.h"
+#include "common/config/solver.h"
+#include "common/config/table.h"
 #include "common/device.h"
 #include "common/status.h"
 
 namespace downpour {
 
-// Largest accepted values: a typo is refused rather than started.
-inline constexpr int kMaxServerThreads = 64;            // cluster.server_threads
-inline constexpr int kMaxIoThreads = 16;                // cluster.io_threads
-inline constexpr int kMaxConnectionsPerServer = 8;      // cluster.connections_per_server
-inline constexpr int64_t kMaxTraceEvents = 10'000'000;  // cluster.trace_events
-inline constexpr int kMaxFactorThreads = 64;            // compression.factor_threads
-inline constexpr int kMaxOutstandingSteps = 16;         // worker.outstanding_steps
-
-// host:port with a non-empty host and a port in 1..65535.
-bool IsHostPort(const std::string& s);
+inline constexpr int kMaxOutstandingSteps = 16;  // worker.outstanding_steps
 
 // [run] — naming and reproducibility.
 struct RunSection {
@@ -67,250 +66,6 @@ struct ModelSection {
   bool operator==(const ModelSection&) const = default;
 };
 
-// How a job's servers are reached (cluster.transport).
-enum class ClusterTransport {
-  kTcp,  // tcp://<bind>:<base_port + i> (the coordinator always uses tcp)
-  kIpc,  // ipc://<ipc_dir>/server-<i>.sock: Unix domain sockets, every process on one host
-};
-inline constexpr std::string_view kClusterTransportNames[] = {"tcp", "ipc"};
-const char* ClusterTransportName(ClusterTransport transport);  // "tcp" | "ipc"
-
-// In what order a server's replies take its emulated link (cluster.reply_order).
-enum class ReplyOrder {
-  kArrival,  // as the server made them: workers asking at once get theirs interleaved
-  kStep,     // a worker's pull replies for one step together, the step asked for first ahead
-};
-inline constexpr std::string_view kReplyOrderNames[] = {"arrival", "step"};
-const char* ReplyOrderName(ReplyOrder order);  // "arrival" | "step"
-
-// [cluster] — processes and endpoints of one job. Restarts: docs/operations.md "When a process
-// dies"; chunk_elems and advertise: docs/config.md; ipc: docs/operations.md "One host: ipc".
-struct ClusterConfig {
-  int servers = 1;
-  int workers = 1;
-  std::string coordinator = "127.0.0.1:5555";
-  int base_port = 5600;
-  std::string bind = "127.0.0.1";
-  std::string advertise = "";
-  int heartbeat_ms = 500;
-  int heartbeat_timeout_ms = 5000;
-  int64_t chunk_elems = int64_t{1} << 20;
-  int server_restarts = 3;
-  int coordinator_restarts = 3;
-  int restart_workers = 0;
-  int server_wait_ms = 120000;
-  int max_workers = 0;
-  int peer_queue_mb = 256;
-  int server_threads = 1;
-  int io_threads = 2;
-  int connections_per_server = 1;
-  ClusterTransport transport = ClusterTransport::kTcp;
-  std::string ipc_dir = "";
-  bool shared_memory = true;
-  double link_gbps = 0;
-  ReplyOrder reply_order = ReplyOrder::kArrival;
-  int64_t trace_events = 0;
-
-  template <typename Self, typename V>
-  static void Rows(Self& s, V& v) {
-    using namespace config;
-    v.Key("servers", s.servers, AtLeast(1), "S parameter-server shards");
-    v.Key("workers", s.workers, AtLeast(1), "W workers");
-    v.Key("coordinator", s.coordinator, Must<std::string>(IsHostPort, "expected host:port with port in 1..65535"),
-          "host:port of the coordinator's endpoint");
-    v.Key("base_port", s.base_port, "server i listens on base_port + i");
-    v.Key("bind", s.bind, NonEmpty("must name an interface address"),
-          "address servers and coordinator bind; loopback unless told otherwise");
-    v.Key("advertise", s.advertise, "address others reach this host's endpoints at; \"\" = derived");
-    v.Key("heartbeat_ms", s.heartbeat_ms, Must<int>([](int x) { return x > 0; }, "must be > 0"),
-          "interval between heartbeats");
-    v.Key("heartbeat_timeout_ms", s.heartbeat_timeout_ms, "a peer silent this long is declared dead");
-    v.Key("chunk_elems", s.chunk_elems, AtLeast<int64_t>(1), "floats per layout chunk, one payload frame");
-    v.Key("server_restarts", s.server_restarts, AtLeast(0),
-          "restarts of a dead server over the job; one more death fails it");
-    v.Key("coordinator_restarts", s.coordinator_restarts, AtLeast(0),
-          "restarts of a dead coordinator over the job; one more death fails it");
-    v.Key("restart_workers", s.restart_workers, AtLeast(0),
-          "restarts (--resume) of a dead worker; 0 = the job goes on without it");
-    v.Key("server_wait_ms", s.server_wait_ms, "how long a worker waits for a server that answers nothing");
-    v.Key("max_workers", s.max_workers, Must<int>([](int x) { return x <= 65536; }, "must be <= 65536"),
-          "worker ids accepted: 0..max_workers-1, ids >= workers joining a running job; 0 = workers");
-    v.Key("peer_queue_mb", s.peer_queue_mb, AtLeast(1),
-          "MiB of replies a server queues for a peer that does not read; past it the peer is dropped");
-    v.Key("server_threads", s.server_threads, InRange(1, kMaxServerThreads),
-          "apply lanes of each server shard: threads owning its chunks' updates");
-    v.Key("io_threads", s.io_threads, InRange(1, kMaxIoThreads), "ZeroMQ I/O threads of each process's transport");
-    v.Key("connections_per_server", s.connections_per_server, InRange(1, kMaxConnectionsPerServer),
-          "connections each worker opens to each server, its chunks dealt over them");
-    v.Key("trace_events", s.trace_events, InRange<int64_t>(0, kMaxTraceEvents, "0 = off"),
-          "trace events each server and worker keeps (docs/operations.md \"Timelines\"); 0 = off");
-    v.Named("transport", s.transport, Names{kClusterTransportNames}, "how workers reach the servers");
-    v.Key("ipc_dir", s.ipc_dir, "ipc: directory of the servers' sockets; \"\" = the run directory");
-    v.Key("shared_memory", s.shared_memory, "same-host payloads through shared memory instead of the socket");
-    v.Named("reply_order", s.reply_order, Names{kReplyOrderNames},
-            "order of a server's replies on an emulated link (docs/emulated_links.md)");
-    v.Optional("link_gbps", s.link_gbps,
-               Must<double>([](double x) { return std::isfinite(x) && x > 0; },
-                            "must be a finite link speed > 0 in Gbit/s (leave it out for no emulated link)"),
-               "emulated link: every process's egress paced to this many Gbit/s; absent = off");
-  }
-  bool operator==(const ClusterConfig&) const = default;
-};
-
-// Learning-rate policies, exactly as Caffe's SGDSolver::GetLearningRate defines them
-// (common/solver/lr_policy.h computes them).
-enum class LrPolicy {
-  kFixed,      // base_lr
-  kStep,       // base_lr * gamma ^ floor(iter / stepsize)
-  kMultistep,  // base_lr * gamma ^ (number of stepvalues <= iter)
-  kPoly,       // base_lr * (1 - iter / max_iter) ^ power
-  kInv,        // base_lr * (1 + gamma * iter) ^ (-power)
-  kExp,        // base_lr * gamma ^ iter
-};
-inline constexpr std::string_view kLrPolicyNames[] = {"fixed", "step", "multistep", "poly", "inv", "exp"};
-const char* LrPolicyName(LrPolicy policy);
-// Parses "fixed" | "step" | "multistep" | "poly" | "inv" | "exp"; false if unknown.
-bool ParseLrPolicy(std::string_view text, LrPolicy* out);
-
-// solver.update: the rule a gradient changes the weights by (common/solver/update_rule.h).
-enum class UpdateRuleKind {
-  kMomentum,  // "momentum": SGD with momentum and L2 weight decay (Caffe's SGDSolver)
-  kAdaGrad,   // "adagrad": lr / sqrt(Σ g² + epsilon) per element (Duchi et al.; DistBelief's servers)
-};
-inline constexpr std::string_view kUpdateRuleNames[] = {"momentum", "adagrad"};
-const char* UpdateRuleName(UpdateRuleKind kind);
-bool ParseUpdateRule(std::string_view text, UpdateRuleKind* out);  // false if unknown
-
-// Server `server`'s ipc socket file: <ipc_dir>/server-<i>.sock, resolved against `run_dir`.
-std::string ServerIpcPath(const ClusterConfig& cluster, const std::string& run_dir, int server);
-// The address server `server` binds: ipc://ServerIpcPath(...), or tcp://<bind>:<base_port +
-// server> (a wildcard bind as 127.0.0.1).
-std::string ServerAddress(const ClusterConfig& cluster, const std::string& run_dir, int server);
-// Ok if every server's ipc socket path fits in sun_path (and for tcp); else InvalidArgument
-// naming cluster.ipc_dir, the path and its length.
-Status CheckIpcPathLengths(const ClusterConfig& cluster, const std::string& run_dir);
-
-// [solver] — the update rule and its learning-rate schedule, Caffe's semantics. The same rows
-// read [[models]] entries' [models.solver].
-struct SolverConfig {
-  float base_lr = 0.01f;
-  LrPolicy lr_policy = LrPolicy::kFixed;
-  float gamma = 0.1f;
-  float power = 1.0f;
-  int64_t stepsize = 1000;
-  std::vector<int64_t> stepvalues;
-  int64_t max_iter = 10000;  // 0 = the run's planned worker batches (RunSolver)
-  float momentum = 0.9f;
-  float weight_decay = 0.0005f;
-  float clip_gradients = -1.0f;
-  UpdateRuleKind update = UpdateRuleKind::kMomentum;
-  float adagrad_epsilon = 1e-10f;
-  float adagrad_initial = 0.1f;
-  int64_t warmup_iters = 0;
-
-  template <typename Self, typename V>
-  static void Rows(Self& s, V& v) {
-    using namespace config;
-    v.Key("base_lr", s.base_lr, FinitePositive<float>(), "learning rate at iteration 0");
-    v.Named("lr_policy", s.lr_policy, Names{kLrPolicyNames}, "learning-rate schedule (Caffe's lr_policy)");
-    v.Key("gamma", s.gamma, FinitePositive<float>(), "decay factor for step/multistep/exp; rate for inv");
-    v.Key("power", s.power, FiniteNonNegative<float>(), "exponent for poly and inv");
-    v.Key("stepsize", s.stepsize, Must<int64_t>([](int64_t x) { return x > 0; }, "must be > 0"),
-          "iterations per step for \"step\"");
-    v.Key("stepvalues", s.stepvalues,
-          Must<std::vector<int64_t>>(
-              [](const std::vector<int64_t>& x) {
-                for (size_t i = 0; i < x.size(); ++i) {
-                  if (x[i] <= 0 || (i > 0 && x[i] <= x[i - 1])) return false;
-                }
-                return true;
-              },
-              "must be positive and strictly increasing"),
-          "iterations at which \"multistep\" decays");
-    v.Key("max_iter", s.max_iter, AtLeast<int64_t>(0, "0 = the run's planned worker batches"),
-          "horizon of \"poly\": lr reaches 0 at iter = max_iter; 0 = the run's planned worker batches");
-    v.Key("momentum", s.momentum, Must<float>([](float x) { return x >= 0 && x < 1; }, "must be in [0, 1)"),
-          "momentum of the update");
-    v.Key("weight_decay", s.weight_decay, FiniteNonNegative<float>(), "L2 coefficient, times each tensor's decay_mult");
-    v.Key("clip_gradients", s.clip_gradients,
-          Must<float>([](float x) { return !std::isnan(x); }, "must be a number (<= 0 turns clipping off)"),
-          "global L2-norm threshold each worker clips its gradient to before pushing; <= 0 = off");
-    v.Named("update", s.update, Names{kUpdateRuleNames}, "the rule a gradient changes the weights by");
-    v.Key("adagrad_epsilon", s.adagrad_epsilon, FinitePositive<float>("AdaGrad divides by sqrt(acc + epsilon)"),
-          "AdaGrad: lr / sqrt(acc + epsilon)");
-    v.Key("adagrad_initial", s.adagrad_initial, FiniteNonNegative<float>("an accumulator of squares"),
-          "AdaGrad: each accumulator's start");
-    v.Key("warmup_iters", s.warmup_iters, AtLeast<int64_t>(0, "0 = no warm-up"),
-          "linear warm-up: the rate at iter < n is the schedule's times (iter + 1) / n; 0 = off");
-  }
-  bool operator==(const SolverConfig&) const = default;
-};
-
-enum class ConsistencyMode {
-  kAsync,  // Downpour: apply every gradient on arrival
-  kSync,   // BSP: average all live workers' gradients for clock t, apply once
-  kSsp,    // bounded staleness: a pull at clock c waits for the slowest worker to reach c - s
-};
-
-// How a server turns a pushed gradient into its update (consistency.algorithm).
-enum class Algorithm {
-  kSgd,     // "sgd": the gradient as pushed (Downpour / BSP / SSP, by mode)
-  kDcAsgd,  // "dc-asgd": delay compensation, Zheng et al. 2017 (async / ssp), constant λ
-  kDcAsgdAdaptive,  // "dc-asgd-a": the same with λ / sqrt(mean square of g), per element
-  kEasgd,   // "easgd": elastic averaging, Zhang, Choromanska, LeCun 2015 (async)
-};
-inline constexpr std::string_view kAlgorithmNames[] = {"sgd", "dc-asgd", "dc-asgd-a", "easgd"};
-
-struct ConsistencyConfig;
-// "async", "sync" or "ssp:<s>".
-std::string ConsistencyModeString(const ConsistencyConfig& c);
-// "async" | "sync" | "ssp:<s>" with s a non-negative integer into mode and staleness_bound.
-bool ParseConsistencyMode(std::string_view text, ConsistencyConfig* c);
-
-// [consistency] — how the servers combine the workers' gradients (docs/algorithms.md).
-struct ConsistencyConfig {
-  ConsistencyMode mode = ConsistencyMode::kAsync;
-  int staleness_bound = 0;  // s of "ssp:<s>"; 0 for async and sync
-  int backup_workers = 0;
-  bool staleness_aware_lr = false;
-  Algorithm algorithm = Algorithm::kSgd;
-  float dc_lambda = 0.04f;
-  float dc_lambda0 = 2.0f;
-  float dc_mean_square_decay = 0.95f;
-  int easgd_tau = 4;
-  float easgd_alpha = 0.0f;
-
-  template <typename Self, typename V>
-  static void Rows(Self& s, V& v) {
-    using namespace config;
-    const auto in_unit = [](float x) { return x >= 0.0f && x < 1.0f; };
-    const auto compensation = [](float x) { return std::isfinite(x) && x >= 0.0f; };
-    v.Text("mode", s, ConsistencyModeString, ParseConsistencyMode,
-           "expected \"async\", \"sync\" or \"ssp:<s>\" with s >= 0", "\"async\" | \"sync\" | \"ssp:<s>\"",
-           "async (Downpour), sync (BSP) or ssp:<s> (a pull waits for the slowest worker within s clocks)");
-    v.Key("backup_workers", s.backup_workers, AtLeast(0), "sync only: apply after W - b arrivals");
-    v.Key("staleness_aware_lr", s.staleness_aware_lr, "async/ssp: divide lr by the measured staleness (>= 1)");
-    v.Named("algorithm", s.algorithm, Names{kAlgorithmNames},
-            "sgd (as pushed), dc-asgd / dc-asgd-a (delay compensation), easgd (elastic averaging)");
-    v.Key("dc_lambda", s.dc_lambda, Must<float>(compensation, "must be >= 0 and finite (0 = no compensation)"),
-          "DC-ASGD: g + λ·g⊙g⊙(w − w_pulled)");
-    v.Key("dc_lambda0", s.dc_lambda0, Must<float>(compensation, "must be >= 0 and finite (0 = no compensation)"),
-          "DC-ASGD-a: λ = dc_lambda0 / sqrt(ms) per element");
-    v.Key("dc_mean_square_decay", s.dc_mean_square_decay, Must<float>(in_unit, "must be in [0, 1)"),
-          "DC-ASGD-a: m of ms ← m·ms + (1 − m)·g⊙g");
-    v.Key("easgd_tau", s.easgd_tau, AtLeast(1, "steps between exchanges"),
-          "EASGD: steps between a worker's exchanges with the center");
-    v.Key("easgd_alpha", s.easgd_alpha,
-          Must<float>([](float x) { return std::isfinite(x) && x >= 0.0f && x < 1.0f; },
-                      "must be in [0, 1) (0 = 0.9 / cluster.workers)"),
-          "EASGD: moving rate α; 0 = 0.9 / workers");
-  }
-  bool operator==(const ConsistencyConfig&) const = default;
-};
-std::string AlgorithmString(Algorithm a);  // "sgd" | "dc-asgd" | "dc-asgd-a" | "easgd"
-bool ParseAlgorithm(std::string_view text, Algorithm* out);  // AlgorithmString's inverse; false for other text
-inline bool DelayCompensated(Algorithm a) { return a == Algorithm::kDcAsgd || a == Algorithm::kDcAsgdAdaptive; }
-float EasgdAlpha(const ConsistencyConfig& c, int workers);  // easgd_alpha, or 0.9 / workers when it is 0
 
 // worker.conv_algo's values: "search" (timed per layer), "heuristic", or one forced algorithm.
 inline const std::vector<std::string> kConvAlgoNames = {"search", "heuristic", "gemm",
@@ -444,98 +199,6 @@ struct EvalConfig {
     v.Key("at_start", s.at_start, "also evaluate the starting weights before the first step");
   }
   bool operator==(const EvalConfig&) const = default;
-};
-
-// How a write-ahead log's bytes reach the disk (server/wal.h).
-enum class WalIo {
-  kAuto,      // O_DIRECT where the filesystem takes it (tried at Open), else buffered
-  kBuffered,  // write(2) through the page cache
-  kDirect,    // O_DIRECT, or an error at Open naming the log
-};
-inline constexpr std::string_view kWalIoNames[] = {"auto", "buffered", "direct"};
-
-// [checkpoint] — a server shard's durability: checkpoints (common/tensor_file.h format) and the
-// write-ahead log (server/wal.h). ShardOptions embeds it.
-struct CheckpointConfig {
-  int64_t every_updates = 1000;
-  std::string dir = "checkpoints";
-  bool wal = true;
-  int wal_fsync_ms = 200;
-  int64_t wal_max_mb = 2048;
-  WalIo wal_io = WalIo::kAuto;
-
-  template <typename Self, typename V>
-  static void Rows(Self& s, V& v) {
-    using namespace config;
-    v.Key("every_updates", s.every_updates, AtLeast<int64_t>(0, "0 = off"),
-          "a shard checkpoints every n rounds of updates of its chunks; 0 = off");
-    v.Key("dir", s.dir, NonEmpty(), "where checkpoints go; relative paths are inside the run directory");
-    v.Key("wal", s.wal, "write-ahead log per shard: acknowledged updates survive a server's death");
-    v.Key("wal_fsync_ms", s.wal_fsync_ms, AtLeast(0, "0 = fsync before every acknowledgement"),
-          "fsync the log at least this often; 0 = before every ack");
-    v.Key("wal_max_mb", s.wal_max_mb,
-          Must<int64_t>([](int64_t x) { return x >= 1 && x <= (int64_t{1} << 30); },
-                        "must be between 1 and 2^30 MiB"),
-          "a log reaching this many MiB checkpoints its shard, which empties it");
-    v.Named("wal_io", s.wal_io, Names{kWalIoNames}, "how the log writes: O_DIRECT where the filesystem takes it");
-  }
-  bool operator==(const CheckpointConfig&) const = default;
-};
-// checkpoint.wal_max_mb in bytes.
-inline uint64_t WalMaxBytes(const CheckpointConfig& c) { return static_cast<uint64_t>(c.wal_max_mb) << 20; }
-
-// [compression] — fewer bytes on the wire (common/grad_codec.h, docs/compression.md).
-enum class WireCodec {
-  kFp32,    // dense f32 (lossless)
-  kFp16,    // dense IEEE half (gradients / pulled weights; masters stay f32 on the server)
-  kBf16,    // dense bfloat16
-  kTopK,    // the top_k_fraction largest |g| per chunk, with error feedback (push only)
-  kOneBit,  // sign × per-chunk scale (mean |g|), with error feedback (push only)
-};
-// The wire codecs, in WireCodec's order; the first kDenseWireCodecs (fp32, fp16, bf16) are dense.
-inline constexpr std::string_view kWireCodecNames[] = {"fp32", "fp16", "bf16", "topk", "onebit"};
-inline constexpr size_t kDenseWireCodecs = 3;
-const char* WireCodecName(WireCodec codec);  // "fp32" | "fp16" | "bf16" | "topk" | "onebit"
-bool ParseWireCodec(std::string_view text, WireCodec* out);  // false if unknown
-
-struct CompressionConfig {
-  bool factors = false;
-  WireCodec push = WireCodec::kFp32;
-  WireCodec pull = WireCodec::kFp32;
-  double top_k_fraction = 0.01;
-  int64_t top_k_warmup_pushes = 0;
-  bool error_feedback = true;
-  int factor_threads = 1;
-
-  template <typename Self, typename V>
-  static void Rows(Self& s, V& v) {
-    using namespace config;
-    v.Key("factors", s.factors, "inner-product layers push sufficient factors when fewer floats (docs/factors.md)");
-    v.Named("push", s.push, Names{kWireCodecNames}, "codec of the gradient chunks sent dense");
-    v.Named("pull", s.pull, Names{kWireCodecNames, kDenseWireCodecs}, "codec of pulled weights: fp32 | fp16 | bf16");
-    v.Key("top_k_fraction", s.top_k_fraction,
-          Must<double>([](double x) { return x > 0 && x <= 1; }, "must be in (0, 1]"),
-          "push = \"topk\": fraction of each chunk sent");
-    v.Key("top_k_warmup_pushes", s.top_k_warmup_pushes, AtLeast<int64_t>(0, "0 = no warm-up"),
-          "push = \"topk\": pushes per chunk of decaying warm-up fraction; 0 = none");
-    v.Key("error_feedback", s.error_feedback, "topk / onebit: add what was not sent to the next gradient");
-    v.Key("factor_threads", s.factor_threads, InRange(1, kMaxFactorThreads),
-          "factors: threads per server shard forming δᵀ·a");
-  }
-  bool operator==(const CompressionConfig&) const = default;
-};
-
-// [security] — CurveZMQ keys and the loopback run secret (common/security.h).
-struct SecurityConfig {
-  std::string keys = "";
-  bool insecure = false;
-
-  template <typename Self, typename V>
-  static void Rows(Self& s, V& v) {
-    v.Key("keys", s.keys, "directory made by downpour-keys; \"\" = no CurveZMQ (loopback only)");
-    v.Key("insecure", s.insecure, "allow binding off-host without keys (trusted networks only)");
-  }
-  bool operator==(const SecurityConfig&) const = default;
 };
 
 // [[models]] — one entry per model trained on one set of servers (docs/multi_model.md); a

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "common/run_config.h"
+#include "common/config/security.h"
 #include "common/status.h"
 
 namespace downpour {

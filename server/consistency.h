@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "common/run_config.h"
+#include "common/config/consistency.h"
 #include "common/tensor_file.h"
 #include "common/status.h"
 

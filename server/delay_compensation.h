@@ -20,7 +20,7 @@
 #include <functional>
 #include <vector>
 
-#include "common/run_config.h"
+#include "common/config/consistency.h"
 #include "server/consistency.h"
 
 namespace downpour {

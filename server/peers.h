@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/run_config.h"
+#include "common/config/cluster.h"
 #include "common/shm_region.h"
 #include "common/transport.h"
 

@@ -19,7 +19,7 @@
 
 #include "common/codec.h"
 #include "common/layout.h"
-#include "common/run_config.h"
+#include "common/config/consistency.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "server/consistency.h"

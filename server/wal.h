@@ -89,7 +89,7 @@
 
 #include "common/codec.h"
 #include "common/status.h"
-#include "common/run_config.h"  // WalIo
+#include "common/config/checkpoint.h"
 #include "common/transport.h"
 
 namespace downpour {

@@ -54,7 +54,7 @@
 #include <vector>
 
 #include "common/layout.h"
-#include "common/run_config.h"
+#include "common/config/solver.h"
 
 namespace downpour::bench {
 

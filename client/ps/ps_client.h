@@ -28,7 +28,8 @@
 
 #include "common/codec.h"
 #include "common/layout.h"
-#include "common/run_config.h"
+#include "common/config/cluster.h"
+#include "common/config/compression.h"
 #include "common/status.h"
 #include "common/trace.h"
 #include "common/transport.h"

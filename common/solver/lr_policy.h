@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "common/run_config.h"
+#include "common/config/solver.h"
 
 namespace downpour {
 

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <span>
 
-#include "common/run_config.h"
+#include "common/config/solver.h"
 
 namespace downpour {
 

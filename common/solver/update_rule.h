@@ -15,7 +15,7 @@
 #include <span>
 #include <string_view>
 
-#include "common/run_config.h"
+#include "common/config/solver.h"
 #include "common/solver/sgd.h"
 
 namespace downpour {

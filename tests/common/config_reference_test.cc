@@ -1,5 +1,5 @@
 // config_reference_test.cc — docs/config.md (the run-config reference) against the sections'
-// rows in common/run_config.h (RunConfigKeys), so the reference cannot drift from the code:
+// rows (common/run_config.h, common/config/*.h; RunConfigKeys), so the reference cannot drift from the code:
 //   * every key a row names is documented, once;
 //   * every documented key has a row;
 //   * each documented default equals the row's default, both parsed as TOML values with toml++
@@ -318,7 +318,7 @@ TEST_F(ConfigReferenceTest, ReferenceTablesParseAndCoverEverySection) {
 TEST_F(ConfigReferenceTest, EveryKeyOfTheCodeIsDocumented) {
   for (const auto& [key, node] : code_.keys()) {
     EXPECT_TRUE(documented_.count(key) > 0)
-        << kReferenceName << " lacks " << key << " (its row in common/run_config.h gives `" << code_.LineOf(key)
+        << kReferenceName << " lacks " << key << " (its row gives `" << code_.LineOf(key)
         << "`): add a row | `" << key << "` | type | `default` | meaning |";
   }
 }
@@ -343,7 +343,7 @@ TEST_F(ConfigReferenceTest, EveryDocumentedKeyExistsInTheCode) {
     }
     EXPECT_TRUE(code_.keys().count(row.key) > 0)
         << kReferenceName << ":" << row.line << " documents " << row.key
-        << ", which no row of common/run_config.h names";
+        << ", which no row names (common/run_config.h, common/config/*.h)";
   }
 }
 
@@ -390,7 +390,7 @@ TEST_F(ConfigReferenceTest, DocumentedTypesNameTheRowsType) {
     }
     EXPECT_EQ(TypeName(type), key->type.substr(0, key->type.find(' ')))
         << kReferenceName << ":" << row.line << ": " << row.key << " is documented as '" << row.type
-        << "' but its row in common/run_config.h reads a " << key->type;
+        << "' but its row reads a " << key->type;
   }
 }
 
@@ -409,7 +409,7 @@ TEST_F(ConfigReferenceTest, EveryValueAKeyAcceptsIsDocumented) {
       const std::string bare = choice.substr(1, choice.size() - 2);  // without its quotes
       EXPECT_TRUE(row.meaning.find(choice) != std::string::npos || row.meaning.find("`" + bare) != std::string::npos)
           << kReferenceName << ":" << row.line << ": " << row.key << " accepts " << choice
-          << " (common/run_config.h), which its meaning does not name";
+          << " (its row), which its meaning does not name";
     }
   }
   EXPECT_GE(checked, 10) << "the keys with choices: transport, reply_order, lr_policy, update, mode, algorithm, ...";
@@ -418,7 +418,7 @@ TEST_F(ConfigReferenceTest, EveryValueAKeyAcceptsIsDocumented) {
 // Every row carries its one-line doc (ToToml writes it beside the key).
 TEST_F(ConfigReferenceTest, EveryRowHasADoc) {
   for (const ConfigKey& key : RunConfigKeys()) {
-    EXPECT_FALSE(key.doc.empty()) << key.key << " has no doc in its row (common/run_config.h)";
+    EXPECT_FALSE(key.doc.empty()) << key.key << " has no doc in its row";
     EXPECT_EQ(key.doc.find('\n'), std::string::npos) << key.key << ": a row's doc is one line";
   }
 }

@@ -1,4 +1,4 @@
-// config_table.h — the rows a run-config section describes its keys with. A section struct
+// config/table.h — the rows a run-config section describes its keys with. A section struct
 // (common/run_config.h) holds its members, each default as the member's initializer, and one
 // static `Rows(self, visitor)` that lists every key once:
 //
@@ -93,5 +93,23 @@ struct Names {
   std::span<const std::string_view> all;
   size_t accepted = all.size();
 };
+
+// An enum's name: its value is its name's index in `names`.
+template <typename Enum>
+const char* NameOf(std::span<const std::string_view> names, Enum value) {
+  return names[static_cast<size_t>(value)].data();
+}
+
+// The enum value whose name `text` is; false if none.
+template <typename Enum>
+bool ParseName(std::span<const std::string_view> names, std::string_view text, Enum* out) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (text == names[i]) {
+      *out = static_cast<Enum>(i);
+      return true;
+    }
+  }
+  return false;
+}
 
 }  // namespace downpour::config
