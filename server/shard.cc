@@ -910,7 +910,7 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
       ++st.version;
       // An exchange stands for the easgd_tau batches the worker trained since its last one: the
       // center's place on the run's images-processed axis (what the evaluator reports).
-      st.iter += std::max(1, options_.consistency.easgd_tau);
+      st.iter += ScheduleIterations(1, options_.consistency.easgd_tau);
       ++stats_.chunk_updates;
       ++updates_;
     }

@@ -17,6 +17,7 @@
 #include "client/engine/net_spec.h"
 #include "client/ps/ps_client.h"
 #include "client/worker/loader_sources.h"
+#include "client/worker/local_solver.h"
 #include "client/worker/ps_channel.h"
 #include "client/worker/run_setup.h"
 #include "client/worker/trainer.h"
@@ -27,9 +28,6 @@
 #include "common/process_net.h"
 #include "common/rendezvous.h"
 #include "common/rotation.h"
-#include "common/solver/lr_policy.h"
-#include "common/solver/sgd.h"
-#include "common/solver/update_rule.h"
 #include "common/zmq_transport.h"
 #include "data/input_check.h"
 
@@ -48,7 +46,7 @@ struct ModelSlot {
   std::unique_ptr<engine::Net> net;
   ParamLayout layout;
   std::unique_ptr<PsClient> client;
-  std::vector<float> history;  // momentum of the current local stage (or independent job)
+  std::unique_ptr<LocalSolver> local;  // the rule's state of the current local stage (or independent job)
   std::vector<float> start;    // weights at the start of the current local stage
   int64_t iter = 0;            // the model's lr-schedule iteration as this worker last knew it
   std::unique_ptr<engine::Net> eval_net;  // batch kEvalBatch, made at the first evaluation
@@ -238,8 +236,8 @@ Status MultiModelWorker::LocalStage(ModelSlot& m, const StageTask& t, int stage,
                                     double* loss) {
   engine::Net& net = *m.net;
   const auto params = net.params();
-  const std::unique_ptr<UpdateRule> rule = MakeUpdateRule(m.solver);
-  if (t.pull || m.history.size() != params.size()) m.history.assign(params.size(), rule->initial_state());
+  if (m.local == nullptr) m.local = std::make_unique<LocalSolver>(m.solver);
+  if (t.pull || !m.local->ready(params.size())) m.local->Reset(params.size());
   m.start.assign(params.begin(), params.end());
   double loss_sum = 0;
   for (int64_t s = 0; s < steps; ++s) {
@@ -259,15 +257,9 @@ Status MultiModelWorker::LocalStage(ModelSlot& m, const StageTask& t, int stage,
                                 id_, t.model, m.name, l, stage, s);
     }
     loss_sum += l;
-    auto grads = net.grads();
-    if (m.solver.clip_gradients > 0) {
-      const float scale = ClipScale(SquaredNorm(grads), m.solver.clip_gradients);
-      if (scale != 1.0f) Scale(grads, scale);
-    }
     // The model's place on its schedule: batches it has processed, this stage's other holders'
     // included (they train at the same time).
-    const float lr = LearningRateAt(m.solver, m.iter + s * t.group);
-    net.Update(*rule, lr, m.solver.momentum, m.solver.weight_decay, m.history);
+    m.local->Step(&net, m.iter + LocalIteration(s, 1, t.group));
     if (a_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a_.step_delay_ms));
   }
   std::vector<float> change(params.size());
@@ -277,7 +269,7 @@ Status MultiModelWorker::LocalStage(ModelSlot& m, const StageTask& t, int stage,
     return InvalidArgument("worker {}: a stage of {} steps is more than a move push can say", id_, steps);
   }
   DP_RETURN_IF_ERROR(m.client->Wait(m.client->PushMove(change, static_cast<uint32_t>(steps)), wait_));
-  m.iter += steps * t.group;
+  m.iter += LocalIteration(steps, 1, t.group);
   *loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0;
   return Status::Ok();
 }

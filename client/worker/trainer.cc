@@ -100,23 +100,25 @@ Trainer::Trainer(TrainerOptions options, engine::Net* net, engine::Net* eval_net
       metrics_(metrics),
       progress_(progress),
       planner_(*layout, o_.min_push_elems),
+      local_(o_.solver),
       trace_track_(o_.trace != nullptr && o_.trace->on() ? o_.trace->Thread("train") : -1) {
   DP_CHECK_EQ(layout_->total_elems(), static_cast<int64_t>(net_->params().size()));
   DP_CHECK_EQ(layout_->tensors().size(), net_->param_specs().size());
   if (o_.worker.push_every > 1) accum_.assign(net_->params().size(), 0.0f);
   if (o_.easgd && channel_ == nullptr) o_.easgd = false;  // a local run has no center
-  rule_ = MakeUpdateRule(o_.solver);
-  if (channel_ == nullptr || o_.easgd) history_.assign(net_->params().size(), rule_->initial_state());
-  if (o_.easgd) center_.assign(net_->params().size(), 0.0f);
+  kind_ = channel_ == nullptr ? StepKind::kLocal : o_.easgd ? StepKind::kEasgd : StepKind::kDownpour;
+  const bool downpour = kind_ == StepKind::kDownpour;
+  if (!downpour) local_.Reset(net_->params().size());
+  if (kind_ == StepKind::kEasgd) center_.assign(net_->params().size(), 0.0f);
   const std::vector<int> factored = ChooseFactoredTensors(
       *net_, *layout_, FactorChoiceInput{o_.factors && !o_.easgd, o_.worker.push_every, o_.solver.clip_gradients,
-                               channel_ != nullptr && !o_.easgd, o_.worker_id});
+                               downpour, o_.worker_id});
   DP_CHECK(net_->SetFactoredParams(factored).ok());  // inner-product weights by construction
   factors_on_ = !factored.empty();
   net_->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
-  overlap_ = o_.overlap_pull && channel_ != nullptr && !o_.easgd && o_.worker.pull_every == 1 &&
+  overlap_ = o_.overlap_pull && downpour && o_.worker.pull_every == 1 &&
              o_.worker.push_every == 1;
-  if (channel_ != nullptr && !o_.easgd) {
+  if (downpour) {
     layer_chunks_ = ChunksByLayer(*net_, *layout_);
     pushes_ = std::make_unique<PushWindow>(channel_, layout_->num_chunks());
     net_->SetBeforeBackwardCallback([this](int layer) { OnLayerBackward(layer); });
@@ -231,18 +233,6 @@ void Trainer::OnGradReady(int tensor) {
   }
 }
 
-// Caffe's ClipGradients: when the L2 norm of the whole gradient (every tensor, after the
-// push_every average) exceeds solver.clip_gradients, scale it down to that norm.
-void Trainer::ClipGradient(std::span<float> g) {
-  const double sq = SquaredNorm(g);
-  grad_norm_ = std::sqrt(sq);
-  const float scale = ClipScale(sq, o_.solver.clip_gradients);
-  if (scale != 1.0f) {
-    Scale(g, scale);
-    ++clipped_steps_;
-  }
-}
-
 void Trainer::ApplyLocalUpdate() {
   auto grads = net_->grads();
   if (!accum_.empty()) {
@@ -250,15 +240,11 @@ void Trainer::ApplyLocalUpdate() {
     for (size_t i = 0; i < grads.size(); ++i) grads[i] = (accum_[i] + grads[i]) * inv;
     std::fill(accum_.begin(), accum_.end(), 0.0f);
   }
-  if (clipping()) ClipGradient(grads);
-  // The schedule's iteration is worker batches processed (common/solver/lr_policy.h), the same
-  // count a server uses: an update here averages push_every batches.
-  // An EASGD worker is one of easgd_workers training at once: the run has processed that many
-  // times its batches.
-  const int64_t batches = local_iter_ * std::max(1, o_.worker.push_every) * (o_.easgd ? o_.easgd_workers : 1);
-  const float lr = LearningRateAt(o_.solver, batches);
-  net_->Update(*rule_, lr, o_.solver.momentum, o_.solver.weight_decay, history_);
-  ++local_iter_;
+  // An update here averages push_every batches; an EASGD worker is one of easgd_workers training
+  // at once, so the run has processed that many times its batches.
+  local_.Step(net_, LocalIteration(local_updates_, o_.worker.push_every,
+                                   kind_ == StepKind::kEasgd ? o_.easgd_workers : 1));
+  ++local_updates_;
 }
 
 // EASGD's exchange (Zhang, Choromanska, LeCun 2015, asynchronous EASGD): read the center x~,
@@ -277,7 +263,7 @@ Status Trainer::ElasticExchange() {
 
 Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool last_step) {
   current_step_ = step;
-  pushing_ = channel_ != nullptr && push_step && !o_.easgd;
+  pushing_ = kind_ == StepKind::kDownpour && push_step;
   planner_.Reset();
   step_factors_.clear();
   callback_status_ = Status::Ok();
@@ -303,44 +289,60 @@ Status Trainer::Step(int64_t step, const BatchView& batch, bool push_step, bool 
   loss_last_ = loss;
   loss_ema_ = loss_ema_ < 0 ? loss : 0.95 * loss_ema_ + 0.05 * loss;
 
-  if (pushing_) {
-    TraceSpan wait_span(o_.trace, trace_track_, "worker", "push wait");
-    const std::span<float> source = accum_.empty() ? net_->grads() : std::span<float>(accum_);
-    if (clipping()) {
-      // Every tensor's gradient is final now: clip the whole, then push it all.
-      ClipGradient(source);
-      for (int t = 0; t < static_cast<int>(layout_->tensors().size()); ++t) {
-        for (const PushGroup& group : planner_.OnTensorReady(t)) {
-          DP_RETURN_IF_ERROR(PushGroupAndPull(group, source));
-        }
-      }
-    }
-    // Groups held back below the push-size threshold go out now.
-    for (const PushGroup& group : planner_.Flush()) {
-      DP_RETURN_IF_ERROR(PushGroupAndPull(group, source));
-    }
-    DP_CHECK(planner_.AllReleased());
-    // Backward is over: every tensor is final, so every pushed chunk may be pulled now.
-    if (pull_next_) DP_RETURN_IF_ERROR(pull_ahead_->EndBackward());
-    // No wait for the acknowledgements (trainer.h): the next step waits for a layer's only
-    // before overwriting its gradients.
-    accum_pushed_ = !accum_.empty();
-    ++clock_;
-    DP_RETURN_IF_ERROR(channel_->Clock(clock_));
-    push_wait_ms_ += 1e3 * (NowS() - t1);
-  } else if ((channel_ == nullptr || o_.easgd) && push_step) {
-    ApplyLocalUpdate();
-    if (o_.easgd && ((step + 1) % o_.easgd_tau == 0 || last_step)) {
-      const double te = NowS();
-      DP_RETURN_IF_ERROR(ElasticExchange());
-      push_wait_ms_ = 1e3 * (NowS() - te);
-    }
+  Status s;
+  if (!push_step) {
+    s = Accumulate();
+  } else if (pushing_) {
+    s = FinishPush(t1);
   } else {
-    if (pushes_ != nullptr) DP_RETURN_IF_ERROR(ReadyAccumulator());
-    const auto g = net_->grads();
-    for (size_t i = 0; i < g.size(); ++i) accum_[i] += g[i];
+    s = FinishLocal(step, last_step);
   }
   pushing_ = false;
+  return s;
+}
+
+Status Trainer::FinishPush(double t1) {
+  TraceSpan wait_span(o_.trace, trace_track_, "worker", "push wait");
+  const std::span<float> source = accum_.empty() ? net_->grads() : std::span<float>(accum_);
+  if (clipping()) {
+    // Every tensor's gradient is final now: clip the whole, then push it all.
+    local_.Clip(source);
+    for (int t = 0; t < static_cast<int>(layout_->tensors().size()); ++t) {
+      for (const PushGroup& group : planner_.OnTensorReady(t)) {
+        DP_RETURN_IF_ERROR(PushGroupAndPull(group, source));
+      }
+    }
+  }
+  // Groups held back below the push-size threshold go out now.
+  for (const PushGroup& group : planner_.Flush()) {
+    DP_RETURN_IF_ERROR(PushGroupAndPull(group, source));
+  }
+  DP_CHECK(planner_.AllReleased());
+  // Backward is over: every tensor is final, so every pushed chunk may be pulled now.
+  if (pull_next_) DP_RETURN_IF_ERROR(pull_ahead_->EndBackward());
+  // No wait for the acknowledgements (trainer.h): the next step waits for a layer's only
+  // before overwriting its gradients.
+  accum_pushed_ = !accum_.empty();
+  ++clock_;
+  DP_RETURN_IF_ERROR(channel_->Clock(clock_));
+  push_wait_ms_ += 1e3 * (NowS() - t1);
+  return Status::Ok();
+}
+
+Status Trainer::FinishLocal(int64_t step, bool last_step) {
+  ApplyLocalUpdate();
+  if (kind_ == StepKind::kEasgd && ((step + 1) % o_.easgd_tau == 0 || last_step)) {
+    const double te = NowS();
+    DP_RETURN_IF_ERROR(ElasticExchange());
+    push_wait_ms_ = 1e3 * (NowS() - te);
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Accumulate() {
+  if (pushes_ != nullptr) DP_RETURN_IF_ERROR(ReadyAccumulator());
+  const auto g = net_->grads();
+  for (size_t i = 0; i < g.size(); ++i) accum_[i] += g[i];
   return Status::Ok();
 }
 
@@ -370,7 +372,7 @@ Status Trainer::Evaluate(bool final_eval, EvalRecord* out, bool starting_weights
     MarkTraffic();
   } else {
     std::copy(net_->params().begin(), net_->params().end(), eval_net_->params().begin());
-    out->versions = local_iter_;
+    out->versions = local_updates_;
   }
   DP_RETURN_IF_ERROR(EvaluateNet(eval_net_, test_, o_.eval.test_batches, out));
   out->step = steps_done_;
@@ -422,7 +424,7 @@ void Trainer::LogStep(int64_t steps_done, const BatchView& batch, double step_s)
                                  {"version_min", pull_info_.version_min},
                                  {"version_max", pull_info_.version_max},
                                  {"staleness_mean", staleness},
-                                 {"grad_norm", clipping() ? MetricValue(grad_norm_) : MetricValue()},
+                                 {"grad_norm", clipping() ? MetricValue(local_.grad_norm()) : MetricValue()},
                                  {"tx_bytes", tx_bytes},
                                  {"rx_bytes", rx_bytes},
                                  {"shm_tx_bytes", shm_tx_bytes},
@@ -482,7 +484,7 @@ Status Trainer::Run(TrainResult* result) {
   }
   steps_done_ = from.step;
   clock_ = o_.resume ? from.clock : o_.clock_base;
-  local_iter_ = clock_;
+  local_updates_ = clock_;
   images_ = from.images;
   epoch_ = from.epoch;
   eval_s_ = from.eval_s;
@@ -515,7 +517,8 @@ Status Trainer::Run(TrainResult* result) {
     // yet. A step whose pulls the previous step started waits for them layer by layer instead.
     const bool pulled_ahead = pull_ahead_ != nullptr && pull_ahead_->active();
     // An EASGD worker keeps its own weights: it pulls the center once, to start from it.
-    const bool pull_due = o_.easgd ? step == from.step : (step % w.pull_every == 0 || step == from.step);
+    const bool pull_due =
+        kind_ == StepKind::kEasgd ? step == from.step : (step % w.pull_every == 0 || step == from.step);
     if (channel_ != nullptr && !pulled_ahead && pull_due) {
       TraceSpan span(o_.trace, trace_track_, "worker", "pull");
       DP_RETURN_IF_ERROR(channel_->Pull(clock_, net_->params(), &pull_info_));
@@ -586,7 +589,7 @@ Status Trainer::Run(TrainResult* result) {
                                    {"final_top1", result->has_eval ? result->final_eval.top1 : nan},
                                    {"final_top5", result->has_eval ? result->final_eval.top5 : nan},
                                    {"final_test_loss", result->has_eval ? result->final_eval.loss : nan},
-                                   {"clipped_steps", clipped_steps_},
+                                   {"clipped_steps", local_.clipped_steps()},
                                    {"tx_bytes", TotalBytes(o_.traffic, &TrafficCounts::sent_bytes)},
                                    {"rx_bytes", TotalBytes(o_.traffic, &TrafficCounts::received_bytes)},
                                    {"shm_tx_bytes", TotalBytes(o_.shm_traffic, &TrafficCounts::sent_bytes)},

@@ -32,9 +32,13 @@
 // step_ms, comm_ms (wire time of the requests this step waited for: the union of their
 // [issued, completed] spans).
 //
-// Without a channel (nullptr) the loop is the single-process reference run: it applies the
-// solver's SGD rule itself (Net::SgdUpdate, Caffe's lr policies), which is what a
-// distributed sync run must agree with.
+// What a step does with its gradient is the worker's algorithm, chosen once (StepKind):
+//   downpour  push it (above);
+//   easgd     apply it locally (LocalSolver), and every easgd_tau steps exchange the elastic
+//             difference with the servers' center (ElasticExchange);
+//   local     without a channel (nullptr), the single-process reference run: apply it locally,
+//             which is what a distributed sync run must agree with.
+// Every kind accumulates the gradients of the push_every - 1 steps before an update.
 //
 // Clocks: clock = number of push steps this worker has sent (in a saved progress: acknowledged);
 // pulls and pushes carry it.
@@ -62,7 +66,7 @@
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/run_config.h"
-#include "common/solver/update_rule.h"
+#include "client/worker/local_solver.h"
 #include "common/trace.h"
 #include "common/transport.h"
 
@@ -202,11 +206,17 @@ class Trainer {
   bool accum_pushed_ = false;    // accum_ holds the last push's mean, which its pushes may still read
   bool factors_on_ = false;                 // some tensor is factored (Net::SetFactoredParams)
   std::vector<PushFactor> step_factors_;    // this step's tensors whose grad span holds factors
-  std::unique_ptr<UpdateRule> rule_;  // solver.update, for local steps
-  std::vector<float> history_;   // the rule's state (reference run and EASGD workers)
+  LocalSolver local_;            // clipping, and the local steps of a reference run and EASGD workers
+  enum class StepKind { kDownpour, kEasgd, kLocal };
+  StepKind kind_ = StepKind::kDownpour;  // chosen once, from the channel and TrainerOptions::easgd
+  // The step's end by kind, with its gradient final in the net: push it (downpour), or update
+  // locally and exchange when due (easgd, local). `t1` is when backward ended.
+  Status FinishPush(double t1);
+  Status FinishLocal(int64_t step, bool last_step);
+  Status Accumulate();  // a step that does not update: its gradient into accum_
   std::vector<float> center_;    // EASGD: the center as last pulled; then the elastic difference
   Status ElasticExchange();
-  bool clipping() const { return o_.solver.clip_gradients > 0; }
+  bool clipping() const { return local_.clipping(); }
   // The process's total of `field` so far from `counts` (o_.traffic, o_.shm_traffic); null without one.
   static MetricValue TotalBytes(const std::function<TrafficCounts()>& counts, uint64_t TrafficCounts::*field) {
     return counts ? MetricValue(static_cast<int64_t>(counts().*field)) : MetricValue();
@@ -215,13 +225,10 @@ class Trainer {
   static void TrafficSince(const std::function<TrafficCounts()>& counts, TrafficCounts* last, MetricValue* tx,
                            MetricValue* rx);
   void MarkTraffic();  // what the next step record counts starts now
-  void ClipGradient(std::span<float> grad);
-  double grad_norm_ = 0;         // L2 norm of the last clipped-or-not gradient (clipping on)
-  int64_t clipped_steps_ = 0;    // steps whose gradient was scaled down
   bool pushing_ = false;         // the current backward pushes
   Status callback_status_;       // first error raised inside the grad-ready callback
   int64_t clock_ = 0;
-  int64_t local_iter_ = 0;       // reference run: updates applied
+  int64_t local_updates_ = 0;    // reference run and EASGD: local updates applied
   int64_t images_ = 0;
   int64_t steps_done_ = 0;
   int epoch_ = 0;

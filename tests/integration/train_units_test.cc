@@ -14,12 +14,15 @@
 
 #include <gtest/gtest.h>
 
+#include "client/worker/local_solver.h"
 #include "client/worker/progress.h"
 #include "client/worker/push_planner.h"
 #include "client/engine/net.h"
 #include "client/engine/net_spec.h"
 #include "client/worker/trainer.h"
 #include "common/layout.h"
+#include "common/solver/lr_policy.h"
+#include "common/solver/update_rule.h"
 #include "tests/client/test_nets.h"
 
 namespace downpour::worker {
@@ -256,6 +259,61 @@ TEST(Trainer, ClipsThePushedGradientToTheGlobalNorm) {
   // A threshold above the norm changes nothing.
   const std::vector<float> loose = PushedGradient(static_cast<float>(norm * 2));
   for (size_t i = 0; i < raw.size(); ++i) ASSERT_EQ(loose[i], raw[i]) << i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The local solver (local_solver.h): the one update of a reference run, EASGD's local steps and a
+// multi-model stage's.
+
+TEST(LocalSolver, CountsTheRunsBatchesAsTheSchedulesIteration) {
+  EXPECT_EQ(LocalIteration(0, 1, 1), 0);
+  EXPECT_EQ(LocalIteration(5, 1, 1), 5);    // a reference run: one batch per update
+  EXPECT_EQ(LocalIteration(5, 3, 1), 15);   // push_every = 3: each update averages 3 batches
+  EXPECT_EQ(LocalIteration(5, 1, 4), 20);   // one of 4 EASGD workers / a stage's 4 holders
+  EXPECT_EQ(LocalIteration(5, 2, 4), 40);
+  EXPECT_EQ(LocalIteration(5, 0, 0), 5);    // counts below 1 count as 1 (ScheduleIterations)
+}
+
+// One LocalSolver step equals the rule applied by hand: the clipped gradient, at the schedule's
+// rate for the iteration (here poly with a warm-up), with the rule's state carried between steps.
+TEST(LocalSolver, AStepIsTheClippedGradientAtTheSchedulesRate) {
+  engine::NetSpec spec;
+  ASSERT_TRUE(engine::ParseNetSpecString(kNet, "tinyconv", &spec).ok());
+  engine::NetOptions no;
+  no.batch = 8;
+  no.threads = 1;
+  std::unique_ptr<engine::Net> a, b;
+  ASSERT_TRUE(engine::Net::Create(spec, no, &a).ok());
+  ASSERT_TRUE(engine::Net::Create(spec, no, &b).ok());
+  a->InitParams(5);
+  b->InitParams(5);
+  SolverConfig solver;
+  solver.base_lr = 0.05f;
+  solver.lr_policy = LrPolicy::kPoly;
+  solver.max_iter = 100;
+  solver.warmup_iters = 10;
+  solver.momentum = 0.9f;
+  solver.clip_gradients = 0.01f;  // below the gradient's norm: every step clips
+  LocalSolver local(solver);
+  local.Reset(a->params().size());
+  const std::unique_ptr<UpdateRule> rule = MakeUpdateRule(solver);
+  std::vector<float> state(b->params().size(), rule->initial_state());
+  FixedSource source(8, 1, 8, 8);
+  for (int64_t iter : {3, 4}) {
+    BatchView batch;
+    ASSERT_TRUE(source.Next(&batch).ok());
+    a->ForwardBackward(batch.data, batch.labels);
+    b->ForwardBackward(batch.data, batch.labels);
+    local.Step(a.get(), iter);
+    const auto g = b->grads();
+    const double norm = Norm(std::vector<float>(g.begin(), g.end()));
+    ASSERT_GT(norm, solver.clip_gradients);
+    for (float& x : g) x *= static_cast<float>(solver.clip_gradients / norm);
+    b->Update(*rule, LearningRateAt(solver, iter), solver.momentum, solver.weight_decay, state);
+    for (size_t i = 0; i < a->params().size(); ++i) ASSERT_NEAR(a->params()[i], b->params()[i], 1e-7f) << iter << " " << i;
+    EXPECT_NEAR(local.grad_norm(), norm, 1e-6 * norm);
+  }
+  EXPECT_EQ(local.clipped_steps(), 2);
 }
 
 // ---------------------------------------------------------------------------------------------
