@@ -17,8 +17,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "client/ps/delivery.h"
+#include "client/ps/push_encoding.h"
+#include "client/ps/shm_path.h"
 #include "common/grad_codec.h"
-#include "common/shm_region.h"
 
 namespace downpour {
 
@@ -170,21 +172,13 @@ struct PsClient::Impl {
     // process are not a new restart).
     bool registered = false;
     bool needs_register = false;
-    uint64_t incarnation = 0;
-    std::deque<uint64_t> past_incarnations;
+    IncarnationTracker incarnation;
     std::atomic<uint64_t> acked_pushes{0};
     std::atomic<uint64_t> resent_parts{0};
     std::atomic<uint64_t> restarts_seen{0};
-    std::atomic<uint64_t> shm_sent_bytes{0};      // push payload written into the region
-    mutable std::atomic<uint64_t> shm_received_bytes{0};  // pulled weights read out of it (in a const reader)
-    // Same-host shared memory (I/O thread only): the region the server offered at the last
-    // register (null = payloads over the socket), where each of its chunks lives in the server's
-    // share (by chunk id, floats; only this server's chunks), and which chunks have a part in
-    // flight through it (a chunk's area is not written again before the server answered).
-    std::unique_ptr<SharedRegion> region;
-    std::vector<uint64_t> share_offset;
-    uint64_t share_floats = 0;
-    std::vector<uint8_t> push_busy, pull_busy;
+    // Same-host payloads (client/ps/shm_path.h), through the region the server offered at the
+    // last register; made in Create.
+    std::unique_ptr<ShmPath> shm;
     bool said_no_region = false;
     // Lossy gradient pushes (I/O thread only): the encoder and its per-chunk residuals for this
     // server's chunks; null with compression.push fp32.
@@ -220,8 +214,6 @@ struct PsClient::Impl {
   // Takes a pending SetServerAddress request (I/O thread): connects the new endpoint. True if
   // the link moved.
   bool MoveLink(Link& link);
-  // Records a reply's incarnation; true if it names a new server process (a restart).
-  static bool ObserveIncarnation(Link& link, uint64_t incarnation);
   Status AcceptPullReply(const Link& link, const Op& op, const std::vector<uint32_t>& expected,
                          const MessageHeader& h, const Frames& frames);
   // A register reply: maps the region it offers (or drops the link's old one).
@@ -269,13 +261,7 @@ Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClien
     link->server = s;
     link->connection = at % c->impl_->per_server;
     link->address = c->options_.server_addresses[static_cast<size_t>(s)];
-    link->share_offset.assign(static_cast<size_t>(layout.num_chunks()), 0);
-    for (int32_t id : layout.ServerChunks(s)) {
-      link->share_offset[static_cast<size_t>(id)] = link->share_floats;
-      link->share_floats += static_cast<uint64_t>(layout.chunk(id).count);
-    }
-    link->push_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
-    link->pull_busy.assign(static_cast<size_t>(layout.num_chunks()), 0);
+    link->shm = std::make_unique<ShmPath>(c->layout_, s, c->options_.shared_memory);
     if (IsLossy(c->options_.compression.push)) link->encoder = std::make_unique<ChunkEncoder>(c->options_.compression);
     DP_RETURN_IF_ERROR(transport->Connect(link->address, &link->endpoint));
     c->impl_->links.push_back(std::move(link));
@@ -385,14 +371,6 @@ class PsClient::Impl::LinkRunner {
  private:
   static constexpr std::chrono::milliseconds kBusyTick{1};
 
-  // Refusals of one message by the server's write-ahead log (RejectReason::kLogWrite): it is sent
-  // again not before `not_before`, 50 ms after the first refusal and doubling up to probe_every;
-  // the first refusal was at `since`.
-  struct LogRefusals {
-    int count = 0;
-    Clock::time_point since, not_before;
-  };
-
   struct Part {
     MessageHeader header;  // encoded at each send
     Frames payload;        // push: borrowed caller bytes, kept until the operation ends (resends)
@@ -402,7 +380,7 @@ class PsClient::Impl::LinkRunner {
     bool encoded = false;       // a lossy push part: payload holds its encoded bytes (resends)
     bool via_region = false;    // the last send went through the shared region
     Clock::time_point sent_at;  // the last send
-    LogRefusals refusals;  // by the server's write-ahead log (RetryRefusedByLog)
+    LogRefusals refusals;  // by the server's write-ahead log (RetryRefusedByLog; delivery.h)
   };
   struct Active {
     Op op;
@@ -424,7 +402,7 @@ class PsClient::Impl::LinkRunner {
   void FailAll(const Status& s) {
     for (auto& [id, a] : active_) Complete(a, s);
     active_.clear();
-    inflight_ = 0;
+    window_.Clear();
     if (registering_) link_.needs_register = link_.registered;
     registering_ = register_unsent_ = false;
     register_refusals_ = {};
@@ -632,53 +610,11 @@ class PsClient::Impl::LinkRunner {
   // A part no longer on the wire (answered, to be resent, or its operation failed).
   void Release(Part& p) {
     if (p.state != Part::State::kSent) return;
-    inflight_ -= std::min(inflight_, p.bytes);
+    window_.Remove(p.bytes);
     if (p.via_region) {
-      auto& busy = p.header.type == MsgType::kPull ? link_.pull_busy : link_.push_busy;
-      for (uint32_t c : p.header.chunk_ids) busy[c] = 0;
+      link_.shm->Release(p.header);
       p.via_region = false;
     }
-  }
-
-  // Whether a part goes through the shared region: gradient / init pushes and pulls, when the
-  // server offered one. False also when one of its chunks still has a part in flight there
-  // (then *wait is set: the part must wait, and with it every later one, to keep call order).
-  bool ViaRegion(const Part& p, bool* wait) const {
-    *wait = false;
-    const MsgType t = p.header.type;
-    if (!link_.region || (t != MsgType::kPush && t != MsgType::kPull)) return false;
-    if (p.header.dtype != DType::kF32 || p.header.encoding != Encoding::kDense) return false;  // lossy: frames
-    if (!p.header.encodings.empty()) return false;  // sufficient factors: not the chunks' floats
-    const auto& busy = t == MsgType::kPull ? link_.pull_busy : link_.push_busy;
-    for (uint32_t c : p.header.chunk_ids) {
-      if (busy[c]) {
-        *wait = true;
-        return false;
-      }
-    }
-    return true;
-  }
-
-  // Writes a push part's payload into the push area and builds its header-only message.
-  Status RegionMessage(Part& p, Frames* frames) {
-    MessageHeader h = p.header;
-    h.flags |= kFlagShm;
-    if (p.header.type == MsgType::kPush) {
-      auto* area = reinterpret_cast<float*>(link_.region->payload());
-      uint64_t bytes = 0;
-      for (size_t i = 0; i < p.payload.size(); ++i) {
-        const uint32_t c = p.header.chunk_ids[i];
-        std::memcpy(area + link_.share_offset[c], p.payload[i].data(), p.payload[i].size());
-        bytes += p.payload[i].size();
-      }
-      link_.shm_sent_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    }
-    frames->emplace_back();
-    DP_RETURN_IF_ERROR(HeaderFrame(h, &(*frames)[0]));
-    auto& busy = p.header.type == MsgType::kPull ? link_.pull_busy : link_.push_busy;
-    for (uint32_t c : p.header.chunk_ids) busy[c] = 1;
-    p.via_region = true;
-    return Status::Ok();
   }
 
   // Sends the register (if one is due) and, once registered, the parts marked to send, in
@@ -707,25 +643,29 @@ class PsClient::Impl::LinkRunner {
     for (auto& [id, a] : active_) {
       for (Part& p : a.parts) {
         if (p.state != Part::State::kToSend || now < p.refusals.not_before) continue;
-        if (inflight_ > 0 && inflight_ + p.bytes > o_.max_inflight_bytes) return Status::Ok();  // the window is full
+        if (!window_.Fits(p.bytes)) return Status::Ok();  // the window is full
+        // A part whose chunks' area still holds an unanswered one waits, and every later part
+        // with it, to keep call order (shm_path.h).
         bool wait = false;
-        const bool via_region = ViaRegion(p, &wait);
+        const bool via_region = link_.shm->Usable(p.header, &wait);
         if (wait) return Status::Ok();
         if (link_.encoder && !p.encoded && p.header.type == MsgType::kPush &&
             (p.header.flags & (kFlagInit | kFlagMove)) == 0) {
-          EncodePart(p);  // once, at the first send: resends reuse the bytes
+          p.bytes = EncodePushPart(*link_.encoder, &p.header, &p.payload);  // once: resends reuse the bytes
+          p.encoded = true;
         }
         Frames frames;
         frames.reserve(p.payload.size() + 1);
         if (via_region) {
-          DP_RETURN_IF_ERROR(RegionMessage(p, &frames));
+          DP_RETURN_IF_ERROR(link_.shm->Send(p.header, p.payload, &frames));
+          p.via_region = true;
         } else {
           frames.emplace_back();
           DP_RETURN_IF_ERROR(HeaderFrame(p.header, &frames[0]));
           for (const Frame& f : p.payload) frames.push_back(f);  // copies Frame handles, not bytes
         }
         p.state = Part::State::kSent;  // on the wire unless the send fails (then Release undoes it)
-        inflight_ += p.bytes;
+        window_.Add(p.bytes);
         const Status s = link_.endpoint->Send(std::move(frames));
         if (!s.ok()) {
           Release(p);
@@ -740,37 +680,6 @@ class PsClient::Impl::LinkRunner {
       }
     }
     return Status::Ok();
-  }
-
-  // Encodes a push part's gradient chunks (borrowed from the caller) with the link's encoder,
-  // replaces its payload by the encoded frames (releasing the caller's buffer) and fixes its
-  // header: per-chunk encodings where a chunk differs from the codec's, byte lengths, checksums.
-  void EncodePart(Part& p) {
-    MessageHeader& h = p.header;
-    const Encoding base = h.encoding;
-    Frames encoded;
-    encoded.reserve(p.payload.size());
-    std::vector<Encoding> encodings;
-    std::vector<float> scratch;
-    p.bytes = 0;
-    for (size_t i = 0; i < p.payload.size(); ++i) {
-      const Frame& f = p.payload[i];
-      const float* g = AlignedFloats(f, &scratch);
-      auto chunk = std::make_shared<EncodedChunk>();
-      link_.encoder->Encode(h.chunk_ids[i], std::span<const float>(g, f.size() / sizeof(float)), chunk.get());
-      encodings.push_back(chunk->encoding);
-      h.byte_lengths[i] = chunk->bytes.size();
-      if (!h.checksums.empty()) h.checksums[i] = Crc32c(chunk->bytes.data(), chunk->bytes.size());
-      p.bytes += chunk->bytes.size();
-      const std::byte* data = chunk->bytes.data();
-      const size_t size = chunk->bytes.size();
-      encoded.push_back(Frame::Borrow(data, size, std::move(chunk)));
-    }
-    if (std::any_of(encodings.begin(), encodings.end(), [&](Encoding e) { return e != base; })) {
-      h.encodings = std::move(encodings);
-    }
-    p.payload = std::move(encoded);
-    p.encoded = true;
   }
 
   Status SendError(const std::string& what, const Status& s) const {
@@ -817,7 +726,7 @@ class PsClient::Impl::LinkRunner {
                    Seconds(back_at_ - waiting_since_));
       said_waiting_ = false;
     }
-    const bool restarted = ObserveIncarnation(link_, h.incarnation);
+    const bool restarted = link_.incarnation.Observe(h.incarnation);
     if (restarted) link_.restarts_seen.fetch_add(1);
     const uint64_t id = h.request_id >> kSubBits;
     const uint64_t sub = h.request_id & kSubMask;
@@ -894,16 +803,14 @@ class PsClient::Impl::LinkRunner {
     return true;
   }
 
-  // Counts a refusal by the server's log of `what` and sets when to send it again; false (with
-  // the count and time added to *e) once it has been refused for server_wait.
+  // Counts a refusal by the server's log of `what` (LogRefusals::Refuse sets when to send it
+  // again); false (with the count and time added to *e) once it has been refused for server_wait.
   bool NoteLogRefusal(LogRefusals* r, const std::string& what, Status* e) {
     const auto now = Clock::now();
-    if (r->count++ == 0) r->since = now;
-    const auto refused = now - r->since;
-    if (refused >= o_.server_wait) {
+    if (!r->Refuse(now, o_.probe_every, o_.server_wait)) {
       *e = Status(e->code(),
                   fmt::format("{} (its log refused it {} times over {:.1f} s; cluster.server_wait_ms = {})",
-                              e->message(), r->count, Seconds(refused), o_.server_wait.count()));
+                              e->message(), r->count, Seconds(r->refused_for(now)), o_.server_wait.count()));
       return false;
     }
     if (!log_refused_) {
@@ -913,8 +820,6 @@ class PsClient::Impl::LinkRunner {
           "(cluster.server_wait_ms)",
           o_.worker_id, link_.server, what, e->message(), Seconds(o_.server_wait));
     }
-    const int doublings = std::min(r->count - 1, 10);
-    r->not_before = now + std::min<Clock::duration>(o_.probe_every, std::chrono::milliseconds(50) * (1 << doublings));
     return true;
   }
 
@@ -976,7 +881,7 @@ class PsClient::Impl::LinkRunner {
   const uint64_t per_;  // the server's connections (part numbers interleave over them)
   const int trace_track_;  // -1 = no timeline
   std::map<RequestId, Active> active_;  // by id = call order
-  uint64_t inflight_ = 0;               // bytes of parts sent and not answered
+  ByteWindow window_{o_.max_inflight_bytes};  // bytes of parts sent and not answered
   const std::chrono::milliseconds tick_ =
       std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
   bool registering_ = false;      // a register is due or in flight: parts wait for its reply
@@ -998,22 +903,6 @@ void PsClient::Impl::RunLink(Link& link) {
   runner.Run();
 }
 
-bool PsClient::Impl::ObserveIncarnation(Link& link, uint64_t incarnation) {
-  if (incarnation == 0 || incarnation == link.incarnation) return false;
-  if (link.incarnation == 0) {  // the first one this link hears
-    link.incarnation = incarnation;
-    return false;
-  }
-  if (std::find(link.past_incarnations.begin(), link.past_incarnations.end(), incarnation) !=
-      link.past_incarnations.end()) {
-    return false;  // a late reply of a process that has since been replaced
-  }
-  link.past_incarnations.push_back(link.incarnation);
-  if (link.past_incarnations.size() > 4) link.past_incarnations.pop_front();
-  link.incarnation = incarnation;
-  return true;
-}
-
 bool PsClient::Impl::MoveLink(Link& link) {
   std::string address;
   {
@@ -1032,33 +921,20 @@ bool PsClient::Impl::MoveLink(Link& link) {
                address);
   link.endpoint = std::move(endpoint);  // replies on the old endpoint are lost: unanswered parts are resent
   link.address = address;
-  link.incarnation = 0;  // whoever answers there first
+  link.incarnation.Forget();  // whoever answers there first
   link.restarts_seen.fetch_add(1);
   return true;
 }
 
 void PsClient::Impl::AdoptRegion(Link& link, const MessageHeader& reply) {
-  link.region.reset();  // a new register: the server dropped the old one
-  if (!owner->options_.shared_memory) return;
-  const uint64_t want = 2 * link.share_floats * sizeof(float);
-  Status s;
-  if (reply.shm_path.empty()) {
-    s = Unavailable("the server offered none (another host, or its shared memory is off)");
-  } else if (reply.shm_bytes != want) {
-    s = Corrupt("the server offered {} bytes, this layout needs {}", reply.shm_bytes, want);
-  } else {
-    s = SharedRegion::Open(reply.shm_path, reply.shm_bytes, reply.shm_nonce, &link.region);
-  }
-  if (s.ok()) {
+  const std::string none = link.shm->Adopt(reply);
+  if (link.shm->on()) {
     spdlog::debug("worker {}: server {}: payloads through shared memory ({})", owner->options_.worker_id, link.server,
                   reply.shm_path);
-    return;
-  }
-  link.region.reset();
-  if (!link.said_no_region) {
+  } else if (!none.empty() && !link.said_no_region) {
     link.said_no_region = true;
     spdlog::info("worker {}: server {}: no shared memory, payloads over the socket: {}", owner->options_.worker_id,
-                 link.server, s.message());
+                 link.server, none);
   }
 }
 
@@ -1066,26 +942,24 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
                                        const MessageHeader& h, const Frames& frames) {
   const ParamLayout& layout = owner->layout_;
   const bool via_region = (h.flags & kFlagShm) != 0;
-  if (via_region && !link.region) return Corrupt("server {}: pull reply in shared memory, but there is no region", link.server);
+  if (via_region && !link.shm->on()) return Corrupt("server {}: pull reply in shared memory, but there is no region", link.server);
   const size_t payload_frames = via_region ? 0 : h.chunk_ids.size();
   if (h.type != MsgType::kPullReply || h.chunk_ids != expected ||
       h.versions.size() != h.chunk_ids.size() || frames.size() != payload_frames + 1) {
     return Corrupt("server {}: pull reply of type {} with {} chunks / {} frames does not match the {} requested",
                    link.server, MsgTypeName(h.type), h.chunk_ids.size(), frames.size() - 1, expected.size());
   }
-  if (via_region) {  // the server wrote the pull area (it follows the push area)
-    const auto* area = reinterpret_cast<const float*>(link.region->payload()) + link.share_floats;
-    uint64_t bytes = 0;
+  // atomic_ref: a Push on the caller's thread may read a chunk's version concurrently.
+  const auto record_versions = [&] {
     for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
-      const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
-      std::memcpy(op.pull_out.data() + c.flat_offset, area + link.share_offset[static_cast<size_t>(c.id)],
-                  static_cast<size_t>(c.count) * sizeof(float));
-      bytes += static_cast<uint64_t>(c.count) * sizeof(float);
-      std::atomic_ref<int64_t>(owner->versions_[static_cast<size_t>(c.id)]).store(h.versions[i], std::memory_order_relaxed);
-      if (!h.iters.empty())
-        std::atomic_ref<int64_t>(owner->iters_[static_cast<size_t>(c.id)]).store(h.iters[i], std::memory_order_relaxed);
+      const auto id = static_cast<size_t>(h.chunk_ids[i]);
+      std::atomic_ref<int64_t>(owner->versions_[id]).store(h.versions[i], std::memory_order_relaxed);
+      if (!h.iters.empty()) std::atomic_ref<int64_t>(owner->iters_[id]).store(h.iters[i], std::memory_order_relaxed);
     }
-    link.shm_received_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  };
+  if (via_region) {  // the server wrote the pull area
+    link.shm->ReadPull(h, op.pull_out);
+    record_versions();
     return Status::Ok();
   }
   if (h.dtype != op.header.dtype) {
@@ -1116,11 +990,8 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
     } else {
       std::memcpy(op.pull_out.data() + c.flat_offset, frames[i + 1].data(), frames[i + 1].size());
     }
-    // atomic_ref: a Push on the caller's thread may read this version concurrently.
-    std::atomic_ref<int64_t>(owner->versions_[static_cast<size_t>(c.id)]).store(h.versions[i], std::memory_order_relaxed);
-    if (!h.iters.empty())
-      std::atomic_ref<int64_t>(owner->iters_[static_cast<size_t>(c.id)]).store(h.iters[i], std::memory_order_relaxed);
   }
+  record_versions();
   return Status::Ok();
 }
 
@@ -1409,8 +1280,8 @@ uint64_t PsClient::restarts_seen(int server) const {
 TrafficCounts PsClient::shared_memory_traffic() const {
   TrafficCounts t;
   for (const auto& l : impl_->links) {
-    t.sent_bytes += l->shm_sent_bytes.load(std::memory_order_relaxed);
-    t.received_bytes += l->shm_received_bytes.load(std::memory_order_relaxed);
+    t.sent_bytes += l->shm->sent_bytes();
+    t.received_bytes += l->shm->received_bytes();
   }
   return t;
 }
