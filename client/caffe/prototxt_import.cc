@@ -11,8 +11,9 @@
 #include <map>
 #include <set>
 
-#include "common/file_io.h"
 #include "client/caffe/upgrade_v1.h"
+#include "client/engine/activations.h"
+#include "common/file_io.h"
 #include "data/caffe.pb.h"
 
 namespace downpour::caffe_io {
@@ -20,13 +21,17 @@ namespace {
 
 using ::caffe::LayerParameter;
 
-constexpr const char* kSupportedTypes =
-    "Convolution, ReLU, LRN, Pooling, InnerProduct, Dropout, SoftmaxWithLoss, Softmax, Accuracy; "
-    "inputs: Data, ImageData, Input";
-
-// The types converted to a [[layer]] (the input types are read, not converted).
-const std::set<std::string> kConvertible = {"Convolution", "InnerProduct",    "Pooling", "LRN",     "ReLU",
+// The types converted to a [[layer]] besides the activations (activations.h), which are all
+// converted (the input types are read, not converted).
+const std::set<std::string> kConvertible = {"Convolution", "InnerProduct", "Pooling",  "LRN",
                                             "Dropout",     "SoftmaxWithLoss", "Softmax", "Accuracy"};
+
+std::string SupportedTypes() {
+  std::vector<std::string> names(kConvertible.begin(), kConvertible.end());
+  for (const engine::ActivationRow& row : engine::kActivations) names.emplace_back(row.name);
+  std::sort(names.begin(), names.end());
+  return fmt::format("{}; inputs: Data, ImageData, Input", fmt::join(names, ", "));
+}
 
 bool IsInputType(const std::string& type) { return type == "Data" || type == "ImageData" || type == "Input"; }
 
@@ -436,11 +441,32 @@ Status LrnToml(const LayerParameter& layer, const LayerWhere& where, TomlLayer* 
   return Status::Ok();
 }
 
-Status ReluToml(const LayerParameter& layer, const LayerWhere& where, TomlLayer*) {
-  if (layer.relu_param().negative_slope() != 0.0f) {
-    return InvalidArgument("{}: relu_param.negative_slope = {}: the engine's ReLU has slope 0 (no leaky ReLU)",
-                           where.text, layer.relu_param().negative_slope());
+// An activation (engine/activations.h): its row says where a prototxt keeps the parameter
+// (LayerParameter.<caffe_message>.<caffe_field>), read here by reflection, so a new row needs no
+// code here. A row without a TOML key takes only its default.
+Status ActivationToml(const LayerParameter& layer, const engine::ActivationRow& row, const LayerWhere& where,
+                      TomlLayer* t) {
+  float alpha = row.alpha_default;
+  const google::protobuf::FieldDescriptor* holder = layer.GetDescriptor()->FindFieldByName(row.caffe_message);
+  DP_CHECK(holder != nullptr && "an activation's caffe_message is a field of data/caffe.proto's LayerParameter");
+  if (layer.GetReflection()->HasField(layer, holder)) {
+    const google::protobuf::Message& m = layer.GetReflection()->GetMessage(layer, holder);
+    const google::protobuf::FieldDescriptor* field = m.GetDescriptor()->FindFieldByName(row.caffe_field);
+    DP_CHECK(field != nullptr && field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_FLOAT);
+    alpha = m.GetReflection()->GetFloat(m, field);  // its proto default when unset
   }
+  if (*row.alpha_key == '\0') {
+    if (alpha != row.alpha_default) {
+      return InvalidArgument("{}: {}.{} = {}: the engine's {} takes only {}", where.text, row.caffe_message,
+                             row.caffe_field, alpha, row.name, row.alpha_default);
+    }
+    return Status::Ok();
+  }
+  if (!row.alpha_ok(alpha)) {
+    return InvalidArgument("{}: {}.{} = {}: must be {}", where.text, row.caffe_message, row.caffe_field, alpha,
+                           row.alpha_rule);
+  }
+  t->Float(row.alpha_key, alpha);
   return Status::Ok();
 }
 
@@ -783,9 +809,10 @@ class Importer {
         DP_RETURN_IF_ERROR(InputTops(l, where));
         continue;
       }
-      if (!kConvertible.count(type)) {
+      const engine::ActivationRow* activation = engine::FindActivation(type);
+      if (!kConvertible.count(type) && activation == nullptr) {
         return InvalidArgument("{}: layer type '{}' is not supported by the downpour engine (supported: {})",
-                               where.text, type, kSupportedTypes);
+                               where.text, type, SupportedTypes());
       }
       DP_RETURN_IF_ERROR(CommonChecks(l, where, &param_owners));
       // Bottoms, through the renames so far.
@@ -820,7 +847,9 @@ class Importer {
       TomlLayer t;
       std::string our_type = type;
       Status s;
-      if (type == "Convolution")
+      if (activation != nullptr)
+        s = ActivationToml(l, *activation, where, &t);
+      else if (type == "Convolution")
         s = ConvolutionToml(l, where, &t);
       else if (type == "InnerProduct")
         s = InnerProductToml(l, where, &t);
@@ -828,8 +857,6 @@ class Importer {
         s = PoolingToml(l, where, &t);
       else if (type == "LRN")
         s = LrnToml(l, where, &t);
-      else if (type == "ReLU")
-        s = ReluToml(l, where, &t);
       else if (type == "Dropout")
         s = DropoutToml(l, where, &t);
       else if (type == "SoftmaxWithLoss")

@@ -204,7 +204,7 @@ Status TensorsToCaffe(const TensorFile& file, const std::string& source, const e
     const engine::LayerSpec& ml = spec.layers[li];
     CaffeLayer layer;
     layer.name = ml.name;
-    layer.type = engine::LayerTypeName(ml.type);
+    layer.type = engine::TypeNameOf(ml);
     layer.bottoms = ml.bottoms;
     layer.tops = ml.tops;
     for (int p : ParamsOf(shapes, li)) {

@@ -186,7 +186,7 @@ std::string GradientCheckResult::Summary() const {
 Status CheckLayerGradients(Backend& backend, const LayerCase& c, const GradientCheckOptions& o,
                            GradientCheckResult* result) {
   *result = GradientCheckResult();
-  result->layer = fmt::format("layer '{}' ({}) on {}", c.spec.name, LayerTypeName(c.spec.type), backend.name());
+  result->layer = fmt::format("layer '{}' ({}) on {}", c.spec.name, TypeNameOf(c.spec), backend.name());
   DP_RETURN_IF_ERROR(Validate(c));
   if (!(o.stepsize > 0)) return InvalidArgument("{}: stepsize {} must be positive", c.spec.name, o.stepsize);
   LayerUnderTest t(backend, c);

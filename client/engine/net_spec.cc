@@ -15,7 +15,7 @@ struct TypeName {
   const char* name;
 };
 constexpr TypeName kTypeNames[] = {
-    {LayerType::kConvolution, "Convolution"},   {LayerType::kReLU, "ReLU"},
+    {LayerType::kConvolution, "Convolution"},   {LayerType::kActivation, "activation"},
     {LayerType::kLRN, "LRN"},                   {LayerType::kPooling, "Pooling"},
     {LayerType::kInnerProduct, "InnerProduct"}, {LayerType::kDropout, "Dropout"},
     {LayerType::kSoftmaxWithLoss, "SoftmaxWithLoss"}, {LayerType::kAccuracy, "Accuracy"},
@@ -157,14 +157,23 @@ Status ParseLayer(const toml::table& t, int index, const std::string& source, La
   if (!type) return InvalidArgument("{}: missing field 'type'", where.str());
   bool found = false;
   for (const auto& tn : kTypeNames) {
-    if (*type == tn.name) {
+    if (*type == tn.name && tn.type != LayerType::kActivation) {
       l->type = tn.type;
       found = true;
     }
   }
+  if (const ActivationRow* row = FindActivation(*type)) {
+    l->type = LayerType::kActivation;
+    l->activation = row->kind;
+    l->activation_alpha = row->alpha_default;
+    found = true;
+  }
   if (!found) {
     std::vector<std::string> names;
-    for (const auto& tn : kTypeNames) names.push_back(tn.name);
+    for (const auto& tn : kTypeNames) {
+      if (tn.type != LayerType::kActivation) names.push_back(tn.name);
+    }
+    for (const ActivationRow& row : kActivations) names.push_back(row.name);
     return InvalidArgument("{}: unknown type '{}' (known: {})", where.str(), *type,
                            fmt::join(names, ", "));
   }
@@ -225,7 +234,16 @@ Status ParseLayer(const toml::table& t, int index, const std::string& source, La
       DP_RETURN_IF_ERROR(ReadNumber(t, "top_k", where, &l->top_k));
       if (l->top_k <= 0) return InvalidArgument("{}: top_k must be positive, got {}", where.str(), l->top_k);
       break;
-    case LayerType::kReLU:
+    case LayerType::kActivation: {
+      const ActivationRow& row = ActivationOf(l->activation);
+      if (*row.alpha_key == '\0') break;
+      DP_RETURN_IF_ERROR(ReadNumber(t, row.alpha_key, where, &l->activation_alpha));
+      if (!row.alpha_ok(l->activation_alpha)) {
+        return InvalidArgument("{}: {} must be {}, got {}", where.str(), row.alpha_key, row.alpha_rule,
+                               l->activation_alpha);
+      }
+      break;
+    }
     case LayerType::kSoftmaxWithLoss:
       break;
   }
@@ -264,6 +282,10 @@ const char* LayerTypeName(LayerType type) {
   for (const auto& tn : kTypeNames)
     if (tn.type == type) return tn.name;
   return "?";
+}
+
+const char* TypeNameOf(const LayerSpec& layer) {
+  return layer.type == LayerType::kActivation ? ActivationOf(layer.activation).name : LayerTypeName(layer.type);
 }
 
 const char* PoolMethodName(PoolMethod method) {
@@ -322,8 +344,7 @@ Status InferShapes(const NetSpec& spec, int batch, NetShapes* shapes) {
   std::map<std::string, std::string> grad_consumer;  // blob → layer sending a gradient into it
   for (size_t li = 0; li < spec.layers.size(); ++li) {
     const LayerSpec& l = spec.layers[li];
-    const std::string where = fmt::format("{}: layer '{}' (#{}, {})", spec.source, l.name, li,
-                                          LayerTypeName(l.type));
+    const std::string where = fmt::format("{}: layer '{}' (#{}, {})", spec.source, l.name, li, TypeNameOf(l));
     const bool two_bottoms = l.type == LayerType::kSoftmaxWithLoss || l.type == LayerType::kAccuracy;
     const size_t want_bottoms = two_bottoms ? 2 : 1;
     if (l.bottoms.size() != want_bottoms)
@@ -402,7 +423,7 @@ Status InferShapes(const NetSpec& spec, int batch, NetShapes* shapes) {
         DP_RETURN_IF_ERROR(need4d());
         y = x;
         break;
-      case LayerType::kReLU:
+      case LayerType::kActivation:
       case LayerType::kDropout:
         y = x;
         break;

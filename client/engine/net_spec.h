@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "client/engine/activations.h"
 #include "common/status.h"
 #include "common/tensor_spec.h"
 
@@ -25,7 +26,7 @@ namespace downpour::engine {
 
 enum class LayerType {
   kConvolution,      // bottom: 1 (N,C,H,W) → top: 1 (N,O,Ho,Wo); params weight (O,C/g,kh,kw), bias (O)
-  kReLU,             // elementwise max(0,x) (negative_slope 0)
+  kActivation,       // elementwise y = f(x), one of the rows of activations.h (ReLU, ELU): LayerSpec::activation
   kLRN,              // across channels, Caffe definition (see LayerSpec::lrn_*)
   kPooling,          // max or average pooling (LayerSpec::pool), Caffe's ceil rounding of the output size
   kInnerProduct,     // bottom (N, ...) flattened to (N,K) → (N,O); params weight (O,K), bias (O)
@@ -34,7 +35,7 @@ enum class LayerType {
   kAccuracy,         // bottoms (scores (N,K), label (N)) → top accuracy (1); top_k
 };
 
-// Name as written in the config ("Convolution", "ReLU", ...).
+// Name as written in the config ("Convolution", "Pooling", ...; "activation" for the family).
 const char* LayerTypeName(LayerType type);
 
 enum class FillerType {
@@ -62,7 +63,7 @@ struct FillerSpec {
 
 struct LayerSpec {
   std::string name;
-  LayerType type = LayerType::kReLU;
+  LayerType type = LayerType::kActivation;
   std::vector<std::string> bottoms;
   std::vector<std::string> tops;
 
@@ -88,9 +89,17 @@ struct LayerSpec {
   float beta = 0.75f;      // default 0.75
   float k = 1.0f;          // default 1
 
+  // Activation: which row of activations.h, and its parameter (ELU's alpha; the row's default).
+  ActivationKind activation = ActivationKind::kReLU;
+  float activation_alpha = 0.0f;
+
   float dropout_ratio = 0.5f;  // probability of dropping; default 0.5
   int top_k = 1;               // accuracy; default 1
 };
+
+// The layer's type as written in the config: its activation's name ("ReLU", "ELU") for an
+// activation, else LayerTypeName.
+const char* TypeNameOf(const LayerSpec& layer);
 
 struct NetSpec {
   std::string name;

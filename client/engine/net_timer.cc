@@ -97,7 +97,7 @@ NetTiming TimeNet(Net& net, int iterations, int warmup) {
   t.layers.resize(net.num_layers());
   for (int l = 0; l < net.num_layers(); ++l) {
     t.layers[l].name = net.spec().layers[l].name;
-    t.layers[l].type = LayerTypeName(net.spec().layers[l].type);
+    t.layers[l].type = TypeNameOf(net.spec().layers[l]);
   }
   for (int it = 0; it < iterations; ++it) {
     for (int l = 0; l < net.num_layers(); ++l) {

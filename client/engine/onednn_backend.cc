@@ -327,15 +327,25 @@ class DnnConv : public DnnLayer {
   Buffer src_buf_, diff_src_buf_, w_buf_, dw_buf_, bwd_data_w_buf_, bwd_w_src_buf_, bwd_w_diff_dst_buf_;
 };
 
-class DnnRelu : public DnnLayer {
+// oneDNN's eltwise algorithm of each activation (activations.h), whose alpha is the row's.
+dnnl::algorithm ActivationAlgorithm(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::kReLU: return dnnl::algorithm::eltwise_relu;  // alpha: the negative slope, 0
+  }
+  return dnnl::algorithm::undef;
+}
+
+class DnnActivation : public DnnLayer {
  public:
   using DnnLayer::DnnLayer;
   Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
     md_ = DescOf(*bottom[0]);
-    dnnl::eltwise_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::eltwise_relu, md_, 0.0f);
+    const dnnl::algorithm algorithm = ActivationAlgorithm(spec_.activation);
+    const float alpha = spec_.activation_alpha;
+    dnnl::eltwise_forward::desc fd(dnnl::prop_kind::forward_training, algorithm, md_, alpha);
     auto fpd = dnnl::eltwise_forward::primitive_desc(fd, c_.eng);
     fwd_ = dnnl::eltwise_forward(fpd);
-    dnnl::eltwise_backward::desc bd(dnnl::algorithm::eltwise_relu, md_, md_, 0.0f);
+    dnnl::eltwise_backward::desc bd(algorithm, md_, md_, alpha);
     bwd_ = dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(bd, c_.eng, fpd));
     AllocTop(top[0], md_);
     return Status::Ok();
@@ -771,7 +781,7 @@ class OneDnnBackend : public Backend {
   Status CreateLayer(const LayerContext& c, std::unique_ptr<Layer>* layer) override {
     switch (c.spec->type) {
       case LayerType::kConvolution: *layer = std::make_unique<DnnConv>(&ctx_, c); break;
-      case LayerType::kReLU: *layer = std::make_unique<DnnRelu>(&ctx_, c); break;
+      case LayerType::kActivation: *layer = std::make_unique<DnnActivation>(&ctx_, c); break;
       case LayerType::kLRN: *layer = std::make_unique<DnnLrn>(&ctx_, c); break;
       case LayerType::kPooling: *layer = std::make_unique<DnnPool>(&ctx_, c); break;
       case LayerType::kInnerProduct: *layer = std::make_unique<DnnInnerProduct>(&ctx_, c); break;

@@ -81,16 +81,27 @@ class RefConv : public RefLayer {
   ref::ConvGeom g_{};
 };
 
-class RefRelu : public RefLayer {
+// Every activation, from its row (activations.h): y = f(x), dx = f'(x, y) · dy.
+class RefActivation : public RefLayer {
  public:
-  using RefLayer::RefLayer;
+  explicit RefActivation(const LayerContext& c)
+      : RefLayer(c), row_(ActivationOf(c.spec->activation)), alpha_(c.spec->activation_alpha) {}
   void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
-    ref::ReluForward(bottom[0]->count(), bottom[0]->data, top[0]->data);
+    const float* x = bottom[0]->data;
+    float* y = top[0]->data;
+    for (int64_t i = 0, n = bottom[0]->count(); i < n; ++i) y[i] = row_.forward(x[i], alpha_);
   }
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
                 const std::vector<Blob*>& bottom) override {
-    if (down[0]) ref::ReluBackward(bottom[0]->count(), bottom[0]->data, top[0]->grad, bottom[0]->grad);
+    if (!down[0]) return;
+    const float *x = bottom[0]->data, *y = top[0]->data, *dy = top[0]->grad;
+    float* dx = bottom[0]->grad;
+    for (int64_t i = 0, n = bottom[0]->count(); i < n; ++i) dx[i] = row_.derivative(x[i], y[i], alpha_) * dy[i];
   }
+
+ private:
+  const ActivationRow& row_;
+  const float alpha_;
 };
 
 class RefLrn : public RefLayer {
@@ -285,7 +296,7 @@ class ReferenceBackend : public Backend {
   Status CreateLayer(const LayerContext& c, std::unique_ptr<Layer>* layer) override {
     switch (c.spec->type) {
       case LayerType::kConvolution: *layer = std::make_unique<RefConv>(c); break;
-      case LayerType::kReLU: *layer = std::make_unique<RefRelu>(c); break;
+      case LayerType::kActivation: *layer = std::make_unique<RefActivation>(c); break;
       case LayerType::kLRN: *layer = std::make_unique<RefLrn>(c); break;
       case LayerType::kPooling: *layer = std::make_unique<RefPool>(c); break;
       case LayerType::kInnerProduct: *layer = std::make_unique<RefInnerProduct>(c); break;

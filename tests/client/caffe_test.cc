@@ -23,6 +23,7 @@
 #include "client/caffe/npy.h"
 #include "client/caffe/prototxt_import.h"
 #include "client/caffe/weights_io.h"
+#include "client/engine/activations.h"
 #include "client/engine/net.h"
 #include "client/engine/reference_backend.h"
 #include "common/tensor_file.h"
@@ -108,6 +109,21 @@ void ExpectTrains(const NetSpec& spec) {
 
 // ---------------------------------------------------------------------------------------------
 // import-prototxt
+
+// The importer reads an activation's parameter where its row says (engine/activations.h): that
+// field must exist in the bundled caffe.proto, as a float.
+TEST(CaffePrototxt, EveryActivationRowNamesAFloatFieldOfCaffesLayerParameter) {
+  const google::protobuf::Descriptor* layer = ::caffe::LayerParameter::descriptor();
+  for (const engine::ActivationRow& row : engine::kActivations) {
+    const google::protobuf::FieldDescriptor* holder = layer->FindFieldByName(row.caffe_message);
+    ASSERT_NE(holder, nullptr) << row.name << ": LayerParameter has no " << row.caffe_message;
+    ASSERT_EQ(holder->cpp_type(), google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) << row.name;
+    const google::protobuf::FieldDescriptor* field = holder->message_type()->FindFieldByName(row.caffe_field);
+    ASSERT_NE(field, nullptr) << row.name << ": " << row.caffe_message << " has no " << row.caffe_field;
+    EXPECT_EQ(field->cpp_type(), google::protobuf::FieldDescriptor::CPPTYPE_FLOAT) << row.name;
+    EXPECT_EQ(field->default_value_float(), row.alpha_default) << row.name << ": Caffe's default";
+  }
+}
 
 TEST(CaffePrototxt, BvlcAlexnetHasTheTensorsAndBlobShapesOfConfigsAlexnet) {
   const Import import = MustImport(Data("bvlc_alexnet_train_val.prototxt"));
@@ -247,8 +263,8 @@ layer { name: "cat" type: "Concat" bottom: "conv1" bottom: "data" top: "cat" }
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(s.message(),
                        "net.prototxt:4: layer 'bn1' (#2, BatchNorm): layer type 'BatchNorm' is not "
-                       "supported by the downpour engine (supported: Convolution, ReLU, LRN, Pooling, "
-                       "InnerProduct, Dropout, SoftmaxWithLoss, Softmax, Accuracy; inputs: Data, "
+                       "supported by the downpour engine (supported: Accuracy, Convolution, Dropout, "
+                       "InnerProduct, LRN, Pooling, ReLU, Softmax, SoftmaxWithLoss; inputs: Data, "
                        "ImageData, Input)"))
       << s.message();
   EXPECT_FALSE(Contains(s.message(), "Concat")) << "one error, the first: " << s.message();

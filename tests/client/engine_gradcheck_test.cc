@@ -335,9 +335,10 @@ std::vector<int64_t> ActivationPattern(Net& net) {
   std::vector<int64_t> pattern;
   std::vector<float> x;
   for (const LayerSpec& l : net.spec().layers) {
-    if (l.type != LayerType::kReLU && !(l.type == LayerType::kPooling && l.pool == PoolMethod::kMax)) continue;
+    const bool relu = l.type == LayerType::kActivation && l.activation == ActivationKind::kReLU;
+    if (!relu && !(l.type == LayerType::kPooling && l.pool == PoolMethod::kMax)) continue;
     EXPECT_TRUE(net.ReadBlob(l.bottoms[0], &x).ok());
-    if (l.type == LayerType::kReLU) {
+    if (relu) {
       for (float v : x) pattern.push_back(v > 0.0f);
       continue;
     }

@@ -213,7 +213,7 @@ TEST(EngineGradientCheckerCatches, NanInTheAnalyticGradient) {
   LayerCase c;
   ASSERT_TRUE(MakeGradientCase(g, 1234, &c).ok());
   c.bottoms[0][5] = 0.5f;  // away from the kink, so element 5 is checked
-  SwapOneLayer broken(LayerType::kReLU,
+  SwapOneLayer broken(LayerType::kActivation,
                       [](const LayerContext& lc) { return std::make_unique<ReluWithNanGradient>(lc); });
   GradientCheckResult r;
   ASSERT_TRUE(CheckLayerGradients(broken, c, g.options, &r).ok());

@@ -1,6 +1,8 @@
 // NetSpec parsing and shape inference: the shipped model configs, and bad configs giving one
 // clear error naming the layer (unknown type, missing bottom, shape mismatch, bad field).
 #include <fmt/format.h>
+#include <set>
+#include <string>
 #include <gtest/gtest.h>
 
 #include "client/engine/net.h"
@@ -78,6 +80,40 @@ TEST(EngineSpec, UnknownLayerTypeNamesTheLayer) {
   EXPECT_NE(s.message().find("t.toml"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("'c1'"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("unknown type 'Conv'"), std::string::npos) << s.message();
+}
+
+// Every row of activations.h: one per kind and name, its default alpha passes its own rule, and
+// its derivative is its forward's (central differences away from the kink at 0).
+TEST(EngineSpec, EveryActivationRowIsConsistent) {
+  std::set<std::string> names;
+  std::set<int> kinds;
+  for (const ActivationRow& row : kActivations) {
+    EXPECT_TRUE(names.insert(row.name).second) << row.name;
+    EXPECT_TRUE(kinds.insert(static_cast<int>(row.kind)).second) << row.name;
+    EXPECT_EQ(&ActivationOf(row.kind), &row) << row.name;
+    EXPECT_EQ(FindActivation(row.name), &row) << row.name;
+    EXPECT_TRUE(row.alpha_ok(row.alpha_default)) << row.name;
+    for (float alpha : {row.alpha_default, 0.5f}) {
+      for (double x : {-2.5, -0.7, -0.05, 0.05, 0.3, 1.7}) {
+        const double h = 1e-3;
+        const double numeric = (double(row.forward(float(x + h), alpha)) - row.forward(float(x - h), alpha)) / (2 * h);
+        const float y = row.forward(float(x), alpha);
+        EXPECT_NEAR(row.derivative(float(x), y, alpha), numeric, 2e-3) << row.name << " alpha " << alpha << " x " << x;
+      }
+    }
+  }
+  EXPECT_EQ(FindActivation("Sigmoid"), nullptr);
+}
+
+TEST(EngineSpec, AnActivationTypeParsesToItsRowWithItsParameter) {
+  NetSpec spec;
+  ASSERT_TRUE(ParseNetSpecString(std::string(kHeader) + "[[layer]]\nname = \"r\"\ntype = \"ReLU\"\nbottom = \"data\"\n"
+                                 "top = \"r\"\n" + kLoss, "t.toml", &spec).ok());
+  EXPECT_EQ(spec.layers[0].type, LayerType::kActivation);
+  EXPECT_EQ(spec.layers[0].activation, ActivationKind::kReLU);
+  EXPECT_STREQ(TypeNameOf(spec.layers[0]), "ReLU");
+  const Status s = Build("[[layer]]\nname = \"c1\"\ntype = \"Relu\"\nbottom = \"data\"\ntop = \"c1\"\n");
+  EXPECT_NE(s.message().find("ReLU"), std::string::npos) << "the known types list the activations: " << s.message();
 }
 
 TEST(EngineSpec, MissingBottomNamesTheLayerAndBlob) {

@@ -336,13 +336,23 @@ class CudaConv : public CudaLayer {
 
 // ---------------------------------------------------------------------------------------------
 
-class CudaRelu : public CudaLayer {
- public:
-  CudaRelu(std::shared_ptr<CudaContext> context, const LayerContext& c) : CudaLayer(std::move(context), c) {
-    DP_CUDNN_THROW(cudnnCreateActivationDescriptor(&act_));
-    DP_CUDNN_THROW(cudnnSetActivationDescriptor(act_, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+// cuDNN's activation mode of each activation (activations.h); its coef is the row's alpha (ELU's
+// alpha; unused by RELU).
+cudnnActivationMode_t ActivationMode(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::kReLU: return CUDNN_ACTIVATION_RELU;
   }
-  ~CudaRelu() override { cudnnDestroyActivationDescriptor(act_); }
+  return CUDNN_ACTIVATION_IDENTITY;
+}
+
+class CudaActivation : public CudaLayer {
+ public:
+  CudaActivation(std::shared_ptr<CudaContext> context, const LayerContext& c) : CudaLayer(std::move(context), c) {
+    DP_CUDNN_THROW(cudnnCreateActivationDescriptor(&act_));
+    DP_CUDNN_THROW(cudnnSetActivationDescriptor(act_, ActivationMode(c.spec->activation), CUDNN_NOT_PROPAGATE_NAN,
+                                                c.spec->activation_alpha));
+  }
+  ~CudaActivation() override { cudnnDestroyActivationDescriptor(act_); }
   void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
     Begin();
     DP_CUDNN_THROW(cudnnActivationForward(ctx_->cudnn(), act_, &kOne, x_desc_.get(), bottom[0]->data, &kZero,
@@ -585,7 +595,7 @@ Status CreateCudaLayer(std::shared_ptr<CudaContext> context, const LayerContext&
   try {
     switch (c.spec->type) {
       case LayerType::kConvolution: *layer = std::make_unique<CudaConv>(std::move(context), c); break;
-      case LayerType::kReLU: *layer = std::make_unique<CudaRelu>(std::move(context), c); break;
+      case LayerType::kActivation: *layer = std::make_unique<CudaActivation>(std::move(context), c); break;
       case LayerType::kLRN: *layer = std::make_unique<CudaLrn>(std::move(context), c); break;
       case LayerType::kPooling: *layer = std::make_unique<CudaPool>(std::move(context), c); break;
       case LayerType::kInnerProduct: *layer = std::make_unique<CudaInnerProduct>(std::move(context), c); break;
