@@ -263,10 +263,17 @@ layer { name: "cat" type: "Concat" bottom: "conv1" bottom: "data" top: "cat" }
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(s.message(),
                        "net.prototxt:4: layer 'bn1' (#2, BatchNorm): layer type 'BatchNorm' is not "
-                       "supported by the downpour engine (supported: Accuracy, Convolution, Dropout, "
-                       "InnerProduct, LRN, Pooling, ReLU, Softmax, SoftmaxWithLoss; inputs: Data, "
-                       "ImageData, Input)"))
+                       "supported by the downpour engine (supported: Accuracy, Convolution, "))
       << s.message();
+  // Every convertible type, each once as a list item: the fixed ones and the activations' rows.
+  const auto listed = [&](const std::string& type) {
+    return Contains(s.message(), " " + type + ",") || Contains(s.message(), " " + type + ";");
+  };
+  for (const char* type : {"Dropout", "InnerProduct", "LRN", "Pooling", "Softmax", "SoftmaxWithLoss"}) {
+    EXPECT_TRUE(listed(type)) << type << ": " << s.message();
+  }
+  for (const engine::ActivationRow& row : engine::kActivations) EXPECT_TRUE(listed(row.name)) << row.name;
+  EXPECT_TRUE(Contains(s.message(), "; inputs: Data, ImageData, Input)")) << s.message();
   EXPECT_FALSE(Contains(s.message(), "Concat")) << "one error, the first: " << s.message();
 }
 
