@@ -21,6 +21,7 @@ namespace downpour::engine {
 
 enum class ActivationKind {
   kReLU,  // max(0, x) (Caffe's ReLU with negative_slope 0)
+  kELU,   // x if x > 0, else alpha (e^x - 1) (Clevert et al. 2016; Caffe's ELU)
 };
 
 struct ActivationRow {
@@ -43,6 +44,10 @@ inline constexpr ActivationRow kActivations[] = {
     {ActivationKind::kReLU, "ReLU", "", 0.0f, "", [](float) { return true; }, "relu_param", "negative_slope",
      [](float x, float) { return x > 0.0f ? x : 0.0f; },
      [](float x, float, float) { return x > 0.0f ? 1.0f : 0.0f; }},
+    {ActivationKind::kELU, "ELU", "alpha", 1.0f, "finite and >= 0",
+     [](float a) { return std::isfinite(a) && a >= 0.0f; }, "elu_param", "alpha",
+     [](float x, float alpha) { return x > 0.0f ? x : alpha * std::expm1(x); },
+     [](float x, float y, float alpha) { return x > 0.0f ? 1.0f : y + alpha; }},
 };
 
 // The row of `kind`; every kind has one.

@@ -64,6 +64,10 @@ std::vector<GradientCase> LayerGradientCases() {
        3},
       {"Relu", "channels = 3\nheight = 4\nwidth = 5",
        "[[layer]]\nname = \"relu\"\ntype = \"ReLU\"\nbottom = \"data\"\ntop = \"t\"\n", 2, ReluOptions(), ReluInputs},
+      // ELU with alpha 0.5: its slope jumps from 0.5 to 1 at 0, a kink like ReLU's.
+      {"EluAlphaHalf", "channels = 3\nheight = 4\nwidth = 5",
+       "[[layer]]\nname = \"elu\"\ntype = \"ELU\"\nbottom = \"data\"\ntop = \"t\"\nalpha = 0.5\n", 2, ReluOptions(),
+       ReluInputs},
       {"LrnStrong", "channels = 7\nheight = 3\nwidth = 2",
        "[[layer]]\nname = \"lrn\"\ntype = \"LRN\"\nbottom = \"data\"\ntop = \"t\"\nlocal_size = 3\nalpha = 0.5\n"
        "beta = 0.75\nk = 2.0\n"},

@@ -331,6 +331,7 @@ class DnnConv : public DnnLayer {
 dnnl::algorithm ActivationAlgorithm(ActivationKind kind) {
   switch (kind) {
     case ActivationKind::kReLU: return dnnl::algorithm::eltwise_relu;  // alpha: the negative slope, 0
+    case ActivationKind::kELU: return dnnl::algorithm::eltwise_elu;
   }
   return dnnl::algorithm::undef;
 }

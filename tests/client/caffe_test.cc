@@ -277,6 +277,39 @@ layer { name: "cat" type: "Concat" bottom: "conv1" bottom: "data" top: "cat" }
   EXPECT_FALSE(Contains(s.message(), "Concat")) << "one error, the first: " << s.message();
 }
 
+// ELU (elu_param.alpha) imports as type "ELU" with its alpha, and trains; an alpha outside its
+// row's rule is one error naming the field.
+TEST(CaffePrototxt, EluImportsWithItsAlphaAndTrains) {
+  const std::string net = R"(name: "elu"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "elu1" type: "ELU" bottom: "conv1" top: "conv1" ALPHA }
+layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 5 } }
+layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
+)";
+  const auto with = [&](const std::string& alpha) {
+    std::string text = net;
+    text.replace(text.find("ALPHA"), 5, alpha);
+    return text;
+  };
+  Import import;
+  Status s = ImportText(with("elu_param { alpha: 0.3 }"), &import);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(Contains(import.toml, "type = \"ELU\"")) << import.toml;
+  const engine::LayerSpec* elu = FindLayer(import.spec, "elu1");
+  ASSERT_NE(elu, nullptr);
+  EXPECT_EQ(elu->type, engine::LayerType::kActivation);
+  EXPECT_EQ(elu->activation, engine::ActivationKind::kELU);
+  EXPECT_FLOAT_EQ(elu->activation_alpha, 0.3f);
+  ExpectTrains(import.spec);
+  ASSERT_TRUE(ImportText(with(""), &import).ok());
+  EXPECT_FLOAT_EQ(FindLayer(import.spec, "elu1")->activation_alpha, 1.0f) << "Caffe's default";
+  s = ImportText(with("elu_param { alpha: -1 }"), &import);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "layer 'elu1' (#2, ELU): elu_param.alpha = -1: must be finite and >= 0"))
+      << s.message();
+}
+
 TEST(CaffePrototxt, MalformedPrototxtNamesFileLineAndLayer) {
   const std::string text = R"(name: "broken"
 layer {
@@ -337,7 +370,7 @@ layer { name: "data" type: "Input" top: "data" top: "label"
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param { num_output: 2 kernel_size: 3 engine: CUDNN } }
 layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 3 } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
 )";
   Import import;
   const Status s = ImportText(text, &import);

@@ -341,6 +341,7 @@ class CudaConv : public CudaLayer {
 cudnnActivationMode_t ActivationMode(ActivationKind kind) {
   switch (kind) {
     case ActivationKind::kReLU: return CUDNN_ACTIVATION_RELU;
+    case ActivationKind::kELU: return CUDNN_ACTIVATION_ELU;
   }
   return CUDNN_ACTIVATION_IDENTITY;
 }
