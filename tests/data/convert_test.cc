@@ -23,10 +23,7 @@
 namespace downpour::data {
 namespace {
 
-using testing::IdxImageBytes;
-using testing::IdxLabelBytes;
-using testing::TempDir;
-using testing::WriteBytes;
+using namespace testing;  // tests/data/test_util.h: temporary directories, IDX files
 
 struct Record {
   std::string key;

@@ -12,10 +12,7 @@
 namespace downpour::data {
 namespace {
 
-using testing::IdxImageBytes;
-using testing::IdxLabelBytes;
-using testing::TempDir;
-using testing::WriteBytes;
+using namespace testing;  // tests/data/test_util.h: temporary directories, IDX files
 
 std::vector<uint8_t> Ramp(size_t n) {
   std::vector<uint8_t> v(n);

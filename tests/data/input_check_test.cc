@@ -18,10 +18,7 @@
 namespace downpour::data {
 namespace {
 
-using testing::IdxImageBytes;
-using testing::IdxLabelBytes;
-using testing::TempDir;
-using testing::WriteBytes;
+using namespace testing;  // tests/data/test_util.h: temporary directories, IDX files
 
 // An LMDB of n Fashion-like images: 1 x 28 x 28 raw, or with `idx` options.
 std::string MakeLmdb(const TempDir& dir, const std::string& name, int n, const IdxOptions& idx = {}) {
