@@ -9,6 +9,7 @@ import stat
 import sys
 import tempfile
 import textwrap
+import tomllib
 import unittest
 
 import fabricate as fab
@@ -25,8 +26,21 @@ FAKE_LAUNCH = textwrap.dedent(f"""\
     args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
     if os.environ.get("FAKE_LAUNCH_EXIT"):
         sys.exit(int(os.environ["FAKE_LAUNCH_EXIT"]))
+    import tomllib
+    with open(args["--config"], "rb") as f:
+        cfg = tomllib.load(f)
+    seed = cfg.get("run", {{}}).get("seed", 1)
+    if os.environ.get("FAKE_FAIL_SEED") == str(seed):
+        sys.exit(3)
+    # FAKE_TOP1_BY_SEED: each seed's accuracy curve shifted by 0.01 x seed; a sync run's by
+    # FAKE_SYNC_SHIFT more (a difference the statistics must call, or not).
+    shift = 0.0
+    if os.environ.get("FAKE_TOP1_BY_SEED"):
+        shift = 0.01 * seed
+        if cfg.get("consistency", {{}}).get("mode") == "sync":
+            shift += float(os.environ.get("FAKE_SYNC_SHIFT", "0"))
     run_dir = args["--run-dir"]
-    fab.simple_run(run_dir, steps=120)
+    fab.simple_run(run_dir, steps=120, top1=lambda step: min(1.0, fab.top1_at(step) + shift))
     shutil.copy(args["--config"], os.path.join(run_dir, "config.toml"))
     with open(os.path.join(run_dir, "launch-args.txt"), "w") as f:
         f.write(" ".join(sys.argv[1:]))
@@ -132,6 +146,78 @@ class FullExperiment(ExperimentTest):
         r = self.experiment(self.write_experiment(), env=dict(os.environ, FAKE_LAUNCH_EXIT="3"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("downpour-experiment: sync-w2: downpour-launch exited 3", r.stderr)
+
+
+class Seeds(ExperimentTest):
+    """--seeds N: every cell N times, seed by seed; statistics per group; reuse; failures left out."""
+
+    def launches(self, r):
+        return [line for line in r.stdout.splitlines() if line.startswith("== ") and "seed" in line
+                and "comparison" not in line]
+
+    def seed_of(self, label, seed):
+        with open(os.path.join(self.out, "tiny", label, f"seed-{seed}", "config.toml"), "rb") as f:
+            return tomllib.load(f)["run"]["seed"]
+
+    def test_every_cell_runs_each_seed_seed_by_seed_and_gets_an_interval(self):
+        env = dict(os.environ, FAKE_TOP1_BY_SEED="1")
+        r = self.experiment(self.write_experiment(), "--seeds", "3", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        order = [line.split(":")[0][3:] for line in self.launches(r)]
+        self.assertEqual(order, ["sync-w2 seed 1", "async-w2 seed 1", "sync-w2 seed 2", "async-w2 seed 2",
+                                 "sync-w2 seed 3", "async-w2 seed 3"])
+        self.assertEqual([self.seed_of("sync-w2", s) for s in (1, 2, 3)], [1, 2, 3])
+        with open(os.path.join(self.out, "tiny", "modes", "stats.json")) as f:
+            st = json.load(f)
+        top1 = st["sync-w2"]["metrics"]["final_top1"]
+        self.assertEqual((st["sync-w2"]["runs"], top1["n"]), (3, 3))
+        # Final top-1 = the curve at step 120 plus 1, 2, 3 points: mean +2, s = 1, t(0.975, 2) = 4.303.
+        self.assertAlmostEqual(top1["mean"], 100 * (fab.top1_at(120) + 0.02), places=3)
+        self.assertAlmostEqual(top1["half"], 4.3027 * 1.0 / 3 ** 0.5, places=2)
+        self.assertEqual(st["sync-w2"]["metrics"]["time_to_target_s"]["missing"], 3)  # 0.89 never reached
+        with open(os.path.join(self.out, "tiny", "modes", "stats.md")) as f:
+            table = f.read()
+        self.assertIn("| sync-w2 vs async-w2 | no difference shown (Welch p = 1) |", table)
+        self.assertIn("(3 not reached)", table)
+
+    def test_a_real_difference_is_called_significant(self):
+        env = dict(os.environ, FAKE_TOP1_BY_SEED="1", FAKE_SYNC_SHIFT="0.05")
+        r = self.experiment(self.write_experiment(), "--seeds", "3", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.out, "tiny", "modes", "stats.md")) as f:
+            table = f.read()
+        self.assertRegex(table, r"\| sync-w2 vs async-w2 \| significant \(Welch p = [0-9.e-]+\) \|")
+
+    def test_a_second_pass_reuses_what_finished_and_rerun_runs_it_again(self):
+        path = self.write_experiment()
+        self.assertEqual(self.experiment(path, "--seeds", "2").returncode, 0)
+        r = self.experiment(path, "--seeds", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("reused (finished earlier"), 4, r.stdout)
+        r = self.experiment(path, "--seeds", "2", "--set", "worker.steps=5")  # another config: run again
+        self.assertEqual(r.stdout.count("reused"), 0, r.stdout)
+        r = self.experiment(path, "--seeds", "2", "--set", "worker.steps=5", "--rerun")
+        self.assertEqual(r.stdout.count("reused"), 0, r.stdout)
+
+    def test_a_failed_seed_is_left_out_with_a_warning_and_the_tool_exits_1(self):
+        env = dict(os.environ, FAKE_FAIL_SEED="2")
+        r = self.experiment(self.write_experiment(), "--seeds", "3", env=env)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("warning: sync-w2 seed 2: downpour-launch exited 3", r.stderr)
+        self.assertEqual(len(self.launches(r)), 6, "the other runs still ran")
+        with open(os.path.join(self.out, "tiny", "modes", "stats.json")) as f:
+            self.assertEqual(json.load(f)["sync-w2"]["runs"], 2)
+        with open(os.path.join(self.out, "tiny", "modes", "stats.md")) as f:
+            self.assertIn("Excluded: sync-w2 seed 2 failed", f.read())
+
+    def test_fewer_than_one_seed_is_a_usage_error(self):
+        for bad in ("0", "-2"):
+            r = self.experiment(self.write_experiment(), "--seeds", bad)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"--seeds {bad}: must be an integer >= 1", r.stderr)
+        r = self.experiment(self.write_experiment(EXPERIMENT.replace('name = "tiny"', 'name = "tiny"\nseeds = 0')))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("experiment.seeds = 0: must be an integer >= 1", r.stderr)
 
 
 class BadExperimentFiles(ExperimentTest):

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""tools/downpour_stats.py against known answers: Student t quantiles from tables, Welch's test
+on Wikipedia's worked example, intervals by hand, and a difference that must be called
+significant beside one that must not."""
+import math
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import downpour_stats as st  # noqa: E402
+
+
+class StudentT(unittest.TestCase):
+    def test_quantiles_match_the_tables(self):
+        # t(0.975, df) from any statistics table.
+        for df, t in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (10, 2.228), (30, 2.042), (1000, 1.962)):
+            self.assertAlmostEqual(st.t_quantile(0.975, df), t, places=3, msg=f"df {df}")
+        self.assertAlmostEqual(st.t_quantile(0.025, 5), -st.t_quantile(0.975, 5), places=9)
+
+    def test_cdf_is_symmetric_and_exact_for_one_degree_of_freedom(self):
+        for t in (-3.0, -0.5, 0.0, 0.7, 4.0):
+            self.assertAlmostEqual(st.t_cdf(t, 1), 0.5 + math.atan(t) / math.pi, places=10)  # Cauchy
+            self.assertAlmostEqual(st.t_cdf(t, 7) + st.t_cdf(-t, 7), 1.0, places=12)
+        with self.assertRaises(ValueError):
+            st.t_quantile(1.0, 3)
+
+
+class Intervals(unittest.TestCase):
+    def test_mean_and_half_width_by_hand(self):
+        n, mean, half = st.mean_interval([1, 2, 3, 4, 5])
+        self.assertEqual((n, mean), (5, 3.0))
+        self.assertAlmostEqual(half, 2.7764 * math.sqrt(2.5) / math.sqrt(5), places=3)
+        self.assertEqual(st.mean_interval([7.0]), (1, 7.0, None))
+        self.assertEqual(st.mean_interval([]), (0, None, None))
+
+    def test_cells_count_runs_without_a_value(self):
+        runs = [{"final_top1": 0.9, "time_to_target_s": 10.0}, {"final_top1": 0.92, "time_to_target_s": None},
+                {"final_top1": 0.91}]
+        cell = st.cell_stats(runs)
+        self.assertAlmostEqual(cell["final_top1"]["mean"], 91.0)
+        self.assertEqual((cell["time_to_target_s"]["n"], cell["time_to_target_s"]["missing"]), (1, 2))
+        self.assertEqual(st.fmt_cell(cell["time_to_target_s"], 1, "time_to_target_s"), "10.0 (n = 1) (2 not reached)")
+        self.assertEqual(st.fmt_cell(cell["staleness_mean"], 2, "staleness_mean"), "— (3 without)")
+
+
+class Welch(unittest.TestCase):
+    # Wikipedia, "Welch's t-test", example 1: t = -2.46, df = 24.99, p = 0.021.
+    A = [27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4]
+    B = [27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4]
+
+    def test_the_worked_example(self):
+        t, df, p = st.welch(self.A, self.B)
+        self.assertAlmostEqual(t, -2.46, places=2)
+        self.assertAlmostEqual(df, 24.99, places=1)
+        self.assertAlmostEqual(p, 0.021, places=3)
+
+    def test_a_difference_that_must_be_called_and_one_that_must_not(self):
+        far = st.compare([{"final_top1": v} for v in (0.80, 0.81, 0.79)],
+                         [{"final_top1": v} for v in (0.90, 0.91, 0.89)], "final_top1", 100.0)
+        self.assertTrue(far["significant"], far)
+        self.assertLess(far["p"], 0.001)
+        near = st.compare([{"final_top1": v} for v in (0.80, 0.83, 0.79)],
+                          [{"final_top1": v} for v in (0.81, 0.80, 0.82)], "final_top1", 100.0)
+        self.assertFalse(near["significant"], near)
+        self.assertIn("no difference shown", st.fmt_comparison(near))
+        self.assertIn("significant (Welch p = ", st.fmt_comparison(far))
+        self.assertEqual(st.fmt_comparison(None), "too few runs to test")
+        self.assertIsNone(st.welch([1.0], [2.0, 3.0]))
+
+    def test_samples_without_spread(self):
+        self.assertEqual(st.welch([1.0, 1.0], [1.0, 1.0])[2], 1.0)
+        self.assertEqual(st.welch([1.0, 1.0], [2.0, 2.0])[2], 0.0)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,184 @@
+"""downpour_stats — the statistics of repeated runs (downpour-experiment --seeds).
+
+For a cell (one configuration run over several seeds): the mean of each metric and its 95%
+interval, mean ± t(0.975, n−1) · s / √n (Student's t; s the sample standard deviation). Between
+two cells: Welch's unequal-variance t-test, two-sided, with the Welch–Satterthwaite degrees of
+freedom; a difference is called significant at p < 0.05, otherwise "no difference shown". Pure
+Python: Student's t distribution from the regularized incomplete beta function (Numerical
+Recipes' continued fraction), as a fresh Debian machine has no SciPy.
+
+What the numbers do not show: seeds vary the data order and the initial weights, not the
+machine; a cell whose runs did not reach the target has no time-to-target for them, and the mean
+is over the runs that did (the count of those that did not is reported beside it).
+"""
+import math
+
+ALPHA = 0.05  # two-sided significance level; intervals are 1 − ALPHA = 95%
+
+# (summary key, column heading, scale, digits): the metrics a cell reports.
+METRICS = [
+    ("final_top1", "final top-1 %", 100.0, 2),
+    ("time_to_target_s", "s to target", 1.0, 1),
+    ("epochs_to_target", "epochs to target", 1.0, 2),
+    ("images_per_s", "img/s", 1.0, 0),
+    ("staleness_mean", "staleness", 1.0, 2),
+]
+
+
+def _betacf(a, b, x):
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betai(a, b, x):
+    """The regularized incomplete beta function I_x(a, b), 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    ln = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1.0 - x)
+    front = math.exp(ln)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t, df):
+    """P(T <= t) for Student's t with df > 0 degrees of freedom."""
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * betai(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p, df):
+    """The t with P(T <= t) = p (0 < p < 1), by bisection."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile: p = {p} is outside (0, 1)")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def mean_interval(values):
+    """(n, mean, half-width of the 95% interval); the half-width is None below two values."""
+    n = len(values)
+    if n == 0:
+        return 0, None, None
+    mean = sum(values) / n
+    if n < 2:
+        return n, mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return n, mean, t_quantile(1.0 - ALPHA / 2.0, n - 1) * sd / math.sqrt(n)
+
+
+def welch(a, b):
+    """Welch's t-test of two samples: (t, df, two-sided p); None below two values on a side."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    na, nb = len(a), len(b)
+    ma, mb = sum(a) / na, sum(b) / nb
+    va = sum((x - ma) ** 2 for x in a) / (na - 1)
+    vb = sum((x - mb) ** 2 for x in b) / (nb - 1)
+    se2 = va / na + vb / nb
+    if se2 == 0.0:  # both without spread: equal means are no difference, others are certain
+        return (0.0, float(na + nb - 2), 1.0) if ma == mb else (math.copysign(math.inf, ma - mb), float(na + nb - 2), 0.0)
+    t = (ma - mb) / math.sqrt(se2)
+    df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+    return t, df, 2.0 * (1.0 - t_cdf(abs(t), df))
+
+
+def values(summaries, key, scale=1.0):
+    """The metric's values over a cell's runs (runs without it left out)."""
+    return [scale * s[key] for s in summaries if s.get(key) is not None]
+
+
+def cell_stats(summaries):
+    """Per metric: {n, mean, half, missing} over a cell's runs (missing: runs without a value,
+    e.g. that did not reach the target)."""
+    out = {}
+    for key, _, scale, _ in METRICS:
+        xs = values(summaries, key, scale)
+        n, mean, half = mean_interval(xs)
+        out[key] = {"n": n, "mean": mean, "half": half, "missing": len(summaries) - n}
+    return out
+
+
+def compare(a, b, key, scale=1.0):
+    """Welch's test of one metric between two cells' runs: {t, df, p, significant} or None."""
+    r = welch(values(a, key, scale), values(b, key, scale))
+    if r is None:
+        return None
+    t, df, p = r
+    return {"t": t, "df": df, "p": p, "significant": p < ALPHA}
+
+
+def fmt_cell(stat, digits, key=""):
+    """"mean ± half", "mean (n = 1)" or "—", with the count of runs that have no value: for a
+    metric to the target "not reached", else "without"."""
+    if stat["n"] == 0:
+        text = "—"
+    elif stat["half"] is None:
+        text = f"{stat['mean']:.{digits}f} (n = 1)"
+    else:
+        text = f"{stat['mean']:.{digits}f} ± {stat['half']:.{digits}f}"
+    if stat["missing"]:
+        text += f" ({stat['missing']} {'not reached' if key.endswith('_to_target_s') or key.endswith('_to_target') else 'without'})"
+    return text
+
+
+def fmt_comparison(r):
+    """A comparison's words: "significant (Welch p = 0.003)" or "no difference shown (p = 0.41)"."""
+    if r is None:
+        return "too few runs to test"
+    p = f"{r['p']:.3g}" if r["p"] >= 1e-4 else "< 1e-4"
+    return f"significant (Welch p = {p})" if r["significant"] else f"no difference shown (Welch p = {p})"
+
+
+def markdown(group, cells, failed):
+    """The group's table: a row per cell, a row per pair of cells for final top-1 and time to
+    target; `cells` is [(label, [summaries])], `failed` [(label, seed, why)] (excluded)."""
+    lines = [f"## {group}", "",
+             f"Mean ± 95% interval (Student t) over each cell's seeds; pairs by Welch's t-test at p < {ALPHA}.", "",
+             "| cell | runs | " + " | ".join(h for _, h, _, _ in METRICS) + " |",
+             "| --- | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
+    for label, runs in cells:
+        st = cell_stats(runs)
+        lines.append(f"| {label} | {len(runs)} | " + " | ".join(fmt_cell(st[k], d, k) for k, _, _, d in METRICS) + " |")
+    pairs = [(a, b) for i, a in enumerate(cells) for b in cells[i + 1:]]
+    if pairs:
+        lines += ["", "| pair | final top-1 | time to target |", "| --- | --- | --- |"]
+        for (la, ra), (lb, rb) in pairs:
+            lines.append(f"| {la} vs {lb} | {fmt_comparison(compare(ra, rb, 'final_top1', 100.0))} | "
+                         f"{fmt_comparison(compare(ra, rb, 'time_to_target_s'))} |")
+    for label, seed, why in failed:
+        lines.append(f"\nExcluded: {label} seed {seed} failed ({why}).")
+    return "\n".join(lines) + "\n"
