@@ -8,6 +8,7 @@ import bisect
 import datetime
 import html
 import os
+import subprocess
 import urllib.parse
 
 import downpour_runs as dr
@@ -258,3 +259,38 @@ def experiment_index(out_dir, title, groups, generator):
     with open(path, "w") as f:
         f.write(page(title, "\n".join(parts) or "<p>No groups.</p>", generator))
     return path
+
+
+# ---- Charts (gnuplot), shared by downpour-compare and downpour-experiment.
+
+def gp_quote(s):
+    """A gnuplot single-quoted string: no escapes inside, '' is a quote."""
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+def color(i):
+    """Run i's colour in every chart: gnuplot's linetype i+1."""
+    return f"lc {i + 1}"
+
+
+def plot(out_dir, name, script, size=(800, 500)):
+    """Writes out_dir/name.gp and runs gnuplot on it → out_dir/name.png."""
+    gp = os.path.join(out_dir, name + ".gp")
+    with open(gp, "w") as f:
+        f.write(f"set terminal pngcairo noenhanced size {size[0]},{size[1]} font 'sans,10'\n")
+        f.write(f"set output {gp_quote(os.path.join(out_dir, name + '.png'))}\n")
+        f.write("set grid\n")
+        f.write(script)
+    try:
+        r = subprocess.run(["gnuplot", gp], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise dr.ToolError("gnuplot not found: install gnuplot-nox (scripts/bootstrap does)") from None
+    if r.returncode != 0:
+        raise dr.ToolError(f"gnuplot failed on {gp}: {r.stderr.strip()}")
+
+
+def write_dat(path, header, rows):
+    with open(path, "w") as f:
+        f.write(f"# {header}\n")
+        for row in rows:
+            f.write(" ".join(row) + "\n")

@@ -71,6 +71,29 @@ import sys
 import tomllib
 
 TARGET_TOP1 = 0.89  # the Fashion-MNIST accuracy the default job must reach
+
+
+def interpolated_target(evals):
+    """When the run crossed TARGET_TOP1 between its evaluations, from `evals` [(active time,
+    record)] in time order: the time and epoch where the straight line between the last
+    evaluation below the target and the first at or above it crosses it, and the gap between
+    those two evaluations (the bracket the crossing lies in; 0 when the first one reached it).
+    Nones when it never reached it."""
+    none = {"time_to_target_interp_s": None, "epochs_to_target_interp": None, "target_bracket_s": None}
+    for i, (t, r) in enumerate(evals):
+        a = r.get("top1") or 0
+        if a < TARGET_TOP1:
+            continue
+        if i == 0:
+            return {"time_to_target_interp_s": t, "epochs_to_target_interp": r.get("epoch"), "target_bracket_s": 0.0}
+        t0, r0 = evals[i - 1]
+        a0 = r0.get("top1") or 0
+        f = (TARGET_TOP1 - a0) / (a - a0) if a > a0 else 1.0
+        e, e0 = r.get("epoch"), r0.get("epoch")
+        return {"time_to_target_interp_s": t0 + f * (t - t0),
+                "epochs_to_target_interp": e0 + f * (e - e0) if e is not None and e0 is not None else e,
+                "target_bracket_s": t - t0}
+    return none
 # A run whose final top-1 is at most this many times chance (1 / num_classes) learned nothing:
 # it diverged (e.g. 10.0% for 10 classes; chance plus sampling noise stays well under 15%).
 DIVERGED_CHANCE_FACTOR = 1.5
@@ -803,6 +826,7 @@ def summarize(spec):
         "target_top1": TARGET_TOP1,
         "time_to_target_s": reached[0][0] if reached else None,
         "epochs_to_target": reached[0][1].get("epoch") if reached else None,
+        **interpolated_target(evals),
         "num_classes": model_num_classes(config, parts[0]),
     }
     # Collapsed to chance or blew up (tools/downpour_runs.py divergence): marked in the table.

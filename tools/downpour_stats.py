@@ -16,10 +16,14 @@ import math
 ALPHA = 0.05  # two-sided significance level; intervals are 1 − ALPHA = 95%
 
 # (summary key, column heading, scale, digits): the metrics a cell reports.
+# Time and epochs to the target are interpolated between the two evaluations around the crossing
+# (downpour_runs.interpolated_target); target_bracket_s, the gap between them, says how far the
+# interpolation could be off (reported, not added to the interval).
 METRICS = [
     ("final_top1", "final top-1 %", 100.0, 2),
-    ("time_to_target_s", "s to target", 1.0, 1),
-    ("epochs_to_target", "epochs to target", 1.0, 2),
+    ("time_to_target_interp_s", "s to target", 1.0, 1),
+    ("target_bracket_s", "eval gap s", 1.0, 1),
+    ("epochs_to_target_interp", "epochs to target", 1.0, 2),
     ("images_per_s", "img/s", 1.0, 0),
     ("staleness_mean", "staleness", 1.0, 2),
 ]
@@ -116,6 +120,34 @@ def welch(a, b):
     return t, df, 2.0 * (1.0 - t_cdf(abs(t), df))
 
 
+def _at(curve, t):
+    """A curve [(t, y)] joined by straight lines, at t (within its span)."""
+    for (t0, y0), (t1, y1) in zip(curve, curve[1:]):
+        if t0 <= t <= t1:
+            return y0 if t1 == t0 else y0 + (y1 - y0) * (t - t0) / (t1 - t0)
+    return curve[-1][1]
+
+
+def band(summaries, points=60):
+    """A cell's test top-1 (%) against active time as its runs' mean and 95% interval, on a
+    common grid from the latest first evaluation to the earliest last one, each run's evaluations
+    joined by straight lines: [(t, mean, low, high)]; [] below two runs with two evaluations."""
+    curves = [[(e["wall_s"], 100.0 * e["top1"]) for e in s.get("evals", []) if e.get("top1") is not None]
+              for s in summaries]
+    curves = [c for c in curves if len(c) >= 2]
+    if len(curves) < 2:
+        return []
+    start, end = max(c[0][0] for c in curves), min(c[-1][0] for c in curves)
+    if end <= start:
+        return []
+    out = []
+    for k in range(points):
+        t = start + (end - start) * k / (points - 1)
+        _, mean, half = mean_interval([_at(c, t) for c in curves])
+        out.append((t, mean, mean - half, mean + half))
+    return out
+
+
 def values(summaries, key, scale=1.0):
     """The metric's values over a cell's runs (runs without it left out)."""
     return [scale * s[key] for s in summaries if s.get(key) is not None]
@@ -151,7 +183,8 @@ def fmt_cell(stat, digits, key=""):
     else:
         text = f"{stat['mean']:.{digits}f} ± {stat['half']:.{digits}f}"
     if stat["missing"]:
-        text += f" ({stat['missing']} {'not reached' if key.endswith('_to_target_s') or key.endswith('_to_target') else 'without'})"
+        reached_metric = "_to_target" in key or key == "target_bracket_s"
+        text += f" ({stat['missing']} {'not reached' if reached_metric else 'without'})"
     return text
 
 
@@ -178,7 +211,7 @@ def markdown(group, cells, failed):
         lines += ["", "| pair | final top-1 | time to target |", "| --- | --- | --- |"]
         for (la, ra), (lb, rb) in pairs:
             lines.append(f"| {la} vs {lb} | {fmt_comparison(compare(ra, rb, 'final_top1', 100.0))} | "
-                         f"{fmt_comparison(compare(ra, rb, 'time_to_target_s'))} |")
+                         f"{fmt_comparison(compare(ra, rb, 'time_to_target_interp_s'))} |")
     for label, seed, why in failed:
         lines.append(f"\nExcluded: {label} seed {seed} failed ({why}).")
     return "\n".join(lines) + "\n"

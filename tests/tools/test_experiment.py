@@ -174,11 +174,13 @@ class Seeds(ExperimentTest):
         # Final top-1 = the curve at step 120 plus 1, 2, 3 points: mean +2, s = 1, t(0.975, 2) = 4.303.
         self.assertAlmostEqual(top1["mean"], 100 * (fab.top1_at(120) + 0.02), places=3)
         self.assertAlmostEqual(top1["half"], 4.3027 * 1.0 / 3 ** 0.5, places=2)
-        self.assertEqual(st["sync-w2"]["metrics"]["time_to_target_s"]["missing"], 3)  # 0.89 never reached
+        self.assertEqual(st["sync-w2"]["metrics"]["time_to_target_interp_s"]["missing"], 3)  # 0.89 never reached
         with open(os.path.join(self.out, "tiny", "modes", "stats.md")) as f:
             table = f.read()
         self.assertIn("| sync-w2 vs async-w2 | no difference shown (Welch p = 1) |", table)
         self.assertIn("(3 not reached)", table)
+        self.assertIn("accuracy_band.png", table)
+        self.assertTrue(os.path.getsize(os.path.join(self.out, "tiny", "modes", "accuracy_band.png")) > 0)
 
     def test_a_real_difference_is_called_significant(self):
         env = dict(os.environ, FAKE_TOP1_BY_SEED="1", FAKE_SYNC_SHIFT="0.05")

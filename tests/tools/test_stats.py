@@ -35,13 +35,47 @@ class Intervals(unittest.TestCase):
         self.assertEqual(st.mean_interval([]), (0, None, None))
 
     def test_cells_count_runs_without_a_value(self):
-        runs = [{"final_top1": 0.9, "time_to_target_s": 10.0}, {"final_top1": 0.92, "time_to_target_s": None},
+        runs = [{"final_top1": 0.9, "time_to_target_interp_s": 10.0}, {"final_top1": 0.92, "time_to_target_interp_s": None},
                 {"final_top1": 0.91}]
         cell = st.cell_stats(runs)
         self.assertAlmostEqual(cell["final_top1"]["mean"], 91.0)
-        self.assertEqual((cell["time_to_target_s"]["n"], cell["time_to_target_s"]["missing"]), (1, 2))
-        self.assertEqual(st.fmt_cell(cell["time_to_target_s"], 1, "time_to_target_s"), "10.0 (n = 1) (2 not reached)")
+        self.assertEqual((cell["time_to_target_interp_s"]["n"], cell["time_to_target_interp_s"]["missing"]), (1, 2))
+        self.assertEqual(st.fmt_cell(cell["time_to_target_interp_s"], 1, "time_to_target_interp_s"), "10.0 (n = 1) (2 not reached)")
         self.assertEqual(st.fmt_cell(cell["staleness_mean"], 2, "staleness_mean"), "— (3 without)")
+
+
+class InterpolatedTarget(unittest.TestCase):
+    """tools/downpour_runs.interpolated_target: where the line between the evaluations around
+    the target crosses it, and their gap."""
+
+    def test_crossing_between_two_evaluations(self):
+        import downpour_runs as dr
+        evals = [(10.0, {"top1": 0.80, "epoch": 1.0}), (20.0, {"top1": 0.88, "epoch": 2.0}),
+                 (30.0, {"top1": 0.90, "epoch": 3.0}), (40.0, {"top1": 0.91, "epoch": 4.0})]
+        got = dr.interpolated_target(evals)
+        self.assertAlmostEqual(got["time_to_target_interp_s"], 25.0)  # halfway from 0.88 to 0.90
+        self.assertAlmostEqual(got["epochs_to_target_interp"], 2.5)
+        self.assertEqual(got["target_bracket_s"], 10.0)
+
+    def test_reached_at_the_first_evaluation_or_never(self):
+        import downpour_runs as dr
+        first = dr.interpolated_target([(5.0, {"top1": 0.95, "epoch": 0.5})])
+        self.assertEqual((first["time_to_target_interp_s"], first["target_bracket_s"]), (5.0, 0.0))
+        never = dr.interpolated_target([(5.0, {"top1": 0.5}), (9.0, {"top1": 0.7})])
+        self.assertIsNone(never["time_to_target_interp_s"])
+
+
+class Band(unittest.TestCase):
+    def test_mean_and_interval_on_the_common_span(self):
+        a = {"evals": [{"wall_s": 0.0, "top1": 0.5}, {"wall_s": 10.0, "top1": 0.7}]}
+        b = {"evals": [{"wall_s": 2.0, "top1": 0.6}, {"wall_s": 12.0, "top1": 0.8}]}
+        rows = st.band([a, b], points=3)
+        self.assertEqual([round(t, 6) for t, _, _, _ in rows], [2.0, 6.0, 10.0])  # both runs' span
+        t, mean, lo, hi = rows[1]  # at t = 6: a is at 62, b at 68
+        self.assertAlmostEqual(mean, 65.0)
+        self.assertAlmostEqual(hi - mean, 12.706 * 3.0 * math.sqrt(2) / math.sqrt(2), places=2)
+        self.assertEqual(st.band([a]), [])
+        self.assertEqual(st.band([a, {"evals": [{"wall_s": 20.0, "top1": 0.9}, {"wall_s": 30.0, "top1": 0.9}]}]), [])
 
 
 class Welch(unittest.TestCase):
