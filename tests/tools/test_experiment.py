@@ -212,6 +212,15 @@ class Seeds(ExperimentTest):
         with open(os.path.join(self.out, "tiny", "modes", "stats.md")) as f:
             self.assertIn("Excluded: sync-w2 seed 2 failed", f.read())
 
+    def test_a_group_whose_cells_differ_in_more_than_one_key_is_warned(self):
+        r = self.experiment(self.write_experiment(EXPERIMENT.replace(
+            'consistency = { mode = "async" }', 'consistency = { mode = "async" }\ncluster = { workers = 4 }')))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("warning: group modes: its cells differ in cluster.workers, consistency.mode (not one axis", r.stderr)
+        self.assertNotIn("group workers", r.stderr, "a group of one cell varies nothing")
+        r = self.experiment(self.write_experiment())
+        self.assertNotIn("warning: group", r.stderr, "sync vs async differ in the mode alone")
+
     def test_fewer_than_one_seed_is_a_usage_error(self):
         for bad in ("0", "-2"):
             r = self.experiment(self.write_experiment(), "--seeds", bad)
