@@ -9,7 +9,10 @@ Recipes' continued fraction), as a fresh Debian machine has no SciPy.
 
 What the numbers do not show: seeds vary the data order and the initial weights, not the
 machine; a cell whose runs did not reach the target has no time-to-target for them, and the mean
-is over the runs that did (the count of those that did not is reported beside it).
+is over the runs that did (the count of those that did not is reported beside it). A run that
+diverged (downpour_runs: final top-1 at chance, or a non-finite loss) is counted in its cell's
+"diverged" column and left out of its means and tests: how often a configuration diverges is a
+finding of its own, and averaging a chance-level run into the others would hide both.
 """
 import math
 
@@ -153,10 +156,16 @@ def values(summaries, key, scale=1.0):
     return [scale * s[key] for s in summaries if s.get(key) is not None]
 
 
+def converged(summaries):
+    """The runs that did not diverge."""
+    return [s for s in summaries if not s.get("diverged")]
+
+
 def cell_stats(summaries):
-    """Per metric: {n, mean, half, missing} over a cell's runs (missing: runs without a value,
-    e.g. that did not reach the target)."""
-    out = {}
+    """Per metric: {n, mean, half, missing} over a cell's runs that did not diverge (missing:
+    runs without a value, e.g. that did not reach the target); "diverged": how many did."""
+    out = {"diverged": len(summaries) - len(converged(summaries))}
+    summaries = converged(summaries)
     for key, _, scale, _ in METRICS:
         xs = values(summaries, key, scale)
         n, mean, half = mean_interval(xs)
@@ -166,7 +175,7 @@ def cell_stats(summaries):
 
 def compare(a, b, key, scale=1.0):
     """Welch's test of one metric between two cells' runs: {t, df, p, significant} or None."""
-    r = welch(values(a, key, scale), values(b, key, scale))
+    r = welch(values(converged(a), key, scale), values(converged(b), key, scale))
     if r is None:
         return None
     t, df, p = r
@@ -200,12 +209,14 @@ def markdown(group, cells, failed):
     """The group's table: a row per cell, a row per pair of cells for final top-1 and time to
     target; `cells` is [(label, [summaries])], `failed` [(label, seed, why)] (excluded)."""
     lines = [f"## {group}", "",
-             f"Mean ± 95% interval (Student t) over each cell's seeds; pairs by Welch's t-test at p < {ALPHA}.", "",
-             "| cell | runs | " + " | ".join(h for _, h, _, _ in METRICS) + " |",
-             "| --- | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
+             f"Mean ± 95% interval (Student t) over each cell's seeds that did not diverge; pairs by Welch's "
+             f"t-test at p < {ALPHA}.", "",
+             "| cell | runs | diverged | " + " | ".join(h for _, h, _, _ in METRICS) + " |",
+             "| --- | ---: | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
     for label, runs in cells:
         st = cell_stats(runs)
-        lines.append(f"| {label} | {len(runs)} | " + " | ".join(fmt_cell(st[k], d, k) for k, _, _, d in METRICS) + " |")
+        lines.append(f"| {label} | {len(runs)} | {st['diverged']} | "
+                     + " | ".join(fmt_cell(st[k], d, k) for k, _, _, d in METRICS) + " |")
     pairs = [(a, b) for i, a in enumerate(cells) for b in cells[i + 1:]]
     if pairs:
         lines += ["", "| pair | final top-1 | time to target |", "| --- | --- | --- |"]

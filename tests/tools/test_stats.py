@@ -78,6 +78,18 @@ class Band(unittest.TestCase):
         self.assertEqual(st.band([a, {"evals": [{"wall_s": 20.0, "top1": 0.9}, {"wall_s": 30.0, "top1": 0.9}]}]), [])
 
 
+class Diverged(unittest.TestCase):
+    def test_a_diverged_run_is_counted_and_left_out_of_the_means_and_tests(self):
+        runs = [{"final_top1": 0.83}, {"final_top1": 0.84}, {"final_top1": 0.10, "diverged": True}]
+        cell = st.cell_stats(runs)
+        self.assertEqual(cell["diverged"], 1)
+        self.assertEqual(cell["final_top1"]["n"], 2)
+        self.assertAlmostEqual(cell["final_top1"]["mean"], 83.5)
+        table = st.markdown("g", [("a", runs), ("b", [{"final_top1": 0.90}, {"final_top1": 0.91}])], [])
+        self.assertIn("| a | 3 | 1 | 83.50 ± ", table)
+        self.assertIn("| b | 2 | 0 | 90.50 ± ", table)
+
+
 class Welch(unittest.TestCase):
     # Wikipedia, "Welch's t-test", example 1: t = -2.46, df = 24.99, p = 0.021.
     A = [27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4]
