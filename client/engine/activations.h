@@ -17,6 +17,8 @@
 #include <span>
 #include <string_view>
 
+#include "common/status.h"
+
 namespace downpour::engine {
 
 enum class ActivationKind {
@@ -50,12 +52,14 @@ inline constexpr ActivationRow kActivations[] = {
      [](float x, float y, float alpha) { return x > 0.0f ? 1.0f : y + alpha; }},
 };
 
-// The row of `kind`; every kind has one.
+// The row of `kind`. A kind without a row is a programming error (the backends' switches also
+// warn at compile time on a kind they lack).
 inline const ActivationRow& ActivationOf(ActivationKind kind) {
   for (const ActivationRow& row : kActivations) {
     if (row.kind == kind) return row;
   }
-  return kActivations[0];  // unreachable: a kind without a row fails ActivationRowsAreComplete
+  DP_CHECK(false && "an ActivationKind without a row in kActivations");
+  return kActivations[0];
 }
 
 // The row named `name` (a TOML or Caffe type), or null.
