@@ -242,6 +242,14 @@ class NetnsJob(unittest.TestCase):
         self.healed_at = time.monotonic()
 
     def test_a_worker_cut_off_past_the_timeout_is_out_and_the_job_ends(self):
+        # The job must still run when the link comes back, for someone to tell the worker it is
+        # out: worker 0 is slowed to 25 ms a step, so its last 270 steps outlast the 4 s cut (at
+        # full speed it once finished first, the run ended during the cut, and the worker came
+        # back to nobody and waited its 60 s of server_wait, as designed).
+        with open(self.config) as f:
+            text = f.read()
+        with open(self.config, "w") as f:
+            f.write(text.replace("threads = 1\n", "threads = 1\nstraggler = 0\nstraggler_delay_ms = 25\n", 1))
         self.start()
         self.assertTrue(self.wait_steps(1, STEPS // 10), self.output())
         self.cut("worker 1")
