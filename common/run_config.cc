@@ -194,7 +194,6 @@ std::string ExpectedNames(std::span<const std::string_view> names) {
   return expected;
 }
 
-
 // One range rule: "<source>: <table.key> = <value>: <why>".
 class Validator {
  public:
@@ -248,17 +247,6 @@ Status ApplyOverride(const std::string& text, toml::table* root, std::map<std::s
   return Status::Ok();
 }
 
-// host:port with a non-empty host and a port in 1..65535.
-bool IsHostPortText(const std::string& s) {
-  const size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
-  int64_t port = 0;
-  for (size_t i = colon + 1; i < s.size(); ++i) {
-    if (s[i] < '0' || s[i] > '9' || i - colon > 5) return false;
-    port = port * 10 + (s[i] - '0');
-  }
-  return port >= 1 && port <= 65535;
-}
 
 // Shortest text that reads back to the same float/double, always with a '.' or exponent so
 // TOML reads it as a float.
@@ -692,7 +680,16 @@ bool ParseIndexed(std::string_view text, std::string_view prefix, size_t max_dig
 
 }  // namespace
 
-bool IsHostPort(const std::string& s) { return IsHostPortText(s); }
+bool IsHostPort(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
+  int64_t port = 0;
+  for (size_t i = colon + 1; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9' || i - colon > 5) return false;
+    port = port * 10 + (s[i] - '0');
+  }
+  return port >= 1 && port <= 65535;
+}
 
 const char* LrPolicyName(LrPolicy policy) { return NameOf(kLrPolicyNames, policy); }
 bool ParseLrPolicy(std::string_view text, LrPolicy* out) { return ParseName(kLrPolicyNames, text, out); }

@@ -38,12 +38,6 @@ struct Rule {
   std::string why;
 };
 
-// Any value of the type.
-template <typename T>
-Rule<T> Any() {
-  return {nullptr, ""};
-}
-
 // A predicate and what the error says.
 template <typename T, typename Pred>
 Rule<T> Must(Pred pred, std::string why) {
