@@ -876,6 +876,10 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              std::string(ReplyOrderName(cl.reply_order)),
              "\"step\" orders replies on an emulated link: it needs cluster.link_gbps (on a real network the NIC "
              "decides; not implemented)");
+  v.Check(!c.checkpoint.history || c.checkpoint.wal, "checkpoint.history", c.checkpoint.history,
+          "the history is the servers' write-ahead logs: it needs checkpoint.wal = true")
+      .Check(!c.checkpoint.history || c.models.empty(), "checkpoint.history", c.checkpoint.history,
+             "is kept for single-model runs only (this run trains [[models]])");
   CheckSolver(v, c.solver, c, "solver");
   v.Check(co.staleness_bound >= 0, "consistency.mode", ConsistencyModeString(co), "staleness bound must be >= 0")
       .Check(co.backup_workers == 0 || co.mode == ConsistencyMode::kSync, "consistency.backup_workers",

@@ -6,6 +6,24 @@
 
 namespace downpour {
 
+ShardOptions RunShardOptions(const RunConfig& config, int server_id, int model) {
+  ShardOptions o;
+  o.server_id = server_id;
+  o.model_id = static_cast<uint32_t>(model);
+  o.solver = config.models.empty() ? RunSolver(config) : ModelSolver(config, model);
+  o.consistency = config.consistency;
+  o.expected_workers = config.cluster.workers;
+  o.batches_per_push = config.worker.push_every;
+  o.factor_threads = config.compression.factor_threads;
+  o.server_threads = config.cluster.server_threads;
+  o.max_workers = config.cluster.max_workers;
+  o.serve_by_step = config.cluster.reply_order == ReplyOrder::kStep;
+  o.heartbeat_timeout = std::chrono::milliseconds(config.cluster.heartbeat_timeout_ms);
+  o.checkpoint = config.checkpoint;
+  o.model_moves = !config.models.empty();
+  return o;
+}
+
 Status LoadRunLayouts(const RunConfig& config, const std::string& config_path, const std::string& tensors_file,
                       const std::string& model, const std::string& run_dir, std::vector<ParamLayout>* out) {
   std::vector<std::vector<TensorSpec>> specs;

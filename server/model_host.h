@@ -53,6 +53,12 @@ namespace downpour {
 Status LoadRunLayouts(const RunConfig& config, const std::string& config_path, const std::string& tensors_file,
                       const std::string& model, const std::string& run_dir, std::vector<ParamLayout>* out);
 
+// What shard `model` of server `server_id` takes from the run config: solver, consistency,
+// worker counts, threads, heartbeat timeout and [checkpoint] — everything its updates and their
+// replay depend on. Paths, access, trace and callbacks are the caller's (downpour-server's, or
+// downpour-history's replay).
+ShardOptions RunShardOptions(const RunConfig& config, int server_id, int model = 0);
+
 class ModelHost {
  public:
   // shards[k] must serve model id k (ShardOptions::model_id == k) and the same server id.

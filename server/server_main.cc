@@ -181,23 +181,12 @@ Status Run(const Flags& f, bool* serving) {
     DP_RETURN_IF_ERROR(CheckIpcPathLengths(cfg.cluster, AbsoluteRunDir(f)));
   }
 
-  ShardOptions o;  // every model's; model_id, solver and file paths per model below
-  o.server_id = f.id;
+  ShardOptions o;  // every model's access and networking; the run's options per model below
   o.access.keyed = net.keyed;
   o.access.run_secret = net.token;
   o.access.run_dir = f.run_dir;
-  o.consistency = cfg.consistency;
-  o.expected_workers = cfg.cluster.workers;
-  o.batches_per_push = cfg.worker.push_every;
-  o.factor_threads = cfg.compression.factor_threads;
-  o.server_threads = cfg.cluster.server_threads;
-  o.max_workers = cfg.cluster.max_workers;
-  o.serve_by_step = cfg.cluster.reply_order == ReplyOrder::kStep;
   o.shared_memory = SharedMemoryOn(cfg);  // off on an emulated link (cluster.link_gbps)
-  o.model_moves = multi;
   if (const std::string link = EmulatedLinkNote(cfg); !link.empty()) spdlog::info("server {}: {}", f.id, link);
-  o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
-  o.checkpoint = cfg.checkpoint;
   std::filesystem::create_directories(
       std::filesystem::path(ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id)).parent_path());
   const std::filesystem::path metrics_dir = std::filesystem::path(f.run_dir) / "metrics";
@@ -238,9 +227,11 @@ Status Run(const Flags& f, bool* serving) {
   ProcessTransport transport(net);  // ZeroMQ, behind the emulated link when cluster.link_gbps is set
   std::vector<std::unique_ptr<ShardServer>> shards;
   for (int k = 0; k < models; ++k) {
-    ShardOptions ok = o;
-    ok.model_id = static_cast<uint32_t>(k);
-    ok.solver = multi ? ModelSolver(cfg, k) : RunSolver(cfg);  // a poly max_iter of 0: the planned batches
+    ShardOptions ok = RunShardOptions(cfg, f.id, k);  // a poly max_iter of 0: the planned batches
+    ok.access = o.access;
+    ok.shared_memory = o.shared_memory;
+    ok.trace = o.trace;
+    ok.trace_track = o.trace_track;
     ok.checkpoint_path = ServerCheckpointPath(f.run_dir, cfg.checkpoint, f.id, k);
     if (cfg.checkpoint.wal) ok.wal_path = ServerWalPath(f.run_dir, cfg.checkpoint, f.id, k);
     ok.on_pull_served = [pull_line, k](const PullServedEvent& e) { pull_line(k, e); };
@@ -326,8 +317,11 @@ Status Run(const Flags& f, bool* serving) {
   // model's shard checkpoints once more on its way out when checkpointing is on.
   for (int k = 0; k < models; ++k) {
     ShardServer* shard = host->shard(k);
-    // A shard whose log failed is restarted from its checkpoint and log as they are.
-    if (cfg.checkpoint.every_updates <= 0 || shard->updates() <= 0 || shard->log_failed()) continue;
+    // A shard whose log failed is restarted from its checkpoint and log as they are. A run that
+    // keeps its history checkpoints on stop even without periodic checkpoints: downpour-history
+    // compares the last checkpoint with the replay of the log.
+    const bool checkpoints = cfg.checkpoint.every_updates > 0 || cfg.checkpoint.history;
+    if (!checkpoints || shard->updates() <= 0 || shard->log_failed()) continue;
     const std::string& path = shard->options().checkpoint_path;
     const Status c = shard->SaveCheckpoint(path);
     if (c.ok()) {

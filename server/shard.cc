@@ -267,6 +267,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   lo.checkpoint_bytes = share_floats_ * (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8);
   lo.checkpoint_path = options_.checkpoint_path;
   lo.on_progress = [this] { CallWake(); };  // the log wrote more, or failed: held replies are due
+  lo.keep_segments = options_.checkpoint.history;
   log_ = std::make_unique<ShardLog>(std::move(lo));
   policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers, max_workers_,
                                   options_.round_members);
@@ -1256,6 +1257,11 @@ int64_t ShardServer::ChunkScheduleIter(int32_t chunk) const {
   return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].iter;
 }
 
+uint64_t ShardServer::log_seq() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wal_seq_;
+}
+
 int64_t ShardServer::updates() const {
   std::lock_guard<std::mutex> lock(mu_);
   return updates_;
@@ -1426,8 +1432,22 @@ Status ShardServer::Recover(RecoverReport* report) {
                    options_.server_id, path, info.valid_bytes, info.file_bytes - info.valid_bytes, info.torn_reason);
     }
     truncate = info.records == 0 || info.last_seq <= covered;
+    // Records the checkpoint covers, from a process that died between its checkpoint and moving
+    // the log aside: the history keeps them.
+    if (truncate && info.records > 0 && options_.checkpoint.history) DP_RETURN_IF_ERROR(log_->KeepAside(info.last_seq));
   }
   return log_->Open(wal_seq_ + 1, truncate);
+}
+
+Status ShardServer::Replay(const WalRecord& r, const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  replaying_ = true;
+  const Status s = ReplayRecord(r, path);
+  replaying_ = false;
+  DP_RETURN_IF_ERROR(s);
+  wal_seq_ = r.seq;
+  ++stats_.replayed;
+  return Status::Ok();
 }
 
 Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {

@@ -162,6 +162,10 @@ class ShardServer {
   // past it (either may be missing), drops a torn last record, leaves the log open. Call before
   // Serve/Start. Errors name the file, offset and field; after one the shard must not serve.
   Status Recover(RecoverReport* report);
+  // Applies one record of a log as Recover does, through the live apply path, whatever its seq
+  // (downpour-history replays a whole run's kept log into a fresh shard). Before Serve/Start, with
+  // the log closed. Errors as Recover's, naming `path` and the record.
+  Status Replay(const WalRecord& r, const std::string& path);
   // Opens the log for a fresh start: empties it, seq continuing after a loaded checkpoint's.
   // No-op when the log is off or already open (Recover). Serve calls it.
   Status OpenLog();
@@ -177,6 +181,7 @@ class ShardServer {
   int64_t ChunkVersion(int32_t chunk) const;             // -1 if not owned
   int64_t ChunkScheduleIter(int32_t chunk) const;        // the lr schedule's iteration; -1 if not owned
   int64_t updates() const;                               // applied chunk updates
+  uint64_t log_seq() const;  // the last log record in the state (applied, replayed or checkpointed)
   // Nanoseconds the loop waited for a full apply lane (apply_lanes.h): in stats busy_ns, but time
   // the lanes, not the loop, were the bound.
   uint64_t lane_wait_ns() const { return lanes_->post_wait_ns(); }

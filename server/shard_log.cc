@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "common/env.h"
+#include "common/file_io.h"
 
 namespace downpour {
 
@@ -52,6 +53,42 @@ Status ShardLog::Open(uint64_t first_seq, bool truncate) {
                o_.fsync_ms.count() == 0 ? std::string("before every ack") : fmt::format("every {} ms", o_.fsync_ms.count()),
                o_.max_bytes == 0 ? std::string("no size bound") : fmt::format("{} MiB", o_.max_bytes >> 20));
   return Status::Ok();
+}
+
+std::string KeptSegmentPath(const std::string& log_path, uint64_t last_seq) {
+  return fmt::format("{}.{:020}", log_path, last_seq);
+}
+
+Status ShardLog::Restart() {
+  if (!wal_) return Status::Ok();
+  if (!o_.keep_segments || wal_->last_seq() == 0 || wal_->bytes() == 0) return wal_->Restart();
+  // Everything written and synced; the file renamed under the open writer and the rename made
+  // durable; a new log opened at the path; only then the old writer closed (its padding trimmed).
+  // On an error the old writer goes on, into the kept file, and the history stays whole.
+  DP_RETURN_IF_ERROR(wal_->Sync());
+  DP_RETURN_IF_ERROR(MoveAside(wal_->last_seq()));
+  WalOptions wo;
+  wo.fsync_ms = o_.fsync_ms;
+  wo.io = o_.io;
+  wo.on_progress = o_.on_progress;
+  std::unique_ptr<WalWriter> next;
+  DP_RETURN_IF_ERROR(WalWriter::Open(o_.path, wal_->next_seq(), /*truncate=*/true, wo, &next));
+  wal_.swap(next);
+  return Status::Ok();
+}
+
+Status ShardLog::KeepAside(uint64_t last_seq) {
+  if (wal_ != nullptr) return FailedPrecondition("server {}: {}: the log is open", o_.server_id, o_.path);
+  return MoveAside(last_seq);
+}
+
+Status ShardLog::MoveAside(uint64_t last_seq) {
+  const std::string kept = KeptSegmentPath(o_.path, last_seq);
+  std::error_code ec;
+  std::filesystem::rename(o_.path, kept, ec);
+  if (ec) return IoError("server {}: keeping the log {} as {}: {}", o_.server_id, o_.path, kept, ec.message());
+  const std::string dir = std::filesystem::path(kept).parent_path().string();
+  return FsyncDirectory(dir.empty() ? "." : dir, kept);
 }
 
 Status ShardLog::Stage(WalRecord* r, const char* change) {

@@ -40,7 +40,14 @@ struct ShardLogOptions {
   uint64_t checkpoint_bytes = 0;
   std::string checkpoint_path;
   std::function<void()> on_progress;  // the log thread wrote more, or failed (wakes the loop)
+  // checkpoint.history: Restart keeps what the log holds as `path`.<last seq> (KeptSegmentPath)
+  // instead of emptying it, so that every record of the run stays on disk for downpour-history.
+  bool keep_segments = false;
 };
+
+// Where a log restarted with keep_segments puts its records up to `last_seq`: "<log>.<seq>", the
+// seq zero-padded to 20 digits so that the names sort in the order of the records.
+std::string KeptSegmentPath(const std::string& log_path, uint64_t last_seq);
 
 class ShardLog {
  public:
@@ -74,11 +81,17 @@ class ShardLog {
   bool failed() const { return failed_.load(); }
   Status Failure() const { return wal_ ? wal_->Failure() : Status::Ok(); }
   Status Sync() { return wal_ ? wal_->Sync() : Status::Ok(); }
-  Status Restart() { return wal_ ? wal_->Restart() : Status::Ok(); }  // a checkpoint covers it all
+  // A checkpoint covers everything in the log: empty it, or with keep_segments move it aside and
+  // start a new file (seq numbers go on either way).
+  Status Restart();
+  // With keep_segments, before Open: moves the log file, whose last record is `last_seq`, aside
+  // as a kept segment (Recover found it all covered by the checkpoint).
+  Status KeepAside(uint64_t last_seq);
   uint64_t sync_cpu_ns() const { return wal_ ? wal_->sync_cpu_ns() : 0; }
 
  private:
   void NoteFailure();  // the log failed for good: failed(), one line
+  Status MoveAside(uint64_t last_seq);  // renames the log file to KeptSegmentPath
 
   struct Held {
     PeerId peer;

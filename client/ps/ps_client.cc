@@ -772,6 +772,9 @@ class PsClient::Impl::LinkRunner {
         s = impl_.AcceptPullReply(link_, a.op, part.header.chunk_ids, h, got);
         if (!s.ok() && a.first_error.ok()) a.first_error = s;
       }
+      if (a.op.header.type == MsgType::kPush && o_.on_push_acked) {
+        o_.on_push_acked(link_.server, impl_.owner->session_, h.request_id);
+      }
       if (a.op.header.type == MsgType::kPush && (a.op.header.flags & kFlagInit) == 0) {
         link_.acked_pushes.fetch_add(1);
         for (int64_t v : h.staleness) {  // a server's word: kept only when plausible

@@ -69,6 +69,9 @@ struct PsClientOptions {
   int connections_per_server = 1;
   // On an I/O thread per answered part (seconds: its last send to its reply); short; empty = none.
   std::function<void(int server, MsgType type, size_t chunks, double seconds)> on_part_reply;
+  // On an I/O thread, once per push part a server acknowledged (init pushes included): the
+  // (session, request id) it logged the part under (checkpoint.history, common/ack_history.h).
+  std::function<void(int server, uint64_t session, uint64_t request_id)> on_push_acked;
   TraceLog* trace = nullptr;  // not owned; a span per answered part, track "to server i"; null = none
   // [compression] as the run gives it: the push and pull codecs, top-k's fraction and warm-up,
   // error feedback (docs/compression.md). Its factors and factor_threads are the worker's and the

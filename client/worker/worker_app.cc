@@ -27,6 +27,7 @@
 #include "client/worker/run_setup.h"
 #include "client/worker/sources.h"
 #include "client/worker/worker_state.h"
+#include "common/ack_history.h"
 #include "common/file_io.h"
 #include "common/grad_codec.h"
 #include "common/layout.h"
@@ -280,6 +281,14 @@ Status RunDistributed(const RunConfig& config, const WorkerArgs& args, const Pro
   const std::unique_ptr<TraceLog, decltype(write)> write_trace(trace, write);
   PsClientOptions po = WorkerClientOptions(config, args.run_dir, info, args.id, pnet.token);
   po.trace = trace;
+  if (config.checkpoint.history) {  // every acknowledged push, for downpour-history
+    std::unique_ptr<AckHistoryWriter> acks;
+    DP_RETURN_IF_ERROR(AckHistoryWriter::Open(AckHistoryPath(args.run_dir, info.id), &acks));
+    po.on_push_acked = [acks = std::shared_ptr<AckHistoryWriter>(std::move(acks))](int s, uint64_t session,
+                                                                                   uint64_t id) {
+      acks->Add(AckRecord{s, session, id});
+    };
+  }
   if (const std::string link = EmulatedLinkNote(config); !link.empty()) spdlog::info("worker {}: {}", args.id, link);
   LogWireCodecs(config.compression, args.id);
   const auto wait = RequestWait(config.cluster);

@@ -31,6 +31,7 @@ struct CheckpointConfig {
   int wal_fsync_ms = 200;
   int64_t wal_max_mb = 2048;
   WalIo wal_io = WalIo::kAuto;
+  bool history = false;
 
   template <typename Self, typename V>
   static void Rows(Self& s, V& v) {
@@ -46,6 +47,8 @@ struct CheckpointConfig {
                         "must be between 1 and 2^30 MiB"),
           "a log reaching this many MiB checkpoints its shard, which empties it");
     v.Named("wal_io", s.wal_io, Names{kWalIoNames}, "how the log writes: O_DIRECT where the filesystem takes it");
+    v.Key("history", s.history,
+          "keep every log segment and each worker's acknowledged pushes, for downpour-history to check");
   }
   bool operator==(const CheckpointConfig&) const = default;
 };

@@ -383,6 +383,19 @@ TEST(RunConfigTest, CheckpointWalIoChoosesHowTheLogWrites) {
               HasSubstr("checkpoint.wal_io = \"fast\": expected \"auto\", \"buffered\" or \"direct\""));
 }
 
+TEST(RunConfigTest, CheckpointHistoryNeedsTheLogAndOneModel) {
+  EXPECT_FALSE(ParseOk("").checkpoint.history);
+  EXPECT_TRUE(ParseOk("[checkpoint]\nhistory = true\n").checkpoint.history);
+  EXPECT_THAT(ParseError("[checkpoint]\nhistory = true\nwal = false\n"),
+              HasSubstr("checkpoint.history = true: the history is the servers' write-ahead logs: it needs "
+                        "checkpoint.wal = true"));
+  EXPECT_TRUE(ParseOk("[checkpoint]\nhistory = true\nevery_updates = 0\n").checkpoint.history)
+      << "the servers checkpoint on stop for the history even without periodic checkpoints";
+  EXPECT_THAT(ParseError("[[models]]\nname = \"a\"\nconfig = \"m.toml\"\n[checkpoint]\nhistory = true\n"),
+              HasSubstr("checkpoint.history = true: is kept for single-model runs only"));
+  EXPECT_THAT(ParseError("[checkpoint]\nhistory = 1\n"), HasSubstr("checkpoint.history"));
+}
+
 TEST(RunConfigTest, ValidateCatchesCodeMadeConfigs) {
   RunConfig c;
   c.cluster.workers = 0;  // e.g. a bad --workers override

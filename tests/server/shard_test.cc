@@ -31,6 +31,7 @@
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
 #include "common/tensor_file.h"
+#include "server/shard_log.h"
 #include "server/wal.h"
 #include "tests/testing/fault_env.h"
 
@@ -2172,6 +2173,74 @@ TEST_F(ShardFixture, ConcurrentPushersThroughGroupCommitRecoverToTheLiveShard) {
   RecoverReport rep;
   auto fresh = KillAndRecover(0, o, &rep);
   EXPECT_EQ(rep.replayed_pushes, shards_[0]->Stats().wal_records);
+  ExpectSameShard(*shards_[0], *fresh, 0);
+}
+
+// checkpoint.history: a checkpoint moves the log aside (server/shard_log.h KeptSegmentPath)
+// instead of emptying it, seq numbers going on, so the kept segments and the live log hold every
+// record of the run once; replayed into a fresh shard (Replay) they give the live shard, byte for
+// byte. A log that --recover finds all covered by the checkpoint (the process died between the
+// two) is kept aside too, not emptied.
+TEST_F(ShardFixture, KeptHistoryHoldsEveryRecordOnceAndReplaysToTheLiveShard) {
+  UsePersistDir();
+  ShardOptions o = PlainSgd();
+  o.solver.momentum = 0.9f;
+  o.checkpoint.history = true;
+  o.checkpoint.every_updates = 2;  // rounds of the shard's two chunks
+  o.expected_workers = 2;
+  StartShards({{"a", {64}, 1, 1}}, 1, 32, o);
+  std::vector<std::unique_ptr<PsClient>> c;
+  for (int w = 0; w < 2; ++w) c.push_back(Client(w));
+  ASSERT_TRUE(c[0]->Wait(c[0]->PushInit(Iota(64, 0.0f, 0.5f)), 5000ms).ok());
+  for (int k = 0; k < 5; ++k) {
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(c[static_cast<size_t>(w)]->Wait(c[static_cast<size_t>(w)]->Push(Iota(64, 0.25f * (w + 1), 0.01f), k),
+                                                 5000ms).ok());
+    }
+  }
+  const std::string wal = ForServer(o, 0).wal_path;
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(persist_dir_)) {
+    if (e.path().string().starts_with(wal + ".")) files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 4u) << "a checkpoint every 2 rounds of 10 pushes";
+  files.push_back(wal);
+  std::unique_ptr<ShardServer> replay;
+  ASSERT_TRUE(ShardServer::Create(layout_, ShardOptions(o), &replay).ok());
+  uint64_t next = 1, pushes = 0;
+  for (const std::string& f : files) {
+    WalScanInfo info;
+    ASSERT_TRUE(ScanWal(f, [&](const WalRecord& r) {
+      EXPECT_EQ(r.seq, next++) << f;
+      if (r.kind == WalKind::kPush) ++pushes;
+      return replay->Replay(r, f);
+    }, &info).ok()) << f;
+  }
+  EXPECT_EQ(pushes, 11u);  // the initial weights and ten gradients, each once
+  EXPECT_EQ(replay->log_seq(), next - 1);
+  ExpectSameShard(*shards_[0], *replay, 0);
+
+  // One more push, then the process dies after a checkpoint covering its whole log but before
+  // moving the log aside.
+  ASSERT_TRUE(c[0]->Wait(c[0]->Push(Iota(64, 1.0f, 0.01f), 5), 5000ms).ok());
+  const std::string aside = persist_dir_ + "/elsewhere.dpt";
+  ASSERT_TRUE(shards_[0]->SaveCheckpoint(aside).ok());  // not the shard's own path: the log stays
+  WalScanInfo live;
+  ASSERT_TRUE(ScanWal(wal, nullptr, &live).ok());
+  ASSERT_GT(live.records, 0u);
+  shards_[0]->Stop();
+  ASSERT_TRUE(shards_[0]->Join().ok());
+  std::filesystem::copy_file(aside, ForServer(o, 0).checkpoint_path, std::filesystem::copy_options::overwrite_existing);
+  std::unique_ptr<ShardServer> fresh;
+  ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &fresh).ok());
+  RecoverReport rep;
+  ASSERT_TRUE(fresh->Recover(&rep).ok());
+  EXPECT_EQ(rep.replayed, 0u);
+  WalScanInfo kept;
+  ASSERT_TRUE(ScanWal(KeptSegmentPath(wal, live.last_seq), nullptr, &kept).ok());
+  EXPECT_EQ(kept.records, live.records);
+  EXPECT_EQ(kept.last_seq, live.last_seq);
   ExpectSameShard(*shards_[0], *fresh, 0);
 }
 
