@@ -9,65 +9,26 @@ on, every process bound to 0.0.0.0 and advertising its host's address, as a user
 the same job with a host's link cut for twice the heartbeat timeout and restored: a worker's (it is
 declared dead, and when its link is back it is told it is out and stops) and a server's (the
 workers wait for it and go on). Every job must end with each task's exit code 0, nothing left
-running, and every push each worker saw acknowledged taken exactly once by each server.
+running, every push each worker saw acknowledged taken exactly once by each server, and its kept
+history valid (downpour-history: each acknowledged push logged once, the servers' last
+checkpoints equal to the replay of their logs).
 
 Heavy: each job trains a few seconds. Needs root (namespaces) and a build (DOWNPOUR_BUILD_DIR,
 set by ctest); skips, with the reason, otherwise."""
-import glob
-import json
 import os
 import subprocess
-import sys
 import time
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+import netns_job as nj
+from netns_job import HOSTS, can_run, metrics, namespaces, script
+
 BUILD_DIR = os.environ.get("DOWNPOUR_BUILD_DIR")
-sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
-import fabricate as fab  # noqa: E402  (the real job's config, shared with the tools' tests)
-SCRIPT = os.path.join(ROOT, "scripts", "netns-cluster")
-FMNIST = fab.FMNIST
-# Names of this test's own, so a leftover of another run cannot collide with them; the subnet is
-# the first of 10.231.200-249 (from this pid on) that nothing on the machine uses.
+FMNIST = nj.fab.FMNIST
+# Names of this test's own, so a leftover of another run cannot collide with them.
 PREFIX = f"dpt{os.getpid() % 1000}"
-
-
-def free_subnet():
-    used = subprocess.run("ip -o -4 addr show; for n in $(ip netns list | cut -d' ' -f1); do "
-                          "ip -n $n -o -4 addr show; done", shell=True, capture_output=True, text=True).stdout
-    for k in range(50):
-        candidate = f"10.231.{200 + (os.getpid() + k) % 50}"
-        if f" {candidate}." not in used:
-            return candidate
-    raise RuntimeError("no free subnet in 10.231.200-249")
-
-
-SUBNET = free_subnet() if os.geteuid() == 0 else "10.231.200"
-HOSTS = {"coordinator": 1, "server 0": 2, "server 1": 3, "worker 0": 4, "worker 1": 5}
+SUBNET = nj.free_subnet() if os.geteuid() == 0 else "10.231.200"
 STEPS = 300
-PORT = 5555  # each host has its own ports: the default ones are free in a namespace
-
-
-def script(*args, user=None):
-    cmd = [SCRIPT, *args]
-    if user:
-        cmd = ["runuser", "-u", user, "--", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-
-
-def namespaces():
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
-
-
-def can_run():
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"ip netns does not work here: {r.stderr.strip()}"
-    return None
 
 
 @unittest.skipIf(can_run(), can_run() or "")
@@ -112,22 +73,6 @@ class NetnsScript(unittest.TestCase):
         self.assertEqual([n for n in namespaces() if n.startswith(PREFIX)], [])
 
 
-def metrics(run, name, kind):
-    path = os.path.join(run, "metrics", name + ".jsonl")
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if r.get("event") == kind:
-                out.append(r)
-    return out
-
-
 @unittest.skipIf(can_run(), can_run() or "")
 @unittest.skipUnless(BUILD_DIR, "DOWNPOUR_BUILD_DIR is not set (ctest sets it to the build tree)")
 @unittest.skipUnless(os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")), "dataset-fashion-mnist missing")
@@ -139,62 +84,31 @@ class NetnsJob(unittest.TestCase):
         script("down", "--prefix", PREFIX)
         r = script("up", str(len(HOSTS)), "--prefix", PREFIX, "--subnet", SUBNET)
         self.assertEqual(r.returncode, 0, r.stderr)
-        keys = os.path.join(self.tmp, "keys")
-        r = subprocess.run([os.path.join(BUILD_DIR, "server", "downpour-keys"), "--out", keys],
-                           capture_output=True, text=True)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.config = fab.real_job_config(
-            os.path.join(self.tmp, "job.toml"), workers=2, steps=STEPS, batch_size=32,
-            coordinator=f"{SUBNET}.1:{PORT}", base_port=5600, checkpoint_every=100,
-            cluster_extra='bind = "0.0.0.0"\nheartbeat_ms = 200\nheartbeat_timeout_ms = 2000\nserver_wait_ms = 60000',
-            eval_extra="every_steps = 0", extra=f'[security]\nkeys = "{keys}"\n')
+        self.keys = nj.make_keys(BUILD_DIR, self.tmp)
+        self.config = os.path.join(self.tmp, "job.toml")
+        self.write_config()
         self.run_dir = os.path.join(self.tmp, "run")
-        self.tasks = {}
+        self.job = nj.Job(BUILD_DIR, PREFIX, SUBNET, self.config, self.run_dir, self.tmp)
+
+    def write_config(self, **kw):
+        nj.job_config(self.config, SUBNET, self.keys, steps=STEPS, history=True, **kw)
 
     def tearDown(self):
-        for p in self.tasks.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        self.job.kill_all()
         script("down", "--prefix", PREFIX)
         self._tmp.cleanup()
 
     def start(self):
-        launch = os.path.join(BUILD_DIR, "server", "downpour-launch")
-        for role, host in HOSTS.items():
-            kind, _, index = role.partition(" ")
-            args = [SCRIPT, "--prefix", PREFIX, "exec", str(host), launch, "--config", self.config, "--run-dir",
-                    self.run_dir, "--role", kind, "--coordinator", f"{SUBNET}.1:{PORT}", "--advertise",
-                    f"{SUBNET}.{host}"]
-            if index:
-                args += ["--id", index]
-            with open(os.path.join(self.tmp, role.replace(" ", "-") + ".out"), "w") as log:
-                self.tasks[role] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.job.start()
 
     def wait_all(self, limit_s=240):
-        deadline = time.monotonic() + limit_s
-        codes = {}
-        for role, p in self.tasks.items():
-            try:
-                codes[role] = p.wait(timeout=max(1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                codes[role] = None
-        return codes
+        return self.job.wait_all(limit_s)
 
     def output(self):
-        text = ""
-        for path in sorted(glob.glob(os.path.join(self.tmp, "*.out"))):
-            with open(path, errors="replace") as f:
-                text += f"==== {os.path.basename(path)}\n" + f.read()[-6000:]
-        return text
+        return self.job.output()
 
     def wait_steps(self, worker, steps, limit_s=120):
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            if len(metrics(self.run_dir, f"worker-{worker}", "step")) >= steps:
-                return True
-            time.sleep(0.05)
-        return False
+        return self.job.wait_steps(worker, steps, limit_s)
 
     def assert_every_acked_push_taken_once(self, removed=()):
         """Every push a worker saw acknowledged was taken once by its server. A worker `removed`
@@ -223,6 +137,16 @@ class NetnsJob(unittest.TestCase):
         self.assertTrue(evals and evals[-1]["final"], self.output())
         self.assertGreater(evals[-1]["top1"], 0.7)
         self.assert_every_acked_push_taken_once(removed)
+        self.assert_history_valid()
+
+    def assert_history_valid(self):
+        """downpour-history: every acknowledged push in its server's log once, none logged twice,
+        each server's last checkpoint equal to the replay of its log."""
+        r = subprocess.run([os.path.join(BUILD_DIR, "server", "downpour-history"), self.run_dir],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("history: valid: 0 acknowledged pushes lost, 0 applied twice, the replay equals the last "
+                      "checkpoint on 2 of 2 servers", r.stdout)
 
     def test_a_job_across_five_hosts_with_keys(self):
         self.start()
@@ -236,20 +160,15 @@ class NetnsJob(unittest.TestCase):
             self.assertEqual(metrics(self.run_dir, f"worker-{w}", "done")[-1]["steps"], STEPS)
 
     def cut(self, role, seconds=4.0):
-        self.assertEqual(script("--prefix", PREFIX, "cut", str(HOSTS[role])).returncode, 0)
-        time.sleep(seconds)  # cluster.heartbeat_timeout_ms is 2 s
-        self.assertEqual(script("--prefix", PREFIX, "heal", str(HOSTS[role])).returncode, 0)
-        self.healed_at = time.monotonic()
+        self.job.cut(role, seconds)  # cluster.heartbeat_timeout_ms is 2 s
+        self.healed_at = self.job.healed_at
 
     def test_a_worker_cut_off_past_the_timeout_is_out_and_the_job_ends(self):
         # The job must still run when the link comes back, for someone to tell the worker it is
         # out: worker 0 is slowed to 25 ms a step, so its last 270 steps outlast the 4 s cut (at
         # full speed it once finished first, the run ended during the cut, and the worker came
         # back to nobody and waited its 60 s of server_wait, as designed).
-        with open(self.config) as f:
-            text = f.read()
-        with open(self.config, "w") as f:
-            f.write(text.replace("threads = 1\n", "threads = 1\nstraggler = 0\nstraggler_delay_ms = 25\n", 1))
+        self.write_config(worker_extra="straggler = 0\nstraggler_delay_ms = 25\n")
         self.start()
         self.assertTrue(self.wait_steps(1, STEPS // 10), self.output())
         self.cut("worker 1")

@@ -24,6 +24,9 @@
 //     everywhere when it wakes and stops; a run that ended under a stopped worker does not wait
 //     for it; each with every acknowledged push taken once;
 //   * a job whose every worker fails at its start ends at once, saying it cannot finish.
+// Every job keeps its history (checkpoint.history), and wherever the pushes are counted,
+// downpour-history checks it too: each acknowledged push logged once, the servers' last
+// checkpoints equal to the replay of their logs.
 // Every wait is bounded; every process is reaped (harness.h).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -86,7 +89,8 @@ class FaultTest : public ::testing::Test {
         .Set("solver.stepsize", StepSize(mode))
         .Set("consistency.mode", mode)
         .Set("worker.batch_size", 64)
-        .Set("checkpoint.every_updates", 40);
+        .Set("checkpoint.every_updates", 40)
+        .Set("checkpoint.history", true);  // every run's history is checked (ExpectHistoryValid)
   }
   std::string Config(const std::string& name, const std::string& mode) { return Config(name, Job(mode)); }
   std::string Config(const std::string& name, const test::JobConfig& job) { return job.Write(dir_ / (name + ".toml")); }
@@ -184,6 +188,20 @@ class FaultTest : public ::testing::Test {
         }
       }
     }
+    ExpectHistoryValid(run);
+  }
+
+  // downpour-history on the run's kept history: every acknowledged push in its server's log
+  // exactly once, none logged twice, each server's last checkpoint equal, bit for bit, to a
+  // replay of its log (server/history_check.h).
+  void ExpectHistoryValid(const fs::path& run) {
+    std::string out;
+    const int code = test::RunCommand({test::Binary("downpour-history"), run.string()}, &out, 300s);
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("history: valid: 0 acknowledged pushes lost, 0 applied twice, the replay equals the last "
+                       "checkpoint on 2 of 2 servers"),
+              std::string::npos)
+        << out;
   }
 
   // The pushes a restarted server replayed, from its line "recovered: ... N pushes replayed from
