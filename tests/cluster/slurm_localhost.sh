@@ -21,16 +21,44 @@
 #   status  exit 0 when the cluster is up and both nodes answer, else 1.
 #   env     prints `export SLURM_CONF=...` for a shell to eval.
 #
+# Across hosts made of network namespaces (scripts/netns-cluster), with DOWNPOUR_SLURM_NETNS=P set
+# (and DOWNPOUR_SLURM_SUBNET=A.B.C, default 10.231.9; DOWNPOUR_SLURM_NODES=N, default 3): start
+# makes hosts P1..PN at A.B.C.1..N, runs slurmctld on host 1 and slurmd -N Pn<i> on host i, each at
+# its host's address and Slurm's own ports (every namespace has its own), and names the nodes in
+# /etc/hosts by those addresses; stop removes all of it. Slurm's clients (sbatch, srun, sinfo) must
+# then run on a host: `scripts/netns-cluster --prefix P exec 1 sbatch ...`. Its default state
+# directory is /tmp/downpour-slurm-P.
+#
 # Exit codes: 0 done; 1 failed (the reason and the daemon logs' tails on stderr); 77 this machine
 # cannot run it (not root, packages cannot be installed): the reason on stderr, and a test skips.
 # Not safe to run twice at once (the tests hold a ctest resource lock).
 set -uo pipefail
 
-DIR=${DOWNPOUR_SLURM_DIR:-/tmp/downpour-slurm}
+NETNS=${DOWNPOUR_SLURM_NETNS:-}
+SUBNET=${DOWNPOUR_SLURM_SUBNET:-10.231.9}
+NETNS_CLUSTER="$(cd "$(dirname "$0")/../.." && pwd)/scripts/netns-cluster"
+if [[ -n $NETNS ]]; then
+  DIR=${DOWNPOUR_SLURM_DIR:-/tmp/downpour-slurm-$NETNS}
+  NODES=()
+  for ((i = 1; i <= ${DOWNPOUR_SLURM_NODES:-3}; ++i)); do NODES+=("${NETNS}n$i"); done
+else
+  DIR=${DOWNPOUR_SLURM_DIR:-/tmp/downpour-slurm}
+  NODES=(n1 n2)
+fi
 CONF="$DIR/slurm.conf"
-HOSTS_MARK="# downpour tests/cluster/slurm_localhost.sh"
-NODES=(n1 n2)
+HOSTS_MARK="# downpour tests/cluster/slurm_localhost.sh${NETNS:+ $NETNS}"
 export SLURM_CONF="$CONF"
+
+# Runs a daemon on host $1 (1-based) of the namespace cluster, else here. nsenter enters the
+# host's network namespace only: `ip netns exec` would also mount a sysfs of its own over /sys,
+# hiding /sys/fs/cgroup, without which slurmd does not start.
+on_host() {
+  local i=$1
+  shift
+  if [[ -n $NETNS ]]; then nsenter --net="/run/netns/${NETNS}$i" "$@"; else "$@"; fi
+}
+# Runs a Slurm client (sinfo, squeue, scancel) where slurmctld can be reached: on host 1.
+client() { on_host 1 "$@"; }
 
 say() { echo "slurm_localhost: $*" >&2; }
 cannot() { say "cannot run a local Slurm: $*"; exit 77; }
@@ -71,15 +99,41 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 
+# slurm.conf: on 127.0.0.1 with free ports, n1 and n2 each with a port of its own; or with a node
+# per namespace host, each at its host's address and Slurm's default ports (every host has its
+# own), slurmctld on host 1.
 write_conf() {
-  local ports host
-  read -r -a ports <<< "$(free_ports)" || die "no free ports on 127.0.0.1"
+  local ports host i
   host=$(hostname -s)
-  cat > "$CONF" << CONF
-# Written by tests/cluster/slurm_localhost.sh: a two-node Slurm on this one machine.
-ClusterName=downpourci
-SlurmctldHost=$host
-SlurmctldPort=${ports[0]}
+  if [[ -n $NETNS ]]; then
+    ports=(6817)
+    for ((i = 0; i < ${#NODES[@]}; ++i)); do ports+=(6818); done
+  else
+    read -r -a ports <<< "$(free_ports)" || die "no free ports on 127.0.0.1"
+  fi
+  {
+    echo "# Written by tests/cluster/slurm_localhost.sh: a ${#NODES[@]}-node Slurm on this one machine${NETNS:+, a node per network namespace}."
+    echo "ClusterName=downpourci"
+    if [[ -n $NETNS ]]; then echo "SlurmctldHost=$host($SUBNET.1)"; else echo "SlurmctldHost=$host"; fi
+    echo "SlurmctldPort=${ports[0]}"
+    common_conf
+    # CPUs=8 on a smaller machine (config_overrides): one task per role, and a job of 5 tasks
+    # must fit on two nodes.
+    for ((i = 0; i < ${#NODES[@]}; ++i)); do
+      echo "NodeName=${NODES[i]} NodeHostname=$host NodeAddr=$(node_addr "$i") Port=${ports[i + 1]} CPUs=8 RealMemory=1000 State=UNKNOWN"
+    done
+    echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+  } > "$CONF"
+}
+
+# Node $1's (0-based) address.
+node_addr() {
+  if [[ -n $NETNS ]]; then echo "$SUBNET.$(($1 + 1))"; else echo 127.0.0.1; fi
+}
+
+# What both kinds of cluster share (from SlurmUser to SlurmdLogFile).
+common_conf() {
+  cat << CONF
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
@@ -101,11 +155,6 @@ SlurmctldPidFile=$DIR/slurmctld.pid
 SlurmdPidFile=$DIR/slurmd.%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.%n.log
-# CPUs=8 on a smaller machine (config_overrides): one task per role, and a job of 5 tasks
-# must fit on two nodes.
-NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[1]} CPUs=8 RealMemory=1000 State=UNKNOWN
-NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[2]} CPUs=8 RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
 }
 
@@ -125,29 +174,38 @@ start_munge() {
 }
 
 add_hosts_line() {
-  local unresolved=0 n
+  local unresolved=0 n i
+  if [[ -n $NETNS ]]; then  # each node at its host's address, whatever else names it
+    for ((i = 0; i < ${#NODES[@]}; ++i)); do
+      echo "$(node_addr "$i") ${NODES[i]} $HOSTS_MARK" >> /etc/hosts || die "cannot add ${NODES[i]} to /etc/hosts"
+    done
+    return 0
+  fi
   for n in "${NODES[@]}"; do getent hosts "$n" > /dev/null || unresolved=1; done
   ((unresolved)) || return 0
   echo "127.0.0.1 ${NODES[*]} $HOSTS_MARK" >> /etc/hosts || die "cannot add ${NODES[*]} to /etc/hosts"
 }
 
 remove_hosts_line() {
-  grep -qF "$HOSTS_MARK" /etc/hosts 2> /dev/null || return 0
-  # In place (sed -i renames, which fails when /etc/hosts is a bind mount).
+  grep -qF -- "$HOSTS_MARK" /etc/hosts 2> /dev/null || return 0
+  # In place (sed -i renames, which fails when /etc/hosts is a bind mount). Only this cluster's
+  # lines: the mark ends the line.
   local kept
-  kept=$(grep -vF "$HOSTS_MARK" /etc/hosts)
+  kept=$(grep -v -- "$HOSTS_MARK\$" /etc/hosts)
   printf '%s\n' "$kept" > /etc/hosts
 }
 
 nodes_idle() {
-  local states
-  states=$(sinfo -h -N -o '%N %T' 2> /dev/null | sort -u | tr '\n' ' ')
-  [[ "$states" == "n1 idle n2 idle " ]]
+  local states want="" n
+  states=$(client sinfo -h -N -o '%N %T' 2> /dev/null | sort -u | tr '\n' ' ')
+  for n in "${NODES[@]}"; do want+="$n idle "; done
+  [[ "$states" == "$want" ]]
 }
 
 daemons_alive() {
-  pid_alive "$DIR/munge/munged.pid" && pid_alive "$DIR/slurmctld.pid" &&
-    pid_alive "$DIR/slurmd.n1.pid" && pid_alive "$DIR/slurmd.n2.pid"
+  local n
+  pid_alive "$DIR/munge/munged.pid" && pid_alive "$DIR/slurmctld.pid" || return 1
+  for n in "${NODES[@]}"; do pid_alive "$DIR/slurmd.$n.pid" || return 1; done
 }
 
 logs_tail() {
@@ -168,21 +226,24 @@ start() {
   ensure_packages
   rm -rf "$DIR/state" "$DIR/spool" "$DIR/log"
   mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
+  if [[ -n $NETNS ]]; then
+    "$NETNS_CLUSTER" up "${#NODES[@]}" --prefix "$NETNS" --subnet "$SUBNET" >&2 ||
+      die "scripts/netns-cluster up ${#NODES[@]} --prefix $NETNS --subnet $SUBNET failed"
+  fi
   write_conf
   add_hosts_line
   start_munge
-  slurmctld -f "$CONF" || { logs_tail; die "slurmctld did not start"; }
-  local n
-  for n in "${NODES[@]}"; do
-    slurmd -f "$CONF" -N "$n" || { logs_tail; die "slurmd -N $n did not start"; }
-  done
+  on_host 1 slurmctld -f "$CONF" || { logs_tail; die "slurmctld did not start"; }
   local i
+  for ((i = 0; i < ${#NODES[@]}; ++i)); do
+    on_host $((i + 1)) slurmd -f "$CONF" -N "${NODES[i]}" || { logs_tail; die "slurmd -N ${NODES[i]} did not start"; }
+  done
   for ((i = 0; i < 300; ++i)); do
     nodes_idle && { say "up: nodes ${NODES[*]} idle ($CONF)"; return 0; }
     sleep 0.1
   done
   logs_tail
-  die "nodes not idle after 30 s: $(sinfo -h -N -o '%N %T' 2>&1 | tr '\n' ' ')"
+  die "nodes not idle after 30 s: $(client sinfo -h -N -o '%N %T' 2>&1 | tr '\n' ' ')"
 }
 
 # Sends SIGTERM to the process in pid file $1, SIGKILL after 10 s; waits until it is gone.
@@ -227,17 +288,17 @@ kill_tree() {
 
 cancel_jobs() {
   pid_alive "$DIR/slurmctld.pid" || return 0
-  [[ -n "$(squeue -h -o %i 2> /dev/null)" ]] || return 0
-  say "cancelling jobs: $(squeue -h -o '%i %j %T' | tr '\n' ';')"
+  [[ -n "$(client squeue -h -o %i 2> /dev/null)" ]] || return 0
+  say "cancelling jobs: $(client squeue -h -o '%i %j %T' | tr '\n' ';')"
   local jobs
-  read -r -a jobs <<< "$(squeue -h -o %i | tr '\n' ' ')"
-  scancel --full --quiet "${jobs[@]}" 2> /dev/null
+  read -r -a jobs <<< "$(client squeue -h -o %i | tr '\n' ' ')"
+  client scancel --full --quiet "${jobs[@]}" 2> /dev/null
   local i
   for ((i = 0; i < 150; ++i)); do
-    [[ -z "$(squeue -h -o %i 2> /dev/null)" ]] && return 0
+    [[ -z "$(client squeue -h -o %i 2> /dev/null)" ]] && return 0
     sleep 0.2
   done
-  say "jobs still listed after 30 s: $(squeue -h -o '%i %T' | tr '\n' ';')"
+  say "jobs still listed after 30 s: $(client squeue -h -o '%i %T' | tr '\n' ';')"
 }
 
 stop_quietly() {
@@ -251,6 +312,7 @@ stop_quietly() {
   done
   stop_pid "$DIR/munge/munged.pid"
   remove_hosts_line
+  if [[ -n $NETNS ]]; then "$NETNS_CLUSTER" down --prefix "$NETNS" > /dev/null 2>&1; fi
 }
 
 case "${1:-}" in

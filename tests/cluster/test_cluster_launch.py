@@ -8,6 +8,9 @@ downpour-keys; the job must reach >= 87 % test accuracy, every one of its 5 task
 its role from SLURM_PROCID, and the tasks must be spread over both nodes.
 MPI: the same job under `mpirun --oversubscribe -np 5 downpour-launch --mpi` (OpenMPI; MPI only
 starts the processes), roles from OMPI_COMM_WORLD_RANK.
+Slurm across hosts made of network namespaces: the same job, sbatch from host 1 of three, each
+task in its node's own network stack; each server registers from its node's address, and the run's
+kept history is valid (downpour-history).
 Both: a job with fewer tasks than servers + workers + 1 is refused with an error that names the
 count, and starts nothing. Slurm also: the script without keys (it binds 0.0.0.0) is refused
 before anything starts; docs/cluster.md's heterogeneous job gets its roles right (dry run).
@@ -352,6 +355,76 @@ class SlurmLaunch(ClusterJob):
                "--run-dir", self.run_dir]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=self.env, cwd=ROOT)
         self.assert_refused_count(r, "SLURM_NTASKS=3", 3)
+
+
+class SlurmNetnsLaunch(ClusterJob):
+    """The same job under Slurm across three hosts made of network namespaces
+    (scripts/netns-cluster through slurm_localhost.sh with DOWNPOUR_SLURM_NETNS): slurmctld on host
+    1, a slurmd on each host at its own address, `sbatch --wait` from host 1. Every task runs in
+    its node's network stack, so each connection between two roles on different nodes crosses the
+    bridge between two TCP stacks; the coordinator must see each server register from its own
+    node's address, and the kept history must be valid (downpour-history)."""
+    PREFIX = f"dps{os.getpid() % 1000}"
+
+    @classmethod
+    def setUpClass(cls):
+        check_prerequisites(cls)
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("needs root (network namespaces, Slurm's daemons)")
+        sys.path.insert(0, HERE)
+        import netns_job
+        cls.subnet = netns_job.free_subnet()
+        cls.env = dict(os.environ, DOWNPOUR_SLURM_NETNS=cls.PREFIX, DOWNPOUR_SLURM_SUBNET=cls.subnet)
+        r = subprocess.run([SLURM_LOCALHOST, "start"], capture_output=True, text=True, timeout=300, env=cls.env)
+        if r.returncode == CANNOT:
+            raise unittest.SkipTest(r.stderr.strip())
+        if r.returncode != 0:
+            subprocess.run([SLURM_LOCALHOST, "stop"], timeout=120, env=cls.env)
+            raise AssertionError(f"slurm_localhost.sh start (namespaces) exited {r.returncode}:\n{r.stdout}{r.stderr}")
+        cls.env["SLURM_CONF"] = f"/tmp/downpour-slurm-{cls.PREFIX}/slurm.conf"
+
+    @classmethod
+    def tearDownClass(cls):
+        r = subprocess.run([SLURM_LOCALHOST, "stop"], capture_output=True, text=True, timeout=120, env=cls.env)
+        if r.returncode != 0:
+            raise AssertionError(f"slurm_localhost.sh stop exited {r.returncode}:\n{r.stdout}{r.stderr}")
+        shutil.rmtree(os.path.dirname(cls.env["SLURM_CONF"]), ignore_errors=True)  # this cluster's alone
+
+    def test_default_job_across_three_namespace_hosts(self):
+        with open(self.config) as f:
+            text = f.read()
+        self.assertIn("\n[checkpoint]\n", text)
+        with open(self.config, "w") as f:
+            f.write(text.replace("\n[checkpoint]\n", "\n[checkpoint]\nhistory = true\n", 1))
+        out = os.path.join(self.tmp, "job.out")
+        nodes_expected = [f"{self.PREFIX}n{i}" for i in (1, 2, 3)]
+        cmd = ["nsenter", f"--net=/run/netns/{self.PREFIX}1", "sbatch", "--wait", f"--output={out}", f"--chdir={ROOT}",
+               "--nodes=3", f"--ntasks={TASKS}", SBATCH_SCRIPT, "--config", self.config,
+               "--run-dir", self.run_dir]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                               env=dict(self.env, DOWNPOUR_BUILD_DIR=BUILD_DIR))
+        except subprocess.TimeoutExpired:
+            subprocess.run(["nsenter", f"--net=/run/netns/{self.PREFIX}1", "scancel", "--full", "--name",
+                            os.path.basename(SBATCH_SCRIPT)], env=self.env)
+            self.fail(f"sbatch --wait did not return in {JOB_TIMEOUT_S} s:\n{read_all([out])[-4000:]}")
+        output = r.stdout + r.stderr + (read_all([out]) if os.path.exists(out) else "")
+        self.assertEqual(r.returncode, 0, f"sbatch --wait exited {r.returncode}:\n{output[-6000:]}\n"
+                                          f"{run_text(self.run_dir)[-6000:]}")
+        nodes = self.assert_roles_from_environment(output, SLURM_LAUNCH_LINE, "SLURM_PROCID")
+        self.assertEqual(sorted(set(nodes.values())), nodes_expected, nodes)
+        self.assert_keyed_and_addressed(nodes)
+        # Each server registered from its own node's address: its host's TCP stack, not loopback.
+        coordinator_log = read_all([os.path.join(self.run_dir, "logs", "coordinator.log")])
+        for i in range(SERVERS):
+            node = nodes[1 + i]
+            address = f"{self.subnet}.{nodes_expected.index(node) + 1}"
+            self.assertRegex(coordinator_log, rf"server {i} at tcp://{node}:\d+ registered from {re.escape(address)} ",
+                             coordinator_log[-3000:])
+        self.assert_trained(output)
+        h = subprocess.run([binary("downpour-history"), self.run_dir], capture_output=True, text=True, timeout=300)
+        self.assertEqual(h.returncode, 0, h.stdout + h.stderr)
+        self.assertIn("history: valid", h.stdout)
 
 
 class MpiLaunch(ClusterJob):
