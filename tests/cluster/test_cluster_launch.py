@@ -10,7 +10,8 @@ MPI: the same job under `mpirun --oversubscribe -np 5 downpour-launch --mpi` (Op
 starts the processes), roles from OMPI_COMM_WORLD_RANK.
 Slurm across hosts made of network namespaces: the same job, sbatch from host 1 of three, each
 task in its node's own network stack; each server registers from its node's address, and the run's
-kept history is valid (downpour-history).
+kept history is valid (downpour-history). MPI across such hosts: mpirun on host 1 starts its
+daemons on the others through an rsh agent that enters each host's namespace; the same checks.
 Both: a job with fewer tasks than servers + workers + 1 is refused with an error that names the
 count, and starts nothing. Slurm also: the script without keys (it binds 0.0.0.0) is refused
 before anything starts; docs/cluster.md's heterogeneous job gets its roles right (dry run).
@@ -463,6 +464,78 @@ class MpiLaunch(ClusterJob):
     def test_too_few_tasks_start_nothing(self):
         rc, output = self.mpirun(3)
         self.assert_refused_count(subprocess.CompletedProcess([], rc, output, ""), "OMPI_COMM_WORLD_SIZE=3", 3)
+
+
+class MpiNetnsLaunch(ClusterJob):
+    """The same job under Open MPI across three hosts made of network namespaces: mpirun runs on
+    host 1 and starts its daemons on the others through an rsh agent that enters each host's
+    network namespace (Open MPI's own remote launch, with nsenter for ssh), one rank per host in
+    turn. Nothing tells an MPI rank its host's name, so each process advertises its host's
+    address (the wildcard bind's first non-loopback interface); the coordinator must see each
+    server register from its own host's address."""
+    PREFIX = f"dpm{os.getpid() % 1000}"
+    HOSTS = 3
+
+    @classmethod
+    def setUpClass(cls):
+        check_prerequisites(cls)
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("needs root (network namespaces)")
+        if subprocess.run(["sh", "-c", "command -v mpirun"], capture_output=True).returncode != 0:
+            r = subprocess.run([SLURM_LOCALHOST, "install"], capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                raise unittest.SkipTest(f"no mpirun: {r.stderr.strip()}")
+        sys.path.insert(0, HERE)
+        import netns_job
+        cls.nj = netns_job
+        cls.subnet = netns_job.free_subnet()
+        r = netns_job.script("up", str(cls.HOSTS), "--prefix", cls.PREFIX, "--subnet", cls.subnet)
+        if r.returncode != 0:
+            raise AssertionError(f"netns-cluster up: {r.stderr}")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.nj.script("down", "--prefix", cls.PREFIX)
+
+    def test_fashion_mnist_job_across_three_namespace_hosts(self):
+        agent = os.path.join(self.tmp, "netns-rsh")
+        with open(agent, "w") as f:
+            # Open MPI calls "<agent> <host> <command...>" (a command line for a shell).
+            f.write('#!/bin/sh\nhost=$1\nshift\nexec nsenter --net="/run/netns/$host" /bin/sh -c "$*"\n')
+        os.chmod(agent, 0o755)
+        hosts = [f"{self.PREFIX}{i}" for i in range(1, self.HOSTS + 1)]
+        port = 5555  # every host has its own ports
+        cmd = ["nsenter", f"--net=/run/netns/{hosts[0]}", "mpirun", "--allow-run-as-root", "--oversubscribe",
+               "--host", ",".join(f"{h}:2" for h in hosts), "--map-by", "node", "-np", str(TASKS),
+               "--mca", "plm_rsh_agent", agent, "--mca", "oob_tcp_if_include", f"{self.subnet}.0/24",
+               "--mca", "btl_tcp_if_include", f"{self.subnet}.0/24",
+               self.launcher, "--mpi", "--config", self.config, "--run-dir", self.run_dir,
+               "--coordinator", f"{self.subnet}.1:{port}", "--set", "cluster.bind=0.0.0.0",
+               "--set", "checkpoint.history=true"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, cwd=ROOT)
+        try:
+            output, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            output, _ = proc.communicate(timeout=60)
+            self.fail(f"mpirun did not return in {JOB_TIMEOUT_S} s:\n{output[-4000:]}")
+        self.assertEqual(proc.returncode, 0, f"mpirun exited {proc.returncode}:\n{output[-6000:]}\n"
+                                             f"{run_text(self.run_dir)[-6000:]}")
+        nodes = self.assert_roles_from_environment(
+            output, r"\[launch\] mpi rank (\d+)/(\d+) \(OMPI_COMM_WORLD_RANK=(\d+)[^)]*\)(?: on (\S+))?: "
+            r"(coordinator|server \d+|worker \d+)", "OMPI_COMM_WORLD_RANK")
+        self.assert_keyed_and_addressed(nodes)
+        coordinator_log = read_all([os.path.join(self.run_dir, "logs", "coordinator.log")])
+        # --map-by node: rank r on host r mod 3; servers are ranks 1 and 2.
+        for i in range(SERVERS):
+            address = f"{self.subnet}.{(1 + i) % self.HOSTS + 1}"
+            self.assertRegex(coordinator_log,
+                             rf"server {i} at tcp://{re.escape(address)}:\d+ registered from {re.escape(address)} ",
+                             coordinator_log[-3000:])
+        self.assert_trained(output)
+        h = subprocess.run([binary("downpour-history"), self.run_dir], capture_output=True, text=True, timeout=300)
+        self.assertEqual(h.returncode, 0, h.stdout + h.stderr)
 
 
 if __name__ == "__main__":
