@@ -204,6 +204,14 @@ Status CheckRunHistory(const std::string& run_dir, const RunConfig& config, cons
       return Corrupt("{}: covers server {}'s log up to seq {}, but its log files end at seq {}", checkpoint, s,
                      h.checkpoint_seq, h.last_seq);
     } else {
+      if (h.checkpoint_seq < h.last_seq) {
+        // A server that stopped without its stop checkpoint (killed, not restarted), or a stale
+        // checkpoint written over a newer one: the final state is not what was compared.
+        report->unknowns.push_back(fmt::format(
+            "server {}: its last checkpoint covers its log up to seq {}, and the log goes on to seq {}: the state "
+            "after those {} records was not compared",
+            s, h.checkpoint_seq, h.last_seq, h.last_seq - h.checkpoint_seq));
+      }
       h.difference = CompareShards(*live, *replay, layout, s, &h.floats_compared);
       h.equal = h.difference.empty();
       if (!h.equal) {

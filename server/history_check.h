@@ -57,7 +57,8 @@ struct HistoryReport {
   std::vector<ServerHistory> servers;
   std::vector<WorkerHistory> workers;  // every worker id that pushed or recorded an ack
   std::vector<std::string> violations;  // the guarantee broken: lost, doubled, replay differs
-  std::vector<std::string> unknowns;    // what could not be checked (no checkpoint, no ack file)
+  // What could not be checked: no checkpoint, one that does not cover the whole log, no ack file.
+  std::vector<std::string> unknowns;
   bool valid() const { return violations.empty() && unknowns.empty(); }
 };
 
