@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <random>
 #include <set>
 
 namespace downpour {
@@ -66,6 +67,7 @@ MessageHeader RendezvousClient::RegisterRequest() const {
   h.model_id = options_.model_id;
   h.text = options_.address;
   h.token = options_.token;
+  h.session = session_;
   return h;
 }
 
@@ -73,6 +75,8 @@ Status RendezvousClient::Register(Transport* transport, RendezvousOptions option
                                   std::unique_ptr<RendezvousClient>* out, RendezvousInfo* info) {
   std::unique_ptr<RendezvousClient> c(new RendezvousClient());
   c->options_ = std::move(options);
+  std::random_device rd;
+  while (c->session_ == 0) c->session_ = (uint64_t{rd()} << 32) ^ rd();
   DP_RETURN_IF_ERROR(transport->Connect(ToAddress(c->options_.coordinator), &c->endpoint_));
   MessageHeader reply;
   // A process restarted in place (a server the launcher brought back) may ask for its id while
@@ -165,10 +169,16 @@ void RendezvousClient::HeartbeatLoop(std::function<void(int32_t, bool)> on_gone)
       last_heard = now;
       if (reply.shutdown) shutdown_.store(true);
       if ((reply.flags & kFlagRemoved) != 0 && !removed_.exchange(true)) {
-        spdlog::error("coordinator {}: it declared worker {} dead (silent past cluster.heartbeat_timeout_ms: this "
-                      "process was stopped or cut off) and removed it from the run; stopping (a restart with --resume "
-                      "joins again)",
-                      options_.coordinator, id_);
+        if (options_.role == Role::kServer) {
+          spdlog::error("coordinator {}: another process took server {}'s id while this one was stopped or cut off, "
+                        "and serves in its place; this process is out of the run and stops without writing anything",
+                        options_.coordinator, id_);
+        } else {
+          spdlog::error("coordinator {}: it declared worker {} dead (silent past cluster.heartbeat_timeout_ms: this "
+                        "process was stopped or cut off) and removed it from the run; stopping (a restart with "
+                        "--resume joins again)",
+                        options_.coordinator, id_);
+        }
         std::lock_guard<std::mutex> lock(removed_mu_);
         if (on_removed_) on_removed_();
       }
@@ -244,6 +254,7 @@ Status RendezvousClient::SendHeartbeat(std::chrono::milliseconds timeout, Messag
   h.clock = clock_.load();
   h.layout_hash = options_.layout_hash;
   h.incarnation = incarnation_.load();  // the coordinator this client knows
+  h.session = session_;
   if (finished_.load()) h.flags |= kFlagFinished;
   if (done_.load()) h.flags |= kFlagDone;
   {

@@ -135,6 +135,9 @@ class RendezvousClient {
 
   RendezvousOptions options_;
   int32_t id_ = -1;
+  // Random, nonzero, one per process (this object): on every register and heartbeat, so the
+  // coordinator tells this process apart from another that took its id (a replaced server).
+  uint64_t session_ = 0;
   std::unique_ptr<ClientEndpoint> endpoint_;
   std::mutex endpoint_mu_;  // Exchange() from the heartbeat thread and RequestShutdown()
   std::mutex heartbeat_mu_;  // one heartbeat (request + applying its reply) at a time

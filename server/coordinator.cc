@@ -356,6 +356,12 @@ std::chrono::milliseconds Coordinator::TakeoverSilence(const PeerInfo& info) con
                                               : options_.heartbeat_timeout;
 }
 
+bool Coordinator::IsReplaced(int32_t server, uint64_t session) const {
+  if (session == 0) return false;
+  return std::any_of(replaced_servers_.begin(), replaced_servers_.end(),
+                     [&](const Replaced& r) { return r.server == server && r.session == session; });
+}
+
 Status Coordinator::CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer,
                                 std::chrono::milliseconds silence) const {
   if (!holder.bound || holder.peer == peer) return Status::Ok();
@@ -403,10 +409,25 @@ Status Coordinator::RegisterServer(ServerEndpoint* ep, const PeerId& peer, const
   }
   if (h.text.empty()) return InvalidArgument("register refused: server {} sent no address", h.sender);
   Holder& holder = server_holders_[static_cast<size_t>(h.sender)];
-  // A restarted server, proven a server, takes its id over as soon as the old holder has missed
-  // two heartbeats; anyone else waits for the full timeout of silence.
-  DP_RETURN_IF_ERROR(CheckRebind("server", h.sender, holder, peer, TakeoverSilence(info)));
-  holder = Holder{true, peer, Clock::now()};
+  if (IsReplaced(h.sender, h.session)) {
+    return FailedPrecondition("register refused: another process took server {}'s id while this one was silent: "
+                              "this process is out of the run",
+                              h.sender);
+  }
+  // The same process on a new connection (its old one dropped with a cut link) takes its id back
+  // at once. A restarted server, proven a server, takes its id over as soon as the old holder has
+  // missed two heartbeats; anyone else waits for the full timeout of silence.
+  const bool same_process = holder.bound && h.session != 0 && h.session == holder.session;
+  if (!same_process) DP_RETURN_IF_ERROR(CheckRebind("server", h.sender, holder, peer, TakeoverSilence(info)));
+  if (holder.bound && !same_process && holder.peer != peer && holder.session != 0) {
+    // Another process takes the id over: the old one, if it comes back, is told it is out.
+    replaced_servers_.push_back(Replaced{h.sender, holder.session});
+    if (replaced_servers_.size() > kReplacedKept) replaced_servers_.pop_front();
+    spdlog::warn("coordinator: server {} is taken over by another process (its previous one, silent for {} ms, is "
+                 "out of the run and told so if it is heard from again)",
+                 h.sender, std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - holder.seen).count());
+  }
+  holder = Holder{true, peer, Clock::now(), h.session};
   server_addresses_[static_cast<size_t>(h.sender)] = h.text;  // a restarted server re-registers
   spdlog::info("coordinator: server {} at {} registered from {}", h.sender, h.text, DescribePeer(info));
   Emit("server_registered", h.sender, h.text);
@@ -526,6 +547,21 @@ Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h, bo
     if (h.sender < options_.servers) holder = &server_holders_[static_cast<size_t>(h.sender)];
   } else if (h.sender < max_workers_) {
     holder = &workers_[static_cast<size_t>(h.sender)].holder;
+  }
+  if (h.role == Role::kServer && holder != nullptr && IsReplaced(h.sender, h.session)) {
+    // Fencing: a server process whose id another process took while it was stopped or cut off.
+    // It must take and answer nothing more; it stops on this reply (common/rendezvous.h).
+    *removed = true;
+    for (Replaced& r : replaced_servers_) {
+      if (r.server == h.sender && r.session == h.session && !r.told) {
+        r.told = true;
+        spdlog::warn("coordinator: server {}'s previous process is heard from again after another took its id: "
+                     "told it is out of the run",
+                     h.sender);
+        Emit("server_removed", h.sender, "heard from after another process took its id");
+      }
+    }
+    return Status::Ok();
   }
   if (holder == nullptr || !holder->bound || holder->peer != peer) {
     return FailedPrecondition("{} for {} {}: that id is not registered on this connection", MsgTypeName(h.type),

@@ -170,7 +170,15 @@ class Coordinator {
     bool bound = false;
     PeerId peer;
     Clock::time_point seen;
+    uint64_t session = 0;  // the holding process's (RendezvousClient); 0 = not sent
   };
+  // A server process whose id another process took over (kReplacedKept kept, oldest dropped).
+  struct Replaced {
+    int32_t server;
+    uint64_t session;
+    bool told = false;  // heard from again and told it is out (logged once)
+  };
+  static constexpr size_t kReplacedKept = 64;
   // Everything known about one worker id (index = id, 0..max_workers-1).
   struct WorkerSlot {
     Holder holder;        // seen = last heartbeat / clock / register
@@ -201,7 +209,10 @@ class Coordinator {
   // The silence after which a server or the evaluator that proved its role (keys, or the run's
   // secret) takes its id over from its old holder: two heartbeat intervals; else the timeout.
   std::chrono::milliseconds TakeoverSilence(const PeerInfo& info) const;
-  // `*removed`: the sender is a worker declared dead that is heard from again (kFlagRemoved).
+  // With mu_ held: whether `session` is a process of server `server` that another took over.
+  bool IsReplaced(int32_t server, uint64_t session) const;
+  // `*removed` (kFlagRemoved): the sender is a worker declared dead that is heard from again, or a
+  // server process whose id another process has taken over (fencing: it must serve nothing).
   Status NoteHeartbeat(const PeerId& peer, const MessageHeader& h, bool* removed);
   // Fills the reply's gone lists and seq for a sender that has seen `h.gone_seq`.
   void FillChanges(const MessageHeader& h, MessageHeader* r) const;
@@ -232,6 +243,7 @@ class Coordinator {
   mutable std::mutex mu_;
   std::vector<std::string> server_addresses_;  // "" until registered
   std::vector<Holder> server_holders_;         // index = server id
+  std::deque<Replaced> replaced_servers_;      // newest last, at most kReplacedKept
   std::vector<WorkerSlot> workers_;            // index = worker id
   // The evaluator (options_.evaluator): bound like a worker id; at most one.
   struct EvaluatorSlot {

@@ -71,6 +71,12 @@ class ModelHost {
   void Start(std::unique_ptr<ServerEndpoint> endpoint);  // Serve on a thread of its own
   Status Join();
   void Stop();
+  // Fencing (thread-safe): every shard is fenced (ShardServer::Fence) and the loop stops.
+  void Fence() {
+    for (const auto& s : shards_) s->Fence();
+    Stop();
+  }
+  bool fenced() const { return shards_[0]->fenced(); }
 
   int models() const { return static_cast<int>(shards_.size()); }
   ShardServer* shard(int model) const { return shards_[static_cast<size_t>(model)].get(); }

@@ -21,13 +21,16 @@
 // checkpoint, one of which it forces at checkpoint.wal_max_mb.
 //
 // --recover: restore D/<checkpoint.dir>/server-<i>.dpt if it exists, then replay server-<i>.wal
-// if it exists (either may be missing), then serve: the shard is what it was when its previous
-// process died, every acknowledged push included. This is how the launcher restarts a dead
+// if it exists (either may be missing), checkpoint what was replayed and start the log in a new
+// file, then serve: the shard is what it was when its previous process died, every acknowledged
+// push included. This is how the launcher restarts a dead
 // server and how `downpour-launch --resume` restarts a stopped run. --restore FILE loads that
 // checkpoint only and starts the log afresh. Without checkpoint.wal, --recover restores the
 // checkpoint alone (the updates since it are lost). Registers with cluster.coordinator (unless
 // --standalone), heartbeats, drops workers the coordinator declares dead, and exits 0 on a
-// shutdown message, the coordinator's shutdown, or SIGINT/SIGTERM.
+// shutdown message, the coordinator's shutdown, or SIGINT/SIGTERM; and exits 0 at once, writing
+// nothing more, when the coordinator says another process has taken its id (fencing: this one was
+// stopped or cut off, and a replacement serves from its checkpoint and log).
 //
 // Several models ([[models]] in the run config; server/model_host.h): the process serves its
 // shard of every model on the one endpoint, routing by the header's model id. Model k's tensor
@@ -294,6 +297,8 @@ Status Run(const Flags& f, bool* serving) {
     link->StartHeartbeats([h = host.get()](int32_t worker, bool finished) {
       for (int k = 0; k < h->models(); ++k) h->shard(k)->MarkWorkerGone(worker, finished);
     });
+    // Fencing: another process took this server's id while this one was stopped or cut off.
+    link->SetOnRemoved([h = host.get()] { h->Fence(); });
   }
 
   *serving = true;
@@ -304,14 +309,22 @@ Status Run(const Flags& f, bool* serving) {
       break;
     }
     if (host->shutdown_requested()) break;
+    if (host->fenced()) break;
     if (host->log_failed()) break;  // Join says why; the launcher restarts this server with --recover
     if (link && link->shutdown_requested()) {
       spdlog::info("server {}: coordinator says the run is over", f.id);
       break;
     }
   }
+  if (link) link->SetOnRemoved({});
   host->Stop();
   Status s = host->Join();
+  if (host->fenced()) {
+    // Its checkpoint and log are the other process's now: nothing is written, and the job goes
+    // on with that process (exit 0, as for a worker put out of the run: nothing to restart).
+    spdlog::warn("server {}: out of the run (another process serves its id); exiting without a checkpoint", f.id);
+    return s;
+  }
   WriteTraceFile(trace, f.run_dir, fmt::format("server-{}", f.id));
   // A stopped run (Ctrl-C, the end of the job) can be resumed without losing an update: every
   // model's shard checkpoints once more on its way out when checkpointing is on.

@@ -357,6 +357,10 @@ Status ShardServer::Finish(ServerEndpoint* ep) {
   reply_log_.FlushFinal();
   std::lock_guard<std::mutex> lock(mu_);
   lanes_->Drain();
+  if (fenced_.load()) {  // out of the run: its log is another process's now
+    log_->Abandon();
+    return Status::Ok();
+  }
   if (ep != nullptr) SendDonePulls(ep);
   if (!log_->open()) return Status::Ok();
   const Status s = log_->Sync();
@@ -1432,6 +1436,15 @@ Status ShardServer::Recover(RecoverReport* report) {
                    options_.server_id, path, info.valid_bytes, info.file_bytes - info.valid_bytes, info.torn_reason);
     }
     truncate = info.records == 0 || info.last_seq <= covered;
+    if (!options_.checkpoint_path.empty()) {
+      // The log goes on in a new file, never in the old one: a process that still holds the old
+      // file open (a server replaced while it was cut off or stopped, which may take a message
+      // before it hears it is out) can then write only into a file the run no longer reads. What
+      // the old file holds past the checkpoint goes into a new checkpoint first.
+      if (!truncate) DP_RETURN_IF_ERROR(SaveCheckpointLocked(options_.checkpoint_path));
+      DP_RETURN_IF_ERROR(log_->Retire(info.records > 0 ? info.last_seq : 0));
+      return log_->Open(wal_seq_ + 1, /*truncate=*/true);
+    }
     // Records the checkpoint covers, from a process that died between its checkpoint and moving
     // the log aside: the history keeps them.
     if (truncate && info.records > 0 && options_.checkpoint.history) DP_RETURN_IF_ERROR(log_->KeepAside(info.last_seq));

@@ -159,8 +159,12 @@ class ShardServer {
   void MarkWorkerGone(int32_t worker, bool finished);
 
   // Rebuilds a dead process's shard: loads options.checkpoint_path and replays options.wal_path
-  // past it (either may be missing), drops a torn last record, leaves the log open. Call before
-  // Serve/Start. Errors name the file, offset and field; after one the shard must not serve.
+  // past it (either may be missing), drops a torn last record. With a checkpoint path, what was
+  // replayed is checkpointed at once and the log goes on in a new file (the old one unlinked, or
+  // with checkpoint.history kept as a segment), so a process that still holds the old file open
+  // cannot write into the log this one writes; else the log goes on in the old file. Leaves the
+  // log open. Call before Serve/Start. Errors name the file, offset and field; after one the shard
+  // must not serve.
   Status Recover(RecoverReport* report);
   // Applies one record of a log as Recover does, through the live apply path, whatever its seq
   // (downpour-history replays a whole run's kept log into a fresh shard). Before Serve/Start, with
@@ -186,6 +190,11 @@ class ShardServer {
   // the lanes, not the loop, were the bound.
   uint64_t lane_wait_ns() const { return lanes_->post_wait_ns(); }
   bool shutdown_requested() const { return shutdown_.load(); }
+  // Thread-safe. Fencing: another process took this server's id (the coordinator says so), so this
+  // one must take and answer nothing more. Finish then closes the log without writing anything
+  // more and sends no held reply; no checkpoint may follow (the caller's part).
+  void Fence() { fenced_.store(true); }
+  bool fenced() const { return fenced_.load(); }
   // The write-ahead log takes nothing more: the loop has stopped or is stopping (see Serve).
   bool log_failed() const { return log_->failed(); }
   // Ok unless log_failed(); then the error, naming the log. On the loop's thread, or after Join.
@@ -354,6 +363,7 @@ class ShardServer {
   std::vector<std::shared_ptr<PullJob>> done_pulls_;  // assembled by the lanes, for the loop to send
 
   std::atomic<bool> stop_{false};
+  std::atomic<bool> fenced_{false};
   std::atomic<bool> shutdown_{false};
   std::thread thread_;
   Status thread_status_;

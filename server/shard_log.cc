@@ -82,6 +82,21 @@ Status ShardLog::KeepAside(uint64_t last_seq) {
   return MoveAside(last_seq);
 }
 
+Status ShardLog::Retire(uint64_t last_seq) {
+  if (wal_ != nullptr) return FailedPrecondition("server {}: {}: the log is open", o_.server_id, o_.path);
+  const std::string dir = std::filesystem::path(o_.path).parent_path().string();
+  std::error_code ec;
+  if (o_.keep_segments && last_seq > 0) {
+    const std::string kept = KeptSegmentPath(o_.path, last_seq);
+    std::filesystem::copy_file(o_.path, kept, std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return IoError("server {}: keeping the log {} as {}: {}", o_.server_id, o_.path, kept, ec.message());
+    DP_RETURN_IF_ERROR(TruncateWal(kept, std::filesystem::file_size(kept)));  // fsyncs the copy
+  }
+  std::filesystem::remove(o_.path, ec);
+  if (ec) return IoError("server {}: removing the log {}: {}", o_.server_id, o_.path, ec.message());
+  return FsyncDirectory(dir.empty() ? "." : dir, o_.path);
+}
+
 Status ShardLog::MoveAside(uint64_t last_seq) {
   const std::string kept = KeptSegmentPath(o_.path, last_seq);
   std::error_code ec;

@@ -78,6 +78,13 @@ class ShardLog {
   // failed one forgets them.
   void ReleaseHeld(const Send& send, const Refuse& refuse);
 
+  // A process fenced out of the run: the log is closed without writing anything more, and the
+  // held replies are forgotten (never acknowledged: their senders resend them to the process that
+  // took this one's place).
+  void Abandon() {
+    if (wal_) wal_->Abandon();
+    held_.clear();
+  }
   bool failed() const { return failed_.load(); }
   Status Failure() const { return wal_ ? wal_->Failure() : Status::Ok(); }
   Status Sync() { return wal_ ? wal_->Sync() : Status::Ok(); }
@@ -87,6 +94,10 @@ class ShardLog {
   // With keep_segments, before Open: moves the log file, whose last record is `last_seq`, aside
   // as a kept segment (Recover found it all covered by the checkpoint).
   Status KeepAside(uint64_t last_seq);
+  // Before Open, after a checkpoint that covers the log file (whose last record is `last_seq`; 0 =
+  // none): the file is unlinked, so the next Open makes a new one and nobody can write into it
+  // through an old descriptor; with keep_segments its records are first copied to the kept segment.
+  Status Retire(uint64_t last_seq);
   uint64_t sync_cpu_ns() const { return wal_ ? wal_->sync_cpu_ns() : 0; }
 
  private:

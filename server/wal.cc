@@ -571,6 +571,16 @@ Status WalWriter::Restart() {
   return Status::Ok();
 }
 
+void WalWriter::Abandon() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    if (failed_.ok()) failed_ = FailedPrecondition("{}: abandoned: this process is out of the run", path_);
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
 Status WalWriter::Stalled() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stalled_;

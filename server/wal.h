@@ -4,7 +4,9 @@
 // the server process and, after the next fsync, of the machine.
 // A restart (downpour-server --recover) loads the shard's checkpoint and replays the records
 // the checkpoint does not cover (seq > the checkpoint's meta "wal_seq"), which rebuilds the
-// exact state: replay goes through the same apply code as the live path, in the same order.
+// exact state: replay goes through the same apply code as the live path, in the same order. It
+// then checkpoints and logs into a new file (ShardServer::Recover): a process that still holds
+// the old file (a server replaced while it was cut off) cannot write into the new one.
 //
 // File: D/<checkpoint.dir>/server-<i>.wal (server/run_dir.h ServerWalPath), a sequence of
 // records, no file header. Record layout (integers little-endian):
@@ -174,6 +176,10 @@ class WalWriter {
   Status Sync();  // Drain, then fdatasync now
   // Drains, then empties the log (after a checkpoint that covers everything in it); seq numbers go on.
   Status Restart();
+  // Stops the log thread without writing what is staged (a write in progress completes), and
+  // leaves the file as it is at close (no trim, no fdatasync): for a process fenced out of the run,
+  // whose log another process now writes. Nothing staged was acknowledged. Submit refuses after it.
+  void Abandon();
 
   uint64_t durable_seq() const { return durable_seq_.load(std::memory_order_acquire); }
   uint64_t last_seq() const { return next_seq_ - 1; }  // the last record submitted; 0 = none

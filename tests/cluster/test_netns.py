@@ -82,7 +82,7 @@ class NetnsJob(unittest.TestCase):
         self._tmp = tempfile.TemporaryDirectory(prefix="downpour-netns-")
         self.tmp = self._tmp.name
         script("down", "--prefix", PREFIX)
-        r = script("up", str(len(HOSTS)), "--prefix", PREFIX, "--subnet", SUBNET)
+        r = script("up", str(len(HOSTS) + 1), "--prefix", PREFIX, "--subnet", SUBNET)  # and a spare host
         self.assertEqual(r.returncode, 0, r.stderr)
         self.keys = nj.make_keys(BUILD_DIR, self.tmp)
         self.config = os.path.join(self.tmp, "job.toml")
@@ -205,6 +205,52 @@ class NetnsJob(unittest.TestCase):
         self.assertNotIn("silent for more than", text)  # nobody declared dead
         for w in range(2):
             self.assertEqual(metrics(self.run_dir, f"worker-{w}", "done")[-1]["steps"], STEPS)
+
+    def test_a_server_replaced_while_cut_off_is_fenced_out_when_it_comes_back(self):
+        """Server 1's host is cut off; an operator starts a replacement server 1 on the spare host
+        from the shared checkpoint and log (--recover). It takes the id, the workers follow it, and
+        when the old host's link is back the old process is told it is out and stops without
+        writing anything (its log and checkpoint are the replacement's now). The job finishes,
+        every task exits 0, and the history is valid: nothing lost or applied twice."""
+        self.write_config(worker_extra="straggler = 0\nstraggler_delay_ms = 20\n")
+        self.start()
+        self.assertTrue(self.wait_steps(0, STEPS // 10), self.output())
+        spare = len(HOSTS) + 1
+        self.assertEqual(script("--prefix", PREFIX, "cut", str(HOSTS["server 1"])).returncode, 0)
+        time.sleep(1.0)
+        replacement_log = os.path.join(self.tmp, "replacement.out")
+        with open(replacement_log, "w") as log:
+            replacement = subprocess.Popen(
+                [nj.SCRIPT, "--prefix", PREFIX, "exec", str(spare), os.path.join(BUILD_DIR, "server", "downpour-server"),
+                 "--config", os.path.join(self.run_dir, "config.toml"), "--id", "1", "--run-dir", self.run_dir,
+                 "--recover", "--tensors", os.path.join(self.run_dir, "tensors-server-1.txt"), "--coordinator",
+                 f"{SUBNET}.1:{nj.PORT}", "--advertise", f"{SUBNET}.{spare}"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            steps = len(metrics(self.run_dir, "worker-0", "step"))
+            self.assertTrue(self.wait_steps(0, steps + 30, limit_s=60), self.output())  # training goes on
+            self.assertEqual(script("--prefix", PREFIX, "heal", str(HOSTS["server 1"])).returncode, 0)
+            codes = self.wait_all()
+            self.assertEqual(replacement.wait(timeout=60), 0)
+        finally:
+            if replacement.poll() is None:
+                replacement.kill()
+                replacement.wait()
+        with open(replacement_log) as f:
+            text = self.output() + f.read()
+        self.assert_ended_well(codes)
+        self.assertIn("recovered: checkpoint", text)
+        self.assertIn("server 1 is taken over by another process", text)
+        self.assertIn(f"coordinator: server 1 moved from tcp://{SUBNET}.{HOSTS['server 1']}:5601 to "
+                      f"tcp://{SUBNET}.{spare}:5601", text)  # the workers followed it
+        self.assertIn("coordinator: server 1's previous process is heard from again after another took its id: "
+                      "told it is out of the run", text)
+        with open(os.path.join(self.tmp, "server-1.out")) as f:
+            old = f.read()
+        self.assertIn("server 1: out of the run (another process serves its id); exiting without a checkpoint", old)
+        self.assertNotIn("written on stop", old)
+        for w in range(2):
+            self.assertEqual(metrics(self.run_dir, f"worker-{w}", "done")[-1]["steps"], STEPS)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -745,6 +745,59 @@ TEST_F(CoordinatorTest, ARestartedServerTakesItsIdOverAtOnceButNoOtherClaimantDo
   EXPECT_NE(r.error_text.find("held by another connection"), std::string::npos) << r.error_text;
 }
 
+// Fencing: once another process has taken a server's id (the old one silent: stopped or cut
+// off), the old process is told it is out (kFlagRemoved) whenever it is heard from again, and may
+// not register again; the process that holds the id is not. The same process on a new
+// connection (its session) takes its id back at once.
+TEST_F(CoordinatorTest, AServerProcessWhoseIdWasTakenOverIsToldItIsOut) {
+  AccessPolicy access;
+  access.keyed = true;
+  Start(access, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 3s; });
+  auto as = [](MessageHeader h, uint64_t session) {
+    h.session = session;
+    return h;
+  };
+  auto old_server = Peer("server", "127.0.0.3");
+  ASSERT_EQ(Ask(old_server.get(), as(Message(MsgType::kRegister, Role::kServer, 0), 0xA)).type,
+            MsgType::kRegisterReply);
+  MessageHeader r = Ask(old_server.get(), as(Message(MsgType::kHeartbeat, Role::kServer, 0), 0xA));
+  ASSERT_EQ(r.type, MsgType::kHeartbeat);
+  EXPECT_EQ(r.flags & kFlagRemoved, 0u);
+  std::this_thread::sleep_for(150ms);  // silent: cut off
+  auto replacement = Peer("server", "127.0.0.4");
+  MessageHeader claim = as(Message(MsgType::kRegister, Role::kServer, 0), 0xB);
+  claim.text = "tcp://127.0.0.4:7000";
+  ASSERT_EQ(Ask(replacement.get(), claim).type, MsgType::kRegisterReply);
+
+  // The old process comes back: told it is out, on every heartbeat, and logged once.
+  for (int i = 0; i < 3; ++i) {
+    r = Ask(old_server.get(), as(Message(MsgType::kHeartbeat, Role::kServer, 0), 0xA));
+    EXPECT_EQ(r.type, MsgType::kHeartbeat);
+    EXPECT_NE(r.flags & kFlagRemoved, 0u);
+  }
+  EXPECT_EQ(CountEvents("server_removed"), 1u);
+  // ... from a new connection too, and it may not register again, however long the holder is quiet.
+  auto old_again = Peer("server", "127.0.0.3");
+  r = Ask(old_again.get(), as(Message(MsgType::kHeartbeat, Role::kServer, 0), 0xA));
+  EXPECT_NE(r.flags & kFlagRemoved, 0u);
+  std::this_thread::sleep_for(150ms);
+  r = Ask(old_again.get(), as(Message(MsgType::kRegister, Role::kServer, 0), 0xA));
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_NE(r.error_text.find("another process took server 0's id while this one was silent"), std::string::npos)
+      << r.error_text;
+  EXPECT_EQ(coordinator_->server_addresses(), std::vector<std::string>{"tcp://127.0.0.4:7000"});
+
+  // The holder is not told anything of the kind; on a new connection it takes its id back at once.
+  r = Ask(replacement.get(), as(Message(MsgType::kHeartbeat, Role::kServer, 0), 0xB));
+  EXPECT_EQ(r.type, MsgType::kHeartbeat);
+  EXPECT_EQ(r.flags & kFlagRemoved, 0u);
+  auto reconnected = Peer("server", "127.0.0.4");
+  EXPECT_EQ(Ask(reconnected.get(), claim).type, MsgType::kRegisterReply) << "its own id, heard from just now";
+  r = Ask(reconnected.get(), as(Message(MsgType::kHeartbeat, Role::kServer, 0), 0xB));
+  EXPECT_EQ(r.flags & kFlagRemoved, 0u);
+  EXPECT_EQ(CountEvents("server_removed"), 1u);
+}
+
 TEST_F(CoordinatorTest, AServersNewAddressReachesOnServerMoved) {
   AccessPolicy access;
   access.run_secret = kSecret;

@@ -7,8 +7,10 @@
 // (server/access.h), with keys and with a token.
 #include "server/shard.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -2307,6 +2309,36 @@ TEST_F(ShardFixture, AnUpdateRuleDefinedInATestRunsThroughAShard) {
   for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(w[i], i % 3 == 0 ? 0.75f : (i % 3 == 1 ? 1.25f : 1.0f)) << i;
 }
 
+// A recovered shard never writes into the file it recovered from: a process that still holds that
+// file open (a server replaced while it was cut off, which may take a message before it hears it
+// is out) writes only into a file nobody reads any more, and the replacement's log is untouched.
+TEST_F(ShardFixture, ARecoveredShardLogsIntoANewFileThatAnOldWriterCannotReach) {
+  UsePersistDir();
+  ShardOptions o = PlainSgd();
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
+  const std::string wal = ForServer(o, 0).wal_path;
+  const int old_fd = ::open(wal.c_str(), O_WRONLY);  // the old process's descriptor
+  ASSERT_GE(old_fd, 0);
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  EXPECT_EQ(rep.replayed_pushes, 2u);
+  const std::string junk(4096, '\0');
+  ASSERT_EQ(::pwrite(old_fd, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));  // too late
+  ::close(old_fd);
+  const std::string address = Serve(std::move(fresh), "recovered");
+  auto d = Client(0, [&](PsClientOptions& po) { po.server_addresses = {address}; });
+  ASSERT_TRUE(d->Wait(d->Push(std::vector<float>(8, 1.0f), 1), 5000ms).ok());
+  shards_.back()->Stop();
+  ASSERT_TRUE(shards_.back()->Join().ok());  // the log written and closed
+  WalScanInfo info;
+  ASSERT_TRUE(ScanWal(wal, nullptr, &info).ok()) << "the new log was written over";
+  EXPECT_EQ(info.records, 1u);
+  EXPECT_EQ(info.first_seq, 3u);
+}
+
 TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
   UsePersistDir();
   ShardOptions o = PlainSgd();
@@ -2328,6 +2360,11 @@ TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDr
   {
     std::ofstream(wal, std::ios::binary | std::ios::app) << rec.substr(0, 30);
   }
+  std::string bytes;  // the log as it was, to damage below
+  {
+    std::ifstream in(wal, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
   std::unique_ptr<ShardServer> fresh;
   ASSERT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &fresh).ok());
   RecoverReport rep;
@@ -2335,15 +2372,16 @@ TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDr
   EXPECT_FALSE(rep.checkpoint_loaded);
   EXPECT_TRUE(rep.torn_tail);
   EXPECT_EQ(rep.replayed_pushes, 2u);  // the init push and the gradient
-  EXPECT_EQ(std::filesystem::file_size(wal), logged.valid_bytes);
   EXPECT_EQ(fresh->ChunkWeights(0), std::vector<float>(8, 4.0f));
   EXPECT_EQ(fresh->ChunkVersion(0), 1);
+  // What was replayed is in a checkpoint now, and the log goes on in a new, empty file.
+  EXPECT_EQ(fresh->Stats().checkpoints_written, 1u);
+  EXPECT_EQ(fresh->log_seq(), logged.last_seq);
+  EXPECT_EQ(std::filesystem::file_size(wal), 0u);
   // A damaged record in the middle is refused, naming the file and the offset.
-  std::string bytes;
-  {
-    std::ifstream in(wal, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  fresh->Stop();
+  ASSERT_TRUE(fresh->Join().ok());
+  std::filesystem::remove(ForServer(o, 0).checkpoint_path);
   bytes[kWalHeaderBytes + 1] ^= 0x10;  // the first record's payload
   { std::ofstream(wal, std::ios::binary | std::ios::trunc) << bytes; }
   std::unique_ptr<ShardServer> broken;
