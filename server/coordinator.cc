@@ -241,8 +241,9 @@ void Coordinator::CheckLiveness() {
   const auto now = Clock::now();
   const auto since_last = last_liveness_check_ == Clock::time_point{} ? Clock::duration{} : now - last_liveness_check_;
   last_liveness_check_ = now;
-  // Cut off from every server: the others' silence is this process's own, as in a stall.
-  if (CutOff(now)) ForgiveLocked(since_last);
+  // Cut off from every server: the others' silence is this process's own, as in a stall. Not once
+  // the run is ending: the servers leave then.
+  if (!shutdown_.load() && CutOff(now)) ForgiveLocked(since_last);
   for (auto it = live_.begin(); it != live_.end();) {
     const int32_t w = *it;
     WorkerSlot& slot = workers_[static_cast<size_t>(w)];
@@ -492,8 +493,13 @@ Status Coordinator::RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const
     return InvalidArgument("register refused: worker id {} outside 0..{} (cluster.workers = {}, max_workers = {})", id,
                            max_workers_ - 1, options_.workers, max_workers_);
   }
+  if (shutdown_.load()) {
+    return FailedPrecondition("register refused: the run is over (the coordinator has ended it)");
+  }
   WorkerSlot& slot = workers_[static_cast<size_t>(id)];
-  DP_RETURN_IF_ERROR(CheckRebind("worker", id, slot.holder, peer, options_.heartbeat_timeout));
+  // A worker declared dead is out of the run: a new process (a restart with --resume) takes its id
+  // at once, whatever the old process still sends (it is told it is out).
+  if (!slot.silent) DP_RETURN_IF_ERROR(CheckRebind("worker", id, slot.holder, peer, options_.heartbeat_timeout));
   if (slot.gone) {  // a worker that comes back is alive again; senders' gone lists are redone
     gone_listed_.erase(id);
     revived_seq_ = ++gone_seq_;
@@ -567,11 +573,12 @@ Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h, bo
     return FailedPrecondition("{} for {} {}: that id is not registered on this connection", MsgTypeName(h.type),
                               RoleName(h.role), h.sender);
   }
-  holder->seen = Clock::now();
-  if (h.role == Role::kServer) return Status::Ok();
   const int32_t w = h.sender;
+  if (h.role == Role::kServer || !workers_[static_cast<size_t>(w)].silent) holder->seen = Clock::now();
+  if (h.role == Role::kServer) return Status::Ok();
   WorkerSlot& slot = workers_[static_cast<size_t>(w)];
   if (slot.silent && !slot.finished) {
+    // (Its heartbeats do not count as the holder heard from: a restart takes the id at once.)
     // Declared dead while it was stopped or cut off, and the servers have fenced it: it is out,
     // and told so (a restart registers a new process, which takes the id back).
     *removed = true;

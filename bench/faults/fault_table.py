@@ -63,8 +63,8 @@ def run_one(a, prefix, subnet, keys, tmp, mode, seed, role=None, fault=None):
     base = os.path.join(tmp, name)
     os.makedirs(base)
     config = nj.job_config(os.path.join(base, "job.toml"), subnet, keys, steps=a.steps, mode=mode, history=True,
-                           checkpoint_every=a.checkpoint_every, seed=seed,
-                           whole_test_set=True)
+                           checkpoint_every=a.checkpoint_every, seed=seed, whole_test_set=True,
+                           cluster_extra=f"restart_workers = {a.restart_workers}\n" if a.restart_workers else "")
     run_dir = os.path.join(base, "run")
     job = nj.Job(a.build_dir, prefix, subnet, config, run_dir, base)
     row = {"mode": mode, "role": role, "fault": fault, "seed": seed}
@@ -160,6 +160,8 @@ def main():
     p.add_argument("--long-s", type=float, default=4.0)
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--limit-s", type=float, default=180)
+    p.add_argument("--restart-workers", type=int, default=0,
+                   help="cluster.restart_workers: a worker put out of the run is restarted with --resume")
     p.add_argument("--roles", default=",".join(ROLES))
     p.add_argument("--faults", default=",".join(FAULTS))
     a = p.parse_args()

@@ -85,13 +85,14 @@ def make_keys(build_dir, tmp):
 
 
 def job_config(path, subnet, keys, *, steps, mode="async", history=False, checkpoint_every=100, seed=3,
-               worker_extra="", whole_test_set=False):
+               worker_extra="", whole_test_set=False, cluster_extra=""):
     """A 2 x 2 Fashion-MNIST job (fmnist_small) for HOSTS: heartbeats every 200 ms, declared dead
     after 2 s of silence; the final evaluation on 200 test images, or all 10,000."""
     fab.real_job_config(
         path, workers=2, steps=steps, batch_size=32, coordinator=f"{subnet}.1:{PORT}", base_port=5600,
         checkpoint_every=checkpoint_every,
-        cluster_extra='bind = "0.0.0.0"\nheartbeat_ms = 200\nheartbeat_timeout_ms = 2000\nserver_wait_ms = 60000',
+        cluster_extra='bind = "0.0.0.0"\nheartbeat_ms = 200\nheartbeat_timeout_ms = 2000\nserver_wait_ms = 60000\n' +
+        cluster_extra,
         eval_extra="every_steps = 0", extra=("history = true\n" if history else "") + f'[security]\nkeys = "{keys}"\n')
     with open(path) as f:
         text = f.read()

@@ -798,6 +798,46 @@ TEST_F(CoordinatorTest, AServerProcessWhoseIdWasTakenOverIsToldItIsOut) {
   EXPECT_EQ(CountEvents("server_removed"), 1u);
 }
 
+// A worker declared dead keeps being told it is out, and its heartbeats do not hold its id: a
+// restart of it (a new connection) takes the id at once. Once the run is over, nobody registers.
+TEST_F(CoordinatorTest, AWorkerDeclaredDeadIsOutAndItsRestartTakesItsIdAtOnce) {
+  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1);  // timeout 600 ms
+  auto server = Peer("");
+  ASSERT_EQ(Ask(server.get(), Message(MsgType::kRegister, Role::kServer, 0)).type, MsgType::kRegisterReply);
+  std::atomic<bool> stop{false};
+  std::thread beat([&] {  // the server and worker 0 stay alive
+    auto w0 = Peer("");
+    EXPECT_EQ(Ask(w0.get(), Message(MsgType::kRegister, Role::kWorker, 0)).type, MsgType::kRegisterReply);
+    while (!stop.load()) {
+      Ask(server.get(), Message(MsgType::kHeartbeat, Role::kServer, 0));
+      Ask(w0.get(), Message(MsgType::kHeartbeat, Role::kWorker, 0));
+      std::this_thread::sleep_for(50ms);
+    }
+  });
+  auto old_worker = Peer("");
+  ASSERT_EQ(Ask(old_worker.get(), Message(MsgType::kRegister, Role::kWorker, 1)).type, MsgType::kRegisterReply);
+  ASSERT_TRUE(Eventually([&] { return CountEvents("worker_dead") == 1; }, 3s));  // silent: cut off
+  for (int i = 0; i < 5; ++i) {  // back, heartbeating: out, every time
+    MessageHeader r = Ask(old_worker.get(), Message(MsgType::kHeartbeat, Role::kWorker, 1));
+    EXPECT_NE(r.flags & kFlagRemoved, 0u);
+    std::this_thread::sleep_for(50ms);
+  }
+  auto restarted = Peer("");
+  EXPECT_EQ(Ask(restarted.get(), Message(MsgType::kRegister, Role::kWorker, 1)).type, MsgType::kRegisterReply)
+      << "the restart waited for the old process to fall silent";
+  MessageHeader r = Ask(restarted.get(), Message(MsgType::kHeartbeat, Role::kWorker, 1));
+  EXPECT_EQ(r.flags & kFlagRemoved, 0u);
+  stop.store(true);
+  beat.join();
+  auto admin = Peer("");
+  ASSERT_EQ(Ask(admin.get(), Message(MsgType::kShutdown, Role::kObserver, -1)).type, MsgType::kAck);
+  ASSERT_TRUE(coordinator_->shutting_down());
+  auto late = Peer("");
+  r = Ask(late.get(), Message(MsgType::kRegister, Role::kWorker, 1));
+  EXPECT_EQ(r.type, MsgType::kError);
+  EXPECT_NE(r.error_text.find("the run is over"), std::string::npos) << r.error_text;
+}
+
 TEST_F(CoordinatorTest, AServersNewAddressReachesOnServerMoved) {
   AccessPolicy access;
   access.run_secret = kSecret;
