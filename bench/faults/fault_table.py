@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,12 +48,7 @@ def final_top1(run_dir):
 
 
 def history(build_dir, run_dir, out):
-    r = subprocess.run([os.path.join(build_dir, "server", "downpour-history"), run_dir, "--json", out],
-                       capture_output=True, text=True, timeout=300)
-    report = None
-    if os.path.exists(out):
-        with open(out) as f:
-            report = json.load(f)
+    r, report = nj.fab.history_report(build_dir, run_dir, out)
     return r.returncode, report, (r.stdout + r.stderr).strip().splitlines()[-1:]
 
 

@@ -138,6 +138,17 @@ class ShardFixture : public ::testing::Test {
     }
     EXPECT_EQ(a.Stats().pushes_by_worker, b.Stats().pushes_by_worker);
   }
+  // One server with one chunk of 8 floats (plain SGD), its checkpoint and log in a fresh persist
+  // directory: worker 0's initial weights (5) and one gradient (1) acknowledged. Returns its options.
+  ShardOptions OneChunkInitAndOnePush() {
+    UsePersistDir();
+    ShardOptions o = PlainSgd();
+    StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+    auto c = Client(0);
+    EXPECT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());
+    EXPECT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
+    return o;
+  }
   // Serves `shard` (taking ownership) at a new in-process address; returns the address.
   std::string Serve(std::unique_ptr<ShardServer> shard, const std::string& name) {
     std::unique_ptr<ServerEndpoint> ep;
@@ -2313,12 +2324,7 @@ TEST_F(ShardFixture, AnUpdateRuleDefinedInATestRunsThroughAShard) {
 // file open (a server replaced while it was cut off, which may take a message before it hears it
 // is out) writes only into a file nobody reads any more, and the replacement's log is untouched.
 TEST_F(ShardFixture, ARecoveredShardLogsIntoANewFileThatAnOldWriterCannotReach) {
-  UsePersistDir();
-  ShardOptions o = PlainSgd();
-  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
-  auto c = Client(0);
-  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());
-  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
+  const ShardOptions o = OneChunkInitAndOnePush();
   const std::string wal = ForServer(o, 0).wal_path;
   const int old_fd = ::open(wal.c_str(), O_WRONLY);  // the old process's descriptor
   ASSERT_GE(old_fd, 0);
@@ -2340,12 +2346,7 @@ TEST_F(ShardFixture, ARecoveredShardLogsIntoANewFileThatAnOldWriterCannotReach) 
 }
 
 TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
-  UsePersistDir();
-  ShardOptions o = PlainSgd();
-  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
-  auto c = Client(0);
-  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());
-  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
+  const ShardOptions o = OneChunkInitAndOnePush();
   shards_[0]->Stop();
   ASSERT_TRUE(shards_[0]->Join().ok());
   // The process died while writing a further record: half of it is in the file.

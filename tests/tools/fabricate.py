@@ -95,6 +95,20 @@ def summarize(test, run, *args):
         return json.load(f), r.stdout
 
 
+def history_report(build_dir, run_dir, out, timeout=300):
+    """Runs build_dir's downpour-history on run_dir with --json out; returns (the CompletedProcess,
+    the JSON report or None when it wrote none)."""
+    if os.path.exists(out):
+        os.remove(out)
+    r = subprocess.run([os.path.join(build_dir, "server", "downpour-history"), run_dir, "--json", out],
+                       capture_output=True, text=True, timeout=timeout)
+    report = None
+    if os.path.exists(out):
+        with open(out) as f:
+            report = json.load(f)
+    return r, report
+
+
 def run_tool(tool, *args, env=None, cwd=None):
     """Runs tools/<tool> with this interpreter; returns the CompletedProcess (text)."""
     return subprocess.run([sys.executable, os.path.join(TOOLS, tool), *args], capture_output=True, text=True,

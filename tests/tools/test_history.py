@@ -10,7 +10,6 @@ The log records are edited as server/wal.h lays them out (24-byte header, CRC-32
 
 Needs DOWNPOUR_BUILD_DIR (ctest sets it) and the Fashion-MNIST files; ~10 s."""
 import glob
-import json
 import os
 import shutil
 import struct
@@ -77,16 +76,7 @@ class HistoryOfAJob(unittest.TestCase):
         cls._tmp.cleanup()
 
     def check(self, run_dir):
-        out = os.path.join(self.tmp, "report.json")
-        if os.path.exists(out):
-            os.remove(out)
-        r = subprocess.run([os.path.join(BUILD_DIR, "server", "downpour-history"), run_dir, "--json", out],
-                           capture_output=True, text=True, timeout=120)
-        report = None
-        if os.path.exists(out):
-            with open(out) as f:
-                report = json.load(f)
-        return r, report
+        return fab.history_report(BUILD_DIR, run_dir, os.path.join(self.tmp, "report.json"))
 
     def copy(self, name):
         dst = os.path.join(self.tmp, name)
