@@ -1445,9 +1445,6 @@ Status ShardServer::Recover(RecoverReport* report) {
       DP_RETURN_IF_ERROR(log_->Retire(info.records > 0 ? info.last_seq : 0));
       return log_->Open(wal_seq_ + 1, /*truncate=*/true);
     }
-    // Records the checkpoint covers, from a process that died between its checkpoint and moving
-    // the log aside: the history keeps them.
-    if (truncate && info.records > 0 && options_.checkpoint.history) DP_RETURN_IF_ERROR(log_->KeepAside(info.last_seq));
   }
   return log_->Open(wal_seq_ + 1, truncate);
 }

@@ -77,11 +77,6 @@ Status ShardLog::Restart() {
   return Status::Ok();
 }
 
-Status ShardLog::KeepAside(uint64_t last_seq) {
-  if (wal_ != nullptr) return FailedPrecondition("server {}: {}: the log is open", o_.server_id, o_.path);
-  return MoveAside(last_seq);
-}
-
 Status ShardLog::Retire(uint64_t last_seq) {
   if (wal_ != nullptr) return FailedPrecondition("server {}: {}: the log is open", o_.server_id, o_.path);
   const std::string dir = std::filesystem::path(o_.path).parent_path().string();

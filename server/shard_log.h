@@ -91,9 +91,6 @@ class ShardLog {
   // A checkpoint covers everything in the log: empty it, or with keep_segments move it aside and
   // start a new file (seq numbers go on either way).
   Status Restart();
-  // With keep_segments, before Open: moves the log file, whose last record is `last_seq`, aside
-  // as a kept segment (Recover found it all covered by the checkpoint).
-  Status KeepAside(uint64_t last_seq);
   // Before Open, after a checkpoint that covers the log file (whose last record is `last_seq`; 0 =
   // none): the file is unlinked, so the next Open makes a new one and nobody can write into it
   // through an old descriptor; with keep_segments its records are first copied to the kept segment.
