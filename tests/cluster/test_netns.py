@@ -8,9 +8,10 @@ NetnsJob: a Fashion-MNIST job by hand across 5 hosts (coordinator, 2 servers, 2 
 on, every process bound to 0.0.0.0 and advertising its host's address, as a user sets them; then
 the same job with a host's link cut for twice the heartbeat timeout and restored: a worker's (it is
 declared dead, and when its link is back it is told it is out and stops) and a server's (the
-workers wait for it and go on). Every job must end with each task's exit code 0, nothing left
-running, every push each worker saw acknowledged taken exactly once by each server, and its kept
-history valid (downpour-history: each acknowledged push logged once, the servers' last
+workers wait for it and go on), and the coordinator's; the three cuts again in sync
+(NetnsSyncJob); a server replaced while cut off. Every job must end with each task's exit code 0,
+nothing left running, every push each worker saw acknowledged taken exactly once by each server,
+and its kept history valid (downpour-history: each acknowledged push logged once, the servers' last
 checkpoints equal to the replay of their logs).
 
 Heavy: each job trains a few seconds. Needs root (namespaces) and a build (DOWNPOUR_BUILD_DIR,
@@ -90,8 +91,10 @@ class NetnsJob(unittest.TestCase):
         self.run_dir = os.path.join(self.tmp, "run")
         self.job = nj.Job(BUILD_DIR, PREFIX, SUBNET, self.config, self.run_dir, self.tmp)
 
+    MODE = "async"
+
     def write_config(self, **kw):
-        nj.job_config(self.config, SUBNET, self.keys, steps=STEPS, history=True, **kw)
+        nj.job_config(self.config, SUBNET, self.keys, steps=STEPS, history=True, mode=self.MODE, **kw)
 
     def tearDown(self):
         self.job.kill_all()
@@ -250,6 +253,15 @@ class NetnsJob(unittest.TestCase):
         self.assertNotIn("written on stop", old)
         for w in range(2):
             self.assertEqual(metrics(self.run_dir, f"worker-{w}", "done")[-1]["steps"], STEPS)
+
+
+class NetnsSyncJob(NetnsJob):
+    """The three cuts again in sync mode: a worker cut past the timeout is out and the rounds go on
+    without it; a server's or the coordinator's cut stalls the rounds and the job goes on. (The
+    other jobs above are the same in both modes.)"""
+    MODE = "sync"
+    test_a_job_across_five_hosts_with_keys = None
+    test_a_server_replaced_while_cut_off_is_fenced_out_when_it_comes_back = None
 
 
 if __name__ == "__main__":
