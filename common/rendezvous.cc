@@ -4,8 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <random>
 #include <set>
+
+#include "common/random_id.h"
 
 namespace downpour {
 
@@ -75,8 +76,7 @@ Status RendezvousClient::Register(Transport* transport, RendezvousOptions option
                                   std::unique_ptr<RendezvousClient>* out, RendezvousInfo* info) {
   std::unique_ptr<RendezvousClient> c(new RendezvousClient());
   c->options_ = std::move(options);
-  std::random_device rd;
-  while (c->session_ == 0) c->session_ = (uint64_t{rd()} << 32) ^ rd();
+  c->session_ = RandomId();
   DP_RETURN_IF_ERROR(transport->Connect(ToAddress(c->options_.coordinator), &c->endpoint_));
   MessageHeader reply;
   // A process restarted in place (a server the launcher brought back) may ask for its id while

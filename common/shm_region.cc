@@ -9,7 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
+
+#include "common/random_id.h"
 
 namespace downpour {
 
@@ -24,13 +25,6 @@ struct Header {
 };
 
 constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-
-uint64_t RandomNonce() {
-  std::random_device rd;
-  uint64_t n = 0;
-  while (n == 0) n = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  return n;
-}
 
 std::string Errno() { return std::strerror(errno); }
 
@@ -50,7 +44,7 @@ Status SharedRegion::Create(const std::string& name, uint64_t payload_bytes, std
   void* p = ::mmap(nullptr, r->mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, 0);
   if (p == MAP_FAILED) return Unavailable("shared region {}: mmap of {} bytes: {}", name, r->mapped_bytes_, Errno());
   r->base_ = static_cast<std::byte*>(p);
-  r->nonce_ = RandomNonce();
+  r->nonce_ = RandomId();
   const Header h{kMagic, kVersion, 0, r->nonce_, payload_bytes};
   std::memcpy(r->base_, &h, sizeof(h));
   r->path_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(r->fd_);

@@ -4,8 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <random>
 
+#include "common/random_id.h"
 #include "common/rendezvous.h"
 
 namespace downpour {
@@ -28,13 +28,6 @@ const char* RoleName(Role r) {
   return "process";
 }
 
-uint64_t NewIncarnation() {
-  std::random_device rd;
-  uint64_t x = 0;
-  while (x == 0) x = (uint64_t{rd()} << 32) ^ rd();
-  return x;
-}
-
 // Whether the register message's sender proved its role cryptographically (keys) or with the
 // run's secret (no keys); Authorize has already checked it. A run with neither proves nothing.
 bool Authenticated(const AccessPolicy& access, const PeerInfo& info) {
@@ -46,7 +39,7 @@ bool Authenticated(const AccessPolicy& access, const PeerInfo& info) {
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       max_workers_(std::max({options_.max_workers, options_.workers, 0})),
-      incarnation_(NewIncarnation()),
+      incarnation_(RandomId()),
       started_(Clock::now()) {
   server_addresses_.assign(static_cast<size_t>(std::max(options_.servers, 0)), std::string());
   server_holders_.assign(server_addresses_.size(), Holder{});

@@ -8,12 +8,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <sstream>
 
 #include "common/env.h"
 #include "common/finite.h"
 #include "common/grad_codec.h"
+#include "common/random_id.h"
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
 #include "common/tensor_file.h"
@@ -32,15 +32,6 @@ struct WeightBuffer {
   std::vector<float> data;
   std::atomic<int> readers{0};
 };
-
-// Nonzero, different for every ShardServer (a restarted process draws a new one).
-uint64_t RandomIncarnation() {
-  std::random_device rd;
-  uint64_t v = 0;
-  while (v == 0) v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(
-                         std::chrono::steady_clock::now().time_since_epoch().count());
-  return v;
-}
 
 // The elements of the chunks `server` holds; whole_rows: of the rows of its 2-D tensors that
 // the chunks touch (a factor chunk's dense gradient is formed row by row).
@@ -223,7 +214,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
     : layout_(layout),
       options_(std::move(options)),
       max_workers_(options_.max_workers > 0 ? options_.max_workers : options_.expected_workers),
-      incarnation_(RandomIncarnation()),
+      incarnation_(RandomId()),  // a restarted process draws a new one
       boot_id_(HostBootId()),
       duplicates_(max_workers_),
       fence_(max_workers_),

@@ -12,7 +12,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -21,6 +20,7 @@
 #include "client/ps/push_encoding.h"
 #include "client/ps/shm_path.h"
 #include "common/grad_codec.h"
+#include "common/random_id.h"
 
 namespace downpour {
 
@@ -228,10 +228,7 @@ PsClient::PsClient(const ParamLayout& layout, PsClientOptions options)
   impl_->owner = this;
   // A random session, so (worker, session, request id) names one push even across a restart of
   // this worker (request ids start at 1 again).
-  std::random_device rd;
-  std::mt19937_64 mix((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  while (session_ == 0) session_ = mix();
+  session_ = RandomId();
 }
 
 Status PsClient::Create(Transport* transport, const ParamLayout& layout, PsClientOptions options,
