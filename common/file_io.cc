@@ -33,6 +33,8 @@ Status FsyncDirectory(const std::string& dir, const std::string& path) {
   return Status::Ok();
 }
 
+Status FsyncParentDirectory(const std::string& path) { return FsyncDirectory(DirOf(path), path); }
+
 Status ReadWholeFile(const std::string& path, std::string_view what, std::string* bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -118,7 +120,7 @@ Status CommitTemp(const std::string& tmp, const std::string& path, Durability du
     ::unlink(tmp.c_str());
     return s;
   }
-  return durability == Durability::kPowerLoss ? FsyncDirectory(DirOf(path), path) : Status::Ok();
+  return durability == Durability::kPowerLoss ? FsyncParentDirectory(path) : Status::Ok();
 }
 
 void DiscardTemp(const std::string& tmp) { ::unlink(tmp.c_str()); }

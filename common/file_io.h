@@ -48,6 +48,9 @@ Status CheckReplaceable(const std::string& path);
 
 // fsync of a directory, after a rename into it; errors name `path` (the file renamed).
 Status FsyncDirectory(const std::string& dir, const std::string& path);
+// FsyncDirectory of the directory that holds `path` ("." for a bare name), after a rename to it
+// or an unlink of it.
+Status FsyncParentDirectory(const std::string& path);
 
 // The same in two steps, for several files that must appear together or not at all: WriteTemp
 // writes `bytes` to a hidden temporary beside `path` and names it in `tmp`; once every file is

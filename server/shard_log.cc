@@ -40,12 +40,16 @@ Status ShardLog::CheckRoom() const {
   return Status::Ok();
 }
 
-Status ShardLog::Open(uint64_t first_seq, bool truncate) {
+WalOptions ShardLog::WriterOptions() const {
   WalOptions wo;
   wo.fsync_ms = o_.fsync_ms;
   wo.io = o_.io;
   wo.on_progress = o_.on_progress;
-  DP_RETURN_IF_ERROR(WalWriter::Open(o_.path, first_seq, truncate, wo, &wal_));
+  return wo;
+}
+
+Status ShardLog::Open(uint64_t first_seq, bool truncate) {
+  DP_RETURN_IF_ERROR(WalWriter::Open(o_.path, first_seq, truncate, WriterOptions(), &wal_));
   spdlog::info("server {}: write-ahead log {} ({}, fsync {}, checkpoint at {})", o_.server_id, wal_->path(),
                wal_->direct()             ? "O_DIRECT"
                : o_.io == WalIo::kBuffered ? "buffered"
@@ -67,19 +71,14 @@ Status ShardLog::Restart() {
   // On an error the old writer goes on, into the kept file, and the history stays whole.
   DP_RETURN_IF_ERROR(wal_->Sync());
   DP_RETURN_IF_ERROR(MoveAside(wal_->last_seq()));
-  WalOptions wo;
-  wo.fsync_ms = o_.fsync_ms;
-  wo.io = o_.io;
-  wo.on_progress = o_.on_progress;
   std::unique_ptr<WalWriter> next;
-  DP_RETURN_IF_ERROR(WalWriter::Open(o_.path, wal_->next_seq(), /*truncate=*/true, wo, &next));
+  DP_RETURN_IF_ERROR(WalWriter::Open(o_.path, wal_->next_seq(), /*truncate=*/true, WriterOptions(), &next));
   wal_.swap(next);
   return Status::Ok();
 }
 
 Status ShardLog::Retire(uint64_t last_seq) {
   if (wal_ != nullptr) return FailedPrecondition("server {}: {}: the log is open", o_.server_id, o_.path);
-  const std::string dir = std::filesystem::path(o_.path).parent_path().string();
   std::error_code ec;
   if (o_.keep_segments && last_seq > 0) {
     const std::string kept = KeptSegmentPath(o_.path, last_seq);
@@ -89,7 +88,7 @@ Status ShardLog::Retire(uint64_t last_seq) {
   }
   std::filesystem::remove(o_.path, ec);
   if (ec) return IoError("server {}: removing the log {}: {}", o_.server_id, o_.path, ec.message());
-  return FsyncDirectory(dir.empty() ? "." : dir, o_.path);
+  return FsyncParentDirectory(o_.path);
 }
 
 Status ShardLog::MoveAside(uint64_t last_seq) {
@@ -97,8 +96,7 @@ Status ShardLog::MoveAside(uint64_t last_seq) {
   std::error_code ec;
   std::filesystem::rename(o_.path, kept, ec);
   if (ec) return IoError("server {}: keeping the log {} as {}: {}", o_.server_id, o_.path, kept, ec.message());
-  const std::string dir = std::filesystem::path(kept).parent_path().string();
-  return FsyncDirectory(dir.empty() ? "." : dir, kept);
+  return FsyncParentDirectory(kept);
 }
 
 Status ShardLog::Stage(WalRecord* r, const char* change) {

@@ -100,6 +100,7 @@ class ShardLog {
  private:
   void NoteFailure();  // the log failed for good: failed(), one line
   Status MoveAside(uint64_t last_seq);  // renames the log file to KeptSegmentPath
+  WalOptions WriterOptions() const;      // the log writer's options, from o_
 
   struct Held {
     PeerId peer;
