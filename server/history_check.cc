@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -52,22 +53,24 @@ void Note(std::vector<std::string>* out, std::map<std::string, uint64_t>* counts
   if ((*counts)[kind]++ < kExamples) out->push_back(line);
 }
 
-// A server's log files in the order of their records: the kept segments (KeptSegmentPath), then
-// the live log.
+// A server's log files in the order of their records: the kept segments (named by
+// KeptSegmentPath), then the live log.
 std::vector<std::string> LogFiles(const std::string& wal) {
-  std::vector<std::string> out;
+  std::vector<std::pair<uint64_t, std::string>> kept;
   const fs::path dir = fs::path(wal).parent_path();
   const std::string prefix = fs::path(wal).filename().string() + ".";
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir.empty() ? fs::path(".") : dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.size() != prefix.size() + 20 || !name.starts_with(prefix)) continue;
-    if (std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
-                    [](char c) { return c >= '0' && c <= '9'; })) {
-      out.push_back(e.path().string());
-    }
+    uint64_t seq = 0;
+    if (!name.starts_with(prefix)) continue;
+    const auto [end, bad] = std::from_chars(name.data() + prefix.size(), name.data() + name.size(), seq);
+    if (bad != std::errc() || end != name.data() + name.size()) continue;
+    if (fs::path(KeptSegmentPath(wal, seq)).filename() == name) kept.emplace_back(seq, e.path().string());
   }
-  std::sort(out.begin(), out.end());
+  std::sort(kept.begin(), kept.end());
+  std::vector<std::string> out;
+  for (auto& [seq, path] : kept) out.push_back(std::move(path));
   if (fs::exists(wal, ec)) out.push_back(wal);
   return out;
 }
@@ -114,10 +117,8 @@ std::string CompareShards(const ShardServer& live, const ShardServer& replay, co
   if (live.updates() != replay.updates()) {
     return fmt::format("chunk updates: {} checkpointed, {} replayed", live.updates(), replay.updates());
   }
-  if (live.Stats().pushes_by_worker != replay.Stats().pushes_by_worker) {
-    return fmt::format("pushes by worker: [{}] checkpointed, [{}] replayed", fmt::join(live.Stats().pushes_by_worker, ", "),
-                       fmt::join(replay.Stats().pushes_by_worker, ", "));
-  }
+  const std::vector<uint64_t> a = live.Stats().pushes_by_worker, b = replay.Stats().pushes_by_worker;
+  if (a != b) return fmt::format("pushes by worker: [{}] checkpointed, [{}] replayed", fmt::join(a, ", "), fmt::join(b, ", "));
   return "";
 }
 

@@ -4,8 +4,9 @@
 //
 // The run must have kept its history (checkpoint.history = true in RUN_DIR/config.toml). The
 // layout comes from the launcher's RUN_DIR/tensors.txt (or, for a job launched by role across
-// hosts, tensors-coordinator.txt or tensors-server-0.txt) unless --tensors or --model names it. Prints a line per server and per worker, then the verdict; --json writes the same as
-// one object (tools and the fault table read it).
+// hosts, tensors-coordinator.txt or tensors-server-0.txt) unless --tensors or --model names it.
+// Prints a line per server and per worker, then the verdict; --json writes the same as one
+// object (tools and the fault table read it).
 //
 // Exit codes (common/cli.h): 0 the history holds: every acknowledged push applied exactly once,
 // none applied twice, every server's last checkpoint equal to the replay of its log; 1 it does
