@@ -507,6 +507,9 @@ class MpiNetnsLaunch(ClusterJob):
         port = 5555  # every host has its own ports
         cmd = ["nsenter", f"--net=/run/netns/{hosts[0]}", "mpirun", "--allow-run-as-root", "--oversubscribe",
                "--host", ",".join(f"{h}:2" for h in hosts), "--map-by", "node", "-np", str(TASKS),
+               # rtc hwloc off: its daemons on the other hosts (the same machine) crashed now and
+               # then in hwloc_shmem_topology_write, mapping the topology where mpirun had it.
+               "--mca", "rtc", "^hwloc",
                "--mca", "plm_rsh_agent", agent, "--mca", "oob_tcp_if_include", f"{self.subnet}.0/24",
                "--mca", "btl_tcp_if_include", f"{self.subnet}.0/24",
                self.launcher, "--mpi", "--config", self.config, "--run-dir", self.run_dir,
