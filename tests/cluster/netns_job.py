@@ -17,6 +17,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import downpour_netns  # noqa: E402  (hosts made of namespaces, shared with the experiments)
 import fabricate as fab  # noqa: E402  (the real job's config, shared with the tools' tests)
 
 SCRIPT = os.path.join(ROOT, "scripts", "netns-cluster")
@@ -37,25 +39,12 @@ def namespaces():
     return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
 
 
-def can_run():
-    """None when namespaces can be made here; else why not."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"ip netns does not work here: {r.stderr.strip()}"
-    return None
+can_run = downpour_netns.can_run
 
 
 def free_subnet():
-    """The first of 10.231.200-249 (from this pid on) that nothing on the machine uses."""
-    used = subprocess.run("ip -o -4 addr show; for n in $(ip netns list | cut -d' ' -f1); do "
-                          "ip -n $n -o -4 addr show; done", shell=True, capture_output=True, text=True).stdout
-    for k in range(50):
-        candidate = f"10.231.{200 + (os.getpid() + k) % 50}"
-        if f" {candidate}." not in used:
-            return candidate
-    raise RuntimeError("no free subnet in 10.231.200-249")
+    """A /24 of 10.231.200-249 that nothing on the machine uses (the experiments take 150-199)."""
+    return downpour_netns.free_subnet(first=200)
 
 
 def metrics(run, name, kind):

@@ -228,6 +228,13 @@ class CompressionExperiment(unittest.TestCase):
         models = {"configs/models/fmnist_small.toml", "configs/models/alexnet_fashion.toml"}
         self.assertEqual(seen, {(m, c, l) for m in models for c in codecs for l in (1.0, 10.0)})
 
+    def test_the_links_are_shaped_between_namespace_hosts(self):
+        """network = "netns": each run's cluster.link_gbps becomes kernel-shaped links between
+        hosts made of namespaces (downpour-experiment --network pacer emulates them instead)."""
+        exp = load_experiment_module()
+        meta, _, _ = exp.load_experiment(EXPERIMENT_FILE)
+        self.assertEqual(meta["network"], "netns")
+
     def test_groups_compare_the_six_codecs_at_one_net_and_link(self):
         _, configs = self.configs()
         groups = {}
