@@ -27,6 +27,13 @@ PULL_CODECS = ("fp32", "fp16", "bf16")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MODES = ("async", "sync", "ssp")
 DEFAULT_CHUNK_ELEMS = 1 << 20  # common/layout.h kDefaultChunkElems
+# The share of a real link's bits that carries TCP payload: Ethernet with a 1,500-byte MTU sends
+# 1,448 payload bytes (1,500 less 20 of IP, 20 of TCP and 12 of TCP timestamps) per 1,538 bytes
+# of wire time (14 of header, 4 of FCS, 8 of preamble, 12 of inter-frame gap). tc tbf on a veth
+# (hosts made of namespaces) counts the 1,514 bytes of the frame it queues. The emulated pacer
+# counts payload bytes (its messages' frames): 1.
+ETHERNET_PAYLOAD = 1448 / 1538
+TBF_PAYLOAD = 1448 / 1514
 # An emulated link's idle credit the model assumes: none. The pacer's 5 ms burst
 # (common/rate_limiter.h kDefaultBurst) exists to absorb late wake-ups and millisecond polls, which
 # spend it; over back-to-back sends the rate is the set one (docs/scaling.md).
@@ -192,6 +199,9 @@ class LayerBytes:
     factor_flops: float = 0.0  # server GEMM flops to form deltaᵀ·a (per push, all servers)
     push_by_server: dict = dataclasses.field(default_factory=dict)  # {server: push bytes}
     pull_by_server: dict = dataclasses.field(default_factory=dict)  # {server: pull bytes}
+    # {server: chunks}: a worker pushes and pulls each chunk as one message of its own
+    # (PsClientOptions::max_chunks_per_message = 1)
+    chunks_by_server: dict = dataclasses.field(default_factory=dict)
     # bytes the servers' write-ahead logs append per push of it: per message the smaller of what
     # the wire carried and the f32 gradient (server/wal.h kCodedPush; the log's own record
     # headers, a few dozen bytes a message, are left out)
@@ -250,6 +260,7 @@ def step_bytes(tensors, layer_types, servers, batch, codec, chunk_elems=DEFAULT_
         lb.pull += t.numel * DTYPE_BYTES[codec.pull]
         for c in mine:
             lb.pull_by_server[c.server] = lb.pull_by_server.get(c.server, 0) + c.count * DTYPE_BYTES[codec.pull]
+            lb.chunks_by_server[c.server] = lb.chunks_by_server.get(c.server, 0) + 1
         if codec.factors and is_inner_product(t, layer_types):
             shares = {}
             floats, _ = factor_plan(t, mine, batch, shares)
@@ -351,6 +362,14 @@ class Rates:
     # the round's 60,965,224 × 8 bytes (docs/scaling.md "Inputs"; less through shared memory,
     # --transport shm).
     io_ns_per_byte: float = 2.08
+    # The CPU a message costs beside its bytes, per chunk of a push + pull round (a worker's push
+    # and pull of one chunk: two requests, two replies): the servers' loops (receive, decode,
+    # dispatch, reply), and the rest of the transport (both ends' I/O threads and kernel, the
+    # client's threads; counted on a shared host only). From a load benchmark at small chunks
+    # beside the usual one (rates_from_bench); 0 = not measured. Small models (fmnist: ~10 chunks
+    # of ~0.3 MB a step) pay it on every message, AlexNet's 4 MiB chunks hardly.
+    msg_server_us: float = 0.0
+    msg_io_us: float = 0.0
     source: str = "defaults (bench/RESULTS.md §10, quiet VM, shared memory)"
 
     @property
@@ -377,58 +396,100 @@ def rates_from_json(data, where):
 
 
 BENCH_ALEXNET_FLOATS = 60965224  # downpour-bench-ps moves bvlc_alexnet's tensors
-_BENCH_RATE = re.compile(r"^S=(\d+) W=(\d+) chunks=\d+.*\| downpour: ([\d.]+) rounds/s/worker ([\d.]+) GB/s")
+_BENCH_RATE = re.compile(r"^S=(\d+) W=(\d+) chunks=(\d+).*\| downpour: ([\d.]+) rounds/s/worker ([\d.]+) GB/s")
 _BENCH_SERVER = re.compile(r"^S=(\d+) W=(\d+) downpour \(.*server sgd ([\d.]+) s/round .*loop busy ([\d.]+) s/round")
 _BENCH_WAL = re.compile(r"wal append ([\d.]+) s/round, wal fsync thread cpu ([\d.]+) s/round")
 _BENCH_CPU = re.compile(r"process cpu ([\d.]+) s/round")
+# Output of builds whose update runs on apply lanes says "loop busy ... beside the update" (the
+# loop's own work); older output's "loop busy" included the update.
+_BENCH_BESIDE = "beside the update"
 
 
-def rates_from_bench(text, where, servers=1, workers=1):
-    """Rates from `downpour-bench-ps --servers S --workers W` output (S=1, W=1 by default): the
-    update and loop time per float from its 'server sgd ... loop busy ...' line (seconds per
-    worker-round summed over the servers, each round 60,965,224 floats), and the transport ceiling
-    from its GB/s (both directions, all workers) as GB/s per direction per worker. The output of
-    a run with --wal as well (appended to the same file) gives the log's rates from its 'wal
-    append ... wal fsync thread cpu ...'; the plain run's lines give the rest (a run with the log
-    on moves fewer GB/s and its loop includes the appends). Without a --wal run the log's rates
-    keep their defaults, named in the source."""
-    gbs = server = wal = io = None
-    wal_gbs = wal_server = None
+@dataclasses.dataclass
+class _BenchRun:
+    """One downpour-bench-ps result (its rate line and its server line), per worker-round."""
+    chunks: int
+    gbs: float
+    sgd: float = None       # the update rule, s
+    other: float = None     # the loop's own work, update excluded, s
+    io: float = None        # the process's CPU less the loop's and the update's, s (None: not printed)
+    wal: tuple = None       # (append s, fsync thread CPU s): a run with the log on
+
+
+def _bench_runs(text, servers, workers):
+    runs, pending = [], None
     for line in text.splitlines():
         line = line.strip()
         m = _BENCH_RATE.match(line)
         if m and (int(m[1]), int(m[2])) == (servers, workers):
-            if "wal records" in line:
-                wal_gbs = float(m[4])
-            else:
-                gbs = float(m[4])
+            pending = _BenchRun(chunks=int(m[3]), gbs=float(m[5]))
+            continue
         m = _BENCH_SERVER.match(line)
-        if m and (int(m[1]), int(m[2])) == (servers, workers):
+        if m and (int(m[1]), int(m[2])) == (servers, workers) and pending is not None:
+            sgd, busy = float(m[3]), float(m[4])
             w = _BENCH_WAL.search(line)
             if w:
-                wal = (float(w[1]), float(w[2]))
-                wal_server = (float(m[3]), float(m[4]) - wal[0])
-            else:
-                server = (float(m[3]), float(m[4]))
-                c = _BENCH_CPU.search(line)
-                if c:  # the process less the servers' loops, per byte of the round (4 in, 4 out per float)
-                    io = max(0.0, float(c[1]) - server[1]) / (BENCH_ALEXNET_FLOATS * 2 * FLOAT_BYTES) * 1e9
-    if gbs is None and wal_gbs is None or server is None and wal_server is None:
+                pending.wal = (float(w[1]), float(w[2]))
+                busy -= pending.wal[0]
+            other = busy if _BENCH_BESIDE in line else max(0.0, busy - sgd)
+            pending.sgd, pending.other = sgd, other
+            c = _BENCH_CPU.search(line)
+            if c:
+                pending.io = max(0.0, float(c[1]) - other - sgd)
+            runs.append(pending)
+            pending = None
+    return runs
+
+
+def rates_from_bench(text, where, servers=1, workers=1):
+    """Rates from `downpour-bench-ps --servers S --workers W` output (S=1, W=1 by default), each
+    result a line 'S=.. W=.. chunks=N | downpour: ... GB/s' and its 'server sgd ... loop busy ...
+    process cpu ...' line (seconds per worker-round, summed over the servers; a round is
+    60,965,224 floats each way): the update and the loop's time per float, the transport's
+    ceiling (GB/s both directions, all workers → per direction per worker) and the transport's CPU
+    per byte (the process's CPU less the loops' and the update's).
+
+    Several results, appended to one file:
+      - a run with --wal gives the log's rates (its 'wal append ... wal fsync thread cpu ...');
+        without one they keep their defaults, named in the source;
+      - a second plain run at another --chunk-elems (more, smaller messages for the same floats)
+        gives the cost per message: the loop's and the transport's CPU that grow with the number
+        of chunks, not the bytes, per chunk of a push + pull round (msg_server_us, msg_io_us),
+        and the per-byte rates are then the large-chunk run's less its own chunks' share.
+    The plain run with the fewest chunks gives the per-float rates and the ceiling; a run with the
+    log on stands in for it when there is none (its loop less the appends), and the source says
+    so."""
+    runs = _bench_runs(text, servers, workers)
+    plain = sorted((r for r in runs if r.wal is None), key=lambda r: r.chunks)
+    logged = [r for r in runs if r.wal is not None]
+    if not runs:
         raise dr.UsageError(f"{where}: no downpour-bench-ps result lines for S={servers} W={workers} "
                             "(run build/bench/ps/downpour-bench-ps --servers 1 --workers 1 --rounds 10 > FILE)")
     source = f"{where} (S={servers} W={workers})"
-    if gbs is None:
+    base = plain[0] if plain else logged[0]
+    if not plain:
         source += "; transport ceiling from a run with the log on"
-    values = dict(sgd_ns_per_float=(server or wal_server)[0] / BENCH_ALEXNET_FLOATS * 1e9,
-                  server_ns_per_float=(server or wal_server)[1] / BENCH_ALEXNET_FLOATS * 1e9,
-                  transport_gbytes=(gbs if gbs is not None else wal_gbs) / (2 * workers))
-    if io is not None:
-        values["io_ns_per_byte"] = io
+    msg_server = msg_io = 0.0
+    small = plain[-1] if len(plain) > 1 and plain[-1].chunks > plain[0].chunks else None
+    if small is not None:
+        extra = small.chunks - base.chunks
+        msg_server = max(0.0, small.other - base.other) / extra
+        if small.io is not None and base.io is not None:
+            msg_io = max(0.0, small.io - base.io) / extra
+        source += f"; per message: chunks={base.chunks} against chunks={small.chunks}"
+    floats = BENCH_ALEXNET_FLOATS
+    loop_bytes = max(0.0, base.other - base.chunks * msg_server)
+    values = dict(sgd_ns_per_float=base.sgd / floats * 1e9,
+                  server_ns_per_float=(base.sgd + loop_bytes) / floats * 1e9,
+                  transport_gbytes=base.gbs / (2 * workers),
+                  msg_server_us=msg_server * 1e6, msg_io_us=msg_io * 1e6)
+    if base.io is not None:  # per byte of the round: 4 in and 4 out per float
+        values["io_ns_per_byte"] = max(0.0, base.io - base.chunks * msg_io) / (floats * 2 * FLOAT_BYTES) * 1e9
     else:
         source += "; transport CPU per byte: default (no 'process cpu' in the output)"
-    if wal is not None:
-        values.update(wal_ns_per_float=wal[0] / BENCH_ALEXNET_FLOATS * 1e9,
-                      wal_sync_ns_per_float=wal[1] / BENCH_ALEXNET_FLOATS * 1e9)
+    if logged:
+        values.update(wal_ns_per_float=logged[0].wal[0] / floats * 1e9,
+                      wal_sync_ns_per_float=logged[0].wal[1] / floats * 1e9)
     else:
         source += "; write-ahead log rates: defaults (no --wal run)"
     return Rates(**values, source=source)
@@ -465,6 +526,14 @@ class Cluster:
     lockstep: bool = False
     server_threads: int = 1      # cluster.server_threads: a shard's update spread over threads
     factor_threads: int = 1      # compression.factor_threads: a shard's δᵀa GEMMs spread over threads
+    # Real links: the share of link_gbps that carries payload (ETHERNET_PAYLOAD; TBF_PAYLOAD on
+    # hosts made of namespaces); emulated links ignore it (the pacer counts payload).
+    payload: float = ETHERNET_PAYLOAD
+
+    @property
+    def payload_bytes_per_s(self):
+        """One link's payload B/s: link_gbps at the payload share (emulated: all of it)."""
+        return self.link_gbps * 1e9 / 8 * (1.0 if self.emulated else self.payload)
 
 
 def check_cluster(c):
@@ -483,6 +552,7 @@ def check_cluster(c):
                f"--link-burst-ms {c.link_burst_ms:g}: must be >= 0"),
               (1 <= c.server_threads <= 64, f"--server-threads {c.server_threads}: must be in 1..64"),
               (1 <= c.factor_threads <= 64, f"--factor-threads {c.factor_threads}: must be in 1..64"),
+              (0 < c.payload <= 1, f"--payload {c.payload:g}: must be in (0, 1]"),
               (c.mode in MODES, f"--mode {c.mode}: expected async, sync or ssp:S")]
     for ok, message in checks:
         if not ok:
@@ -516,21 +586,28 @@ def contention(cluster, profile):
     workers_per_host × threads over cores, at least 1."""
     if profile.threads == 0 or cluster.cores_per_host == 0:
         return 1.0
-    return max(1.0, cluster.workers_per_host * profile.threads / cluster.cores_per_host)
+    on_host = cluster.workers if cluster.colocated else cluster.workers_per_host
+    return max(1.0, on_host * profile.threads / cluster.cores_per_host)
 
 
 def link_rates(cluster, rates):
-    """(push B/s, pull B/s) one worker gets when all W move at once. A real cluster: its host's NIC
-    shared by the workers_per_host workers on it, and each server host's NIC shared by all W
-    workers for its shards. Emulated (cluster.link_gbps on one host): every process paces only its
-    own egress, so a push is limited by the worker's pacing alone and a pull by the servers'
-    (S × link shared by W; the worker's step uses server_pull_rate and server_egress_s)."""
-    link = cluster.link_gbps * 1e9 / 8
+    """(push B/s, pull B/s) of one worker. A real cluster: its host's NIC, shared by the
+    workers_per_host workers on it, each way. Out of phase (the default) a server host's NIC is
+    not shared at a fixed W-th: async workers drift apart, a worker's parts rarely meet another's
+    until that NIC is saturated, and then the round is that NIC's (server_link_s, a bound beside
+    the worker's step), as with emulated links. In lockstep every worker moves at once, and each
+    server host's NIC is shared by all W for its shards: L · hosts / W each. Emulated
+    (cluster.link_gbps on one host): every process paces only its own egress, so a push is limited
+    by the worker's pacing alone and a pull by the servers' (S × link shared by W; the worker's
+    step uses server_pull_rate and server_egress_s)."""
+    link = cluster.payload_bytes_per_s
     hosts = math.ceil(cluster.servers / cluster.servers_per_host)
     if cluster.emulated:
         push, pull = link, link * min(1.0, cluster.servers / cluster.workers)
     else:
-        share = min(link / cluster.workers_per_host, link * hosts / cluster.workers)
+        share = link / cluster.workers_per_host
+        if cluster.lockstep:
+            share = min(share, link * hosts / cluster.workers)
         push = pull = share
     if rates.transport_gbytes > 0:
         cap = rates.transport_gbytes * 1e9
@@ -565,6 +642,31 @@ def server_egress_s(per_layer, cluster, rates):
     return cluster.workers * max(by_server.values()) / server_pull_rate(cluster, rates) / cluster.pull_every
 
 
+def server_host_bytes(per_layer, cluster):
+    """(push, pull) bytes of one worker's step to / from the busiest server host (server s on
+    host s // servers_per_host), per step (push_every, pull_every amortized)."""
+    pushed, pulled = {}, {}
+    for lb in per_layer.values():
+        for server, nbytes in lb.push_by_server.items():
+            host = server // cluster.servers_per_host
+            pushed[host] = pushed.get(host, 0) + nbytes / cluster.push_every
+        for server, nbytes in lb.pull_by_server.items():
+            host = server // cluster.servers_per_host
+            pulled[host] = pulled.get(host, 0) + nbytes / cluster.pull_every
+    return max(list(pushed.values()) + [0]), max(list(pulled.values()) + [0])
+
+
+def server_link_s(per_layer, cluster, rates):
+    """Real links: one round's time on the busiest server host's NIC, the more loaded way: W
+    workers' push parts in (every push_every steps), their pull parts out (every pull_every), for
+    the servers_per_host servers on it (server s on host s // servers_per_host)."""
+    busiest = max(server_host_bytes(per_layer, cluster))
+    rate = cluster.payload_bytes_per_s
+    if rates.transport_gbytes > 0:
+        rate = min(rate, rates.transport_gbytes * 1e9 * cluster.servers_per_host)
+    return cluster.workers * busiest / rate
+
+
 @dataclasses.dataclass
 class Prediction:
     cluster: Cluster
@@ -580,7 +682,7 @@ class Prediction:
     step_s: float
     bound: str
     disk_s: float = 0.0      # checkpoint.wal with a disk rate: a server host's log writes per round
-    egress_s: float = 0.0    # emulated links: the busiest server's paced egress per round
+    egress_s: float = 0.0    # the busiest server's link per round (emulated: its paced egress; real: its host's NIC)
 
     @property
     def images_per_s(self):
@@ -624,7 +726,9 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     same way back (the server's paced egress, or the worker's ingress), and the pull is served
     after the apply. None: acknowledged on delivery.
     lag (overlap only; worker.outstanding_steps - 1): forward of step t waits for the pulls that
-    follow step t-1-lag's pushes, not step t-1's (their weights lack its last `lag` pushes)."""
+    follow step t-1-lag's pushes, not step t-1's (their weights lack its last `lag` pushes).
+    push_rate and pull_rate may be lists, one rate per layer (real links shared with other
+    workers: a layer's parts to several server hosts move side by side)."""
     def send(now, last, nbytes, rate):
         finish = max(last, now - burst_s) + nbytes / rate
         return finish, max(finish, now)
@@ -652,7 +756,8 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
         for j in reversed(range(n)):
             _, _, push, pull = layers[j]
             for server in sorted(set(push) | set(pull)):
-                egress, delivered = send(grad[j], egress, push.get(server, 0), push_rate)
+                egress, delivered = send(grad[j], egress, push.get(server, 0),
+                                         push_rate[j] if isinstance(push_rate, list) else push_rate)
                 applied = delivered + (ack_s[j] if ack_s is not None else 0.0)
                 queue = server if per_server_pull else 0
                 # The ack follows the pull replies already on its way back.
@@ -663,7 +768,8 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
                     request = applied + latency_s
                 else:  # --no-overlap: one whole pull at the start of the next step
                     request = t + latency_s
-                ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0), pull_rate)
+                ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0),
+                                               pull_rate[j] if isinstance(pull_rate, list) else pull_rate)
                 new_ready[j] = max(new_ready[j], arrived)
         ready = new_ready
         history.append(new_ready)
@@ -722,13 +828,18 @@ def predict(profile, tensors, rates, cluster, codec):
     # The write-ahead log: every push is appended in the smaller of its wire form and its f32
     # gradient (LayerBytes.logged), per 4 logged bytes at the log's rate per float.
     logged = sum(lb.logged for lb in per_layer.values()) / FLOAT_BYTES
+    # Messages: a chunk's push + pull round costs the servers' loops and the transport a fixed
+    # CPU beside its bytes (Rates.msg_server_us, msg_io_us); half of it is the push's.
+    chunks = sum(sum(lb.chunks_by_server.values()) for lb in per_layer.values())
+    msg_server = rates.msg_server_us * 1e-6
+    per_round = (1 / cluster.push_every + 1 / cluster.pull_every) / 2  # chunk rounds per step
     wal = rates.wal_ns_per_float * 1e-9 if cluster.wal else 0.0
     wal_sync = rates.wal_sync_ns_per_float * 1e-9 if cluster.wal else 0.0
     # One server's loop per round: its 1/S share of W workers' pushes and pulls, logged, applied
     # and handled.
     def loop_s(sgd, gemm):
         return w / s * ((floats * sgd + logged * wal + flops * gemm + push * handling) / cluster.push_every
-                        + pull * handling / cluster.pull_every)
+                        + pull * handling / cluster.pull_every + chunks * msg_server * per_round)
 
     server_s = loop_s(sgd, gemm)
     server_cpu_s = loop_s(sgd_cpu, gemm_cpu)
@@ -743,7 +854,8 @@ def predict(profile, tensors, rates, cluster, codec):
         # Every worker's compute and its data loader, every server loop (update, factor GEMM,
         # log, handling), and the transport's own CPU for every byte each worker sends and
         # receives (both ends' I/O threads and kernel), on the host's cores.
-        worker_io = (push / cluster.push_every + pull / cluster.pull_every) * rates.io_ns_per_byte * 1e-9
+        worker_io = ((push / cluster.push_every + pull / cluster.pull_every) * rates.io_ns_per_byte * 1e-9
+                     + chunks * per_round * rates.msg_io_us * 1e-6)
         loader = cluster.batch * rates.loader_us_per_image * 1e-6
         # The logs' fsync threads write every push back to disk beside the loops.
         syncing = w * logged * wal_sync / cluster.push_every
@@ -763,7 +875,9 @@ def predict(profile, tensors, rates, cluster, codec):
         layer_wal = lb.logged / FLOAT_BYTES * wal
         apply_s.append(w * (lb.floats * sgd + layer_wal + lb.factor_flops * gemm) / holders)
         # One push of it, handled and applied by a holder before its ack (async; per holder).
-        ack_s.append((lb.floats * sgd + layer_wal + lb.factor_flops * gemm + lb.push * handling) / holders)
+        layer_msgs = sum(lb.chunks_by_server.values()) * msg_server / 2
+        ack_s.append((lb.floats * sgd + layer_wal + lb.factor_flops * gemm + lb.push * handling + layer_msgs)
+                     / holders)
     push_rate, pull_rate = link_rates(cluster, rates)
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync
@@ -775,7 +889,8 @@ def predict(profile, tensors, rates, cluster, codec):
     step_ack_s = [a * w for a in ack_s] if lockstep else ack_s
     egress_share = w if lockstep else 1
 
-    def worker_step(slow):
+    def worker_step(slow, push_rate, pull_rate):
+        """The simulated step at compute slowdown `slow` and these rates (B/s, or per layer)."""
         rows = []
         for name, _, fwd, bwd in profile.layers:
             lb = per_layer.get(name, LayerBytes())
@@ -791,28 +906,87 @@ def predict(profile, tensors, rates, cluster, codec):
         # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
         # push_every steps (sync: the push's apply is on the path as well).
         compute = profile.compute_s * slow
+        push_rate, pull_rate = (min(r) if isinstance(r, list) else r for r in (push_rate, pull_rate))
         pull_s = pull / pull_rate + latency + (sum(apply_s) if sync else 0.0)
         return max(compute + pull_s / cluster.pull_every, (push / push_rate) / cluster.push_every)
 
-    worker_s = worker_step(slow)
-    link_s = max(push / push_rate / cluster.push_every, pull / pull_rate / cluster.pull_every)
-    if host_cpu_s > 0 and profile.threads:
-        # The round above packs every process's CPU into the cores perfectly. It does not: the
-        # servers' work (and the transport's) comes as a burst after the workers' pushes, each of
-        # the S servers on the host one stream of it, and while it lasts the kernel's fair
-        # scheduler shares the cores among the workers' threads and those streams. See
-        # shared_host_step.
-        shared = shared_host_step(worker_cpu=workers_cpu, others=others_cpu, threads=w * profile.threads,
-                                  streams=s, cores=cluster.cores_per_host,
-                                  wait=max(0.0, worker_s - profile.compute_s * slow), window=link_s)
-        if shared > profile.compute_s * slow * (1 + 1e-12):
-            slow = shared / profile.compute_s
-            host_cpu_s = max(host_cpu_s, shared)
-            worker_s = worker_step(slow)
+    base_slow, base_host_cpu_s = slow, host_cpu_s
+
+    def worker_at(push_rate, pull_rate):
+        """(worker step, compute slowdown, host CPU round, link time) at these link rates."""
+        slow, host_cpu_s = base_slow, base_host_cpu_s
+        worker_s = worker_step(slow, push_rate, pull_rate)
+        slowest_push, slowest_pull = (min(r) if isinstance(r, list) else r for r in (push_rate, pull_rate))
+        link_s = max(push / slowest_push / cluster.push_every, pull / slowest_pull / cluster.pull_every)
+        if host_cpu_s > 0 and profile.threads:
+            # The round above packs every process's CPU into the cores perfectly. It does not: the
+            # servers' work (and the transport's) comes as a burst after the workers' pushes, each
+            # of the S servers on the host one stream of it, and while it lasts the kernel's fair
+            # scheduler shares the cores among the workers' threads and those streams. See
+            # shared_host_step.
+            shared = shared_host_step(worker_cpu=workers_cpu, others=others_cpu, threads=w * profile.threads,
+                                      streams=s, cores=cluster.cores_per_host,
+                                      wait=max(0.0, worker_s - profile.compute_s * slow), window=link_s)
+            if shared > profile.compute_s * slow * (1 + 1e-12):
+                slow = shared / profile.compute_s
+                host_cpu_s = max(host_cpu_s, shared)
+                worker_s = worker_step(slow, push_rate, pull_rate)
+        return worker_s, slow, host_cpu_s, link_s
+
+    worker_s, slow, host_cpu_s, link_s = worker_at(push_rate, pull_rate)
+    if not cluster.emulated and not cluster.lockstep and w > 1:
+        # Real links, out of phase: while a worker's part crosses a server host's NIC, the other
+        # W - 1 workers' parts cross it too for a share of the time, the more the busier that
+        # NIC is. As a link shared by processor sharing: a part moves at L × (1 - ρ), ρ the
+        # others' load on the busiest server host's NIC each way at the round's step time (never
+        # below the lockstep share L / W; a layer's parts to n server hosts side by side, together
+        # at most the worker's own NIC's rate). A longer step loads the NIC less, so the
+        # step is the fixed point, found by bisection between the free link's step and the
+        # lockstep share's.
+        push_host, pull_host = server_host_bytes(per_layer, cluster)
+        link = cluster.payload_bytes_per_s
+        # The server hosts each layer's parts go to, side by side.
+        spread = [max(1, len({srv // cluster.servers_per_host
+                              for srv in per_layer.get(name, LayerBytes()).pull_by_server}))
+                  for name, _, _, _ in profile.layers]
+
+        def shared_rates(step):
+            # A layer's flows to its n server hosts run side by side, each at its share of that
+            # host's NIC (at least 1/W of it, the lockstep share), together no faster than the
+            # worker's own NIC.
+            shares = []
+            for rate, nbytes in ((push_rate, push_host), (pull_rate, pull_host)):
+                others = min(1.0, (w - 1) * nbytes / (link * step)) if step > 0 else 1.0
+                share = max(1.0 / w, 1.0 - others)
+                shares.append([min(rate, n * link * share) for n in spread])
+            return shares
+
+        def round_at(step):
+            ws, _, hc, _ = worker_at(*shared_rates(step))
+            return max(ws, hc, server_s, disk_s)
+        lo = max(worker_s, host_cpu_s, server_s, disk_s)
+        hi = max(lo, round_at(lo))
+        for _ in range(48):  # to ~1e-14 of the interval
+            if hi - lo <= 1e-12 * hi:
+                break
+            mid = (lo + hi) / 2
+            if round_at(mid) > mid:
+                lo = mid
+            else:
+                hi = mid
+        push_rate, pull_rate = shared_rates(hi)
+        worker_s, slow, host_cpu_s, link_s = worker_at(push_rate, pull_rate)
     # sync: the simulation already puts each layer's apply of all W pushes on the critical path
     # (identical workers: the barrier waits for no straggler; docs/scaling.md says what that leaves out).
     # Emulated links: the W workers' pulls share each server's one paced egress (server_pull_rate).
-    egress_s = server_egress_s(per_layer, cluster, rates) if cluster.emulated else 0.0
+    # Real links, out of phase: the W workers' parts share each server host's NIC, whose round
+    # bounds the step (in lockstep the shares are in the worker's rates already).
+    if cluster.emulated:
+        egress_s = server_egress_s(per_layer, cluster, rates)
+    elif not cluster.lockstep:
+        egress_s = server_link_s(per_layer, cluster, rates)
+    else:
+        egress_s = 0.0
     candidates = {"worker": worker_s, "server": server_s, "host cpu": host_cpu_s, "disk": disk_s, "link": egress_s}
     step = max(candidates.values())
     bound = max(candidates, key=candidates.get)

@@ -438,12 +438,16 @@ std::string LatencyText(const std::vector<double>& push, const std::vector<doubl
 }
 
 // Server time over the timed rounds: per worker-round (one model's worth of pushes and pulls)
-// and as the mean share of wall time of one server's loop thread.
+// and as the mean share of wall time of one server's loop thread. The update runs on the apply
+// lanes (server/apply_lanes.h), so "loop busy" is the loop's own work beside it; the words
+// "beside the update" say so to readers of saved output (tools/downpour_scaling.py: output of
+// older builds, without them, counted the update inside the loop's time).
 std::string ServerTimeText(double sgd_seconds, double busy_seconds, int servers, int workers, int rounds,
                            double wall_seconds) {
   const double worker_rounds = static_cast<double>(workers) * rounds;
   const double thread_seconds = wall_seconds * servers;
-  return fmt::format("server sgd {:.3f} s/round ({:.0f}% of wall per server), loop busy {:.3f} s/round ({:.0f}%)",
+  return fmt::format(
+      "server sgd {:.3f} s/round ({:.0f}% of wall per server), loop busy {:.3f} s/round ({:.0f}%) beside the update",
                      sgd_seconds / worker_rounds, 100 * sgd_seconds / thread_seconds, busy_seconds / worker_rounds,
                      100 * busy_seconds / thread_seconds);
 }

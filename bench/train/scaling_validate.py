@@ -3,18 +3,27 @@
 (issue 14: "prediction within 20% of measured"), from a build tree.
 
     bench/train/scaling_validate.py [--build build] [--nets fmnist,alexnet] [--workers 1,2,4]
-        [--servers 2] [--links 1,10] [--codecs fp32] [--rates FILE | --rates-from-bench FILE | --bench]
-        [--work DIR] [--repeats N] [--dry-run]
+        [--servers 2] [--links 1,10] [--codecs fp32] [--network netns|pacer]
+        [--rates FILE | --rates-from-bench FILE | --bench] [--work DIR] [--repeats N] [--dry-run]
     bench/train/scaling_validate.py --rejoin RUNS/validation.json [--work DIR]   (re-predict, no job)
+
+Where the jobs run (--network): netns (the default where namespaces can be made, i.e. as root)
+puts every process of a job on a host of its own made of a network namespace, each host's link
+shaped each way by the kernel to the row's Gbit/s (tools/downpour_netns.py, scripts/netns-cluster
+--rate), shared memory off; the model predicts hosts with a NIC each whose CPUs are this machine's
+cores (downpour-scaling --netns). pacer puts every process on this host and emulates the links
+with cluster.link_gbps, which paces each process's egress (downpour-scaling --colocated).
 
 For each net it first times one worker's step on this machine (`downpour-time --json` at the
 run config's batch and worker.threads), and takes transport rates from --rates (JSON),
 --rates-from-bench (saved downpour-bench-ps output), --bench (runs `downpour-bench-ps --servers 1
---workers 1 --rounds 6` now) or the model's defaults. Then per (net, link, codec, W) it prints
-the prediction — every process on this one host (`--colocated`: W workers and S servers share
-its cores, links emulated by cluster.link_gbps, which paces each process's egress) — BEFORE it
-runs the job, runs it with downpour-launch (async, S servers, W workers, a few steps, one test
-batch at the end), and reads the measured images/s from the workers' step records:
+--workers 1 --rounds 6` now, again with the log on, and again at 64 KiB chunks for the cost of a
+message) or the model's defaults. With --network netns it then measures the transport's CPU across
+namespace hosts at each link of the grid (netns_transport: two probe jobs per link with an
+emulated worker, the machine's busy CPU per step), which replaces the load benchmark's loopback
+figures. Then per (net, link, codec, W) it prints the prediction BEFORE it runs the job, runs it
+(async, S servers, W workers, a few steps, one test batch at the end), and reads the measured
+images/s from the workers' step records:
   measured = sum over workers of batch × 1000 / median step_ms (steps 2.., the tools' breakdown),
   whole run = the summary's images/s (every step, the first cold one included).
 Prints a table (prediction, both measurements, error of the prediction against the median-step
@@ -27,8 +36,8 @@ model's error).
 Nets: fmnist = configs/runs/default.toml with fmnist_small (data-sets/fashion-mnist, 300 steps);
 alexnet = configs/runs/alexnet.toml (alexnet_fashion on data-sets/fashion-256 when it exists,
 else a synthetic 256×256 LMDB made here as bench/train/overlap_alexnet.py does; 8 steps).
-A link of 0 means no cluster.link_gbps (the plain transport; the model then uses --transport-gbytes
-from the rates as the only limit). Codecs are downpour-scaling names (fp32, factors,
+A link of 0 means no link limit (no cluster.link_gbps, or hosts not shaped; the model then uses
+--transport-gbytes from the rates as the only limit). Codecs are downpour-scaling names (fp32, factors,
 factors+pull=fp16, topk:0.01, onebit, ...), turned into [compression] settings.
 
 A 2-core machine shared with other work makes compute swing (bench/RESULTS.md §8-§10) and takes
@@ -43,11 +52,13 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import downpour_netns as netns  # noqa: E402
 import downpour_report as report  # noqa: E402
 import downpour_runs as dr  # noqa: E402
 import downpour_scaling as sc  # noqa: E402
@@ -59,6 +70,9 @@ NETS = {
     "alexnet": {"base": "configs/runs/alexnet.toml", "steps": 8, "time_iterations": 2},
 }
 NO_LINK_GBPS = 1e4  # "no limit" for the model: far above what loopback moves
+# --bench's small-chunk load benchmark (the per-message rates): 64 KiB chunks, ~3,700 a round
+# where the usual 4 MiB chunks make ~70; fmnist_small's chunks are ~10 of 0.3 MB a step.
+BENCH_SMALL_CHUNK_ELEMS = 16384
 
 
 def load_base(net):
@@ -115,6 +129,45 @@ def time_profile(args, net, base, repeats=3, path=None):
     return sc.read_profile(path), path
 
 
+def corun_factors(args, net, base, profile, workers, path=None):
+    """{W: how much slower a worker computes beside W - 1 others than alone, beyond sharing the
+    cores}: W copies of downpour-time at once (the net, batch and threads of the jobs), their
+    median forward + backward t_W against the profile's t_1, as CPU: t_W × min(cores, W × threads)
+    / (W × threads × t_1), at least 1 (below 1 is noise: W copies cannot compute faster than
+    sharing the cores allows). Shared caches and memory bandwidth: bench/RESULTS.md §11.5.3 had
+    four AlexNet workers at 2.28× on 2 cores where sharing gives 2× (1.14). Written to
+    <work>/<net>.corun.json for --rejoin."""
+    batch = base["worker"]["batch_size"]
+    threads = base["worker"].get("threads", 1)
+    cmd = [os.path.join(args.build, "client", "engine", "downpour-time"), "--model",
+           os.path.join(ROOT, base["model"]["config"]), "--batch", str(batch), "--threads", str(threads),
+           "--iterations", str(NETS[net]["time_iterations"]), "--json"]
+    out = {1: 1.0}
+    for w in sorted(set(workers)):
+        if w <= 1:
+            continue
+        copies = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(w)]
+        times = []
+        for p in copies:
+            data = json.loads(p.communicate()[0])
+            times.append(1e-3 * (data["forward_ms"] + data["backward_ms"]))
+        t_w = statistics.median(times)
+        busy = min(args.cores, w * threads)
+        out[w] = max(1.0, t_w * busy / (w * threads * profile.compute_s))
+        print(f"{net}: {w} workers computing at once: {1e3 * t_w:.1f} ms a step each (alone "
+              f"{1e3 * profile.compute_s:.1f}): ×{out[w]:.3f} beyond sharing {args.cores} cores", flush=True)
+    with open(path or os.path.join(args.work, f"{net}.corun.json"), "w") as f:
+        json.dump({str(k): v for k, v in out.items()}, f)
+    return out
+
+
+def corun_profile(profile, factor):
+    """The profile of a worker computing `factor` slower (corun_factors), every layer alike."""
+    if factor == 1.0 or profile.threads == 0:
+        return profile
+    return sc.scaled_profile(profile, step_ms=1e3 * profile.compute_s * factor)
+
+
 def tensors_of(args, net, base):
     # The job's model (base["model"]["config"]: fmnist_small for fmnist), not the run config's own
     # default (the default job trains fmnist_fast, whose layers have the same names).
@@ -136,6 +189,8 @@ def rates_of(args):
         # write-ahead log on (its log in --work, on the disk the jobs' logs go to) for its rates.
         # With --bench-servers S the one synthetic worker talks to S shards, as the jobs' workers
         # do: its transport ceiling is then a worker's with S connections.
+        # A third run at small chunks (BENCH_SMALL_CHUNK_ELEMS floats, ~16× the messages for the
+        # same floats) gives the CPU a message costs beside its bytes.
         path = os.path.join(args.work, "bench-ps.txt")
         bench = [os.path.join(args.build, "bench", "ps", "downpour-bench-ps"), "--servers", str(args.bench_servers),
                  "--workers", "1", "--rounds", "6"]
@@ -143,8 +198,123 @@ def rates_of(args):
             subprocess.run(bench, stdout=f, check=True)
             f.flush()
             subprocess.run(bench + ["--wal", "--wal-dir", os.path.abspath(args.work)], stdout=f, check=True)
+            f.flush()
+            subprocess.run(bench + ["--chunk-elems", str(BENCH_SMALL_CHUNK_ELEMS)], stdout=f, check=True)
         return sc.rates_from_bench(sc.read_text(path, "--bench"), path, servers=args.bench_servers)
     return sc.Rates()
+
+
+# The transport probe across namespace hosts (--network netns): fmnist_small's layers, one
+# emulated worker (no compute) and one server, links shaped as in the grid's jobs, PROBE_STEPS
+# steps of which the middle ones are counted; once at the run config's chunks and once at
+# PROBE_SMALL_CHUNK_ELEMS, for every link of the grid.
+PROBE_STEPS = 400
+PROBE_WINDOW = (50, 350)
+PROBE_STEP_MS = 5.0
+PROBE_SMALL_CHUNK_ELEMS = 16384
+
+
+def busy_ticks():
+    """The machine's busy CPU so far, clock ticks (/proc/stat: every column but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def idle_busy_rate(seconds=2.0):
+    """The machine's busy CPU per second with no job running (other work, kernel threads): taken
+    off each probe's window in proportion to its length."""
+    t0, b0 = time.monotonic(), busy_ticks()
+    time.sleep(seconds)
+    return (busy_ticks() - b0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)
+
+
+def probe_job(args, profile, chunk_elems, work, gbps, idle_rate=0.0):
+    """One probe job on links of gbps (0: not shaped); (busy CPU seconds per worker step over the
+    window, bytes per step from the worker's records). The machine's busy CPU over the window,
+    less this script's own (it polls the worker's records) and the machine's idle rate over the
+    window's length."""
+    import threading
+    run_dir = os.path.join(work, f"probe-{gbps:g}g-{chunk_elems}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    sets = ["cluster.workers=1", "cluster.servers=1", f"worker.steps={PROBE_STEPS}", "eval.every_steps=0",
+            "checkpoint.every_updates=0", "checkpoint.wal=false", "consistency.mode=async",
+            f"cluster.chunk_elems={chunk_elems}", emulate_set(sc.scaled_profile(profile, step_ms=PROBE_STEP_MS))]
+    sets += data_sets(args, "fmnist")
+    codes = {}
+    job = threading.Thread(target=lambda: codes.update(netns.run_job(
+        args.build, os.path.join(ROOT, NETS["fmnist"]["base"]), run_dir, sets, 1, 1, gbps, timeout_s=300)))
+    job.start()
+    steps_file = os.path.join(run_dir, "metrics", "worker-0.jsonl")
+
+    def steps():
+        try:
+            with open(steps_file) as f:
+                return sum(1 for line in f if '"event":"step"' in line)
+        except OSError:
+            return 0
+    marks = []
+    for target in PROBE_WINDOW:
+        while steps() < target and job.is_alive():
+            time.sleep(0.02)
+        marks.append((steps(), busy_ticks(), time.process_time(), time.monotonic()))
+    job.join()
+    if any(c != 0 for c in codes.values()) or marks[1][0] <= marks[0][0]:
+        sys.exit(f"scaling_validate: the transport probe {run_dir} failed ({codes}); see {run_dir}-*.out")
+    n = marks[1][0] - marks[0][0]
+    busy = (marks[1][1] - marks[0][1]) / os.sysconf("SC_CLK_TCK")
+    cpu = max(0.0, busy - (marks[1][2] - marks[0][2]) - idle_rate * (marks[1][3] - marks[0][3])) / n
+    records = [r for r in dr.read_jsonl(steps_file) if r.get("event") == "step"][2:]
+    nbytes = statistics.median(r["tx_bytes"] + r["rx_bytes"] for r in records)
+    return cpu, nbytes
+
+
+def netns_transport(args, rates, profile, tensors, base, links):
+    """The transport's CPU across namespace hosts, per byte and per message, at each link speed:
+    {link: Rates}. The load benchmark's come from loopback TCP inside one process (64 KiB
+    packets, no bridge, no veth, no queueing discipline), where namespace hosts have 1,500-byte
+    packets through a veth pair and a bridge, and a shaped link sends them on the qdisc's timer:
+    on the VM of bench/RESULTS.md §11.5.6 the same bytes cost ~25% more CPU on a shaped link than
+    on an unshaped one. Two probe jobs per link (probe_job), emulated worker, so the machine's busy
+    CPU over the window is the transport's, both ends and the kernel's softirqs, plus the server's
+    update (taken off at the rates' sgd per float). Per message: the CPU the small chunks add,
+    over the chunks they add; per byte: the rest. Replaces io_ns_per_byte and msg_io_us; saved to
+    <work>/netns-probe.json for --rejoin."""
+    chunk = base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS)
+    floats = sum(t.numel for t in tensors)
+    path = os.path.join(args.work, "netns-probe.json")
+    probes, by_link = {}, {}
+    idle_rate = idle_busy_rate()
+    print(f"transport probe: the machine idle {1e3 * idle_rate:.1f} ms of busy CPU a second", flush=True)
+    for link in links:
+        results = []
+        for elems in (chunk, PROBE_SMALL_CHUNK_ELEMS):
+            cpu, nbytes = probe_job(args, profile, elems, args.work, link or 0.0, idle_rate)
+            chunks = len(sc.layout_chunks(tensors, 1, elems))
+            results.append({"chunk_elems": elems, "chunks": chunks, "cpu_s_per_step": cpu, "bytes_per_step": nbytes,
+                            "update_s_per_step": floats * rates.sgd_ns_per_float * 1e-9})
+            print(f"transport probe across namespace hosts at {link or 'unshaped'} Gbit/s, chunks of {elems} floats "
+                  f"({chunks} a step): {1e3 * cpu:.2f} ms of busy CPU a step, {nbytes / 1e6:.2f} MB a step", flush=True)
+        probes[f"{link:g}"] = results
+        by_link[link] = rates_from_probe(rates, results, f"{path} at {link:g} Gbit/s")
+    with open(path, "w") as f:
+        json.dump({"probes": probes, "idle_busy_s_per_s": idle_rate}, f, indent=1)
+    return by_link
+
+
+def probe_rates(rates, path):
+    """{link: Rates} from a saved netns-probe.json (--rejoin)."""
+    probes = sc.read_json(path, "--rejoin")["probes"]
+    return {float(link): rates_from_probe(rates, results, f"{path} at {link} Gbit/s") for link, results in probes.items()}
+
+
+def rates_from_probe(rates, results, where):
+    big, small = results
+    transport = [r["cpu_s_per_step"] - r["update_s_per_step"] for r in results]
+    msg = max(0.0, (transport[1] - transport[0]) / (small["chunks"] - big["chunks"]))
+    per_byte = max(0.0, transport[0] - big["chunks"] * msg) / big["bytes_per_step"]
+    return dataclasses.replace(rates, io_ns_per_byte=per_byte * 1e9, msg_io_us=msg * 1e6,
+                               source=f"{rates.source}; transport CPU across namespace hosts: {where}")
 
 
 def sgemm_ceiling(args):
@@ -156,10 +326,16 @@ def sgemm_ceiling(args):
     return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
 
 
-def predict(profile, tensors, rates, net_base, w, s, link, codec, cores):
+def predict(profile, tensors, rates, net_base, w, s, link, codec, cores, network="pacer"):
+    """The model's prediction for one job here. pacer: every process on this host, links emulated
+    by cluster.link_gbps (egress paced per process). netns: every process on a namespace host of
+    its own with a link shaped each way (a NIC each: workers_per_host = servers_per_host = 1), the
+    machine's cores shared by all."""
+    emulated = network == "pacer"
     cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async", wal=sc.wal_from_config(net_base),
-                         batch=net_base["worker"]["batch_size"], workers_per_host=w,
-                         cores_per_host=cores, emulated=True, colocated=True, link_burst_ms=0.0,
+                         batch=net_base["worker"]["batch_size"], workers_per_host=w if emulated else 1,
+                         cores_per_host=cores, emulated=emulated, colocated=True, link_burst_ms=0.0,
+                         payload=sc.TBF_PAYLOAD,
                          chunk_elems=net_base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS))
     return sc.predict(profile, tensors, rates, cluster, codec)
 
@@ -176,20 +352,33 @@ def emulate_set(profile):
     return "worker.emulate_ms=[" + ", ".join(f"{1e3 * f:.4f}, {1e3 * b:.4f}" for _, _, f, b in profile.layers) + "]"
 
 
-def launch(args, net, run_dir, sets, who, extra=()):
-    """Runs downpour-launch on the net's run config with `sets` into run_dir (its output in
-    run_dir.log; exits naming `who` and the job when it fails), writes the run's summary, and
-    removes the servers' logs and checkpoints (no checkpoint truncates a log here: GBs per fmnist
-    job; not needed for a table, and a grid of them fills a disk). Returns (summary, workers)."""
-    cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config", os.path.join(ROOT, NETS[net]["base"]),
-           "--run-dir", run_dir, "--timeout-s", str(args.timeout_s), *extra]
-    for x in sets:
-        cmd += ["--set", x]
-    log = run_dir + ".log"
-    with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if r.returncode != 0:
-        sys.exit(f"{who}: {os.path.basename(run_dir)} failed (exit {r.returncode}); see {log}")
+def launch(args, net, run_dir, sets, who, extra=(), shaped=None):
+    """Runs the net's run config with `sets` into run_dir: with `shaped` (Gbit/s; 0 = unshaped)
+    across namespace hosts, one process each (tools/downpour_netns.py; each task's output in
+    run_dir-<role>.out), else with downpour-launch on this host (its output in run_dir.log). Exits
+    naming `who` and the job when it fails; writes the run's summary and removes the servers'
+    logs and checkpoints (no checkpoint truncates a log here: GBs per fmnist job; not needed for a
+    table, and a grid of them fills a disk). Returns (summary, workers)."""
+    config = os.path.join(ROOT, NETS[net]["base"])
+    if shaped is not None:
+        settings = dict(x.split("=", 1) for x in sets)
+        codes = netns.run_job(args.build, config, run_dir, sets, int(settings["cluster.servers"]),
+                              int(settings["cluster.workers"]), shaped, timeout_s=args.timeout_s)
+        failed = {k: v for k, v in codes.items() if v != 0}
+        if failed:
+            sys.exit(f"{who}: {os.path.basename(run_dir)} failed across namespace hosts ("
+                     + ", ".join(f"{k} {'timed out' if v is None else f'exit {v}'}" for k, v in failed.items())
+                     + f"); see {run_dir}-*.out")
+    else:
+        cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config", config,
+               "--run-dir", run_dir, "--timeout-s", str(args.timeout_s), *extra]
+        for x in sets:
+            cmd += ["--set", x]
+        log = run_dir + ".log"
+        with open(log, "w") as f:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        if r.returncode != 0:
+            sys.exit(f"{who}: {os.path.basename(run_dir)} failed (exit {r.returncode}); see {log}")
     summary = dr.write_summary(run_dir)
     _, files = dr.load_run([run_dir])
     for folder, _, names in os.walk(run_dir):
@@ -208,18 +397,20 @@ def run_job(args, net, index, w, s, link, codec, data, repeat=0):
     shutil.rmtree(run_dir, ignore_errors=True)
     port = 7800 + 20 * (index % 100)
     steps = args.steps or NETS[net]["steps"]
-    sets = [f"cluster.workers={w}", f"cluster.servers={s}", f"worker.steps={steps}",
-            f"cluster.coordinator=127.0.0.1:{port}", f"cluster.base_port={port + 5}", "eval.every_steps=0",
+    sets = [f"cluster.workers={w}", f"cluster.servers={s}", f"worker.steps={steps}", "eval.every_steps=0",
             "checkpoint.every_updates=0", "consistency.mode=async"] + data + codec.config_sets()
+    if args.network == "pacer":
+        sets += [f"cluster.coordinator=127.0.0.1:{port}", f"cluster.base_port={port + 5}"]
     if args.wal:
         sets.append(f"checkpoint.wal={'true' if args.wal == 'on' else 'false'}")
     if args.batch:
         sets.append(f"worker.batch_size={args.batch}")
-    if link:
+    if link and args.network == "pacer":
         sets.append(f"cluster.link_gbps={link:g}")
     if args.emulated.get(net) is not None:
         sets.append(emulate_set(args.emulated[net]))
-    summary, workers = launch(args, net, run_dir, sets, "scaling_validate")
+    summary, workers = launch(args, net, run_dir, sets, "scaling_validate",
+                              shaped=(link or 0.0) if args.network == "netns" else None)
     measured = report.images_per_s_from_steps(report.step_breakdown(workers), summary["batch_size"])
     return run_dir, summary, measured
 
@@ -238,7 +429,9 @@ def rejoin(args, path):
         bench = os.path.join(where, "bench-ps.txt")
         rates = sc.rates_from_bench(sc.read_text(bench, "--rejoin"), bench, servers=data.get("bench_servers", 1)) \
             if os.path.exists(bench) else sc.Rates()
-    profiles, tensors = {}, {}
+    probe = os.path.join(where, "netns-probe.json")
+    by_link = probe_rates(rates, probe) if data.get("network") == "netns" and os.path.exists(probe) else {}
+    profiles, tensors, coruns = {}, {}, {}
     lines = ["| net | W | S | link Gbit/s | codec | measured img/s | old predicted | old error | new predicted | "
              "new error | new bound | new within 20% |",
              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
@@ -247,6 +440,9 @@ def rejoin(args, path):
         net = r["net"]
         if net not in profiles:
             profiles[net] = sc.read_profile(os.path.join(where, f"{net}.time.json"), "--rejoin")
+            saved = os.path.join(where, f"{net}.corun.json")  # runs before it was measured have none
+            coruns[net] = {int(k): v for k, v in sc.read_json(saved, "--rejoin").items()} \
+                if os.path.exists(saved) else {}
             if data.get("emulate_step_ms"):
                 profiles[net] = emulated_profile(profiles[net], data["emulate_step_ms"])
             tensors[net] = sc.read_tensors(os.path.join(where, f"{net}.tensors.txt"), "--rejoin")
@@ -254,8 +450,9 @@ def rejoin(args, path):
         base["worker"]["batch_size"] = profiles[net].batch
         if "wal" in r:  # the job's checkpoint.wal (rows written before it was recorded: the config's)
             base.setdefault("checkpoint", {})["wal"] = r["wal"]
-        p = predict(profiles[net], tensors[net], rates, base, r["workers"], r["servers"], r["link_gbps"],
-                    sc.parse_codec(r["codec"]), args.cores)
+        p = predict(corun_profile(profiles[net], coruns[net].get(r["workers"], 1.0)), tensors[net],
+                    by_link.get(r["link_gbps"] or 0.0, rates), base, r["workers"], r["servers"], r["link_gbps"],
+                    sc.parse_codec(r["codec"]), args.cores, data.get("network", "pacer"))
         m = r.get("measured_images_per_s")
         new_err = p.images_per_s / m - 1 if m else None
         row = dict(r, old_predicted_images_per_s=r["predicted_images_per_s"], old_error=r.get("error"),
@@ -291,7 +488,13 @@ def main():
     ap.add_argument("--nets", default="fmnist,alexnet")
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--servers", default="2")
-    ap.add_argument("--links", default="1,10", help="Gbit/s per process (cluster.link_gbps); 0 = no limit")
+    ap.add_argument("--links", default="1,10", help="Gbit/s per process (its shaped link, or cluster.link_gbps); "
+                    "0 = no limit")
+    ap.add_argument("--network", choices=("netns", "pacer"),
+                    help="netns: every process on a namespace host of its own (scripts/netns-cluster), its link "
+                         "shaped each way by the kernel (tc tbf) to --links; pacer: every process on this host, "
+                         "links emulated by cluster.link_gbps. Default: netns where namespaces can be made "
+                         "(root), else pacer, with a line saying why")
     ap.add_argument("--codecs", default="fp32", help="downpour-scaling codec names, comma-separated")
     ap.add_argument("--steps", type=int, help="steps per worker (default: fmnist 300, alexnet 8)")
     ap.add_argument("--batch", type=int, help="batch per worker (default: the run config's)")
@@ -338,6 +541,14 @@ def main():
     if args.repeats < 1:
         sys.exit(f"scaling_validate: --repeats {args.repeats}: must be >= 1")
     args.work = args.work or "/tmp/downpour-scaling-validate"
+    netns.exit_on_sigterm()
+    if args.network is None:
+        why = netns.can_run()
+        args.network = "pacer" if why else "netns"
+        if why and not args.rejoin:
+            print(f"scaling_validate: links emulated by cluster.link_gbps: namespace hosts {why}", flush=True)
+    elif args.network == "netns" and not args.dry_run and not args.rejoin and netns.can_run():
+        sys.exit(f"scaling_validate: --network netns: {netns.can_run()}")
     if args.rejoin:
         try:
             rejoin(args, args.rejoin)
@@ -360,13 +571,16 @@ def main():
         sys.exit(f"scaling_validate: {e}")
     ceiling = sgemm_ceiling(args)
     print(f"machine: nproc {os.cpu_count()}, load {os.getloadavg()[0]:.2f}; sgemm: {ceiling or 'n/a'}")
+    print(f"network: {'namespace hosts, links shaped by tc' if args.network == 'netns' else 'this host, links paced by cluster.link_gbps'}")
     print(f"rates: {rates.source}: sgd {rates.sgd_ns_per_float:.3g} ns/float, loop {rates.server_ns_per_float:.3g} "
           f"ns/float, transport {rates.transport_gbytes:g} GB/s (its CPU {rates.io_ns_per_byte:.3g} ns/byte), "
+          f"per message {rates.msg_server_us:.3g} µs in the loop + {rates.msg_io_us:.3g} µs outside, "
           f"write-ahead log {rates.wal_ns_per_float:.3g} + "
           f"{rates.wal_sync_ns_per_float:.3g} ns/float", flush=True)
     # Every prediction first (each is printed before any job runs), then the grid's jobs,
     # --repeats passes of it one after another.
     results, cells, tensors_by_net, bases = [], [], {}, {}
+    probed, by_link, corun = False, {}, {}
     for net in nets:
         base = load_base(net)
         if args.wal:
@@ -382,6 +596,18 @@ def main():
         tensors, _ = tensors_of(args, net, base)
         tensors_by_net[net] = tensors
         bases[net] = base
+        # CPU workers computing side by side slow each other beyond sharing the cores: measured.
+        corun[net] = {} if args.emulate_step_ms else corun_factors(args, net, base, profile, workers)
+        if args.network == "netns" and not args.dry_run and not probed:
+            fm_base = load_base("fmnist")
+            fm_profile, _ = (profile, None) if net == "fmnist" and not args.emulate_step_ms else \
+                time_profile(args, "fmnist", fm_base, repeats=1, path=os.path.join(args.work, "probe.time.json"))
+            fm_tensors = tensors if net == "fmnist" else tensors_of(args, "fmnist", fm_base)[0]
+            by_link = netns_transport(args, rates, fm_profile, fm_tensors, fm_base, links)
+            probed = True
+            for link, r in by_link.items():
+                print(f"rates across namespace hosts at {link or 'unshaped'} Gbit/s: transport {r.io_ns_per_byte:.3g} "
+                      f"ns/byte, per message {r.msg_io_us:.3g} µs outside the loops", flush=True)
         print(f"{net}: one worker alone {1e3 * profile.compute_s:.1f} ms forward+backward at batch {profile.batch} "
               f"({time_path})", flush=True)
         data = None if args.dry_run else data_sets(args, net)
@@ -389,7 +615,8 @@ def main():
             for codec in codecs:
                 for s in servers:
                     for w in workers:
-                        p = predict(profile, tensors, rates, base, w, s, link, codec, args.cores)
+                        p = predict(corun_profile(profile, corun[net].get(w, 1.0)), tensors, by_link.get(link, rates),
+                                    base, w, s, link, codec, args.cores, args.network)
                         row = {"net": net, "workers": w, "servers": s, "link_gbps": link or None, "codec": codec.name,
                                "wal": sc.wal_from_config(base),
                                "predicted_images_per_s": p.images_per_s, "predicted_step_ms": 1e3 * p.step_s,
@@ -407,7 +634,9 @@ def main():
                     base = bases[net]
                     profile, _ = time_profile(args, net, base, repeats=1,
                                               path=os.path.join(args.work, f"{net}.time-job{index}.json"))
-                    retimed = predict(profile, tensors_by_net[net], rates, base, w, s, link, codec, args.cores)
+                    retimed = predict(corun_profile(profile, corun[net].get(w, 1.0)), tensors_by_net[net],
+                                      by_link.get(link, rates), base, w, s, link, codec, args.cores,
+                                      args.network)
                     print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}, re-timed "
                           f"({1e3 * profile.compute_s:.1f} ms alone): {retimed.images_per_s:.1f} img/s "
                           f"(step {1e3 * retimed.step_s:.0f} ms, {retimed.bound})", flush=True)
@@ -477,6 +706,8 @@ def main():
         f.write(table)
     with open(os.path.join(args.work, "validation.json"), "w") as f:
         json.dump({"rates": rates.source, "sgemm": ceiling, "repeats": args.repeats, "retime": args.retime,
+                   "network": args.network, "rates_used": dataclasses.asdict(rates),
+                   "rates_by_link": {f"{k:g}": dataclasses.asdict(v) for k, v in by_link.items()},
                    "emulate_step_ms": args.emulate_step_ms, "bench_servers": args.bench_servers,
                    "rows": results}, f, indent=1)
     print(f"written: {args.work}/validation.md, validation.json")
