@@ -21,7 +21,9 @@ run config's batch and worker.threads), and takes transport rates from --rates (
 message) or the model's defaults. With --network netns it then measures the transport's CPU across
 namespace hosts at each link of the grid (netns_transport: two probe jobs per link with an
 emulated worker, the machine's busy CPU per step), which replaces the load benchmark's loopback
-figures. Then per (net, link, codec, W) it prints the prediction BEFORE it runs the job, runs it
+figures. For CPU workers it times W copies of the net at once for each W of the grid (corun_factors:
+how much slower a worker computes beside the others than sharing the cores explains) and predicts
+each W with that. Then per (net, link, codec, W) it prints the prediction BEFORE it runs the job, runs it
 (async, S servers, W workers, a few steps, one test batch at the end), and reads the measured
 images/s from the workers' step records:
   measured = sum over workers of batch × 1000 / median step_ms (steps 2.., the tools' breakdown),
@@ -47,6 +49,7 @@ table shows the load average before and after each job.
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import statistics
@@ -129,6 +132,9 @@ def time_profile(args, net, base, repeats=3, path=None):
     return sc.read_profile(path), path
 
 
+CORUN_SECONDS = 3.0
+
+
 def corun_factors(args, net, base, profile, workers, path=None):
     """{W: how much slower a worker computes beside W - 1 others than alone, beyond sharing the
     cores}: W copies of downpour-time at once (the net, batch and threads of the jobs), their
@@ -139,9 +145,13 @@ def corun_factors(args, net, base, profile, workers, path=None):
     <work>/<net>.corun.json for --rejoin."""
     batch = base["worker"]["batch_size"]
     threads = base["worker"].get("threads", 1)
+    # At least CORUN_SECONDS of timed steps each: the copies start together, but a short timing
+    # (fmnist's 20 steps, 0.3 s) overlaps the others' start-up and measured ×1.37 for two copies
+    # on two cores (bench/RESULTS.md §11.5.6).
+    iterations = max(NETS[net]["time_iterations"], math.ceil(CORUN_SECONDS / profile.compute_s))
     cmd = [os.path.join(args.build, "client", "engine", "downpour-time"), "--model",
            os.path.join(ROOT, base["model"]["config"]), "--batch", str(batch), "--threads", str(threads),
-           "--iterations", str(NETS[net]["time_iterations"]), "--json"]
+           "--iterations", str(iterations), "--json"]
     out = {1: 1.0}
     for w in sorted(set(workers)):
         if w <= 1:
