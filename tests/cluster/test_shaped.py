@@ -58,6 +58,7 @@ class ShapedLinks(unittest.TestCase):
     def test_each_host_is_shaped_both_ways(self):
         with netns.Cluster(3, self.RATE_MBIT / 1000) as c:
             def pipe(receiver, senders):
+                """Seconds for every sender to send BYTES to `receiver` at once."""
                 servers = [subprocess.Popen(c.exec_args(receiver, [sys.executable, "-c", PIPE, "server", "0.0.0.0",
                                                                    str(7000 + k)]),
                                             stdout=subprocess.PIPE, text=True) for k in range(len(senders))]
@@ -69,7 +70,11 @@ class ShapedLinks(unittest.TestCase):
                 for p in clients + servers:
                     p.wait(timeout=60)
                 elapsed = time.monotonic() - t0
-                self.assertEqual([int(p.stdout.read()) for p in servers], [self.BYTES] * len(senders))
+                received = []
+                for p in servers:
+                    received.append(int(p.stdout.read()))
+                    p.stdout.close()
+                self.assertEqual(received, [self.BYTES] * len(senders))
                 return elapsed
 
             at_rate = self.BYTES * 8 / (self.RATE_MBIT * 1e6)
@@ -103,19 +108,23 @@ class ShapedJob(unittest.TestCase):
         run = os.path.join(self.tmp, "run")
         codes = netns.run_job(BUILD_DIR, self.config, run, [], 1, 1, self.GBPS, timeout_s=240,
                               log_dir=os.path.join(self.tmp, "out"))
-        outputs = "".join(open(os.path.join(self.tmp, "out", n)).read()[-3000:]
-                          for n in sorted(os.listdir(os.path.join(self.tmp, "out"))))
+        outputs = ""
+        for n in sorted(os.listdir(os.path.join(self.tmp, "out"))):
+            with open(os.path.join(self.tmp, "out", n)) as f:
+                outputs += f.read()[-3000:]
         self.assertEqual(codes, {"coordinator": 0, "server-0": 0, "worker-0": 0}, outputs)
         steps = [r for r in dr.read_jsonl(os.path.join(run, "metrics", "worker-0.jsonl")) if r["event"] == "step"]
         self.assertEqual(len(steps), self.STEPS)
         later = steps[2:]
-        # fmnist_small's 644,746 floats each way a step, all of it on the wire.
+        # fmnist_small's 644,746 floats each way a step, all of it on the wire (a step's records
+        # count what left or arrived during it: a part of one push may fall into the next step).
+        for key in ("tx_bytes", "rx_bytes"):
+            self.assertGreater(sum(r[key] for r in later) / len(later), 2_550_000, key)
         for r in later:
-            self.assertGreater(r["tx_bytes"], 2_500_000, r)
-            self.assertGreater(r["rx_bytes"], 2_500_000, r)
             self.assertEqual(r.get("shm_tx_bytes", 0), 0, r)
+            self.assertEqual(r.get("shm_rx_bytes", 0), 0, r)
         # A step moves its push out at the link's rate at best (its pull comes in beside it).
-        at_rate_ms = 1e3 * min(r["tx_bytes"] for r in later) * 8 / (self.GBPS * 1e9)
+        at_rate_ms = 1e3 * sum(r["tx_bytes"] for r in later) / len(later) * 8 / (self.GBPS * 1e9)
         median = sorted(r["step_ms"] for r in later)[len(later) // 2]
         self.assertGreater(median, 0.8 * at_rate_ms, f"median step {median:.1f} ms, the push at the rate "
                            f"{at_rate_ms:.1f} ms")
