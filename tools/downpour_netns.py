@@ -113,30 +113,44 @@ def job_sets(cluster):
             "cluster.bind=0.0.0.0", "cluster.shared_memory=false", "security.insecure=true"]
 
 
-def emulated_link(config, sets):
-    """The cluster.link_gbps a job's config file or --set overrides give, or None: a job on
-    shaped links must not also pace itself (the caller leaves the key out)."""
+def config_value(config, sets, key):
+    """A run-config key ("section.key") as the job will see it: the last --set of it in `sets`
+    (a string), else the config file's value, else None."""
+    for x in reversed(sets):
+        if x.startswith(key + "="):
+            return x.partition("=")[2]
     with open(config, "rb") as f:
-        link = tomllib.load(f).get("cluster", {}).get("link_gbps")
-    for x in sets:
-        if x.startswith("cluster.link_gbps="):
-            link = x.partition("=")[2]
-    return link
+        section, _, name = key.partition(".")
+        return tomllib.load(f).get(section, {}).get(name)
 
 
-def run_job(build, config, run_dir, sets, servers, workers, gbps, timeout_s=900, cwd=ROOT, log_dir=None):
-    """Runs one job of `servers` servers and `workers` workers across 1 + S + W namespace hosts
-    whose links are shaped to `gbps` (0: not shaped). Each task's output (its launcher's) goes to
-    <log_dir>/netns-<task>.out, or without log_dir beside the run directory as <run_dir>-<task>.out.
-    Returns {task: exit code (None: killed at timeout_s)} once every task has ended; task is
-    coordinator, server-<i> or worker-<i>."""
-    link = emulated_link(config, sets)
+def job_size(config, sets):
+    """(servers, workers) of a job: cluster.servers and cluster.workers as it will see them."""
+    return tuple(int(config_value(config, sets, f"cluster.{k}")) for k in ("servers", "workers"))
+
+
+def failures(codes):
+    """run_job's exit codes as one phrase naming every task that did not exit 0; "" if none."""
+    return ", ".join(f"{k} {'timed out' if v is None else f'exit {v}'}" for k, v in codes.items() if v != 0)
+
+
+def run_job(build, config, run_dir, sets, gbps, timeout_s=900, cwd=ROOT, log_dir=None):
+    """Runs one job (its config file with the --set overrides `sets`) across 1 + S + W namespace
+    hosts whose links are shaped to `gbps` (0: not shaped). Each task's output (its launcher's)
+    goes to <log_dir>/netns-<task>.out, or without log_dir beside the run directory as
+    <run_dir>-<task>.out. Returns {task: exit code (None: killed at timeout_s)} once every task
+    has ended; task is coordinator, server-<i> or worker-<i>. A job that still sets
+    cluster.link_gbps is refused (ValueError): it must not also pace itself."""
+    link = config_value(config, sets, "cluster.link_gbps")
     if link is not None:
         raise ValueError(f"{config}: cluster.link_gbps = {link}: a job on namespace hosts has shaped links; "
                          "leave the emulated link out")
+    servers, workers = job_size(config, sets)
     launch = os.path.join(build, "server", "downpour-launch")
     set_args = []
     tasks = {}
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
     with Cluster(1 + servers + workers, gbps) as c:
         for x in list(sets) + job_sets(c):
             set_args += ["--set", x]
@@ -147,8 +161,6 @@ def run_job(build, config, run_dir, sets, servers, workers, gbps, timeout_s=900,
             if index is not None:
                 argv += ["--id", str(index)]
             name = role if index is None else f"{role}-{index}"
-            if log_dir:
-                os.makedirs(log_dir, exist_ok=True)
             log = open(os.path.join(log_dir, f"netns-{name}.out") if log_dir else f"{run_dir}-{name}.out", "w")
             tasks[name] = (subprocess.Popen(c.exec_args(host, argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd),
                            log)

@@ -441,6 +441,14 @@ def _bench_runs(text, servers, workers):
     return runs
 
 
+def per_message_split(cost_big, chunks_big, cost_small, chunks_small):
+    """(cost per chunk, cost_big less its own chunks' share) from the same bytes measured at two
+    chunk counts (chunks_small > chunks_big): what the smaller chunks add, over the chunks they
+    add, is what a message costs; a negative difference (noise) counts as none."""
+    per_chunk = max(0.0, (cost_small - cost_big) / (chunks_small - chunks_big))
+    return per_chunk, max(0.0, cost_big - chunks_big * per_chunk)
+
+
 def rates_from_bench(text, where, servers=1, workers=1):
     """Rates from `downpour-bench-ps --servers S --workers W` output (S=1, W=1 by default), each
     result a line 'S=.. W=.. chunks=N | downpour: ... GB/s' and its 'server sgd ... loop busy ...
@@ -469,22 +477,23 @@ def rates_from_bench(text, where, servers=1, workers=1):
     base = plain[0] if plain else logged[0]
     if not plain:
         source += "; transport ceiling from a run with the log on"
-    msg_server = msg_io = 0.0
     small = plain[-1] if len(plain) > 1 and plain[-1].chunks > plain[0].chunks else None
+
+    def split(big_cost, small_cost):  # (per chunk, the large run's cost less its chunks' share)
+        if small is None or small_cost is None:
+            return 0.0, big_cost
+        return per_message_split(big_cost, base.chunks, small_cost, small.chunks)
     if small is not None:
-        extra = small.chunks - base.chunks
-        msg_server = max(0.0, small.other - base.other) / extra
-        if small.io is not None and base.io is not None:
-            msg_io = max(0.0, small.io - base.io) / extra
         source += f"; per message: chunks={base.chunks} against chunks={small.chunks}"
     floats = BENCH_ALEXNET_FLOATS
-    loop_bytes = max(0.0, base.other - base.chunks * msg_server)
+    msg_server, loop_bytes = split(base.other, small.other if small else None)
     values = dict(sgd_ns_per_float=base.sgd / floats * 1e9,
                   server_ns_per_float=(base.sgd + loop_bytes) / floats * 1e9,
                   transport_gbytes=base.gbs / (2 * workers),
-                  msg_server_us=msg_server * 1e6, msg_io_us=msg_io * 1e6)
+                  msg_server_us=msg_server * 1e6)
     if base.io is not None:  # per byte of the round: 4 in and 4 out per float
-        values["io_ns_per_byte"] = max(0.0, base.io - base.chunks * msg_io) / (floats * 2 * FLOAT_BYTES) * 1e9
+        msg_io, io_bytes = split(base.io, small.io if small else None)
+        values.update(io_ns_per_byte=io_bytes / (floats * 2 * FLOAT_BYTES) * 1e9, msg_io_us=msg_io * 1e6)
     else:
         source += "; transport CPU per byte: default (no 'process cpu' in the output)"
     if logged:
@@ -633,13 +642,8 @@ def server_pull_rate(cluster, rates):
 def server_egress_s(per_layer, cluster, rates):
     """Emulated links: one round's time on the busiest server's paced egress, W workers' pull parts
     (every pull_every steps) and their acknowledgments' few bytes left out."""
-    by_server = {}
-    for lb in per_layer.values():
-        for server, nbytes in lb.pull_by_server.items():
-            by_server[server] = by_server.get(server, 0) + nbytes
-    if not by_server:
-        return 0.0
-    return cluster.workers * max(by_server.values()) / server_pull_rate(cluster, rates) / cluster.pull_every
+    _, pulled = server_host_bytes(per_layer, dataclasses.replace(cluster, servers_per_host=1))
+    return cluster.workers * pulled / server_pull_rate(cluster, rates)
 
 
 def server_host_bytes(per_layer, cluster):

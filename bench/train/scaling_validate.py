@@ -73,9 +73,10 @@ NETS = {
     "alexnet": {"base": "configs/runs/alexnet.toml", "steps": 8, "time_iterations": 2},
 }
 NO_LINK_GBPS = 1e4  # "no limit" for the model: far above what loopback moves
-# --bench's small-chunk load benchmark (the per-message rates): 64 KiB chunks, ~3,700 a round
-# where the usual 4 MiB chunks make ~70; fmnist_small's chunks are ~10 of 0.3 MB a step.
-BENCH_SMALL_CHUNK_ELEMS = 16384
+# The small chunks that measure what a message costs, beside the same bytes at the usual chunks:
+# 64 KiB, ~3,700 a round in --bench's load benchmark where the usual 4 MiB chunks make ~70, and
+# 46 a step in the transport probe where fmnist_small's tensors make 8.
+SMALL_CHUNK_ELEMS = 16384
 
 
 def load_base(net):
@@ -199,8 +200,8 @@ def rates_of(args):
         # write-ahead log on (its log in --work, on the disk the jobs' logs go to) for its rates.
         # With --bench-servers S the one synthetic worker talks to S shards, as the jobs' workers
         # do: its transport ceiling is then a worker's with S connections.
-        # A third run at small chunks (BENCH_SMALL_CHUNK_ELEMS floats, ~16× the messages for the
-        # same floats) gives the CPU a message costs beside its bytes.
+        # A third run at small chunks (SMALL_CHUNK_ELEMS floats, ~50× the messages for the same
+        # floats) gives the CPU a message costs beside its bytes.
         path = os.path.join(args.work, "bench-ps.txt")
         bench = [os.path.join(args.build, "bench", "ps", "downpour-bench-ps"), "--servers", str(args.bench_servers),
                  "--workers", "1", "--rounds", "6"]
@@ -209,7 +210,7 @@ def rates_of(args):
             f.flush()
             subprocess.run(bench + ["--wal", "--wal-dir", os.path.abspath(args.work)], stdout=f, check=True)
             f.flush()
-            subprocess.run(bench + ["--chunk-elems", str(BENCH_SMALL_CHUNK_ELEMS)], stdout=f, check=True)
+            subprocess.run(bench + ["--chunk-elems", str(SMALL_CHUNK_ELEMS)], stdout=f, check=True)
         return sc.rates_from_bench(sc.read_text(path, "--bench"), path, servers=args.bench_servers)
     return sc.Rates()
 
@@ -217,11 +218,10 @@ def rates_of(args):
 # The transport probe across namespace hosts (--network netns): fmnist_small's layers, one
 # emulated worker (no compute) and one server, links shaped as in the grid's jobs, PROBE_STEPS
 # steps of which the middle ones are counted; once at the run config's chunks and once at
-# PROBE_SMALL_CHUNK_ELEMS, for every link of the grid.
+# SMALL_CHUNK_ELEMS, for every link of the grid.
 PROBE_STEPS = 400
 PROBE_WINDOW = (50, 350)
 PROBE_STEP_MS = 5.0
-PROBE_SMALL_CHUNK_ELEMS = 16384
 
 
 def busy_ticks():
@@ -253,7 +253,7 @@ def probe_job(args, profile, chunk_elems, work, gbps, idle_rate=0.0):
     sets += data_sets(args, "fmnist")
     codes = {}
     job = threading.Thread(target=lambda: codes.update(netns.run_job(
-        args.build, os.path.join(ROOT, NETS["fmnist"]["base"]), run_dir, sets, 1, 1, gbps, timeout_s=300)))
+        args.build, os.path.join(ROOT, NETS["fmnist"]["base"]), run_dir, sets, gbps, timeout_s=300)))
     job.start()
     steps_file = os.path.join(run_dir, "metrics", "worker-0.jsonl")
 
@@ -269,8 +269,9 @@ def probe_job(args, profile, chunk_elems, work, gbps, idle_rate=0.0):
             time.sleep(0.02)
         marks.append((steps(), busy_ticks(), time.process_time(), time.monotonic()))
     job.join()
-    if any(c != 0 for c in codes.values()) or marks[1][0] <= marks[0][0]:
-        sys.exit(f"scaling_validate: the transport probe {run_dir} failed ({codes}); see {run_dir}-*.out")
+    if not codes or netns.failures(codes) or marks[1][0] <= marks[0][0]:
+        sys.exit(f"scaling_validate: the transport probe {run_dir} failed ({netns.failures(codes) or 'too few steps'}); "
+                 f"see {run_dir}-*.out")
     n = marks[1][0] - marks[0][0]
     busy = (marks[1][1] - marks[0][1]) / os.sysconf("SC_CLK_TCK")
     cpu = max(0.0, busy - (marks[1][2] - marks[0][2]) - idle_rate * (marks[1][3] - marks[0][3])) / n
@@ -298,7 +299,7 @@ def netns_transport(args, rates, profile, tensors, base, links):
     print(f"transport probe: the machine idle {1e3 * idle_rate:.1f} ms of busy CPU a second", flush=True)
     for link in links:
         results = []
-        for elems in (chunk, PROBE_SMALL_CHUNK_ELEMS):
+        for elems in (chunk, SMALL_CHUNK_ELEMS):
             cpu, nbytes = probe_job(args, profile, elems, args.work, link or 0.0, idle_rate)
             chunks = len(sc.layout_chunks(tensors, 1, elems))
             results.append({"chunk_elems": elems, "chunks": chunks, "cpu_s_per_step": cpu, "bytes_per_step": nbytes,
@@ -319,11 +320,12 @@ def probe_rates(rates, path):
 
 
 def rates_from_probe(rates, results, where):
+    """The rates with the transport's CPU of two probes (netns_transport) in place of the load
+    benchmark's: per chunk and per byte (sc.per_message_split)."""
     big, small = results
     transport = [r["cpu_s_per_step"] - r["update_s_per_step"] for r in results]
-    msg = max(0.0, (transport[1] - transport[0]) / (small["chunks"] - big["chunks"]))
-    per_byte = max(0.0, transport[0] - big["chunks"] * msg) / big["bytes_per_step"]
-    return dataclasses.replace(rates, io_ns_per_byte=per_byte * 1e9, msg_io_us=msg * 1e6,
+    msg, bytes_cost = sc.per_message_split(transport[0], big["chunks"], transport[1], small["chunks"])
+    return dataclasses.replace(rates, io_ns_per_byte=bytes_cost / big["bytes_per_step"] * 1e9, msg_io_us=msg * 1e6,
                                source=f"{rates.source}; transport CPU across namespace hosts: {where}")
 
 
@@ -371,14 +373,9 @@ def launch(args, net, run_dir, sets, who, extra=(), shaped=None):
     table, and a grid of them fills a disk). Returns (summary, workers)."""
     config = os.path.join(ROOT, NETS[net]["base"])
     if shaped is not None:
-        settings = dict(x.split("=", 1) for x in sets)
-        codes = netns.run_job(args.build, config, run_dir, sets, int(settings["cluster.servers"]),
-                              int(settings["cluster.workers"]), shaped, timeout_s=args.timeout_s)
-        failed = {k: v for k, v in codes.items() if v != 0}
-        if failed:
-            sys.exit(f"{who}: {os.path.basename(run_dir)} failed across namespace hosts ("
-                     + ", ".join(f"{k} {'timed out' if v is None else f'exit {v}'}" for k, v in failed.items())
-                     + f"); see {run_dir}-*.out")
+        why = netns.failures(netns.run_job(args.build, config, run_dir, sets, shaped, timeout_s=args.timeout_s))
+        if why:
+            sys.exit(f"{who}: {os.path.basename(run_dir)} failed across namespace hosts ({why}); see {run_dir}-*.out")
     else:
         cmd = [os.path.join(args.build, "server", "downpour-launch"), "--config", config,
                "--run-dir", run_dir, "--timeout-s", str(args.timeout_s), *extra]

@@ -106,7 +106,7 @@ class ShapedJob(unittest.TestCase):
 
     def test_every_payload_crosses_the_shaped_link(self):
         run = os.path.join(self.tmp, "run")
-        codes = netns.run_job(BUILD_DIR, self.config, run, [], 1, 1, self.GBPS, timeout_s=240,
+        codes = netns.run_job(BUILD_DIR, self.config, run, [], self.GBPS, timeout_s=240,
                               log_dir=os.path.join(self.tmp, "out"))
         outputs = ""
         for n in sorted(os.listdir(os.path.join(self.tmp, "out"))):
@@ -133,7 +133,7 @@ class ShapedJob(unittest.TestCase):
 
     def test_an_emulated_link_in_the_config_is_refused(self):
         with self.assertRaises(ValueError) as e:
-            netns.run_job(BUILD_DIR, self.config, os.path.join(self.tmp, "run"), ["cluster.link_gbps=1"], 1, 1, 1.0)
+            netns.run_job(BUILD_DIR, self.config, os.path.join(self.tmp, "run"), ["cluster.link_gbps=1"], 1.0)
         self.assertIn("cluster.link_gbps = 1", str(e.exception))
 
 
