@@ -350,10 +350,11 @@ std::chrono::milliseconds Coordinator::TakeoverSilence(const PeerInfo& info) con
                                               : options_.heartbeat_timeout;
 }
 
-bool Coordinator::IsReplaced(int32_t server, uint64_t session) const {
-  if (session == 0) return false;
-  return std::any_of(replaced_servers_.begin(), replaced_servers_.end(),
-                     [&](const Replaced& r) { return r.server == server && r.session == session; });
+Coordinator::Replaced* Coordinator::FindReplaced(int32_t server, uint64_t session) {
+  if (session == 0) return nullptr;
+  const auto it = std::find_if(replaced_servers_.begin(), replaced_servers_.end(),
+                               [&](const Replaced& r) { return r.server == server && r.session == session; });
+  return it == replaced_servers_.end() ? nullptr : &*it;
 }
 
 Status Coordinator::CheckRebind(const char* what, int32_t id, const Holder& holder, const PeerId& peer,
@@ -403,7 +404,7 @@ Status Coordinator::RegisterServer(ServerEndpoint* ep, const PeerId& peer, const
   }
   if (h.text.empty()) return InvalidArgument("register refused: server {} sent no address", h.sender);
   Holder& holder = server_holders_[static_cast<size_t>(h.sender)];
-  if (IsReplaced(h.sender, h.session)) {
+  if (FindReplaced(h.sender, h.session) != nullptr) {
     return FailedPrecondition("register refused: another process took server {}'s id while this one was silent: "
                               "this process is out of the run",
                               h.sender);
@@ -547,18 +548,17 @@ Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h, bo
   } else if (h.sender < max_workers_) {
     holder = &workers_[static_cast<size_t>(h.sender)].holder;
   }
-  if (h.role == Role::kServer && holder != nullptr && IsReplaced(h.sender, h.session)) {
+  Replaced* replaced = h.role == Role::kServer && holder != nullptr ? FindReplaced(h.sender, h.session) : nullptr;
+  if (replaced != nullptr) {
     // Fencing: a server process whose id another process took while it was stopped or cut off.
     // It must take and answer nothing more; it stops on this reply (common/rendezvous.h).
     *removed = true;
-    for (Replaced& r : replaced_servers_) {
-      if (r.server == h.sender && r.session == h.session && !r.told) {
-        r.told = true;
-        spdlog::warn("coordinator: server {}'s previous process is heard from again after another took its id: "
-                     "told it is out of the run",
-                     h.sender);
-        Emit("server_removed", h.sender, "heard from after another process took its id");
-      }
+    if (!replaced->told) {
+      replaced->told = true;
+      spdlog::warn("coordinator: server {}'s previous process is heard from again after another took its id: "
+                   "told it is out of the run",
+                   h.sender);
+      Emit("server_removed", h.sender, "heard from after another process took its id");
     }
     return Status::Ok();
   }

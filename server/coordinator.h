@@ -209,8 +209,9 @@ class Coordinator {
   // The silence after which a server or the evaluator that proved its role (keys, or the run's
   // secret) takes its id over from its old holder: two heartbeat intervals; else the timeout.
   std::chrono::milliseconds TakeoverSilence(const PeerInfo& info) const;
-  // With mu_ held: whether `session` is a process of server `server` that another took over.
-  bool IsReplaced(int32_t server, uint64_t session) const;
+  // With mu_ held: the record of `session`, a process of server `server` that another took over;
+  // null if it is not one (or session is 0, not sent).
+  Replaced* FindReplaced(int32_t server, uint64_t session);
   // `*removed` (kFlagRemoved): the sender is a worker declared dead that is heard from again, or a
   // server process whose id another process has taken over (fencing: it must serve nothing).
   Status NoteHeartbeat(const PeerId& peer, const MessageHeader& h, bool* removed);
