@@ -73,8 +73,8 @@ import tomllib
 TARGET_TOP1 = 0.89  # the Fashion-MNIST accuracy the default job must reach
 
 
-def interpolated_target(evals):
-    """When the run crossed TARGET_TOP1 between its evaluations, from `evals` [(active time,
+def interpolated_target(evals, target=TARGET_TOP1):
+    """When the run crossed `target` top-1 between its evaluations, from `evals` [(active time,
     record)] in time order: the time and epoch where the straight line between the last
     evaluation below the target and the first at or above it crosses it, and the gap between
     those two evaluations (the bracket the crossing lies in; 0 when the first one reached it).
@@ -82,18 +82,32 @@ def interpolated_target(evals):
     none = {"time_to_target_interp_s": None, "epochs_to_target_interp": None, "target_bracket_s": None}
     for i, (t, r) in enumerate(evals):
         a = r.get("top1") or 0
-        if a < TARGET_TOP1:
+        if a < target:
             continue
         if i == 0:
             return {"time_to_target_interp_s": t, "epochs_to_target_interp": r.get("epoch"), "target_bracket_s": 0.0}
         t0, r0 = evals[i - 1]
         a0 = r0.get("top1") or 0
-        f = (TARGET_TOP1 - a0) / (a - a0) if a > a0 else 1.0
+        f = (target - a0) / (a - a0) if a > a0 else 1.0
         e, e0 = r.get("epoch"), r0.get("epoch")
         return {"time_to_target_interp_s": t0 + f * (t - t0),
                 "epochs_to_target_interp": e0 + f * (e - e0) if e is not None and e0 is not None else e,
                 "target_bracket_s": t - t0}
     return none
+
+
+def at_target(summary, target):
+    """A summary whose times and epochs to the target are recomputed from its evaluations for
+    another target top-1 (downpour-experiment's experiment.target)."""
+    if target == summary.get("target_top1"):
+        return summary
+    evals = [(e["wall_s"], e) for e in summary.get("evals", [])]
+    reached = [(t, e) for t, e in evals if (e.get("top1") or 0) >= target]
+    return dict(summary, target_top1=target, time_to_target_s=reached[0][0] if reached else None,
+                epochs_to_target=reached[0][1].get("epoch") if reached else None,
+                **interpolated_target(evals, target))
+
+
 # A run whose final top-1 is at most this many times chance (1 / num_classes) learned nothing:
 # it diverged (e.g. 10.0% for 10 classes; chance plus sampling noise stays well under 15%).
 DIVERGED_CHANCE_FACTOR = 1.5

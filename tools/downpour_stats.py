@@ -205,12 +205,12 @@ def fmt_comparison(r):
     return f"significant (Welch p = {p})" if r["significant"] else f"no difference shown (Welch p = {p})"
 
 
-def markdown(group, cells, failed):
+def markdown(group, cells, failed, target=0.89):
     """The group's table: a row per cell, a row per pair of cells for final top-1 and time to
     target; `cells` is [(label, [summaries])], `failed` [(label, seed, why)] (excluded)."""
     lines = [f"## {group}", "",
              f"Mean ± 95% interval (Student t) over each cell's seeds that did not diverge; pairs by Welch's "
-             f"t-test at p < {ALPHA}.", "",
+             f"t-test at p < {ALPHA}. Target: {100 * target:g}% top-1.", "",
              "| cell | runs | diverged | " + " | ".join(h for _, h, _, _ in METRICS) + " |",
              "| --- | ---: | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
     for label, runs in cells:
@@ -226,3 +226,69 @@ def markdown(group, cells, failed):
     for label, seed, why in failed:
         lines.append(f"\nExcluded: {label} seed {seed} failed ({why}).")
     return "\n".join(lines) + "\n"
+
+
+def pair(a, b):
+    """What a map row says of cell b against cell a (each [summaries]): on final top-1 the
+    difference b − a in points and its test; on time to target the ratio of the slower mean to
+    the faster and its test. A winner is named only where Welch's test calls it (p < ALPHA): a
+    cell some of whose runs reach the target while the other's never do is not named one (with
+    three runs a side not even 3 of 3 against 0 of 3 would pass Fisher's exact test)."""
+    sa, sb = cell_stats(a), cell_stats(b)
+    out = {"a": sa, "b": sb, "top1": compare(a, b, "final_top1", 100.0), "time": None,
+           "top1_winner": None, "time_winner": None, "time_ratio": None}
+    ta, tb = sa["final_top1"], sb["final_top1"]
+    if out["top1"] and out["top1"]["significant"]:
+        out["top1_winner"] = "b" if tb["mean"] > ta["mean"] else "a"
+    xa, xb = sa["time_to_target_interp_s"], sb["time_to_target_interp_s"]
+    if xa["n"] and xb["n"]:
+        out["time_ratio"] = max(xa["mean"], xb["mean"]) / min(xa["mean"], xb["mean"])
+        out["time"] = compare(a, b, "time_to_target_interp_s")
+        if out["time"] and out["time"]["significant"]:
+            out["time_winner"] = "b" if xb["mean"] < xa["mean"] else "a"
+    return out
+
+
+def _p(r):
+    return f"p = {r['p']:.2g}" if r["p"] >= 1e-4 else "p < 1e-4"
+
+
+def map_markdown(rows):
+    """The map: a row per compared pair; `rows` is [(point, label a, runs a, label b, runs b)],
+    point a text naming where the pair sits (e.g. "workers=4, straggler_delay_ms=25")."""
+    lines = ["| point | cells a / b | final top-1 %: a / b | winner on top-1 | s to target: a / b | "
+             "winner on time | img/s: a / b |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for point, la, ra, lb, rb in rows:
+        if not ra or not rb:
+            lines.append(f"| {point} | {la} / {lb} | " + " | ".join(["not run"] * 5) + " |")
+            continue
+        r = pair(ra, rb)
+        name = {"a": la, "b": lb}
+        ta, tb = r["a"]["final_top1"], r["b"]["final_top1"]
+        if r["top1_winner"]:
+            diff = abs(tb["mean"] - ta["mean"])
+            top1 = f"**{name[r['top1_winner']]}** +{diff:.2f} ({_p(r['top1'])})"
+        elif r["top1"] is None:
+            top1 = "too few runs to test"
+        else:
+            top1 = f"no difference shown ({_p(r['top1'])})"
+        xa, xb = r["a"]["time_to_target_interp_s"], r["b"]["time_to_target_interp_s"]
+        if r["time_winner"]:
+            time = f"**{name[r['time_winner']]}**, {r['time_ratio']:.2f}× sooner ({_p(r['time'])})"
+        elif not xa["n"] and not xb["n"]:
+            time = "neither reaches the target"
+        elif not xa["n"] or not xb["n"]:
+            k, x = ("a", xa) if xa["n"] else ("b", xb)
+            time = f"only {name[k]} reaches it, {x['n']} of {x['n'] + x['missing']} runs (not tested)"
+        elif r["time"] is None:
+            time = "too few runs to test"
+        else:
+            time = f"no difference shown ({_p(r['time'])})"
+        diverged = [f"{name[k]}: {r[k]['diverged']} diverged" for k in ("a", "b") if r[k]["diverged"]]
+        lines.append(f"| {point}{' (' + '; '.join(diverged) + ')' if diverged else ''} | {la} / {lb} | "
+                     f"{fmt_cell(ta, 2)} / {fmt_cell(tb, 2)} | {top1} | "
+                     f"{fmt_cell(xa, 1, 'time_to_target_interp_s')} / {fmt_cell(xb, 1, 'time_to_target_interp_s')} | "
+                     f"{time} | {fmt_cell(r['a']['images_per_s'], 0)} / {fmt_cell(r['b']['images_per_s'], 0)} |")
+    return "\n".join(lines) + "\n"
+

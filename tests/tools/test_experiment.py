@@ -168,7 +168,7 @@ class Seeds(ExperimentTest):
                                  "sync-w2 seed 3", "async-w2 seed 3"])
         self.assertEqual([self.seed_of("sync-w2", s) for s in (1, 2, 3)], [1, 2, 3])
         with open(os.path.join(self.out, "tiny", "modes", "stats.json")) as f:
-            st = json.load(f)
+            st = json.load(f)["cells"]
         top1 = st["sync-w2"]["metrics"]["final_top1"]
         self.assertEqual((st["sync-w2"]["runs"], top1["n"]), (3, 3))
         # Final top-1 = the curve at step 120 plus 1, 2, 3 points: mean +2, s = 1, t(0.975, 2) = 4.303.
@@ -190,6 +190,65 @@ class Seeds(ExperimentTest):
             table = f.read()
         self.assertRegex(table, r"\| sync-w2 vs async-w2 \| significant \(Welch p = [0-9.e-]+\) \|")
 
+    def test_the_map_names_a_winner_only_where_the_test_calls_one(self):
+        two_points = EXPERIMENT.replace('group = ["modes", "workers"]', 'group = "modes"') + textwrap.dedent("""\
+            [[run]]
+            label = "sync-w4"
+            group = "w4"
+            consistency = { mode = "sync" }
+            cluster = { workers = 4 }
+            [[run]]
+            label = "async-w4"
+            group = "w4"
+            consistency = { mode = "async" }
+            cluster = { workers = 4 }
+        """)
+        env = dict(os.environ, FAKE_TOP1_BY_SEED="1", FAKE_SYNC_SHIFT="0.05")
+        r = self.experiment(self.write_experiment(two_points), "--seeds", "3", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.out, "tiny", "map.md")) as f:
+            rows = [line for line in f if line.startswith("| modes") or line.startswith("| w4")]
+        # Each group placed by what sets it apart (the workers), sync 5 points above async.
+        self.assertEqual(len(rows), 2, rows)
+        self.assertTrue(rows[0].startswith("| modes: workers=2 | sync-w2 / async-w2 | "), rows[0])
+        self.assertTrue(rows[1].startswith("| w4: workers=4 | sync-w4 / async-w4 | "), rows[1])
+        self.assertRegex(rows[0], r"\| \*\*sync-w2\*\* \+5\.00 \(p = [0-9.e-]+\) \|")
+        self.assertIn("| only sync-w2 reaches it, 1 of 3 runs (not tested) |", rows[0])  # seed 3 alone
+        r = self.experiment(self.write_experiment(two_points), "--seeds", "3", "--rerun",
+                            env=dict(os.environ, FAKE_TOP1_BY_SEED="1"))
+        with open(os.path.join(self.out, "tiny", "map.md")) as f:
+            self.assertIn("| no difference shown (p = 1) |", f.read())
+
+    def test_the_target_is_the_experiments_and_times_every_run_that_reaches_it(self):
+        env = dict(os.environ, FAKE_TOP1_BY_SEED="1")
+        r = self.experiment(self.write_experiment(EXPERIMENT.replace('name = "tiny"', 'name = "tiny"\ntarget = 0.8')),
+                            "--seeds", "3", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.out, "tiny", "modes", "stats.json")) as f:
+            st = json.load(f)
+        self.assertEqual(st["target_top1"], 0.8)
+        # 0.89 is out of reach (above); 0.80 is crossed by every seed before its last evaluation.
+        time = st["cells"]["sync-w2"]["metrics"]["time_to_target_interp_s"]
+        self.assertEqual((time["n"], time["missing"]), (3, 0))
+        with open(os.path.join(self.out, "tiny", "map.md")) as f:
+            self.assertIn("the target is 80% top-1", f.read())
+        for args, where in ((["--target", "0"], "--target 0: "), (["--target", "1"], "--target 1: ")):
+            r = self.experiment(self.write_experiment(), *args)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(where + "must be a top-1 fraction in (0, 1)", r.stderr)
+        r = self.experiment(self.write_experiment(EXPERIMENT.replace('name = "tiny"', 'name = "tiny"\ntarget = "high"')))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("experiment.target = 'high': must be a top-1 fraction", r.stderr)
+
+    def test_a_run_of_its_own_network_and_the_flag_over_it(self):
+        own = EXPERIMENT.replace('label = "async-w2"', 'label = "async-w2"\nnetwork = "bogus"')
+        r = self.experiment(self.write_experiment(own))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("run async-w2: network = 'bogus': expected \"netns\" or \"pacer\"", r.stderr)
+        r = self.experiment(self.write_experiment(own.replace("bogus", "netns")), "--network", "pacer")
+        self.assertEqual(r.returncode, 0, r.stderr)  # --network pacer runs it on this host
+        self.assertTrue(os.path.exists(os.path.join(self.out, "tiny", "async-w2", "launch-args.txt")))
+
     def test_a_second_pass_reuses_what_finished_and_rerun_runs_it_again(self):
         path = self.write_experiment()
         self.assertEqual(self.experiment(path, "--seeds", "2").returncode, 0)
@@ -208,7 +267,7 @@ class Seeds(ExperimentTest):
         self.assertIn("warning: sync-w2 seed 2: downpour-launch exited 3", r.stderr)
         self.assertEqual(len(self.launches(r)), 6, "the other runs still ran")
         with open(os.path.join(self.out, "tiny", "modes", "stats.json")) as f:
-            self.assertEqual(json.load(f)["sync-w2"]["runs"], 2)
+            self.assertEqual(json.load(f)["cells"]["sync-w2"]["runs"], 2)
         with open(os.path.join(self.out, "tiny", "modes", "stats.md")) as f:
             self.assertIn("Excluded: sync-w2 seed 2 failed", f.read())
 

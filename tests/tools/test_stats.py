@@ -119,5 +119,35 @@ class Welch(unittest.TestCase):
         self.assertEqual(st.welch([1.0, 1.0], [2.0, 2.0])[2], 0.0)
 
 
+class MapRows(unittest.TestCase):
+    """downpour_stats.pair and map_markdown: a winner on time with the ratio of the means, none
+    where the test does not call one, and a diverged run named in its row."""
+
+    @staticmethod
+    def runs(top1s, times):
+        return [{"final_top1": a, "time_to_target_interp_s": t, "images_per_s": 100.0} for a, t in zip(top1s, times)]
+
+    def test_time_winner_and_ratio(self):
+        a = self.runs((0.90, 0.90, 0.90), (40.0, 42.0, 38.0))
+        b = self.runs((0.90, 0.91, 0.89), (20.0, 21.0, 19.0))
+        r = st.pair(a, b)
+        self.assertEqual((r["top1_winner"], r["time_winner"]), (None, "b"))
+        self.assertAlmostEqual(r["time_ratio"], 2.0)
+        row = st.map_markdown([("W=2", "sync", a, "async", b)]).splitlines()[2]
+        self.assertIn("| no difference shown (p = 1) |", row)
+        self.assertRegex(row, r"\| \*\*async\*\*, 2\.00× sooner \(p = [0-9.e-]+\) \|")
+
+    def test_a_diverged_run_is_named_and_not_averaged(self):
+        a = self.runs((0.90, 0.91, 0.89), (30.0, 31.0, 29.0))
+        b = self.runs((0.88, 0.87, 0.10), (35.0, None, None))
+        b[2]["diverged"] = True
+        r = st.pair(a, b)
+        self.assertEqual(r["b"]["final_top1"]["n"], 2)
+        row = st.map_markdown([("W=4", "sync", a, "async", b)]).splitlines()[2]
+        self.assertTrue(row.startswith("| W=4 (async: 1 diverged) | sync / async | "), row)
+        self.assertIn("35.0 (n = 1) (1 not reached)", row)
+        self.assertIn("| too few runs to test |", row, "one time on a side cannot be tested")
+
+
 if __name__ == "__main__":
     unittest.main()
