@@ -232,6 +232,10 @@ class Seeds(ExperimentTest):
         self.assertEqual((time["n"], time["missing"]), (3, 0))
         with open(os.path.join(self.out, "tiny", "map.md")) as f:
             self.assertIn("the target is 80% top-1", f.read())
+        with open(os.path.join(self.out, "tiny", "runs.json")) as f:
+            runs = json.load(f)
+        self.assertEqual([r["run"] for r in runs], [f"{m}-w2/seed-{s}" for m in ("async", "sync") for s in (1, 2, 3)])
+        self.assertTrue(all(r["target_top1"] == 0.8 and r["time_to_target_interp_s"] for r in runs), runs)
         for args, where in ((["--target", "0"], "--target 0: "), (["--target", "1"], "--target 1: ")):
             r = self.experiment(self.write_experiment(), *args)
             self.assertEqual(r.returncode, 2, r.stderr)
