@@ -215,6 +215,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       options_(std::move(options)),
       max_workers_(options_.max_workers > 0 ? options_.max_workers : options_.expected_workers),
       incarnation_(RandomId()),  // a restarted process draws a new one
+      share_(layout, options_.server_id),
       boot_id_(HostBootId()),
       duplicates_(max_workers_),
       fence_(max_workers_),
@@ -243,8 +244,6 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   chunks_.resize(owned_.size());
   for (size_t i = 0; i < owned_.size(); ++i) {
     const auto n = static_cast<size_t>(layout_.chunk(owned_[i]).count);
-    share_offset_.push_back(share_floats_);
-    share_floats_ += n;
     chunks_[i].weights = std::make_shared<WeightBuffer>(std::vector<float>(n, 0.0f));
     chunks_[i].history.assign(n, rule_->initial_state());
   }
@@ -255,7 +254,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   lo.io = options_.checkpoint.wal_io;
   lo.max_bytes = WalMaxBytes(options_.checkpoint);
   // A checkpoint holds the weights and the rule's state (f32 each), and DC-ASGD-a's mean squares.
-  lo.checkpoint_bytes = share_floats_ * (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8);
+  lo.checkpoint_bytes = share_.floats * (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8);
   lo.checkpoint_path = options_.checkpoint_path;
   lo.on_progress = [this] { CallWake(); };  // the log wrote more, or failed: held replies are due
   lo.keep_segments = options_.checkpoint.history;
@@ -667,11 +666,11 @@ Status ShardServer::CheckReader(const PeerId& peer, const MessageHeader& h, Reje
 void ShardServer::OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
   peers_.DropRegion(peer);  // a register starts over: a region from before is not in use any more
   const bool asked = (h.flags & kFlagShm) != 0;
-  if (!asked || !options_.shared_memory || share_floats_ == 0) return;
+  if (!asked || !options_.shared_memory || share_.floats == 0) return;
   if (h.boot_id.empty() || h.boot_id != boot_id_) return;  // another machine: the socket it is
   std::unique_ptr<SharedRegion> region;
   const Status s = SharedRegion::Create(fmt::format("downpour-s{}-w{}", options_.server_id, h.sender),
-                                        2 * share_floats_ * sizeof(float), &region);
+                                        share_.region_bytes(), &region);
   if (!s.ok()) {
     reply_log_.Log(fmt::format("server {}: no shared memory for worker {} (payloads over the socket): {}",
                                options_.server_id, h.sender, s.ToString()));
@@ -703,7 +702,7 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
   uint64_t at = 0;
   for (int l : locals) {
     const auto n = static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
-    std::memcpy(copy.get() + at, area + share_offset_[static_cast<size_t>(l)], n * sizeof(float));
+    std::memcpy(copy.get() + at, area + share_.offset[static_cast<size_t>(owned_[static_cast<size_t>(l)])], n * sizeof(float));
     frames->push_back(Frame::Borrow(copy.get() + at, n * sizeof(float), copy));
     at += n;
   }
@@ -1130,8 +1129,8 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
 void ShardServer::ReadForPull(int local, DType dtype, SharedRegion* region, Frame* out) {
   const std::shared_ptr<WeightBuffer>& buf = chunks_[static_cast<size_t>(local)].weights;
   if (region != nullptr) {  // the pull area follows the push area
-    auto* area = reinterpret_cast<float*>(region->payload()) + share_floats_;
-    std::memcpy(area + share_offset_[static_cast<size_t>(local)], buf->data.data(), buf->data.size() * sizeof(float));
+    auto* area = reinterpret_cast<float*>(region->payload()) + share_.floats;
+    std::memcpy(area + share_.offset[static_cast<size_t>(owned_[static_cast<size_t>(local)])], buf->data.data(), buf->data.size() * sizeof(float));
     return;
   }
   if (dtype != DType::kF32) {

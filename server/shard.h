@@ -41,6 +41,7 @@
 #include "common/config/consistency.h"
 #include "common/config/solver.h"
 #include "common/shm_region.h"
+#include "common/shm_share.h"
 #include "common/solver/update_rule.h"
 #include "common/trace.h"
 #include "common/transport.h"
@@ -308,8 +309,7 @@ class ShardServer {
   std::vector<int32_t> owned_;        // chunk ids owned, ascending
   std::vector<int> local_of_;         // chunk id -> local index or -1
   PushRules rules_;                   // what this shard takes (request_check.h), over local_of_
-  std::vector<uint64_t> share_offset_;  // local index -> float offset in this server's share
-  uint64_t share_floats_ = 0;           // floats this server owns
+  const ShmShare share_;                // where each chunk lies in a shared region's areas
   const std::string boot_id_;           // this host's (regions only for workers on it)
 
   mutable std::mutex mu_;  // guards everything below
@@ -324,8 +324,7 @@ class ShardServer {
   Status CheckLayoutAndModel(const MessageHeader& h, RejectReason* reason) const;
   DuplicateWindows duplicates_;  // requests taken, per worker's session (server/sessions.h)
   SessionFence fence_;           // sessions registered, and those of processes declared dead
-  // Registered connections, readers, and their shared regions ([push area | pull area], each
-  // share_floats_ floats) (server/peers.h).
+  // Registered connections, readers, and their shared regions (laid out as share_; server/peers.h).
   PeerTable peers_;
   // A message of `worker` from `session` is refused: that process was declared dead.
   Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;

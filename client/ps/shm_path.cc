@@ -8,19 +8,14 @@ namespace downpour {
 ShmPath::ShmPath(const ParamLayout& layout, int server, bool asked)
     : layout_(layout),
       asked_(asked),
-      share_offset_(static_cast<size_t>(layout.num_chunks()), 0),
+      share_(layout, server),
       push_busy_(static_cast<size_t>(layout.num_chunks()), 0),
-      pull_busy_(static_cast<size_t>(layout.num_chunks()), 0) {
-  for (int32_t id : layout.ServerChunks(server)) {
-    share_offset_[static_cast<size_t>(id)] = share_floats_;
-    share_floats_ += static_cast<uint64_t>(layout.chunk(id).count);
-  }
-}
+      pull_busy_(static_cast<size_t>(layout.num_chunks()), 0) {}
 
 std::string ShmPath::Adopt(const MessageHeader& reply) {
   region_.reset();
   if (!asked_) return "";
-  const uint64_t want = 2 * share_floats_ * sizeof(float);
+  const uint64_t want = share_.region_bytes();
   Status s;
   if (reply.shm_path.empty()) {
     s = Unavailable("the server offered none (another host, or its shared memory is off)");
@@ -56,7 +51,7 @@ Status ShmPath::Send(const MessageHeader& h, const Frames& payload, Frames* fram
     auto* area = reinterpret_cast<float*>(region_->payload());
     uint64_t bytes = 0;
     for (size_t i = 0; i < payload.size(); ++i) {
-      std::memcpy(area + share_offset_[h.chunk_ids[i]], payload[i].data(), payload[i].size());
+      std::memcpy(area + share_.offset[h.chunk_ids[i]], payload[i].data(), payload[i].size());
       bytes += payload[i].size();
     }
     sent_bytes_.fetch_add(bytes, std::memory_order_relaxed);
@@ -74,11 +69,11 @@ void ShmPath::Release(const MessageHeader& h) {
 }
 
 void ShmPath::ReadPull(const MessageHeader& h, std::span<float> out) const {
-  const auto* area = reinterpret_cast<const float*>(region_->payload()) + share_floats_;  // after the push area
+  const auto* area = reinterpret_cast<const float*>(region_->payload()) + share_.floats;  // after the push area
   uint64_t bytes = 0;
   for (uint32_t id : h.chunk_ids) {
     const Chunk& c = layout_.chunk(static_cast<int32_t>(id));
-    std::memcpy(out.data() + c.flat_offset, area + share_offset_[static_cast<size_t>(c.id)],
+    std::memcpy(out.data() + c.flat_offset, area + share_.offset[static_cast<size_t>(c.id)],
                 static_cast<size_t>(c.count) * sizeof(float));
     bytes += static_cast<uint64_t>(c.count) * sizeof(float);
   }

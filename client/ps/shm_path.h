@@ -18,6 +18,7 @@
 #include "common/codec.h"
 #include "common/layout.h"
 #include "common/shm_region.h"
+#include "common/shm_share.h"
 #include "common/status.h"
 #include "common/transport.h"
 
@@ -57,8 +58,7 @@ class ShmPath {
   const ParamLayout& layout_;
   const bool asked_;
   std::unique_ptr<SharedRegion> region_;
-  std::vector<uint64_t> share_offset_;  // by chunk id, floats into an area (this server's chunks only)
-  uint64_t share_floats_ = 0;           // floats of one area
+  const ShmShare share_;  // where each chunk lies in an area
   std::vector<uint8_t> push_busy_, pull_busy_;
   std::atomic<uint64_t> sent_bytes_{0};              // push payload written into the region
   mutable std::atomic<uint64_t> received_bytes_{0};  // pulled weights read out of it
