@@ -701,8 +701,9 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
   const auto* area = reinterpret_cast<const float*>(region->payload());
   uint64_t at = 0;
   for (int l : locals) {
-    const auto n = static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
-    std::memcpy(copy.get() + at, area + share_.offset[static_cast<size_t>(owned_[static_cast<size_t>(l)])], n * sizeof(float));
+    const int32_t id = owned_[static_cast<size_t>(l)];
+    const auto n = static_cast<uint64_t>(layout_.chunk(id).count);
+    std::memcpy(copy.get() + at, area + share_.offset[static_cast<size_t>(id)], n * sizeof(float));
     frames->push_back(Frame::Borrow(copy.get() + at, n * sizeof(float), copy));
     at += n;
   }
@@ -1130,7 +1131,8 @@ void ShardServer::ReadForPull(int local, DType dtype, SharedRegion* region, Fram
   const std::shared_ptr<WeightBuffer>& buf = chunks_[static_cast<size_t>(local)].weights;
   if (region != nullptr) {  // the pull area follows the push area
     auto* area = reinterpret_cast<float*>(region->payload()) + share_.floats;
-    std::memcpy(area + share_.offset[static_cast<size_t>(owned_[static_cast<size_t>(local)])], buf->data.data(), buf->data.size() * sizeof(float));
+    const int32_t id = owned_[static_cast<size_t>(local)];
+    std::memcpy(area + share_.offset[static_cast<size_t>(id)], buf->data.data(), buf->data.size() * sizeof(float));
     return;
   }
   if (dtype != DType::kF32) {

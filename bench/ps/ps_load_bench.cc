@@ -448,8 +448,8 @@ std::string ServerTimeText(double sgd_seconds, double busy_seconds, int servers,
   const double thread_seconds = wall_seconds * servers;
   return fmt::format(
       "server sgd {:.3f} s/round ({:.0f}% of wall per server), loop busy {:.3f} s/round ({:.0f}%) beside the update",
-                     sgd_seconds / worker_rounds, 100 * sgd_seconds / thread_seconds, busy_seconds / worker_rounds,
-                     100 * busy_seconds / thread_seconds);
+      sgd_seconds / worker_rounds, 100 * sgd_seconds / thread_seconds, busy_seconds / worker_rounds,
+      100 * busy_seconds / thread_seconds);
 }
 
 void RunCase(int servers, int workers, int warmup, int rounds, int64_t chunk_elems, int port, bool curve,
