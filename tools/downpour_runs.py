@@ -96,16 +96,23 @@ def interpolated_target(evals, target=TARGET_TOP1):
     return none
 
 
+def target_fields(evals, target=TARGET_TOP1):
+    """A summary's fields for reaching `target` top-1, from `evals` [(active time, record)] in
+    time order: the target, the first evaluation at or past it (time, epoch) and the crossing
+    interpolated before it (interpolated_target)."""
+    reached = [(t, r) for t, r in evals if (r.get("top1") or 0) >= target]
+    return {"target_top1": target,
+            "time_to_target_s": reached[0][0] if reached else None,
+            "epochs_to_target": reached[0][1].get("epoch") if reached else None,
+            **interpolated_target(evals, target)}
+
+
 def at_target(summary, target):
     """A summary whose times and epochs to the target are recomputed from its evaluations for
     another target top-1 (downpour-experiment's experiment.target)."""
     if target == summary.get("target_top1"):
         return summary
-    evals = [(e["wall_s"], e) for e in summary.get("evals", [])]
-    reached = [(t, e) for t, e in evals if (e.get("top1") or 0) >= target]
-    return dict(summary, target_top1=target, time_to_target_s=reached[0][0] if reached else None,
-                epochs_to_target=reached[0][1].get("epoch") if reached else None,
-                **interpolated_target(evals, target))
+    return dict(summary, **target_fields([(e["wall_s"], e) for e in summary.get("evals", [])], target))
 
 
 # A run whose final top-1 is at most this many times chance (1 / num_classes) learned nothing:
@@ -808,7 +815,6 @@ def summarize(spec):
                        key=lambda e: e[0])
     finals = [e for e in evals if e[1].get("final")]
     final = finals[-1][1] if finals else None
-    reached = [e for e in evals if (e[1].get("top1") or 0) >= TARGET_TOP1]
     dones = last_done_per_worker(workers)
     resumed = any(r.get("resumed") for w in workers for _, r in w.records("start"))
     launch_files = gather_files(parts, LAUNCH_PATTERNS)
@@ -837,10 +843,7 @@ def summarize(spec):
         "final_top5": final.get("top5") if final else None,
         "final_test_loss": final.get("test_loss") if final else None,
         "final_epoch": final.get("epoch") if final else None,
-        "target_top1": TARGET_TOP1,
-        "time_to_target_s": reached[0][0] if reached else None,
-        "epochs_to_target": reached[0][1].get("epoch") if reached else None,
-        **interpolated_target(evals),
+        **target_fields(evals),
         "num_classes": model_num_classes(config, parts[0]),
     }
     # Collapsed to chance or blew up (tools/downpour_runs.py divergence): marked in the table.
