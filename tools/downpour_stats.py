@@ -197,12 +197,17 @@ def fmt_cell(stat, digits, key=""):
     return text
 
 
+def fmt_p(r, digits=3):
+    """A comparison's p: "p = 0.0164" (`digits` significant), or "p < 1e-4"."""
+    return f"p = {r['p']:.{digits}g}" if r["p"] >= 1e-4 else "p < 1e-4"
+
+
 def fmt_comparison(r):
     """A comparison's words: "significant (Welch p = 0.003)" or "no difference shown (p = 0.41)"."""
     if r is None:
         return "too few runs to test"
-    p = f"{r['p']:.3g}" if r["p"] >= 1e-4 else "< 1e-4"
-    return f"significant (Welch p = {p})" if r["significant"] else f"no difference shown (Welch p = {p})"
+    p = fmt_p(r)
+    return f"significant (Welch {p})" if r["significant"] else f"no difference shown (Welch {p})"
 
 
 def markdown(group, cells, failed, target=0.89):
@@ -249,10 +254,6 @@ def pair(a, b):
     return out
 
 
-def _p(r):
-    return f"p = {r['p']:.2g}" if r["p"] >= 1e-4 else "p < 1e-4"
-
-
 def map_markdown(rows):
     """The map: a row per compared pair; `rows` is [(point, label a, runs a, label b, runs b)],
     point a text naming where the pair sits (e.g. "workers=4, straggler_delay_ms=25")."""
@@ -268,14 +269,14 @@ def map_markdown(rows):
         ta, tb = r["a"]["final_top1"], r["b"]["final_top1"]
         if r["top1_winner"]:
             diff = abs(tb["mean"] - ta["mean"])
-            top1 = f"**{name[r['top1_winner']]}** +{diff:.2f} ({_p(r['top1'])})"
+            top1 = f"**{name[r['top1_winner']]}** +{diff:.2f} ({fmt_p(r['top1'], 2)})"
         elif r["top1"] is None:
             top1 = "too few runs to test"
         else:
-            top1 = f"no difference shown ({_p(r['top1'])})"
+            top1 = f"no difference shown ({fmt_p(r['top1'], 2)})"
         xa, xb = r["a"]["time_to_target_interp_s"], r["b"]["time_to_target_interp_s"]
         if r["time_winner"]:
-            time = f"**{name[r['time_winner']]}**, {r['time_ratio']:.2f}× sooner ({_p(r['time'])})"
+            time = f"**{name[r['time_winner']]}**, {r['time_ratio']:.2f}× sooner ({fmt_p(r['time'], 2)})"
         elif not xa["n"] and not xb["n"]:
             time = "neither reaches the target"
         elif not xa["n"] or not xb["n"]:
@@ -284,7 +285,7 @@ def map_markdown(rows):
         elif r["time"] is None:
             time = "too few runs to test"
         else:
-            time = f"no difference shown ({_p(r['time'])})"
+            time = f"no difference shown ({fmt_p(r['time'], 2)})"
         diverged = [f"{name[k]}: {r[k]['diverged']} diverged" for k in ("a", "b") if r[k]["diverged"]]
         lines.append(f"| {point}{' (' + '; '.join(diverged) + ')' if diverged else ''} | {la} / {lb} | "
                      f"{fmt_cell(ta, 2)} / {fmt_cell(tb, 2)} | {top1} | "
