@@ -1,50 +1,30 @@
 // trainer.h — the worker's training loop (docs/architecture.md "One training step in a worker"):
 //
-//   every pull_every steps: pull all weights into the net          (ParamChannel::Pull)
+//   the step's pulls, if any                                        (WorkerAlgorithm::BeforeStep)
 //   next prefetched batch                                           (TrainSource)
-//   forward + backward; during backward, as each tensor's gradient is final, its chunks
-//   are handed to the PushPlanner, and released groups are pushed at once, so the wire
-//   overlaps the rest of backward (later layers first)
-//   every push_every steps: the pushed gradient is the MEAN of the last push_every steps'
-//   gradients (local accumulation — a push then stands for a batch of push_every × B); the
-//   worker reports its clock and goes on without waiting for the acknowledgements
+//   forward + backward, the algorithm's callbacks inside it
+//   the step's update or accumulation                               (WorkerAlgorithm::Finish)
 //   metrics → JSONL, progress line; evaluation on a schedule (the evaluating worker).
 //
-// No acknowledgement barrier: a push reads the gradient buffer until acknowledged, so the next
-// step waits for the previous step's pushes of a layer only right before that layer's backward
-// overwrites them (PushWindow; usually long acknowledged by then). A step's progress is saved
-// once its pushes are acknowledged, so a resume never skips an unacknowledged step.
+// What a step does with its gradient is the worker's algorithm (worker_algorithm.h: Downpour's
+// pushes and pulls, EASGD's local steps and exchanges, the local reference run), chosen once.
+// Every algorithm averages the gradients of worker.push_every steps into one update.
 //
-// Overlapped pulls (TrainerOptions::overlap_pull; async/ssp with pull_every = push_every = 1):
-// the next step's weights are not one blocking pull at its start. Each pushed chunk's pull is
-// started right after its push on the same link, so its server serves it after applying that
-// push, and forward takes each chunk in before the first layer that reads it (PullAhead, which
-// says how). With weights_lag = 0 forward waits for those pulls (conv1 first); with L >= 1
-// (async: worker.outstanding_steps − 1) a step computes on the newest weights that have arrived,
-// lacking at most its own pushes of its last L steps, so compute and the wire overlap whole. The
-// last step pulls nothing ahead; sync mode keeps the blocking pull (its servers hold it until
-// the clock is complete).
+// A step's progress is saved once its pushes are acknowledged, so a resume never skips an
+// unacknowledged step.
 //
 // Step-time breakdown (metrics "step" record, docs/operations.md): compute_ms (forward +
 // backward without the waits inside them), pull_wait_ms (blocked on pulls: the whole pull, or
 // the per-layer waits), push_wait_ms (acknowledgements waited before a layer's backward, the
-// last pushes' start and the clock report), loader_wait_ms (blocked on the prefetch queue),
-// step_ms, comm_ms (wire time of the requests this step waited for: the union of their
-// [issued, completed] spans).
+// last pushes' start and the clock report, an EASGD exchange), loader_wait_ms (blocked on the
+// prefetch queue), step_ms, comm_ms (wire time of the requests this step waited for: the union
+// of their [issued, completed] spans).
 //
-// What a step does with its gradient is the worker's algorithm, chosen once (StepKind):
-//   downpour  push it (above);
-//   easgd     apply it locally (LocalSolver), and every easgd_tau steps exchange the elastic
-//             difference with the servers' center (ElasticExchange);
-//   local     without a channel (nullptr), the single-process reference run: apply it locally,
-//             which is what a distributed sync run must agree with.
-// Every kind accumulates the gradients of the push_every - 1 steps before an update.
-//
-// Clocks: clock = number of push steps this worker has sent (in a saved progress: acknowledged);
-// pulls and pushes carry it.
+// Clocks: clock = number of updates this worker has sent the servers (in a saved progress:
+// acknowledged); pulls and pushes carry it.
 //
 // Ownership: the Trainer borrows everything it is given; all must outlive Run().
-// Thread-safety: one thread; the grad-ready callback runs on it inside ForwardBackward.
+// Thread-safety: one thread; the net's callbacks run on it inside ForwardBackward.
 #pragma once
 
 #include <chrono>
@@ -58,15 +38,12 @@
 #include "client/engine/net.h"
 #include "client/worker/param_channel.h"
 #include "client/worker/progress.h"
-#include "client/worker/pull_ahead.h"
-#include "client/worker/push_planner.h"
-#include "client/worker/push_window.h"
 #include "client/worker/sources.h"
+#include "client/worker/worker_algorithm.h"
 #include "client/worker/worker_state.h"
 #include "common/layout.h"
 #include "common/metrics.h"
 #include "common/run_config.h"
-#include "client/worker/local_solver.h"
 #include "common/trace.h"
 #include "common/transport.h"
 
@@ -96,14 +73,11 @@ struct TrainerOptions {
   // Sleep after every step (straggler emulation for consistency experiments and tests); the
   // sleep counts as step time, as a slow machine's would.
   std::chrono::milliseconds step_delay{0};
-  // EASGD (consistency.algorithm = "easgd"; docs/algorithms.md): the worker trains its own copy
-  // with the solver (the servers' rule, its own momentum) and every easgd_tau steps pulls the
-  // center x~, sends e = easgd_alpha × (x − x~) (the servers add it to x~) and sets x -= e. Its
-  // lr schedule counts its batches × easgd_workers (the run's images / batch, as in other modes).
-  bool easgd = false;
-  int easgd_tau = 1;
-  float easgd_alpha = 0.0f;
-  int easgd_workers = 1;
+  // The servers' algorithm and its settings: consistency.algorithm chooses the worker's
+  // (worker_algorithm.h; EASGD's exchanges read easgd_tau and easgd_alpha).
+  ConsistencyConfig consistency;
+  // Workers training at once (cluster.workers): EASGD's default α and its schedule's count.
+  int workers = 1;
   // Runs once after the last step (its pushes acknowledged), before the final evaluation. A
   // distributed worker announces it has finished there, and the evaluating worker waits for
   // every other worker to finish, so the final evaluation and the saved model see every update.
@@ -177,46 +151,14 @@ class Trainer {
   Status Evaluate(bool final_eval, EvalRecord* out, bool starting_weights = false);
 
  private:
-  Status Step(int64_t step, const BatchView& batch, bool push_step, bool last_step);
-  void OnGradReady(int tensor);
-  Status PushGroupAndPull(const PushGroup& group, std::span<const float> source);
-  void OnLayerForward(int layer);
-  void OnLayerBackward(int layer);
-  Status ReadyAccumulator();
+  Status Step(const StepPlan& plan, const BatchView& batch);
   // Saves the progress of steps whose pushes are all acknowledged (a resume starts after them).
   Status SaveAckedProgress(bool finished);
-  void ApplyLocalUpdate();
   bool EvalDue(int64_t steps_done) const;
   void LogStep(int64_t steps_done, const BatchView& batch, double step_s);
   void LogEval(const EvalRecord& r, bool final_eval);
   double Elapsed() const;
-
-  TrainerOptions o_;
-  engine::Net* net_;
-  engine::Net* eval_net_;
-  const ParamLayout* layout_;
-  ParamChannel* channel_;
-  TrainSource* train_;
-  TestSource* test_;
-  MetricsWriter* metrics_;
-  ProgressReporter* progress_;
-  PushPlanner planner_;
-
-  std::vector<float> accum_;     // sum of gradients since the last push (push_every > 1)
-  bool accum_pushed_ = false;    // accum_ holds the last push's mean, which its pushes may still read
-  bool factors_on_ = false;                 // some tensor is factored (Net::SetFactoredParams)
-  std::vector<PushFactor> step_factors_;    // this step's tensors whose grad span holds factors
-  LocalSolver local_;            // clipping, and the local steps of a reference run and EASGD workers
-  enum class StepKind { kDownpour, kEasgd, kLocal };
-  StepKind kind_ = StepKind::kDownpour;  // chosen once, from the channel and TrainerOptions::easgd
-  // The step's end by kind, with its gradient final in the net: push it (downpour), or update
-  // locally and exchange when due (easgd, local). `t1` is when backward ended.
-  Status FinishPush(double t1);
-  Status FinishLocal(int64_t step, bool last_step);
-  Status Accumulate();  // a step that does not update: its gradient into accum_
-  std::vector<float> center_;    // EASGD: the center as last pulled; then the elastic difference
-  Status ElasticExchange();
-  bool clipping() const { return local_.clipping(); }
+  WorkerProgress Progress(bool finished) const;
   // The process's total of `field` so far from `counts` (o_.traffic, o_.shm_traffic); null without one.
   static MetricValue TotalBytes(const std::function<TrafficCounts()>& counts, uint64_t TrafficCounts::*field) {
     return counts ? MetricValue(static_cast<int64_t>(counts().*field)) : MetricValue();
@@ -225,37 +167,32 @@ class Trainer {
   static void TrafficSince(const std::function<TrafficCounts()>& counts, TrafficCounts* last, MetricValue* tx,
                            MetricValue* rx);
   void MarkTraffic();  // what the next step record counts starts now
-  bool pushing_ = false;         // the current backward pushes
-  Status callback_status_;       // first error raised inside the grad-ready callback
-  int64_t clock_ = 0;
-  int64_t local_updates_ = 0;    // reference run and EASGD: local updates applied
+
+  TrainerOptions o_;
+  engine::Net* net_;
+  engine::Net* eval_net_;
+  ParamChannel* channel_;
+  TrainSource* train_;
+  TestSource* test_;
+  MetricsWriter* metrics_;
+  ProgressReporter* progress_;
+  int trace_track_ = -1;                        // the timeline's "train" track (o_.trace on)
+  std::unique_ptr<WorkerAlgorithm> algorithm_;  // chosen once (MakeWorkerAlgorithm)
+
   int64_t images_ = 0;
   int64_t steps_done_ = 0;
   int epoch_ = 0;
   double start_ = 0;
   double eval_s_ = 0;            // time spent evaluating
   double last_eval_time_ = 0;
-  WorkerProgress Progress(bool finished) const;
-  PullInfo pull_info_;
-  PushInfo push_info_;           // cumulative
   int64_t last_push_chunks_ = 0, last_push_sum_ = 0;
   TrafficCounts traffic_last_;   // o_.traffic() when the last step (or evaluation) ended
   TrafficCounts shm_last_;       // o_.shm_traffic() likewise
-  std::vector<std::vector<int32_t>> layer_chunks_; // per layer: chunks of its tensors (with a channel)
-  // Overlapped pulls (null without): the next step's weights pulled during backward.
-  bool overlap_ = false;                           // options asked for it and the run allows it
-  std::unique_ptr<PullAhead> pull_ahead_;          // borrows layer_chunks_
-  bool pull_next_ = false;                         // this step starts the next step's pulls
-  // Pushes not yet acknowledged (null without a channel), and the progress of the last step
-  // while its pushes are.
-  std::unique_ptr<PushWindow> pushes_;
+  // The progress of the last step while its pushes are not acknowledged.
   std::optional<WorkerProgress> unacked_progress_;
   // Step-time breakdown of the last step (milliseconds).
-  double pull_ms_ = 0, push_wait_ms_ = 0, compute_ms_ = 0, loader_ms_ = 0, comm_ms_ = 0;
-  double forward_pull_wait_ms_ = 0;                // pull waits inside ForwardBackward
-  double backward_push_wait_ms_ = 0;               // acknowledgement waits inside it
-  int64_t current_step_ = 0;
-  int trace_track_ = -1;                           // the timeline's "train" track (o_.trace on)
+  StepWaits waits_;
+  double compute_ms_ = 0, loader_ms_ = 0, comm_ms_ = 0;
   double loss_last_ = 0;
   double loss_ema_ = -1;
   double rate_ema_ = 0;

@@ -591,10 +591,8 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   // Only async lets a step's weights lack its own pushes; ssp's bound is the servers'.
   to.weights_lag = config.consistency.mode == ConsistencyMode::kAsync ? config.worker.outstanding_steps - 1 : 0;
   to.factors = config.compression.factors;
-  to.easgd = config.consistency.algorithm == Algorithm::kEasgd;
-  to.easgd_tau = config.consistency.easgd_tau;
-  to.easgd_alpha = EasgdAlpha(config.consistency, config.cluster.workers);
-  to.easgd_workers = config.cluster.workers;
+  to.consistency = config.consistency;
+  to.workers = config.cluster.workers;
   to.evaluate = evaluate;
   if (evaluate) to.model_out = (std::filesystem::path(a.run_dir) / "model_final.dpt").string();
   to.resume = resume;
