@@ -889,10 +889,12 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              fmt::format("must be < cluster.workers ({})", cl.workers))
       .Check(!co.staleness_aware_lr || co.mode != ConsistencyMode::kSync, "consistency.staleness_aware_lr",
              co.staleness_aware_lr, "applies to async and ssp only (sync has no staleness)")
-      .Check(co.algorithm != Algorithm::kEasgd || co.mode == ConsistencyMode::kAsync, "consistency.algorithm",
-             AlgorithmString(co.algorithm), "\"easgd\" exchanges asynchronously: it needs mode \"async\"")
-      .Check(co.algorithm != Algorithm::kEasgd || !co.staleness_aware_lr, "consistency.staleness_aware_lr",
-             co.staleness_aware_lr, "does not apply to \"easgd\" (workers step with their own lr)")
+      .Check(!ExchangesModels(co.algorithm) || co.mode == ConsistencyMode::kAsync, "consistency.algorithm",
+             AlgorithmString(co.algorithm),
+             fmt::format("\"{}\" exchanges asynchronously: it needs mode \"async\"", AlgorithmString(co.algorithm)))
+      .Check(!ExchangesModels(co.algorithm) || !co.staleness_aware_lr, "consistency.staleness_aware_lr",
+             co.staleness_aware_lr,
+             fmt::format("does not apply to \"{}\" (workers step with their own lr)", AlgorithmString(co.algorithm)))
       .Check(!DelayCompensated(co.algorithm) || co.mode != ConsistencyMode::kSync, "consistency.algorithm",
              AlgorithmString(co.algorithm),
              fmt::format("\"{}\" compensates delays; mode \"sync\" has none (use async or ssp:<s>)",
@@ -912,10 +914,13 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
       .Check(da.mean_file.empty() || da.mean_values.empty(), "data.mean_values",
              fmt::format("[{}]", fmt::join(da.mean_values, ", ")).c_str(),
              fmt::format("give either data.mean_file ({}) or data.mean_values, not both", Quote(da.mean_file)))
-      .Check(co.algorithm != Algorithm::kEasgd || !c.compression.factors, "compression.factors", c.compression.factors,
-             "\"easgd\" workers push no gradients (their exchanges are dense weight differences): turn it off")
-      .Check(co.algorithm != Algorithm::kEasgd || c.compression.push == WireCodec::kFp32, "compression.push",
-             WireCodecName(c.compression.push), "\"easgd\" exchanges must be exact: use \"fp32\"");
+      .Check(!ExchangesModels(co.algorithm) || !c.compression.factors, "compression.factors", c.compression.factors,
+             fmt::format("\"{}\" workers push no gradients (their exchanges are dense weight differences): turn it "
+                         "off",
+                         AlgorithmString(co.algorithm)))
+      .Check(!ExchangesModels(co.algorithm) || c.compression.push == WireCodec::kFp32, "compression.push",
+             WireCodecName(c.compression.push),
+             fmt::format("\"{}\" exchanges must be exact: use \"fp32\"", AlgorithmString(co.algorithm)));
   // Several models (docs/multi_model.md).
   const auto& ro = c.rotation;
   if (!c.models.empty()) {
@@ -928,9 +933,10 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
         .Check(co.mode == ConsistencyMode::kAsync || ro.stage_steps > 0, "consistency.mode", ConsistencyModeString(co),
                "sync and ssp with [[models]] need rotation.stage_steps > 0: every worker must take the same steps "
                "on a model (partitions may differ by a record)")
-        .Check(co.algorithm != Algorithm::kEasgd, "consistency.algorithm", AlgorithmString(co.algorithm),
-               "\"easgd\" keeps worker-local weights, which a model moving between workers would lose: not with "
-               "[[models]]");
+        .Check(!ExchangesModels(co.algorithm), "consistency.algorithm", AlgorithmString(co.algorithm),
+               fmt::format("\"{}\" keeps worker-local weights, which a model moving between workers would lose: "
+                           "not with [[models]]",
+                           AlgorithmString(co.algorithm)));
     // A pipeline with K < W: each stage's holders of a model train it together through the
     // servers (rotation.h); the servers find a stage's holders from the model's version.
     const int K = static_cast<int>(c.models.size());

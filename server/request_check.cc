@@ -47,7 +47,7 @@ Status CheckDensePush(const PushRules& rules, const MessageHeader& h, const Fram
   const bool init = (h.flags & kFlagInit) != 0;
   const bool elastic = (h.flags & kFlagElastic) != 0;
   const bool move = (h.flags & kFlagMove) != 0;
-  const bool easgd = rules.algorithm == Algorithm::kEasgd;
+  const bool exchanges = ExchangesModels(rules.algorithm);
   if (move) {
     *reason = RejectReason::kClock;  // the consistency policy's refusal
     if (!rules.model_moves) {
@@ -57,10 +57,12 @@ Status CheckDensePush(const PushRules& rules, const MessageHeader& h, const Fram
     if (h.move_batches < 1 || h.move_batches > kMaxMoveBatches) {
       return InvalidArgument("push: a model move of {} batches (valid: 1..{})", h.move_batches, kMaxMoveBatches);
     }
-  } else if (!init && elastic != easgd) {
+  } else if (!init && elastic != exchanges) {
     *reason = RejectReason::kClock;  // the consistency policy's refusal
-    if (easgd) return InvalidArgument("push: a gradient push to an EASGD server (it takes elastic exchanges only)");
-    return InvalidArgument("push: an elastic (EASGD) exchange, but this run's consistency.algorithm is \"{}\"",
+    if (exchanges)
+      return InvalidArgument("push: a gradient push to a \"{}\" server (it takes elastic exchanges only)",
+                             AlgorithmString(rules.algorithm));
+    return InvalidArgument("push: an elastic exchange, but this run's consistency.algorithm is \"{}\"",
                            AlgorithmString(rules.algorithm));
   }
   if (h.dtype != DType::kF32 || h.encoding != Encoding::kDense) {

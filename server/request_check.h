@@ -32,7 +32,7 @@ struct PushRules {
   std::span<const int> local_of;  // chunk id -> index among the shard's chunks; -1 = another server's
   size_t owned = 0;               // the shard's chunks
   int32_t server_id = 0;
-  Algorithm algorithm = Algorithm::kSgd;  // EASGD servers take elastic exchanges only
+  Algorithm algorithm = Algorithm::kSgd;  // ExchangesModels: elastic exchanges only
   bool model_moves = false;               // a multi-model server: kFlagMove pushes
   // Whether every value is finite (the shard runs the check on its threads).
   std::function<bool(std::span<const float>)> all_finite;

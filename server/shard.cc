@@ -897,16 +897,16 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
     }
     ++stats_.pushes_by_worker[static_cast<size_t>(worker)];
   } else if (!init && (flags & kFlagElastic) != 0) {
-    // EASGD (Zhang, Choromanska, LeCun, NIPS 2015), the center's side of an exchange:
-    // x_center += α(x_worker − x_center), the difference computed and sent by the worker.
+    // An elastic exchange (ExchangesModels: EASGD, Zhang, Choromanska, LeCun, NIPS 2015): the
+    // center += the difference the worker computed and sent (EASGD's α(x_worker − x_center)).
     for (const PushChunk& c : chunks) {
       AddDelta(c);
       ChunkState& st = chunks_[static_cast<size_t>(c.local)];
       updater_->RecordStaleness(c.local, std::max<int64_t>(0, st.version - c.version_from));
       ++st.version;
-      // An exchange stands for the easgd_tau batches the worker trained since its last one: the
-      // center's place on the run's images-processed axis (what the evaluator reports).
-      st.iter += ScheduleIterations(1, options_.consistency.easgd_tau);
+      // An exchange stands for the batches the worker trained since its last one: the center's
+      // place on the run's images-processed axis (what the evaluator reports).
+      st.iter += ScheduleIterations(1, ExchangeBatches(options_.consistency));
       ++stats_.chunk_updates;
       ++updates_;
     }

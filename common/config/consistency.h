@@ -78,6 +78,12 @@ struct ConsistencyConfig {
 std::string AlgorithmString(Algorithm a);  // "sgd" | "dc-asgd" | "dc-asgd-a" | "easgd"
 bool ParseAlgorithm(std::string_view text, Algorithm* out);  // AlgorithmString's inverse; false for other text
 inline bool DelayCompensated(Algorithm a) { return a == Algorithm::kDcAsgd || a == Algorithm::kDcAsgdAdaptive; }
+// Whether the workers train their own copies and exchange weight differences with the servers'
+// center (elastic exchanges, codec.h kFlagElastic) instead of pushing gradients.
+inline bool ExchangesModels(Algorithm a) { return a == Algorithm::kEasgd; }
+// The worker batches one exchange stands for (its steps since the last), where the servers place
+// the center on the run's images-processed axis.
+inline int ExchangeBatches(const ConsistencyConfig& c) { return c.easgd_tau; }
 float EasgdAlpha(const ConsistencyConfig& c, int workers);  // easgd_alpha, or 0.9 / workers when it is 0
 
 }  // namespace downpour

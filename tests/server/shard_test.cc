@@ -1342,7 +1342,7 @@ TEST_F(ShardFixture, EasgdCenterAddsTheElasticDifferenceAndRefusesGradients) {
   EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
   const Status refused = c->Wait(c->Push(e, 1), 5000ms);
   EXPECT_FALSE(refused.ok());
-  EXPECT_NE(refused.message().find("EASGD server"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("\"easgd\" server"), std::string::npos) << refused.message();
   EXPECT_EQ(shards_[0]->ChunkWeights(0), want);
   RecoverReport report;
   auto fresh = KillAndRecover(0, o, &report);
@@ -1358,7 +1358,7 @@ TEST_F(ShardFixture, ElasticExchangeToAPlainServerIsRefused) {
   ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(4, 1.0f)), 5000ms).ok());
   const Status s = c->Wait(c->PushElastic(std::vector<float>(4, 0.5f), 0), 5000ms);
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("elastic (EASGD) exchange"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("an elastic exchange, but"), std::string::npos) << s.message();
   EXPECT_EQ(shards_[0]->ChunkWeights(0), std::vector<float>(4, 1.0f));
   EXPECT_EQ(shards_[0]->Stats().rejected_by_reason[static_cast<size_t>(RejectReason::kClock)], 1u);
 }
