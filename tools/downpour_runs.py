@@ -156,6 +156,8 @@ def algorithm_label(consistency, solver=None):
         algo = f"dc-asgd (lambda {consistency.get('dc_lambda', 0.04):g})"
     elif algo == "dc-asgd-a":
         algo = f"dc-asgd-a (lambda0 {consistency.get('dc_lambda0', 2.0):g})"
+    elif algo == "local-sgd":
+        algo = f"local-sgd (H {consistency.get('local_steps', 8)})"
     elif algo == "easgd":
         alpha = consistency.get("easgd_alpha", 0) or 0
         algo = f"easgd (tau {consistency.get('easgd_tau', 4)}, alpha {alpha:g})" if alpha else \

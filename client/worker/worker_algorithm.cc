@@ -12,6 +12,7 @@ namespace downpour::worker {
 std::unique_ptr<WorkerAlgorithm> MakeDownpourAlgorithm(const AlgorithmEnv& env);
 std::unique_ptr<WorkerAlgorithm> MakeEasgdAlgorithm(const AlgorithmEnv& env);
 std::unique_ptr<WorkerAlgorithm> MakeLocalAlgorithm(const AlgorithmEnv& env);
+std::unique_ptr<WorkerAlgorithm> MakeLocalSgdAlgorithm(const AlgorithmEnv& env);
 
 std::unique_ptr<WorkerAlgorithm> MakeWorkerAlgorithm(const AlgorithmEnv& env) {
   DP_CHECK(env.options != nullptr && env.net != nullptr && env.layout != nullptr);
@@ -19,6 +20,8 @@ std::unique_ptr<WorkerAlgorithm> MakeWorkerAlgorithm(const AlgorithmEnv& env) {
   switch (env.options->consistency.algorithm) {
     case Algorithm::kEasgd:
       return MakeEasgdAlgorithm(env);
+    case Algorithm::kLocalSgd:
+      return MakeLocalSgdAlgorithm(env);
     case Algorithm::kSgd:
     case Algorithm::kDcAsgd:
     case Algorithm::kDcAsgdAdaptive:

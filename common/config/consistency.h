@@ -22,12 +22,13 @@ enum class ConsistencyMode {
 
 // How a server turns a pushed gradient into its update (consistency.algorithm).
 enum class Algorithm {
-  kSgd,     // "sgd": the gradient as pushed (Downpour / BSP / SSP, by mode)
-  kDcAsgd,  // "dc-asgd": delay compensation, Zheng et al. 2017 (async / ssp), constant λ
+  kSgd,             // "sgd": the gradient as pushed (Downpour / BSP / SSP, by mode)
+  kDcAsgd,          // "dc-asgd": delay compensation, Zheng et al. 2017 (async / ssp), constant λ
   kDcAsgdAdaptive,  // "dc-asgd-a": the same with λ / sqrt(mean square of g), per element
-  kEasgd,   // "easgd": elastic averaging, Zhang, Choromanska, LeCun 2015 (async)
+  kEasgd,           // "easgd": elastic averaging, Zhang, Choromanska, LeCun 2015 (async)
+  kLocalSgd,        // "local-sgd": local steps, progress averaged through the servers (async)
 };
-inline constexpr std::string_view kAlgorithmNames[] = {"sgd", "dc-asgd", "dc-asgd-a", "easgd"};
+inline constexpr std::string_view kAlgorithmNames[] = {"sgd", "dc-asgd", "dc-asgd-a", "easgd", "local-sgd"};
 
 struct ConsistencyConfig;
 // "async", "sync" or "ssp:<s>".
@@ -47,6 +48,7 @@ struct ConsistencyConfig {
   float dc_mean_square_decay = 0.95f;
   int easgd_tau = 4;
   float easgd_alpha = 0.0f;
+  int local_steps = 8;
 
   template <typename Self, typename V>
   static void Rows(Self& s, V& v) {
@@ -59,7 +61,8 @@ struct ConsistencyConfig {
     v.Key("backup_workers", s.backup_workers, AtLeast(0), "sync only: apply after W - b arrivals");
     v.Key("staleness_aware_lr", s.staleness_aware_lr, "async/ssp: divide lr by the measured staleness (>= 1)");
     v.Named("algorithm", s.algorithm, Names{kAlgorithmNames},
-            "sgd (as pushed), dc-asgd / dc-asgd-a (delay compensation), easgd (elastic averaging)");
+            "sgd (as pushed), dc-asgd / dc-asgd-a (delay compensation), easgd (elastic averaging), local-sgd "
+            "(local steps, progress averaged)");
     v.Key("dc_lambda", s.dc_lambda, Must<float>(compensation, "must be >= 0 and finite (0 = no compensation)"),
           "DC-ASGD: g + λ·g⊙g⊙(w − w_pulled)");
     v.Key("dc_lambda0", s.dc_lambda0, Must<float>(compensation, "must be >= 0 and finite (0 = no compensation)"),
@@ -72,18 +75,22 @@ struct ConsistencyConfig {
           Must<float>([](float x) { return std::isfinite(x) && x >= 0.0f && x < 1.0f; },
                       "must be in [0, 1) (0 = 0.9 / cluster.workers)"),
           "EASGD: moving rate α; 0 = 0.9 / workers");
+    v.Key("local_steps", s.local_steps, AtLeast(1, "steps between exchanges"),
+          "local SGD: steps between a worker's exchanges of its progress");
   }
   bool operator==(const ConsistencyConfig&) const = default;
 };
-std::string AlgorithmString(Algorithm a);  // "sgd" | "dc-asgd" | "dc-asgd-a" | "easgd"
+std::string AlgorithmString(Algorithm a);                    // kAlgorithmNames
 bool ParseAlgorithm(std::string_view text, Algorithm* out);  // AlgorithmString's inverse; false for other text
 inline bool DelayCompensated(Algorithm a) { return a == Algorithm::kDcAsgd || a == Algorithm::kDcAsgdAdaptive; }
 // Whether the workers train their own copies and exchange weight differences with the servers'
 // center (elastic exchanges, codec.h kFlagElastic) instead of pushing gradients.
-inline bool ExchangesModels(Algorithm a) { return a == Algorithm::kEasgd; }
+inline bool ExchangesModels(Algorithm a) { return a == Algorithm::kEasgd || a == Algorithm::kLocalSgd; }
 // The worker batches one exchange stands for (its steps since the last), where the servers place
 // the center on the run's images-processed axis.
-inline int ExchangeBatches(const ConsistencyConfig& c) { return c.easgd_tau; }
+inline int ExchangeBatches(const ConsistencyConfig& c) {
+  return c.algorithm == Algorithm::kLocalSgd ? c.local_steps : c.easgd_tau;
+}
 float EasgdAlpha(const ConsistencyConfig& c, int workers);  // easgd_alpha, or 0.9 / workers when it is 0
 
 }  // namespace downpour

@@ -266,6 +266,14 @@ TEST(RunConfigTest, EasgdSettingsAreChecked) {
               HasSubstr("consistency.algorithm = \"easgd\": \"easgd\" exchanges asynchronously"));
   EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"easgd\"\n[compression]\nfactors = true\n"),
               HasSubstr("compression.factors = true: \"easgd\" workers push no gradients"));
+  // local-sgd needs what easgd needs, named as itself.
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"local-sgd\"\nlocal_steps = 0\n"),
+              HasSubstr("consistency.local_steps = 0: must be >= 1"));
+  EXPECT_THAT(ParseError("[consistency]\nmode = \"ssp:2\"\nalgorithm = \"local-sgd\"\n"),
+              HasSubstr("consistency.algorithm = \"local-sgd\": \"local-sgd\" exchanges asynchronously"));
+  EXPECT_THAT(ParseError("[consistency]\nalgorithm = \"local-sgd\"\n[compression]\npush = \"fp16\"\n"),
+              HasSubstr("\"local-sgd\" exchanges must be exact"));
+  EXPECT_EQ(ParseOk("[consistency]\nalgorithm = \"local-sgd\"\nlocal_steps = 16\n").consistency.local_steps, 16);
   const RunConfig c = ParseOk("[cluster]\nworkers = 3\n[consistency]\nalgorithm = \"easgd\"\neasgd_tau = 8\n");
   EXPECT_EQ(c.consistency.algorithm, Algorithm::kEasgd);
   EXPECT_EQ(c.consistency.easgd_tau, 8);

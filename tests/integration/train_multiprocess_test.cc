@@ -100,6 +100,22 @@ class TrainProcessTest : public ::testing::Test {
     return test::Metrics(run_dir, fmt::format("server-{}.jsonl", server), event);
   }
 
+  // The two runs' final models agree weight by weight within abs + rel × |weight|.
+  void ExpectSameModel(const std::string& run_a, const std::string& run_b, float abs, float rel) {
+    TensorFile a, b;
+    ASSERT_TRUE(ReadTensorFile(run_a + "/model_final.dpt", &a).ok()) << run_a;
+    ASSERT_TRUE(ReadTensorFile(run_b + "/model_final.dpt", &b).ok()) << run_b;
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (size_t t = 0; t < a.tensors.size(); ++t) {
+      ASSERT_EQ(a.tensors[t].name, b.tensors[t].name);
+      ASSERT_EQ(a.tensors[t].data.size(), b.tensors[t].data.size());
+      for (size_t i = 0; i < a.tensors[t].data.size(); ++i) {
+        const float x = a.tensors[t].data[i], y = b.tensors[t].data[i];
+        ASSERT_NEAR(x, y, abs + rel * std::fabs(y)) << a.tensors[t].name << "[" << i << "]";
+      }
+    }
+  }
+
   void KillOneWorker(const std::string& mode);
 
   // Runs 2 workers x 2 servers of the tiny net in `mode`, worker 1 a straggler; returns the
@@ -166,18 +182,7 @@ TEST_F(TrainProcessTest, SyncTwoWorkersEqualsOneProcessWithDoubledBatch) {
             0)
       << local_log;
 
-  TensorFile a, b;
-  ASSERT_TRUE(ReadTensorFile(sync_dir + "/model_final.dpt", &a).ok());
-  ASSERT_TRUE(ReadTensorFile(local_dir + "/model_final.dpt", &b).ok());
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  for (size_t t = 0; t < a.tensors.size(); ++t) {
-    ASSERT_EQ(a.tensors[t].name, b.tensors[t].name);
-    ASSERT_EQ(a.tensors[t].data.size(), b.tensors[t].data.size());
-    for (size_t i = 0; i < a.tensors[t].data.size(); ++i) {
-      const float x = a.tensors[t].data[i], y = b.tensors[t].data[i];
-      ASSERT_NEAR(x, y, 2e-5f + 2e-4f * std::fabs(y)) << a.tensors[t].name << "[" << i << "]";
-    }
-  }
+  ExpectSameModel(sync_dir, local_dir, 2e-5f, 2e-4f);
   // Sanity: both runs trained — the final test loss of each is finite and below ln(10) ≈ 2.3026,
   // the loss of a net that knows nothing (a NaN fails these comparisons).
   const auto steps = Records(local_dir, 0, "step");
@@ -451,6 +456,62 @@ TEST_F(TrainProcessTest, EasgdCenterLearnsFromElasticExchanges) {
     const auto start = ServerRecords(run, s, "server_start");
     ASSERT_EQ(start.size(), 1u);
     EXPECT_EQ(end[0].Get("chunk_updates").AsInt(), 2 * (kSteps / kTau) * start[0].Get("chunks").AsInt())
+        << "server " << s;
+  }
+}
+
+// Local SGD with one worker: the servers' model is the worker's after every exchange (it adds
+// the worker's whole progress), so the run ends where a --local run of the same steps does.
+TEST_F(TrainProcessTest, LocalSgdWithOneWorkerEndsWhereTheLocalRunDoes) {
+  constexpr int kSteps = 12, kBatch = 16, kLocalSteps = 4;
+  const std::string model = Write("tiny.toml", kTinyNet);
+  const std::string cfg = Write("local_sgd1.toml", Config(model, "async", 1, 2, kBatch, kSteps, 0.05, 2)
+                                                       .Set("consistency.algorithm", "local-sgd")
+                                                       .Set("consistency.local_steps", kLocalSteps));
+  const std::string local_cfg = Write("local.toml", Config(model, "async", 1, 1, kBatch, kSteps, 0.05, 2));
+  const std::string run = (dir_ / "local-sgd").string(), local_dir = (dir_ / "local").string();
+  ASSERT_EQ(Launch(cfg, run, Tensors(cfg), "--no-shuffle"), 0) << Log("launch.log");
+  std::string local_log;
+  ASSERT_EQ(test::RunCommand({test::Binary("downpour-worker"), "--local", "--quiet", "--no-shuffle", "--config",
+                              local_cfg, "--run-dir", local_dir},
+                             &local_log, 60s),
+            0)
+      << local_log;
+  // x0 + (x − x0) rounds where x does not: a few ulps per exchange.
+  ExpectSameModel(run, local_dir, 1e-5f, 1e-4f);
+  const auto evals = Records(local_dir, 0, "eval");
+  ASSERT_FALSE(evals.empty());
+  EXPECT_LT(evals.back().Get("test_loss").AsDouble(), std::log(10.0)) << "the local run did not learn";
+  for (int s = 0; s < 2; ++s) {
+    const auto start = ServerRecords(run, s, "server_start"), end = ServerRecords(run, s, "server_end");
+    ASSERT_EQ(start.size(), 1u);
+    ASSERT_EQ(end.size(), 1u);
+    // One exchange every kLocalSteps steps, each applied once to every chunk; no gradient pushed.
+    EXPECT_EQ(end[0].Get("chunk_updates").AsInt(), (kSteps / kLocalSteps) * start[0].Get("chunks").AsInt());
+    EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0);
+  }
+}
+
+TEST_F(TrainProcessTest, LocalSgdWorkersAverageTheirProgressThroughTheServers) {
+  constexpr int kSteps = 80, kLocalSteps = 8;
+  const std::string model = Write("tiny.toml", kTinyNet);
+  const std::string cfg = Write("local_sgd2.toml", Config(model, "async", 2, 2, 16, kSteps, 0.05, 20)
+                                                       .Set("consistency.algorithm", "local-sgd")
+                                                       .Set("consistency.local_steps", kLocalSteps));
+  const std::string run = (dir_ / "run-local-sgd").string();
+  test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}}});
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
+  EXPECT_TRUE(job.Stop());
+  const auto done = Records(run, 0, "done");
+  ASSERT_EQ(done.size(), 1u) << job.Log("worker-0");
+  // 2 x 80 x 16 images on the tiny net: the averaged model is far above chance (10%).
+  EXPECT_GT(done[0].Get("final_top1").AsDouble(), 0.45);
+  for (int s = 0; s < 2; ++s) {
+    const auto start = ServerRecords(run, s, "server_start"), end = ServerRecords(run, s, "server_end");
+    ASSERT_EQ(start.size(), 1u);
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0);
+    EXPECT_EQ(end[0].Get("chunk_updates").AsInt(), 2 * (kSteps / kLocalSteps) * start[0].Get("chunks").AsInt())
         << "server " << s;
   }
 }

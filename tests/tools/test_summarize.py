@@ -42,6 +42,8 @@ class AlgorithmIsNamed(TempDirTest):
         self.assertEqual(s["algorithm"], "sgd, lr/staleness")
         s, _ = self.run_with("async", 'algorithm = "easgd"\neasgd_tau = 8\n')
         self.assertEqual(s["algorithm"], "easgd (tau 8)")
+        s, _ = self.run_with("async", 'algorithm = "local-sgd"\nlocal_steps = 16\n')
+        self.assertEqual(s["algorithm"], "local-sgd (H 16)")
         s, out = self.run_with("async", '\n[solver]\nupdate = "adagrad"\n')
         self.assertEqual(s["algorithm"], "adagrad")
         self.assertIn("async [adagrad] W=2", out)
