@@ -12,13 +12,9 @@ ShardOptions RunShardOptions(const RunConfig& config, int server_id, int model) 
   o.model_id = static_cast<uint32_t>(model);
   o.solver = config.models.empty() ? RunSolver(config) : ModelSolver(config, model);
   o.consistency = config.consistency;
-  o.expected_workers = config.cluster.workers;
-  o.batches_per_push = config.worker.push_every;
-  o.factor_threads = config.compression.factor_threads;
-  o.server_threads = config.cluster.server_threads;
-  o.max_workers = config.cluster.max_workers;
-  o.serve_by_step = config.cluster.reply_order == ReplyOrder::kStep;
-  o.heartbeat_timeout = std::chrono::milliseconds(config.cluster.heartbeat_timeout_ms);
+  o.cluster = config.cluster;
+  o.compression = config.compression;
+  o.worker = config.worker;
   o.checkpoint = config.checkpoint;
   o.model_moves = !config.models.empty();
   return o;
@@ -135,15 +131,16 @@ Status ModelHost::Serve(ServerEndpoint* ep) {
     DP_RETURN_IF_ERROR(s->OpenLog());
   }
   const auto poll = shards_[0]->options().poll_interval;
-  const bool by_step = shards_[0]->options().serve_by_step;
+  const bool by_step = shards_[0]->options().cluster.reply_order == ReplyOrder::kStep;
   if (by_step) {
     const auto& o = shards_[0]->options();
-    step_key_.assign(static_cast<size_t>(o.max_workers > 0 ? o.max_workers : o.expected_workers), {-1, 0});
+    step_key_.assign(static_cast<size_t>(o.cluster.max_workers > 0 ? o.cluster.max_workers : o.cluster.workers),
+                     {-1, 0});
   }
   Status result;
   size_t inbox_bytes = 0;
   while (!stop_.load() && !shutdown_requested() && !log_failed()) {
-    // Take what is waiting: one message, or with serve_by_step all there are (at most kInbox
+    // Take what is waiting: one message, or by step all there are (at most kInbox
     // messages, or until kInboxBytes is passed); wait only when nothing is left to handle.
     while (inbox_.size() < kInbox && inbox_bytes < kInboxBytes) {
       Inbound m;

@@ -16,10 +16,10 @@
 // Memory is the sum of the models' shards; every model's layout splits its floats evenly over
 // the S servers (common/layout.h), so the set stays balanced within K floats per server.
 //
-// Order of work (ShardOptions::serve_by_step, cluster.reply_order = "step", model 0's option):
+// Order of work (ShardOptions::cluster.reply_order = "step", model 0's option):
 // by default the loop handles messages one at a time in the order it receives them, so two
 // workers pushing at once have their pushes applied interleaved and both wait for the last.
-// With serve_by_step it first takes every message already waiting (at most kInbox messages and
+// With reply_order "step" it first takes every message already waiting (at most kInbox messages and
 // kInboxBytes), then handles, of each peer's oldest waiting message, the one with the lowest
 // key: a worker's push, pull and clock messages of one step share the key of the first of them
 // to arrive (a push of clock c, a pull and a clock report of c + 1 are step c); other messages
@@ -85,7 +85,7 @@ class ModelHost {
   uint64_t unknown_model() const { return unknown_model_.load(); }
 
  private:
-  static constexpr size_t kInbox = 64;                      // messages taken ahead (serve_by_step)
+  static constexpr size_t kInbox = 64;                      // messages taken ahead (reply_order "step")
   static constexpr size_t kInboxBytes = size_t{512} << 20;  // ... and their bytes
   struct Inbound {
     PeerId peer;
@@ -93,16 +93,16 @@ class ModelHost {
     Frames frames;
     MessageHeader h;
     bool parsed = false;
-    uint64_t key = 0;  // serve_by_step: lower first (see above); 0 = not a worker's step message
+    uint64_t key = 0;  // reply_order "step": lower first (see above); 0 = not a worker's step message
     size_t bytes = 0;
   };
 
   explicit ModelHost(std::vector<std::unique_ptr<ShardServer>> shards) : shards_(std::move(shards)) {}
   void RefuseUnknownModel(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& h);
   void Dispatch(ServerEndpoint* ep, Inbound& m);
-  // serve_by_step: the message's key, from its arrival and its worker's step.
+  // reply_order "step": the message's key, from its arrival and its worker's step.
   uint64_t StepKey(const Inbound& m, uint64_t arrival_ns);
-  // serve_by_step: the index in inbox_ of the message to handle next.
+  // reply_order "step": the index in inbox_ of the message to handle next.
   size_t Next() const;
 
   std::vector<std::unique_ptr<ShardServer>> shards_;
@@ -111,7 +111,7 @@ class ModelHost {
   std::thread thread_;
   Status thread_status_;
   std::unique_ptr<ServerEndpoint> owned_endpoint_;
-  std::vector<Inbound> inbox_;  // received, not yet handled, oldest first (serve_by_step)
+  std::vector<Inbound> inbox_;  // received, not yet handled, oldest first (reply_order "step")
   // Per worker id (0..max_workers-1): its latest step and when that step's first message came.
   std::vector<std::pair<int64_t, uint64_t>> step_key_;
 };

@@ -195,12 +195,12 @@ Status ShardServer::Create(const ParamLayout& layout, ShardOptions options,
     return InvalidArgument("shard: --id {} is outside 0..{} (layout has {} servers)", options.server_id,
                            layout.servers() - 1, layout.servers());
   }
-  if (options.expected_workers < 1) {
-    return InvalidArgument("shard: expected_workers must be >= 1, got {}", options.expected_workers);
+  if (options.cluster.workers < 1) {
+    return InvalidArgument("shard: cluster.workers must be >= 1, got {}", options.cluster.workers);
   }
-  if (options.max_workers != 0 && options.max_workers < options.expected_workers) {
-    return InvalidArgument("shard: max_workers {} is below expected_workers {} (0 = expected_workers)",
-                           options.max_workers, options.expected_workers);
+  if (options.cluster.max_workers != 0 && options.cluster.max_workers < options.cluster.workers) {
+    return InvalidArgument("shard: cluster.max_workers {} is below cluster.workers {} (0 = workers)",
+                           options.cluster.max_workers, options.cluster.workers);
   }
   if (options.checkpoint.wal_fsync_ms < 0) {
     return InvalidArgument("shard: checkpoint.wal_fsync_ms must be >= 0, got {}", options.checkpoint.wal_fsync_ms);
@@ -213,7 +213,7 @@ Status ShardServer::Create(const ParamLayout& layout, ShardOptions options,
 ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
     : layout_(layout),
       options_(std::move(options)),
-      max_workers_(options_.max_workers > 0 ? options_.max_workers : options_.expected_workers),
+      max_workers_(options_.cluster.max_workers > 0 ? options_.cluster.max_workers : options_.cluster.workers),
       incarnation_(RandomId()),  // a restarted process draws a new one
       share_(layout, options_.server_id),
       boot_id_(HostBootId()),
@@ -237,7 +237,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   rules_.server_id = options_.server_id;
   rules_.algorithm = options_.consistency.algorithm;
   rules_.model_moves = options_.model_moves;
-  check_split_ = std::make_unique<BlockSplit>(std::max(1, options_.server_threads));
+  check_split_ = std::make_unique<BlockSplit>(std::max(1, options_.cluster.server_threads));
   rules_.all_finite = [split = check_split_.get()](std::span<const float> x) { return AllFiniteOn(split, x); };
   rule_ = options_.update_rule != nullptr ? options_.update_rule
                                           : std::shared_ptr<const UpdateRule>(MakeUpdateRule(options_.solver));
@@ -259,12 +259,11 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   lo.on_progress = [this] { CallWake(); };  // the log wrote more, or failed: held replies are due
   lo.keep_segments = options_.checkpoint.history;
   log_ = std::make_unique<ShardLog>(std::move(lo));
-  policy_ = MakeConsistencyPolicy(options_.consistency, options_.expected_workers, max_workers_,
-                                  options_.round_members);
+  policy_ = MakeConsistencyPolicy(options_.consistency, options_.cluster.workers, max_workers_, options_.round_members);
   updater_ = std::make_unique<Updater>(this);
   std::vector<int64_t> chunk_elems;
   for (int32_t id : owned_) chunk_elems.push_back(layout_.chunk(id).count);
-  lanes_ = std::make_unique<ApplyLanes>(std::max(1, options_.server_threads), chunk_elems);
+  lanes_ = std::make_unique<ApplyLanes>(std::max(1, options_.cluster.server_threads), chunk_elems);
   // Each lane converts fp16 / bf16 pull replies into buffers of its own pool (a pool is one
   // thread's): its share of two messages' worth, and room for its largest chunk.
   const size_t pool_elems = 2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false);
@@ -379,7 +378,8 @@ void ShardServer::MarkWorkerGone(int32_t worker, bool finished) {
   // Declared dead: the process that was silent is out of the run, whatever it sends if it wakes.
   // It registered before its silence began, at least the timeout before this notice; a process
   // restarted under the same id registers later, after the coordinator took the id back.
-  const auto cutoff = std::chrono::steady_clock::now() - options_.heartbeat_timeout / 2;
+  const auto cutoff =
+      std::chrono::steady_clock::now() - std::chrono::milliseconds(options_.cluster.heartbeat_timeout_ms) / 2;
   for (uint64_t session : fence_.Fence(worker, cutoff)) {
     spdlog::info("server {}: worker {} declared dead: its process (client session {:016x}) is out of the run",
                  options_.server_id, worker, session);
@@ -626,7 +626,7 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
   reply->type = MsgType::kRegisterReply;
   reply->assigned_id = h.sender;
   reply->server_count = layout_.servers();
-  reply->worker_count = options_.expected_workers;
+  reply->worker_count = options_.cluster.workers;
   return Status::Ok();
 }
 
@@ -650,7 +650,7 @@ Status ShardServer::RegisterReader(const PeerId& peer, const PeerInfo& info, con
   reply->type = MsgType::kRegisterReply;
   reply->assigned_id = h.sender;
   reply->server_count = layout_.servers();
-  reply->worker_count = options_.expected_workers;
+  reply->worker_count = options_.cluster.workers;
   return Status::Ok();
 }
 
@@ -762,8 +762,8 @@ Status ShardServer::DensifyPush(ServerEndpoint* ep, MessageHeader* h, Frames* fr
     const auto t0 = std::chrono::steady_clock::now();
     std::function<void()> between_chunks;
     if (ep != nullptr) between_chunks = [ep] { ep->ReleaseDue(); };
-    DP_RETURN_IF_ERROR(ExpandFactorPush(layout_, h, frames, reason, &factor_scratch_, options_.factor_threads,
-                                        between_chunks, finite));
+    DP_RETURN_IF_ERROR(ExpandFactorPush(layout_, h, frames, reason, &factor_scratch_,
+                                        options_.compression.factor_threads, between_chunks, finite));
     if (!replaying_) stats_.factor_ns += NanosSince(t0);
   }
   if (CodedPush(*h)) {  // lossy: decoded to f32 dense, then checked and applied as one
@@ -1022,7 +1022,7 @@ void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, 
     apply_ns_.fetch_add(NanosSince(t0), std::memory_order_relaxed);
   });
   ++st.version;
-  st.iter += ScheduleIterations(gradients, options_.batches_per_push);
+  st.iter += ScheduleIterations(gradients, options_.worker.push_every);
   ++stats_.chunk_updates;
   ++updates_;
 }

@@ -35,11 +35,14 @@
 
 #include "common/buffer_pool.h"
 #include "common/codec.h"
-#include "common/layout.h"
-#include "common/log_limit.h"
 #include "common/config/checkpoint.h"
+#include "common/config/cluster.h"
+#include "common/config/compression.h"
 #include "common/config/consistency.h"
 #include "common/config/solver.h"
+#include "common/config/worker.h"
+#include "common/layout.h"
+#include "common/log_limit.h"
 #include "common/shm_region.h"
 #include "common/shm_share.h"
 #include "common/solver/update_rule.h"
@@ -51,8 +54,8 @@
 #include "server/consistency.h"
 #include "server/delay_compensation.h"
 #include "server/peers.h"
-#include "server/sessions.h"
 #include "server/request_check.h"
+#include "server/sessions.h"
 #include "server/shard_log.h"
 #include "server/wal.h"
 
@@ -76,13 +79,20 @@ struct ShardOptions {
   // any rule here.
   std::shared_ptr<const UpdateRule> update_rule;
   ConsistencyConfig consistency;       // async / sync / ssp:s
-  int expected_workers = 1;            // W: worker ids 0..W-1 (sync/ssp accounting)
-  // Worker batches per push (worker.push_every): the lr-schedule iteration's step per gradient.
-  int batches_per_push = 1;
-  int factor_threads = 1;  // threads forming factor chunks' gradients (compression.factor_threads)
-  // Apply lanes (cluster.server_threads): threads owning the chunks' updates and pull reads; the
-  // loop splits a push's finite check over as many.
-  int server_threads = 1;
+  // The run's sections as it gives them (no key copied): what the shard reads of each is
+  //   cluster.workers         W: worker ids 0..W-1 (sync/ssp accounting); >= 1
+  //   cluster.max_workers     worker ids accounted for: 0..max_workers-1; 0 = W, else >= W
+  //   cluster.server_threads  apply lanes: threads owning the chunks' updates and pull reads; the
+  //                           loop splits a push's finite check over as many
+  //   cluster.heartbeat_timeout_ms  a worker declared dead has been silent this long, so only its
+  //                           client sessions registered at least half of it before the notice are
+  //                           fenced out (MarkWorkerGone); 0 = every session registered so far
+  //   cluster.reply_order     "step": a ModelHost takes waiting messages one worker's step at a time
+  //   compression.factor_threads  threads forming factor chunks' gradients
+  //   worker.push_every       worker batches per push: the lr-schedule iteration's step per gradient
+  ClusterConfig cluster;
+  CompressionConfig compression;
+  WorkerConfig worker;
   TraceLog* trace = nullptr;  // timeline (not owned, outlives the shard); null = none
   int trace_track = 0;        // the loop's track in `trace`
   // [checkpoint] as the run gives it: periodic checkpoints every every_updates rounds of this
@@ -101,18 +111,10 @@ struct ShardOptions {
   // Who may checkpoint, shut down, register and push (server/access.h). Default: no token
   // checked, and checkpoint paths from the wire refused (empty run_dir).
   AccessPolicy access;
-  // Worker ids accounted for: 0..max_workers-1; 0 = expected_workers. Must be >= it otherwise.
-  int max_workers = 0;
-  // cluster.reply_order = "step": a ModelHost takes waiting messages one worker's step at a time.
-  bool serve_by_step = false;
   // Write-ahead log (server/wal.h); "" = none: a dying server loses the updates since its last checkpoint.
   std::string wal_path;
   bool shared_memory = true;  // offer same-host workers that ask a shared-memory region at register
   bool model_moves = false;   // take move pushes (kFlagMove, multi-model servers); off: refused
-  // cluster.heartbeat_timeout_ms: a worker declared dead has been silent this long, so only its
-  // client sessions registered at least half of it before the notice are fenced out
-  // (MarkWorkerGone); 0 = every session registered so far.
-  std::chrono::milliseconds heartbeat_timeout{0};
 };
 
 // What Recover() did.
@@ -131,7 +133,7 @@ inline constexpr int64_t kMaxClock = int64_t{1} << 48;
 
 class ShardServer {
  public:
-  // kInvalidArgument for an option out of range (server_id, expected_workers, max_workers, checkpoint.wal_fsync_ms).
+  // kInvalidArgument for an option out of range (server_id, cluster.workers and max_workers, checkpoint.wal_fsync_ms).
   static Status Create(const ParamLayout& layout, ShardOptions options, std::unique_ptr<ShardServer>* out);
   ~ShardServer();
 

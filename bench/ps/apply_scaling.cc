@@ -27,8 +27,8 @@ using namespace std::chrono_literals;
 double ApplyRate(const ParamLayout& layout, int threads, const ApplyScalingOptions& o) {
   InprocTransport transport;
   ShardOptions so;
-  so.expected_workers = o.workers;
-  so.server_threads = threads;
+  so.cluster.workers = o.workers;
+  so.cluster.server_threads = threads;
   so.solver.base_lr = 1e-6f;  // any finite step; the work per update is what is measured
   so.solver.momentum = 0.9f;
   so.solver.weight_decay = 5e-4f;

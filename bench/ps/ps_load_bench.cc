@@ -292,8 +292,8 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
   for (int s = 0; s < servers; ++s) {
     ShardOptions o;
     o.server_id = s;
-    o.expected_workers = workers;
-    o.server_threads = svc.server_threads;
+    o.cluster.workers = workers;
+    o.cluster.server_threads = svc.server_threads;
     o.solver = BenchSolver();
     o.access.keyed = keys.on();  // keyed: pushes and pulls only from "worker" keys, as in a real run
     if (!wal_dir.path().empty()) {

@@ -43,7 +43,7 @@ ShardOptions TestShardOptions() {
   o.solver.weight_decay = 0.0f;
   o.access.run_secret = kSecret;
   o.access.run_dir = std::filesystem::temp_directory_path().string();  // holds every ScratchFile
-  o.max_workers = 4;  // worker 1 (PullWaitsForInit...) is an elastic id beyond expected_workers = 1
+  o.cluster.max_workers = 4;  // worker 1 (PullWaitsForInit...) is an elastic id beyond expected_workers = 1
   return o;
 }
 
@@ -638,7 +638,7 @@ TEST(PsClientZmq, FourConnectionsPerServerOverTcpMoveEveryChunk) {
   for (int s = 0; s < 2; ++s) {
     ShardOptions o = TestShardOptions();
     o.server_id = s;
-    o.server_threads = 2;
+    o.cluster.server_threads = 2;
     ASSERT_TRUE(ShardServer::Create(layout, o, &shards[static_cast<size_t>(s)]).ok());
     std::unique_ptr<ServerEndpoint> ep;
     ASSERT_TRUE(transport.Bind("tcp://127.0.0.1:0", &ep).ok());

@@ -505,7 +505,7 @@ class FactorShard : public ::testing::Test {
       o.solver.base_lr = 0.5f;
       o.solver.momentum = 0.9f;
       o.solver.weight_decay = 0.01f;
-      o.max_workers = 2;  // worker 1: the shared-memory client
+      o.cluster.max_workers = 2;  // worker 1: the shared-memory client
       std::unique_ptr<ShardServer> shard;
       ASSERT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
       std::unique_ptr<ServerEndpoint> ep;
@@ -987,8 +987,8 @@ class FactorLog : public ::testing::Test {
     options_.solver.base_lr = 0.05f;
     options_.solver.momentum = 0.9f;
     options_.solver.weight_decay = 0.01f;
-    options_.max_workers = 2;
-    options_.factor_threads = 3;  // the recovered shard forms the factors on one thread
+    options_.cluster.max_workers = 2;
+    options_.compression.factor_threads = 3;  // the recovered shard forms the factors on one thread
     options_.wal_path = dir_ + "/server-0.wal";
     options_.checkpoint.wal_fsync_ms = 0;
   }
@@ -1029,7 +1029,7 @@ class FactorLog : public ::testing::Test {
   // A second process of the shard, recovered from the log alone (no checkpoint).
   std::unique_ptr<ShardServer> Recovered(RecoverReport* report) {
     ShardOptions o = options_;
-    o.factor_threads = 1;
+    o.compression.factor_threads = 1;
     std::unique_ptr<ShardServer> shard;
     EXPECT_TRUE(ShardServer::Create(layout_, o, &shard).ok());
     const Status s = shard->Recover(report);

@@ -69,7 +69,7 @@ class ModelHostTest : public ::testing::Test {
     o.server_id = server;
     o.model_id = static_cast<uint32_t>(model);
     o.solver = solvers_[static_cast<size_t>(model)];
-    o.expected_workers = 2;
+    o.cluster.workers = 2;
     o.model_moves = moves_;
     if (persist) {
       o.checkpoint_path = fmt::format("{}/server-{}.model-{}.dpt", dir_, server, model);
@@ -452,8 +452,8 @@ std::vector<uint64_t> HandlingOrder(bool serve_by_step) {
   ParamLayout layout;
   EXPECT_TRUE(ParamLayout::Build(ThreeModels()[0], 1, 16, &layout).ok());
   ShardOptions o;
-  o.expected_workers = 2;
-  o.serve_by_step = serve_by_step;
+  o.cluster.workers = 2;
+  o.cluster.reply_order = serve_by_step ? ReplyOrder::kStep : ReplyOrder::kArrival;
   std::unique_ptr<ShardServer> shard;
   EXPECT_TRUE(ShardServer::Create(layout, o, &shard).ok());
   std::vector<std::unique_ptr<ShardServer>> shards;

@@ -197,8 +197,8 @@ class ShardFixture : public ::testing::Test {
   // PlainSgd for `workers` workers on `threads` apply lanes.
   static ShardOptions LaneOptions(int workers, int threads) {
     ShardOptions o = PlainSgd();
-    o.expected_workers = workers;
-    o.server_threads = threads;
+    o.cluster.workers = workers;
+    o.cluster.server_threads = threads;
     return o;
   }
 
@@ -209,7 +209,7 @@ class ShardFixture : public ::testing::Test {
     o.consistency.algorithm = Algorithm::kDcAsgdAdaptive;
     o.consistency.dc_lambda0 = 0.5f;
     o.consistency.dc_mean_square_decay = 0.5f;
-    o.expected_workers = 2;
+    o.cluster.workers = 2;
     return o;
   }
   void StartDcAsgd(ShardOptions o, std::unique_ptr<PsClient>* c0, std::unique_ptr<PsClient>* c1) {
@@ -350,7 +350,7 @@ class CountingEndpoint : public ServerEndpoint {
 TEST_F(ShardFixture, AnUpdateNeverCallsIntoTheTransport) {
   std::atomic<int> releases{0};
   ShardOptions o = PlainSgd();
-  o.server_threads = 3;
+  o.cluster.server_threads = 3;
   StartShards(SmallModel(), 1, 8, o, [&releases](std::unique_ptr<ServerEndpoint> ep) {
     return std::make_unique<CountingEndpoint>(std::move(ep), &releases);
   });
@@ -469,8 +469,8 @@ TEST_F(ShardFixture, SyncSumsOnTheLanesGiveTheWeightsOfSerialApply) {
 // takes long enough to be caught in the middle.
 TEST_F(ShardFixture, NoPullIsTornWhileOtherWorkersApply) {
   ShardOptions o = PlainSgd();
-  o.expected_workers = 5;
-  o.server_threads = 3;
+  o.cluster.workers = 5;
+  o.cluster.server_threads = 3;
   StartShards({{"a", {4, 65536}, 1.0f, 1.0f}}, 1, 65536, o);
   const size_t n = static_cast<size_t>(layout_.total_elems());
   auto reader = Client(4);
@@ -538,7 +538,7 @@ class GatedRule final : public UpdateRule {
 TEST_F(ShardFixture, APullIsServedWhileAnotherChunkApplies) {
   auto rule = std::make_shared<GatedRule>();
   ShardOptions o = PlainSgd();
-  o.server_threads = 2;
+  o.cluster.server_threads = 2;
   o.update_rule = rule;
   StartShards({{"a", {8}, 1.0f, 1.0f}}, 1, 4, o);  // chunks 0 and 1, one per lane
   auto c = Client(0);
@@ -592,7 +592,7 @@ TEST_F(ShardFixture, PullRepliesOfOneStepShareTheOrderKeyOfItsFirstPull) {
   std::mutex mu;
   OrderRecordingEndpoint::Log log;
   ShardOptions o;
-  o.expected_workers = 2;
+  o.cluster.workers = 2;
   StartShards(SmallModel(), 1, 8, o, [&](std::unique_ptr<ServerEndpoint> ep) {
     return std::make_unique<OrderRecordingEndpoint>(std::move(ep), &mu, &log);
   });
@@ -648,8 +648,8 @@ TEST_P(ServerThreads, SameFloatsAtAnyCountAndANonFiniteLastBlockIsRefused) {
   o.solver.base_lr = 0.05f;
   o.solver.momentum = 0.9f;
   o.solver.weight_decay = 0.01f;
-  o.server_threads = GetParam();
-  o.expected_workers = 2;  // worker 1 pulls in fp16
+  o.cluster.server_threads = GetParam();
+  o.cluster.workers = 2;  // worker 1 pulls in fp16
   StartShards({{"w", {600, 1000}, 1.0f, 1.0f}, {"b", {600}, 2.0f, 0.0f}}, 1, 300000, o);
   ASSERT_EQ(layout_.chunks().size(), 3u);
   auto client = Client(0);
@@ -700,7 +700,7 @@ INSTANTIATE_TEST_SUITE_P(Counts, ServerThreads, ::testing::Values(1, 3, 4));
 
 TEST_F(ShardFixture, AsyncWorkersThreadsExactSum) {
   ShardOptions o = PlainSgd();
-  o.expected_workers = 4;
+  o.cluster.workers = 4;
   std::vector<TensorSpec> specs = {{"a", {1000}, 1, 1}, {"b", {333}, 1, 1}};
   StartShards(specs, 2, 128, o);
   const size_t n = static_cast<size_t>(layout_.total_elems());
@@ -1003,7 +1003,7 @@ TEST_F(BadInput, RegisterWithWrongLayoutHashNamesBothHashes) {
 TEST_F(ShardFixture, SyncAveragesLiveWorkersAndPullWaitsForTheClock) {
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
-  o.expected_workers = 2;
+  o.cluster.workers = 2;
   StartShards({{"a", {16}, 1, 1}}, 1, 8, o);
   auto c0 = Client(0), c1 = Client(1);
   const size_t n = 16;
@@ -1028,7 +1028,7 @@ TEST_F(ShardFixture, SyncAveragesLiveWorkersAndPullWaitsForTheClock) {
 TEST_F(ShardFixture, SyncDeadWorkerIsDroppedSoTheClockCompletes) {
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
-  o.expected_workers = 3;
+  o.cluster.workers = 3;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto c0 = Client(0), c1 = Client(1);
   ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
@@ -1046,7 +1046,7 @@ TEST_F(ShardFixture, SyncBackupWorkerAppliesAfterWMinusB) {
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
   o.consistency.backup_workers = 1;
-  o.expected_workers = 3;
+  o.cluster.workers = 3;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto c0 = Client(0), c1 = Client(1), c2 = Client(2);
   ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
@@ -1067,7 +1067,7 @@ TEST_F(ShardFixture, SyncBackupWorkerAppliesAfterWMinusB) {
 TEST_F(ShardFixture, SyncRoundsOfAPipelineGroupWaitForTheStagesHoldersOnly) {
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
-  o.expected_workers = 4;
+  o.cluster.workers = 4;
   o.round_members = [](int32_t worker, int64_t version) {
     return HoldsModel(worker, /*model=*/0, version, /*stage_steps=*/2, /*models=*/2, /*workers=*/4, /*passes=*/1);
   };
@@ -1119,7 +1119,7 @@ TEST_F(ShardFixture, SyncAndAsyncSeeTheSameLrAfterTheSameImages) {
     o.solver.momentum = 0.0f;
     o.solver.weight_decay = 0.0f;
     o.consistency.mode = mode;
-    o.expected_workers = 2;
+    o.cluster.workers = 2;
     RestartShards({{"a", {8}, 1, 1}}, 1, 8, o);
     auto c0 = Client(0), c1 = Client(1);
     ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
@@ -1146,7 +1146,7 @@ TEST_F(ShardFixture, ScheduleIterCountsBatchesPerPushAndIsCheckpointed) {
   UsePersistDir();
   ShardOptions o;
   o.solver.base_lr = 0.1f;
-  o.batches_per_push = 3;
+  o.worker.push_every = 3;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto c = Client(0);
   ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
@@ -1165,7 +1165,7 @@ TEST_F(ShardFixture, ScheduleIterCountsBatchesPerPushAndIsCheckpointed) {
 TEST_F(ShardFixture, AckCarriesTheStalenessTheServerCounts) {
   ShardOptions o;
   o.solver.base_lr = 0.01f;
-  o.expected_workers = 3;
+  o.cluster.workers = 3;
   StartShards(SmallModel(), 2, 8, o);
   std::vector<std::unique_ptr<PsClient>> c;
   for (int i = 0; i < 3; ++i) c.push_back(Client(i));
@@ -1209,7 +1209,7 @@ TEST_F(ShardFixture, DcAsgdCompensatesAStaleGradientWithTheWeightsThatWorkerPull
   ShardOptions o;
   o.consistency.algorithm = Algorithm::kDcAsgd;
   o.consistency.dc_lambda = 0.5f;
-  o.expected_workers = 3;
+  o.cluster.workers = 3;
   std::unique_ptr<PsClient> c0, c1;
   StartDcAsgd(o, &c0, &c1);
   if (HasFatalFailure()) return;
@@ -1370,7 +1370,7 @@ TEST_F(ShardFixture, ElasticExchangeToAPlainServerIsRefused) {
 TEST_F(ShardFixture, EvaluatorSnapshotIsServedAtOnceAndTheEvaluatorCannotWrite) {
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
-  o.expected_workers = 2;
+  o.cluster.workers = 2;
   StartShards({{"a", {16}, 1, 1}}, 2, 8, o);  // one chunk per server
   auto c0 = Client(0), c1 = Client(1);
   const size_t n = 16;
@@ -1453,7 +1453,7 @@ TEST_F(ShardFixture, SspPullWaitsForTheSlowestWorker) {
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSsp;
   o.consistency.staleness_bound = 1;
-  o.expected_workers = 2;
+  o.cluster.workers = 2;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto fast = Client(0), slow = Client(1);
   ASSERT_TRUE(fast->Wait(fast->PushInit(std::vector<float>(8, 0.0f)), 5000ms).ok());
@@ -1783,7 +1783,7 @@ TEST_F(ShardFixture, AsyncReplayAfterAKillEqualsTheUninterruptedShardByteForByte
   o.solver.base_lr = 0.05f;
   o.solver.momentum = 0.9f;
   o.solver.weight_decay = 0.001f;
-  o.expected_workers = 4;
+  o.cluster.workers = 4;
   StartShards(SmallModel(), 2, 8, o);
   const size_t n = static_cast<size_t>(layout_.total_elems());
   std::vector<std::unique_ptr<PsClient>> c;
@@ -1819,7 +1819,7 @@ TEST_F(ShardFixture, ReplayWithACheckpointMidwayEqualsTheUninterruptedShard) {
   ShardOptions o;
   o.solver.base_lr = 0.1f;
   o.solver.momentum = 0.9f;
-  o.expected_workers = 2;
+  o.cluster.workers = 2;
   o.checkpoint.every_updates = 3;
   StartShards(SmallModel(), 1, 64, o);
   const size_t n = static_cast<size_t>(layout_.total_elems());
@@ -1843,7 +1843,7 @@ TEST_F(ShardFixture, SyncReplayRestoresAPartiallyAccumulatedClock) {
   UsePersistDir();
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
-  o.expected_workers = 3;
+  o.cluster.workers = 3;
   StartShards({{"a", {16}, 1, 1}}, 1, 8, o);
   const size_t n = 16;
   auto c0 = Client(0), c1 = Client(1), c2 = Client(2);
@@ -1880,8 +1880,8 @@ TEST_F(ShardFixture, SyncElasticWorkerJoinsOnRegisterAndTheJoinSurvivesARestart)
   UsePersistDir();
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
-  o.expected_workers = 2;
-  o.max_workers = 3;
+  o.cluster.workers = 2;
+  o.cluster.max_workers = 3;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto c0 = Client(0), c1 = Client(1), c2 = Client(2);  // worker 2 is elastic: it joins on register
   const std::vector<float> g(8, 3.0f);
@@ -1912,7 +1912,7 @@ void SendPush(RawPeer* p, const ParamLayout& layout, int32_t worker, uint64_t se
 TEST_F(ShardFixture, DeadWorkerRejoinsOnRegisterButAFinishedOneDoesNot) {
   ShardOptions o = PlainSgd();
   o.consistency.mode = ConsistencyMode::kSync;
-  o.expected_workers = 2;
+  o.cluster.workers = 2;
   StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
   auto c0 = Client(0);
   const std::vector<float> g(8, 1.0f);
@@ -2075,7 +2075,7 @@ TEST_F(ShardFixture, WithoutALogNoLogTimeIsCounted) {
 TEST_F(ShardFixture, AnInitPushThatFindsTheWeightsSetIsLoggedWithoutItsFloats) {
   UsePersistDir();
   ShardOptions o = PlainSgd();
-  o.expected_workers = 2;
+  o.cluster.workers = 2;
   StartShards({{"a", {64}, 1, 1}}, 1, 16, o);
   auto c0 = Client(0);
   auto c1 = Client(1);
@@ -2167,7 +2167,7 @@ TEST_F(ShardFixture, ConcurrentPushersThroughGroupCommitRecoverToTheLiveShard) {
   UsePersistDir();
   ShardOptions o = PlainSgd();
   o.solver.momentum = 0.9f;
-  o.expected_workers = 4;
+  o.cluster.workers = 4;
   StartShards({{"a", {8192}, 1, 1}}, 1, 1024, o);
   std::vector<std::unique_ptr<PsClient>> clients;
   for (int w = 0; w < 4; ++w) clients.push_back(Client(w));
@@ -2200,7 +2200,7 @@ TEST_F(ShardFixture, KeptHistoryHoldsEveryRecordOnceAndReplaysToTheLiveShard) {
   o.solver.momentum = 0.9f;
   o.checkpoint.history = true;
   o.checkpoint.every_updates = 2;  // rounds of the shard's two chunks
-  o.expected_workers = 2;
+  o.cluster.workers = 2;
   StartShards({{"a", {64}, 1, 1}}, 1, 32, o);
   std::vector<std::unique_ptr<PsClient>> c;
   for (int w = 0; w < 2; ++w) c.push_back(Client(w));
@@ -2425,7 +2425,7 @@ class ShardLogFailure : public ShardFixture {
     UsePersistDir();
     o_.solver.base_lr = 0.1f;
     o_.solver.momentum = 0.9f;
-    o_.expected_workers = 1;
+    o_.cluster.workers = 1;
     o_.checkpoint.wal_fsync_ms = 0;
     StartShards(SmallModel(), 1, 64, o_);
     n_ = static_cast<size_t>(layout_.total_elems());
@@ -2512,7 +2512,7 @@ TEST_F(ShardLogFailure, APushTheLogKeepsRefusingFailsAfterServerWaitNamingTheLog
 // session, registered long enough before the notice) is refused as kRemoved and changes nothing,
 // whatever it sends on waking. A restarted process (a new session) registers and is taken back.
 TEST_F(ShardLogFailure, AWorkerDeclaredDeadIsFencedAndARestartedProcessIsTakenBack) {
-  o_.heartbeat_timeout = 200ms;
+  o_.cluster.heartbeat_timeout_ms = 200;
   ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
   std::this_thread::sleep_for(150ms);  // the session registered over half the timeout before the notice
   const uint64_t applied = shards_[0]->Stats().pushes_applied;
@@ -2540,7 +2540,7 @@ TEST_F(ShardLogFailure, AWorkerDeclaredDeadIsFencedAndARestartedProcessIsTakenBa
 TEST_F(ShardLogFailure, ARejoiningRegisterTheLogCannotTakeIsSentAgainAndThePushBehindItWaits) {
   // The client registered moments before the death notice, so it stands for a restarted process
   // of worker 0, not the one that went silent: the shard does not fence its session.
-  o_.heartbeat_timeout = std::chrono::hours(1);
+  o_.cluster.heartbeat_timeout_ms = 3600 * 1000;
   ASSERT_NO_FATAL_FAILURE(StartWithTwoPushes());
   const uint64_t msgs = (layout_.ServerChunks(0).size() + 3) / 4;
   shards_[0]->MarkWorkerGone(0, /*finished=*/false);

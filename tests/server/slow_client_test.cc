@@ -37,7 +37,7 @@ TEST(SlowClient, APeerThatNeverReadsIsDroppedAndDoesNotDelayAnotherWorkersPullBe
   ParamLayout layout;
   ASSERT_TRUE(ParamLayout::Build({{"w", {1024, 1024}, 1.0f, 1.0f}}, 1, int64_t{1} << 18, &layout).ok());
   ShardOptions so;
-  so.expected_workers = 2;
+  so.cluster.workers = 2;
   std::unique_ptr<ShardServer> shard;
   ASSERT_TRUE(ShardServer::Create(layout, so, &shard).ok());
 
