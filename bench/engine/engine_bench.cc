@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   downpour::Status s = ParseNetSpecFile(model, &spec);
   NetOptions opt;
   opt.batch = batch;
-  opt.threads = threads;
+  opt.worker.threads = threads;
   std::unique_ptr<Net> net;
   if (s.ok()) s = Net::Create(spec, opt, &net);
   if (!s.ok()) {

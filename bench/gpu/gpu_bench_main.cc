@@ -50,8 +50,8 @@ downpour::Status RunBatch(const NetSpec& spec, const CudaOptions& cuda, int batc
   std::unique_ptr<Backend> backend;
   DP_RETURN_IF_ERROR(CreateCudaBackend(cuda, &backend));
   NetOptions opt;
-  opt.device = DeviceKind::kGpu;
-  opt.gpu_id = cuda.gpu_id;
+  opt.worker.device = DeviceKind::kGpu;
+  opt.worker.gpu_index = cuda.gpu_id;
   opt.batch = batch;
   std::unique_ptr<Net> net;
   DP_RETURN_IF_ERROR(Net::CreateWithBackend(spec, opt, std::move(backend), &net));

@@ -33,7 +33,7 @@ Status Net::CreateWithBackend(const NetSpec& spec, const NetOptions& options,
                               std::unique_ptr<Backend> backend, std::unique_ptr<Net>* net) {
   if (backend == nullptr) return InvalidArgument("{}: no backend given", spec.source);
   std::unique_ptr<Net> n(new Net(spec, options, std::move(backend)));
-  n->backend_->SetThreads(options.threads);
+  n->backend_->SetThreads(options.worker.threads);
   DP_RETURN_IF_ERROR(n->Build());
   *net = std::move(n);
   return Status::Ok();

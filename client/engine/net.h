@@ -38,6 +38,7 @@
 
 #include "client/engine/layer.h"
 #include "client/engine/net_spec.h"
+#include "common/config/worker.h"
 #include "common/status.h"
 
 namespace downpour {
@@ -48,13 +49,15 @@ class UpdateRule;  // common/solver/update_rule.h
 namespace downpour::engine {
 
 struct NetOptions {
-  DeviceKind device = DeviceKind::kCpu;  // kCpu → oneDNN (or reference), kGpu → CUDA
+  // The run's [worker] as it gives it (common/config/worker.h); the net reads its compute keys:
+  //   device     kCpu → oneDNN (or reference), kGpu → CUDA on gpu_index
+  //   threads    CPU compute threads (OpenMP); 0 = library default
+  //   tf32       GPU only: TF32 tensor cores for fp32 conv/GEMM (off = exact fp32)
+  //   conv_algo  GPU only: search | heuristic | gemm | implicit_gemm | fft | winograd
+  WorkerConfig worker;
   bool reference = false;  // CPU only: the plain naive-loop backend (the source of truth)
-  int batch = 64;          // initial batch size; Reshape() changes it
-  int threads = 0;         // CPU compute threads (OpenMP); 0 = library default
-  int gpu_id = 0;          // GPU only
-  bool tf32 = true;        // GPU only: TF32 tensor cores for fp32 conv/GEMM (off = exact fp32)
-  std::string conv_algo = "search";  // GPU only: search | heuristic | gemm | implicit_gemm | fft | winograd
+  int batch = 64;          // initial batch size; Reshape() changes it (not worker.batch_size: an
+                           // evaluation net has its own)
   int top_k = 5;           // k of the top-k accuracy Forward() reports
 };
 

@@ -11,7 +11,7 @@
 namespace downpour::engine {
 
 Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backend) {
-  switch (options.device) {
+  switch (options.worker.device) {
     case DeviceKind::kCpu:
       *backend = options.reference ? MakeReferenceBackend() : MakeOneDnnBackend();
       return Status::Ok();
@@ -21,9 +21,9 @@ Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backen
 #if DOWNPOUR_HAVE_CUDA
     {
       CudaOptions cuda;
-      cuda.gpu_id = options.gpu_id;
-      cuda.tf32 = options.tf32;
-      DP_RETURN_IF_ERROR(ParseConvAlgoMode(options.conv_algo, "conv_algo", &cuda.conv_algo));
+      cuda.gpu_id = options.worker.gpu_index;
+      cuda.tf32 = options.worker.tf32;
+      DP_RETURN_IF_ERROR(ParseConvAlgoMode(options.worker.conv_algo, "conv_algo", &cuda.conv_algo));
       return CreateCudaBackend(cuda, backend);
     }
 #else
@@ -31,7 +31,7 @@ Status CreateBackend(const NetOptions& options, std::unique_ptr<Backend>* backen
           "device gpu was asked but this build has no CUDA backend (CUDA/cuDNN not found at configure time)");
 #endif
   }
-  return InvalidArgument("unknown device kind {}", static_cast<int>(options.device));
+  return InvalidArgument("unknown device kind {}", static_cast<int>(options.worker.device));
 }
 
 HostAllocator HostAllocatorFor(DeviceKind device) {

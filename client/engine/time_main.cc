@@ -23,26 +23,11 @@
 
 namespace {
 
-// "cpu" | "gpu" | "gpu:N" → device kind and GPU id.
+// "cpu" | "gpu" | "gpu:N" → device kind and GPU id (worker.device's rule; "gpu" is gpu:0).
 downpour::Status ParseDevice(const std::string& device, downpour::engine::NetOptions* opt) {
-  using downpour::DeviceKind;
-  if (device == "cpu") {
-    opt->device = DeviceKind::kCpu;
-    return downpour::Status::Ok();
-  }
-  if (device == "gpu" || device.rfind("gpu:", 0) == 0) {
-    opt->device = DeviceKind::kGpu;
-    opt->gpu_id = 0;
-    if (device.size() > 4) {
-      const std::string id = device.substr(4);
-      if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos || id.size() > 6)
-        return downpour::InvalidArgument("--device '{}': expected cpu, gpu or gpu:N with N a GPU index",
-                                         device);
-      opt->gpu_id = std::stoi(id);
-    }
-    return downpour::Status::Ok();
-  }
-  return downpour::InvalidArgument("--device '{}': expected cpu, gpu or gpu:N", device);
+  if (!downpour::ParseDevice(device == "gpu" ? "gpu:0" : device, &opt->worker))
+    return downpour::InvalidArgument("--device '{}': expected cpu, gpu or gpu:N with N a GPU index", device);
+  return downpour::Status::Ok();
 }
 
 // A JSON string literal of `text` (quotes, backslashes and control characters escaped).
@@ -83,8 +68,8 @@ std::string TimingJson(const downpour::engine::NetTiming& t, const std::string& 
 
 // "2 (all cores)" for threads = 0, else the count asked for; GPU timings use no CPU threads.
 std::string ThreadsText(const downpour::engine::NetOptions& opt) {
-  if (opt.device == downpour::DeviceKind::kGpu) return "n/a (GPU)";
-  if (opt.threads > 0) return std::to_string(opt.threads);
+  if (opt.worker.device == downpour::DeviceKind::kGpu) return "n/a (GPU)";
+  if (opt.worker.threads > 0) return std::to_string(opt.worker.threads);
   return fmt::format("{} (all cores)", omp_get_max_threads());
 }
 
@@ -121,16 +106,17 @@ int Run(int argc, char** argv) {
   if (!s.ok()) return cli::Fail("downpour-time", s, cli::SetupExitCode(s));
   opt.reference = reference;
   opt.batch = batch;
-  opt.threads = threads;
-  opt.tf32 = tf32 == "on";
-  opt.conv_algo = conv_algo;
+  opt.worker.threads = threads;
+  opt.worker.tf32 = tf32 == "on";
+  opt.worker.conv_algo = conv_algo;
   std::unique_ptr<Net> net;
   s = Net::Create(spec, opt, &net);
   if (!s.ok()) return cli::Fail("downpour-time", s, cli::kExitFailure);
   net->InitParams(1);
   if (json) {
     const NetTiming t = TimeNet(*net, iterations, warmup);
-    const int used_threads = opt.device == downpour::DeviceKind::kGpu ? 0 : (threads > 0 ? threads : omp_get_max_threads());
+    const int used_threads =
+        opt.worker.device == downpour::DeviceKind::kGpu ? 0 : (threads > 0 ? threads : omp_get_max_threads());
     std::fputs(TimingJson(t, spec.name, model, net->backend().name(), device, used_threads, warmup,
                           static_cast<int64_t>(net->params().size()))
                    .c_str(),

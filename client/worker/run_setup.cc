@@ -27,11 +27,7 @@ Status OpenTestSource(const RunConfig& c, int batch, int num_classes, std::uniqu
 
 engine::NetOptions NetOptionsFor(const RunConfig& c, int batch) {
   engine::NetOptions o;
-  o.device = c.worker.device;
-  o.gpu_id = c.worker.gpu_index;
-  o.tf32 = c.worker.tf32;
-  o.conv_algo = c.worker.conv_algo;
-  o.threads = c.worker.threads;
+  o.worker = c.worker;
   o.batch = batch;
   return o;
 }

@@ -80,7 +80,7 @@ std::unique_ptr<engine::Net> BuildNet(const NetSpec& spec, uint64_t seed, int ba
   engine::NetOptions options;
   options.batch = batch;
   options.reference = true;
-  options.threads = 1;
+  options.worker.threads = 1;
   std::unique_ptr<engine::Net> net;
   const Status s = engine::Net::CreateWithBackend(spec, options, engine::MakeReferenceBackend(), &net);
   EXPECT_TRUE(s.ok()) << s.ToString();

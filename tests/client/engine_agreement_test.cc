@@ -35,7 +35,7 @@ void CompareBackends(const NetSpec& spec, int batch, int steps, const std::vecto
   NetOptions ref_opt, dnn_opt;
   ref_opt.batch = dnn_opt.batch = batch;
   ref_opt.reference = true;
-  dnn_opt.threads = 2;
+  dnn_opt.worker.threads = 2;
   std::unique_ptr<Net> ref, dnn;
   Status s = Net::Create(spec, ref_opt, &ref);
   ASSERT_TRUE(s.ok()) << s.ToString();

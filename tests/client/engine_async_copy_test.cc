@@ -45,7 +45,7 @@ void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false) {
   ASSERT_TRUE(ParseNetSpecString(kNet, "copynet", &spec).ok());
   NetOptions no;
   no.batch = kBatch;
-  no.threads = 1;
+  no.worker.threads = 1;
   no.reference = true;
   EmulatedCopyBackend* copies = nullptr;
   std::unique_ptr<Net> net;

@@ -102,7 +102,7 @@ TEST(EngineLearning, FashionMnistNetReaches89Percent) {
   // One compute thread: on a 2-core machine shared with a parallel build or other tests, a
   // second OpenMP thread waits a scheduler slice at every layer's barrier, which makes every
   // step slower under load; one thread is also what CI's 2 cores give each test anyway.
-  opt.threads = 1;
+  opt.worker.threads = 1;
   std::unique_ptr<Net> net;
   s = Net::Create(spec, opt, &net);
   ASSERT_TRUE(s.ok()) << s.ToString();

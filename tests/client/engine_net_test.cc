@@ -29,7 +29,7 @@ std::unique_ptr<Net> SmallNet(bool reference, int batch) {
   NetOptions opt;
   opt.batch = batch;
   opt.reference = reference;
-  opt.threads = 1;
+  opt.worker.threads = 1;
   std::unique_ptr<Net> net;
   s = Net::Create(spec, opt, &net);
   EXPECT_TRUE(s.ok()) << s.ToString();
@@ -199,7 +199,7 @@ TEST(EngineNet, NoConvolutionOfAShippedModelRunsOneDnnsReferenceKernel) {
     ASSERT_TRUE(s.ok()) << s.ToString();
     NetOptions opt;
     opt.batch = 2;
-    opt.threads = 1;
+    opt.worker.threads = 1;
     std::unique_ptr<Net> net;
     s = Net::Create(spec, opt, &net);
     ASSERT_TRUE(s.ok()) << s.ToString();

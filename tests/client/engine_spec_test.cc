@@ -209,7 +209,7 @@ TEST(EngineSpec, PoolingWithAnEmptyLastWindowIsAnError) {
 
 TEST(EngineSpec, GpuWithoutCudaBuildIsAnErrorNotAFallback) {
   NetOptions opt;
-  opt.device = DeviceKind::kGpu;
+  opt.worker.device = DeviceKind::kGpu;
   std::unique_ptr<Backend> backend;
   Status s = CreateBackend(opt, &backend);
 #if DOWNPOUR_HAVE_CUDA

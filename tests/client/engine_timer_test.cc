@@ -18,7 +18,7 @@ TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   NetOptions opt;
   opt.batch = 8;
-  opt.threads = 1;
+  opt.worker.threads = 1;
   std::unique_ptr<Net> net;
   s = Net::Create(spec, opt, &net);
   ASSERT_TRUE(s.ok()) << s.ToString();

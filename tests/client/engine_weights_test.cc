@@ -32,7 +32,7 @@ class EngineWeights : public ::testing::Test {
   std::unique_ptr<Net> MakeNet(uint64_t seed) {
     NetOptions opt;
     opt.batch = 4;
-    opt.threads = 1;
+    opt.worker.threads = 1;
     std::unique_ptr<Net> net;
     Status s = Net::Create(spec_, opt, &net);
     EXPECT_TRUE(s.ok()) << s.ToString();

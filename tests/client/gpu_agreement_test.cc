@@ -391,8 +391,8 @@ NetSpec LoadModel(const std::string& file) {
 std::unique_ptr<Net> MakeNet(const NetSpec& spec, int batch, std::unique_ptr<Backend> backend) {
   NetOptions o;
   o.batch = batch;
-  o.device = backend->device();
-  o.threads = 0;
+  o.worker.device = backend->device();
+  o.worker.threads = 0;
   std::unique_ptr<Net> net;
   Status s = Net::CreateWithBackend(spec, o, std::move(backend), &net);
   EXPECT_TRUE(s.ok()) << s.ToString();
@@ -678,8 +678,8 @@ TEST(GpuBackendErrors, NoDeviceOrBadOrdinalIsAnErrorNeverAFallback) {
   std::string why;
   const int count = CudaDeviceCount(&why);
   NetOptions o;
-  o.device = DeviceKind::kGpu;
-  o.gpu_id = count;  // one past the last device (0 when there is none)
+  o.worker.device = DeviceKind::kGpu;
+  o.worker.gpu_index = count;  // one past the last device (0 when there is none)
   std::unique_ptr<Backend> backend;
   const Status s = CreateBackend(o, &backend);
   ASSERT_FALSE(s.ok());

@@ -135,7 +135,7 @@ TEST(GpuTraining, FashionMnistSmallNetMatchesCpuAccuracy) {
 
   NetOptions gpu_opt, cpu_opt;
   gpu_opt.batch = cpu_opt.batch = kBatch;
-  gpu_opt.device = DeviceKind::kGpu;
+  gpu_opt.worker.device = DeviceKind::kGpu;
   std::unique_ptr<Net> gpu, cpu;
   s = Net::Create(spec, gpu_opt, &gpu);
   ASSERT_TRUE(s.ok()) << s.ToString();

@@ -162,7 +162,7 @@ TEST_P(EngineFactors, FactoredSpanHoldsDeltaAndInputWhoseProductIsTheLayersDW) {
   constexpr int kB = 8;
   engine::NetOptions o;
   o.batch = kB;
-  o.threads = 1;
+  o.worker.threads = 1;
   o.reference = GetParam();
   std::unique_ptr<engine::Net> dense, factored;
   ASSERT_TRUE(engine::Net::Create(MlpSpec(), o, &dense).ok());
@@ -254,7 +254,7 @@ void TrainOnce(const engine::NetSpec& spec, int batch, int classes, int steps, b
                bool reference = false) {
   engine::NetOptions no;
   no.batch = batch;
-  no.threads = 2;
+  no.worker.threads = 2;
   no.reference = reference;  // dW in double: the factored run then differs by fp32 rounding
   std::unique_ptr<engine::Net> net;
   ASSERT_TRUE(engine::Net::Create(spec, no, &net).ok());

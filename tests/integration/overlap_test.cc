@@ -180,7 +180,7 @@ void MakeNet(std::unique_ptr<engine::Net>* net, bool emulated_copies = false) {
   ASSERT_TRUE(engine::ParseNetSpecString(kNet, "overlapnet", &spec).ok());
   engine::NetOptions no;
   no.batch = kBatch;
-  no.threads = 1;
+  no.worker.threads = 1;
   std::unique_ptr<engine::Backend> backend;
   ASSERT_TRUE(engine::CreateBackend(no, &backend).ok());
   if (emulated_copies)

@@ -216,7 +216,7 @@ std::vector<float> PushedGradient(float clip) {
   EXPECT_TRUE(ps.ok()) << ps.ToString();
   engine::NetOptions no;
   no.batch = 8;
-  no.threads = 1;
+  no.worker.threads = 1;
   std::unique_ptr<engine::Net> net;
   const Status ns = engine::Net::Create(spec, no, &net);
   EXPECT_TRUE(ns.ok()) << ns.ToString();
@@ -281,7 +281,7 @@ TEST(LocalSolver, AStepIsTheClippedGradientAtTheSchedulesRate) {
   ASSERT_TRUE(engine::ParseNetSpecString(kNet, "tinyconv", &spec).ok());
   engine::NetOptions no;
   no.batch = 8;
-  no.threads = 1;
+  no.worker.threads = 1;
   std::unique_ptr<engine::Net> a, b;
   ASSERT_TRUE(engine::Net::Create(spec, no, &a).ok());
   ASSERT_TRUE(engine::Net::Create(spec, no, &b).ok());
@@ -412,7 +412,7 @@ void Train(int steps, int push_every, float clip, Outcome* out) {
   ASSERT_TRUE(engine::ParseNetSpecString(kNet, "tinyconv", &spec).ok());
   engine::NetOptions no;
   no.batch = kBatch;
-  no.threads = 1;
+  no.worker.threads = 1;
   std::unique_ptr<engine::Net> net;
   ASSERT_TRUE(engine::Net::Create(spec, no, &net).ok());
   net->InitParams(3);
