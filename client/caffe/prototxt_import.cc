@@ -10,9 +10,12 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <type_traits>
+#include <variant>
 
 #include "client/caffe/upgrade_v1.h"
 #include "client/engine/activations.h"
+#include "client/engine/net_spec.h"
 #include "common/file_io.h"
 #include "data/caffe.pb.h"
 
@@ -21,13 +24,23 @@ namespace {
 
 using ::caffe::LayerParameter;
 
-// The types converted to a [[layer]] besides the activations (activations.h), which are all
-// converted (the input types are read, not converted).
-const std::set<std::string> kConvertible = {"Convolution", "InnerProduct", "Pooling",  "LRN",
-                                            "Dropout",     "SoftmaxWithLoss", "Softmax", "Accuracy"};
+// The types converted to a [[layer]] by hand below, besides those converted from their row
+// (net_spec.h kLayerTypes with a caffe_message: TableRow) and the activations (activations.h),
+// which are all converted (the input types are read, not converted).
+const std::set<std::string> kConvertible = {"Convolution",     "InnerProduct", "Pooling", "LRN",
+                                            "SoftmaxWithLoss", "Softmax",      "Accuracy"};
+
+// The layer type row `type` is converted from, or null.
+const engine::LayerTypeRow* TableRow(const std::string& type) {
+  const engine::LayerTypeRow* row = engine::FindLayerType(type);
+  return row != nullptr && *row->caffe_message != '\0' ? row : nullptr;
+}
 
 std::string SupportedTypes() {
   std::vector<std::string> names(kConvertible.begin(), kConvertible.end());
+  for (const engine::LayerTypeRow& row : engine::kLayerTypes) {
+    if (*row.caffe_message != '\0') names.emplace_back(row.name);
+  }
   for (const engine::ActivationRow& row : engine::kActivations) names.emplace_back(row.name);
   std::sort(names.begin(), names.end());
   return fmt::format("{}; inputs: Data, ImageData, Input", fmt::join(names, ", "));
@@ -470,8 +483,73 @@ Status ActivationToml(const LayerParameter& layer, const engine::ActivationRow& 
   return Status::Ok();
 }
 
-Status DropoutToml(const LayerParameter& layer, const LayerWhere&, TomlLayer* t) {
-  t->Float("dropout_ratio", layer.dropout_param().dropout_ratio());
+// A type converted from its row (net_spec.h LayerTypeRow::caffe_message): each key from its
+// caffe_field of that message (the proto default when unset, which the rows' defaults follow),
+// weight_filler from caffe_filler, and its one param { } entry.
+Status TableRowToml(const LayerParameter& layer, const engine::LayerTypeRow& row, const LayerWhere& where,
+                    TomlLayer* t) {
+  using google::protobuf::FieldDescriptor;
+  const FieldDescriptor* holder = layer.GetDescriptor()->FindFieldByName(row.caffe_message);
+  DP_CHECK(holder != nullptr && holder->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE &&
+           "a layer row's caffe_message is a message field of data/caffe.proto's LayerParameter");
+  const google::protobuf::Message& m = layer.GetReflection()->GetMessage(layer, holder);  // defaults if unset
+  const google::protobuf::Reflection* r = m.GetReflection();
+  for (const engine::LayerKey& key : row.keys) {
+    if (*key.caffe_field == '\0') continue;
+    const FieldDescriptor* f = m.GetDescriptor()->FindFieldByName(key.caffe_field);
+    DP_CHECK(f != nullptr && "a layer key's caffe_field is a field of its row's caffe_message");
+    double v = 0;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_BOOL:
+        v = r->GetBool(m, f);
+        break;
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        v = r->GetFloat(m, f);
+        break;
+      case FieldDescriptor::CPPTYPE_INT32:
+        v = r->GetInt32(m, f);
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        v = r->GetUInt32(m, f);
+        break;
+      default:
+        DP_CHECK(false && "a layer key's caffe_field is a bool or a number");
+    }
+    if (key.ok != nullptr && !key.ok(v)) {
+      return InvalidArgument("{}: {}.{} = {}: must be {}", where.text, row.caffe_message, key.caffe_field, v, key.rule);
+    }
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(engine::LayerSpec{}.*member)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            t->Bool(key.name, v != 0);
+          } else if constexpr (std::is_integral_v<T>) {
+            t->Int(key.name, static_cast<int64_t>(v));
+          } else {
+            t->Float(key.name, static_cast<float>(v));
+          }
+        },
+        key.member);
+  }
+  if (*row.caffe_filler != '\0') {
+    const FieldDescriptor* f = m.GetDescriptor()->FindFieldByName(row.caffe_filler);
+    DP_CHECK(f != nullptr && f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE);
+    if (r->HasField(m, f)) {
+      std::string filler;
+      const std::string field = fmt::format("{}.{}", row.caffe_message, row.caffe_filler);
+      DP_RETURN_IF_ERROR(
+          FillerToml(static_cast<const ::caffe::FillerParameter&>(r->GetMessage(m, f)), where, field.c_str(), &filler));
+      t->Key("weight_filler", filler);
+    }
+  }
+  if (row.groups & engine::kSlopeKeys) {
+    if (layer.param_size() > 1) {
+      return InvalidArgument("{}: {} param {{ }} entries for 1 parameter blob", where.text, layer.param_size());
+    }
+    const ::caffe::ParamSpec p = layer.param_size() > 0 ? layer.param(0) : ::caffe::ParamSpec();
+    t->Key("param",
+           fmt::format("[{{ lr_mult = {}, decay_mult = {} }}]", TomlFloat(p.lr_mult()), TomlFloat(p.decay_mult())));
+  }
   return Status::Ok();
 }
 
@@ -810,7 +888,8 @@ class Importer {
         continue;
       }
       const engine::ActivationRow* activation = engine::FindActivation(type);
-      if (!kConvertible.count(type) && activation == nullptr) {
+      const engine::LayerTypeRow* table_row = TableRow(type);
+      if (!kConvertible.count(type) && activation == nullptr && table_row == nullptr) {
         return InvalidArgument("{}: layer type '{}' is not supported by the downpour engine (supported: {})",
                                where.text, type, SupportedTypes());
       }
@@ -849,6 +928,8 @@ class Importer {
       Status s;
       if (activation != nullptr)
         s = ActivationToml(l, *activation, where, &t);
+      else if (table_row != nullptr)
+        s = TableRowToml(l, *table_row, where, &t);
       else if (type == "Convolution")
         s = ConvolutionToml(l, where, &t);
       else if (type == "InnerProduct")
@@ -857,8 +938,6 @@ class Importer {
         s = PoolingToml(l, where, &t);
       else if (type == "LRN")
         s = LrnToml(l, where, &t);
-      else if (type == "Dropout")
-        s = DropoutToml(l, where, &t);
       else if (type == "SoftmaxWithLoss")
         s = LossToml(l, where, &t);
       else if (type == "Accuracy")
@@ -885,7 +964,9 @@ class Importer {
         DP_CHECK(false && "kConvertible lists a type with no conversion");
       }
       DP_RETURN_IF_ERROR(s);
-      if (l.param_size() > 0 && type != "Convolution" && type != "InnerProduct") {
+      const bool learnable = type == "Convolution" || type == "InnerProduct" ||
+                             (table_row != nullptr && (table_row->groups & engine::kSlopeKeys));
+      if (l.param_size() > 0 && !learnable) {
         return InvalidArgument("{}: {} param {{ }} entries for a layer without parameters", where.text, l.param_size());
       }
       std::vector<std::string> tops;

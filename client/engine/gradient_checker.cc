@@ -11,7 +11,8 @@
 namespace downpour::engine {
 namespace {
 
-bool TakesLabels(LayerType type) { return type == LayerType::kSoftmaxWithLoss || type == LayerType::kAccuracy; }
+// Scores and labels (SoftmaxWithLoss, Accuracy).
+bool TakesLabels(LayerType type) { return LayerTypeOf(type).bottoms == 2; }
 
 // One layer on a backend with its blobs and buffers; frees what it allocated on destruction.
 // Host mirrors are members declared before nothing that outlives them: the destructor frees the

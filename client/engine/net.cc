@@ -89,7 +89,7 @@ Status Net::Build() {
     for (size_t b = 0; b < l.bottoms.size(); ++b) {
       bottoms.push_back(by_name.at(l.bottoms[b]));
       // Gradient flows into bottom 0 unless it is the net's input or the layer has none.
-      down.push_back(b == 0 && l.bottoms[b] != "data" && l.type != LayerType::kAccuracy);
+      down.push_back(b == 0 && l.bottoms[b] != "data" && LayerTypeOf(l.type).sends_gradient);
     }
     for (const auto& t : l.tops) tops.push_back(by_name.at(t));
     bottoms_.push_back(std::move(bottoms));

@@ -2,31 +2,37 @@
 #include "client/engine/net_spec.h"
 
 #include <fmt/ranges.h>
+#include <toml++/toml.h>
 
+#include <iterator>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 namespace downpour::engine {
 namespace {
 
-struct TypeName {
-  LayerType type;
-  const char* name;
-};
-constexpr TypeName kTypeNames[] = {
-    {LayerType::kConvolution, "Convolution"},   {LayerType::kActivation, "activation"},
-    {LayerType::kLRN, "LRN"},                   {LayerType::kPooling, "Pooling"},
-    {LayerType::kInnerProduct, "InnerProduct"}, {LayerType::kDropout, "Dropout"},
-    {LayerType::kSoftmaxWithLoss, "SoftmaxWithLoss"}, {LayerType::kAccuracy, "Accuracy"},
-};
+// Keys every layer has, and those the key groups read (LayerKeyGroup).
+constexpr const char* kCommonKeys[] = {"name", "type", "bottom", "top"};
+constexpr const char* kGroupKeys[] = {
+    "num_output", "bias_term", "weight_filler", "bias_filler", "param", "kernel_size", "kernel_h", "kernel_w",
+    "stride",     "stride_h",  "stride_w",      "pad",         "pad_h", "pad_w",       "group",    "pool"};
 
-const std::set<std::string> kLayerKeys = {
-    "name",      "type",      "bottom",    "top",         "num_output",   "bias_term",
-    "weight_filler", "bias_filler", "param", "kernel_size", "kernel_h",   "kernel_w",
-    "stride",    "stride_h",  "stride_w",  "pad",         "pad_h",        "pad_w",
-    "group",     "local_size", "alpha",    "beta",        "k",            "dropout_ratio",
-    "top_k",     "pool"};
+// Every key some layer type reads: any other is an error (a key the layer's type does not read
+// is ignored, as documented in docs/config.md).
+const std::set<std::string>& KnownLayerKeys() {
+  static const std::set<std::string> keys = [] {
+    std::set<std::string> k(std::begin(kCommonKeys), std::end(kCommonKeys));
+    k.insert(std::begin(kGroupKeys), std::end(kGroupKeys));
+    for (const LayerTypeRow& row : kLayerTypes) {
+      for (const LayerKey& key : row.keys) k.insert(key.name);
+    }
+    for (const ActivationRow& row : kActivations) {
+      if (*row.alpha_key != '\0') k.insert(row.alpha_key);
+    }
+    return k;
+  }();
+  return keys;
+}
 
 // Context for error messages: "file: layer 'conv1' (#0)".
 struct Where {
@@ -143,6 +149,75 @@ Status ParsePoolMethod(const toml::table& t, const Where& where, PoolMethod* met
   return InvalidArgument("{}: pool '{}' is not one of max, ave", where.str(), *text);
 }
 
+// `param` = at most `tensors` tables (weight, then bias) with lr_mult / decay_mult.
+Status ParseParamMults(const toml::table& t, const Where& where, size_t tensors, LayerSpec* l) {
+  const toml::node* p = t.get("param");
+  if (p == nullptr) return Status::Ok();
+  const toml::array* arr = p->as_array();
+  if (arr == nullptr || arr->size() > tensors) {
+    return tensors == 2 ? InvalidArgument(
+                              "{}: 'param' must be a list of at most 2 tables "
+                              "(weight, bias) with lr_mult / decay_mult",
+                              where.str())
+                        : InvalidArgument(
+                              "{}: 'param' must be a list of at most 1 table (weight) with lr_mult / "
+                              "decay_mult",
+                              where.str());
+  }
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table* pt = (*arr)[i].as_table();
+    if (pt == nullptr) return InvalidArgument("{}: param[{}] must be a table", where.str(), i);
+    float* lr = i == 0 ? &l->weight_lr_mult : &l->bias_lr_mult;
+    float* decay = i == 0 ? &l->weight_decay_mult : &l->bias_decay_mult;
+    DP_RETURN_IF_ERROR(ReadNumber(*pt, "lr_mult", where, lr));
+    DP_RETURN_IF_ERROR(ReadNumber(*pt, "decay_mult", where, decay));
+  }
+  return Status::Ok();
+}
+
+// The keys of `row.groups` (LayerKeyGroup), in a fixed order.
+Status ParseKeyGroups(const toml::table& t, const Where& where, const LayerTypeRow& row, LayerSpec* l) {
+  if (row.groups & kLearnableKeys) {
+    DP_RETURN_IF_ERROR(ReadNumber(t, "num_output", where, &l->num_output));
+    if (l->num_output <= 0)
+      return InvalidArgument("{}: num_output must be positive, got {}", where.str(), l->num_output);
+    DP_RETURN_IF_ERROR(ReadNumber(t, "bias_term", where, &l->bias_term));
+    DP_RETURN_IF_ERROR(ParseFiller(t, "weight_filler", where, &l->weight_filler));
+    DP_RETURN_IF_ERROR(ParseFiller(t, "bias_filler", where, &l->bias_filler));
+    DP_RETURN_IF_ERROR(ParseParamMults(t, where, 2, l));
+  }
+  if (row.groups & kSlopeKeys) {
+    DP_RETURN_IF_ERROR(ParseFiller(t, "weight_filler", where, &l->weight_filler));
+    DP_RETURN_IF_ERROR(ParseParamMults(t, where, 1, l));
+  }
+  if (row.groups & kPoolKey) DP_RETURN_IF_ERROR(ParsePoolMethod(t, where, &l->pool));
+  if (row.groups & kGeometryKeys) DP_RETURN_IF_ERROR(ParseGeometry(t, where, l));
+  if (row.groups & kGroupKey) {
+    DP_RETURN_IF_ERROR(ReadNumber(t, "group", where, &l->group));
+    if (l->group <= 0 || l->num_output % l->group != 0)
+      return InvalidArgument("{}: group {} must be positive and divide num_output {}", where.str(), l->group,
+                             l->num_output);
+  }
+  return Status::Ok();
+}
+
+// The row's own keys: each read as its member's type and checked by its rule.
+Status ParseRowKeys(const toml::table& t, const Where& where, const LayerTypeRow& row, LayerSpec* l) {
+  for (const LayerKey& key : row.keys) {
+    Status s = std::visit(
+        [&](auto member) -> Status {
+          auto& value = l->*member;
+          DP_RETURN_IF_ERROR(ReadNumber(t, key.name, where, &value));
+          if (key.ok != nullptr && !key.ok(static_cast<double>(value)))
+            return InvalidArgument("{}: {} must be {}, got {}", where.str(), key.name, key.rule, value);
+          return Status::Ok();
+        },
+        key.member);
+    DP_RETURN_IF_ERROR(s);
+  }
+  return Status::Ok();
+}
+
 Status ParseLayer(const toml::table& t, int index, const std::string& source, LayerSpec* l) {
   Where where{source, fmt::format("layer #{}", index)};
   auto name = t.get("name") ? t.get("name")->value<std::string>() : std::nullopt;
@@ -150,102 +225,37 @@ Status ParseLayer(const toml::table& t, int index, const std::string& source, La
   l->name = *name;
   where.layer = fmt::format("layer '{}' (#{})", l->name, index);
   for (const auto& [key, node] : t) {
-    if (!kLayerKeys.count(std::string(key.str())))
+    if (!KnownLayerKeys().count(std::string(key.str())))
       return InvalidArgument("{}: unknown field '{}'", where.str(), key.str());
   }
   auto type = t.get("type") ? t.get("type")->value<std::string>() : std::nullopt;
   if (!type) return InvalidArgument("{}: missing field 'type'", where.str());
-  bool found = false;
-  for (const auto& tn : kTypeNames) {
-    if (*type == tn.name && tn.type != LayerType::kActivation) {
-      l->type = tn.type;
-      found = true;
-    }
-  }
-  if (const ActivationRow* row = FindActivation(*type)) {
-    l->type = LayerType::kActivation;
-    l->activation = row->kind;
-    l->activation_alpha = row->alpha_default;
-    found = true;
-  }
-  if (!found) {
+  const ActivationRow* activation = FindActivation(*type);
+  const LayerTypeRow* row = activation != nullptr ? &LayerTypeOf(LayerType::kActivation) : FindLayerType(*type);
+  if (row == nullptr) {
     std::vector<std::string> names;
-    for (const auto& tn : kTypeNames) {
-      if (tn.type != LayerType::kActivation) names.push_back(tn.name);
+    for (const LayerTypeRow& r : kLayerTypes) {
+      if (r.type != LayerType::kActivation) names.push_back(r.name);
     }
-    for (const ActivationRow& row : kActivations) names.push_back(row.name);
-    return InvalidArgument("{}: unknown type '{}' (known: {})", where.str(), *type,
-                           fmt::join(names, ", "));
+    for (const ActivationRow& r : kActivations) names.push_back(r.name);
+    return InvalidArgument("{}: unknown type '{}' (known: {})", where.str(), *type, fmt::join(names, ", "));
   }
+  l->type = row->type;
+  if (row->defaults != nullptr) row->defaults(l);
   DP_RETURN_IF_ERROR(ReadStringList(t, "bottom", where, &l->bottoms));
   DP_RETURN_IF_ERROR(ReadStringList(t, "top", where, &l->tops));
-  switch (l->type) {
-    case LayerType::kConvolution:
-    case LayerType::kInnerProduct: {
-      DP_RETURN_IF_ERROR(ReadNumber(t, "num_output", where, &l->num_output));
-      if (l->num_output <= 0)
-        return InvalidArgument("{}: num_output must be positive, got {}", where.str(), l->num_output);
-      DP_RETURN_IF_ERROR(ReadNumber(t, "bias_term", where, &l->bias_term));
-      DP_RETURN_IF_ERROR(ParseFiller(t, "weight_filler", where, &l->weight_filler));
-      DP_RETURN_IF_ERROR(ParseFiller(t, "bias_filler", where, &l->bias_filler));
-      if (const toml::node* p = t.get("param")) {
-        const toml::array* arr = p->as_array();
-        if (arr == nullptr || arr->size() > 2)
-          return InvalidArgument("{}: 'param' must be a list of at most 2 tables "
-                                 "(weight, bias) with lr_mult / decay_mult", where.str());
-        for (size_t i = 0; i < arr->size(); ++i) {
-          const toml::table* pt = (*arr)[i].as_table();
-          if (pt == nullptr) return InvalidArgument("{}: param[{}] must be a table", where.str(), i);
-          float* lr = i == 0 ? &l->weight_lr_mult : &l->bias_lr_mult;
-          float* decay = i == 0 ? &l->weight_decay_mult : &l->bias_decay_mult;
-          DP_RETURN_IF_ERROR(ReadNumber(*pt, "lr_mult", where, lr));
-          DP_RETURN_IF_ERROR(ReadNumber(*pt, "decay_mult", where, decay));
-        }
-      }
-      if (l->type == LayerType::kConvolution) {
-        DP_RETURN_IF_ERROR(ParseGeometry(t, where, l));
-        DP_RETURN_IF_ERROR(ReadNumber(t, "group", where, &l->group));
-        if (l->group <= 0 || l->num_output % l->group != 0)
-          return InvalidArgument("{}: group {} must be positive and divide num_output {}",
-                                 where.str(), l->group, l->num_output);
-      }
-      break;
-    }
-    case LayerType::kPooling:
-      DP_RETURN_IF_ERROR(ParsePoolMethod(t, where, &l->pool));
-      DP_RETURN_IF_ERROR(ParseGeometry(t, where, l));
-      break;
-    case LayerType::kLRN:
-      DP_RETURN_IF_ERROR(ReadNumber(t, "local_size", where, &l->local_size));
-      DP_RETURN_IF_ERROR(ReadNumber(t, "alpha", where, &l->alpha));
-      DP_RETURN_IF_ERROR(ReadNumber(t, "beta", where, &l->beta));
-      DP_RETURN_IF_ERROR(ReadNumber(t, "k", where, &l->k));
-      if (l->local_size <= 0 || l->local_size % 2 == 0)
-        return InvalidArgument("{}: local_size must be odd and positive, got {}", where.str(),
-                               l->local_size);
-      break;
-    case LayerType::kDropout:
-      DP_RETURN_IF_ERROR(ReadNumber(t, "dropout_ratio", where, &l->dropout_ratio));
-      if (!(l->dropout_ratio >= 0.0f && l->dropout_ratio < 1.0f))
-        return InvalidArgument("{}: dropout_ratio must be in [0, 1), got {}", where.str(),
-                               l->dropout_ratio);
-      break;
-    case LayerType::kAccuracy:
-      DP_RETURN_IF_ERROR(ReadNumber(t, "top_k", where, &l->top_k));
-      if (l->top_k <= 0) return InvalidArgument("{}: top_k must be positive, got {}", where.str(), l->top_k);
-      break;
-    case LayerType::kActivation: {
-      const ActivationRow& row = ActivationOf(l->activation);
-      if (*row.alpha_key == '\0') break;
-      DP_RETURN_IF_ERROR(ReadNumber(t, row.alpha_key, where, &l->activation_alpha));
-      if (!row.alpha_ok(l->activation_alpha)) {
-        return InvalidArgument("{}: {} must be {}, got {}", where.str(), row.alpha_key, row.alpha_rule,
+  DP_RETURN_IF_ERROR(ParseKeyGroups(t, where, *row, l));
+  DP_RETURN_IF_ERROR(ParseRowKeys(t, where, *row, l));
+  if (activation != nullptr) {
+    l->activation = activation->kind;
+    l->activation_alpha = activation->alpha_default;
+    if (*activation->alpha_key != '\0') {
+      DP_RETURN_IF_ERROR(ReadNumber(t, activation->alpha_key, where, &l->activation_alpha));
+      if (!activation->alpha_ok(l->activation_alpha)) {
+        return InvalidArgument("{}: {} must be {}, got {}", where.str(), activation->alpha_key, activation->alpha_rule,
                                l->activation_alpha);
       }
-      break;
     }
-    case LayerType::kSoftmaxWithLoss:
-      break;
   }
   return Status::Ok();
 }
@@ -278,11 +288,22 @@ Status ParseTable(const toml::table& root, const std::string& source, NetSpec* s
 
 }  // namespace
 
-const char* LayerTypeName(LayerType type) {
-  for (const auto& tn : kTypeNames)
-    if (tn.type == type) return tn.name;
-  return "?";
+const LayerTypeRow& LayerTypeOf(LayerType type) {
+  for (const LayerTypeRow& row : kLayerTypes) {
+    if (row.type == type) return row;
+  }
+  DP_CHECK(false && "a LayerType without a row in kLayerTypes");
+  return kLayerTypes[0];
 }
+
+const LayerTypeRow* FindLayerType(std::string_view name) {
+  for (const LayerTypeRow& row : kLayerTypes) {
+    if (row.type != LayerType::kActivation && name == row.name) return &row;
+  }
+  return nullptr;
+}
+
+const char* LayerTypeName(LayerType type) { return LayerTypeOf(type).name; }
 
 const char* TypeNameOf(const LayerSpec& layer) {
   return layer.type == LayerType::kActivation ? ActivationOf(layer.activation).name : LayerTypeName(layer.type);
@@ -335,6 +356,101 @@ int PoolOutputSize(int in, int kernel, int stride, int pad) {
   return out;
 }
 
+namespace shape_rules {
+namespace {
+
+Status Need4d(const ShapeIn& in) {
+  const std::vector<int>& x = in.bottoms[0];
+  if (x.size() != 4)
+    return InvalidArgument("{}: bottom '{}' must be 4-D (N,C,H,W), has shape {}", in.where, in.layer.bottoms[0],
+                           ShapeString(x));
+  return Status::Ok();
+}
+
+// Weight (and bias when bias_term) of a layer with num_output outputs.
+void AddLearnable(const LayerSpec& l, std::vector<int64_t> weight, ShapeOut* out) {
+  out->params.push_back({".weight", std::move(weight), l.weight_lr_mult, l.weight_decay_mult});
+  if (l.bias_term) out->params.push_back({".bias", {l.num_output}, l.bias_lr_mult, l.bias_decay_mult});
+}
+
+}  // namespace
+
+Status Convolution(const ShapeIn& in, ShapeOut* out) {
+  DP_RETURN_IF_ERROR(Need4d(in));
+  const LayerSpec& l = in.layer;
+  const std::vector<int>& x = in.bottoms[0];
+  if (x[1] % l.group != 0)
+    return InvalidArgument("{}: group {} does not divide input channels {}", in.where, l.group, x[1]);
+  const int ho = ConvOutputSize(x[2], l.kernel_h, l.stride_h, l.pad_h);
+  const int wo = ConvOutputSize(x[3], l.kernel_w, l.stride_w, l.pad_w);
+  if (ho <= 0 || wo <= 0)
+    return InvalidArgument("{}: kernel {}x{} (pad {}) is larger than the input {}", in.where, l.kernel_h, l.kernel_w,
+                           l.pad_h, ShapeString(x));
+  out->top = {x[0], l.num_output, ho, wo};
+  AddLearnable(l, {l.num_output, x[1] / l.group, l.kernel_h, l.kernel_w}, out);
+  return Status::Ok();
+}
+
+Status Pooling(const ShapeIn& in, ShapeOut* out) {
+  DP_RETURN_IF_ERROR(Need4d(in));
+  const LayerSpec& l = in.layer;
+  const std::vector<int>& x = in.bottoms[0];
+  if (l.pad_h >= l.kernel_h || l.pad_w >= l.kernel_w)
+    return InvalidArgument("{}: pad {}x{} must be smaller than the kernel {}x{}", in.where, l.pad_h, l.pad_w,
+                           l.kernel_h, l.kernel_w);
+  const int ho = PoolOutputSize(x[2], l.kernel_h, l.stride_h, l.pad_h);
+  const int wo = PoolOutputSize(x[3], l.kernel_w, l.stride_w, l.pad_w);
+  if (ho <= 0 || wo <= 0 || x[2] + 2 * l.pad_h < l.kernel_h || x[3] + 2 * l.pad_w < l.kernel_w)
+    return InvalidArgument("{}: kernel {}x{} is larger than the input {}", in.where, l.kernel_h, l.kernel_w,
+                           ShapeString(x));
+  // Caffe drops a last window that would start past the input only when there is padding;
+  // without, a stride larger than the kernel can leave it empty (Caffe: MAX -FLT_MAX, AVE 0/0).
+  if ((ho - 1) * l.stride_h >= x[2] + l.pad_h || (wo - 1) * l.stride_w >= x[3] + l.pad_w)
+    return InvalidArgument(
+        "{}: kernel {}x{}, stride {}x{}, pad {}x{} on input {}: the last of the {}x{} "
+        "windows would start past the input (empty)",
+        in.where, l.kernel_h, l.kernel_w, l.stride_h, l.stride_w, l.pad_h, l.pad_w, ShapeString(x), ho, wo);
+  out->top = {x[0], x[1], ho, wo};
+  return Status::Ok();
+}
+
+Status InnerProduct(const ShapeIn& in, ShapeOut* out) {
+  const LayerSpec& l = in.layer;
+  const std::vector<int>& x = in.bottoms[0];
+  if (x.size() < 2)
+    return InvalidArgument("{}: bottom '{}' must have a batch and feature dims, has {}", in.where, l.bottoms[0],
+                           ShapeString(x));
+  out->top = {x[0], l.num_output};
+  AddLearnable(l, {l.num_output, ShapeCount(x) / x[0]}, out);
+  return Status::Ok();
+}
+
+Status Scores(const ShapeIn& in, ShapeOut* out) {
+  const LayerSpec& l = in.layer;
+  const std::vector<int>& x = in.bottoms[0];
+  if (x.size() != 2)
+    return InvalidArgument("{}: scores '{}' must be 2-D (N,K), have shape {}", in.where, l.bottoms[0], ShapeString(x));
+  if (in.bottoms[1] != std::vector<int>{x[0]})
+    return InvalidArgument("{}: label '{}' has shape {}, expected ({})", in.where, l.bottoms[1],
+                           ShapeString(in.bottoms[1]), x[0]);
+  if (l.type == LayerType::kAccuracy && l.top_k > x[1])
+    return InvalidArgument("{}: top_k {} exceeds the {} classes", in.where, l.top_k, x[1]);
+  out->top = {1};
+  return Status::Ok();
+}
+
+Status Same(const ShapeIn& in, ShapeOut* out) {
+  out->top = in.bottoms[0];
+  return Status::Ok();
+}
+
+Status Same4d(const ShapeIn& in, ShapeOut* out) {
+  DP_RETURN_IF_ERROR(Need4d(in));
+  return Same(in, out);
+}
+
+}  // namespace shape_rules
+
 Status InferShapes(const NetSpec& spec, int batch, NetShapes* shapes) {
   *shapes = NetShapes();
   if (batch <= 0) return InvalidArgument("{}: batch size must be positive, got {}", spec.source, batch);
@@ -344,9 +460,9 @@ Status InferShapes(const NetSpec& spec, int batch, NetShapes* shapes) {
   std::map<std::string, std::string> grad_consumer;  // blob → layer sending a gradient into it
   for (size_t li = 0; li < spec.layers.size(); ++li) {
     const LayerSpec& l = spec.layers[li];
+    const LayerTypeRow& row = LayerTypeOf(l.type);
     const std::string where = fmt::format("{}: layer '{}' (#{}, {})", spec.source, l.name, li, TypeNameOf(l));
-    const bool two_bottoms = l.type == LayerType::kSoftmaxWithLoss || l.type == LayerType::kAccuracy;
-    const size_t want_bottoms = two_bottoms ? 2 : 1;
+    const size_t want_bottoms = static_cast<size_t>(row.bottoms);
     if (l.bottoms.size() != want_bottoms)
       return InvalidArgument("{}: needs {} bottom(s), has {}", where, want_bottoms, l.bottoms.size());
     if (l.tops.size() != 1) return InvalidArgument("{}: needs 1 top, has {}", where, l.tops.size());
@@ -361,104 +477,27 @@ Status InferShapes(const NetSpec& spec, int batch, NetShapes* shapes) {
     if (blobs.count(l.tops[0]))
       return InvalidArgument("{}: top '{}' already exists (in-place layers are not supported; "
                              "give the top a new name)", where, l.tops[0]);
-    // Gradient routing: bottom 0 of every layer but Accuracy receives a gradient.
-    if (l.type != LayerType::kAccuracy && l.bottoms[0] != "data") {
+    // Gradient routing: bottom 0 of every layer that sends a gradient back receives one.
+    if (row.sends_gradient && l.bottoms[0] != "data") {
       auto [it, inserted] = grad_consumer.emplace(l.bottoms[0], l.name);
       if (!inserted)
         return InvalidArgument("{}: bottom '{}' already feeds gradient-carrying layer '{}'; a blob "
                                "may have only one such consumer", where, l.bottoms[0], it->second);
     }
-    const std::vector<int>& x = in[0];
-    std::vector<int> y;
-    auto need4d = [&]() -> Status {
-      if (x.size() != 4)
-        return InvalidArgument("{}: bottom '{}' must be 4-D (N,C,H,W), has shape {}", where,
-                               l.bottoms[0], ShapeString(x));
-      return Status::Ok();
-    };
-    auto add_param = [&](const std::string& suffix, std::vector<int64_t> shape, float lr,
-                         float decay) {
-      shapes->layer_params.resize(li + 1);
-      shapes->layer_params[li].push_back(static_cast<int>(shapes->params.size()));
-      shapes->params.push_back(TensorSpec{l.name + suffix, std::move(shape), lr, decay});
-    };
+    ShapeOut out;
+    DP_RETURN_IF_ERROR(row.shape(ShapeIn{l, in, where}, &out));
     shapes->layer_params.resize(li + 1);
-    switch (l.type) {
-      case LayerType::kConvolution: {
-        DP_RETURN_IF_ERROR(need4d());
-        if (x[1] % l.group != 0)
-          return InvalidArgument("{}: group {} does not divide input channels {}", where, l.group, x[1]);
-        int ho = ConvOutputSize(x[2], l.kernel_h, l.stride_h, l.pad_h);
-        int wo = ConvOutputSize(x[3], l.kernel_w, l.stride_w, l.pad_w);
-        if (ho <= 0 || wo <= 0)
-          return InvalidArgument("{}: kernel {}x{} (pad {}) is larger than the input {}", where,
-                                 l.kernel_h, l.kernel_w, l.pad_h, ShapeString(x));
-        y = {x[0], l.num_output, ho, wo};
-        add_param(".weight", {l.num_output, x[1] / l.group, l.kernel_h, l.kernel_w},
-                  l.weight_lr_mult, l.weight_decay_mult);
-        if (l.bias_term) add_param(".bias", {l.num_output}, l.bias_lr_mult, l.bias_decay_mult);
-        break;
-      }
-      case LayerType::kPooling: {
-        DP_RETURN_IF_ERROR(need4d());
-        if (l.pad_h >= l.kernel_h || l.pad_w >= l.kernel_w)
-          return InvalidArgument("{}: pad {}x{} must be smaller than the kernel {}x{}", where,
-                                 l.pad_h, l.pad_w, l.kernel_h, l.kernel_w);
-        int ho = PoolOutputSize(x[2], l.kernel_h, l.stride_h, l.pad_h);
-        int wo = PoolOutputSize(x[3], l.kernel_w, l.stride_w, l.pad_w);
-        if (ho <= 0 || wo <= 0 || x[2] + 2 * l.pad_h < l.kernel_h || x[3] + 2 * l.pad_w < l.kernel_w)
-          return InvalidArgument("{}: kernel {}x{} is larger than the input {}", where, l.kernel_h,
-                                 l.kernel_w, ShapeString(x));
-        // Caffe drops a last window that would start past the input only when there is padding;
-        // without, a stride larger than the kernel can leave it empty (Caffe: MAX -FLT_MAX, AVE 0/0).
-        if ((ho - 1) * l.stride_h >= x[2] + l.pad_h || (wo - 1) * l.stride_w >= x[3] + l.pad_w)
-          return InvalidArgument(
-              "{}: kernel {}x{}, stride {}x{}, pad {}x{} on input {}: the last of the {}x{} "
-              "windows would start past the input (empty)",
-              where, l.kernel_h, l.kernel_w, l.stride_h, l.stride_w, l.pad_h, l.pad_w, ShapeString(x), ho, wo);
-        y = {x[0], x[1], ho, wo};
-        break;
-      }
-      case LayerType::kLRN:
-        DP_RETURN_IF_ERROR(need4d());
-        y = x;
-        break;
-      case LayerType::kActivation:
-      case LayerType::kDropout:
-        y = x;
-        break;
-      case LayerType::kInnerProduct: {
-        if (x.size() < 2)
-          return InvalidArgument("{}: bottom '{}' must have a batch and feature dims, has {}",
-                                 where, l.bottoms[0], ShapeString(x));
-        int64_t k = ShapeCount(x) / x[0];
-        y = {x[0], l.num_output};
-        add_param(".weight", {l.num_output, k}, l.weight_lr_mult, l.weight_decay_mult);
-        if (l.bias_term) add_param(".bias", {l.num_output}, l.bias_lr_mult, l.bias_decay_mult);
-        break;
-      }
-      case LayerType::kSoftmaxWithLoss:
-      case LayerType::kAccuracy: {
-        if (x.size() != 2)
-          return InvalidArgument("{}: scores '{}' must be 2-D (N,K), have shape {}", where,
-                                 l.bottoms[0], ShapeString(x));
-        if (in[1] != std::vector<int>{x[0]})
-          return InvalidArgument("{}: label '{}' has shape {}, expected ({})", where, l.bottoms[1],
-                                 ShapeString(in[1]), x[0]);
-        if (l.type == LayerType::kAccuracy && l.top_k > x[1])
-          return InvalidArgument("{}: top_k {} exceeds the {} classes", where, l.top_k, x[1]);
-        if (l.type == LayerType::kSoftmaxWithLoss) {
-          if (shapes->loss_layer >= 0)
-            return InvalidArgument("{}: a second loss layer (first: '{}')", where,
-                                   spec.layers[shapes->loss_layer].name);
-          shapes->loss_layer = static_cast<int>(li);
-          shapes->num_classes = x[1];
-        }
-        y = {1};
-        break;
-      }
+    for (ShapeOut::Param& p : out.params) {
+      shapes->layer_params[li].push_back(static_cast<int>(shapes->params.size()));
+      shapes->params.push_back(TensorSpec{l.name + p.suffix, std::move(p.shape), p.lr_mult, p.decay_mult});
     }
-    blobs[l.tops[0]] = y;
+    if (l.type == LayerType::kSoftmaxWithLoss) {
+      if (shapes->loss_layer >= 0)
+        return InvalidArgument("{}: a second loss layer (first: '{}')", where, spec.layers[shapes->loss_layer].name);
+      shapes->loss_layer = static_cast<int>(li);
+      shapes->num_classes = in[0][1];
+    }
+    blobs[l.tops[0]] = std::move(out.top);
   }
   if (shapes->loss_layer < 0)
     return InvalidArgument("{}: the net has no SoftmaxWithLoss layer", spec.source);

@@ -10,12 +10,23 @@
 //   [input]            channels = 3, height = 227, width = 227   (the blob "data" + "label")
 //   [[layer]]          name, type, bottom = [...], top = [...], plus per-type fields below.
 //
+// Every layer type is one row of kLayerTypes below (the elementwise activations are rows of
+// activations.h): its name, bottoms, keys (TOML key, member, rule and where a Caffe prototxt
+// keeps it), its own defaults and its shape rule. The TOML reader, shape inference, the net's
+// gradient routing and the prototxt importer read the rows. A new layer type is its LayerType,
+// its LayerSpec members and its row here; its layer in each backend (reference_backend.cc,
+// onednn_backend.cc, gpu/cuda_layers.cc); one gradient case (gradient_cases.cc); and, when Caffe
+// keeps its parameters in a message the bundled caffe.proto lacks, that message.
+//
 // Thread-safety: plain values; parsing and inference are pure functions.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "client/engine/activations.h"
@@ -101,6 +112,112 @@ struct LayerSpec {
 // activation, else LayerTypeName.
 const char* TypeNameOf(const LayerSpec& layer);
 
+// Caffe's output size rules.
+int ConvOutputSize(int in, int kernel, int stride, int pad);  // floor
+int PoolOutputSize(int in, int kernel, int stride, int pad);  // ceil, clipped to the input
+
+// One key a layer type reads by itself: the TOML key, the LayerSpec member it sets, what the
+// value must be, and its field in the type's Caffe message (LayerTypeRow::caffe_message).
+struct LayerKey {
+  const char* name;
+  std::variant<int LayerSpec::*, float LayerSpec::*, bool LayerSpec::*> member;
+  bool (*ok)(double value);  // null = any value of the type
+  const char* rule;          // completes "<key> must be ...", e.g. "odd and positive"
+  const char* caffe_field;   // "" = not imported from a prototxt by the table
+};
+
+// Keys several types share, read by net_spec.cc (bits of LayerTypeRow::groups).
+enum LayerKeyGroup : unsigned {
+  kLearnableKeys = 1,  // num_output (> 0), bias_term, weight_filler, bias_filler, param (two tables)
+  kGeometryKeys = 2,   // kernel_size | kernel_h, kernel_w; stride | stride_h, stride_w; pad | ...
+  kGroupKey = 4,       // group (divides num_output)
+  kPoolKey = 8,        // pool = "max" | "ave"
+  kSlopeKeys = 16,     // weight_filler and param (one table): a layer with one learnable tensor
+};
+
+// What a shape rule is given: the layer, its bottoms' shapes and "file: layer 'x' (#i, Type)".
+struct ShapeIn {
+  const LayerSpec& layer;
+  const std::vector<std::vector<int>>& bottoms;
+  const std::string& where;
+};
+// What it gives: the top's shape and the layer's learnable tensors (net order: weight, bias).
+struct ShapeOut {
+  struct Param {
+    std::string suffix;  // ".weight", ".bias"
+    std::vector<int64_t> shape;
+    float lr_mult = 1.0f, decay_mult = 1.0f;
+  };
+  std::vector<int> top;
+  std::vector<Param> params;
+};
+
+struct LayerTypeRow {
+  LayerType type;
+  const char* name;     // the TOML `type` and the Caffe layer type
+  int bottoms;          // 1; or 2: scores (N,K), then labels (N)
+  bool sends_gradient;  // bottom 0 receives a gradient (every type but Accuracy)
+  unsigned groups;      // LayerKeyGroup bits
+  std::span<const LayerKey> keys;
+  void (*defaults)(LayerSpec* layer);  // the type's own defaults before its keys are read; null = none
+  Status (*shape)(const ShapeIn& in, ShapeOut* out);
+  // LayerParameter field of its Caffe parameters: the prototxt importer converts the layer from
+  // its keys' caffe_field (a filler from caffe_filler) and its param { } entries. "" = none
+  // (a type without parameters, or one converted by hand in client/caffe/prototxt_import.cc).
+  const char* caffe_message;
+  const char* caffe_filler;  // the FillerParameter field of caffe_message for weight_filler; ""
+};
+
+// Shape rules of the types whose rules live in net_spec.cc.
+namespace shape_rules {
+Status Convolution(const ShapeIn& in, ShapeOut* out);
+Status Pooling(const ShapeIn& in, ShapeOut* out);
+Status InnerProduct(const ShapeIn& in, ShapeOut* out);
+Status Scores(const ShapeIn& in, ShapeOut* out);  // SoftmaxWithLoss, Accuracy
+Status Same(const ShapeIn& in, ShapeOut* out);    // the top is the bottom's shape
+Status Same4d(const ShapeIn& in, ShapeOut* out);  // the same, for a 4-D (N,C,H,W) bottom
+}  // namespace shape_rules
+
+inline constexpr LayerKey kLrnKeys[] = {
+    {"local_size", &LayerSpec::local_size, [](double v) { return v > 0 && static_cast<int64_t>(v) % 2 == 1; },
+     "odd and positive", "local_size"},
+    {"alpha", &LayerSpec::alpha, nullptr, "", "alpha"},
+    {"beta", &LayerSpec::beta, nullptr, "", "beta"},
+    {"k", &LayerSpec::k, nullptr, "", "k"},
+};
+inline constexpr LayerKey kDropoutKeys[] = {
+    {"dropout_ratio", &LayerSpec::dropout_ratio, [](double v) { return v >= 0.0 && v < 1.0; }, "in [0, 1)",
+     "dropout_ratio"},
+};
+inline constexpr LayerKey kAccuracyKeys[] = {
+    {"top_k", &LayerSpec::top_k, [](double v) { return v > 0; }, "positive", "top_k"},
+};
+
+inline constexpr LayerTypeRow kLayerTypes[] = {
+    {LayerType::kConvolution,
+     "Convolution",
+     1,
+     true,
+     kLearnableKeys | kGeometryKeys | kGroupKey,
+     {},
+     nullptr,
+     shape_rules::Convolution,
+     "",
+     ""},
+    {LayerType::kActivation, "activation", 1, true, 0, {}, nullptr, shape_rules::Same, "", ""},
+    {LayerType::kLRN, "LRN", 1, true, 0, kLrnKeys, nullptr, shape_rules::Same4d, "", ""},
+    {LayerType::kPooling, "Pooling", 1, true, kPoolKey | kGeometryKeys, {}, nullptr, shape_rules::Pooling, "", ""},
+    {LayerType::kInnerProduct, "InnerProduct", 1, true, kLearnableKeys, {}, nullptr, shape_rules::InnerProduct, "", ""},
+    {LayerType::kDropout, "Dropout", 1, true, 0, kDropoutKeys, nullptr, shape_rules::Same, "dropout_param", ""},
+    {LayerType::kSoftmaxWithLoss, "SoftmaxWithLoss", 2, true, 0, {}, nullptr, shape_rules::Scores, "", ""},
+    {LayerType::kAccuracy, "Accuracy", 2, false, 0, kAccuracyKeys, nullptr, shape_rules::Scores, "", ""},
+};
+
+// The row of `type` (every LayerType has one).
+const LayerTypeRow& LayerTypeOf(LayerType type);
+// The row named `name` (not an activation's; activations.h FindActivation), or null.
+const LayerTypeRow* FindLayerType(std::string_view name);
+
 struct NetSpec {
   std::string name;
   std::string source;  // file it came from (for error messages), "" when parsed from a string
@@ -137,9 +254,5 @@ Status InferShapes(const NetSpec& spec, int batch, NetShapes* shapes);
 // Product of the dims.
 int64_t ShapeCount(const std::vector<int>& shape);
 std::string ShapeString(const std::vector<int>& shape);
-
-// Caffe's output size rules.
-int ConvOutputSize(int in, int kernel, int stride, int pad);   // floor
-int PoolOutputSize(int in, int kernel, int stride, int pad);   // ceil, clipped to the input
 
 }  // namespace downpour::engine
