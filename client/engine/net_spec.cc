@@ -49,7 +49,7 @@ Status ReadNumber(const toml::table& t, const char* key, const Where& where, T* 
   if (node == nullptr) return Status::Ok();
   if constexpr (std::is_same_v<T, bool>) {
     auto v = node->value<bool>();
-    if (!v) return InvalidArgument("{}: field '{}' must be a boolean", where.str(), key);
+    if (!v || !node->is_boolean()) return InvalidArgument("{}: field '{}' must be a boolean", where.str(), key);
     *out = *v;
   } else if constexpr (std::is_integral_v<T>) {
     auto v = node->value<int64_t>();

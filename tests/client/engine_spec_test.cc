@@ -116,6 +116,31 @@ TEST(EngineSpec, AnActivationTypeParsesToItsRowWithItsParameter) {
   EXPECT_NE(s.message().find("ReLU"), std::string::npos) << "the known types list the activations: " << s.message();
 }
 
+// A boolean key takes true or false only, as the run config's do (bias_term = 1 was read as true).
+TEST(EngineSpec, ABooleanKeyTakesOnlyTrueOrFalse) {
+  const Status s = Build(
+      "[[layer]]\nname = \"fc\"\ntype = \"InnerProduct\"\nbottom = \"data\"\ntop = \"fc\"\nnum_output = 3\n"
+      "bias_term = 1\n");
+  EXPECT_NE(s.message().find("layer 'fc' (#0): field 'bias_term' must be a boolean"), std::string::npos)
+      << s.message();
+}
+
+// Every row of kLayerTypes: one per type and name, found by both; its keys known to the reader.
+TEST(EngineSpec, EveryLayerTypeRowIsConsistent) {
+  std::set<std::string> names;
+  std::set<int> types;
+  for (const LayerTypeRow& row : kLayerTypes) {
+    EXPECT_TRUE(names.insert(row.name).second) << row.name;
+    EXPECT_TRUE(types.insert(static_cast<int>(row.type)).second) << row.name;
+    EXPECT_EQ(&LayerTypeOf(row.type), &row) << row.name;
+    if (row.type != LayerType::kActivation) EXPECT_EQ(FindLayerType(row.name), &row) << row.name;
+    EXPECT_TRUE(row.bottoms == 1 || row.bottoms == 2) << row.name;
+    EXPECT_NE(row.shape, nullptr) << row.name;
+  }
+  EXPECT_EQ(FindLayerType("activation"), nullptr) << "activations are found by their own names";
+  EXPECT_EQ(FindLayerType("Deconvolution"), nullptr);
+}
+
 TEST(EngineSpec, MissingBottomNamesTheLayerAndBlob) {
   Status s = Build("[[layer]]\nname = \"r\"\ntype = \"ReLU\"\nbottom = \"nope\"\ntop = \"r\"\n");
   EXPECT_NE(s.message().find("'r'"), std::string::npos) << s.message();
