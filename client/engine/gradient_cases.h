@@ -1,9 +1,9 @@
 // gradient_cases.h — the layer gradient suite every backend runs through the gradient checker
-// (gradient_checker.h): each layer type at geometries that exercise its edge cases (convolution
-// with groups, padding, stride and rectangular kernels; inner product from an image and without
-// bias; ReLU across its kink; LRN strong and with AlexNet's constants; MAX and AVE pooling with
-// padding, Caffe's ceil overhang, floor == ceil, and Caffe's dropped last window; dropout in the
-// train phase; softmax loss), with the values and checker options each needs.
+// (gradient_checker.h): every layer type at geometries that exercise its edge cases (for example
+// convolution with groups, padding, stride and rectangular kernels; activations across their
+// kink; MAX and AVE pooling with padding, Caffe's ceil overhang and its dropped last window;
+// dropout in the train phase), with the values and checker options each needs (gradient_cases.cc
+// lists them).
 // tests/client/engine_layer_gradcheck_test.cc runs it on the reference and oneDNN backends,
 // tests/client/gpu_gradcheck_test.cc on CUDA, so a new backend gets the same suite.
 //
