@@ -68,6 +68,12 @@ std::vector<GradientCase> LayerGradientCases() {
       {"EluAlphaHalf", "channels = 3\nheight = 4\nwidth = 5",
        "[[layer]]\nname = \"elu\"\ntype = \"ELU\"\nbottom = \"data\"\ntop = \"t\"\nalpha = 0.5\n", 2, ReluOptions(),
        ReluInputs},
+      // PReLU: a slope per channel, and one shared; the kink at 0 as ReLU's.
+      {"PreluPerChannel", "channels = 3\nheight = 4\nwidth = 5",
+       "[[layer]]\nname = \"prelu\"\ntype = \"PReLU\"\nbottom = \"data\"\ntop = \"t\"\n", 2, ReluOptions(), ReluInputs},
+      {"PreluChannelShared", "channels = 3\nheight = 2\nwidth = 3",
+       "[[layer]]\nname = \"prelu\"\ntype = \"PReLU\"\nbottom = \"data\"\ntop = \"t\"\nchannel_shared = true\n", 2,
+       ReluOptions(), ReluInputs},
       {"LrnStrong", "channels = 7\nheight = 3\nwidth = 2",
        "[[layer]]\nname = \"lrn\"\ntype = \"LRN\"\nbottom = \"data\"\ntop = \"t\"\nlocal_size = 3\nalpha = 0.5\n"
        "beta = 0.75\nk = 2.0\n"},

@@ -44,6 +44,7 @@ enum class LayerType {
   kDropout,          // inverted dropout, train phase only, seeded mask
   kSoftmaxWithLoss,  // bottoms (scores (N,K), label (N)) → top loss (1); mean cross-entropy
   kAccuracy,         // bottoms (scores (N,K), label (N)) → top accuracy (1); top_k
+  kPReLU,            // y = max(0, x) + a_c min(0, x), a learnable slope per channel (He et al. 2015)
 };
 
 // Name as written in the config ("Convolution", "Pooling", ...; "activation" for the family).
@@ -106,6 +107,10 @@ struct LayerSpec {
 
   float dropout_ratio = 0.5f;  // probability of dropping; default 0.5
   int top_k = 1;               // accuracy; default 1
+
+  // PReLU: one slope for all channels (params "<layer>.weight" of shape (1)) instead of one per
+  // channel ((C)); the slopes' filler is weight_filler (its row's default: constant 0.25).
+  bool channel_shared = false;
 };
 
 // The layer's type as written in the config: its activation's name ("ReLU", "ELU") for an
@@ -193,6 +198,10 @@ inline constexpr LayerKey kAccuracyKeys[] = {
     {"top_k", &LayerSpec::top_k, [](double v) { return v > 0; }, "positive", "top_k"},
 };
 
+inline constexpr LayerKey kPReLUKeys[] = {
+    {"channel_shared", &LayerSpec::channel_shared, nullptr, "", "channel_shared"},
+};
+
 inline constexpr LayerTypeRow kLayerTypes[] = {
     {LayerType::kConvolution,
      "Convolution",
@@ -211,6 +220,19 @@ inline constexpr LayerTypeRow kLayerTypes[] = {
     {LayerType::kDropout, "Dropout", 1, true, 0, kDropoutKeys, nullptr, shape_rules::Same, "dropout_param", ""},
     {LayerType::kSoftmaxWithLoss, "SoftmaxWithLoss", 2, true, 0, {}, nullptr, shape_rules::Scores, "", ""},
     {LayerType::kAccuracy, "Accuracy", 2, false, 0, kAccuracyKeys, nullptr, shape_rules::Scores, "", ""},
+    // PReLU (He et al., Delving Deep into Rectifiers, 2015; Caffe's PReLU and its prelu_param).
+    {LayerType::kPReLU, "PReLU", 1, true, kSlopeKeys, kPReLUKeys,
+     [](LayerSpec* l) {
+       l->weight_filler = FillerSpec{FillerType::kConstant, 0.25f};  // Caffe's PReLU default
+     },
+     [](const ShapeIn& in, ShapeOut* out) -> Status {
+       DP_RETURN_IF_ERROR(shape_rules::Same4d(in, out));
+       const LayerSpec& l = in.layer;
+       out->params.push_back(
+           {".weight", {l.channel_shared ? 1 : in.bottoms[0][1]}, l.weight_lr_mult, l.weight_decay_mult});
+       return Status::Ok();
+     },
+     "prelu_param", "filler"},
 };
 
 // The row of `type` (every LayerType has one).

@@ -370,6 +370,53 @@ class DnnActivation : public DnnLayer {
   dnnl::eltwise_backward bwd_;
 };
 
+// PReLU on oneDNN's prelu primitive: the slopes (canonical (C), or (1) with channel_shared) are
+// a 1×C×1×1 (1×1×1×1) plain weights tensor broadcast over the activation in its own layout; the
+// backward writes the slopes' gradient whether or not the bottom wants one.
+class DnnPrelu : public DnnLayer {
+ public:
+  using DnnLayer::DnnLayer;
+  Status Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    md_ = DescOf(*bottom[0]);
+    const memory::dim c = spec_.channel_shared ? 1 : bottom[0]->shape[1];
+    w_md_ = memory::desc({1, c, 1, 1}, dt::f32, tag::abcd);
+    try {
+      dnnl::prelu_forward::desc fd(dnnl::prop_kind::forward_training, md_, w_md_);
+      auto fpd = dnnl::prelu_forward::primitive_desc(fd, c_.eng);
+      fwd_ = dnnl::prelu_forward(fpd);
+      dnnl::prelu_backward::desc bd(md_, w_md_, md_, w_md_);
+      bwd_ = dnnl::prelu_backward(dnnl::prelu_backward::primitive_desc(bd, c_.eng, fpd));
+    } catch (const dnnl::error& e) {
+      return InvalidArgument("oneDNN PReLU setup failed for input {}: {}", ShapeString(bottom[0]->shape), e.what());
+    }
+    scratch_.Resize(md_);
+    AllocTop(top[0], md_);
+    return Status::Ok();
+  }
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    fwd_.execute(c_.stream, {{DNNL_ARG_SRC, Mem(md_, bottom[0]->data)},
+                             {DNNL_ARG_WEIGHTS, Mem(w_md_, params_[0].data)},
+                             {DNNL_ARG_DST, Mem(md_, top[0]->data)}});
+    Wait();
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    float* dx = down[0] ? bottom[0]->grad : scratch_.data();
+    bwd_.execute(c_.stream, {{DNNL_ARG_SRC, Mem(md_, bottom[0]->data)},
+                             {DNNL_ARG_WEIGHTS, Mem(w_md_, params_[0].data)},
+                             {DNNL_ARG_DIFF_DST, Mem(md_, top[0]->grad)},
+                             {DNNL_ARG_DIFF_SRC, Mem(md_, dx)},
+                             {DNNL_ARG_DIFF_WEIGHTS, Mem(w_md_, params_[0].grad)}});
+    Wait();
+  }
+
+ private:
+  memory::desc md_, w_md_;
+  dnnl::prelu_forward fwd_;
+  dnnl::prelu_backward bwd_;
+  Buffer scratch_;  // the bottom's gradient when it takes none
+};
+
 class DnnLrn : public DnnLayer {
  public:
   using DnnLayer::DnnLayer;
@@ -789,6 +836,9 @@ class OneDnnBackend : public Backend {
       case LayerType::kDropout: *layer = std::make_unique<DnnDropout>(&ctx_, c); break;
       case LayerType::kSoftmaxWithLoss: *layer = std::make_unique<DnnSoftmaxLoss>(&ctx_, c); break;
       case LayerType::kAccuracy: *layer = std::make_unique<DnnAccuracy>(&ctx_, c); break;
+      case LayerType::kPReLU:
+        *layer = std::make_unique<DnnPrelu>(&ctx_, c);
+        break;
     }
     return Status::Ok();
   }

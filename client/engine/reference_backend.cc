@@ -104,6 +104,38 @@ class RefActivation : public RefLayer {
   const float alpha_;
 };
 
+// PReLU: y = max(0, x) + a_c min(0, x); dx = dy (x > 0 ? 1 : a_c); da_c = sum over n, h, w of
+// dy min(0, x). One slope for all channels when channel_shared.
+class RefPrelu : public RefLayer {
+ public:
+  using RefLayer::RefLayer;
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    const auto& s = bottom[0]->shape;
+    const double* a = weight();
+    const float* x = bottom[0]->data;
+    float* y = top[0]->data;
+    const int64_t plane = int64_t{s[2]} * s[3];
+    for (int64_t i = 0, n = bottom[0]->count(); i < n; ++i) {
+      const double slope = a[spec_.channel_shared ? 0 : (i / plane) % s[1]];
+      y[i] = static_cast<float>(std::max(0.0, double{x[i]}) + slope * std::min(0.0, double{x[i]}));
+    }
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    const auto& s = bottom[0]->shape;
+    const double* a = weight();
+    const float *x = bottom[0]->data, *dy = top[0]->grad;
+    const int64_t plane = int64_t{s[2]} * s[3];
+    std::vector<double> da(params_[0].spec.numel(), 0.0);
+    for (int64_t i = 0, n = bottom[0]->count(); i < n; ++i) {
+      const int64_t c = spec_.channel_shared ? 0 : (i / plane) % s[1];
+      da[c] += double{dy[i]} * std::min(0.0, double{x[i]});
+      if (down[0]) bottom[0]->grad[i] = static_cast<float>(x[i] > 0.0f ? double{dy[i]} : a[c] * dy[i]);
+    }
+    Narrow(da, params_[0].grad);
+  }
+};
+
 class RefLrn : public RefLayer {
  public:
   using RefLayer::RefLayer;
@@ -303,6 +335,9 @@ class ReferenceBackend : public Backend {
       case LayerType::kDropout: *layer = std::make_unique<RefDropout>(c); break;
       case LayerType::kSoftmaxWithLoss: *layer = std::make_unique<RefSoftmaxLoss>(c); break;
       case LayerType::kAccuracy: *layer = std::make_unique<RefAccuracy>(c); break;
+      case LayerType::kPReLU:
+        *layer = std::make_unique<RefPrelu>(c);
+        break;
     }
     return Status::Ok();
   }

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "client/caffe/caffemodel.h"
@@ -308,6 +309,99 @@ layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(s.message(), "layer 'elu1' (#2, ELU): elu_param.alpha = -1: must be finite and >= 0"))
       << s.message();
+}
+
+// A layer row converted by the table (net_spec.h LayerTypeRow::caffe_message) names a message
+// field of the bundled caffe.proto's LayerParameter, each of its keys' caffe_field a bool or
+// number field of that message with the row's default, and its caffe_filler a FillerParameter.
+TEST(CaffePrototxt, EveryTableLayerRowNamesFieldsOfCaffesLayerParameter) {
+  const google::protobuf::Descriptor* layer = ::caffe::LayerParameter::descriptor();
+  int rows = 0;
+  for (const engine::LayerTypeRow& row : engine::kLayerTypes) {
+    if (*row.caffe_message == '\0') continue;
+    ++rows;
+    const google::protobuf::FieldDescriptor* holder = layer->FindFieldByName(row.caffe_message);
+    ASSERT_NE(holder, nullptr) << row.name << ": LayerParameter has no " << row.caffe_message;
+    ASSERT_EQ(holder->cpp_type(), google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) << row.name;
+    engine::LayerSpec defaults;
+    if (row.defaults != nullptr) row.defaults(&defaults);
+    for (const engine::LayerKey& key : row.keys) {
+      const google::protobuf::FieldDescriptor* f = holder->message_type()->FindFieldByName(key.caffe_field);
+      ASSERT_NE(f, nullptr) << row.name << ": " << row.caffe_message << " has no " << key.caffe_field;
+      const double ours = std::visit([&](auto m) { return static_cast<double>(defaults.*m); }, key.member);
+      switch (f->cpp_type()) {
+        case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
+          EXPECT_EQ(f->default_value_bool(), ours != 0) << row.name << "." << key.name;
+          break;
+        case google::protobuf::FieldDescriptor::CPPTYPE_FLOAT:
+          EXPECT_EQ(f->default_value_float(), static_cast<float>(ours)) << row.name << "." << key.name;
+          break;
+        default:
+          ADD_FAILURE() << row.name << "." << key.name << ": not a bool or float field";
+      }
+    }
+    if (*row.caffe_filler != '\0') {
+      const google::protobuf::FieldDescriptor* f = holder->message_type()->FindFieldByName(row.caffe_filler);
+      ASSERT_NE(f, nullptr) << row.name;
+      EXPECT_EQ(f->message_type(), ::caffe::FillerParameter::descriptor()) << row.name;
+    }
+  }
+  EXPECT_GE(rows, 2) << "Dropout and PReLU are converted by the table";
+}
+
+// PReLU (He et al. 2015), a layer with learnable slopes, imported from its row: prelu_param's
+// filler and channel_shared, its one param { } entry; Caffe's defaults (constant 0.25, a slope
+// per channel) when prelu_param is absent; then it trains.
+TEST(CaffePrototxt, PreluImportsItsSlopesFillerAndSharingAndTrains) {
+  const std::string net = R"(name: "prelu"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "prelu1" type: "PReLU" bottom: "conv1" top: "conv1" PRELU }
+layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 5 } }
+layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
+)";
+  const auto with = [&](const std::string& prelu) {
+    std::string text = net;
+    text.replace(text.find("PRELU"), 5, prelu);
+    return text;
+  };
+  Import import;
+  Status s = ImportText(
+      with("param { lr_mult: 1 decay_mult: 0 } prelu_param { filler { type: \"constant\" value: 0.1 } }"), &import);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(Contains(import.toml, "type = \"PReLU\"")) << import.toml;
+  const engine::LayerSpec* prelu = FindLayer(import.spec, "prelu1");
+  ASSERT_NE(prelu, nullptr);
+  EXPECT_EQ(prelu->type, engine::LayerType::kPReLU);
+  EXPECT_EQ(prelu->weight_filler.type, engine::FillerType::kConstant);
+  EXPECT_FLOAT_EQ(prelu->weight_filler.value, 0.1f);
+  EXPECT_FALSE(prelu->channel_shared);
+  EXPECT_FLOAT_EQ(prelu->weight_decay_mult, 0.0f);
+  bool found = false;
+  for (const TensorSpec& t : import.shapes.params) {
+    if (t.name != "prelu1.weight") continue;
+    found = true;
+    EXPECT_EQ(t.shape, (std::vector<int64_t>{4})) << "a slope per channel of conv1";
+  }
+  EXPECT_TRUE(found);
+  ExpectTrains(import.spec);
+
+  ASSERT_TRUE(ImportText(with("prelu_param { channel_shared: true }"), &import).ok());
+  prelu = FindLayer(import.spec, "prelu1");
+  EXPECT_TRUE(prelu->channel_shared);
+  EXPECT_FLOAT_EQ(prelu->weight_filler.value, 0.25f) << "Caffe's default filler";
+  for (const TensorSpec& t : import.shapes.params) {
+    if (t.name == "prelu1.weight") EXPECT_EQ(t.shape, (std::vector<int64_t>{1}));
+  }
+  ExpectTrains(import.spec);
+
+  s = ImportText(with("param { lr_mult: 1 } param { lr_mult: 2 }"), &import);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "layer 'prelu1' (#2, PReLU): 2 param { } entries for 1 parameter blob"))
+      << s.message();
+  s = ImportText(with("prelu_param { filler { type: \"bilinear\" } }"), &import);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "prelu_param.filler.type 'bilinear' is not supported")) << s.message();
 }
 
 TEST(CaffePrototxt, MalformedPrototxtNamesFileLineAndLayer) {

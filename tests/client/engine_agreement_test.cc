@@ -79,6 +79,45 @@ TEST(EngineAgreement, MixedLayersGroupsLrnPadStride) {
   CompareBackends(spec, 3, 2);
 }
 
+// PReLU between a convolution and the classifier, a slope per channel: loss, scores and every
+// gradient (the slopes' too) agree over two training steps.
+TEST(EngineAgreement, PreluNet) {
+  NetSpec spec;
+  const Status s = ParseNetSpecString(R"(name = "prelu"
+[input]
+channels = 3
+height = 9
+width = 9
+[[layer]]
+name = "conv"
+type = "Convolution"
+bottom = "data"
+top = "conv"
+num_output = 8
+kernel_size = 3
+[[layer]]
+name = "prelu"
+type = "PReLU"
+bottom = "conv"
+top = "prelu"
+weight_filler = { type = "uniform", scale = 0.5 }
+[[layer]]
+name = "fc"
+type = "InnerProduct"
+bottom = "prelu"
+top = "fc"
+num_output = 5
+[[layer]]
+name = "loss"
+type = "SoftmaxWithLoss"
+bottom = ["fc", "label"]
+top = "loss"
+)",
+                                      "prelu", &spec);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  CompareBackends(spec, 3, 2, {"prelu"});
+}
+
 TEST(EngineAgreement, FashionMnistSmallNet) {
   NetSpec spec;
   ASSERT_TRUE(ParseNetSpecFile(std::string(DOWNPOUR_SOURCE_DIR) + "/configs/models/fmnist_small.toml", &spec).ok());

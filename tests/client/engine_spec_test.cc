@@ -141,6 +141,37 @@ TEST(EngineSpec, EveryLayerTypeRowIsConsistent) {
   EXPECT_EQ(FindLayerType("Deconvolution"), nullptr);
 }
 
+// PReLU: a slope per channel (C) or one (channel_shared), Caffe's default filler, one param table.
+TEST(EngineSpec, PreluHasASlopePerChannelOrOneShared) {
+  const std::string prelu = "[[layer]]\nname = \"p\"\ntype = \"PReLU\"\nbottom = \"data\"\ntop = \"p\"\n";
+  const std::string loss =
+      "[[layer]]\nname = \"fc\"\ntype = \"InnerProduct\"\nbottom = \"p\"\ntop = \"fc\"\nnum_output = 3\n"
+      "[[layer]]\nname = \"loss\"\ntype = \"SoftmaxWithLoss\"\nbottom = [\"fc\", \"label\"]\ntop = \"loss\"\n";
+  for (const bool shared : {false, true}) {
+    NetSpec spec;
+    const std::string text = std::string(kHeader) + prelu + (shared ? "channel_shared = true\n" : "") +
+                             "param = [{ lr_mult = 1, decay_mult = 0 }]\n" + loss;
+    ASSERT_TRUE(ParseNetSpecString(text, "t.toml", &spec).ok());
+    const LayerSpec& l = spec.layers[0];
+    EXPECT_EQ(l.type, LayerType::kPReLU);
+    EXPECT_EQ(l.channel_shared, shared);
+    EXPECT_EQ(l.weight_filler.type, FillerType::kConstant);
+    EXPECT_FLOAT_EQ(l.weight_filler.value, 0.25f);
+    EXPECT_FLOAT_EQ(l.weight_decay_mult, 0.0f);
+    NetShapes shapes;
+    ASSERT_TRUE(InferShapes(spec, 2, &shapes).ok());
+    ASSERT_EQ(shapes.layer_params[0].size(), 1u);
+    const TensorSpec& slopes = shapes.params[static_cast<size_t>(shapes.layer_params[0][0])];
+    EXPECT_EQ(slopes.name, "p.weight");
+    EXPECT_EQ(slopes.shape, (std::vector<int64_t>{shared ? 1 : shapes.blobs.at("data")[1]}));
+    EXPECT_EQ(shapes.blobs.at("p"), shapes.blobs.at("data"));
+  }
+  Status s = Build(prelu + "param = [{ lr_mult = 1 }, { lr_mult = 2 }]\n");
+  EXPECT_NE(s.message().find("'param' must be a list of at most 1 table"), std::string::npos) << s.message();
+  s = Build(prelu + "channel_shared = 1\n");
+  EXPECT_NE(s.message().find("field 'channel_shared' must be a boolean"), std::string::npos) << s.message();
+}
+
 TEST(EngineSpec, MissingBottomNamesTheLayerAndBlob) {
   Status s = Build("[[layer]]\nname = \"r\"\ntype = \"ReLU\"\nbottom = \"nope\"\ntop = \"r\"\n");
   EXPECT_NE(s.message().find("'r'"), std::string::npos) << s.message();

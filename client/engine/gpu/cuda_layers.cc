@@ -13,7 +13,7 @@
 namespace downpour::engine::gpu {
 namespace {
 
-const float kOne = 1.0f, kZero = 0.0f;
+const float kOne = 1.0f, kZero = 0.0f, kMinusOne = -1.0f;
 
 // RAII cuDNN tensor descriptor over a canonical shape padded to 4-D: (N,K) → (N,K,1,1).
 class TensorDesc {
@@ -372,6 +372,82 @@ class CudaActivation : public CudaLayer {
   cudnnActivationDescriptor_t act_ = nullptr;
 };
 
+// PReLU from cuDNN operations, with no kernel of its own: y = relu(x) + a ⊙ (x − relu(x)), the
+// slopes a (1×C×1×1, or 1×1×1×1 with channel_shared) broadcast by cudnnOpTensor; dx = p + a ⊙
+// (dy − p) with p = dy ⊙ [x > 0] (cuDNN's ReLU backward, given x for relu(x): the same sign);
+// da = Σ over n, h, w of dy ⊙ (x − relu(x)) by cudnnReduceTensor in the shared workspace.
+class CudaPrelu : public CudaLayer {
+ public:
+  CudaPrelu(std::shared_ptr<CudaContext> context, const LayerContext& c) : CudaLayer(std::move(context), c) {
+    DP_CUDNN_THROW(cudnnCreateActivationDescriptor(&relu_));
+    DP_CUDNN_THROW(cudnnSetActivationDescriptor(relu_, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    DP_CUDNN_THROW(cudnnCreateOpTensorDescriptor(&mul_));
+    DP_CUDNN_THROW(cudnnSetOpTensorDescriptor(mul_, CUDNN_OP_TENSOR_MUL, CUDNN_DATA_FLOAT, CUDNN_NOT_PROPAGATE_NAN));
+    DP_CUDNN_THROW(cudnnCreateReduceTensorDescriptor(&sum_));
+    DP_CUDNN_THROW(cudnnSetReduceTensorDescriptor(sum_, CUDNN_REDUCE_TENSOR_ADD, CUDNN_DATA_FLOAT,
+                                                  CUDNN_NOT_PROPAGATE_NAN, CUDNN_REDUCE_TENSOR_NO_INDICES,
+                                                  CUDNN_32BIT_INDICES));
+  }
+  ~CudaPrelu() override {
+    cudnnDestroyActivationDescriptor(relu_);
+    cudnnDestroyOpTensorDescriptor(mul_);
+    cudnnDestroyReduceTensorDescriptor(sum_);
+  }
+  Status ReshapeImpl(const std::vector<Blob*>& bottom, const std::vector<Blob*>&) override {
+    DP_RETURN_IF_ERROR(a_desc_.Set({1, spec_.channel_shared ? 1 : bottom[0]->shape[1], 1, 1}));
+    bytes_ = static_cast<size_t>(bottom[0]->count()) * sizeof(float);
+    DP_RETURN_IF_ERROR(neg_.Resize(bytes_, "PReLU's negative part"));
+    DP_RETURN_IF_ERROR(tmp_.Resize(bytes_, "PReLU's gradient scratch"));
+    size_t workspace = 0;
+    DP_CUDNN_RETURN(cudnnGetReductionWorkspaceSize(ctx_->cudnn(), sum_, x_desc_.get(), a_desc_.get(), &workspace));
+    return ctx_->EnsureWorkspace(workspace);
+  }
+  void Forward(Phase, const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override {
+    Begin();
+    WaitForParams();
+    NegativePart(bottom[0]->data);
+    DP_CUDNN_THROW(cudnnActivationForward(ctx_->cudnn(), relu_, &kOne, x_desc_.get(), bottom[0]->data, &kZero,
+                                          y_desc_.get(), top[0]->data));
+    DP_CUDNN_THROW(cudnnOpTensor(ctx_->cudnn(), mul_, &kOne, x_desc_.get(), neg_.floats(), &kOne, a_desc_.get(),
+                                 params_[0].data, &kOne, y_desc_.get(), top[0]->data));
+  }
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& down,
+                const std::vector<Blob*>& bottom) override {
+    Begin();
+    const float *x = bottom[0]->data, *dy = top[0]->grad;
+    // da first, so that the slopes' gradient is ready as early as the layer allows.
+    NegativePart(x);
+    DP_CUDNN_THROW(cudnnOpTensor(ctx_->cudnn(), mul_, &kOne, y_desc_.get(), dy, &kOne, x_desc_.get(), neg_.floats(),
+                                 &kZero, x_desc_.get(), tmp_.floats()));
+    DP_CUDNN_THROW(cudnnReduceTensor(ctx_->cudnn(), sum_, nullptr, 0, ctx_->workspace(), ctx_->workspace_bytes(), &kOne,
+                                     x_desc_.get(), tmp_.floats(), &kZero, a_desc_.get(), params_[0].grad));
+    ctx_->MarkParamGradsReady(params_);
+    if (!down[0]) return;
+    float* dx = bottom[0]->grad;
+    DP_CUDNN_THROW(cudnnActivationBackward(ctx_->cudnn(), relu_, &kOne, x_desc_.get(), x, y_desc_.get(), dy,
+                                           x_desc_.get(), x, &kZero, x_desc_.get(), dx));
+    DP_CUDA_THROW(cudaMemcpyAsync(tmp_.get(), dy, bytes_, cudaMemcpyDeviceToDevice, ctx_->stream()));
+    DP_CUDNN_THROW(cudnnAddTensor(ctx_->cudnn(), &kMinusOne, x_desc_.get(), dx, &kOne, x_desc_.get(), tmp_.floats()));
+    DP_CUDNN_THROW(cudnnOpTensor(ctx_->cudnn(), mul_, &kOne, x_desc_.get(), tmp_.floats(), &kOne, a_desc_.get(),
+                                 params_[0].data, &kOne, x_desc_.get(), dx));
+  }
+
+ private:
+  // neg_ = x − relu(x) = min(0, x).
+  void NegativePart(const float* x) {
+    DP_CUDNN_THROW(
+        cudnnActivationForward(ctx_->cudnn(), relu_, &kOne, x_desc_.get(), x, &kZero, x_desc_.get(), neg_.floats()));
+    DP_CUDNN_THROW(cudnnAddTensor(ctx_->cudnn(), &kOne, x_desc_.get(), x, &kMinusOne, x_desc_.get(), neg_.floats()));
+  }
+
+  cudnnActivationDescriptor_t relu_ = nullptr;
+  cudnnOpTensorDescriptor_t mul_ = nullptr;
+  cudnnReduceTensorDescriptor_t sum_ = nullptr;
+  TensorDesc a_desc_;
+  size_t bytes_ = 0;
+  DeviceBuffer neg_, tmp_;
+};
+
 // LRN across channels. cuDNN's formula is Caffe's: y = x (k + alpha/n Σ x²)^-beta over a window
 // of n channels centred on the channel (cuDNN divides alpha by n itself).
 class CudaLrn : public CudaLayer {
@@ -603,6 +679,9 @@ Status CreateCudaLayer(std::shared_ptr<CudaContext> context, const LayerContext&
       case LayerType::kDropout: *layer = std::make_unique<CudaDropout>(std::move(context), c); break;
       case LayerType::kSoftmaxWithLoss: *layer = std::make_unique<CudaSoftmaxLoss>(std::move(context), c); break;
       case LayerType::kAccuracy: *layer = std::make_unique<CudaAccuracy>(std::move(context), c); break;
+      case LayerType::kPReLU:
+        *layer = std::make_unique<CudaPrelu>(std::move(context), c);
+        break;
     }
   } catch (const Error& e) {  // descriptor creation failed
     return Status(e.status().code(), fmt::format("layer '{}': {}", c.spec->name, e.status().message()));
