@@ -9,43 +9,16 @@
 namespace downpour::worker {
 namespace {
 
-class EasgdAlgorithm final : public WorkerAlgorithm {
+class EasgdAlgorithm final : public ModelExchangeAlgorithm {
  public:
   explicit EasgdAlgorithm(const AlgorithmEnv& env)
-      : WorkerAlgorithm(env),
-        tau_(options().consistency.easgd_tau),
+      : ModelExchangeAlgorithm(env, env.options->consistency.easgd_tau),
         alpha_(EasgdAlpha(options().consistency, options().workers)),
-        center_(env.net->params().size(), 0.0f) {
-    local_.Reset(env.net->params().size());
-  }
-
-  // The worker keeps its own weights: it pulls the center once, to start from it.
-  Status BeforeStep(const StepPlan& plan, StepWaits* waits) override {
-    if (plan.step != first_step_) return Status::Ok();
-    const double t0 = Now();
-    TraceSpan span(env_.trace, env_.trace_track, "worker", "pull");
-    DP_RETURN_IF_ERROR(env_.channel->Pull(clock_, env_.net->params(), &pull_info_));
-    waits->pull_ms = 1e3 * (Now() - t0);
-    return Status::Ok();
-  }
-
-  Status Finish(const StepPlan& plan, StepWaits* waits) override {
-    if (!plan.update) {
-      AddToAccumulator();
-      return Status::Ok();
-    }
-    LocalUpdate(options().workers);
-    if ((plan.step + 1) % tau_ == 0 || plan.last) {
-      const double t0 = Now();
-      DP_RETURN_IF_ERROR(Exchange());
-      waits->push_wait_ms = 1e3 * (Now() - t0);
-    }
-    return Status::Ok();
-  }
+        center_(env.net->params().size(), 0.0f) {}
 
  private:
   // Read the center x~, e = α(x − x~); the servers add e to x~ and this worker subtracts it from x.
-  Status Exchange() {
+  Status Exchange() override {
     PullInfo info;
     DP_RETURN_IF_ERROR(env_.channel->Pull(clock_, center_, &info));
     const auto x = env_.net->params();
@@ -56,7 +29,6 @@ class EasgdAlgorithm final : public WorkerAlgorithm {
     return env_.channel->Clock(clock_);
   }
 
-  const int tau_;
   const float alpha_;
   std::vector<float> center_;  // the center as last pulled; then the elastic difference
 };

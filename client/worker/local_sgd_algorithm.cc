@@ -18,44 +18,17 @@
 namespace downpour::worker {
 namespace {
 
-class LocalSgdAlgorithm final : public WorkerAlgorithm {
+class LocalSgdAlgorithm final : public ModelExchangeAlgorithm {
  public:
   explicit LocalSgdAlgorithm(const AlgorithmEnv& env)
-      : WorkerAlgorithm(env),
-        steps_(options().consistency.local_steps),
+      : ModelExchangeAlgorithm(env, env.options->consistency.local_steps),
         share_(1.0f / static_cast<float>(std::max(1, options().workers))),
-        start_(env.net->params().size(), 0.0f) {
-    local_.Reset(env.net->params().size());
-  }
-
-  // The worker trains its own copy between exchanges: it pulls the model once, to start from it.
-  Status BeforeStep(const StepPlan& plan, StepWaits* waits) override {
-    if (plan.step != first_step_) return Status::Ok();
-    const double t0 = Now();
-    DP_RETURN_IF_ERROR(PullModel());
-    waits->pull_ms = 1e3 * (Now() - t0);
-    return Status::Ok();
-  }
-
-  Status Finish(const StepPlan& plan, StepWaits* waits) override {
-    if (!plan.update) {
-      AddToAccumulator();
-      return Status::Ok();
-    }
-    LocalUpdate(options().workers);
-    if ((plan.step + 1) % steps_ == 0 || plan.last) {
-      const double t0 = Now();
-      DP_RETURN_IF_ERROR(Exchange());
-      waits->push_wait_ms = 1e3 * (Now() - t0);
-    }
-    return Status::Ok();
-  }
+        start_(env.net->params().size(), 0.0f) {}
 
  private:
   // The servers' model into the net; the next exchange's progress is measured from it.
-  Status PullModel() {
-    TraceSpan span(env_.trace, env_.trace_track, "worker", "pull");
-    DP_RETURN_IF_ERROR(env_.channel->Pull(clock_, env_.net->params(), &pull_info_));
+  Status PullModel() override {
+    DP_RETURN_IF_ERROR(ModelExchangeAlgorithm::PullModel());
     const auto x = env_.net->params();
     std::copy(x.begin(), x.end(), start_.begin());
     return Status::Ok();
@@ -63,7 +36,7 @@ class LocalSgdAlgorithm final : public WorkerAlgorithm {
 
   // e = (x − x0) / W to the servers, which add it to the model (acknowledged before the pull
   // that follows it on the same links is served), then the model back.
-  Status Exchange() {
+  Status Exchange() override {
     const auto x = env_.net->params();
     for (size_t i = 0; i < start_.size(); ++i) start_[i] = share_ * (x[i] - start_[i]);
     DP_RETURN_IF_ERROR(env_.channel->PushElastic(clock_, start_, &push_info_));
@@ -72,7 +45,6 @@ class LocalSgdAlgorithm final : public WorkerAlgorithm {
     return PullModel();
   }
 
-  const int steps_;
   const float share_;         // 1 / W: a worker's progress is one W-th of a round's
   std::vector<float> start_;  // x0, the model as last pulled; then the progress sent
 };

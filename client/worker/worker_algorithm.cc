@@ -61,4 +61,37 @@ void WorkerAlgorithm::LocalUpdate(int concurrent) {
   ++local_updates_;
 }
 
+ModelExchangeAlgorithm::ModelExchangeAlgorithm(const AlgorithmEnv& env, int every)
+    : WorkerAlgorithm(env), every_(every) {
+  local_.Reset(env.net->params().size());
+}
+
+Status ModelExchangeAlgorithm::PullModel() {
+  TraceSpan span(env_.trace, env_.trace_track, "worker", "pull");
+  return env_.channel->Pull(clock_, env_.net->params(), &pull_info_);
+}
+
+// The worker keeps its own weights: it pulls the model once, to start from it.
+Status ModelExchangeAlgorithm::BeforeStep(const StepPlan& plan, StepWaits* waits) {
+  if (plan.step != first_step_) return Status::Ok();
+  const double t0 = Now();
+  DP_RETURN_IF_ERROR(PullModel());
+  waits->pull_ms = 1e3 * (Now() - t0);
+  return Status::Ok();
+}
+
+Status ModelExchangeAlgorithm::Finish(const StepPlan& plan, StepWaits* waits) {
+  if (!plan.update) {
+    AddToAccumulator();
+    return Status::Ok();
+  }
+  LocalUpdate(options().workers);
+  if ((plan.step + 1) % every_ == 0 || plan.last) {
+    const double t0 = Now();
+    DP_RETURN_IF_ERROR(Exchange());
+    waits->push_wait_ms = 1e3 * (Now() - t0);
+  }
+  return Status::Ok();
+}
+
 }  // namespace downpour::worker

@@ -127,6 +127,27 @@ class WorkerAlgorithm {
   PullInfo pull_info_;
 };
 
+// The algorithms whose workers train their own copy and exchange with the servers' model
+// (ExchangesModels: EASGD, local SGD): the model is pulled into the net at the first step, every
+// update is applied locally (the schedule counting cluster.workers' batches, the run's), and
+// Exchange runs after every `every`-th step's update and after the last step's.
+class ModelExchangeAlgorithm : public WorkerAlgorithm {
+ public:
+  Status BeforeStep(const StepPlan& plan, StepWaits* waits) override;
+  Status Finish(const StepPlan& plan, StepWaits* waits) override;
+
+ protected:
+  ModelExchangeAlgorithm(const AlgorithmEnv& env, int every);
+  // The servers' model into the net (the first step's pull); an algorithm that measures from it
+  // notes it here too.
+  virtual Status PullModel();
+  // One exchange with the servers; it advances the clock and reports it.
+  virtual Status Exchange() = 0;
+
+ private:
+  const int every_;
+};
+
 // The run's algorithm: local without a channel, else by consistency.algorithm (TrainerOptions).
 std::unique_ptr<WorkerAlgorithm> MakeWorkerAlgorithm(const AlgorithmEnv& env);
 

@@ -116,6 +116,24 @@ class TrainProcessTest : public ::testing::Test {
     }
   }
 
+  // Every server applied `exchanges` exchanges from each of `workers` workers, each once to every
+  // chunk of its shard, and refused nothing (a worker of an exchanging algorithm pushes no gradient).
+  void ExpectExchanges(const std::string& run, int workers, int exchanges) {
+    for (int s = 0; s < 2; ++s) {
+      const auto start = ServerRecords(run, s, "server_start"), end = ServerRecords(run, s, "server_end");
+      ASSERT_EQ(start.size(), 1u);
+      ASSERT_EQ(end.size(), 1u);
+      EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0) << "server " << s;
+      EXPECT_EQ(end[0].Get("chunk_updates").AsInt(), workers * exchanges * start[0].Get("chunks").AsInt())
+          << "server " << s;
+    }
+  }
+
+  // 2 workers x 2 servers of the tiny net, 80 steps of 16 images, with an exchanging algorithm
+  // (ExchangesModels) exchanging every `every` steps (its key `every_key`): the servers' model is
+  // far above chance (10%), and every exchange was applied once.
+  void ExchangeRun(const std::string& algorithm, const std::string& every_key, int every);
+
   void KillOneWorker(const std::string& mode);
 
   // Runs 2 workers x 2 servers of the tiny net in `mode`, worker 1 a straggler; returns the
@@ -434,31 +452,23 @@ TEST_F(TrainProcessTest, SyncWithoutBackupsRunsAtTheStragglersPace) {
   EXPECT_EQ(dropped, 0);
 }
 
-TEST_F(TrainProcessTest, EasgdCenterLearnsFromElasticExchanges) {
-  constexpr int kSteps = 80, kTau = 4;
+void TrainProcessTest::ExchangeRun(const std::string& algorithm, const std::string& every_key, int every) {
+  constexpr int kSteps = 80;
   const std::string model = Write("tiny.toml", kTinyNet);
-  const std::string cfg = Write("easgd.toml", Config(model, "async", 2, 2, 16, kSteps, 0.05, 20)
-                                                  .Set("consistency.algorithm", "easgd")
-                                                  .Set("consistency.easgd_tau", kTau));
-  const std::string run = (dir_ / "run-easgd").string();
+  const std::string cfg = Write(
+      algorithm + ".toml",
+      Config(model, "async", 2, 2, 16, kSteps, 0.05, 20).Set("consistency.algorithm", algorithm).Set(every_key, every));
+  const std::string run = (dir_ / ("run-" + algorithm)).string();
   test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}}});
   for (int w = 0; w < 2; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
   EXPECT_TRUE(job.Stop());
   const auto done = Records(run, 0, "done");
   ASSERT_EQ(done.size(), 1u) << job.Log("worker-0");
-  // 2 x 80 x 16 images on the tiny net: the center is far above chance (10%).
-  EXPECT_GT(done[0].Get("final_top1").AsDouble(), 0.45);
-  for (int s = 0; s < 2; ++s) {
-    const auto end = ServerRecords(run, s, "server_end");
-    ASSERT_EQ(end.size(), 1u);
-    EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0);
-    // One exchange every tau steps from each worker, each applied once to every chunk of the shard.
-    const auto start = ServerRecords(run, s, "server_start");
-    ASSERT_EQ(start.size(), 1u);
-    EXPECT_EQ(end[0].Get("chunk_updates").AsInt(), 2 * (kSteps / kTau) * start[0].Get("chunks").AsInt())
-        << "server " << s;
-  }
+  EXPECT_GT(done[0].Get("final_top1").AsDouble(), 0.45) << algorithm;
+  ExpectExchanges(run, 2, kSteps / every);
 }
+
+TEST_F(TrainProcessTest, EasgdCenterLearnsFromElasticExchanges) { ExchangeRun("easgd", "consistency.easgd_tau", 4); }
 
 // Local SGD with one worker: the servers' model is the worker's after every exchange (it adds
 // the worker's whole progress), so the run ends where a --local run of the same steps does.
@@ -482,38 +492,11 @@ TEST_F(TrainProcessTest, LocalSgdWithOneWorkerEndsWhereTheLocalRunDoes) {
   const auto evals = Records(local_dir, 0, "eval");
   ASSERT_FALSE(evals.empty());
   EXPECT_LT(evals.back().Get("test_loss").AsDouble(), std::log(10.0)) << "the local run did not learn";
-  for (int s = 0; s < 2; ++s) {
-    const auto start = ServerRecords(run, s, "server_start"), end = ServerRecords(run, s, "server_end");
-    ASSERT_EQ(start.size(), 1u);
-    ASSERT_EQ(end.size(), 1u);
-    // One exchange every kLocalSteps steps, each applied once to every chunk; no gradient pushed.
-    EXPECT_EQ(end[0].Get("chunk_updates").AsInt(), (kSteps / kLocalSteps) * start[0].Get("chunks").AsInt());
-    EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0);
-  }
+  ExpectExchanges(run, 1, kSteps / kLocalSteps);
 }
 
 TEST_F(TrainProcessTest, LocalSgdWorkersAverageTheirProgressThroughTheServers) {
-  constexpr int kSteps = 80, kLocalSteps = 8;
-  const std::string model = Write("tiny.toml", kTinyNet);
-  const std::string cfg = Write("local_sgd2.toml", Config(model, "async", 2, 2, 16, kSteps, 0.05, 20)
-                                                       .Set("consistency.algorithm", "local-sgd")
-                                                       .Set("consistency.local_steps", kLocalSteps));
-  const std::string run = (dir_ / "run-local-sgd").string();
-  test::Job job({cfg, run, Tensors(cfg), 2, {{}, {}}});
-  for (int w = 0; w < 2; ++w) EXPECT_EQ(job.worker(w).WaitExit(120s), 0) << job.Log(fmt::format("worker-{}", w));
-  EXPECT_TRUE(job.Stop());
-  const auto done = Records(run, 0, "done");
-  ASSERT_EQ(done.size(), 1u) << job.Log("worker-0");
-  // 2 x 80 x 16 images on the tiny net: the averaged model is far above chance (10%).
-  EXPECT_GT(done[0].Get("final_top1").AsDouble(), 0.45);
-  for (int s = 0; s < 2; ++s) {
-    const auto start = ServerRecords(run, s, "server_start"), end = ServerRecords(run, s, "server_end");
-    ASSERT_EQ(start.size(), 1u);
-    ASSERT_EQ(end.size(), 1u);
-    EXPECT_EQ(end[0].Get("pushes_rejected").AsInt(), 0);
-    EXPECT_EQ(end[0].Get("chunk_updates").AsInt(), 2 * (kSteps / kLocalSteps) * start[0].Get("chunks").AsInt())
-        << "server " << s;
-  }
+  ExchangeRun("local-sgd", "consistency.local_steps", 8);
 }
 
 TEST_F(TrainProcessTest, SspNeverLetsAWorkerRunMoreThanBoundAhead) {
