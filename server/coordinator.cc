@@ -38,10 +38,10 @@ bool Authenticated(const AccessPolicy& access, const PeerInfo& info) {
 
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
-      max_workers_(std::max({options_.max_workers, options_.workers, 0})),
+      max_workers_(std::max({options_.cluster.max_workers, options_.cluster.workers, 0})),
       incarnation_(RandomId()),
       started_(Clock::now()) {
-  server_addresses_.assign(static_cast<size_t>(std::max(options_.servers, 0)), std::string());
+  server_addresses_.assign(static_cast<size_t>(std::max(options_.cluster.servers, 0)), std::string());
   server_holders_.assign(server_addresses_.size(), Holder{});
   workers_.assign(static_cast<size_t>(max_workers_), WorkerSlot{});
 }
@@ -104,7 +104,7 @@ Status Coordinator::Serve(ServerEndpoint* ep) {
   // The loop turns at least every poll_interval. A longer gap is time this process did not run
   // (stopped, swapped out, starved of CPU): its own silence, which must not be counted as its
   // peers' (their heartbeats of that time are still queued).
-  const auto stall_limit = std::max<std::chrono::milliseconds>(options_.heartbeat_interval, 10 * options_.poll_interval);
+  const auto stall_limit = std::max<std::chrono::milliseconds>(heartbeat_interval(), 10 * options_.poll_interval);
   auto last_turn = Clock::now();
   while (!stop_.load()) {
     PeerId peer;
@@ -146,7 +146,7 @@ void Coordinator::ForgiveLocked(Clock::duration span) {
 }
 
 bool Coordinator::CutOff(Clock::time_point now) {
-  const auto quiet = std::max<std::chrono::milliseconds>(4 * options_.heartbeat_interval, options_.heartbeat_timeout / 2);
+  const auto quiet = std::max<std::chrono::milliseconds>(4 * heartbeat_interval(), heartbeat_timeout() / 2);
   bool any = false, heard = false;
   for (const Holder& h : server_holders_) {
     if (!h.bound) continue;
@@ -211,7 +211,7 @@ void Coordinator::MarkGone(int32_t w, bool finished) {
     log_lost_through_ = changes_.front().seq;
     changes_.pop_front();
   }
-  if (w >= options_.workers) expiry_.emplace_back(slot.gone_at, w);
+  if (w >= options_.cluster.workers) expiry_.emplace_back(slot.gone_at, w);
 }
 
 // The sender's rank among the live workers (registered, heard from, not gone), ids ascending,
@@ -241,7 +241,7 @@ void Coordinator::CheckLiveness() {
     const int32_t w = *it;
     WorkerSlot& slot = workers_[static_cast<size_t>(w)];
     // A pending worker cannot heartbeat before its register reply.
-    if (slot.pending || now - slot.holder.seen <= options_.heartbeat_timeout) {
+    if (slot.pending || now - slot.holder.seen <= heartbeat_timeout()) {
       ++it;
       continue;
     }
@@ -250,29 +250,31 @@ void Coordinator::CheckLiveness() {
     if (slot.gone) continue;  // finished earlier: already listed as gone
     MarkGone(w, /*finished=*/false);
     spdlog::warn("coordinator: worker {} silent for more than {} ms: declared dead", w,
-                 options_.heartbeat_timeout.count());
-    Emit("worker_dead", w, fmt::format("last clock {}, silent > {} ms", slot.clock, options_.heartbeat_timeout.count()));
+                 options_.cluster.heartbeat_timeout_ms);
+    Emit("worker_dead", w,
+         fmt::format("last clock {}, silent > {} ms", slot.clock, options_.cluster.heartbeat_timeout_ms));
   }
   // A restarted coordinator: a worker of 0..W-1 that has not re-registered within the timeout
   // died (or ended) while there was no coordinator. Checked once, right after the timeout.
-  if (options_.rejoin && now - started_ > options_.heartbeat_timeout && !rejoin_checked_) {
+  if (options_.rejoin && now - started_ > heartbeat_timeout() && !rejoin_checked_) {
     rejoin_checked_ = true;
-    for (int32_t w = 0; w < options_.workers; ++w) {
+    for (int32_t w = 0; w < options_.cluster.workers; ++w) {
       WorkerSlot& slot = workers_[static_cast<size_t>(w)];
       if (slot.used) continue;
       slot.silent = true;
       MarkGone(w, /*finished=*/false);
-      spdlog::warn("coordinator: worker {} not heard from within {} ms of this coordinator's start: counted as dead",
-                   w, options_.heartbeat_timeout.count());
-      Emit("worker_dead", w, fmt::format("not heard from within {} ms of a restart", options_.heartbeat_timeout.count()));
+      spdlog::warn("coordinator: worker {} not heard from within {} ms of this coordinator's start: counted as dead", w,
+                   options_.cluster.heartbeat_timeout_ms);
+      Emit("worker_dead", w,
+           fmt::format("not heard from within {} ms of a restart", options_.cluster.heartbeat_timeout_ms));
     }
   }
   if (evaluator_.holder.bound && !evaluator_.pending && !evaluator_.silent && !evaluator_.done &&
-      now - evaluator_.holder.seen > options_.heartbeat_timeout) {
+      now - evaluator_.holder.seen > heartbeat_timeout()) {
     evaluator_.silent = true;
     spdlog::warn("coordinator: the evaluator silent for more than {} ms: declared dead",
-                 options_.heartbeat_timeout.count());
-    Emit("evaluator_dead", 0, fmt::format("silent > {} ms", options_.heartbeat_timeout.count()));
+                 options_.cluster.heartbeat_timeout_ms);
+    Emit("evaluator_dead", 0, fmt::format("silent > {} ms", options_.cluster.heartbeat_timeout_ms));
   }
   // Gone joiners leave the gone list after gone_retention (their ids stay used).
   while (!expiry_.empty() && now - expiry_.front().first > options_.gone_retention) {
@@ -287,12 +289,12 @@ void Coordinator::CheckLiveness() {
 }
 
 void Coordinator::MaybeEndRun() {
-  if (shutdown_.load() || options_.workers < 1) return;
+  if (shutdown_.load() || options_.cluster.workers < 1) return;
   // Every id of 0..W-1 and every joiner that registered: done or silent.
   size_t done = 0;
   for (int32_t w = 0; w < max_workers_; ++w) {
     const WorkerSlot& slot = workers_[static_cast<size_t>(w)];
-    if (w >= options_.workers && !slot.used) continue;
+    if (w >= options_.cluster.workers && !slot.used) continue;
     if (!slot.done && !slot.silent) return;
     if (slot.done) ++done;
   }
@@ -317,7 +319,7 @@ void Coordinator::MaybeEndRun() {
     how = "the evaluator done";
   } else if (evaluator_.silent) {
     how = "the evaluator dead";
-  } else if (!evaluator_.holder.bound && now - workers_ended_at_ > options_.heartbeat_timeout) {
+  } else if (!evaluator_.holder.bound && now - workers_ended_at_ > heartbeat_timeout()) {
     how = "no evaluator registered";
   } else {
     return;
@@ -340,14 +342,14 @@ void Coordinator::ReplyRegister(ServerEndpoint* ep, const PeerId& peer, const Me
   r.layout_hash = options_.layout_hash;
   r.assigned_id = id;
   r.server_addresses = server_addresses_;
-  r.server_count = options_.servers;
-  r.worker_count = options_.workers;
+  r.server_count = options_.cluster.servers;
+  r.worker_count = options_.cluster.workers;
   Reply(ep, peer, r);
 }
 
 std::chrono::milliseconds Coordinator::TakeoverSilence(const PeerInfo& info) const {
-  return Authenticated(options_.access, info) ? std::min(2 * options_.heartbeat_interval, options_.heartbeat_timeout)
-                                              : options_.heartbeat_timeout;
+  return Authenticated(options_.access, info) ? std::min(2 * heartbeat_interval(), heartbeat_timeout())
+                                              : heartbeat_timeout();
 }
 
 Coordinator::Replaced* Coordinator::FindReplaced(int32_t server, uint64_t session) {
@@ -399,8 +401,8 @@ Status Coordinator::HandleRegister(ServerEndpoint* ep, const PeerId& peer, const
 
 Status Coordinator::RegisterServer(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info,
                                    const MessageHeader& h) {
-  if (h.sender < 0 || h.sender >= options_.servers) {
-    return InvalidArgument("register refused: server id {} outside 0..{}", h.sender, options_.servers - 1);
+  if (h.sender < 0 || h.sender >= options_.cluster.servers) {
+    return InvalidArgument("register refused: server id {} outside 0..{}", h.sender, options_.cluster.servers - 1);
   }
   if (h.text.empty()) return InvalidArgument("register refused: server {} sent no address", h.sender);
   Holder& holder = server_holders_[static_cast<size_t>(h.sender)];
@@ -485,7 +487,7 @@ Status Coordinator::RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const
   }
   if (id >= max_workers_) {
     return InvalidArgument("register refused: worker id {} outside 0..{} (cluster.workers = {}, max_workers = {})", id,
-                           max_workers_ - 1, options_.workers, max_workers_);
+                           max_workers_ - 1, options_.cluster.workers, max_workers_);
   }
   if (shutdown_.load()) {
     return FailedPrecondition("register refused: the run is over (the coordinator has ended it)");
@@ -493,7 +495,7 @@ Status Coordinator::RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const
   WorkerSlot& slot = workers_[static_cast<size_t>(id)];
   // A worker declared dead is out of the run: a new process (a restart with --resume) takes its id
   // at once, whatever the old process still sends (it is told it is out).
-  if (!slot.silent) DP_RETURN_IF_ERROR(CheckRebind("worker", id, slot.holder, peer, options_.heartbeat_timeout));
+  if (!slot.silent) DP_RETURN_IF_ERROR(CheckRebind("worker", id, slot.holder, peer, heartbeat_timeout()));
   if (slot.gone) {  // a worker that comes back is alive again; senders' gone lists are redone
     gone_listed_.erase(id);
     revived_seq_ = ++gone_seq_;
@@ -506,8 +508,8 @@ Status Coordinator::RegisterWorker(ServerEndpoint* ep, const PeerId& peer, const
   slot.holder = Holder{true, peer, Clock::now()};
   live_.insert(id);
   spdlog::info("coordinator: worker {} registered from {}{}", id, DescribePeer(info),
-               id >= options_.workers && !was_used ? " (joins the running job)" : "");
-  Emit("worker_registered", id, id >= options_.workers ? "joiner" : "");
+               id >= options_.cluster.workers && !was_used ? " (joins the running job)" : "");
+  Emit("worker_registered", id, id >= options_.cluster.workers ? "joiner" : "");
   MessageHeader assigned = h;
   assigned.sender = id;
   if (AllServersRegistered()) {
@@ -544,7 +546,7 @@ Status Coordinator::NoteHeartbeat(const PeerId& peer, const MessageHeader& h, bo
   if (h.sender < 0 || (h.role != Role::kWorker && h.role != Role::kServer)) return Status::Ok();  // read-only
   Holder* holder = nullptr;
   if (h.role == Role::kServer) {
-    if (h.sender < options_.servers) holder = &server_holders_[static_cast<size_t>(h.sender)];
+    if (h.sender < options_.cluster.servers) holder = &server_holders_[static_cast<size_t>(h.sender)];
   } else if (h.sender < max_workers_) {
     holder = &workers_[static_cast<size_t>(h.sender)].holder;
   }

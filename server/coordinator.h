@@ -85,6 +85,7 @@
 #include <vector>
 
 #include "common/codec.h"
+#include "common/config/cluster.h"
 #include "common/log_limit.h"
 #include "common/transport.h"
 #include "server/access.h"
@@ -103,13 +104,12 @@ struct CoordinatorEvent {
 };
 
 struct CoordinatorOptions {
-  int servers = 1;                                   // S
-  int workers = 1;                                   // W (worker ids 0..W-1)
+  // The run's [cluster] as it gives it (no key copied); the coordinator reads servers (S),
+  // workers (W: ids 0..W-1), max_workers (ids 0..max_workers-1; 0 = W), heartbeat_ms (the
+  // processes' heartbeat interval) and heartbeat_timeout_ms (silence after which a worker is dead).
+  ClusterConfig cluster;
   uint64_t layout_hash = 0;                          // the layout every process must have
   uint32_t model_id = 0;
-  int max_workers = 0;                               // worker ids 0..max_workers-1; 0 = workers
-  std::chrono::milliseconds heartbeat_interval{500};  // the processes' heartbeat interval
-  std::chrono::milliseconds heartbeat_timeout{5000};  // silence after which a worker is dead
   // How long a gone worker of id >= workers stays in the gone list (full heartbeat replies).
   std::chrono::milliseconds gone_retention{60000};
   // A restarted coordinator (see above): workers 0..W-1 not heard from within heartbeat_timeout
@@ -238,6 +238,12 @@ class Coordinator {
   void Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h);
 
   const CoordinatorOptions options_;
+  std::chrono::milliseconds heartbeat_interval() const {
+    return std::chrono::milliseconds(options_.cluster.heartbeat_ms);
+  }
+  std::chrono::milliseconds heartbeat_timeout() const {
+    return std::chrono::milliseconds(options_.cluster.heartbeat_timeout_ms);
+  }
   const int32_t max_workers_;  // effective: max(max_workers, workers)
   const uint64_t incarnation_;
   Clock::time_point started_;  // moved on by a stall of this process (ForgiveStall)

@@ -63,18 +63,15 @@ Status Run(const Flags& f, bool* serving) {
   const int port = f.port >= 0 ? f.port : self.port;
 
   CoordinatorOptions o;
-  o.servers = cfg.cluster.servers;
-  o.workers = cfg.cluster.workers;
-  o.max_workers = cfg.cluster.max_workers;
-  o.heartbeat_interval = std::chrono::milliseconds(cfg.cluster.heartbeat_ms);
+  o.cluster = cfg.cluster;
   o.rejoin = f.rejoin;
   o.evaluator = RunHasEvaluator(cfg);
   o.layout_hash = CombinedLayoutHash(layouts);
-  o.heartbeat_timeout = std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms);
   o.shutdown_grace = std::chrono::milliseconds(4 * cfg.cluster.heartbeat_ms + 1000);
   o.cut_off_limit = std::chrono::milliseconds(cfg.cluster.server_wait_ms);  // as long as workers wait for servers
   // A gone joiner stays in the gone list this long (every process hears of it well before).
-  o.gone_retention = std::max(std::chrono::milliseconds(60000), 10 * o.heartbeat_timeout);
+  o.gone_retention =
+      std::max(std::chrono::milliseconds(60000), 10 * std::chrono::milliseconds(cfg.cluster.heartbeat_timeout_ms));
   o.access.keyed = net.keyed;
   o.access.run_secret = net.token;
   o.access.run_dir = f.run_dir;
@@ -86,11 +83,12 @@ Status Run(const Flags& f, bool* serving) {
   o.on_event = [m = metrics.get()](const CoordinatorEvent& e) {
     (void)m->Write(e.kind, {{"who", e.id}, {"detail", e.detail}});
   };
-  (void)metrics->Write("coordinator_start", {{"servers", o.servers},
-                                             {"workers", o.workers},
-                                             {"max_workers", std::max(o.max_workers, o.workers)},
-                                             {"rejoin", o.rejoin},
-                                             {"heartbeat_timeout_ms", static_cast<int64_t>(o.heartbeat_timeout.count())}});
+  (void)metrics->Write("coordinator_start",
+                       {{"servers", o.cluster.servers},
+                        {"workers", o.cluster.workers},
+                        {"max_workers", std::max(o.cluster.max_workers, o.cluster.workers)},
+                        {"rejoin", o.rejoin},
+                        {"heartbeat_timeout_ms", static_cast<int64_t>(o.cluster.heartbeat_timeout_ms)}});
   Coordinator coordinator(o);
 
   // A stranger can provoke these at will: logged at a bounded rate, all counted.
@@ -105,7 +103,8 @@ Status Run(const Flags& f, bool* serving) {
   const std::string addr_file = (std::filesystem::path(f.run_dir) / "coordinator.addr").string();
   DP_RETURN_IF_ERROR(WriteFileAtomic(addr_file, address + "\n"));
   spdlog::info("coordinator: {} servers, {} workers (ids up to {}), layout hash {:#018x}, incarnation {:#x}{}",
-               o.servers, o.workers, std::max(o.max_workers, o.workers) - 1, o.layout_hash, coordinator.incarnation(),
+               o.cluster.servers, o.cluster.workers, std::max(o.cluster.max_workers, o.cluster.workers) - 1,
+               o.layout_hash, coordinator.incarnation(),
                o.rejoin ? " (rejoin: rebuilding membership from the living)" : "");
   spdlog::info("coordinator: {}", net.Describe(address));
 

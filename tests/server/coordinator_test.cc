@@ -47,12 +47,12 @@ class CoordinatorTest : public ::testing::Test {
              const std::function<void(CoordinatorOptions*)>& tweak = {}) {
     if (thread_.joinable()) TearDown();
     CoordinatorOptions o;
-    o.servers = servers;
-    o.workers = workers;
+    o.cluster.servers = servers;
+    o.cluster.workers = workers;
     o.layout_hash = 0x1234;
-    o.heartbeat_timeout = 600ms;
+    o.cluster.heartbeat_timeout_ms = 600;
     o.access = access;
-    o.heartbeat_interval = 50ms;
+    o.cluster.heartbeat_ms = 50;
     o.on_event = [this](const CoordinatorEvent& e) {
       std::lock_guard<std::mutex> lock(mu_);
       events_.push_back(e);
@@ -478,7 +478,7 @@ TEST_F(CoordinatorTest, ADeadOrMissingEvaluatorDoesNotHoldTheRunAndOnlyOneIsTake
   std::this_thread::sleep_for(200ms);
   EXPECT_FALSE(coordinator_->shutting_down());
   EXPECT_TRUE(Eventually([&] { return coordinator_->shutting_down(); }, 3s));
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, options_.heartbeat_timeout);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(options_.cluster.heartbeat_timeout_ms));
 
   // A run without an evaluator refuses one, naming the setting.
   Start(AccessPolicy{}, /*workers=*/1);
@@ -516,8 +516,8 @@ TEST_F(CoordinatorTest, FiftyThousandMadeUpWorkerIdsAreRefusedWithBoundedTablesR
   // heartbeats wait behind the flood, which on a loaded 2-core machine took longer than the
   // fixture's 600 ms timeout and declared it dead. Liveness is not what this test is about.
   Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) {
-    o->max_workers = 4;
-    o->heartbeat_timeout = 5s;
+    o->cluster.max_workers = 4;
+    o->cluster.heartbeat_timeout_ms = 5000;
   });
   Join(Role::kServer, 0)->StartHeartbeats({});
   RendezvousClient* w0 = Join(Role::kWorker, 0);
@@ -574,7 +574,8 @@ TEST_F(CoordinatorTest, FiftyThousandMadeUpWorkerIdsAreRefusedWithBoundedTablesR
 }
 
 TEST_F(CoordinatorTest, HeartbeatRepliesCarryOnlyTheChangesAfterTheSendersSeq) {
-  Start(AccessPolicy{}, /*workers=*/4, /*servers=*/1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 5s; });
+  Start(AccessPolicy{}, /*workers=*/4, /*servers=*/1,
+        [](CoordinatorOptions* o) { o->cluster.heartbeat_timeout_ms = 5000; });
   auto server = Peer("");
   ASSERT_EQ(Ask(server.get(), Message(MsgType::kRegister, Role::kServer, 0)).type, MsgType::kRegisterReply);
   std::vector<std::unique_ptr<ClientEndpoint>> w;
@@ -695,7 +696,7 @@ TEST_F(CoordinatorTest, ARestartedServerTakesItsIdOverAtOnceButNoOtherClaimantDo
   AccessPolicy access;
   access.keyed = true;
   // Heartbeats every 50 ms, timeout 3 s: the restarted server must not wait for the timeout.
-  Start(access, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 3s; });
+  Start(access, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->cluster.heartbeat_timeout_ms = 3000; });
   auto old_server = Peer("server", "127.0.0.3");
   ASSERT_EQ(Ask(old_server.get(), Message(MsgType::kRegister, Role::kServer, 0)).type, MsgType::kRegisterReply);
   ASSERT_EQ(Ask(old_server.get(), Message(MsgType::kHeartbeat, Role::kServer, 0)).type, MsgType::kHeartbeat);
@@ -724,7 +725,7 @@ TEST_F(CoordinatorTest, ARestartedServerTakesItsIdOverAtOnceButNoOtherClaimantDo
   // secret at all (nothing proves anything) keeps the full timeout.
   AccessPolicy secret;
   secret.run_secret = kSecret;
-  Start(secret, 1, 1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 3s; });
+  Start(secret, 1, 1, [](CoordinatorOptions* o) { o->cluster.heartbeat_timeout_ms = 3000; });
   auto holder = Peer("");
   ASSERT_EQ(Ask(holder.get(), Message(MsgType::kRegister, Role::kServer, 0, kSecret)).type, MsgType::kRegisterReply);
   std::this_thread::sleep_for(150ms);
@@ -735,7 +736,7 @@ TEST_F(CoordinatorTest, ARestartedServerTakesItsIdOverAtOnceButNoOtherClaimantDo
   auto right = Peer("");
   EXPECT_EQ(Ask(right.get(), Message(MsgType::kRegister, Role::kServer, 0, kSecret)).type, MsgType::kRegisterReply);
 
-  Start(AccessPolicy{}, 1, 1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 3s; });
+  Start(AccessPolicy{}, 1, 1, [](CoordinatorOptions* o) { o->cluster.heartbeat_timeout_ms = 3000; });
   auto first = Peer("");
   ASSERT_EQ(Ask(first.get(), Message(MsgType::kRegister, Role::kServer, 0)).type, MsgType::kRegisterReply);
   std::this_thread::sleep_for(150ms);
@@ -752,7 +753,7 @@ TEST_F(CoordinatorTest, ARestartedServerTakesItsIdOverAtOnceButNoOtherClaimantDo
 TEST_F(CoordinatorTest, AServerProcessWhoseIdWasTakenOverIsToldItIsOut) {
   AccessPolicy access;
   access.keyed = true;
-  Start(access, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->heartbeat_timeout = 3s; });
+  Start(access, /*workers=*/1, /*servers=*/1, [](CoordinatorOptions* o) { o->cluster.heartbeat_timeout_ms = 3000; });
   auto as = [](MessageHeader h, uint64_t session) {
     h.session = session;
     return h;
@@ -874,7 +875,7 @@ TEST_F(CoordinatorTest, AServersNewAddressReachesOnServerMoved) {
 }
 
 TEST_F(CoordinatorTest, AJoinerGetsAnIdAtOrAboveWorkersAndCountsForTheEndOfTheRun) {
-  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) { o->max_workers = 4; });
+  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) { o->cluster.max_workers = 4; });
   RendezvousClient* server = Join(Role::kServer, 0);
   std::mutex heard_mu;
   std::vector<int32_t> server_heard_finished;
@@ -920,7 +921,7 @@ TEST_F(CoordinatorTest, AJoinerGetsAnIdAtOrAboveWorkersAndCountsForTheEndOfTheRu
 // Each live worker hears its rank among the live workers and their number (its data slice from
 // its next epoch on): dealt again when a joiner comes and when a worker leaves.
 TEST_F(CoordinatorTest, HeartbeatRepliesDealTheDataSlicesOverTheLiveWorkers) {
-  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) { o->max_workers = 3; });
+  Start(AccessPolicy{}, /*workers=*/2, /*servers=*/1, [](CoordinatorOptions* o) { o->cluster.max_workers = 3; });
   Join(Role::kServer, 0)->StartHeartbeats({});
   RendezvousClient* w0 = Join(Role::kWorker, 0);
   RendezvousClient* w1 = Join(Role::kWorker, 1);
