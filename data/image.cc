@@ -14,6 +14,17 @@
 namespace downpour::data {
 namespace {
 
+// An interleaved (HWC) image of c × h × w bytes, zeroed, for a decoder to fill.
+Image HwcImage(int c, int h, int w) {
+  Image img;
+  img.c = c;
+  img.h = h;
+  img.w = w;
+  img.layout = Layout::kHwc;
+  img.pixels.resize(size_t(c) * h * w);
+  return img;
+}
+
 struct TjDeleter {
   void operator()(void* h) const { tjDestroy(h); }
 };
@@ -36,12 +47,7 @@ Status DecodeCmykJpeg(void* tj, std::string_view bytes, int w, int h, int want_c
     return Corrupt("{}: corrupt CMYK JPEG ({} bytes, {}x{}): {}", what, bytes.size(), w, h, tjGetErrorStr2(tj));
   }
   const int channels = want_channels != 0 ? want_channels : 3;
-  Image img;
-  img.c = channels;
-  img.h = h;
-  img.w = w;
-  img.layout = Layout::kHwc;
-  img.pixels.resize(size_t(channels) * h * w);
+  Image img = HwcImage(channels, h, w);
   const size_t n = size_t(w) * h;
   for (size_t i = 0; i < n; ++i) {
     const uint8_t* p = &cmyk[4 * i];
@@ -94,12 +100,7 @@ Status DecodeJpeg(std::string_view bytes, int want_channels, const std::string& 
     return DecodeCmykJpeg(tj.get(), bytes, w, h, want_channels, what, out);
   }
   int channels = want_channels != 0 ? want_channels : (colorspace == TJCS_GRAY ? 1 : 3);
-  Image img;
-  img.c = channels;
-  img.h = h;
-  img.w = w;
-  img.layout = Layout::kHwc;
-  img.pixels.resize(size_t(channels) * h * w);
+  Image img = HwcImage(channels, h, w);
   const int pf = channels == 1 ? TJPF_GRAY : TJPF_BGR;
   // TJFLAG_STOPONWARNING: a truncated or damaged stream is an error, not a grey half-image.
   if (tjDecompress2(tj.get(), src, bytes.size(), img.pixels.data(), w, 0, h, pf,
@@ -122,12 +123,8 @@ Status DecodePng(std::string_view bytes, int want_channels, const std::string& w
   const bool grey_src = (png.format & PNG_FORMAT_FLAG_COLOR) == 0;
   const int channels = want_channels != 0 ? want_channels : (grey_src ? 1 : 3);
   png.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_BGR;
-  Image img;
-  img.c = channels;
-  img.h = static_cast<int>(png.height);
-  img.w = static_cast<int>(png.width);
-  img.layout = Layout::kHwc;
-  img.pixels.resize(PNG_IMAGE_SIZE(png));
+  Image img = HwcImage(channels, static_cast<int>(png.height), static_cast<int>(png.width));
+  img.pixels.resize(PNG_IMAGE_SIZE(png));  // libpng's own size (the same, row padding aside)
   if (!png_image_finish_read(&png, nullptr, img.pixels.data(), 0, nullptr)) {
     const std::string msg = png.message;
     png_image_free(&png);

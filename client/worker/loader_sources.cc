@@ -24,6 +24,19 @@ void SetBatchMemory(const RunConfig& c, data::LoaderOptions* o) {
   o->deallocate = std::move(a.deallocate);
 }
 
+// A loader batch as the trainer sees it (valid until the batch is released).
+BatchView ViewOf(const data::Batch& b, int epoch) {
+  BatchView view;
+  view.data = b.data;
+  view.labels = b.labels;
+  view.n = b.n;
+  view.c = b.c;
+  view.h = b.h;
+  view.w = b.w;
+  view.epoch = epoch;
+  return view;
+}
+
 // The training stream: the loader with epochs = 0 runs endlessly over the shard, batch b
 // holding stream positions [b·N, (b+1)·N) across epoch boundaries, so every batch is full and
 // training step s reads batch s.
@@ -44,13 +57,7 @@ class LoaderTrainSource : public TrainSource {
       return s.ok() ? Internal("training loader ended (it should be endless)") : s;
     }
     DP_CHECK_EQ(held_->n, options_.batch_size);
-    view->data = held_->data;
-    view->labels = held_->labels;
-    view->n = held_->n;
-    view->c = held_->c;
-    view->h = held_->h;
-    view->w = held_->w;
-    view->epoch = static_cast<int>(held_->epoch);
+    *view = ViewOf(*held_, static_cast<int>(held_->epoch));
     return Status::Ok();
   }
   int64_t shard_size() const override { return loader_->stats().records_in_shard; }
@@ -86,13 +93,7 @@ class LoaderTestSource : public TestSource {
     held_ = loader_->Next();
     *has_batch = held_ != nullptr;
     if (held_ == nullptr) return loader_->status();
-    view->data = held_->data;
-    view->labels = held_->labels;
-    view->n = held_->n;
-    view->c = held_->c;
-    view->h = held_->h;
-    view->w = held_->w;
-    view->epoch = 0;
+    *view = ViewOf(*held_, 0);
     return Status::Ok();
   }
   ~LoaderTestSource() override {

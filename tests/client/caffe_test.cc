@@ -97,6 +97,14 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 
 // One forward-backward of a freshly imported net on a small deterministic batch: the net builds
 // and runs, and its loss is finite.
+// `text` with its first `hole` replaced by `value`.
+std::string Fill(std::string text, const std::string& hole, const std::string& value) {
+  const size_t at = text.find(hole);
+  EXPECT_NE(at, std::string::npos) << hole;
+  if (at != std::string::npos) text.replace(at, hole.size(), value);
+  return text;
+}
+
 void ExpectTrains(const NetSpec& spec) {
   auto net = BuildNet(spec, 3);
   ASSERT_NE(net, nullptr);
@@ -288,11 +296,7 @@ layer { name: "elu1" type: "ELU" bottom: "conv1" top: "conv1" ALPHA }
 layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 5 } }
 layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
 )";
-  const auto with = [&](const std::string& alpha) {
-    std::string text = net;
-    text.replace(text.find("ALPHA"), 5, alpha);
-    return text;
-  };
+  const auto with = [&](const std::string& alpha) { return Fill(net, "ALPHA", alpha); };
   Import import;
   Status s = ImportText(with("elu_param { alpha: 0.3 }"), &import);
   ASSERT_TRUE(s.ok()) << s.ToString();
@@ -360,11 +364,7 @@ layer { name: "prelu1" type: "PReLU" bottom: "conv1" top: "conv1" PRELU }
 layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 5 } }
 layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
 )";
-  const auto with = [&](const std::string& prelu) {
-    std::string text = net;
-    text.replace(text.find("PRELU"), 5, prelu);
-    return text;
-  };
+  const auto with = [&](const std::string& prelu) { return Fill(net, "PRELU", prelu); };
   Import import;
   Status s = ImportText(
       with("param { lr_mult: 1 decay_mult: 0 } prelu_param { filler { type: \"constant\" value: 0.1 } }"), &import);

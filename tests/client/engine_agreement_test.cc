@@ -79,43 +79,18 @@ TEST(EngineAgreement, MixedLayersGroupsLrnPadStride) {
   CompareBackends(spec, 3, 2);
 }
 
-// PReLU between a convolution and the classifier, a slope per channel: loss, scores and every
-// gradient (the slopes' too) agree over two training steps.
-TEST(EngineAgreement, PreluNet) {
+// The every-layer net with its ReLU a PReLU (a slope per channel of conv1's 8, Caffe's 0.25):
+// loss, scores and every gradient, the slopes' too, agree over two training steps.
+TEST(EngineAgreement, MixedNetWithPrelu) {
+  std::string text = kMixedNet;
+  const std::string relu = "type = \"ReLU\"";
+  ASSERT_NE(text.find(relu), std::string::npos);
+  text.replace(text.find(relu), relu.size(), "type = \"PReLU\"");
   NetSpec spec;
-  const Status s = ParseNetSpecString(R"(name = "prelu"
-[input]
-channels = 3
-height = 9
-width = 9
-[[layer]]
-name = "conv"
-type = "Convolution"
-bottom = "data"
-top = "conv"
-num_output = 8
-kernel_size = 3
-[[layer]]
-name = "prelu"
-type = "PReLU"
-bottom = "conv"
-top = "prelu"
-weight_filler = { type = "uniform", scale = 0.5 }
-[[layer]]
-name = "fc"
-type = "InnerProduct"
-bottom = "prelu"
-top = "fc"
-num_output = 5
-[[layer]]
-name = "loss"
-type = "SoftmaxWithLoss"
-bottom = ["fc", "label"]
-top = "loss"
-)",
-                                      "prelu", &spec);
+  const Status s = ParseNetSpecString(text, "mixed_prelu", &spec);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  CompareBackends(spec, 3, 2, {"prelu"});
+  ASSERT_EQ(spec.layers[1].type, LayerType::kPReLU);
+  CompareBackends(spec, 3, 2, {"relu1"});
 }
 
 TEST(EngineAgreement, FashionMnistSmallNet) {

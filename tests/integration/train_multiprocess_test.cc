@@ -100,6 +100,16 @@ class TrainProcessTest : public ::testing::Test {
     return test::Metrics(run_dir, fmt::format("server-{}.jsonl", server), event);
   }
 
+  // The single-process reference run of `config` (downpour-worker --local, data in key order).
+  void RunLocal(const std::string& config, const std::string& run_dir) {
+    std::string log;
+    ASSERT_EQ(test::RunCommand({test::Binary("downpour-worker"), "--local", "--quiet", "--no-shuffle", "--config",
+                                config, "--run-dir", run_dir},
+                               &log, 60s),
+              0)
+        << log;
+  }
+
   // The two runs' final models agree weight by weight within abs + rel × |weight|.
   void ExpectSameModel(const std::string& run_a, const std::string& run_b, float abs, float rel) {
     TensorFile a, b;
@@ -193,12 +203,7 @@ TEST_F(TrainProcessTest, SyncTwoWorkersEqualsOneProcessWithDoubledBatch) {
   const std::string sync_dir = (dir_ / "sync").string(), local_dir = (dir_ / "local").string();
 
   ASSERT_EQ(Launch(sync_cfg, sync_dir, Tensors(sync_cfg), "--no-shuffle"), 0) << Log("launch.log");
-  std::string local_log;
-  ASSERT_EQ(test::RunCommand({test::Binary("downpour-worker"), "--local", "--quiet", "--no-shuffle", "--config",
-                              local_cfg, "--run-dir", local_dir},
-                             &local_log, 60s),
-            0)
-      << local_log;
+  ASSERT_NO_FATAL_FAILURE(RunLocal(local_cfg, local_dir));
 
   ExpectSameModel(sync_dir, local_dir, 2e-5f, 2e-4f);
   // Sanity: both runs trained — the final test loss of each is finite and below ln(10) ≈ 2.3026,
@@ -481,12 +486,7 @@ TEST_F(TrainProcessTest, LocalSgdWithOneWorkerEndsWhereTheLocalRunDoes) {
   const std::string local_cfg = Write("local.toml", Config(model, "async", 1, 1, kBatch, kSteps, 0.05, 2));
   const std::string run = (dir_ / "local-sgd").string(), local_dir = (dir_ / "local").string();
   ASSERT_EQ(Launch(cfg, run, Tensors(cfg), "--no-shuffle"), 0) << Log("launch.log");
-  std::string local_log;
-  ASSERT_EQ(test::RunCommand({test::Binary("downpour-worker"), "--local", "--quiet", "--no-shuffle", "--config",
-                              local_cfg, "--run-dir", local_dir},
-                             &local_log, 60s),
-            0)
-      << local_log;
+  ASSERT_NO_FATAL_FAILURE(RunLocal(local_cfg, local_dir));
   // x0 + (x − x0) rounds where x does not: a few ulps per exchange.
   ExpectSameModel(run, local_dir, 1e-5f, 1e-4f);
   const auto evals = Records(local_dir, 0, "eval");
