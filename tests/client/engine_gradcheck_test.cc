@@ -17,6 +17,7 @@
 #include "client/engine/ref_kernels.h"
 #include "client/engine/reference_backend.h"
 #include "downpour_config.h"
+#include "tests/client/test_nets.h"
 
 namespace downpour::engine {
 namespace {
@@ -74,8 +75,8 @@ TEST(EngineGradCheck, ConvolutionRandomShapesWithGroupsPadStride) {
     g.group = group;
     g.ho = ConvOutputSize(g.h, g.kh, g.sh, g.ph);
     g.wo = ConvOutputSize(g.w, g.kw, g.sw, g.pw);
-    SCOPED_TRACE(testing::Message() << "trial " << trial << " group " << group << " stride "
-                                    << g.sh << "x" << g.sw << " pad " << g.ph << "x" << g.pw);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " group " << group << " stride " << g.sh << "x" << g.sw
+                                      << " pad " << g.ph << "x" << g.pw);
     Vec x = Random(size_t(g.n) * g.c * g.h * g.w, rng);
     Vec w = Random(size_t(g.o) * (g.c / group) * g.kh * g.kw, rng);
     Vec b = Random(g.o, rng);
@@ -113,7 +114,7 @@ TEST(EngineGradCheck, LrnAcrossChannelsRandomShapes) {
     std::uniform_int_distribution<int> d(1, 4);
     // Large alpha so the normalisation term matters in the check.
     ref::LrnGeom g{d(rng), 2 + 2 * d(rng), d(rng), d(rng), 2 * d(rng) - 1 + 2, 0.8, 0.75, 1.5};
-    SCOPED_TRACE(testing::Message() << "C=" << g.c << " size=" << g.size);
+    SCOPED_TRACE(::testing::Message() << "C=" << g.c << " size=" << g.size);
     Vec x = Random(size_t(g.n) * g.c * g.h * g.w, rng, -2.0, 2.0);
     Vec r = Random(x.size(), rng), y(x.size()), scale(x.size()), dx(x.size());
     auto objective = [&] {
@@ -181,8 +182,8 @@ TEST(EngineGradCheck, AvePoolRandomGeometries) {
       g.ho = PoolOutputSize(g.h, g.kh, g.sh, g.ph);
       g.wo = PoolOutputSize(g.w, g.kw, g.sw, g.pw);
     } while ((g.ho - 1) * g.sh >= g.h + g.ph || (g.wo - 1) * g.sw >= g.w + g.pw);
-    SCOPED_TRACE(testing::Message() << "trial " << trial << ": " << g.h << "x" << g.w << " kernel " << g.kh << "x"
-                                    << g.kw << " stride " << g.sh << "x" << g.sw << " pad " << g.ph << "x" << g.pw);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << g.h << "x" << g.w << " kernel " << g.kh << "x"
+                                      << g.kw << " stride " << g.sh << "x" << g.sw << " pad " << g.ph << "x" << g.pw);
     Vec x = Random(size_t(g.n) * g.c * g.h * g.w, rng);
     const size_t ny = size_t(g.n) * g.c * g.ho * g.wo;
     Vec r = Random(ny, rng), y(ny), dx(x.size());
@@ -440,97 +441,12 @@ TEST(EngineGradCheck, WholeFashionMnistSmallNet) {
   CheckWholeNet(spec, {3}, 8);
 }
 
-// Every layer type in one small net (conv with groups, stride and pad, ReLU, LRN, max pooling
-// with pad, average pooling with the ceil overhang, inner product, dropout, loss), 24 per tensor.
-constexpr char kEveryLayerNet[] = R"(
-name = "every_layer"
-[input]
-channels = 4
-height = 13
-width = 11
-[[layer]]
-name = "conv1"
-type = "Convolution"
-bottom = "data"
-top = "conv1"
-num_output = 8
-kernel_h = 3
-kernel_w = 2
-stride = 2
-pad = 1
-group = 2
-weight_filler = { type = "gaussian", std = 0.3 }
-bias_filler = { type = "constant", value = 0.1 }
-[[layer]]
-name = "relu1"
-type = "ReLU"
-bottom = "conv1"
-top = "relu1"
-[[layer]]
-name = "norm1"
-type = "LRN"
-bottom = "relu1"
-top = "norm1"
-local_size = 3
-alpha = 0.5
-beta = 0.75
-k = 2.0
-[[layer]]
-name = "pool1"
-type = "Pooling"
-bottom = "norm1"
-top = "pool1"
-kernel_size = 3
-stride = 2
-pad = 1
-[[layer]]
-name = "conv2"
-type = "Convolution"
-bottom = "pool1"
-top = "conv2"
-num_output = 6
-kernel_size = 2
-weight_filler = { type = "xavier" }
-bias_filler = { type = "constant", value = 0.05 }
-[[layer]]
-name = "pool2"
-type = "Pooling"
-bottom = "conv2"
-top = "pool2"
-pool = "ave"
-kernel_size = 2
-stride = 2
-[[layer]]
-name = "fc1"
-type = "InnerProduct"
-bottom = "pool2"
-top = "fc1"
-num_output = 12
-weight_filler = { type = "msra" }
-bias_filler = { type = "uniform", scale = 0.2 }
-[[layer]]
-name = "drop1"
-type = "Dropout"
-bottom = "fc1"
-top = "drop1"
-dropout_ratio = 0.25
-[[layer]]
-name = "fc2"
-type = "InnerProduct"
-bottom = "drop1"
-top = "fc2"
-num_output = 5
-weight_filler = { type = "xavier" }
-[[layer]]
-name = "loss"
-type = "SoftmaxWithLoss"
-bottom = ["fc2", "label"]
-top = "loss"
-)";
-
+// Every layer type in one small net (tests/client/test_nets.h kMixedNet: conv with groups, stride
+// and pad, ReLU, LRN, max pooling with pad, average pooling with the ceil overhang, inner product,
+// dropout, loss), 24 per tensor.
 TEST(EngineGradCheck, WholeNetWithEveryLayerType) {
   NetSpec spec;
-  Status s = ParseNetSpecString(kEveryLayerNet, "every_layer", &spec);
+  Status s = ParseNetSpecString(testing::kMixedNet, "mixed", &spec);
   ASSERT_TRUE(s.ok()) << s.ToString();
   NetShapes shapes;
   ASSERT_TRUE(InferShapes(spec, 3, &shapes).ok());

@@ -30,6 +30,7 @@
 #include "client/engine/onednn_backend.h"
 #include "client/engine/ref_kernels.h"
 #include "client/engine/reference_backend.h"
+#include "tests/client/gradient_case_check.h"
 
 namespace downpour::engine {
 namespace {
@@ -47,18 +48,7 @@ TEST_P(EngineLayerGradient, EveryElementMatchesCentralDifferences) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   auto backend = MakeBackend(backend_name);
   backend->SetThreads(1);
-  GradientCheckResult r;
-  s = CheckLayerGradients(*backend, c, g.options, &r);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  std::printf("  %s\n", r.Summary().c_str());
-  EXPECT_TRUE(r.ok()) << r.Summary();
-  EXPECT_EQ(r.failed, 0) << r.Summary();
-  // Everything was checked except the kink points the options name.
-  int64_t elements = ShapeCount(c.bottom_shapes[0]), at_kink = 0;
-  for (const auto& p : c.param_specs) elements += p.numel();
-  for (float v : c.bottoms[0]) at_kink += g.options.kink_range >= 0 && std::abs(v) <= g.options.kink_range;
-  EXPECT_EQ(r.skipped_at_kink, at_kink) << r.Summary();
-  EXPECT_EQ(r.checked, elements - at_kink) << r.Summary();
+  ExpectEveryElementChecked(*backend, g, c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EngineLayerGradient,

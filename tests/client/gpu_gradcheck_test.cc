@@ -19,6 +19,7 @@
 #include "client/engine/gradient_cases.h"
 #include "client/engine/gradient_checker.h"
 #include "tests/client/gpu_test_util.h"
+#include "tests/client/gradient_case_check.h"
 
 namespace downpour::engine {
 namespace {
@@ -36,18 +37,7 @@ TEST_P(GpuLayerGradient, EveryElementMatchesCentralDifferences) {
   std::unique_ptr<Backend> gpu;
   s = CreateCudaBackend(o, &gpu);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  GradientCheckResult r;
-  s = CheckLayerGradients(*gpu, c, g.options, &r);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  std::printf("  %s\n", r.Summary().c_str());
-  EXPECT_TRUE(r.ok()) << r.Summary();
-  EXPECT_EQ(r.failed, 0) << r.Summary();
-  // Everything was checked except the kink points the options name.
-  int64_t elements = ShapeCount(c.bottom_shapes[0]), at_kink = 0;
-  for (const auto& p : c.param_specs) elements += p.numel();
-  for (float v : c.bottoms[0]) at_kink += g.options.kink_range >= 0 && std::abs(v) <= g.options.kink_range;
-  EXPECT_EQ(r.skipped_at_kink, at_kink) << r.Summary();
-  EXPECT_EQ(r.checked, elements - at_kink) << r.Summary();
+  ExpectEveryElementChecked(*gpu, g, c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, GpuLayerGradient, ::testing::ValuesIn(LayerGradientCases()),

@@ -6,7 +6,9 @@ namespace downpour::engine::testing {
 
 // Every layer kind the backends must agree on in one small net: convolution with groups, a
 // rectangular kernel, stride and pad; ReLU; LRN; overlapping max pooling with pad; a second
-// convolution; inner product, dropout, inner product; softmax loss. Input 4×13×11.
+// convolution; average pooling whose windows overhang the input (Caffe's ceil); inner product,
+// dropout, inner product; softmax loss. Input 4×13×11: conv1 7×6 → pool1 4×4 → conv2 3×3 →
+// pool2 2×2. The engine's backends agree on it and its gradients match central differences.
 inline constexpr char kMixedNet[] = R"(
 name = "mixed"
 [input]
@@ -56,10 +58,19 @@ top = "conv2"
 num_output = 6
 kernel_size = 2
 weight_filler = { type = "xavier" }
+bias_filler = { type = "constant", value = 0.05 }
+[[layer]]
+name = "pool2"
+type = "Pooling"
+bottom = "conv2"
+top = "pool2"
+pool = "ave"
+kernel_size = 2
+stride = 2
 [[layer]]
 name = "fc1"
 type = "InnerProduct"
-bottom = "conv2"
+bottom = "pool2"
 top = "fc1"
 num_output = 12
 weight_filler = { type = "msra" }

@@ -169,8 +169,10 @@ std::vector<float> Stream(LoaderOptions o, int batches, std::vector<int>* labels
   return out;
 }
 
-TEST(Loader, AugmentationIsDeterministicForASeedWhateverTheThreads) {
-  TempDir dir;
+// 37 raw 3×12×10 records in dir/db, read 5 a batch with every augmentation: a 7×7 random crop,
+// mirrors, a 16-record shuffle and per-channel means, seeded with `seed`. An epoch is 7.4 batches,
+// so a stream of 20 batches crosses two epoch boundaries inside a batch.
+LoaderOptions AugmentedStream(const TempDir& dir, uint64_t seed) {
   WriteRawDb(dir / "db", 37, 3, 12, 10);
   LoaderOptions o;
   o.db_path = dir / "db";
@@ -178,8 +180,14 @@ TEST(Loader, AugmentationIsDeterministicForASeedWhateverTheThreads) {
   o.crop = 7;
   o.mirror = true;
   o.shuffle_buffer = 16;
-  o.seed = 99;
+  o.seed = seed;
   o.mean_values = {10, 20, 30};
+  return o;
+}
+
+TEST(Loader, AugmentationIsDeterministicForASeedWhateverTheThreads) {
+  TempDir dir;
+  LoaderOptions o = AugmentedStream(dir, 99);
   o.scale = 0.5f;
   std::vector<int> l1, l3, l_other;
   o.threads = 1;
@@ -479,15 +487,7 @@ std::vector<BatchCopy> Batches(const LoaderOptions& o, int limit, Status* status
 
 TEST(Loader, StartBatchResumesTheStreamBitForBit) {
   TempDir dir;
-  WriteRawDb(dir / "db", 37, 3, 12, 10);
-  LoaderOptions o;
-  o.db_path = dir / "db";
-  o.batch_size = 5;
-  o.crop = 7;
-  o.mirror = true;
-  o.shuffle_buffer = 16;
-  o.seed = 7;
-  o.mean_values = {10, 20, 30};
+  LoaderOptions o = AugmentedStream(dir, 7);
   o.threads = 2;
   Status s;
   // 20 batches of 5 = 100 images: epochs 0, 1 and 2 (37 records each), batches 7 and 14

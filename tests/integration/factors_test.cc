@@ -20,6 +20,9 @@
 //  * bytes: AlexNet's push bytes per worker step at batch 128 with 2 servers, with and without
 //    factors (the activations counted once per server holding the tensor).
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -28,22 +31,18 @@
 #include <random>
 #include <thread>
 
-#include <unistd.h>
-
-#include <spdlog/sinks/ringbuffer_sink.h>
-#include <spdlog/spdlog.h>
-
 #include "client/engine/net.h"
 #include "client/engine/net_spec.h"
 #include "client/ps/ps_client.h"
 #include "client/worker/factor_choice.h"
 #include "client/worker/ps_channel.h"
 #include "client/worker/trainer.h"
-#include "downpour_config.h"
 #include "common/inproc_transport.h"
+#include "downpour_config.h"
 #include "server/factor_push.h"
 #include "server/shard.h"
 #include "tests/client/factor_product.h"
+#include "tests/testing/stamping_endpoint.h"
 
 namespace downpour {
 namespace {
@@ -865,36 +864,7 @@ TEST_F(BadFactors, AnInitPushCannotCarryFactors) {
   ExpectRefused(RejectReason::kDType, "init");
 }
 
-// A server endpoint as one server process sees it: replies carry its incarnation; with drop_acks
-// set, acks are lost (the push was applied and logged, then the process "died").
-class StampingEndpoint : public ServerEndpoint {
- public:
-  StampingEndpoint(std::unique_ptr<ServerEndpoint> inner, uint64_t incarnation)
-      : inner_(std::move(inner)), incarnation_(incarnation) {}
-  using ServerEndpoint::Receive;
-  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
-    return inner_->Receive(from, frames, timeout, info);
-  }
-  Status Send(const PeerId& to, Frames frames) override {
-    MessageHeader h;
-    DP_RETURN_IF_ERROR(ParseHeader(frames, &h));
-    if (h.type == MsgType::kAck && drop_acks.load()) {
-      dropped_acks.fetch_add(1);
-      return Status::Ok();
-    }
-    h.incarnation = incarnation_;
-    DP_RETURN_IF_ERROR(HeaderFrame(h, &frames[0]));
-    return inner_->Send(to, std::move(frames));
-  }
-  std::string address() const override { return inner_->address(); }
-  void Wake() override { inner_->Wake(); }
-  std::atomic<bool> drop_acks{false};
-  std::atomic<int> dropped_acks{0};
-
- private:
-  std::unique_ptr<ServerEndpoint> inner_;
-  uint64_t incarnation_;
-};
+using test::StampingEndpoint;  // tests/testing/stamping_endpoint.h
 
 TEST(FactorResend, AFactorPushWhoseAckDiedIsResentToTheRecoveredServerAndAppliedOnce) {
   ParamLayout layout;

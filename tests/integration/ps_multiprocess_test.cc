@@ -43,6 +43,14 @@ class PsMultiProcess : public ::testing::Test {
     test::ExactUpdateJob(servers, workers).Set("consistency.mode", mode).Write(dir_ / "run.toml");
     ASSERT_TRUE(ParamLayout::Build(specs_, servers, 128, &layout_).ok());
   }
+  // The run's coordinator on a free port (it writes the address to dir_/coordinator.addr).
+  std::unique_ptr<Child> StartCoordinator() {
+    return std::make_unique<Child>(
+        std::vector<std::string>{test::Binary("downpour-coordinator"), "--config", (dir_ / "run.toml").string(),
+                                 "--run-dir", dir_.string(), "--tensors", (dir_ / "tensors.txt").string(), "--port",
+                                 "0"},
+        dir_ / "coordinator.log");
+  }
   std::unique_ptr<Child> StartServer(int id, const std::string& coordinator, const std::string& restore = "") {
     std::vector<std::string> argv = {test::Binary("downpour-server"), "--config", (dir_ / "run.toml").string(), "--id",
                                      std::to_string(id), "--run-dir", dir_.string(), "--tensors",
@@ -77,23 +85,31 @@ float Grad(int w, int step, size_t i) { return static_cast<float>(((w + 1) * (st
 // Body of a forked worker process. Returns the exit code (0 = all good). `pipelined`: one chunk
 // per message, payloads through shared memory, and each step's push and the next pull in flight
 // together, so the four workers' chunks reach the servers interleaved.
-int WorkerProcess(const std::string& coordinator, const std::string& token, uint64_t layout_hash,
-                  const ParamLayout& layout, int steps, bool pipelined = false) {
-  ZmqTransport transport;
+// A worker process's registration with the coordinator (heartbeats every 100 ms from then on),
+// and its client's options from what the coordinator said. False if it was refused.
+bool RegisterWorker(ZmqTransport* transport, const std::string& coordinator, const std::string& token,
+                    uint64_t layout_hash, std::unique_ptr<RendezvousClient>* link, PsClientOptions* o) {
   RendezvousOptions ro;
   ro.coordinator = coordinator;
   ro.token = token;
   ro.role = Role::kWorker;
   ro.layout_hash = layout_hash;
   ro.heartbeat_interval = 100ms;
-  std::unique_ptr<RendezvousClient> link;
   RendezvousInfo info;
-  if (!RendezvousClient::Register(&transport, ro, 20s, &link, &info).ok()) return 2;
-  link->StartHeartbeats(nullptr);
+  if (!RendezvousClient::Register(transport, ro, 20s, link, &info).ok()) return false;
+  (*link)->StartHeartbeats(nullptr);
+  o->server_addresses = info.server_addresses;
+  o->worker_id = info.id;
+  o->token = token;
+  return true;
+}
+
+int WorkerProcess(const std::string& coordinator, const std::string& token, uint64_t layout_hash,
+                  const ParamLayout& layout, int steps, bool pipelined = false) {
+  ZmqTransport transport;
+  std::unique_ptr<RendezvousClient> link;
   PsClientOptions o;
-  o.server_addresses = info.server_addresses;
-  o.worker_id = info.id;
-  o.token = token;
+  if (!RegisterWorker(&transport, coordinator, token, layout_hash, &link, &o)) return 2;
   o.reply_timeout = 20s;
   if (pipelined) {
     o.max_chunks_per_message = 1;
@@ -103,12 +119,12 @@ int WorkerProcess(const std::string& coordinator, const std::string& token, uint
   if (!PsClient::Create(&transport, layout, o, &c).ok()) return 3;
   if (!c->Connect(20s).ok()) return 4;
   const size_t n = static_cast<size_t>(layout.total_elems());
-  if (info.id == 0 && !c->Wait(c->PushInit(std::vector<float>(n, 100.0f)), 20s).ok()) return 5;
+  if (o.worker_id == 0 && !c->Wait(c->PushInit(std::vector<float>(n, 100.0f)), 20s).ok()) return 5;
   if (pipelined) {
     std::vector<float> w(n), g(n);
     if (!c->Wait(c->Pull(w, 0), 20s).ok()) return 6;  // waits for worker 0's init
     for (int step = 0; step < steps; ++step) {
-      for (size_t i = 0; i < n; ++i) g[i] = Grad(info.id, step, i);
+      for (size_t i = 0; i < n; ++i) g[i] = Grad(o.worker_id, step, i);
       const RequestId push = c->Push(g, step);
       const RequestId pull = c->Pull(w, step + 1);
       if (!c->Wait(push, 20s).ok()) return 7;
@@ -119,7 +135,7 @@ int WorkerProcess(const std::string& coordinator, const std::string& token, uint
   std::vector<float> w(n), g(n);
   for (int step = 0; step < steps; ++step) {
     if (!c->Wait(c->Pull(w, step), 20s).ok()) return 6;  // waits for worker 0's init
-    for (size_t i = 0; i < n; ++i) g[i] = Grad(info.id, step, i);
+    for (size_t i = 0; i < n; ++i) g[i] = Grad(o.worker_id, step, i);
     if (!c->Wait(c->Push(g, step), 20s).ok()) return 7;
   }
   return 0;
@@ -128,9 +144,7 @@ int WorkerProcess(const std::string& coordinator, const std::string& token, uint
 void PsMultiProcess::RunExactWeights(bool pipelined) {
   constexpr int kServers = 2, kWorkers = 4, kSteps = 25;
   WriteConfig(kServers, kWorkers);
-  Child coordinator({test::Binary("downpour-coordinator"), "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
-                     "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
-                    dir_ / "coordinator.log");
+  std::unique_ptr<Child> coordinator = StartCoordinator();
   const std::string co = ReadAddress(dir_ / "coordinator.addr", 10s);
   ASSERT_FALSE(co.empty()) << Log("coordinator.log");
   std::vector<std::unique_ptr<Child>> servers;
@@ -183,8 +197,8 @@ void PsMultiProcess::RunExactWeights(bool pipelined) {
   // Orderly end: shutdown message to each server, then the coordinator.
   for (int s = 0; s < kServers; ++s) ASSERT_TRUE(c->Shutdown(s, 5s).ok());
   for (auto& s : servers) EXPECT_EQ(s->WaitExit(10s), 0);
-  coordinator.Signal(SIGTERM);
-  EXPECT_EQ(coordinator.WaitExit(10s), 0);
+  coordinator->Signal(SIGTERM);
+  EXPECT_EQ(coordinator->WaitExit(10s), 0);
 }
 
 TEST_F(PsMultiProcess, TwoServersFourWorkerProcessesAsyncExactWeights) { RunExactWeights(false); }
@@ -198,20 +212,9 @@ TEST_F(PsMultiProcess, PipelinedPerChunkThroughSharedMemoryAppliesExactlyTheSame
 int SyncWorkerProcess(const std::string& coordinator, const std::string& token, const ParamLayout& layout, int steps,
                       float grad) {
   ZmqTransport transport;
-  RendezvousOptions ro;
-  ro.coordinator = coordinator;
-  ro.token = token;
-  ro.role = Role::kWorker;
-  ro.layout_hash = layout.hash();
-  ro.heartbeat_interval = 100ms;
   std::unique_ptr<RendezvousClient> link;
-  RendezvousInfo info;
-  if (!RendezvousClient::Register(&transport, ro, 20s, &link, &info).ok()) return 2;
-  link->StartHeartbeats(nullptr);
   PsClientOptions o;
-  o.server_addresses = info.server_addresses;
-  o.worker_id = info.id;
-  o.token = token;
+  if (!RegisterWorker(&transport, coordinator, token, layout.hash(), &link, &o)) return 2;
   o.reply_timeout = 30s;
   std::unique_ptr<PsClient> c;
   if (!PsClient::Create(&transport, layout, o, &c).ok()) return 3;
@@ -237,9 +240,7 @@ TEST_F(PsMultiProcess, SyncRunFinishesAfterAWorkerDiesByHeartbeatTimeout) {
     text.replace(text.find("heartbeat_timeout_ms = 2000"), 27, "heartbeat_timeout_ms = 600");
     std::ofstream(dir_ / "run.toml") << text;
   }
-  Child coordinator({test::Binary("downpour-coordinator"), "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
-                     "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
-                    dir_ / "coordinator.log");
+  std::unique_ptr<Child> coordinator = StartCoordinator();
   const std::string co = ReadAddress(dir_ / "coordinator.addr", 10s);
   ASSERT_FALSE(co.empty()) << Log("coordinator.log");
   std::vector<std::unique_ptr<Child>> servers;
@@ -320,9 +321,7 @@ TEST_F(PsMultiProcess, SigkilledServerRestoresExactlyTheCheckpoint) {
 
 TEST_F(PsMultiProcess, CoordinatorRefusesAMismatchedLayoutNamingBothHashes) {
   WriteConfig(1, 1);
-  Child coordinator({test::Binary("downpour-coordinator"), "--config", (dir_ / "run.toml").string(), "--run-dir", dir_.string(),
-                     "--tensors", (dir_ / "tensors.txt").string(), "--port", "0"},
-                    dir_ / "coordinator.log");
+  std::unique_ptr<Child> coordinator = StartCoordinator();
   const std::string co = ReadAddress(dir_ / "coordinator.addr", 10s);
   ASSERT_FALSE(co.empty());
   ZmqTransport transport;
