@@ -7,7 +7,8 @@
 //   metrics → JSONL, progress line; evaluation on a schedule (the evaluating worker).
 //
 // What a step does with its gradient is the worker's algorithm (worker_algorithm.h: Downpour's
-// pushes and pulls, EASGD's local steps and exchanges, the local reference run), chosen once.
+// pushes and pulls; EASGD's and local SGD's local steps and exchanges; the local reference run),
+// chosen once.
 // Every algorithm averages the gradients of worker.push_every steps into one update.
 //
 // A step's progress is saved once its pushes are acknowledged, so a resume never skips an

@@ -5,6 +5,8 @@
 //             also BSP and SSP, whose rules are the servers'): downpour_algorithm.cc
 //   easgd     apply it locally, and every easgd_tau steps exchange the elastic difference with
 //             the servers' center (Zhang, Choromanska, LeCun 2015): easgd_algorithm.cc
+//   local-sgd apply it locally, and every local_steps steps add the progress / W to the servers'
+//             model and pull it back (Zhou & Cong 2018; Stich 2019): local_sgd_algorithm.cc
 //   local     without servers, the single-process reference run: apply it locally, which is
 //             what a distributed sync run must agree with: local_algorithm.cc
 //
