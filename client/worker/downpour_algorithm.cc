@@ -109,11 +109,11 @@ Status DownpourAlgorithm::BeforeStep(const StepPlan& plan, StepWaits* waits) {
   const bool pulled_ahead = pull_ahead_ != nullptr && pull_ahead_->active();
   const bool due = plan.step % options().worker.pull_every == 0 || plan.step == first_step_;
   if (pulled_ahead || !due) return Status::Ok();
-  const double t0 = Now();
+  const double t0 = NowS();
   TraceSpan span(env_.trace, env_.trace_track, "worker", "pull");
   DP_RETURN_IF_ERROR(env_.channel->Pull(clock_, env_.net->params(), &pull_info_));
   if (pull_ahead_ != nullptr) pull_ahead_->Reset(plan.step);
-  waits->pull_ms = 1e3 * (Now() - t0);
+  waits->pull_ms = 1e3 * (NowS() - t0);
   return Status::Ok();
 }
 
@@ -145,7 +145,7 @@ Status DownpourAlgorithm::Finish(const StepPlan& plan, StepWaits* waits) {
     AddToAccumulator();
     return Status::Ok();
   }
-  const double t0 = Now();
+  const double t0 = NowS();
   TraceSpan wait_span(env_.trace, env_.trace_track, "worker", "push wait");
   const std::span<float> source = accum_.empty() ? env_.net->grads() : std::span<float>(accum_);
   if (clipping()) {
@@ -165,7 +165,7 @@ Status DownpourAlgorithm::Finish(const StepPlan& plan, StepWaits* waits) {
   accum_pushed_ = !accum_.empty();
   ++clock_;
   DP_RETURN_IF_ERROR(env_.channel->Clock(clock_));
-  waits->push_wait_ms += 1e3 * (Now() - t0);
+  waits->push_wait_ms += 1e3 * (NowS() - t0);
   return Status::Ok();
 }
 
@@ -183,11 +183,11 @@ Status DownpourAlgorithm::PushGroupAndPull(const PushGroup& group, std::span<con
 // Forward is about to run `layer`: its weights are taken in from the pulls, waiting where due.
 void DownpourAlgorithm::OnLayerForward(int layer) {
   if (!callback_status_.ok()) return;
-  const double t0 = Now();
+  const double t0 = NowS();
   TraceSpan span(env_.trace, env_.trace_track, "worker", "pull wait");
   span.Arg("layer", layer);
   callback_status_ = pull_ahead_->BeforeForward(layer);
-  forward_pull_wait_ms_ += 1e3 * (Now() - t0);
+  forward_pull_wait_ms_ += 1e3 * (NowS() - t0);
 }
 
 // Backward is about to overwrite `layer`'s gradients: the previous step's pushes reading them
@@ -195,20 +195,20 @@ void DownpourAlgorithm::OnLayerForward(int layer) {
 void DownpourAlgorithm::OnLayerBackward(int layer) {
   const std::vector<int32_t>& chunks = layer_chunks_[static_cast<size_t>(layer)];
   if (!callback_status_.ok() || !pushes_.Pending(chunks)) return;
-  const double t0 = Now();
+  const double t0 = NowS();
   TraceSpan span(env_.trace, env_.trace_track, "worker", "ack wait");
   span.Arg("layer", layer);
   callback_status_ = pushes_.WaitFor(chunks, &push_info_);
-  backward_push_wait_ms_ += 1e3 * (Now() - t0);
+  backward_push_wait_ms_ += 1e3 * (NowS() - t0);
 }
 
 // The accumulator (push_every > 1) is what the last push step's pushes read: wait for them before
 // it changes, then start it again from zero.
 Status DownpourAlgorithm::ReadyAccumulator() {
   if (!accum_pushed_) return Status::Ok();
-  const double t0 = Now();
+  const double t0 = NowS();
   DP_RETURN_IF_ERROR(pushes_.WaitAll(&push_info_));
-  backward_push_wait_ms_ += 1e3 * (Now() - t0);
+  backward_push_wait_ms_ += 1e3 * (NowS() - t0);
   std::fill(accum_.begin(), accum_.end(), 0.0f);
   accum_pushed_ = false;
   return Status::Ok();

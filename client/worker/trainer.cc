@@ -14,10 +14,6 @@
 namespace downpour::worker {
 namespace {
 
-double NowS() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // Milliseconds covered by the union of the spans (the wire was busy with at least one of them).
 double UnionMs(std::vector<WireSpan> spans) {
   std::sort(spans.begin(), spans.end(), [](const WireSpan& a, const WireSpan& b) { return a.issued_s < b.issued_s; });

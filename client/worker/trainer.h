@@ -75,9 +75,10 @@ struct TrainerOptions {
   // sleep counts as step time, as a slow machine's would.
   std::chrono::milliseconds step_delay{0};
   // The servers' algorithm and its settings: consistency.algorithm chooses the worker's
-  // (worker_algorithm.h; EASGD's exchanges read easgd_tau and easgd_alpha).
+  // (worker_algorithm.h; EASGD reads easgd_tau and easgd_alpha, local SGD local_steps).
   ConsistencyConfig consistency;
-  // Workers training at once (cluster.workers): EASGD's default α and its schedule's count.
+  // Workers training at once (cluster.workers): EASGD's default α, local SGD's share 1/W, and
+  // the schedule's count of both.
   int workers = 1;
   // Runs once after the last step (its pushes acknowledged), before the final evaluation. A
   // distributed worker announces it has finished there, and the evaluating worker waits for

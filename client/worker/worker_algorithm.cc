@@ -40,9 +40,7 @@ void WorkerAlgorithm::Start(int64_t clock, int64_t first_step) {
   first_step_ = first_step;
 }
 
-double WorkerAlgorithm::Now() const {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double NowS() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 void WorkerAlgorithm::AddToAccumulator() {
   const auto g = env_.net->grads();
@@ -74,9 +72,9 @@ Status ModelExchangeAlgorithm::PullModel() {
 // The worker keeps its own weights: it pulls the model once, to start from it.
 Status ModelExchangeAlgorithm::BeforeStep(const StepPlan& plan, StepWaits* waits) {
   if (plan.step != first_step_) return Status::Ok();
-  const double t0 = Now();
+  const double t0 = NowS();
   DP_RETURN_IF_ERROR(PullModel());
-  waits->pull_ms = 1e3 * (Now() - t0);
+  waits->pull_ms = 1e3 * (NowS() - t0);
   return Status::Ok();
 }
 
@@ -87,9 +85,9 @@ Status ModelExchangeAlgorithm::Finish(const StepPlan& plan, StepWaits* waits) {
   }
   LocalUpdate(options().workers);
   if ((plan.step + 1) % every_ == 0 || plan.last) {
-    const double t0 = Now();
+    const double t0 = NowS();
     DP_RETURN_IF_ERROR(Exchange());
-    waits->push_wait_ms = 1e3 * (Now() - t0);
+    waits->push_wait_ms = 1e3 * (NowS() - t0);
   }
   return Status::Ok();
 }

@@ -111,7 +111,6 @@ class WorkerAlgorithm {
  protected:
   explicit WorkerAlgorithm(const AlgorithmEnv& env);
   const TrainerOptions& options() const { return *env_.options; }
-  double Now() const;
 
   // A step that does not update: its gradient into the accumulator.
   void AddToAccumulator();
@@ -149,6 +148,10 @@ class ModelExchangeAlgorithm : public WorkerAlgorithm {
  private:
   const int every_;
 };
+
+// Seconds on the system clock: the trainer's step and wait times, and its wall times, which a
+// resumed run continues (so not the steady clock).
+double NowS();
 
 // The run's algorithm: local without a channel, else by consistency.algorithm (TrainerOptions).
 std::unique_ptr<WorkerAlgorithm> MakeWorkerAlgorithm(const AlgorithmEnv& env);
