@@ -275,16 +275,33 @@ Status FillerToml(const ::caffe::FillerParameter& f, const LayerWhere& where, co
   return Status::Ok();
 }
 
+// A layer's param { } entries: at most one per parameter blob (`tensors`).
+Status CheckParamEntries(const LayerParameter& layer, int tensors, const LayerWhere& where) {
+  if (layer.param_size() <= tensors) return Status::Ok();
+  return InvalidArgument("{}: {} param {{ }} entries for {} parameter blob(s)", where.text, layer.param_size(),
+                         tensors);
+}
+
+// The TOML `param` list of a layer with `tensors` parameter blobs: Caffe's multipliers default to
+// 1 (ParamSpec), written out because the TOML parser's bias default is Caffe's usual 2/0, not the
+// proto default.
+std::string ParamEntriesToml(const LayerParameter& layer, int tensors) {
+  std::vector<std::string> params;
+  for (int i = 0; i < tensors; ++i) {
+    const ::caffe::ParamSpec p = i < layer.param_size() ? layer.param(i) : ::caffe::ParamSpec();
+    params.push_back(
+        fmt::format("{{ lr_mult = {}, decay_mult = {} }}", TomlFloat(p.lr_mult()), TomlFloat(p.decay_mult())));
+  }
+  return fmt::format("[{}]", fmt::join(params, ", "));
+}
+
 // Learnable-layer fields shared by Convolution and InnerProduct.
 Status LearnableToml(const LayerParameter& layer, const LayerWhere& where, uint32_t num_output, bool bias_term,
                      const ::caffe::FillerParameter& weight_filler, const ::caffe::FillerParameter& bias_filler,
                      TomlLayer* t) {
   if (num_output == 0) return InvalidArgument("{}: num_output must be set and positive", where.text);
   const int tensors = bias_term ? 2 : 1;
-  if (layer.param_size() > tensors) {
-    return InvalidArgument("{}: {} param {{ }} entries for {} parameter blob(s)", where.text, layer.param_size(),
-                           tensors);
-  }
+  DP_RETURN_IF_ERROR(CheckParamEntries(layer, tensors, where));
   t->Int("num_output", num_output);
   t->Bool("bias_term", bias_term);
   std::string filler;
@@ -294,15 +311,7 @@ Status LearnableToml(const LayerParameter& layer, const LayerWhere& where, uint3
     DP_RETURN_IF_ERROR(FillerToml(bias_filler, where, "bias_filler", &filler));
     t->Key("bias_filler", filler);
   }
-  // Caffe's multipliers default to 1 (ParamSpec); written out because the TOML parser's bias
-  // default is Caffe's usual 2/0, not the proto default.
-  std::vector<std::string> params;
-  for (int i = 0; i < tensors; ++i) {
-    const ::caffe::ParamSpec p = i < layer.param_size() ? layer.param(i) : ::caffe::ParamSpec();
-    params.push_back(
-        fmt::format("{{ lr_mult = {}, decay_mult = {} }}", TomlFloat(p.lr_mult()), TomlFloat(p.decay_mult())));
-  }
-  t->Key("param", fmt::format("[{}]", fmt::join(params, ", ")));
+  t->Key("param", ParamEntriesToml(layer, tensors));
   return Status::Ok();
 }
 
@@ -543,12 +552,8 @@ Status TableRowToml(const LayerParameter& layer, const engine::LayerTypeRow& row
     }
   }
   if (row.groups & engine::kSlopeKeys) {
-    if (layer.param_size() > 1) {
-      return InvalidArgument("{}: {} param {{ }} entries for 1 parameter blob", where.text, layer.param_size());
-    }
-    const ::caffe::ParamSpec p = layer.param_size() > 0 ? layer.param(0) : ::caffe::ParamSpec();
-    t->Key("param",
-           fmt::format("[{{ lr_mult = {}, decay_mult = {} }}]", TomlFloat(p.lr_mult()), TomlFloat(p.decay_mult())));
+    DP_RETURN_IF_ERROR(CheckParamEntries(layer, 1, where));
+    t->Key("param", ParamEntriesToml(layer, 1));
   }
   return Status::Ok();
 }

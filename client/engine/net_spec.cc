@@ -155,14 +155,8 @@ Status ParseParamMults(const toml::table& t, const Where& where, size_t tensors,
   if (p == nullptr) return Status::Ok();
   const toml::array* arr = p->as_array();
   if (arr == nullptr || arr->size() > tensors) {
-    return tensors == 2 ? InvalidArgument(
-                              "{}: 'param' must be a list of at most 2 tables "
-                              "(weight, bias) with lr_mult / decay_mult",
-                              where.str())
-                        : InvalidArgument(
-                              "{}: 'param' must be a list of at most 1 table (weight) with lr_mult / "
-                              "decay_mult",
-                              where.str());
+    return InvalidArgument("{}: 'param' must be a list of at most {} with lr_mult / decay_mult", where.str(),
+                           tensors == 2 ? "2 tables (weight, bias)" : "1 table (weight)");
   }
   for (size_t i = 0; i < arr->size(); ++i) {
     const toml::table* pt = (*arr)[i].as_table();
