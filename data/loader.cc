@@ -47,6 +47,8 @@ Loader::~Loader() {
   for (auto& t : threads_) t.join();
   for (auto& slot : slots_) {
     if (slot.batch.data) options_.deallocate(slot.batch.data);
+    if (slot.batch.bytes) options_.deallocate(slot.batch.bytes);
+    if (slot.batch.windows) options_.deallocate(slot.batch.windows);
     if (slot.batch.labels) options_.deallocate(slot.batch.labels);
   }
 }
@@ -140,6 +142,9 @@ Status Loader::LearnShape() {
     if (!have && options_.on_bad_record == BadRecordPolicy::kFail) return last;
   }
   if (!have) return Status(last.code(), "no readable record among the first records: " + last.message());
+  uint8_records_ = v.u8 != nullptr;
+  if (options_.byte_batches && !uint8_records_)
+    return InvalidArgument("loader: LMDB {} holds float records; byte batches need uint8 pixels", options_.db_path);
   out_c_ = v.c;
   src_h_ = v.h;
   src_w_ = v.w;
@@ -197,10 +202,16 @@ Status Loader::Open() {
   const size_t image_floats = size_t(out_c_) * out_h_ * out_w_;
   slots_.resize(static_cast<size_t>(options_.queue_depth));
   for (auto& slot : slots_) {
-    const size_t data_bytes = image_floats * options_.batch_size * sizeof(float);
-    slot.batch.data = static_cast<float*>(options_.allocate(data_bytes));
+    const size_t data_bytes = image_floats * options_.batch_size * (options_.byte_batches ? 1 : sizeof(float));
+    if (options_.byte_batches) {
+      slot.batch.bytes = static_cast<uint8_t*>(options_.allocate(data_bytes));
+      slot.batch.windows = static_cast<CropWindow*>(options_.allocate(options_.batch_size * sizeof(CropWindow)));
+    } else {
+      slot.batch.data = static_cast<float*>(options_.allocate(data_bytes));
+    }
     slot.batch.labels = static_cast<int*>(options_.allocate(options_.batch_size * sizeof(int)));
-    if (slot.batch.data == nullptr || slot.batch.labels == nullptr) {
+    if ((slot.batch.data == nullptr && slot.batch.bytes == nullptr) || slot.batch.labels == nullptr ||
+        (options_.byte_batches && slot.batch.windows == nullptr)) {
       return Internal("loader: allocating a {} byte batch buffer failed", data_bytes);
     }
     slot.batch.c = out_c_;
@@ -215,6 +226,21 @@ Status Loader::Open() {
 
 int64_t Loader::batches_per_epoch() const {
   return (slice_.size() + options_.batch_size - 1) / options_.batch_size;
+}
+
+InputNormalization Loader::normalization() const {
+  InputNormalization n;
+  n.channels = out_c_;
+  n.height = out_h_;
+  n.width = out_w_;
+  if (mean_.image != nullptr) {
+    n.mean_image = mean_image_.values;
+    n.mean_h = mean_image_.h;
+    n.mean_w = mean_image_.w;
+  }
+  n.mean_values = mean_.values;
+  n.scale = mean_.scale;
+  return n;
 }
 
 std::shared_ptr<const std::vector<int64_t>> Loader::OrderFor(int64_t epoch) {
@@ -275,12 +301,13 @@ void Loader::ThreadMain() {
   }
 }
 
-Status Loader::LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, Image* scratch,
-                          float* dst, int* label) {
+Status Loader::LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, Image* scratch, Batch* batch,
+                          int i_batch) {
   const int64_t n = slice_.size();
   const int64_t epoch = position / n;
   const auto order = OrderFor(epoch);
   const int64_t i = (*order)[static_cast<size_t>(position % n)];
+  const size_t image_elems = size_t(out_c_) * out_h_ * out_w_;
   const std::string_view key(key_arena_.data() + key_offsets_[i], key_offsets_[i + 1] - key_offsets_[i]);
   std::string_view value;
   DP_RETURN_IF_ERROR(txn->Get(key, &value));
@@ -296,6 +323,8 @@ Status Loader::LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, I
   }
   ImageView v;
   DP_RETURN_IF_ERROR(ViewDatum(*datum, options_.channels, where, scratch, &v));
+  if (options_.byte_batches && v.u8 == nullptr)
+    return Corrupt("{}: a float record; byte batches need uint8 pixels (raw or encoded)", where);
   if (v.c != out_c_) {
     if (datum->encoded() && options_.channels == 0) {
       // A folder of mostly colour JPEGs with a few greyscale ones (or the reverse).
@@ -322,8 +351,13 @@ Status Loader::LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, I
                                options_.seed ^ Mix64(options_.shard_index), epoch, position);
   crop.y0 -= pad;
   crop.x0 -= pad;
-  TransformToFloat(v, crop, out_h_, out_w_, mean_, dst);
-  *label = datum->label();
+  if (options_.byte_batches) {
+    CropToBytes(v, crop, out_h_, out_w_, batch->bytes + i_batch * image_elems);
+    batch->windows[i_batch] = CropWindow{crop.y0, crop.x0, v.h, v.w, crop.mirror ? 1 : 0};
+  } else {
+    TransformToFloat(v, crop, out_h_, out_w_, mean_, batch->data + i_batch * image_elems);
+  }
+  batch->labels[i_batch] = datum->label();
   return Status::Ok();
 }
 
@@ -338,8 +372,7 @@ Status Loader::FillBatch(int64_t b, ReadTxn* txn, Batch* batch, caffe::Datum* da
   std::vector<int> bad;
   int good = -1;
   for (int i = 0; i < count; ++i) {
-    Status s = LoadRecord(first + i, txn, datum, scratch, batch->data + i * image_floats,
-                          &batch->labels[i]);
+    Status s = LoadRecord(first + i, txn, datum, scratch, batch, i);
     if (s.ok()) {
       good = i;
       continue;
@@ -360,8 +393,12 @@ Status Loader::FillBatch(int64_t b, ReadTxn* txn, Batch* batch, caffe::Datum* da
                    options_.db_path, b, first, last - 1);
   }
   for (int i : bad) {
-    std::memcpy(batch->data + i * image_floats, batch->data + good * image_floats,
-                image_floats * sizeof(float));
+    if (options_.byte_batches) {
+      std::memcpy(batch->bytes + i * image_floats, batch->bytes + good * image_floats, image_floats);
+      batch->windows[i] = batch->windows[good];
+    } else {
+      std::memcpy(batch->data + i * image_floats, batch->data + good * image_floats, image_floats * sizeof(float));
+    }
     batch->labels[i] = batch->labels[good];
   }
   batch->n = count;

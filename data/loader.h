@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/byte_batch.h"
 #include "common/status.h"
 #include "data/lmdb_io.h"
 #include "data/mean_file.h"
@@ -84,6 +85,12 @@ struct LoaderOptions {
   // `index` and `epoch`), so a resumed worker goes on where it stopped. With epochs > 0 it
   // counts toward the total: the loader yields total - start_batch batches.
   int64_t start_batch = 0;
+  // Byte batches (common/byte_batch.h): each image's crop window as uint8 (Batch::bytes, with its
+  // Batch::windows) instead of floats (Batch::data stays null). The crop is chosen as for floats;
+  // the mean, the mirror and the scale are left to the consumer (normalization()), which gets the
+  // float batch of the same options bit for bit, from a quarter of the bytes. The records must
+  // hold uint8 pixels (raw or encoded): a float record is a bad record.
+  bool byte_batches = false;
   // Batch memory. Default: 64-byte aligned host memory. A GPU worker passes cudaHostAlloc /
   // cudaFreeHost here for pinned buffers, so data/ never depends on CUDA.
   std::function<void*(size_t bytes)> allocate;
@@ -95,6 +102,8 @@ LoaderOptions EvalOptions(const std::string& db_path, int batch_size, int crop);
 
 struct Batch {
   float* data = nullptr;   // [n, c, h, w] contiguous (capacity batch_size images)
+  uint8_t* bytes = nullptr;       // byte_batches: [n, c, h, w] crop windows (instead of data)
+  CropWindow* windows = nullptr;  // byte_batches: [n]
   int* labels = nullptr;   // [n]
   int n = 0, c = 0, h = 0, w = 0;
   int64_t index = 0;       // batch number in the stream, 0, 1, 2, ...
@@ -135,6 +144,11 @@ class Loader {
   int width() const { return out_w_; }
   // Batches in one pass over the shard (the last one may be partial).
   int64_t batches_per_epoch() const;
+  // Whether the records hold uint8 pixels (raw or encoded), as byte batches need (valid after Open).
+  bool uint8_records() const { return uint8_records_; }
+  // byte_batches: what turns a batch's bytes into the floats this loader would otherwise yield
+  // (valid after Open).
+  InputNormalization normalization() const;
 
  private:
   enum class SlotState { kFree, kFilling, kReady, kTaken };
@@ -148,8 +162,8 @@ class Loader {
   Status LearnShape();
   void ThreadMain();
   Status FillBatch(int64_t b, ReadTxn* txn, Batch* batch, caffe::Datum* datum, Image* scratch);
-  Status LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, Image* scratch,
-                    float* dst, int* label);
+  // Image i of `batch` from the record at stream `position`.
+  Status LoadRecord(int64_t position, ReadTxn* txn, caffe::Datum* datum, Image* scratch, Batch* batch, int i);
   std::shared_ptr<const std::vector<int64_t>> OrderFor(int64_t epoch);
   void Fail(Status s);
 
@@ -162,6 +176,7 @@ class Loader {
   MeanSpec mean_;
   int out_c_ = 0, out_h_ = 0, out_w_ = 0;
   int src_h_ = 0, src_w_ = 0;           // record size when crop == 0 (all must match)
+  bool uint8_records_ = false;          // the first readable record's pixels are uint8
   int64_t total_batches_ = -1;          // -1 = endless
 
   mutable std::mutex mu_;

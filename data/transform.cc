@@ -3,6 +3,11 @@
 // and float records take the strided path.
 #include "data/transform.h"
 
+#include <algorithm>
+#include <cstring>
+
+#include "common/status.h"
+
 namespace downpour::data {
 
 uint64_t Mix64(uint64_t x) {
@@ -124,6 +129,31 @@ void TransformToFloat(const ImageView& src, const CropChoice& crop, int crop_h, 
     TransformStrided(src, src.u8, crop, crop_h, crop_w, mean, dst);
   } else {
     TransformStrided(src, src.f32, crop, crop_h, crop_w, mean, dst);
+  }
+}
+
+void CropToBytes(const ImageView& src, const CropChoice& crop, int crop_h, int crop_w, uint8_t* dst) {
+  DP_CHECK(src.u8 != nullptr);
+  const bool planar = src.col_stride == 1 && src.row_stride == src.w;
+  for (int ch = 0; ch < src.c; ++ch) {
+    for (int y = 0; y < crop_h; ++y) {
+      const int sy = crop.y0 + y;
+      uint8_t* out = dst + (int64_t{ch} * crop_h + y) * crop_w;
+      if (sy < 0 || sy >= src.h) {
+        std::memset(out, 0, static_cast<size_t>(crop_w));
+        continue;
+      }
+      const uint8_t* row = src.u8 + ch * src.channel_stride + sy * src.row_stride;
+      // The columns of the window inside the record, [lo, hi); the rest are padding.
+      const int lo = std::clamp(-crop.x0, 0, crop_w), hi = std::clamp(src.w - crop.x0, lo, crop_w);
+      std::memset(out, 0, static_cast<size_t>(lo));
+      if (planar) {
+        std::memcpy(out + lo, row + crop.x0 + lo, static_cast<size_t>(hi - lo));
+      } else {
+        for (int x = lo; x < hi; ++x) out[x] = row[(crop.x0 + x) * src.col_stride];
+      }
+      std::memset(out + hi, 0, static_cast<size_t>(crop_w - hi));
+    }
   }
 }
 

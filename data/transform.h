@@ -47,4 +47,10 @@ struct MeanSpec {
 void TransformToFloat(const ImageView& src, const CropChoice& crop, int crop_h, int crop_w,
                       const MeanSpec& mean, float* dst);
 
+// The byte form of the same image (common/byte_batch.h): its crop window, planar c x crop_h x
+// crop_w bytes in the record's orientation (not mirrored), 0 where the crop reaches past the edges;
+// `crop` goes with it as its CropWindow. Only for uint8 views (src.u8 set). Row copies for planar
+// records: no per-pixel arithmetic on the host.
+void CropToBytes(const ImageView& src, const CropChoice& crop, int crop_h, int crop_w, uint8_t* dst);
+
 }  // namespace downpour::data

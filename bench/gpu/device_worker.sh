@@ -8,8 +8,8 @@
 #     its ratios.txt has each job over the fp32 k = 1 jobs);
 #  3. the default job with both workers on the GPU, outstanding_steps 1 and 2, against 2026-11-26's
 #     14,797 img/s (that was fmnist_small; today's default is fmnist_fast);
-#  4. AlexNet's engine step against PyTorch's fwd + bwd + SGD, TF32 on, batch 128 (downpour-bench-gpu
-#     still times the single-upload path, not the worker's).
+#  4. AlexNet's worker step against PyTorch's fwd + bwd + SGD, TF32 on, batch 128: with float input,
+#     and with byte input (uint8 crops normalised on the GPU, each next batch uploaded a step ahead).
 # Pack first, here: EXTRA_BINS="server/downpour-launch server/downpour-server server/downpour-coordinator
 #   client/worker/downpour-worker client/worker/downpour-evaluator data/downpour-data bench/ps/downpour-bench-ps"
 #   bench/gpu/pack_for_device.sh build .devcarry
@@ -55,10 +55,14 @@ try:
 except (OSError, ValueError, KeyError, IndexError) as e:
     sys.exit(f"bench: missing ({e})")
 w = d["worker_images_per_s"]
+wb = d["worker_bytes_images_per_s"]
 print(f"AlexNet b{d['batch']} TF32: worker step {w:.0f} img/s (engine step {d['engine_images_per_s']:.0f}, "
       f"device step {d['device_images_per_s']:.0f}); PyTorch fwd+bwd+SGD {p['step_images_per_s']:.0f}, "
       f"with input upload {p['upload_step_images_per_s']:.0f}: worker / PyTorch {w / p['step_images_per_s']:.2f}x, "
       f"{w / p['upload_step_images_per_s']:.2f}x counting both uploads")
+print(f"AlexNet b{d['batch']} TF32, byte input: worker step {wb:.0f} img/s: worker / PyTorch "
+      f"{wb / p['step_images_per_s']:.2f}x, {wb / p['upload_step_images_per_s']:.2f}x counting both uploads; "
+      f"bytes / floats {wb / w:.2f}x")
 PY
 fi
 cat "$out/summary.txt" "$out/default.txt" "$out/ratios.txt" 2>/dev/null

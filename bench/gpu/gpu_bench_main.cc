@@ -14,6 +14,10 @@
 //                 per tensor as its download lands (where the worker pushes); no SGD (the
 //                 servers do it). Its peer is PyTorch's fwd + bwd + SGD with the input uploaded
 //                 from page-locked memory every step (pytorch_alexnet.py's upload_step).
+//   worker_bytes_step  worker_step with the input as a GPU worker's loader yields it
+//                 (common/byte_batch.h): uint8 crop windows of 256×256 records in page-locked
+//                 memory, mirrored at random, normalised on the device, each next batch uploaded
+//                 during the step before; a quarter of the input bytes.
 // Usage:
 //   downpour-bench-gpu --model configs/models/alexnet.toml --batch 128 --batch 256
 //                      --iterations 20 --conv-algo search --tf32 on --json out.json
@@ -41,9 +45,59 @@ double NowMs() {
 struct BatchResult {
   int batch = 0;
   NetTiming timing;  // per layer + train_step (downpour-time's numbers)
-  double device_step_ms = 0, engine_step_ms = 0, worker_step_ms = 0;
+  double device_step_ms = 0, engine_step_ms = 0, worker_step_ms = 0, worker_bytes_step_ms = 0;
   std::vector<ConvAlgoChoice> algos;
 };
+
+// worker_bytes_step: two page-locked byte batches alternate, as the loader's ring holds them.
+downpour::Status TimeByteInput(Net* net, const std::vector<int>& labels, const HostAllocator& pinned, int iterations,
+                               double* step_ms) {
+  constexpr int kRecord = 256;
+  downpour::InputNormalization norm;
+  norm.channels = net->input_channels();
+  norm.height = net->input_height();
+  norm.width = net->input_width();
+  norm.mean_values = {104.0f, 117.0f, 123.0f};
+  if (norm.channels != 3) norm.mean_values = {118.0f};
+  DP_RETURN_IF_ERROR(net->SetInputNormalization(norm, "downpour-bench-gpu's byte input"));
+  const int n = net->batch_size();
+  const size_t bytes = static_cast<size_t>(n * norm.image_bytes());
+  std::mt19937 rng(5);
+  struct Held {
+    uint8_t* pixels;
+    downpour::CropWindow* windows;
+  } held[2];
+  std::vector<std::vector<uint8_t>> pageable;
+  for (Held& h : held) {
+    h.pixels = pinned.allocate ? static_cast<uint8_t*>(pinned.allocate(bytes)) : nullptr;
+    h.windows = pinned.allocate ? static_cast<downpour::CropWindow*>(pinned.allocate(n * sizeof(downpour::CropWindow)))
+                                : nullptr;
+    if (h.pixels == nullptr || h.windows == nullptr) {
+      return downpour::Internal("downpour-bench-gpu: page-locking {} bytes for the byte input failed", bytes);
+    }
+    for (size_t i = 0; i < bytes; ++i) h.pixels[i] = static_cast<uint8_t>(rng());
+    for (int i = 0; i < n; ++i) {
+      const int y0 = static_cast<int>(rng() % (kRecord - norm.height + 1));
+      const int x0 = static_cast<int>(rng() % (kRecord - norm.width + 1));
+      h.windows[i] = downpour::CropWindow{y0, x0, kRecord, kRecord, static_cast<int32_t>(rng() & 1)};
+    }
+  }
+  auto view = [&](int k) { return downpour::ByteBatch{held[k].pixels, held[k].windows, n}; };
+  downpour::ByteBatch next = view(1);
+  net->ForwardBackward(view(0), labels.data(), &next);
+  const double t0 = NowMs();
+  for (int it = 1; it <= iterations; ++it) {
+    next = view((it + 1) % 2);
+    net->ForwardBackward(view(it % 2), labels.data(), &next);
+  }
+  net->backend().Synchronize();
+  *step_ms = (NowMs() - t0) / iterations;
+  for (Held& h : held) {
+    pinned.deallocate(h.pixels);
+    pinned.deallocate(h.windows);
+  }
+  return downpour::Status::Ok();
+}
 
 downpour::Status RunBatch(const NetSpec& spec, const CudaOptions& cuda, int batch, int iterations, int warmup,
                           BatchResult* out) {
@@ -102,6 +156,7 @@ downpour::Status RunBatch(const NetSpec& spec, const CudaOptions& cuda, int batc
   for (int it = 0; it < iterations; ++it) net->ForwardBackward(host_images, labels.data());
   net->backend().Synchronize();
   out->worker_step_ms = (NowMs() - t0) / iterations;
+  DP_RETURN_IF_ERROR(TimeByteInput(net.get(), labels, pinned, iterations, &out->worker_bytes_step_ms));
   net->SetBeforeLayerCallback({});
   net->SetGradReadyCallback({});
   if (pageable.empty()) pinned.deallocate(host_images);
@@ -115,13 +170,14 @@ std::string ToJson(const std::string& model, const std::string& device, const Cu
                               model, device, cuda.tf32 ? "true" : "false", ConvAlgoModeName(cuda.conv_algo));
   for (size_t i = 0; i < results.size(); ++i) {
     const BatchResult& r = results[i];
-    j += fmt::format("{}{{\"batch\": {}, \"device_step_ms\": {:.3f}, \"engine_step_ms\": {:.3f}, "
-                     "\"train_step_ms\": {:.3f}, \"worker_step_ms\": {:.3f}, \"device_images_per_s\": {:.1f}, "
-                     "\"engine_images_per_s\": {:.1f}, \"train_images_per_s\": {:.1f}, \"worker_images_per_s\": {:.1f}, "
-                     "\"layers\": [",
-                     i ? ", " : "", r.batch, r.device_step_ms, r.engine_step_ms, r.timing.step_ms, r.worker_step_ms,
-                     1000.0 * r.batch / r.device_step_ms, 1000.0 * r.batch / r.engine_step_ms, r.timing.images_per_s,
-                     1000.0 * r.batch / r.worker_step_ms);
+    j += fmt::format(
+        "{}{{\"batch\": {}, \"device_step_ms\": {:.3f}, \"engine_step_ms\": {:.3f}, "
+        "\"train_step_ms\": {:.3f}, \"worker_step_ms\": {:.3f}, \"worker_bytes_step_ms\": {:.3f}, "
+        "\"device_images_per_s\": {:.1f}, \"engine_images_per_s\": {:.1f}, \"train_images_per_s\": {:.1f}, "
+        "\"worker_images_per_s\": {:.1f}, \"worker_bytes_images_per_s\": {:.1f}, \"layers\": [",
+        i ? ", " : "", r.batch, r.device_step_ms, r.engine_step_ms, r.timing.step_ms, r.worker_step_ms,
+        r.worker_bytes_step_ms, 1000.0 * r.batch / r.device_step_ms, 1000.0 * r.batch / r.engine_step_ms,
+        r.timing.images_per_s, 1000.0 * r.batch / r.worker_step_ms, 1000.0 * r.batch / r.worker_bytes_step_ms);
     for (size_t l = 0; l < r.timing.layers.size(); ++l)
       j += fmt::format("{}{{\"name\": \"{}\", \"type\": \"{}\", \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}}}",
                        l ? ", " : "", r.timing.layers[l].name, r.timing.layers[l].type, r.timing.layers[l].forward_ms,

@@ -61,37 +61,43 @@ void EmulatedCopyBackend::CopyLoop() {
     // One copy engine: each copy ends `delay` after the previous one, or after it was queued.
     due = std::max(due, std::chrono::steady_clock::now()) + delay_;
     std::this_thread::sleep_until(due);
-    std::memcpy(c.to, c.from, static_cast<size_t>(c.count) * sizeof(float));
+    std::memcpy(c.to, c.from, static_cast<size_t>(c.bytes));
     lock.lock();
     queue_.pop_front();
     completed_ = c.ticket;
-    log_.push_back(CopyEvent{c.upload ? CopyEvent::kUploadDone : CopyEvent::kDownloadDone, c.ticket, c.device, c.count});
+    const CopyEvent::Kind done = c.direction == Direction::kUpload  ? CopyEvent::kUploadDone
+                                 : c.direction == Direction::kInput ? CopyEvent::kInputDone
+                                                                    : CopyEvent::kDownloadDone;
+    log_.push_back(CopyEvent{done, c.ticket, c.device, c.bytes / int64_t{sizeof(float)}});
     cv_.notify_all();
   }
 }
 
-uint64_t EmulatedCopyBackend::Queue(bool upload, const float* from, float* to, int64_t count, const float* device,
+uint64_t EmulatedCopyBackend::Queue(Direction direction, const void* from, void* to, int64_t bytes, const float* device,
                                     std::shared_ptr<const std::vector<float>> keep) {
-  if (count <= 0) return 0;
+  if (bytes <= 0) return 0;
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ticket = next_ticket_++;
-    const Copy c{ticket, upload, from, to, count, device, std::move(keep)};
+    const Copy c{ticket, direction, from, to, bytes, device, std::move(keep)};
     queue_.push_back(c);
-    recent_.push_back(c);
-    log_.push_back(CopyEvent{upload ? CopyEvent::kUploadQueued : CopyEvent::kDownloadQueued, ticket, device, count});
+    if (direction != Direction::kInput) recent_.push_back(c);
+    const CopyEvent::Kind kind = direction == Direction::kUpload  ? CopyEvent::kUploadQueued
+                                 : direction == Direction::kInput ? CopyEvent::kInputQueued
+                                                                  : CopyEvent::kDownloadQueued;
+    log_.push_back(CopyEvent{kind, ticket, device, bytes / int64_t{sizeof(float)}});
   }
   cv_.notify_all();
   return ticket;
 }
 
 void EmulatedCopyBackend::CopyToDevice(const float* host, float* device, int64_t count) {
-  Queue(true, host, device, count, device);
+  QueueFloats(true, host, device, count, device);
 }
 
 uint64_t EmulatedCopyBackend::CopyToHostAsync(const float* device, float* host, int64_t count) {
-  return Queue(false, device, host, count, device);
+  return QueueFloats(false, device, host, count, device);
 }
 
 void EmulatedCopyBackend::CopyToHost(const float* device, float* host, int64_t count) {
@@ -126,13 +132,13 @@ void EmulatedCopyBackend::ReadBlobGrad(const Blob& blob, float* host) {
 uint64_t EmulatedCopyBackend::ReadBlobAsync(const Blob& blob, float* host) {
   auto copy = std::make_shared<std::vector<float>>(static_cast<size_t>(blob.count()));
   inner_->ReadBlob(blob, copy->data());
-  return Queue(false, copy->data(), host, blob.count(), blob.data, copy);
+  return QueueFloats(false, copy->data(), host, blob.count(), blob.data, copy);
 }
 
 uint64_t EmulatedCopyBackend::ReadBlobGradAsync(const Blob& blob, float* host) {
   auto copy = std::make_shared<std::vector<float>>(static_cast<size_t>(blob.count()));
   inner_->ReadBlobGrad(blob, copy->data());
-  return Queue(false, copy->data(), host, blob.count(), blob.grad, copy);
+  return QueueFloats(false, copy->data(), host, blob.count(), blob.grad, copy);
 }
 
 Status EmulatedCopyBackend::CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) {
@@ -145,7 +151,9 @@ Status EmulatedCopyBackend::CreateLayer(const LayerContext& context, std::unique
 uint64_t EmulatedCopyBackend::LastOverlapping(bool upload, const float* begin, int64_t count) {
   uint64_t last = 0;
   for (const Copy& c : recent_) {
-    if (c.upload == upload && c.device < begin + count && begin < c.device + c.count) last = std::max(last, c.ticket);
+    const int64_t floats = c.bytes / int64_t{sizeof(float)};
+    if ((c.direction == Direction::kUpload) == upload && c.device < begin + count && begin < c.device + floats)
+      last = std::max(last, c.ticket);
   }
   return last;
 }
@@ -176,6 +184,36 @@ void EmulatedCopyBackend::Note(std::string note) {
 std::vector<CopyEvent> EmulatedCopyBackend::events() const {
   std::lock_guard<std::mutex> lock(mu_);
   return log_;
+}
+
+void EmulatedCopyBackend::StageInput(const ByteBatch& batch) {
+  DP_CHECK_GT(image_bytes_, 0);  // PrepareInput came first
+  const int k = last_read_ == 0 ? 1 : 0;
+  InputSlot& slot = input_slots_[k];
+  // The last normalisation read the other slot, and it ran synchronously: this one is free.
+  slot.source = batch.pixels;
+  slot.pixels.resize(static_cast<size_t>(int64_t{batch.n} * image_bytes_));
+  slot.windows.resize(static_cast<size_t>(batch.n));
+  Queue(Direction::kInput, batch.pixels, slot.pixels.data(), static_cast<int64_t>(slot.pixels.size()), nullptr);
+  slot.ticket = Queue(Direction::kInput, batch.windows, slot.windows.data(),
+                      static_cast<int64_t>(batch.n * sizeof(CropWindow)), nullptr);
+  staged_ = k;
+}
+
+void EmulatedCopyBackend::NormalizeInput(const InputNormalization& norm, const ByteBatch& batch, Blob* blob) {
+  if (staged_ < 0 || input_slots_[staged_].source != batch.pixels) StageInput(batch);
+  InputSlot& slot = input_slots_[staged_];
+  WaitCopy(slot.ticket);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    log_.push_back(CopyEvent{CopyEvent::kInputNormalized, slot.ticket, nullptr, 0});
+  }
+  // From the device's copy only: bytes the caller changed after staging would not show.
+  std::vector<float> floats(static_cast<size_t>(batch.n * norm.image_bytes()));
+  NormalizeByteBatch(norm, ByteBatch{slot.pixels.data(), slot.windows.data(), batch.n}, floats.data());
+  inner_->SetInput(floats.data(), blob);
+  last_read_ = staged_;
+  staged_ = -1;
 }
 
 }  // namespace downpour::engine

@@ -9,6 +9,10 @@
 // Ordering (what a GPU guarantees by streams and events): a layer's Forward waits for the
 // uploads overlapping its parameters that were queued before it; its Backward for the downloads
 // of its gradient windows (it overwrites them); a blob read-back or Synchronize for every copy.
+// Byte input (Backend::NormalizeInput) is a device's too: StageInput queues the batch's pixels and
+// windows into the staging slot the last normalisation did not read, and NormalizeInput waits for
+// that batch's copies only (a batch not staged last goes up then), then normalises from the slot,
+// never from the caller's memory.
 // Downloads are queued when asked (the layer that wrote them has run: CPU kernels are
 // synchronous). Every copy, layer run and Note goes to an event log, in order, for tests.
 //
@@ -32,7 +36,18 @@
 namespace downpour::engine {
 
 struct CopyEvent {
-  enum Kind { kUploadQueued, kUploadDone, kDownloadQueued, kDownloadDone, kForward, kBackward, kNote };
+  enum Kind {
+    kUploadQueued,
+    kUploadDone,
+    kDownloadQueued,
+    kDownloadDone,
+    kForward,
+    kBackward,
+    kNote,
+    kInputQueued,  // a byte batch's upload (its windows' copy, the later ticket)
+    kInputDone,
+    kInputNormalized,  // ticket: the input upload it waited for
+  };
   Kind kind;
   uint64_t ticket = 0;          // copies
   const float* device = nullptr;  // copies: the device range
@@ -68,6 +83,13 @@ class EmulatedCopyBackend : public Backend {
   void SetThreads(int threads) override { inner_->SetThreads(threads); }
   Status CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) override;
   void Synchronize() override;
+  bool normalizes_input() const override { return true; }
+  Status PrepareInput(const InputNormalization& norm, int batch) override {
+    image_bytes_ = norm.image_bytes();
+    return inner_->PrepareInput(norm, batch);
+  }
+  void StageInput(const ByteBatch& batch) override;
+  void NormalizeInput(const InputNormalization& norm, const ByteBatch& batch, Blob* blob) override;
 
   // A test's own mark in the log (e.g. "tensor 3 handed over").
   void Note(std::string note);
@@ -78,17 +100,34 @@ class EmulatedCopyBackend : public Backend {
   void BeforeBackward(int layer, const std::vector<ParamSlot>& params);
 
  private:
+  enum class Direction { kUpload, kDownload, kInput };
   struct Copy {
     uint64_t ticket;
-    bool upload;
-    const float* from;
-    float* to;
-    int64_t count;
-    const float* device;  // the device end, for overlap checks and the log
+    Direction direction;
+    const void* from;
+    void* to;
+    int64_t bytes;
+    const float* device;                             // the device end of float copies, for overlap checks and the log
     std::shared_ptr<const std::vector<float>> keep;  // a blob read's canonical copy, while queued
   };
-  uint64_t Queue(bool upload, const float* from, float* to, int64_t count, const float* device,
+  uint64_t Queue(Direction direction, const void* from, void* to, int64_t bytes, const float* device,
                  std::shared_ptr<const std::vector<float>> keep = nullptr);
+  uint64_t QueueFloats(bool upload, const float* from, float* to, int64_t count, const float* device,
+                       std::shared_ptr<const std::vector<float>> keep = nullptr) {
+    return Queue(upload ? Direction::kUpload : Direction::kDownload, from, to, count * int64_t{sizeof(float)}, device,
+                 std::move(keep));
+  }
+  // A staged byte batch: the device's copy of its pixels and windows, and the caller's pointer it
+  // came from.
+  struct InputSlot {
+    const uint8_t* source = nullptr;
+    std::vector<uint8_t> pixels;
+    std::vector<CropWindow> windows;
+    uint64_t ticket = 0;  // its last copy
+  };
+  InputSlot input_slots_[2];
+  int staged_ = -1, last_read_ = -1;  // as CudaInput's (gpu/cuda_input.h)
+  int64_t image_bytes_ = 0;           // PrepareInput's
   // The newest queued copy (of `upload`'s direction) overlapping [begin, begin + count); 0 = none.
   uint64_t LastOverlapping(bool upload, const float* begin, int64_t count);
   void CopyLoop();

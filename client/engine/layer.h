@@ -9,9 +9,9 @@
 //    the net's input blobs are owned by the Backend). `format` is backend-private: a
 //    backend may keep activations in a layout it prefers (oneDNN: blocked / nhwc) between
 //    its own layers; a null format means dense canonical row-major. Only the backend reads
-//    or writes blob memory; the host crosses that boundary through the Backend: SetInput
-//    and ReadBlob for blob data (WriteBlobGrad / ReadBlobGrad for blob gradients), and
-//    CopyToDevice / CopyToHost for the parameter and gradient buffers.
+//    or writes blob memory; the host crosses that boundary through the Backend: SetInput (or
+//    NormalizeInput, from bytes) and ReadBlob for blob data (WriteBlobGrad / ReadBlobGrad for
+//    blob gradients), and CopyToDevice / CopyToHost for the parameter and gradient buffers.
 //  * Parameters are NOT owned by layers: every layer's weights and biases are windows
 //    (ParamSlot) into the net's one contiguous parameter buffer and one contiguous gradient
 //    buffer, in canonical layout (conv OIHW, inner product out×in). A backend that prefers
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "client/engine/net_spec.h"
+#include "common/byte_batch.h"
 #include "common/device.h"
 #include "common/status.h"
 #include "common/tensor_spec.h"
@@ -166,6 +167,32 @@ class Backend {
   // set (a layer's top after Reshape, or a buffer from Allocate for a dense input blob).
   virtual void WriteBlobGrad(const float* host, Blob* blob) = 0;
   virtual void ReadBlobGrad(const Blob& blob, float* host) = 0;
+
+  // Input as bytes (common/byte_batch.h): a batch of uint8 crop windows, a quarter of the floats'
+  // bytes, normalised by the backend; on a device its upload can start a step ahead.
+  //  * normalizes_input(): whether a worker should feed this backend bytes. Host backends say no:
+  //    the loader's threads normalise in parallel, the training thread would do it alone.
+  //  * PrepareInput(norm, batch) once before the first batch of up to `batch` images (a device
+  //    copies the mean image over and allocates its two staging buffers; out of memory → an error
+  //    naming them, before training starts).
+  //  * StageInput(batch) may start the upload of the batch's pixels and windows and return at once.
+  //    Both must stay as they are until the step that normalises them has ended (a read-back). At
+  //    most two batches are staged and not yet normalised.
+  //  * NormalizeInput(norm, batch, blob) writes the blob (shape set by the net) from a batch,
+  //    staged or not, waiting only for that batch's upload.
+  // Defaults: nothing staged; the host's NormalizeByteBatch, then SetInput.
+  virtual bool normalizes_input() const { return false; }
+  virtual Status PrepareInput(const InputNormalization& norm, int batch) {
+    (void)norm;
+    (void)batch;
+    return Status::Ok();
+  }
+  virtual void StageInput(const ByteBatch& batch) { (void)batch; }
+  virtual void NormalizeInput(const InputNormalization& norm, const ByteBatch& batch, Blob* blob) {
+    std::vector<float> host(static_cast<size_t>(batch.n * norm.image_bytes()));
+    NormalizeByteBatch(norm, batch, host.data());
+    SetInput(host.data(), blob);
+  }
 
   // Threads for compute inside calls (OpenMP on the CPU); 0 = library default.
   virtual void SetThreads(int threads) = 0;

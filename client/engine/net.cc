@@ -162,6 +162,10 @@ Status Net::CheckLabels(const int* labels, int n) const {
 
 void Net::SetInputs(const float* images, const int* labels) {
   backend_->SetInput(images, data_blob_);
+  SetLabels(labels);
+}
+
+void Net::SetLabels(const int* labels) {
   label_staging_.resize(batch_);
   for (int i = 0; i < batch_; ++i) {
     // Invariant: the caller ran CheckLabels on data it did not produce itself.
@@ -249,9 +253,33 @@ void Net::EmulateKernel(float ms) {
   std::this_thread::sleep_until(emulate_due_);
 }
 
+Status Net::SetInputNormalization(InputNormalization norm, const std::string& what) {
+  DP_RETURN_IF_ERROR(norm.Check(what.c_str()));
+  if (norm.channels != spec_.input_channels || norm.height != spec_.input_height || norm.width != spec_.input_width)
+    return InvalidArgument("{}: images of {}x{}x{}; net '{}' ({}) takes {}x{}x{}", what, norm.channels, norm.height,
+                           norm.width, spec_.name, spec_.source.empty() ? "not from a file" : spec_.source,
+                           spec_.input_channels, spec_.input_height, spec_.input_width);
+  DP_RETURN_IF_ERROR(backend_->PrepareInput(norm, batch_));
+  input_norm_ = std::move(norm);
+  return Status::Ok();
+}
+
 float Net::ForwardBackward(const float* images, const int* labels) {
   ++step_;
   SetInputs(images, labels);
+  return TrainStep(labels, nullptr);
+}
+
+float Net::ForwardBackward(const ByteBatch& batch, const int* labels, const ByteBatch* next) {
+  DP_CHECK(has_input_normalization());
+  DP_CHECK_EQ(batch.n, batch_);
+  ++step_;
+  backend_->NormalizeInput(input_norm_, batch, data_blob_);
+  SetLabels(labels);
+  return TrainStep(labels, next);
+}
+
+float Net::TrainStep(const int* labels, const ByteBatch* next) {
   if (emulated()) {
     // No kernel runs (SetEmulatedCompute): the callbacks come at a real step's points.
     emulate_due_ = std::chrono::steady_clock::now();
@@ -259,11 +287,14 @@ float Net::ForwardBackward(const float* images, const int* labels) {
       if (before_layer_) before_layer_(static_cast<int>(li));
       EmulateKernel(emulate_ms_[2 * li]);
     }
+    if (next != nullptr) backend_->StageInput(*next);
     for (int li = num_layers() - 1; li >= 0; --li) BackwardLayer(li);
     last_accuracy_ = 0.0f;
     return 0.0f;
   }
   RunForward(Phase::kTrain);
+  // The next batch's upload goes after this step's weight uploads and beside its backward.
+  if (next != nullptr) backend_->StageInput(*next);
   for (int li = num_layers() - 1; li >= 0; --li) {
     QueueBackward(li);
     DeliverGrads(/*wait=*/false);

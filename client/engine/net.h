@@ -129,6 +129,16 @@ class Net {
   // `labels` N class indices in [0, num_classes) (see CheckLabels).
   float ForwardBackward(const float* images, const int* labels);
   float last_accuracy() const { return last_accuracy_; }
+  // Input as bytes (common/byte_batch.h; Backend::NormalizeInput): a GPU uploads a quarter of the
+  // floats' bytes, a step ahead, and normalises them with a kernel. SetInputNormalization once:
+  // its crop must be the net's input c × h × w (InvalidArgument naming `what`, the net and both
+  // shapes otherwise). Then ForwardBackward on a byte batch of batch_size() images computes exactly
+  // what it computes on their normalised floats; `next` (null: none), the next step's batch, is
+  // staged once this step's forward is queued, so its upload overlaps this step's backward (it must
+  // stay as it is until the next step has ended).
+  Status SetInputNormalization(InputNormalization norm, const std::string& what);
+  bool has_input_normalization() const { return input_norm_.channels > 0; }
+  float ForwardBackward(const ByteBatch& batch, const int* labels, const ByteBatch* next = nullptr);
   // Evaluation (test phase: no dropout).
   EvalResult Forward(const float* images, const int* labels);
 
@@ -207,6 +217,9 @@ class Net {
   Status Build();
   Status SetupBlobs();
   void SetInputs(const float* images, const int* labels);
+  void SetLabels(const int* labels);
+  // The training step after its inputs are set.
+  float TrainStep(const int* labels, const ByteBatch* next);
   void RunForward(Phase phase);
   float ReadScalar(const Blob& blob);
   bool FactorsPay(int layer, int tensor) const;
@@ -248,6 +261,7 @@ class Net {
   Blob* data_blob_ = nullptr;
   Blob* label_blob_ = nullptr;
   std::vector<float> label_staging_;
+  InputNormalization input_norm_;  // byte input; channels 0 = not set
   std::function<void(int)> grad_ready_;
   std::function<void(int)> before_layer_;
   std::function<void(int)> before_backward_;

@@ -28,6 +28,8 @@ void SetBatchMemory(const RunConfig& c, data::LoaderOptions* o) {
 BatchView ViewOf(const data::Batch& b, int epoch) {
   BatchView view;
   view.data = b.data;
+  view.bytes = b.bytes;
+  view.windows = b.windows;
   view.labels = b.labels;
   view.n = b.n;
   view.c = b.c;
@@ -50,7 +52,14 @@ class LoaderTrainSource : public TrainSource {
   }
 
   Status Next(BatchView* view) override {
-    Release();
+    // Byte batches: the view handed out last stays valid until the next call (it is being staged).
+    if (previous_ != nullptr) loader_->Release(previous_);
+    previous_ = nullptr;
+    if (options_.byte_batches) {
+      previous_ = held_;
+    } else if (held_ != nullptr) {
+      loader_->Release(held_);
+    }
     held_ = loader_->Next();
     if (held_ == nullptr) {
       Status s = loader_->status();
@@ -58,6 +67,15 @@ class LoaderTrainSource : public TrainSource {
     }
     DP_CHECK_EQ(held_->n, options_.batch_size);
     *view = ViewOf(*held_, static_cast<int>(held_->epoch));
+    return Status::Ok();
+  }
+  Status UseBytes(bool* used, InputNormalization* norm) override {
+    *used = loader_->uint8_records();
+    if (!*used) return Status::Ok();
+    options_.byte_batches = true;
+    ++options_.queue_depth;  // the consumer holds two batches at a time
+    DP_RETURN_IF_ERROR(Open());
+    *norm = loader_->normalization();
     return Status::Ok();
   }
   int64_t shard_size() const override { return loader_->stats().records_in_shard; }
@@ -68,14 +86,17 @@ class LoaderTrainSource : public TrainSource {
   ~LoaderTrainSource() override { Release(); }
 
  private:
+  // Gives back every batch held (Next releases only the older one of two).
   void Release() {
     if (held_ != nullptr) loader_->Release(held_);
-    held_ = nullptr;
+    if (previous_ != nullptr) loader_->Release(previous_);
+    held_ = previous_ = nullptr;
   }
 
   data::LoaderOptions options_;
   std::unique_ptr<data::Loader> loader_;
   const data::Batch* held_ = nullptr;
+  const data::Batch* previous_ = nullptr;  // byte batches: the one handed out before held_
 };
 
 class LoaderTestSource : public TestSource {

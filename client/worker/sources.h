@@ -15,15 +15,19 @@
 #include <string>
 #include <vector>
 
+#include "common/byte_batch.h"
 #include "common/status.h"
 
 namespace downpour::worker {
 
 struct BatchView {
-  const float* data = nullptr;  // n × c × h × w
+  const float* data = nullptr;  // n × c × h × w; null for a byte batch
   const int* labels = nullptr;  // n
   int n = 0, c = 0, h = 0, w = 0;
   int epoch = 0;                // pass over this source's shard the batch belongs to (0-based)
+  // A byte batch (TrainSource::UseBytes): n × c × h × w crop windows and their n windows.
+  const uint8_t* bytes = nullptr;
+  const CropWindow* windows = nullptr;
 };
 
 // An endless stream of training batches over this worker's shard (epochs roll over).
@@ -32,6 +36,16 @@ class TrainSource {
   virtual ~TrainSource() = default;
   // Next batch; the previous batch's view becomes invalid.
   virtual Status Next(BatchView* batch) = 0;
+  // Byte batches (common/byte_batch.h), for a net whose backend normalises its input
+  // (engine::Backend::normalizes_input): called before the first Next(). True: from now on Next()
+  // fills bytes and windows instead of data, `norm` says how to normalise them, and a view stays
+  // valid until the second Next() after it (the trainer stages the next step's batch while a step
+  // runs). False (the default, or records that are not uint8): floats as before.
+  virtual Status UseBytes(bool* used, InputNormalization* norm) {
+    (void)norm;
+    *used = false;
+    return Status::Ok();
+  }
   // Records in this worker's shard (for epoch-based runs and ETA); 0 if unknown.
   virtual int64_t shard_size() const = 0;
   // Positions the stream so that the next batch is the one training step `step` reads (a

@@ -117,11 +117,39 @@ Status Trainer::SaveAckedProgress(bool finished) {
 
 double Trainer::Elapsed() const { return NowS() - start_; }
 
+Status Trainer::UseByteInput() {
+  byte_input_ = false;
+  if (!net_->backend().normalizes_input()) return Status::Ok();
+  InputNormalization norm;
+  DP_RETURN_IF_ERROR(train_->UseBytes(&byte_input_, &norm));
+  if (!byte_input_) return Status::Ok();
+  return net_->SetInputNormalization(std::move(norm), fmt::format("worker {}: the training data", o_.worker_id));
+}
+
+Status Trainer::NextBatch(const StepPlan& plan, BatchView* batch) {
+  if (!byte_input_) return train_->Next(batch);
+  // Byte input: this step's batch was fetched by the step before (or is fetched now, the first
+  // time), and the next step's is fetched now, so the net uploads it during this step.
+  if (!next_batch_) DP_RETURN_IF_ERROR(train_->Next(&next_batch_.emplace()));
+  *batch = *next_batch_;
+  next_batch_.reset();
+  if (!plan.last) DP_RETURN_IF_ERROR(train_->Next(&next_batch_.emplace()));
+  return Status::Ok();
+}
+
 Status Trainer::Step(const StepPlan& plan, const BatchView& batch) {
   algorithm_->BeginPass(plan);
   const double t0 = NowS();
   TraceSpan compute_span(o_.trace, trace_track_, "worker", "forward+backward");
-  const float loss = net_->ForwardBackward(batch.data, batch.labels);
+  float loss = 0;
+  if (byte_input_) {
+    const ByteBatch next =
+        next_batch_ ? ByteBatch{next_batch_->bytes, next_batch_->windows, next_batch_->n} : ByteBatch{};
+    loss = net_->ForwardBackward(ByteBatch{batch.bytes, batch.windows, batch.n}, batch.labels,
+                                 next_batch_ ? &next : nullptr);
+  } else {
+    loss = net_->ForwardBackward(batch.data, batch.labels);
+  }
   compute_span.End();
   const double t1 = NowS();
   DP_RETURN_IF_ERROR(algorithm_->AfterPass(&waits_));
@@ -272,6 +300,7 @@ Status Trainer::Run(TrainResult* result) {
     DP_RETURN_IF_ERROR(train_->SeekToStep(from.step));
     net_->set_step(from.step);  // dropout masks continue as if never stopped
   }
+  DP_RETURN_IF_ERROR(UseByteInput());
   steps_done_ = from.step;
   algorithm_->Start(o_.resume ? from.clock : o_.clock_base, from.step);
   images_ = from.images;
@@ -288,6 +317,7 @@ Status Trainer::Run(TrainResult* result) {
                                     {"params", static_cast<int64_t>(net_->params().size())},
                                     {"distributed", channel_ != nullptr},
                                     {"overlap_pull", algorithm_->overlaps_pulls()},
+                                    {"byte_input", byte_input_},
                                     {"resumed", o_.resume.has_value()},
                                     {"resume_step", from.step},
                                     {"wall_offset_s", from.wall_s}});
@@ -307,7 +337,7 @@ Status Trainer::Run(TrainResult* result) {
     DP_RETURN_IF_ERROR(algorithm_->BeforeStep(plan, &waits_));
     BatchView batch;
     const double loader_t0 = NowS();
-    DP_RETURN_IF_ERROR(train_->Next(&batch));
+    DP_RETURN_IF_ERROR(NextBatch(plan, &batch));
     loader_ms_ = 1e3 * (NowS() - loader_t0);
     DP_RETURN_IF_ERROR(net_->CheckLabels(batch.labels, batch.n));
     if (batch.n != net_->batch_size() || batch.c != net_->input_channels() || batch.h != net_->input_height() ||

@@ -1,7 +1,8 @@
 // trainer.h — the worker's training loop (docs/architecture.md "One training step in a worker"):
 //
 //   the step's pulls, if any                                        (WorkerAlgorithm::BeforeStep)
-//   next prefetched batch                                           (TrainSource)
+//   next prefetched batch                                           (TrainSource; as bytes on a
+//                                                                    GPU, the next one staged too)
 //   forward + backward, the algorithm's callbacks inside it
 //   the step's update or accumulation                               (WorkerAlgorithm::Finish)
 //   metrics → JSONL, progress line; evaluation on a schedule (the evaluating worker).
@@ -153,6 +154,10 @@ class Trainer {
   Status Evaluate(bool final_eval, EvalRecord* out, bool starting_weights = false);
 
  private:
+  // Byte input (sources.h TrainSource::UseBytes) when the net's backend normalises its input.
+  Status UseByteInput();
+  // This step's batch; with byte input also the next step's (next_batch_), staged by this step.
+  Status NextBatch(const StepPlan& plan, BatchView* batch);
   Status Step(const StepPlan& plan, const BatchView& batch);
   // Saves the progress of steps whose pushes are all acknowledged (a resume starts after them).
   Status SaveAckedProgress(bool finished);
@@ -180,6 +185,8 @@ class Trainer {
   ProgressReporter* progress_;
   int trace_track_ = -1;                        // the timeline's "train" track (o_.trace on)
   std::unique_ptr<WorkerAlgorithm> algorithm_;  // chosen once (MakeWorkerAlgorithm)
+  bool byte_input_ = false;                     // the batches are bytes, normalised by the net's backend
+  std::optional<BatchView> next_batch_;         // byte input: the next step's batch, fetched by this one
 
   int64_t images_ = 0;
   int64_t steps_done_ = 0;

@@ -128,6 +128,8 @@ TEST_P(EmulatedCopies, CopiesAndLayersComeInTheContractsOrder) {
         EXPECT_EQ(uploads_done, uploads_queued) << "layer " << e.layer << " ran before an upload queued before it landed";
         break;
       case CopyEvent::kBackward: backward_while_out += downloads_out > 0; break;
+      default:
+        break;  // byte input: byte_input_test.cc
     }
   }
   EXPECT_EQ(handed, kSteps * 6);  // six tensors a step

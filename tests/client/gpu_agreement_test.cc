@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <iostream>
 #include <random>
 
@@ -18,8 +19,8 @@
 #include "client/engine/net.h"
 #include "downpour_config.h"
 #include "tests/client/factor_product.h"
-#include "tests/client/test_nets.h"
 #include "tests/client/gpu_test_util.h"
+#include "tests/client/test_nets.h"
 
 namespace downpour::engine {
 namespace {
@@ -574,6 +575,57 @@ TEST(GpuNetAgreement, GradReadyCallbackSeesFinalGradients) {
     EXPECT_GT(testing::MaxAbs(seen[t]), 0.0) << gpu->param_specs()[t].name;
     ExpectClose(gpu->param_specs()[t].name + " at callback", seen[t], gpu->grad(t), 0.0);
   }
+}
+
+// Byte input (common/byte_batch.h) normalised by the CUDA kernel, each next batch staged on the
+// input stream during the step before: the input blob is the host's normalisation bit for bit
+// (mean image, padded and mirrored crops), and training follows the float-fed GPU net.
+TEST(GpuNetAgreement, ByteInputNormalisedOnTheDeviceEqualsTheHostsFloats) {
+  DP_SKIP_WITHOUT_GPU();
+  const NetSpec spec = MixedSpec();  // 4×13×11
+  constexpr int kB = 3, kRecordH = 15, kRecordW = 14;
+  auto bytes_net = MakeNet(spec, kB, MakeGpu(false, ConvAlgoMode::kHeuristic));
+  auto floats_net = MakeNet(spec, kB, MakeGpu(false, ConvAlgoMode::kHeuristic));
+  InputNormalization norm;
+  norm.channels = 4;
+  norm.height = 13;
+  norm.width = 11;
+  norm.mean_h = kRecordH;
+  norm.mean_w = kRecordW;
+  for (int p = 0; p < 4 * kRecordH * kRecordW; ++p)
+    norm.mean_image.push_back(90.0f + 0.61f * static_cast<float>(p % 23));
+  norm.scale = 1.0f / 128;
+  ASSERT_TRUE(bytes_net->SetInputNormalization(norm, "gpu test").ok());
+  for (Net* n : {bytes_net.get(), floats_net.get()}) n->InitParams(4);
+  constexpr int kSteps = 4;
+  std::vector<std::vector<uint8_t>> pixels(kSteps, std::vector<uint8_t>(size_t{kB} * norm.image_bytes()));
+  std::vector<std::vector<CropWindow>> windows(kSteps);
+  std::mt19937 rng(17);
+  for (int s = 0; s < kSteps; ++s) {
+    for (uint8_t& p : pixels[s]) p = static_cast<uint8_t>(rng());
+    for (int i = 0; i < kB; ++i) {
+      const int y0 = static_cast<int>(rng() % 5) - 1, x0 = static_cast<int>(rng() % 6) - 1;  // some past the edges
+      windows[s].push_back(CropWindow{y0, x0, kRecordH, kRecordW, static_cast<int32_t>(rng() & 1)});
+    }
+  }
+  std::vector<int> labels{0, 3, 4};
+  std::vector<float> floats(size_t{kB} * norm.image_bytes()), hb(bytes_net->params().size()), hf(hb.size());
+  for (int s = 0; s < kSteps; ++s) {
+    const ByteBatch batch{pixels[s].data(), windows[s].data(), kB};
+    const ByteBatch next = s + 1 < kSteps ? ByteBatch{pixels[s + 1].data(), windows[s + 1].data(), kB} : ByteBatch{};
+    const float lb = bytes_net->ForwardBackward(batch, labels.data(), s + 1 < kSteps ? &next : nullptr);
+    NormalizeByteBatch(norm, batch, floats.data());
+    const float lf = floats_net->ForwardBackward(floats.data(), labels.data());
+    std::vector<float> input;
+    ASSERT_TRUE(bytes_net->ReadBlob("data", &input).ok());
+    ASSERT_EQ(input.size(), floats.size());
+    for (size_t i = 0; i < input.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(input[i]), std::bit_cast<uint32_t>(floats[i])) << "step " << s << " at " << i;
+    EXPECT_NEAR(lb, lf, 1e-5 * std::max(1.0f, lf)) << "step " << s;
+    bytes_net->SgdUpdate(0.01f, 0.9f, 5e-4f, hb);
+    floats_net->SgdUpdate(0.01f, 0.9f, 5e-4f, hf);
+  }
+  ExpectClose("params after the byte-fed steps", bytes_net->params(), floats_net->params(), 1e-4);
 }
 
 // Uploads cut into 1000-float chunks (every layer waits on its own chunks) give the same

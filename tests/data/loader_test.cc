@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <set>
 
 #include "data/datum.h"
@@ -152,17 +153,26 @@ TEST(Loader, EpochsRepeatTheSliceAndTheLastBatchIsPartial) {
   EXPECT_EQ(loader.stats().images, 30);
 }
 
-// All data and labels of `batches` batches, released as they come.
+// All data and labels of `batches` batches, released as they come. Byte batches
+// (o.byte_batches) are normalised on the host (common/byte_batch.h) and must carry no floats.
 std::vector<float> Stream(LoaderOptions o, int batches, std::vector<int>* labels) {
   Loader loader(std::move(o));
   EXPECT_TRUE(loader.Open().ok()) << loader.status().ToString();
+  const InputNormalization norm = loader.normalization();
   std::vector<float> out;
   for (int k = 0; k < batches; ++k) {
     const Batch* b = loader.Next();
     EXPECT_NE(b, nullptr) << loader.status().ToString();
     if (!b) break;
     EXPECT_EQ(b->index, k);
-    out.insert(out.end(), b->data, b->data + size_t(b->n) * b->c * b->h * b->w);
+    const size_t at = out.size();
+    out.resize(at + size_t(b->n) * b->c * b->h * b->w);
+    if (b->bytes != nullptr) {
+      EXPECT_EQ(b->data, nullptr);
+      NormalizeByteBatch(norm, ByteBatch{b->bytes, b->windows, b->n}, out.data() + at);
+    } else {
+      std::copy(b->data, b->data + (out.size() - at), out.begin() + static_cast<std::ptrdiff_t>(at));
+    }
     labels->insert(labels->end(), b->labels, b->labels + b->n);
     loader.Release(b);
   }
@@ -201,6 +211,83 @@ TEST(Loader, AugmentationIsDeterministicForASeedWhateverTheThreads) {
   const auto c = Stream(o, 20, &l_other);
   EXPECT_NE(a, c);
   EXPECT_NE(l1, l_other);
+}
+
+// Every augmentation the loader does, as bytes and then normalised, gives the float batches bit
+// for bit: random crops with mirrors and per-channel means, padded moves, a mean image with a
+// padded mirrored crop, and decoded (interleaved) JPEGs.
+TEST(Loader, ByteBatchesNormaliseToTheFloatBatchesBitForBit) {
+  TempDir dir;
+  auto expect_same = [](const LoaderOptions& o, int batches, const char* what) {
+    std::vector<int> lf, lb;
+    const auto floats = Stream(o, batches, &lf);
+    LoaderOptions b = o;
+    b.byte_batches = true;
+    const auto bytes = Stream(b, batches, &lb);
+    ASSERT_EQ(floats.size(), bytes.size()) << what;
+    EXPECT_EQ(lf, lb) << what;
+    for (size_t i = 0; i < floats.size(); ++i) {
+      // Bit for bit, not approximately: the GPU kernel and the host share this arithmetic.
+      ASSERT_EQ(std::bit_cast<uint32_t>(floats[i]), std::bit_cast<uint32_t>(bytes[i])) << what << " at " << i;
+    }
+  };
+  LoaderOptions o = AugmentedStream(dir, 7);
+  o.scale = 0.5f;
+  expect_same(o, 20, "crop, mirror, mean values");
+  o.mean_values = {3};
+  o.crop = 0;
+  o.pad = 3;
+  expect_same(o, 20, "padding, one mean value");
+  MeanImage mean;
+  mean.c = 3;
+  mean.h = 12;
+  mean.w = 10;
+  for (int p = 0; p < 3 * 12 * 10; ++p) mean.values.push_back(0.37f * static_cast<float>(p % 13));
+  ASSERT_TRUE(WriteMeanFile(mean, dir / "mean.tensor").ok());
+  o.mean_values.clear();
+  o.mean_file = dir / "mean.tensor";
+  o.crop = 9;
+  o.pad = 2;
+  o.scale = 0.00390625f;
+  expect_same(o, 20, "mean image, padded mirrored crop");
+  o.train = false;
+  expect_same(o, 7, "evaluation's centre crop");
+
+  // Decoded JPEGs are interleaved: the byte crop gathers them into planes.
+  {
+    std::unique_ptr<LmdbWriter> w;
+    ASSERT_TRUE(LmdbWriter::Create(dir / "jpeg", &w).ok());
+    for (int i = 0; i < 12; ++i) {
+      Image im;
+      im.c = 3;
+      im.h = 10;
+      im.w = 11;
+      for (int p = 0; p < 3 * 110; ++p) im.pixels.push_back(static_cast<uint8_t>((p * 13 + i * 29) & 0xff));
+      std::string jpeg;
+      ASSERT_TRUE(EncodeJpeg(im, 90, &jpeg).ok());
+      ASSERT_TRUE(w->Put(RecordKey(i, "j"), MakeEncodedDatum(jpeg, 3, 10, 11, i)).ok());
+    }
+    ASSERT_TRUE(w->Finish().ok());
+  }
+  LoaderOptions j;
+  j.db_path = dir / "jpeg";
+  j.batch_size = 4;
+  j.crop = 8;
+  j.mirror = true;
+  j.pad = 1;
+  j.mean_values = {100, 110, 120};
+  expect_same(j, 6, "JPEG");
+
+  // Float records cannot be bytes: one error naming the LMDB, at Open.
+  WriteCoordinateDb(dir / "floats", 4, 6, 6);
+  LoaderOptions f = EvalOptions(dir / "floats", 2, 0);
+  f.byte_batches = true;
+  Loader refused(f);
+  const Status s = refused.Open();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("LMDB " + std::string(dir / "floats") + " holds float records; byte batches need uint8"),
+            std::string::npos)
+      << s.message();
 }
 
 TEST(Loader, CropsStayInsideTheImageAndMirrorAsCaffe) {

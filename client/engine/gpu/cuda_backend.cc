@@ -3,6 +3,7 @@
 
 #include "client/engine/gpu/cuda_check.h"
 #include "client/engine/gpu/cuda_context.h"
+#include "client/engine/gpu/cuda_input.h"
 #include "client/engine/gpu/cuda_layers.h"
 
 namespace downpour::engine {
@@ -44,19 +45,17 @@ class CudaBackend : public Backend {
     ctx_->CopyToHost(device, host, count);
   }
 
-  // Input blobs keep their device storage in the format slot (only this backend reads it).
-  void SetInput(const float* host, Blob* blob) override {
-    ctx_->MakeCurrent();
-    auto* storage = static_cast<DeviceBuffer*>(blob->format.get());
-    const size_t bytes = static_cast<size_t>(blob->count()) * sizeof(float);
-    if (storage == nullptr || storage->bytes() != bytes) {
-      auto owned = std::make_shared<DeviceBuffer>();
-      ThrowIfError(owned->Resize(bytes, blob->name.c_str()));
-      blob->format = owned;
-      storage = owned.get();
-    }
-    ctx_->UploadBlob(host, storage->floats(), blob->count());
-    blob->data = storage->floats();
+  void SetInput(const float* host, Blob* blob) override { ctx_->UploadBlob(host, InputStorage(blob), blob->count()); }
+  // Byte input (gpu/cuda_input.h): uploaded on a stream of its own, normalised by a kernel.
+  bool normalizes_input() const override { return true; }
+  Status PrepareInput(const InputNormalization& norm, int batch) override {
+    if (!input_) input_ = std::make_unique<gpu::CudaInput>(ctx_);
+    return input_->Prepare(norm, batch);
+  }
+  void StageInput(const ByteBatch& batch) override { input_->Stage(batch); }
+  void NormalizeInput(const InputNormalization& norm, const ByteBatch& batch, Blob* blob) override {
+    DP_CHECK_EQ(blob->count(), batch.n * norm.image_bytes());
+    input_->Normalize(batch, InputStorage(blob));
   }
   void ReadBlob(const Blob& blob, float* host) override {
     ctx_->DownloadBlob(blob.data, host, blob.count());
@@ -87,7 +86,24 @@ class CudaBackend : public Backend {
   const CudaContext& context() const { return *ctx_; }
 
  private:
+  // Input blobs keep their device storage in the format slot (only this backend reads it); sized
+  // to the blob, which it then points at.
+  float* InputStorage(Blob* blob) {
+    ctx_->MakeCurrent();
+    auto* storage = static_cast<DeviceBuffer*>(blob->format.get());
+    const size_t bytes = static_cast<size_t>(blob->count()) * sizeof(float);
+    if (storage == nullptr || storage->bytes() != bytes) {
+      auto owned = std::make_shared<DeviceBuffer>();
+      ThrowIfError(owned->Resize(bytes, blob->name.c_str()));
+      blob->format = owned;
+      storage = owned.get();
+    }
+    blob->data = storage->floats();
+    return blob->data;
+  }
+
   std::shared_ptr<CudaContext> ctx_;
+  std::unique_ptr<gpu::CudaInput> input_;  // byte input, from the first PrepareInput
 };
 
 }  // namespace

@@ -240,6 +240,40 @@ cudaError_t AvePoolBackward(cudaStream_t stream, const PoolShape& s, const float
   return cudaGetLastError();
 }
 
+__global__ void NormalizeBytesKernel(int64_t total, int c, int h, int w, const uint8_t* pixels, const int32_t* windows,
+                                     const float* mean_image, int mean_h, int mean_w, const float* mean_values,
+                                     int mean_values_count, float scale, float* out) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int x = static_cast<int>(idx % w);
+    const int y = static_cast<int>((idx / w) % h);
+    const int ch = static_cast<int>((idx / (int64_t(w) * h)) % c);
+    const int64_t i = idx / (int64_t(w) * h * c);
+    const int32_t* win = windows + 5 * i;  // y0, x0, record_h, record_w, mirror
+    const int xs = win[4] ? w - 1 - x : x;
+    const int sy = win[0] + y, sx = win[1] + xs;
+    if (sy < 0 || sy >= win[2] || sx < 0 || sx >= win[3]) {
+      out[idx] = 0.0f;
+      continue;
+    }
+    const float m = mean_image != nullptr    ? mean_image[(int64_t(ch) * mean_h + sy) * mean_w + sx]
+                    : mean_values != nullptr ? mean_values[mean_values_count == 1 ? 0 : ch]
+                                             : 0.0f;
+    const float p = static_cast<float>(pixels[idx - x + xs]);
+    // Rounded as the host's (p - m) * scale, never contracted into an FMA.
+    out[idx] = __fmul_rn(__fsub_rn(p, m), scale);
+  }
+}
+
+cudaError_t NormalizeBytes(cudaStream_t stream, int n, int c, int h, int w, const uint8_t* pixels,
+                           const int32_t* windows, const float* mean_image, int mean_h, int mean_w,
+                           const float* mean_values, int mean_values_count, float scale, float* out) {
+  const int64_t total = int64_t(n) * c * h * w;
+  NormalizeBytesKernel<<<Blocks(total), kThreads, 0, stream>>>(total, c, h, w, pixels, windows, mean_image, mean_h,
+                                                               mean_w, mean_values, mean_values_count, scale, out);
+  return cudaGetLastError();
+}
+
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr) {
   FillKernel<<<Blocks(n), kThreads, 0, stream>>>(n, value, ptr);
   return cudaGetLastError();

@@ -58,6 +58,14 @@ cudaError_t AvePoolForward(cudaStream_t stream, const PoolShape& s, const float*
 // gather: no atomics, deterministic).
 cudaError_t AvePoolBackward(cudaStream_t stream, const PoolShape& s, const float* dy, float* dx);
 
+// The byte input's normalisation (common/byte_batch.h, the host's arithmetic bit for bit): out
+// (N,C,H,W) from pixels (N,C,H,W bytes, crop windows in the record's orientation) and windows
+// (N × 5 int32: y0, x0, record_h, record_w, mirror); mean_image (C, mean_h, mean_w) or null, else
+// mean_values (mean_values_count = 1 or C) or null.
+cudaError_t NormalizeBytes(cudaStream_t stream, int n, int c, int h, int w, const uint8_t* pixels,
+                           const int32_t* windows, const float* mean_image, int mean_h, int mean_w,
+                           const float* mean_values, int mean_values_count, float scale, float* out);
+
 // ptr[0..n) = value.
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr);
 
