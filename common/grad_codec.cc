@@ -102,6 +102,15 @@ void FloatsToBf16(std::span<const float> in, uint16_t* out) {
   }
 }
 
+void CastFloats(std::span<const float> in, DType dtype, uint16_t* out) {
+  DP_CHECK(dtype == DType::kF16 || dtype == DType::kBf16);
+  if (dtype == DType::kF16) {
+    FloatsToHalf(in, out);
+  } else {
+    FloatsToBf16(in, out);
+  }
+}
+
 void Bf16ToFloats(const uint16_t* in, std::span<float> out) {
   Bf16BytesToFloats(reinterpret_cast<const std::byte*>(in), out);
 }

@@ -47,6 +47,8 @@ void FloatsToHalf(std::span<const float> in, uint16_t* out);  // out: in.size() 
 void HalfToFloats(const uint16_t* in, std::span<float> out);
 void FloatsToBf16(std::span<const float> in, uint16_t* out);
 void Bf16ToFloats(const uint16_t* in, std::span<float> out);
+// FloatsToHalf for kF16, FloatsToBf16 for kBf16 (any other dtype is a caller's bug).
+void CastFloats(std::span<const float> in, DType dtype, uint16_t* out);
 // The same from bytes at any alignment (a received frame), out.size() values.
 void HalfBytesToFloats(const std::byte* in, std::span<float> out);
 void Bf16BytesToFloats(const std::byte* in, std::span<float> out);

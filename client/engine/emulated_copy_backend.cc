@@ -68,25 +68,25 @@ void EmulatedCopyBackend::CopyLoop() {
     const CopyEvent::Kind done = c.direction == Direction::kUpload  ? CopyEvent::kUploadDone
                                  : c.direction == Direction::kInput ? CopyEvent::kInputDone
                                                                     : CopyEvent::kDownloadDone;
-    log_.push_back(CopyEvent{done, c.ticket, c.device, c.bytes / int64_t{sizeof(float)}});
+    log_.push_back(CopyEvent{done, c.ticket, c.device, c.device_count});
     cv_.notify_all();
   }
 }
 
 uint64_t EmulatedCopyBackend::Queue(Direction direction, const void* from, void* to, int64_t bytes, const float* device,
-                                    std::shared_ptr<const std::vector<float>> keep) {
+                                    int64_t device_count, std::shared_ptr<const void> keep) {
   if (bytes <= 0) return 0;
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ticket = next_ticket_++;
-    const Copy c{ticket, direction, from, to, bytes, device, std::move(keep)};
+    const Copy c{ticket, direction, from, to, bytes, device, device_count, std::move(keep)};
     queue_.push_back(c);
     if (direction != Direction::kInput) recent_.push_back(c);
     const CopyEvent::Kind kind = direction == Direction::kUpload  ? CopyEvent::kUploadQueued
                                  : direction == Direction::kInput ? CopyEvent::kInputQueued
                                                                   : CopyEvent::kDownloadQueued;
-    log_.push_back(CopyEvent{kind, ticket, device, bytes / int64_t{sizeof(float)}});
+    log_.push_back(CopyEvent{kind, ticket, device, device_count});
   }
   cv_.notify_all();
   return ticket;
@@ -98,6 +98,12 @@ void EmulatedCopyBackend::CopyToDevice(const float* host, float* device, int64_t
 
 uint64_t EmulatedCopyBackend::CopyToHostAsync(const float* device, float* host, int64_t count) {
   return QueueFloats(false, device, host, count, device);
+}
+
+uint64_t EmulatedCopyBackend::CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, DType dtype) {
+  auto cast = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(count));
+  CastFloats(std::span<const float>(device, static_cast<size_t>(count)), dtype, cast->data());
+  return Queue(Direction::kDownload, cast->data(), host, count * int64_t{sizeof(uint16_t)}, device, count, cast);
 }
 
 void EmulatedCopyBackend::CopyToHost(const float* device, float* host, int64_t count) {
@@ -151,8 +157,7 @@ Status EmulatedCopyBackend::CreateLayer(const LayerContext& context, std::unique
 uint64_t EmulatedCopyBackend::LastOverlapping(bool upload, const float* begin, int64_t count) {
   uint64_t last = 0;
   for (const Copy& c : recent_) {
-    const int64_t floats = c.bytes / int64_t{sizeof(float)};
-    if ((c.direction == Direction::kUpload) == upload && c.device < begin + count && begin < c.device + floats)
+    if ((c.direction == Direction::kUpload) == upload && c.device < begin + count && begin < c.device + c.device_count)
       last = std::max(last, c.ticket);
   }
   return last;
@@ -194,9 +199,9 @@ void EmulatedCopyBackend::StageInput(const ByteBatch& batch) {
   slot.source = batch.pixels;
   slot.pixels.resize(static_cast<size_t>(int64_t{batch.n} * image_bytes_));
   slot.windows.resize(static_cast<size_t>(batch.n));
-  Queue(Direction::kInput, batch.pixels, slot.pixels.data(), static_cast<int64_t>(slot.pixels.size()), nullptr);
+  Queue(Direction::kInput, batch.pixels, slot.pixels.data(), static_cast<int64_t>(slot.pixels.size()), nullptr, 0);
   slot.ticket = Queue(Direction::kInput, batch.windows, slot.windows.data(),
-                      static_cast<int64_t>(batch.n * sizeof(CropWindow)), nullptr);
+                      static_cast<int64_t>(batch.n * sizeof(CropWindow)), nullptr, 0);
   staged_ = k;
 }
 

@@ -69,6 +69,10 @@ class EmulatedCopyBackend : public Backend {
   void CopyToDevice(const float* host, float* device, int64_t count) override;
   void CopyToHost(const float* device, float* host, int64_t count) override;
   uint64_t CopyToHostAsync(const float* device, float* host, int64_t count) override;
+  // The device's cast kernel is the host's conversion, done at once (CPU kernels are done); the
+  // 16-bit bytes are handed to the host by the copy engine later.
+  bool casts_on_device() const override { return true; }
+  uint64_t CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, DType dtype) override;
   bool CopyDone(uint64_t ticket) override;
   void WaitCopy(uint64_t ticket) override;
   void SetInput(const float* host, Blob* blob) override { inner_->SetInput(host, blob); }
@@ -107,15 +111,16 @@ class EmulatedCopyBackend : public Backend {
     const void* from;
     void* to;
     int64_t bytes;
-    const float* device;                             // the device end of float copies, for overlap checks and the log
-    std::shared_ptr<const std::vector<float>> keep;  // a blob read's canonical copy, while queued
+    const float* device;               // the device end of float copies, for overlap checks and the log
+    int64_t device_count;              // its floats
+    std::shared_ptr<const void> keep;  // a blob read's canonical copy or a cast, while queued
   };
   uint64_t Queue(Direction direction, const void* from, void* to, int64_t bytes, const float* device,
-                 std::shared_ptr<const std::vector<float>> keep = nullptr);
+                 int64_t device_count, std::shared_ptr<const void> keep = nullptr);
   uint64_t QueueFloats(bool upload, const float* from, float* to, int64_t count, const float* device,
-                       std::shared_ptr<const std::vector<float>> keep = nullptr) {
+                       std::shared_ptr<const void> keep = nullptr) {
     return Queue(upload ? Direction::kUpload : Direction::kDownload, from, to, count * int64_t{sizeof(float)}, device,
-                 std::move(keep));
+                 count, std::move(keep));
   }
   // A staged byte batch: the device's copy of its pixels and windows, and the caller's pointer it
   // came from.

@@ -31,6 +31,7 @@
 #include "client/engine/net_spec.h"
 #include "common/byte_batch.h"
 #include "common/device.h"
+#include "common/grad_codec.h"
 #include "common/status.h"
 #include "common/tensor_spec.h"
 
@@ -153,6 +154,22 @@ class Backend {
     ReadBlobGrad(blob, host);
     return 0;
   }
+
+  // A gradient download in 16 bits (`dtype` kF16 or kBf16, rounded as common/grad_codec.h's
+  // FloatsToHalf / FloatsToBf16, bit for bit): the device casts, so the bus carries half the bytes
+  // and the host converts nothing; started and ticketed as CopyToHostAsync. casts_on_device()
+  // says whether a worker should ask for it (host backends: no, their gradient is host memory).
+  // Default: the float download, then the host's conversion, done at once. `host` from
+  // AllocateHost is page-locked where that matters (default: plain memory; FreeHost frees it).
+  virtual bool casts_on_device() const { return false; }
+  virtual uint64_t CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, DType dtype) {
+    std::vector<float> floats(static_cast<size_t>(count));
+    CopyToHost(device, floats.data(), count);
+    CastFloats(floats, dtype, host);
+    return 0;
+  }
+  virtual void* AllocateHost(size_t bytes) { return ::operator new(bytes); }
+  virtual void FreeHost(void* ptr) { ::operator delete(ptr); }
 
   // Input edge: make `blob` (shape already set by the net) hold host data in canonical
   // layout (images N,C,H,W; labels as float class indices). Allocates on first use.

@@ -27,6 +27,22 @@ Net::~Net() {
   if (label_blob_) backend_->ReleaseInput(label_blob_);
   if (device_params_) backend_->Free(device_params_);
   if (device_grads_) backend_->Free(device_grads_);
+  if (host_grads16_) {
+    backend_->Synchronize();  // no cast download still writes it
+    backend_->FreeHost(host_grads16_);
+  }
+}
+
+Status Net::SetGradDType(DType dtype) {
+  if (dtype != DType::kF32 && backend_->memory_is_host())
+    return InvalidArgument("net '{}': 16-bit gradient downloads need a device backend; {} keeps them in host memory",
+                           spec_.name, backend_->name());
+  if (dtype != DType::kF32 && host_grads16_ == nullptr) {
+    host_grads16_ = static_cast<uint16_t*>(backend_->AllocateHost(static_cast<size_t>(num_params_) * sizeof(uint16_t)));
+    std::fill_n(host_grads16_, num_params_, uint16_t{0});
+  }
+  grad_dtype_ = dtype;
+  return Status::Ok();
 }
 
 Status Net::CreateWithBackend(const NetSpec& spec, const NetOptions& options,
@@ -352,6 +368,10 @@ void Net::QueueBackward(int li) {
     uint64_t ticket = 0;
     if (grad_is_factored(*it)) {
       ticket = WriteFactors(li, *it);  // no dW download: the factors are the tensor's gradient this step
+    } else if (grad_dtype_ != DType::kF32) {
+      // Cast on the device, half the bytes down (SetGradDType).
+      ticket = backend_->CopyToHostCastAsync(device_grads_ + param_offsets_[*it], host_grads16_ + param_offsets_[*it],
+                                             shapes_.params[*it].numel(), grad_dtype_);
     } else if (!backend_->memory_is_host()) {
       // Started now, waited for by DeliverGrads: the layers below are queued meanwhile.
       ticket = backend_->CopyToHostAsync(device_grads_ + param_offsets_[*it], host_grads_ + param_offsets_[*it],

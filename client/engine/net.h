@@ -148,6 +148,21 @@ class Net {
     grad_ready_ = std::move(callback);
   }
 
+  // Gradients downloaded in 16 bits (Backend::CopyToHostCastAsync): with kF16 or kBf16, backward
+  // writes each tensor's gradient, cast on the device (common/grad_codec.h's rounding), into
+  // grads16() instead of grads(), which keeps what it held; a factored tensor's factors still go
+  // to grads() as f32. For a worker whose push codec is fp16 / bf16: PCIe carries the wire's
+  // bytes and the host converts nothing. kF32 (the default) turns it off. A host backend (whose
+  // gradients are host memory already) → InvalidArgument naming the net and the backend.
+  Status SetGradDType(DType dtype);
+  DType grad_dtype() const { return grad_dtype_; }
+  // 16-bit gradients, in params() order (valid from the first SetGradDType(kF16 / kBf16) on;
+  // empty before): tensor t's at [param_offset(t), +numel).
+  std::span<const uint16_t> grads16() const {
+    return host_grads16_ == nullptr ? std::span<const uint16_t>{}
+                                    : std::span<const uint16_t>(host_grads16_, static_cast<size_t>(num_params_));
+  }
+
   // Sufficient factors (docs/factors.md). For each tensor listed (an inner-product weight,
   // out×in; anything else is an InvalidArgument naming it), backward writes its factors
   // instead of dW at the START of grad(t): δ (B×out, the layer's top gradient, carrying the
@@ -253,6 +268,8 @@ class Net {
   float* host_params_ = nullptr;
   float* host_grads_ = nullptr;
   std::vector<float> host_params_storage_, host_grads_storage_;  // GPU mirrors only
+  DType grad_dtype_ = DType::kF32;
+  uint16_t* host_grads16_ = nullptr;  // SetGradDType's buffer (Backend::AllocateHost)
 
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::unique_ptr<Blob>> blobs_;                 // all blobs, owned here

@@ -74,6 +74,7 @@ struct Op {
   MessageHeader header;
   Frames payload;
   std::span<float> pull_out;  // pull: the caller's flat buffer
+  bool cast = false;          // push: the payload is the push codec's 16-bit values already
   // Push with sufficient factors (ArrangeFactorOps): the first chunks of `header` form groups,
   // each sent as one message — chunks [previous group's end, end) of one tensor, their payload
   // frames δ column blocks, then that group's activations frame.
@@ -512,6 +513,7 @@ class PsClient::Impl::LinkRunner {
         for (const Frame& f : p.payload) p.bytes += f.size();
         continue;
       }
+      p.encoded = a.op.cast;  // cast by the worker's device: sent as they are
       // f32 (a push before it is encoded) or the dtype a pull asks for.
       for (uint32_t c : h.chunk_ids) {
         p.bytes += static_cast<uint64_t>(layout.chunk(static_cast<int32_t>(c)).count) * DTypeSize(h.dtype);
@@ -996,9 +998,9 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
 }
 
 RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const float> in,
-                           std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                           uint32_t flags, std::span<const FactorTensor> factors, uint32_t move_batches,
-                           std::span<const int64_t> push_versions) {
+                           std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock, uint32_t flags,
+                           std::span<const FactorTensor> factors, uint32_t move_batches,
+                           std::span<const int64_t> push_versions, std::span<const uint16_t> cast) {
   auto req = std::make_shared<Request>();
   RequestId id;
   {
@@ -1011,6 +1013,15 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
   if (have != total) {
     req->status = InvalidArgument("ps client {}: flat buffer has {} floats, the layout has {}",
                                   MsgTypeName(type), have, total);
+    return id;
+  }
+  const DType push_dtype = CodecDType(options_.compression.push);
+  if (!cast.empty() && (cast.size() != total || push_dtype == DType::kF32 ||
+                        CodecEncoding(options_.compression.push) != Encoding::kDense)) {
+    req->status = InvalidArgument(
+        "ps client push: {} gradients cast to 16 bits for a layout of {} floats and compression.push = \"{}\" (they "
+        "need one per float and fp16 or bf16)",
+        cast.size(), total, WireCodecName(options_.compression.push));
     return id;
   }
   // Group chunk ids by the connection that carries them (Impl::LinkOf), keeping order.
@@ -1052,9 +1063,11 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     } else {
       const bool lossy = (flags & (kFlagInit | kFlagMove)) == 0 && IsLossy(options_.compression.push);
       if (lossy) {  // encoded on the link's I/O thread at the first send (EncodePart)
-        h.dtype = CodecDType(options_.compression.push);
+        h.dtype = push_dtype;
         h.encoding = CodecEncoding(options_.compression.push);
       }
+      // Cast already (by the worker's device): the frames are the wire's bytes.
+      op.cast = lossy && !cast.empty();
       // Zero-copy: frames borrow the caller's buffer; the keepalive's deleter tells the request
       // when the transport is done with them.
       {
@@ -1070,15 +1083,16 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
       });
       for (int32_t c : ids) {
         const Chunk& ch = layout_.chunk(c);
-        const float* p = in.data() + ch.flat_offset;
-        const uint64_t bytes = static_cast<uint64_t>(ch.count) * sizeof(float);
+        const void* p = op.cast ? static_cast<const void*>(cast.data() + ch.flat_offset)
+                                : static_cast<const void*>(in.data() + ch.flat_offset);
+        const uint64_t bytes = static_cast<uint64_t>(ch.count) * (op.cast ? sizeof(uint16_t) : sizeof(float));
         const int64_t v = !push_versions.empty()
                               ? push_versions[static_cast<size_t>(c)]
                               : std::atomic_ref<int64_t>(versions_[static_cast<size_t>(c)]).load(std::memory_order_relaxed);
         h.versions.push_back(std::max<int64_t>(0, v));
         h.elem_counts.push_back(static_cast<uint64_t>(ch.count));
         h.byte_lengths.push_back(bytes);
-        if (options_.checksums) h.checksums.push_back(lossy ? 0 : Crc32c(p, bytes));  // lossy: at encode
+        if (options_.checksums) h.checksums.push_back(lossy && !op.cast ? 0 : Crc32c(p, bytes));  // lossy: at encode
         op.payload.push_back(Frame::Borrow(p, bytes, keep));
       }
     }
@@ -1129,9 +1143,10 @@ RequestId PsClient::PushMove(std::span<const float> flat_change, uint32_t batche
   return Submit(MsgType::kPush, {}, flat_change, {}, /*all_chunks=*/true, 0, kFlagMove, {}, batches);
 }
 RequestId PsClient::PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
-                               std::span<const FactorTensor> factors, std::span<const int64_t> versions) {
+                               std::span<const FactorTensor> factors, std::span<const int64_t> versions,
+                               std::span<const uint16_t> cast) {
   DP_CHECK(versions.empty() || static_cast<int>(versions.size()) == layout_.num_chunks());
-  return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0, factors, 0, versions);
+  return Submit(MsgType::kPush, {}, flat_grads, chunk_ids, false, clock, 0, factors, 0, versions, cast);
 }
 RequestId PsClient::PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor, int64_t clock,
                                 std::span<const FactorTensor> factors) {

@@ -109,9 +109,13 @@ class PsClient {
   // `versions` (empty, or one per chunk of the layout): the version each chunk's gradient was
   // computed from, when that is not the last pulled (a worker computing on older weights than
   // it has received); the servers measure staleness from it.
-  RequestId PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids,
-                       int64_t clock, std::span<const FactorTensor> factors = {},
-                       std::span<const int64_t> versions = {});
+  // `cast` (empty, or one per float of the layout): the gradient already cast to compression.push's
+  // 16-bit dtype (fp16 / bf16) by the worker's device (engine::Net::SetGradDType), read for every
+  // chunk but a factored tensor's and sent as it is: the I/O thread converts nothing. Any other
+  // size or codec fails the request (kInvalidArgument).
+  RequestId PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
+                       std::span<const FactorTensor> factors = {}, std::span<const int64_t> versions = {},
+                       std::span<const uint16_t> cast = {});
   RequestId PushTensors(std::span<const float> flat_grads, int first_tensor, int end_tensor,
                         int64_t clock, std::span<const FactorTensor> factors = {});
   // EASGD (kFlagElastic): `flat_diff` = α(x_worker − x_center), added to the servers' center.
@@ -165,10 +169,10 @@ class PsClient {
 
  private:
   PsClient(const ParamLayout& layout, PsClientOptions options);
-  RequestId Submit(MsgType type, std::span<float> out, std::span<const float> in,
-                   std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock,
-                   uint32_t flags, std::span<const FactorTensor> factors = {}, uint32_t move_batches = 0,
-                   std::span<const int64_t> push_versions = {});
+  RequestId Submit(MsgType type, std::span<float> out, std::span<const float> in, std::span<const int32_t> chunk_ids,
+                   bool all_chunks, int64_t clock, uint32_t flags, std::span<const FactorTensor> factors = {},
+                   uint32_t move_batches = 0, std::span<const int64_t> push_versions = {},
+                   std::span<const uint16_t> cast = {});
 
   ParamLayout layout_;
   PsClientOptions options_;

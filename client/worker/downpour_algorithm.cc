@@ -22,6 +22,7 @@
 #include "client/worker/push_window.h"
 #include "client/worker/trainer.h"
 #include "client/worker/worker_algorithm.h"
+#include "common/grad_codec.h"
 
 namespace downpour::worker {
 namespace {
@@ -60,6 +61,7 @@ class DownpourAlgorithm final : public WorkerAlgorithm {
   std::vector<PushFactor> step_factors_;            // this step's tensors whose grad span holds factors
   bool accum_pushed_ = false;              // accum_ holds the last push's mean, which its pushes may still read
   bool overlap_ = false;                   // options asked for it and the run allows it
+  bool cast_on_device_ = false;            // pushes send the net's grads16(), cast by its device
   std::unique_ptr<PullAhead> pull_ahead_;  // null without overlap; borrows layer_chunks_
   bool pull_next_ = false;                 // this step starts the next step's pulls
   bool pushing_ = false;                   // the current backward pushes
@@ -76,11 +78,22 @@ DownpourAlgorithm::DownpourAlgorithm(const AlgorithmEnv& env)
       layer_chunks_(ChunksByLayer(*env.net, *env.layout)) {
   const TrainerOptions& o = options();
   engine::Net* net = env_.net;
-  const std::vector<int> factored = ChooseFactoredTensors(
-      *net, *env_.layout,
-      FactorChoiceInput{o.factors, o.worker.push_every, o.solver.clip_gradients, /*has_servers=*/true, o.worker_id});
+  const std::vector<int> factored =
+      ChooseFactoredTensors(*net, *env_.layout,
+                            FactorChoiceInput{o.compression.factors, o.worker.push_every, o.solver.clip_gradients,
+                                              /*has_servers=*/true, o.worker_id});
   DP_CHECK(net->SetFactoredParams(factored).ok());  // inner-product weights by construction
   factors_on_ = !factored.empty();
+  // fp16 / bf16 pushes cast by the device (docs/compression.md): the bus carries the wire's bytes
+  // and nobody converts on the host. Only where the host never reads the gradient: no
+  // accumulation over steps, no clipping. A channel that cannot send them keeps the host's cast.
+  const DType dtype = CodecDType(o.compression.push);
+  if (net->backend().casts_on_device() && dtype != DType::kF32 &&
+      CodecEncoding(o.compression.push) == Encoding::kDense && o.worker.push_every == 1 && !clipping()) {
+    DP_CHECK(net->SetGradDType(dtype).ok());  // a device backend
+    cast_on_device_ = env_.channel->SetPushCast(net->grads16()).ok();
+    if (!cast_on_device_) DP_CHECK(net->SetGradDType(DType::kF32).ok());
+  }
   net->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
   net->SetBeforeBackwardCallback([this](int layer) { OnLayerBackward(layer); });
   overlap_ = o.overlap_pull && o.worker.pull_every == 1 && o.worker.push_every == 1;
@@ -97,6 +110,10 @@ DownpourAlgorithm::~DownpourAlgorithm() {
   env_.net->SetGradReadyCallback({});
   env_.net->SetBeforeBackwardCallback({});
   if (factors_on_) (void)env_.net->SetFactoredParams({});
+  if (cast_on_device_) {
+    (void)env_.channel->SetPushCast({});
+    (void)env_.net->SetGradDType(DType::kF32);
+  }
   if (overlap_) {
     env_.net->SetBeforeLayerCallback({});
     env_.channel->SetPushVersions({});

@@ -14,7 +14,7 @@ class LocalAlgorithm final : public WorkerAlgorithm {
     // Says so when compression.factors is on: there is nothing to push factors to.
     const TrainerOptions& o = options();
     (void)ChooseFactoredTensors(*env.net, *env.layout,
-                                FactorChoiceInput{o.factors, o.worker.push_every, o.solver.clip_gradients,
+                                FactorChoiceInput{o.compression.factors, o.worker.push_every, o.solver.clip_gradients,
                                                   /*has_servers=*/false, o.worker_id});
   }
 

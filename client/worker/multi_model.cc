@@ -285,7 +285,7 @@ Status MultiModelWorker::DataParallelStage(ModelSlot& m, TrainSource* source, in
   to.worker.epochs = 0;
   to.solver = m.solver;
   to.overlap_pull = a_.overlap && c_.consistency.mode != ConsistencyMode::kSync;
-  to.factors = c_.compression.factors;
+  to.compression = c_.compression;
   to.step_delay = std::chrono::milliseconds(a_.step_delay_ms);
   RendezvousClient* link = link_.get();
   PsChannel channel(m.client.get(), wait_, [link](int64_t clock) {

@@ -101,6 +101,14 @@ class ParamChannel {
   // per chunk of the layout, borrowed until the next call; empty = the version of the chunk's
   // last completed pull). For a caller that computes on older weights than it has received.
   virtual void SetPushVersions(std::span<const int64_t> versions) { (void)versions; }
+  // The gradient cast to the push codec's 16 bits by the worker's device (one per float of the
+  // layout, borrowed until the next call; engine::Net::grads16()), which the pushes started from
+  // now on send for every chunk but a factored tensor's, instead of `grads`; empty = none. A
+  // channel that cannot send it refuses a non-empty one (FailedPrecondition).
+  virtual Status SetPushCast(std::span<const uint16_t> cast) {
+    if (cast.empty()) return Status::Ok();
+    return FailedPrecondition("this parameter channel cannot send gradients cast on the device");
+  }
   // The version of chunk `chunk` in its last completed pull (-1 = none known), read after its
   // WaitPull and before the chunk is pulled again.
   virtual int64_t PulledVersion(int32_t chunk) const {

@@ -171,8 +171,8 @@ bool PsChannel::PullDone(PullHandle handle) {
 Status PsChannel::StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads,
                             PushHandle* handle) {
   const double t0 = SteadyS();
-  const uint64_t h =
-      Track(client_->PushChunks(grads, group.chunk_ids, clock, factors_, push_versions_), group.server, true, {}, t0);
+  const uint64_t h = Track(client_->PushChunks(grads, group.chunk_ids, clock, factors_, push_versions_, push_cast_),
+                           group.server, true, {}, t0);
   pending_pushes_.push_back(h);
   if (handle != nullptr) *handle = h;
   return Status::Ok();

@@ -59,6 +59,10 @@ class PsChannel : public ParamChannel {
   Status WaitPush(PushHandle handle, PushInfo* info) override;
   Status SetPushFactors(std::span<const PushFactor> factors) override;
   void SetPushVersions(std::span<const int64_t> versions) override { push_versions_ = versions; }
+  Status SetPushCast(std::span<const uint16_t> cast) override {
+    push_cast_ = cast;
+    return Status::Ok();
+  }
   int64_t PulledVersion(int32_t chunk) const override;
   Status WaitPushes(PushInfo* info) override;
   Status PushElastic(int64_t clock, std::span<const float> diff, PushInfo* info) override;
@@ -80,6 +84,7 @@ class PsChannel : public ParamChannel {
   };
   std::vector<FactorTensor> factors_;  // SetPushFactors: for the pushes started next
   std::span<const int64_t> push_versions_;  // SetPushVersions: borrowed
+  std::span<const uint16_t> push_cast_;     // SetPushCast: borrowed
   // Registers a request just issued with the watcher; returns its handle.
   uint64_t Track(RequestId id, int server, bool push, std::vector<int32_t> chunks, double issued_s);
   // Blocks until request `handle` is done (up to wait_timeout_), then forgets it and records its

@@ -69,9 +69,10 @@ struct TrainerOptions {
   // With overlap_pull: how many of this worker's latest steps' pushes a step's weights may lack
   // (pull_ahead.h). 0 = none (sync, ssp, multi-model stages); worker.outstanding_steps − 1 in async.
   int weights_lag = 0;
-  // compression.factors: push inner-product weights as sufficient factors where that is fewer
-  // floats (client/worker/factor_choice.h says when; docs/factors.md). Default off.
-  bool factors = false;
+  // The run's [compression]: its factors (push inner-product weights as sufficient factors where
+  // that is fewer floats; client/worker/factor_choice.h says when; docs/factors.md) and its push
+  // codec (fp16 / bf16 pushes are cast on a device backend). The PS client encodes the rest.
+  CompressionConfig compression;
   // Sleep after every step (straggler emulation for consistency experiments and tests); the
   // sleep counts as step time, as a slow machine's would.
   std::chrono::milliseconds step_delay{0};

@@ -590,7 +590,7 @@ Status RunWorker(const WorkerArgs& args, TrainResult* result, bool* started) {
   // k steps outstanding at a step's start: the one its forward waits for and k - 1 it may lack.
   // Only async lets a step's weights lack its own pushes; ssp's bound is the servers'.
   to.weights_lag = config.consistency.mode == ConsistencyMode::kAsync ? config.worker.outstanding_steps - 1 : 0;
-  to.factors = config.compression.factors;
+  to.compression = config.compression;
   to.consistency = config.consistency;
   to.workers = config.cluster.workers;
   to.evaluate = evaluate;

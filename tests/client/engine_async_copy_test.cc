@@ -8,17 +8,18 @@
 //  * a layer runs only after every upload queued before it landed;
 //  * the backward of the layers below is queued while a download is still out;
 //  * sufficient factors, read from two blobs without waiting, are handed over once both landed.
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "client/engine/emulated_copy_backend.h"
 #include "client/engine/net.h"
 #include "client/engine/reference_backend.h"
+#include "common/grad_codec.h"
 #include "tests/client/test_nets.h"
 
 namespace downpour::engine {
@@ -40,7 +41,9 @@ struct TrainRun {
 // `per_layer`: weights uploaded layer by layer before each layer (as a pulling worker does);
 // `factors`: fc1's weight handed over as sufficient factors (δ, a) read from its blobs, and no
 // update (the span then holds factors, not a gradient).
-void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false) {
+// `cast`: gradients downloaded in 16 bits (Net::SetGradDType); the hand-over records grads16()
+// widened back to floats, and there is no update (grads() is not written), as with factors.
+void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false, DType cast = DType::kF32) {
   NetSpec spec;
   ASSERT_TRUE(ParseNetSpecString(kNet, "copynet", &spec).ok());
   NetOptions no;
@@ -59,11 +62,23 @@ void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false) {
   net->InitParams(11);
   if (per_layer) net->SetBeforeLayerCallback([](int) {});
   if (factors) ASSERT_TRUE(net->SetFactoredParams({kFc1Weight}).ok());
+  if (cast != DType::kF32) ASSERT_TRUE(net->SetGradDType(cast).ok());
   const int tensors = static_cast<int>(net->param_specs().size());
   net->SetGradReadyCallback([&](int t) {
     if (copies != nullptr) copies->Note("grad " + std::to_string(t));
-    const auto g = net->grad(t);
-    out->grads.back()[static_cast<size_t>(t)].assign(g.begin(), g.end());
+    std::vector<float>& seen = out->grads.back()[static_cast<size_t>(t)];
+    if (cast == DType::kF32) {
+      const auto g = net->grad(t);
+      seen.assign(g.begin(), g.end());
+    } else {  // the 16-bit values, as floats
+      const auto g16 = net->grads16().subspan(static_cast<size_t>(net->param_offset(t)), net->grad(t).size());
+      seen.resize(g16.size());
+      if (cast == DType::kF16) {
+        HalfToFloats(g16.data(), seen);
+      } else {
+        Bf16ToFloats(g16.data(), seen);
+      }
+    }
   });
   std::vector<float> history(net->params().size(), 0.0f);
   std::vector<float> images(size_t{kBatch} * 64);
@@ -77,6 +92,8 @@ void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false) {
     out->losses.push_back(net->ForwardBackward(images.data(), labels.data()));
     if (factors) {
       EXPECT_TRUE(net->grad_is_factored(kFc1Weight));
+    } else if (cast != DType::kF32) {
+      // No update: grads() was not written.
     } else {
       net->SgdUpdate(0.05f, 0.9f, 0.0005f, history);
     }
@@ -163,6 +180,46 @@ TEST_P(EmulatedCopies, FactorsAreHandedOverOnceBothReadsLanded) {
   }
   EXPECT_EQ(factors_handed, kSteps);
   EXPECT_EQ(downloads_done, kSteps * 7);
+}
+
+// Gradients cast on the device (Net::SetGradDType): each handed-over 16-bit gradient is the host's
+// cast of the plain path's f32 gradient (common/grad_codec.h), and none is handed over before its
+// download landed. A host backend refuses, naming the net and the backend.
+TEST_P(EmulatedCopies, GradientsCastOnTheDeviceAreTheHostsCastOfThePlainGradients) {
+  for (DType cast : {DType::kF16, DType::kBf16}) {
+    TrainRun plain, emulated;
+    ASSERT_NO_FATAL_FAILURE(Train(false, GetParam(), &plain, false));
+    ASSERT_NO_FATAL_FAILURE(Train(true, GetParam(), &emulated, false, cast));
+    // The plain run updates; the cast one cannot (no f32 gradients): compare the first step only.
+    for (size_t t = 0; t < plain.grads[0].size(); ++t) {
+      std::vector<uint16_t> expected(plain.grads[0][t].size());
+      CastFloats(plain.grads[0][t], cast, expected.data());
+      std::vector<float> widened(expected.size());
+      if (cast == DType::kF16) {
+        HalfToFloats(expected.data(), widened);
+      } else {
+        Bf16ToFloats(expected.data(), widened);
+      }
+      EXPECT_EQ(emulated.grads[0][t], widened) << "tensor " << t << ": not the host's cast, or read before it landed";
+    }
+    int downloads_done = 0, handed = 0;
+    for (const CopyEvent& e : emulated.events) {
+      downloads_done += e.kind == CopyEvent::kDownloadDone;
+      if (e.kind == CopyEvent::kNote) EXPECT_LE(++handed, downloads_done) << e.note << " handed over before it landed";
+    }
+  }
+  NetSpec spec;
+  ASSERT_TRUE(ParseNetSpecString(kNet, "copynet", &spec).ok());
+  NetOptions no;
+  no.batch = kBatch;
+  no.reference = true;
+  std::unique_ptr<Net> host;
+  ASSERT_TRUE(Net::Create(spec, no, &host).ok());
+  const Status s = host->SetGradDType(DType::kF16);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("net 'tinyconv': 16-bit gradient downloads need a device backend; reference keeps"),
+            std::string::npos)
+      << s.message();
 }
 
 INSTANTIATE_TEST_SUITE_P(Uploads, EmulatedCopies, ::testing::Bool(),

@@ -13,10 +13,13 @@
 
 #include <bit>
 #include <iostream>
+#include <limits>
 #include <random>
 
 #include "client/engine/gpu/cuda_backend.h"
+#include "client/engine/gpu/cuda_kernels.h"
 #include "client/engine/net.h"
+#include "common/grad_codec.h"
 #include "downpour_config.h"
 #include "tests/client/factor_product.h"
 #include "tests/client/gpu_test_util.h"
@@ -626,6 +629,81 @@ TEST(GpuNetAgreement, ByteInputNormalisedOnTheDeviceEqualsTheHostsFloats) {
     floats_net->SgdUpdate(0.01f, 0.9f, 5e-4f, hf);
   }
   ExpectClose("params after the byte-fed steps", bytes_net->params(), floats_net->params(), 1e-4);
+}
+
+// The push codec's cast on the device (gpu::CastTo16) is the host's (common/grad_codec.h) bit for
+// bit: rounding ties, subnormals, the f16 overflow edge, infinities and NaNs of both signs.
+TEST(GpuKernels, CastTo16EqualsTheHostsConversionBitForBit) {
+  DP_SKIP_WITHOUT_GPU();
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.5f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          -70000.0f,
+                          1e-8f,
+                          -3e-7f,
+                          6.1e-5f,
+                          0x1.002p0f,
+                          0x1.006p0f,
+                          0x1.0101p0f,
+                          3.4e38f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min()};
+  std::mt19937 rng(9);
+  for (int i = 0; i < 4096; ++i) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(rng())));
+  float* d_in = nullptr;
+  uint16_t* d_out = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_in, x.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_out, x.size() * sizeof(uint16_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_in, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  for (DType dtype : {DType::kF16, DType::kBf16}) {
+    ASSERT_EQ(gpu::CastTo16(nullptr, static_cast<int64_t>(x.size()), dtype == DType::kBf16, d_in, d_out), cudaSuccess);
+    std::vector<uint16_t> device(x.size()), host(x.size());
+    ASSERT_EQ(cudaMemcpy(device.data(), d_out, x.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    CastFloats(x, dtype, host.data());
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(device[i], host[i]) << "dtype " << static_cast<int>(dtype) << " x = " << x[i] << " (bits "
+                                    << std::bit_cast<uint32_t>(x[i]) << ")";
+  }
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+// Net::SetGradDType on the GPU: each handed-over 16-bit gradient is the float gradient's cast
+// (within cuDNN's run-to-run spread: the two nets' backward-filter sums may differ in order).
+TEST(GpuNetAgreement, GradientsCastOnTheDeviceFollowTheFloatGradients) {
+  DP_SKIP_WITHOUT_GPU();
+  const NetSpec spec = MixedSpec();
+  auto cast = MakeNet(spec, 3, MakeGpu(false, ConvAlgoMode::kHeuristic));
+  auto plain = MakeNet(spec, 3, MakeGpu(false, ConvAlgoMode::kHeuristic));
+  for (Net* n : {cast.get(), plain.get()}) n->InitParams(6);
+  ASSERT_TRUE(cast->SetGradDType(DType::kF16).ok());
+  std::vector<float> images(cast->input_count());
+  for (size_t i = 0; i < images.size(); ++i) images[i] = std::sin(0.23f * static_cast<float>(i));
+  std::vector<int> labels{1, 0, 4};
+  int handed = 0;
+  std::vector<std::vector<float>> seen(cast->param_specs().size());
+  cast->SetGradReadyCallback([&](int t) {
+    ++handed;
+    const auto g16 = cast->grads16().subspan(static_cast<size_t>(cast->param_offset(t)), cast->grad(t).size());
+    seen[t].resize(g16.size());
+    HalfToFloats(g16.data(), seen[t]);
+  });
+  cast->ForwardBackward(images.data(), labels.data());
+  plain->ForwardBackward(images.data(), labels.data());
+  EXPECT_EQ(handed, static_cast<int>(seen.size()));
+  for (size_t t = 0; t < seen.size(); ++t) {
+    const auto g = plain->grad(static_cast<int>(t));
+    ASSERT_EQ(seen[t].size(), g.size());
+    for (size_t i = 0; i < g.size(); ++i)
+      ASSERT_NEAR(seen[t][i], g[i], 1e-3 * std::abs(g[i]) + 1e-6) << cast->param_specs()[t].name << " at " << i;
+  }
 }
 
 // Uploads cut into 1000-float chunks (every layer waits on its own chunks) give the same

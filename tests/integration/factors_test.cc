@@ -299,7 +299,7 @@ void TrainOnce(const engine::NetSpec& spec, int batch, int classes, int steps, b
       to.worker.steps = steps;
       to.min_push_elems = 0;
       to.overlap_pull = true;
-      to.factors = factors;
+      to.compression.factors = factors;
       StepSource source(spec, batch, classes);
       worker::Trainer trainer(to, net.get(), nullptr, &layout, &channel, &source, nullptr, nullptr, nullptr);
       worker::TrainResult r;

@@ -126,6 +126,10 @@ class RecordingChannel : public ParamChannel {
   }
   Status WaitPush(PushHandle handle, PushInfo* info) override { return inner_->WaitPush(handle, info); }
   void SetPushVersions(std::span<const int64_t> versions) override { inner_->SetPushVersions(versions); }
+  Status SetPushCast(std::span<const uint16_t> cast) override {
+    if (!cast.empty()) cast_set = true;
+    return inner_->SetPushCast(cast);
+  }
   int64_t PulledVersion(int32_t chunk) const override { return inner_->PulledVersion(chunk); }
   Status WaitPushes(PushInfo* info) override { return inner_->WaitPushes(info); }
   Status Clock(int64_t clock) override { return inner_->Clock(clock); }
@@ -133,6 +137,7 @@ class RecordingChannel : public ParamChannel {
   std::vector<WireSpan> TakeWireSpans() override { return inner_->TakeWireSpans(); }
 
   std::vector<Event> events;
+  bool cast_set = false;  // the worker handed over gradients cast on its device
 
  private:
   struct Held {
@@ -162,6 +167,7 @@ struct RunSetup {
   int weights_lag = 0;
   bool emulated_copies = false;
   ConsistencyConfig consistency;
+  WireCodec push = WireCodec::kFp32;  // compression.push of the worker's client
 };
 
 struct RunOutcome {
@@ -170,6 +176,7 @@ struct RunOutcome {
   ParamLayout layout;
   std::vector<std::vector<int32_t>> layer_chunks;  // per layer with parameters, in net order
   int64_t staleness_chunks = 0, staleness_sum = 0;  // from the acks (the servers' measure)
+  bool cast_on_device = false;                      // the pushes sent the net's device-cast 16-bit gradients
 };
 
 // The test's net with its initial weights (the same in every run). `emulated_copies`: on the CPU
@@ -223,6 +230,7 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
   }
   co.reply_timeout = 20000ms;
   co.server_wait = 20000ms;
+  co.compression.push = setup.push;
   {
     std::unique_ptr<PsClient> client;
     ASSERT_TRUE(PsClient::Create(&transport, out->layout, co, &client).ok());
@@ -238,6 +246,7 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
       to.min_push_elems = 0;  // a group per tensor: the finest overlap
       to.overlap_pull = setup.overlap;
       to.weights_lag = setup.weights_lag;
+      to.compression.push = setup.push;
       StepSource source;
       Trainer trainer(to, net.get(), nullptr, &out->layout, &channel, &source, nullptr, nullptr, nullptr);
       TrainResult r;
@@ -247,6 +256,7 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
       out->staleness_chunks = r.staleness_chunks;
       out->staleness_sum = r.staleness_sum;
       out->events = channel.events;
+      out->cast_on_device = channel.cast_set;
     }
     out->final_weights.assign(static_cast<size_t>(out->layout.total_elems()), 0.0f);
     ASSERT_TRUE(client->Wait(client->Pull(out->final_weights), 5000ms).ok());
@@ -322,6 +332,29 @@ TEST(Overlap, EachLayersPullFollowsItsPushAndForwardWaitsForIt) {
   // One worker whose every step computes on its own last push: no staleness.
   EXPECT_EQ(run.staleness_chunks, kSteps * chunks);
   EXPECT_EQ(run.staleness_sum, 0);
+}
+
+// fp16 / bf16 pushes from a device worker are cast by the device (Net::SetGradDType, a cast per
+// gradient download) and sent as they are; a host worker's are cast by its client's encoder on the
+// link's I/O thread. Both round alike, so the servers end with the same weights bit for bit.
+TEST(Overlap, PushesCastOnTheDeviceGiveTheHostEncodersWeightsBitForBit) {
+  for (WireCodec codec : {WireCodec::kFp16, WireCodec::kBf16}) {
+    SCOPED_TRACE(WireCodecName(codec));
+    RunSetup host, device;
+    host.push = device.push = codec;
+    device.emulated_copies = true;
+    RunOutcome on_host, on_device;
+    ASSERT_NO_FATAL_FAILURE(TrainOnce(host, &on_host));
+    ASSERT_NO_FATAL_FAILURE(TrainOnce(device, &on_device));
+    EXPECT_FALSE(on_host.cast_on_device);
+    EXPECT_TRUE(on_device.cast_on_device);
+    EXPECT_EQ(on_device.final_weights, on_host.final_weights);
+    RunSetup f32 = host;
+    f32.push = WireCodec::kFp32;
+    RunOutcome exact;
+    ASSERT_NO_FATAL_FAILURE(TrainOnce(f32, &exact));
+    EXPECT_NE(exact.final_weights, on_host.final_weights) << "the codec changed nothing: the test proves nothing";
+  }
 }
 
 TEST(Overlap, GivesTheBlockingLoopsWeightsBitForBit) {

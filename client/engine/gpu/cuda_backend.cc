@@ -1,6 +1,8 @@
 // cuda_backend.cc — see cuda_backend.h.
 #include "client/engine/gpu/cuda_backend.h"
 
+#include <unordered_set>
+
 #include "client/engine/gpu/cuda_check.h"
 #include "client/engine/gpu/cuda_context.h"
 #include "client/engine/gpu/cuda_input.h"
@@ -38,6 +40,25 @@ class CudaBackend : public Backend {
   }
   uint64_t CopyToHostAsync(const float* device, float* host, int64_t count) override {
     return ctx_->CopyToHostAsync(device, host, count);
+  }
+  bool casts_on_device() const override { return true; }
+  uint64_t CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, DType dtype) override {
+    DP_CHECK(dtype == DType::kF16 || dtype == DType::kBf16);
+    return ctx_->CopyToHostCastAsync(device, host, count, dtype == DType::kBf16);
+  }
+  void* AllocateHost(size_t bytes) override {
+    void* p = AllocPinnedHost(bytes);  // page-locked: the cast downloads are DMA
+    if (p != nullptr) return p;
+    p = ::operator new(bytes);  // pinning refused: still correct, copies are staged by the driver
+    unpinned_.insert(p);
+    return p;
+  }
+  void FreeHost(void* ptr) override {
+    if (unpinned_.erase(ptr) > 0) {
+      ::operator delete(ptr);
+    } else {
+      FreePinnedHost(ptr);
+    }
   }
   bool CopyDone(uint64_t ticket) override { return ctx_->CopyDone(ticket); }
   void WaitCopy(uint64_t ticket) override { ctx_->WaitCopy(ticket); }
@@ -104,6 +125,7 @@ class CudaBackend : public Backend {
 
   std::shared_ptr<CudaContext> ctx_;
   std::unique_ptr<gpu::CudaInput> input_;  // byte input, from the first PrepareInput
+  std::unordered_set<void*> unpinned_;     // AllocateHost's blocks that could not be page-locked
 };
 
 }  // namespace

@@ -226,13 +226,33 @@ uint64_t CudaContext::CopyToHostAsync(const float* device, float* host, int64_t 
   if (count <= 0) return 0;
   Allocation* a = FindAllocation(device);
   if (a != nullptr) MaybePin(a, host, device - a->device);
+  return QueueDownload(device, host, count, DownloadAfter(device, count));
+}
+
+cudaEvent_t CudaContext::DownloadAfter(const float* device, int64_t count) const {
   // Inside the current layer's parameter-gradient windows only the kernels up to its grads-ready
   // event are waited for; its data-gradient kernels keep running while the bytes move.
   // Anything else waits for all work queued so far.
   const bool ready = std::any_of(grads_ready_ranges_.begin(), grads_ready_ranges_.end(), [&](const auto& r) {
     return device >= r.first && device + count <= r.first + r.second;
   });
-  return QueueDownload(device, host, count, ready ? grads_event_ : nullptr);
+  return ready ? grads_event_ : nullptr;
+}
+
+uint64_t CudaContext::CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, bool bf16) {
+  MakeCurrent();
+  if (count <= 0) return 0;
+  Allocation* a = FindAllocation(device);
+  DP_CHECK(a != nullptr);  // the net's gradient buffer
+  if (a->cast.bytes() == 0)
+    ThrowIfError(a->cast.Resize(static_cast<size_t>(a->count) * sizeof(uint16_t), "16-bit gradients"));
+  uint16_t* twin = static_cast<uint16_t*>(a->cast.get()) + (device - a->device);
+  CopyStreamAfter(DownloadAfter(device, count));
+  // The cast runs on the copy stream: beside the compute stream's layers below, as the copy does.
+  DP_CUDA_THROW(CastTo16(copy_stream_, count, bf16, device, twin));
+  DP_CUDA_THROW(
+      cudaMemcpyAsync(host, twin, static_cast<size_t>(count) * sizeof(uint16_t), cudaMemcpyDeviceToHost, copy_stream_));
+  return RecordDownload();
 }
 
 uint64_t CudaContext::DownloadBlobAsync(const float* device, float* host, int64_t count) {
@@ -241,16 +261,24 @@ uint64_t CudaContext::DownloadBlobAsync(const float* device, float* host, int64_
   return QueueDownload(device, host, count, nullptr);
 }
 
-// The copy stream waits for `after` (null: every kernel queued so far), copies, and records the
-// end event a ticket stands for.
-uint64_t CudaContext::QueueDownload(const float* device, float* host, int64_t count, cudaEvent_t after) {
+void CudaContext::CopyStreamAfter(cudaEvent_t after) {
   if (after == nullptr) {
     DP_CUDA_THROW(cudaEventRecord(compute_done_, stream_));
     after = compute_done_;
   }
   DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, after, 0));
+}
+
+// The copy stream waits for `after` (null: every kernel queued so far), copies, and records the
+// end event a ticket stands for.
+uint64_t CudaContext::QueueDownload(const float* device, float* host, int64_t count, cudaEvent_t after) {
+  CopyStreamAfter(after);
   DP_CUDA_THROW(cudaMemcpyAsync(host, device, static_cast<size_t>(count) * sizeof(float),
                                 cudaMemcpyDeviceToHost, copy_stream_));
+  return RecordDownload();
+}
+
+uint64_t CudaContext::RecordDownload() {
   cudaEvent_t done = nullptr;
   if (free_download_events_.empty()) {
     DP_CUDA_THROW(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));

@@ -81,6 +81,10 @@ class CudaContext {
   uint64_t CopyToHostAsync(const float* device, float* host, int64_t count);
   bool CopyDone(uint64_t ticket);
   void WaitCopy(uint64_t ticket);
+  // CopyToHostAsync in 16 bits (Backend::CopyToHostCastAsync): on the copy stream, after the same
+  // wait, a cast kernel into the allocation's 16-bit twin (allocated on first use), then the
+  // half-size download; a ticket as above.
+  uint64_t CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, bool bf16);
   // A blob's download on the copy stream after every kernel queued so far; a ticket as above.
   uint64_t DownloadBlobAsync(const float* device, float* host, int64_t count);
   // Host ↔ device for blobs (inputs, read-backs): on the compute stream; ToHost waits.
@@ -115,10 +119,17 @@ class CudaContext {
     std::vector<UploadChunk> chunks;           // its chunks, in order
     std::vector<cudaEvent_t> event_pool;       // reused across steps
     cudaEvent_t last_upload = nullptr;         // end of the last upload of any range
+    DeviceBuffer cast;                         // 16-bit twin for cast downloads (CopyToHostCastAsync)
   };
 
   explicit CudaContext(const CudaOptions& options) : options_(options) {}
   uint64_t QueueDownload(const float* device, float* host, int64_t count, cudaEvent_t after);
+  // The event a download of [device, +count) waits for: the current layer's grads-ready event when
+  // the range lies inside its parameter-gradient windows, else null (all work queued so far).
+  cudaEvent_t DownloadAfter(const float* device, int64_t count) const;
+  // The copy stream waits for `after` (null: every kernel queued so far).
+  void CopyStreamAfter(cudaEvent_t after);
+  uint64_t RecordDownload();  // the end event of what the copy stream has queued: a ticket
   Status Init();
   Allocation* FindAllocation(const float* device);
   void MaybePin(Allocation* a, const float* host, int64_t offset);

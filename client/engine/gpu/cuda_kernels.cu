@@ -274,6 +274,46 @@ cudaError_t NormalizeBytes(cudaStream_t stream, int n, int c, int h, int w, cons
   return cudaGetLastError();
 }
 
+// common/grad_codec.cc's FloatToHalf and FloatsToBf16, bit for bit (NaN → 0x7e00 | sign, not
+// CUDA's canonical NaN), so a push cast here equals one the host encoder would send.
+__device__ uint16_t HalfOf(float f) {
+  constexpr uint32_t kF32Inf = 255u << 23;
+  constexpr uint32_t kF16Overflow = (127u + 16u) << 23;
+  constexpr uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  uint32_t x = __float_as_uint(f);
+  const uint32_t sign = x & 0x80000000u;
+  x ^= sign;
+  uint32_t o;
+  if (x >= kF16Overflow) {
+    o = x > kF32Inf ? 0x7e00u : 0x7c00u;
+  } else if (x < (113u << 23)) {
+    const float r = __fadd_rn(__uint_as_float(x), __uint_as_float(kDenormMagic));
+    o = __float_as_uint(r) - kDenormMagic;
+  } else {
+    const uint32_t mant_odd = (x >> 13) & 1u;
+    x += ((15u - 127u) << 23) + 0xfffu;
+    x += mant_odd;
+    o = x >> 13;
+  }
+  return static_cast<uint16_t>(o | (sign >> 16));
+}
+__device__ uint16_t Bf16Of(float f) {
+  const uint32_t x = __float_as_uint(f);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = (x >> 16) | 0x40u;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+__global__ void CastKernel(int64_t n, bool bf16, const float* in, uint16_t* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = bf16 ? Bf16Of(in[i]) : HalfOf(in[i]);
+}
+
+cudaError_t CastTo16(cudaStream_t stream, int64_t n, bool bf16, const float* in, uint16_t* out) {
+  CastKernel<<<Blocks(n), kThreads, 0, stream>>>(n, bf16, in, out);
+  return cudaGetLastError();
+}
+
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr) {
   FillKernel<<<Blocks(n), kThreads, 0, stream>>>(n, value, ptr);
   return cudaGetLastError();

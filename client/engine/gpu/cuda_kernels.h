@@ -66,6 +66,10 @@ cudaError_t NormalizeBytes(cudaStream_t stream, int n, int c, int h, int w, cons
                            const int32_t* windows, const float* mean_image, int mean_h, int mean_w,
                            const float* mean_values, int mean_values_count, float scale, float* out);
 
+// out[0..n) = in cast to IEEE half (bf16 false) or bfloat16, rounded as common/grad_codec.h's
+// host conversion bit for bit.
+cudaError_t CastTo16(cudaStream_t stream, int64_t n, bool bf16, const float* in, uint16_t* out);
+
 // ptr[0..n) = value.
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr);
 
