@@ -111,6 +111,15 @@ void CastFloats(std::span<const float> in, DType dtype, uint16_t* out) {
   }
 }
 
+void WidenTo(const uint16_t* in, DType dtype, std::span<float> out) {
+  DP_CHECK(dtype == DType::kF16 || dtype == DType::kBf16);
+  if (dtype == DType::kF16) {
+    HalfToFloats(in, out);
+  } else {
+    Bf16ToFloats(in, out);
+  }
+}
+
 void Bf16ToFloats(const uint16_t* in, std::span<float> out) {
   Bf16BytesToFloats(reinterpret_cast<const std::byte*>(in), out);
 }

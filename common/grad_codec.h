@@ -49,6 +49,8 @@ void FloatsToBf16(std::span<const float> in, uint16_t* out);
 void Bf16ToFloats(const uint16_t* in, std::span<float> out);
 // FloatsToHalf for kF16, FloatsToBf16 for kBf16 (any other dtype is a caller's bug).
 void CastFloats(std::span<const float> in, DType dtype, uint16_t* out);
+// HalfToFloats for kF16, Bf16ToFloats for kBf16 (likewise).
+void WidenTo(const uint16_t* in, DType dtype, std::span<float> out);
 // The same from bytes at any alignment (a received frame), out.size() values.
 void HalfBytesToFloats(const std::byte* in, std::span<float> out);
 void Bf16BytesToFloats(const std::byte* in, std::span<float> out);

@@ -61,7 +61,12 @@ void EmulatedCopyBackend::CopyLoop() {
     // One copy engine: each copy ends `delay` after the previous one, or after it was queued.
     due = std::max(due, std::chrono::steady_clock::now()) + delay_;
     std::this_thread::sleep_until(due);
-    std::memcpy(c.to, c.from, static_cast<size_t>(c.bytes));
+    if (c.widen != DType::kF32) {
+      WidenTo(static_cast<const uint16_t*>(c.from), c.widen,
+              std::span<float>(static_cast<float*>(c.to), static_cast<size_t>(c.device_count)));
+    } else {
+      std::memcpy(c.to, c.from, static_cast<size_t>(c.bytes));
+    }
     lock.lock();
     queue_.pop_front();
     completed_ = c.ticket;
@@ -74,13 +79,13 @@ void EmulatedCopyBackend::CopyLoop() {
 }
 
 uint64_t EmulatedCopyBackend::Queue(Direction direction, const void* from, void* to, int64_t bytes, const float* device,
-                                    int64_t device_count, std::shared_ptr<const void> keep) {
+                                    int64_t device_count, std::shared_ptr<const void> keep, DType widen) {
   if (bytes <= 0) return 0;
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ticket = next_ticket_++;
-    const Copy c{ticket, direction, from, to, bytes, device, device_count, std::move(keep)};
+    const Copy c{ticket, direction, from, to, bytes, device, device_count, std::move(keep), widen};
     queue_.push_back(c);
     if (direction != Direction::kInput) recent_.push_back(c);
     const CopyEvent::Kind kind = direction == Direction::kUpload  ? CopyEvent::kUploadQueued
@@ -98,6 +103,10 @@ void EmulatedCopyBackend::CopyToDevice(const float* host, float* device, int64_t
 
 uint64_t EmulatedCopyBackend::CopyToHostAsync(const float* device, float* host, int64_t count) {
   return QueueFloats(false, device, host, count, device);
+}
+
+void EmulatedCopyBackend::UploadWeightsCast(const uint16_t* host, float* device, int64_t count, DType dtype) {
+  Queue(Direction::kUpload, host, device, count * int64_t{sizeof(uint16_t)}, device, count, nullptr, dtype);
 }
 
 uint64_t EmulatedCopyBackend::CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, DType dtype) {

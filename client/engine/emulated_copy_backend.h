@@ -72,6 +72,8 @@ class EmulatedCopyBackend : public Backend {
   // The device's cast kernel is the host's conversion, done at once (CPU kernels are done); the
   // 16-bit bytes are handed to the host by the copy engine later.
   bool casts_on_device() const override { return true; }
+  // The device's widening is the host's, done by the copy engine as the bytes land.
+  void UploadWeightsCast(const uint16_t* host, float* device, int64_t count, DType dtype) override;
   uint64_t CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, DType dtype) override;
   bool CopyDone(uint64_t ticket) override;
   void WaitCopy(uint64_t ticket) override;
@@ -114,9 +116,10 @@ class EmulatedCopyBackend : public Backend {
     const float* device;               // the device end of float copies, for overlap checks and the log
     int64_t device_count;              // its floats
     std::shared_ptr<const void> keep;  // a blob read's canonical copy or a cast, while queued
+    DType widen = DType::kF32;         // an upload of 16-bit values widened into `to` (floats)
   };
   uint64_t Queue(Direction direction, const void* from, void* to, int64_t bytes, const float* device,
-                 int64_t device_count, std::shared_ptr<const void> keep = nullptr);
+                 int64_t device_count, std::shared_ptr<const void> keep = nullptr, DType widen = DType::kF32);
   uint64_t QueueFloats(bool upload, const float* from, float* to, int64_t count, const float* device,
                        std::shared_ptr<const void> keep = nullptr) {
     return Queue(upload ? Direction::kUpload : Direction::kDownload, from, to, count * int64_t{sizeof(float)}, device,

@@ -168,6 +168,15 @@ class Backend {
     CastFloats(floats, dtype, host);
     return 0;
   }
+  // The weight upload in 16 bits (UploadWeights' contract; `dtype` kF16 / kBf16): half the bytes
+  // cross, and the device widens them into the f32 range (common/grad_codec.h's HalfToFloats /
+  // Bf16ToFloats, exact). Default: widened on the host, then a blocking copy.
+  virtual void UploadWeightsCast(const uint16_t* host, float* device, int64_t count, DType dtype) {
+    std::vector<float> floats(static_cast<size_t>(count));
+    WidenTo(host, dtype, floats);
+    CopyToDevice(floats.data(), device, count);
+    Synchronize();  // `floats` goes away
+  }
   virtual void* AllocateHost(size_t bytes) { return ::operator new(bytes); }
   virtual void FreeHost(void* ptr) { ::operator delete(ptr); }
 

@@ -27,9 +27,33 @@ Net::~Net() {
   if (label_blob_) backend_->ReleaseInput(label_blob_);
   if (device_params_) backend_->Free(device_params_);
   if (device_grads_) backend_->Free(device_grads_);
-  if (host_grads16_) {
-    backend_->Synchronize();  // no cast download still writes it
-    backend_->FreeHost(host_grads16_);
+  if (host_grads16_ || host_params16_) backend_->Synchronize();  // no copy still reads or writes them
+  if (host_grads16_) backend_->FreeHost(host_grads16_);
+  if (host_params16_) backend_->FreeHost(host_params16_);
+}
+
+uint16_t* Net::AllocateHost16() {
+  auto* p = static_cast<uint16_t*>(backend_->AllocateHost(static_cast<size_t>(num_params_) * sizeof(uint16_t)));
+  std::fill_n(p, num_params_, uint16_t{0});
+  return p;
+}
+
+Status Net::SetWeightDType(DType dtype) {
+  if (dtype != DType::kF32 && backend_->memory_is_host())
+    return InvalidArgument("net '{}': 16-bit weight uploads need a device backend; {} keeps them in host memory",
+                           spec_.name, backend_->name());
+  if (dtype != DType::kF32 && host_params16_ == nullptr) host_params16_ = AllocateHost16();
+  // Turned off: params() gets the weights the net computed on back.
+  if (dtype == DType::kF32 && weight_dtype_ != DType::kF32) WidenTo(host_params16_, weight_dtype_, params());
+  weight_dtype_ = dtype;
+  return Status::Ok();
+}
+
+void Net::UploadParams(int64_t offset, int64_t count) {
+  if (weight_dtype_ != DType::kF32) {
+    backend_->UploadWeightsCast(host_params16_ + offset, device_params_ + offset, count, weight_dtype_);
+  } else {
+    backend_->UploadWeights(host_params_ + offset, device_params_ + offset, count);
   }
 }
 
@@ -37,10 +61,7 @@ Status Net::SetGradDType(DType dtype) {
   if (dtype != DType::kF32 && backend_->memory_is_host())
     return InvalidArgument("net '{}': 16-bit gradient downloads need a device backend; {} keeps them in host memory",
                            spec_.name, backend_->name());
-  if (dtype != DType::kF32 && host_grads16_ == nullptr) {
-    host_grads16_ = static_cast<uint16_t*>(backend_->AllocateHost(static_cast<size_t>(num_params_) * sizeof(uint16_t)));
-    std::fill_n(host_grads16_, num_params_, uint16_t{0});
-  }
+  if (dtype != DType::kF32 && host_grads16_ == nullptr) host_grads16_ = AllocateHost16();
   grad_dtype_ = dtype;
   return Status::Ok();
 }
@@ -196,14 +217,12 @@ void Net::RunForward(Phase phase) {
   const bool upload = !backend_->memory_is_host();
   // Without a per-layer callback the weights are final now: one upload. With one, each layer's
   // weights are final only once its callback returned (they may still be arriving).
-  if (upload && !before_layer_) backend_->UploadWeights(host_params_, device_params_, num_params_);
+  if (upload && !before_layer_) UploadParams(0, num_params_);
   for (size_t li = 0; li < layers_.size(); ++li) {
     if (before_layer_) {
       before_layer_(static_cast<int>(li));
       if (upload) {
-        for (int pi : shapes_.layer_params[li])
-          backend_->UploadWeights(host_params_ + param_offsets_[pi], device_params_ + param_offsets_[pi],
-                                 shapes_.params[pi].numel());
+        for (int pi : shapes_.layer_params[li]) UploadParams(param_offsets_[pi], shapes_.params[pi].numel());
       }
     }
     // Masks depend on (init seed, step, layer) only.

@@ -163,6 +163,19 @@ class Net {
                                     : std::span<const uint16_t>(host_grads16_, static_cast<size_t>(num_params_));
   }
 
+  // Weights uploaded in 16 bits (Backend::UploadWeightsCast): with kF16 or kBf16, forward uploads
+  // each layer's weights from params16() (the pulls' 16-bit values) instead of params(), and the
+  // device widens them; params() is then not what the net computes on (the caller keeps the
+  // pulls' values there only) until kF32 turns it off, which widens params16() into params().
+  // For a worker whose pull codec is fp16 / bf16: PCIe carries the wire's bytes and the host
+  // widens nothing. A host backend → InvalidArgument naming the net and the backend.
+  Status SetWeightDType(DType dtype);
+  DType weight_dtype() const { return weight_dtype_; }
+  std::span<uint16_t> params16() {
+    return host_params16_ == nullptr ? std::span<uint16_t>{}
+                                     : std::span<uint16_t>(host_params16_, static_cast<size_t>(num_params_));
+  }
+
   // Sufficient factors (docs/factors.md). For each tensor listed (an inner-product weight,
   // out×in; anything else is an InvalidArgument naming it), backward writes its factors
   // instead of dW at the START of grad(t): δ (B×out, the layer's top gradient, carrying the
@@ -270,6 +283,12 @@ class Net {
   std::vector<float> host_params_storage_, host_grads_storage_;  // GPU mirrors only
   DType grad_dtype_ = DType::kF32;
   uint16_t* host_grads16_ = nullptr;  // SetGradDType's buffer (Backend::AllocateHost)
+  DType weight_dtype_ = DType::kF32;
+  uint16_t* host_params16_ = nullptr;  // SetWeightDType's buffer (Backend::AllocateHost)
+  // One layer's (or every) weight upload, in the weights' dtype.
+  void UploadParams(int64_t offset, int64_t count);
+  // A 16-bit host buffer of num_params_ values from the backend, zeroed.
+  uint16_t* AllocateHost16();
 
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::unique_ptr<Blob>> blobs_;                 // all blobs, owned here

@@ -74,6 +74,7 @@ struct Op {
   MessageHeader header;
   Frames payload;
   std::span<float> pull_out;  // pull: the caller's flat buffer
+  std::span<uint16_t> pull_out16;  // pull16: the caller's flat 16-bit buffer (pull_out empty)
   bool cast = false;          // push: the payload is the push codec's 16-bit values already
   // Push with sufficient factors (ArrangeFactorOps): the first chunks of `header` form groups,
   // each sent as one message — chunks [previous group's end, end) of one tensor, their payload
@@ -959,8 +960,12 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
       if (!h.iters.empty()) std::atomic_ref<int64_t>(owner->iters_[id]).store(h.iters[i], std::memory_order_relaxed);
     }
   };
-  if (via_region) {  // the server wrote the pull area
-    link.shm->ReadPull(h, op.pull_out);
+  if (via_region) {  // the server wrote the pull area, in f32
+    if (op.pull_out16.empty()) {
+      link.shm->ReadPull(h, op.pull_out);
+    } else {
+      link.shm->ReadPull16(h, op.header.dtype, op.pull_out16);
+    }
     record_versions();
     return Status::Ok();
   }
@@ -985,7 +990,9 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
   }
   for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
     const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
-    if (h.dtype != DType::kF32) {
+    if (!op.pull_out16.empty()) {  // kept in 16 bits: the worker's device widens them
+      std::memcpy(op.pull_out16.data() + c.flat_offset, frames[i + 1].data(), frames[i + 1].size());
+    } else if (h.dtype != DType::kF32) {
       const std::span<float> out(op.pull_out.data() + c.flat_offset, static_cast<size_t>(c.count));
       const std::span<const std::byte> bytes(frames[i + 1].data(), frames[i + 1].size());
       DecodeCheckedChunk(Encoding::kDense, h.dtype, bytes, out);  // CheckChunk accepted it above
@@ -1000,7 +1007,8 @@ Status PsClient::Impl::AcceptPullReply(const Link& link, const Op& op, const std
 RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const float> in,
                            std::span<const int32_t> chunk_ids, bool all_chunks, int64_t clock, uint32_t flags,
                            std::span<const FactorTensor> factors, uint32_t move_batches,
-                           std::span<const int64_t> push_versions, std::span<const uint16_t> cast) {
+                           std::span<const int64_t> push_versions, std::span<const uint16_t> cast,
+                           std::span<uint16_t> out16) {
   auto req = std::make_shared<Request>();
   RequestId id;
   {
@@ -1009,10 +1017,15 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     impl_->requests[id] = req;
   }
   const auto total = static_cast<size_t>(layout_.total_elems());
-  const size_t have = type == MsgType::kPull ? out.size() : in.size();
+  const size_t have = type == MsgType::kPull ? (out16.empty() ? out.size() : out16.size()) : in.size();
   if (have != total) {
     req->status = InvalidArgument("ps client {}: flat buffer has {} floats, the layout has {}",
                                   MsgTypeName(type), have, total);
+    return id;
+  }
+  if (!out16.empty() && CodecDType(options_.compression.pull) == DType::kF32) {
+    req->status = InvalidArgument("ps client pull: 16-bit weights asked for, but compression.pull is \"{}\"",
+                                  WireCodecName(options_.compression.pull));
     return id;
   }
   const DType push_dtype = CodecDType(options_.compression.push);
@@ -1059,6 +1072,7 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     for (int32_t c : ids) h.chunk_ids.push_back(static_cast<uint32_t>(c));
     if (type == MsgType::kPull) {
       op.pull_out = out;
+      op.pull_out16 = out16;
       h.dtype = CodecDType(options_.compression.pull);  // fp32 / fp16 / bf16
     } else {
       const bool lossy = (flags & (kFlagInit | kFlagMove)) == 0 && IsLossy(options_.compression.push);
@@ -1132,6 +1146,13 @@ RequestId PsClient::Pull(std::span<float> flat_weights_out, int64_t clock) {
 }
 RequestId PsClient::PullChunks(std::span<float> flat_weights_out, std::span<const int32_t> chunk_ids, int64_t clock) {
   return Submit(MsgType::kPull, flat_weights_out, {}, chunk_ids, false, clock, 0);
+}
+RequestId PsClient::Pull16(std::span<uint16_t> flat_weights_out, int64_t clock) {
+  return Submit(MsgType::kPull, {}, {}, {}, /*all_chunks=*/true, clock, 0, {}, 0, {}, {}, flat_weights_out);
+}
+RequestId PsClient::PullChunks16(std::span<uint16_t> flat_weights_out, std::span<const int32_t> chunk_ids,
+                                 int64_t clock) {
+  return Submit(MsgType::kPull, {}, {}, chunk_ids, false, clock, 0, {}, 0, {}, {}, flat_weights_out);
 }
 RequestId PsClient::Push(std::span<const float> flat_grads, int64_t clock) {
   return Submit(MsgType::kPush, {}, flat_grads, {}, /*all_chunks=*/true, clock, 0);

@@ -27,9 +27,10 @@
 #include <vector>
 
 #include "common/codec.h"
-#include "common/layout.h"
 #include "common/config/cluster.h"
 #include "common/config/compression.h"
+#include "common/grad_codec.h"
+#include "common/layout.h"
 #include "common/status.h"
 #include "common/trace.h"
 #include "common/transport.h"
@@ -101,6 +102,12 @@ class PsClient {
   RequestId Pull(std::span<float> flat_weights_out, int64_t clock = 0);
   RequestId PullChunks(std::span<float> flat_weights_out, std::span<const int32_t> chunk_ids,
                        int64_t clock = 0);
+  // The same, the weights kept in compression.pull's 16 bits (fp16 / bf16; kInvalidArgument for
+  // fp32) for a worker whose device widens them (engine::Net::SetWeightDType): the replies are
+  // checked (finite) and copied as they are. Through a same-host region, which carries f32, the
+  // client casts them, so the worker computes on the codec's weights either way.
+  RequestId Pull16(std::span<uint16_t> flat_weights_out, int64_t clock = 0);
+  RequestId PullChunks16(std::span<uint16_t> flat_weights_out, std::span<const int32_t> chunk_ids, int64_t clock = 0);
 
   // Pushes the gradients of every chunk (or `chunk_ids`, or tensors [first, end)) computed at `clock`.
   RequestId Push(std::span<const float> flat_grads, int64_t clock);
@@ -164,6 +171,7 @@ class PsClient {
   uint64_t session() const { return session_; }  // random, nonzero, fixed; sent in every message
 
   const ParamLayout& layout() const { return layout_; }
+  DType pull_dtype() const { return CodecDType(options_.compression.pull); }  // what Pull16 keeps
 
   struct Impl;  // per-server links and request table (ps_client.cc)
 
@@ -172,7 +180,7 @@ class PsClient {
   RequestId Submit(MsgType type, std::span<float> out, std::span<const float> in, std::span<const int32_t> chunk_ids,
                    bool all_chunks, int64_t clock, uint32_t flags, std::span<const FactorTensor> factors = {},
                    uint32_t move_batches = 0, std::span<const int64_t> push_versions = {},
-                   std::span<const uint16_t> cast = {});
+                   std::span<const uint16_t> cast = {}, std::span<uint16_t> out16 = {});
 
   ParamLayout layout_;
   PsClientOptions options_;

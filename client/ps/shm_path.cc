@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "common/grad_codec.h"
+
 namespace downpour {
 
 ShmPath::ShmPath(const ParamLayout& layout, int server, bool asked)
@@ -75,6 +77,18 @@ void ShmPath::ReadPull(const MessageHeader& h, std::span<float> out) const {
     const Chunk& c = layout_.chunk(static_cast<int32_t>(id));
     std::memcpy(out.data() + c.flat_offset, area + share_.offset[static_cast<size_t>(c.id)],
                 static_cast<size_t>(c.count) * sizeof(float));
+    bytes += static_cast<uint64_t>(c.count) * sizeof(float);
+  }
+  received_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void ShmPath::ReadPull16(const MessageHeader& h, DType dtype, std::span<uint16_t> out) const {
+  const auto* area = reinterpret_cast<const float*>(region_->payload()) + share_.floats;  // after the push area
+  uint64_t bytes = 0;
+  for (uint32_t id : h.chunk_ids) {
+    const Chunk& c = layout_.chunk(static_cast<int32_t>(id));
+    CastFloats(std::span<const float>(area + share_.offset[static_cast<size_t>(c.id)], static_cast<size_t>(c.count)),
+               dtype, out.data() + c.flat_offset);
     bytes += static_cast<uint64_t>(c.count) * sizeof(float);
   }
   received_bytes_.fetch_add(bytes, std::memory_order_relaxed);

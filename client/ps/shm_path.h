@@ -47,6 +47,8 @@ class ShmPath {
   // Copies a pull reply's chunks (`h.chunk_ids`) from the pull area into `out` (the whole flat
   // parameter buffer, at each chunk's offset).
   void ReadPull(const MessageHeader& h, std::span<float> out) const;
+  // The same into 16-bit weights (`dtype` kF16 / kBf16): the region's f32 cast as the codec rounds.
+  void ReadPull16(const MessageHeader& h, DType dtype, std::span<uint16_t> out) const;
 
   uint64_t sent_bytes() const { return sent_bytes_.load(std::memory_order_relaxed); }
   uint64_t received_bytes() const { return received_bytes_.load(std::memory_order_relaxed); }

@@ -62,6 +62,7 @@ class DownpourAlgorithm final : public WorkerAlgorithm {
   bool accum_pushed_ = false;              // accum_ holds the last push's mean, which its pushes may still read
   bool overlap_ = false;                   // options asked for it and the run allows it
   bool cast_on_device_ = false;            // pushes send the net's grads16(), cast by its device
+  bool widen_on_device_ = false;           // pulls fill the net's params16(), widened by its device
   std::unique_ptr<PullAhead> pull_ahead_;  // null without overlap; borrows layer_chunks_
   bool pull_next_ = false;                 // this step starts the next step's pulls
   bool pushing_ = false;                   // the current backward pushes
@@ -94,11 +95,18 @@ DownpourAlgorithm::DownpourAlgorithm(const AlgorithmEnv& env)
     cast_on_device_ = env_.channel->SetPushCast(net->grads16()).ok();
     if (!cast_on_device_) DP_CHECK(net->SetGradDType(DType::kF32).ok());
   }
+  // fp16 / bf16 pulls widened by the device likewise: the pulls keep the wire's 16 bits in the
+  // net's params16(). Not with a lag (its staging copy is f32).
+  const DType pull_dtype = CodecDType(o.compression.pull);
+  widen_on_device_ =
+      net->backend().casts_on_device() && pull_dtype != DType::kF32 && env_.channel->pulls16() && o.weights_lag == 0;
+  if (widen_on_device_) DP_CHECK(net->SetWeightDType(pull_dtype).ok());  // a device backend
   net->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
   net->SetBeforeBackwardCallback([this](int layer) { OnLayerBackward(layer); });
   overlap_ = o.overlap_pull && o.worker.pull_every == 1 && o.worker.push_every == 1;
   if (overlap_) {
-    pull_ahead_ = std::make_unique<PullAhead>(env_.channel, *env_.layout, layer_chunks_, net->params(), o.weights_lag);
+    pull_ahead_ = std::make_unique<PullAhead>(env_.channel, *env_.layout, layer_chunks_, net->params(), o.weights_lag,
+                                              widen_on_device_ ? net->params16() : std::span<uint16_t>{});
     // Pushes carry the versions of the weights the net computed on: with a lag (or after an
     // evaluation's pull) the last pulled are newer.
     env_.channel->SetPushVersions(pull_ahead_->held_versions());
@@ -114,6 +122,7 @@ DownpourAlgorithm::~DownpourAlgorithm() {
     (void)env_.channel->SetPushCast({});
     (void)env_.net->SetGradDType(DType::kF32);
   }
+  if (widen_on_device_) (void)env_.net->SetWeightDType(DType::kF32);
   if (overlap_) {
     env_.net->SetBeforeLayerCallback({});
     env_.channel->SetPushVersions({});
@@ -128,7 +137,11 @@ Status DownpourAlgorithm::BeforeStep(const StepPlan& plan, StepWaits* waits) {
   if (pulled_ahead || !due) return Status::Ok();
   const double t0 = NowS();
   TraceSpan span(env_.trace, env_.trace_track, "worker", "pull");
-  DP_RETURN_IF_ERROR(env_.channel->Pull(clock_, env_.net->params(), &pull_info_));
+  if (widen_on_device_) {
+    DP_RETURN_IF_ERROR(env_.channel->Pull16(clock_, env_.net->params16(), &pull_info_));
+  } else {
+    DP_RETURN_IF_ERROR(env_.channel->Pull(clock_, env_.net->params(), &pull_info_));
+  }
   if (pull_ahead_ != nullptr) pull_ahead_->Reset(plan.step);
   waits->pull_ms = 1e3 * (NowS() - t0);
   return Status::Ok();

@@ -74,6 +74,19 @@ class ParamChannel {
   // WaitPull. Errors of the pull itself surface at WaitPull.
   virtual Status StartPull(int64_t clock, std::span<const int32_t> chunk_ids, std::span<float> weights,
                            PullHandle* handle) = 0;
+  // Pull and StartPull into the weights in the pull codec's 16 bits (fp16 / bf16), for a worker
+  // whose device widens them (engine::Net::SetWeightDType); handles as StartPull's. A channel
+  // that cannot refuses (FailedPrecondition); so does a run whose pulls are fp32.
+  virtual Status Pull16(int64_t clock, std::span<uint16_t> weights, PullInfo* info) {
+    (void)clock, (void)weights, (void)info;
+    return FailedPrecondition("this parameter channel cannot pull 16-bit weights");
+  }
+  virtual Status StartPull16(int64_t clock, std::span<const int32_t> chunk_ids, std::span<uint16_t> weights,
+                             PullHandle* handle) {
+    (void)clock, (void)chunk_ids, (void)weights, (void)handle;
+    return FailedPrecondition("this parameter channel cannot pull 16-bit weights");
+  }
+  virtual bool pulls16() const { return false; }  // whether Pull16 / StartPull16 work
   // Blocks until pull `handle` has written its chunks; `info` gets the versions of those chunks.
   // Each handle is waited once.
   virtual Status WaitPull(PullHandle handle, PullInfo* info) = 0;

@@ -132,10 +132,19 @@ void PsChannel::FillVersions(const std::vector<int32_t>& chunks, PullInfo* info)
 }
 
 Status PsChannel::Pull(int64_t clock, std::span<float> weights, PullInfo* info) {
+  return AwaitAll(client_->Pull(weights, clock), info);
+}
+
+Status PsChannel::Pull16(int64_t clock, std::span<uint16_t> weights, PullInfo* info) {
+  return AwaitAll(client_->Pull16(weights, clock), info);
+}
+
+// A pull of every chunk, waited for.
+Status PsChannel::AwaitAll(RequestId id, PullInfo* info) {
   const double t0 = SteadyS();
   std::vector<int32_t> all(static_cast<size_t>(client_->layout().num_chunks()));
   std::iota(all.begin(), all.end(), 0);
-  const uint64_t handle = Track(client_->Pull(weights, clock), -1, false, std::move(all), t0);
+  const uint64_t handle = Track(id, -1, false, std::move(all), t0);
   std::vector<int32_t> chunks;
   DP_RETURN_IF_ERROR(Await(handle, &chunks));
   FillVersions(chunks, info);
@@ -145,14 +154,25 @@ Status PsChannel::Pull(int64_t clock, std::span<float> weights, PullInfo* info) 
 Status PsChannel::StartPull(int64_t clock, std::span<const int32_t> chunk_ids, std::span<float> weights,
                             PullHandle* handle) {
   DP_CHECK(!chunk_ids.empty());
+  *handle = TrackChunks(client_->PullChunks(weights, chunk_ids, clock), chunk_ids);
+  return Status::Ok();
+}
+
+Status PsChannel::StartPull16(int64_t clock, std::span<const int32_t> chunk_ids, std::span<uint16_t> weights,
+                              PullHandle* handle) {
+  DP_CHECK(!chunk_ids.empty());
+  *handle = TrackChunks(client_->PullChunks16(weights, chunk_ids, clock), chunk_ids);
+  return Status::Ok();
+}
+
+// A started pull of `chunk_ids`, tracked (and attributed to their server when it is one).
+uint64_t PsChannel::TrackChunks(RequestId id, std::span<const int32_t> chunk_ids) {
   const double t0 = SteadyS();
-  const RequestId id = client_->PullChunks(weights, chunk_ids, clock);
   const auto& layout = client_->layout();
   const int server = layout.chunk(chunk_ids.front()).server;
   const bool one_server = std::all_of(chunk_ids.begin(), chunk_ids.end(),
                                       [&](int32_t c) { return layout.chunk(c).server == server; });
-  *handle = Track(id, one_server ? server : -1, false, std::vector<int32_t>(chunk_ids.begin(), chunk_ids.end()), t0);
-  return Status::Ok();
+  return Track(id, one_server ? server : -1, false, std::vector<int32_t>(chunk_ids.begin(), chunk_ids.end()), t0);
 }
 
 Status PsChannel::WaitPull(PullHandle handle, PullInfo* info) {

@@ -52,6 +52,10 @@ class PsChannel : public ParamChannel {
   Status Pull(int64_t clock, std::span<float> weights, PullInfo* info) override;
   Status StartPull(int64_t clock, std::span<const int32_t> chunk_ids, std::span<float> weights,
                    PullHandle* handle) override;
+  Status Pull16(int64_t clock, std::span<uint16_t> weights, PullInfo* info) override;
+  Status StartPull16(int64_t clock, std::span<const int32_t> chunk_ids, std::span<uint16_t> weights,
+                     PullHandle* handle) override;
+  bool pulls16() const override { return client_->pull_dtype() != DType::kF32; }
   Status WaitPull(PullHandle handle, PullInfo* info) override;
   bool PullDone(PullHandle handle) override;
   Status StartPush(int64_t clock, const PushGroup& group, std::span<const float> grads,
@@ -71,6 +75,8 @@ class PsChannel : public ParamChannel {
   std::vector<WireSpan> TakeWireSpans() override;
 
  private:
+  Status AwaitAll(RequestId id, PullInfo* info);
+  uint64_t TrackChunks(RequestId id, std::span<const int32_t> chunk_ids);
   struct Request {
     RequestId id = 0;
     int server = -1;              // the one server it goes to; -1 = all (a whole pull)

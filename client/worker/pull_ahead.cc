@@ -21,9 +21,16 @@ std::vector<std::vector<int32_t>> ChunksByLayer(const engine::Net& net, const Pa
 }
 
 PullAhead::PullAhead(ParamChannel* channel, const ParamLayout& layout,
-                     const std::vector<std::vector<int32_t>>& layer_chunks, std::span<float> weights, int lag)
-    : channel_(channel), layout_(layout), layer_chunks_(layer_chunks), weights_(weights), lag_(lag) {
+                     const std::vector<std::vector<int32_t>>& layer_chunks, std::span<float> weights, int lag,
+                     std::span<uint16_t> weights16)
+    : channel_(channel),
+      layout_(layout),
+      layer_chunks_(layer_chunks),
+      weights_(weights),
+      weights16_(weights16),
+      lag_(lag) {
   DP_CHECK_GE(lag, 0);
+  DP_CHECK(weights16.empty() || (lag == 0 && weights16.size() == weights.size()));
   DP_CHECK_EQ(static_cast<int64_t>(weights.size()), layout.total_elems());
   if (staged()) staging_.assign(weights.size(), 0.0f);
   const auto chunks = static_cast<size_t>(layout.num_chunks());
@@ -78,7 +85,11 @@ Status PullAhead::Start(const std::vector<int32_t>& chunk_ids, int64_t step, int
     Flight f;
     f.step = step;
     f.chunks = ids;
-    DP_RETURN_IF_ERROR(channel_->StartPull(clock, ids, staged() ? std::span<float>(staging_) : weights_, &f.handle));
+    if (!weights16_.empty()) {
+      DP_RETURN_IF_ERROR(channel_->StartPull16(clock, ids, weights16_, &f.handle));
+    } else {
+      DP_RETURN_IF_ERROR(channel_->StartPull(clock, ids, staged() ? std::span<float>(staging_) : weights_, &f.handle));
+    }
     const uint64_t id = next_flight_++;
     for (int32_t c : ids) in_flight_[static_cast<size_t>(c)] = id;
     flights_.emplace(id, std::move(f));

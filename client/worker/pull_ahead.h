@@ -40,8 +40,10 @@ std::vector<std::vector<int32_t>> ChunksByLayer(const engine::Net& net, const Pa
 class PullAhead {
  public:
   // `weights`: the net's weights (all parameters, layout order); `layer_chunks`: ChunksByLayer.
+  // `weights16` (lag 0 only; empty = none): pull into the net's 16-bit weights instead
+  // (ParamChannel::StartPull16, engine::Net::params16), which its device widens.
   PullAhead(ParamChannel* channel, const ParamLayout& layout, const std::vector<std::vector<int32_t>>& layer_chunks,
-            std::span<float> weights, int lag);
+            std::span<float> weights, int lag, std::span<uint16_t> weights16 = {});
   ~PullAhead();
   PullAhead(const PullAhead&) = delete;
   PullAhead& operator=(const PullAhead&) = delete;
@@ -87,6 +89,7 @@ class PullAhead {
   const ParamLayout& layout_;
   const std::vector<std::vector<int32_t>>& layer_chunks_;
   std::span<float> weights_;
+  std::span<uint16_t> weights16_;
   int lag_;
   std::vector<float> staging_;  // lag >= 1: where pulls land
 

@@ -184,7 +184,7 @@ TEST_P(EmulatedCopies, FactorsAreHandedOverOnceBothReadsLanded) {
 
 // Gradients cast on the device (Net::SetGradDType): each handed-over 16-bit gradient is the host's
 // cast of the plain path's f32 gradient (common/grad_codec.h), and none is handed over before its
-// download landed. A host backend refuses, naming the net and the backend.
+// download landed. A host backend refuses, naming the net and the backend (16-bit weights too).
 TEST_P(EmulatedCopies, GradientsCastOnTheDeviceAreTheHostsCastOfThePlainGradients) {
   for (DType cast : {DType::kF16, DType::kBf16}) {
     TrainRun plain, emulated;
@@ -220,6 +220,9 @@ TEST_P(EmulatedCopies, GradientsCastOnTheDeviceAreTheHostsCastOfThePlainGradient
   EXPECT_NE(s.message().find("net 'tinyconv': 16-bit gradient downloads need a device backend; reference keeps"),
             std::string::npos)
       << s.message();
+  const Status w = host->SetWeightDType(DType::kBf16);
+  EXPECT_NE(w.message().find("net 'tinyconv': 16-bit weight uploads need a device backend"), std::string::npos)
+      << w.message();
 }
 
 INSTANTIATE_TEST_SUITE_P(Uploads, EmulatedCopies, ::testing::Bool(),

@@ -632,7 +632,8 @@ TEST(GpuNetAgreement, ByteInputNormalisedOnTheDeviceEqualsTheHostsFloats) {
 }
 
 // The push codec's cast on the device (gpu::CastTo16) is the host's (common/grad_codec.h) bit for
-// bit: rounding ties, subnormals, the f16 overflow edge, infinities and NaNs of both signs.
+// bit: rounding ties, subnormals, the f16 overflow edge, infinities and NaNs of both signs; the
+// pulls' widening (gpu::WidenFrom16) likewise, for every 16-bit pattern.
 TEST(GpuKernels, CastTo16EqualsTheHostsConversionBitForBit) {
   DP_SKIP_WITHOUT_GPU();
   std::vector<float> x = {0.0f,
@@ -671,6 +672,25 @@ TEST(GpuKernels, CastTo16EqualsTheHostsConversionBitForBit) {
       ASSERT_EQ(device[i], host[i]) << "dtype " << static_cast<int>(dtype) << " x = " << x[i] << " (bits "
                                     << std::bit_cast<uint32_t>(x[i]) << ")";
   }
+  // And back: every one of the 65536 16-bit patterns widens as the host widens it.
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  uint16_t* d_all = nullptr;
+  float* d_wide = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_all, all.size() * sizeof(uint16_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_wide, all.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_all, all.data(), all.size() * sizeof(uint16_t), cudaMemcpyHostToDevice), cudaSuccess);
+  for (DType dtype : {DType::kF16, DType::kBf16}) {
+    ASSERT_EQ(gpu::WidenFrom16(nullptr, static_cast<int64_t>(all.size()), dtype == DType::kBf16, d_all, d_wide),
+              cudaSuccess);
+    std::vector<float> device(all.size()), host(all.size());
+    ASSERT_EQ(cudaMemcpy(device.data(), d_wide, all.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    WidenTo(all.data(), dtype, host);
+    for (size_t i = 0; i < all.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(device[i]), std::bit_cast<uint32_t>(host[i])) << "pattern " << i;
+  }
+  cudaFree(d_all);
+  cudaFree(d_wide);
   cudaFree(d_in);
   cudaFree(d_out);
 }

@@ -531,6 +531,21 @@ TEST_P(PsClientTest, APullIssuedRightAfterAPushSeesItWithoutWaitingForItsAck) {
   }
 }
 
+// 16-bit requests from a GPU worker need a 16-bit codec: fp32 pulls and pushes refuse them,
+// naming the key, before anything is sent.
+TEST_P(PsClientTest, SixteenBitPullsAndCastPushesNeedASixteenBitCodec) {
+  std::vector<uint16_t> w16(static_cast<size_t>(n_));
+  Status s = client_->Wait(client_->Pull16(w16), 5000ms);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("16-bit weights asked for, but compression.pull is \"fp32\""), std::string::npos)
+      << s.message();
+  const std::vector<float> g(static_cast<size_t>(n_), 1.0f);
+  const std::vector<int32_t> ids{0};
+  s = client_->Wait(client_->PushChunks(g, ids, 0, {}, {}, w16), 5000ms);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("compression.push = \"fp32\""), std::string::npos) << s.message();
+}
+
 INSTANTIATE_TEST_SUITE_P(Payloads, PsClientTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "SharedMemory" : "Socket"; });
 

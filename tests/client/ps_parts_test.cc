@@ -137,6 +137,14 @@ TEST_F(ShmPathTest, PushesGoToThePushAreaPullsComeFromThePullAreaAndBusyChunksWa
   EXPECT_EQ(out[layout_.chunk(mine[1]).flat_offset + 9], 119.0f);
   EXPECT_EQ(out[layout_.chunk(theirs[0]).flat_offset], 0.0f) << "server 0's chunk is not this path's";
   EXPECT_EQ(path.received_bytes(), 80u);
+  // Into 16-bit weights (a GPU worker's fp16 pull): the region's f32 cast as the codec rounds.
+  pull_area[0] = 100.0004f;  // not a half: rounds to 100
+  std::vector<uint16_t> out16(40, 0);
+  path.ReadPull16(Message(MsgType::kPull), DType::kF16, out16);
+  EXPECT_EQ(out16[static_cast<size_t>(layout_.chunk(mine[0]).flat_offset)], FloatToHalf(100.0f));
+  EXPECT_EQ(out16[static_cast<size_t>(layout_.chunk(mine[1]).flat_offset + 9)], FloatToHalf(119.0f));
+  EXPECT_EQ(out16[static_cast<size_t>(layout_.chunk(theirs[0]).flat_offset)], 0);
+  EXPECT_EQ(path.received_bytes(), 160u);
 
   // Lossy and factored messages are frames, never the region.
   MessageHeader half = push;

@@ -126,6 +126,22 @@ class RecordingChannel : public ParamChannel {
   }
   Status WaitPush(PushHandle handle, PushInfo* info) override { return inner_->WaitPush(handle, info); }
   void SetPushVersions(std::span<const int64_t> versions) override { inner_->SetPushVersions(versions); }
+  Status Pull16(int64_t clock, std::span<uint16_t> weights, PullInfo* info) override {
+    events.push_back({Event::kPull, clock, {}, {}});
+    pulled16 = true;
+    return inner_->Pull16(clock, weights, info);
+  }
+  Status StartPull16(int64_t clock, std::span<const int32_t> chunk_ids, std::span<uint16_t> weights,
+                     PullHandle* handle) override {
+    EXPECT_EQ(pulls_, Pulls::kOnWire) << "16-bit pulls are recorded, not held";
+    events.push_back({Event::kStartPull, clock, {chunk_ids.begin(), chunk_ids.end()}, {}});
+    *handle = next_++;
+    Held& h = held_[*handle];
+    h = Held{clock, {chunk_ids.begin(), chunk_ids.end()}, {}, 0, {}};
+    pulled16 = true;
+    return inner_->StartPull16(clock, chunk_ids, weights, &h.inner);
+  }
+  bool pulls16() const override { return inner_->pulls16(); }
   Status SetPushCast(std::span<const uint16_t> cast) override {
     if (!cast.empty()) cast_set = true;
     return inner_->SetPushCast(cast);
@@ -138,6 +154,7 @@ class RecordingChannel : public ParamChannel {
 
   std::vector<Event> events;
   bool cast_set = false;  // the worker handed over gradients cast on its device
+  bool pulled16 = false;  // the worker pulled 16-bit weights for its device to widen
 
  private:
   struct Held {
@@ -168,6 +185,7 @@ struct RunSetup {
   bool emulated_copies = false;
   ConsistencyConfig consistency;
   WireCodec push = WireCodec::kFp32;  // compression.push of the worker's client
+  WireCodec pull = WireCodec::kFp32;  // compression.pull
 };
 
 struct RunOutcome {
@@ -177,6 +195,7 @@ struct RunOutcome {
   std::vector<std::vector<int32_t>> layer_chunks;  // per layer with parameters, in net order
   int64_t staleness_chunks = 0, staleness_sum = 0;  // from the acks (the servers' measure)
   bool cast_on_device = false;                      // the pushes sent the net's device-cast 16-bit gradients
+  bool widened_on_device = false;                   // the pulls kept 16-bit weights, widened by the net's device
 };
 
 // The test's net with its initial weights (the same in every run). `emulated_copies`: on the CPU
@@ -231,6 +250,7 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
   co.reply_timeout = 20000ms;
   co.server_wait = 20000ms;
   co.compression.push = setup.push;
+  co.compression.pull = setup.pull;
   {
     std::unique_ptr<PsClient> client;
     ASSERT_TRUE(PsClient::Create(&transport, out->layout, co, &client).ok());
@@ -247,6 +267,7 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
       to.overlap_pull = setup.overlap;
       to.weights_lag = setup.weights_lag;
       to.compression.push = setup.push;
+      to.compression.pull = setup.pull;
       StepSource source;
       Trainer trainer(to, net.get(), nullptr, &out->layout, &channel, &source, nullptr, nullptr, nullptr);
       TrainResult r;
@@ -257,6 +278,7 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
       out->staleness_sum = r.staleness_sum;
       out->events = channel.events;
       out->cast_on_device = channel.cast_set;
+      out->widened_on_device = channel.pulled16;
     }
     out->final_weights.assign(static_cast<size_t>(out->layout.total_elems()), 0.0f);
     ASSERT_TRUE(client->Wait(client->Pull(out->final_weights), 5000ms).ok());
@@ -336,24 +358,39 @@ TEST(Overlap, EachLayersPullFollowsItsPushAndForwardWaitsForIt) {
 
 // fp16 / bf16 pushes from a device worker are cast by the device (Net::SetGradDType, a cast per
 // gradient download) and sent as they are; a host worker's are cast by its client's encoder on the
-// link's I/O thread. Both round alike, so the servers end with the same weights bit for bit.
-TEST(Overlap, PushesCastOnTheDeviceGiveTheHostEncodersWeightsBitForBit) {
+// link's I/O thread. Pulls likewise: a device worker keeps the 16-bit weights and its device
+// widens them as they upload (Net::SetWeightDType); a host worker's client widens them. Both round
+// alike, so the servers end with the same weights bit for bit, blocking or overlapped.
+TEST(Overlap, SixteenBitsCastAndWidenedOnTheDeviceGiveTheHostsWeightsBitForBit) {
   for (WireCodec codec : {WireCodec::kFp16, WireCodec::kBf16}) {
-    SCOPED_TRACE(WireCodecName(codec));
-    RunSetup host, device;
-    host.push = device.push = codec;
-    device.emulated_copies = true;
-    RunOutcome on_host, on_device;
+    for (bool overlap : {true, false}) {
+      SCOPED_TRACE(fmt::format("{}, overlap {}", WireCodecName(codec), overlap));
+      RunSetup host, device;
+      host.push = device.push = codec;
+      host.pull = device.pull = codec;
+      host.overlap = device.overlap = overlap;
+      device.emulated_copies = true;
+      RunOutcome on_host, on_device;
+      ASSERT_NO_FATAL_FAILURE(TrainOnce(host, &on_host));
+      ASSERT_NO_FATAL_FAILURE(TrainOnce(device, &on_device));
+      EXPECT_FALSE(on_host.cast_on_device || on_host.widened_on_device);
+      EXPECT_TRUE(on_device.cast_on_device);
+      EXPECT_TRUE(on_device.widened_on_device);
+      EXPECT_EQ(on_device.final_weights, on_host.final_weights);
+    }
+    RunSetup host;
+    host.push = host.pull = codec;
+    RunOutcome on_host;
     ASSERT_NO_FATAL_FAILURE(TrainOnce(host, &on_host));
-    ASSERT_NO_FATAL_FAILURE(TrainOnce(device, &on_device));
-    EXPECT_FALSE(on_host.cast_on_device);
-    EXPECT_TRUE(on_device.cast_on_device);
-    EXPECT_EQ(on_device.final_weights, on_host.final_weights);
-    RunSetup f32 = host;
-    f32.push = WireCodec::kFp32;
-    RunOutcome exact;
-    ASSERT_NO_FATAL_FAILURE(TrainOnce(f32, &exact));
-    EXPECT_NE(exact.final_weights, on_host.final_weights) << "the codec changed nothing: the test proves nothing";
+    // Each codec matters on its own, or the comparison above proves nothing for it.
+    for (bool push32 : {true, false}) {
+      RunSetup other = host;
+      (push32 ? other.push : other.pull) = WireCodec::kFp32;
+      RunOutcome run;
+      ASSERT_NO_FATAL_FAILURE(TrainOnce(other, &run));
+      EXPECT_NE(run.final_weights, on_host.final_weights)
+          << (push32 ? "fp32 pushes" : "fp32 pulls") << " changed nothing";
+    }
   }
 }
 

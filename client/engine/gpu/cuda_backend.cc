@@ -46,6 +46,10 @@ class CudaBackend : public Backend {
     DP_CHECK(dtype == DType::kF16 || dtype == DType::kBf16);
     return ctx_->CopyToHostCastAsync(device, host, count, dtype == DType::kBf16);
   }
+  void UploadWeightsCast(const uint16_t* host, float* device, int64_t count, DType dtype) override {
+    DP_CHECK(dtype == DType::kF16 || dtype == DType::kBf16);
+    ctx_->CopyToDeviceCast(host, device, count, dtype == DType::kBf16);
+  }
   void* AllocateHost(size_t bytes) override {
     void* p = AllocPinnedHost(bytes);  // page-locked: the cast downloads are DMA
     if (p != nullptr) return p;

@@ -178,24 +178,52 @@ void CudaContext::CopyToDevice(const float* host, float* device, int64_t count, 
     DP_CUDA_THROW(cudaEventRecord(compute_done_, stream_));
     DP_CUDA_THROW(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
   }
+  QueueChunkedUpload(a, offset, count, [&](int64_t done, int64_t n) {
+    DP_CUDA_THROW(cudaMemcpyAsync(device + done, host + done, static_cast<size_t>(n) * sizeof(float),
+                                  cudaMemcpyHostToDevice, copy_stream_));
+  });
+  if (!a->pinned) {
+    // Pageable source: cudaMemcpyAsync has staged it already, but keep the contract simple —
+    // the caller may overwrite `host` as soon as we return.
+    DP_CUDA_THROW(cudaStreamSynchronize(copy_stream_));
+  }
+}
+
+void CudaContext::CopyToDeviceCast(const uint16_t* host, float* device, int64_t count, bool bf16) {
+  MakeCurrent();
+  Allocation* a = FindAllocation(device);
+  DP_CHECK(a != nullptr);  // the net's parameter buffer
+  if (count <= 0) return;
+  const int64_t offset = device - a->device;
+  DP_CHECK_LE(offset + count, a->count);
+  if (a->cast.bytes() == 0)
+    ThrowIfError(a->cast.Resize(static_cast<size_t>(a->count) * sizeof(uint16_t), "16-bit weights"));
+  uint16_t* twin = static_cast<uint16_t*>(a->cast.get()) + offset;
+  // No wait behind queued compute (UploadWeights' contract); the twin's previous bytes were widened
+  // by earlier work on this same stream.
+  QueueChunkedUpload(a, offset, count, [&](int64_t done, int64_t n) {
+    DP_CUDA_THROW(cudaMemcpyAsync(twin + done, host + done, static_cast<size_t>(n) * sizeof(uint16_t),
+                                  cudaMemcpyHostToDevice, copy_stream_));
+    DP_CUDA_THROW(WidenFrom16(copy_stream_, n, bf16, twin + done, device + done));
+  });
+}
+
+// Cuts [offset, +count) of `a` into upload chunks on the copy stream, `copy` queueing each, with
+// an event per chunk that a layer's forward waits on (WaitForParams).
+void CudaContext::QueueChunkedUpload(Allocation* a, int64_t offset, int64_t count,
+                                     const std::function<void(int64_t done, int64_t n)>& copy) {
   const int64_t chunk = std::max<int64_t>(options_.upload_chunk_floats, 1);
   a->chunks.clear();
   a->upload_begin = offset;
   a->upload_end = offset + count;
   for (int64_t done = 0; done < count; done += chunk) {
     const int64_t n = std::min(chunk, count - done);
-    DP_CUDA_THROW(cudaMemcpyAsync(device + done, host + done, static_cast<size_t>(n) * sizeof(float),
-                                  cudaMemcpyHostToDevice, copy_stream_));
+    copy(done, n);
     cudaEvent_t e = PoolEvent(a, a->chunks.size());
     DP_CUDA_THROW(cudaEventRecord(e, copy_stream_));
     a->chunks.push_back({offset + done + n, e});
   }
   a->last_upload = a->chunks.back().event;
-  if (!a->pinned) {
-    // Pageable source: cudaMemcpyAsync has staged it already, but keep the contract simple —
-    // the caller may overwrite `host` as soon as we return.
-    DP_CUDA_THROW(cudaStreamSynchronize(copy_stream_));
-  }
 }
 
 void CudaContext::WaitForParams(const float* device, int64_t count) {

@@ -9,15 +9,16 @@
 // Thread-safety: one thread at a time, like the net.
 #pragma once
 
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-#include <cudnn.h>
 
 #include "client/engine/gpu/cuda_backend.h"
 #include "client/engine/layer.h"
@@ -76,6 +77,10 @@ class CudaContext {
   // `after_compute`: the copy stream first waits for every kernel queued so far (they may read
   // the range); false for the net's weight uploads, whose range no queued kernel reads.
   void CopyToDevice(const float* host, float* device, int64_t count, bool after_compute = true);
+  // CopyToDevice of 16-bit values (Backend::UploadWeightsCast): each chunk goes up into the
+  // allocation's 16-bit twin and a kernel widens it into the floats, on the copy stream, with
+  // the chunk events a layer waits on; never after queued compute.
+  void CopyToDeviceCast(const uint16_t* host, float* device, int64_t count, bool bf16);
   void CopyToHost(const float* device, float* host, int64_t count);
   // CopyToHost without the wait: a ticket (Backend::CopyToHostAsync), done when its event is.
   uint64_t CopyToHostAsync(const float* device, float* host, int64_t count);
@@ -119,7 +124,7 @@ class CudaContext {
     std::vector<UploadChunk> chunks;           // its chunks, in order
     std::vector<cudaEvent_t> event_pool;       // reused across steps
     cudaEvent_t last_upload = nullptr;         // end of the last upload of any range
-    DeviceBuffer cast;                         // 16-bit twin for cast downloads (CopyToHostCastAsync)
+    DeviceBuffer cast;                         // 16-bit twin: cast downloads, widened uploads
   };
 
   explicit CudaContext(const CudaOptions& options) : options_(options) {}
@@ -134,6 +139,8 @@ class CudaContext {
   Allocation* FindAllocation(const float* device);
   void MaybePin(Allocation* a, const float* host, int64_t offset);
   cudaEvent_t PoolEvent(Allocation* a, size_t i);
+  void QueueChunkedUpload(Allocation* a, int64_t offset, int64_t count,
+                          const std::function<void(int64_t done, int64_t n)>& copy);
 
   CudaOptions options_;
   cudaStream_t stream_ = nullptr;       // compute: every kernel, cuDNN and cuBLAS call

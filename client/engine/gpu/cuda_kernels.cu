@@ -314,6 +314,29 @@ cudaError_t CastTo16(cudaStream_t stream, int64_t n, bool bf16, const float* in,
   return cudaGetLastError();
 }
 
+// common/grad_codec.cc's HalfToFloat (exact; every half is a float) and Bf16ToFloat (the high half).
+__device__ float FloatOfHalf(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    const float v = static_cast<float>(mant) * 0x1p-24f;  // zero or subnormal, exact
+    return sign != 0 ? -v : v;
+  }
+  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (mant << 13));  // Inf / NaN
+  return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+__global__ void WidenKernel(int64_t n, bool bf16, const uint16_t* in, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = bf16 ? __uint_as_float(static_cast<uint32_t>(in[i]) << 16) : FloatOfHalf(in[i]);
+}
+
+cudaError_t WidenFrom16(cudaStream_t stream, int64_t n, bool bf16, const uint16_t* in, float* out) {
+  WidenKernel<<<Blocks(n), kThreads, 0, stream>>>(n, bf16, in, out);
+  return cudaGetLastError();
+}
+
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr) {
   FillKernel<<<Blocks(n), kThreads, 0, stream>>>(n, value, ptr);
   return cudaGetLastError();

@@ -70,6 +70,10 @@ cudaError_t NormalizeBytes(cudaStream_t stream, int n, int c, int h, int w, cons
 // host conversion bit for bit.
 cudaError_t CastTo16(cudaStream_t stream, int64_t n, bool bf16, const float* in, uint16_t* out);
 
+// out[0..n) = in widened from IEEE half (bf16 false) or bfloat16 to f32, exactly (the host's
+// HalfToFloats / Bf16ToFloats).
+cudaError_t WidenFrom16(cudaStream_t stream, int64_t n, bool bf16, const uint16_t* in, float* out);
+
 // ptr[0..n) = value.
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr);
 
