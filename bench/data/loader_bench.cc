@@ -2,7 +2,9 @@
 // 227x227 crop, mirror, mean-image subtraction, uint8 -> float, batch ring) for synthetic
 // 256x256x3 records stored raw and as JPEG, at each requested thread count. The consumer
 // takes each batch and releases it at once, so the number is the loader's capacity; compare
-// it with the rate a worker's engine consumes images (printed from --consumer-rate).
+// it with the rate a worker's engine consumes images (printed from --consumer-rate). Each
+// configuration runs twice: batches of floats (a CPU worker's) and byte batches (a GPU worker's,
+// common/byte_batch.h: the crop's bytes only, the mean, mirror and scale left to the device).
 //
 //   downpour-bench-data [--records 512] [--seconds 5] [--threads 1,2] [--dir /tmp]
 #include <fmt/format.h>
@@ -94,8 +96,9 @@ struct Result {
   int64_t images = 0;
 };
 
-Result Measure(const std::string& db, const std::string& mean_path, int threads, double seconds) {
+Result Measure(const std::string& db, const std::string& mean_path, int threads, double seconds, bool bytes) {
   LoaderOptions o;
+  o.byte_batches = bytes;
   o.db_path = db;
   o.batch_size = 64;
   o.crop = kCrop;
@@ -120,7 +123,7 @@ Result Measure(const std::string& db, const std::string& mean_path, int threads,
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
     const Batch* b = loader.Next();
     if (!b) Check(loader.status());
-    sink = sink + b->data[0];  // touch the batch as a trainer would
+    sink = sink + (bytes ? b->bytes[0] : b->data[0]);  // touch the batch as a trainer would
     images += b->n;
     loader.Release(b);
   }
@@ -161,14 +164,18 @@ int main(int argc, char** argv) {
              "hardware threads: {}\n", records, records, jpeg_kb,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count(),
              std::thread::hardware_concurrency());
-  fmt::print("| records | loader threads | images/s (wall) | images/s per thread | images per CPU-second | consumer waited |\n");
-  fmt::print("|---|---|---|---|---|---|\n");
+  fmt::print(
+      "| records | batch | loader threads | images/s (wall) | images/s per thread | images per CPU-second | "
+      "consumer waited |\n");
+  fmt::print("|---|---|---|---|---|---|---|\n");
   for (const char* kind : {"raw", "jpeg"}) {
     for (int t : thread_counts) {
-      const Result r = Measure((root / kind).string(), (root / "mean.tensor").string(), t, seconds);
-      fmt::print("| {} 256x256 -> 227x227 crop+mirror+mean | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f}% |\n",
-                 kind, t, r.images_per_s, r.images_per_s / t, r.images_per_cpu_s,
-                 100.0 * r.consumer_wait_s / seconds);
+      for (bool bytes : {false, true}) {
+        const Result r = Measure((root / kind).string(), (root / "mean.tensor").string(), t, seconds, bytes);
+        fmt::print("| {} 256x256 -> 227x227 crop+mirror+mean | {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f}% |\n", kind,
+                   bytes ? "bytes (mean, mirror on the device)" : "floats", t, r.images_per_s, r.images_per_s / t,
+                   r.images_per_cpu_s, 100.0 * r.consumer_wait_s / seconds);
+      }
     }
   }
   if (consumer_rate > 0) fmt::print("worker consumes {:.0f} images/s\n", consumer_rate);
