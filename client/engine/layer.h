@@ -162,6 +162,13 @@ class Backend {
   // Default: the float download, then the host's conversion, done at once. `host` from
   // AllocateHost is page-locked where that matters (default: plain memory; FreeHost frees it).
   virtual bool casts_on_device() const { return false; }
+  // Reserves what the 16-bit copies of the buffer `device` (from Allocate) need on the device,
+  // before the first one (CUDA: its 16-bit twin); out of memory → an error naming it. Default:
+  // nothing to reserve.
+  virtual Status PrepareCast(const float* device) {
+    (void)device;
+    return Status::Ok();
+  }
   virtual uint64_t CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, DType dtype) {
     std::vector<float> floats(static_cast<size_t>(count));
     CopyToHost(device, floats.data(), count);

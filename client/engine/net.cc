@@ -42,6 +42,7 @@ Status Net::SetWeightDType(DType dtype) {
   if (dtype != DType::kF32 && backend_->memory_is_host())
     return InvalidArgument("net '{}': 16-bit weight uploads need a device backend; {} keeps them in host memory",
                            spec_.name, backend_->name());
+  if (dtype != DType::kF32) DP_RETURN_IF_ERROR(backend_->PrepareCast(device_params_));
   if (dtype != DType::kF32 && host_params16_ == nullptr) host_params16_ = AllocateHost16();
   // Turned off: params() gets the weights the net computed on back.
   if (dtype == DType::kF32 && weight_dtype_ != DType::kF32) WidenTo(host_params16_, weight_dtype_, params());
@@ -61,6 +62,7 @@ Status Net::SetGradDType(DType dtype) {
   if (dtype != DType::kF32 && backend_->memory_is_host())
     return InvalidArgument("net '{}': 16-bit gradient downloads need a device backend; {} keeps them in host memory",
                            spec_.name, backend_->name());
+  if (dtype != DType::kF32) DP_RETURN_IF_ERROR(backend_->PrepareCast(device_grads_));
   if (dtype != DType::kF32 && host_grads16_ == nullptr) host_grads16_ = AllocateHost16();
   grad_dtype_ = dtype;
   return Status::Ok();

@@ -153,7 +153,8 @@ class Net {
   // grads16() instead of grads(), which keeps what it held; a factored tensor's factors still go
   // to grads() as f32. For a worker whose push codec is fp16 / bf16: PCIe carries the wire's
   // bytes and the host converts nothing. kF32 (the default) turns it off. A host backend (whose
-  // gradients are host memory already) → InvalidArgument naming the net and the backend.
+  // gradients are host memory already) → InvalidArgument naming the net and the backend; too
+  // little device memory for the 16-bit copy → the backend's error (Backend::PrepareCast).
   Status SetGradDType(DType dtype);
   DType grad_dtype() const { return grad_dtype_; }
   // 16-bit gradients, in params() order (valid from the first SetGradDType(kF16 / kBf16) on;

@@ -68,6 +68,7 @@ class DownpourAlgorithm final : public WorkerAlgorithm {
   bool pushing_ = false;                   // the current backward pushes
   int64_t current_step_ = 0;
   Status callback_status_;            // first error raised inside the net's callbacks
+  Status init_status_;                // the device's 16-bit buffers could not be had: the first step says so
   double forward_pull_wait_ms_ = 0;   // pull waits inside ForwardBackward
   double backward_push_wait_ms_ = 0;  // acknowledgement waits inside it
 };
@@ -91,8 +92,8 @@ DownpourAlgorithm::DownpourAlgorithm(const AlgorithmEnv& env)
   const DType dtype = CodecDType(o.compression.push);
   if (net->backend().casts_on_device() && dtype != DType::kF32 &&
       CodecEncoding(o.compression.push) == Encoding::kDense && o.worker.push_every == 1 && !clipping()) {
-    DP_CHECK(net->SetGradDType(dtype).ok());  // a device backend
-    cast_on_device_ = env_.channel->SetPushCast(net->grads16()).ok();
+    init_status_ = net->SetGradDType(dtype);  // a device backend: fails only out of memory
+    cast_on_device_ = init_status_.ok() && env_.channel->SetPushCast(net->grads16()).ok();
     if (!cast_on_device_) DP_CHECK(net->SetGradDType(DType::kF32).ok());
   }
   // fp16 / bf16 pulls widened by the device likewise: the pulls keep the wire's 16 bits in the
@@ -100,7 +101,10 @@ DownpourAlgorithm::DownpourAlgorithm(const AlgorithmEnv& env)
   const DType pull_dtype = CodecDType(o.compression.pull);
   widen_on_device_ =
       net->backend().casts_on_device() && pull_dtype != DType::kF32 && env_.channel->pulls16() && o.weights_lag == 0;
-  if (widen_on_device_) DP_CHECK(net->SetWeightDType(pull_dtype).ok());  // a device backend
+  if (widen_on_device_ && init_status_.ok()) {
+    init_status_ = net->SetWeightDType(pull_dtype);  // a device backend: fails only out of memory
+    widen_on_device_ = init_status_.ok();
+  }
   net->SetGradReadyCallback([this](int tensor) { OnGradReady(tensor); });
   net->SetBeforeBackwardCallback([this](int layer) { OnLayerBackward(layer); });
   overlap_ = o.overlap_pull && o.worker.pull_every == 1 && o.worker.push_every == 1;
@@ -132,6 +136,7 @@ DownpourAlgorithm::~DownpourAlgorithm() {
 // The first step of a run (a resumed one too) always pulls: the net holds no server weights yet.
 // A step whose pulls the previous step started waits for them layer by layer instead.
 Status DownpourAlgorithm::BeforeStep(const StepPlan& plan, StepWaits* waits) {
+  DP_RETURN_IF_ERROR(init_status_);
   const bool pulled_ahead = pull_ahead_ != nullptr && pull_ahead_->active();
   const bool due = plan.step % options().worker.pull_every == 0 || plan.step == first_step_;
   if (pulled_ahead || !due) return Status::Ok();

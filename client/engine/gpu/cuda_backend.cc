@@ -42,6 +42,7 @@ class CudaBackend : public Backend {
     return ctx_->CopyToHostAsync(device, host, count);
   }
   bool casts_on_device() const override { return true; }
+  Status PrepareCast(const float* device) override { return ctx_->PrepareCast(device); }
   uint64_t CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, DType dtype) override {
     DP_CHECK(dtype == DType::kF16 || dtype == DType::kBf16);
     return ctx_->CopyToHostCastAsync(device, host, count, dtype == DType::kBf16);

@@ -208,6 +208,21 @@ void CudaContext::CopyToDeviceCast(const uint16_t* host, float* device, int64_t 
   });
 }
 
+Status CudaContext::PrepareCast(const float* device) {
+  MakeCurrent();
+  Allocation* a = FindAllocation(device);
+  if (a == nullptr || a->cast.bytes() != 0) return Status::Ok();
+  return a->cast.Resize(static_cast<size_t>(a->count) * sizeof(uint16_t),
+                        "16-bit copies of the net's parameters or gradients");
+}
+
+uint16_t* CudaContext::CastTwin(Allocation* a) {
+  if (a->cast.bytes() == 0)
+    ThrowIfError(a->cast.Resize(static_cast<size_t>(a->count) * sizeof(uint16_t),
+                                "16-bit copies of the net's parameters or gradients"));
+  return static_cast<uint16_t*>(a->cast.get());
+}
+
 // Cuts [offset, +count) of `a` into upload chunks on the copy stream, `copy` queueing each, with
 // an event per chunk that a layer's forward waits on (WaitForParams).
 void CudaContext::QueueChunkedUpload(Allocation* a, int64_t offset, int64_t count,

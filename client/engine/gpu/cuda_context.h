@@ -90,6 +90,8 @@ class CudaContext {
   // wait, a cast kernel into the allocation's 16-bit twin (allocated on first use), then the
   // half-size download; a ticket as above.
   uint64_t CopyToHostCastAsync(const float* device, uint16_t* host, int64_t count, bool bf16);
+  // The 16-bit twin of the allocation holding `device`, allocated now (Backend::PrepareCast).
+  Status PrepareCast(const float* device);
   // A blob's download on the copy stream after every kernel queued so far; a ticket as above.
   uint64_t DownloadBlobAsync(const float* device, float* host, int64_t count);
   // Host ↔ device for blobs (inputs, read-backs): on the compute stream; ToHost waits.
@@ -139,6 +141,7 @@ class CudaContext {
   Allocation* FindAllocation(const float* device);
   void MaybePin(Allocation* a, const float* host, int64_t offset);
   cudaEvent_t PoolEvent(Allocation* a, size_t i);
+  uint16_t* CastTwin(Allocation* a);  // allocated on first use (throws when it cannot be)
   void QueueChunkedUpload(Allocation* a, int64_t offset, int64_t count,
                           const std::function<void(int64_t done, int64_t n)>& copy);
 
