@@ -25,25 +25,29 @@ Net::~Net() {
   layers_.clear();  // layers own blob storage; drop them before the backend
   if (data_blob_) backend_->ReleaseInput(data_blob_);
   if (label_blob_) backend_->ReleaseInput(label_blob_);
-  if (device_params_) backend_->Free(device_params_);
-  if (device_grads_) backend_->Free(device_grads_);
   if (host_grads16_ || host_params16_) backend_->Synchronize();  // no copy still reads or writes them
   if (host_grads16_) backend_->FreeHost(host_grads16_);
   if (host_params16_) backend_->FreeHost(host_params16_);
+  if (device_params_) backend_->Free(device_params_);
+  if (device_grads_) backend_->Free(device_grads_);
 }
 
-uint16_t* Net::AllocateHost16() {
-  auto* p = static_cast<uint16_t*>(backend_->AllocateHost(static_cast<size_t>(num_params_) * sizeof(uint16_t)));
-  std::fill_n(p, num_params_, uint16_t{0});
-  return p;
+// SetGradDType / SetWeightDType in 16 bits: a device backend, its 16-bit copy of `device`
+// reserved, and a host buffer of 16-bit values in `*host`.
+Status Net::Prepare16(const char* what, const float* device, uint16_t** host) {
+  if (backend_->memory_is_host())
+    return InvalidArgument("net '{}': 16-bit {} need a device backend; {} keeps them in host memory", spec_.name, what,
+                           backend_->name());
+  DP_RETURN_IF_ERROR(backend_->PrepareCast(device));
+  if (*host == nullptr) {
+    *host = static_cast<uint16_t*>(backend_->AllocateHost(static_cast<size_t>(num_params_) * sizeof(uint16_t)));
+    std::fill_n(*host, num_params_, uint16_t{0});
+  }
+  return Status::Ok();
 }
 
 Status Net::SetWeightDType(DType dtype) {
-  if (dtype != DType::kF32 && backend_->memory_is_host())
-    return InvalidArgument("net '{}': 16-bit weight uploads need a device backend; {} keeps them in host memory",
-                           spec_.name, backend_->name());
-  if (dtype != DType::kF32) DP_RETURN_IF_ERROR(backend_->PrepareCast(device_params_));
-  if (dtype != DType::kF32 && host_params16_ == nullptr) host_params16_ = AllocateHost16();
+  if (dtype != DType::kF32) DP_RETURN_IF_ERROR(Prepare16("weight uploads", device_params_, &host_params16_));
   // Turned off: params() gets the weights the net computed on back.
   if (dtype == DType::kF32 && weight_dtype_ != DType::kF32) WidenTo(host_params16_, weight_dtype_, params());
   weight_dtype_ = dtype;
@@ -59,11 +63,7 @@ void Net::UploadParams(int64_t offset, int64_t count) {
 }
 
 Status Net::SetGradDType(DType dtype) {
-  if (dtype != DType::kF32 && backend_->memory_is_host())
-    return InvalidArgument("net '{}': 16-bit gradient downloads need a device backend; {} keeps them in host memory",
-                           spec_.name, backend_->name());
-  if (dtype != DType::kF32) DP_RETURN_IF_ERROR(backend_->PrepareCast(device_grads_));
-  if (dtype != DType::kF32 && host_grads16_ == nullptr) host_grads16_ = AllocateHost16();
+  if (dtype != DType::kF32) DP_RETURN_IF_ERROR(Prepare16("gradient downloads", device_grads_, &host_grads16_));
   grad_dtype_ = dtype;
   return Status::Ok();
 }

@@ -288,8 +288,7 @@ class Net {
   uint16_t* host_params16_ = nullptr;  // SetWeightDType's buffer (Backend::AllocateHost)
   // One layer's (or every) weight upload, in the weights' dtype.
   void UploadParams(int64_t offset, int64_t count);
-  // A 16-bit host buffer of num_params_ values from the backend, zeroed.
-  uint16_t* AllocateHost16();
+  Status Prepare16(const char* what, const float* device, uint16_t** host);
 
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::unique_ptr<Blob>> blobs_;                 // all blobs, owned here

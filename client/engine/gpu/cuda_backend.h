@@ -17,6 +17,11 @@
 //    download of those gradients (Net → CopyToHostAsync; the grad-ready callback fires once its
 //    end event has completed) waits on that event only, on the copy stream, so it overlaps the
 //    layer's data-gradient kernels and the layers below, which are queued without waiting.
+//  * In 16 bits (Net::SetGradDType / SetWeightDType, a worker's fp16 / bf16 codec): a gradient's
+//    download is a cast kernel into the buffer's 16-bit twin and half the bytes, and a weight
+//    upload is half the bytes into the twin and a widen kernel, both on the copy stream.
+//  * Byte input (gpu/cuda_input.h): uint8 batches on an input stream of their own, a step ahead,
+//    normalised by a kernel on the compute stream.
 //
 // Ownership: the backend owns a shared CudaContext (device, streams, cuDNN/cuBLAS handles,
 // the one convolution workspace); layers keep a reference to it. Thread-safety: one thread at
