@@ -8,7 +8,8 @@
 //                 lands in the host mirror) and every gradient download before its callback
 //                 (a push): what a downpour worker pays per step, minus the network.
 //   train_step    engine_step + the host SGD update (downpour-time's "full training step").
-//   worker_step   the step a worker runs: Net::ForwardBackward with the input in page-locked
+//   worker_step   the step a worker runs (net_timer.h's, as downpour-time reports it):
+//                 Net::ForwardBackward with the input in page-locked
 //                 memory (as the loader's ring is on a GPU worker), the weights uploaded layer by
 //                 layer before each layer (the overlapped pull's path), and a grad-ready callback
 //                 per tensor as its download lands (where the worker pushes); no SGD (the
@@ -49,56 +50,6 @@ struct BatchResult {
   std::vector<ConvAlgoChoice> algos;
 };
 
-// worker_bytes_step: two page-locked byte batches alternate, as the loader's ring holds them.
-downpour::Status TimeByteInput(Net* net, const std::vector<int>& labels, const HostAllocator& pinned, int iterations,
-                               double* step_ms) {
-  constexpr int kRecord = 256;
-  downpour::InputNormalization norm;
-  norm.channels = net->input_channels();
-  norm.height = net->input_height();
-  norm.width = net->input_width();
-  norm.mean_values = {104.0f, 117.0f, 123.0f};
-  if (norm.channels != 3) norm.mean_values = {118.0f};
-  DP_RETURN_IF_ERROR(net->SetInputNormalization(norm, "downpour-bench-gpu's byte input"));
-  const int n = net->batch_size();
-  const size_t bytes = static_cast<size_t>(n * norm.image_bytes());
-  std::mt19937 rng(5);
-  struct Held {
-    uint8_t* pixels;
-    downpour::CropWindow* windows;
-  } held[2];
-  std::vector<std::vector<uint8_t>> pageable;
-  for (Held& h : held) {
-    h.pixels = pinned.allocate ? static_cast<uint8_t*>(pinned.allocate(bytes)) : nullptr;
-    h.windows = pinned.allocate ? static_cast<downpour::CropWindow*>(pinned.allocate(n * sizeof(downpour::CropWindow)))
-                                : nullptr;
-    if (h.pixels == nullptr || h.windows == nullptr) {
-      return downpour::Internal("downpour-bench-gpu: page-locking {} bytes for the byte input failed", bytes);
-    }
-    for (size_t i = 0; i < bytes; ++i) h.pixels[i] = static_cast<uint8_t>(rng());
-    for (int i = 0; i < n; ++i) {
-      const int y0 = static_cast<int>(rng() % (kRecord - norm.height + 1));
-      const int x0 = static_cast<int>(rng() % (kRecord - norm.width + 1));
-      h.windows[i] = downpour::CropWindow{y0, x0, kRecord, kRecord, static_cast<int32_t>(rng() & 1)};
-    }
-  }
-  auto view = [&](int k) { return downpour::ByteBatch{held[k].pixels, held[k].windows, n}; };
-  downpour::ByteBatch next = view(1);
-  net->ForwardBackward(view(0), labels.data(), &next);
-  const double t0 = NowMs();
-  for (int it = 1; it <= iterations; ++it) {
-    next = view((it + 1) % 2);
-    net->ForwardBackward(view(it % 2), labels.data(), &next);
-  }
-  net->backend().Synchronize();
-  *step_ms = (NowMs() - t0) / iterations;
-  for (Held& h : held) {
-    pinned.deallocate(h.pixels);
-    pinned.deallocate(h.windows);
-  }
-  return downpour::Status::Ok();
-}
-
 downpour::Status RunBatch(const NetSpec& spec, const CudaOptions& cuda, int batch, int iterations, int warmup,
                           BatchResult* out) {
   std::unique_ptr<Backend> backend;
@@ -136,30 +87,9 @@ downpour::Status RunBatch(const NetSpec& spec, const CudaOptions& cuda, int batc
   net->backend().Synchronize();
   out->engine_step_ms = (NowMs() - t0) / iterations;
 
-  // worker_step: page-locked input, per-layer uploads, a callback per gradient.
-  const HostAllocator pinned = HostAllocatorFor(DeviceKind::kGpu);
-  const size_t image_bytes = images.size() * sizeof(float);
-  float* host_images = pinned.allocate ? static_cast<float*>(pinned.allocate(image_bytes)) : nullptr;
-  std::vector<float> pageable;
-  if (host_images == nullptr) {  // pinning refused: say so in the numbers' place, run pageable
-    std::fprintf(stderr, "downpour-bench-gpu: the input could not be page-locked; worker_step uses pageable memory\n");
-    pageable = images;
-    host_images = pageable.data();
-  } else {
-    std::copy(images.begin(), images.end(), host_images);
-  }
-  int handed = 0;
-  net->SetBeforeLayerCallback([](int) {});
-  net->SetGradReadyCallback([&handed](int) { ++handed; });
-  net->ForwardBackward(host_images, labels.data());
-  t0 = NowMs();
-  for (int it = 0; it < iterations; ++it) net->ForwardBackward(host_images, labels.data());
-  net->backend().Synchronize();
-  out->worker_step_ms = (NowMs() - t0) / iterations;
-  DP_RETURN_IF_ERROR(TimeByteInput(net.get(), labels, pinned, iterations, &out->worker_bytes_step_ms));
-  net->SetBeforeLayerCallback({});
-  net->SetGradReadyCallback({});
-  if (pageable.empty()) pinned.deallocate(host_images);
+  // worker_step and worker_bytes_step: the net timer's (net_timer.h), timed by TimeNet above.
+  out->worker_step_ms = out->timing.worker_step_ms;
+  out->worker_bytes_step_ms = out->timing.worker_bytes_step_ms;
   out->algos = CudaConvAlgorithms(net->backend());
   return downpour::Status::Ok();
 }

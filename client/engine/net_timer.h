@@ -32,6 +32,11 @@ struct NetTiming {
   // (page-locked on a GPU), the weights uploaded layer by layer and a callback per gradient as
   // it lands; no SGD (the servers apply it).
   double worker_step_ms = 0.0;
+  // The same with the input as a GPU worker's loader yields it (common/byte_batch.h): uint8 crop
+  // windows of 256×256 records in the device's host memory, mirrored at random, normalised by the
+  // backend, each next batch staged during the step before. 0 where the backend does not
+  // normalise its input (Backend::normalizes_input: host backends).
+  double worker_bytes_step_ms = 0.0;
   int iterations = 0;
   int batch = 0;
 };

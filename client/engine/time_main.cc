@@ -7,7 +7,9 @@
 //      "forward_ms", "backward_ms" (sums over layers), "step_ms" (forward + backward + SGD update),
 //      "step_cpu_ms" (the process's CPU time per full step, all threads), "images_per_s",
 //      "worker_step_ms" (the step a worker runs: no SGD, page-locked input on a GPU, weights uploaded
-//      per layer, gradients handed over as they land)}; times are means per iteration in milliseconds.
+//      per layer, gradients handed over as they land), "worker_bytes_step_ms" (the same with a GPU
+//      worker's byte input; null where the backend does not normalise input)}; times are means per
+//      iteration in milliseconds.
 #include <omp.h>
 
 #include <cstdio>
@@ -59,11 +61,13 @@ std::string TimingJson(const downpour::engine::NetTiming& t, const std::string& 
   return fmt::format(
       R"({{"model": {}, "config": {}, "backend": {}, "device": {}, "batch": {}, "threads": {}, "iterations": {}, )"
       R"("warmup": {}, "params": {}, "layers": [{}], "forward_ms": {:.4f}, "backward_ms": {:.4f}, )"
-      R"("step_ms": {:.4f}, "step_cpu_ms": {:.4f}, "images_per_s": {:.3f}, "worker_step_ms": {:.4f}}})"
+      R"("step_ms": {:.4f}, "step_cpu_ms": {:.4f}, "images_per_s": {:.3f}, "worker_step_ms": {:.4f}, )"
+      R"("worker_bytes_step_ms": {}}})"
       "\n",
       JsonString(model), JsonString(config), JsonString(backend), JsonString(device), t.batch,
-      threads > 0 ? std::to_string(threads) : "null", t.iterations, warmup, params, layers, t.forward_ms,
-      t.backward_ms, t.step_ms, t.step_cpu_ms, t.images_per_s, t.worker_step_ms);
+      threads > 0 ? std::to_string(threads) : "null", t.iterations, warmup, params, layers, t.forward_ms, t.backward_ms,
+      t.step_ms, t.step_cpu_ms, t.images_per_s, t.worker_step_ms,
+      t.worker_bytes_step_ms > 0 ? fmt::format("{:.4f}", t.worker_bytes_step_ms) : "null");
 }
 
 // "2 (all cores)" for threads = 0, else the count asked for; GPU timings use no CPU threads.

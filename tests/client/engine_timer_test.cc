@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "client/engine/emulated_copy_backend.h"
 #include "client/engine/net.h"
 #include "client/engine/net_timer.h"
 #include "downpour_config.h"
@@ -12,17 +13,25 @@
 namespace downpour::engine {
 namespace {
 
-TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
-  NetSpec spec;
-  Status s = ParseNetSpecFile(DOWNPOUR_SOURCE_DIR "/configs/models/fmnist_small.toml", &spec);
+// fmnist_small at `batch` on one CPU thread; `emulated`: behind the device stand-in.
+void SmallNet(int batch, bool emulated, NetSpec* spec, std::unique_ptr<Net>* net) {
+  Status s = ParseNetSpecFile(DOWNPOUR_SOURCE_DIR "/configs/models/fmnist_small.toml", spec);
   ASSERT_TRUE(s.ok()) << s.ToString();
   NetOptions opt;
-  opt.batch = 8;
+  opt.batch = batch;
   opt.worker.threads = 1;
-  std::unique_ptr<Net> net;
-  s = Net::Create(spec, opt, &net);
+  std::unique_ptr<Backend> backend;
+  ASSERT_TRUE(CreateBackend(opt, &backend).ok());
+  if (emulated) backend = std::make_unique<EmulatedCopyBackend>(std::move(backend), std::chrono::microseconds(100));
+  s = Net::CreateWithBackend(*spec, opt, std::move(backend), net);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  net->InitParams(5);
+  (*net)->InitParams(5);
+}
+
+TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
+  NetSpec spec;
+  std::unique_ptr<Net> net;
+  ASSERT_NO_FATAL_FAILURE(SmallNet(8, false, &spec, &net));
 
   const NetTiming t = TimeNet(*net, 2, 1);
   ASSERT_EQ(t.layers.size(), spec.layers.size());
@@ -42,6 +51,7 @@ TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
   EXPECT_EQ(t.batch, 8);
   EXPECT_NEAR(t.images_per_s, 1000.0 * 8 / t.step_ms, 1e-9 * t.images_per_s);
   EXPECT_GT(t.worker_step_ms, 0.0);  // the worker's step: forward + backward, no SGD
+  EXPECT_EQ(t.worker_bytes_step_ms, 0.0) << "a host backend takes no byte input";
   // Accuracy has no backward.
   EXPECT_EQ(t.layers.back().type, "Accuracy");
   EXPECT_EQ(t.layers.back().backward_ms, 0.0);
@@ -53,6 +63,18 @@ TEST(EngineTimer, PerLayerRowsSumToTotalsAndImagesPerSecondFollowsStepTime) {
 
   EXPECT_GT(TimeTrainingStepMs(*net, 1, 0), 0.0);
   for (float v : net->params()) ASSERT_TRUE(std::isfinite(v));
+}
+
+// A backend that normalises its input (here the device stand-in) is also timed on byte input, as
+// a GPU worker feeds it; the table and the net's state say so.
+TEST(EngineTimer, ADeviceIsAlsoTimedOnByteInput) {
+  NetSpec spec;
+  std::unique_ptr<Net> net;
+  ASSERT_NO_FATAL_FAILURE(SmallNet(4, true, &spec, &net));
+  const NetTiming t = TimeNet(*net, 1, 1);
+  EXPECT_GT(t.worker_bytes_step_ms, 0.0);
+  EXPECT_TRUE(net->has_input_normalization());
+  EXPECT_NE(FormatTiming(t).find("Worker step with byte input"), std::string::npos);
 }
 
 }  // namespace
