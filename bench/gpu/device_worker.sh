@@ -60,9 +60,12 @@ print(f"AlexNet b{d['batch']} TF32: worker step {w:.0f} img/s (engine step {d['e
       f"device step {d['device_images_per_s']:.0f}); PyTorch fwd+bwd+SGD {p['step_images_per_s']:.0f}, "
       f"with input upload {p['upload_step_images_per_s']:.0f}: worker / PyTorch {w / p['step_images_per_s']:.2f}x, "
       f"{w / p['upload_step_images_per_s']:.2f}x counting both uploads")
-print(f"AlexNet b{d['batch']} TF32, byte input: worker step {wb:.0f} img/s: worker / PyTorch "
-      f"{wb / p['step_images_per_s']:.2f}x, {wb / p['upload_step_images_per_s']:.2f}x counting both uploads; "
-      f"bytes / floats {wb / w:.2f}x")
+if wb:
+    print(f"AlexNet b{d['batch']} TF32, byte input: worker step {wb:.0f} img/s: worker / PyTorch "
+          f"{wb / p['step_images_per_s']:.2f}x, {wb / p['upload_step_images_per_s']:.2f}x counting both uploads; "
+          f"bytes / floats {wb / w:.2f}x")
+else:
+    print("byte input: not measured (the net took none)")
 PY
 fi
 cat "$out/summary.txt" "$out/default.txt" "$out/ratios.txt" 2>/dev/null

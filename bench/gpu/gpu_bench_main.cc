@@ -100,14 +100,16 @@ std::string ToJson(const std::string& model, const std::string& device, const Cu
                               model, device, cuda.tf32 ? "true" : "false", ConvAlgoModeName(cuda.conv_algo));
   for (size_t i = 0; i < results.size(); ++i) {
     const BatchResult& r = results[i];
+    const bool bytes = r.worker_bytes_step_ms > 0;  // 0: the net takes no byte input (JSON null)
     j += fmt::format(
         "{}{{\"batch\": {}, \"device_step_ms\": {:.3f}, \"engine_step_ms\": {:.3f}, "
-        "\"train_step_ms\": {:.3f}, \"worker_step_ms\": {:.3f}, \"worker_bytes_step_ms\": {:.3f}, "
+        "\"train_step_ms\": {:.3f}, \"worker_step_ms\": {:.3f}, \"worker_bytes_step_ms\": {}, "
         "\"device_images_per_s\": {:.1f}, \"engine_images_per_s\": {:.1f}, \"train_images_per_s\": {:.1f}, "
-        "\"worker_images_per_s\": {:.1f}, \"worker_bytes_images_per_s\": {:.1f}, \"layers\": [",
+        "\"worker_images_per_s\": {:.1f}, \"worker_bytes_images_per_s\": {}, \"layers\": [",
         i ? ", " : "", r.batch, r.device_step_ms, r.engine_step_ms, r.timing.step_ms, r.worker_step_ms,
-        r.worker_bytes_step_ms, 1000.0 * r.batch / r.device_step_ms, 1000.0 * r.batch / r.engine_step_ms,
-        r.timing.images_per_s, 1000.0 * r.batch / r.worker_step_ms, 1000.0 * r.batch / r.worker_bytes_step_ms);
+        bytes ? fmt::format("{:.3f}", r.worker_bytes_step_ms) : "null", 1000.0 * r.batch / r.device_step_ms,
+        1000.0 * r.batch / r.engine_step_ms, r.timing.images_per_s, 1000.0 * r.batch / r.worker_step_ms,
+        bytes ? fmt::format("{:.1f}", 1000.0 * r.batch / r.worker_bytes_step_ms) : "null");
     for (size_t l = 0; l < r.timing.layers.size(); ++l)
       j += fmt::format("{}{{\"name\": \"{}\", \"type\": \"{}\", \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}}}",
                        l ? ", " : "", r.timing.layers[l].name, r.timing.layers[l].type, r.timing.layers[l].forward_ms,
