@@ -132,16 +132,17 @@ void PsChannel::FillVersions(const std::vector<int32_t>& chunks, PullInfo* info)
 }
 
 Status PsChannel::Pull(int64_t clock, std::span<float> weights, PullInfo* info) {
-  return AwaitAll(client_->Pull(weights, clock), info);
+  const double t0 = SteadyS();
+  return AwaitAll(client_->Pull(weights, clock), t0, info);
 }
 
 Status PsChannel::Pull16(int64_t clock, std::span<uint16_t> weights, PullInfo* info) {
-  return AwaitAll(client_->Pull16(weights, clock), info);
+  const double t0 = SteadyS();
+  return AwaitAll(client_->Pull16(weights, clock), t0, info);
 }
 
-// A pull of every chunk, waited for.
-Status PsChannel::AwaitAll(RequestId id, PullInfo* info) {
-  const double t0 = SteadyS();
+// A pull of every chunk, issued at `t0`, waited for.
+Status PsChannel::AwaitAll(RequestId id, double t0, PullInfo* info) {
   std::vector<int32_t> all(static_cast<size_t>(client_->layout().num_chunks()));
   std::iota(all.begin(), all.end(), 0);
   const uint64_t handle = Track(id, -1, false, std::move(all), t0);
@@ -154,20 +155,21 @@ Status PsChannel::AwaitAll(RequestId id, PullInfo* info) {
 Status PsChannel::StartPull(int64_t clock, std::span<const int32_t> chunk_ids, std::span<float> weights,
                             PullHandle* handle) {
   DP_CHECK(!chunk_ids.empty());
-  *handle = TrackChunks(client_->PullChunks(weights, chunk_ids, clock), chunk_ids);
+  const double t0 = SteadyS();
+  *handle = TrackChunks(client_->PullChunks(weights, chunk_ids, clock), chunk_ids, t0);
   return Status::Ok();
 }
 
 Status PsChannel::StartPull16(int64_t clock, std::span<const int32_t> chunk_ids, std::span<uint16_t> weights,
                               PullHandle* handle) {
   DP_CHECK(!chunk_ids.empty());
-  *handle = TrackChunks(client_->PullChunks16(weights, chunk_ids, clock), chunk_ids);
+  const double t0 = SteadyS();
+  *handle = TrackChunks(client_->PullChunks16(weights, chunk_ids, clock), chunk_ids, t0);
   return Status::Ok();
 }
 
-// A started pull of `chunk_ids`, tracked (and attributed to their server when it is one).
-uint64_t PsChannel::TrackChunks(RequestId id, std::span<const int32_t> chunk_ids) {
-  const double t0 = SteadyS();
+// A pull of `chunk_ids` started at `t0`, tracked (and attributed to their server when it is one).
+uint64_t PsChannel::TrackChunks(RequestId id, std::span<const int32_t> chunk_ids, double t0) {
   const auto& layout = client_->layout();
   const int server = layout.chunk(chunk_ids.front()).server;
   const bool one_server = std::all_of(chunk_ids.begin(), chunk_ids.end(),

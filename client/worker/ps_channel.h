@@ -75,8 +75,8 @@ class PsChannel : public ParamChannel {
   std::vector<WireSpan> TakeWireSpans() override;
 
  private:
-  Status AwaitAll(RequestId id, PullInfo* info);
-  uint64_t TrackChunks(RequestId id, std::span<const int32_t> chunk_ids);
+  Status AwaitAll(RequestId id, double t0, PullInfo* info);
+  uint64_t TrackChunks(RequestId id, std::span<const int32_t> chunk_ids, double t0);
   struct Request {
     RequestId id = 0;
     int server = -1;              // the one server it goes to; -1 = all (a whole pull)
