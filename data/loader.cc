@@ -210,8 +210,9 @@ Status Loader::Open() {
       slot.batch.data = static_cast<float*>(options_.allocate(data_bytes));
     }
     slot.batch.labels = static_cast<int*>(options_.allocate(options_.batch_size * sizeof(int)));
-    if ((slot.batch.data == nullptr && slot.batch.bytes == nullptr) || slot.batch.labels == nullptr ||
-        (options_.byte_batches && slot.batch.windows == nullptr)) {
+    const bool images = options_.byte_batches ? slot.batch.bytes != nullptr && slot.batch.windows != nullptr
+                                              : slot.batch.data != nullptr;
+    if (!images || slot.batch.labels == nullptr) {
       return Internal("loader: allocating a {} byte batch buffer failed", data_bytes);
     }
     slot.batch.c = out_c_;

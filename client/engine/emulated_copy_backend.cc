@@ -222,10 +222,9 @@ void EmulatedCopyBackend::NormalizeInput(const InputNormalization& norm, const B
     std::lock_guard<std::mutex> lock(mu_);
     log_.push_back(CopyEvent{CopyEvent::kInputNormalized, slot.ticket, nullptr, 0});
   }
-  // From the device's copy only: bytes the caller changed after staging would not show.
-  std::vector<float> floats(static_cast<size_t>(batch.n * norm.image_bytes()));
-  NormalizeByteBatch(norm, ByteBatch{slot.pixels.data(), slot.windows.data(), batch.n}, floats.data());
-  inner_->SetInput(floats.data(), blob);
+  // From the device's copy only: bytes the caller changed after staging would not show. The inner
+  // (host) backend normalises as a device kernel would.
+  inner_->NormalizeInput(norm, ByteBatch{slot.pixels.data(), slot.windows.data(), batch.n}, blob);
   last_read_ = staged_;
   staged_ = -1;
 }

@@ -28,6 +28,7 @@ struct BatchView {
   // A byte batch (TrainSource::UseBytes): n × c × h × w crop windows and their n windows.
   const uint8_t* bytes = nullptr;
   const CropWindow* windows = nullptr;
+  ByteBatch byte_batch() const { return ByteBatch{bytes, windows, n}; }
 };
 
 // An endless stream of training batches over this worker's shard (epochs roll over).

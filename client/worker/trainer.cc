@@ -143,10 +143,8 @@ Status Trainer::Step(const StepPlan& plan, const BatchView& batch) {
   TraceSpan compute_span(o_.trace, trace_track_, "worker", "forward+backward");
   float loss = 0;
   if (byte_input_) {
-    const ByteBatch next =
-        next_batch_ ? ByteBatch{next_batch_->bytes, next_batch_->windows, next_batch_->n} : ByteBatch{};
-    loss = net_->ForwardBackward(ByteBatch{batch.bytes, batch.windows, batch.n}, batch.labels,
-                                 next_batch_ ? &next : nullptr);
+    const ByteBatch next = next_batch_ ? next_batch_->byte_batch() : ByteBatch{};
+    loss = net_->ForwardBackward(batch.byte_batch(), batch.labels, next_batch_ ? &next : nullptr);
   } else {
     loss = net_->ForwardBackward(batch.data, batch.labels);
   }

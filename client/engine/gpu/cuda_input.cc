@@ -58,8 +58,9 @@ void CudaInput::Stage(const ByteBatch& batch) {
   ctx_->MakeCurrent();
   const size_t pixel_bytes = static_cast<size_t>(int64_t{batch.n} * norm_.image_bytes());
   const size_t window_bytes = static_cast<size_t>(batch.n) * sizeof(CropWindow);
-  // The kernel that read this slot's previous batch must have run before its bytes change.
-  if (s.read_once) DP_CUDA_THROW(cudaStreamWaitEvent(stream_, s.consumed, 0));
+  // The kernel that read this slot's previous batch must have run before its bytes change (an
+  // event never recorded is no wait: cudaStreamWaitEvent then does nothing).
+  DP_CUDA_THROW(cudaStreamWaitEvent(stream_, s.consumed, 0));
   if (s.pixels.bytes() < pixel_bytes || s.windows.bytes() < window_bytes) {
     DP_CUDA_THROW(cudaStreamSynchronize(stream_));
     ThrowIfError(s.pixels.Resize(pixel_bytes, "a staged input batch (two are kept)"));
@@ -83,7 +84,6 @@ void CudaInput::Normalize(const ByteBatch& batch, float* out) {
       norm_.mean_h, norm_.mean_w, norm_.mean_values.empty() ? nullptr : mean_values_.floats(),
       static_cast<int>(norm_.mean_values.size()), norm_.scale, out));
   DP_CUDA_THROW(cudaEventRecord(s.consumed, ctx_->stream()));
-  s.read_once = true;
   last_read_ = staged_;
   staged_ = -1;
 }

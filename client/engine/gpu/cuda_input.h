@@ -47,7 +47,6 @@ class CudaInput {
     DeviceBuffer pixels, windows;
     cudaEvent_t landed = nullptr;    // its upload is done (input stream)
     cudaEvent_t consumed = nullptr;  // the kernel that read it has run (compute stream)
-    bool read_once = false;          // `consumed` was recorded
   };
   Status Init();
 
