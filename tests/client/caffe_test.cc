@@ -98,6 +98,19 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 // One forward-backward of a freshly imported net on a small deterministic batch: the net builds
 // and runs, and its loss is finite.
 // `text` with its first `hole` replaced by `value`.
+// A deploy net on 1×3×8×8: conv1 (4 outputs), then `layer` (in place on conv1, the layer type
+// under test), an inner product of 5 and a softmax.
+std::string ConvNetAround(const std::string& name, const std::string& layer) {
+  return "name: \"" + name + R"("
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3 } }
+)" + layer +
+         R"(
+layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 5 } }
+layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
+)";
+}
+
 std::string Fill(std::string text, const std::string& hole, const std::string& value) {
   const size_t at = text.find(hole);
   EXPECT_NE(at, std::string::npos) << hole;
@@ -289,13 +302,8 @@ layer { name: "cat" type: "Concat" bottom: "conv1" bottom: "data" top: "cat" }
 // ELU (elu_param.alpha) imports as type "ELU" with its alpha, and trains; an alpha outside its
 // row's rule is one error naming the field.
 TEST(CaffePrototxt, EluImportsWithItsAlphaAndTrains) {
-  const std::string net = R"(name: "elu"
-layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3 } }
-layer { name: "elu1" type: "ELU" bottom: "conv1" top: "conv1" ALPHA }
-layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 5 } }
-layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
-)";
+  const std::string net =
+      ConvNetAround("elu", R"(layer { name: "elu1" type: "ELU" bottom: "conv1" top: "conv1" ALPHA })");
   const auto with = [&](const std::string& alpha) { return Fill(net, "ALPHA", alpha); };
   Import import;
   Status s = ImportText(with("elu_param { alpha: 0.3 }"), &import);
@@ -357,13 +365,8 @@ TEST(CaffePrototxt, EveryTableLayerRowNamesFieldsOfCaffesLayerParameter) {
 // filler and channel_shared, its one param { } entry; Caffe's defaults (constant 0.25, a slope
 // per channel) when prelu_param is absent; then it trains.
 TEST(CaffePrototxt, PreluImportsItsSlopesFillerAndSharingAndTrains) {
-  const std::string net = R"(name: "prelu"
-layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3 } }
-layer { name: "prelu1" type: "PReLU" bottom: "conv1" top: "conv1" PRELU }
-layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 5 } }
-layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
-)";
+  const std::string net =
+      ConvNetAround("prelu", R"(layer { name: "prelu1" type: "PReLU" bottom: "conv1" top: "conv1" PRELU })");
   const auto with = [&](const std::string& prelu) { return Fill(net, "PRELU", prelu); };
   Import import;
   Status s = ImportText(
