@@ -87,4 +87,11 @@ bool SessionFence::Removed(int32_t worker, uint64_t session) const {
   return std::find(removed.begin(), removed.end(), session) != removed.end();
 }
 
+uint64_t PullStepOrder::Key(int32_t worker, int64_t clock, uint64_t arrived) {
+  if (worker < 0 || static_cast<size_t>(worker) >= steps_.size()) return UINT64_MAX;
+  Step& s = steps_[static_cast<size_t>(worker)];
+  if (s.clock != clock) s = Step{clock, arrived};
+  return s.first;
+}
+
 }  // namespace downpour

@@ -10,6 +10,8 @@
 //     restarted process has a new session and joins again. Bounded by kSessions a worker. In
 //     memory only: a restarted server has forgotten its fences (the coordinator still stops the
 //     removed process).
+//   PullStepOrder: the order key of each worker's current step of pulls, for an endpoint that
+//     orders its replies (cluster.reply_order = "step"). In memory only.
 //
 // Session 0 (a client that sends none) is never remembered or fenced; worker ids outside
 // 0..max_workers-1 are ignored.
@@ -71,6 +73,24 @@ class SessionFence {
   bool Known(int32_t worker) const { return worker >= 0 && static_cast<size_t>(worker) < seen_.size(); }
   std::vector<std::deque<Seen>> seen_;        // per worker id, oldest first
   std::vector<std::deque<uint64_t>> removed_;  // per worker id, oldest first
+};
+
+// A worker's pulls of one step (one clock) share an order key: when the step's first pull
+// arrived. An endpoint that orders replies (ServerEndpoint::SendOrdered) then sends one
+// worker's step after another's instead of interleaving them.
+class PullStepOrder {
+ public:
+  explicit PullStepOrder(int max_workers) : steps_(static_cast<size_t>(max_workers), Step{-1, 0}) {}
+  // The key of `worker`'s pull at `clock` arriving at `arrived` (ns of steady_clock); UINT64_MAX
+  // for an id outside 0..max_workers-1.
+  uint64_t Key(int32_t worker, int64_t clock, uint64_t arrived);
+
+ private:
+  struct Step {
+    int64_t clock = -1;  // of the worker's latest pull
+    uint64_t first = 0;  // when that clock's first pull arrived
+  };
+  std::vector<Step> steps_;  // per worker id
 };
 
 }  // namespace downpour

@@ -24,15 +24,6 @@ namespace downpour {
 
 namespace {
 
-// A chunk's weights plus the number of pull-reply frames the transport still reads from them.
-// `readers` is decremented with release by the frame's keepalive when the transport is done, and
-// read with acquire before an update, so an update never races a reply (copy-on-write).
-struct WeightBuffer {
-  explicit WeightBuffer(std::vector<float> d) : data(std::move(d)) {}
-  std::vector<float> data;
-  std::atomic<int> readers{0};
-};
-
 // The elements of the chunks `server` holds; whole_rows: of the rows of its 2-D tensors that
 // the chunks touch (a factor chunk's dense gradient is formed row by row).
 size_t OwnedElems(const ParamLayout& layout, int32_t server, bool whole_rows) {
@@ -106,31 +97,7 @@ bool AllFiniteOn(BlockSplit* split, std::span<const float> x) {
   return finite.load(std::memory_order_relaxed);
 }
 
-// A pull reply's weights converted to f16 / bf16 (the masters stay f32), into a buffer of
-// `pool` that the frame holds until the transport has sent it.
-Frame ConvertedWeights(const std::vector<float>& w, DType dtype, BufferPool<uint16_t>* pool) {
-  std::shared_ptr<uint16_t[]> out = pool->Take(w.size());
-  if (dtype == DType::kF16) {
-    FloatsToHalf(w, out.get());
-  } else {
-    FloatsToBf16(w, out.get());
-  }
-  return Frame::Borrow(out.get(), w.size() * sizeof(uint16_t), out);
-}
-
 }  // namespace
-
-struct ShardServer::ChunkState {
-  // The chunk's lane's (apply_lanes.h): only tasks on it, or the loop after draining it, touch these.
-  // Shared with in-flight pull replies; replaced (copy-on-write) before an update if read.
-  std::shared_ptr<WeightBuffer> weights;
-  std::shared_ptr<WeightBuffer> spare;  // the buffer replaced last, reused once no reply reads it
-  std::vector<float> history;  // the update rule's state, count floats
-  // The loop's: what the chunk is once everything posted to its lane has run.
-  int64_t version = 0;         // applied updates
-  int64_t iter = 0;            // the lr schedule's iteration: worker batches in the applied updates
-  bool initialized = false;
-};
 
 // A pull reply being assembled by the lanes of its chunks; the last lane to fill its slot hands
 // it to the loop (done_pulls_), which sends it.
@@ -139,7 +106,6 @@ struct ShardServer::PullJob {
   MessageHeader reply;
   Frames payload;  // one slot per chunk (none for a shared-memory reply)
   uint64_t order = UINT64_MAX;
-  std::atomic<int> remaining{0};
 };
 
 struct ShardServer::PendingPull {
@@ -155,18 +121,17 @@ struct ShardServer::PendingPull {
 class ShardServer::Updater : public ShardUpdater {
  public:
   explicit Updater(ShardServer* s) : s_(s) {}
-  int num_local() const override { return static_cast<int>(s_->chunks_.size()); }
-  int64_t version(int local) const override { return s_->chunks_[static_cast<size_t>(local)].version; }
-  int64_t count(int local) const override {
-    return s_->layout_.chunk(s_->owned_[static_cast<size_t>(local)]).count;
-  }
+  int num_local() const override { return s_->store_->size(); }
+  int64_t version(int local) const override { return s_->store_->version(local); }
+  int64_t count(int local) const override { return s_->store_->count(local); }
   void Apply(int local, const float* grad, float grad_scale, float lr_scale, int gradients,
              std::shared_ptr<const void> keep) override {
-    s_->ApplyGradient(local, grad, grad_scale, lr_scale, gradients, std::move(keep));
+    s_->store_->Apply(local, grad, grad_scale, lr_scale, gradients, std::move(keep));
+    ++s_->stats_.chunk_updates;
   }
   void Accumulate(int local, float* sum, const float* grad, int64_t count, bool first,
                   std::shared_ptr<const void> keep) override {
-    s_->OnLane(local, std::move(keep), [sum, grad, n = static_cast<size_t>(count), first] {
+    s_->store_->OnLane(local, std::move(keep), [sum, grad, n = static_cast<size_t>(count), first] {
       if (first) {
         std::memcpy(sum, grad, n * sizeof(float));
       } else {
@@ -184,6 +149,21 @@ class ShardServer::Updater : public ShardUpdater {
     ++st.staleness_histogram[b];
     s_->NoteStaleness(static_cast<int64_t>(v));
   }
+
+ private:
+  ShardServer* s_;
+};
+
+// Durability's view of the shard (shard_durability.h). Called with mu_ held.
+class ShardServer::Keeper : public DurableShard {
+ public:
+  explicit Keeper(ShardServer* s) : s_(s) {}
+  TensorFile Checkpoint(uint64_t wal_seq) override { return s_->CheckpointFile(wal_seq); }
+  Status Restore(TensorFile& file, const std::string& path, uint64_t* wal_seq) override {
+    return s_->RestoreFrom(file, path, wal_seq);
+  }
+  Status Apply(const WalRecord& r, const std::string& path) override { return s_->ApplyRecord(r, path); }
+  int64_t updates() const override { return s_->store_->updates(); }
 
  private:
   ShardServer* s_;
@@ -215,10 +195,10 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       options_(std::move(options)),
       max_workers_(options_.cluster.max_workers > 0 ? options_.cluster.max_workers : options_.cluster.workers),
       incarnation_(RandomId()),  // a restarted process draws a new one
-      share_(layout, options_.server_id),
       boot_id_(HostBootId()),
       duplicates_(max_workers_),
       fence_(max_workers_),
+      step_order_(max_workers_),
       peers_(max_workers_),
       refusal_log_(fmt::format("server {}", options_.server_id), "refusals"),
       reply_log_(fmt::format("server {}", options_.server_id), "failed replies"),
@@ -226,68 +206,56 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       // reach past the chunk: the f32 pool is bounded by the rows' elements).
       region_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false)),
       factor_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/true)) {
-  local_of_.assign(static_cast<size_t>(layout_.num_chunks()), -1);
-  for (int32_t id : layout_.ServerChunks(options_.server_id)) {
-    local_of_[static_cast<size_t>(id)] = static_cast<int>(owned_.size());
-    owned_.push_back(id);
-  }
+  ChunkStoreOptions co;
+  co.server_id = options_.server_id;
+  co.solver = options_.solver;
+  co.rule = options_.update_rule != nullptr ? options_.update_rule
+                                            : std::shared_ptr<const UpdateRule>(MakeUpdateRule(options_.solver));
+  co.lanes = std::max(1, options_.cluster.server_threads);
+  co.push_every = options_.worker.push_every;
+  store_ = std::make_unique<ChunkStore>(layout_, std::move(co));
   rules_.layout = &layout_;
-  rules_.local_of = local_of_;
-  rules_.owned = owned_.size();
+  rules_.local_of = store_->locals();
+  rules_.owned = static_cast<size_t>(store_->size());
   rules_.server_id = options_.server_id;
   rules_.algorithm = options_.consistency.algorithm;
   rules_.model_moves = options_.model_moves;
   check_split_ = std::make_unique<BlockSplit>(std::max(1, options_.cluster.server_threads));
   rules_.all_finite = [split = check_split_.get()](std::span<const float> x) { return AllFiniteOn(split, x); };
-  rule_ = options_.update_rule != nullptr ? options_.update_rule
-                                          : std::shared_ptr<const UpdateRule>(MakeUpdateRule(options_.solver));
-  chunks_.resize(owned_.size());
-  for (size_t i = 0; i < owned_.size(); ++i) {
-    const auto n = static_cast<size_t>(layout_.chunk(owned_[i]).count);
-    chunks_[i].weights = std::make_shared<WeightBuffer>(std::vector<float>(n, 0.0f));
-    chunks_[i].history.assign(n, rule_->initial_state());
-  }
-  ShardLogOptions lo;
-  lo.server_id = options_.server_id;
-  lo.path = options_.wal_path;
-  lo.fsync_ms = std::chrono::milliseconds(options_.checkpoint.wal_fsync_ms);
-  lo.io = options_.checkpoint.wal_io;
-  lo.max_bytes = WalMaxBytes(options_.checkpoint);
-  // A checkpoint holds the weights and the rule's state (f32 each), and DC-ASGD-a's mean squares.
-  lo.checkpoint_bytes = share_.floats * (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8);
-  lo.checkpoint_path = options_.checkpoint_path;
-  lo.on_progress = [this] { CallWake(); };  // the log wrote more, or failed: held replies are due
-  lo.keep_segments = options_.checkpoint.history;
-  log_ = std::make_unique<ShardLog>(std::move(lo));
   policy_ = MakeConsistencyPolicy(options_.consistency, options_.cluster.workers, max_workers_, options_.round_members);
   updater_ = std::make_unique<Updater>(this);
-  std::vector<int64_t> chunk_elems;
-  for (int32_t id : owned_) chunk_elems.push_back(layout_.chunk(id).count);
-  lanes_ = std::make_unique<ApplyLanes>(std::max(1, options_.cluster.server_threads), chunk_elems);
-  // Each lane converts fp16 / bf16 pull replies into buffers of its own pool (a pool is one
-  // thread's): its share of two messages' worth, and room for its largest chunk.
-  const size_t pool_elems = 2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false);
-  int64_t largest = 0;
-  for (int64_t n : chunk_elems) largest = std::max(largest, n);
-  for (int i = 0; i < lanes_->lanes(); ++i) {
-    pull_scratch_.push_back(std::make_unique<BufferPool<uint16_t>>(
-        pool_elems / static_cast<size_t>(lanes_->lanes()) + static_cast<size_t>(largest)));
-  }
+  keeper_ = std::make_unique<Keeper>(this);
+  ShardDurabilityOptions d;
+  d.server_id = options_.server_id;
+  d.checkpoint_path = options_.checkpoint_path;
+  d.every_rounds = options_.checkpoint.every_updates;
+  d.owned_chunks = store_->size();
+  d.log.server_id = options_.server_id;
+  d.log.path = options_.wal_path;
+  d.log.fsync_ms = std::chrono::milliseconds(options_.checkpoint.wal_fsync_ms);
+  d.log.io = options_.checkpoint.wal_io;
+  d.log.max_bytes = WalMaxBytes(options_.checkpoint);
+  // A checkpoint holds the weights and the rule's state (f32 each), and DC-ASGD-a's mean squares.
+  d.log.checkpoint_bytes =
+      store_->share().floats * (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8);
+  d.log.checkpoint_path = options_.checkpoint_path;
+  d.log.on_progress = [this] { CallWake(); };  // the log wrote more, or failed: held replies are due
+  d.log.keep_segments = options_.checkpoint.history;
+  durability_ = std::make_unique<ShardDurability>(std::move(d), keeper_.get());
   stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
-  push_staleness_.assign(chunks_.size(), -1);
+  push_staleness_.assign(static_cast<size_t>(store_->size()), -1);
   if (DelayCompensated(options_.consistency.algorithm)) {
-    dc_ = std::make_unique<DelayCompensation>(options_.consistency, max_workers_, static_cast<int>(chunks_.size()));
+    dc_ = std::make_unique<DelayCompensation>(options_.consistency, max_workers_, store_->size());
   }
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
-  pull_step_order_.assign(static_cast<size_t>(max_workers_), {-1, 0});
 }
 
 ShardServer::~ShardServer() {
   Stop();
   if (thread_.joinable()) thread_.join();
-  lanes_.reset();  // runs what was posted, while everything its tasks touch is still here
-  log_.reset();    // its thread calls the wake function (wake_mu_, wake_) until it stops
+  store_.reset();       // runs what was posted, while everything its tasks touch is still here
+  durability_.reset();  // its log's thread calls the wake function (wake_mu_, wake_) until it stops
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -296,7 +264,7 @@ ShardServer::~ShardServer() {
 Status ShardServer::Serve(ServerEndpoint* ep) {
   SetWake([ep] { ep->Wake(); });
   DP_RETURN_IF_ERROR(OpenLog());
-  while (!stop_.load() && !log_->failed()) {
+  while (!stop_.load() && !durability_->log().failed()) {
     PeerId peer;
     PeerInfo info;
     Frames frames;
@@ -310,15 +278,15 @@ Status ShardServer::Serve(ServerEndpoint* ep) {
   }
   const Status finished = Finish(ep);
   SetWake(nullptr);
-  return log_->failed() ? LogFailure() : finished;
+  return durability_->log().failed() ? LogFailure() : finished;
 }
 
 Status ShardServer::LogFailure() const {
-  if (!log_->failed()) return Status::Ok();
+  if (!durability_->log().failed()) return Status::Ok();
   return IoError(
       "server {}: stopped: its write-ahead log {} takes nothing more ({}); restart it from its checkpoint "
       "and log (--recover)",
-      options_.server_id, options_.wal_path, log_->Failure().message());
+      options_.server_id, options_.wal_path, durability_->log().Failure().message());
 }
 
 void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
@@ -345,14 +313,15 @@ Status ShardServer::Finish(ServerEndpoint* ep) {
   refusal_log_.FlushFinal();
   reply_log_.FlushFinal();
   std::lock_guard<std::mutex> lock(mu_);
-  lanes_->Drain();
+  store_->Drain();
+  ShardLog& log = durability_->log();
   if (fenced_.load()) {  // out of the run: its log is another process's now
-    log_->Abandon();
+    log.Abandon();
     return Status::Ok();
   }
   if (ep != nullptr) SendDonePulls(ep);
-  if (!log_->open()) return Status::Ok();
-  const Status s = log_->Sync();
+  if (!log.open()) return Status::Ok();
+  const Status s = log.Sync();
   if (ep != nullptr) ReleaseHeld(ep);
   return s;
 }
@@ -483,7 +452,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
   if (!s.ok()) {
     // A log that takes nothing more stops the server like a crash: the message goes unanswered,
     // and its sender's client resends it to the restarted server, which replays its log.
-    if (!log_->failed()) Reject(ep, peer, info, h, s, reason);
+    if (!durability_->log().failed()) Reject(ep, peer, info, h, s, reason);
     return;
   }
   // What changed the shard (or repeats a change it took) is acknowledged once the log holds it.
@@ -503,9 +472,9 @@ Status ShardServer::ReceivePush(ServerEndpoint* ep, const PeerId& peer, const Pe
   std::vector<bool> finite;
   WirePush wire;
   const bool coded = HasFactorChunks(*h) || CodedPush(*h);
-  if (coded && log_->open()) wire = WirePush{*h, *frames};
+  if (coded && durability_->logging()) wire = WirePush{*h, *frames};
   if (coded) DP_RETURN_IF_ERROR(DensifyPush(ep, h, frames, &finite, reason));
-  return HandlePush(*h, *frames, reply, reason, finite, log_->open() && coded ? &wire : nullptr);
+  return HandlePush(*h, *frames, reply, reason, finite, durability_->logging() && coded ? &wire : nullptr);
 }
 
 Status ShardServer::TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
@@ -524,15 +493,7 @@ Status ShardServer::TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerI
     return InvalidArgument("pull: asked for shared memory, but this connection has no region (register asking for one)");
   }
   if (!reader) {
-    // A worker's pulls of one step share an order key: when its first one arrived. An endpoint
-    // that orders replies (cluster.reply_order = "step") then sends one worker's step after
-    // another's instead of interleaving them.
-    auto& [clock, first] = pull_step_order_[static_cast<size_t>(h.sender)];
-    if (clock != h.clock) {
-      clock = h.clock;
-      first = static_cast<uint64_t>(p.arrived.time_since_epoch().count());
-    }
-    p.order = first;
+    p.order = step_order_.Key(h.sender, h.clock, static_cast<uint64_t>(p.arrived.time_since_epoch().count()));
   }
   if (PullReady(p)) {
     ServePull(ep, p);
@@ -550,7 +511,7 @@ Status ShardServer::HandleClock(const PeerId& peer, const PeerInfo& info, const 
   r.worker = h.sender;
   r.clock = h.clock;
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
-  DP_RETURN_IF_ERROR(LogRecord(&r));
+  DP_RETURN_IF_ERROR(durability_->Stage(&r));
   policy_->OnClock(h.sender, h.clock);
   reply->type = MsgType::kAck;
   return Status::Ok();
@@ -580,7 +541,7 @@ Status ShardServer::HandleCheckpoint(const PeerInfo& info, const MessageHeader& 
   }
   *reason = RejectReason::kBadType;
   if (path.empty()) return InvalidArgument("checkpoint: no path in the request and the server has no --run-dir");
-  DP_RETURN_IF_ERROR(SaveCheckpointLocked(path));
+  DP_RETURN_IF_ERROR(durability_->Save(path));
   reply->type = MsgType::kAck;
   reply->text = path;
   return Status::Ok();
@@ -614,7 +575,7 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
     r.kind = WalKind::kJoin;
     r.worker = h.sender;
     *reason = RejectReason::kLogWrite;
-    DP_RETURN_IF_ERROR(LogRecord(&r));
+    DP_RETURN_IF_ERROR(durability_->Stage(&r));
     policy_->OnJoin(h.sender);
     spdlog::info("server {}: worker {} joined the consistency accounting", options_.server_id, h.sender);
   }
@@ -666,11 +627,12 @@ Status ShardServer::CheckReader(const PeerId& peer, const MessageHeader& h, Reje
 void ShardServer::OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
   peers_.DropRegion(peer);  // a register starts over: a region from before is not in use any more
   const bool asked = (h.flags & kFlagShm) != 0;
-  if (!asked || !options_.shared_memory || share_.floats == 0) return;
+  const ShmShare& share = store_->share();
+  if (!asked || !options_.shared_memory || share.floats == 0) return;
   if (h.boot_id.empty() || h.boot_id != boot_id_) return;  // another machine: the socket it is
   std::unique_ptr<SharedRegion> region;
   const Status s = SharedRegion::Create(fmt::format("downpour-s{}-w{}", options_.server_id, h.sender),
-                                        share_.region_bytes(), &region);
+                                        share.region_bytes(), &region);
   if (!s.ok()) {
     reply_log_.Log(fmt::format("server {}: no shared memory for worker {} (payloads over the socket): {}",
                                options_.server_id, h.sender, s.ToString()));
@@ -694,16 +656,16 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
   std::vector<int> locals;
   DP_RETURN_IF_ERROR(ResolveChunkIds(rules_, h, /*all_if_empty=*/false, &locals, reason));
   uint64_t total = 0;
-  for (int l : locals) total += static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
+  for (int l : locals) total += static_cast<uint64_t>(store_->count(l));
   // Copied out first: the worker can write the region at any time, so what is validated and
   // applied must be a private copy (as a received frame is), kept until the lanes have applied it.
   std::shared_ptr<float[]> copy = region_scratch_.Take(total);
   const auto* area = reinterpret_cast<const float*>(region->payload());
   uint64_t at = 0;
   for (int l : locals) {
-    const int32_t id = owned_[static_cast<size_t>(l)];
+    const int32_t id = store_->id(l);
     const auto n = static_cast<uint64_t>(layout_.chunk(id).count);
-    std::memcpy(copy.get() + at, area + share_.offset[static_cast<size_t>(id)], n * sizeof(float));
+    std::memcpy(copy.get() + at, area + store_->share().offset[static_cast<size_t>(id)], n * sizeof(float));
     frames->push_back(Frame::Borrow(copy.get() + at, n * sizeof(float), copy));
     at += n;
   }
@@ -758,13 +720,13 @@ Status ShardServer::CheckLayoutAndModel(const MessageHeader& h, RejectReason* re
 Status ShardServer::DensifyPush(ServerEndpoint* ep, MessageHeader* h, Frames* frames, std::vector<bool>* finite,
                                 RejectReason* reason) {
   if (HasFactorChunks(*h)) {
-    TraceSpan factors(replaying_ ? nullptr : options_.trace, options_.trace_track, "server", "factors");
+    TraceSpan factors(durability_->replaying() ? nullptr : options_.trace, options_.trace_track, "server", "factors");
     const auto t0 = std::chrono::steady_clock::now();
     std::function<void()> between_chunks;
     if (ep != nullptr) between_chunks = [ep] { ep->ReleaseDue(); };
     DP_RETURN_IF_ERROR(ExpandFactorPush(layout_, h, frames, reason, &factor_scratch_,
                                         options_.compression.factor_threads, between_chunks, finite));
-    if (!replaying_) stats_.factor_ns += NanosSince(t0);
+    if (!durability_->replaying()) stats_.factor_ns += NanosSince(t0);
   }
   if (CodedPush(*h)) {  // lossy: decoded to f32 dense, then checked and applied as one
     MessageHeader dense;
@@ -791,7 +753,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   reply->chunk_ids = h.chunk_ids;
   if (duplicates_.Seen(h.sender, h.session, h.request_id)) {  // a resend of a push already taken
     ++stats_.duplicates;
-    for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
+    for (int l : locals) reply->versions.push_back(store_->version(l));
     return Status::Ok();
   }
   if (!init && !move) {
@@ -806,14 +768,14 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   const bool dc = !init && !move && DelayCompensated(options_.consistency.algorithm);
   const bool adaptive_dc = dc && options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive;
   std::vector<const float*> raw;  // the pushed gradients, before compensation, for the log
-  if (adaptive_dc && log_->open()) {
+  if (adaptive_dc && durability_->logging()) {
     for (const PushChunk& c : chunks) raw.push_back(c.grad);
   }
   if (dc) {
-    lanes_->Drain();  // compensation reads the weights as they are now
+    store_->Drain();  // compensation reads the weights as they are now
     dc_->Compensate(
-        h.sender, &chunks, [this](int l) { return chunks_[static_cast<size_t>(l)].weights->data.data(); },
-        &stats_.dc_compensated, &stats_.dc_uncompensated);
+        h.sender, &chunks, [this](int l) { return store_->weights(l).data(); }, &stats_.dc_compensated,
+        &stats_.dc_uncompensated);
   }
   // Logged before it is applied and acknowledged: an ack means the push is in the log.
   WalRecord r;
@@ -823,25 +785,25 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   r.session = h.session;
   r.request_id = h.request_id;
   r.clock = move ? int64_t{h.move_batches} : h.clock;  // a move's log record keeps its batches there
-  if (log_->open() && wire != nullptr && !dc && PayloadBytes(wire->frames) < DenseBytes(chunks)) {
+  if (durability_->logging() && wire != nullptr && !dc && PayloadBytes(wire->frames) < DenseBytes(chunks)) {
     // The push as the wire carried it: fewer bytes, and replay forms the same floats from it.
     r.kind = WalKind::kCodedPush;
     r.frames.reserve(wire->frames.size());
     r.frames.push_back(LoggedPushHeader(wire->header));
     r.frames.insert(r.frames.end(), wire->frames.begin() + 1, wire->frames.end());
-  } else if (log_->open()) {
+  } else if (durability_->logging()) {
     r.chunks.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       // The first init of a chunk wins: one that finds weights there changes nothing and is
       // logged without its floats (every worker offers the initial weights, so a job of W workers
       // would log the model W times). The record stays, for the duplicate window replay rebuilds.
-      if (init && chunks_[static_cast<size_t>(chunks[i].local)].initialized) continue;
+      if (init && store_->initialized(chunks[i].local)) continue;
       r.chunks.push_back(WalChunk{h.chunk_ids[i], chunks[i].version_from, chunks[i].grad,
                                   static_cast<uint32_t>(chunks[i].count), adaptive_dc ? raw[i] : nullptr});
     }
   }
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
-  DP_RETURN_IF_ERROR(LogRecord(&r));
+  DP_RETURN_IF_ERROR(durability_->Stage(&r));
   if (!dc) {  // the message's buffers live until the lanes have applied it (DC's are reused: applied now)
     struct Kept {
       Frames frames;
@@ -853,31 +815,12 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
   if (adaptive_dc) dc_->Commit(chunks);  // taken: DC-ASGD-a's mean squares move on with it
   ApplyPush(h.sender, h.session, h.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
-  for (int l : locals) reply->versions.push_back(chunks_[static_cast<size_t>(l)].version);
+  for (int l : locals) reply->versions.push_back(store_->version(l));
   if (!init) {
     for (int l : locals) reply->staleness.push_back(push_staleness_[static_cast<size_t>(l)]);
   }
-  MaybeCheckpoint();
+  durability_->AfterChange();
   return Status::Ok();
-}
-
-// EASGD's exchange and a model's move: the chunk's weights += the pushed change (AddRule), on
-// the chunk's lane as a gradient's update is.
-void ShardServer::AddDelta(const PushChunk& c) {
-  OnLane(c.local, c.keep, [this, local = c.local, delta = c.grad, n = static_cast<size_t>(c.count)] {
-    static const AddRule kAdd;
-    kAdd.Apply(UpdateParams{}, std::span<const float>(delta, n), std::span<float>(MutableWeights(local).data(), n), {});
-  });
-}
-
-void ShardServer::OnLane(int local, std::shared_ptr<const void> keep, std::function<void()> work) {
-  if (keep == nullptr) {  // the data lives only during this call: the lane's earlier work, then this, now
-    lanes_->DrainLane(lanes_->LaneOf(local));
-    work();  // the lane is idle, and only this thread posts to it
-    return;
-  }
-  const auto bytes = static_cast<size_t>(layout_.chunk(owned_[static_cast<size_t>(local)]).count) * sizeof(float);
-  lanes_->Post(local, bytes, [work = std::move(work), keep = std::move(keep)] { work(); });
 }
 
 void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
@@ -887,68 +830,39 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
   if (!init && (flags & kFlagMove) != 0) {
     // A model moves on (multi-model runs): its holder's change over the stage, added as it is;
     // `clock` is the batches the stage trained (the lr schedule's place).
-    for (const PushChunk& c : chunks) {
-      AddDelta(c);
-      ChunkState& st = chunks_[static_cast<size_t>(c.local)];
-      ++st.version;
-      st.iter += clock;
-      ++stats_.chunk_updates;
-      ++updates_;
-    }
+    for (const PushChunk& c : chunks) store_->Add(c.local, c.grad, clock, c.keep);
+    stats_.chunk_updates += chunks.size();
     ++stats_.pushes_by_worker[static_cast<size_t>(worker)];
   } else if (!init && (flags & kFlagElastic) != 0) {
     // An elastic exchange (ExchangesModels: EASGD, Zhang, Choromanska, LeCun, NIPS 2015): the
     // center += the difference the worker computed and sent (EASGD's α(x_worker − x_center)).
+    // An exchange stands for the batches the worker trained since its last one: the center's
+    // place on the run's images-processed axis (what the evaluator reports).
+    const int64_t iters = ScheduleIterations(1, ExchangeBatches(options_.consistency));
     for (const PushChunk& c : chunks) {
-      AddDelta(c);
-      ChunkState& st = chunks_[static_cast<size_t>(c.local)];
-      updater_->RecordStaleness(c.local, std::max<int64_t>(0, st.version - c.version_from));
-      ++st.version;
-      // An exchange stands for the batches the worker trained since its last one: the center's
-      // place on the run's images-processed axis (what the evaluator reports).
-      st.iter += ScheduleIterations(1, ExchangeBatches(options_.consistency));
-      ++stats_.chunk_updates;
-      ++updates_;
+      updater_->RecordStaleness(c.local, std::max<int64_t>(0, store_->version(c.local) - c.version_from));
+      store_->Add(c.local, c.grad, iters, c.keep);
     }
+    stats_.chunk_updates += chunks.size();
     ++stats_.pushes_by_worker[static_cast<size_t>(worker)];
   } else if (init) {
-    for (const PushChunk& c : chunks) {
-      ChunkState& st = chunks_[static_cast<size_t>(c.local)];
-      if (st.initialized) continue;  // first init wins; later ones (or after restore) are no-ops
-      OnLane(c.local, c.keep, [this, local = c.local, w = c.grad, n = static_cast<size_t>(c.count)] {
-        std::memcpy(MutableWeights(local).data(), w, n * sizeof(float));
-      });
-      st.initialized = true;
-    }
+    // The first init wins; later ones (or after restore) are no-ops.
+    for (const PushChunk& c : chunks) store_->Init(c.local, c.grad, c.keep);
   } else {
     if (policy_->OnPush(*updater_, PushContext{worker, clock}, chunks) == PushOutcome::kDroppedLate) {
       ++stats_.dropped_late;
     }
     ++stats_.pushes_by_worker[static_cast<size_t>(worker)];  // persisted: counts across restarts
   }
-  if (!replaying_) ++stats_.pushes_applied;  // this process's traffic; replay is counted in `replayed`
-}
-
-Status ShardServer::LogRecord(WalRecord* r) {
-  if (!log_->open()) return Status::Ok();
-  const auto t0 = std::chrono::steady_clock::now();
-  const uint64_t bytes0 = log_->bytes();
-  Status s = log_->Stage(r, r->kind == WalKind::kPush || r->kind == WalKind::kCodedPush ? "push" : "change");
-  stats_.wal_ns += NanosSince(t0);
-  DP_RETURN_IF_ERROR(s);
-  wal_seq_ = r->seq;
-  ++stats_.wal_records;
-  stats_.wal_bytes += log_->bytes() - bytes0;
-  if (r->kind == WalKind::kCodedPush) ++stats_.wal_coded_records;
-  return Status::Ok();
+  if (!durability_->replaying()) ++stats_.pushes_applied;  // this process's traffic; replay is counted in `replayed`
 }
 
 void ShardServer::ReplyWhenLogged(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& reply,
                                   MsgType request_type) {
-  log_->ReplyWhenLogged(peer, reply, request_type, SendTo(ep), RefuseTo(ep));
+  durability_->log().ReplyWhenLogged(peer, reply, request_type, SendTo(ep), RefuseTo(ep));
 }
 
-void ShardServer::ReleaseHeld(ServerEndpoint* ep) { log_->ReleaseHeld(SendTo(ep), RefuseTo(ep)); }
+void ShardServer::ReleaseHeld(ServerEndpoint* ep) { durability_->log().ReleaseHeld(SendTo(ep), RefuseTo(ep)); }
 
 ShardLog::Send ShardServer::SendTo(ServerEndpoint* ep) {
   return [this, ep](const PeerId& peer, const MessageHeader& reply) { Reply(ep, peer, reply); };
@@ -969,7 +883,7 @@ void ShardServer::NoteStaleness(int64_t staleness) {
     staleness_next_ = (staleness_next_ + 1) % staleness_ring_.size();
   }
   staleness_ring_sum_ += staleness;
-  if (stability_warned_ || replaying_ || options_.consistency.staleness_aware_lr ||
+  if (stability_warned_ || durability_->replaying() || options_.consistency.staleness_aware_lr ||
       staleness_ring_.size() < static_cast<size_t>(kStalenessWindow)) {
     return;
   }
@@ -985,54 +899,12 @@ void ShardServer::NoteStaleness(int64_t staleness) {
   }
 }
 
-std::vector<float>& ShardServer::MutableWeights(int local) {
-  ChunkState& st = chunks_[static_cast<size_t>(local)];
-  auto& w = st.weights;
-  if (w->readers.load(std::memory_order_acquire) != 0) {
-    // An in-flight pull reply still reads this buffer: the update goes to a copy; the old buffer
-    // lives on in the reply's keepalive until the transport lets go of it, and is then the next
-    // copy's home (st.spare), so a chunk pulled every step is not a fresh allocation and its
-    // page faults every step.
-    std::shared_ptr<WeightBuffer> next;
-    if (st.spare != nullptr && st.spare.use_count() == 1 && st.spare->readers.load(std::memory_order_acquire) == 0) {
-      next = std::move(st.spare);  // the acquire above orders the transport's last read before the writes
-      std::memcpy(next->data.data(), w->data.data(), w->data.size() * sizeof(float));
-    } else {
-      next = std::make_shared<WeightBuffer>(w->data);
-    }
-    st.spare = std::move(w);
-    w = std::move(next);
-  }
-  return w->data;
-}
-
-void ShardServer::ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients,
-                                std::shared_ptr<const void> keep) {
-  ChunkState& st = chunks_[static_cast<size_t>(local)];
-  const Chunk& c = layout_.chunk(owned_[static_cast<size_t>(local)]);
-  const TensorSpec& t = layout_.tensors()[static_cast<size_t>(c.tensor)];
-  // The step is fixed here, at the chunk's place in message order; the lane only does the floats.
-  UpdateParams p = MakeUpdateParams(options_.solver, st.iter, t.lr_mult, t.decay_mult, grad_scale);
-  p.lr *= lr_scale;
-  OnLane(local, std::move(keep), [this, local, grad, p, n = static_cast<size_t>(c.count)] {
-    const auto t0 = std::chrono::steady_clock::now();
-    float* weights = MutableWeights(local).data();
-    float* history = chunks_[static_cast<size_t>(local)].history.data();
-    rule_->Apply(p, std::span<const float>(grad, n), std::span<float>(weights, n), std::span<float>(history, n));
-    apply_ns_.fetch_add(NanosSince(t0), std::memory_order_relaxed);
-  });
-  ++st.version;
-  st.iter += ScheduleIterations(gradients, options_.worker.push_every);
-  ++stats_.chunk_updates;
-  ++updates_;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Pull.
 
 bool ShardServer::PullReady(const PendingPull& p) const {
   for (int l : p.locals) {
-    if (!chunks_[static_cast<size_t>(l)].initialized) return false;
+    if (!store_->initialized(l)) return false;
   }
   return p.reader || policy_->PullReady(*updater_, p.request.sender, p.request.clock, p.locals);
 }
@@ -1069,20 +941,16 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   // The dtype the pull asked for; shared memory carries f32 (the client asks f32 there).
   reply.dtype = region != nullptr ? DType::kF32 : p.request.dtype;
   if (dc_ != nullptr && !p.reader) {
-    lanes_->Drain();  // the copies DC-ASGD keeps are of the weights this reply carries
-    for (int l : p.locals) {
-      const ChunkState& st = chunks_[static_cast<size_t>(l)];
-      dc_->RememberPulled(p.request.sender, l, st.weights->data, st.version);
-    }
+    store_->Drain();  // the copies DC-ASGD keeps are of the weights this reply carries
+    for (int l : p.locals) dc_->RememberPulled(p.request.sender, l, store_->weights(l), store_->version(l));
   }
   // The header now, from the loop's versions; the floats from each chunk's lane, after the
   // updates posted before this pull and before any posted after it.
   for (int l : p.locals) {
-    const ChunkState& st = chunks_[static_cast<size_t>(l)];
-    const auto n = static_cast<uint64_t>(layout_.chunk(owned_[static_cast<size_t>(l)]).count);
-    reply.chunk_ids.push_back(static_cast<uint32_t>(owned_[static_cast<size_t>(l)]));
-    reply.versions.push_back(st.version);
-    reply.iters.push_back(st.iter);
+    const auto n = static_cast<uint64_t>(store_->count(l));
+    reply.chunk_ids.push_back(static_cast<uint32_t>(store_->id(l)));
+    reply.versions.push_back(store_->version(l));
+    reply.iters.push_back(store_->iter(l));
     reply.elem_counts.push_back(n);
     reply.byte_lengths.push_back(n * DTypeSize(reply.dtype));
   }
@@ -1101,49 +969,14 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
       options_.on_pull_served(e);
     }
   }
-  if (region == nullptr) job->payload.resize(p.locals.size());
-  // Lanes with nothing to do: the loop reads the chunks itself and answers now, without a
-  // hand-off and a wake (a pull between pushes, an evaluator's snapshot).
-  if (std::all_of(p.locals.begin(), p.locals.end(), [&](int l) { return lanes_->Idle(lanes_->LaneOf(l)); })) {
-    for (size_t i = 0; i < p.locals.size(); ++i) {
-      ReadForPull(p.locals[i], reply.dtype, region.get(), region == nullptr ? &job->payload[i] : nullptr);
+  const bool now = store_->Read(p.locals, reply.dtype, std::move(region), &job->payload, [this, job] {
+    {
+      std::lock_guard<std::mutex> lock(done_mu_);
+      done_pulls_.push_back(job);
     }
-    Reply(ep, job->peer, job->reply, std::move(job->payload), job->order);
-    return;
-  }
-  job->remaining.store(static_cast<int>(p.locals.size()), std::memory_order_relaxed);
-  for (size_t i = 0; i < p.locals.size(); ++i) {
-    const int l = p.locals[i];
-    lanes_->Post(l, 0, [this, job, i, l, region, dtype = reply.dtype] {
-      ReadForPull(l, dtype, region.get(), region == nullptr ? &job->payload[i] : nullptr);
-      if (job->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        {
-          std::lock_guard<std::mutex> lock(done_mu_);
-          done_pulls_.push_back(job);
-        }
-        CallWake();
-      }
-    });
-  }
-}
-
-void ShardServer::ReadForPull(int local, DType dtype, SharedRegion* region, Frame* out) {
-  const std::shared_ptr<WeightBuffer>& buf = chunks_[static_cast<size_t>(local)].weights;
-  if (region != nullptr) {  // the pull area follows the push area
-    auto* area = reinterpret_cast<float*>(region->payload()) + share_.floats;
-    const int32_t id = owned_[static_cast<size_t>(local)];
-    std::memcpy(area + share_.offset[static_cast<size_t>(id)], buf->data.data(), buf->data.size() * sizeof(float));
-    return;
-  }
-  if (dtype != DType::kF32) {
-    *out = ConvertedWeights(buf->data, dtype, pull_scratch_[static_cast<size_t>(lanes_->LaneOf(local))].get());
-    return;
-  }
-  buf->readers.fetch_add(1, std::memory_order_relaxed);
-  std::shared_ptr<const void> keep(buf->data.data(), [buf](const void*) {
-    buf->readers.fetch_sub(1, std::memory_order_release);
+    CallWake();
   });
-  *out = Frame::Borrow(buf->data.data(), buf->data.size() * sizeof(float), std::move(keep));  // zero-copy, COW
+  if (now) Reply(ep, job->peer, job->reply, std::move(job->payload), job->order);
 }
 
 void ShardServer::SendDonePulls(ServerEndpoint* ep) {
@@ -1172,7 +1005,7 @@ void ShardServer::ServePending(ServerEndpoint* ep) {
     r.kind = WalKind::kGone;
     r.worker = w;
     r.finished = finished;
-    Status s = LogRecord(&r);
+    Status s = durability_->Stage(&r);
     if (!s.ok()) {
       spdlog::error("shard {}: {}; worker {} stays in the accounting", options_.server_id, s.ToString(), w);
       continue;
@@ -1185,7 +1018,7 @@ void ShardServer::ServePending(ServerEndpoint* ep) {
       spdlog::info("shard {}: worker {} declared dead; dropped from consistency accounting", options_.server_id, w);
     }
   }
-  if (changed) MaybeCheckpoint();
+  if (changed) durability_->AfterChange();
   gone_queue_.clear();
   if (pending_.empty()) return;
   std::vector<PendingPull> still;
@@ -1206,8 +1039,8 @@ void ShardServer::ApplyGone(int32_t worker, bool finished) { policy_->OnWorkerDe
 
 ShardStatsWire ShardServer::StatsLocked() const {
   ShardStatsWire s = stats_;
-  s.sgd_ns = apply_ns_.load(std::memory_order_relaxed);
-  if (log_->open()) s.wal_sync_cpu_ns = log_->sync_cpu_ns();
+  s.sgd_ns = store_->apply_ns();
+  durability_->AddStats(&s);
   return s;
 }
 
@@ -1218,164 +1051,56 @@ ShardStatsWire ShardServer::Stats() const {
 
 std::vector<float> ShardServer::ChunkWeights(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return {};
-  const ChunkState& st = chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])];
-  if (!st.initialized) return {};
-  lanes_->Drain();
-  return st.weights->data;
+  const int local = store_->local_of(chunk);
+  if (local < 0 || !store_->initialized(local)) return {};
+  store_->Drain();
+  return store_->weights(local);
 }
 
 std::vector<float> ShardServer::ChunkHistory(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return {};
-  lanes_->Drain();
-  return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].history;
+  const int local = store_->local_of(chunk);
+  if (local < 0) return {};
+  store_->Drain();
+  return store_->state(local);
 }
 
 std::vector<float> ShardServer::ChunkDcMeanSquare(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0 || dc_ == nullptr ||
-      !dc_->adaptive()) {
-    return {};
-  }
-  return dc_->mean_square(local_of_[static_cast<size_t>(chunk)]);
+  const int local = store_->local_of(chunk);
+  if (local < 0 || dc_ == nullptr || !dc_->adaptive()) return {};
+  return dc_->mean_square(local);
 }
 
 int64_t ShardServer::ChunkVersion(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return -1;
-  return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].version;
+  const int local = store_->local_of(chunk);
+  return local < 0 ? -1 : store_->version(local);
 }
 
 int64_t ShardServer::ChunkScheduleIter(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (chunk < 0 || chunk >= layout_.num_chunks() || local_of_[static_cast<size_t>(chunk)] < 0) return -1;
-  return chunks_[static_cast<size_t>(local_of_[static_cast<size_t>(chunk)])].iter;
+  const int local = store_->local_of(chunk);
+  return local < 0 ? -1 : store_->iter(local);
 }
 
 uint64_t ShardServer::log_seq() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return wal_seq_;
+  return durability_->seq();
 }
 
 int64_t ShardServer::updates() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return updates_;
+  return store_->updates();
 }
 
 // ---------------------------------------------------------------------------------------------
-// Checkpoints.
-
-void ShardServer::MaybeCheckpoint() {
-  if (replaying_) return;  // replay rebuilds; the next live update may checkpoint
-  if (log_->open() && !options_.checkpoint_path.empty() && log_->bytes() >= WalMaxBytes(options_.checkpoint)) {
-    // The log's bound (checkpoint.wal_max_mb): a checkpoint covers it all and empties it.
-    Status s = SaveCheckpointLocked(options_.checkpoint_path);
-    if (!s.ok()) spdlog::error("shard {}: checkpoint at the log's bound failed: {}", options_.server_id, s.ToString());
-    updates_at_last_checkpoint_ = updates_ / static_cast<int64_t>(std::max<size_t>(1, owned_.size()));
-    return;
-  }
-  const int64_t every = options_.checkpoint.every_updates;
-  if (every <= 0 || options_.checkpoint_path.empty() || owned_.empty()) return;
-  // "Updates of the shard" = chunk updates / owned chunks: one full round of the shard.
-  const int64_t rounds = updates_ / static_cast<int64_t>(owned_.size());
-  if (rounds - updates_at_last_checkpoint_ < every) return;
-  Status s = SaveCheckpointLocked(options_.checkpoint_path);
-  if (!s.ok()) spdlog::error("shard {}: periodic checkpoint failed: {}", options_.server_id, s.ToString());
-  updates_at_last_checkpoint_ = rounds;
-}
-
-Status ShardServer::SaveCheckpoint(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return SaveCheckpointLocked(path);
-}
-
-Status ShardServer::SaveCheckpointLocked(const std::string& path) {
-  lanes_->Drain();  // the weights and rule state with every taken update in them
-  ShardCheckpoint c;
-  c.server_id = options_.server_id;
-  c.server_count = layout_.servers();
-  c.layout_hash = layout_.hash();
-  c.model_id = options_.model_id;
-  c.updates = updates_;
-  c.wal_seq = wal_seq_;
-  c.has_state = true;
-  c.max_workers = max_workers_;
-  c.update_rule = std::string(rule_->name());
-  c.pushes_by_worker.assign(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
-  c.dedup = duplicates_.Export();
-  c.chunks.resize(chunks_.size());
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    ShardCheckpoint::Chunk& ch = c.chunks[i];
-    ch.id = owned_[i];
-    ch.version = chunks_[i].version;
-    ch.iter = chunks_[i].iter;
-    ch.initialized = chunks_[i].initialized;
-    ch.weights = chunks_[i].weights->data;
-    ch.history = chunks_[i].history;
-    // DC-ASGD-a's λ of every later push depends on it (a chunk no gradient has reached has none).
-    if (dc_ != nullptr && dc_->adaptive()) ch.dc_mean_square = dc_->mean_square(static_cast<int>(i));
-  }
-  TensorFile file = EncodeShardCheckpoint(std::move(c));
-  policy_->SaveState(&file);
-  DP_RETURN_IF_ERROR(WriteTensorFile(path, file));
-  ++stats_.checkpoints_written;
-  spdlog::info("shard {}: checkpoint written to {} ({} updates, log seq {})", options_.server_id, path, updates_,
-               wal_seq_);
-  // The checkpoint (renamed into place and fsynced) covers every record so far: the log starts
-  // over. A crash before the restart is safe: replay skips seq <= wal_seq.
-  if (log_->open() && path == options_.checkpoint_path) DP_RETURN_IF_ERROR(log_->Restart());
-  return Status::Ok();
-}
-
-Status ShardServer::LoadCheckpoint(const std::string& path) {
-  TensorFile file;
-  DP_RETURN_IF_ERROR(ReadTensorFile(path, &file));
-  ShardCheckpointExpect expect;
-  expect.server_id = options_.server_id;
-  expect.layout_hash = layout_.hash();
-  expect.model_id = options_.model_id;
-  expect.max_workers = max_workers_;
-  expect.dc_mean_square = dc_ != nullptr && dc_->adaptive();
-  expect.update_rule = std::string(rule_->name());
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    expect.chunk_ids.push_back(owned_[i]);
-    expect.chunk_elems.push_back(chunks_[i].history.size());
-  }
-  // Check everything before changing anything.
-  ShardCheckpoint c;
-  DP_RETURN_IF_ERROR(DecodeShardCheckpoint(file, path, expect, &c));
-  std::lock_guard<std::mutex> lock(mu_);
-  lanes_->Drain();
-  if (c.has_state) DP_RETURN_IF_ERROR(policy_->LoadState(file, *updater_, path));
-  for (size_t w = 0; w < c.pushes_by_worker.size(); ++w) {
-    stats_.pushes_by_worker[w] = static_cast<uint64_t>(c.pushes_by_worker[w]);
-  }
-  duplicates_.Import(c.dedup);
-  wal_seq_ = c.wal_seq;
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    ShardCheckpoint::Chunk& ch = c.chunks[i];
-    chunks_[i].weights = std::make_shared<WeightBuffer>(std::move(ch.weights));
-    chunks_[i].history = std::move(ch.history);
-    chunks_[i].version = ch.version;
-    chunks_[i].iter = ch.iter;
-    chunks_[i].initialized = ch.initialized;
-    if (dc_ != nullptr && dc_->adaptive()) dc_->set_mean_square(static_cast<int>(i), std::move(ch.dc_mean_square));
-  }
-  updates_ = c.updates;
-  updates_at_last_checkpoint_ = owned_.empty() ? 0 : updates_ / static_cast<int64_t>(owned_.size());
-  spdlog::info("shard {}: restored from {} ({} updates)", options_.server_id, path, updates_);
-  return Status::Ok();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Write-ahead log: open, recover, replay.
+// Durability: the log, checkpoints and recovery are ShardDurability's; what a checkpoint holds
+// and how a log record applies are here.
 
 Status ShardServer::OpenLog() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (log_->open() || !log_->configured()) return Status::Ok();
-  DP_RETURN_IF_ERROR(log_->CheckRoom());
-  return log_->Open(wal_seq_ + 1, /*truncate=*/true);
+  return durability_->Open();
 }
 
 void ShardServer::SetWake(std::function<void()> wake) {
@@ -1383,76 +1108,78 @@ void ShardServer::SetWake(std::function<void()> wake) {
   wake_ = std::move(wake);
 }
 
-Status ShardServer::Recover(RecoverReport* report) {
-  *report = RecoverReport{};
-  std::error_code ec;
-  if (!options_.checkpoint_path.empty() && std::filesystem::exists(options_.checkpoint_path, ec)) {
-    DP_RETURN_IF_ERROR(LoadCheckpoint(options_.checkpoint_path));
-    report->checkpoint_loaded = true;
-  }
+Status ShardServer::SaveCheckpoint(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
-  report->checkpoint_updates = updates_;
-  report->checkpoint_seq = wal_seq_;
-  if (options_.wal_path.empty()) return Status::Ok();
-  DP_RETURN_IF_ERROR(log_->CheckRoom());
-  const std::string& path = options_.wal_path;
-  bool truncate = true;  // nothing after the checkpoint: the log starts over
-  if (std::filesystem::exists(path, ec)) {
-    WalScanInfo info;
-    DP_RETURN_IF_ERROR(ScanWal(path, nullptr, &info));  // the whole log checked before anything applies
-    if (info.records > 0 && info.first_seq > wal_seq_ + 1) {
-      return Corrupt("{}: byte 0: field seq: the log starts at record {} but the checkpoint {} covers up to {}: "
-                     "records {}..{} are missing (wrong checkpoint, or a log from another run)",
-                     path, info.first_seq, report->checkpoint_loaded ? options_.checkpoint_path : "(none)", wal_seq_,
-                     wal_seq_ + 1, info.first_seq - 1);
-    }
-    replaying_ = true;
-    const uint64_t covered = wal_seq_;
-    Status s = ScanWal(path, [&](const WalRecord& r) -> Status {
-      if (r.seq <= covered) return Status::Ok();  // in the checkpoint already
-      DP_RETURN_IF_ERROR(ReplayRecord(r, path));
-      wal_seq_ = r.seq;
-      ++report->replayed;
-      if (r.kind == WalKind::kPush || r.kind == WalKind::kCodedPush) ++report->replayed_pushes;
-      return Status::Ok();
-    }, &info);
-    replaying_ = false;
-    DP_RETURN_IF_ERROR(s);
-    stats_.replayed += report->replayed;
-    if (info.valid_bytes < info.file_bytes) {  // a torn record, or a direct writer's padding
-      DP_RETURN_IF_ERROR(TruncateWal(path, info.valid_bytes));
-    }
-    if (info.torn) {
-      report->torn_tail = true;
-      spdlog::warn("server {}: {}: dropped a torn last record at byte {} ({} bytes; it was never acknowledged): {}",
-                   options_.server_id, path, info.valid_bytes, info.file_bytes - info.valid_bytes, info.torn_reason);
-    }
-    truncate = info.records == 0 || info.last_seq <= covered;
-    if (!options_.checkpoint_path.empty()) {
-      // The log goes on in a new file, never in the old one: a process that still holds the old
-      // file open (a server replaced while it was cut off or stopped, which may take a message
-      // before it hears it is out) can then write only into a file the run no longer reads. What
-      // the old file holds past the checkpoint goes into a new checkpoint first.
-      if (!truncate) DP_RETURN_IF_ERROR(SaveCheckpointLocked(options_.checkpoint_path));
-      DP_RETURN_IF_ERROR(log_->Retire(info.records > 0 ? info.last_seq : 0));
-      return log_->Open(wal_seq_ + 1, /*truncate=*/true);
-    }
-  }
-  return log_->Open(wal_seq_ + 1, truncate);
+  return durability_->Save(path);
+}
+
+Status ShardServer::LoadCheckpoint(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return durability_->Load(path);
+}
+
+Status ShardServer::Recover(RecoverReport* report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return durability_->Recover(report);
 }
 
 Status ShardServer::Replay(const WalRecord& r, const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
-  replaying_ = true;
-  const Status s = ReplayRecord(r, path);
-  replaying_ = false;
-  DP_RETURN_IF_ERROR(s);
-  wal_seq_ = r.seq;
-  ++stats_.replayed;
+  return durability_->Replay(r, path);
+}
+
+TensorFile ShardServer::CheckpointFile(uint64_t wal_seq) {
+  ShardCheckpoint c;
+  c.server_id = options_.server_id;
+  c.server_count = layout_.servers();
+  c.layout_hash = layout_.hash();
+  c.model_id = options_.model_id;
+  c.updates = store_->updates();
+  c.wal_seq = wal_seq;
+  c.has_state = true;
+  c.max_workers = max_workers_;
+  c.update_rule = std::string(store_->rule().name());
+  c.pushes_by_worker.assign(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
+  c.dedup = duplicates_.Export();
+  store_->Snapshot(&c.chunks);  // drains the lanes: every taken update is in it
+  if (dc_ != nullptr && dc_->adaptive()) {
+    // DC-ASGD-a's λ of every later push depends on it (a chunk no gradient has reached has none).
+    for (size_t i = 0; i < c.chunks.size(); ++i) c.chunks[i].dc_mean_square = dc_->mean_square(static_cast<int>(i));
+  }
+  TensorFile file = EncodeShardCheckpoint(std::move(c));
+  policy_->SaveState(&file);
+  return file;
+}
+
+Status ShardServer::RestoreFrom(TensorFile& file, const std::string& path, uint64_t* wal_seq) {
+  ShardCheckpointExpect expect;
+  expect.server_id = options_.server_id;
+  expect.layout_hash = layout_.hash();
+  expect.model_id = options_.model_id;
+  expect.max_workers = max_workers_;
+  expect.dc_mean_square = dc_ != nullptr && dc_->adaptive();
+  store_->Expect(&expect);
+  // Check everything before changing anything.
+  ShardCheckpoint c;
+  DP_RETURN_IF_ERROR(DecodeShardCheckpoint(file, path, expect, &c));
+  store_->Drain();
+  if (c.has_state) DP_RETURN_IF_ERROR(policy_->LoadState(file, *updater_, path));
+  for (size_t w = 0; w < c.pushes_by_worker.size(); ++w) {
+    stats_.pushes_by_worker[w] = static_cast<uint64_t>(c.pushes_by_worker[w]);
+  }
+  duplicates_.Import(c.dedup);
+  if (dc_ != nullptr && dc_->adaptive()) {
+    for (size_t i = 0; i < c.chunks.size(); ++i) {
+      dc_->set_mean_square(static_cast<int>(i), std::move(c.chunks[i].dc_mean_square));
+    }
+  }
+  store_->Restore(&c.chunks);
+  store_->set_updates(c.updates);
+  *wal_seq = c.wal_seq;
   return Status::Ok();
 }
 
-Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
+Status ShardServer::ApplyRecord(const WalRecord& r, const std::string& path) {
   if (!KnownWorker(r.worker)) {
     return Corrupt("{}: record seq {}: worker {} is outside 0..{} (cluster.max_workers)", path, r.seq, r.worker,
                    max_workers_ - 1);
@@ -1463,12 +1190,14 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
       std::vector<PushChunk> chunks;
       chunks.reserve(r.chunks.size());
       for (const WalChunk& c : r.chunks) {
-        const int local = c.chunk_id < local_of_.size() ? local_of_[c.chunk_id] : -1;
+        const int local = c.chunk_id < static_cast<uint32_t>(layout_.num_chunks())
+                              ? store_->local_of(static_cast<int32_t>(c.chunk_id))
+                              : -1;
         if (local < 0 || layout_.chunk(static_cast<int32_t>(c.chunk_id)).count != static_cast<int64_t>(c.count)) {
           return Corrupt("{}: record seq {}: chunk {} ({} floats) is not a chunk of server {} in this layout", path,
                          r.seq, c.chunk_id, c.count, options_.server_id);
         }
-        if (!init && !chunks_[static_cast<size_t>(local)].initialized) {
+        if (!init && !store_->initialized(local)) {
           return Corrupt("{}: record seq {}: gradient for chunk {} before its weights were initialised", path, r.seq,
                          c.chunk_id);
         }
@@ -1486,7 +1215,7 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
       return Status::Ok();
     }
     case WalKind::kCodedPush:
-      return ReplayCodedPush(r, path);
+      return ApplyCodedRecord(r, path);
     case WalKind::kClock:
       policy_->OnClock(r.worker, r.clock);
       return Status::Ok();
@@ -1501,15 +1230,12 @@ Status ShardServer::ReplayRecord(const WalRecord& r, const std::string& path) {
 }
 
 std::function<ChunkFacts(int)> ShardServer::ChunkFactsOf() const {
-  return [this](int local) {
-    const ChunkState& c = chunks_[static_cast<size_t>(local)];
-    return ChunkFacts{c.initialized, c.version};
-  };
+  return [this](int local) { return ChunkFacts{store_->initialized(local), store_->version(local)}; };
 }
 
 // A coded push record: formed and decoded by the live path's code, checked as the live push was
 // (against the state replay has rebuilt, which is the state it met), then applied.
-Status ShardServer::ReplayCodedPush(const WalRecord& r, const std::string& path) {
+Status ShardServer::ApplyCodedRecord(const WalRecord& r, const std::string& path) {
   MessageHeader h = r.header;
   Frames frames = r.frames;
   std::vector<bool> finite;

@@ -1,25 +1,30 @@
-// shard.h — ShardServer, one parameter-server shard: the fp32 master weights, momentum history
-// and versions of the chunks the layout (common/layout.h) deals to this server, and the loop that
-// serves register, pull, push, clock, stats, checkpoint, heartbeat and shutdown messages.
+// shard.h — ShardServer, one parameter-server shard: the loop that serves register, pull, push,
+// clock, stats, checkpoint, heartbeat and shutdown messages for the chunks the layout
+// (common/layout.h) deals to this server. It decides; its parts keep state and do the work:
+//   ChunkStore (chunk_store.h)            the chunks' weights, rule state, versions, apply lanes
+//   ShardDurability (shard_durability.h)  the write-ahead log, checkpoints, recovery and replay
+//   ConsistencyPolicy (consistency.h)     when a gradient applies and a pull is served
+//   DuplicateWindows, SessionFence, PullStepOrder (sessions.h), PeerTable (peers.h)
+//                                         what it knows of its workers and their connections
+//   request_check.h, factor_push.h, delay_compensation.h  checking, densifying, compensating pushes
 //
 // Each message is validated whole before it touches a weight, so a refused push changes nothing;
 // a refusal gets an error reply naming the field and is counted by reason (senders must be
 // registered and authorised, server/access.h). Pulls of chunks without weights wait; gradients
 // for them are refused (kNotInitialized). A push, clock, worker-gone or join is staged in the
-// write-ahead log (server/wal.h, through server/shard_log.h) before it is applied, and its reply
-// waits until the log's own thread has written it; it is refused (kLogWrite) when the log cannot
-// take it. A push already
-// taken (same worker, session, request id) is acked again, not applied. Every reply carries this
-// object's incarnation. docs/architecture.md "The wire format" to "Checkpoints and tensor
-// files"; docs/operations.md "Checkpoints".
+// write-ahead log before it is applied, and its reply waits until the log's own thread has
+// written it; it is refused (kLogWrite) when the log cannot take it. A push already taken (same
+// worker, session, request id) is acked again, not applied. Every reply carries this object's
+// incarnation. docs/architecture.md "The server's parts and threads"; docs/operations.md
+// "Checkpoints".
 //
 // Thread-safety: one mutex guards the loop's state. The loop (Serve, or Handle/Tick) runs on one
 // thread at a time; it decides everything and posts each chunk's floats work (updates, a pull's
-// read) to the apply lane that owns the chunk (server/apply_lanes.h; cluster.server_threads
-// lanes), so updates apply in parallel and in message order per chunk. Stop, MarkWorkerGone,
-// SaveCheckpoint and the const accessors may be called from any thread (the snapshots drain the
-// lanes first); Recover, LoadCheckpoint and OpenLog before the loop, on one thread. The log's
-// thread and the lanes call nothing here but the wake function (SetWake).
+// read) to the store's lane that owns the chunk (cluster.server_threads lanes), so updates apply
+// in parallel and in message order per chunk. Stop, MarkWorkerGone, SaveCheckpoint and the const
+// accessors may be called from any thread (the snapshots drain the lanes first); Recover,
+// LoadCheckpoint and OpenLog before the loop, on one thread. The log's thread and the lanes call
+// nothing here but the wake function (SetWake) and the list of finished pull replies.
 #pragma once
 
 #include <atomic>
@@ -44,18 +49,18 @@
 #include "common/layout.h"
 #include "common/log_limit.h"
 #include "common/shm_region.h"
-#include "common/shm_share.h"
 #include "common/solver/update_rule.h"
 #include "common/trace.h"
 #include "common/transport.h"
 #include "server/access.h"
-#include "server/apply_lanes.h"
 #include "server/block_split.h"
+#include "server/chunk_store.h"
 #include "server/consistency.h"
 #include "server/delay_compensation.h"
 #include "server/peers.h"
 #include "server/request_check.h"
 #include "server/sessions.h"
+#include "server/shard_durability.h"
 #include "server/shard_log.h"
 #include "server/wal.h"
 
@@ -115,16 +120,6 @@ struct ShardOptions {
   std::string wal_path;
   bool shared_memory = true;  // offer same-host workers that ask a shared-memory region at register
   bool model_moves = false;   // take move pushes (kFlagMove, multi-model servers); off: refused
-};
-
-// What Recover() did.
-struct RecoverReport {
-  bool checkpoint_loaded = false;
-  int64_t checkpoint_updates = 0;  // the checkpoint's applied chunk updates
-  uint64_t checkpoint_seq = 0;     // the last log seq the checkpoint covers
-  uint64_t replayed = 0;           // log records replayed after the checkpoint
-  uint64_t replayed_pushes = 0;    // of which pushes
-  bool torn_tail = false;          // a torn last record was dropped
 };
 
 // The largest clock (iterations) a worker may report; beyond it a message is refused (kClock),
@@ -191,7 +186,7 @@ class ShardServer {
   uint64_t log_seq() const;  // the last log record in the state (applied, replayed or checkpointed)
   // Nanoseconds the loop waited for a full apply lane (apply_lanes.h): in stats busy_ns, but time
   // the lanes, not the loop, were the bound.
-  uint64_t lane_wait_ns() const { return lanes_->post_wait_ns(); }
+  uint64_t lane_wait_ns() const { return store_->lane_wait_ns(); }
   bool shutdown_requested() const { return shutdown_.load(); }
   // Thread-safe. Fencing: another process took this server's id (the coordinator says so), so this
   // one must take and answer nothing more. Finish then closes the log without writing anything
@@ -199,7 +194,7 @@ class ShardServer {
   void Fence() { fenced_.store(true); }
   bool fenced() const { return fenced_.load(); }
   // The write-ahead log takes nothing more: the loop has stopped or is stopping (see Serve).
-  bool log_failed() const { return log_->failed(); }
+  bool log_failed() const { return durability_->log().failed(); }
   // Ok unless log_failed(); then the error, naming the log. On the loop's thread, or after Join.
   Status LogFailure() const;
 
@@ -217,10 +212,10 @@ class ShardServer {
   static constexpr int kStalenessWindow = 200;      // chunk updates the stability guard averages
 
  private:
-  struct ChunkState;
   struct PendingPull;
   struct PullJob;
   class Updater;
+  class Keeper;
 
   ShardServer(const ParamLayout& layout, ShardOptions options);
 
@@ -238,8 +233,16 @@ class ShardServer {
   Status HandleRegister(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
                         RejectReason* reason);
   Status HandleCheckpoint(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply, RejectReason* reason);
+  Status RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
+                        RejectReason* reason);
+  Status CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
   Status CheckWorker(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, RejectReason* reason) const;
   Status CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
+  // The layout hash and model id of a worker's or the evaluator's message are this server's.
+  Status CheckLayoutAndModel(const MessageHeader& h, RejectReason* reason) const;
+  // A message of `worker` from `session` is refused: that process was declared dead.
+  Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;
+  bool KnownWorker(int32_t w) const { return w >= 0 && w < max_workers_; }
   // Same-host shared memory (common/shm_region.h), a region per registered connection that asked:
   // a push's payload is copied out (then validated like frames), a pull's weights copied in.
   void OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply);
@@ -260,13 +263,18 @@ class ShardServer {
   // logged instead of the f32 chunks when smaller and not DC-ASGD.
   Status HandlePush(const MessageHeader& h, const Frames& frames, MessageHeader* reply, RejectReason* reason,
                     const std::vector<bool>& finite = {}, const WirePush* wire = nullptr);
+  // What CheckDensePush asks of the shard's chunks (initialised, version), live and in replay.
+  std::function<ChunkFacts(int)> ChunkFactsOf() const;
+  // One push, validated (live) or read from the log (replay): dedup window, then by its flags a
+  // move, an elastic exchange, first weights, or gradients for the consistency policy.
+  void ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
+                 const std::vector<PushChunk>& chunks);
+  void ApplyGone(int32_t worker, bool finished);
+  void NoteStaleness(int64_t staleness);
   bool PullReady(const PendingPull& p) const;
-  // Fills the reply's header and posts the reading of each chunk to its lane (ReadForPull); the
-  // lane that reads the last chunk hands the reply to the loop, which sends it (SendDonePulls).
+  // Fills the reply's header and has the store read the chunks (ChunkStore::Read); a reply the
+  // lanes finish goes to the loop, which sends it (SendDonePulls).
   void ServePull(ServerEndpoint* ep, const PendingPull& p);
-  // On the chunk's lane: its weights into the shared region, as f16 / bf16 into `out`, or
-  // borrowed zero-copy into `out` (the next update then writes a copy).
-  void ReadForPull(int local, DType dtype, SharedRegion* region, Frame* out);
   void SendDonePulls(ServerEndpoint* ep);
   void CallWake();
   void ServePending(ServerEndpoint* ep);
@@ -274,69 +282,44 @@ class ShardServer {
   void Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload = {}, uint64_t order = UINT64_MAX);
   void Reject(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& request,
               const Status& status, RejectReason reason);
-  // One push, validated (live) or read from the log (replay): dedup window, init or policy.
-  void ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
-                 const std::vector<PushChunk>& chunks);
-  void ApplyGone(int32_t worker, bool finished);
-  Status LogRecord(WalRecord* r);  // stages the record when the log is on; counts
   // A reply to a message whose change is staged in the log leaves once the log has written it
   // (ShardLog); others at once. ReleaseHeld sends those now durable. With mu_ held.
   void ReplyWhenLogged(ServerEndpoint* ep, const PeerId& peer, const MessageHeader& reply, MsgType request_type);
   void ReleaseHeld(ServerEndpoint* ep);
   ShardLog::Send SendTo(ServerEndpoint* ep);      // Reply on `ep`
   ShardLog::Refuse RefuseTo(ServerEndpoint* ep);  // Reject on `ep`, as the log's (kLogWrite)
-  Status ReplayRecord(const WalRecord& r, const std::string& path);
-  Status ReplayCodedPush(const WalRecord& r, const std::string& path);
-  // What CheckDensePush asks of the shard's chunks (initialised, version), live and in replay.
-  std::function<ChunkFacts(int)> ChunkFactsOf() const;
-  void NoteStaleness(int64_t staleness);
-  bool KnownWorker(int32_t w) const { return w >= 0 && w < max_workers_; }
-  void MaybeCheckpoint();
   ShardStatsWire StatsLocked() const;
-  Status SaveCheckpointLocked(const std::string& path);
-  std::vector<float>& MutableWeights(int local);  // on the chunk's lane
-  // One update of chunk `local`: its step and version fixed now, its floats on the chunk's lane
-  // (kept alive by `keep`; null: run now, after the lane's earlier work).
-  void ApplyGradient(int local, const float* grad, float grad_scale, float lr_scale, int gradients,
-                     std::shared_ptr<const void> keep);
-  void AddDelta(const PushChunk& c);  // EASGD's exchange, a model's move: w += Δ
-  // `work` on the lane of chunk `local`: posted when `keep` holds what it reads, else run here
-  // once the lane has done what was posted before.
-  void OnLane(int local, std::shared_ptr<const void> keep, std::function<void()> work);
+  // What durability asks (DurableShard, through Keeper): the checkpoint, its adoption, and one
+  // log record applied through the live path.
+  TensorFile CheckpointFile(uint64_t wal_seq);
+  Status RestoreFrom(TensorFile& file, const std::string& path, uint64_t* wal_seq);
+  Status ApplyRecord(const WalRecord& r, const std::string& path);
+  Status ApplyCodedRecord(const WalRecord& r, const std::string& path);
 
   const ParamLayout layout_;
   const ShardOptions options_;
   const int max_workers_;
   const uint64_t incarnation_;
-  std::vector<int32_t> owned_;        // chunk ids owned, ascending
-  std::vector<int> local_of_;         // chunk id -> local index or -1
-  PushRules rules_;                   // what this shard takes (request_check.h), over local_of_
-  const ShmShare share_;                // where each chunk lies in a shared region's areas
-  const std::string boot_id_;           // this host's (regions only for workers on it)
+  const std::string boot_id_;  // this host's (regions only for workers on it)
 
   mutable std::mutex mu_;  // guards everything below
-  std::vector<ChunkState> chunks_;
+  // The chunks and the lanes that apply to them (server/chunk_store.h). Reset first in the
+  // destructor: its lanes' tasks call back into done_pulls_ and the wake function.
+  std::unique_ptr<ChunkStore> store_;
+  PushRules rules_;  // what this shard takes (request_check.h), over the store's chunks
   std::unique_ptr<ConsistencyPolicy> policy_;
   std::unique_ptr<Updater> updater_;
-  std::shared_ptr<const UpdateRule> rule_;  // options_.update_rule or the solver's
-  Status RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
-                        RejectReason* reason);
-  Status CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
-  // The layout hash and model id of a worker's or the evaluator's message are this server's.
-  Status CheckLayoutAndModel(const MessageHeader& h, RejectReason* reason) const;
   DuplicateWindows duplicates_;  // requests taken, per worker's session (server/sessions.h)
   SessionFence fence_;           // sessions registered, and those of processes declared dead
-  // Registered connections, readers, and their shared regions (laid out as share_; server/peers.h).
+  PullStepOrder step_order_;     // the order key of each worker's step of pulls (server/sessions.h)
+  // Registered connections, readers, and their shared regions (laid out as the store's share; server/peers.h).
   PeerTable peers_;
-  // A message of `worker` from `session` is refused: that process was declared dead.
-  Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;
-  // The write-ahead log, the replies held for it and its failure (server/shard_log.h); its
-  // records and replay stay here (LogRecord, Recover).
-  std::unique_ptr<ShardLog> log_;
+  std::unique_ptr<Keeper> keeper_;
+  // The log, checkpoints and recovery (server/shard_durability.h). Its log's thread calls the
+  // wake function until it stops: reset before wake_.
+  std::unique_ptr<ShardDurability> durability_;
   std::mutex wake_mu_;  // guards wake_
   std::function<void()> wake_;
-  uint64_t wal_seq_ = 0;     // last log seq applied or covered by the loaded checkpoint
-  bool replaying_ = false;
   // DC-ASGD's pulled copies and DC-ASGD-a's mean squares (server/delay_compensation.h); null
   // for the other algorithms.
   std::unique_ptr<DelayCompensation> dc_;
@@ -346,20 +329,12 @@ class ShardServer {
   int64_t staleness_ring_sum_ = 0;
   bool stability_warned_ = false;
   std::vector<PendingPull> pending_;
-  // Per worker id: the clock of its latest pull and when that clock's first pull arrived (ns of
-  // steady_clock), the order key of that step's pull replies (ServerEndpoint::SendOrdered).
-  std::vector<std::pair<int64_t, uint64_t>> pull_step_order_;
   ShardStatsWire stats_;
-  int64_t updates_ = 0;
-  int64_t updates_at_last_checkpoint_ = 0;
   std::vector<std::pair<int32_t, bool>> gone_queue_;  // (worker, finished) from MarkWorkerGone, for the loop
   RateLimitedLog refusal_log_;                        // refusals a stranger can provoke: a bounded number of lines
   RateLimitedLog reply_log_;  // failed replies: a peer that went away can cause many
   BufferPool<float> region_scratch_;  // shared pushes copied out before validation (kept until applied)
-  BufferPool<float> factor_scratch_;   // factor chunks' dense gradients (reused, bounded)
-  // Per lane: f16 / bf16 pull replies' weights (reused, bounded).
-  std::vector<std::unique_ptr<BufferPool<uint16_t>>> pull_scratch_;
-  std::atomic<uint64_t> apply_ns_{0};  // the lanes' time in the update rule (stats sgd_ns)
+  BufferPool<float> factor_scratch_;  // factor chunks' dense gradients (reused, bounded)
   std::mutex done_mu_;                 // guards done_pulls_
   std::vector<std::shared_ptr<PullJob>> done_pulls_;  // assembled by the lanes, for the loop to send
 
@@ -370,9 +345,6 @@ class ShardServer {
   Status thread_status_;
   std::unique_ptr<ServerEndpoint> owned_endpoint_;
   std::unique_ptr<BlockSplit> check_split_;  // the loop's finite checks, over cluster.server_threads threads
-  // cluster.server_threads threads applying updates and reading pull replies, each owning some
-  // chunks (apply_lanes.h). Reset first in the destructor: its tasks touch the members above.
-  std::unique_ptr<ApplyLanes> lanes_;
 };
 
 }  // namespace downpour

@@ -50,5 +50,16 @@ TEST(SessionFence, OnlySessionsRegisteredBeforeTheCutoffAreFenced) {
   EXPECT_TRUE(f.Fence(7, t0).empty()) << "a worker id out of range";
 }
 
+TEST(PullStepOrder, AStepsPullsShareTheKeyOfItsFirstPull) {
+  PullStepOrder order(2);
+  EXPECT_EQ(order.Key(0, 5, 100), 100u);
+  EXPECT_EQ(order.Key(0, 5, 130), 100u) << "the same step: its first pull's key";
+  EXPECT_EQ(order.Key(1, 5, 110), 110u) << "each worker its own";
+  EXPECT_EQ(order.Key(0, 6, 140), 140u) << "the next step starts a new key";
+  EXPECT_EQ(order.Key(0, 5, 150), 150u) << "a step pulled again after another is a new step";
+  EXPECT_EQ(order.Key(2, 5, 160), UINT64_MAX) << "an id out of range: unordered";
+  EXPECT_EQ(order.Key(-1, 5, 160), UINT64_MAX);
+}
+
 }  // namespace
 }  // namespace downpour
