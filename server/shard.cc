@@ -303,6 +303,7 @@ void ShardServer::Tick(ServerEndpoint* ep) {
   ServePending(ep);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    durability_->Tick();  // a checkpoint at the log's bound that failed, tried again when due
     ReleaseHeld(ep);
   }
   refusal_log_.Flush();

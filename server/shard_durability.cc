@@ -20,6 +20,12 @@ Status ShardDurability::Open() {
 
 Status ShardDurability::Stage(WalRecord* r) {
   if (!log_.open()) return Status::Ok();
+  if (!bound_failure_.ok()) {
+    return IoError(
+        "server {}: the write-ahead log {} is at its bound (checkpoint.wal_max_mb) and the checkpoint "
+        "that empties it could not be written, so nothing more is taken until it is: {}",
+        o_.server_id, log_.path(), bound_failure_.message());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t bytes0 = log_.bytes();
   const Status s = log_.Stage(r, r->kind == WalKind::kPush || r->kind == WalKind::kCodedPush ? "push" : "change");
@@ -35,19 +41,43 @@ Status ShardDurability::Stage(WalRecord* r) {
 
 void ShardDurability::AfterChange() {
   if (replaying_ || o_.checkpoint_path.empty()) return;  // replay rebuilds; the next live change may checkpoint
-  const int64_t rounds = shard_->updates() / std::max<int64_t>(1, o_.owned_chunks);
   if (AtBound()) {
-    // The log's bound (checkpoint.wal_max_mb): a checkpoint covers it all and empties it.
-    const Status s = Save(o_.checkpoint_path);
-    if (!s.ok()) spdlog::error("shard {}: checkpoint at the log's bound failed: {}", o_.server_id, s.ToString());
-    rounds_at_last_checkpoint_ = rounds;
+    SaveAtBound();
     return;
   }
+  const int64_t rounds = shard_->updates() / std::max<int64_t>(1, o_.owned_chunks);
   if (o_.every_rounds <= 0 || o_.owned_chunks == 0) return;
   if (rounds - rounds_at_last_checkpoint_ < o_.every_rounds) return;
   const Status s = Save(o_.checkpoint_path);
   if (!s.ok()) spdlog::error("shard {}: periodic checkpoint failed: {}", o_.server_id, s.ToString());
   rounds_at_last_checkpoint_ = rounds;
+}
+
+void ShardDurability::Tick() {
+  if (!bound_failure_.ok()) SaveAtBound();
+}
+
+void ShardDurability::SaveAtBound() {
+  const auto now = std::chrono::steady_clock::now();
+  if (!bound_failure_.ok() && now < bound_retry_at_) return;  // a checkpoint is large: not one per message
+  // The log's bound (checkpoint.wal_max_mb): a checkpoint covers it all and empties it.
+  const Status s = Save(o_.checkpoint_path);
+  rounds_at_last_checkpoint_ = shard_->updates() / std::max<int64_t>(1, o_.owned_chunks);
+  if (s.ok()) {
+    if (!bound_failure_.ok()) {
+      spdlog::info("shard {}: the checkpoint at the log's bound went through: changes are taken again", o_.server_id);
+    }
+    bound_failure_ = Status::Ok();
+    return;
+  }
+  if (bound_failure_.ok()) {
+    spdlog::error(
+        "shard {}: the log {} reached its bound ({} MiB) and the checkpoint that empties it failed: {}; "
+        "changes are refused until it goes through (tried every {} ms)",
+        o_.server_id, log_.path(), o_.log.max_bytes >> 20, s.message(), o_.bound_retry.count());
+  }
+  bound_failure_ = s;
+  bound_retry_at_ = now + o_.bound_retry;
 }
 
 Status ShardDurability::Save(const std::string& path) {

@@ -11,6 +11,7 @@
 // loop), except log().failed(). The log's own thread calls only ShardLogOptions::on_progress.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -58,6 +59,8 @@ struct ShardDurabilityOptions {
   int64_t every_rounds = 0;
   int64_t owned_chunks = 0;
   ShardLogOptions log;  // log.path "" = no log (its max_bytes: a checkpoint when reached)
+  // A checkpoint at the log's bound that failed is tried again this often (AfterChange, Tick).
+  std::chrono::milliseconds bound_retry{1000};
 };
 
 class ShardDurability {
@@ -75,11 +78,19 @@ class ShardDurability {
   // No-op when the log is off or already open (Recover). kFailedPrecondition naming the
   // directory when it lacks room for the log's bound and two checkpoints.
   Status Open();
-  // Stages `r` in the log (no-op when it is off) and counts it. On failure nothing was taken.
+  // Stages `r` in the log (no-op when it is off) and counts it. On failure nothing was taken:
+  // the log's own (server/shard_log.h), or while the log is at its bound and the checkpoint
+  // that would empty it cannot be written (bound_failure()).
   Status Stage(WalRecord* r);
   // After a change: a checkpoint to checkpoint_path when the log has reached its bound or
-  // every_rounds have passed since the last one. A failed one is a line; the log goes on.
+  // every_rounds have passed since the last one. A periodic one that fails is a line, and the log
+  // goes on. One at the bound that fails (a full disk) holds the bound instead: Stage refuses
+  // every change, and the checkpoint is tried again every bound_retry until it goes through.
   void AfterChange();
+  // On the loop after every receive or timeout: tries a failed bound checkpoint again when due.
+  void Tick();
+  // Ok, or why the log is held at its bound (the failed checkpoint's error).
+  const Status& bound_failure() const { return bound_failure_; }
 
   // A checkpoint to `path`; to checkpoint_path it empties the log (replay skips seq <= the
   // checkpoint's, so a crash between the two is safe).
@@ -102,6 +113,7 @@ class ShardDurability {
  private:
   Status ReplayLog(uint64_t covered, RecoverReport* report, WalScanInfo* info);
   bool AtBound() const { return log_.open() && o_.log.max_bytes > 0 && log_.bytes() >= o_.log.max_bytes; }
+  void SaveAtBound();  // the bound's checkpoint, or its retry when due
 
   const ShardDurabilityOptions o_;
   DurableShard* const shard_;
@@ -109,6 +121,8 @@ class ShardDurability {
   uint64_t seq_ = 0;
   bool replaying_ = false;
   int64_t rounds_at_last_checkpoint_ = 0;
+  Status bound_failure_;
+  std::chrono::steady_clock::time_point bound_retry_at_;
   ShardStatsWire counts_;  // only the fields AddStats names
 };
 

@@ -1,15 +1,17 @@
 // shard_durability_test.cc — ShardDurability (server/shard_durability.h) around a stand-in shard
 // whose state is the list of clocks it applied: a recovered shard is its checkpoint plus exactly
 // the records logged after it, replayed in order; checkpoints come every n rounds and at the
-// log's bound and empty the log; nothing checkpoints during a replay; a file the shard refuses
-// changes nothing.
+// log's bound and empty the log, and one at the bound that fails holds the bound; nothing
+// checkpoints during a replay; a file the shard refuses changes nothing.
 #include "server/shard_durability.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace downpour {
@@ -149,6 +151,47 @@ TEST_F(ShardDurabilityTest, CheckpointsComeEveryNRoundsAndAtTheLogsBoundAndEmpty
     EXPECT_EQ(b->log().bytes(), 0u) << "each record reached the bound: a checkpoint emptied the log";
   }
   EXPECT_EQ(Stats(*b).checkpoints_written, 3u);
+}
+
+// The checkpoint at the log's bound cannot be written (its directory is a file here; a full disk
+// in a run): the bound holds — every change is refused, nothing is staged — and the checkpoint is
+// tried again on the loop's ticks, not per message; once it goes through, changes are taken.
+TEST_F(ShardDurabilityTest, ACheckpointAtTheBoundThatFailsHoldsTheBoundUntilItGoesThrough) {
+  ClockShard shard;
+  ShardDurabilityOptions o = Options(/*every_rounds=*/0, /*max_bytes=*/1);
+  const std::string blocked = dir_ + "/not-a-dir";
+  o.checkpoint_path = blocked + "/shard.dpt";
+  o.log.checkpoint_path = dir_ + "/shard.dpt";  // the room check's view: the directory exists
+  o.bound_retry = std::chrono::milliseconds(20);
+  { std::ofstream(blocked) << "a file where the checkpoint's directory should be"; }
+  auto d = Make(&shard, o);
+  ASSERT_TRUE(d->Open().ok());
+  Change(d.get(), &shard, 1);  // staged; the log is at its bound and the checkpoint fails
+  ASSERT_FALSE(d->bound_failure().ok());
+  EXPECT_NE(d->bound_failure().message().find("not-a-dir"), std::string::npos) << d->bound_failure().ToString();
+  const uint64_t bytes = d->log().bytes();
+  EXPECT_GT(bytes, 0u) << "the log was not emptied";
+  WalRecord refused;
+  refused.kind = WalKind::kClock;
+  const Status s = d->Stage(&refused);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("at its bound"), std::string::npos) << s.ToString();
+  EXPECT_EQ(d->seq(), 1u) << "nothing staged";
+  EXPECT_EQ(d->log().bytes(), bytes);
+  d->Tick();  // before the retry is due: no second attempt
+  EXPECT_EQ(Stats(*d).checkpoints_written, 0u);
+  std::filesystem::remove(blocked);
+  std::filesystem::create_directories(blocked);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  d->Tick();
+  EXPECT_TRUE(d->bound_failure().ok()) << d->bound_failure().ToString();
+  EXPECT_EQ(Stats(*d).checkpoints_written, 1u);
+  EXPECT_EQ(d->log().bytes(), 0u) << "the checkpoint emptied the log";
+  EXPECT_TRUE(std::filesystem::exists(o.checkpoint_path));
+  WalRecord taken;
+  taken.kind = WalKind::kClock;
+  EXPECT_TRUE(d->Stage(&taken).ok());
+  EXPECT_EQ(taken.seq, 2u);
 }
 
 TEST_F(ShardDurabilityTest, AReplayedRecordTakesItsSeqAndNothingCheckpointsDuringIt) {
