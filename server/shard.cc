@@ -195,11 +195,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       options_(std::move(options)),
       max_workers_(options_.cluster.max_workers > 0 ? options_.cluster.max_workers : options_.cluster.workers),
       incarnation_(RandomId()),  // a restarted process draws a new one
-      boot_id_(HostBootId()),
-      duplicates_(max_workers_),
-      fence_(max_workers_),
       step_order_(max_workers_),
-      peers_(max_workers_),
       refusal_log_(fmt::format("server {}", options_.server_id), "refusals"),
       reply_log_(fmt::format("server {}", options_.server_id), "failed replies"),
       // Reused buffers for two messages' worth of this shard's chunks (factor chunks' rows
@@ -214,6 +210,15 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   co.lanes = std::max(1, options_.cluster.server_threads);
   co.push_every = options_.worker.push_every;
   store_ = std::make_unique<ChunkStore>(layout_, std::move(co));
+  ShardSessionsOptions so;
+  so.server_id = options_.server_id;
+  so.model_id = options_.model_id;
+  so.layout_hash = layout_.hash();
+  so.max_workers = max_workers_;
+  so.access = options_.access;
+  so.shared_memory = options_.shared_memory;
+  so.heartbeat_timeout = std::chrono::milliseconds(options_.cluster.heartbeat_timeout_ms);
+  sessions_ = std::make_unique<ShardSessions>(std::move(so), store_->share());
   rules_.layout = &layout_;
   rules_.local_of = store_->locals();
   rules_.owned = static_cast<size_t>(store_->size());
@@ -344,25 +349,8 @@ void ShardServer::MarkWorkerGone(int32_t worker, bool finished) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::pair<int32_t, bool> item{worker, finished};
   if (std::find(gone_queue_.begin(), gone_queue_.end(), item) == gone_queue_.end()) gone_queue_.push_back(item);
-  if (finished) return;
   // Declared dead: the process that was silent is out of the run, whatever it sends if it wakes.
-  // It registered before its silence began, at least the timeout before this notice; a process
-  // restarted under the same id registers later, after the coordinator took the id back.
-  const auto cutoff =
-      std::chrono::steady_clock::now() - std::chrono::milliseconds(options_.cluster.heartbeat_timeout_ms) / 2;
-  for (uint64_t session : fence_.Fence(worker, cutoff)) {
-    spdlog::info("server {}: worker {} declared dead: its process (client session {:016x}) is out of the run",
-                 options_.server_id, worker, session);
-  }
-}
-
-Status ShardServer::CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const {
-  if (!fence_.Removed(worker, session)) return Status::Ok();
-  *reason = RejectReason::kRemoved;
-  return FailedPrecondition(
-      "worker {} was declared dead by the coordinator (silent past cluster.heartbeat_timeout_ms: the process was "
-      "stopped or cut off), so this process is out of the run; a restarted one (--resume) joins again",
-      worker);
+  if (!finished) sessions_->DeclaredDead(worker);
 }
 
 void ShardServer::Reply(ServerEndpoint* ep, const PeerId& peer, MessageHeader h, Frames payload, uint64_t order) {
@@ -466,7 +454,7 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
 
 Status ShardServer::ReceivePush(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, MessageHeader* h,
                                 Frames* frames, MessageHeader* reply, RejectReason* reason) {
-  DP_RETURN_IF_ERROR(CheckWorker(peer, info, *h, reason));
+  DP_RETURN_IF_ERROR(sessions_->CheckWorker(peer, info, *h, reason));
   if ((h->flags & kFlagShm) != 0) DP_RETURN_IF_ERROR(ReadRegionPush(peer, *h, frames, reason));
   // Sufficient factors and lossy chunks become f32 dense first: validation, policy and SGD see
   // f32 (those chunks known finite already); the push as it came is kept for the log.
@@ -481,7 +469,7 @@ Status ShardServer::ReceivePush(ServerEndpoint* ep, const PeerId& peer, const Pe
 Status ShardServer::TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
                              RejectReason* reason) {
   const bool reader = h.role == Role::kEvaluator;
-  DP_RETURN_IF_ERROR(reader ? CheckReader(peer, h, reason) : CheckWorker(peer, info, h, reason));
+  DP_RETURN_IF_ERROR(reader ? sessions_->CheckReader(peer, h, reason) : sessions_->CheckWorker(peer, info, h, reason));
   PendingPull p{peer, h, {}, std::chrono::steady_clock::now(), reader};
   DP_RETURN_IF_ERROR(ResolveChunkIds(rules_, h, /*all_if_empty=*/true, &p.locals, reason));
   if (h.encoding != Encoding::kDense || !h.encodings.empty()) {
@@ -489,7 +477,7 @@ Status ShardServer::TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerI
     return InvalidArgument("pull: encoding {} / {} per-chunk encodings asked; pulls are dense",
                            static_cast<int>(h.encoding), h.encodings.size());
   }
-  if ((h.flags & kFlagShm) != 0 && peers_.Region(peer) == nullptr) {
+  if ((h.flags & kFlagShm) != 0 && sessions_->Region(peer) == nullptr) {
     *reason = RejectReason::kFrameCount;
     return InvalidArgument("pull: asked for shared memory, but this connection has no region (register asking for one)");
   }
@@ -506,7 +494,7 @@ Status ShardServer::TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerI
 
 Status ShardServer::HandleClock(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
                                 MessageHeader* reply, RejectReason* reason) {
-  DP_RETURN_IF_ERROR(CheckWorker(peer, info, h, reason));
+  DP_RETURN_IF_ERROR(sessions_->CheckWorker(peer, info, h, reason));
   WalRecord r;
   r.kind = WalKind::kClock;
   r.worker = h.sender;
@@ -550,27 +538,12 @@ Status ShardServer::HandleCheckpoint(const PeerInfo& info, const MessageHeader& 
 
 Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
                                    MessageHeader* reply, RejectReason* reason) {
-  if (h.role == Role::kEvaluator) return RegisterReader(peer, info, h, reply, reason);
-  *reason = RejectReason::kUnauthorized;
-  DP_RETURN_IF_ERROR(Authorize(options_.access, info, h, Privilege::kRegisterWorker));
-  *reason = RejectReason::kLayoutHash;
-  if (h.layout_hash != layout_.hash()) {
-    return FailedPrecondition(
-        "register: layout hash mismatch: worker {} has {:#018x}, server {} has "
-        "{:#018x} (different model, server count or chunk size)",
-        h.sender, h.layout_hash, options_.server_id, layout_.hash());
+  if (h.role == Role::kEvaluator) {
+    DP_RETURN_IF_ERROR(sessions_->RegisterReader(peer, info, h, reason));
+    RegisterReply(h, reply);
+    return Status::Ok();
   }
-  *reason = RejectReason::kNotRegistered;
-  if (!KnownWorker(h.sender)) {
-    return InvalidArgument("register: worker id {} is outside 0..{} (cluster.max_workers = {})", h.sender,
-                           max_workers_ - 1, max_workers_);
-  }
-  *reason = RejectReason::kModelId;
-  if (h.model_id != options_.model_id) {
-    return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
-                           options_.model_id);
-  }
-  DP_RETURN_IF_ERROR(CheckNotRemoved(h.sender, h.session, reason));
+  DP_RETURN_IF_ERROR(sessions_->CheckRegister(info, h, reason));
   if (policy_->CanJoin(h.sender)) {  // an elastic joiner, or a dead worker back: logged, then taken
     WalRecord r;
     r.kind = WalKind::kJoin;
@@ -580,74 +553,24 @@ Status ShardServer::HandleRegister(const PeerId& peer, const PeerInfo& info, con
     policy_->OnJoin(h.sender);
     spdlog::info("server {}: worker {} joined the consistency accounting", options_.server_id, h.sender);
   }
-  if (peers_.RegisterWorker(peer, h.sender)) {
-    fence_.Registered(h.sender, h.session, std::chrono::steady_clock::now());
-    spdlog::info("server {}: worker {} registered from {}", options_.server_id, h.sender, DescribePeer(info));
-  }
-  OfferRegion(peer, h, reply);
-  reply->type = MsgType::kRegisterReply;
-  reply->assigned_id = h.sender;
-  reply->server_count = layout_.servers();
-  reply->worker_count = options_.cluster.workers;
-  return Status::Ok();
-}
-
-Status ShardServer::RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
-                                   MessageHeader* reply, RejectReason* reason) {
-  *reason = RejectReason::kUnauthorized;
-  DP_RETURN_IF_ERROR(Authorize(options_.access, info, h, Privilege::kEvaluate));
-  *reason = RejectReason::kLayoutHash;
-  if (h.layout_hash != layout_.hash()) {
-    return FailedPrecondition("register: layout hash mismatch: the evaluator has {:#018x}, server {} has {:#018x}",
-                              h.layout_hash, options_.server_id, layout_.hash());
-  }
-  *reason = RejectReason::kModelId;
-  if (h.model_id != options_.model_id) {
-    return InvalidArgument("register: model id {} is not served here (server serves {})", h.model_id,
-                           options_.model_id);
-  }
-  if (peers_.RegisterReader(peer)) {
-    spdlog::info("server {}: the evaluator registered from {}", options_.server_id, DescribePeer(info));
-  }
-  reply->type = MsgType::kRegisterReply;
-  reply->assigned_id = h.sender;
-  reply->server_count = layout_.servers();
-  reply->worker_count = options_.cluster.workers;
-  return Status::Ok();
-}
-
-Status ShardServer::CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const {
-  if (!peers_.IsReader(peer)) {
-    *reason = RejectReason::kNotRegistered;
-    return FailedPrecondition("pull: this connection is not registered as the evaluator with server {}",
-                              options_.server_id);
-  }
-  return CheckLayoutAndModel(h, reason);
-}
-
-void ShardServer::OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply) {
-  peers_.DropRegion(peer);  // a register starts over: a region from before is not in use any more
-  const bool asked = (h.flags & kFlagShm) != 0;
-  const ShmShare& share = store_->share();
-  if (!asked || !options_.shared_memory || share.floats == 0) return;
-  if (h.boot_id.empty() || h.boot_id != boot_id_) return;  // another machine: the socket it is
-  std::unique_ptr<SharedRegion> region;
-  const Status s = SharedRegion::Create(fmt::format("downpour-s{}-w{}", options_.server_id, h.sender),
-                                        share.region_bytes(), &region);
-  if (!s.ok()) {
+  if (const Status region = sessions_->RegisterWorker(peer, info, h, reply); !region.ok()) {
     reply_log_.Log(fmt::format("server {}: no shared memory for worker {} (payloads over the socket): {}",
-                               options_.server_id, h.sender, s.ToString()));
-    return;
+                               options_.server_id, h.sender, region.ToString()));
   }
-  reply->shm_path = region->path();
-  reply->shm_bytes = region->payload_bytes();
-  reply->shm_nonce = region->nonce();
-  peers_.SetRegion(peer, std::move(region));
+  RegisterReply(h, reply);
+  return Status::Ok();
+}
+
+void ShardServer::RegisterReply(const MessageHeader& h, MessageHeader* reply) const {
+  reply->type = MsgType::kRegisterReply;
+  reply->assigned_id = h.sender;
+  reply->server_count = layout_.servers();
+  reply->worker_count = options_.cluster.workers;
 }
 
 Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason) {
   *reason = RejectReason::kFrameCount;
-  const std::shared_ptr<SharedRegion> region = peers_.Region(peer);
+  const std::shared_ptr<SharedRegion> region = sessions_->Region(peer);
   if (region == nullptr) {
     return InvalidArgument("push: payload in shared memory, but this connection has no region (register asking for one)");
   }
@@ -671,47 +594,6 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
     at += n;
   }
   ++stats_.region_parts;
-  return Status::Ok();
-}
-
-Status ShardServer::CheckWorker(const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
-                                RejectReason* reason) const {
-  Status s = Authorize(options_.access, info, h, Privilege::kWorkerTraffic);
-  if (!s.ok()) {
-    *reason = RejectReason::kUnauthorized;
-    return s;
-  }
-  return CheckSender(peer, h, reason);
-}
-
-Status ShardServer::CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const {
-  DP_RETURN_IF_ERROR(CheckNotRemoved(h.sender, h.session, reason));
-  if (!peers_.IsWorker(peer, h.sender)) {
-    *reason = RejectReason::kNotRegistered;
-    return FailedPrecondition("{}: sender {} is not registered with server {} on this connection", MsgTypeName(h.type),
-                              h.sender, options_.server_id);
-  }
-  DP_RETURN_IF_ERROR(CheckLayoutAndModel(h, reason));
-  // A clock is a count of iterations: the consistency arithmetic (clock + 1, clock - s) must not
-  // overflow on a forged one.
-  if (h.clock < 0 || h.clock > kMaxClock) {
-    *reason = RejectReason::kClock;
-    return InvalidArgument("{}: clock {} is outside 0..{}", MsgTypeName(h.type), h.clock, kMaxClock);
-  }
-  return Status::Ok();
-}
-
-Status ShardServer::CheckLayoutAndModel(const MessageHeader& h, RejectReason* reason) const {
-  if (h.layout_hash != layout_.hash()) {
-    *reason = RejectReason::kLayoutHash;
-    return FailedPrecondition("{}: layout hash {:#018x} differs from server {}'s {:#018x}", MsgTypeName(h.type),
-                              h.layout_hash, options_.server_id, layout_.hash());
-  }
-  if (h.model_id != options_.model_id) {
-    *reason = RejectReason::kModelId;
-    return InvalidArgument("{}: model id {} is not served by server {} (serves {})", MsgTypeName(h.type),
-                           h.model_id, options_.server_id, options_.model_id);
-  }
   return Status::Ok();
 }
 
@@ -752,7 +634,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
   std::vector<PushChunk>& chunks = checked.chunks;
   reply->type = MsgType::kAck;
   reply->chunk_ids = h.chunk_ids;
-  if (duplicates_.Seen(h.sender, h.session, h.request_id)) {  // a resend of a push already taken
+  if (sessions_->duplicates().Seen(h.sender, h.session, h.request_id)) {  // a resend of a push already taken
     ++stats_.duplicates;
     for (int l : locals) reply->versions.push_back(store_->version(l));
     return Status::Ok();
@@ -826,7 +708,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
 
 void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                             const std::vector<PushChunk>& chunks) {
-  duplicates_.Remember(worker, session, request_id);
+  sessions_->duplicates().Remember(worker, session, request_id);
   const bool init = (flags & kFlagInit) != 0;
   if (!init && (flags & kFlagMove) != 0) {
     // A model moves on (multi-model runs): its holder's change over the stage, added as it is;
@@ -927,7 +809,7 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   reply.clock = p.request.clock;
   std::shared_ptr<SharedRegion> region;
   if ((p.request.flags & kFlagShm) != 0) {
-    region = peers_.Region(p.peer);
+    region = sessions_->Region(p.peer);
     if (region == nullptr) {  // the region went while the pull waited (HandleMessage checks on arrival)
       ++stats_.rejected_by_reason[static_cast<size_t>(RejectReason::kFrameCount)];
       MessageHeader error =
@@ -1141,7 +1023,7 @@ TensorFile ShardServer::CheckpointFile(uint64_t wal_seq) {
   c.max_workers = max_workers_;
   c.update_rule = std::string(store_->rule().name());
   c.pushes_by_worker.assign(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
-  c.dedup = duplicates_.Export();
+  c.dedup = sessions_->duplicates().Export();
   store_->Snapshot(&c.chunks);  // drains the lanes: every taken update is in it
   if (dc_ != nullptr && dc_->adaptive()) {
     // DC-ASGD-a's λ of every later push depends on it (a chunk no gradient has reached has none).
@@ -1168,7 +1050,7 @@ Status ShardServer::RestoreFrom(TensorFile& file, const std::string& path, uint6
   for (size_t w = 0; w < c.pushes_by_worker.size(); ++w) {
     stats_.pushes_by_worker[w] = static_cast<uint64_t>(c.pushes_by_worker[w]);
   }
-  duplicates_.Import(c.dedup);
+  sessions_->duplicates().Import(c.dedup);
   if (dc_ != nullptr && dc_->adaptive()) {
     for (size_t i = 0; i < c.chunks.size(); ++i) {
       dc_->set_mean_square(static_cast<int>(i), std::move(c.chunks[i].dc_mean_square));

@@ -4,8 +4,9 @@
 //   ChunkStore (chunk_store.h)            the chunks' weights, rule state, versions, apply lanes
 //   ShardDurability (shard_durability.h)  the write-ahead log, checkpoints, recovery and replay
 //   ConsistencyPolicy (consistency.h)     when a gradient applies and a pull is served
-//   DuplicateWindows, SessionFence, PullStepOrder (sessions.h), PeerTable (peers.h)
-//                                         what it knows of its workers and their connections
+//   ShardSessions (shard_sessions.h)      who is who: registrations and their checks, regions,
+//                                         duplicate windows, the fence of processes declared dead
+//   PullStepOrder (sessions.h)            the order key of each worker's step of pulls
 //   request_check.h, factor_push.h, delay_compensation.h  checking, densifying, compensating pushes
 //
 // Each message is validated whole before it touches a weight, so a refused push changes nothing;
@@ -62,6 +63,7 @@
 #include "server/sessions.h"
 #include "server/shard_durability.h"
 #include "server/shard_log.h"
+#include "server/shard_sessions.h"
 #include "server/wal.h"
 
 namespace downpour {
@@ -121,10 +123,6 @@ struct ShardOptions {
   bool shared_memory = true;  // offer same-host workers that ask a shared-memory region at register
   bool model_moves = false;   // take move pushes (kFlagMove, multi-model servers); off: refused
 };
-
-// The largest clock (iterations) a worker may report; beyond it a message is refused (kClock),
-// so forged clocks cannot overflow the consistency arithmetic.
-inline constexpr int64_t kMaxClock = int64_t{1} << 48;
 
 class ShardServer {
  public:
@@ -233,19 +231,10 @@ class ShardServer {
   Status HandleRegister(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
                         RejectReason* reason);
   Status HandleCheckpoint(const PeerInfo& info, const MessageHeader& h, MessageHeader* reply, RejectReason* reason);
-  Status RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply,
-                        RejectReason* reason);
-  Status CheckReader(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
-  Status CheckWorker(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, RejectReason* reason) const;
-  Status CheckSender(const PeerId& peer, const MessageHeader& h, RejectReason* reason) const;
-  // The layout hash and model id of a worker's or the evaluator's message are this server's.
-  Status CheckLayoutAndModel(const MessageHeader& h, RejectReason* reason) const;
-  // A message of `worker` from `session` is refused: that process was declared dead.
-  Status CheckNotRemoved(int32_t worker, uint64_t session, RejectReason* reason) const;
+  void RegisterReply(const MessageHeader& h, MessageHeader* reply) const;  // the fields both registers fill
   bool KnownWorker(int32_t w) const { return w >= 0 && w < max_workers_; }
-  // Same-host shared memory (common/shm_region.h), a region per registered connection that asked:
-  // a push's payload is copied out (then validated like frames), a pull's weights copied in.
-  void OfferRegion(const PeerId& peer, const MessageHeader& h, MessageHeader* reply);
+  // A push's payload in the sender's shared region (common/shm_region.h): copied out, then
+  // validated like frames.
   Status ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason);
   // A push as the wire carried it, before DensifyPush: what the log keeps of a lossy or
   // sufficient-factor push when that is fewer bytes (wal.h kCodedPush).
@@ -300,7 +289,6 @@ class ShardServer {
   const ShardOptions options_;
   const int max_workers_;
   const uint64_t incarnation_;
-  const std::string boot_id_;  // this host's (regions only for workers on it)
 
   mutable std::mutex mu_;  // guards everything below
   // The chunks and the lanes that apply to them (server/chunk_store.h). Reset first in the
@@ -309,11 +297,9 @@ class ShardServer {
   PushRules rules_;  // what this shard takes (request_check.h), over the store's chunks
   std::unique_ptr<ConsistencyPolicy> policy_;
   std::unique_ptr<Updater> updater_;
-  DuplicateWindows duplicates_;  // requests taken, per worker's session (server/sessions.h)
-  SessionFence fence_;           // sessions registered, and those of processes declared dead
-  PullStepOrder step_order_;     // the order key of each worker's step of pulls (server/sessions.h)
-  // Registered connections, readers, and their shared regions (laid out as the store's share; server/peers.h).
-  PeerTable peers_;
+  // Who is who: registrations, their checks, regions, duplicate windows, the fence (server/shard_sessions.h).
+  std::unique_ptr<ShardSessions> sessions_;
+  PullStepOrder step_order_;  // the order key of each worker's step of pulls (server/sessions.h)
   std::unique_ptr<Keeper> keeper_;
   // The log, checkpoints and recovery (server/shard_durability.h). Its log's thread calls the
   // wake function until it stops: reset before wake_.

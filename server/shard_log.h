@@ -1,8 +1,8 @@
 // shard_log.h — ShardLog, a shard's side of its write-ahead log (server/wal.h): opening it once
 // its directory has room for it, staging each change as a record (counted in the shard's
 // stats), the replies held until the log has written what they acknowledge, and the failure
-// that stops the shard. Replay is the shard's: it goes through the same apply path as live
-// traffic (ShardServer::Recover).
+// that stops the shard. Replay is ShardDurability's (server/shard_durability.h): it goes through
+// the same apply path as live traffic.
 //
 // Held replies: a reply to a change staged in the log waits until the log's durable seq reaches
 // the change's (at most kMaxHeld; past that the loop waits for the disk). When the log stalls

@@ -5,8 +5,8 @@
 // A restart (downpour-server --recover) loads the shard's checkpoint and replays the records
 // the checkpoint does not cover (seq > the checkpoint's meta "wal_seq"), which rebuilds the
 // exact state: replay goes through the same apply code as the live path, in the same order. It
-// then checkpoints and logs into a new file (ShardServer::Recover): a process that still holds
-// the old file (a server replaced while it was cut off) cannot write into the new one.
+// then checkpoints and logs into a new file (ShardDurability::Recover): a process that still
+// holds the old file (a server replaced while it was cut off) cannot write into the new one.
 //
 // File: D/<checkpoint.dir>/server-<i>.wal (server/run_dir.h ServerWalPath), a sequence of
 // records, no file header. Record layout (integers little-endian):

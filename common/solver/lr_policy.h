@@ -8,7 +8,7 @@
 // sync an update averaging n workers' gradients advances it by n. So a sync run and an async
 // run that have processed the same number of images see the same lr, and stepsize, stepvalues
 // and max_iter count worker batches in every mode. A shard server keeps it per chunk
-// (server/shard.cc ApplyGradient); the worker's --local run counts its own batches.
+// (ChunkStore::Apply, server/chunk_store.cc); the worker's --local run counts its own batches.
 // Rates are computed in double and rounded to float once.
 //
 // Thread-safety: pure functions.
