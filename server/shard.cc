@@ -147,7 +147,7 @@ class ShardServer::Updater : public ShardUpdater {
     st.staleness_max = std::max(st.staleness_max, v);
     const size_t b = std::min<size_t>(v, st.staleness_histogram.size() - 1);
     ++st.staleness_histogram[b];
-    s_->NoteStaleness(static_cast<int64_t>(v));
+    s_->stability_.Note(static_cast<int64_t>(v), s_->policy_->LiveWorkers(), s_->durability_->replaying());
   }
 
  private:
@@ -196,6 +196,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       max_workers_(options_.cluster.max_workers > 0 ? options_.cluster.max_workers : options_.cluster.workers),
       incarnation_(RandomId()),  // a restarted process draws a new one
       step_order_(max_workers_),
+      stability_(options_.server_id, options_.consistency.staleness_aware_lr, options_.solver.base_lr),
       refusal_log_(fmt::format("server {}", options_.server_id), "refusals"),
       reply_log_(fmt::format("server {}", options_.server_id), "failed replies"),
       // Reused buffers for two messages' worth of this shard's chunks (factor chunks' rows
@@ -755,31 +756,6 @@ ShardLog::Refuse ShardServer::RefuseTo(ServerEndpoint* ep) {
   return [this, ep](const PeerId& peer, const MessageHeader& request, const Status& why) {
     Reject(ep, peer, PeerInfo{}, request, why, RejectReason::kLogWrite);
   };
-}
-
-void ShardServer::NoteStaleness(int64_t staleness) {
-  if (staleness_ring_.size() < static_cast<size_t>(kStalenessWindow)) {
-    staleness_ring_.push_back(staleness);
-  } else {
-    staleness_ring_sum_ -= staleness_ring_[staleness_next_];
-    staleness_ring_[staleness_next_] = staleness;
-    staleness_next_ = (staleness_next_ + 1) % staleness_ring_.size();
-  }
-  staleness_ring_sum_ += staleness;
-  if (stability_warned_ || durability_->replaying() || options_.consistency.staleness_aware_lr ||
-      staleness_ring_.size() < static_cast<size_t>(kStalenessWindow)) {
-    return;
-  }
-  const double mean = static_cast<double>(staleness_ring_sum_) / static_cast<double>(staleness_ring_.size());
-  const int live = policy_->LiveWorkers();
-  if (mean >= 4.0 && mean >= static_cast<double>(live)) {
-    stability_warned_ = true;
-    spdlog::warn(
-        "server {}: mean staleness over the last {} updates is {:.1f} versions with {} live workers (a healthy "
-        "async run of W workers shows about W-1): gradients this stale can make training diverge; set "
-        "consistency.staleness_aware_lr = true or lower solver.base_lr (now {})",
-        options_.server_id, staleness_ring_.size(), mean, live, options_.solver.base_lr);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

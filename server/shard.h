@@ -7,6 +7,7 @@
 //   ShardSessions (shard_sessions.h)      who is who: registrations and their checks, regions,
 //                                         duplicate windows, the fence of processes declared dead
 //   PullStepOrder (sessions.h)            the order key of each worker's step of pulls
+//   StabilityGuard (stability_guard.h)    the warning that updates are too stale for the lr
 //   request_check.h, factor_push.h, delay_compensation.h  checking, densifying, compensating pushes
 //
 // Each message is validated whole before it touches a weight, so a refused push changes nothing;
@@ -64,6 +65,7 @@
 #include "server/shard_durability.h"
 #include "server/shard_log.h"
 #include "server/shard_sessions.h"
+#include "server/stability_guard.h"
 #include "server/wal.h"
 
 namespace downpour {
@@ -207,7 +209,7 @@ class ShardServer {
 
   static constexpr int kPeersPerWorker = PeerTable::kPeersPerWorker;  // registered connections kept per worker id
   static constexpr int kMaxReaders = PeerTable::kMaxReaders;          // evaluator connections kept
-  static constexpr int kStalenessWindow = 200;      // chunk updates the stability guard averages
+  static constexpr int kStalenessWindow = StabilityGuard::kWindow;    // chunk updates the stability guard averages
 
  private:
   struct PendingPull;
@@ -259,7 +261,6 @@ class ShardServer {
   void ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                  const std::vector<PushChunk>& chunks);
   void ApplyGone(int32_t worker, bool finished);
-  void NoteStaleness(int64_t staleness);
   bool PullReady(const PendingPull& p) const;
   // Fills the reply's header and has the store read the chunks (ChunkStore::Read); a reply the
   // lanes finish goes to the loop, which sends it (SendDonePulls).
@@ -310,10 +311,7 @@ class ShardServer {
   // for the other algorithms.
   std::unique_ptr<DelayCompensation> dc_;
   std::vector<int64_t> push_staleness_;  // per local chunk: the applied push's staleness for its ack; -1 = none
-  std::vector<int64_t> staleness_ring_;  // last kStalenessWindow chunk staleness values
-  size_t staleness_next_ = 0;
-  int64_t staleness_ring_sum_ = 0;
-  bool stability_warned_ = false;
+  StabilityGuard stability_;             // warns once when updates are too stale for the lr (server/stability_guard.h)
   std::vector<PendingPull> pending_;
   ShardStatsWire stats_;
   std::vector<std::pair<int32_t, bool>> gone_queue_;  // (worker, finished) from MarkWorkerGone, for the loop
