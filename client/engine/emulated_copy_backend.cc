@@ -6,6 +6,18 @@
 namespace downpour::engine {
 namespace {
 
+// An event of the log, its other fields at their defaults.
+CopyEvent Event(CopyEvent::Kind kind, uint64_t ticket = 0, const float* device = nullptr, int64_t count = 0,
+                int layer = -1) {
+  CopyEvent e;
+  e.kind = kind;
+  e.ticket = ticket;
+  e.device = device;
+  e.count = count;
+  e.layer = layer;
+  return e;
+}
+
 // A layer of the inner backend that first waits for the copies its run depends on.
 class CopyOrderedLayer : public Layer {
  public:
@@ -73,7 +85,7 @@ void EmulatedCopyBackend::CopyLoop() {
     const CopyEvent::Kind done = c.direction == Direction::kUpload  ? CopyEvent::kUploadDone
                                  : c.direction == Direction::kInput ? CopyEvent::kInputDone
                                                                     : CopyEvent::kDownloadDone;
-    log_.push_back(CopyEvent{done, c.ticket, c.device, c.device_count});
+    log_.push_back(Event(done, c.ticket, c.device, c.device_count));
     cv_.notify_all();
   }
 }
@@ -91,7 +103,7 @@ uint64_t EmulatedCopyBackend::Queue(Direction direction, const void* from, void*
     const CopyEvent::Kind kind = direction == Direction::kUpload  ? CopyEvent::kUploadQueued
                                  : direction == Direction::kInput ? CopyEvent::kInputQueued
                                                                   : CopyEvent::kDownloadQueued;
-    log_.push_back(CopyEvent{kind, ticket, device, device_count});
+    log_.push_back(Event(kind, ticket, device, device_count));
   }
   cv_.notify_all();
   return ticket;
@@ -178,7 +190,7 @@ void EmulatedCopyBackend::BeforeForward(int layer, const std::vector<ParamSlot>&
   for (const ParamSlot& p : params) wait = std::max(wait, LastOverlapping(true, p.data, p.spec.numel()));
   cv_.wait(lock, [&] { return wait <= completed_; });
   std::erase_if(recent_, [&](const Copy& c) { return c.ticket <= completed_; });  // nothing to wait for
-  log_.push_back(CopyEvent{CopyEvent::kForward, 0, nullptr, 0, layer});
+  log_.push_back(Event(CopyEvent::kForward, 0, nullptr, 0, layer));
 }
 
 void EmulatedCopyBackend::BeforeBackward(int layer, const std::vector<ParamSlot>& params) {
@@ -187,7 +199,7 @@ void EmulatedCopyBackend::BeforeBackward(int layer, const std::vector<ParamSlot>
   for (const ParamSlot& p : params) wait = std::max(wait, LastOverlapping(false, p.grad, p.spec.numel()));
   cv_.wait(lock, [&] { return wait <= completed_; });
   std::erase_if(recent_, [&](const Copy& c) { return c.ticket <= completed_; });  // nothing to wait for
-  log_.push_back(CopyEvent{CopyEvent::kBackward, 0, nullptr, 0, layer});
+  log_.push_back(Event(CopyEvent::kBackward, 0, nullptr, 0, layer));
 }
 
 void EmulatedCopyBackend::Note(std::string note) {
@@ -220,7 +232,7 @@ void EmulatedCopyBackend::NormalizeInput(const InputNormalization& norm, const B
   WaitCopy(slot.ticket);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    log_.push_back(CopyEvent{CopyEvent::kInputNormalized, slot.ticket, nullptr, 0});
+    log_.push_back(Event(CopyEvent::kInputNormalized, slot.ticket));
   }
   // From the device's copy only: bytes the caller changed after staging would not show. The inner
   // (host) backend normalises as a device kernel would.
