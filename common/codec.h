@@ -132,7 +132,7 @@ struct ShardStatsWire {
   uint64_t region_parts = 0;  // push / pull messages whose payload went through shared memory
   uint64_t wal_ns = 0;           // the loop's time appending to the write-ahead log (part of busy_ns)
   uint64_t wal_sync_cpu_ns = 0;  // CPU time of the log's fsync thread (not on the loop)
-  uint64_t factor_ns = 0;        // the loop's time forming factor pushes' dense gradients (part of busy_ns)
+  uint64_t factor_ns = 0;        // the factor expander's time forming factor pushes' dense gradients (beside the loop)
   uint64_t wal_bytes = 0;          // bytes appended to the write-ahead log
   uint64_t wal_coded_records = 0;  // of wal_records, pushes logged as the wire carried them
   bool operator==(const ShardStatsWire&) const = default;

@@ -104,9 +104,9 @@ class ServerEndpoint {
   }
   // Sends queued replies that have fallen due (an emulated link's paced replies, replies that
   // waited for a full pipe), without waiting; the rest stay queued. A loop in the middle of long
-  // work (a push's sufficient factors expanded chunk by chunk) calls it between pieces, so its replies leave when due as a
-  // kernel's socket buffer would let them, not when the loop next calls Receive. The loop's
-  // thread only. Transports that queue nothing do nothing.
+  // work may call it between pieces, so its replies leave when due as a kernel's socket buffer
+  // would let them, not when it next calls Receive (a shard keeps long work off its loop instead:
+  // server/factor_expander.h). The loop's thread only. Transports that queue nothing do nothing.
   virtual void ReleaseDue() {}
   // Thread-safe: a Receive waiting now, or the next one, returns (kTimeout) at once, so that the
   // loop can send what another thread made ready (a shard's acks its log thread has written).

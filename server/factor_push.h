@@ -10,7 +10,8 @@
 // G = δᵀ·a (rows × in, one sgemm from oneDNN) that the chunk covers.
 //
 // Thread-safety: ExpandFactorPush touches only its arguments (oneDNN's sgemm may use OpenMP
-// threads); its scratch pool belongs to one thread (a shard's loop thread).
+// threads); its scratch pool belongs to one thread (a shard's factor expander,
+// server/factor_expander.h).
 // Ownership: the rewritten frames share their dense gradients' buffers (Frame::Borrow with a
 // keepalive) with the pool they came from, which hands a buffer out again only once every frame
 // has released it.

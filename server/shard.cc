@@ -201,8 +201,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
       reply_log_(fmt::format("server {}", options_.server_id), "failed replies"),
       // Reused buffers for two messages' worth of this shard's chunks (factor chunks' rows
       // reach past the chunk: the f32 pool is bounded by the rows' elements).
-      region_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false)),
-      factor_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/true)) {
+      region_scratch_(2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/false)) {
   ChunkStoreOptions co;
   co.server_id = options_.server_id;
   co.solver = options_.solver;
@@ -260,6 +259,7 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
 ShardServer::~ShardServer() {
   Stop();
   if (thread_.joinable()) thread_.join();
+  expander_.reset();    // finishes its jobs (dropped: never acknowledged), joins; it calls the wake function
   store_.reset();       // runs what was posted, while everything its tasks touch is still here
   durability_.reset();  // its log's thread calls the wake function (wake_mu_, wake_) until it stops
 }
@@ -306,6 +306,10 @@ void ShardServer::Handle(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
 
 void ShardServer::Tick(ServerEndpoint* ep) {
   SendDonePulls(ep);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FinishExpansions(ep);
+  }
   ServePending(ep);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -320,6 +324,13 @@ Status ShardServer::Finish(ServerEndpoint* ep) {
   refusal_log_.FlushFinal();
   reply_log_.FlushFinal();
   std::lock_guard<std::mutex> lock(mu_);
+  if (expander_ != nullptr) {
+    // Pushes still being expanded, and what their peers sent after them, are dropped: none was
+    // logged or acknowledged, so their senders send them again to whoever serves next.
+    expander_->WaitAll();
+    (void)expander_->TakeDone();
+  }
+  deferred_.clear();
   store_->Drain();
   ShardLog& log = durability_->log();
   if (fenced_.load()) {  // out of the run: its log is another process's now
@@ -389,6 +400,28 @@ void ShardServer::Reject(ServerEndpoint* ep, const PeerId& peer, const PeerInfo&
 
 void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (auto waiting = deferred_.find(peer); waiting != deferred_.end()) {
+    // Its factor push is being expanded: this message comes after it, as it was sent.
+    waiting->second.push_back(DeferredMessage{info, std::move(frames)});
+    if (waiting->second.size() >= kMaxDeferred) {  // bounded: wait for the expander
+      expander_->WaitAll();
+      FinishExpansions(ep);
+    }
+    return;
+  }
+  HandleOne(ep, peer, info, frames);
+}
+
+MessageHeader ShardServer::ReplyTo(const MessageHeader& h) const {
+  MessageHeader reply;
+  reply.request_id = h.request_id;
+  reply.model_id = options_.model_id;
+  reply.sender = options_.server_id;
+  reply.layout_hash = layout_.hash();
+  return reply;
+}
+
+void ShardServer::HandleOne(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames) {
   MessageHeader h;
   Status s = ParseHeader(frames, &h);
   if (!s.ok()) {
@@ -401,18 +434,16 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
   TraceSpan span(options_.trace, options_.trace_track, "server", MsgTypeName(h.type));
   span.Arg("worker", h.sender);
   span.Arg("chunks", static_cast<double>(h.chunk_ids.size()));
-  MessageHeader reply;
-  reply.request_id = h.request_id;
-  reply.model_id = options_.model_id;
-  reply.sender = options_.server_id;
-  reply.layout_hash = layout_.hash();
+  MessageHeader reply = ReplyTo(h);
   RejectReason reason = RejectReason::kBadType;
+  bool deferred = false;
   switch (h.type) {
     case MsgType::kRegister:
       s = HandleRegister(peer, info, h, &reply, &reason);
       break;
     case MsgType::kPush:
-      s = ReceivePush(ep, peer, info, &h, &frames, &reply, &reason);
+      s = ReceivePush(peer, info, &h, &frames, &reply, &reason, &deferred);
+      if (deferred) return;  // its factors are being expanded: ContinuePush answers it
       break;
     case MsgType::kPull:
       s = TakePull(ep, peer, info, h, &reason);
@@ -453,18 +484,89 @@ void ShardServer::HandleMessage(ServerEndpoint* ep, const PeerId& peer, const Pe
   }
 }
 
-Status ShardServer::ReceivePush(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, MessageHeader* h,
-                                Frames* frames, MessageHeader* reply, RejectReason* reason) {
+Status ShardServer::ReceivePush(const PeerId& peer, const PeerInfo& info, MessageHeader* h, Frames* frames,
+                                MessageHeader* reply, RejectReason* reason, bool* deferred) {
   DP_RETURN_IF_ERROR(sessions_->CheckWorker(peer, info, *h, reason));
   if ((h->flags & kFlagShm) != 0) DP_RETURN_IF_ERROR(ReadRegionPush(peer, *h, frames, reason));
-  // Sufficient factors and lossy chunks become f32 dense first: validation, policy and SGD see
-  // f32 (those chunks known finite already); the push as it came is kept for the log.
+  if (HasFactorChunks(*h)) {
+    // Forming the gradients is an sgemm per chunk: off the loop, which goes on serving the other
+    // peers; this peer's later messages wait behind the push (HandleMessage).
+    auto job = std::make_unique<FactorJob>();
+    job->peer = peer;
+    job->info = info;
+    job->keep_wire = durability_->logging();
+    if (job->keep_wire) {
+      job->wire_header = *h;
+      job->wire_frames = *frames;
+    }
+    job->header = std::move(*h);
+    job->frames = std::move(*frames);
+    deferred_[peer];
+    Expander().Submit(std::move(job));
+    *deferred = true;
+    return Status::Ok();
+  }
+  // Lossy chunks become f32 dense first: validation, policy and SGD see f32 (those chunks known
+  // finite already); the push as it came is kept for the log.
   std::vector<bool> finite;
   WirePush wire;
-  const bool coded = HasFactorChunks(*h) || CodedPush(*h);
+  const bool coded = CodedPush(*h);
   if (coded && durability_->logging()) wire = WirePush{*h, *frames};
-  if (coded) DP_RETURN_IF_ERROR(DensifyPush(ep, h, frames, &finite, reason));
+  if (coded) DP_RETURN_IF_ERROR(DensifyPush(h, frames, &finite, reason));
   return HandlePush(*h, *frames, reply, reason, finite, durability_->logging() && coded ? &wire : nullptr);
+}
+
+FactorExpander& ShardServer::Expander() {
+  if (expander_ == nullptr) {
+    FactorExpanderOptions o;
+    // Reused buffers for two messages' worth of this shard's chunks (a factor chunk's rows reach
+    // past the chunk: bounded by the rows' elements).
+    o.scratch_elems = 2 * OwnedElems(layout_, options_.server_id, /*whole_rows=*/true);
+    o.threads = options_.compression.factor_threads;
+    o.trace = options_.trace;
+    o.track = fmt::format("factors of server {}", options_.server_id);
+    o.wake = [this] { CallWake(); };
+    expander_ = std::make_unique<FactorExpander>(layout_, std::move(o));
+  }
+  return *expander_;
+}
+
+void ShardServer::FinishExpansions(ServerEndpoint* ep) {
+  if (expander_ == nullptr) return;
+  for (const std::unique_ptr<FactorJob>& job : expander_->TakeDone()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ContinuePush(ep, job.get());
+    // Then what the peer sent meanwhile, in order, until one of them is deferred in its turn.
+    std::vector<DeferredMessage> waiting = std::move(deferred_[job->peer]);
+    deferred_.erase(job->peer);
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      if (auto again = deferred_.find(job->peer); again != deferred_.end()) {
+        for (size_t j = i; j < waiting.size(); ++j) again->second.push_back(std::move(waiting[j]));
+        break;
+      }
+      HandleOne(ep, job->peer, waiting[i].info, waiting[i].frames);
+    }
+    stats_.busy_ns += NanosSince(t0);
+  }
+}
+
+void ShardServer::ContinuePush(ServerEndpoint* ep, FactorJob* job) {
+  TraceSpan span(options_.trace, options_.trace_track, "server", "push");
+  span.Arg("worker", job->header.sender);
+  span.Arg("chunks", static_cast<double>(job->header.chunk_ids.size()));
+  MessageHeader reply = ReplyTo(job->header);
+  RejectReason reason = job->reason;
+  Status s = job->status;
+  if (s.ok()) s = DensifyPush(&job->header, &job->frames, &job->finite, &reason);  // its lossy chunks, if any
+  if (s.ok()) {
+    const WirePush wire{std::move(job->wire_header), std::move(job->wire_frames)};
+    s = HandlePush(job->header, job->frames, &reply, &reason, job->finite, job->keep_wire ? &wire : nullptr);
+  }
+  if (!s.ok()) {
+    if (!durability_->log().failed()) Reject(ep, job->peer, job->info, job->header, s, reason);
+    return;
+  }
+  ReplyWhenLogged(ep, job->peer, reply, MsgType::kPush);
 }
 
 Status ShardServer::TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
@@ -601,16 +703,22 @@ Status ShardServer::ReadRegionPush(const PeerId& peer, const MessageHeader& h, F
 // ---------------------------------------------------------------------------------------------
 // Push: validate every chunk, then hand the whole push to the policy.
 
-Status ShardServer::DensifyPush(ServerEndpoint* ep, MessageHeader* h, Frames* frames, std::vector<bool>* finite,
-                                RejectReason* reason) {
-  if (HasFactorChunks(*h)) {
-    TraceSpan factors(durability_->replaying() ? nullptr : options_.trace, options_.trace_track, "server", "factors");
-    const auto t0 = std::chrono::steady_clock::now();
-    std::function<void()> between_chunks;
-    if (ep != nullptr) between_chunks = [ep] { ep->ReleaseDue(); };
-    DP_RETURN_IF_ERROR(ExpandFactorPush(layout_, h, frames, reason, &factor_scratch_,
-                                        options_.compression.factor_threads, between_chunks, finite));
-    if (!durability_->replaying()) stats_.factor_ns += NanosSince(t0);
+Status ShardServer::DensifyPush(MessageHeader* h, Frames* frames, std::vector<bool>* finite, RejectReason* reason) {
+  if (HasFactorChunks(*h)) {  // replay: nothing is served meanwhile, so the loop waits for it
+    FactorExpander& expander = Expander();
+    DP_CHECK(expander.in_flight() == 0);  // no live push: this one's result is the only one
+    auto job = std::make_unique<FactorJob>();
+    job->header = std::move(*h);
+    job->frames = std::move(*frames);
+    expander.Submit(std::move(job));
+    expander.WaitAll();
+    std::vector<std::unique_ptr<FactorJob>> done = expander.TakeDone();
+    DP_CHECK(done.size() == 1);
+    *h = std::move(done[0]->header);
+    *frames = std::move(done[0]->frames);
+    *finite = std::move(done[0]->finite);
+    *reason = done[0]->reason;
+    DP_RETURN_IF_ERROR(done[0]->status);
   }
   if (CodedPush(*h)) {  // lossy: decoded to f32 dense, then checked and applied as one
     MessageHeader dense;
@@ -899,6 +1007,7 @@ void ShardServer::ApplyGone(int32_t worker, bool finished) { policy_->OnWorkerDe
 ShardStatsWire ShardServer::StatsLocked() const {
   ShardStatsWire s = stats_;
   s.sgd_ns = store_->apply_ns();
+  if (expander_ != nullptr) s.factor_ns = expander_->busy_ns();
   durability_->AddStats(&s);
   return s;
 }
@@ -1099,7 +1208,7 @@ Status ShardServer::ApplyCodedRecord(const WalRecord& r, const std::string& path
   Frames frames = r.frames;
   std::vector<bool> finite;
   RejectReason reason = RejectReason::kUndecodable;
-  Status s = DensifyPush(nullptr, &h, &frames, &finite, &reason);
+  Status s = DensifyPush(&h, &frames, &finite, &reason);
   CheckedPush checked;
   if (s.ok()) {
     s = CheckDensePush(rules_, h, frames, ChunkFactsOf(), finite, &checked, &reason);

@@ -8,6 +8,7 @@
 //                                         duplicate windows, the fence of processes declared dead
 //   PullStepOrder (sessions.h)            the order key of each worker's step of pulls
 //   StabilityGuard (stability_guard.h)    the warning that updates are too stale for the lr
+//   FactorExpander (factor_expander.h)    factor pushes made dense on a thread of its own
 //   request_check.h, factor_push.h, delay_compensation.h  checking, densifying, compensating pushes
 //
 // Each message is validated whole before it touches a weight, so a refused push changes nothing;
@@ -25,8 +26,9 @@
 // read) to the store's lane that owns the chunk (cluster.server_threads lanes), so updates apply
 // in parallel and in message order per chunk. Stop, MarkWorkerGone, SaveCheckpoint and the const
 // accessors may be called from any thread (the snapshots drain the lanes first); Recover,
-// LoadCheckpoint and OpenLog before the loop, on one thread. The log's thread and the lanes call
-// nothing here but the wake function (SetWake) and the list of finished pull replies.
+// LoadCheckpoint and OpenLog before the loop, on one thread. The log's thread, the lanes and the
+// factor expander call nothing here but the wake function (SetWake) and, the lanes, the list of
+// finished pull replies.
 #pragma once
 
 #include <atomic>
@@ -38,6 +40,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/buffer_pool.h"
@@ -59,6 +62,7 @@
 #include "server/chunk_store.h"
 #include "server/consistency.h"
 #include "server/delay_compensation.h"
+#include "server/factor_expander.h"
 #include "server/peers.h"
 #include "server/request_check.h"
 #include "server/sessions.h"
@@ -219,11 +223,22 @@ class ShardServer {
 
   ShardServer(const ParamLayout& layout, ShardOptions options);
 
-  // The dispatcher: parses, routes by type to one handler below, and replies or refuses.
+  // The dispatcher: a message of a peer whose factor push is being expanded waits behind it
+  // (deferred_); any other is parsed, routed by type to one handler below, and replied to or
+  // refused (HandleOne).
   void HandleMessage(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames);
-  // A push from its sender's connection: checked, read from shared memory, densified, then HandlePush.
-  Status ReceivePush(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, MessageHeader* h, Frames* frames,
-                     MessageHeader* reply, RejectReason* reason);
+  void HandleOne(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, Frames& frames);
+  // The reply's fields every answer to `h` carries.
+  MessageHeader ReplyTo(const MessageHeader& h) const;
+  // A push from its sender's connection: checked, read from shared memory, then handed to the
+  // factor expander (*deferred: ContinuePush answers it) or densified and given to HandlePush.
+  Status ReceivePush(const PeerId& peer, const PeerInfo& info, MessageHeader* h, Frames* frames, MessageHeader* reply,
+                     RejectReason* reason, bool* deferred);
+  // Pushes the expander has finished: each goes on to HandlePush and its reply, then the messages
+  // its peer sent meanwhile are handled in order.
+  void FinishExpansions(ServerEndpoint* ep);
+  void ContinuePush(ServerEndpoint* ep, FactorJob* job);
+  FactorExpander& Expander();  // made on the first factor push
   // A pull: checked, then served now (ServePull) or held until the policy lets it (pending_).
   Status TakePull(ServerEndpoint* ep, const PeerId& peer, const PeerInfo& info, const MessageHeader& h,
                   RejectReason* reason);
@@ -238,17 +253,16 @@ class ShardServer {
   // A push's payload in the sender's shared region (common/shm_region.h): copied out, then
   // validated like frames.
   Status ReadRegionPush(const PeerId& peer, const MessageHeader& h, Frames* frames, RejectReason* reason);
-  // A push as the wire carried it, before DensifyPush: what the log keeps of a lossy or
+  // A push as the wire carried it, before it was densified: what the log keeps of a lossy or
   // sufficient-factor push when that is fewer bytes (wal.h kCodedPush).
   struct WirePush {
     MessageHeader header;
     Frames frames;  // header frame first; shares the received buffers
   };
-  // Turns a push's factor chunks (server/factor_push.h) and lossy chunks (DecodeCodedPush) into
-  // f32 dense ones; `finite[i]`: chunk i is known finite. Live before the checks and the log, and
-  // in replay of a coded push. `ep`: releases due replies between factor chunks; null in replay.
-  Status DensifyPush(ServerEndpoint* ep, MessageHeader* h, Frames* frames, std::vector<bool>* finite,
-                     RejectReason* reason);
+  // Turns a push's factor chunks (server/factor_push.h; on the expander, waited for: replay
+  // only, live ones are deferred) and lossy chunks (DecodeCodedPush) into f32 dense ones;
+  // `finite[i]`: chunk i is known finite. Before the checks and the log, live and in replay.
+  Status DensifyPush(MessageHeader* h, Frames* frames, std::vector<bool>* finite, RejectReason* reason);
   // A dense f32 push from an accepted sender: validated whole, then logged and applied. `finite`
   // chunks are not scanned again. `wire`: the push before DensifyPush (null: it came dense),
   // logged instead of the f32 chunks when smaller and not DC-ASGD.
@@ -318,7 +332,17 @@ class ShardServer {
   RateLimitedLog refusal_log_;                        // refusals a stranger can provoke: a bounded number of lines
   RateLimitedLog reply_log_;  // failed replies: a peer that went away can cause many
   BufferPool<float> region_scratch_;  // shared pushes copied out before validation (kept until applied)
-  BufferPool<float> factor_scratch_;  // factor chunks' dense gradients (reused, bounded)
+  // Factor pushes are expanded on a thread of their own (server/factor_expander.h); until one
+  // comes back, its peer's later messages wait here, in order (at most kMaxDeferred a peer, then
+  // the loop waits for the expander).
+  static constexpr size_t kMaxDeferred = 64;
+  struct DeferredMessage {
+    PeerInfo info;
+    Frames frames;
+  };
+  std::unordered_map<PeerId, std::vector<DeferredMessage>> deferred_;
+  // Reset first in the destructor: its thread calls the wake function.
+  std::unique_ptr<FactorExpander> expander_;
   std::mutex done_mu_;                 // guards done_pulls_
   std::vector<std::shared_ptr<PullJob>> done_pulls_;  // assembled by the lanes, for the loop to send
 

@@ -10,8 +10,8 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
-#include <unistd.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +36,7 @@
 #include "server/shard_log.h"
 #include "server/wal.h"
 #include "tests/testing/fault_env.h"
+#include "tests/testing/release_counting_endpoint.h"
 
 namespace downpour {
 namespace {
@@ -325,24 +326,6 @@ TEST_F(ShardFixture, UpdateThroughTheMessagePathEqualsSgdUpdate) {
   for (const Chunk& c : layout_.chunks()) EXPECT_EQ(client->last_versions()[static_cast<size_t>(c.id)], 5);
 }
 
-// An endpoint that counts the loop's ReleaseDue calls and passes everything else on.
-class CountingEndpoint : public ServerEndpoint {
- public:
-  CountingEndpoint(std::unique_ptr<ServerEndpoint> inner, std::atomic<int>* releases)
-      : inner_(std::move(inner)), releases_(releases) {}
-  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
-    return inner_->Receive(from, frames, timeout, info);
-  }
-  Status Send(const PeerId& to, Frames frames) override { return inner_->Send(to, std::move(frames)); }
-  void ReleaseDue() override { releases_->fetch_add(1); }
-  std::string address() const override { return inner_->address(); }
-  void Wake() override { inner_->Wake(); }
-
- private:
-  std::unique_ptr<ServerEndpoint> inner_;
-  std::atomic<int>* releases_;
-};
-
 // The loop applies nothing itself (the lanes do, server/apply_lanes.h), so it never calls into
 // the transport in the middle of an update: no ReleaseDue from a push of many chunks, and the
 // acks and the pull still come back. 8 chunks (tensors of 30, 6 and 17 floats in chunks of up
@@ -352,7 +335,7 @@ TEST_F(ShardFixture, AnUpdateNeverCallsIntoTheTransport) {
   ShardOptions o = PlainSgd();
   o.cluster.server_threads = 3;
   StartShards(SmallModel(), 1, 8, o, [&releases](std::unique_ptr<ServerEndpoint> ep) {
-    return std::make_unique<CountingEndpoint>(std::move(ep), &releases);
+    return std::make_unique<test::ReleaseCountingEndpoint>(std::move(ep), &releases);
   });
   ASSERT_EQ(layout_.chunks().size(), 8u);
   auto client = Client(0);
