@@ -872,110 +872,147 @@ TEST_F(BadFactors, AnInitPushCannotCarryFactors) {
 
 using test::StampingEndpoint;  // tests/testing/stamping_endpoint.h
 
-// A factor push is expanded off the shard's loop (server/factor_expander.h): while a large one
-// forms its gradient (an sgemm of ~17 GFLOP, well over 10 ms on any CPU), another worker's pull is
-// answered; the pusher's own later pull waits behind its push and sees it applied; and the loop
-// never calls into its transport meanwhile (no ReleaseDue).
-TEST(FactorLoop, ALargeFactorPushDoesNotHoldTheOtherWorkersAndItsPeersNextPullSeesIt) {
-  constexpr int64_t kOut = 4096, kIn = 4096, kBatch = 512;
-  ParamLayout layout;
-  ASSERT_TRUE(
-      ParamLayout::Build({{"fc", {kOut, kIn}, 1.0f, 1.0f}, {"b", {8}, 1.0f, 0.0f}}, 1, int64_t{1} << 22, &layout).ok());
-  ShardOptions o;
-  o.solver.base_lr = 0.5f;
-  o.cluster.workers = 2;
-  InprocTransport transport;
-  std::unique_ptr<ServerEndpoint> ep;
-  ASSERT_TRUE(transport.Bind("factor-loop", &ep).ok());
-  const std::string address = ep->address();
-  std::atomic<int> releases{0};
-  std::unique_ptr<ShardServer> shard;
-  ASSERT_TRUE(ShardServer::Create(layout, o, &shard).ok());
-  shard->Start(std::make_unique<test::ReleaseCountingEndpoint>(std::move(ep), &releases));
-  RawPeer pusher, other;
-  ASSERT_TRUE(pusher.Connect(&transport, address).ok());
-  ASSERT_TRUE(other.Connect(&transport, address).ok());
-  auto header = [&](MsgType type, int32_t worker) {
+// A shard of one 4096×4096 weight and a bias, two raw workers registered, weights at 0: factor
+// pushes expanded off the loop (server/factor_expander.h).
+class FactorLoop : public ::testing::Test {
+ protected:
+  static constexpr int64_t kOut = 4096, kIn = 4096, kBatch = 512;
+
+  void SetUp() override {
+    ASSERT_TRUE(
+        ParamLayout::Build({{"fc", {kOut, kIn}, 1.0f, 1.0f}, {"b", {8}, 1.0f, 0.0f}}, 1, int64_t{1} << 22, &layout_)
+            .ok());
+    ShardOptions o;
+    o.solver.base_lr = 0.5f;
+    o.cluster.workers = 2;
+    std::unique_ptr<ServerEndpoint> ep;
+    ASSERT_TRUE(transport_.Bind("factor-loop", &ep).ok());
+    const std::string address = ep->address();
+    ASSERT_TRUE(ShardServer::Create(layout_, o, &shard_).ok());
+    shard_->Start(std::make_unique<test::ReleaseCountingEndpoint>(std::move(ep), &releases_));
+    ASSERT_TRUE(pusher_.Connect(&transport_, address).ok());
+    ASSERT_TRUE(other_.Connect(&transport_, address).ok());
+    pusher_.Send(Header(MsgType::kRegister, 0), {});
+    ASSERT_EQ(pusher_.Receive().type, MsgType::kRegisterReply);
+    other_.Send(Header(MsgType::kRegister, 1), {});
+    ASSERT_EQ(other_.Receive().type, MsgType::kRegisterReply);
+    MessageHeader init = Header(MsgType::kPush, 0);
+    init.flags = kFlagInit;
+    init.request_id = 1;
+    Frames zeros;
+    const std::vector<float> zero(size_t{1} << 22, 0.0f);
+    for (const Chunk& c : layout_.chunks()) {
+      init.chunk_ids.push_back(static_cast<uint32_t>(c.id));
+      init.elem_counts.push_back(static_cast<uint64_t>(c.count));
+      init.byte_lengths.push_back(static_cast<uint64_t>(c.count) * 4);
+      zeros.push_back(Frame::Copy(zero.data(), static_cast<size_t>(c.count) * 4));
+    }
+    pusher_.Send(init, std::move(zeros));
+    ASSERT_EQ(pusher_.Receive().type, MsgType::kAck);
+    for (const Chunk& c : layout_.chunks()) {
+      if (c.tensor == 0) fc_chunks_.push_back(c.id);
+    }
+  }
+  void TearDown() override {
+    EXPECT_EQ(releases_.load(), 0) << "the loop called into its transport";
+    shard_->Stop();
+    EXPECT_TRUE(shard_->Join().ok());
+  }
+  MessageHeader Header(MsgType type, int32_t worker) const {
     MessageHeader h;
     h.type = type;
     h.sender = worker;
-    h.layout_hash = layout.hash();
+    h.layout_hash = layout_.hash();
     return h;
-  };
-  pusher.Send(header(MsgType::kRegister, 0), {});
-  ASSERT_EQ(pusher.Receive().type, MsgType::kRegisterReply);
-  other.Send(header(MsgType::kRegister, 1), {});
-  ASSERT_EQ(other.Receive().type, MsgType::kRegisterReply);
-  MessageHeader init = header(MsgType::kPush, 0);
-  init.flags = kFlagInit;
-  init.request_id = 1;
-  Frames zeros;
-  const std::vector<float> zero(size_t{1} << 22, 0.0f);
-  for (const Chunk& c : layout.chunks()) {
-    init.chunk_ids.push_back(static_cast<uint32_t>(c.id));
-    init.elem_counts.push_back(static_cast<uint64_t>(c.count));
-    init.byte_lengths.push_back(static_cast<uint64_t>(c.count) * 4);
-    zeros.push_back(Frame::Copy(zero.data(), static_cast<size_t>(c.count) * 4));
   }
-  pusher.Send(init, std::move(zeros));
-  ASSERT_EQ(pusher.Receive().type, MsgType::kAck);
-
-  // δ = 1/kBatch and a = 1: every element of the gradient δᵀ·a is exactly 1.
-  MessageHeader push = header(MsgType::kPush, 0);
-  push.request_id = 2;
-  push.factor_batch = kBatch;
-  Frames factors;
-  const std::vector<float> delta(static_cast<size_t>(kBatch * kOut), 1.0f / kBatch);
-  std::vector<int32_t> fc_chunks;
-  for (const Chunk& c : layout.chunks()) {
-    if (c.tensor != 0) continue;
-    fc_chunks.push_back(c.id);
-    const int64_t rows = c.count / kIn;  // chunks of 2^22 floats hold whole rows of 4096
-    push.chunk_ids.push_back(static_cast<uint32_t>(c.id));
-    push.versions.push_back(0);
-    push.elem_counts.push_back(static_cast<uint64_t>(c.count));
-    push.byte_lengths.push_back(static_cast<uint64_t>(kBatch * rows) * 4);
-    push.encodings.push_back(Encoding::kFactors);
-    factors.push_back(Frame::Copy(delta.data(), static_cast<size_t>(kBatch * rows) * 4));
+  MessageHeader Pull(int32_t worker, uint64_t request_id, int32_t chunk) const {
+    MessageHeader h = Header(MsgType::kPull, worker);
+    h.request_id = request_id;
+    h.chunk_ids = {static_cast<uint32_t>(chunk)};
+    return h;
   }
-  const std::vector<float> a(static_cast<size_t>(kBatch * kIn), 1.0f);
-  factors.push_back(Frame::Copy(a.data(), a.size() * 4));
-  pusher.Send(push, std::move(factors));
-  MessageHeader own_pull = header(MsgType::kPull, 0);
-  own_pull.request_id = 3;
-  own_pull.chunk_ids = {static_cast<uint32_t>(fc_chunks[0])};
-  pusher.Send(own_pull, {});  // sent after the push on the same connection: answered after it
+  // One factor push of all of "fc" from worker 0, δ = 1/kBatch and a = 1: every element of its
+  // gradient δᵀ·a is exactly 1. Forming it is an sgemm of 17 GFLOP, well over 10 ms on any CPU.
+  void SendBigPush(uint64_t request_id) {
+    MessageHeader push = Header(MsgType::kPush, 0);
+    push.request_id = request_id;
+    push.factor_batch = kBatch;
+    Frames factors;
+    const std::vector<float> delta(static_cast<size_t>(kBatch * kOut), 1.0f / kBatch);
+    for (int32_t id : fc_chunks_) {
+      const Chunk& c = layout_.chunk(id);
+      const int64_t rows = c.count / kIn;  // chunks of 2^22 floats hold whole rows of 4096
+      push.chunk_ids.push_back(static_cast<uint32_t>(id));
+      push.versions.push_back(0);
+      push.elem_counts.push_back(static_cast<uint64_t>(c.count));
+      push.byte_lengths.push_back(static_cast<uint64_t>(kBatch * rows) * 4);
+      push.encodings.push_back(Encoding::kFactors);
+      factors.push_back(Frame::Copy(delta.data(), static_cast<size_t>(kBatch * rows) * 4));
+    }
+    const std::vector<float> a(static_cast<size_t>(kBatch * kIn), 1.0f);
+    factors.push_back(Frame::Copy(a.data(), a.size() * 4));
+    pusher_.Send(push, std::move(factors));
+  }
+  int32_t bias_chunk() const { return layout_.chunks().back().id; }
 
-  std::this_thread::sleep_for(2ms);  // the push is on the expander by now
-  MessageHeader pull = header(MsgType::kPull, 1);
-  pull.request_id = 4;
-  pull.chunk_ids = {static_cast<uint32_t>(layout.chunks().back().id)};  // "b"
-  other.Send(pull, {});
+  InprocTransport transport_;
+  ParamLayout layout_;
+  std::atomic<int> releases_{0};
+  std::unique_ptr<ShardServer> shard_;
+  RawPeer pusher_, other_;
+  std::vector<int32_t> fc_chunks_;
+};
+
+// While a large factor push is expanded (server/factor_expander.h), another worker's pull is
+// answered; the pusher's own later pull waits behind its push and sees it applied; and the loop
+// never calls into its transport meanwhile (no ReleaseDue, TearDown).
+TEST_F(FactorLoop, ALargeFactorPushDoesNotHoldTheOtherWorkersAndItsPeersNextPullSeesIt) {
+  SendBigPush(2);
+  pusher_.Send(Pull(0, 3, fc_chunks_[0]), {});  // sent after the push on the same connection: answered after it
+  std::this_thread::sleep_for(2ms);             // the push is on the expander by now
+  other_.Send(Pull(1, 4, bias_chunk()), {});
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(other.Receive().type, MsgType::kPullReply);
+  EXPECT_EQ(other_.Receive().type, MsgType::kPullReply);
   const double other_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   MessageHeader early;
-  EXPECT_FALSE(pusher.TryReceive(&early, 0ms)) << "the push was acknowledged before another worker's pull (" << other_ms
-                                               << " ms): the loop waited for the expansion";
-  const MessageHeader ack = pusher.Receive();
+  EXPECT_FALSE(pusher_.TryReceive(&early, 0ms)) << "the push was acknowledged before another worker's pull ("
+                                                << other_ms << " ms): the loop waited for the expansion";
+  const MessageHeader ack = pusher_.Receive();
   ASSERT_EQ(ack.type, MsgType::kAck) << ack.error_text;
-  const MessageHeader own = pusher.Receive();
+  const MessageHeader own = pusher_.Receive();
   ASSERT_EQ(own.type, MsgType::kPullReply);
   ASSERT_EQ(own.versions.size(), 1u);
   EXPECT_EQ(own.versions[0], 1) << "the pusher's pull sent after its push sees it";
-  for (int32_t id : fc_chunks) {
-    const std::vector<float> w = shard->ChunkWeights(id);
+  for (int32_t id : fc_chunks_) {
+    const std::vector<float> w = shard_->ChunkWeights(id);
     ASSERT_FALSE(w.empty());
     EXPECT_EQ(w.front(), -0.5f);  // 0 − lr·1
     EXPECT_EQ(w.back(), -0.5f);
   }
-  const uint64_t factor_ns = shard->Stats().factor_ns;
+  const uint64_t factor_ns = shard_->Stats().factor_ns;
   EXPECT_GT(factor_ns, 0u);
   std::printf("another worker's pull answered in %.2f ms; the push's expansion took %.1f ms\n", other_ms,
               1e-6 * static_cast<double>(factor_ns));
-  EXPECT_EQ(releases.load(), 0) << "the loop called into its transport";
-  shard->Stop();
-  EXPECT_TRUE(shard->Join().ok());
+}
+
+// More messages behind a push than the shard holds for one connection (64): the loop then waits
+// for the expander, and every message is still answered once, in the order it was sent.
+TEST_F(FactorLoop, MessagesBehindAPushPastTheBoundAreAnsweredInOrder) {
+  constexpr int kPulls = 150;
+  SendBigPush(2);
+  for (int i = 0; i < kPulls; ++i) pusher_.Send(Pull(0, 100 + static_cast<uint64_t>(i), bias_chunk()), {});
+  const MessageHeader ack = pusher_.Receive();
+  ASSERT_EQ(ack.type, MsgType::kAck) << ack.error_text;
+  EXPECT_EQ(ack.request_id, 2u);
+  for (int i = 0; i < kPulls; ++i) {
+    const MessageHeader r = pusher_.Receive();
+    ASSERT_EQ(r.type, MsgType::kPullReply) << r.error_text;
+    ASSERT_EQ(r.request_id, 100 + static_cast<uint64_t>(i)) << "out of order";
+  }
+  MessageHeader extra;
+  EXPECT_FALSE(pusher_.TryReceive(&extra, 50ms)) << "answered twice";
+  EXPECT_EQ(shard_->Stats().pulls_served, static_cast<uint64_t>(kPulls));
+  EXPECT_EQ(shard_->ChunkVersion(fc_chunks_[0]), 1);
 }
 
 TEST(FactorResend, AFactorPushWhoseAckDiedIsResentToTheRecoveredServerAndAppliedOnce) {
