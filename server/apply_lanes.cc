@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/status.h"
+#include "server/elapsed.h"
 
 namespace downpour {
 
@@ -93,9 +94,9 @@ void ApplyLanes::Run(Lane* lane) {
     const auto t0 = std::chrono::steady_clock::now();
     task();
     task = nullptr;  // what it kept alive goes before the lane says it is done
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    const uint64_t ns = NanosSince(t0);
     lock.lock();
-    lane->busy_ns += static_cast<uint64_t>(ns.count());
+    lane->busy_ns += ns;
     lane->queued_bytes -= bytes;
     lane->running = false;
     lane->progress.notify_all();

@@ -8,6 +8,7 @@
 #include "common/grad_codec.h"
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
+#include "server/elapsed.h"
 
 namespace downpour {
 
@@ -24,14 +25,12 @@ ChunkStore::ChunkStore(const ParamLayout& layout, ChunkStoreOptions options)
     : layout_(layout), o_(std::move(options)), share_(layout, o_.server_id) {
   local_of_.assign(static_cast<size_t>(layout_.num_chunks()), -1);
   std::vector<int64_t> elems;
-  int64_t total = 0;
   int64_t largest = 0;
   for (int32_t id : layout_.ServerChunks(o_.server_id)) {
     local_of_[static_cast<size_t>(id)] = static_cast<int>(owned_.size());
     owned_.push_back(id);
     const int64_t n = layout_.chunk(id).count;
     elems.push_back(n);
-    total += n;
     largest = std::max(largest, n);
     Chunk c;
     c.weights = std::make_shared<WeightBuffer>(std::vector<float>(static_cast<size_t>(n), 0.0f));
@@ -40,10 +39,11 @@ ChunkStore::ChunkStore(const ParamLayout& layout, ChunkStoreOptions options)
   }
   lanes_ = std::make_unique<ApplyLanes>(std::max(1, o_.lanes), elems);
   // Each lane converts f16 / bf16 pull replies into buffers of its own pool (a pool is one
-  // thread's): its share of two messages' worth, and room for its largest chunk.
+  // thread's): its share of two messages' worth (share_.floats: the shard's floats), and room
+  // for its largest chunk.
   for (int i = 0; i < lanes_->lanes(); ++i) {
-    pull_scratch_.push_back(
-        std::make_unique<BufferPool<uint16_t>>(static_cast<size_t>(2 * total / lanes_->lanes() + largest)));
+    pull_scratch_.push_back(std::make_unique<BufferPool<uint16_t>>(static_cast<size_t>(
+        2 * share_.floats / static_cast<uint64_t>(lanes_->lanes()) + static_cast<uint64_t>(largest))));
   }
 }
 
@@ -102,10 +102,7 @@ void ChunkStore::Apply(int local, const float* grad, float grad_scale, float lr_
     float* weights = MutableWeights(local).data();
     float* state = chunks_[static_cast<size_t>(local)].state.data();
     o_.rule->Apply(p, std::span<const float>(grad, n), std::span<float>(weights, n), std::span<float>(state, n));
-    apply_ns_.fetch_add(
-        static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()),
-        std::memory_order_relaxed);
+    apply_ns_.fetch_add(NanosSince(t0), std::memory_order_relaxed);
   });
   ++st.version;
   st.iter += ScheduleIterations(gradients, o_.push_every);

@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "server/elapsed.h"
 #include "server/factor_push.h"
 
 namespace downpour {
@@ -68,10 +69,7 @@ void FactorExpander::Run() {
       const auto t0 = std::chrono::steady_clock::now();
       job->status =
           ExpandFactorPush(layout_, &job->header, &job->frames, &job->reason, &scratch_, o_.threads, {}, &job->finite);
-      busy_ns_.fetch_add(
-          static_cast<uint64_t>(
-              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()),
-          std::memory_order_relaxed);
+      busy_ns_.fetch_add(NanosSince(t0), std::memory_order_relaxed);
     }
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -17,6 +17,7 @@
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
 #include "common/tensor_file.h"
+#include "server/elapsed.h"
 #include "server/factor_push.h"
 #include "server/shard_checkpoint.h"
 
@@ -39,12 +40,6 @@ size_t OwnedElems(const ParamLayout& layout, int32_t server, bool whole_rows) {
     total += static_cast<size_t>(n);
   }
   return total;
-}
-
-// Nanoseconds since `t0` (the loop's counters: busy, update rule, factors, log).
-uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
 // The header a coded push record keeps (wal.h kCodedPush): what forming, decoding and checking

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <filesystem>
 
+#include "server/elapsed.h"
+
 namespace downpour {
 
 ShardDurability::ShardDurability(ShardDurabilityOptions options, DurableShard* shard)
@@ -29,8 +31,7 @@ Status ShardDurability::Stage(WalRecord* r) {
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t bytes0 = log_.bytes();
   const Status s = log_.Stage(r, r->kind == WalKind::kPush || r->kind == WalKind::kCodedPush ? "push" : "change");
-  counts_.wal_ns += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  counts_.wal_ns += NanosSince(t0);
   DP_RETURN_IF_ERROR(s);
   seq_ = r->seq;
   ++counts_.wal_records;
@@ -45,7 +46,7 @@ void ShardDurability::AfterChange() {
     SaveAtBound();
     return;
   }
-  const int64_t rounds = shard_->updates() / std::max<int64_t>(1, o_.owned_chunks);
+  const int64_t rounds = Rounds();
   if (o_.every_rounds <= 0 || o_.owned_chunks == 0) return;
   if (rounds - rounds_at_last_checkpoint_ < o_.every_rounds) return;
   const Status s = Save(o_.checkpoint_path);
@@ -62,7 +63,7 @@ void ShardDurability::SaveAtBound() {
   if (!bound_failure_.ok() && now < bound_retry_at_) return;  // a checkpoint is large: not one per message
   // The log's bound (checkpoint.wal_max_mb): a checkpoint covers it all and empties it.
   const Status s = Save(o_.checkpoint_path);
-  rounds_at_last_checkpoint_ = shard_->updates() / std::max<int64_t>(1, o_.owned_chunks);
+  rounds_at_last_checkpoint_ = Rounds();
   if (s.ok()) {
     if (!bound_failure_.ok()) {
       spdlog::info("shard {}: the checkpoint at the log's bound went through: changes are taken again", o_.server_id);
@@ -97,7 +98,7 @@ Status ShardDurability::Load(const std::string& path) {
   uint64_t seq = 0;
   DP_RETURN_IF_ERROR(shard_->Restore(file, path, &seq));
   seq_ = seq;
-  rounds_at_last_checkpoint_ = shard_->updates() / std::max<int64_t>(1, o_.owned_chunks);
+  rounds_at_last_checkpoint_ = Rounds();
   spdlog::info("shard {}: restored from {} ({} updates)", o_.server_id, path, shard_->updates());
   return Status::Ok();
 }

@@ -11,6 +11,7 @@
 // loop), except log().failed(). The log's own thread calls only ShardLogOptions::on_progress.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -113,6 +114,8 @@ class ShardDurability {
  private:
   Status ReplayLog(uint64_t covered, RecoverReport* report, WalScanInfo* info);
   bool AtBound() const { return log_.open() && o_.log.max_bytes > 0 && log_.bytes() >= o_.log.max_bytes; }
+  // Full rounds of the shard's chunk updates so far (every_rounds' unit).
+  int64_t Rounds() const { return shard_->updates() / std::max<int64_t>(1, o_.owned_chunks); }
   void SaveAtBound();  // the bound's checkpoint, or its retry when due
 
   const ShardDurabilityOptions o_;
