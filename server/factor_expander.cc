@@ -68,7 +68,7 @@ void FactorExpander::Run() {
       span.Arg("chunks", static_cast<double>(job->header.chunk_ids.size()));
       const auto t0 = std::chrono::steady_clock::now();
       job->status =
-          ExpandFactorPush(layout_, &job->header, &job->frames, &job->reason, &scratch_, o_.threads, {}, &job->finite);
+          ExpandFactorPush(layout_, &job->header, &job->frames, &job->reason, &scratch_, o_.threads, &job->finite);
       busy_ns_.fetch_add(NanosSince(t0), std::memory_order_relaxed);
     }
     {

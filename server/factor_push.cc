@@ -61,8 +61,7 @@ bool HasFactorChunks(const MessageHeader& h) {
 }
 
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
-                        BufferPool<float>* scratch, int threads, const std::function<void()>& between_chunks,
-                        std::vector<bool>* expanded) {
+                        BufferPool<float>* scratch, int threads, std::vector<bool>* expanded) {
   if (expanded != nullptr) expanded->assign(h->chunk_ids.size(), false);
   if (!HasFactorChunks(*h)) return Status::Ok();
   const size_t n = h->chunk_ids.size();
@@ -176,7 +175,6 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
     FormRows(w.span, in, batch, deltas[w.i], a, w.rows.get());
     if (!w.proven)  // scanned while its rows are warm in this thread's cache
       w.overflowed = !AllFinite(std::span<const float>(w.rows.get() + w.skip, static_cast<size_t>(w.chunk->count)));
-    if (between_chunks && omp_get_thread_num() == 0) between_chunks();  // the calling thread (the team's first)
   }
   for (const Work& w : work) {
     if (w.overflowed)

@@ -17,7 +17,6 @@
 // has released it.
 #pragma once
 
-#include <functional>
 #include <limits>
 #include <vector>
 
@@ -51,11 +50,9 @@ bool HasFactorChunks(const MessageHeader& h);
 // chunk's rows right after its sgemm, on the thread that formed them. The dense gradients are written into buffers of
 // `scratch`, reused from push to push (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the
 // frame), by `threads` OpenMP threads, one chunk's sgemm per thread at a time (the same floats whatever the count: each
-// chunk is one sgemm on one thread). `between_chunks`, when set, is called on the calling thread after each of its
-// chunks (a shard releases its due replies there: ServerEndpoint::ReleaseDue).
+// chunk is one sgemm on one thread).
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
-                        BufferPool<float>* scratch = nullptr, int threads = 1,
-                        const std::function<void()>& between_chunks = {}, std::vector<bool>* expanded = nullptr);
+                        BufferPool<float>* scratch = nullptr, int threads = 1, std::vector<bool>* expanded = nullptr);
 
 // |δᵀa| ≤ Σ_b |δ_b,row| × max |a| element by element, and an fp32 sgemm's result exceeds that sum
 // by at most a relative B·2⁻²⁴ (≤ 0.4% for B ≤ kMaxFactorBatch), as does the rounded Σ_b: below
