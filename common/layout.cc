@@ -2,6 +2,7 @@
 #include "common/layout.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -150,6 +151,30 @@ int64_t FactorWireFloats(const ParamLayout& layout, int tensor, int64_t batch, i
   }
   if (servers != nullptr) *servers = holders;
   return floats;
+}
+
+std::vector<RowSpan> FactorRowBlocks(const ParamLayout& layout, int tensor) {
+  const TensorSpec& t = layout.tensors()[static_cast<size_t>(tensor)];
+  DP_CHECK(t.shape.size() >= 2);
+  const int64_t in = t.numel() / t.shape[0], begin = layout.tensor_flat_offset(tensor);
+  std::vector<RowSpan> blocks;
+  for (int32_t id : layout.ChunksInRange(begin, begin + t.numel())) blocks.push_back(RowsOf(layout.chunk(id), in));
+  return blocks;
+}
+
+int64_t PackedRows(std::span<const RowSpan> blocks) {
+  int64_t rows = 0;
+  for (const RowSpan& b : blocks) rows += b.rows;
+  return rows;
+}
+
+void PackRowBlocks(const float* src, int64_t batch, int64_t width, std::span<const RowSpan> blocks, float* dst) {
+  for (const RowSpan& k : blocks) {
+    DP_CHECK(k.first >= 0 && k.rows >= 0 && k.first + k.rows <= width);
+    for (int64_t b = 0; b < batch; ++b)
+      std::memcpy(dst + b * k.rows, src + b * width + k.first, static_cast<size_t>(k.rows) * sizeof(float));
+    dst += batch * k.rows;
+  }
 }
 
 int ParamLayout::TensorIndex(const std::string& name) const {

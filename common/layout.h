@@ -98,6 +98,20 @@ class ParamLayout {
 // how many servers hold some of the tensor.
 int64_t FactorWireFloats(const ParamLayout& layout, int tensor, int64_t batch, int* servers = nullptr);
 
+// How a factored tensor's δ (batch × out, row b contiguous) is laid out in a push's buffer:
+// packed by the wire's blocks, one per chunk of the tensor in flat order (FactorRowBlocks), block
+// k (rows [first_k, first_k + rows_k)) holding δ[:, first_k..] as batch × rows_k at float
+// batch × (rows_0 + … + rows_{k−1}); a row cut by a chunk boundary is in both blocks. So each
+// chunk's frame is one contiguous range of the buffer and the client copies nothing
+// (docs/factors.md). A device packs it before the download (engine Backend::
+// ReadBlobGradBlocksAsync); one block [0, out) is δ as it is.
+std::vector<RowSpan> FactorRowBlocks(const ParamLayout& layout, int tensor);
+// Rows of δ the blocks hold together (batch × that many floats packed).
+int64_t PackedRows(std::span<const RowSpan> blocks);
+// The packing on the host: dst as above from src (batch × width, row b contiguous; every block
+// inside [0, width)).
+void PackRowBlocks(const float* src, int64_t batch, int64_t width, std::span<const RowSpan> blocks, float* dst);
+
 // The layout hash a multi-model run's processes compare at rendezvous (server/model_host.h):
 // one layout's own hash, or for K > 1 a hash of every model's layout hash in model-id order.
 uint64_t CombinedLayoutHash(std::span<const ParamLayout> layouts);

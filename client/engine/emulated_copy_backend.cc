@@ -168,6 +168,15 @@ uint64_t EmulatedCopyBackend::ReadBlobGradAsync(const Blob& blob, float* host) {
   return QueueFloats(false, copy->data(), host, blob.count(), blob.grad, copy);
 }
 
+uint64_t EmulatedCopyBackend::ReadBlobGradBlocksAsync(const Blob& blob, std::span<const RowSpan> blocks, float* scratch,
+                                                      float* host) {
+  const int64_t batch = blob.shape.at(0);
+  std::vector<float> canonical(static_cast<size_t>(blob.count()));
+  inner_->ReadBlobGrad(blob, canonical.data());
+  PackRowBlocks(canonical.data(), batch, blob.count() / batch, blocks, scratch);
+  return QueueFloats(false, scratch, host, batch * PackedRows(blocks), scratch);
+}
+
 Status EmulatedCopyBackend::CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) {
   std::unique_ptr<Layer> inner;
   DP_RETURN_IF_ERROR(inner_->CreateLayer(context, &inner));

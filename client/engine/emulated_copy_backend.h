@@ -86,6 +86,10 @@ class EmulatedCopyBackend : public Backend {
   // engine later.
   uint64_t ReadBlobAsync(const Blob& blob, float* host) override;
   uint64_t ReadBlobGradAsync(const Blob& blob, float* host) override;
+  // The device's packing writes `scratch` at once; the copy engine hands scratch to the host
+  // later, so whatever overwrote scratch before that would show in the floats.
+  uint64_t ReadBlobGradBlocksAsync(const Blob& blob, std::span<const RowSpan> blocks, float* scratch,
+                                   float* host) override;
   void SetThreads(int threads) override { inner_->SetThreads(threads); }
   Status CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) override;
   void Synchronize() override;

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "common/byte_batch.h"
 #include "common/device.h"
 #include "common/grad_codec.h"
+#include "common/layout.h"
 #include "common/status.h"
 #include "common/tensor_spec.h"
 
@@ -152,6 +154,21 @@ class Backend {
   }
   virtual uint64_t ReadBlobGradAsync(const Blob& blob, float* host) {
     ReadBlobGrad(blob, host);
+    return 0;
+  }
+  // ReadBlobGradAsync of a layer's top gradient δ (batch × width, batch = blob.shape[0]) packed in
+  // row blocks on the way (common/layout.h PackRowBlocks: the wire's per-chunk blocks of a
+  // factored tensor), so the bus carries the packed floats and the host copies none of them.
+  // `scratch` is device memory of at least batch × PackedRows(blocks) floats that nothing reads
+  // or writes until the ticket completes (the factored tensor's own gradient window, dW being
+  // skipped). Default: the blocking read into a temporary, packed by the host, done at once.
+  virtual uint64_t ReadBlobGradBlocksAsync(const Blob& blob, std::span<const RowSpan> blocks, float* scratch,
+                                           float* host) {
+    (void)scratch;
+    std::vector<float> canonical(static_cast<size_t>(blob.count()));
+    ReadBlobGrad(blob, canonical.data());
+    const int64_t batch = blob.shape.at(0);
+    PackRowBlocks(canonical.data(), batch, blob.count() / batch, blocks, host);
     return 0;
   }
 

@@ -414,36 +414,62 @@ bool Net::InnerProductDims(int tensor, int64_t* out, int64_t* in) const {
   return false;
 }
 
-Status Net::SetFactoredParams(const std::vector<int>& tensors) {
+Status Net::SetFactoredParams(const std::vector<int>& tensors, const std::vector<std::vector<RowSpan>>& blocks) {
+  if (!blocks.empty() && blocks.size() != tensors.size())
+    return InvalidArgument("net '{}': {} factored tensors but row blocks for {}", spec_.name, tensors.size(),
+                           blocks.size());
   std::vector<int> layer_of(shapes_.params.size(), -1);
-  for (int t : tensors) {
+  std::vector<std::vector<RowSpan>> blocks_of(shapes_.params.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int t = tensors[i];
     if (t < 0 || t >= static_cast<int>(shapes_.params.size()))
       return InvalidArgument("net '{}': factored tensor index {} is outside [0, {})", spec_.name, t,
                              shapes_.params.size());
+    const std::string& name = shapes_.params[static_cast<size_t>(t)].name;
     int64_t out = 0, in = 0;
     if (!InnerProductDims(t, &out, &in))
-      return InvalidArgument("net '{}': tensor '{}' cannot carry sufficient factors: only inner-product "
-                             "weights can", spec_.name, shapes_.params[static_cast<size_t>(t)].name);
+      return InvalidArgument(
+          "net '{}': tensor '{}' cannot carry sufficient factors: only inner-product "
+          "weights can",
+          spec_.name, name);
+    std::vector<RowSpan> b = blocks.empty() ? std::vector<RowSpan>{} : blocks[i];
+    if (b.empty()) b.push_back(RowSpan{0, out});
+    int64_t end = 0;  // rows covered so far
+    for (const RowSpan& k : b) {
+      if (k.rows < 1 || k.first < 0 || k.first > end || k.first + k.rows > out)
+        return InvalidArgument(
+            "net '{}': tensor '{}' ({} rows): row block [{}, {}) does not continue the blocks "
+            "before it (rows [0, {}) covered) inside [0, {})",
+            spec_.name, name, out, k.first, k.first + k.rows, end, out);
+      end = std::max(end, k.first + k.rows);
+    }
+    if (end != out)
+      return InvalidArgument("net '{}': tensor '{}': its row blocks cover rows [0, {}) of {}", spec_.name, name, end,
+                             out);
+    blocks_of[static_cast<size_t>(t)] = std::move(b);
     for (size_t li = 0; li < spec_.layers.size(); ++li)
       if (!shapes_.layer_params[li].empty() && shapes_.layer_params[li][0] == t) layer_of[t] = static_cast<int>(li);
   }
   factor_layer_ = tensors.empty() ? std::vector<int>{} : std::move(layer_of);
+  factor_blocks_ = tensors.empty() ? std::vector<std::vector<RowSpan>>{} : std::move(blocks_of);
   factored_now_.assign(factor_layer_.empty() ? 0 : shapes_.params.size(), false);
   return Status::Ok();
 }
 
 // Whether tensor t is layer li's factored weight and its factors are fewer floats than dW at
-// the current batch (B×(out+in) < out×in; they then also fit in its gradient span).
+// the current batch (B×(packed rows+in) < out×in; they then also fit in its gradient span).
 bool Net::FactorsPay(int li, int t) const {
   if (factor_layer_.empty() || factor_layer_[static_cast<size_t>(t)] != li) return false;
   const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
   const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
-  return int64_t{bottoms_[li][0]->shape[0]} * (out + in) < numel;
+  const int64_t rows = PackedRows(factor_blocks_[static_cast<size_t>(t)]);
+  return int64_t{bottoms_[li][0]->shape[0]} * (rows + in) < numel;
 }
 
-// After layer li's backward, for its factored weight t: [δ (B×out) | a (B×in)] at the start of
-// t's host gradient span, in canonical dense layouts on every backend. Neither blob is written
-// again this step, so both reads start without waiting; the later of their tickets is returned.
+// After layer li's backward, for its factored weight t: [δ packed (B×rows) | a (B×in)] at the
+// start of t's host gradient span, in canonical dense layouts on every backend. Neither blob is
+// written again this step, so both reads start without waiting; the later of their tickets is
+// returned. The device packs δ into t's own gradient window (the layer skipped dW there).
 uint64_t Net::WriteFactors(int li, int t) {
   const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
   const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
@@ -452,9 +478,14 @@ uint64_t Net::WriteFactors(int li, int t) {
   const int64_t b = bottom.shape[0];
   DP_CHECK_EQ(top.count(), b * out);
   DP_CHECK_EQ(bottom.count(), b * in);
+  const std::vector<RowSpan>& blocks = factor_blocks_[static_cast<size_t>(t)];
+  const int64_t rows = PackedRows(blocks);
   float* span = host_grads_ + param_offsets_[t];
-  const uint64_t delta = backend_->ReadBlobGradAsync(top, span);  // δ: B×out
-  const uint64_t a = backend_->ReadBlobAsync(bottom, span + b * out);  // a: B×in
+  const bool as_is = blocks.size() == 1 && blocks[0].first == 0 && blocks[0].rows == out;
+  const uint64_t delta = as_is
+                             ? backend_->ReadBlobGradAsync(top, span)  // δ: B×out
+                             : backend_->ReadBlobGradBlocksAsync(top, blocks, device_grads_ + param_offsets_[t], span);
+  const uint64_t a = backend_->ReadBlobAsync(bottom, span + b * rows);  // a: B×in
   return std::max(delta, a);
 }
 

@@ -181,11 +181,15 @@ class Net {
   // out×in; anything else is an InvalidArgument naming it), backward writes its factors
   // instead of dW at the START of grad(t): δ (B×out, the layer's top gradient, carrying the
   // loss's 1/B) then a (B×in, the layer's input flattened, after dropout), so that
-  // dW = δᵀ·a. That happens only in a step where B×(out+in) < out×in (it fits in the span and
-  // is fewer floats; the layer then skips computing dW); otherwise grad(t) holds dW as usual.
+  // dW = δᵀ·a. δ is packed in `blocks[i]`'s row blocks for tensors[i] (common/layout.h
+  // PackRowBlocks: the push's per-chunk blocks, FactorRowBlocks), by the device on the way down;
+  // with no blocks given it is B×out as it is. The blocks must lie in [0, out) and cover every row
+  // in order (each starts no later than the last one ended), else an InvalidArgument naming the
+  // tensor. That happens only in a step where B×(packed rows + in) < out×in (it fits in the span
+  // and is fewer floats; the layer then skips computing dW); otherwise grad(t) holds dW as usual.
   // grad_is_factored(t) says which, inside the grad-ready callback and after ForwardBackward.
   // An empty list turns it off.
-  Status SetFactoredParams(const std::vector<int>& tensors);
+  Status SetFactoredParams(const std::vector<int>& tensors, const std::vector<std::vector<RowSpan>>& blocks = {});
   bool grad_is_factored(int tensor) const {
     return !factored_now_.empty() && factored_now_[static_cast<size_t>(tensor)];
   }
@@ -275,6 +279,7 @@ class Net {
   // dense), and whether this step's grad(t) holds factors.
   std::vector<int> factor_layer_;
   std::vector<bool> factored_now_;
+  std::vector<std::vector<RowSpan>> factor_blocks_;  // per tensor: δ's row blocks (one = as it is)
   std::vector<int64_t> param_offsets_;
   int64_t num_params_ = 0;
   float* device_params_ = nullptr;  // backend memory (== host_* on host backends)

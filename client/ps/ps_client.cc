@@ -89,23 +89,27 @@ struct Op {
 
 // Sufficient factors (ps_client.h PushChunks): reorders each per-server op so that the chunks of
 // each factored tensor come first, grouped by tensor (one message per group, Split), with each
-// chunk's frame replaced by its δ columns r0..r1 (batch × rows, gathered into an owned buffer);
-// the group's activations a (batch × in) are borrowed from `flat` under the dense frames'
-// keepalive. The other chunks follow, unchanged.
+// chunk's frame replaced by its block of the packed δ (batch × rows, common/layout.h
+// FactorRowBlocks) and the group's activations a (batch × in), both borrowed from `flat` under
+// the dense frames' keepalive: nothing is copied. The other chunks follow, unchanged.
 Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, std::span<const FactorTensor> factors,
                         bool checksums, std::vector<Op>* ops) {
   std::vector<int> batch_of(layout.tensors().size(), 0);
+  std::vector<int64_t> rows_of(layout.tensors().size(), 0);  // packed rows of δ
   for (const FactorTensor& f : factors) {
     if (f.tensor < 0 || f.tensor >= static_cast<int>(layout.tensors().size()))
       return InvalidArgument("ps client push: factored tensor index {} outside 0..{}", f.tensor,
                              layout.tensors().size() - 1);
     const TensorSpec& t = layout.tensors()[static_cast<size_t>(f.tensor)];
     const int64_t out = t.shape.empty() ? 0 : t.shape[0], in = out > 0 ? t.numel() / out : 0;
-    if (t.shape.size() < 2 || f.batch < 1 || f.batch > 65536 || int64_t{f.batch} * (out + in) > t.numel())
-      return InvalidArgument("ps client push: tensor '{}' (rank {}, {} floats) cannot hold sufficient factors of "
-                             "batch {} (needs rank >= 2, batch 1..65536, batch × (out + in) <= out × in)",
-                             t.name, t.shape.size(), t.numel(), f.batch);
+    const int64_t rows = t.shape.size() < 2 ? 0 : PackedRows(FactorRowBlocks(layout, f.tensor));
+    if (t.shape.size() < 2 || f.batch < 1 || f.batch > 65536 || int64_t{f.batch} * (rows + in) > t.numel())
+      return InvalidArgument(
+          "ps client push: tensor '{}' (rank {}, {} floats) cannot hold sufficient factors of "
+          "batch {} (needs rank >= 2, batch 1..65536, batch × (packed rows {} + in {}) <= {})",
+          t.name, t.shape.size(), t.numel(), f.batch, rows, in, t.numel());
     batch_of[static_cast<size_t>(f.tensor)] = f.batch;
+    rows_of[static_cast<size_t>(f.tensor)] = rows;
   }
   for (Op& op : *ops) {
     MessageHeader& h = op.header;
@@ -121,18 +125,26 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
     std::vector<uint32_t> crcs;
     for (const auto& [t, idx] : by_tensor) {
       const TensorSpec& spec = layout.tensors()[static_cast<size_t>(t)];
-      const int64_t batch = batch_of[static_cast<size_t>(t)], out = spec.shape[0], in = spec.numel() / out;
-      const float* delta = flat.data() + layout.tensor_flat_offset(t);  // batch × out
-      const float* a = delta + batch * out;                              // batch × in
+      const int64_t batch = batch_of[static_cast<size_t>(t)], in = spec.numel() / spec.shape[0];
+      const float* delta = flat.data() + layout.tensor_flat_offset(t);   // packed: batch × rows_of[t]
+      const float* a = delta + batch * rows_of[static_cast<size_t>(t)];  // batch × in
+      // A chunk's block starts after the blocks of the tensor's chunks before it; the tensor's
+      // chunk ids are consecutive, ascending with the flat offset.
+      const int64_t begin = layout.tensor_flat_offset(t);
+      const std::vector<int32_t> ids = layout.ChunksInRange(begin, begin + spec.numel());
+      const int32_t first_id = ids.front();
+      std::vector<int64_t> block_at;  // by chunk id − first_id
+      int64_t at = 0;
+      for (int32_t id : ids) {
+        block_at.push_back(at);
+        at += batch * RowsOf(layout.chunk(id), in).rows;
+      }
       for (size_t i : idx) {
         const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
-        const auto [r0, rows] = RowsOf(c, in);
-        auto cols = std::make_shared<std::vector<float>>(static_cast<size_t>(batch * rows));
-        for (int64_t b = 0; b < batch; ++b)
-          std::memcpy(cols->data() + b * rows, delta + b * out + r0, static_cast<size_t>(rows) * sizeof(float));
-        const size_t bytes = cols->size() * sizeof(float);
-        if (checksums) crcs.push_back(Crc32c(cols->data(), bytes));
-        payload.push_back(Frame::Borrow(cols->data(), bytes, cols));
+        const float* block = delta + block_at[static_cast<size_t>(c.id - first_id)];
+        const size_t bytes = static_cast<size_t>(batch * RowsOf(c, in).rows) * sizeof(float);
+        if (checksums) crcs.push_back(Crc32c(block, bytes));
+        payload.push_back(Frame::Borrow(block, bytes, op.payload[i].owner()));
         order.push_back(i);
       }
       op.factor_groups.push_back(Op::FactorGroup{

@@ -39,7 +39,9 @@ namespace downpour {
 
 using RequestId = uint64_t;
 
-// A tensor whose span of a push's buffer holds sufficient factors, not its gradient (docs/factors.md).
+// A tensor whose span of a push's buffer holds sufficient factors, not its gradient: δ packed in
+// the layout's per-chunk row blocks (common/layout.h FactorRowBlocks, PackRowBlocks), then a
+// (batch × in) (docs/factors.md).
 struct FactorTensor {
   int tensor = -1;  // index into layout.tensors()
   int batch = 0;    // B, 1..65536
@@ -112,7 +114,8 @@ class PsClient {
   // Pushes the gradients of every chunk (or `chunk_ids`, or tensors [first, end)) computed at `clock`.
   RequestId Push(std::span<const float> flat_grads, int64_t clock);
   // `factors`: tensors whose span holds sufficient factors, sent one message per (tensor,
-  // server). One that cannot hold them fails the request (kInvalidArgument) before any send.
+  // server), each chunk's frame borrowed from its packed block (no copy). One that cannot hold
+  // them fails the request (kInvalidArgument) before any send.
   // `versions` (empty, or one per chunk of the layout): the version each chunk's gradient was
   // computed from, when that is not the last pulled (a worker computing on older weights than
   // it has received); the servers measure staleness from it.

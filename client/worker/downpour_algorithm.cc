@@ -23,6 +23,7 @@
 #include "client/worker/trainer.h"
 #include "client/worker/worker_algorithm.h"
 #include "common/grad_codec.h"
+#include "common/layout.h"
 
 namespace downpour::worker {
 namespace {
@@ -84,7 +85,10 @@ DownpourAlgorithm::DownpourAlgorithm(const AlgorithmEnv& env)
       ChooseFactoredTensors(*net, *env_.layout,
                             FactorChoiceInput{o.compression.factors, o.worker.push_every, o.solver.clip_gradients,
                                               /*has_servers=*/true, o.worker_id});
-  DP_CHECK(net->SetFactoredParams(factored).ok());  // inner-product weights by construction
+  // δ packed by the wire's per-chunk blocks on the device: the client sends them as they land.
+  std::vector<std::vector<RowSpan>> blocks;
+  for (int t : factored) blocks.push_back(FactorRowBlocks(*env_.layout, t));
+  DP_CHECK(net->SetFactoredParams(factored, blocks).ok());  // inner-product weights, the layout's chunks
   factors_on_ = !factored.empty();
   // fp16 / bf16 pushes cast by the device (docs/compression.md): the bus carries the wire's bytes
   // and nobody converts on the host. Only where the host never reads the gradient: no

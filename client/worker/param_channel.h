@@ -56,7 +56,8 @@ struct PushInfo {
 };
 
 // A tensor whose span of the pushed `grads` holds sufficient factors, not its gradient:
-// δ (batch×out) then a (batch×in) (docs/factors.md; client/engine/net.h SetFactoredParams).
+// δ packed in the layout's per-chunk row blocks (common/layout.h FactorRowBlocks), then a
+// (batch×in) (docs/factors.md; client/engine/net.h SetFactoredParams).
 struct PushFactor {
   int tensor = -1;  // index into the layout's tensors
   int batch = 0;

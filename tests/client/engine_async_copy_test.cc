@@ -7,9 +7,11 @@
 //  * a gradient is handed over only after its download landed;
 //  * a layer runs only after every upload queued before it landed;
 //  * the backward of the layers below is queued while a download is still out;
-//  * sufficient factors, read from two blobs without waiting, are handed over once both landed.
+//  * sufficient factors, read from two blobs without waiting, are handed over once both landed,
+//    and δ packed in row blocks on the device is the host's packing bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <random>
@@ -43,7 +45,9 @@ struct TrainRun {
 // update (the span then holds factors, not a gradient).
 // `cast`: gradients downloaded in 16 bits (Net::SetGradDType); the hand-over records grads16()
 // widened back to floats, and there is no update (grads() is not written), as with factors.
-void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false, DType cast = DType::kF32) {
+// `blocks`: with factors, δ packed in these row blocks (Net::SetFactoredParams).
+void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false, DType cast = DType::kF32,
+           const std::vector<RowSpan>& blocks = {}) {
   NetSpec spec;
   ASSERT_TRUE(ParseNetSpecString(kNet, "copynet", &spec).ok());
   NetOptions no;
@@ -61,7 +65,11 @@ void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false, D
   }
   net->InitParams(11);
   if (per_layer) net->SetBeforeLayerCallback([](int) {});
-  if (factors) ASSERT_TRUE(net->SetFactoredParams({kFc1Weight}).ok());
+  if (factors) {
+    const std::vector<std::vector<RowSpan>> packing =
+        blocks.empty() ? std::vector<std::vector<RowSpan>>{} : std::vector<std::vector<RowSpan>>{blocks};
+    ASSERT_TRUE(net->SetFactoredParams({kFc1Weight}, packing).ok());
+  }
   if (cast != DType::kF32) ASSERT_TRUE(net->SetGradDType(cast).ok());
   const int tensors = static_cast<int>(net->param_specs().size());
   net->SetGradReadyCallback([&](int t) {
@@ -157,6 +165,20 @@ TEST_P(EmulatedCopies, CopiesAndLayersComeInTheContractsOrder) {
   EXPECT_GE(backward_while_out, kSteps);
 }
 
+// Each step: 5 dense downloads and fc1's two reads; every hand-over after its reads.
+void ExpectFactorsHandedOverAfterTheirReads(const std::vector<CopyEvent>& events) {
+  int downloads_done = 0, handed = 0, factors_handed = 0;
+  for (const CopyEvent& e : events) {
+    if (e.kind == CopyEvent::kDownloadDone) ++downloads_done;
+    if (e.kind != CopyEvent::kNote) continue;
+    ++handed;
+    if (e.note == "grad " + std::to_string(kFc1Weight)) ++factors_handed;
+    EXPECT_LE(handed + factors_handed, downloads_done) << e.note << " handed over before its reads landed";
+  }
+  EXPECT_EQ(factors_handed, kSteps);
+  EXPECT_EQ(downloads_done, kSteps * 7);
+}
+
 // Sufficient factors are read from two blobs without waiting: fc1's [δ | a] is handed over only
 // once both reads landed, the same floats as on the plain path.
 TEST_P(EmulatedCopies, FactorsAreHandedOverOnceBothReadsLanded) {
@@ -169,17 +191,38 @@ TEST_P(EmulatedCopies, FactorsAreHandedOverOnceBothReadsLanded) {
       EXPECT_EQ(emulated.grads[s][t], plain.grads[s][t]) << "step " << s << " tensor " << t;
     }
   }
-  // Each step: 5 dense downloads and fc1's two reads; every hand-over after its reads.
-  int downloads_done = 0, handed = 0, factors_handed = 0;
-  for (const CopyEvent& e : emulated.events) {
-    if (e.kind == CopyEvent::kDownloadDone) ++downloads_done;
-    if (e.kind != CopyEvent::kNote) continue;
-    ++handed;
-    if (e.note == "grad " + std::to_string(kFc1Weight)) ++factors_handed;
-    EXPECT_LE(handed + factors_handed, downloads_done) << e.note << " handed over before its reads landed";
+  ExpectFactorsHandedOverAfterTheirReads(emulated.events);
+}
+
+// δ packed in row blocks that cut rows (a push's per-chunk blocks, common/layout.h) by the device on
+// the way down: the packed span is the plain path's [δ | a] with δ packed by the host's
+// PackRowBlocks, bit for bit, and it is handed over only once its reads landed.
+TEST_P(EmulatedCopies, FactorsPackedOnTheDeviceAreTheHostsPackingOfThePlainFactors) {
+  constexpr int64_t kOut = 16, kIn = 256;                                  // fc1: 16 × (4·8·8)
+  const std::vector<RowSpan> blocks = {{0, 6}, {5, 6}, {10, 5}, {15, 1}};  // 18 rows, three cut
+  TrainRun plain, host, emulated;
+  ASSERT_NO_FATAL_FAILURE(Train(false, GetParam(), &plain, /*factors=*/true));
+  ASSERT_NO_FATAL_FAILURE(Train(false, GetParam(), &host, true, DType::kF32, blocks));
+  ASSERT_NO_FATAL_FAILURE(Train(true, GetParam(), &emulated, true, DType::kF32, blocks));
+  EXPECT_EQ(host.losses, plain.losses);
+  EXPECT_EQ(emulated.losses, plain.losses);
+  for (size_t s = 0; s < plain.grads.size(); ++s) {
+    const std::vector<float>& unpacked = plain.grads[s][kFc1Weight];
+    std::vector<float> expected(unpacked.size(), 0.0f);
+    PackRowBlocks(unpacked.data(), kBatch, kOut, blocks, expected.data());
+    std::copy(unpacked.begin() + kBatch * kOut, unpacked.begin() + kBatch * (kOut + kIn),
+              expected.begin() + kBatch * PackedRows(blocks));
+    const size_t used = static_cast<size_t>(kBatch * (PackedRows(blocks) + kIn));
+    ASSERT_EQ(host.grads[s][kFc1Weight].size(), expected.size());
+    EXPECT_TRUE(std::equal(expected.begin(), expected.begin() + static_cast<std::ptrdiff_t>(used),
+                           host.grads[s][kFc1Weight].begin()))
+        << "step " << s << ": the host backend's packing";
+    EXPECT_EQ(emulated.grads[s][kFc1Weight], host.grads[s][kFc1Weight]) << "step " << s << ": the device's packing";
+    for (size_t t = 0; t < plain.grads[s].size(); ++t) {
+      if (t != kFc1Weight) EXPECT_EQ(emulated.grads[s][t], plain.grads[s][t]) << "step " << s << " tensor " << t;
+    }
   }
-  EXPECT_EQ(factors_handed, kSteps);
-  EXPECT_EQ(downloads_done, kSteps * 7);
+  ExpectFactorsHandedOverAfterTheirReads(emulated.events);
 }
 
 // Gradients cast on the device (Net::SetGradDType): each handed-over 16-bit gradient is the host's

@@ -2,9 +2,12 @@
 // way, for the tests that check factors against dense gradients (engine on CPU and CUDA, shards).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include "common/layout.h"
 
 namespace downpour::engine::testing {
 
@@ -21,6 +24,20 @@ inline std::vector<float> DenseFromFactors(std::span<const float> span, int64_t 
       g[static_cast<size_t>(r * in + c)] = static_cast<float>(s);
     }
   return g;
+}
+
+// What a push's buffer holds for a factored tensor (ps_client.h FactorTensor) from the plain
+// span [δ (B×out) | a (B×in)]: δ packed in `layout`'s per-chunk row blocks (FactorRowBlocks), then
+// a; the floats after them as `span` has them.
+inline std::vector<float> PackedForPush(const ParamLayout& layout, int tensor, std::span<const float> span, int64_t b) {
+  const TensorSpec& t = layout.tensors()[static_cast<size_t>(tensor)];
+  const int64_t out = t.shape[0], in = t.numel() / out;
+  const std::vector<RowSpan> blocks = FactorRowBlocks(layout, tensor);
+  std::vector<float> packed(span.begin(), span.end());
+  PackRowBlocks(span.data(), b, out, blocks, packed.data());
+  const int64_t rows = PackedRows(blocks);
+  std::copy(span.begin() + b * out, span.begin() + b * (out + in), packed.begin() + b * rows);
+  return packed;
 }
 
 }  // namespace downpour::engine::testing

@@ -754,6 +754,33 @@ TEST(GpuNetAgreement, ChunkedUploadsAndHostUpdates) {
   ExpectClose("params after 3 steps", a->params(), ref->params(), kTol);
 }
 
+// Two AlexNets on the GPU (heuristic convolutions, TF32 off) with the same weights, for the
+// factor tests; `fc` gets their inner-product weights (fc6, fc7, fc8).
+struct TwinAlexNets {
+  TwinAlexNets(int batch, std::vector<int>* fc) {
+    const NetSpec spec = LoadModel("alexnet.toml");
+    a = MakeNet(spec, batch, MakeGpu(false, ConvAlgoMode::kHeuristic));
+    b = MakeNet(spec, batch, MakeGpu(false, ConvAlgoMode::kHeuristic));
+    a->InitParams(9);
+    b->InitParams(9);
+    for (int t = 0; t < static_cast<int>(a->param_specs().size()); ++t) {
+      int64_t out = 0, in = 0;
+      if (a->InnerProductDims(t, &out, &in)) fc->push_back(t);  // weights only, not biases
+    }
+  }
+  // One step of both on the same random batch; their losses.
+  std::pair<float, float> Step(std::mt19937* rng) {
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> images(a->input_count());
+    for (auto& v : images) v = 20.0f * g(*rng);
+    std::vector<int> labels(static_cast<size_t>(a->batch_size()));
+    for (auto& l : labels) l = std::uniform_int_distribution<int>(0, a->num_classes() - 1)(*rng);
+    const float la = a->ForwardBackward(images.data(), labels.data());
+    return {la, b->ForwardBackward(images.data(), labels.data())};
+  }
+  std::unique_ptr<Net> a, b;
+};
+
 // Sufficient factors on the GPU (docs/factors.md): AlexNet's fc6, fc7 and fc8 weights factored,
 // dropout active (in-place on fc6/fc7's tops, so fc7's and fc8's a is the dropped-out activation).
 // The product δᵀa of each factored span equals the dense net's dW (same seed, same inputs, TF32
@@ -763,28 +790,16 @@ TEST(GpuNetAgreement, ChunkedUploadsAndHostUpdates) {
 TEST(GpuNetAgreement, AlexNetFactoredFcWeightsEqualDenseGradients) {
   DP_SKIP_WITHOUT_GPU();
   constexpr int kB = 4;
-  const NetSpec spec = LoadModel("alexnet.toml");
-  auto dense = MakeNet(spec, kB, MakeGpu(false, ConvAlgoMode::kHeuristic));
-  auto factored = MakeNet(spec, kB, MakeGpu(false, ConvAlgoMode::kHeuristic));
-  dense->InitParams(9);
-  factored->InitParams(9);
   std::vector<int> fc;
-  for (int t = 0; t < static_cast<int>(factored->param_specs().size()); ++t) {
-    int64_t out = 0, in = 0;
-    if (factored->InnerProductDims(t, &out, &in)) fc.push_back(t);  // weights only, not biases
-  }
+  TwinAlexNets nets(kB, &fc);
+  Net* dense = nets.a.get();
+  Net* factored = nets.b.get();
   ASSERT_EQ(fc.size(), 3u) << "fc6, fc7, fc8 weights";
   ASSERT_TRUE(factored->SetFactoredParams(fc).ok());
   std::mt19937 rng(17);
-  std::normal_distribution<float> g(0.0f, 1.0f);
   for (int step = 1; step <= 3; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    std::vector<float> images(dense->input_count());
-    for (auto& v : images) v = 20.0f * g(rng);
-    std::vector<int> labels(kB);
-    for (auto& l : labels) l = std::uniform_int_distribution<int>(0, dense->num_classes() - 1)(rng);
-    const float ld = dense->ForwardBackward(images.data(), labels.data());
-    const float lf = factored->ForwardBackward(images.data(), labels.data());
+    const auto [ld, lf] = nets.Step(&rng);
     EXPECT_EQ(ld, lf);
     for (int t = 0; t < static_cast<int>(dense->param_specs().size()); ++t) {
       const std::string name = dense->param_specs()[static_cast<size_t>(t)].name;
@@ -806,6 +821,44 @@ TEST(GpuNetAgreement, AlexNetFactoredFcWeightsEqualDenseGradients) {
     }
   }
   for (int t : fc) EXPECT_TRUE(factored->grad_is_factored(t)) << "tensor " << t << " was sent dense at batch 4";
+}
+
+// δ packed on the GPU (Backend::ReadBlobGradBlocksAsync: a kernel on the copy stream, then one
+// download of the packed floats): AlexNet's fc weights in the blocks of a layout of 2 servers and
+// chunks of 2^18 floats (fc6 in 144 blocks, more than one launch's 64; rows cut), against the
+// same net's unpacked factors packed by the host (PackedForPush). A plain copy: the floats agree
+// to the GEMMs' run-to-run spread (none on these shapes), and a misplaced block differs wholly.
+TEST(GpuNetAgreement, AlexNetFactorsPackedOnTheDeviceAreTheHostsPacking) {
+  DP_SKIP_WITHOUT_GPU();
+  constexpr int kB = 4;
+  std::vector<int> fc;
+  TwinAlexNets nets(kB, &fc);
+  Net* plain = nets.a.get();
+  Net* packed = nets.b.get();
+  ASSERT_EQ(fc.size(), 3u) << "fc6, fc7, fc8 weights";
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build(packed->param_specs(), 2, int64_t{1} << 18, &layout).ok());
+  std::vector<std::vector<RowSpan>> blocks;
+  for (int t : fc) blocks.push_back(FactorRowBlocks(layout, t));
+  ASSERT_GT(blocks[0].size(), 64u) << "fc6 fits one launch: the grouping goes untested";
+  ASSERT_TRUE(plain->SetFactoredParams(fc).ok());
+  ASSERT_TRUE(packed->SetFactoredParams(fc, blocks).ok());
+  std::mt19937 rng(23);
+  for (int step = 1; step <= 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const auto [lp, lk] = nets.Step(&rng);
+    EXPECT_EQ(lp, lk);
+    for (size_t i = 0; i < fc.size(); ++i) {
+      const int t = fc[i];
+      ASSERT_TRUE(packed->grad_is_factored(t));
+      int64_t out = 0, in = 0;
+      ASSERT_TRUE(packed->InnerProductDims(t, &out, &in));
+      const size_t used = static_cast<size_t>(kB * (PackedRows(blocks[i]) + in));
+      const std::vector<float> want = testing::PackedForPush(layout, t, plain->grad(t), kB);
+      ExpectClose(packed->param_specs()[static_cast<size_t>(t)].name + ": packed [δ | a]",
+                  packed->grad(t).subspan(0, used), std::span<const float>(want).subspan(0, used), 1e-6);
+    }
+  }
 }
 
 TEST(GpuNetAgreement, ReshapeBatch) {

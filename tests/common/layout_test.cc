@@ -99,6 +99,34 @@ TEST(WireLayout, ChunksInRangeCoversATensor) {
   EXPECT_EQ(n, 4096 * 9216);
 }
 
+// A factored tensor's packed δ: one block per chunk, in flat order, each the rows its chunk
+// touches (a cut row in both), so chunk k's δ columns are one contiguous range; and the packing.
+TEST(WireLayout, FactorRowBlocksFollowTheChunksAndPackTheirColumns) {
+  // w 6×5 in chunks of 8 floats on 2 servers: [0,8) rows 0-1, [8,16) 1-3, [16,24) 3-4, [24,30) 4-5.
+  const ParamLayout l = MustBuild({{"w", {6, 5}, 1, 1}, {"b", {6}, 1, 1}, {"v", {4, 3}, 1, 1}}, 2, 8);
+  const std::vector<RowSpan> blocks = FactorRowBlocks(l, 0);
+  std::vector<std::pair<int64_t, int64_t>> got;
+  for (const RowSpan& r : blocks) got.emplace_back(r.first, r.rows);
+  EXPECT_EQ(got, (std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {1, 3}, {3, 2}, {4, 2}}));
+  EXPECT_EQ(PackedRows(blocks), 9);
+  // δ is 2×6 with δ[b][r] = 10b + r.
+  constexpr int64_t kBatch = 2, kOut = 6;
+  std::vector<float> delta(kBatch * kOut);
+  for (int64_t b = 0; b < kBatch; ++b)
+    for (int64_t r = 0; r < kOut; ++r) delta[static_cast<size_t>(b * kOut + r)] = static_cast<float>(10 * b + r);
+  std::vector<float> packed(kBatch * 9, -1.0f);
+  PackRowBlocks(delta.data(), kBatch, kOut, blocks, packed.data());
+  EXPECT_EQ(packed, (std::vector<float>{0, 1, 10, 11,         // rows 0-1
+                                        1, 2, 3, 11, 12, 13,  // rows 1-3
+                                        3, 4, 13, 14,         // rows 3-4
+                                        4, 5, 14, 15}));      // rows 4-5
+  // One block of every row is δ as it is.
+  std::vector<float> same(delta.size());
+  const RowSpan all{0, kOut};
+  PackRowBlocks(delta.data(), kBatch, kOut, {&all, 1}, same.data());
+  EXPECT_EQ(same, delta);
+}
+
 TEST(WireLayout, BadInputIsRefused) {
   ParamLayout l;
   EXPECT_FALSE(ParamLayout::Build(AlexNetTensorSpecs(), 0, 1024, &l).ok());

@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -161,17 +162,22 @@ using engine::testing::DenseFromFactors;
 
 class EngineFactors : public ::testing::TestWithParam<bool> {};  // reference backend?
 
+// Two of the MLP at `batch` with the same weights (seed 5), on the reference backend or oneDNN.
+void TwinMlps(int batch, bool reference, std::unique_ptr<engine::Net>* a, std::unique_ptr<engine::Net>* b) {
+  engine::NetOptions o;
+  o.batch = batch;
+  o.worker.threads = 1;
+  o.reference = reference;
+  ASSERT_TRUE(engine::Net::Create(MlpSpec(), o, a).ok());
+  ASSERT_TRUE(engine::Net::Create(MlpSpec(), o, b).ok());
+  (*a)->InitParams(5);
+  (*b)->InitParams(5);
+}
+
 TEST_P(EngineFactors, FactoredSpanHoldsDeltaAndInputWhoseProductIsTheLayersDW) {
   constexpr int kB = 8;
-  engine::NetOptions o;
-  o.batch = kB;
-  o.worker.threads = 1;
-  o.reference = GetParam();
   std::unique_ptr<engine::Net> dense, factored;
-  ASSERT_TRUE(engine::Net::Create(MlpSpec(), o, &dense).ok());
-  ASSERT_TRUE(engine::Net::Create(MlpSpec(), o, &factored).ok());
-  dense->InitParams(5);
-  factored->InitParams(5);
+  ASSERT_NO_FATAL_FAILURE(TwinMlps(kB, GetParam(), &dense, &factored));
   ASSERT_TRUE(factored->SetFactoredParams({0, 2, 4}).ok());  // fc1, fc2, fc3 weights
   std::vector<int> ready;
   factored->SetGradReadyCallback([&](int t) {
@@ -204,6 +210,41 @@ TEST_P(EngineFactors, FactoredSpanHoldsDeltaAndInputWhoseProductIsTheLayersDW) {
   }
 }
 
+// δ packed in a layout's per-chunk row blocks (chunks of 3,000 floats over 2 servers cut fc1's and
+// fc2's rows): the span is the unpacked net's [δ | a] in the push's form (PackedForPush) bit for
+// bit, and the rest of the span keeps its sentinel.
+TEST_P(EngineFactors, PackedSpanIsThePlainSpanInTheLayoutsBlocks) {
+  constexpr int kB = 8;
+  std::unique_ptr<engine::Net> plain, packed;
+  ASSERT_NO_FATAL_FAILURE(TwinMlps(kB, GetParam(), &plain, &packed));
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build(packed->param_specs(), 2, 3000, &layout).ok());
+  const std::vector<std::vector<RowSpan>> blocks = {FactorRowBlocks(layout, 0), FactorRowBlocks(layout, 2)};
+  ASSERT_GT(blocks[0].size(), 1u);
+  ASSERT_GT(PackedRows(blocks[0]), 128) << "no chunk cuts a row of fc1";
+  ASSERT_TRUE(plain->SetFactoredParams({0, 2}).ok());
+  ASSERT_TRUE(packed->SetFactoredParams({0, 2}, blocks).ok());
+  for (int step = 1; step <= 2; ++step) {
+    SCOPED_TRACE(fmt::format("step {}", step));
+    std::fill(packed->grads().begin(), packed->grads().end(), 12345.0f);
+    const Batch b = MakeBatch(plain->spec(), kB, 4, step);
+    EXPECT_EQ(plain->ForwardBackward(b.images.data(), b.labels.data()),
+              packed->ForwardBackward(b.images.data(), b.labels.data()));
+    for (int t : {0, 2}) {
+      ASSERT_TRUE(packed->grad_is_factored(t));
+      int64_t out = 0, in = 0;
+      ASSERT_TRUE(packed->InnerProductDims(t, &out, &in));
+      const std::vector<float> expected = engine::testing::PackedForPush(layout, t, plain->grad(t), kB);
+      const auto got = packed->grad(t);
+      const size_t used = static_cast<size_t>(kB * (PackedRows(FactorRowBlocks(layout, t)) + in));
+      EXPECT_TRUE(std::equal(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(used), expected.begin()))
+          << packed->param_specs()[static_cast<size_t>(t)].name;
+      EXPECT_TRUE(std::all_of(got.begin() + static_cast<std::ptrdiff_t>(used), got.end(),
+                              [](float x) { return x == 12345.0f; }));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, EngineFactors, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? std::string("Reference") : std::string("OneDnn"); });
 
@@ -222,6 +263,22 @@ TEST(EngineFactorsErrors, OnlyInnerProductWeightsCanBeFactored) {
   ASSERT_TRUE(engine::Net::Create(ModelSpec("fmnist_small.toml"), o, &conv).ok());
   s = conv->SetFactoredParams({0});
   EXPECT_NE(s.message().find("conv1.weight"), std::string::npos) << s.ToString();
+  // Row blocks (fc1 is 128 rows): one list per tensor, inside the rows, covering them in order.
+  const std::vector<std::pair<std::vector<RowSpan>, std::string>> bad = {
+      {{{0, 64}, {64, 65}}, "[64, 129)"},  // past the last row
+      {{{0, 64}, {65, 63}}, "[65, 128)"},  // row 64 skipped
+      {{{0, 64}, {10, 0}}, "[10, 10)"},    // empty
+      {{{0, 100}}, "cover rows [0, 100) of 128"},
+  };
+  for (const auto& [blocks, says] : bad) {
+    s = net->SetFactoredParams({0}, {blocks});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << says;
+    EXPECT_NE(s.message().find("fc1.weight"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find(says), std::string::npos) << s.ToString();
+  }
+  s = net->SetFactoredParams({0, 2}, {{{0, 128}}});
+  EXPECT_NE(s.message().find("2 factored tensors but row blocks for 1"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(net->SetFactoredParams({0}, {{{0, 64}, {63, 65}}}).ok());  // row 63 in both
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -502,7 +559,7 @@ class RawPeer {
 
 class FactorShard : public ::testing::Test {
  protected:
-  static constexpr int kB = 2;  // 2×(6+5) = 22 floats of factors fit W's 30
+  static constexpr int kB = 2;                 // 2×(9 packed rows + 5) = 28 floats of factors fit W's 30
   static constexpr int64_t kOut = 6, kIn = 5;  // W 6×5; chunks of 8 floats cut rows
 
   void SetUp() override {
@@ -595,11 +652,14 @@ TEST_F(FactorShard, ChunksCuttingRowsOnTwoServersApplyTheDenseUpdate) {
   std::mt19937 rng(3);
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (int step = 0; step < 3; ++step) {
-    std::vector<float> factored(static_cast<size_t>(layout_.total_elems())), dense(factored.size());
-    for (float& x : factored) x = d(rng);
-    dense = factored;
-    const std::vector<float> g = DenseFromFactors(std::span<const float>(factored).subspan(0, kB * (kOut + kIn)), kB, kOut, kIn);
+    std::vector<float> plain(static_cast<size_t>(layout_.total_elems())), dense(plain.size());
+    for (float& x : plain) x = d(rng);
+    dense = plain;
+    const std::vector<float> g =
+        DenseFromFactors(std::span<const float>(plain).subspan(0, kB * (kOut + kIn)), kB, kOut, kIn);
     std::copy(g.begin(), g.end(), dense.begin());
+    // w's δ packed by its chunks, as the worker's net writes it.
+    const std::vector<float> factored = engine::testing::PackedForPush(layout_, 0, plain, kB);
     const std::vector<FactorTensor> f = {{0, kB}};
     const Status s = client_->Wait(client_->PushTensors(factored, 0, 3, step, f), 5000ms);
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -644,13 +704,91 @@ TEST_F(FactorShard, ClientRefusesATensorThatCannotHoldFactors) {
   Status s = client_->Wait(client_->PushTensors(g, 0, 3, 0, bias), 5000ms);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("'b'"), std::string::npos) << s.ToString();
-  s = client_->Wait(client_->PushTensors(g, 0, 3, 0, too_big), 5000ms);  // 3×(6+5) > 30
+  s = client_->Wait(client_->PushTensors(g, 0, 3, 0, too_big), 5000ms);  // 3×(9 packed rows + 5) > 30
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("batch 3"), std::string::npos) << s.ToString();
   const std::vector<float> now = AllWeights();
   std::vector<float> pulled(now.size());
   ASSERT_TRUE(client_->Wait(client_->Pull(pulled), 5000ms).ok());
   EXPECT_EQ(pulled, now);
+}
+
+// A server endpoint that notes where the frames of each factor push it receives point (the
+// in-process transport hands frames over as they are, so these are the client's own bytes).
+class FramePointerEndpoint : public ServerEndpoint {
+ public:
+  explicit FramePointerEndpoint(std::unique_ptr<ServerEndpoint> inner) : inner_(std::move(inner)) {}
+  using ServerEndpoint::Receive;
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
+    DP_RETURN_IF_ERROR(inner_->Receive(from, frames, timeout, info));
+    MessageHeader h;
+    if (ParseHeader(*frames, &h).ok() && h.type == MsgType::kPush && !h.encodings.empty() &&
+        h.encodings[0] == Encoding::kFactors) {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::vector<std::pair<const std::byte*, size_t>> seen;
+      for (size_t i = 1; i < frames->size(); ++i) seen.emplace_back((*frames)[i].data(), (*frames)[i].size());
+      factor_pushes_.push_back(std::move(seen));
+    }
+    return Status::Ok();
+  }
+  Status Send(const PeerId& to, Frames frames) override { return inner_->Send(to, std::move(frames)); }
+  std::string address() const override { return inner_->address(); }
+  void Wake() override { inner_->Wake(); }
+  std::vector<std::vector<std::pair<const std::byte*, size_t>>> factor_pushes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return factor_pushes_;
+  }
+
+ private:
+  std::unique_ptr<ServerEndpoint> inner_;
+  mutable std::mutex mu_;
+  std::vector<std::vector<std::pair<const std::byte*, size_t>>> factor_pushes_;
+};
+
+// The client copies no factor: each chunk's frame is its block of the caller's packed δ, and the
+// activations frame is a, both where they lie in the caller's buffer (w 6×5 in four chunks of at
+// most 8 floats, some cutting a row).
+TEST(FactorClient, FactorFramesAreTheCallersPackedBlocksNotCopies) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"w", {6, 5}, 1.0f, 1.0f}, {"b", {6}, 2.0f, 0.0f}}, 1, 8, &layout).ok());
+  InprocTransport transport;
+  std::unique_ptr<ServerEndpoint> bound;
+  ASSERT_TRUE(transport.Bind("zero-copy", &bound).ok());
+  auto recording = std::make_unique<FramePointerEndpoint>(std::move(bound));
+  FramePointerEndpoint* ep = recording.get();
+  std::unique_ptr<ShardServer> shard;
+  ASSERT_TRUE(ShardServer::Create(layout, ShardOptions{}, &shard).ok());
+  shard->Start(std::move(recording));
+  PsClientOptions co;
+  co.server_addresses = {"zero-copy"};
+  co.checksums = true;
+  std::unique_ptr<PsClient> client;
+  ASSERT_TRUE(PsClient::Create(&transport, layout, co, &client).ok());
+  ASSERT_TRUE(client->Connect(5000ms).ok());
+  std::vector<float> g(static_cast<size_t>(layout.total_elems()));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 23) - 0.1f;
+  ASSERT_TRUE(client->Wait(client->PushInit(g), 5000ms).ok());
+  const std::vector<FactorTensor> f = {{0, 2}};
+  const Status s = client->Wait(client->PushTensors(g, 0, 2, 0, f), 5000ms);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const auto pushes = ep->factor_pushes();
+  ASSERT_EQ(pushes.size(), 1u);
+  const auto* base = reinterpret_cast<const std::byte*>(g.data());
+  const std::vector<RowSpan> blocks = FactorRowBlocks(layout, 0);
+  ASSERT_EQ(pushes[0].size(), blocks.size() + 1);  // each chunk's block, then a
+  size_t at = 0;                                   // floats
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    EXPECT_EQ(pushes[0][k].first, base + at * sizeof(float)) << "chunk " << k << "'s block was copied";
+    EXPECT_EQ(pushes[0][k].second, static_cast<size_t>(2 * blocks[k].rows) * sizeof(float));
+    at += static_cast<size_t>(2 * blocks[k].rows);
+  }
+  EXPECT_GT(at, 2u * 6) << "no chunk cuts a row";
+  EXPECT_EQ(pushes[0].back().first, base + at * sizeof(float)) << "a was copied";
+  EXPECT_EQ(pushes[0].back().second, 2 * 5 * sizeof(float));
+  EXPECT_EQ(shard->Stats().pushes_rejected, 0u);
+  client.reset();
+  shard->Stop();
+  EXPECT_TRUE(shard->Join().ok());
 }
 
 // Bad payloads from a raw peer: refused, counted by reason, weights byte for byte unchanged.
@@ -1050,7 +1188,7 @@ TEST(FactorResend, AFactorPushWhoseAckDiedIsResentToTheRecoveredServerAndApplied
   std::vector<float> w0(static_cast<size_t>(layout.total_elems()));
   for (size_t i = 0; i < w0.size(); ++i) w0[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
   ASSERT_TRUE(client->Wait(client->PushInit(w0), 5000ms).ok());
-  // [δ (2×6) | a (2×5)] in w's span, b dense.
+  // [δ packed (2×9) | a (2×5)] in w's span, b dense.
   std::vector<float> g(w0.size());
   for (size_t i = 0; i < g.size(); ++i) g[i] = 0.1f * static_cast<float>((i * 5) % 11) - 0.4f;
   const std::vector<FactorTensor> f = {{0, 2}};
@@ -1135,7 +1273,7 @@ class FactorLog : public ::testing::Test {
     EXPECT_TRUE(client->Wait(client->PushInit(w0), 5000ms).ok());
     const std::vector<FactorTensor> f = {{0, kB}};
     for (int step = 0; step < steps; ++step) {
-      std::vector<float> g(w0.size());  // [δ (kB×kOut) | a (kB×kIn)] in w's span, then b
+      std::vector<float> g(w0.size());  // [δ packed | a (kB×kIn)] in w's span, then b
       for (float& x : g) x = d(rng);
       const Status s = client->Wait(client->PushTensors(g, 0, 2, step, f), 5000ms);
       EXPECT_TRUE(s.ok()) << s.ToString();

@@ -95,6 +95,12 @@ class CudaBackend : public Backend {
   uint64_t ReadBlobGradAsync(const Blob& blob, float* host) override {
     return ctx_->DownloadBlobAsync(blob.grad, host, blob.count());
   }
+  // Packed by a kernel on the copy stream: PCIe carries the wire's blocks (docs/factors.md).
+  uint64_t ReadBlobGradBlocksAsync(const Blob& blob, std::span<const RowSpan> blocks, float* scratch,
+                                   float* host) override {
+    const int64_t batch = blob.shape.at(0);
+    return ctx_->DownloadPackedAsync(blob.grad, batch, blob.count() / batch, blocks, scratch, host);
+  }
   void ReleaseInput(Blob* blob) override {
     ctx_->MakeCurrent();
     ctx_->Synchronize();  // queued kernels may still read it

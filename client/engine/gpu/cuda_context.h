@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,12 @@ class CudaContext {
   Status PrepareCast(const float* device);
   // A blob's download on the copy stream after every kernel queued so far; a ticket as above.
   uint64_t DownloadBlobAsync(const float* device, float* host, int64_t count);
+  // The same for a batch × width matrix packed in row blocks (Backend::ReadBlobGradBlocksAsync):
+  // on the copy stream, after every kernel queued so far, a kernel packs it into `scratch` (device
+  // memory nothing else touches until the ticket completes) and one download of the packed floats
+  // follows; a ticket as above.
+  uint64_t DownloadPackedAsync(const float* device, int64_t batch, int64_t width, std::span<const RowSpan> blocks,
+                               float* scratch, float* host);
   // Host ↔ device for blobs (inputs, read-backs): on the compute stream; ToHost waits.
   void UploadBlob(const float* host, float* device, int64_t count);
   void DownloadBlob(const float* device, float* host, int64_t count);

@@ -337,6 +337,25 @@ cudaError_t WidenFrom16(cudaStream_t stream, int64_t n, bool bf16, const uint16_
   return cudaGetLastError();
 }
 
+// One thread block per (batch row b = blockIdx.x, block k = blockIdx.y): a plain copy, so the
+// packed floats are the host's bit for bit.
+__global__ void PackRowBlocksKernel(int64_t width, PackBlocks blocks, const float* in, float* out) {
+  const int64_t b = blockIdx.x;
+  const int k = static_cast<int>(blockIdx.y);
+  const int64_t rows = blocks.rows[k];
+  const float* from = in + b * width + blocks.first[k];
+  float* to = out + blocks.at[k] + b * rows;
+  for (int64_t j = threadIdx.x; j < rows; j += blockDim.x) to[j] = from[j];
+}
+
+cudaError_t PackRowBlocksOnDevice(cudaStream_t stream, int64_t batch, int64_t width, const PackBlocks& blocks,
+                                  const float* in, float* out) {
+  if (batch <= 0 || blocks.count <= 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(blocks.count));
+  PackRowBlocksKernel<<<grid, kThreads, 0, stream>>>(width, blocks, in, out);
+  return cudaGetLastError();
+}
+
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr) {
   FillKernel<<<Blocks(n), kThreads, 0, stream>>>(n, value, ptr);
   return cudaGetLastError();

@@ -74,6 +74,19 @@ cudaError_t CastTo16(cudaStream_t stream, int64_t n, bool bf16, const float* in,
 // HalfToFloats / Bf16ToFloats).
 cudaError_t WidenFrom16(cudaStream_t stream, int64_t n, bool bf16, const uint16_t* in, float* out);
 
+// Row blocks of a batch × width matrix, packed one after another (common/layout.h's
+// PackRowBlocks, the host's layout: block k holds in[b·width + first[k] + j] at out[at[k] +
+// b·rows[k] + j]); at most kMaxPackBlocks a launch, passed by value.
+constexpr int kMaxPackBlocks = 64;
+struct PackBlocks {
+  int count = 0;
+  int64_t first[kMaxPackBlocks];
+  int64_t rows[kMaxPackBlocks];
+  int64_t at[kMaxPackBlocks];
+};
+cudaError_t PackRowBlocksOnDevice(cudaStream_t stream, int64_t batch, int64_t width, const PackBlocks& blocks,
+                                  const float* in, float* out);
+
 // ptr[0..n) = value.
 cudaError_t Fill(cudaStream_t stream, int64_t n, float value, float* ptr);
 
