@@ -156,6 +156,10 @@ Status Net::Reshape(int batch) {
   if (batch == batch_) return Status::Ok();
   NetShapes shapes;
   DP_RETURN_IF_ERROR(InferShapes(spec_, batch, &shapes));
+  if (has_input_normalization() && batch > input_batch_) {  // the byte input's buffers grow with it
+    DP_RETURN_IF_ERROR(backend_->PrepareInput(input_norm_, batch));
+    input_batch_ = batch;
+  }
   shapes_.blobs = shapes.blobs;
   batch_ = batch;
   return SetupBlobs();
@@ -298,6 +302,7 @@ Status Net::SetInputNormalization(InputNormalization norm, const std::string& wh
                            spec_.input_channels, spec_.input_height, spec_.input_width);
   DP_RETURN_IF_ERROR(backend_->PrepareInput(norm, batch_));
   input_norm_ = std::move(norm);
+  input_batch_ = batch_;
   return Status::Ok();
 }
 
@@ -346,7 +351,21 @@ float Net::TrainStep(const int* labels, const ByteBatch* next) {
 
 EvalResult Net::Forward(const float* images, const int* labels) {
   SetInputs(images, labels);
+  return Evaluate(labels, nullptr);
+}
+
+EvalResult Net::Forward(const ByteBatch& batch, const int* labels, const ByteBatch* next) {
+  DP_CHECK(has_input_normalization());
+  DP_CHECK_EQ(batch.n, batch_);
+  DP_CHECK(next == nullptr || next->n <= input_batch_);
+  backend_->NormalizeInput(input_norm_, batch, data_blob_);
+  SetLabels(labels);
+  return Evaluate(labels, next);
+}
+
+EvalResult Net::Evaluate(const int* labels, const ByteBatch* next) {
   RunForward(Phase::kTest);
+  if (next != nullptr) backend_->StageInput(*next);  // its upload beside this forward
   EvalResult r;
   r.loss = ReadScalar(*tops_[shapes_.loss_layer][0]);
   AccuracyFromScores(labels, std::min(options_.top_k, shapes_.num_classes), &r.top1, &r.topk);

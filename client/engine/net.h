@@ -141,6 +141,10 @@ class Net {
   float ForwardBackward(const ByteBatch& batch, const int* labels, const ByteBatch* next = nullptr);
   // Evaluation (test phase: no dropout).
   EvalResult Forward(const float* images, const int* labels);
+  // The same on a byte batch of batch_size() images (after SetInputNormalization), staging `next`
+  // (null: none; it may be of another size, up to the largest batch this net was shaped for)
+  // once this batch's forward is queued, as the byte ForwardBackward does.
+  EvalResult Forward(const ByteBatch& batch, const int* labels, const ByteBatch* next = nullptr);
 
   // Called during backward with the index (into param_specs()) of each tensor whose
   // gradient is final; later layers first, bias before weight within a layer.
@@ -253,6 +257,8 @@ class Net {
   void SetLabels(const int* labels);
   // The training step after its inputs are set.
   float TrainStep(const int* labels, const ByteBatch* next);
+  // The evaluation after its inputs are set; `next` staged once the forward is queued.
+  EvalResult Evaluate(const int* labels, const ByteBatch* next);
   void RunForward(Phase phase);
   float ReadScalar(const Blob& blob);
   bool FactorsPay(int layer, int tensor) const;
@@ -303,6 +309,7 @@ class Net {
   Blob* label_blob_ = nullptr;
   std::vector<float> label_staging_;
   InputNormalization input_norm_;  // byte input; channels 0 = not set
+  int input_batch_ = 0;            // the most images a byte batch may have (Backend::PrepareInput's)
   std::function<void(int)> grad_ready_;
   std::function<void(int)> before_layer_;
   std::function<void(int)> before_backward_;

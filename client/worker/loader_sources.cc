@@ -39,20 +39,23 @@ BatchView ViewOf(const data::Batch& b, int epoch) {
   return view;
 }
 
-// The training stream: the loader with epochs = 0 runs endlessly over the shard, batch b
-// holding stream positions [b·N, (b+1)·N) across epoch boundaries, so every batch is full and
-// training step s reads batch s.
-class LoaderTrainSource : public TrainSource {
+// A loader and the batches its consumer holds: one, or with byte batches two (a view handed out
+// stays valid until the second Next() after it: the trainer stages it while the step before runs).
+class HeldLoader {
  public:
-  explicit LoaderTrainSource(data::LoaderOptions o) : options_(std::move(o)) {}
+  explicit HeldLoader(data::LoaderOptions o) : options_(std::move(o)) {}
+  ~HeldLoader() { Release(); }
+  data::LoaderOptions& options() { return options_; }
+  const data::Loader& loader() const { return *loader_; }
+  // A new loader from options(), every batch held given back.
   Status Open() {
     Release();
     loader_ = std::make_unique<data::Loader>(options_);
     return loader_->Open();
   }
-
-  Status Next(BatchView* view) override {
-    // Byte batches: the view handed out last stays valid until the next call (it is being staged).
+  // The next batch (null at the end or on an error: loader().status()); gives back the one it
+  // no longer has to hold.
+  const data::Batch* Next() {
     if (previous_ != nullptr) loader_->Release(previous_);
     previous_ = nullptr;
     if (options_.byte_batches) {
@@ -61,32 +64,22 @@ class LoaderTrainSource : public TrainSource {
       loader_->Release(held_);
     }
     held_ = loader_->Next();
-    if (held_ == nullptr) {
-      Status s = loader_->status();
-      return s.ok() ? Internal("training loader ended (it should be endless)") : s;
-    }
-    DP_CHECK_EQ(held_->n, options_.batch_size);
-    *view = ViewOf(*held_, static_cast<int>(held_->epoch));
-    return Status::Ok();
+    return held_;
   }
-  Status UseBytes(bool* used, InputNormalization* norm) override {
+  // TrainSource / TestSource::UseBytes: uint8 records switch the loader to byte batches once.
+  Status UseBytes(bool* used, InputNormalization* norm) {
     *used = loader_->uint8_records();
     if (!*used) return Status::Ok();
-    options_.byte_batches = true;
-    ++options_.queue_depth;  // the consumer holds two batches at a time
-    DP_RETURN_IF_ERROR(Open());
+    if (!options_.byte_batches) {
+      options_.byte_batches = true;
+      ++options_.queue_depth;  // the consumer holds two batches at a time
+      DP_RETURN_IF_ERROR(Open());
+    }
     *norm = loader_->normalization();
     return Status::Ok();
   }
-  int64_t shard_size() const override { return loader_->stats().records_in_shard; }
-  Status SeekToStep(int64_t step) override {
-    options_.start_batch = step;
-    return Open();
-  }
-  ~LoaderTrainSource() override { Release(); }
 
  private:
-  // Gives back every batch held (Next releases only the older one of two).
   void Release() {
     if (held_ != nullptr) loader_->Release(held_);
     if (previous_ != nullptr) loader_->Release(previous_);
@@ -99,32 +92,51 @@ class LoaderTrainSource : public TrainSource {
   const data::Batch* previous_ = nullptr;  // byte batches: the one handed out before held_
 };
 
-class LoaderTestSource : public TestSource {
+// The training stream: the loader with epochs = 0 runs endlessly over the shard, batch b
+// holding stream positions [b·N, (b+1)·N) across epoch boundaries, so every batch is full and
+// training step s reads batch s.
+class LoaderTrainSource : public TrainSource {
  public:
-  explicit LoaderTestSource(data::LoaderOptions o) : options_(std::move(o)) {}
+  explicit LoaderTrainSource(data::LoaderOptions o) : loader_(std::move(o)) {}
+  Status Open() { return loader_.Open(); }
 
-  Status Rewind() override {
-    held_ = nullptr;
-    loader_.reset();  // releases its ring
-    loader_ = std::make_unique<data::Loader>(options_);
-    return loader_->Open();
-  }
-  Status Next(BatchView* view, bool* has_batch) override {
-    if (held_ != nullptr) loader_->Release(held_);
-    held_ = loader_->Next();
-    *has_batch = held_ != nullptr;
-    if (held_ == nullptr) return loader_->status();
-    *view = ViewOf(*held_, 0);
+  Status Next(BatchView* view) override {
+    const data::Batch* b = loader_.Next();
+    if (b == nullptr) {
+      Status s = loader_.loader().status();
+      return s.ok() ? Internal("training loader ended (it should be endless)") : s;
+    }
+    DP_CHECK_EQ(b->n, loader_.options().batch_size);
+    *view = ViewOf(*b, static_cast<int>(b->epoch));
     return Status::Ok();
   }
-  ~LoaderTestSource() override {
-    if (held_ != nullptr && loader_ != nullptr) loader_->Release(held_);
+  Status UseBytes(bool* used, InputNormalization* norm) override { return loader_.UseBytes(used, norm); }
+  int64_t shard_size() const override { return loader_.loader().stats().records_in_shard; }
+  Status SeekToStep(int64_t step) override {
+    loader_.options().start_batch = step;
+    return Open();
   }
 
  private:
-  data::LoaderOptions options_;
-  std::unique_ptr<data::Loader> loader_;
-  const data::Batch* held_ = nullptr;
+  HeldLoader loader_;
+};
+
+class LoaderTestSource : public TestSource {
+ public:
+  explicit LoaderTestSource(data::LoaderOptions o) : loader_(std::move(o)) {}
+
+  Status Rewind() override { return loader_.Open(); }
+  Status Next(BatchView* view, bool* has_batch) override {
+    const data::Batch* b = loader_.Next();
+    *has_batch = b != nullptr;
+    if (b == nullptr) return loader_.loader().status();
+    *view = ViewOf(*b, 0);
+    return Status::Ok();
+  }
+  Status UseBytes(bool* used, InputNormalization* norm) override { return loader_.UseBytes(used, norm); }
+
+ private:
+  HeldLoader loader_;
 };
 
 }  // namespace

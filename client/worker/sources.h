@@ -62,6 +62,14 @@ class TestSource {
   virtual Status Rewind() = 0;
   // False at the end of the set; otherwise fills `batch` (the last one may be short).
   virtual Status Next(BatchView* batch, bool* has_batch) = 0;
+  // Byte batches, as TrainSource::UseBytes: true from now on (and on every later call, with the
+  // same `norm`), Next() fills bytes and windows, and a view stays valid until the second Next()
+  // after it or a Rewind(). Default: false.
+  virtual Status UseBytes(bool* used, InputNormalization* norm) {
+    (void)norm;
+    *used = false;
+    return Status::Ok();
+  }
 };
 
 // In-memory Fashion-MNIST/MNIST IDX data: pixels × scale, 1×rows×cols per image.

@@ -1,13 +1,14 @@
 // trainer.cc — see trainer.h.
 #include "client/worker/trainer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "common/tensor_file.h"
 
@@ -55,21 +56,45 @@ Status SaveModel(engine::Net& net, const std::string& path) {
 }
 
 Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalRecord* out) {
+  bool bytes = false;
+  if (net->backend().normalizes_input()) {
+    InputNormalization norm;
+    DP_RETURN_IF_ERROR(test->UseBytes(&bytes, &norm));
+    if (bytes && !net->has_input_normalization())
+      DP_RETURN_IF_ERROR(net->SetInputNormalization(std::move(norm), "the test data"));
+  }
   DP_RETURN_IF_ERROR(test->Rewind());
   double loss_sum = 0, top1_sum = 0, top5_sum = 0;
   int64_t images = 0;
-  for (int b = 0; max_batches == 0 || b < max_batches; ++b) {
-    BatchView batch;
+  // Bytes: batch b + 1 is fetched before batch b runs, so the net uploads it meanwhile (a byte
+  // view stays valid until the second Next after it); floats: after (one view at a time).
+  std::optional<BatchView> next;
+  auto fetch = [&](int b, std::optional<BatchView>* view) {
+    view->reset();
+    if (max_batches > 0 && b >= max_batches) return Status::Ok();
     bool has = false;
-    DP_RETURN_IF_ERROR(test->Next(&batch, &has));
-    if (!has) break;
+    DP_RETURN_IF_ERROR(test->Next(&view->emplace(), &has));
+    if (!has) view->reset();
+    return Status::Ok();
+  };
+  DP_RETURN_IF_ERROR(fetch(0, &next));
+  for (int b = 0; next.has_value(); ++b) {
+    const BatchView batch = *next;
+    if (bytes) DP_RETURN_IF_ERROR(fetch(b + 1, &next));
     DP_RETURN_IF_ERROR(net->CheckLabels(batch.labels, batch.n));
     if (batch.n != net->batch_size()) DP_RETURN_IF_ERROR(net->Reshape(batch.n));
-    const engine::EvalResult r = net->Forward(batch.data, batch.labels);
+    engine::EvalResult r;
+    if (bytes) {
+      const ByteBatch later = next ? next->byte_batch() : ByteBatch{};
+      r = net->Forward(batch.byte_batch(), batch.labels, next ? &later : nullptr);
+    } else {
+      r = net->Forward(batch.data, batch.labels);
+    }
     loss_sum += static_cast<double>(r.loss) * batch.n;
     top1_sum += static_cast<double>(r.top1) * batch.n;
     top5_sum += static_cast<double>(r.topk) * batch.n;
     images += batch.n;
+    if (!bytes) DP_RETURN_IF_ERROR(fetch(b + 1, &next));
   }
   if (images == 0) return NotFound("evaluation: the test set gave no batches (data.test is empty?)");
   const double n = static_cast<double>(images);

@@ -210,7 +210,9 @@ class Trainer {
 
 // One evaluation pass: `test` from the start, at most `max_batches` batches (0 = all), the
 // mean loss, top-1 and top-5 of `net` into `out` (images, loss, top1, top5; the other fields
-// are the caller's). Used by the trainer and by downpour-test.
+// are the caller's). Used by the trainer, the evaluator and downpour-test. A net whose backend
+// normalises its input (a GPU) takes the test set as bytes where the source has them
+// (TestSource::UseBytes), each next batch staged while the one before runs.
 Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalRecord* out);
 
 // `net`'s weights as a tensor file (common/tensor_file.h), one tensor per parameter, named as

@@ -582,7 +582,8 @@ TEST(GpuNetAgreement, GradReadyCallbackSeesFinalGradients) {
 
 // Byte input (common/byte_batch.h) normalised by the CUDA kernel, each next batch staged on the
 // input stream during the step before: the input blob is the host's normalisation bit for bit
-// (mean image, padded and mirrored crops), and training follows the float-fed GPU net.
+// (mean image, padded and mirrored crops), and training follows the float-fed GPU net; so does
+// evaluation on bytes (Net::Forward on a byte batch), a short last batch included.
 TEST(GpuNetAgreement, ByteInputNormalisedOnTheDeviceEqualsTheHostsFloats) {
   DP_SKIP_WITHOUT_GPU();
   const NetSpec spec = MixedSpec();  // 4×13×11
@@ -629,6 +630,30 @@ TEST(GpuNetAgreement, ByteInputNormalisedOnTheDeviceEqualsTheHostsFloats) {
     floats_net->SgdUpdate(0.01f, 0.9f, 5e-4f, hf);
   }
   ExpectClose("params after the byte-fed steps", bytes_net->params(), floats_net->params(), 1e-4);
+  // Evaluation on the same batches, each next one staged during the forward before, the last cut
+  // to 2 images (the net reshaped down and then back up): the same input blob, bit for bit.
+  std::copy(floats_net->params().begin(), floats_net->params().end(), bytes_net->params().begin());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int s = 0; s < kSteps; ++s) {
+      const int n = s + 1 < kSteps ? kB : 2;
+      ASSERT_TRUE(bytes_net->Reshape(n).ok());
+      ASSERT_TRUE(floats_net->Reshape(n).ok());
+      const ByteBatch batch{pixels[s].data(), windows[s].data(), n};
+      const int later = s + 2 < kSteps ? kB : 2;
+      const ByteBatch next =
+          s + 1 < kSteps ? ByteBatch{pixels[s + 1].data(), windows[s + 1].data(), later} : ByteBatch{};
+      const EvalResult eb = bytes_net->Forward(batch, labels.data(), s + 1 < kSteps ? &next : nullptr);
+      NormalizeByteBatch(norm, batch, floats.data());
+      const EvalResult ef = floats_net->Forward(floats.data(), labels.data());
+      std::vector<float> input;
+      ASSERT_TRUE(bytes_net->ReadBlob("data", &input).ok());
+      for (size_t i = 0; i < input.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(input[i]), std::bit_cast<uint32_t>(floats[i]))
+            << "evaluation " << pass << " batch " << s << " at " << i;
+      EXPECT_NEAR(eb.loss, ef.loss, 1e-5 * std::max(1.0f, ef.loss)) << "evaluation batch " << s;
+      EXPECT_EQ(eb.top1, ef.top1) << "evaluation batch " << s;
+    }
+  }
 }
 
 // The push codec's cast on the device (gpu::CastTo16) is the host's (common/grad_codec.h) bit for
