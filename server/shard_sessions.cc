@@ -11,7 +11,8 @@ ShardSessions::ShardSessions(ShardSessionsOptions options, const ShmShare& share
       boot_id_(HostBootId()),
       duplicates_(o_.max_workers),
       fence_(o_.max_workers),
-      peers_(o_.max_workers) {}
+      peers_(o_.max_workers),
+      logged_session_(static_cast<size_t>(o_.max_workers)) {}
 
 Status ShardSessions::CheckRegister(const PeerInfo& info, const MessageHeader& h, RejectReason* reason) const {
   *reason = RejectReason::kUnauthorized;
@@ -39,7 +40,16 @@ Status ShardSessions::RegisterWorker(const PeerId& peer, const PeerInfo& info, c
                                      MessageHeader* reply) {
   if (peers_.RegisterWorker(peer, h.sender)) {
     fence_.Registered(h.sender, h.session, std::chrono::steady_clock::now());
-    spdlog::info("server {}: worker {} registered from {}", o_.server_id, h.sender, DescribePeer(info));
+    // One line a worker process: its further connections (cluster.connections_per_server) and
+    // reconnects register under the same session.
+    std::optional<uint64_t>& logged = logged_session_[static_cast<size_t>(h.sender)];
+    if (logged != h.session) {
+      spdlog::info("server {}: worker {} registered from {}", o_.server_id, h.sender, DescribePeer(info));
+      logged = h.session;
+    } else {
+      spdlog::debug("server {}: worker {}: another connection of its process from {}", o_.server_id, h.sender,
+                    DescribePeer(info));
+    }
   }
   return OfferRegion(peer, h, reply);
 }

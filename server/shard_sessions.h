@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/codec.h"
 #include "common/shm_region.h"
@@ -53,7 +55,8 @@ class ShardSessions {
   Status CheckRegister(const PeerInfo& info, const MessageHeader& h, RejectReason* reason) const;
   // After CheckRegister: `peer` is h.sender's connection (its session noted for the fence), and
   // a region is made for it when it asked and runs on this host (reply's shm fields). A region
-  // that cannot be made is returned: the worker goes on over the socket.
+  // that cannot be made is returned: the worker goes on over the socket. The first connection of
+  // a session is logged ("worker N registered from ..."); the session's others at debug level.
   Status RegisterWorker(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, MessageHeader* reply);
   // The evaluator's register: authorised to evaluate, this layout and model.
   Status RegisterReader(const PeerId& peer, const PeerInfo& info, const MessageHeader& h, RejectReason* reason);
@@ -81,6 +84,7 @@ class ShardSessions {
   DuplicateWindows duplicates_;
   SessionFence fence_;
   PeerTable peers_;  // registered connections, readers, and their regions
+  std::vector<std::optional<uint64_t>> logged_session_;  // per worker id: the session whose register was logged
 };
 
 }  // namespace downpour

@@ -1,11 +1,14 @@
 // shard_sessions_test.cc — ShardSessions (server/shard_sessions.h) on its own: a register is
 // refused by the field that is wrong (token, layout, id, model) with its reason; a worker's later
 // message passes only from the connection that registered, with a clock in range; a process
-// declared dead is fenced and a restarted one is not; the evaluator's connection is its own; a
-// region is offered only to a same-host connection that asks.
+// declared dead is fenced and a restarted one is not; a worker process's connections are logged
+// once; the evaluator's connection is its own; a region is offered only to a same-host
+// connection that asks.
 #include "server/shard_sessions.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <thread>
 
@@ -120,6 +123,31 @@ TEST_F(ShardSessionsTest, AProcessDeclaredDeadIsFencedAndARestartedOneIsNot) {
   ASSERT_TRUE(sessions.CheckRegister(PeerInfo{}, restarted, &reason).ok());
   ASSERT_TRUE(sessions.RegisterWorker("conn-c", PeerInfo{}, restarted, &reply).ok());
   EXPECT_TRUE(sessions.CheckWorker("conn-c", PeerInfo{}, Traffic(restarted), &reason).ok());
+}
+
+// A worker process registers each of its connections (cluster.connections_per_server): one
+// "registered" line for the process, another for a restarted one (a new session).
+TEST_F(ShardSessionsTest, AWorkersConnectionsAreLoggedOnceAProcess) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(50);
+  spdlog::default_logger()->sinks().push_back(sink);
+  ShardSessions sessions(Options(), share_);
+  MessageHeader reply;
+  for (const char* conn : {"conn-a", "conn-b", "conn-c", "conn-a"})
+    ASSERT_TRUE(sessions.RegisterWorker(conn, PeerInfo{}, Register(0, 11), &reply).ok());
+  ASSERT_TRUE(sessions.RegisterWorker("conn-d", PeerInfo{}, Register(1, 21), &reply).ok());
+  ASSERT_TRUE(sessions.RegisterWorker("conn-e", PeerInfo{}, Register(0, 12), &reply).ok());  // restarted
+  spdlog::default_logger()->sinks().pop_back();
+  int worker0 = 0, worker1 = 0;
+  for (const std::string& line : sink->last_formatted()) {
+    worker0 += line.find("worker 0 registered") != std::string::npos;
+    worker1 += line.find("worker 1 registered") != std::string::npos;
+  }
+  EXPECT_EQ(worker0, 2) << "one line per process of worker 0 (sessions 11 and 12)";
+  EXPECT_EQ(worker1, 1);
+  RejectReason reason = RejectReason::kBadType;
+  for (const char* conn : {"conn-a", "conn-b", "conn-c"})  // each connection still carries traffic
+    EXPECT_TRUE(sessions.CheckWorker(conn, PeerInfo{}, Traffic(Register(0, 11)), &reason).ok()) << conn;
+  EXPECT_TRUE(sessions.CheckWorker("conn-e", PeerInfo{}, Traffic(Register(0, 12)), &reason).ok());
 }
 
 TEST_F(ShardSessionsTest, TheEvaluatorsConnectionIsItsOwn) {
