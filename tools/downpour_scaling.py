@@ -341,7 +341,7 @@ class Rates:
     sgd_ns_per_float: float = 0.55       # server: update rule per pushed float
     server_ns_per_float: float = 1.4     # server: whole message loop per float of a push+pull round (incl. sgd)
     transport_gbytes: float = 0.0        # software ceiling of one process, GB/s per direction; 0 = none
-    server_gflops: float = 100.0         # server GEMM rate for sufficient factors (one loop thread)
+    server_gflops: float = 100.0         # server GEMM rate for sufficient factors (one thread)
     latency_ms: float = 0.0              # per-layer request latency (round trip)
     loader_us_per_image: float = 0.0     # worker: data loader CPU per image (downpour-bench-data's
     #                                      images per CPU-second, inverted); 0 = not measured
@@ -680,7 +680,7 @@ class Prediction:
     compute_s: float         # one worker's compute with contention
     solo_compute_s: float    # one worker alone, no communication (the efficiency baseline)
     worker_s: float          # the worker's simulated step (compute + exposed communication)
-    server_s: float          # one server's loop per round of W pushes
+    server_s: float          # one server per round of W pushes: its loop, or its factor expander if longer
     host_cpu_s: float        # colocated: all processes' CPU work per round / cores
     link_s: float            # bytes / the worker's rates (a lower bound the simulation includes)
     step_s: float
@@ -840,13 +840,18 @@ def predict(profile, tensors, rates, cluster, codec):
     wal = rates.wal_ns_per_float * 1e-9 if cluster.wal else 0.0
     wal_sync = rates.wal_sync_ns_per_float * 1e-9 if cluster.wal else 0.0
     # One server's loop per round: its 1/S share of W workers' pushes and pulls, logged, applied
-    # and handled.
-    def loop_s(sgd, gemm):
-        return w / s * ((floats * sgd + logged * wal + flops * gemm + push * handling) / cluster.push_every
+    # and handled. Its factor expander (server/factor_expander.h), a thread of its own, forms the
+    # factor pushes' δᵀa beside the loop: the server keeps pace with the longer of the two, and
+    # takes the CPU of both. (A push's ack still waits for its own GEMM: ack_s below.)
+    def loop_s(sgd):
+        return w / s * ((floats * sgd + logged * wal + push * handling) / cluster.push_every
                         + pull * handling / cluster.pull_every + chunks * msg_server * per_round)
 
-    server_s = loop_s(sgd, gemm)
-    server_cpu_s = loop_s(sgd_cpu, gemm_cpu)
+    def expander_s(gemm):
+        return w / s * flops * gemm / cluster.push_every
+
+    server_s = max(loop_s(sgd), expander_s(gemm))
+    server_cpu_s = loop_s(sgd_cpu) + expander_s(gemm_cpu)
     # A server host's log disk, shared by its servers (on one host: all S), per round.
     disk_s = 0.0
     if cluster.wal and rates.wal_disk_gbytes > 0:
