@@ -33,7 +33,7 @@ struct GradientCase {
   std::string layer;  // one [[layer]] reading "data" (a loss: "scores" and "label"), top "t"
   int batch = 2;
   GradientCheckOptions options = Float32GradientOptions();
-  std::function<void(LayerCase*)> prepare;  // values the layer needs; null: MakeLayerCase's seeded ones
+  std::function<void(LayerCase*)> prepare = nullptr;  // values the layer needs; null: MakeLayerCase's seeded ones
 };
 
 // The suite. Non-differentiable points: ReLU's inputs within one step of 0 are skipped (Caffe's

@@ -394,7 +394,9 @@ TEST(CaffePrototxt, PreluImportsItsSlopesFillerAndSharingAndTrains) {
   EXPECT_TRUE(prelu->channel_shared);
   EXPECT_FLOAT_EQ(prelu->weight_filler.value, 0.25f) << "Caffe's default filler";
   for (const TensorSpec& t : import.shapes.params) {
-    if (t.name == "prelu1.weight") EXPECT_EQ(t.shape, (std::vector<int64_t>{1}));
+    if (t.name == "prelu1.weight") {
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{1}));
+    }
   }
   ExpectTrains(import.spec);
 

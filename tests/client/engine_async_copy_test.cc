@@ -70,7 +70,9 @@ void Train(bool emulated, bool per_layer, TrainRun* out, bool factors = false, D
         blocks.empty() ? std::vector<std::vector<RowSpan>>{} : std::vector<std::vector<RowSpan>>{blocks};
     ASSERT_TRUE(net->SetFactoredParams({kFc1Weight}, packing).ok());
   }
-  if (cast != DType::kF32) ASSERT_TRUE(net->SetGradDType(cast).ok());
+  if (cast != DType::kF32) {
+    ASSERT_TRUE(net->SetGradDType(cast).ok());
+  }
   const int tensors = static_cast<int>(net->param_specs().size());
   net->SetGradReadyCallback([&](int t) {
     if (copies != nullptr) copies->Note("grad " + std::to_string(t));
@@ -219,7 +221,9 @@ TEST_P(EmulatedCopies, FactorsPackedOnTheDeviceAreTheHostsPackingOfThePlainFacto
         << "step " << s << ": the host backend's packing";
     EXPECT_EQ(emulated.grads[s][kFc1Weight], host.grads[s][kFc1Weight]) << "step " << s << ": the device's packing";
     for (size_t t = 0; t < plain.grads[s].size(); ++t) {
-      if (t != kFc1Weight) EXPECT_EQ(emulated.grads[s][t], plain.grads[s][t]) << "step " << s << " tensor " << t;
+      if (t != kFc1Weight) {
+        EXPECT_EQ(emulated.grads[s][t], plain.grads[s][t]) << "step " << s << " tensor " << t;
+      }
     }
   }
   ExpectFactorsHandedOverAfterTheirReads(emulated.events);
@@ -248,7 +252,9 @@ TEST_P(EmulatedCopies, GradientsCastOnTheDeviceAreTheHostsCastOfThePlainGradient
     int downloads_done = 0, handed = 0;
     for (const CopyEvent& e : emulated.events) {
       downloads_done += e.kind == CopyEvent::kDownloadDone;
-      if (e.kind == CopyEvent::kNote) EXPECT_LE(++handed, downloads_done) << e.note << " handed over before it landed";
+      if (e.kind == CopyEvent::kNote) {
+        EXPECT_LE(++handed, downloads_done) << e.note << " handed over before it landed";
+      }
     }
   }
   NetSpec spec;

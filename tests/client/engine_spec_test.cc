@@ -133,7 +133,9 @@ TEST(EngineSpec, EveryLayerTypeRowIsConsistent) {
     EXPECT_TRUE(names.insert(row.name).second) << row.name;
     EXPECT_TRUE(types.insert(static_cast<int>(row.type)).second) << row.name;
     EXPECT_EQ(&LayerTypeOf(row.type), &row) << row.name;
-    if (row.type != LayerType::kActivation) EXPECT_EQ(FindLayerType(row.name), &row) << row.name;
+    if (row.type != LayerType::kActivation) {
+      EXPECT_EQ(FindLayerType(row.name), &row) << row.name;
+    }
     EXPECT_TRUE(row.bottoms == 1 || row.bottoms == 2) << row.name;
     EXPECT_NE(row.shape, nullptr) << row.name;
   }
