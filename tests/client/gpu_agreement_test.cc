@@ -850,7 +850,7 @@ TEST(GpuNetAgreement, AlexNetFactoredFcWeightsEqualDenseGradients) {
 
 // δ packed on the GPU (Backend::ReadBlobGradBlocksAsync: a kernel on the copy stream, then one
 // download of the packed floats): AlexNet's fc weights in the blocks of a layout of 2 servers and
-// chunks of 2^18 floats (fc6 in 144 blocks, more than one launch's 64; rows cut), against the
+// chunks of 2^18 floats (fc6 in 145 blocks, more than one launch's 64; rows cut), against the
 // same net's unpacked factors packed by the host (PackedForPush). A plain copy: the floats agree
 // to the GEMMs' run-to-run spread (none on these shapes), and a misplaced block differs wholly.
 TEST(GpuNetAgreement, AlexNetFactorsPackedOnTheDeviceAreTheHostsPacking) {
@@ -901,6 +901,40 @@ TEST(GpuNetAgreement, ReshapeBatch) {
 
 // ------------------------------------------------------------------------------------------
 // Error paths: run on every machine.
+
+// The launches that pack a factored δ on the device (CudaContext::DownloadPackedAsync), run here
+// float by float through the kernel's own PackOneFloat: AlexNet's fc6 in the 145 blocks of a
+// layout of 2 servers and 2^18-float chunks (three launches: 64, 64, 17) packs as the host's
+// PackRowBlocks, bit for bit; no blocks, no launch.
+TEST(GpuPackPlan, LaunchesCoverEveryBlockInOrderAndPackAsTheHost) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build(AlexNetTensorSpecs(), 2, int64_t{1} << 18, &layout).ok());
+  const int fc6 = layout.TensorIndex("fc6.weight");
+  ASSERT_GE(fc6, 0);
+  const std::vector<RowSpan> blocks = FactorRowBlocks(layout, fc6);
+  ASSERT_EQ(blocks.size(), 145u);
+  std::vector<int64_t> first, rows;
+  for (const RowSpan& k : blocks) {
+    first.push_back(k.first);
+    rows.push_back(k.rows);
+  }
+  constexpr int64_t kBatch = 3, kWidth = 4096;
+  const std::vector<gpu::PackBlocks> launches = gpu::PlanPackLaunches(kBatch, first.data(), rows.data(), blocks.size());
+  ASSERT_EQ(launches.size(), 3u);
+  EXPECT_EQ(launches[0].count, 64);
+  EXPECT_EQ(launches[1].count, 64);
+  EXPECT_EQ(launches[2].count, 17);
+  std::vector<float> delta(kBatch * kWidth);
+  for (size_t i = 0; i < delta.size(); ++i) delta[i] = static_cast<float>(i);
+  std::vector<float> device(static_cast<size_t>(kBatch * PackedRows(blocks)), -1.0f), host(device.size());
+  for (const gpu::PackBlocks& l : launches)
+    for (int64_t b = 0; b < kBatch; ++b)
+      for (int k = 0; k < l.count; ++k)
+        for (int64_t j = 0; j < l.rows[k]; ++j) gpu::PackOneFloat(b, k, j, kWidth, l, delta.data(), device.data());
+  PackRowBlocks(delta.data(), kBatch, kWidth, blocks, host.data());
+  EXPECT_EQ(device, host);
+  EXPECT_TRUE(gpu::PlanPackLaunches(kBatch, nullptr, nullptr, 0).empty());
+}
 
 TEST(GpuBackendErrors, NoDeviceOrBadOrdinalIsAnErrorNeverAFallback) {
   std::string why;

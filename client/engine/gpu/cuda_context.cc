@@ -309,22 +309,16 @@ uint64_t CudaContext::DownloadPackedAsync(const float* device, int64_t batch, in
   MakeCurrent();
   const int64_t floats = batch * PackedRows(blocks);
   if (floats <= 0) return 0;
+  std::vector<int64_t> first, rows;
+  for (const RowSpan& k : blocks) {
+    DP_CHECK(k.first >= 0 && k.rows >= 0 && k.first + k.rows <= width);
+    first.push_back(k.first);
+    rows.push_back(k.rows);
+  }
   CopyStreamAfter(nullptr);
   // On the copy stream, as the cast is: beside the compute stream's layers below.
-  PackBlocks group;
-  int64_t at = 0;
-  for (size_t k = 0; k < blocks.size(); ++k) {
-    DP_CHECK(blocks[k].first >= 0 && blocks[k].rows >= 0 && blocks[k].first + blocks[k].rows <= width);
-    group.first[group.count] = blocks[k].first;
-    group.rows[group.count] = blocks[k].rows;
-    group.at[group.count] = at;
-    ++group.count;
-    at += batch * blocks[k].rows;
-    if (group.count == kMaxPackBlocks || k + 1 == blocks.size()) {
-      DP_CUDA_THROW(PackRowBlocksOnDevice(copy_stream_, batch, width, group, device, scratch));
-      group.count = 0;
-    }
-  }
+  for (const PackBlocks& launch : PlanPackLaunches(batch, first.data(), rows.data(), blocks.size()))
+    DP_CUDA_THROW(PackRowBlocksOnDevice(copy_stream_, batch, width, launch, device, scratch));
   DP_CUDA_THROW(cudaMemcpyAsync(host, scratch, static_cast<size_t>(floats) * sizeof(float), cudaMemcpyDeviceToHost,
                                 copy_stream_));
   return RecordDownload();

@@ -342,10 +342,22 @@ cudaError_t WidenFrom16(cudaStream_t stream, int64_t n, bool bf16, const uint16_
 __global__ void PackRowBlocksKernel(int64_t width, PackBlocks blocks, const float* in, float* out) {
   const int64_t b = blockIdx.x;
   const int k = static_cast<int>(blockIdx.y);
-  const int64_t rows = blocks.rows[k];
-  const float* from = in + b * width + blocks.first[k];
-  float* to = out + blocks.at[k] + b * rows;
-  for (int64_t j = threadIdx.x; j < rows; j += blockDim.x) to[j] = from[j];
+  for (int64_t j = threadIdx.x; j < blocks.rows[k]; j += blockDim.x) PackOneFloat(b, k, j, width, blocks, in, out);
+}
+
+std::vector<PackBlocks> PlanPackLaunches(int64_t batch, const int64_t* first, const int64_t* rows, size_t n) {
+  std::vector<PackBlocks> launches;
+  int64_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (launches.empty() || launches.back().count == kMaxPackBlocks) launches.emplace_back();
+    PackBlocks& g = launches.back();
+    g.first[g.count] = first[i];
+    g.rows[g.count] = rows[i];
+    g.at[g.count] = at;
+    ++g.count;
+    at += batch * rows[i];
+  }
+  return launches;
 }
 
 cudaError_t PackRowBlocksOnDevice(cudaStream_t stream, int64_t batch, int64_t width, const PackBlocks& blocks,

@@ -12,9 +12,11 @@
 // Thread-safety: stateless.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
 
 namespace downpour::engine::gpu {
 
@@ -84,6 +86,18 @@ struct PackBlocks {
   int64_t rows[kMaxPackBlocks];
   int64_t at[kMaxPackBlocks];
 };
+// The launches for blocks (first[i], rows[i]), i < n, in order: kMaxPackBlocks at a time, each
+// block's `at` counted from the first (host code, so that a test without a GPU checks the plan).
+std::vector<PackBlocks> PlanPackLaunches(int64_t batch, const int64_t* first, const int64_t* rows, size_t n);
+// One float of a launch: row b of block k, column j < rows[k]. The kernel runs it for every
+// (b, k, j); a host test does the same.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline void
+    PackOneFloat(int64_t b, int k, int64_t j, int64_t width, const PackBlocks& blocks, const float* in, float* out) {
+  out[blocks.at[k] + b * blocks.rows[k] + j] = in[b * width + blocks.first[k] + j];
+}
 cudaError_t PackRowBlocksOnDevice(cudaStream_t stream, int64_t batch, int64_t width, const PackBlocks& blocks,
                                   const float* in, float* out);
 
