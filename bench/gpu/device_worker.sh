@@ -7,7 +7,8 @@
 #     fp32 and factors + fp16 pulls (device_compression.sh with JOBS=bench/gpu/worker_step_jobs.txt;
 #     its ratios.txt has each job over the fp32 k = 1 jobs);
 #  3. the default job with both workers on the GPU, outstanding_steps 1 and 2, against 2026-11-26's
-#     14,797 img/s (that was fmnist_small; today's default is fmnist_fast);
+#     14,797 img/s (that was fmnist_small; today's default is fmnist_fast), and whether its
+#     evaluator took the test set as bytes;
 #  4. AlexNet's worker step against PyTorch's fwd + bwd + SGD, TF32 on, batch 128: with float input,
 #     and with byte input (uint8 crops normalised on the GPU, each next batch uploaded a step ahead).
 # Pack first, here: EXTRA_BINS="server/downpour-launch server/downpour-server server/downpour-coordinator
@@ -37,6 +38,16 @@ for dev in ${DEVICES:-gpu:0}; do
         --bin-dir "$bin" --set "worker.device=$dev" --set "worker.outstanding_steps=$k" \
         ${DEFAULT_STEPS:+--set worker.steps=$DEFAULT_STEPS}
     python3 tools/downpour-summarize "/tmp/runs/$name" >>"$out/default.txt" 2>&1
+    # Whether the evaluator's GPU net took the test set as bytes (its eval records' byte_input).
+    python3 - "/tmp/runs/$name/metrics/evaluator.jsonl" "$name" <<'PY' >>"$out/default.txt" 2>&1
+import json, sys
+try:
+    evals = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "eval"]
+except (OSError, ValueError) as e:
+    sys.exit(f"{sys.argv[2]}: evaluator records missing ({e})")
+took = sum(1 for r in evals if r.get("byte_input"))
+print(f"{sys.argv[2]}: {took} of {len(evals)} evaluations took the test set as bytes")
+PY
   done
 done
 if [[ ${SKIP_BENCH:-0} != 1 ]]; then

@@ -143,6 +143,7 @@ class Evaluator {
                                    {"top1", r.top1},
                                    {"top5", r.top5},
                                    {"test_images", r.images},
+                                   {"byte_input", r.byte_input},
                                    {"server_versions", versions}});
     if (!a_.quiet) {
       spdlog::info("evaluator: {}eval at {} worker batches ({} images{}): test loss {:.4f} top-1 {:.2f}% top-5 {:.2f}% "

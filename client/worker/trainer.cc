@@ -99,6 +99,7 @@ Status EvaluateNet(engine::Net* net, TestSource* test, int max_batches, EvalReco
   if (images == 0) return NotFound("evaluation: the test set gave no batches (data.test is empty?)");
   const double n = static_cast<double>(images);
   out->images = images;
+  out->byte_input = bytes;
   out->loss = loss_sum / n;
   out->top1 = top1_sum / n;
   out->top5 = top5_sum / n;
@@ -296,6 +297,7 @@ void Trainer::LogEval(const EvalRecord& r, bool final_eval) {
                                  {"top1", r.top1},
                                  {"top5", r.top5},
                                  {"test_images", r.images},
+                                 {"byte_input", r.byte_input},
                                  {"server_versions", r.versions}});
 }
 

@@ -121,6 +121,7 @@ struct EvalRecord {
   int64_t step = 0;         // this worker's steps done
   double epoch = 0;         // this worker's passes over its shard
   double wall_s = 0;        // since training started
+  bool byte_input = false;  // the test set went to the net as bytes (EvaluateNet)
 };
 
 struct TrainResult {

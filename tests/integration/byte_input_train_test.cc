@@ -204,6 +204,8 @@ TEST(ByteInputTraining, TheLoadersTestBytesOnADeviceEvaluateAsItsFloatsOnTheHost
     EXPECT_EQ(bytes.records[i].loss, floats.records[i].loss) << "evaluation " << i;
     EXPECT_EQ(bytes.records[i].top1, floats.records[i].top1) << "evaluation " << i;
     EXPECT_EQ(bytes.records[i].top5, floats.records[i].top5) << "evaluation " << i;
+    EXPECT_TRUE(bytes.records[i].byte_input) << "evaluation " << i;
+    EXPECT_FALSE(floats.records[i].byte_input) << "evaluation " << i;
   }
   EXPECT_EQ(bytes.normalised, 4 + 4 + 2) << "the device did not take byte batches";
   EXPECT_EQ(bytes.queued, 2 * (4 + 4 + 2)) << "each batch goes up once: its pixels and its windows";

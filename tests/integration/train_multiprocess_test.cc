@@ -289,6 +289,8 @@ TEST_F(TrainProcessTest, AsyncFourWorkersConvergeAndTheEvaluatorKeepsPace) {
     worker_pulls += end[0].Get("pulls_served").AsInt();
   }
   EXPECT_EQ(final_eval.Get("server_versions").AsInt(), applied);
+  ASSERT_TRUE(final_eval.Has("byte_input"));
+  EXPECT_FALSE(final_eval.Get("byte_input").AsBool()) << "a CPU evaluator takes floats";
   EXPECT_GT(evaluator_pulls, static_cast<int64_t>(evals.size())) << "probes and snapshots";
   EXPECT_GT(worker_pulls, 0);
   const auto done = test::Metrics(run, "evaluator.jsonl", "done");
