@@ -94,22 +94,38 @@ struct Op {
 // the dense frames' keepalive: nothing is copied. The other chunks follow, unchanged.
 Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, std::span<const FactorTensor> factors,
                         bool checksums, std::vector<Op>* ops) {
-  std::vector<int> batch_of(layout.tensors().size(), 0);
-  std::vector<int64_t> rows_of(layout.tensors().size(), 0);  // packed rows of δ
+  // Per factored tensor: its batch, where each of its chunks' blocks starts in its packed δ (by
+  // chunk id − first_chunk: a tensor's chunk ids are consecutive, ascending with the flat offset,
+  // as FactorRowBlocks lists them), and where a starts after the blocks.
+  struct Packing {
+    int64_t batch = 0;  // 0: not factored
+    int32_t first_chunk = 0;
+    std::vector<int64_t> block_at;
+    int64_t a_at = 0;
+  };
+  std::vector<Packing> packing(layout.tensors().size());
   for (const FactorTensor& f : factors) {
     if (f.tensor < 0 || f.tensor >= static_cast<int>(layout.tensors().size()))
       return InvalidArgument("ps client push: factored tensor index {} outside 0..{}", f.tensor,
                              layout.tensors().size() - 1);
     const TensorSpec& t = layout.tensors()[static_cast<size_t>(f.tensor)];
     const int64_t out = t.shape.empty() ? 0 : t.shape[0], in = out > 0 ? t.numel() / out : 0;
-    const int64_t rows = t.shape.size() < 2 ? 0 : PackedRows(FactorRowBlocks(layout, f.tensor));
+    const std::vector<RowSpan> blocks = t.shape.size() < 2 ? std::vector<RowSpan>{} : FactorRowBlocks(layout, f.tensor);
+    const int64_t rows = PackedRows(blocks);
     if (t.shape.size() < 2 || f.batch < 1 || f.batch > 65536 || int64_t{f.batch} * (rows + in) > t.numel())
       return InvalidArgument(
           "ps client push: tensor '{}' (rank {}, {} floats) cannot hold sufficient factors of "
           "batch {} (needs rank >= 2, batch 1..65536, batch × (packed rows {} + in {}) <= {})",
           t.name, t.shape.size(), t.numel(), f.batch, rows, in, t.numel());
-    batch_of[static_cast<size_t>(f.tensor)] = f.batch;
-    rows_of[static_cast<size_t>(f.tensor)] = rows;
+    Packing& p = packing[static_cast<size_t>(f.tensor)];
+    p = Packing{};  // a tensor listed twice: its last entry counts
+    p.batch = f.batch;
+    const int64_t begin = layout.tensor_flat_offset(f.tensor);
+    p.first_chunk = layout.ChunksInRange(begin, begin + 1).front();
+    for (const RowSpan& b : blocks) {
+      p.block_at.push_back(p.a_at);
+      p.a_at += f.batch * b.rows;
+    }
   }
   for (Op& op : *ops) {
     MessageHeader& h = op.header;
@@ -117,31 +133,20 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
     std::vector<size_t> dense;
     for (size_t i = 0; i < h.chunk_ids.size(); ++i) {
       const int32_t t = layout.chunk(static_cast<int32_t>(h.chunk_ids[i])).tensor;
-      (batch_of[static_cast<size_t>(t)] > 0 ? by_tensor[t] : dense).push_back(i);
+      (packing[static_cast<size_t>(t)].batch > 0 ? by_tensor[t] : dense).push_back(i);
     }
     if (by_tensor.empty()) continue;
     std::vector<size_t> order;
     Frames payload;
     std::vector<uint32_t> crcs;
     for (const auto& [t, idx] : by_tensor) {
+      const Packing& p = packing[static_cast<size_t>(t)];
       const TensorSpec& spec = layout.tensors()[static_cast<size_t>(t)];
-      const int64_t batch = batch_of[static_cast<size_t>(t)], in = spec.numel() / spec.shape[0];
-      const float* delta = flat.data() + layout.tensor_flat_offset(t);   // packed: batch × rows_of[t]
-      const float* a = delta + batch * rows_of[static_cast<size_t>(t)];  // batch × in
-      // A chunk's block starts after the blocks of the tensor's chunks before it; the tensor's
-      // chunk ids are consecutive, ascending with the flat offset.
-      const int64_t begin = layout.tensor_flat_offset(t);
-      const std::vector<int32_t> ids = layout.ChunksInRange(begin, begin + spec.numel());
-      const int32_t first_id = ids.front();
-      std::vector<int64_t> block_at;  // by chunk id − first_id
-      int64_t at = 0;
-      for (int32_t id : ids) {
-        block_at.push_back(at);
-        at += batch * RowsOf(layout.chunk(id), in).rows;
-      }
+      const int64_t batch = p.batch, in = spec.numel() / spec.shape[0];
+      const float* delta = flat.data() + layout.tensor_flat_offset(t);  // packed, then a (batch × in)
       for (size_t i : idx) {
         const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
-        const float* block = delta + block_at[static_cast<size_t>(c.id - first_id)];
+        const float* block = delta + p.block_at[static_cast<size_t>(c.id - p.first_chunk)];
         const size_t bytes = static_cast<size_t>(batch * RowsOf(c, in).rows) * sizeof(float);
         if (checksums) crcs.push_back(Crc32c(block, bytes));
         payload.push_back(Frame::Borrow(block, bytes, op.payload[i].owner()));
@@ -149,7 +154,7 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
       }
       op.factor_groups.push_back(Op::FactorGroup{
           order.size(), static_cast<uint32_t>(batch),
-          Frame::Borrow(a, static_cast<size_t>(batch * in) * sizeof(float), op.payload[idx[0]].owner())});
+          Frame::Borrow(delta + p.a_at, static_cast<size_t>(batch * in) * sizeof(float), op.payload[idx[0]].owner())});
     }
     for (size_t i : dense) {
       payload.push_back(std::move(op.payload[i]));
