@@ -102,8 +102,8 @@ std::string CompareShards(const ShardServer& live, const ShardServer& replay, co
     if (d = CompareFloats(live.ChunkHistory(chunk), replay.ChunkHistory(chunk)); !d.empty()) {
       return fmt::format("chunk {} update-rule state: {}", chunk, d);
     }
-    if (d = CompareFloats(live.ChunkDcMeanSquare(chunk), replay.ChunkDcMeanSquare(chunk)); !d.empty()) {
-      return fmt::format("chunk {} DC-ASGD mean square: {}", chunk, d);
+    if (d = CompareFloats(live.ChunkRuleState(chunk), replay.ChunkRuleState(chunk)); !d.empty()) {
+      return fmt::format("chunk {} shard rule state (DC-ASGD-a mean square): {}", chunk, d);
     }
     if (live.ChunkVersion(chunk) != replay.ChunkVersion(chunk)) {
       return fmt::format("chunk {} version: {} checkpointed, {} replayed", chunk, live.ChunkVersion(chunk),

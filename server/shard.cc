@@ -149,6 +149,24 @@ class ShardServer::Updater : public ShardUpdater {
   ShardServer* s_;
 };
 
+// The shard as its rules see it (server/rules/shard_rule.h). Called with mu_ held.
+class ShardServer::RuleHost : public RuleShard {
+ public:
+  explicit RuleHost(ShardServer* s) : s_(s) {}
+  ChunkStore& store() override { return *s_->store_; }
+  ShardStatsWire& stats() override { return s_->stats_; }
+  Status CheckGradients(const PushContext& ctx, std::span<const PushChunk> chunks) override {
+    return s_->policy_->CheckPush(*s_->updater_, ctx, chunks);
+  }
+  PushOutcome TakeGradients(const PushContext& ctx, std::span<const PushChunk> chunks) override {
+    return s_->policy_->OnPush(*s_->updater_, ctx, chunks);
+  }
+  void RecordStaleness(int local, int64_t staleness) override { s_->updater_->RecordStaleness(local, staleness); }
+
+ private:
+  ShardServer* s_;
+};
+
 // Durability's view of the shard (shard_durability.h). Called with mu_ held.
 class ShardServer::Keeper : public DurableShard {
  public:
@@ -224,6 +242,15 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   rules_.all_finite = [split = check_split_.get()](std::span<const float> x) { return AllFiniteOn(split, x); };
   policy_ = MakeConsistencyPolicy(options_.consistency, options_.cluster.workers, max_workers_, options_.round_members);
   updater_ = std::make_unique<Updater>(this);
+  ShardRuleOptions ro;
+  ro.consistency = options_.consistency;
+  ro.max_workers = max_workers_;
+  ro.chunks = store_->size();
+  for (int k = 0; k < kPushKinds; ++k)
+    rules_by_kind_[static_cast<size_t>(k)] = MakeShardRule(static_cast<PushKind>(k), ro);
+  if (options_.gradient_rule) rules_by_kind_[static_cast<size_t>(PushKind::kGradient)] = options_.gradient_rule();
+  for (const auto& rule : rules_by_kind_) DP_CHECK(rule != nullptr);
+  rule_host_ = std::make_unique<RuleHost>(this);
   keeper_ = std::make_unique<Keeper>(this);
   ShardDurabilityOptions d;
   d.server_id = options_.server_id;
@@ -235,9 +262,10 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   d.log.fsync_ms = std::chrono::milliseconds(options_.checkpoint.wal_fsync_ms);
   d.log.io = options_.checkpoint.wal_io;
   d.log.max_bytes = WalMaxBytes(options_.checkpoint);
-  // A checkpoint holds the weights and the rule's state (f32 each), and DC-ASGD-a's mean squares.
-  d.log.checkpoint_bytes =
-      store_->share().floats * (options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive ? 12 : 8);
+  // A checkpoint holds the weights, the update rule's state (f32 each) and the shard rules' own.
+  int rule_floats = 0;
+  for (const auto& rule : rules_by_kind_) rule_floats += rule->state_name().empty() ? 0 : 1;
+  d.log.checkpoint_bytes = store_->share().floats * sizeof(float) * static_cast<uint64_t>(2 + rule_floats);
   d.log.checkpoint_path = options_.checkpoint_path;
   d.log.on_progress = [this] { CallWake(); };  // the log wrote more, or failed: held replies are due
   d.log.keep_segments = options_.checkpoint.history;
@@ -245,9 +273,6 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   stats_.rejected_by_reason.assign(static_cast<size_t>(RejectReason::kCount), 0);
   stats_.staleness_histogram.assign(static_cast<size_t>(options_.staleness_buckets), 0);
   push_staleness_.assign(static_cast<size_t>(store_->size()), -1);
-  if (DelayCompensated(options_.consistency.algorithm)) {
-    dc_ = std::make_unique<DelayCompensation>(options_.consistency, max_workers_, store_->size());
-  }
   stats_.pushes_by_worker.assign(static_cast<size_t>(max_workers_), 0);
 }
 
@@ -743,36 +768,35 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     for (int l : locals) reply->versions.push_back(store_->version(l));
     return Status::Ok();
   }
-  if (!init && !move) {
-    Status policy_ok = policy_->CheckPush(*updater_, PushContext{h.sender, h.clock}, chunks);
-    if (!policy_ok.ok()) {
+  // The rule of the push's kind (server/rules/shard_rule.h; CheckDensePush took the kind); an
+  // init push has none.
+  ShardRule* rule = init ? nullptr : RuleFor(h.flags);
+  const PushContext ctx{h.sender, move ? int64_t{h.move_batches} : h.clock};  // a move's clock: its batches
+  if (rule != nullptr) {
+    Status rule_ok = rule->Check(*rule_host_, ctx, chunks);
+    if (!rule_ok.ok()) {
       *reason = RejectReason::kClock;
-      return policy_ok;
+      return rule_ok;
     }
   }
-  // DC-ASGD: the compensated gradient is what gets logged and applied, so a replay repeats it;
-  // DC-ASGD-a's log records keep the raw gradients too, for the mean square's replay.
-  const bool dc = !init && !move && DelayCompensated(options_.consistency.algorithm);
-  const bool adaptive_dc = dc && options_.consistency.algorithm == Algorithm::kDcAsgdAdaptive;
-  std::vector<const float*> raw;  // the pushed gradients, before compensation, for the log
-  if (adaptive_dc && durability_->logging()) {
+  // A rule that rewrites the gradients (DC-ASGD) has them logged and applied as rewritten, so a
+  // replay repeats them; the raw gradients go into the record too when it keeps them.
+  const bool rewrites = rule != nullptr && rule->rewrites();
+  const bool keeps_raw = rewrites && rule->keeps_raw();
+  std::vector<const float*> raw;  // the pushed gradients, before the rule rewrote them, for the log
+  if (keeps_raw && durability_->logging()) {
     for (const PushChunk& c : chunks) raw.push_back(c.grad);
   }
-  if (dc) {
-    store_->Drain();  // compensation reads the weights as they are now
-    dc_->Compensate(
-        h.sender, &chunks, [this](int l) { return store_->weights(l).data(); }, &stats_.dc_compensated,
-        &stats_.dc_uncompensated);
-  }
+  if (rule != nullptr) rule->Prepare(*rule_host_, h.sender, &chunks);
   // Logged before it is applied and acknowledged: an ack means the push is in the log.
   WalRecord r;
   r.kind = WalKind::kPush;
   r.worker = h.sender;
-  r.flags = (h.flags & (kFlagInit | kFlagElastic | kFlagMove)) | (adaptive_dc ? kWalFlagRaw : 0u);
+  r.flags = (h.flags & (kFlagInit | kFlagElastic | kFlagMove)) | (keeps_raw ? kWalFlagRaw : 0u);
   r.session = h.session;
   r.request_id = h.request_id;
-  r.clock = move ? int64_t{h.move_batches} : h.clock;  // a move's log record keeps its batches there
-  if (durability_->logging() && wire != nullptr && !dc && PayloadBytes(wire->frames) < DenseBytes(chunks)) {
+  r.clock = ctx.clock;  // a move's log record keeps its batches there
+  if (durability_->logging() && wire != nullptr && !rewrites && PayloadBytes(wire->frames) < DenseBytes(chunks)) {
     // The push as the wire carried it: fewer bytes, and replay forms the same floats from it.
     r.kind = WalKind::kCodedPush;
     r.frames.reserve(wire->frames.size());
@@ -786,12 +810,12 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
       // would log the model W times). The record stays, for the duplicate window replay rebuilds.
       if (init && store_->initialized(chunks[i].local)) continue;
       r.chunks.push_back(WalChunk{h.chunk_ids[i], chunks[i].version_from, chunks[i].grad,
-                                  static_cast<uint32_t>(chunks[i].count), adaptive_dc ? raw[i] : nullptr});
+                                  static_cast<uint32_t>(chunks[i].count), keeps_raw ? raw[i] : nullptr});
     }
   }
   *reason = RejectReason::kLogWrite;  // the log could not be written: nothing was taken
   DP_RETURN_IF_ERROR(durability_->Stage(&r));
-  if (!dc) {  // the message's buffers live until the lanes have applied it (DC's are reused: applied now)
+  if (!rewrites) {  // the message's buffers live until the lanes have applied it (a rule's: applied now)
     struct Kept {
       Frames frames;
       std::vector<std::vector<float>> aligned;  // the chunks CheckDensePush copied to align them
@@ -800,7 +824,7 @@ Status ShardServer::HandlePush(const MessageHeader& h, const Frames& frames, Mes
     for (PushChunk& c : chunks) c.keep = keep;
   }
   for (int l : locals) push_staleness_[static_cast<size_t>(l)] = -1;
-  if (adaptive_dc) dc_->Commit(chunks);  // taken: DC-ASGD-a's mean squares move on with it
+  if (rule != nullptr) rule->Commit(chunks);  // taken: what the rule staged for it is the rule's
   ApplyPush(h.sender, h.session, h.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
   for (int l : locals) reply->versions.push_back(store_->version(l));
   if (!init) {
@@ -814,31 +838,11 @@ void ShardServer::ApplyPush(int32_t worker, uint64_t session, uint64_t request_i
                             const std::vector<PushChunk>& chunks) {
   sessions_->duplicates().Remember(worker, session, request_id);
   const bool init = (flags & kFlagInit) != 0;
-  if (!init && (flags & kFlagMove) != 0) {
-    // A model moves on (multi-model runs): its holder's change over the stage, added as it is;
-    // `clock` is the batches the stage trained (the lr schedule's place).
-    for (const PushChunk& c : chunks) store_->Add(c.local, c.grad, clock, c.keep);
-    stats_.chunk_updates += chunks.size();
-    ++stats_.pushes_by_worker[static_cast<size_t>(worker)];
-  } else if (!init && (flags & kFlagElastic) != 0) {
-    // An elastic exchange (ExchangesModels: EASGD, Zhang, Choromanska, LeCun, NIPS 2015): the
-    // center += the difference the worker computed and sent (EASGD's α(x_worker − x_center)).
-    // An exchange stands for the batches the worker trained since its last one: the center's
-    // place on the run's images-processed axis (what the evaluator reports).
-    const int64_t iters = ScheduleIterations(1, ExchangeBatches(options_.consistency));
-    for (const PushChunk& c : chunks) {
-      updater_->RecordStaleness(c.local, std::max<int64_t>(0, store_->version(c.local) - c.version_from));
-      store_->Add(c.local, c.grad, iters, c.keep);
-    }
-    stats_.chunk_updates += chunks.size();
-    ++stats_.pushes_by_worker[static_cast<size_t>(worker)];
-  } else if (init) {
+  if (init) {
     // The first init wins; later ones (or after restore) are no-ops.
     for (const PushChunk& c : chunks) store_->Init(c.local, c.grad, c.keep);
   } else {
-    if (policy_->OnPush(*updater_, PushContext{worker, clock}, chunks) == PushOutcome::kDroppedLate) {
-      ++stats_.dropped_late;
-    }
+    RuleFor(flags)->Apply(*rule_host_, PushContext{worker, clock}, chunks);
     ++stats_.pushes_by_worker[static_cast<size_t>(worker)];  // persisted: counts across restarts
   }
   if (!durability_->replaying()) ++stats_.pushes_applied;  // this process's traffic; replay is counted in `replayed`
@@ -902,9 +906,8 @@ void ShardServer::ServePull(ServerEndpoint* ep, const PendingPull& p) {
   }
   // The dtype the pull asked for; shared memory carries f32 (the client asks f32 there).
   reply.dtype = region != nullptr ? DType::kF32 : p.request.dtype;
-  if (dc_ != nullptr && !p.reader) {
-    store_->Drain();  // the copies DC-ASGD keeps are of the weights this reply carries
-    for (int l : p.locals) dc_->RememberPulled(p.request.sender, l, store_->weights(l), store_->version(l));
+  if (!p.reader) {  // a worker's pull, at the versions this reply carries
+    for (const auto& rule : rules_by_kind_) rule->OnPullServed(*rule_host_, p.request.sender, p.locals);
   }
   // The header now, from the loop's versions; the floats from each chunk's lane, after the
   // updates posted before this pull and before any posted after it.
@@ -1028,11 +1031,11 @@ std::vector<float> ShardServer::ChunkHistory(int32_t chunk) const {
   return store_->state(local);
 }
 
-std::vector<float> ShardServer::ChunkDcMeanSquare(int32_t chunk) const {
+std::vector<float> ShardServer::ChunkRuleState(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
   const int local = store_->local_of(chunk);
-  if (local < 0 || dc_ == nullptr || !dc_->adaptive()) return {};
-  return dc_->mean_square(local);
+  if (local < 0) return {};
+  return rules_by_kind_[static_cast<size_t>(PushKind::kGradient)]->ChunkState(local);
 }
 
 int64_t ShardServer::ChunkVersion(int32_t chunk) const {
@@ -1105,9 +1108,11 @@ TensorFile ShardServer::CheckpointFile(uint64_t wal_seq) {
   c.pushes_by_worker.assign(stats_.pushes_by_worker.begin(), stats_.pushes_by_worker.end());
   c.dedup = sessions_->duplicates().Export();
   store_->Snapshot(&c.chunks);  // drains the lanes: every taken update is in it
-  if (dc_ != nullptr && dc_->adaptive()) {
-    // DC-ASGD-a's λ of every later push depends on it (a chunk no gradient has reached has none).
-    for (size_t i = 0; i < c.chunks.size(); ++i) c.chunks[i].dc_mean_square = dc_->mean_square(static_cast<int>(i));
+  for (const auto& rule : rules_by_kind_) {  // a rule's own state (a chunk without one has none yet)
+    if (rule->state_name().empty()) continue;
+    for (size_t i = 0; i < c.chunks.size(); ++i) {
+      c.chunks[i].rule_state[std::string(rule->state_name())] = rule->ChunkState(static_cast<int>(i));
+    }
   }
   TensorFile file = EncodeShardCheckpoint(std::move(c));
   policy_->SaveState(&file);
@@ -1120,8 +1125,10 @@ Status ShardServer::RestoreFrom(TensorFile& file, const std::string& path, uint6
   expect.layout_hash = layout_.hash();
   expect.model_id = options_.model_id;
   expect.max_workers = max_workers_;
-  expect.dc_mean_square = dc_ != nullptr && dc_->adaptive();
   store_->Expect(&expect);
+  for (const auto& rule : rules_by_kind_) {
+    if (!rule->state_name().empty()) expect.rule_states.emplace_back(rule->state_name());
+  }
   // Check everything before changing anything.
   ShardCheckpoint c;
   DP_RETURN_IF_ERROR(DecodeShardCheckpoint(file, path, expect, &c));
@@ -1131,9 +1138,11 @@ Status ShardServer::RestoreFrom(TensorFile& file, const std::string& path, uint6
     stats_.pushes_by_worker[w] = static_cast<uint64_t>(c.pushes_by_worker[w]);
   }
   sessions_->duplicates().Import(c.dedup);
-  if (dc_ != nullptr && dc_->adaptive()) {
+  for (const auto& rule : rules_by_kind_) {
+    if (rule->state_name().empty()) continue;
     for (size_t i = 0; i < c.chunks.size(); ++i) {
-      dc_->set_mean_square(static_cast<int>(i), std::move(c.chunks[i].dc_mean_square));
+      std::vector<float>& state = c.chunks[i].rule_state[std::string(rule->state_name())];
+      rule->SetChunkState(static_cast<int>(i), std::move(state));
     }
   }
   store_->Restore(&c.chunks);
@@ -1169,10 +1178,12 @@ Status ShardServer::ApplyRecord(const WalRecord& r, const std::string& path) {
       if ((r.flags & kWalFlagRaw) != 0 && init) {
         return Corrupt("{}: record seq {}: an init push with raw gradients", path, r.seq);
       }
-      // DC-ASGD-a's raw gradients (a server resumed with another algorithm has no mean square
-      // to rebuild: the applied gradients alone restore its weights).
-      if ((r.flags & kWalFlagRaw) != 0 && dc_ != nullptr && dc_->adaptive()) {
-        for (size_t i = 0; i < chunks.size(); ++i) dc_->Replay(chunks[i].local, r.chunks[i].raw, chunks[i].count);
+      // The raw gradients, for a rule that rebuilds its state from them (DC-ASGD-a's mean
+      // squares; a rule that keeps none, as a server resumed with another algorithm, ignores
+      // them: the applied gradients alone restore the weights).
+      if ((r.flags & kWalFlagRaw) != 0 && !init) {
+        ShardRule* rule = RuleFor(r.flags);
+        for (size_t i = 0; i < chunks.size(); ++i) rule->Replay(chunks[i].local, r.chunks[i].raw, chunks[i].count);
       }
       ApplyPush(r.worker, r.session, r.request_id, r.clock, r.flags & ~kWalFlagRaw, chunks);
       return Status::Ok();

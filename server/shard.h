@@ -9,7 +9,9 @@
 //   PullStepOrder (sessions.h)            the order key of each worker's step of pulls
 //   StabilityGuard (stability_guard.h)    the warning that updates are too stale for the lr
 //   FactorExpander (factor_expander.h)    factor pushes made dense on a thread of its own
-//   request_check.h, factor_push.h, delay_compensation.h  checking, densifying, compensating pushes
+//   ShardRule (rules/shard_rule.h)        what each kind of push does: a gradient (DC-ASGD
+//                                         compensates it first), an elastic exchange, a model move
+//   request_check.h, factor_push.h        checking and densifying pushes
 //
 // Each message is validated whole before it touches a weight, so a refused push changes nothing;
 // a refusal gets an error reply naming the field and is counted by reason (senders must be
@@ -31,6 +33,7 @@
 // finished pull replies.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -61,10 +64,10 @@
 #include "server/block_split.h"
 #include "server/chunk_store.h"
 #include "server/consistency.h"
-#include "server/delay_compensation.h"
 #include "server/factor_expander.h"
 #include "server/peers.h"
 #include "server/request_check.h"
+#include "server/rules/shard_rule.h"
 #include "server/sessions.h"
 #include "server/shard_durability.h"
 #include "server/shard_log.h"
@@ -91,6 +94,10 @@ struct ShardOptions {
   // The update rule; null = MakeUpdateRule(solver) (common/solver/update_rule.h). A test may hand
   // any rule here.
   std::shared_ptr<const UpdateRule> update_rule;
+  // Makes what the shard does with a gradient push (server/rules/shard_rule.h); null =
+  // MakeShardRule(kGradient, ...), by consistency.algorithm. A test may hand any rule here. Each
+  // shard made from these options calls it once: a rule keeps state and is its shard's alone.
+  std::function<std::unique_ptr<ShardRule>()> gradient_rule;
   ConsistencyConfig consistency;       // async / sync / ssp:s
   // The run's sections as it gives them (no key copied): what the shard reads of each is
   //   cluster.workers         W: worker ids 0..W-1 (sync/ssp accounting); >= 1
@@ -182,8 +189,9 @@ class ShardServer {
   ShardStatsWire Stats() const;
   std::vector<float> ChunkWeights(int32_t chunk) const;  // empty if not owned / not initialised
   std::vector<float> ChunkHistory(int32_t chunk) const;  // the update rule's state; empty if not owned
-  // DC-ASGD-a's running mean square of g; empty if not owned, another algorithm, or no push yet.
-  std::vector<float> ChunkDcMeanSquare(int32_t chunk) const;
+  // The gradient rule's own state of the chunk (DC-ASGD-a's running mean square of g); empty if
+  // not owned, a rule without state, or none yet.
+  std::vector<float> ChunkRuleState(int32_t chunk) const;
   int64_t ChunkVersion(int32_t chunk) const;             // -1 if not owned
   int64_t ChunkScheduleIter(int32_t chunk) const;        // the lr schedule's iteration; -1 if not owned
   int64_t updates() const;                               // applied chunk updates
@@ -219,6 +227,7 @@ class ShardServer {
   struct PendingPull;
   struct PullJob;
   class Updater;
+  class RuleHost;
   class Keeper;
 
   ShardServer(const ParamLayout& layout, ShardOptions options);
@@ -270,11 +279,13 @@ class ShardServer {
                     const std::vector<bool>& finite = {}, const WirePush* wire = nullptr);
   // What CheckDensePush asks of the shard's chunks (initialised, version), live and in replay.
   std::function<ChunkFacts(int)> ChunkFactsOf() const;
-  // One push, validated (live) or read from the log (replay): dedup window, then by its flags a
-  // move, an elastic exchange, first weights, or gradients for the consistency policy.
+  // One push, validated (live) or read from the log (replay): dedup window, then first weights,
+  // or the rule of its kind (RuleFor: a gradient, an elastic exchange or a model's move).
   void ApplyPush(int32_t worker, uint64_t session, uint64_t request_id, int64_t clock, uint32_t flags,
                  const std::vector<PushChunk>& chunks);
   void ApplyGone(int32_t worker, bool finished);
+  // The rule for a non-init push with these flags (never null).
+  ShardRule* RuleFor(uint32_t flags) const { return rules_by_kind_[static_cast<size_t>(PushKindOf(flags))].get(); }
   bool PullReady(const PendingPull& p) const;
   // Fills the reply's header and has the store read the chunks (ChunkStore::Read); a reply the
   // lanes finish goes to the loop, which sends it (SendDonePulls).
@@ -321,9 +332,10 @@ class ShardServer {
   std::unique_ptr<ShardDurability> durability_;
   std::mutex wake_mu_;  // guards wake_
   std::function<void()> wake_;
-  // DC-ASGD's pulled copies and DC-ASGD-a's mean squares (server/delay_compensation.h); null
-  // for the other algorithms.
-  std::unique_ptr<DelayCompensation> dc_;
+  // What each kind of push does (server/rules/shard_rule.h), by PushKind. Their state (DC-ASGD's
+  // copies) is under mu_ with the rest.
+  std::array<std::unique_ptr<ShardRule>, kPushKinds> rules_by_kind_;
+  std::unique_ptr<RuleHost> rule_host_;
   std::vector<int64_t> push_staleness_;  // per local chunk: the applied push's staleness for its ack; -1 = none
   StabilityGuard stability_;             // warns once when updates are too stale for the lr (server/stability_guard.h)
   std::vector<PendingPull> pending_;

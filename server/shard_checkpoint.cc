@@ -115,9 +115,9 @@ TensorFile EncodeShardCheckpoint(ShardCheckpoint&& c) {
     const auto n = static_cast<int64_t>(ch.weights.size());
     file.tensors.push_back(NamedTensor{fmt::format("chunk{}.weights", ch.id), {n}, std::move(ch.weights)});
     file.tensors.push_back(NamedTensor{fmt::format("chunk{}.history", ch.id), {n}, std::move(ch.history)});
-    if (!ch.dc_mean_square.empty()) {
-      file.tensors.push_back(
-          NamedTensor{fmt::format("chunk{}.dc_mean_square", ch.id), {n}, std::move(ch.dc_mean_square)});
+    for (auto& [name, state] : ch.rule_state) {
+      if (!state.empty())
+        file.tensors.push_back(NamedTensor{fmt::format("chunk{}.{}", ch.id, name), {n}, std::move(state)});
     }
   }
   return file;
@@ -204,16 +204,17 @@ Status DecodeShardCheckpoint(TensorFile& file, const std::string& path, const Sh
     return Status::Ok();
   };
   // Every tensor is checked before any is moved out, so a failure leaves `file` whole.
-  std::vector<NamedTensor*> weights(n), history(n), mean_square(n, nullptr);
+  std::vector<NamedTensor*> weights(n), history(n);
+  std::vector<std::vector<NamedTensor*>> rule_state(n, std::vector<NamedTensor*>(expect.rule_states.size()));
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = expect.chunk_ids[i];
     const size_t elems = expect.chunk_elems[i];
     DP_RETURN_IF_ERROR(find(fmt::format("chunk{}.weights", id), elems, true, &weights[i]));
     DP_RETURN_IF_ERROR(find(fmt::format("chunk{}.history", id), elems, true, &history[i]));
-    // A chunk no gradient had reached, or a checkpoint of another algorithm, has none: DC-ASGD-a
-    // starts again from its next gradient's g².
-    if (expect.dc_mean_square) {
-      DP_RETURN_IF_ERROR(find(fmt::format("chunk{}.dc_mean_square", id), elems, false, &mean_square[i]));
+    // A chunk no gradient had reached, or a checkpoint of another algorithm, has none: the rule
+    // starts that state afresh (DC-ASGD-a from its next gradient's g²).
+    for (size_t k = 0; k < expect.rule_states.size(); ++k) {
+      DP_RETURN_IF_ERROR(find(fmt::format("chunk{}.{}", id, expect.rule_states[k]), elems, false, &rule_state[i][k]));
     }
   }
   out->chunks.resize(n);
@@ -225,7 +226,9 @@ Status DecodeShardCheckpoint(TensorFile& file, const std::string& path, const Sh
     ch.initialized = inited[i] != 0;
     ch.weights = std::move(weights[i]->data);
     ch.history = std::move(history[i]->data);
-    if (mean_square[i] != nullptr) ch.dc_mean_square = std::move(mean_square[i]->data);
+    for (size_t k = 0; k < expect.rule_states.size(); ++k) {
+      if (rule_state[i][k] != nullptr) ch.rule_state[expect.rule_states[k]] = std::move(rule_state[i][k]->data);
+    }
   }
   return Status::Ok();
 }

@@ -10,7 +10,8 @@
 // in files written before it), pushes_by_worker (one per worker id), dedup.<worker> ("session:id,id;
 // session:id", ids oldest first, for workers with a window); tensors chunk<id>.weights,
 // chunk<id>.history (the update rule's per-weight state: momentum, AdaGrad's squares) and
-// (DC-ASGD-a, chunks a gradient reached) chunk<id>.dc_mean_square.
+// chunk<id>.<name> for a shard rule's own state of that name (server/rules/shard_rule.h; DC-ASGD-a's
+// "dc_mean_square", for the chunks a gradient reached).
 // Older checkpoints lack schedule_iters (the iteration was the version), and those written
 // before the write-ahead log lack the state (has_state: counters start at 0, the policy at its
 // initial state).
@@ -20,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,7 +54,9 @@ struct ShardCheckpoint {
     int64_t iter = 0;  // the lr schedule's iteration
     bool initialized = false;
     std::vector<float> weights, history;
-    std::vector<float> dc_mean_square;  // DC-ASGD-a; empty = none yet
+    // The shard rules' own per-weight state, by name (DC-ASGD-a's "dc_mean_square"); a chunk
+    // without one has none yet.
+    std::map<std::string, std::vector<float>> rule_state;
   };
   std::vector<Chunk> chunks;  // the shard's owned chunks, in its order
 };
@@ -65,7 +69,9 @@ struct ShardCheckpointExpect {
   int32_t max_workers = 0;
   std::vector<int32_t> chunk_ids;   // owned, in order
   std::vector<size_t> chunk_elems;  // floats per owned chunk
-  bool dc_mean_square = false;      // DC-ASGD-a: restore the mean squares the file has
+  // The shard rules' states to restore where the file has them (a chunk without one, or a file of
+  // another algorithm, starts that state afresh).
+  std::vector<std::string> rule_states;
   std::string update_rule = "momentum";  // the loading shard's rule: another's state is refused
 };
 

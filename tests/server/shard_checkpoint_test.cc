@@ -42,7 +42,7 @@ ShardCheckpoint Sample() {
     ch.initialized = i != 1;
     ch.weights.assign(static_cast<size_t>(5 + i), 0.5f + static_cast<float>(i));
     ch.history.assign(ch.weights.size(), -0.25f * static_cast<float>(i));
-    if (i == 2) ch.dc_mean_square.assign(ch.weights.size(), 1e-3f);
+    if (i == 2) ch.rule_state["dc_mean_square"].assign(ch.weights.size(), 1e-3f);
     c.chunks.push_back(std::move(ch));
   }
   return c;
@@ -58,7 +58,7 @@ ShardCheckpointExpect ExpectFor(const ShardCheckpoint& c, bool dc = true) {
     e.chunk_ids.push_back(ch.id);
     e.chunk_elems.push_back(ch.weights.size());
   }
-  e.dc_mean_square = dc;
+  if (dc) e.rule_states = {"dc_mean_square"};
   return e;
 }
 
@@ -96,7 +96,7 @@ void ExpectSame(const ShardCheckpoint& a, const ShardCheckpoint& b) {
     EXPECT_EQ(a.chunks[i].initialized, b.chunks[i].initialized);
     EXPECT_EQ(a.chunks[i].weights, b.chunks[i].weights);
     EXPECT_EQ(a.chunks[i].history, b.chunks[i].history);
-    EXPECT_EQ(a.chunks[i].dc_mean_square, b.chunks[i].dc_mean_square);
+    EXPECT_EQ(a.chunks[i].rule_state, b.chunks[i].rule_state);
   }
 }
 
@@ -119,7 +119,7 @@ TEST(ShardCheckpoint, MeanSquaresAreTakenOnlyByADcAsgdAShard) {
   TensorFile f = SampleFile();
   ShardCheckpoint back;
   ASSERT_TRUE(DecodeShardCheckpoint(f, kPath, ExpectFor(Sample(), /*dc=*/false), &back).ok());
-  for (const auto& ch : back.chunks) EXPECT_TRUE(ch.dc_mean_square.empty());
+  for (const auto& ch : back.chunks) EXPECT_TRUE(ch.rule_state.empty());
 }
 
 // Files written before the lr schedule counted batches (no schedule_iters: the iteration was the

@@ -21,9 +21,11 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "client/ps/ps_client.h"
 #include "common/env.h"
@@ -33,6 +35,7 @@
 #include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
 #include "common/tensor_file.h"
+#include "server/rules/gradient.h"
 #include "server/shard_log.h"
 #include "server/wal.h"
 #include "tests/testing/fault_env.h"
@@ -1269,7 +1272,7 @@ TEST_F(ShardFixture, AdaptiveDcAsgdMeanSquareSurvivesAKillThroughCheckpointAndLo
   ASSERT_TRUE(c1->Wait(c1->Push(g1, 0), 5000ms).ok());
   const std::string path = ForServer(o, 0).checkpoint_path;
   ASSERT_TRUE(shards_[0]->SaveCheckpoint(path).ok());
-  const std::vector<float> at_checkpoint = shards_[0]->ChunkDcMeanSquare(0);
+  const std::vector<float> at_checkpoint = shards_[0]->ChunkRuleState(0);
   ASSERT_EQ(at_checkpoint.size(), 4u);
   EXPECT_FLOAT_EQ(at_checkpoint[0], 2.125f);  // 0.5 · 0.5² + 0.5 · 2²
   // After the checkpoint: in the log only.
@@ -1279,7 +1282,7 @@ TEST_F(ShardFixture, AdaptiveDcAsgdMeanSquareSurvivesAKillThroughCheckpointAndLo
   EXPECT_TRUE(rep.checkpoint_loaded);
   EXPECT_EQ(rep.replayed_pushes, 1u);
   ExpectSameShard(*shards_[0], *fresh, 0);
-  const std::vector<float> want = shards_[0]->ChunkDcMeanSquare(0), got = fresh->ChunkDcMeanSquare(0);
+  const std::vector<float> want = shards_[0]->ChunkRuleState(0), got = fresh->ChunkRuleState(0);
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
   EXPECT_FLOAT_EQ(want[0], 3.0625f);  // 0.5 · 2.125 + 0.5 · 2²: the replayed push is in it
@@ -1298,7 +1301,7 @@ TEST_F(ShardFixture, AdaptiveDcAsgdMeanSquareSurvivesAKillThroughCheckpointAndLo
   const Status s = other->LoadCheckpoint(path);
   EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
   EXPECT_NE(s.message().find("chunk0.dc_mean_square"), std::string::npos) << s.message();
-  EXPECT_TRUE(other->ChunkDcMeanSquare(0).empty());
+  EXPECT_TRUE(other->ChunkRuleState(0).empty());
   EXPECT_EQ(other->ChunkVersion(0), 0);
 }
 
@@ -2301,6 +2304,126 @@ TEST_F(ShardFixture, AnUpdateRuleDefinedInATestRunsThroughAShard) {
   ASSERT_TRUE(c->Wait(c->Push(g, 0), 5000ms).ok());
   const std::vector<float> w = shards_[0]->ChunkWeights(0);
   for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(w[i], i % 3 == 0 ? 0.75f : (i % 3 == 1 ? 1.25f : 1.0f)) << i;
+}
+
+// A shard rule defined here alone: gradients clipped to [-1, 1] before they are taken, each
+// weight's clipped gradients counted as the rule's state, worker 1's pushes refused. It rewrites
+// (so it is logged as clipped), keeps the raw gradients (so replay rebuilds its counts) and keeps
+// state in checkpoints, and runs through a shard handed it in ShardOptions: the factory, the
+// config and the shard need no change. `events` records the shard's calls, in order.
+class ClipRule final : public GradientRule {
+ public:
+  struct Events {
+    std::mutex mu;  // the shard calls on its loop; the test reads on its own thread
+    std::vector<std::string> seen;
+    void Add(std::string e) {
+      std::lock_guard<std::mutex> lock(mu);
+      seen.push_back(std::move(e));
+    }
+    std::vector<std::string> Take() {
+      std::lock_guard<std::mutex> lock(mu);
+      return std::exchange(seen, {});
+    }
+  };
+  explicit ClipRule(std::shared_ptr<Events> events) : events_(std::move(events)) {}
+  std::string_view name() const override { return "clip"; }
+  Status Check(RuleShard& shard, const PushContext& ctx, std::span<const PushChunk> chunks) override {
+    events_->Add(fmt::format("check {}", ctx.worker));
+    if (ctx.worker == 1) return FailedPrecondition("clip: worker 1 may not push");
+    return GradientRule::Check(shard, ctx, chunks);
+  }
+  bool rewrites() const override { return true; }
+  bool keeps_raw() const override { return true; }
+  void Prepare(RuleShard&, int32_t, std::vector<PushChunk>* chunks) override {
+    events_->Add("prepare");
+    clipped_.resize(chunks->size());
+    staged_.resize(chunks->size());
+    for (size_t i = 0; i < chunks->size(); ++i) {
+      PushChunk& c = (*chunks)[i];
+      clipped_[i].assign(c.grad, c.grad + c.count);
+      staged_[i] = Counts(c.local, c.grad, c.count);
+      for (float& g : clipped_[i]) g = std::clamp(g, -1.0f, 1.0f);
+      c.grad = clipped_[i].data();
+    }
+  }
+  void Commit(std::span<const PushChunk> chunks) override {
+    events_->Add("commit");
+    for (size_t i = 0; i < chunks.size(); ++i) counts_[chunks[i].local] = staged_[i];
+  }
+  void Apply(RuleShard& shard, const PushContext& ctx, std::span<const PushChunk> chunks) override {
+    events_->Add("apply");
+    GradientRule::Apply(shard, ctx, chunks);
+  }
+  void OnPullServed(RuleShard&, int32_t worker, std::span<const int>) override {
+    events_->Add(fmt::format("pull {}", worker));
+  }
+  void Replay(int local, const float* raw, int64_t count) override {
+    events_->Add("replay");
+    counts_[local] = Counts(local, raw, count);
+  }
+  std::string_view state_name() const override { return "clip_count"; }
+  std::vector<float> ChunkState(int local) const override {
+    auto it = counts_.find(local);
+    return it == counts_.end() ? std::vector<float>{} : it->second;
+  }
+  void SetChunkState(int local, std::vector<float> state) override { counts_[local] = std::move(state); }
+
+ private:
+  // Chunk `local`'s counts with the gradient `g` in them.
+  std::vector<float> Counts(int local, const float* g, int64_t count) const {
+    std::vector<float> n = ChunkState(local);
+    n.resize(static_cast<size_t>(count), 0.0f);
+    for (int64_t j = 0; j < count; ++j) n[static_cast<size_t>(j)] += std::abs(g[j]) > 1.0f ? 1.0f : 0.0f;
+    return n;
+  }
+  std::shared_ptr<Events> events_;
+  std::map<int, std::vector<float>> counts_;          // per local chunk
+  std::vector<std::vector<float>> clipped_, staged_;  // the push being prepared
+};
+
+TEST_F(ShardFixture, AShardRuleDefinedInATestRunsThroughAShardItsLogAndItsCheckpoint) {
+  UsePersistDir();
+  ShardOptions o = PlainSgd();  // lr 1, no momentum: an update is w − g
+  o.cluster.workers = 2;
+  auto events = std::make_shared<ClipRule::Events>();
+  o.gradient_rule = [events] { return std::make_unique<ClipRule>(events); };
+  StartShards({{"a", {4}, 1, 1}}, 1, 4, o);
+  auto c0 = Client(0), c1 = Client(1);
+  ASSERT_TRUE(c0->Wait(c0->PushInit(std::vector<float>(4, 0.0f)), 5000ms).ok());
+  EXPECT_TRUE(events->Take().empty()) << "an init push is no rule's";
+  const std::vector<float> g1{3.0f, -0.5f, -2.0f, 0.25f}, g2{-5.0f, 0.5f, 0.5f, 7.0f};
+  ASSERT_TRUE(c0->Wait(c0->Push(g1, 0), 5000ms).ok());
+  EXPECT_EQ(events->Take(), (std::vector<std::string>{"check 0", "prepare", "commit", "apply"}));
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), (std::vector<float>{-1.0f, 0.5f, 1.0f, -0.25f}));
+  // Refused by the rule's Check: nothing prepared, logged or applied.
+  const Status refused = c1->Wait(c1->Push(std::vector<float>(4, 100.0f), 0), 5000ms);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("clip: worker 1 may not push"), std::string::npos) << refused.message();
+  EXPECT_EQ(events->Take(), std::vector<std::string>{"check 1"});
+  EXPECT_EQ(shards_[0]->ChunkVersion(0), 1);
+  std::vector<float> pulled(4);
+  ASSERT_TRUE(c0->Wait(c0->Pull(pulled, 1), 5000ms).ok());
+  EXPECT_EQ(events->Take(), std::vector<std::string>{"pull 0"});
+  const std::string path = ForServer(o, 0).checkpoint_path;
+  ASSERT_TRUE(shards_[0]->SaveCheckpoint(path).ok());
+  TensorFile file;
+  ASSERT_TRUE(ReadTensorFile(path, &file).ok());
+  const auto counts = std::find_if(file.tensors.begin(), file.tensors.end(),
+                                   [](const NamedTensor& t) { return t.name == "chunk0.clip_count"; });
+  ASSERT_NE(counts, file.tensors.end()) << "the rule's state is in the checkpoint under its name";
+  EXPECT_EQ(counts->data, (std::vector<float>{1.0f, 0.0f, 1.0f, 0.0f}));
+  // After the checkpoint: in the log only, clipped and raw.
+  ASSERT_TRUE(c0->Wait(c0->Push(g2, 1), 5000ms).ok());
+  EXPECT_EQ(shards_[0]->ChunkWeights(0), (std::vector<float>{0.0f, 0.0f, 0.5f, -1.25f}));
+  EXPECT_EQ(shards_[0]->ChunkRuleState(0), (std::vector<float>{2.0f, 0.0f, 1.0f, 1.0f}));
+  events->Take();
+  RecoverReport rep;
+  auto fresh = KillAndRecover(0, o, &rep);
+  EXPECT_TRUE(rep.checkpoint_loaded);
+  EXPECT_EQ(rep.replayed_pushes, 1u);
+  EXPECT_EQ(events->Take(), (std::vector<std::string>{"replay", "apply"})) << "replay repeats the clipped push";
+  ExpectSameShard(*shards_[0], *fresh, 0);
+  EXPECT_EQ(fresh->ChunkRuleState(0), (std::vector<float>{2.0f, 0.0f, 1.0f, 1.0f}));
 }
 
 // A recovered shard never writes into the file it recovered from: a process that still holds that

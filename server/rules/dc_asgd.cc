@@ -1,11 +1,11 @@
-// delay_compensation.cc — see delay_compensation.h.
-#include "server/delay_compensation.h"
+// dc_asgd.cc — see dc_asgd.h.
+#include "server/rules/dc_asgd.h"
 
 #include <cmath>
 
 namespace downpour {
 
-DelayCompensation::DelayCompensation(const ConsistencyConfig& config, int max_workers, int chunks)
+DcAsgdRule::DcAsgdRule(const ConsistencyConfig& config, int max_workers, int chunks)
     : adaptive_(config.algorithm == Algorithm::kDcAsgdAdaptive),
       lambda_(adaptive_ ? config.dc_lambda0 : config.dc_lambda),
       decay_(config.dc_mean_square_decay),
@@ -13,17 +13,20 @@ DelayCompensation::DelayCompensation(const ConsistencyConfig& config, int max_wo
       pulled_(static_cast<size_t>(max_workers)),
       mean_square_(adaptive_ ? static_cast<size_t>(chunks) : 0) {}
 
-void DelayCompensation::RememberPulled(int32_t worker, int local, const std::vector<float>& weights,
-                                       int64_t version) {
+void DcAsgdRule::OnPullServed(RuleShard& shard, int32_t worker, std::span<const int> locals) {
   if (worker < 0 || static_cast<size_t>(worker) >= pulled_.size()) return;
+  ChunkStore& store = shard.store();
+  store.Drain();  // the copies are of the weights the reply carries
   auto& mine = pulled_[static_cast<size_t>(worker)];
   if (mine.empty()) mine.resize(static_cast<size_t>(chunks_));
-  PulledCopy& copy = mine[static_cast<size_t>(local)];
-  copy.weights = weights;
-  copy.version = version;
+  for (int l : locals) {
+    PulledCopy& copy = mine[static_cast<size_t>(l)];
+    copy.weights = store.weights(l);
+    copy.version = store.version(l);
+  }
 }
 
-void DelayCompensation::NextMeanSquare(int local, const float* g, int64_t count, std::vector<float>* next) const {
+void DcAsgdRule::NextMeanSquare(int local, const float* g, int64_t count, std::vector<float>* next) const {
   const std::vector<float>& v = mean_square_[static_cast<size_t>(local)];
   const bool first = v.size() != static_cast<size_t>(count);
   next->resize(static_cast<size_t>(count));
@@ -33,9 +36,11 @@ void DelayCompensation::NextMeanSquare(int local, const float* g, int64_t count,
   }
 }
 
-void DelayCompensation::Compensate(int32_t worker, std::vector<PushChunk>* chunks,
-                                   const std::function<const float*(int)>& weights_now, uint64_t* compensated,
-                                   uint64_t* uncompensated) {
+void DcAsgdRule::Prepare(RuleShard& shard, int32_t worker, std::vector<PushChunk>* chunks) {
+  ChunkStore& store = shard.store();
+  store.Drain();  // compensation reads the weights as they are now
+  uint64_t& compensated = shard.stats().dc_compensated;
+  uint64_t& uncompensated = shard.stats().dc_uncompensated;
   // This worker's pulled copies; empty when it has pulled nothing here (or is no known worker).
   static const std::vector<PulledCopy> kNone;
   const bool known = worker >= 0 && static_cast<size_t>(worker) < pulled_.size();
@@ -50,14 +55,13 @@ void DelayCompensation::Compensate(int32_t worker, std::vector<PushChunk>* chunk
       ms = next_[i].data();
     }
     const PulledCopy* copy = mine.empty() ? nullptr : &mine[static_cast<size_t>(c.local)];
-    if (copy == nullptr || copy->version != c.version_from ||
-        copy->weights.size() != static_cast<size_t>(c.count)) {
-      ++*uncompensated;
+    if (copy == nullptr || copy->version != c.version_from || copy->weights.size() != static_cast<size_t>(c.count)) {
+      ++uncompensated;
       continue;
     }
     std::vector<float>& out = scratch_[i];
     out.resize(static_cast<size_t>(c.count));
-    const float* w = weights_now(c.local);
+    const float* w = store.weights(c.local).data();
     const float* w0 = copy->weights.data();
     for (int64_t j = 0; j < c.count; ++j) {
       const float g = c.grad[j];
@@ -66,20 +70,30 @@ void DelayCompensation::Compensate(int32_t worker, std::vector<PushChunk>* chunk
       out[static_cast<size_t>(j)] = g + lam * g * g * (w[j] - w0[j]);
     }
     c.grad = out.data();
-    ++*compensated;
+    ++compensated;
   }
 }
 
-void DelayCompensation::Commit(const std::vector<PushChunk>& chunks) {
+void DcAsgdRule::Commit(std::span<const PushChunk> chunks) {
   if (!adaptive_) return;
   for (size_t i = 0; i < chunks.size(); ++i) mean_square_[static_cast<size_t>(chunks[i].local)].swap(next_[i]);
 }
 
-void DelayCompensation::Replay(int local, const float* g, int64_t count) {
+void DcAsgdRule::Replay(int local, const float* g, int64_t count) {
   if (!adaptive_) return;
   std::vector<float> next;
   NextMeanSquare(local, g, count, &next);
   mean_square_[static_cast<size_t>(local)].swap(next);
+}
+
+std::vector<float> DcAsgdRule::ChunkState(int local) const {
+  if (!adaptive_ || local < 0 || local >= chunks_) return {};
+  return mean_square_[static_cast<size_t>(local)];
+}
+
+void DcAsgdRule::SetChunkState(int local, std::vector<float> state) {
+  if (!adaptive_ || local < 0 || local >= chunks_) return;
+  mean_square_[static_cast<size_t>(local)] = std::move(state);
 }
 
 }  // namespace downpour
