@@ -500,8 +500,15 @@ class MpiNetnsLaunch(ClusterJob):
     def test_fashion_mnist_job_across_three_namespace_hosts(self):
         agent = os.path.join(self.tmp, "netns-rsh")
         with open(agent, "w") as f:
-            # Open MPI calls "<agent> <host> <command...>" (a command line for a shell).
-            f.write('#!/bin/sh\nhost=$1\nshift\nexec nsenter --net="/run/netns/$host" /bin/sh -c "$*"\n')
+            # Open MPI calls "<agent> <host> <command...>" (a command line for a shell). The
+            # daemons it starts keep their session directories apart from mpirun's (in /tmp) and
+            # from each other's: the hosts share one file system and one host name, so they would
+            # share one, and a daemon once found the directory it was creating gone under it
+            # (orte_session_dir failed, mkdir: no such file). mpirun must not set the base itself:
+            # it would pass its own to the daemons.
+            f.write('#!/bin/sh\nhost=$1\nshift\n'
+                    f'dir="{self.tmp}/ompi-$host"\nmkdir -p "$dir"\n'
+                    'exec nsenter --net="/run/netns/$host" env OMPI_MCA_orte_tmpdir_base="$dir" /bin/sh -c "$*"\n')
         os.chmod(agent, 0o755)
         hosts = [f"{self.PREFIX}{i}" for i in range(1, self.HOSTS + 1)]
         port = 5555  # every host has its own ports
