@@ -491,6 +491,7 @@ Status MultiModelWorker::EvaluateStage(ModelSlot& m, int model, int stage, int64
                                         {"top5", r.top5},
                                         {"loss", r.loss},
                                         {"test_images", r.images},
+                                        {"byte_input", r.byte_input},
                                         {"eval_s", NowS() - t0},
                                         {"run_s", run_s}});
   return Status::Ok();
@@ -551,6 +552,7 @@ Status MultiModelWorker::EvaluateModels() {
                                          {"top5", r.top5},
                                          {"loss", r.loss},
                                          {"test_images", r.images},
+                                         {"byte_input", r.byte_input},
                                          {"train_images", row.images},
                                          {"base_lr", m.solver.base_lr},
                                          {"weight_decay", m.solver.weight_decay},

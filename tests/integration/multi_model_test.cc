@@ -154,6 +154,8 @@ class MultiModelJobTest : public ::testing::Test {
       EXPECT_GT(e.Get("top1").AsDouble(), 0.45) << e.Get("name").AsString();
       EXPECT_EQ(e.Get("train_images").AsInt(), int64_t{kWorkers} * stage_steps_ * kBatch) << e.Get("name").AsString();
       EXPECT_TRUE(fs::exists(e.Get("path").AsString())) << e.Get("path").AsString();
+      ASSERT_TRUE(e.Has("byte_input")) << e.Get("name").AsString();
+      EXPECT_FALSE(e.Get("byte_input").AsBool()) << "a CPU net takes the test set as floats";
     }
     const std::string board = test::ReadFile(run / "leaderboard.json");
     EXPECT_THAT(board, HasSubstr("\"rank\": 1"));
