@@ -4,8 +4,8 @@
 // a model's move (multi-model runs). The element-wise arithmetic is UpdateRule's
 // (common/solver/update_rule.h: momentum, AdaGrad, plain addition); a ShardRule says which of it
 // runs on what, and keeps whatever state of its own it needs beside the chunks (DC-ASGD's pulled
-// copies and mean squares) through pulls, checkpoints and replay. docs/architecture.md, "The
-// server's parts and threads", has where it sits in the shard.
+// copies and mean squares) through pulls, checkpoints and replay. docs/architecture.md, "Shard
+// rules: what each kind of push does", has the rules and where they sit in the shard.
 //
 // For each push of its kind that passed the shard's checks (server/request_check.h), the shard
 // calls, in this order:
@@ -13,7 +13,7 @@
 //   Prepare  may rewrite the gradients into buffers of the rule's own, valid until the next
 //            Prepare (rewrites() true); they are what is logged and applied, so replay repeats
 //            them without the rule;
-//   Commit   the push is in the log: what Prepare staged for it becomes the rule's;
+//   Commit   the push is staged in the log (taken): what Prepare staged for it becomes the rule's;
 //   Apply    the update, through RuleShard; also for each replayed log record, after Replay.
 // A resent push already taken reaches none of them. OnPullServed follows every pull a worker (not
 // the evaluator) was served; ChunkState / SetChunkState carry the rule's state in the shard's
