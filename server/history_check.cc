@@ -103,7 +103,7 @@ std::string CompareShards(const ShardServer& live, const ShardServer& replay, co
       return fmt::format("chunk {} update-rule state: {}", chunk, d);
     }
     if (d = CompareFloats(live.ChunkRuleState(chunk), replay.ChunkRuleState(chunk)); !d.empty()) {
-      return fmt::format("chunk {} shard rule state (DC-ASGD-a mean square): {}", chunk, d);
+      return fmt::format("chunk {} shard rule state ({}): {}", chunk, live.RuleStateName(), d);
     }
     if (live.ChunkVersion(chunk) != replay.ChunkVersion(chunk)) {
       return fmt::format("chunk {} version: {} checkpointed, {} replayed", chunk, live.ChunkVersion(chunk),

@@ -1038,6 +1038,11 @@ std::vector<float> ShardServer::ChunkRuleState(int32_t chunk) const {
   return rules_by_kind_[static_cast<size_t>(PushKind::kGradient)]->ChunkState(local);
 }
 
+std::string ShardServer::RuleStateName() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::string(rules_by_kind_[static_cast<size_t>(PushKind::kGradient)]->state_name());
+}
+
 int64_t ShardServer::ChunkVersion(int32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
   const int local = store_->local_of(chunk);

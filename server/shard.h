@@ -192,6 +192,8 @@ class ShardServer {
   // The gradient rule's own state of the chunk (DC-ASGD-a's running mean square of g); empty if
   // not owned, a rule without state, or none yet.
   std::vector<float> ChunkRuleState(int32_t chunk) const;
+  // The name of that state (ShardRule::state_name: "dc_mean_square" under DC-ASGD-a); "" = none.
+  std::string RuleStateName() const;
   int64_t ChunkVersion(int32_t chunk) const;             // -1 if not owned
   int64_t ChunkScheduleIter(int32_t chunk) const;        // the lr schedule's iteration; -1 if not owned
   int64_t updates() const;                               // applied chunk updates

@@ -1273,6 +1273,7 @@ TEST_F(ShardFixture, AdaptiveDcAsgdMeanSquareSurvivesAKillThroughCheckpointAndLo
   const std::string path = ForServer(o, 0).checkpoint_path;
   ASSERT_TRUE(shards_[0]->SaveCheckpoint(path).ok());
   const std::vector<float> at_checkpoint = shards_[0]->ChunkRuleState(0);
+  EXPECT_EQ(shards_[0]->RuleStateName(), "dc_mean_square");
   ASSERT_EQ(at_checkpoint.size(), 4u);
   EXPECT_FLOAT_EQ(at_checkpoint[0], 2.125f);  // 0.5 · 0.5² + 0.5 · 2²
   // After the checkpoint: in the log only.
@@ -2416,6 +2417,7 @@ TEST_F(ShardFixture, AShardRuleDefinedInATestRunsThroughAShardItsLogAndItsCheckp
   ASSERT_TRUE(c0->Wait(c0->Push(g2, 1), 5000ms).ok());
   EXPECT_EQ(shards_[0]->ChunkWeights(0), (std::vector<float>{0.0f, 0.0f, 0.5f, -1.25f}));
   EXPECT_EQ(shards_[0]->ChunkRuleState(0), (std::vector<float>{2.0f, 0.0f, 1.0f, 1.0f}));
+  EXPECT_EQ(shards_[0]->RuleStateName(), "clip_count");
   events->Take();
   RecoverReport rep;
   auto fresh = KillAndRecover(0, o, &rep);
