@@ -14,7 +14,6 @@
 #include "common/finite.h"
 #include "common/grad_codec.h"
 #include "common/random_id.h"
-#include "common/solver/lr_policy.h"
 #include "common/solver/sgd.h"
 #include "common/tensor_file.h"
 #include "server/elapsed.h"
@@ -246,10 +245,12 @@ ShardServer::ShardServer(const ParamLayout& layout, ShardOptions options)
   ro.consistency = options_.consistency;
   ro.max_workers = max_workers_;
   ro.chunks = store_->size();
-  for (int k = 0; k < kPushKinds; ++k)
-    rules_by_kind_[static_cast<size_t>(k)] = MakeShardRule(static_cast<PushKind>(k), ro);
-  if (options_.gradient_rule) rules_by_kind_[static_cast<size_t>(PushKind::kGradient)] = options_.gradient_rule();
-  for (const auto& rule : rules_by_kind_) DP_CHECK(rule != nullptr);
+  for (int k = 0; k < kPushKinds; ++k) {
+    const auto kind = static_cast<PushKind>(k);
+    std::unique_ptr<ShardRule>& rule = rules_by_kind_[static_cast<size_t>(k)];
+    rule = kind == PushKind::kGradient && options_.gradient_rule ? options_.gradient_rule() : MakeShardRule(kind, ro);
+    DP_CHECK(rule != nullptr);
+  }
   rule_host_ = std::make_unique<RuleHost>(this);
   keeper_ = std::make_unique<Keeper>(this);
   ShardDurabilityOptions d;

@@ -15,20 +15,19 @@ namespace downpour {
 
 class ElasticRule final : public ShardRule {
  public:
-  explicit ElasticRule(int batches_per_exchange) : batches_(batches_per_exchange) {}
+  explicit ElasticRule(int batches_per_exchange) : iters_(ScheduleIterations(1, batches_per_exchange)) {}
   std::string_view name() const override { return "elastic"; }
   void Apply(RuleShard& shard, const PushContext&, std::span<const PushChunk> chunks) override {
-    const int64_t iters = ScheduleIterations(1, batches_);
     ChunkStore& store = shard.store();
     for (const PushChunk& c : chunks) {
       shard.RecordStaleness(c.local, std::max<int64_t>(0, store.version(c.local) - c.version_from));
-      store.Add(c.local, c.grad, iters, c.keep);
+      store.Add(c.local, c.grad, iters_, c.keep);
     }
     shard.stats().chunk_updates += chunks.size();
   }
 
  private:
-  const int batches_;
+  const int64_t iters_;  // the lr schedule's step for one exchange
 };
 
 }  // namespace downpour
