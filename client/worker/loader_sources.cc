@@ -45,17 +45,26 @@ class HeldLoader {
  public:
   explicit HeldLoader(data::LoaderOptions o) : options_(std::move(o)) {}
   ~HeldLoader() { Release(); }
-  data::LoaderOptions& options() { return options_; }
+  data::LoaderOptions& options() {
+    fresh_ = false;  // the caller may change them: the next Reopen opens
+    return options_;
+  }
   const data::Loader& loader() const { return *loader_; }
   // A new loader from options(), every batch held given back.
   Status Open() {
     Release();
     loader_ = std::make_unique<data::Loader>(options_);
-    return loader_->Open();
+    const Status s = loader_->Open();
+    fresh_ = s.ok();
+    return s;
   }
+  // Open, unless the loader was opened from the same options and nothing has been taken from it
+  // since: it would hand out the same batches (a test set's first Rewind after UseBytes).
+  Status Reopen() { return fresh_ ? Status::Ok() : Open(); }
   // The next batch (null at the end or on an error: loader().status()); gives back the one it
   // no longer has to hold.
   const data::Batch* Next() {
+    fresh_ = false;
     if (previous_ != nullptr) loader_->Release(previous_);
     previous_ = nullptr;
     if (options_.byte_batches) {
@@ -90,6 +99,7 @@ class HeldLoader {
   std::unique_ptr<data::Loader> loader_;
   const data::Batch* held_ = nullptr;
   const data::Batch* previous_ = nullptr;  // byte batches: the one handed out before held_
+  bool fresh_ = false;                     // opened from options_, no Next() since
 };
 
 // The training stream: the loader with epochs = 0 runs endlessly over the shard, batch b
@@ -125,7 +135,7 @@ class LoaderTestSource : public TestSource {
  public:
   explicit LoaderTestSource(data::LoaderOptions o) : loader_(std::move(o)) {}
 
-  Status Rewind() override { return loader_.Open(); }
+  Status Rewind() override { return loader_.Reopen(); }
   Status Next(BatchView* view, bool* has_batch) override {
     const data::Batch* b = loader_.Next();
     *has_batch = b != nullptr;
