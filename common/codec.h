@@ -46,6 +46,10 @@ enum class Role : uint16_t { kUnknown = 0, kServer = 1, kWorker = 2, kObserver =
 
 // Bytes per element of a dense payload of `dtype`.
 inline size_t DTypeSize(DType d) { return d == DType::kF32 ? 4 : 2; }
+// "f32" | "f16" | "bf16" (the schema's names), for messages.
+inline const char* DTypeName(DType d) {
+  return d == DType::kF32 ? "f32" : d == DType::kF16 ? "f16" : d == DType::kBf16 ? "bf16" : "unknown";
+}
 
 // Why a server refused a message; indexes ShardStatsWire::rejected_by_reason.
 enum class RejectReason : uint16_t {

@@ -331,8 +331,6 @@ const char* EncodingName(Encoding e) {
   return "?";
 }
 
-const char* DTypeName(DType d) { return d == DType::kF32 ? "f32" : d == DType::kF16 ? "f16" : "bf16"; }
-
 // First non-finite value among n values of `dtype` at src, or -1. A value is NaN or Inf when its
 // magnitude bits reach the all-ones exponent: f32 0x7f800000, f16 0x7c00, bf16 0x7f80.
 int64_t FirstNonFinite(const std::byte* src, DType dtype, size_t n) {

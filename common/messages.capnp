@@ -38,9 +38,10 @@ enum DType {
 #  dense    count elements of `dtype`
 #  topK     k uint32 indices (strictly ascending, < count) then k values of `dtype` (push only)
 #  oneBit   one f32 scale, then ceil(count/8) bytes of sign bits (1 = negative) (push only)
-#  factors  sufficient factors of an inner-product weight chunk (push only, f32): the chunk's
-#           rows of delta, factorBatch x rows; the layer's input activations are one extra
-#           frame at the end of the message (factorBatch x in), shared by its factor chunks
+#  factors  sufficient factors of an inner-product weight chunk (push only; `dtype` f32, or
+#           f16 / bf16 in a message of factor chunks only): the chunk's rows of delta,
+#           factorBatch x rows; the layer's input activations are one extra frame at the end
+#           of the message (factorBatch x in), shared by its factor chunks
 enum Encoding {
   dense @0;
   topK @1;

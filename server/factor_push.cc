@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/finite.h"
+#include "common/grad_codec.h"
 
 namespace downpour {
 namespace {
@@ -49,6 +50,15 @@ bool ProductCannotOverflow(const float* delta, uint32_t batch, int64_t rows, flo
   return static_cast<double>(s_max) * static_cast<double>(a_max) <= kFactorProductBound;
 }
 
+// The floats of a frame of `dtype` values (its length checked): f32 in place when aligned, else
+// copied or widened into `scratch`.
+const float* FloatsOf(const Frame& f, DType dtype, std::vector<float>* scratch) {
+  if (dtype == DType::kF32) return AlignedFloats(f, scratch);
+  scratch->resize(f.size() / DTypeSize(dtype));
+  DecodeCheckedChunk(Encoding::kDense, dtype, std::span<const std::byte>(f.data(), f.size()), *scratch);
+  return scratch->data();
+}
+
 Status Refuse(RejectReason why, RejectReason* reason, Status s) {
   *reason = why;
   return s;
@@ -65,10 +75,11 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
   if (expanded != nullptr) expanded->assign(h->chunk_ids.size(), false);
   if (!HasFactorChunks(*h)) return Status::Ok();
   const size_t n = h->chunk_ids.size();
-  if ((h->flags & kFlagInit) != 0 || h->dtype != DType::kF32)
+  const bool wide = h->dtype == DType::kF32;
+  if ((h->flags & kFlagInit) != 0 || !(wide || h->dtype == DType::kF16 || h->dtype == DType::kBf16))
     return Refuse(RejectReason::kDType, reason,
-                  InvalidArgument("push: factor chunks need an f32 gradient push (dtype {}, init {})",
-                                  static_cast<int>(h->dtype), (h->flags & kFlagInit) != 0));
+                  InvalidArgument("push: factor chunks need an f32, f16 or bf16 gradient push (dtype {}, init {})",
+                                  DTypeName(h->dtype), (h->flags & kFlagInit) != 0));
   if (h->encodings.size() != n || h->elem_counts.size() != n || h->byte_lengths.size() != n ||
       frames->size() != n + 2)
     return Refuse(RejectReason::kFrameCount, reason,
@@ -76,6 +87,18 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
                                   "byteLengths and {} payload frames (chunks + the activations); got {}, {}, {} "
                                   "and {}", n, n, n + 1, h->encodings.size(), h->elem_counts.size(),
                                   h->byte_lengths.size(), frames->size() - 1));
+  // A 16-bit message carries factor chunks only: the dtype is the message's, and the dense
+  // push it becomes is f32.
+  if (!wide) {
+    for (size_t i = 0; i < n; ++i) {
+      if (h->encodings[i] != Encoding::kFactors)
+        return Refuse(RejectReason::kDType, reason,
+                      InvalidArgument("push: chunk {} is dense in a {} message of factor chunks (a 16-bit "
+                                      "message of factors holds factor chunks only)",
+                                      h->chunk_ids[i], DTypeName(h->dtype)));
+    }
+  }
+  const size_t elem = DTypeSize(h->dtype);
   const uint32_t batch = h->factor_batch;
   if (batch < 1 || batch > kMaxFactorBatch)
     return Refuse(RejectReason::kElemCount, reason,
@@ -113,24 +136,28 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
       return Refuse(RejectReason::kElemCount, reason,
                     InvalidArgument("push: chunk {} has {} elements in the layout, header says {}", id, c.count,
                                     h->elem_counts[i]));
-    const uint64_t bytes = static_cast<uint64_t>(batch) * RowsOf(c, t.numel() / t.shape[0]).rows * sizeof(float);
+    const uint64_t bytes = static_cast<uint64_t>(batch) * RowsOf(c, t.numel() / t.shape[0]).rows * elem;
     if (h->byte_lengths[i] != bytes || (*frames)[i + 1].size() != bytes)
       return Refuse(RejectReason::kByteLength, reason,
                     InvalidArgument("push: factor chunk {} of '{}' needs {} bytes of delta (factorBatch {} × {} "
-                                    "rows × 4); header says {}, frame has {}", id, t.name, bytes, batch,
-                                    bytes / batch / sizeof(float), h->byte_lengths[i], (*frames)[i + 1].size()));
+                                    "rows × {}); header says {}, frame has {}",
+                                    id, t.name, bytes, batch, bytes / batch / elem, elem, h->byte_lengths[i],
+                                    (*frames)[i + 1].size()));
   }
   const TensorSpec& t = layout.tensors()[static_cast<size_t>(tensor)];
   const int64_t in = t.numel() / t.shape[0];
   const Frame& a_frame = frames->back();
-  const uint64_t a_bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(in) * sizeof(float);
+  const uint64_t a_bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(in) * elem;
   if (a_frame.size() != a_bytes)
     return Refuse(RejectReason::kByteLength, reason,
                   InvalidArgument("push: the activations frame of '{}' needs {} bytes (factorBatch {} × in {} × "
-                                  "4), frame has {}", t.name, a_bytes, batch, in, a_frame.size()));
+                                  "{}), frame has {}",
+                                  t.name, a_bytes, batch, in, elem, a_frame.size()));
+  // Valid lengths: δ and a as f32, widened from 16 bits exactly (every half and bfloat16 is a
+  // float), so the product is the one an f32 push of the widened values forms, bit for bit.
   std::vector<float> a_scratch;
-  const float* a = AlignedFloats(a_frame, &a_scratch);
-  const uint32_t a_max = MaxAbsBits(std::span<const float>(a, static_cast<size_t>(a_bytes / sizeof(float))));
+  const float* a = FloatsOf(a_frame, h->dtype, &a_scratch);
+  const uint32_t a_max = MaxAbsBits(std::span<const float>(a, static_cast<size_t>(a_bytes / elem)));
   if (a_max >= kF32InfBits)
     return Refuse(RejectReason::kNonFinite, reason,
                   InvalidArgument("push: the activations of '{}' hold NaN or Inf", t.name));
@@ -138,8 +165,8 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
   std::vector<const float*> deltas(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
     if (h->encodings[i] != Encoding::kFactors) continue;
-    deltas[i] = AlignedFloats((*frames)[i + 1], &delta_scratch[i]);
-    if (!AllFinite(std::span<const float>(deltas[i], (*frames)[i + 1].size() / sizeof(float))))
+    deltas[i] = FloatsOf((*frames)[i + 1], h->dtype, &delta_scratch[i]);
+    if (!AllFinite(std::span<const float>(deltas[i], (*frames)[i + 1].size() / elem)))
       return Refuse(RejectReason::kNonFinite, reason,
                     InvalidArgument("push: factor chunk {} (tensor '{}') holds NaN or Inf", h->chunk_ids[i], t.name));
   }
@@ -192,6 +219,7 @@ Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* fra
   frames->pop_back();
   h->checksums.clear();
   h->factor_batch = 0;
+  h->dtype = DType::kF32;
   if (std::all_of(h->encodings.begin(), h->encodings.end(), [](Encoding e) { return e == Encoding::kDense; }))
     h->encodings.clear();
   return Status::Ok();

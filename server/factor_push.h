@@ -38,19 +38,21 @@ bool HasFactorChunks(const MessageHeader& h);
 // into the same push with those chunks dense: each factor chunk's frame becomes its count f32
 // gradient, its encoding kDense, the a frame is dropped, checksums (verified here for every
 // chunk) are cleared, factor_batch is 0. Chunks of other encodings are left as they are. A push
-// without factor chunks is left untouched. Refusals (nothing rewritten): `reason` says why —
-// kDType (init push, dtype not f32, factor chunks of two tensors or of a tensor that is not 2-D
-// or more), kFrameCount (list or frame counts, missing a frame), kUnknownChunk (chunk id out of
-// range), kElemCount (factor_batch outside 1..kMaxFactorBatch, element count not the layout's),
-// kByteLength (a frame not exactly B×rows×4 or B×in×4 bytes), kChecksum, kNonFinite (NaN or Inf
-// in δ or a, or an Inf where their product overflows). Every chunk it rewrites is finite, so the
-// caller need not scan it again: `expanded` (when given) gets, per chunk of the message, whether
-// it was rewritten. Finite by proof where max over rows of Σ_b |δ[b][row]| × max |a| stays well
-// below FLT_MAX (kFactorProductBound; nothing of the product is read), else by a scan of the
-// chunk's rows right after its sgemm, on the thread that formed them. The dense gradients are written into buffers of
-// `scratch`, reused from push to push (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the
-// frame), by `threads` OpenMP threads, one chunk's sgemm per thread at a time (the same floats whatever the count: each
-// chunk is one sgemm on one thread).
+// without factor chunks is left untouched; a rewritten push is f32. Refusals (nothing rewritten):
+// `reason` says why — kDType (init push, dtype not f32 / f16 / bf16, a dense chunk in a 16-bit
+// message, factor chunks of two tensors or of a tensor that is not 2-D or more), kFrameCount
+// (list or frame counts, missing a frame), kUnknownChunk (chunk id out of range), kElemCount
+// (factor_batch outside 1..kMaxFactorBatch, element count not the layout's), kByteLength (a
+// frame not exactly B×rows or B×in values of the dtype), kChecksum (over the bytes as sent),
+// kNonFinite (NaN or Inf in δ or a, or an Inf where their product overflows). Every chunk it
+// rewrites is finite, so the caller need not scan it again: `expanded` (when given) gets, per
+// chunk of the message, whether it was rewritten. Finite by proof where max over rows of
+// Σ_b |δ[b][row]| × max |a| stays well below FLT_MAX (kFactorProductBound; nothing of the product
+// is read), else by a scan of the chunk's rows right after its sgemm, on the thread that formed
+// them. The dense gradients are written into buffers of `scratch`, reused from push to push
+// (common/buffer_pool.h; nullptr: each in a buffer of its own, freed with the frame), by
+// `threads` OpenMP threads, one chunk's sgemm per thread at a time (the same floats whatever the
+// count: each chunk is one sgemm on one thread).
 Status ExpandFactorPush(const ParamLayout& layout, MessageHeader* h, Frames* frames, RejectReason* reason,
                         BufferPool<float>* scratch = nullptr, int threads = 1, std::vector<bool>* expanded = nullptr);
 

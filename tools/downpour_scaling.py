@@ -244,6 +244,12 @@ def dense_push_bytes(count, codec):
     return FLOAT_BYTES + -(-count // 8)  # onebit: an f32 scale + one sign bit per element
 
 
+def factor_value_bytes(codec):
+    """Bytes of one factor value: the push codec's 16 bits for fp16 / bf16, else f32 (top-k and
+    1-bit apply to dense chunks only; docs/factors.md "The wire")."""
+    return DTYPE_BYTES[codec.push] if codec.push in ("fp16", "bf16") else FLOAT_BYTES
+
+
 def step_bytes(tensors, layer_types, servers, batch, codec, chunk_elems=DEFAULT_CHUNK_ELEMS):
     """{layer: LayerBytes} for one worker step, layers in tensor order. Sufficient factors are used
     for an inner-product weight only where they are fewer floats than the dense gradient (the
@@ -265,13 +271,14 @@ def step_bytes(tensors, layer_types, servers, batch, codec, chunk_elems=DEFAULT_
             shares = {}
             floats, _ = factor_plan(t, mine, batch, shares)
             if floats < t.numel:
-                lb.push += floats * FLOAT_BYTES
+                value = factor_value_bytes(codec)
+                lb.push += floats * value
                 dense_on = {}
                 for c in mine:
                     dense_on[c.server] = dense_on.get(c.server, 0) + c.count
                 for server, n in shares.items():
-                    lb.push_by_server[server] = lb.push_by_server.get(server, 0) + n * FLOAT_BYTES
-                    lb.logged += min(n, dense_on[server]) * FLOAT_BYTES
+                    lb.push_by_server[server] = lb.push_by_server.get(server, 0) + n * value
+                    lb.logged += min(n * value, dense_on[server] * FLOAT_BYTES)
                 lb.factored = True
                 lb.factor_flops += 2.0 * batch * t.numel
                 continue

@@ -148,7 +148,7 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
         const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
         const float* block = delta + p.block_at[static_cast<size_t>(c.id - p.first_chunk)];
         const size_t bytes = static_cast<size_t>(batch * RowsOf(c, in).rows) * sizeof(float);
-        if (checksums) crcs.push_back(Crc32c(block, bytes));
+        if (checksums) crcs.push_back(0);  // over the bytes sent: EncodeFactorPart, at the first send
         payload.push_back(Frame::Borrow(block, bytes, op.payload[i].owner()));
         order.push_back(i);
       }
@@ -393,7 +393,7 @@ class PsClient::Impl::LinkRunner {
     uint64_t bytes = 0;    // payload bytes sent (push) or asked for (pull)
     enum class State { kToSend, kSent, kDone } state = State::kToSend;
     bool sent_once = false;
-    bool encoded = false;       // a lossy push part: payload holds its encoded bytes (resends)
+    bool encoded = false;       // a lossy or factor push part: payload holds its encoded bytes (resends)
     bool via_region = false;    // the last send went through the shared region
     Clock::time_point sent_at;  // the last send
     LogRefusals refusals;  // by the server's write-ahead log (RetryRefusedByLog; delivery.h)
@@ -524,9 +524,8 @@ class PsClient::Impl::LinkRunner {
         Op::FactorGroup& g = a.op.factor_groups[k];
         h.encodings.assign(e - b, Encoding::kFactors);
         h.factor_batch = g.batch;
-        h.dtype = DType::kF32;  // factors go as f32 whatever the push codec (docs/factors.md)
         h.encoding = Encoding::kDense;
-        p.encoded = true;       // not for the lossy encoder: the frames are delta blocks + activations
+        h.dtype = DType::kF32;  // until EncodeFactorPart, at the first send
         p.payload.push_back(std::move(g.activations));
         for (const Frame& f : p.payload) p.bytes += f.size();
         continue;
@@ -666,10 +665,16 @@ class PsClient::Impl::LinkRunner {
         bool wait = false;
         const bool via_region = link_.shm->Usable(p.header, &wait);
         if (wait) return Status::Ok();
-        if (link_.encoder && !p.encoded && p.header.type == MsgType::kPush &&
-            (p.header.flags & (kFlagInit | kFlagMove)) == 0) {
-          p.bytes = EncodePushPart(*link_.encoder, &p.header, &p.payload);  // once: resends reuse the bytes
-          p.encoded = true;
+        // Once, at the first send (resends reuse the bytes), outside the link's lock: a lossy
+        // part's chunks, a part of sufficient factors in its dtype.
+        if (!p.encoded && p.header.type == MsgType::kPush && (p.header.flags & (kFlagInit | kFlagMove)) == 0) {
+          if (p.header.factor_batch > 0) {
+            p.bytes = EncodeFactorPart(FactorDType(impl_.owner->options_.compression.push), &p.header, &p.payload);
+            p.encoded = true;
+          } else if (link_.encoder) {
+            p.bytes = EncodePushPart(*link_.encoder, &p.header, &p.payload);
+            p.encoded = true;
+          }
         }
         Frames frames;
         frames.reserve(p.payload.size() + 1);

@@ -82,7 +82,9 @@ struct PsClientOptions {
   CompressionConfig compression;
 };
 
-// Payload bytes of a push of every chunk when `factors` hold sufficient factors (docs/factors.md).
+// Payload bytes of an f32 push of every chunk when `factors` hold sufficient factors
+// (docs/factors.md); with compression.push fp16 / bf16 its factors take 2 bytes a value where
+// they fit.
 uint64_t FactorPushPayloadBytes(const ParamLayout& layout, std::span<const FactorTensor> factors);
 
 class PsClient {
@@ -113,15 +115,16 @@ class PsClient {
 
   // Pushes the gradients of every chunk (or `chunk_ids`, or tensors [first, end)) computed at `clock`.
   RequestId Push(std::span<const float> flat_grads, int64_t clock);
-  // `factors`: tensors whose span holds sufficient factors, sent one message per (tensor,
-  // server), each chunk's frame borrowed from its packed block (no copy). One that cannot hold
-  // them fails the request (kInvalidArgument) before any send.
+  // `factors`: tensors whose span holds sufficient factors (f32), sent one message per (tensor,
+  // server): with compression.push fp16 / bf16 cast to it by the link's I/O thread (f32 where a
+  // value does not fit), else each chunk's frame borrowed from its packed block (no copy). One
+  // that cannot hold them fails the request (kInvalidArgument) before any send.
   // `versions` (empty, or one per chunk of the layout): the version each chunk's gradient was
   // computed from, when that is not the last pulled (a worker computing on older weights than
   // it has received); the servers measure staleness from it.
   // `cast` (empty, or one per float of the layout): the gradient already cast to compression.push's
   // 16-bit dtype (fp16 / bf16) by the worker's device (engine::Net::SetGradDType), read for every
-  // chunk but a factored tensor's and sent as it is: the I/O thread converts nothing. Any other
+  // chunk but a factored tensor's and sent as it is: the I/O thread converts only factors. Any other
   // size or codec fails the request (kInvalidArgument).
   RequestId PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
                        std::span<const FactorTensor> factors = {}, std::span<const int64_t> versions = {},

@@ -2,6 +2,7 @@
 #include "client/ps/push_encoding.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
@@ -32,6 +33,59 @@ uint64_t EncodePushPart(ChunkEncoder& encoder, MessageHeader* h, Frames* payload
     h->encodings = std::move(encodings);
   }
   *payload = std::move(encoded);
+  return total;
+}
+
+DType FactorDType(WireCodec push) {
+  return push == WireCodec::kFp16 || push == WireCodec::kBf16 ? CodecDType(push) : DType::kF32;
+}
+
+namespace {
+
+// The frames cast to f16 / bf16 in one buffer they share; false, frames untouched, when a value
+// does not fit (EncodeFactorPart).
+bool CastFactorFrames(DType dtype, Frames* payload) {
+  size_t floats = 0;
+  for (const Frame& f : *payload) floats += f.size() / sizeof(float);
+  auto bytes = std::make_shared<std::vector<std::byte>>();
+  bytes->reserve(floats * sizeof(uint16_t));
+  std::vector<float> scratch;
+  for (const Frame& f : *payload) {
+    const float* x = AlignedFloats(f, &scratch);
+    EncodeDense(std::span<const float>(x, f.size() / sizeof(float)), dtype, bytes.get());
+  }
+  // An all-ones exponent is Inf or NaN: f16 0x7c00, bf16 0x7f80 (a finite float past fp16's
+  // range rounds to Inf).
+  const uint16_t exponent = dtype == DType::kF16 ? 0x7c00 : 0x7f80;
+  for (size_t i = 0; i < floats; ++i) {
+    uint16_t v;
+    std::memcpy(&v, bytes->data() + i * sizeof(uint16_t), sizeof(v));
+    if ((v & exponent) == exponent) return false;
+  }
+  Frames cast;
+  cast.reserve(payload->size());
+  size_t at = 0;
+  for (const Frame& f : *payload) {
+    const size_t n = f.size() / sizeof(float) * sizeof(uint16_t);
+    cast.push_back(Frame::Borrow(bytes->data() + at, n, bytes));
+    at += n;
+  }
+  *payload = std::move(cast);
+  return true;
+}
+
+}  // namespace
+
+uint64_t EncodeFactorPart(DType dtype, MessageHeader* h, Frames* payload) {
+  h->dtype = dtype != DType::kF32 && CastFactorFrames(dtype, payload) ? dtype : DType::kF32;
+  uint64_t total = 0;
+  for (size_t i = 0; i < payload->size(); ++i) {
+    const Frame& f = (*payload)[i];
+    total += f.size();
+    if (i >= h->chunk_ids.size()) continue;  // the activations: no list entry of their own
+    h->byte_lengths[i] = f.size();
+    if (!h->checksums.empty()) h->checksums[i] = Crc32c(f.data(), f.size());
+  }
   return total;
 }
 

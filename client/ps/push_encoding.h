@@ -20,4 +20,16 @@ namespace downpour {
 // chunk goes dense). Returns the payload bytes now to send.
 uint64_t EncodePushPart(ChunkEncoder& encoder, MessageHeader* h, Frames* payload);
 
+// The dtype a push's sufficient factors travel in: the push codec's when it is fp16 or bf16,
+// else f32 (top-k and 1-bit apply to dense chunks only; docs/factors.md).
+DType FactorDType(WireCodec push);
+
+// A message of sufficient factors (`*payload`: its δ blocks, then the activations frame, all
+// f32; `*h`: its chunks) made ready to send in `dtype`: for f16 / bf16 each frame replaced by its
+// 16-bit values as the host encoder casts them (EncodeDense), all in one buffer the frames share,
+// releasing the caller's; then h's dtype, byte lengths and (when it has them) checksums over the
+// bytes sent. A message with a value that has no finite 16-bit form (NaN, Inf, or beyond fp16's
+// ±65504) stays f32 as it is: the server refuses a non-finite one. Returns the payload bytes.
+uint64_t EncodeFactorPart(DType dtype, MessageHeader* h, Frames* payload);
+
 }  // namespace downpour

@@ -43,7 +43,8 @@ struct CompressionConfig {
   static void Rows(Self& s, V& v) {
     using namespace config;
     v.Key("factors", s.factors, "inner-product layers push sufficient factors when fewer floats (docs/factors.md)");
-    v.Named("push", s.push, Names{kWireCodecNames}, "codec of the gradient chunks sent dense");
+    v.Named("push", s.push, Names{kWireCodecNames},
+            "codec of the gradient chunks sent dense (fp16 / bf16: of sufficient factors too)");
     v.Named("pull", s.pull, Names{kWireCodecNames, kDenseWireCodecs}, "codec of pulled weights: fp32 | fp16 | bf16");
     v.Key("top_k_fraction", s.top_k_fraction,
           Must<double>([](double x) { return x > 0 && x <= 1; }, "must be in (0, 1]"),

@@ -41,6 +41,7 @@
 #include "client/worker/factor_choice.h"
 #include "client/worker/ps_channel.h"
 #include "client/worker/trainer.h"
+#include "common/grad_codec.h"
 #include "common/inproc_transport.h"
 #include "downpour_config.h"
 #include "server/factor_push.h"
@@ -728,6 +729,7 @@ class FramePointerEndpoint : public ServerEndpoint {
       std::vector<std::pair<const std::byte*, size_t>> seen;
       for (size_t i = 1; i < frames->size(); ++i) seen.emplace_back((*frames)[i].data(), (*frames)[i].size());
       factor_pushes_.push_back(std::move(seen));
+      factor_dtypes_.push_back(h.dtype);
     }
     return Status::Ok();
   }
@@ -738,11 +740,16 @@ class FramePointerEndpoint : public ServerEndpoint {
     std::lock_guard<std::mutex> lock(mu_);
     return factor_pushes_;
   }
+  std::vector<DType> factor_dtypes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return factor_dtypes_;
+  }
 
  private:
   std::unique_ptr<ServerEndpoint> inner_;
   mutable std::mutex mu_;
   std::vector<std::vector<std::pair<const std::byte*, size_t>>> factor_pushes_;
+  std::vector<DType> factor_dtypes_;
 };
 
 // The client copies no factor: each chunk's frame is its block of the caller's packed δ, and the
@@ -791,6 +798,101 @@ TEST(FactorClient, FactorFramesAreTheCallersPackedBlocksNotCopies) {
   EXPECT_TRUE(shard->Join().ok());
 }
 
+// x rounded to `dtype` (f16 / bf16) and widened back, as the host encoder and the server do.
+std::vector<float> Rounded(std::span<const float> x, DType dtype) {
+  std::vector<std::byte> bytes;
+  EncodeDense(x, dtype, &bytes);
+  std::vector<float> out(x.size());
+  DecodeCheckedChunk(Encoding::kDense, dtype, bytes, out);
+  return out;
+}
+
+// With compression.push = fp16 / bf16 a factor message carries its δ blocks and a in 16 bits
+// (half the bytes, CRC-32Cs over them), and the server applies the update those values make:
+// that of a dense f32 push of δᵀ·a formed from them, to within the sgemm's rounding. A message
+// holding a value fp16 cannot (beyond ±65504) goes f32 as it is; bf16 holds it.
+TEST(FactorClient, SixteenBitCodecsSendFactorsInSixteenBitsAndTheServerWidensThem) {
+  constexpr int64_t kB = 2, kOut = 6, kIn = 5;
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"w", {kOut, kIn}, 1.0f, 1.0f}, {"b", {kOut}, 2.0f, 0.0f}}, 1, 8, &layout).ok());
+  const std::vector<RowSpan> blocks = FactorRowBlocks(layout, 0);
+  for (const WireCodec codec : {WireCodec::kFp16, WireCodec::kBf16}) {
+    for (const bool big : {false, true}) {
+      SCOPED_TRACE(fmt::format("{}{}", WireCodecName(codec), big ? ", a value of 1e5" : ""));
+      const DType dtype = CodecDType(codec);
+      InprocTransport transport;
+      ShardOptions so;
+      so.solver.base_lr = 0.5f;
+      so.solver.momentum = 0.9f;
+      std::unique_ptr<ServerEndpoint> bound, twin_ep;
+      ASSERT_TRUE(transport.Bind("sixteen", &bound).ok());
+      ASSERT_TRUE(transport.Bind("twin", &twin_ep).ok());
+      auto recording = std::make_unique<FramePointerEndpoint>(std::move(bound));
+      FramePointerEndpoint* ep = recording.get();
+      std::unique_ptr<ShardServer> shard, twin;
+      ASSERT_TRUE(ShardServer::Create(layout, so, &shard).ok());
+      ASSERT_TRUE(ShardServer::Create(layout, so, &twin).ok());
+      shard->Start(std::move(recording));
+      twin->Start(std::move(twin_ep));
+      PsClientOptions co;
+      co.checksums = true;
+      co.server_addresses = {"twin"};
+      std::unique_ptr<PsClient> client, dense_client;
+      ASSERT_TRUE(PsClient::Create(&transport, layout, co, &dense_client).ok());
+      co.server_addresses = {"sixteen"};
+      co.compression.push = codec;
+      ASSERT_TRUE(PsClient::Create(&transport, layout, co, &client).ok());
+      ASSERT_TRUE(client->Connect(5000ms).ok());
+      ASSERT_TRUE(dense_client->Connect(5000ms).ok());
+      std::mt19937 rng(5);
+      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+      std::vector<float> w0(static_cast<size_t>(layout.total_elems()));
+      for (float& x : w0) x = d(rng);
+      ASSERT_TRUE(client->Wait(client->PushInit(w0), 5000ms).ok());
+      ASSERT_TRUE(dense_client->Wait(dense_client->PushInit(w0), 5000ms).ok());
+      // plain: [δ (B×out) | a (B×in)] in w's span, then b; the client gets δ packed by chunk.
+      std::vector<float> plain(w0.size());
+      for (float& x : plain) x = d(rng);
+      if (big) plain[kB * kOut] = 1e5f;  // a's first value
+      const int64_t factor_floats = kB * (kOut + kIn);
+      const bool sixteen = !(big && codec == WireCodec::kFp16);
+      std::vector<float> sent = Rounded(plain, dtype);  // b always goes 16-bit
+      if (!sixteen) std::copy(plain.begin(), plain.begin() + factor_floats, sent.begin());
+      std::vector<float> dense = sent;
+      const std::vector<float> g =
+          DenseFromFactors(std::span<const float>(sent).subspan(0, factor_floats), kB, kOut, kIn);
+      std::copy(g.begin(), g.end(), dense.begin());
+      const std::vector<FactorTensor> f = {{0, static_cast<int>(kB)}};
+      const std::vector<float> packed = engine::testing::PackedForPush(layout, 0, plain, kB);
+      Status s = client->Wait(client->PushTensors(packed, 0, 2, 0, f), 5000ms);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      s = dense_client->Wait(dense_client->PushTensors(dense, 0, 2, 0), 5000ms);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const auto pushes = ep->factor_pushes();
+      const auto dtypes = ep->factor_dtypes();
+      ASSERT_EQ(pushes.size(), 1u);
+      ASSERT_EQ(pushes[0].size(), blocks.size() + 1);  // each chunk's block, then a
+      EXPECT_EQ(dtypes[0], sixteen ? dtype : DType::kF32);
+      const size_t elem = sixteen ? 2 : 4;
+      for (size_t k = 0; k < blocks.size(); ++k)
+        EXPECT_EQ(pushes[0][k].second, static_cast<size_t>(kB * blocks[k].rows) * elem) << "chunk " << k;
+      EXPECT_EQ(pushes[0].back().second, static_cast<size_t>(kB * kIn) * elem);
+      EXPECT_EQ(shard->Stats().pushes_rejected, 0u);
+      std::vector<float> got(w0.size()), want(w0.size());
+      ASSERT_TRUE(client->Wait(client->Pull(got), 5000ms).ok());
+      ASSERT_TRUE(dense_client->Wait(dense_client->Pull(want), 5000ms).ok());
+      EXPECT_LE(RelDiff(got, want), 1e-6);
+      EXPECT_NE(got, w0);
+      client.reset();
+      dense_client.reset();
+      shard->Stop();
+      twin->Stop();
+      EXPECT_TRUE(shard->Join().ok());
+      EXPECT_TRUE(twin->Join().ok());
+    }
+  }
+}
+
 // Bad payloads from a raw peer: refused, counted by reason, weights byte for byte unchanged.
 class BadFactors : public FactorShard {
  protected:
@@ -832,6 +934,12 @@ class BadFactors : public FactorShard {
     }
     h->factor_batch = kB;
     frames->push_back(std::vector<float>(static_cast<size_t>(kB * kIn), 0.5f));  // a
+  }
+  // GoodPush with its header saying `dtype` (f16 / bf16): frames from SixteenBitFrames.
+  void GoodPush16(DType dtype, MessageHeader* h, std::vector<std::vector<float>>* frames) const {
+    GoodPush(h, frames);
+    h->dtype = dtype;
+    for (auto& n : h->byte_lengths) n /= 2;
   }
   static Frames ToFrames(const std::vector<std::vector<float>>& v) {
     Frames f;
@@ -878,6 +986,66 @@ TEST_F(BadFactors, ActivationsFrameOfTheWrongLength) {
   f.back().push_back(1.0f);
   Send(h, ToFrames(f));
   ExpectRefused(RejectReason::kByteLength, "activations frame");
+}
+
+// The good push's values as bf16: taken. A bf16 message of factors with a dense chunk in it, or
+// a δ frame of f32 length, or a NaN among its halves: refused.
+Frames SixteenBitFrames(const std::vector<std::vector<float>>& v, DType dtype) {
+  Frames f;
+  for (const auto& x : v) {
+    std::vector<std::byte> bytes;
+    EncodeDense(x, dtype, &bytes);
+    f.push_back(Frame::Copy(bytes.data(), bytes.size()));
+  }
+  return f;
+}
+
+TEST_F(BadFactors, TheGoodPushInBf16IsTaken) {
+  MessageHeader h;
+  std::vector<std::vector<float>> f;
+  GoodPush16(DType::kBf16, &h, &f);
+  Send(h, SixteenBitFrames(f, DType::kBf16));
+  EXPECT_EQ(Receive().type, MsgType::kAck);
+  EXPECT_NE(AllWeights(), before_);
+}
+
+TEST_F(BadFactors, ASixteenBitDeltaFrameOfF32Length) {
+  MessageHeader h;
+  std::vector<std::vector<float>> f;
+  GoodPush16(DType::kF16, &h, &f);
+  h.byte_lengths[0] *= 2;  // δ's frame and its length f32's
+  Frames frames = SixteenBitFrames(f, DType::kF16);
+  frames[0] = Frame::Copy(f[0].data(), f[0].size() * 4);
+  Send(h, std::move(frames));
+  ExpectRefused(RejectReason::kByteLength, "bytes of delta");
+}
+
+TEST_F(BadFactors, ADenseChunkInASixteenBitMessageOfFactors) {
+  MessageHeader h;
+  std::vector<std::vector<float>> f;
+  GoodPush16(DType::kF16, &h, &f);
+  int32_t b_chunk = -1;  // server 1 holds "b": sent dense beside the factors
+  for (int32_t id : layout_.ServerChunks(1))
+    if (layout_.chunk(id).tensor == 1) b_chunk = id;
+  ASSERT_GE(b_chunk, 0);
+  const auto count = static_cast<uint64_t>(layout_.chunk(b_chunk).count);
+  h.chunk_ids.push_back(static_cast<uint32_t>(b_chunk));
+  h.versions.push_back(0);
+  h.elem_counts.push_back(count);
+  h.byte_lengths.push_back(count * 2);
+  h.encodings.push_back(Encoding::kDense);
+  f.insert(f.end() - 1, std::vector<float>(count, 0.25f));
+  Send(h, SixteenBitFrames(f, DType::kF16));
+  ExpectRefused(RejectReason::kDType, "factor chunks only");
+}
+
+TEST_F(BadFactors, NaNInSixteenBitActivations) {
+  MessageHeader h;
+  std::vector<std::vector<float>> f;
+  GoodPush16(DType::kF16, &h, &f);
+  f.back()[1] = std::nanf("");
+  Send(h, SixteenBitFrames(f, DType::kF16));
+  ExpectRefused(RejectReason::kNonFinite, "activations");
 }
 
 TEST_F(BadFactors, FactorBatchZero) {
@@ -1253,7 +1421,7 @@ class FactorLog : public ::testing::Test {
 
   // Serves a shard with `options_`, pushes initial weights and `steps` factor pushes of "w"
   // (random δ and a; "b" dense) as worker 0, and stops it.
-  std::unique_ptr<ShardServer> Run(int steps) {
+  std::unique_ptr<ShardServer> Run(int steps, WireCodec push = WireCodec::kFp32) {
     std::unique_ptr<ShardServer> shard;
     EXPECT_TRUE(ShardServer::Create(layout_, options_, &shard).ok());
     std::unique_ptr<ServerEndpoint> ep;
@@ -1262,6 +1430,7 @@ class FactorLog : public ::testing::Test {
     co.server_addresses = {ep->address()};
     co.reply_timeout = 5000ms;
     co.checksums = true;
+    co.compression.push = push;
     shard->Start(std::move(ep));
     std::unique_ptr<PsClient> client;
     EXPECT_TRUE(PsClient::Create(&transport_, layout_, co, &client).ok());
@@ -1363,6 +1532,36 @@ TEST_F(FactorLog, AFactorPushIsLoggedAsItsFactorsAndRecoversByteForByte) {
   EXPECT_EQ(report.replayed_pushes, static_cast<uint64_t>(layout_.chunks().size() + 2 * kSteps));
   ExpectSameShard(*live, *back);
   EXPECT_EQ(back->ChunkVersion(0), kSteps);
+}
+
+// With compression.push = bf16 / fp16 the factors travel, and are logged, in 16 bits: half the
+// bytes of the f32 factors; the shard recovered from the log (widening them again) has the live
+// shard's weights, momentum and versions to the byte.
+TEST_F(FactorLog, SixteenBitFactorsAreLoggedAsSentAndRecoverByteForByte) {
+  constexpr int kSteps = 3;
+  uint64_t factor_bytes = kB * kIn * 2;  // a, once per message, 2 bytes a value
+  for (const Chunk& c : layout_.chunks()) {
+    if (c.tensor == 0) factor_bytes += static_cast<uint64_t>(kB * RowsOf(c, kIn).rows * 2);
+  }
+  for (const WireCodec codec : {WireCodec::kBf16, WireCodec::kFp16}) {
+    SCOPED_TRACE(WireCodecName(codec));
+    std::filesystem::remove(options_.wal_path);
+    const std::unique_ptr<ShardServer> live = Run(kSteps, codec);
+    int factors = 0;
+    for (const Logged& r : LogRecords()) {
+      // "b" goes dense in 16 bits too: a coded record of kOut halves.
+      if (r.kind == WalKind::kCodedPush && r.payload_bytes != kOut * 2) {
+        ++factors;
+        EXPECT_EQ(r.payload_bytes, factor_bytes);
+      }
+    }
+    EXPECT_EQ(factors, kSteps);
+    RecoverReport report;
+    const std::unique_ptr<ShardServer> back = Recovered(&report);
+    EXPECT_EQ(report.replayed_pushes, static_cast<uint64_t>(layout_.chunks().size() + 2 * kSteps));
+    ExpectSameShard(*live, *back);
+    EXPECT_EQ(back->ChunkVersion(0), kSteps);
+  }
 }
 
 // DC-ASGD applies a compensated gradient made of the pulled copies, which the log does not keep:

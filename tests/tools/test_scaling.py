@@ -128,6 +128,17 @@ class AlexNetBytes(unittest.TestCase):
         self.assertEqual(push_bytes("factors", chunk_elems=big), ((CONV_WEIGHTS + BIASES + fc) * 4, ALEXNET_FLOATS * 4))
         self.assertEqual(CONV_WEIGHTS + BIASES + fc, 5748072)
 
+    def test_factors_go_in_the_push_codecs_16_bits_and_f32_beside_topk(self):
+        """docs/factors.md "The wire": fp16 / bf16 halve the factors as they halve the rest;
+        top-k and 1-bit leave them f32."""
+        big = 1 << 26
+        fc = 128 * (4096 + 9216) + 128 * (4096 + 4096) + 128 * (1000 + 4096)
+        for codec in ("fp16", "bf16"):
+            self.assertEqual(push_bytes(f"factors+{codec}", chunk_elems=big)[0], (CONV_WEIGHTS + BIASES + fc) * 2)
+        topk = push_bytes("factors+topk:0.01", chunk_elems=big)[0]
+        self.assertEqual(topk - push_bytes("topk:0.01", chunk_elems=big)[0],
+                         fc * 4 - sum(math.ceil(0.01 * n) * 8 for n in (4096 * 9216, 4096 * 4096, 1000 * 4096)))
+
     def test_factors_copy_the_activations_to_every_server_holding_the_layer(self):
         big = 1 << 26
         one, _ = push_bytes("factors", servers=1, chunk_elems=big)
