@@ -177,6 +177,19 @@ uint64_t EmulatedCopyBackend::ReadBlobGradBlocksAsync(const Blob& blob, std::spa
   return QueueFloats(false, scratch, host, batch * PackedRows(blocks), scratch);
 }
 
+uint64_t EmulatedCopyBackend::ReadFactorsCastAsync(const Blob& top, std::span<const RowSpan> blocks, const Blob& bottom,
+                                                   float* window, uint16_t* host, DType dtype) {
+  const int64_t batch = top.shape.at(0), rows = PackedRows(blocks);
+  const int64_t count = batch * rows + bottom.count();
+  std::vector<float> canonical(static_cast<size_t>(top.count()));
+  inner_->ReadBlobGrad(top, canonical.data());
+  PackRowBlocks(canonical.data(), batch, top.count() / batch, blocks, window);
+  inner_->ReadBlob(bottom, window + batch * rows);
+  auto cast = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(count));
+  CastFloats(std::span<const float>(window, static_cast<size_t>(count)), dtype, cast->data());
+  return Queue(Direction::kDownload, cast->data(), host, count * int64_t{sizeof(uint16_t)}, window, count, cast);
+}
+
 Status EmulatedCopyBackend::CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) {
   std::unique_ptr<Layer> inner;
   DP_RETURN_IF_ERROR(inner_->CreateLayer(context, &inner));

@@ -90,6 +90,10 @@ class EmulatedCopyBackend : public Backend {
   // later, so whatever overwrote scratch before that would show in the floats.
   uint64_t ReadBlobGradBlocksAsync(const Blob& blob, std::span<const RowSpan> blocks, float* scratch,
                                    float* host) override;
+  // The device's packing and cast write `window` and their 16-bit bytes at once; the copy engine
+  // hands the bytes to the host later.
+  uint64_t ReadFactorsCastAsync(const Blob& top, std::span<const RowSpan> blocks, const Blob& bottom, float* window,
+                                uint16_t* host, DType dtype) override;
   void SetThreads(int threads) override { inner_->SetThreads(threads); }
   Status CreateLayer(const LayerContext& context, std::unique_ptr<Layer>* layer) override;
   void Synchronize() override;

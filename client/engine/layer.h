@@ -192,6 +192,25 @@ class Backend {
     CastFloats(floats, dtype, host);
     return 0;
   }
+  // A factored layer's sufficient factors in 16 bits, cast by the device: `top`'s gradient δ
+  // (batch × width) packed in `blocks` (ReadBlobGradBlocksAsync's), then `bottom`'s data a
+  // (batch × in), cast to `dtype` (kF16 / kBf16, CopyToHostCastAsync's rounding) into
+  // host[0 .. batch × (PackedRows(blocks) + in)). `window`: device memory of that many floats
+  // inside a buffer PrepareCast reserved for (the factored tensor's own gradient window) that
+  // nothing reads or writes until the ticket completes. Ticketed as CopyToHostAsync. Default: the
+  // blocking reads, packed and cast by the host, done at once.
+  virtual uint64_t ReadFactorsCastAsync(const Blob& top, std::span<const RowSpan> blocks, const Blob& bottom,
+                                        float* window, uint16_t* host, DType dtype) {
+    (void)window;
+    const int64_t batch = top.shape.at(0), rows = PackedRows(blocks);
+    std::vector<float> canonical(static_cast<size_t>(top.count()));
+    ReadBlobGrad(top, canonical.data());
+    std::vector<float> factors(static_cast<size_t>(batch * rows + bottom.count()));
+    PackRowBlocks(canonical.data(), batch, top.count() / batch, blocks, factors.data());
+    ReadBlob(bottom, factors.data() + batch * rows);
+    CastFloats(factors, dtype, host);
+    return 0;
+  }
   // The weight upload in 16 bits (UploadWeights' contract; `dtype` kF16 / kBf16): half the bytes
   // cross, and the device widens them into the f32 range (common/grad_codec.h's HalfToFloats /
   // Bf16ToFloats, exact). Default: widened on the host, then a blocking copy.

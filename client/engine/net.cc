@@ -486,9 +486,10 @@ bool Net::FactorsPay(int li, int t) const {
 }
 
 // After layer li's backward, for its factored weight t: [δ packed (B×rows) | a (B×in)] at the
-// start of t's host gradient span, in canonical dense layouts on every backend. Neither blob is
-// written again this step, so both reads start without waiting; the later of their tickets is
-// returned. The device packs δ into t's own gradient window (the layer skipped dW there).
+// start of t's host gradient span (grads16()'s in 16 bits), in canonical dense layouts on every
+// backend. Neither blob is written again this step, so both reads start without waiting; the
+// later of their tickets is returned. The device packs δ (and in 16 bits a too) into t's own
+// gradient window (the layer skipped dW there; B×(rows+in) < its numel when factors pay).
 uint64_t Net::WriteFactors(int li, int t) {
   const int64_t numel = shapes_.params[static_cast<size_t>(t)].numel();
   const int64_t out = shapes_.params[static_cast<size_t>(t)].shape[0], in = numel / out;
@@ -499,6 +500,10 @@ uint64_t Net::WriteFactors(int li, int t) {
   DP_CHECK_EQ(bottom.count(), b * in);
   const std::vector<RowSpan>& blocks = factor_blocks_[static_cast<size_t>(t)];
   const int64_t rows = PackedRows(blocks);
+  if (grad_dtype_ != DType::kF32) {  // in 16 bits, as the other gradients (SetGradDType)
+    return backend_->ReadFactorsCastAsync(top, blocks, bottom, device_grads_ + param_offsets_[t],
+                                          host_grads16_ + param_offsets_[t], grad_dtype_);
+  }
   float* span = host_grads_ + param_offsets_[t];
   const bool as_is = blocks.size() == 1 && blocks[0].first == 0 && blocks[0].rows == out;
   const uint64_t delta = as_is

@@ -154,8 +154,9 @@ class Net {
 
   // Gradients downloaded in 16 bits (Backend::CopyToHostCastAsync): with kF16 or kBf16, backward
   // writes each tensor's gradient, cast on the device (common/grad_codec.h's rounding), into
-  // grads16() instead of grads(), which keeps what it held; a factored tensor's factors still go
-  // to grads() as f32. For a worker whose push codec is fp16 / bf16: PCIe carries the wire's
+  // grads16() instead of grads(), which keeps what it held; a factored tensor's factors, [δ
+  // packed | a], likewise go to the start of its span in grads16(), packed and cast on the device
+  // (Backend::ReadFactorsCastAsync). For a worker whose push codec is fp16 / bf16: PCIe carries the wire's
   // bytes and the host converts nothing. kF32 (the default) turns it off. A host backend (whose
   // gradients are host memory already) → InvalidArgument naming the net and the backend; too
   // little device memory for the 16-bit copy → the backend's error (Backend::PrepareCast).

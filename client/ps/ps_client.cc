@@ -83,6 +83,7 @@ struct Op {
     size_t end = 0;
     uint32_t batch = 0;
     Frame activations;
+    bool cast = false;  // the frames hold the push codec's 16-bit values, cast by the worker's device
   };
   std::vector<FactorGroup> factor_groups;
 };
@@ -90,10 +91,11 @@ struct Op {
 // Sufficient factors (ps_client.h PushChunks): reorders each per-server op so that the chunks of
 // each factored tensor come first, grouped by tensor (one message per group, Split), with each
 // chunk's frame replaced by its block of the packed δ (batch × rows, common/layout.h
-// FactorRowBlocks) and the group's activations a (batch × in), both borrowed from `flat` under
-// the dense frames' keepalive: nothing is copied. The other chunks follow, unchanged.
-Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, std::span<const FactorTensor> factors,
-                        bool checksums, std::vector<Op>* ops) {
+// FactorRowBlocks) and the group's activations a (batch × in), both borrowed under the dense
+// frames' keepalive from `flat`, or from `cast` for an op whose chunks the worker's device cast
+// (Op::cast): nothing is copied. The other chunks follow, unchanged.
+Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, std::span<const uint16_t> cast,
+                        std::span<const FactorTensor> factors, bool checksums, std::vector<Op>* ops) {
   // Per factored tensor: its batch, where each of its chunks' blocks starts in its packed δ (by
   // chunk id − first_chunk: a tensor's chunk ids are consecutive, ascending with the flat offset,
   // as FactorRowBlocks lists them), and where a starts after the blocks.
@@ -143,18 +145,22 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
       const Packing& p = packing[static_cast<size_t>(t)];
       const TensorSpec& spec = layout.tensors()[static_cast<size_t>(t)];
       const int64_t batch = p.batch, in = spec.numel() / spec.shape[0];
-      const float* delta = flat.data() + layout.tensor_flat_offset(t);  // packed, then a (batch × in)
+      // [δ packed | a (batch × in)] from the tensor's start, in f32 or as the device cast them.
+      const size_t at = static_cast<size_t>(layout.tensor_flat_offset(t)), value = op.cast ? 2 : sizeof(float);
+      const auto* base = op.cast ? static_cast<const std::byte*>(static_cast<const void*>(cast.data() + at))
+                                 : static_cast<const std::byte*>(static_cast<const void*>(flat.data() + at));
       for (size_t i : idx) {
         const Chunk& c = layout.chunk(static_cast<int32_t>(h.chunk_ids[i]));
-        const float* block = delta + p.block_at[static_cast<size_t>(c.id - p.first_chunk)];
-        const size_t bytes = static_cast<size_t>(batch * RowsOf(c, in).rows) * sizeof(float);
+        const std::byte* block = base + p.block_at[static_cast<size_t>(c.id - p.first_chunk)] * value;
+        const size_t bytes = static_cast<size_t>(batch * RowsOf(c, in).rows) * value;
         if (checksums) crcs.push_back(0);  // over the bytes sent: EncodeFactorPart, at the first send
         payload.push_back(Frame::Borrow(block, bytes, op.payload[i].owner()));
         order.push_back(i);
       }
       op.factor_groups.push_back(Op::FactorGroup{
           order.size(), static_cast<uint32_t>(batch),
-          Frame::Borrow(delta + p.a_at, static_cast<size_t>(batch * in) * sizeof(float), op.payload[idx[0]].owner())});
+          Frame::Borrow(base + p.a_at * value, static_cast<size_t>(batch * in) * value, op.payload[idx[0]].owner()),
+          op.cast});
     }
     for (size_t i : dense) {
       payload.push_back(std::move(op.payload[i]));
@@ -394,6 +400,7 @@ class PsClient::Impl::LinkRunner {
     enum class State { kToSend, kSent, kDone } state = State::kToSend;
     bool sent_once = false;
     bool encoded = false;       // a lossy or factor push part: payload holds its encoded bytes (resends)
+    bool factors_cast = false;  // a factor part whose frames the worker's device cast to 16 bits
     bool via_region = false;    // the last send went through the shared region
     Clock::time_point sent_at;  // the last send
     LogRefusals refusals;  // by the server's write-ahead log (RetryRefusedByLog; delivery.h)
@@ -526,6 +533,7 @@ class PsClient::Impl::LinkRunner {
         h.factor_batch = g.batch;
         h.encoding = Encoding::kDense;
         h.dtype = DType::kF32;  // until EncodeFactorPart, at the first send
+        p.factors_cast = g.cast;
         p.payload.push_back(std::move(g.activations));
         for (const Frame& f : p.payload) p.bytes += f.size();
         continue;
@@ -669,7 +677,8 @@ class PsClient::Impl::LinkRunner {
         // part's chunks, a part of sufficient factors in its dtype.
         if (!p.encoded && p.header.type == MsgType::kPush && (p.header.flags & (kFlagInit | kFlagMove)) == 0) {
           if (p.header.factor_batch > 0) {
-            p.bytes = EncodeFactorPart(FactorDType(impl_.owner->options_.compression.push), &p.header, &p.payload);
+            p.bytes = EncodeFactorPart(FactorDType(impl_.owner->options_.compression.push), p.factors_cast, &p.header,
+                                       &p.payload);
             p.encoded = true;
           } else if (link_.encoder) {
             p.bytes = EncodePushPart(*link_.encoder, &p.header, &p.payload);
@@ -1135,7 +1144,7 @@ RequestId PsClient::Submit(MsgType type, std::span<float> out, std::span<const f
     ops.push_back(std::move(op));
   }
   if (type == MsgType::kPush && !factors.empty()) {
-    const Status s = ArrangeFactorOps(layout_, in, factors, options_.checksums, &ops);
+    const Status s = ArrangeFactorOps(layout_, in, cast, factors, options_.checksums, &ops);
     if (!s.ok()) {
       req->status = s;
       return id;

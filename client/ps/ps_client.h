@@ -115,17 +115,18 @@ class PsClient {
 
   // Pushes the gradients of every chunk (or `chunk_ids`, or tensors [first, end)) computed at `clock`.
   RequestId Push(std::span<const float> flat_grads, int64_t clock);
-  // `factors`: tensors whose span holds sufficient factors (f32), sent one message per (tensor,
-  // server): with compression.push fp16 / bf16 cast to it by the link's I/O thread (f32 where a
-  // value does not fit), else each chunk's frame borrowed from its packed block (no copy). One
-  // that cannot hold them fails the request (kInvalidArgument) before any send.
+  // `factors`: tensors whose span holds sufficient factors, sent one message per (tensor,
+  // server), each chunk's frame borrowed from its packed block (no copy): from `cast` when given
+  // (16-bit, as the device cast them), else f32 from the flat buffer, cast to compression.push's
+  // fp16 / bf16 by the link's I/O thread (f32 where a value does not fit). One that cannot hold
+  // them fails the request (kInvalidArgument) before any send.
   // `versions` (empty, or one per chunk of the layout): the version each chunk's gradient was
   // computed from, when that is not the last pulled (a worker computing on older weights than
   // it has received); the servers measure staleness from it.
   // `cast` (empty, or one per float of the layout): the gradient already cast to compression.push's
-  // 16-bit dtype (fp16 / bf16) by the worker's device (engine::Net::SetGradDType), read for every
-  // chunk but a factored tensor's and sent as it is: the I/O thread converts only factors. Any other
-  // size or codec fails the request (kInvalidArgument).
+  // 16-bit dtype (fp16 / bf16) by the worker's device (engine::Net::SetGradDType), a factored
+  // tensor's factors included, read for every chunk and sent as it is: the I/O thread converts
+  // nothing. Any other size or codec fails the request (kInvalidArgument).
   RequestId PushChunks(std::span<const float> flat_grads, std::span<const int32_t> chunk_ids, int64_t clock,
                        std::span<const FactorTensor> factors = {}, std::span<const int64_t> versions = {},
                        std::span<const uint16_t> cast = {});

@@ -76,8 +76,9 @@ bool CastFactorFrames(DType dtype, Frames* payload) {
 
 }  // namespace
 
-uint64_t EncodeFactorPart(DType dtype, MessageHeader* h, Frames* payload) {
-  h->dtype = dtype != DType::kF32 && CastFactorFrames(dtype, payload) ? dtype : DType::kF32;
+uint64_t EncodeFactorPart(DType dtype, bool cast, MessageHeader* h, Frames* payload) {
+  DP_CHECK(!cast || dtype != DType::kF32);
+  h->dtype = dtype != DType::kF32 && (cast || CastFactorFrames(dtype, payload)) ? dtype : DType::kF32;
   uint64_t total = 0;
   for (size_t i = 0; i < payload->size(); ++i) {
     const Frame& f = (*payload)[i];

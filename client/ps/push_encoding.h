@@ -1,7 +1,8 @@
-// push_encoding.h — a lossy push part on its way out: its f32 gradient chunks, borrowed from the
-// caller, become the codec's bytes (common/grad_codec.h ChunkEncoder, with its per-chunk
-// residuals), and its header says what it now carries. Done once, at a part's first send; a
-// resend sends the same bytes, so a residual is never counted twice.
+// push_encoding.h — a lossy push part, or a part of sufficient factors, on its way out: its f32
+// chunks, borrowed from the caller, become the codec's bytes (common/grad_codec.h ChunkEncoder,
+// with its per-chunk residuals; factors in the codec's 16 bits), and its header says what it now
+// carries. Done once, at a part's first send; a resend sends the same bytes, so a residual is
+// never counted twice.
 //
 // Thread-safety: one link's I/O thread (the encoder's residuals are that link's).
 #pragma once
@@ -29,7 +30,9 @@ DType FactorDType(WireCodec push);
 // 16-bit values as the host encoder casts them (EncodeDense), all in one buffer the frames share,
 // releasing the caller's; then h's dtype, byte lengths and (when it has them) checksums over the
 // bytes sent. A message with a value that has no finite 16-bit form (NaN, Inf, or beyond fp16's
-// ±65504) stays f32 as it is: the server refuses a non-finite one. Returns the payload bytes.
-uint64_t EncodeFactorPart(DType dtype, MessageHeader* h, Frames* payload);
+// ±65504) stays f32 as it is: the server refuses a non-finite one. `cast`: the frames hold
+// `dtype`'s values already (cast by the worker's device, Inf or NaN included, as its dense
+// chunks): only the header is filled in. Returns the payload bytes.
+uint64_t EncodeFactorPart(DType dtype, bool cast, MessageHeader* h, Frames* payload);
 
 }  // namespace downpour

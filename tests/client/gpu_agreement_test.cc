@@ -886,6 +886,53 @@ TEST(GpuNetAgreement, AlexNetFactorsPackedOnTheDeviceAreTheHostsPacking) {
   }
 }
 
+// Factors in 16 bits (Net::SetGradDType with factored weights: Backend::ReadFactorsCastAsync
+// packs δ, copies a beside it and casts both on the copy stream, one half-size download into
+// grads16()): AlexNet's fc weights in the same 145-block layout as above, each 16-bit value
+// within its rounding of the f32 twin's packed [δ | a] (the twins' floats agree to the GEMMs'
+// run-to-run spread, which may move a value across a rounding boundary, never further), fp16 and
+// bf16.
+TEST(GpuNetAgreement, AlexNetFactorsCastOnTheDeviceAreThePackedFactorsRounded) {
+  DP_SKIP_WITHOUT_GPU();
+  constexpr int kB = 4;
+  for (const DType dtype : {DType::kF16, DType::kBf16}) {
+    SCOPED_TRACE(dtype == DType::kF16 ? "fp16" : "bf16");
+    std::vector<int> fc;
+    TwinAlexNets nets(kB, &fc);
+    Net* plain = nets.a.get();
+    Net* cast = nets.b.get();
+    ParamLayout layout;
+    ASSERT_TRUE(ParamLayout::Build(cast->param_specs(), 2, int64_t{1} << 18, &layout).ok());
+    std::vector<std::vector<RowSpan>> blocks;
+    for (int t : fc) blocks.push_back(FactorRowBlocks(layout, t));
+    ASSERT_TRUE(plain->SetFactoredParams(fc, blocks).ok());
+    ASSERT_TRUE(cast->SetFactoredParams(fc, blocks).ok());
+    ASSERT_TRUE(cast->SetGradDType(dtype).ok());
+    std::mt19937 rng(29);
+    const auto [lp, lc] = nets.Step(&rng);
+    EXPECT_EQ(lp, lc);
+    const double rel = dtype == DType::kF16 ? 1.0 / 1024 : 1.0 / 128;  // a half ulp, twice over
+    for (size_t i = 0; i < fc.size(); ++i) {
+      const int t = fc[i];
+      ASSERT_TRUE(cast->grad_is_factored(t));
+      int64_t out = 0, in = 0;
+      ASSERT_TRUE(cast->InnerProductDims(t, &out, &in));
+      const size_t used = static_cast<size_t>(kB * (PackedRows(blocks[i]) + in));
+      const auto want = plain->grad(t).subspan(0, used);
+      const auto g16 = cast->grads16().subspan(static_cast<size_t>(cast->param_offset(t)), used);
+      std::vector<float> got(used);
+      WidenTo(g16.data(), dtype, got);
+      size_t nonzero = 0;
+      for (size_t j = 0; j < used; ++j) {
+        nonzero += want[j] != 0.0f;
+        ASSERT_NEAR(got[j], want[j], rel * std::abs(want[j]) + 1e-7)
+            << cast->param_specs()[static_cast<size_t>(t)].name << " at " << j;
+      }
+      EXPECT_GT(nonzero, used / 4) << "mostly zeros: the check proves little";
+    }
+  }
+}
+
 TEST(GpuNetAgreement, ReshapeBatch) {
   DP_SKIP_WITHOUT_GPU();
   const NetSpec spec = MixedSpec();

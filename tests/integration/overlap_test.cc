@@ -146,6 +146,10 @@ class RecordingChannel : public ParamChannel {
     if (!cast.empty()) cast_set = true;
     return inner_->SetPushCast(cast);
   }
+  Status SetPushFactors(std::span<const PushFactor> factors) override {
+    if (!factors.empty()) ++factor_calls;
+    return inner_->SetPushFactors(factors);
+  }
   int64_t PulledVersion(int32_t chunk) const override { return inner_->PulledVersion(chunk); }
   Status WaitPushes(PushInfo* info) override { return inner_->WaitPushes(info); }
   Status Clock(int64_t clock) override { return inner_->Clock(clock); }
@@ -155,6 +159,7 @@ class RecordingChannel : public ParamChannel {
   std::vector<Event> events;
   bool cast_set = false;  // the worker handed over gradients cast on its device
   bool pulled16 = false;  // the worker pulled 16-bit weights for its device to widen
+  int factor_calls = 0;   // SetPushFactors naming a factored tensor (each push group of a step)
 
  private:
   struct Held {
@@ -186,6 +191,7 @@ struct RunSetup {
   ConsistencyConfig consistency;
   WireCodec push = WireCodec::kFp32;  // compression.push of the worker's client
   WireCodec pull = WireCodec::kFp32;  // compression.pull
+  bool factors = false;               // compression.factors (fc1 pays at one server)
 };
 
 struct RunOutcome {
@@ -196,6 +202,7 @@ struct RunOutcome {
   int64_t staleness_chunks = 0, staleness_sum = 0;  // from the acks (the servers' measure)
   bool cast_on_device = false;                      // the pushes sent the net's device-cast 16-bit gradients
   bool widened_on_device = false;                   // the pulls kept 16-bit weights, widened by the net's device
+  int factor_calls = 0;                             // the channel's factor_calls
 };
 
 // The test's net with its initial weights (the same in every run). `emulated_copies`: on the CPU
@@ -268,6 +275,7 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
       to.weights_lag = setup.weights_lag;
       to.compression.push = setup.push;
       to.compression.pull = setup.pull;
+      to.compression.factors = setup.factors;
       StepSource source;
       Trainer trainer(to, net.get(), nullptr, &out->layout, &channel, &source, nullptr, nullptr, nullptr);
       TrainResult r;
@@ -279,6 +287,7 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
       out->events = channel.events;
       out->cast_on_device = channel.cast_set;
       out->widened_on_device = channel.pulled16;
+      out->factor_calls = channel.factor_calls;
     }
     out->final_weights.assign(static_cast<size_t>(out->layout.total_elems()), 0.0f);
     ASSERT_TRUE(client->Wait(client->Pull(out->final_weights), 5000ms).ok());
@@ -391,6 +400,36 @@ TEST(Overlap, SixteenBitsCastAndWidenedOnTheDeviceGiveTheHostsWeightsBitForBit) 
       EXPECT_NE(run.final_weights, on_host.final_weights)
           << (push32 ? "fp32 pushes" : "fp32 pulls") << " changed nothing";
     }
+  }
+}
+
+// Sufficient factors with fp16 / bf16 pushes: a device worker's device packs δ, copies a beside
+// it and casts both (Backend::ReadFactorsCastAsync), and they are sent as they are; a host
+// worker's client casts them on the link's I/O thread. Both round alike, so the servers end with
+// the same weights bit for bit.
+TEST(Overlap, SixteenBitFactorsCastOnTheDeviceGiveTheHostsWeightsBitForBit) {
+  for (WireCodec codec : {WireCodec::kFp16, WireCodec::kBf16}) {
+    SCOPED_TRACE(WireCodecName(codec));
+    RunSetup host, device;
+    host.servers = device.servers = 1;
+    host.push = device.push = codec;
+    host.factors = device.factors = true;
+    device.emulated_copies = true;
+    RunOutcome on_host, on_device;
+    ASSERT_NO_FATAL_FAILURE(TrainOnce(host, &on_host));
+    ASSERT_NO_FATAL_FAILURE(TrainOnce(device, &on_device));
+    EXPECT_GE(on_host.factor_calls, kSteps);  // every step pushed factors
+    EXPECT_EQ(on_device.factor_calls, on_host.factor_calls);
+    EXPECT_FALSE(on_host.cast_on_device);
+    EXPECT_TRUE(on_device.cast_on_device);
+    EXPECT_EQ(on_device.final_weights, on_host.final_weights);
+    // The factors matter: rounding δ and a is not rounding δᵀ·a.
+    RunSetup dense = host;
+    dense.factors = false;
+    RunOutcome run;
+    ASSERT_NO_FATAL_FAILURE(TrainOnce(dense, &run));
+    EXPECT_EQ(run.factor_calls, 0);
+    EXPECT_NE(run.final_weights, on_host.final_weights) << "factors changed nothing";
   }
 }
 

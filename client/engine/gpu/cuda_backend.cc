@@ -101,6 +101,14 @@ class CudaBackend : public Backend {
     const int64_t batch = blob.shape.at(0);
     return ctx_->DownloadPackedAsync(blob.grad, batch, blob.count() / batch, blocks, scratch, host);
   }
+  // The same packing, `a` copied beside it, one cast and a half-size download (docs/factors.md).
+  uint64_t ReadFactorsCastAsync(const Blob& top, std::span<const RowSpan> blocks, const Blob& bottom, float* window,
+                                uint16_t* host, DType dtype) override {
+    DP_CHECK(dtype == DType::kF16 || dtype == DType::kBf16);
+    const int64_t batch = top.shape.at(0);
+    return ctx_->DownloadFactorsCastAsync(top.grad, batch, top.count() / batch, blocks, bottom.data, bottom.count(),
+                                          window, host, dtype == DType::kBf16);
+  }
   void ReleaseInput(Blob* blob) override {
     ctx_->MakeCurrent();
     ctx_->Synchronize();  // queued kernels may still read it

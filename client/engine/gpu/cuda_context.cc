@@ -287,9 +287,7 @@ uint64_t CudaContext::CopyToHostCastAsync(const float* device, uint16_t* host, i
   if (count <= 0) return 0;
   Allocation* a = FindAllocation(device);
   DP_CHECK(a != nullptr);  // the net's gradient buffer
-  if (a->cast.bytes() == 0)
-    ThrowIfError(a->cast.Resize(static_cast<size_t>(a->count) * sizeof(uint16_t), "16-bit gradients"));
-  uint16_t* twin = static_cast<uint16_t*>(a->cast.get()) + (device - a->device);
+  uint16_t* twin = CastTwin(a) + (device - a->device);
   CopyStreamAfter(DownloadAfter(device, count));
   // The cast runs on the copy stream: beside the compute stream's layers below, as the copy does.
   DP_CUDA_THROW(CastTo16(copy_stream_, count, bf16, device, twin));
@@ -304,23 +302,47 @@ uint64_t CudaContext::DownloadBlobAsync(const float* device, float* host, int64_
   return QueueDownload(device, host, count, nullptr);
 }
 
-uint64_t CudaContext::DownloadPackedAsync(const float* device, int64_t batch, int64_t width,
-                                          std::span<const RowSpan> blocks, float* scratch, float* host) {
-  MakeCurrent();
-  const int64_t floats = batch * PackedRows(blocks);
-  if (floats <= 0) return 0;
+void CudaContext::QueuePack(const float* device, int64_t batch, int64_t width, std::span<const RowSpan> blocks,
+                            float* out) {
   std::vector<int64_t> first, rows;
   for (const RowSpan& k : blocks) {
     DP_CHECK(k.first >= 0 && k.rows >= 0 && k.first + k.rows <= width);
     first.push_back(k.first);
     rows.push_back(k.rows);
   }
-  CopyStreamAfter(nullptr);
   // On the copy stream, as the cast is: beside the compute stream's layers below.
   for (const PackBlocks& launch : PlanPackLaunches(batch, first.data(), rows.data(), blocks.size()))
-    DP_CUDA_THROW(PackRowBlocksOnDevice(copy_stream_, batch, width, launch, device, scratch));
+    DP_CUDA_THROW(PackRowBlocksOnDevice(copy_stream_, batch, width, launch, device, out));
+}
+
+uint64_t CudaContext::DownloadPackedAsync(const float* device, int64_t batch, int64_t width,
+                                          std::span<const RowSpan> blocks, float* scratch, float* host) {
+  MakeCurrent();
+  const int64_t floats = batch * PackedRows(blocks);
+  if (floats <= 0) return 0;
+  CopyStreamAfter(nullptr);
+  QueuePack(device, batch, width, blocks, scratch);
   DP_CUDA_THROW(cudaMemcpyAsync(host, scratch, static_cast<size_t>(floats) * sizeof(float), cudaMemcpyDeviceToHost,
                                 copy_stream_));
+  return RecordDownload();
+}
+
+uint64_t CudaContext::DownloadFactorsCastAsync(const float* delta, int64_t batch, int64_t width,
+                                               std::span<const RowSpan> blocks, const float* a, int64_t a_count,
+                                               float* window, uint16_t* host, bool bf16) {
+  MakeCurrent();
+  const int64_t packed = batch * PackedRows(blocks), count = packed + a_count;
+  if (count <= 0) return 0;
+  Allocation* alloc = FindAllocation(window);
+  DP_CHECK(alloc != nullptr && window + count <= alloc->device + alloc->count);  // the net's gradient buffer
+  uint16_t* twin = CastTwin(alloc) + (window - alloc->device);
+  CopyStreamAfter(nullptr);
+  QueuePack(delta, batch, width, blocks, window);
+  DP_CUDA_THROW(cudaMemcpyAsync(window + packed, a, static_cast<size_t>(a_count) * sizeof(float),
+                                cudaMemcpyDeviceToDevice, copy_stream_));
+  DP_CUDA_THROW(CastTo16(copy_stream_, count, bf16, window, twin));
+  DP_CUDA_THROW(
+      cudaMemcpyAsync(host, twin, static_cast<size_t>(count) * sizeof(uint16_t), cudaMemcpyDeviceToHost, copy_stream_));
   return RecordDownload();
 }
 

@@ -101,6 +101,13 @@ class CudaContext {
   // follows; a ticket as above.
   uint64_t DownloadPackedAsync(const float* device, int64_t batch, int64_t width, std::span<const RowSpan> blocks,
                                float* scratch, float* host);
+  // Sufficient factors in 16 bits (Backend::ReadFactorsCastAsync): on the copy stream, after every
+  // kernel queued so far, `delta` (batch × width) packed in `blocks` into `window`, `a` (a_count
+  // floats) copied after it, both cast into the window's 16-bit twin (`window` lies in an
+  // allocation, PrepareCast's) and one half-size download of the batch × PackedRows + a_count
+  // values; a ticket as above.
+  uint64_t DownloadFactorsCastAsync(const float* delta, int64_t batch, int64_t width, std::span<const RowSpan> blocks,
+                                    const float* a, int64_t a_count, float* window, uint16_t* host, bool bf16);
   // Host ↔ device for blobs (inputs, read-backs): on the compute stream; ToHost waits.
   void UploadBlob(const float* host, float* device, int64_t count);
   void DownloadBlob(const float* device, float* host, int64_t count);
@@ -149,6 +156,8 @@ class CudaContext {
   void MaybePin(Allocation* a, const float* host, int64_t offset);
   cudaEvent_t PoolEvent(Allocation* a, size_t i);
   uint16_t* CastTwin(Allocation* a);  // allocated on first use (throws when it cannot be)
+  // Kernels on the copy stream packing `device` (batch × width) in `blocks` into `out`.
+  void QueuePack(const float* device, int64_t batch, int64_t width, std::span<const RowSpan> blocks, float* out);
   void QueueChunkedUpload(Allocation* a, int64_t offset, int64_t count,
                           const std::function<void(int64_t done, int64_t n)>& copy);
 
