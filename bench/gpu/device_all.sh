@@ -3,8 +3,8 @@
 # time is 15 minutes, the machine's start included (device_worker.sh and device_server.sh, the
 # fuller checks, take about that each). Most needed first; once $DEADLINE_S (default 480) seconds
 # have passed, no later step starts:
-#  1. every GPU test of the net (gpu_agreement_test: transfers, factors packed on the device, byte
-#     input for training and evaluation, casts);
+#  1. every GPU test of the net (gpu_agreement_test: transfers, factors packed on the device, in
+#     f32 and cast to 16 bits, byte input for training and evaluation, casts);
 #  2. AlexNet's worker step against PyTorch's fwd + bwd + SGD, TF32 on, batch 128 (issue 45);
 #  3. one shard's apply throughput at cluster.server_threads 1, 2, 4, 8 on the host's cores (44);
 #  4. AlexNet S = 2, W = 2 GPU-worker jobs (bench/gpu/all_jobs.txt): fp32 against factors + fp16
