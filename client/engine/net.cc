@@ -186,8 +186,7 @@ void Net::InitParams(uint64_t seed) {
       FillTensor(f, shapes_.params[pi], seed, static_cast<uint64_t>(pi), param(pi));
     }
   }
-  if (!backend_->memory_is_host())
-    backend_->CopyToDevice(host_params_, device_params_, num_params_);
+  UploadAllParams();
 }
 
 Status Net::CheckLabels(const int* labels, int n) const {
@@ -587,9 +586,17 @@ Status Net::LoadWeights(const std::string& path) {
     const NamedTensor* t = FindTensor(file, shapes_.params[i].name);
     std::copy(t->data.begin(), t->data.end(), host_params_ + param_offsets_[i]);
   }
-  if (!backend_->memory_is_host())
-    backend_->CopyToDevice(host_params_, device_params_, num_params_);
+  UploadAllParams();
   return Status::Ok();
+}
+
+// CopyToDevice may read params() after it returns, until the next Synchronize (Backend's
+// contract); the caller's next write to them (a worker's first pull, on its client's thread)
+// must not race that read, so the upload is waited for here, once, outside any step.
+void Net::UploadAllParams() {
+  if (backend_->memory_is_host()) return;
+  backend_->CopyToDevice(host_params_, device_params_, num_params_);
+  backend_->Synchronize();
 }
 
 }  // namespace downpour::engine

@@ -300,6 +300,7 @@ class Net {
   uint16_t* host_params16_ = nullptr;  // SetWeightDType's buffer (Backend::AllocateHost)
   // One layer's (or every) weight upload, in the weights' dtype.
   void UploadParams(int64_t offset, int64_t count);
+  void UploadAllParams();  // InitParams / LoadWeights: every weight up, waited for
   Status Prepare16(const char* what, const float* device, uint16_t** host);
 
   std::vector<std::unique_ptr<Layer>> layers_;
