@@ -331,8 +331,8 @@ const char* EncodingName(Encoding e) {
   return "?";
 }
 
-// First non-finite value among n values of `dtype` at src, or -1. A value is NaN or Inf when its
-// magnitude bits reach the all-ones exponent: f32 0x7f800000, f16 0x7c00, bf16 0x7f80.
+}  // namespace
+
 int64_t FirstNonFinite(const std::byte* src, DType dtype, size_t n) {
   // Block by block: a branch-free test of the whole block (vectorised), then the index only in
   // a block that has one.
@@ -350,8 +350,6 @@ int64_t FirstNonFinite(const std::byte* src, DType dtype, size_t n) {
   }
   return -1;
 }
-
-}  // namespace
 
 Status CheckChunk(Encoding encoding, DType dtype, std::span<const std::byte> payload, size_t count, uint32_t chunk_id,
                   CodecFault* fault) {

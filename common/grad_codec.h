@@ -54,6 +54,10 @@ void WidenTo(const uint16_t* in, DType dtype, std::span<float> out);
 // The same from bytes at any alignment (a received frame), out.size() values.
 void HalfBytesToFloats(const std::byte* in, std::span<float> out);
 void Bf16BytesToFloats(const std::byte* in, std::span<float> out);
+// First non-finite value among n values of `dtype` at src (any alignment), or -1. A value is NaN
+// or Inf when its magnitude bits reach the all-ones exponent: f32 0x7f800000, f16 0x7c00, bf16
+// 0x7f80.
+int64_t FirstNonFinite(const std::byte* src, DType dtype, size_t n);
 
 // ---- Sizes.
 // k of top-k for a chunk of n floats: max(1, ceil(fraction * n)), at most n (fraction in (0, 1]).

@@ -83,7 +83,6 @@ struct Op {
     size_t end = 0;
     uint32_t batch = 0;
     Frame activations;
-    bool cast = false;  // the frames hold the push codec's 16-bit values, cast by the worker's device
   };
   std::vector<FactorGroup> factor_groups;
 };
@@ -146,7 +145,8 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
       const TensorSpec& spec = layout.tensors()[static_cast<size_t>(t)];
       const int64_t batch = p.batch, in = spec.numel() / spec.shape[0];
       // [δ packed | a (batch × in)] from the tensor's start, in f32 or as the device cast them.
-      const size_t at = static_cast<size_t>(layout.tensor_flat_offset(t)), value = op.cast ? 2 : sizeof(float);
+      const size_t at = static_cast<size_t>(layout.tensor_flat_offset(t)),
+                   value = op.cast ? sizeof(uint16_t) : sizeof(float);
       const auto* base = op.cast ? static_cast<const std::byte*>(static_cast<const void*>(cast.data() + at))
                                  : static_cast<const std::byte*>(static_cast<const void*>(flat.data() + at));
       for (size_t i : idx) {
@@ -159,8 +159,7 @@ Status ArrangeFactorOps(const ParamLayout& layout, std::span<const float> flat, 
       }
       op.factor_groups.push_back(Op::FactorGroup{
           order.size(), static_cast<uint32_t>(batch),
-          Frame::Borrow(base + p.a_at * value, static_cast<size_t>(batch * in) * value, op.payload[idx[0]].owner()),
-          op.cast});
+          Frame::Borrow(base + p.a_at * value, static_cast<size_t>(batch * in) * value, op.payload[idx[0]].owner())});
     }
     for (size_t i : dense) {
       payload.push_back(std::move(op.payload[i]));
@@ -400,7 +399,6 @@ class PsClient::Impl::LinkRunner {
     enum class State { kToSend, kSent, kDone } state = State::kToSend;
     bool sent_once = false;
     bool encoded = false;       // a lossy or factor push part: payload holds its encoded bytes (resends)
-    bool factors_cast = false;  // a factor part whose frames the worker's device cast to 16 bits
     bool via_region = false;    // the last send went through the shared region
     Clock::time_point sent_at;  // the last send
     LogRefusals refusals;  // by the server's write-ahead log (RetryRefusedByLog; delivery.h)
@@ -533,7 +531,6 @@ class PsClient::Impl::LinkRunner {
         h.factor_batch = g.batch;
         h.encoding = Encoding::kDense;
         h.dtype = DType::kF32;  // until EncodeFactorPart, at the first send
-        p.factors_cast = g.cast;
         p.payload.push_back(std::move(g.activations));
         for (const Frame& f : p.payload) p.bytes += f.size();
         continue;
@@ -677,8 +674,8 @@ class PsClient::Impl::LinkRunner {
         // part's chunks, a part of sufficient factors in its dtype.
         if (!p.encoded && p.header.type == MsgType::kPush && (p.header.flags & (kFlagInit | kFlagMove)) == 0) {
           if (p.header.factor_batch > 0) {
-            p.bytes = EncodeFactorPart(FactorDType(impl_.owner->options_.compression.push), p.factors_cast, &p.header,
-                                       &p.payload);
+            p.bytes =
+                EncodeFactorPart(FactorDType(impl_.owner->options_.compression.push), a.op.cast, &p.header, &p.payload);
             p.encoded = true;
           } else if (link_.encoder) {
             p.bytes = EncodePushPart(*link_.encoder, &p.header, &p.payload);

@@ -2,7 +2,6 @@
 #include "client/ps/push_encoding.h"
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
@@ -54,14 +53,8 @@ bool CastFactorFrames(DType dtype, Frames* payload) {
     const float* x = AlignedFloats(f, &scratch);
     EncodeDense(std::span<const float>(x, f.size() / sizeof(float)), dtype, bytes.get());
   }
-  // An all-ones exponent is Inf or NaN: f16 0x7c00, bf16 0x7f80 (a finite float past fp16's
-  // range rounds to Inf).
-  const uint16_t exponent = dtype == DType::kF16 ? 0x7c00 : 0x7f80;
-  for (size_t i = 0; i < floats; ++i) {
-    uint16_t v;
-    std::memcpy(&v, bytes->data() + i * sizeof(uint16_t), sizeof(v));
-    if ((v & exponent) == exponent) return false;
-  }
+  // A finite float past fp16's range has rounded to Inf.
+  if (FirstNonFinite(bytes->data(), dtype, floats) >= 0) return false;
   Frames cast;
   cast.reserve(payload->size());
   size_t at = 0;

@@ -296,6 +296,15 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
   for (auto& s : shards) EXPECT_TRUE(s->Join().ok());
 }
 
+// `host` run as given, on the host's memory, and again behind the emulated copy engine, as a
+// device worker.
+void TrainOnHostAndDevice(const RunSetup& host, RunOutcome* on_host, RunOutcome* on_device) {
+  RunSetup device = host;
+  device.emulated_copies = true;
+  ASSERT_NO_FATAL_FAILURE(TrainOnce(host, on_host));
+  ASSERT_NO_FATAL_FAILURE(TrainOnce(device, on_device));
+}
+
 TEST(Overlap, EachLayersPullFollowsItsPushAndForwardWaitsForIt) {
   RunOutcome run;
   ASSERT_NO_FATAL_FAILURE(TrainOnce(RunSetup{}, &run));
@@ -374,14 +383,11 @@ TEST(Overlap, SixteenBitsCastAndWidenedOnTheDeviceGiveTheHostsWeightsBitForBit) 
   for (WireCodec codec : {WireCodec::kFp16, WireCodec::kBf16}) {
     for (bool overlap : {true, false}) {
       SCOPED_TRACE(fmt::format("{}, overlap {}", WireCodecName(codec), overlap));
-      RunSetup host, device;
-      host.push = device.push = codec;
-      host.pull = device.pull = codec;
-      host.overlap = device.overlap = overlap;
-      device.emulated_copies = true;
+      RunSetup host;
+      host.push = host.pull = codec;
+      host.overlap = overlap;
       RunOutcome on_host, on_device;
-      ASSERT_NO_FATAL_FAILURE(TrainOnce(host, &on_host));
-      ASSERT_NO_FATAL_FAILURE(TrainOnce(device, &on_device));
+      ASSERT_NO_FATAL_FAILURE(TrainOnHostAndDevice(host, &on_host, &on_device));
       EXPECT_FALSE(on_host.cast_on_device || on_host.widened_on_device);
       EXPECT_TRUE(on_device.cast_on_device);
       EXPECT_TRUE(on_device.widened_on_device);
@@ -410,14 +416,12 @@ TEST(Overlap, SixteenBitsCastAndWidenedOnTheDeviceGiveTheHostsWeightsBitForBit) 
 TEST(Overlap, SixteenBitFactorsCastOnTheDeviceGiveTheHostsWeightsBitForBit) {
   for (WireCodec codec : {WireCodec::kFp16, WireCodec::kBf16}) {
     SCOPED_TRACE(WireCodecName(codec));
-    RunSetup host, device;
-    host.servers = device.servers = 1;
-    host.push = device.push = codec;
-    host.factors = device.factors = true;
-    device.emulated_copies = true;
+    RunSetup host;
+    host.servers = 1;
+    host.push = codec;
+    host.factors = true;
     RunOutcome on_host, on_device;
-    ASSERT_NO_FATAL_FAILURE(TrainOnce(host, &on_host));
-    ASSERT_NO_FATAL_FAILURE(TrainOnce(device, &on_device));
+    ASSERT_NO_FATAL_FAILURE(TrainOnHostAndDevice(host, &on_host, &on_device));
     EXPECT_GE(on_host.factor_calls, kSteps);  // every step pushed factors
     EXPECT_EQ(on_device.factor_calls, on_host.factor_calls);
     EXPECT_FALSE(on_host.cast_on_device);
