@@ -29,7 +29,8 @@ uint16_t FloatToHalf(float f) {
   x ^= sign;
   uint32_t o;
   if (x >= kF16Overflow) {
-    o = x > kF32Inf ? 0x7e00u : 0x7c00u;  // NaN stays NaN (quiet), else Inf
+    // NaN stays NaN, quiet, with the top of its payload (as F16C's vcvtps2ph); else Inf.
+    o = x > kF32Inf ? (0x7e00u | ((x >> 13) & 0x3ffu)) : 0x7c00u;
   } else if (x < (113u << 23)) {          // below 2^-14: a half subnormal or zero
     const float r = std::bit_cast<float>(x) + std::bit_cast<float>(kDenormMagic);
     o = std::bit_cast<uint32_t>(r) - kDenormMagic;
@@ -50,7 +51,8 @@ float HalfToFloat(uint16_t h) {
     const float v = static_cast<float>(mant) * 0x1p-24f;
     return sign != 0 ? -v : v;
   }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  // Inf, or a NaN made quiet with its payload kept (as F16C's vcvtph2ps).
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant != 0 ? 0x400000u : 0u) | (mant << 13));
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 

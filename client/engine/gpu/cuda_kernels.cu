@@ -274,8 +274,9 @@ cudaError_t NormalizeBytes(cudaStream_t stream, int n, int c, int h, int w, cons
   return cudaGetLastError();
 }
 
-// common/grad_codec.cc's FloatToHalf and FloatsToBf16, bit for bit (NaN → 0x7e00 | sign, not
-// CUDA's canonical NaN), so a push cast here equals one the host encoder would send.
+// common/grad_codec.cc's FloatToHalf and FloatsToBf16, bit for bit (a NaN keeps its sign and the top
+// of its payload, made quiet, as F16C does; not CUDA's canonical NaN), so a push cast here equals
+// one the host encoder would send.
 __device__ uint16_t HalfOf(float f) {
   constexpr uint32_t kF32Inf = 255u << 23;
   constexpr uint32_t kF16Overflow = (127u + 16u) << 23;
@@ -285,7 +286,7 @@ __device__ uint16_t HalfOf(float f) {
   x ^= sign;
   uint32_t o;
   if (x >= kF16Overflow) {
-    o = x > kF32Inf ? 0x7e00u : 0x7c00u;
+    o = x > kF32Inf ? (0x7e00u | ((x >> 13) & 0x3ffu)) : 0x7c00u;  // quiet NaN, payload kept
   } else if (x < (113u << 23)) {
     const float r = __fadd_rn(__uint_as_float(x), __uint_as_float(kDenormMagic));
     o = __float_as_uint(r) - kDenormMagic;
@@ -323,7 +324,8 @@ __device__ float FloatOfHalf(uint16_t h) {
     const float v = static_cast<float>(mant) * 0x1p-24f;  // zero or subnormal, exact
     return sign != 0 ? -v : v;
   }
-  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (mant << 13));  // Inf / NaN
+  if (exp == 31)
+    return __uint_as_float(sign | 0x7f800000u | (mant != 0 ? 0x400000u : 0u) | (mant << 13));  // Inf / quiet NaN
   return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
