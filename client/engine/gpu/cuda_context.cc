@@ -392,8 +392,12 @@ void CudaContext::WaitCopy(uint64_t ticket) {
   if (it == downloads_.end()) return;
   MakeCurrent();
   DP_CUDA_THROW(cudaEventSynchronize(it->second));
-  free_download_events_.push_back(it->second);
-  downloads_.erase(it);
+  // Tickets complete in issue order (one copy stream): every earlier one is done too. Retiring
+  // them here keeps a ticket nobody waits for (a factored layer's δ, read with its `a`) from
+  // holding its event for ever.
+  const auto end = std::next(it);
+  for (auto e = downloads_.begin(); e != end; ++e) free_download_events_.push_back(e->second);
+  downloads_.erase(downloads_.begin(), end);
 }
 
 void CudaContext::UploadBlob(const float* host, float* device, int64_t count) {
