@@ -701,6 +701,7 @@ std::string AlgorithmString(Algorithm a) { return NameOf(kAlgorithmNames, a); }
 bool ParseAlgorithm(std::string_view text, Algorithm* out) { return ParseName(kAlgorithmNames, text, out); }
 const char* ClusterTransportName(ClusterTransport transport) { return NameOf(kClusterTransportNames, transport); }
 const char* ReplyOrderName(ReplyOrder order) { return NameOf(kReplyOrderNames, order); }
+const char* SendOrderName(SendOrder order) { return NameOf(kSendOrderNames, order); }
 const char* RotationSchemeName(RotationScheme scheme) { return NameOf(kRotationSchemeNames, scheme); }
 const char* RotationGroupsName(RotationGroups groups) { return NameOf(kRotationGroupsNames, groups); }
 

@@ -340,11 +340,12 @@ double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 
 // The I/O thread of one link. It takes operations from the link's queue, cuts each into parts
 // (messages of at most max_chunks_per_message chunks) and keeps many parts of many operations
-// in flight at once, in call order on the one ordered connection: a pull issued after a push
-// leaves after it (the server answers it after applying the push), while the push's acks and
-// the pull's weights travel at the same time. Replies are matched to their part by request
-// id; an operation is done when every part is answered. What is on the wire is bounded by
-// max_inflight_bytes (payload sent plus payload asked for, unanswered).
+// in flight at once on the one ordered connection, in call order (or by layer, send_order), and
+// a chunk's own parts always in call order: a pull issued after a push leaves after it (the
+// server answers it after applying the push), while the push's acks and the pull's weights
+// travel at the same time. Replies are matched to their part by request id; an operation is done
+// when every part is answered. What is on the wire is bounded by max_inflight_bytes (payload
+// sent plus payload asked for, unanswered).
 //
 // A silent server is probed; a restarted or moved one gets a fresh register and every
 // unanswered part again (see ps_client.h).
@@ -660,53 +661,107 @@ class PsClient::Impl::LinkRunner {
       register_unsent_ = false;
     }
     if (registering_) return Status::Ok();
+    if (o_.send_order == SendOrder::kLayer && !link_.shm->on()) return SendByLayer();
     const auto now = Clock::now();
     for (auto& [id, a] : active_) {
       for (Part& p : a.parts) {
         if (p.state != Part::State::kToSend || now < p.refusals.not_before) continue;
-        if (!window_.Fits(p.bytes)) return Status::Ok();  // the window is full
-        // A part whose chunks' area still holds an unanswered one waits, and every later part
-        // with it, to keep call order (shm_path.h).
-        bool wait = false;
-        const bool via_region = link_.shm->Usable(p.header, &wait);
-        if (wait) return Status::Ok();
-        // Once, at the first send (resends reuse the bytes), outside the link's lock: a lossy
-        // part's chunks, a part of sufficient factors in its dtype.
-        if (!p.encoded && p.header.type == MsgType::kPush && (p.header.flags & (kFlagInit | kFlagMove)) == 0) {
-          if (p.header.factor_batch > 0) {
-            p.bytes =
-                EncodeFactorPart(FactorDType(impl_.owner->options_.compression.push), a.op.cast, &p.header, &p.payload);
-            p.encoded = true;
-          } else if (link_.encoder) {
-            p.bytes = EncodePushPart(*link_.encoder, &p.header, &p.payload);
-            p.encoded = true;
-          }
-        }
-        Frames frames;
-        frames.reserve(p.payload.size() + 1);
-        if (via_region) {
-          DP_RETURN_IF_ERROR(link_.shm->Send(p.header, p.payload, &frames));
-          p.via_region = true;
-        } else {
-          frames.emplace_back();
-          DP_RETURN_IF_ERROR(HeaderFrame(p.header, &frames[0]));
-          for (const Frame& f : p.payload) frames.push_back(f);  // copies Frame handles, not bytes
-        }
-        p.state = Part::State::kSent;  // on the wire unless the send fails (then Release undoes it)
-        window_.Add(p.bytes);
-        const Status s = link_.endpoint->Send(std::move(frames));
-        if (!s.ok()) {
-          Release(p);
-          p.state = Part::State::kToSend;
-          if (!Transient(s)) return SendError(What(a), s);
-          return Status::Ok();
-        }
-        p.sent_at = Clock::now();
-        if (p.sent_once) link_.resent_parts.fetch_add(1);
-        p.sent_once = true;
-        a.reply_deadline = p.sent_at + o_.reply_timeout;
+        bool stop = false;
+        DP_RETURN_IF_ERROR(SendPart(a, p, &stop));
+        if (stop) return Status::Ok();
       }
     }
+    return Status::Ok();
+  }
+
+  // SendPending by layer (PsClientOptions::send_order): the parts free to go — no earlier unsent
+  // part shares a chunk with them, and no control request, init or move push waits before them —
+  // leave lowest first chunk first, ties in call order, while the window allows.
+  Status SendByLayer() {
+    const auto now = Clock::now();
+    if (++mark_epoch_ == 0) {  // wrapped: no mark may look current
+      std::fill(mark_.begin(), mark_.end(), 0u);
+      mark_epoch_ = 1;
+    }
+    ready_.clear();
+    bool any_unsent = false;
+    for (auto& [id, a] : active_) {
+      const bool barrier = (a.op.header.type != MsgType::kPush && a.op.header.type != MsgType::kPull) ||
+                           (a.op.header.flags & (kFlagInit | kFlagMove)) != 0;
+      bool unsent = false;
+      for (Part& p : a.parts) {
+        if (p.state != Part::State::kToSend) continue;
+        unsent = true;
+        bool free = !barrier || !any_unsent;
+        for (int32_t c : p.header.chunk_ids) {
+          const size_t i = static_cast<size_t>(c);
+          if (i >= mark_.size()) mark_.resize(i + 1, 0);
+          if (mark_[i] == mark_epoch_) free = false;
+          mark_[i] = mark_epoch_;
+        }
+        if (free && now >= p.refusals.not_before) {
+          const int32_t key = p.header.chunk_ids.empty() ? -1 : p.header.chunk_ids.front();
+          ready_.push_back({key, &a, &p});
+        }
+      }
+      any_unsent = any_unsent || unsent;
+      if (barrier && unsent) break;
+    }
+    std::stable_sort(ready_.begin(), ready_.end(), [](const Ready& x, const Ready& y) { return x.key < y.key; });
+    for (const Ready& r : ready_) {
+      bool stop = false;
+      DP_RETURN_IF_ERROR(SendPart(*r.a, *r.p, &stop));
+      if (stop) return Status::Ok();
+    }
+    return Status::Ok();
+  }
+
+  // Sends part `p` of `a` if the window and the shared region let it go now; `*stop` when it did
+  // not (or a transient failure left it unsent): no later part may overtake it this round.
+  Status SendPart(Active& a, Part& p, bool* stop) {
+    *stop = true;
+    if (!window_.Fits(p.bytes)) return Status::Ok();  // the window is full
+    // A part whose chunks' area still holds an unanswered one waits, and every later part
+    // with it, to keep call order (shm_path.h).
+    bool wait = false;
+    const bool via_region = link_.shm->Usable(p.header, &wait);
+    if (wait) return Status::Ok();
+    // Once, at the first send (resends reuse the bytes), outside the link's lock: a lossy
+    // part's chunks, a part of sufficient factors in its dtype.
+    if (!p.encoded && p.header.type == MsgType::kPush && (p.header.flags & (kFlagInit | kFlagMove)) == 0) {
+      if (p.header.factor_batch > 0) {
+        p.bytes =
+            EncodeFactorPart(FactorDType(impl_.owner->options_.compression.push), a.op.cast, &p.header, &p.payload);
+        p.encoded = true;
+      } else if (link_.encoder) {
+        p.bytes = EncodePushPart(*link_.encoder, &p.header, &p.payload);
+        p.encoded = true;
+      }
+    }
+    Frames frames;
+    frames.reserve(p.payload.size() + 1);
+    if (via_region) {
+      DP_RETURN_IF_ERROR(link_.shm->Send(p.header, p.payload, &frames));
+      p.via_region = true;
+    } else {
+      frames.emplace_back();
+      DP_RETURN_IF_ERROR(HeaderFrame(p.header, &frames[0]));
+      for (const Frame& f : p.payload) frames.push_back(f);  // copies Frame handles, not bytes
+    }
+    p.state = Part::State::kSent;  // on the wire unless the send fails (then Release undoes it)
+    window_.Add(p.bytes);
+    const Status s = link_.endpoint->Send(std::move(frames));
+    if (!s.ok()) {
+      Release(p);
+      p.state = Part::State::kToSend;
+      if (!Transient(s)) return SendError(What(a), s);
+      return Status::Ok();
+    }
+    p.sent_at = Clock::now();
+    if (p.sent_once) link_.resent_parts.fetch_add(1);
+    p.sent_once = true;
+    a.reply_deadline = p.sent_at + o_.reply_timeout;
+    *stop = false;
     return Status::Ok();
   }
 
@@ -913,6 +968,15 @@ class PsClient::Impl::LinkRunner {
   const int trace_track_;  // -1 = no timeline
   std::map<RequestId, Active> active_;  // by id = call order
   ByteWindow window_{o_.max_inflight_bytes};  // bytes of parts sent and not answered
+  // SendByLayer's scratch: the parts free to go, and per chunk the pass that last saw it unsent.
+  struct Ready {
+    int32_t key;  // the part's first chunk
+    Active* a;
+    Part* p;
+  };
+  std::vector<Ready> ready_;
+  std::vector<uint32_t> mark_;
+  uint32_t mark_epoch_ = 0;
   const std::chrono::milliseconds tick_ =
       std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
   bool registering_ = false;      // a register is due or in flight: parts wait for its reply

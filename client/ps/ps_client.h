@@ -6,8 +6,9 @@
 //
 // Concurrency: one I/O thread per connection (connections_per_server per server, each carrying
 // a fixed share of the server's chunks) keeps the parts of all requests in flight together (up
-// to max_inflight_bytes), in call order on that connection: a Pull issued after a Push is served,
-// chunk by chunk, after that push is applied. Every error (argument, refusal, timeout, transport) comes from Wait.
+// to max_inflight_bytes), in call order on that connection (or by layer, send_order): a Pull
+// issued after a Push is served, chunk by chunk, after that push is applied. Every error (argument, refusal, timeout,
+// transport) comes from Wait.
 //
 // Server restarts: a link keeps each part until its reply; on a restart (new incarnation, "not
 // registered") or a move (SetServerAddress) it registers again and resends every unanswered part,
@@ -56,7 +57,14 @@ struct PsClientOptions {
   // Chunks per message (0 = a server's share in one). A server validates and applies each
   // message whole, so when one is refused other messages of the same Push may have applied.
   int max_chunks_per_message = 1;
-  uint64_t max_inflight_bytes = uint64_t{128} << 20;  // payload outstanding per server (> 0); a larger part goes alone
+  // Payload outstanding per connection (> 0): sent and unacknowledged for a push, asked for and
+  // not received for a pull; a larger part goes alone (cluster.inflight_mb).
+  uint64_t max_inflight_bytes = uint64_t{128} << 20;
+  // Which waiting part goes next when the window has room (cluster.send_order): call order, or
+  // by layer — the part whose first chunk comes first in the layout (the next forward reads it
+  // first) overtakes parts made before it, except parts of the same chunks, a control request or
+  // an init or move push, which keep call order. Through a same-host region: call order.
+  SendOrder send_order = SendOrder::kCall;
   // How long a server that answers probes may hold a request, from each (re)send; then kTimeout.
   std::chrono::milliseconds reply_timeout{60000};
   // Silence (dead or restarting server) after which a request fails (kUnavailable); also how

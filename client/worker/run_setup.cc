@@ -59,6 +59,8 @@ PsClientOptions WorkerClientOptions(const RunConfig& c, const std::string& run_d
   // Several connections per server (cluster.connections_per_server), but one when a push's
   // sufficient factors would send each layer's input once per connection.
   po.connections_per_server = c.compression.factors ? 1 : c.cluster.connections_per_server;
+  po.max_inflight_bytes = static_cast<uint64_t>(c.cluster.inflight_mb) << 20;
+  po.send_order = c.cluster.send_order;
   // Sync/ssp servers hold a pull until it is servable, up to PullWait: a reply must not time out
   // earlier than that. A server that answers nothing (restarting) is waited for up to
   // cluster.server_wait_ms, then the request fails naming it.

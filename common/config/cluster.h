@@ -18,6 +18,7 @@ namespace downpour {
 inline constexpr int kMaxServerThreads = 64;            // cluster.server_threads
 inline constexpr int kMaxIoThreads = 16;                // cluster.io_threads
 inline constexpr int kMaxConnectionsPerServer = 8;      // cluster.connections_per_server
+inline constexpr int kMaxInflightMb = 4096;             // cluster.inflight_mb
 inline constexpr int64_t kMaxTraceEvents = 10'000'000;  // cluster.trace_events
 
 // host:port with a non-empty host and a port in 1..65535.
@@ -38,6 +39,15 @@ enum class ReplyOrder {
 };
 inline constexpr std::string_view kReplyOrderNames[] = {"arrival", "step"};
 const char* ReplyOrderName(ReplyOrder order);  // "arrival" | "step"
+
+// In what order a worker's waiting request parts leave for a server (cluster.send_order).
+enum class SendOrder {
+  kCall,   // as the requests were made
+  kLayer,  // the lowest layout position first (the order a forward reads them), each chunk's own
+           // requests still in call order
+};
+inline constexpr std::string_view kSendOrderNames[] = {"call", "layer"};
+const char* SendOrderName(SendOrder order);  // "call" | "layer"
 
 // [cluster] — processes and endpoints of one job. Restarts: docs/operations.md "When a process
 // dies"; chunk_elems and advertise: docs/config.md; ipc: docs/operations.md "One host: ipc".
@@ -65,6 +75,8 @@ struct ClusterConfig {
   bool shared_memory = true;
   double link_gbps = 0;
   ReplyOrder reply_order = ReplyOrder::kArrival;
+  SendOrder send_order = SendOrder::kCall;
+  int inflight_mb = 128;
   int64_t trace_events = 0;
 
   template <typename Self, typename V>
@@ -98,6 +110,10 @@ struct ClusterConfig {
     v.Key("io_threads", s.io_threads, InRange(1, kMaxIoThreads), "ZeroMQ I/O threads of each process's transport");
     v.Key("connections_per_server", s.connections_per_server, InRange(1, kMaxConnectionsPerServer),
           "connections each worker opens to each server, its chunks dealt over them");
+    v.Key("inflight_mb", s.inflight_mb, InRange(1, kMaxInflightMb),
+          "MiB of payload a worker keeps sent and unanswered on each connection to a server");
+    v.Named("send_order", s.send_order, Names{kSendOrderNames},
+            "order in which a worker's waiting request parts leave: as made, or by layer");
     v.Key("trace_events", s.trace_events, InRange<int64_t>(0, kMaxTraceEvents, "0 = off"),
           "trace events each server and worker keeps (docs/operations.md \"Timelines\"); 0 = off");
     v.Named("transport", s.transport, Names{kClusterTransportNames}, "how workers reach the servers");

@@ -9,13 +9,16 @@
 // server that dies after applying a push does.
 #include "client/ps/ps_client.h"
 
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <deque>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "common/inproc_transport.h"
@@ -744,6 +747,119 @@ TEST(PsClientCreate, ConnectionsPerServerMustBeInRange) {
     EXPECT_NE(s.message().find("connections_per_server"), std::string::npos) << s.ToString();
   }
 }
+
+// A server's endpoint that can stop taking messages (they wait in the transport) and records the
+// pushes and pulls it takes, in order, as "push 4" / "pull 5" (one chunk a message).
+class GatedEndpoint : public ServerEndpoint {
+ public:
+  explicit GatedEndpoint(std::unique_ptr<ServerEndpoint> inner) : inner_(std::move(inner)) {}
+  using ServerEndpoint::Receive;
+  Status Receive(PeerId* from, Frames* frames, std::chrono::milliseconds timeout, PeerInfo* info) override {
+    if (!held.load() && !stash_.empty()) {  // what came in while held, first
+      *from = stash_.front().from;
+      *frames = std::move(stash_.front().frames);
+      if (info != nullptr) *info = stash_.front().info;
+      stash_.pop_front();
+    } else {
+      if (held.load()) std::this_thread::sleep_for(std::min(timeout, std::chrono::milliseconds(2)));
+      DP_RETURN_IF_ERROR(inner_->Receive(from, frames, held.load() ? std::chrono::milliseconds(0) : timeout, info));
+      if (held.load()) {  // a Receive already waiting when the gate closed keeps its message too
+        stash_.push_back({*from, std::move(*frames), info != nullptr ? *info : PeerInfo{}});
+        return Timeout("held");
+      }
+    }
+    MessageHeader h;
+    if (ParseHeader(*frames, &h).ok() && (h.type == MsgType::kPush || h.type == MsgType::kPull)) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (int32_t c : h.chunk_ids)
+        taken.push_back(fmt::format("{} {}", h.type == MsgType::kPush ? "push" : "pull", c));
+    }
+    return Status::Ok();
+  }
+  Status Send(const PeerId& to, Frames frames) override { return inner_->Send(to, std::move(frames)); }
+  std::string address() const override { return inner_->address(); }
+  void Wake() override { inner_->Wake(); }
+
+  std::atomic<bool> held{false};
+  std::mutex mu;
+  std::vector<std::string> taken;  // guarded by mu
+
+ private:
+  struct Held {
+    PeerId from;
+    Frames frames;
+    PeerInfo info;
+  };
+  std::unique_ptr<ServerEndpoint> inner_;
+  std::deque<Held> stash_;  // the shard's loop thread only
+};
+
+// Send order with a window of one part: while push 4 is on the wire, a push of chunks 5..7, a pull
+// of 5 and a push of 0..1 wait. In call order they leave as made; by layer the parts the next
+// forward reads first (the lowest chunks) overtake, but a chunk's own pull stays behind its push,
+// so the pull still sees it. Either way every push is applied once.
+class SendOrderTest : public ::testing::TestWithParam<SendOrder> {};
+
+TEST_P(SendOrderTest, PartsLeaveByTheOrderSetAndEachChunkKeepsItsOwn) {
+  ParamLayout layout;
+  ASSERT_TRUE(ParamLayout::Build({{"a", {64}, 1, 1}, {"b", {64}, 1, 1}}, 1, 16, &layout).ok());  // chunks 0..7
+  InprocTransport t;
+  std::unique_ptr<ServerEndpoint> ep;
+  ASSERT_TRUE(t.Bind("gated", &ep).ok());
+  auto gated = std::make_unique<GatedEndpoint>(std::move(ep));
+  GatedEndpoint* gate = gated.get();
+  std::unique_ptr<ShardServer> shard;
+  ASSERT_TRUE(ShardServer::Create(layout, TestShardOptions(), &shard).ok());
+  shard->Start(std::move(gated));
+  PsClientOptions o;
+  o.server_addresses = {"gated"};
+  o.token = kSecret;
+  o.max_chunks_per_message = 1;
+  o.max_inflight_bytes = 16 * sizeof(float);  // one chunk's part at a time
+  o.send_order = GetParam();
+  std::unique_ptr<PsClient> c;
+  ASSERT_TRUE(PsClient::Create(&t, layout, o, &c).ok());
+  ASSERT_TRUE(c->Connect(5000ms).ok());
+  const size_t n = static_cast<size_t>(layout.total_elems());
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(n, 0.0f)), 5000ms).ok());
+  {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    gate->taken.clear();
+  }
+  gate->held = true;
+  std::vector<float> g(n, 1.0f), w(n, 7.0f);
+  const std::vector<int32_t> late = {4, 5, 6, 7}, pulled = {5}, early = {0, 1};
+  const RequestId push_late = c->PushChunks(g, late, 0);
+  std::this_thread::sleep_for(50ms);  // part "push 4" sent: the window is full
+  const RequestId pull = c->PullChunks(w, pulled);
+  const RequestId push_early = c->PushChunks(g, early, 0);
+  std::this_thread::sleep_for(50ms);  // both taken by the link's thread
+  gate->held = false;
+  ASSERT_TRUE(c->Wait(push_late, 5000ms).ok());
+  ASSERT_TRUE(c->Wait(pull, 5000ms).ok());
+  ASSERT_TRUE(c->Wait(push_early, 5000ms).ok());
+  std::vector<std::string> taken;
+  {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    taken = gate->taken;
+  }
+  const std::vector<std::string> by_call = {"push 4", "push 5", "push 6", "push 7", "pull 5", "push 0", "push 1"};
+  const std::vector<std::string> by_layer = {"push 4", "push 0", "push 1", "push 5", "pull 5", "push 6", "push 7"};
+  EXPECT_EQ(taken, GetParam() == SendOrder::kCall ? by_call : by_layer) << fmt::format("{}", fmt::join(taken, ", "));
+  for (size_t i = 80; i < 96; ++i) EXPECT_EQ(w[i], -1.0f) << i;  // chunk 5 pulled after its push
+  EXPECT_EQ(w[0], 7.0f);                                         // only chunk 5 was pulled
+  std::vector<float> all(n);
+  ASSERT_TRUE(c->Wait(c->Pull(all), 5000ms).ok());
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(all[i], i >= 32 && i < 64 ? 0.0f : -1.0f) << i;
+  c.reset();
+  shard->Stop();
+  EXPECT_TRUE(shard->Join().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Orders, SendOrderTest, ::testing::Values(SendOrder::kCall, SendOrder::kLayer),
+                         [](const ::testing::TestParamInfo<SendOrder>& i) {
+                           return std::string(SendOrderName(i.param));
+                         });
 
 TEST(PsClientCreate, SilentServerFailsAfterServerWaitNotReplyTimeoutNamingTheServer) {
   ParamLayout layout;

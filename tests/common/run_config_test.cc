@@ -338,6 +338,8 @@ TEST(RunConfigTest, ToTomlRoundTrips) {
   c.cluster.server_threads = 7;
   c.cluster.io_threads = 5;
   c.cluster.connections_per_server = 3;
+  c.cluster.inflight_mb = 16;
+  c.cluster.send_order = SendOrder::kLayer;
   c.cluster.trace_events = 123456;
   c.solver.base_lr = 0.1f / 3.0f;  // not exactly representable in decimal
   c.solver.lr_policy = LrPolicy::kMultistep;
@@ -658,6 +660,15 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
   EXPECT_THAT(ParseError("[cluster]\nconnections_per_server = \"two\"\n"), HasSubstr("cluster.connections_per_server"));
   EXPECT_EQ(ParseOk("").cluster.connections_per_server, 1);
   EXPECT_EQ(ParseOk("[cluster]\nconnections_per_server = 8\n").cluster.connections_per_server, 8);
+  for (const char* bad : {"0", "-16", "4097"}) {
+    EXPECT_THAT(ParseError(std::string("[cluster]\ninflight_mb = ") + bad + "\n"),
+                HasSubstr(std::string("cluster.inflight_mb = ") + bad + ": must be in 1..4096"));
+  }
+  EXPECT_EQ(ParseOk("").cluster.inflight_mb, 128);
+  EXPECT_EQ(ParseOk("[cluster]\ninflight_mb = 16\n").cluster.inflight_mb, 16);
+  EXPECT_THAT(ParseError("[cluster]\nsend_order = \"priority\"\n"), HasSubstr("cluster.send_order"));
+  EXPECT_EQ(ParseOk("").cluster.send_order, SendOrder::kCall);
+  EXPECT_EQ(ParseOk("[cluster]\nsend_order = \"layer\"\n").cluster.send_order, SendOrder::kLayer);
   for (const char* bad : {"-1", "10000001"}) {
     EXPECT_THAT(ParseError(std::string("[cluster]\ntrace_events = ") + bad + "\n"),
                 HasSubstr(std::string("cluster.trace_events = ") + bad + ": must be in 0..10000000 (0 = off)"));

@@ -192,6 +192,8 @@ struct RunSetup {
   WireCodec push = WireCodec::kFp32;  // compression.push of the worker's client
   WireCodec pull = WireCodec::kFp32;  // compression.pull
   bool factors = false;               // compression.factors (fc1 pays at one server)
+  SendOrder send_order = SendOrder::kCall;  // cluster.send_order of the worker's client
+  uint64_t inflight_bytes = 0;              // cluster.inflight_mb in bytes; 0 = the client's default
 };
 
 struct RunOutcome {
@@ -258,6 +260,8 @@ void TrainOnce(const RunSetup& setup, RunOutcome* out) {
   co.server_wait = 20000ms;
   co.compression.push = setup.push;
   co.compression.pull = setup.pull;
+  co.send_order = setup.send_order;
+  if (setup.inflight_bytes > 0) co.max_inflight_bytes = setup.inflight_bytes;
   {
     std::unique_ptr<PsClient> client;
     ASSERT_TRUE(PsClient::Create(&transport, out->layout, co, &client).ok());
@@ -446,13 +450,20 @@ TEST(Overlap, GivesTheBlockingLoopsWeightsBitForBit) {
   EXPECT_EQ(std::count_if(reference.events.begin(), reference.events.end(),
                           [](const Event& e) { return e.kind == Event::kStartPull; }),
             0);
-  for (int variant = 0; variant < 3; ++variant) {
-    const bool hold = variant == 1, copies = variant == 2;
-    SCOPED_TRACE(hold ? "pulls held until waited" : copies ? "copies completed later, as a GPU's" : "pulls on the wire at once");
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool hold = variant == 1, copies = variant == 2, by_layer = variant == 3;
+    SCOPED_TRACE(hold       ? "pulls held until waited"
+                 : copies   ? "copies completed later, as a GPU's"
+                 : by_layer ? "sent by layer through a window of one chunk"
+                            : "pulls on the wire at once");
     RunSetup overlapped = blocking;
     overlapped.overlap = true;
     overlapped.pulls = hold ? Pulls::kHeld : Pulls::kOnWire;
     overlapped.emulated_copies = copies;
+    if (by_layer) {  // conv1's push and pull overtake fc1's waiting chunks; each chunk keeps its order
+      overlapped.send_order = SendOrder::kLayer;
+      overlapped.inflight_bytes = static_cast<uint64_t>(blocking.chunk_elems) * sizeof(float);
+    }
     RunOutcome run;
     ASSERT_NO_FATAL_FAILURE(TrainOnce(overlapped, &run));
     EXPECT_GT(std::count_if(run.events.begin(), run.events.end(),
