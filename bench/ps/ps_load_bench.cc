@@ -17,9 +17,9 @@
 // --wal runs the shards with their write-ahead log on (server/wal.h: every push staged for
 // <--wal-dir>/server-<i>.wal before it is applied and acknowledged once the log thread has written
 // it, fsynced every --wal-fsync-ms, written with --wal-io; no periodic checkpoints and no size
-// bound, so the log only grows: about (warmup + rounds) × W × 244 MB per run, removed after it). --wal-grid measures its cost like --security-grid:
-// at (S,W) in {(2,1),(4,4)}, `--repeats` pairs of runs with the log off and on, alternating
-// which goes first.
+// bound, so the log only grows: about (warmup + rounds) × W × 244 MB per run, removed after it). --wal-grid measures
+// its cost like --security-grid: at (S,W) in {(2,1),(4,4)}, `--repeats` pairs of runs with the log off and on,
+// alternating which goes first.
 //
 // --transport tcp|ipc|shm picks how the parameter service's workers reach the shards: loopback
 // TCP (default), ZeroMQ ipc:// sockets in a temporary directory, or ipc:// plus the same-host
@@ -58,7 +58,9 @@
 //
 // --server-threads N gives every shard N apply lanes (cluster.server_threads); --connections K
 // opens K connections from each worker to each shard (cluster.connections_per_server) and
-// --io-threads T gives downpour's transports T ZeroMQ I/O threads (cluster.io_threads). --apply-grid
+// --io-threads T gives downpour's transports T ZeroMQ I/O threads (cluster.io_threads);
+// --inflight-mb M and --send-order call|layer set each connection's window and send order
+// (cluster.inflight_mb, cluster.send_order). --apply-grid
 // measures how one shard's apply throughput grows with them, without a network
 // (bench/ps/apply_scaling.h): --apply-threads 1,2,4, --workers pushers, --rounds timed pushes each.
 //
@@ -133,6 +135,8 @@ struct ServiceSetting {
   int server_threads = 1;  // every shard's apply lanes (cluster.server_threads)
   int connections = 1;     // each worker's connections per server (cluster.connections_per_server)
   int io_threads = 2;      // ZeroMQ I/O threads of every transport (cluster.io_threads)
+  int inflight_mb = 128;   // each connection's window (cluster.inflight_mb)
+  SendOrder send_order = SendOrder::kCall;  // cluster.send_order
 };
 
 const char* TransportName(ServiceTransport t) {
@@ -342,6 +346,8 @@ PsResult RunParameterService(const ParamLayout& layout, int workers, int warmup,
         co.worker_id = w;
         co.max_chunks_per_message = svc.max_chunks_per_message;
         co.connections_per_server = svc.connections;
+        co.max_inflight_bytes = static_cast<uint64_t>(svc.inflight_mb) << 20;
+        co.send_order = svc.send_order;
         co.shared_memory = svc.transport == ServiceTransport::kShm;
         co.on_part_reply = [&latencies](int, MsgType type, size_t, double seconds) { latencies.Record(type, seconds); };
         std::unique_ptr<PsClient> client;
@@ -632,6 +638,8 @@ std::string VariantName(int v, const PipelineSetting& p) {
       if (v.server_threads != 1) more += fmt::format(", lanes {}", v.server_threads);
       if (v.connections != 1) more += fmt::format(", conns {}", v.connections);
       if (v.io_threads != 2) more += fmt::format(", io {}", v.io_threads);
+      if (v.inflight_mb != 128) more += fmt::format(", window {} MiB", v.inflight_mb);
+      if (v.send_order != SendOrder::kCall) more += fmt::format(", by {}", SendOrderName(v.send_order));
       return fmt::format("downpour ({}{})", TransportName(v.transport), more);
     }
   }
@@ -936,6 +944,12 @@ int main(int argc, char** argv) {
   app.add_option("--connections", pipeline.service.connections,
                  "each worker's connections per shard (cluster.connections_per_server)")
       ->check(CLI::Range(1, downpour::kMaxConnectionsPerServer));
+  app.add_option("--inflight-mb", pipeline.service.inflight_mb,
+                 "each worker connection's window in MiB (cluster.inflight_mb)")
+      ->check(CLI::Range(1, downpour::kMaxInflightMb));
+  app.add_option("--send-order", pipeline.service.send_order, "call | layer (cluster.send_order)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, downpour::SendOrder>{
+          {"call", downpour::SendOrder::kCall}, {"layer", downpour::SendOrder::kLayer}}));
   app.add_option("--io-threads", pipeline.service.io_threads, "ZeroMQ I/O threads of downpour's transports (cluster.io_threads)")
       ->check(CLI::Range(1, downpour::kMaxIoThreads));
   app.add_flag("--apply-grid", apply_grid,

@@ -6,12 +6,15 @@ without waiting for its predecessor's round trip), for S servers × 1 worker, fr
 
     bench/train/overlap_alexnet.py [--build build] [--servers 1,2] [--steps 15] [--threads 2] [--rounds 1]
                                    [--modes overlap,blocking] [--link-gbps G]
+                                   [--inflight-mb M]
 
 Modes: blocking (--no-overlap), overlap (outstanding_steps = 1, the default), lag1
-(outstanding_steps = 2). With --link-gbps every process paces what it sends (cluster.link_gbps,
-docs/emulated_links.md), and the table adds the link's time for the step's bytes, link ms =
-max(pushed bytes, the most pulled from one server) / rate, and step / max(compute, link): the
-share of the step that neither compute nor the link explains.
+(outstanding_steps = 2), layer and layer-lag1 (the same two with cluster.send_order = "layer" and
+cluster.inflight_mb = --inflight-mb: the parts the next forward reads first overtake). With
+--link-gbps every process paces what it sends (cluster.link_gbps, docs/emulated_links.md), and
+the table adds the link's time for the step's bytes, link ms = max(pushed bytes, the most pulled
+from one server) / rate, and step / max(compute, link): the share of the step that neither
+compute nor the link explains.
 
 Makes a small synthetic 256×256 colour LMDB first (PNG files written here with the standard
 library, converted by downpour-data convert-folder; random crops of 227 feed AlexNet), then per
@@ -124,11 +127,16 @@ every_updates = 0
 FIELDS = ["step_ms", "compute_ms", "pull_wait_ms", "push_wait_ms", "loader_wait_ms", "comm_ms"]
 
 
-MODES = {"overlap": (True, 1), "blocking": (False, 1), "lag1": (True, 2)}  # overlap, outstanding_steps
+# overlap, outstanding_steps, cluster.send_order ("layer" with cluster.inflight_mb = --inflight-mb)
+MODES = {"overlap": (True, 1, "call"), "blocking": (False, 1, "call"), "lag1": (True, 2, "call"),
+         "layer": (True, 1, "layer"), "layer-lag1": (True, 2, "layer")}
 
 
 def run_one(args, work, train, servers, mode, index, round_no):
-    overlap, outstanding = MODES[mode]
+    overlap, outstanding, order = MODES[mode]
+    cluster = [f"link_gbps = {args.link_gbps}"] if args.link_gbps else []
+    if order == "layer":
+        cluster += ['send_order = "layer"', f"inflight_mb = {args.inflight_mb}"]
     name = f"s{servers}-{mode}" + (f"-r{round_no}" if args.rounds > 1 else "")
     run_dir = os.path.join(work, name)
     config = os.path.join(work, name + ".toml")
@@ -136,7 +144,7 @@ def run_one(args, work, train, servers, mode, index, round_no):
         f.write(CONFIG.format(work=work, root=ROOT, servers=servers, port=7555 + 10 * index,
                               base_port=7600 + 10 * index, batch=args.batch, steps=args.steps,
                               threads=args.threads, train=train, outstanding=outstanding,
-                              link=f"link_gbps = {args.link_gbps}" if args.link_gbps else ""))
+                              link="".join(line + "\n" for line in cluster)))
     # The tensor list the servers serve, from the worker's own model (a --worker-cmd stand-in is
     # not asked for it by the launcher).
     tensors = os.path.join(work, name + ".tensors.txt")
@@ -199,6 +207,8 @@ def main():
     ap.add_argument("--modes", default="overlap,blocking",
                     help="comma-separated, from " + ", ".join(MODES) + " (default overlap,blocking)")
     ap.add_argument("--link-gbps", type=float, default=0, help="emulated link rate (default: none)")
+    ap.add_argument("--inflight-mb", type=int, default=16,
+                    help="cluster.inflight_mb of the layer modes (default 16; the others keep 128)")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
     shutil.rmtree(args.work, ignore_errors=True)
