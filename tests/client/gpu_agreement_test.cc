@@ -751,6 +751,45 @@ TEST(GpuNetAgreement, GradientsCastOnTheDeviceFollowTheFloatGradients) {
   }
 }
 
+// Net::SetWeightDType on the GPU: a net uploading 16-bit weights (in 1000-float chunks, so layers
+// wait on chunk events) and widening them on the device computes what a net given the widened
+// floats computes, step after step, with the host rewriting the weights between steps as a pull
+// does. Within cuDNN's run-to-run spread only (the two nets' sums may differ in order).
+TEST(GpuNetAgreement, WeightsUploadedIn16BitsAreTheWidenedWeights) {
+  DP_SKIP_WITHOUT_GPU();
+  const NetSpec spec = MixedSpec();
+  for (DType dtype : {DType::kF16, DType::kBf16}) {
+    SCOPED_TRACE(dtype == DType::kF16 ? "fp16" : "bf16");
+    auto narrow = MakeNet(spec, 3, MakeGpu(false, ConvAlgoMode::kHeuristic, 1000));
+    auto wide = MakeNet(spec, 3, MakeGpu(false, ConvAlgoMode::kHeuristic));
+    wide->InitParams(6);
+    ASSERT_TRUE(narrow->SetWeightDType(dtype).ok());
+    ASSERT_EQ(narrow->params16().size(), wide->params().size());
+    std::vector<float> images(wide->input_count());
+    for (size_t i = 0; i < images.size(); ++i) images[i] = std::sin(0.19f * static_cast<float>(i));
+    std::vector<int> labels{2, 0, 3};
+    std::vector<float> w(wide->params().begin(), wide->params().end());
+    for (int step = 0; step < 3; ++step) {
+      // A pull: the 16-bit weights to one net, the same widened to the other.
+      CastFloats(w, dtype, narrow->params16().data());
+      WidenTo(narrow->params16().data(), dtype, wide->params());
+      const float ln = narrow->ForwardBackward(images.data(), labels.data());
+      const float lw = wide->ForwardBackward(images.data(), labels.data());
+      ASSERT_TRUE(std::isfinite(lw));
+      EXPECT_NEAR(ln, lw, 1e-6 * std::max(1.0f, std::abs(lw))) << "step " << step;
+      for (int t = 0; t < static_cast<int>(wide->param_specs().size()); ++t)
+        ExpectClose(wide->param_specs()[static_cast<size_t>(t)].name + " gradient", narrow->grad(t), wide->grad(t),
+                    1e-5);
+      // The next pull's weights: a step of plain SGD on the host.
+      for (int t = 0; t < static_cast<int>(wide->param_specs().size()); ++t) {
+        const auto g = wide->grad(t);
+        const size_t at = static_cast<size_t>(wide->param_offset(t));
+        for (size_t i = 0; i < g.size(); ++i) w[at + i] -= 0.05f * g[i];
+      }
+    }
+  }
+}
+
 // Uploads cut into 1000-float chunks (every layer waits on its own chunks) give the same
 // results as one 4 MiB chunk; parameters changed on the host between steps (a pull) are seen.
 TEST(GpuNetAgreement, ChunkedUploadsAndHostUpdates) {

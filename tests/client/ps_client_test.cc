@@ -77,9 +77,17 @@ class LogCapture {
   std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> ring_;
 };
 
-// Every test runs twice: payloads over the socket, and through same-host shared memory.
-class PsClientTest : public ::testing::TestWithParam<bool> {
+// How a PsClientTest's client reaches its servers.
+enum class Path {
+  kSocket,         // payloads over the socket, call order
+  kSharedMemory,   // through same-host shared memory
+  kSocketByLayer,  // over the socket, cluster.send_order = "layer" (every restart and resend too)
+};
+
+// Every test runs three times, once per Path.
+class PsClientTest : public ::testing::TestWithParam<Path> {
  protected:
+  static bool shm() { return GetParam() == Path::kSharedMemory; }
   void SetUp() override {
     ASSERT_TRUE(ParamLayout::Build({{"a", {10, 10}, 1, 1}, {"b", {10}, 1, 1}, {"c", {50}, 1, 1}}, 2, 32, &layout_).ok());
     shards_.resize(2);
@@ -92,7 +100,8 @@ class PsClientTest : public ::testing::TestWithParam<bool> {
   }
   PsClientOptions ClientOptions(const std::string& token) const {
     PsClientOptions co;
-    co.shared_memory = GetParam();
+    co.shared_memory = shm();
+    co.send_order = GetParam() == Path::kSocketByLayer ? SendOrder::kLayer : SendOrder::kCall;
     co.server_addresses = {"s0", "s1"};
     co.reply_timeout = 5000ms;
     co.server_wait = 5000ms;
@@ -239,8 +248,8 @@ TEST_P(PsClientTest, SharedMemoryPayloadBytesAreCounted) {
   ASSERT_TRUE(client_->Wait(client_->Pull(w), 5000ms).ok());
   const TrafficCounts t = client_->shared_memory_traffic();
   const uint64_t model = n_ * sizeof(float);
-  EXPECT_EQ(t.sent_bytes, GetParam() ? 2 * model : 0u);  // the init push and one gradient
-  EXPECT_EQ(t.received_bytes, GetParam() ? 2 * model : 0u);
+  EXPECT_EQ(t.sent_bytes, shm() ? 2 * model : 0u);  // the init push and one gradient
+  EXPECT_EQ(t.received_bytes, shm() ? 2 * model : 0u);
   EXPECT_EQ(w[0], -1.0f);
 }
 
@@ -519,7 +528,7 @@ TEST_P(PsClientTest, PullsServedChunkByChunkDuringPushesNeverReturnATornChunk) {
   EXPECT_GT(pulls, 5);
   ShardStatsWire st;
   ASSERT_TRUE(client_->Stats(0, &st, 5000ms).ok());
-  EXPECT_EQ(st.region_parts > 0, GetParam()) << "payloads through shared memory exactly when asked for";
+  EXPECT_EQ(st.region_parts > 0, shm()) << "payloads through shared memory exactly when asked for";
 }
 
 // Push and pull of one client are in flight together, and a pull issued after a push is
@@ -552,8 +561,13 @@ TEST_P(PsClientTest, SixteenBitPullsAndCastPushesNeedASixteenBitCodec) {
   EXPECT_NE(s.message().find("compression.push = \"fp32\""), std::string::npos) << s.message();
 }
 
-INSTANTIATE_TEST_SUITE_P(Payloads, PsClientTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "SharedMemory" : "Socket"; });
+INSTANTIATE_TEST_SUITE_P(Payloads, PsClientTest,
+                         ::testing::Values(Path::kSocket, Path::kSharedMemory, Path::kSocketByLayer),
+                         [](const ::testing::TestParamInfo<Path>& i) {
+                           return i.param == Path::kSocket         ? "Socket"
+                                  : i.param == Path::kSharedMemory ? "SharedMemory"
+                                                                   : "SocketByLayer";
+                         });
 
 // cluster.connections_per_server = 3: each server's chunks go over three connections (chunk id
 // modulo 3), each registered on its own; a pull right after a push still sees it on every chunk
@@ -567,7 +581,7 @@ TEST_P(PsClientTest, SeveralConnectionsPerServerKeepEachChunksOrderAndSurviveARe
   LogCapture log;
   ASSERT_TRUE(PsClient::Create(&transport_, layout_, co, &c).ok());
   ASSERT_TRUE(c->Connect(5000ms).ok());
-  const int connections = GetParam() ? 1 : 3;
+  const int connections = shm() ? 1 : 3;
   for (int s = 0; s < 2; ++s) {  // one line for the process, and one at debug level per further connection
     EXPECT_EQ(log.Count(fmt::format("server {}: worker 2 registered", s)), 1);
     EXPECT_EQ(log.Count(fmt::format("server {}: worker 2: another connection of its process", s)), connections - 1);
