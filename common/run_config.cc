@@ -873,6 +873,10 @@ Status ValidateRunConfig(const RunConfig& c, const std::string& src,
              fmt::format("ipc reaches processes on this host only, but cluster.bind = \"{}\" is for a job across "
                          "hosts: use transport = \"tcp\" or a loopback cluster.bind",
                          cl.bind))
+      .Check(cl.inflight_mb < cl.peer_queue_mb, "cluster.inflight_mb", cl.inflight_mb,
+             fmt::format("must be < cluster.peer_queue_mb ({}): a server drops a peer whose unsent replies "
+                         "outgrow that, and a worker asks for up to this much per connection",
+                         cl.peer_queue_mb))
       .Check(cl.reply_order == ReplyOrder::kArrival || cl.link_gbps > 0, "cluster.reply_order",
              std::string(ReplyOrderName(cl.reply_order)),
              "\"step\" orders replies on an emulated link: it needs cluster.link_gbps (on a real network the NIC "

@@ -408,6 +408,8 @@ class PsClient::Impl::LinkRunner {
     Op op;
     std::vector<Part> parts;
     size_t open = 0;  // parts not answered yet
+    size_t first_unsent = 0;        // SendByLayer: parts before it were all sent once
+    Clock::time_point admitted_at;  // when the link took it
     Status first_error;
     MessageHeader last_reply;
     std::vector<int64_t> staleness;    // push: from the acks of its parts
@@ -471,7 +473,8 @@ class PsClient::Impl::LinkRunner {
         Complete(a, s);
         continue;
       }
-      a.reply_deadline = Clock::now() + o_.reply_timeout;
+      a.admitted_at = Clock::now();
+      a.reply_deadline = a.admitted_at + o_.reply_timeout;
       const RequestId id = a.op.id;
       active_.emplace(id, std::move(a));
       if (link_.needs_register && link_.registered && !is_register && !registering_) BeginRegister();
@@ -665,7 +668,8 @@ class PsClient::Impl::LinkRunner {
     const auto now = Clock::now();
     for (auto& [id, a] : active_) {
       for (Part& p : a.parts) {
-        if (p.state != Part::State::kToSend || now < p.refusals.not_before) continue;
+        if (p.state != Part::State::kToSend) continue;
+        if (now < p.refusals.not_before) return Status::Ok();  // refused by the log: what follows waits
         bool stop = false;
         DP_RETURN_IF_ERROR(SendPart(a, p, &stop));
         if (stop) return Status::Ok();
@@ -674,10 +678,15 @@ class PsClient::Impl::LinkRunner {
     return Status::Ok();
   }
 
-  // SendPending by layer (PsClientOptions::send_order): the parts free to go — no earlier unsent
-  // part shares a chunk with them, and no control request, init or move push waits before them —
-  // leave lowest first chunk first, ties in call order, while the window allows.
+  // SendPending by layer (PsClientOptions::send_order): the parts free to go leave lowest first
+  // chunk first, ties in call order, while the window allows. A part is free when no earlier
+  // unsent part shares a chunk with it, no control request, init or move push waits before it,
+  // and, for a push, no earlier push of a lower clock waits (a server counts a worker's clock from
+  // its pushes: ssp's bound must not see step t+1 before step t is all there). An operation
+  // admitted more than half reply_timeout ago goes first, so no part waits past its deadline.
+  // Scans only when the window has room (a reply made some).
   Status SendByLayer() {
+    if (window_.inflight() > 0 && !window_.Fits(1)) return Status::Ok();
     const auto now = Clock::now();
     if (++mark_epoch_ == 0) {  // wrapped: no mark may look current
       std::fill(mark_.begin(), mark_.end(), 0u);
@@ -685,14 +694,22 @@ class PsClient::Impl::LinkRunner {
     }
     ready_.clear();
     bool any_unsent = false;
+    int64_t unsent_push_clock = std::numeric_limits<int64_t>::max();  // the lowest of earlier pushes
     for (auto& [id, a] : active_) {
       const bool barrier = (a.op.header.type != MsgType::kPush && a.op.header.type != MsgType::kPull) ||
                            (a.op.header.flags & (kFlagInit | kFlagMove)) != 0;
+      const bool push = a.op.header.type == MsgType::kPush;
+      const bool held_by_clock = push && a.op.header.clock > unsent_push_clock;
+      const bool overdue = now - a.admitted_at > o_.reply_timeout / 2;
       bool unsent = false;
-      for (Part& p : a.parts) {
-        if (p.state != Part::State::kToSend) continue;
+      for (size_t k = a.first_unsent; k < a.parts.size(); ++k) {
+        Part& p = a.parts[k];
+        if (p.state != Part::State::kToSend) {
+          if (!unsent) a.first_unsent = k + 1;  // a sent prefix is skipped from now on
+          continue;
+        }
         unsent = true;
-        bool free = !barrier || !any_unsent;
+        bool free = (!barrier || !any_unsent) && !held_by_clock;
         for (int32_t c : p.header.chunk_ids) {
           const size_t i = static_cast<size_t>(c);
           if (i >= mark_.size()) mark_.resize(i + 1, 0);
@@ -700,20 +717,29 @@ class PsClient::Impl::LinkRunner {
           mark_[i] = mark_epoch_;
         }
         if (free && now >= p.refusals.not_before) {
-          const int32_t key = p.header.chunk_ids.empty() ? -1 : p.header.chunk_ids.front();
+          const int32_t key = overdue                      ? std::numeric_limits<int32_t>::min()
+                              : p.header.chunk_ids.empty() ? -1
+                                                           : p.header.chunk_ids.front();
           ready_.push_back({key, &a, &p});
         }
       }
       any_unsent = any_unsent || unsent;
+      if (push && unsent) unsent_push_clock = std::min(unsent_push_clock, a.op.header.clock);
       if (barrier && unsent) break;
     }
-    std::stable_sort(ready_.begin(), ready_.end(), [](const Ready& x, const Ready& y) { return x.key < y.key; });
-    for (const Ready& r : ready_) {
+    // The best one at a time (lowest key, then scan order): a reply makes room for a part or two,
+    // so picking beats sorting the whole list.
+    while (true) {
+      Ready* best = nullptr;
+      for (Ready& r : ready_) {
+        if (r.a != nullptr && (best == nullptr || r.key < best->key)) best = &r;
+      }
+      if (best == nullptr) return Status::Ok();
       bool stop = false;
-      DP_RETURN_IF_ERROR(SendPart(*r.a, *r.p, &stop));
+      DP_RETURN_IF_ERROR(SendPart(*best->a, *best->p, &stop));
       if (stop) return Status::Ok();
+      best->a = nullptr;  // sent
     }
-    return Status::Ok();
   }
 
   // Sends part `p` of `a` if the window and the shared region let it go now; `*stop` when it did
@@ -754,6 +780,7 @@ class PsClient::Impl::LinkRunner {
     if (!s.ok()) {
       Release(p);
       p.state = Part::State::kToSend;
+      a.first_unsent = 0;
       if (!Transient(s)) return SendError(What(a), s);
       return Status::Ok();
     }
@@ -775,6 +802,7 @@ class PsClient::Impl::LinkRunner {
   Status Recover(const std::string& why, bool new_process) {
     size_t resend = 0;
     for (auto& [id, a] : active_) {
+      a.first_unsent = 0;
       for (Part& p : a.parts) {
         if (p.state == Part::State::kSent) {
           Release(p);
@@ -835,6 +863,7 @@ class PsClient::Impl::LinkRunner {
         // It forgot this connection: a restart (refused parts were not applied).
         Release(part);
         part.state = Part::State::kToSend;
+        a.first_unsent = 0;
         if (!registering_ && !restarted) link_.restarts_seen.fetch_add(1);
         return Recover("forgot this worker (restarted)", false);
       }
@@ -882,10 +911,11 @@ class PsClient::Impl::LinkRunner {
   // The server's write-ahead log could not take `part` (nothing of it was applied): marks it to
   // be sent again after a backoff (50 ms doubling to probe_every) and returns true, or, once the
   // log has refused it for server_wait, returns false with *e saying so (the part then fails).
-  bool RetryRefusedByLog(const Active& a, Part& part, Status* e) {
+  bool RetryRefusedByLog(Active& a, Part& part, Status* e) {
     if (!NoteLogRefusal(&part.refusals, What(a), e)) return false;
     Release(part);
     part.state = Part::State::kToSend;
+    a.first_unsent = 0;
     return true;
   }
 
@@ -970,8 +1000,8 @@ class PsClient::Impl::LinkRunner {
   ByteWindow window_{o_.max_inflight_bytes};  // bytes of parts sent and not answered
   // SendByLayer's scratch: the parts free to go, and per chunk the pass that last saw it unsent.
   struct Ready {
-    int32_t key;  // the part's first chunk
-    Active* a;
+    int32_t key;  // the part's first chunk (lowest for an overdue operation)
+    Active* a;    // null once sent
     Part* p;
   };
   std::vector<Ready> ready_;

@@ -62,8 +62,9 @@ struct PsClientOptions {
   uint64_t max_inflight_bytes = uint64_t{128} << 20;
   // Which waiting part goes next when the window has room (cluster.send_order): call order, or
   // by layer — the part whose first chunk comes first in the layout (the next forward reads it
-  // first) overtakes parts made before it, except parts of the same chunks, a control request or
-  // an init or move push, which keep call order. Through a same-host region: call order.
+  // first) overtakes parts made before it, except parts of the same chunks, a control request,
+  // an init or move push, or (for a push) a push of a lower clock, which keep call order; a
+  // request waiting for half of reply_timeout goes first. Through a same-host region: call order.
   SendOrder send_order = SendOrder::kCall;
   // How long a server that answers probes may hold a request, from each (re)send; then kTimeout.
   std::chrono::milliseconds reply_timeout{60000};

@@ -762,8 +762,9 @@ TEST(PsClientCreate, ConnectionsPerServerMustBeInRange) {
   }
 }
 
-// A server's endpoint that can stop taking messages (they wait in the transport) and records the
-// pushes and pulls it takes, in order, as "push 4" / "pull 5" (one chunk a message).
+// A server's endpoint that can stop taking messages (kept aside until it opens) or take each one
+// late, and records the pushes and pulls it takes, in order, as "push 4" / "pull 5" (one chunk a
+// message).
 class GatedEndpoint : public ServerEndpoint {
  public:
   explicit GatedEndpoint(std::unique_ptr<ServerEndpoint> inner) : inner_(std::move(inner)) {}
@@ -782,6 +783,7 @@ class GatedEndpoint : public ServerEndpoint {
         return Timeout("held");
       }
     }
+    if (const int ms = slow_ms.load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     MessageHeader h;
     if (ParseHeader(*frames, &h).ok() && (h.type == MsgType::kPush || h.type == MsgType::kPull)) {
       std::lock_guard<std::mutex> lock(mu);
@@ -795,6 +797,7 @@ class GatedEndpoint : public ServerEndpoint {
   void Wake() override { inner_->Wake(); }
 
   std::atomic<bool> held{false};
+  std::atomic<int> slow_ms{0};  // each message taken this late (a slow link)
   std::mutex mu;
   std::vector<std::string> taken;  // guarded by mu
 
@@ -812,62 +815,119 @@ class GatedEndpoint : public ServerEndpoint {
 // of 5 and a push of 0..1 wait. In call order they leave as made; by layer the parts the next
 // forward reads first (the lowest chunks) overtake, but a chunk's own pull stays behind its push,
 // so the pull still sees it. Either way every push is applied once.
-class SendOrderTest : public ::testing::TestWithParam<SendOrder> {};
+class SendOrderTest : public ::testing::TestWithParam<SendOrder> {
+ protected:
+  // One server (chunks 0..7 of 16 floats) behind a gate, and a client whose window takes one
+  // chunk's part at a time, initialised to zeros.
+  void Start(std::chrono::milliseconds reply_timeout = 5000ms) {
+    ASSERT_TRUE(ParamLayout::Build({{"a", {64}, 1, 1}, {"b", {64}, 1, 1}}, 1, 16, &layout_).ok());
+    std::unique_ptr<ServerEndpoint> ep;
+    ASSERT_TRUE(t_.Bind("gated", &ep).ok());
+    auto gated = std::make_unique<GatedEndpoint>(std::move(ep));
+    gate_ = gated.get();
+    ASSERT_TRUE(ShardServer::Create(layout_, TestShardOptions(), &shard_).ok());
+    shard_->Start(std::move(gated));
+    PsClientOptions o;
+    o.server_addresses = {"gated"};
+    o.token = kSecret;
+    o.max_chunks_per_message = 1;
+    o.max_inflight_bytes = 16 * sizeof(float);
+    o.send_order = GetParam();
+    o.reply_timeout = reply_timeout;
+    ASSERT_TRUE(PsClient::Create(&t_, layout_, o, &c_).ok());
+    ASSERT_TRUE(c_->Connect(5000ms).ok());
+    n_ = static_cast<size_t>(layout_.total_elems());
+    ASSERT_TRUE(c_->Wait(c_->PushInit(std::vector<float>(n_, 0.0f)), 5000ms).ok());
+    std::lock_guard<std::mutex> lock(gate_->mu);
+    gate_->taken.clear();
+  }
+  std::vector<std::string> Taken() {
+    std::lock_guard<std::mutex> lock(gate_->mu);
+    return gate_->taken;
+  }
+  void TearDown() override {
+    c_.reset();
+    if (shard_) {
+      shard_->Stop();
+      EXPECT_TRUE(shard_->Join().ok());
+    }
+  }
+  ParamLayout layout_;
+  InprocTransport t_;
+  GatedEndpoint* gate_ = nullptr;  // owned by the shard
+  std::unique_ptr<ShardServer> shard_;
+  std::unique_ptr<PsClient> c_;
+  size_t n_ = 0;
+};
 
 TEST_P(SendOrderTest, PartsLeaveByTheOrderSetAndEachChunkKeepsItsOwn) {
-  ParamLayout layout;
-  ASSERT_TRUE(ParamLayout::Build({{"a", {64}, 1, 1}, {"b", {64}, 1, 1}}, 1, 16, &layout).ok());  // chunks 0..7
-  InprocTransport t;
-  std::unique_ptr<ServerEndpoint> ep;
-  ASSERT_TRUE(t.Bind("gated", &ep).ok());
-  auto gated = std::make_unique<GatedEndpoint>(std::move(ep));
-  GatedEndpoint* gate = gated.get();
-  std::unique_ptr<ShardServer> shard;
-  ASSERT_TRUE(ShardServer::Create(layout, TestShardOptions(), &shard).ok());
-  shard->Start(std::move(gated));
-  PsClientOptions o;
-  o.server_addresses = {"gated"};
-  o.token = kSecret;
-  o.max_chunks_per_message = 1;
-  o.max_inflight_bytes = 16 * sizeof(float);  // one chunk's part at a time
-  o.send_order = GetParam();
-  std::unique_ptr<PsClient> c;
-  ASSERT_TRUE(PsClient::Create(&t, layout, o, &c).ok());
-  ASSERT_TRUE(c->Connect(5000ms).ok());
-  const size_t n = static_cast<size_t>(layout.total_elems());
-  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(n, 0.0f)), 5000ms).ok());
-  {
-    std::lock_guard<std::mutex> lock(gate->mu);
-    gate->taken.clear();
-  }
-  gate->held = true;
-  std::vector<float> g(n, 1.0f), w(n, 7.0f);
+  ASSERT_NO_FATAL_FAILURE(Start());
+  gate_->held = true;
+  std::vector<float> g(n_, 1.0f), w(n_, 7.0f);
   const std::vector<int32_t> late = {4, 5, 6, 7}, pulled = {5}, early = {0, 1};
-  const RequestId push_late = c->PushChunks(g, late, 0);
+  const RequestId push_late = c_->PushChunks(g, late, 0);
   std::this_thread::sleep_for(50ms);  // part "push 4" sent: the window is full
-  const RequestId pull = c->PullChunks(w, pulled);
-  const RequestId push_early = c->PushChunks(g, early, 0);
+  const RequestId pull = c_->PullChunks(w, pulled);
+  const RequestId push_early = c_->PushChunks(g, early, 0);
   std::this_thread::sleep_for(50ms);  // both taken by the link's thread
-  gate->held = false;
-  ASSERT_TRUE(c->Wait(push_late, 5000ms).ok());
-  ASSERT_TRUE(c->Wait(pull, 5000ms).ok());
-  ASSERT_TRUE(c->Wait(push_early, 5000ms).ok());
-  std::vector<std::string> taken;
-  {
-    std::lock_guard<std::mutex> lock(gate->mu);
-    taken = gate->taken;
-  }
+  gate_->held = false;
+  ASSERT_TRUE(c_->Wait(push_late, 5000ms).ok());
+  ASSERT_TRUE(c_->Wait(pull, 5000ms).ok());
+  ASSERT_TRUE(c_->Wait(push_early, 5000ms).ok());
+  const std::vector<std::string> taken = Taken();
   const std::vector<std::string> by_call = {"push 4", "push 5", "push 6", "push 7", "pull 5", "push 0", "push 1"};
   const std::vector<std::string> by_layer = {"push 4", "push 0", "push 1", "push 5", "pull 5", "push 6", "push 7"};
   EXPECT_EQ(taken, GetParam() == SendOrder::kCall ? by_call : by_layer) << fmt::format("{}", fmt::join(taken, ", "));
   for (size_t i = 80; i < 96; ++i) EXPECT_EQ(w[i], -1.0f) << i;  // chunk 5 pulled after its push
   EXPECT_EQ(w[0], 7.0f);                                         // only chunk 5 was pulled
-  std::vector<float> all(n);
-  ASSERT_TRUE(c->Wait(c->Pull(all), 5000ms).ok());
-  for (size_t i = 0; i < n; ++i) EXPECT_EQ(all[i], i >= 32 && i < 64 ? 0.0f : -1.0f) << i;
-  c.reset();
-  shard->Stop();
-  EXPECT_TRUE(shard->Join().ok());
+  std::vector<float> all(n_);
+  ASSERT_TRUE(c_->Wait(c_->Pull(all), 5000ms).ok());
+  for (size_t i = 0; i < n_; ++i) EXPECT_EQ(all[i], i >= 32 && i < 64 ? 0.0f : -1.0f) << i;
+}
+
+// A server counts a worker's clock from its pushes, so a push of a later step never overtakes one
+// of an earlier step, whatever its chunks; a pull may (it moves no clock).
+TEST_P(SendOrderTest, ALaterStepsPushWaitsForTheEarlierStepsButAPullDoesNot) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  gate_->held = true;
+  std::vector<float> g(n_, 1.0f), w(n_, 7.0f);
+  const std::vector<int32_t> step0 = {4, 5, 6, 7}, step1 = {0}, pulled = {1};
+  const RequestId first = c_->PushChunks(g, step0, 0);
+  std::this_thread::sleep_for(50ms);  // part "push 4" sent: the window is full
+  const RequestId second = c_->PushChunks(g, step1, 1);
+  const RequestId pull = c_->PullChunks(w, pulled);
+  std::this_thread::sleep_for(50ms);
+  gate_->held = false;
+  ASSERT_TRUE(c_->Wait(first, 5000ms).ok());
+  ASSERT_TRUE(c_->Wait(second, 5000ms).ok());
+  ASSERT_TRUE(c_->Wait(pull, 5000ms).ok());
+  const std::vector<std::string> taken = Taken();
+  const std::vector<std::string> by_call = {"push 4", "push 5", "push 6", "push 7", "push 0", "pull 1"};
+  const std::vector<std::string> by_layer = {"push 4", "pull 1", "push 5", "push 6", "push 7", "push 0"};
+  EXPECT_EQ(taken, GetParam() == SendOrder::kCall ? by_call : by_layer) << fmt::format("{}", fmt::join(taken, ", "));
+}
+
+// Parts of low chunks that never stop coming do not starve a high chunk's part past its reply
+// timeout: a request waiting for half of it goes first.
+TEST_P(SendOrderTest, AHighChunkIsNotStarvedPastItsReplyTimeout) {
+  ASSERT_NO_FATAL_FAILURE(Start(600ms));
+  gate_->slow_ms = 1;  // the low pushes come faster than they leave
+  std::vector<float> g(n_, 1.0f);
+  const std::vector<int32_t> low = {0}, high = {7};
+  std::deque<RequestId> feeding;
+  for (int i = 0; i < 32; ++i) feeding.push_back(c_->PushChunks(g, low, 0));
+  const RequestId starved = c_->PushChunks(g, high, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status done = Timeout("not yet");
+  while (std::chrono::steady_clock::now() - t0 < 3s) {  // keep 32 low pushes waiting
+    ASSERT_TRUE(c_->Wait(feeding.front(), 5000ms).ok());
+    feeding.pop_front();
+    feeding.push_back(c_->PushChunks(g, low, 0));
+    done = c_->Wait(starved, 0ms);
+    if (done.code() != StatusCode::kTimeout) break;
+  }
+  EXPECT_TRUE(done.ok()) << done.ToString();
+  for (RequestId id : feeding) ASSERT_TRUE(c_->Wait(id, 5000ms).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, SendOrderTest, ::testing::Values(SendOrder::kCall, SendOrder::kLayer),

@@ -666,6 +666,9 @@ TEST(RunConfigCompressionTest, BadSettingsAreRefusedNamingTheKey) {
   }
   EXPECT_EQ(ParseOk("").cluster.inflight_mb, 128);
   EXPECT_EQ(ParseOk("[cluster]\ninflight_mb = 16\n").cluster.inflight_mb, 16);
+  EXPECT_THAT(ParseError("[cluster]\ninflight_mb = 256\n"),
+              HasSubstr("cluster.inflight_mb = 256: must be < cluster.peer_queue_mb (256)"));
+  EXPECT_EQ(ParseOk("[cluster]\ninflight_mb = 256\npeer_queue_mb = 512\n").cluster.inflight_mb, 256);
   EXPECT_THAT(ParseError("[cluster]\nsend_order = \"priority\"\n"), HasSubstr("cluster.send_order"));
   EXPECT_EQ(ParseOk("").cluster.send_order, SendOrder::kCall);
   EXPECT_EQ(ParseOk("[cluster]\nsend_order = \"layer\"\n").cluster.send_order, SendOrder::kLayer);
