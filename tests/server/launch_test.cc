@@ -536,7 +536,10 @@ TEST_F(LaunchTest, ADryRunResumesFromTheStartAndAStopBeforeAnySaveRemovesTheRun)
   // way on is named.
   Write("serve.sh", "trap 'exit 0' TERM\nif [ \"$1\" = --id ]; then mkdir -p \"$6/checkpoints\"; "
                     "touch \"$6/checkpoints/server-$2.dpt\"; fi\nwhile :; do sleep 0.05; done\n");
-  Write("sleeper.sh", fmt::format("i=0; while [ ! -f \"$6/checkpoints/server-1.dpt\" ] && [ $i -lt 200 ]; do "
+  // Both servers' files: the launcher checks every server's, and under load server 0's stand-in
+  // may write its file after server 1's.
+  Write("sleeper.sh", fmt::format("i=0; while {{ [ ! -f \"$6/checkpoints/server-0.dpt\" ] || "
+                                  "[ ! -f \"$6/checkpoints/server-1.dpt\" ]; }} && [ $i -lt 200 ]; do "
                                   "sleep 0.05; i=$((i+1)); done\ntouch '{}'\nexec sleep 30\n",
                                   Path("worker.started")));
   out = stop_after_start("run3");
