@@ -632,6 +632,14 @@ class PsClient::Impl::LinkRunner {
     register_refusals_ = {};
   }
 
+  // Part `p` of `a` is to be sent again (a failed send, a restart, a refusal by the log): off the
+  // wire, and no longer in a's sent prefix (SendByLayer skips that).
+  void SendAgain(Active& a, Part& p) {
+    Release(p);
+    p.state = Part::State::kToSend;
+    a.first_unsent = 0;
+  }
+
   // A part no longer on the wire (answered, to be resent, or its operation failed).
   void Release(Part& p) {
     if (p.state != Part::State::kSent) return;
@@ -686,7 +694,7 @@ class PsClient::Impl::LinkRunner {
   // admitted more than half reply_timeout ago goes first, so no part waits past its deadline.
   // Scans only when the window has room (a reply made some).
   Status SendByLayer() {
-    if (window_.inflight() > 0 && !window_.Fits(1)) return Status::Ok();
+    if (window_.Full()) return Status::Ok();
     const auto now = Clock::now();
     if (++mark_epoch_ == 0) {  // wrapped: no mark may look current
       std::fill(mark_.begin(), mark_.end(), 0u);
@@ -710,11 +718,10 @@ class PsClient::Impl::LinkRunner {
         }
         unsent = true;
         bool free = (!barrier || !any_unsent) && !held_by_clock;
-        for (int32_t c : p.header.chunk_ids) {
-          const size_t i = static_cast<size_t>(c);
-          if (i >= mark_.size()) mark_.resize(i + 1, 0);
-          if (mark_[i] == mark_epoch_) free = false;
-          mark_[i] = mark_epoch_;
+        for (int32_t c : p.header.chunk_ids) {  // ids checked against the layout at Submit
+          uint32_t& mark = mark_[static_cast<size_t>(c)];
+          if (mark == mark_epoch_) free = false;
+          mark = mark_epoch_;
         }
         if (free && now >= p.refusals.not_before) {
           const int32_t key = overdue                      ? std::numeric_limits<int32_t>::min()
@@ -778,9 +785,7 @@ class PsClient::Impl::LinkRunner {
     window_.Add(p.bytes);
     const Status s = link_.endpoint->Send(std::move(frames));
     if (!s.ok()) {
-      Release(p);
-      p.state = Part::State::kToSend;
-      a.first_unsent = 0;
+      SendAgain(a, p);
       if (!Transient(s)) return SendError(What(a), s);
       return Status::Ok();
     }
@@ -802,12 +807,8 @@ class PsClient::Impl::LinkRunner {
   Status Recover(const std::string& why, bool new_process) {
     size_t resend = 0;
     for (auto& [id, a] : active_) {
-      a.first_unsent = 0;
       for (Part& p : a.parts) {
-        if (p.state == Part::State::kSent) {
-          Release(p);
-          p.state = Part::State::kToSend;
-        }
+        if (p.state == Part::State::kSent) SendAgain(a, p);
         if (p.state == Part::State::kToSend) ++resend;
       }
     }
@@ -861,9 +862,7 @@ class PsClient::Impl::LinkRunner {
       if (h.flags == static_cast<uint32_t>(RejectReason::kNotRegistered) && link_.registered &&
           a.op.header.type != MsgType::kRegister) {
         // It forgot this connection: a restart (refused parts were not applied).
-        Release(part);
-        part.state = Part::State::kToSend;
-        a.first_unsent = 0;
+        SendAgain(a, part);
         if (!registering_ && !restarted) link_.restarts_seen.fetch_add(1);
         return Recover("forgot this worker (restarted)", false);
       }
@@ -913,9 +912,7 @@ class PsClient::Impl::LinkRunner {
   // log has refused it for server_wait, returns false with *e saying so (the part then fails).
   bool RetryRefusedByLog(Active& a, Part& part, Status* e) {
     if (!NoteLogRefusal(&part.refusals, What(a), e)) return false;
-    Release(part);
-    part.state = Part::State::kToSend;
-    a.first_unsent = 0;
+    SendAgain(a, part);
     return true;
   }
 
@@ -1005,7 +1002,7 @@ class PsClient::Impl::LinkRunner {
     Part* p;
   };
   std::vector<Ready> ready_;
-  std::vector<uint32_t> mark_;
+  std::vector<uint32_t> mark_ = std::vector<uint32_t>(static_cast<size_t>(impl_.owner->layout_.num_chunks()));
   uint32_t mark_epoch_ = 0;
   const std::chrono::milliseconds tick_ =
       std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
