@@ -1,14 +1,16 @@
 // net.cc — the backend-generic net executor. See net.h.
 #include "client/engine/net.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <thread>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "client/engine/fillers.h"
 #include "client/engine/ref_kernels.h"
@@ -22,14 +24,23 @@ Net::Net(NetSpec spec, NetOptions options, std::unique_ptr<Backend> backend)
     : spec_(std::move(spec)), options_(options), backend_(std::move(backend)) {}
 
 Net::~Net() {
+  // A device backend throws on a device error (a sticky one fails every call after it): here that
+  // is reported and the rest released, as a throw out of a destructor would end the process.
+  const auto quietly = [](const char* what, auto&& release) {
+    try {
+      release();
+    } catch (const std::exception& e) {
+      spdlog::error("net: releasing {}: {}", what, e.what());
+    }
+  };
   layers_.clear();  // layers own blob storage; drop them before the backend
-  if (data_blob_) backend_->ReleaseInput(data_blob_);
-  if (label_blob_) backend_->ReleaseInput(label_blob_);
-  if (host_grads16_ || host_params16_) backend_->Synchronize();  // no copy still reads or writes them
-  if (host_grads16_) backend_->FreeHost(host_grads16_);
-  if (host_params16_) backend_->FreeHost(host_params16_);
-  if (device_params_) backend_->Free(device_params_);
-  if (device_grads_) backend_->Free(device_grads_);
+  if (data_blob_) quietly("the input", [&] { backend_->ReleaseInput(data_blob_); });
+  if (label_blob_) quietly("the labels", [&] { backend_->ReleaseInput(label_blob_); });
+  if (host_grads16_ || host_params16_) quietly("16-bit host buffers", [&] { backend_->Synchronize(); });
+  if (host_grads16_) quietly("16-bit gradients", [&] { backend_->FreeHost(host_grads16_); });
+  if (host_params16_) quietly("16-bit weights", [&] { backend_->FreeHost(host_params16_); });
+  if (device_params_) quietly("the weights", [&] { backend_->Free(device_params_); });
+  if (device_grads_) quietly("the gradients", [&] { backend_->Free(device_grads_); });
 }
 
 // SetGradDType / SetWeightDType in 16 bits: a device backend, its 16-bit copy of `device`

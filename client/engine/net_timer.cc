@@ -107,6 +107,8 @@ double WorkerBytesStepMs(Net& net, const TimingInputs& in, int iterations) {
       h.windows = static_cast<CropWindow*>(host.allocate(window_bytes));
     }
     if (h.pixels == nullptr || h.windows == nullptr) {  // not page-locked: still correct
+      if (h.pixels != nullptr) host.deallocate(h.pixels);  // the one that was
+      if (h.windows != nullptr) host.deallocate(h.windows);
       h.plain_pixels.resize(pixel_bytes);
       h.plain_windows.resize(static_cast<size_t>(n));
       h.pixels = h.plain_pixels.data();

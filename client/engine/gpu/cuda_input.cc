@@ -42,6 +42,9 @@ Status CudaInput::Prepare(const InputNormalization& norm, int batch) {
   if (!norm.mean_values.empty())
     DP_CUDA_RETURN(
         cudaMemcpy(mean_values_.get(), norm.mean_values.data(), mean_values_.bytes(), cudaMemcpyHostToDevice));
+  // A copy from pageable memory may return before its DMA lands, and the streams do not wait
+  // for the legacy stream it ran on (they are non-blocking): the first normalisation must.
+  DP_CUDA_RETURN(cudaDeviceSynchronize());
   staged_ = -1;
   for (Slot& s : slots_) {
     DP_RETURN_IF_ERROR(s.pixels.Resize(static_cast<size_t>(int64_t{batch} * norm.image_bytes()),
