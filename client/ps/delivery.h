@@ -21,8 +21,6 @@ class ByteWindow {
  public:
   explicit ByteWindow(uint64_t limit) : limit_(limit) {}
   bool Fits(uint64_t bytes) const { return inflight_ == 0 || inflight_ + bytes <= limit_; }
-  // No part with a payload fits until an answer frees room.
-  bool Full() const { return inflight_ > 0 && inflight_ >= limit_; }
   void Add(uint64_t bytes) { inflight_ += bytes; }
   void Remove(uint64_t bytes) { inflight_ -= bytes < inflight_ ? bytes : inflight_; }
   void Clear() { inflight_ = 0; }

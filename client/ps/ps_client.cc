@@ -5,6 +5,8 @@
 // or an address move.
 #include "client/ps/ps_client.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -14,10 +16,9 @@
 #include <mutex>
 #include <thread>
 
-#include <spdlog/spdlog.h>
-
 #include "client/ps/delivery.h"
 #include "client/ps/push_encoding.h"
+#include "client/ps/send_queue.h"
 #include "client/ps/shm_path.h"
 #include "common/grad_codec.h"
 #include "common/random_id.h"
@@ -407,8 +408,7 @@ class PsClient::Impl::LinkRunner {
   struct Active {
     Op op;
     std::vector<Part> parts;
-    size_t open = 0;  // parts not answered yet
-    size_t first_unsent = 0;        // SendByLayer: parts before it were all sent once
+    size_t open = 0;                // parts not answered yet
     Clock::time_point admitted_at;  // when the link took it
     Status first_error;
     MessageHeader last_reply;
@@ -426,6 +426,7 @@ class PsClient::Impl::LinkRunner {
   void FailAll(const Status& s) {
     for (auto& [id, a] : active_) Complete(a, s);
     active_.clear();
+    queue_->Clear();
     window_.Clear();
     if (registering_) link_.needs_register = link_.registered;
     registering_ = register_unsent_ = false;
@@ -476,6 +477,7 @@ class PsClient::Impl::LinkRunner {
       a.admitted_at = Clock::now();
       a.reply_deadline = a.admitted_at + o_.reply_timeout;
       const RequestId id = a.op.id;
+      Queue(a);
       active_.emplace(id, std::move(a));
       if (link_.needs_register && link_.registered && !is_register && !registering_) BeginRegister();
     }
@@ -590,6 +592,7 @@ class PsClient::Impl::LinkRunner {
                                  What(a), a.open, a.parts.size(), o_.reply_timeout.count());
         for (Part& p : a.parts) Release(p);
         Complete(a, t);
+        queue_->Remove(it->first);
         it = active_.erase(it);
       }
     }
@@ -633,11 +636,25 @@ class PsClient::Impl::LinkRunner {
   }
 
   // Part `p` of `a` is to be sent again (a failed send, a restart, a refusal by the log): off the
-  // wire, and no longer in a's sent prefix (SendByLayer skips that).
+  // wire, and back in the send queue (after the log's backoff, if it refused it).
   void SendAgain(Active& a, Part& p) {
     Release(p);
     p.state = Part::State::kToSend;
-    a.first_unsent = 0;
+    queue_->Unsent(a.op.id, static_cast<size_t>(&p - a.parts.data()), p.refusals.not_before);
+  }
+
+  // An admitted operation's parts join the send queue.
+  void Queue(const Active& a) {
+    const MessageHeader& h = a.op.header;
+    SendQueue::Kind kind = SendQueue::Kind::kBarrier;  // control requests, registers, init and move pushes
+    if ((h.flags & (kFlagInit | kFlagMove)) == 0) {
+      if (h.type == MsgType::kPush) kind = SendQueue::Kind::kPush;
+      if (h.type == MsgType::kPull) kind = SendQueue::Kind::kPull;
+    }
+    std::vector<std::vector<uint32_t>> chunks;
+    chunks.reserve(a.parts.size());
+    for (const Part& p : a.parts) chunks.push_back(p.header.chunk_ids);
+    queue_->Add(a.op.id, kind, h.clock, a.admitted_at, std::move(chunks));
   }
 
   // A part no longer on the wire (answered, to be resent, or its operation failed).
@@ -672,80 +689,19 @@ class PsClient::Impl::LinkRunner {
       register_unsent_ = false;
     }
     if (registering_) return Status::Ok();
-    if (o_.send_order == SendOrder::kLayer && !link_.shm->on()) return SendByLayer();
-    const auto now = Clock::now();
-    for (auto& [id, a] : active_) {
-      for (Part& p : a.parts) {
-        if (p.state != Part::State::kToSend) continue;
-        if (now < p.refusals.not_before) return Status::Ok();  // refused by the log: what follows waits
-        bool stop = false;
-        DP_RETURN_IF_ERROR(SendPart(a, p, &stop));
-        if (stop) return Status::Ok();
-      }
-    }
-    return Status::Ok();
-  }
-
-  // SendPending by layer (PsClientOptions::send_order): the parts free to go leave lowest first
-  // chunk first, ties in call order, while the window allows. A part is free when no earlier
-  // unsent part shares a chunk with it, no control request, init or move push waits before it,
-  // and, for a push, no earlier push of a lower clock waits (a server counts a worker's clock from
-  // its pushes: ssp's bound must not see step t+1 before step t is all there). An operation
-  // admitted more than half reply_timeout ago goes first, so no part waits past its deadline.
-  // Scans only when the window has room (a reply made some).
-  Status SendByLayer() {
-    if (window_.Full()) return Status::Ok();
-    const auto now = Clock::now();
-    if (++mark_epoch_ == 0) {  // wrapped: no mark may look current
-      std::fill(mark_.begin(), mark_.end(), 0u);
-      mark_epoch_ = 1;
-    }
-    ready_.clear();
-    bool any_unsent = false;
-    int64_t unsent_push_clock = std::numeric_limits<int64_t>::max();  // the lowest of earlier pushes
-    for (auto& [id, a] : active_) {
-      const bool barrier = (a.op.header.type != MsgType::kPush && a.op.header.type != MsgType::kPull) ||
-                           (a.op.header.flags & (kFlagInit | kFlagMove)) != 0;
-      const bool push = a.op.header.type == MsgType::kPush;
-      const bool held_by_clock = push && a.op.header.clock > unsent_push_clock;
-      const bool overdue = now - a.admitted_at > o_.reply_timeout / 2;
-      bool unsent = false;
-      for (size_t k = a.first_unsent; k < a.parts.size(); ++k) {
-        Part& p = a.parts[k];
-        if (p.state != Part::State::kToSend) {
-          if (!unsent) a.first_unsent = k + 1;  // a sent prefix is skipped from now on
-          continue;
-        }
-        unsent = true;
-        bool free = (!barrier || !any_unsent) && !held_by_clock;
-        for (int32_t c : p.header.chunk_ids) {  // ids checked against the layout at Submit
-          uint32_t& mark = mark_[static_cast<size_t>(c)];
-          if (mark == mark_epoch_) free = false;
-          mark = mark_epoch_;
-        }
-        if (free && now >= p.refusals.not_before) {
-          const int32_t key = overdue                      ? std::numeric_limits<int32_t>::min()
-                              : p.header.chunk_ids.empty() ? -1
-                                                           : p.header.chunk_ids.front();
-          ready_.push_back({key, &a, &p});
-        }
-      }
-      any_unsent = any_unsent || unsent;
-      if (push && unsent) unsent_push_clock = std::min(unsent_push_clock, a.op.header.clock);
-      if (barrier && unsent) break;
-    }
-    // The best one at a time (lowest key, then scan order): a reply makes room for a part or two,
-    // so picking beats sorting the whole list.
+    const bool by_queue = !link_.shm->on();  // a same-host region keeps call order (shm_path.h)
     while (true) {
-      Ready* best = nullptr;
-      for (Ready& r : ready_) {
-        if (r.a != nullptr && (best == nullptr || r.key < best->key)) best = &r;
+      const auto now = Clock::now();
+      const std::optional<SendQueue::Pick> pick = by_queue ? queue_->Next(now) : queue_->NextInCallOrder(now);
+      if (!pick) return Status::Ok();
+      auto it = active_.find(pick->op);
+      if (it == active_.end() || pick->part >= it->second.parts.size()) {  // cannot be: the queue follows active_
+        return Internal("server {}: the send queue names part {} of request {}, which is not waiting", link_.server,
+                        pick->part, pick->op);
       }
-      if (best == nullptr) return Status::Ok();
       bool stop = false;
-      DP_RETURN_IF_ERROR(SendPart(*best->a, *best->p, &stop));
+      DP_RETURN_IF_ERROR(SendPart(it->second, it->second.parts[pick->part], &stop));
       if (stop) return Status::Ok();
-      best->a = nullptr;  // sent
     }
   }
 
@@ -781,7 +737,8 @@ class PsClient::Impl::LinkRunner {
       DP_RETURN_IF_ERROR(HeaderFrame(p.header, &frames[0]));
       for (const Frame& f : p.payload) frames.push_back(f);  // copies Frame handles, not bytes
     }
-    p.state = Part::State::kSent;  // on the wire unless the send fails (then Release undoes it)
+    p.state = Part::State::kSent;  // on the wire unless the send fails (then SendAgain undoes it)
+    queue_->Gone(a.op.id, static_cast<size_t>(&p - a.parts.data()));
     window_.Add(p.bytes);
     const Status s = link_.endpoint->Send(std::move(frames));
     if (!s.ok()) {
@@ -902,6 +859,7 @@ class PsClient::Impl::LinkRunner {
     if (a.open == 0) {
       if (a.first_error.ok()) recoveries_ = 0;  // progress: earlier restarts are forgiven
       Complete(a, Status::Ok());
+      queue_->Remove(it->first);
       active_.erase(it);
     }
     return SendPending();  // the window has room again
@@ -974,6 +932,7 @@ class PsClient::Impl::LinkRunner {
   void Finish(Active& a, Part& part) {
     Release(part);
     part.state = Part::State::kDone;
+    queue_->Gone(a.op.id, static_cast<size_t>(&part - a.parts.data()));
     part.payload.clear();  // a borrowed push buffer is released as soon as its part is answered
     --a.open;
   }
@@ -995,15 +954,9 @@ class PsClient::Impl::LinkRunner {
   const int trace_track_;  // -1 = no timeline
   std::map<RequestId, Active> active_;  // by id = call order
   ByteWindow window_{o_.max_inflight_bytes};  // bytes of parts sent and not answered
-  // SendByLayer's scratch: the parts free to go, and per chunk the pass that last saw it unsent.
-  struct Ready {
-    int32_t key;  // the part's first chunk (lowest for an overdue operation)
-    Active* a;    // null once sent
-    Part* p;
-  };
-  std::vector<Ready> ready_;
-  std::vector<uint32_t> mark_ = std::vector<uint32_t>(static_cast<size_t>(impl_.owner->layout_.num_chunks()));
-  uint32_t mark_epoch_ = 0;
+  // Which unsent part goes next (cluster.send_order); follows active_.
+  std::unique_ptr<SendQueue> queue_ =
+      SendQueue::Make(o_.send_order, impl_.owner->layout_.num_chunks(), o_.reply_timeout);
   const std::chrono::milliseconds tick_ =
       std::clamp(o_.probe_every / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(200));
   bool registering_ = false;      // a register is due or in flight: parts wait for its reply

@@ -1,18 +1,27 @@
 // Tests of the PS client's parts, each on its own (client/ps/delivery.h, shm_path.h,
-// push_encoding.h): the byte window, the incarnations that tell a restart from a late reply, the
-// write-ahead-log backoff, the same-host region's areas and busy chunks, and the encoding of a
-// lossy push part. ps_client_test drives them together over sockets.
+// push_encoding.h, send_queue.h): the byte window, the incarnations that tell a restart from a
+// late reply, the write-ahead-log backoff, the same-host region's areas and busy chunks, the
+// encoding of a lossy push part, and the order unsent parts leave in. ps_client_test drives them
+// together over sockets.
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <random>
+#include <set>
 #include <span>
+#include <tuple>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "client/ps/delivery.h"
 #include "client/ps/push_encoding.h"
+#include "client/ps/send_queue.h"
 #include "client/ps/shm_path.h"
 #include "common/grad_codec.h"
 #include "common/layout.h"
@@ -193,6 +202,229 @@ TEST(EncodePushPart, ReplacesThePayloadByTheCodecsBytesAndFixesTheHeader) {
   EXPECT_EQ(h.checksums[0], Crc32c(a.bytes.data(), a.bytes.size()));
   EXPECT_EQ(std::memcmp(payload[0].data(), a.bytes.data(), a.bytes.size()), 0);
   EXPECT_EQ(std::memcmp(payload[1].data(), b.bytes.data(), b.bytes.size()), 0);
+}
+
+// --- SendQueue (cluster.send_order) ---
+
+using Kind = SendQueue::Kind;
+using Chunks = std::vector<std::vector<uint32_t>>;
+
+// Sends everything the queue lets go at `now`, as a link with room would: the (op, part) order.
+std::vector<std::pair<uint64_t, size_t>> Drain(SendQueue& q, SendQueue::Clock::time_point now) {
+  std::vector<std::pair<uint64_t, size_t>> sent;
+  while (auto pick = q.Next(now)) {
+    sent.emplace_back(pick->op, pick->part);
+    q.Gone(pick->op, pick->part);
+  }
+  return sent;
+}
+
+using Sent = std::vector<std::pair<uint64_t, size_t>>;
+
+TEST(SendQueue, CallOrderSendsAsCalledAndARefusedPartHoldsWhatFollows) {
+  const auto t0 = SendQueue::Clock::now();
+  auto q = SendQueue::Make(SendOrder::kCall, 8, 60s);
+  q->Add(1, Kind::kPush, 1, t0, Chunks{{5}, {6}, {0}});
+  q->Add(2, Kind::kPull, 0, t0, Chunks{{0}, {5}});
+  EXPECT_EQ(Drain(*q, t0), (Sent{{1, 0}, {1, 1}, {1, 2}, {2, 0}, {2, 1}}));
+  EXPECT_EQ(q->unsent(), 0u);
+  // The log refused push part 1 (a backoff of 50 ms), and a restart put pull part 0 back: the
+  // refused part goes first, and nothing passes it while it waits.
+  q->Unsent(1, 1, t0 + 50ms);
+  q->Unsent(2, 0);
+  EXPECT_EQ(Drain(*q, t0 + 10ms), Sent{});
+  EXPECT_EQ(Drain(*q, t0 + 50ms), (Sent{{1, 1}, {2, 0}}));
+  q->Remove(1);
+  q->Remove(2);
+  EXPECT_EQ(q->unsent(), 0u);
+}
+
+// Backward made fc8's gradients (chunk 5) first and conv1's (chunk 0) last; the next forward
+// reads chunk 0 first. By layer, chunk 0's push goes first and its pull right after it, while a
+// chunk's own pull still follows that chunk's push.
+TEST(SendQueue, ByLayerTheFirstChunkGoesFirstAndAChunksPullFollowsItsPush) {
+  const auto t0 = SendQueue::Clock::now();
+  auto q = SendQueue::Make(SendOrder::kLayer, 8, 60s);
+  q->Add(1, Kind::kPush, 1, t0, Chunks{{5}, {3, 4}, {0, 1}});
+  q->Add(2, Kind::kPull, 1, t0, Chunks{{0, 1}, {3, 4}, {5}, {7}});
+  EXPECT_EQ(Drain(*q, t0), (Sent{{1, 2}, {2, 0}, {1, 1}, {2, 1}, {1, 0}, {2, 2}, {2, 3}}));
+}
+
+TEST(SendQueue, ByLayerABarrierWaitsForWhatCameBeforeAndHoldsWhatCameAfter) {
+  const auto t0 = SendQueue::Clock::now();
+  auto q = SendQueue::Make(SendOrder::kLayer, 8, 60s);
+  q->Add(1, Kind::kPush, 1, t0, Chunks{{4}, {2}});
+  q->Add(2, Kind::kBarrier, 0, t0, Chunks{{}});  // a control request
+  q->Add(3, Kind::kPull, 1, t0, Chunks{{0}});    // lower than everything before it
+  auto pick = q->Next(t0);
+  ASSERT_TRUE(pick);
+  EXPECT_EQ(pick->op, 1u);
+  EXPECT_EQ(pick->part, 1u);
+  EXPECT_EQ(Drain(*q, t0), (Sent{{1, 1}, {1, 0}, {2, 0}, {3, 0}}));
+}
+
+// Servers count a worker's clock from its pushes: step 2's push must not pass step 1's, while a
+// pull may pass anything but its chunks' pushes.
+TEST(SendQueue, ByLayerAPushWaitsForEarlierPushesOfALowerClockAndAPullDoesNot) {
+  const auto t0 = SendQueue::Clock::now();
+  auto q = SendQueue::Make(SendOrder::kLayer, 8, 60s);
+  q->Add(1, Kind::kPush, 1, t0, Chunks{{6}, {5}});
+  q->Add(2, Kind::kPush, 2, t0, Chunks{{0}});
+  q->Add(3, Kind::kPull, 2, t0, Chunks{{1}});
+  EXPECT_EQ(Drain(*q, t0), (Sent{{3, 0}, {1, 1}, {1, 0}, {2, 0}}));
+}
+
+TEST(SendQueue, ByLayerAnOperationWaitingHalfItsReplyTimeoutGoesFirst) {
+  const auto t0 = SendQueue::Clock::now();
+  auto q = SendQueue::Make(SendOrder::kLayer, 8, 1000ms);
+  q->Add(1, Kind::kPull, 0, t0, Chunks{{7}, {6}});
+  q->Add(2, Kind::kPull, 0, t0 + 400ms, Chunks{{0}});
+  const auto pick = q->Next(t0 + 400ms);  // nobody overdue: by layer
+  ASSERT_TRUE(pick);
+  EXPECT_EQ(pick->op, 2u);
+  EXPECT_EQ(Drain(*q, t0 + 501ms), (Sent{{1, 1}, {1, 0}, {2, 0}}));  // op 1 waited > 500 ms
+}
+
+TEST(SendQueue, ByLayerARefusedPartWaitsOutItsBackoffAndHoldsItsChunkOnly) {
+  const auto t0 = SendQueue::Clock::now();
+  auto q = SendQueue::Make(SendOrder::kLayer, 8, 60s);
+  q->Add(1, Kind::kPush, 1, t0, Chunks{{0}, {1}});
+  q->Add(2, Kind::kPull, 1, t0, Chunks{{0}, {1}});
+  ASSERT_EQ(Drain(*q, t0).size(), 4u);
+  q->Unsent(1, 0, t0 + 50ms);  // refused by the log, chunk 0's pull already answered...
+  q->Unsent(2, 1);             // ... and chunk 1's pull to send again after a restart
+  q->Gone(2, 0);
+  EXPECT_EQ(Drain(*q, t0 + 10ms), (Sent{{2, 1}}));
+  EXPECT_EQ(Drain(*q, t0 + 50ms), (Sent{{1, 0}}));
+  // Refused again while a pull of its chunk waits: the pull waits with it.
+  q->Unsent(1, 0, t0 + 150ms);
+  q->Unsent(2, 0);
+  EXPECT_EQ(Drain(*q, t0 + 100ms), Sent{});
+  EXPECT_EQ(Drain(*q, t0 + 150ms), (Sent{{1, 0}, {2, 0}}));
+}
+
+TEST(SendQueue, ByLayerAnEndedOperationNoLongerHoldsItsChunks) {
+  const auto t0 = SendQueue::Clock::now();
+  auto q = SendQueue::Make(SendOrder::kLayer, 8, 60s);
+  q->Add(1, Kind::kPush, 1, t0, Chunks{{3}});
+  q->Add(2, Kind::kPull, 1, t0, Chunks{{3}});
+  q->Unsent(1, 0, t0 + 1h);  // held by the log
+  EXPECT_EQ(Drain(*q, t0), Sent{});
+  q->Remove(1);  // it failed
+  EXPECT_EQ(Drain(*q, t0), (Sent{{2, 0}}));
+  q->Clear();
+  EXPECT_EQ(q->unsent(), 0u);
+  EXPECT_FALSE(q->Next(t0));
+}
+
+// The rules of send_order = "layer", written as a scan over every waiting part (the first
+// version of the loop): the queue must pick what this picks, event for event.
+class LayerOrderByScan {
+ public:
+  struct P {
+    std::vector<uint32_t> chunks;
+    bool unsent = true;
+    SendQueue::Clock::time_point not_before{};
+  };
+  struct O {
+    Kind kind;
+    int64_t clock;
+    SendQueue::Clock::time_point admitted;
+    std::vector<P> parts;
+  };
+  std::map<uint64_t, O> ops;
+  std::chrono::milliseconds timeout;
+
+  std::optional<SendQueue::Pick> Next(SendQueue::Clock::time_point now) const {
+    using Key = std::tuple<int64_t, uint64_t, int64_t, size_t>;
+    std::optional<Key> best;
+    std::set<uint32_t> seen;  // chunks of earlier unsent parts
+    bool earlier = false;
+    int64_t low = std::numeric_limits<int64_t>::max();
+    for (const auto& [id, o] : ops) {
+      bool any = false;
+      const bool barrier = o.kind == Kind::kBarrier;
+      for (size_t k = 0; k < o.parts.size(); ++k) {
+        const P& p = o.parts[k];
+        if (!p.unsent) continue;
+        any = true;
+        bool free = (!barrier || !earlier) && !(o.kind == Kind::kPush && o.clock > low) && now >= p.not_before;
+        for (uint32_t c : p.chunks) free = seen.insert(c).second && free;
+        if (!free) continue;
+        const int64_t key = p.chunks.empty() ? -1 : static_cast<int64_t>(p.chunks.front());
+        const Key candidate{now - o.admitted > timeout / 2 ? std::numeric_limits<int64_t>::min() : key, id, key, k};
+        if (!best || candidate < *best) best = candidate;
+      }
+      earlier = earlier || any;
+      if (any && o.kind == Kind::kPush) low = std::min(low, o.clock);
+      if (any && barrier) break;
+    }
+    if (!best) return std::nullopt;
+    return SendQueue::Pick{std::get<1>(*best), std::get<3>(*best)};
+  }
+};
+
+TEST(SendQueue, ByLayerPicksWhatAScanOfEveryWaitingPartPicksOverRandomEvents) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const auto t0 = SendQueue::Clock::now();
+    auto q = SendQueue::Make(SendOrder::kLayer, 12, 1000ms);
+    LayerOrderByScan ref;
+    ref.timeout = 1000ms;
+    auto now = t0;
+    uint64_t next_id = 1;
+    int64_t clock = 1;
+    size_t picks = 0;
+    for (int event = 0; event < 400; ++event) {
+      const int what = static_cast<int>(rng() % 10);
+      if (what < 2 && ref.ops.size() < 8) {  // a new operation
+        const int type = static_cast<int>(rng() % 8);
+        const Kind kind = type < 3 ? Kind::kPush : type < 7 ? Kind::kPull : Kind::kBarrier;
+        if (kind == Kind::kPush && rng() % 2 == 0) ++clock;
+        Chunks chunks(1 + rng() % 5);
+        for (auto& c : chunks) {
+          if (kind == Kind::kBarrier && rng() % 2 == 0) continue;  // a control request: no chunks
+          const uint32_t first = static_cast<uint32_t>(rng() % 12);
+          for (uint32_t i = first; i < std::min<uint32_t>(12, first + 1 + rng() % 3); ++i) c.push_back(i);
+        }
+        LayerOrderByScan::O o{kind, clock, now, {}};
+        for (const auto& c : chunks) o.parts.push_back({c});
+        ref.ops[next_id] = o;
+        q->Add(next_id++, kind, clock, now, chunks);
+      } else if (what < 6) {  // the link sends what the queue names
+        const auto want = ref.Next(now);
+        const auto got = q->Next(now);
+        ASSERT_EQ(want.has_value(), got.has_value()) << "trial " << trial << " event " << event;
+        if (!got) continue;
+        ASSERT_EQ(got->op, want->op) << "trial " << trial << " event " << event;
+        ASSERT_EQ(got->part, want->part) << "trial " << trial << " event " << event;
+        ++picks;
+        ref.ops[got->op].parts[got->part].unsent = false;
+        q->Gone(got->op, got->part);
+      } else if (what < 8 && !ref.ops.empty()) {  // a sent part back (a refusal, a restart) or answered
+        auto it = ref.ops.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(rng() % ref.ops.size()));
+        const size_t k = rng() % it->second.parts.size();
+        LayerOrderByScan::P& p = it->second.parts[k];
+        if (rng() % 3 == 0) {
+          p.unsent = false;
+          q->Gone(it->first, k);
+        } else {
+          p.unsent = true;
+          p.not_before = rng() % 2 == 0 ? SendQueue::Clock::time_point{} : now + std::chrono::milliseconds(rng() % 200);
+          q->Unsent(it->first, k, p.not_before);
+        }
+      } else if (what == 8 && !ref.ops.empty() && rng() % 3 == 0) {  // an operation ends
+        auto it = ref.ops.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(rng() % ref.ops.size()));
+        q->Remove(it->first);
+        ref.ops.erase(it);
+      } else {
+        now += std::chrono::milliseconds(rng() % 120);
+      }
+    }
+    EXPECT_GT(picks, 50u) << "trial " << trial;
+  }
 }
 
 }  // namespace
