@@ -31,7 +31,8 @@ mkdir -p "$data"
 run convert 120 bash -c "'$bin/downpour-data' convert-idx --images $src/train-images-idx3-ubyte.gz \
   --labels $src/train-labels-idx1-ubyte.gz --out $data/train_lmdb --resize 256 --channels 3 --encoded jpg \
   --quality 90 --limit 4000 && '$bin/downpour-data' mean $data/train_lmdb --out $data/mean.tensor" || exit 1
-run factors_test 180 "$bin/gpu_agreement_test" --gtest_filter='GpuNetAgreement.AlexNetFactored*'
+# device_all.sh has run every GPU test already (SKIP_FACTORS_TEST=1).
+[[ ${SKIP_FACTORS_TEST:-0} == 1 ]] || run factors_test 180 "$bin/gpu_agreement_test" --gtest_filter='GpuNetAgreement.AlexNetFactored*'
 [[ ${PROFILE:-1} == 1 ]] && run time_gpu 120 "$bin/downpour-time" --model configs/models/alexnet_fashion.toml --device gpu --batch 128 \
   --iterations 10 --json
 [[ ${PROFILE:-1} == 1 ]] && cp "$out/time_gpu.log" "$out/alexnet-gpu-b128.time.json" &&
