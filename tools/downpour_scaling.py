@@ -26,6 +26,7 @@ PUSH_CODECS = ("fp32", "fp16", "bf16", "topk", "onebit")
 PULL_CODECS = ("fp32", "fp16", "bf16")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MODES = ("async", "sync", "ssp")
+SEND_ORDERS = ("call", "layer")  # cluster.send_order
 DEFAULT_CHUNK_ELEMS = 1 << 20  # common/layout.h kDefaultChunkElems
 # The share of a real link's bits that carries TCP payload: Ethernet with a 1,500-byte MTU sends
 # 1,448 payload bytes (1,500 less 20 of IP, 20 of TCP and 12 of TCP timestamps) per 1,538 bytes
@@ -533,6 +534,9 @@ class Cluster:
     # worker.outstanding_steps: k > 1 lets an async step compute without its own last k - 1 steps'
     # pushes (forward does not wait for their pulls); sync and ssp wait whatever k is.
     outstanding_steps: int = 1
+    # cluster.send_order: "call" (a worker's egress first in, first out) or "layer" (the waiting
+    # part of the lowest layer next, chunk by chunk: the next forward's weights first).
+    send_order: str = "call"
     link_burst_ms: float = 0.0   # emulated: the pacer's credit of an idle link (common/rate_limiter.h
     #                              kDefaultBurst = 5 ms); 0 = a link that saves no credit
     wal: bool = False            # checkpoint.wal: every server logs every push before applying it
@@ -564,6 +568,7 @@ def check_cluster(c):
               (c.pull_every >= 1, f"--pull-every {c.pull_every}: must be >= 1"),
               (c.push_every >= 1, f"--push-every {c.push_every}: must be >= 1"),
               (1 <= c.outstanding_steps <= 16, f"--outstanding-steps {c.outstanding_steps}: must be in 1..16"),
+              (c.send_order in SEND_ORDERS, f"--send-order {c.send_order}: expected one of {', '.join(SEND_ORDERS)}"),
               (c.link_burst_ms >= 0 and math.isfinite(c.link_burst_ms),
                f"--link-burst-ms {c.link_burst_ms:g}: must be >= 0"),
               (1 <= c.server_threads <= 64, f"--server-threads {c.server_threads}: must be in 1..64"),
@@ -716,8 +721,46 @@ class Prediction:
                 "images_per_s": self.images_per_s, "efficiency": self.efficiency, "bound": self.bound}
 
 
+def layer_order_egress(parts, start, rate_of):
+    """When each chunk of each push part [(layer, server, bytes, ready, chunks)] is through an
+    egress free from `start` that always carries the waiting part of the lowest layer
+    (cluster.send_order = "layer"): a lower layer's part, ready later, overtakes the rest of a
+    higher one's at once (the worker cuts a layer into one message per chunk and keeps a window
+    of a few, so the overtaking waits for a message at most; not modelled). A part's chunks are
+    equal shares of its bytes. rate_of(layer): B/s. Returns ({(layer, server): [chunk delivered,
+    ...]}, when the egress is free again)."""
+    size = {(j, server): float(nbytes) for j, server, nbytes, _, _ in parts}
+    ready = {(j, server): r for j, server, _, r, _ in parts}
+    count = {(j, server): max(1, n) for j, server, _, _, n in parts}
+    done = {key: 0.0 for key in size}
+    delivered = {key: [] for key in size}
+    t = start
+    while True:
+        left = [key for key in size if len(delivered[key]) < count[key]]
+        if not left:
+            break
+        waiting = [key for key in left if ready[key] <= t]
+        if not waiting:
+            t = max(t, min(ready[key] for key in left))
+            continue
+        key = min(waiting)  # the lowest layer, then the lowest server
+        rate = rate_of(key[0])
+        finish = t + (size[key] - done[key]) / rate
+        later = [ready[k] for k in left if t < ready[k] < finish and k < key]
+        until = min(later) if later else finish  # a lower layer's part ready before this one is through
+        sent = done[key] + (until - t) * rate if later else size[key]
+        while len(delivered[key]) < count[key]:  # the chunk boundaries crossed
+            boundary = size[key] * (len(delivered[key]) + 1) / count[key]
+            if boundary > sent + 1e-9 * size[key]:
+                break
+            delivered[key].append(t + (boundary - done[key]) / rate)
+        done[key] = sent
+        t = until
+    return delivered, t
+
+
 def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, apply_s, steps=12,
-                    per_server_pull=False, burst_s=0.0, ack_s=None, lag=0):
+                    per_server_pull=False, burst_s=0.0, ack_s=None, lag=0, by_layer=False, chunks=None):
     """One worker's steady-state step period. layers: [(forward_s, backward_s, {server: push
     bytes}, {server: pull bytes})] in forward order. Backward runs last layer first; a layer's
     push parts leave when its gradient is ready, FIFO on the worker's egress; with overlap
@@ -738,6 +781,10 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     after the apply. None: acknowledged on delivery.
     lag (overlap only; worker.outstanding_steps - 1): forward of step t waits for the pulls that
     follow step t-1-lag's pushes, not step t-1's (their weights lack its last `lag` pushes).
+    by_layer (cluster.send_order = "layer"): the egress carries the waiting push part of the lowest
+    layer first (layer_order_egress; no burst credit), and the pull of each of its chunks
+    (chunks[j]: {server: chunks}) follows that chunk's push, each acknowledgement behind the pull
+    replies already on the way back.
     push_rate and pull_rate may be lists, one rate per layer (real links shared with other
     workers: a layer's parts to several server hosts move side by side)."""
     def send(now, last, nbytes, rate):
@@ -764,24 +811,38 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             grad[j] = t
         new_ready = [0.0] * n
         acked = [0.0] * n
-        for j in reversed(range(n)):
+        # (layer, server, share of the part, when its push is through): a whole part in call order
+        # (a layer's pull requests leave behind all of its push messages); by layer each chunk's
+        # pull request overtakes the layer's later chunks' pushes (a lower key), so chunk by chunk.
+        parts = []
+        if by_layer:
+            at, egress = layer_order_egress(
+                [(j, server, layers[j][2].get(server, 0), grad[j], (chunks[j].get(server, 1) if chunks else 1))
+                 for j in reversed(range(n)) for server in sorted(set(layers[j][2]) | set(layers[j][3]))],
+                egress, lambda j: push_rate[j] if isinstance(push_rate, list) else push_rate)
+            parts = sorted((d, j, server, 1.0 / len(ds)) for (j, server), ds in at.items() for d in ds)
+            parts = [(j, server, share, max(d, grad[j])) for d, j, server, share in parts]
+        else:
+            for j in reversed(range(n)):
+                for server in sorted(set(layers[j][2]) | set(layers[j][3])):
+                    egress, delivered = send(grad[j], egress, layers[j][2].get(server, 0),
+                                             push_rate[j] if isinstance(push_rate, list) else push_rate)
+                    parts.append((j, server, 1.0, delivered))
+        for j, server, share, delivered in parts:
             _, _, push, pull = layers[j]
-            for server in sorted(set(push) | set(pull)):
-                egress, delivered = send(grad[j], egress, push.get(server, 0),
-                                         push_rate[j] if isinstance(push_rate, list) else push_rate)
-                applied = delivered + (ack_s[j] if ack_s is not None else 0.0)
-                queue = server if per_server_pull else 0
-                # The ack follows the pull replies already on its way back.
-                acked[j] = max(acked[j], applied, ingress.get(queue, 0.0) if ack_s is not None else 0.0)
-                if sync:  # answered once every worker's push of the layer is applied
-                    request = max(delivered + apply_s[j], t) + latency_s
-                elif overlap:  # the pull follows the layer's push (and its apply) on the connection
-                    request = applied + latency_s
-                else:  # --no-overlap: one whole pull at the start of the next step
-                    request = t + latency_s
-                ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0),
-                                               pull_rate[j] if isinstance(pull_rate, list) else pull_rate)
-                new_ready[j] = max(new_ready[j], arrived)
+            applied = delivered + (ack_s[j] * share if ack_s is not None else 0.0)
+            queue = server if per_server_pull else 0
+            # The ack follows the pull replies already on its way back.
+            acked[j] = max(acked[j], applied, ingress.get(queue, 0.0) if ack_s is not None else 0.0)
+            if sync:  # answered once every worker's push of the layer is applied
+                request = max(delivered + apply_s[j], t) + latency_s
+            elif overlap:  # the pull follows the layer's push (and its apply) on the connection
+                request = applied + latency_s
+            else:  # --no-overlap: one whole pull at the start of the next step
+                request = t + latency_s
+            ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0) * share,
+                                           pull_rate[j] if isinstance(pull_rate, list) else pull_rate)
+            new_ready[j] = max(new_ready[j], arrived)
         ready = new_ready
         history.append(new_ready)
     half = steps // 2
@@ -898,6 +959,7 @@ def predict(profile, tensors, rates, cluster, codec):
     latency = rates.latency_ms * 1e-3
     overlap = cluster.overlap and not sync
     lag = cluster.outstanding_steps - 1 if cluster.mode == "async" and overlap else 0
+    by_layer = cluster.send_order == "layer"
 
     # Lockstep: every layer's part is applied after the W workers' parts of it (interleaved), and
     # a server's egress carries the W workers' pull parts side by side.
@@ -907,17 +969,18 @@ def predict(profile, tensors, rates, cluster, codec):
 
     def worker_step(slow, push_rate, pull_rate):
         """The simulated step at compute slowdown `slow` and these rates (B/s, or per layer)."""
-        rows = []
+        rows, chunks = [], []
         for name, _, fwd, bwd in profile.layers:
             lb = per_layer.get(name, LayerBytes())
             rows.append((fwd * slow, bwd * slow, lb.push_by_server, lb.pull_by_server))
+            chunks.append(lb.chunks_by_server)
         if cluster.pull_every == 1 and cluster.push_every == 1:
             if cluster.emulated:
                 return simulate_worker(rows, push_rate, server_pull_rate(cluster, rates) / egress_share, sync, overlap,
                                        latency, apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3,
-                                       ack_s=step_ack_s, lag=lag)
+                                       ack_s=step_ack_s, lag=lag, by_layer=by_layer, chunks=chunks)
             return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s, ack_s=step_ack_s,
-                                   lag=lag)
+                                   lag=lag, by_layer=by_layer, chunks=chunks)
         # Amortized: a whole blocking pull before every pull_every-th step (the worker overlaps
         # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
         # push_every steps (sync: the push's apply is on the path as well).

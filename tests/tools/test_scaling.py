@@ -545,6 +545,47 @@ class HandComputed(unittest.TestCase):
         with self.assertRaisesRegex(dr.UsageError, "--outstanding-steps 0: must be in 1..16"):
             two_worker_case(outstanding_steps=0)
 
+    def test_send_order_by_layer_lets_the_first_layer_overtake(self):
+        """cluster.send_order = "layer": conv (forward 20 ms, backward 10 ms, 1 MB) under fc
+        (2 + 2 ms, 20 MB), W = S = 1 on a 1e9 B/s link, async, k = 1. Call order: fc's push runs
+        24-44 ms, conv's gradient (34 ms) waits behind it, 44-45; fc's pull lands 44-64 and conv's
+        behind it at 65, when the next step's forward can start: 65 ms. By layer, fc in one
+        message (chunk_elems 5M): conv's push overtakes at 34 (34-35) and its pull lands at 36,
+        fc's push ends at 45 and its pull at 65, which the next step's fc forward waits for (from
+        36 + 20 = 56 to 65 - 36 = 29 ms in): 20 + 9 + 2 + 2 + 10 + 1 + 1 = 45 ms. By layer, fc in
+        5 chunks of 4 MB (the default 1M floats): each chunk's pull follows its push (28-32,
+        32-36, ...); conv's push overtakes fc's third chunk at 34 and its pull lands at 37, behind
+        the second chunk's; fc's last chunk lands at 49, before the next fc forward (57): 37 ms,
+        compute + 3. With k = 2 by layer the step is its compute, 34 ms;
+        in call order conv's acknowledgement still queues behind fc's pull on the way back, and
+        conv's next backward waits for it (the push wait)."""
+        profile = sc.Profile([("conv", "Convolution", 0.020, 0.010), ("fc", "InnerProduct", 0.002, 0.002)],
+                             batch=64, threads=0, device="gpu:0", source="hand")
+        tensors = sc.parse_tensors("conv.weight 250000 1 1\nfc.weight 5000000 1 1\n", "hand")
+        rates = sc.Rates(sgd_ns_per_float=0.0, server_ns_per_float=0.0)
+
+        def step(**over):
+            c = sc.Cluster(**{"workers": 1, "servers": 1, "link_gbps": 8.0, "payload": 1.0, **over})
+            return sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32")).step_s
+
+        self.assertAlmostEqual(step(), 0.065, places=9)
+        self.assertAlmostEqual(step(send_order="layer", chunk_elems=5_000_000), 0.045, places=9)
+        self.assertAlmostEqual(step(send_order="layer"), 0.037, places=9)
+        self.assertAlmostEqual(step(send_order="layer", outstanding_steps=2), 0.034, places=9)
+        self.assertGreater(step(outstanding_steps=2), 0.0345)
+        with self.assertRaisesRegex(dr.UsageError, "--send-order fifo: expected one of call, layer"):
+            step(send_order="fifo")
+
+    def test_layer_order_egress_preempts_at_once_and_resumes(self):
+        """Layer 2's 10 MB in 5 chunks from 0 s at 1e6 B/s, layer 0's 2 MB ready at 4 s and layer
+        1's 1 MB at 5 s: layer 2's first two chunks are through at 2 and 4 s, layer 0 runs 4-6 s,
+        layer 1 6-7 s, layer 2's other 6 MB 7-13 s (chunks at 9, 11, 13 s)."""
+        at, free = sc.layer_order_egress([(2, 0, 10e6, 0.0, 5), (0, 0, 2e6, 4.0, 1), (1, 0, 1e6, 5.0, 1)], 0.0,
+                                         lambda j: 1e6)
+        self.assertEqual({k: [round(d, 9) for d in v] for k, v in at.items()},
+                         {(0, 0): [6.0], (1, 0): [7.0], (2, 0): [2.0, 4.0, 9.0, 11.0, 13.0]})
+        self.assertEqual(free, 13.0)
+
     def test_pull_every_amortizes_a_blocking_pull(self):
         """pull_every 4: 30 ms compute + the 1 ms pull / 4; the 1 ms push hides under compute."""
         p = two_worker_case(pull_every=4)
