@@ -695,7 +695,8 @@ class PsClient::Impl::LinkRunner {
       const std::optional<SendQueue::Pick> pick = by_queue ? queue_->Next(now) : queue_->NextInCallOrder(now);
       if (!pick) return Status::Ok();
       auto it = active_.find(pick->op);
-      if (it == active_.end() || pick->part >= it->second.parts.size()) {  // cannot be: the queue follows active_
+      if (it == active_.end() || pick->part >= it->second.parts.size() ||
+          it->second.parts[pick->part].state != Part::State::kToSend) {  // cannot be: the queue follows active_
         return Internal("server {}: the send queue names part {} of request {}, which is not waiting", link_.server,
                         pick->part, pick->op);
       }

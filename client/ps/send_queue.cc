@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 
 namespace downpour {
 
@@ -62,6 +63,7 @@ void SendQueue::Clear() {
 }
 
 std::optional<SendQueue::Pick> SendQueue::NextInCallOrder(Clock::time_point now) {
+  Due(now);  // an order's own bookkeeping stays current on a same-host region's path too
   for (auto& [id, o] : ops_) {
     if (o.unsent == 0) continue;
     while (!o.parts[o.first_unsent].unsent) ++o.first_unsent;           // one is: o.unsent > 0
@@ -91,7 +93,7 @@ class LayerOrder final : public SendQueue {
       : waiting_(static_cast<size_t>(std::max(num_chunks, 0))), overdue_after_(reply_timeout / 2) {}
 
   std::optional<Pick> Next(Clock::time_point now) override {
-    Promote(now);
+    Due(now);
     std::optional<Pick> best;
     int64_t best_key = 0;
     bool earlier_unsent = false;
@@ -132,7 +134,7 @@ class LayerOrder final : public SendQueue {
     }
     p.backoff = p.not_before != Clock::time_point{};  // refused once: Next tells when it may go
     if (p.backoff) {
-      backoff_.push_back({op, k});
+      backoff_.emplace(p.not_before, op, k);
     } else if (Free(op, o, k)) {
       o.free.emplace(Key(p), k);
     }
@@ -157,25 +159,21 @@ class LayerOrder final : public SendQueue {
 
   void OnClear() override {
     for (auto& w : waiting_) w.clear();
-    backoff_.clear();
+    backoff_ = {};
   }
 
-  // Parts whose backoff ended join their operation's heap (if free).
-  void Promote(Clock::time_point now) {
-    for (size_t i = 0; i < backoff_.size();) {
-      const auto [op, k] = backoff_[i];
+  // Parts whose backoff ended join their operation's heap (if free). An entry whose part ended,
+  // was sent, or took a later time since (it has a newer entry) is dropped.
+  void Due(Clock::time_point now) override {
+    while (!backoff_.empty() && std::get<0>(backoff_.top()) <= now) {
+      const auto [at, op, k] = backoff_.top();
+      backoff_.pop();
       auto it = ops_.find(op);
-      PartState* p = it == ops_.end() ? nullptr : &it->second.parts[k];
-      if (p != nullptr && p->unsent && p->backoff && now < p->not_before) {
-        ++i;
-        continue;
-      }
-      if (p != nullptr && p->unsent && p->backoff) {
-        p->backoff = false;
-        if (Free(op, it->second, k)) it->second.free.emplace(Key(*p), k);
-      }
-      backoff_[i] = backoff_.back();
-      backoff_.pop_back();
+      if (it == ops_.end() || k >= it->second.parts.size()) continue;
+      PartState& p = it->second.parts[k];
+      if (!p.unsent || !p.backoff || p.not_before > now) continue;
+      p.backoff = false;
+      if (Free(op, it->second, k)) it->second.free.emplace(Key(p), k);
     }
   }
 
@@ -192,7 +190,10 @@ class LayerOrder final : public SendQueue {
   static int64_t Key(const PartState& p) { return p.chunks.empty() ? -1 : static_cast<int64_t>(p.chunks.front()); }
 
   std::vector<std::vector<Entry>> waiting_;  // per chunk: its unsent parts, call order
-  std::vector<Entry> backoff_;               // parts waiting out a backoff (a few at most)
+  // Parts waiting out a backoff, the earliest end on top.
+  std::priority_queue<std::tuple<Clock::time_point, uint64_t, size_t>,
+                      std::vector<std::tuple<Clock::time_point, uint64_t, size_t>>, std::greater<>>
+      backoff_;
   const std::chrono::milliseconds overdue_after_;
 };
 

@@ -76,11 +76,12 @@ class SendQueue {
     std::priority_queue<std::pair<int64_t, size_t>, std::vector<std::pair<int64_t, size_t>>, std::greater<>> free;
   };
 
-  // What an order keeps beside the common state, told after the change.
+  // What an order keeps beside the common state, told after the change; Due before every pick.
   // `fresh`: it was not unsent before (else only its time changed).
   virtual void OnUnsent(uint64_t /*op*/, OpState& /*o*/, size_t /*k*/, bool /*fresh*/) {}
   virtual void OnGone(uint64_t /*op*/, OpState& /*o*/, size_t /*k*/) {}
   virtual void OnClear() {}
+  virtual void Due(Clock::time_point /*now*/) {}
 
   std::map<uint64_t, OpState> ops_;  // by id: call order
   size_t unsent_ = 0;

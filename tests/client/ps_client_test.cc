@@ -15,10 +15,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "common/inproc_transport.h"
@@ -786,6 +788,15 @@ class GatedEndpoint : public ServerEndpoint {
     if (const int ms = slow_ms.load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     MessageHeader h;
     if (ParseHeader(*frames, &h).ok() && (h.type == MsgType::kPush || h.type == MsgType::kPull)) {
+      if (const int n = refuse_one_in.load(); n > 0 && ++data_messages_ % n == 0) {  // as a full log does
+        MessageHeader r = ErrorReply(h, IoError("the log's disk is full"));
+        r.flags = static_cast<uint32_t>(RejectReason::kLogWrite);
+        Frames reply(1);
+        DP_RETURN_IF_ERROR(HeaderFrame(r, &reply[0]));
+        DP_RETURN_IF_ERROR(inner_->Send(*from, std::move(reply)));
+        refused.fetch_add(1);
+        return Timeout("refused");
+      }
       std::lock_guard<std::mutex> lock(mu);
       for (int32_t c : h.chunk_ids)
         taken.push_back(fmt::format("{} {}", h.type == MsgType::kPush ? "push" : "pull", c));
@@ -798,6 +809,8 @@ class GatedEndpoint : public ServerEndpoint {
 
   std::atomic<bool> held{false};
   std::atomic<int> slow_ms{0};  // each message taken this late (a slow link)
+  std::atomic<int> refuse_one_in{0};  // > 0: every n-th push or pull refused by "the log" (kLogWrite)
+  std::atomic<int> refused{0};
   std::mutex mu;
   std::vector<std::string> taken;  // guarded by mu
 
@@ -809,6 +822,7 @@ class GatedEndpoint : public ServerEndpoint {
   };
   std::unique_ptr<ServerEndpoint> inner_;
   std::deque<Held> stash_;  // the shard's loop thread only
+  uint64_t data_messages_ = 0;  // the shard's loop thread only
 };
 
 // Send order with a window of one part: while push 4 is on the wire, a push of chunks 5..7, a pull
@@ -928,6 +942,47 @@ TEST_P(SendOrderTest, AHighChunkIsNotStarvedPastItsReplyTimeout) {
   }
   EXPECT_TRUE(done.ok()) << done.ToString();
   for (RequestId id : feeding) ASSERT_TRUE(c_->Wait(id, 5000ms).ok());
+}
+
+// A log that refuses every seventh message: each refused part waits out its backoff and goes
+// again (nothing of it was applied), while up to 16 requests of random chunks are in flight
+// through a one-part window. Every request completes and every push is applied exactly once.
+TEST_P(SendOrderTest, PartsTheLogRefusedGoAgainAndEachPushIsAppliedOnce) {
+  ASSERT_NO_FATAL_FAILURE(Start(20000ms));
+  gate_->refuse_one_in = 7;
+  const int chunks = layout_.num_chunks();
+  std::vector<float> g(n_, 1.0f);
+  std::vector<std::vector<float>> pulled(16, std::vector<float>(n_));
+  std::vector<int> pushes(static_cast<size_t>(chunks), 0);
+  std::mt19937 rng(11);
+  std::deque<RequestId> inflight;
+  int64_t clock = 0;
+  for (int i = 0; i < 60; ++i) {
+    std::vector<int32_t> ids;
+    for (int c = 0; c < chunks; ++c)
+      if (rng() % 3 == 0) ids.push_back(c);
+    if (ids.empty()) ids.push_back(static_cast<int32_t>(rng() % chunks));
+    if (rng() % 4 == 0) std::shuffle(ids.begin(), ids.end(), rng);
+    if (rng() % 3 == 0) {
+      inflight.push_back(c_->PullChunks(pulled[static_cast<size_t>(i % 16)], ids, clock));
+    } else {
+      if (rng() % 4 == 0) ++clock;
+      for (int32_t c : ids) ++pushes[static_cast<size_t>(c)];
+      inflight.push_back(c_->PushChunks(g, ids, clock));
+    }
+    for (; inflight.size() > 15; inflight.pop_front()) ASSERT_TRUE(c_->Wait(inflight.front(), 20000ms).ok());
+  }
+  for (; !inflight.empty(); inflight.pop_front()) ASSERT_TRUE(c_->Wait(inflight.front(), 20000ms).ok());
+  EXPECT_GT(gate_->refused.load(), 10);
+  gate_->refuse_one_in = 0;
+  std::vector<float> w(n_);
+  ASSERT_TRUE(c_->Wait(c_->Pull(w), 5000ms).ok());
+  for (int c = 0; c < chunks; ++c) {  // lr 1, gradient 1, no momentum: -1 per push applied
+    const auto& chunk = layout_.chunk(c);
+    for (int64_t i = 0; i < chunk.count; ++i)
+      ASSERT_EQ(w[static_cast<size_t>(chunk.flat_offset + i)], -static_cast<float>(pushes[static_cast<size_t>(c)]))
+          << "chunk " << c;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, SendOrderTest, ::testing::Values(SendOrder::kCall, SendOrder::kLayer),

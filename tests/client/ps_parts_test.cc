@@ -317,6 +317,26 @@ TEST(SendQueue, ByLayerAnEndedOperationNoLongerHoldsItsChunks) {
   EXPECT_FALSE(q->Next(t0));
 }
 
+// Through a same-host region the link asks a by-layer queue for call order: the same parts, a
+// refused one holding what follows until its backoff ends, and the queue by layer again after.
+TEST(SendQueue, ByLayerAsksInCallOrderGoesInCallOrder) {
+  const auto t0 = SendQueue::Clock::now();
+  auto q = SendQueue::Make(SendOrder::kLayer, 8, 60s);
+  q->Add(1, Kind::kPush, 1, t0, Chunks{{5}, {0}});
+  q->Add(2, Kind::kPull, 1, t0, Chunks{{1}});
+  auto pick = q->NextInCallOrder(t0);
+  ASSERT_TRUE(pick);
+  EXPECT_EQ(pick->op, 1u);
+  EXPECT_EQ(pick->part, 0u);
+  q->Gone(1, 0);
+  q->Unsent(1, 0, t0 + 50ms);
+  EXPECT_FALSE(q->NextInCallOrder(t0 + 10ms));
+  pick = q->NextInCallOrder(t0 + 50ms);
+  ASSERT_TRUE(pick);
+  EXPECT_EQ(pick->part, 0u);
+  EXPECT_EQ(Drain(*q, t0 + 50ms), (Sent{{1, 1}, {2, 0}, {1, 0}}));
+}
+
 // The rules of send_order = "layer", written as a scan over every waiting part (the first
 // version of the loop): the queue must pick what this picks, event for event.
 class LayerOrderByScan {
