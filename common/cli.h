@@ -13,14 +13,14 @@
 // Thread-safety: call from main's thread. Ownership: the App owns the options added here.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "common/status.h"
 
@@ -49,6 +49,15 @@ std::optional<int> Parse(CLI::App& app, int argc, char** argv);
 // "--workers: 0 is out of range: must be >= 1".
 CLI::Validator AtLeast(int64_t min);
 CLI::Validator Between(int64_t min, int64_t max);
+
+// An enum's option values from the config's name table (one source per setting): names[i] is
+// value i. For CLI::CheckedTransformer, which then refuses any other name.
+template <typename Enum, size_t N>
+std::map<std::string, Enum> NamedValues(const std::string_view (&names)[N]) {
+  std::map<std::string, Enum> values;
+  for (size_t i = 0; i < N; ++i) values.emplace(std::string(names[i]), static_cast<Enum>(i));
+  return values;
+}
 
 // Runs `body` and returns its exit code; an exception escaping it is printed as
 // "<program>: <what>" and gives kExitFailure.

@@ -948,8 +948,7 @@ int main(int argc, char** argv) {
                  "each worker connection's window in MiB (cluster.inflight_mb)")
       ->check(CLI::Range(1, downpour::kMaxInflightMb));
   app.add_option("--send-order", pipeline.service.send_order, "call | layer (cluster.send_order)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, downpour::SendOrder>{
-          {"call", downpour::SendOrder::kCall}, {"layer", downpour::SendOrder::kLayer}}));
+      ->transform(CLI::CheckedTransformer(downpour::cli::NamedValues<downpour::SendOrder>(downpour::kSendOrderNames)));
   app.add_option("--io-threads", pipeline.service.io_threads, "ZeroMQ I/O threads of downpour's transports (cluster.io_threads)")
       ->check(CLI::Range(1, downpour::kMaxIoThreads));
   app.add_flag("--apply-grid", apply_grid,
@@ -964,9 +963,9 @@ int main(int argc, char** argv) {
   app.add_option("--wal-dir", wal.dir, "where the logs go (a temporary directory inside it, removed after each run)");
   app.add_option("--wal-fsync-ms", wal.fsync_ms, "checkpoint.wal_fsync_ms of the shards (0 = fsync before every ack)")
       ->check(CLI::Range(0, 1000000));
-  app.add_option("--wal-io", wal.io, "how the logs write: auto (O_DIRECT where the filesystem takes it), buffered, direct")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, downpour::WalIo>{
-          {"auto", downpour::WalIo::kAuto}, {"buffered", downpour::WalIo::kBuffered}, {"direct", downpour::WalIo::kDirect}}));
+  app.add_option("--wal-io", wal.io,
+                 "how the logs write: auto (O_DIRECT where the filesystem takes it), buffered, direct")
+      ->transform(CLI::CheckedTransformer(downpour::cli::NamedValues<downpour::WalIo>(downpour::kWalIoNames)));
   if (const auto code = downpour::cli::Parse(app, argc, argv)) return *code;
   pipeline.service.transport = transport == "ipc"   ? downpour::bench::ServiceTransport::kIpc
                                : transport == "shm" ? downpour::bench::ServiceTransport::kShm
