@@ -13,7 +13,6 @@
 // Thread-safety: call from main's thread. Ownership: the App owns the options added here.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -21,6 +20,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "common/status.h"
 

@@ -791,6 +791,9 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
         finish = max(last, now - burst_s) + nbytes / rate
         return finish, max(finish, now)
 
+    def at_layer(rate, j):  # a rate, or one per layer
+        return rate[j] if isinstance(rate, list) else rate
+
     n = len(layers)
     ready = [0.0] * n
     t = egress = 0.0
@@ -819,14 +822,13 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             at, egress = layer_order_egress(
                 [(j, server, layers[j][2].get(server, 0), grad[j], (chunks[j].get(server, 1) if chunks else 1))
                  for j in reversed(range(n)) for server in sorted(set(layers[j][2]) | set(layers[j][3]))],
-                egress, lambda j: push_rate[j] if isinstance(push_rate, list) else push_rate)
+                egress, lambda j: at_layer(push_rate, j))
             parts = sorted((d, j, server, 1.0 / len(ds)) for (j, server), ds in at.items() for d in ds)
             parts = [(j, server, share, max(d, grad[j])) for d, j, server, share in parts]
         else:
             for j in reversed(range(n)):
                 for server in sorted(set(layers[j][2]) | set(layers[j][3])):
-                    egress, delivered = send(grad[j], egress, layers[j][2].get(server, 0),
-                                             push_rate[j] if isinstance(push_rate, list) else push_rate)
+                    egress, delivered = send(grad[j], egress, layers[j][2].get(server, 0), at_layer(push_rate, j))
                     parts.append((j, server, 1.0, delivered))
         for j, server, share, delivered in parts:
             _, _, push, pull = layers[j]
@@ -841,7 +843,7 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             else:  # --no-overlap: one whole pull at the start of the next step
                 request = t + latency_s
             ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0) * share,
-                                           pull_rate[j] if isinstance(pull_rate, list) else pull_rate)
+                                           at_layer(pull_rate, j))
             new_ready[j] = max(new_ready[j], arrived)
         ready = new_ready
         history.append(new_ready)

@@ -1,16 +1,16 @@
 // net.cc — the backend-generic net executor. See net.h.
 #include "client/engine/net.h"
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "client/engine/fillers.h"
 #include "client/engine/ref_kernels.h"

@@ -5,8 +5,6 @@
 // or an address move.
 #include "client/ps/ps_client.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -15,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 #include "client/ps/delivery.h"
 #include "client/ps/push_encoding.h"
@@ -408,8 +408,7 @@ class PsClient::Impl::LinkRunner {
   struct Active {
     Op op;
     std::vector<Part> parts;
-    size_t open = 0;                // parts not answered yet
-    Clock::time_point admitted_at;  // when the link took it
+    size_t open = 0;  // parts not answered yet
     Status first_error;
     MessageHeader last_reply;
     std::vector<int64_t> staleness;    // push: from the acks of its parts
@@ -474,10 +473,10 @@ class PsClient::Impl::LinkRunner {
         Complete(a, s);
         continue;
       }
-      a.admitted_at = Clock::now();
-      a.reply_deadline = a.admitted_at + o_.reply_timeout;
+      const auto now = Clock::now();
+      a.reply_deadline = now + o_.reply_timeout;
       const RequestId id = a.op.id;
-      Queue(a);
+      Queue(a, now);
       active_.emplace(id, std::move(a));
       if (link_.needs_register && link_.registered && !is_register && !registering_) BeginRegister();
     }
@@ -640,11 +639,14 @@ class PsClient::Impl::LinkRunner {
   void SendAgain(Active& a, Part& p) {
     Release(p);
     p.state = Part::State::kToSend;
-    queue_->Unsent(a.op.id, static_cast<size_t>(&p - a.parts.data()), p.refusals.not_before);
+    queue_->Unsent(a.op.id, PartIndex(a, p), p.refusals.not_before);
   }
 
-  // An admitted operation's parts join the send queue.
-  void Queue(const Active& a) {
+  // Which of a's parts `p` is (the send queue names parts by index).
+  static size_t PartIndex(const Active& a, const Part& p) { return static_cast<size_t>(&p - a.parts.data()); }
+
+  // An operation admitted at `now`: its parts join the send queue.
+  void Queue(const Active& a, Clock::time_point now) {
     const MessageHeader& h = a.op.header;
     SendQueue::Kind kind = SendQueue::Kind::kBarrier;  // control requests, registers, init and move pushes
     if ((h.flags & (kFlagInit | kFlagMove)) == 0) {
@@ -654,7 +656,7 @@ class PsClient::Impl::LinkRunner {
     std::vector<std::vector<uint32_t>> chunks;
     chunks.reserve(a.parts.size());
     for (const Part& p : a.parts) chunks.push_back(p.header.chunk_ids);
-    queue_->Add(a.op.id, kind, h.clock, a.admitted_at, std::move(chunks));
+    queue_->Add(a.op.id, kind, h.clock, now, std::move(chunks));
   }
 
   // A part no longer on the wire (answered, to be resent, or its operation failed).
@@ -739,7 +741,7 @@ class PsClient::Impl::LinkRunner {
       for (const Frame& f : p.payload) frames.push_back(f);  // copies Frame handles, not bytes
     }
     p.state = Part::State::kSent;  // on the wire unless the send fails (then SendAgain undoes it)
-    queue_->Gone(a.op.id, static_cast<size_t>(&p - a.parts.data()));
+    queue_->Gone(a.op.id, PartIndex(a, p));
     window_.Add(p.bytes);
     const Status s = link_.endpoint->Send(std::move(frames));
     if (!s.ok()) {
@@ -933,7 +935,7 @@ class PsClient::Impl::LinkRunner {
   void Finish(Active& a, Part& part) {
     Release(part);
     part.state = Part::State::kDone;
-    queue_->Gone(a.op.id, static_cast<size_t>(&part - a.parts.data()));
+    queue_->Gone(a.op.id, PartIndex(a, part));
     part.payload.clear();  // a borrowed push buffer is released as soon as its part is answered
     --a.open;
   }
