@@ -6,11 +6,12 @@ without waiting for its predecessor's round trip), for S servers × 1 worker, fr
 
     bench/train/overlap_alexnet.py [--build build] [--servers 1,2] [--steps 15] [--threads 2] [--rounds 1]
                                    [--modes overlap,blocking] [--link-gbps G]
-                                   [--inflight-mb M]
+                                   [--inflight-mb M[,M...]]
 
 Modes: blocking (--no-overlap), overlap (outstanding_steps = 1, the default), lag1
 (outstanding_steps = 2), layer and layer-lag1 (the same two with cluster.send_order = "layer" and
-cluster.inflight_mb = --inflight-mb: the parts the next forward reads first overtake). With
+cluster.inflight_mb = --inflight-mb: the parts the next forward reads first overtake; several
+windows run each layer mode once per window, named -<M>mb, in one grid on one dataset). With
 --link-gbps every process paces what it sends (cluster.link_gbps, docs/emulated_links.md), and
 the table adds the link's time for the step's bytes, link ms = max(pushed bytes, the most pulled
 from one server) / rate, and step / max(compute, link): the share of the step that neither
@@ -132,12 +133,13 @@ MODES = {"overlap": (True, 1, "call"), "blocking": (False, 1, "call"), "lag1": (
          "layer": (True, 1, "layer"), "layer-lag1": (True, 2, "layer")}
 
 
-def run_one(args, work, train, servers, mode, index, round_no):
+def run_one(args, work, train, servers, mode, window, index, round_no):
     overlap, outstanding, order = MODES[mode]
     cluster = [f"link_gbps = {args.link_gbps}"] if args.link_gbps else []
     if order == "layer":
-        cluster += ['send_order = "layer"', f"inflight_mb = {args.inflight_mb}"]
-    name = f"s{servers}-{mode}" + (f"-r{round_no}" if args.rounds > 1 else "")
+        cluster += ['send_order = "layer"', f"inflight_mb = {window}"]
+    name = (f"s{servers}-{mode}" + (f"-{window}mb" if order == "layer" and len(args.windows) > 1 else "")
+            + (f"-r{round_no}" if args.rounds > 1 else ""))
     run_dir = os.path.join(work, name)
     config = os.path.join(work, name + ".toml")
     with open(config, "w") as f:
@@ -207,9 +209,19 @@ def main():
     ap.add_argument("--modes", default="overlap,blocking",
                     help="comma-separated, from " + ", ".join(MODES) + " (default overlap,blocking)")
     ap.add_argument("--link-gbps", type=float, default=0, help="emulated link rate (default: none)")
-    ap.add_argument("--inflight-mb", type=int, default=16,
-                    help="cluster.inflight_mb of the layer modes (default 16; the others keep 128)")
+    ap.add_argument("--inflight-mb", default="16",
+                    help="cluster.inflight_mb of the layer modes, MiB; a comma-separated list runs each layer "
+                         "mode once per window (default 16; the others keep 128)")
     args = ap.parse_args()
+    try:
+        args.windows = [int(x) for x in args.inflight_mb.split(",")]
+    except ValueError:
+        sys.exit(f"overlap_alexnet: --inflight-mb {args.inflight_mb!r}: expected MiB, comma-separated")
+    if any(not 1 <= w <= 4096 for w in args.windows):
+        sys.exit(f"overlap_alexnet: --inflight-mb {args.inflight_mb}: each must be in 1..4096 (cluster.inflight_mb)")
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            sys.exit(f"overlap_alexnet: --modes: unknown mode {mode!r} (known: {', '.join(MODES)})")
     args.build = os.path.abspath(args.build)
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
@@ -219,12 +231,11 @@ def main():
     for round_no in range(1, args.rounds + 1):
         for servers in [int(x) for x in args.servers.split(",")]:
             for mode in args.modes.split(","):
-                if mode not in MODES:
-                    sys.exit(f"overlap_alexnet: --modes: unknown mode {mode!r} (known: {', '.join(MODES)})")
-                name, row, text = run_one(args, args.work, train, servers, mode, index, round_no)
-                index += 1
-                print(text, end="", flush=True)
-                rows.append((name, row))
+                for window in (args.windows if MODES[mode][2] == "layer" else [None]):
+                    name, row, text = run_one(args, args.work, train, servers, mode, window, index, round_no)
+                    index += 1
+                    print(text, end="", flush=True)
+                    rows.append((name, row))
     print()
     print("| run | steps | step ms | compute ms | pull wait ms | push wait ms | loader ms | comm ms "
           "| step / max(compute, comm) | link ms | step / max(compute, link) |")
