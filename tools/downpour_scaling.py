@@ -537,6 +537,9 @@ class Cluster:
     # cluster.send_order: "call" (a worker's egress first in, first out) or "layer" (the waiting
     # part of the lowest layer next, chunk by chunk: the next forward's weights first).
     send_order: str = "call"
+    # cluster.inflight_mb: MiB a worker keeps unanswered on each connection (by layer: what a
+    # lower layer's push can no longer overtake, and below bandwidth × round trip an idle link).
+    inflight_mb: float = 128.0
     link_burst_ms: float = 0.0   # emulated: the pacer's credit of an idle link (common/rate_limiter.h
     #                              kDefaultBurst = 5 ms); 0 = a link that saves no credit
     wal: bool = False            # checkpoint.wal: every server logs every push before applying it
@@ -569,6 +572,7 @@ def check_cluster(c):
               (c.push_every >= 1, f"--push-every {c.push_every}: must be >= 1"),
               (1 <= c.outstanding_steps <= 16, f"--outstanding-steps {c.outstanding_steps}: must be in 1..16"),
               (c.send_order in SEND_ORDERS, f"--send-order {c.send_order}: expected one of {', '.join(SEND_ORDERS)}"),
+              (c.inflight_mb > 0, f"--inflight-mb {c.inflight_mb:g}: must be > 0"),
               (c.link_burst_ms >= 0 and math.isfinite(c.link_burst_ms),
                f"--link-burst-ms {c.link_burst_ms:g}: must be >= 0"),
               (1 <= c.server_threads <= 64, f"--server-threads {c.server_threads}: must be in 1..64"),
@@ -718,49 +722,82 @@ class Prediction:
                 "host_cpu_ms": 1e3 * self.host_cpu_s, "link_ms": 1e3 * self.link_s, "step_ms": 1e3 * self.step_s,
                 "wal": c.wal, "disk_ms": 1e3 * self.disk_s, "egress_ms": 1e3 * self.egress_s,
                 "server_threads": c.server_threads, "factor_threads": c.factor_threads, "lockstep": c.lockstep,
+                "send_order": c.send_order, "inflight_mb": c.inflight_mb,
                 "images_per_s": self.images_per_s, "efficiency": self.efficiency, "bound": self.bound}
 
 
-def layer_order_egress(parts, start, rate_of):
-    """When each chunk of each push part [(layer, server, bytes, ready, chunks)] is through an
-    egress free from `start` that always carries the waiting part of the lowest layer
-    (cluster.send_order = "layer"): a lower layer's part, ready later, overtakes the rest of a
-    higher one's at once (the worker cuts a layer into one message per chunk and keeps a window
-    of a few, so the overtaking waits for a message at most; not modelled). A part's chunks are
-    equal shares of its bytes. rate_of(layer): B/s. Returns ({(layer, server): [chunk delivered,
-    ...]}, when the egress is free again)."""
-    size = {(j, server): float(nbytes) for j, server, nbytes, _, _ in parts}
-    ready = {(j, server): r for j, server, _, r, _ in parts}
-    count = {(j, server): max(1, n) for j, server, _, _, n in parts}
-    done = {key: 0.0 for key in size}
-    delivered = {key: [] for key in size}
-    t = start
-    while True:
-        left = [key for key in size if len(delivered[key]) < count[key]]
-        if not left:
-            break
-        waiting = [key for key in left if ready[key] <= t]
-        if not waiting:
-            t = max(t, min(ready[key] for key in left))
-            continue
-        key = min(waiting)  # the lowest layer, then the lowest server
-        rate = rate_of(key[0])
-        finish = t + (size[key] - done[key]) / rate
-        later = [ready[k] for k in left if t < ready[k] < finish and k < key]
-        until = min(later) if later else finish  # a lower layer's part ready before this one is through
-        sent = done[key] + (until - t) * rate if later else size[key]
-        while len(delivered[key]) < count[key]:  # the chunk boundaries crossed
-            boundary = size[key] * (len(delivered[key]) + 1) / count[key]
-            if boundary > sent + 1e-9 * size[key]:
+def layer_order_egress(parts, start, rate_of, window, held_push, held_pull):
+    """The worker's egress in cluster.send_order = "layer" with cluster.inflight_mb's window.
+    Each link (server) cuts its parts into one push message per chunk, each followed by that
+    chunk's pull request, and hands the transport, whenever its window has room, its waiting
+    message with the lowest (layer, chunk, push before pull); nothing of the link overtakes that
+    one while it does not fit (client/ps/send_queue.h). The egress carries what the links handed
+    over first in, first out, so a lower layer's push waits behind what is already handed over,
+    at most a window's bytes a link, and a window below bandwidth × round trip idles the link.
+    A window counts a push message's bytes until held_push(layer, server, share, delivered), its
+    acknowledgement, and a pull request's pulled bytes until held_pull(layer, server, share,
+    through, delivered), when the weights have landed; a message larger than the window goes
+    alone on an empty one (client/ps/delivery.h ByteWindow). A pull request's own bytes are not
+    counted: it waits only behind its own link's pushes (a host interleaves a small message's
+    packets with another flow's). parts: [(layer, server, push bytes, pull bytes, ready,
+    chunks)], a part's chunks equal shares of its bytes; rate_of(layer): B/s. held_pull is called
+    as each pull request leaves, in that order. Returns ({(layer, server): [(push delivered,
+    pull request through), ...] per chunk}, when the egress is free again)."""
+    pending = {}  # server: [(layer, chunk, kind), ...] not yet handed over; kind 0 push, 1 pull
+    info = {}
+    for j, server, push, pull, ready, n in parts:
+        n = max(1, n)
+        info[(j, server)] = (push / n, pull / n, ready, 1.0 / n)
+        pending.setdefault(server, []).extend((j, c, kind) for c in range(n) for kind in (0, 1))
+    held = {server: [] for server in pending}  # server: [(until, bytes)]
+    out = {(j, server): [] for j, server, _, _, _, _ in parts}
+    pushed = {}  # (layer, server, chunk): when its push message was delivered
+    link_free = {server: start for server in pending}  # when a link's last push is through
+    egress = t = start
+    while any(pending.values()):
+        while True:  # hand over at t, across links the lowest waiting message first
+            best = None
+            for server, msgs in pending.items():
+                if not msgs:
+                    continue
+                held[server] = [(u, b) for u, b in held[server] if u > t]
+                for j, c, kind in sorted(msgs):
+                    push, pull, ready, _ = info[(j, server)]
+                    if ready > t or (kind == 1 and (j, server, c) not in pushed):
+                        continue  # not made yet; a pull request follows its chunk's push
+                    size = push if kind == 0 else pull
+                    used = sum(b for _, b in held[server])
+                    if used == 0 or used + size <= window:
+                        if best is None or (j, c, kind, server) < best:
+                            best = (j, c, kind, server)
+                    break  # the lowest that is ready goes first or nothing of this link does
+            if best is None:
                 break
-            delivered[key].append(t + (boundary - done[key]) / rate)
-        done[key] = sent
-        t = until
-    return delivered, t
+            j, c, kind, server = best
+            pending[server].remove((j, c, kind))
+            push, pull, _, share = info[(j, server)]
+            if kind == 0:
+                egress = max(egress, t) + push / rate_of(j)
+                pushed[(j, server, c)] = link_free[server] = egress
+                held[server].append((held_push(j, server, share, egress), push))
+            else:
+                # A request's own bytes are few: it waits behind its own connection's bytes only
+                # (a host interleaves a small message's packets with another flow's).
+                through = max(link_free[server], t)
+                out[(j, server)].append((pushed[(j, server, c)], through))
+                held[server].append((held_pull(j, server, share, through, pushed[(j, server, c)]), pull))
+        later = [info[(j, server)][2] for server, msgs in pending.items() for j, _, _ in msgs
+                 if info[(j, server)][2] > t]
+        later += [u for server in pending for u, _ in held[server] if u > t]
+        if not later:
+            break
+        t = min(later)
+    return out, egress
 
 
 def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, apply_s, steps=12,
-                    per_server_pull=False, burst_s=0.0, ack_s=None, lag=0, by_layer=False, chunks=None):
+                    per_server_pull=False, burst_s=0.0, ack_s=None, lag=0, by_layer=False, chunks=None,
+                    window=128 << 20):
     """One worker's steady-state step period. layers: [(forward_s, backward_s, {server: push
     bytes}, {server: pull bytes})] in forward order. Backward runs last layer first; a layer's
     push parts leave when its gradient is ready, FIFO on the worker's egress; with overlap
@@ -781,10 +818,10 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
     after the apply. None: acknowledged on delivery.
     lag (overlap only; worker.outstanding_steps - 1): forward of step t waits for the pulls that
     follow step t-1-lag's pushes, not step t-1's (their weights lack its last `lag` pushes).
-    by_layer (cluster.send_order = "layer"): the egress carries the waiting push part of the lowest
-    layer first (layer_order_egress; no burst credit), and the pull of each of its chunks
-    (chunks[j]: {server: chunks}) follows that chunk's push, each acknowledgement behind the pull
-    replies already on the way back.
+    by_layer (cluster.send_order = "layer"): each link hands its egress the waiting message of the
+    lowest layer first, chunk by chunk (chunks[j]: {server: chunks}), each chunk's pull request
+    behind its push, while its `window` bytes (cluster.inflight_mb) allow (layer_order_egress; no
+    burst credit), each acknowledgement behind the pull replies already on the way back.
     push_rate and pull_rate may be lists, one rate per layer (real links shared with other
     workers: a layer's parts to several server hosts move side by side)."""
     def send(now, last, nbytes, rate):
@@ -814,24 +851,11 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             grad[j] = t
         new_ready = [0.0] * n
         acked = [0.0] * n
-        # (layer, server, share of the part, when its push is through): a whole part in call order
-        # (a layer's pull requests leave behind all of its push messages); by layer each chunk's
-        # pull request overtakes the layer's later chunks' pushes (a lower key), so chunk by chunk.
-        parts = []
-        if by_layer:
-            at, egress = layer_order_egress(
-                [(j, server, layers[j][2].get(server, 0), grad[j], (chunks[j].get(server, 1) if chunks else 1))
-                 for j in reversed(range(n)) for server in sorted(set(layers[j][2]) | set(layers[j][3]))],
-                egress, lambda j: at_layer(push_rate, j))
-            parts = sorted((d, j, server, 1.0 / len(ds)) for (j, server), ds in at.items() for d in ds)
-            parts = [(j, server, share, max(d, grad[j])) for d, j, server, share in parts]
-        else:
-            for j in reversed(range(n)):
-                for server in sorted(set(layers[j][2]) | set(layers[j][3])):
-                    egress, delivered = send(grad[j], egress, layers[j][2].get(server, 0), at_layer(push_rate, j))
-                    parts.append((j, server, 1.0, delivered))
-        for j, server, share, delivered in parts:
-            _, _, push, pull = layers[j]
+
+        def serve(j, server, share, delivered, through=0.0):
+            """The part's ack and its pull (requested once its request is `through`): when its
+            weights land on the worker."""
+            pull = layers[j][3]
             applied = delivered + (ack_s[j] * share if ack_s is not None else 0.0)
             queue = server if per_server_pull else 0
             # The ack follows the pull replies already on its way back.
@@ -839,12 +863,34 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             if sync:  # answered once every worker's push of the layer is applied
                 request = max(delivered + apply_s[j], t) + latency_s
             elif overlap:  # the pull follows the layer's push (and its apply) on the connection
-                request = applied + latency_s
+                request = max(applied, through) + latency_s
             else:  # --no-overlap: one whole pull at the start of the next step
                 request = t + latency_s
             ingress[queue], arrived = send(request, ingress.get(queue, 0.0), pull.get(server, 0) * share,
                                            at_layer(pull_rate, j))
             new_ready[j] = max(new_ready[j], arrived)
+            return arrived
+
+        def acked_at(j, server, share, delivered):
+            """When a push part's acknowledgement is back (as serve() counts it, plus the way)."""
+            applied = delivered + (ack_s[j] * share if ack_s is not None else 0.0)
+            queue = server if per_server_pull else 0
+            return max(applied, ingress.get(queue, 0.0) if ack_s is not None else 0.0) + latency_s
+
+        # Each part's push and pull: a whole part in call order (a layer's pull requests leave
+        # behind all of its push messages); by layer chunk by chunk, each chunk's pull request
+        # overtaking the layer's later chunks' pushes (a lower key).
+        order = [(j, server) for j in reversed(range(n)) for server in sorted(set(layers[j][2]) | set(layers[j][3]))]
+        if by_layer:
+            _, egress = layer_order_egress(
+                [(j, server, layers[j][2].get(server, 0), layers[j][3].get(server, 0), grad[j],
+                  (chunks[j].get(server, 1) if chunks else 1)) for j, server in order],
+                egress, lambda j: at_layer(push_rate, j), window, acked_at,
+                lambda j, server, share, through, pushed: serve(j, server, share, pushed, through))
+        else:
+            for j, server in order:
+                egress, delivered = send(grad[j], egress, layers[j][2].get(server, 0), at_layer(push_rate, j))
+                serve(j, server, 1.0, delivered)
         ready = new_ready
         history.append(new_ready)
     half = steps // 2
@@ -962,6 +1008,7 @@ def predict(profile, tensors, rates, cluster, codec):
     overlap = cluster.overlap and not sync
     lag = cluster.outstanding_steps - 1 if cluster.mode == "async" and overlap else 0
     by_layer = cluster.send_order == "layer"
+    window = cluster.inflight_mb * (1 << 20)  # by layer only: in call order it could only idle a link
 
     # Lockstep: every layer's part is applied after the W workers' parts of it (interleaved), and
     # a server's egress carries the W workers' pull parts side by side.
@@ -980,9 +1027,10 @@ def predict(profile, tensors, rates, cluster, codec):
             if cluster.emulated:
                 return simulate_worker(rows, push_rate, server_pull_rate(cluster, rates) / egress_share, sync, overlap,
                                        latency, apply_s, per_server_pull=True, burst_s=cluster.link_burst_ms * 1e-3,
-                                       ack_s=step_ack_s, lag=lag, by_layer=by_layer, chunks=chunks)
+                                       ack_s=step_ack_s, lag=lag, by_layer=by_layer, chunks=chunks,
+                                       window=window)
             return simulate_worker(rows, push_rate, pull_rate, sync, overlap, latency, apply_s, ack_s=step_ack_s,
-                                   lag=lag, by_layer=by_layer, chunks=chunks)
+                                   lag=lag, by_layer=by_layer, chunks=chunks, window=window)
         # Amortized: a whole blocking pull before every pull_every-th step (the worker overlaps
         # pulls only when it pulls every step); pushes leave during compute, full duplex, one per
         # push_every steps (sync: the push's apply is on the path as well).

@@ -545,46 +545,69 @@ class HandComputed(unittest.TestCase):
         with self.assertRaisesRegex(dr.UsageError, "--outstanding-steps 0: must be in 1..16"):
             two_worker_case(outstanding_steps=0)
 
-    def test_send_order_by_layer_lets_the_first_layer_overtake(self):
-        """cluster.send_order = "layer": conv (forward 20 ms, backward 10 ms, 1 MB) under fc
-        (2 + 2 ms, 20 MB), W = S = 1 on a 1e9 B/s link, async, k = 1. Call order: fc's push runs
-        24-44 ms, conv's gradient (34 ms) waits behind it, 44-45; fc's pull lands 44-64 and conv's
-        behind it at 65, when the next step's forward can start: 65 ms. By layer, fc in one
-        message (chunk_elems 5M): conv's push overtakes at 34 (34-35) and its pull lands at 36,
-        fc's push ends at 45 and its pull at 65, which the next step's fc forward waits for (from
-        36 + 20 = 56 to 65 - 36 = 29 ms in): 20 + 9 + 2 + 2 + 10 + 1 + 1 = 45 ms. By layer, fc in
-        5 chunks of 4 MB (the default 1M floats): each chunk's pull follows its push (28-32,
-        32-36, ...); conv's push overtakes fc's third chunk at 34 and its pull lands at 37, behind
-        the second chunk's; fc's last chunk lands at 49, before the next fc forward (57): 37 ms,
-        compute + 3. With k = 2 by layer the step is its compute, 34 ms;
-        in call order conv's acknowledgement still queues behind fc's pull on the way back, and
-        conv's next backward waits for it (the push wait)."""
+    def test_send_order_by_layer_lets_the_first_layer_overtake_within_the_window(self):
+        """cluster.send_order = "layer": conv (forward 20 ms, backward 10 ms, 1 MiB) under fc
+        (2 + 2 ms, 20 MiB), W = S = 1 on a link of 1 MiB a millisecond, async, k = 1, applies
+        free; times from the end of forward. Call order: fc's push runs 2-22, conv's gradient
+        (12) waits behind it, 22-23; fc's pull lands 22-42 and conv's behind it at 43, where the
+        next step's forward can start: 65 ms. By layer with a 128 MiB window nothing waits to be
+        handed over, so conv waits behind what is: fc in one message, 65 ms again; fc in 5 chunks
+        of 4 MiB, each chunk's pull behind its push, conv's push 22-23 and its pull lands at 27,
+        behind fc's: 49 ms. A 1 MiB window holds fc's one message alone (2-22); conv's push
+        (22-23), its pull (23-24), then fc's pull (24-44): 46 ms. With 5 chunks and 8 MiB (a
+        push and its pull): pushes 2-6, 6-10, 10-14 while each chunk's pull lands 4 ms behind
+        it; conv (12) waits for room at 14, 14-15, and its pull lands at 16, before the third
+        chunk's pull: 38 ms, compute + 4. 4 MiB (one message): push and pull take turns, conv
+        between the first chunk's push and pull, lands at 16 as well, and fc's last pull at 44
+        (46 ms). With k = 2 by layer the step is its compute, 34 ms; in call order conv's
+        acknowledgement still queues behind fc's pull on the way back, and conv's next backward
+        waits for it (the push wait)."""
         profile = sc.Profile([("conv", "Convolution", 0.020, 0.010), ("fc", "InnerProduct", 0.002, 0.002)],
                              batch=64, threads=0, device="gpu:0", source="hand")
-        tensors = sc.parse_tensors("conv.weight 250000 1 1\nfc.weight 5000000 1 1\n", "hand")
+        tensors = sc.parse_tensors("conv.weight 262144 1 1\nfc.weight 5242880 1 1\n", "hand")
         rates = sc.Rates(sgd_ns_per_float=0.0, server_ns_per_float=0.0)
 
         def step(**over):
-            c = sc.Cluster(**{"workers": 1, "servers": 1, "link_gbps": 8.0, "payload": 1.0, **over})
+            c = sc.Cluster(**{"workers": 1, "servers": 1, "link_gbps": (1 << 20) * 1000 * 8 / 1e9, "payload": 1.0,
+                              **over})
             return sc.predict(profile, tensors, rates, c, sc.parse_codec("fp32")).step_s
 
+        one_message = {"send_order": "layer", "chunk_elems": 5242880}
         self.assertAlmostEqual(step(), 0.065, places=9)
-        self.assertAlmostEqual(step(send_order="layer", chunk_elems=5_000_000), 0.045, places=9)
-        self.assertAlmostEqual(step(send_order="layer"), 0.037, places=9)
-        self.assertAlmostEqual(step(send_order="layer", outstanding_steps=2), 0.034, places=9)
+        self.assertAlmostEqual(step(**one_message), 0.065, places=9)
+        self.assertAlmostEqual(step(send_order="layer"), 0.049, places=9)
+        self.assertAlmostEqual(step(**one_message, inflight_mb=1), 0.046, places=9)
+        self.assertAlmostEqual(step(send_order="layer", inflight_mb=8), 0.038, places=9)
+        self.assertAlmostEqual(step(send_order="layer", inflight_mb=4), 0.046, places=9)
+        self.assertAlmostEqual(step(send_order="layer", inflight_mb=8, outstanding_steps=2), 0.034, places=9)
         self.assertGreater(step(outstanding_steps=2), 0.0345)
         with self.assertRaisesRegex(dr.UsageError, "--send-order fifo: expected one of call, layer"):
             step(send_order="fifo")
+        with self.assertRaisesRegex(dr.UsageError, "--inflight-mb 0: must be > 0"):
+            step(send_order="layer", inflight_mb=0)
 
-    def test_layer_order_egress_preempts_at_once_and_resumes(self):
-        """Layer 2's 10 MB in 5 chunks from 0 s at 1e6 B/s, layer 0's 2 MB ready at 4 s and layer
-        1's 1 MB at 5 s: layer 2's first two chunks are through at 2 and 4 s, layer 0 runs 4-6 s,
-        layer 1 6-7 s, layer 2's other 6 MB 7-13 s (chunks at 9, 11, 13 s)."""
-        at, free = sc.layer_order_egress([(2, 0, 10e6, 0.0, 5), (0, 0, 2e6, 4.0, 1), (1, 0, 1e6, 5.0, 1)], 0.0,
-                                         lambda j: 1e6)
-        self.assertEqual({k: [round(d, 9) for d in v] for k, v in at.items()},
-                         {(0, 0): [6.0], (1, 0): [7.0], (2, 0): [2.0, 4.0, 9.0, 11.0, 13.0]})
-        self.assertEqual(free, 13.0)
+    def test_layer_order_egress_hands_over_what_fits_and_never_overtakes_what_it_handed(self):
+        """One link, 1e6 B/s, acknowledgements and pulls free (a push's bytes held until it is
+        through, a pull's until its request is): layer 2's 8 MB in 4 chunks from 0 s, layer 0's
+        1 MB ready at 3 s. A 4 MB window holds a chunk's push and its pull: chunk 0 goes at 0 s
+        (0-2 s), chunk 1 at 2 s (2-4 s); layer 0 waits for room (4 s) and overtakes chunks 2 and
+        3 (4-5, then 5-7, 7-9 s). Each pull request leaves as its push is through. A window of
+        everything: layer 0 waits behind all four (8-9 s). A 1 MB window still sends a 2 MB
+        chunk alone on an empty window, and the same order follows."""
+        def run(window):
+            return sc.layer_order_egress([(2, 0, 8e6, 8e6, 0.0, 4), (0, 0, 1e6, 1e6, 3.0, 1)], 0.0, lambda j: 1e6,
+                                         window, lambda j, server, share, delivered: delivered,
+                                         lambda j, server, share, through, pushed: through)
+
+        at, free = run(4e6)
+        self.assertEqual({k: [tuple(round(x, 9) for x in d) for d in v] for k, v in at.items()},
+                         {(2, 0): [(2.0, 2.0), (4.0, 4.0), (7.0, 7.0), (9.0, 9.0)], (0, 0): [(5.0, 5.0)]})
+        self.assertEqual(free, 9.0)
+        at, _ = run(100e6)
+        self.assertEqual([round(d, 9) for d, _ in at[(0, 0)]], [9.0])
+        at, free = run(1e6)
+        self.assertEqual([round(d, 9) for d, _ in at[(2, 0)]], [2.0, 4.0, 7.0, 9.0])
+        self.assertEqual(free, 9.0)
 
     def test_pull_every_amortizes_a_blocking_pull(self):
         """pull_every 4: 30 ms compute + the 1 ms pull / 4; the 1 ms push hides under compute."""
@@ -719,7 +742,8 @@ class CommandLine(unittest.TestCase):
         with open(os.path.join(run, "config.toml"), "a") as f:
             f.write("\n[compression]\nfactors = true\npull = \"fp16\"\nfactor_threads = 3\n")
         with open(os.path.join(run, "config.toml")) as f:
-            text = f.read().replace("[cluster]\n", "[cluster]\nlink_gbps = 10.0\nserver_threads = 4\n")
+            text = f.read().replace("[cluster]\n", "[cluster]\nlink_gbps = 10.0\nserver_threads = 4\n"
+                                         "send_order = \"layer\"\ninflight_mb = 16\n")
         with open(os.path.join(run, "config.toml"), "w") as f:
             f.write(text)
         shutil.copy(self.tensors, os.path.join(run, "tensors.txt"))
@@ -729,11 +753,13 @@ class CommandLine(unittest.TestCase):
         self.assertEqual((row["workers"], row["servers"], row["mode"], row["link_gbps"], row["batch"], row["codec"]),
                          (2, 2, "sync", 10.0, fab.BATCH, "factors+pull=fp16"))
         self.assertEqual((row["server_threads"], row["factor_threads"], row["lockstep"]), (4, 3, False))
+        self.assertEqual((row["send_order"], row["inflight_mb"]), ("layer", 16))
         r = fab.run_tool("downpour-scaling", "--time", self.time, "--run-dir", run, "--json", "--server-threads", "2",
-                         "--lockstep")
+                         "--lockstep", "--send-order", "call", "--inflight-mb", "8")
         self.assertEqual(r.returncode, 0, r.stderr)
         (row,) = json.loads(r.stdout)["predictions"]
         self.assertEqual((row["server_threads"], row["factor_threads"], row["lockstep"]), (2, 3, True))
+        self.assertEqual((row["send_order"], row["inflight_mb"]), ("call", 8))
 
     def test_rates_from_the_load_benchmark(self):
         bench = os.path.join(self.tmp, "bench.txt")
@@ -850,6 +876,7 @@ class CommandLine(unittest.TestCase):
                           "--server-threads 0: must be in 1..64")
         self.assert_usage(self.scaling("-w", "1", "-l", "10", "--factor-threads", "65"),
                           "--factor-threads 65: must be in 1..64")
+        self.assert_usage(self.scaling("-w", "1", "-l", "10", "--inflight-mb", "0"), "--inflight-mb 0: must be > 0")
         self.assert_usage(self.scaling("-w", "1"), "--link-gbps: required")
         self.assert_usage(fab.run_tool("downpour-scaling", "--tensors", self.tensors, "-l", "1"), "--time: required")
         self.assert_usage(fab.run_tool("downpour-scaling", "--time", self.time, "-l", "1"), "--tensors")
