@@ -201,6 +201,7 @@ struct PsClient::Impl {
     std::atomic<uint64_t> acked_pushes{0};
     std::atomic<uint64_t> resent_parts{0};
     std::atomic<uint64_t> restarts_seen{0};
+    std::atomic<uint64_t> taken_requests{0};
     // Same-host payloads (client/ps/shm_path.h), through the region the server offered at the
     // last register; made in Create.
     std::unique_ptr<ShmPath> shm;
@@ -464,6 +465,7 @@ class PsClient::Impl::LinkRunner {
     while (!link_.queue.empty() && active_.size() < kMaxActiveOps) {
       Op op = std::move(link_.queue.front());
       link_.queue.pop_front();
+      link_.taken_requests.fetch_add(1);
       if (active_.empty() && !registering_) Fresh();
       const bool is_register = op.header.type == MsgType::kRegister;
       Active a;
@@ -1387,6 +1389,9 @@ uint64_t PsClient::resent_parts(int server) const {
 }
 uint64_t PsClient::restarts_seen(int server) const {
   return LinkCounter(impl_->links, server, [](const Impl::Link& l) { return l.restarts_seen.load(); });
+}
+uint64_t PsClient::taken_requests(int server) const {
+  return LinkCounter(impl_->links, server, [](const Impl::Link& l) { return l.taken_requests.load(); });
 }
 TrafficCounts PsClient::shared_memory_traffic() const {
   TrafficCounts t;

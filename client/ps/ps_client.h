@@ -177,10 +177,12 @@ class PsClient {
   Status SetServerAddress(int server, const std::string& address);
 
   // Per server (thread-safe; 0 outside the layout): push parts acknowledged (each once, init not
-  // counted), parts resent (restart, move, log refusal), restarts and moves noticed.
+  // counted), parts resent (restart, move, log refusal), restarts and moves noticed, and requests
+  // its links' threads have taken from their queues (registers included), sent or not.
   uint64_t acked_pushes(int server) const;
   uint64_t resent_parts(int server) const;
   uint64_t restarts_seen(int server) const;
+  uint64_t taken_requests(int server) const;
   // Payload bytes through shared memory (thread-safe): sent = pushes and resends, received = pulls.
   TrafficCounts shared_memory_traffic() const;
 

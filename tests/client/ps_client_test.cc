@@ -19,6 +19,7 @@
 #include <atomic>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -782,6 +783,7 @@ class GatedEndpoint : public ServerEndpoint {
       DP_RETURN_IF_ERROR(inner_->Receive(from, frames, held.load() ? std::chrono::milliseconds(0) : timeout, info));
       if (held.load()) {  // a Receive already waiting when the gate closed keeps its message too
         stash_.push_back({*from, std::move(*frames), info != nullptr ? *info : PeerInfo{}});
+        stashed.fetch_add(1);
         return Timeout("held");
       }
     }
@@ -811,6 +813,7 @@ class GatedEndpoint : public ServerEndpoint {
   std::atomic<int> slow_ms{0};  // each message taken this late (a slow link)
   std::atomic<int> refuse_one_in{0};  // > 0: every n-th push or pull refused by "the log" (kLogWrite)
   std::atomic<int> refused{0};
+  std::atomic<int> stashed{0};  // messages kept aside while held
   std::mutex mu;
   std::vector<std::string> taken;  // guarded by mu
 
@@ -859,6 +862,19 @@ class SendOrderTest : public ::testing::TestWithParam<SendOrder> {
     std::lock_guard<std::mutex> lock(gate_->mu);
     return gate_->taken;
   }
+  // Waits (5 s at most) until `done`; false if it never was.
+  static bool Until(const std::function<bool()>& done) {
+    for (int i = 0; i < 5000 && !done(); ++i) std::this_thread::sleep_for(1ms);
+    return done();
+  }
+  // Until the held gate keeps `n` messages aside: the window of one part is full.
+  bool Stashed(int n) const {
+    return Until([&] { return gate_->stashed.load() >= n; });
+  }
+  // Until the link's thread has taken `n` requests more than `before` (they wait in its queue).
+  bool TakenRequests(uint64_t before, uint64_t n) const {
+    return Until([&] { return c_->taken_requests(0) >= before + n; });
+  }
   void TearDown() override {
     c_.reset();
     if (shard_) {
@@ -879,11 +895,12 @@ TEST_P(SendOrderTest, PartsLeaveByTheOrderSetAndEachChunkKeepsItsOwn) {
   gate_->held = true;
   std::vector<float> g(n_, 1.0f), w(n_, 7.0f);
   const std::vector<int32_t> late = {4, 5, 6, 7}, pulled = {5}, early = {0, 1};
+  const uint64_t before = c_->taken_requests(0);
   const RequestId push_late = c_->PushChunks(g, late, 0);
-  std::this_thread::sleep_for(50ms);  // part "push 4" sent: the window is full
+  ASSERT_TRUE(Stashed(1));  // part "push 4" sent: the window is full
   const RequestId pull = c_->PullChunks(w, pulled);
   const RequestId push_early = c_->PushChunks(g, early, 0);
-  std::this_thread::sleep_for(50ms);  // both taken by the link's thread
+  ASSERT_TRUE(TakenRequests(before, 3));  // both wait in the link's queue
   gate_->held = false;
   ASSERT_TRUE(c_->Wait(push_late, 5000ms).ok());
   ASSERT_TRUE(c_->Wait(pull, 5000ms).ok());
@@ -906,11 +923,12 @@ TEST_P(SendOrderTest, ALaterStepsPushWaitsForTheEarlierStepsButAPullDoesNot) {
   gate_->held = true;
   std::vector<float> g(n_, 1.0f), w(n_, 7.0f);
   const std::vector<int32_t> step0 = {4, 5, 6, 7}, step1 = {0}, pulled = {1};
+  const uint64_t before = c_->taken_requests(0);
   const RequestId first = c_->PushChunks(g, step0, 0);
-  std::this_thread::sleep_for(50ms);  // part "push 4" sent: the window is full
+  ASSERT_TRUE(Stashed(1));  // part "push 4" sent: the window is full
   const RequestId second = c_->PushChunks(g, step1, 1);
   const RequestId pull = c_->PullChunks(w, pulled);
-  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(TakenRequests(before, 3));
   gate_->held = false;
   ASSERT_TRUE(c_->Wait(first, 5000ms).ok());
   ASSERT_TRUE(c_->Wait(second, 5000ms).ok());
