@@ -741,8 +741,9 @@ def layer_order_egress(parts, start, rate_of, window, held_push, held_pull):
     counted: it waits only behind its own link's pushes (a host interleaves a small message's
     packets with another flow's). parts: [(layer, server, push bytes, pull bytes, ready,
     chunks)], a part's chunks equal shares of its bytes; rate_of(layer): B/s. held_pull is called
-    as each pull request leaves, in that order. Returns ({(layer, server): [(push delivered,
-    pull request through), ...] per chunk}, when the egress is free again)."""
+    as each pull request leaves, in that order. Windows start empty: what an earlier call (step)
+    left unanswered is not counted. Returns ({(layer, server): [(push delivered, pull request
+    through), ...] per chunk}, when the egress is free again)."""
     pending = {}  # server: [(layer, chunk, kind), ...] not yet handed over; kind 0 push, 1 pull
     info = {}
     for j, server, push, pull, ready, n in parts:

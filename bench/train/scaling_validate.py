@@ -3,8 +3,9 @@
 (issue 14: "prediction within 20% of measured"), from a build tree.
 
     bench/train/scaling_validate.py [--build build] [--nets fmnist,alexnet] [--workers 1,2,4]
-        [--servers 2] [--links 1,10] [--codecs fp32] [--network netns|pacer]
-        [--rates FILE | --rates-from-bench FILE | --bench] [--work DIR] [--repeats N] [--dry-run]
+        [--servers 2] [--links 1,10] [--codecs fp32] [--send-orders call,layer [--inflight-mb 16]]
+        [--network netns|pacer] [--rates FILE | --rates-from-bench FILE | --bench] [--work DIR]
+        [--repeats N] [--dry-run]
     bench/train/scaling_validate.py --rejoin RUNS/validation.json [--work DIR]   (re-predict, no job)
 
 Where the jobs run (--network): netns (the default where namespaces can be made, i.e. as root)
@@ -23,7 +24,7 @@ namespace hosts at each link of the grid (netns_transport: two probe jobs per li
 emulated worker, the machine's busy CPU per step), which replaces the load benchmark's loopback
 figures. For CPU workers it times W copies of the net at once for each W of the grid (corun_factors:
 how much slower a worker computes beside the others than sharing the cores explains) and predicts
-each W with that. Then per (net, link, codec, W) it prints the prediction BEFORE it runs the job, runs it
+each W with that. Then per (net, link, codec, W, send order) it prints the prediction BEFORE it runs the job, runs it
 (async, S servers, W workers, a few steps, one test batch at the end), and reads the measured
 images/s from the workers' step records:
   measured = sum over workers of batch × 1000 / median step_ms (steps 2.., the tools' breakdown),
@@ -77,6 +78,7 @@ NO_LINK_GBPS = 1e4  # "no limit" for the model: far above what loopback moves
 # 64 KiB, ~3,700 a round in --bench's load benchmark where the usual 4 MiB chunks make ~70, and
 # 46 a step in the transport probe where fmnist_small's tensors make 8.
 SMALL_CHUNK_ELEMS = 16384
+DEFAULT_INFLIGHT_MB = 128  # cluster.inflight_mb when a config does not set it (docs/config.md)
 
 
 def load_base(net):
@@ -338,18 +340,42 @@ def sgemm_ceiling(args):
     return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
 
 
-def predict(profile, tensors, rates, net_base, w, s, link, codec, cores, network="pacer"):
+def predict(profile, tensors, rates, net_base, w, s, link, codec, cores, network="pacer", order=None):
     """The model's prediction for one job here. pacer: every process on this host, links emulated
     by cluster.link_gbps (egress paced per process). netns: every process on a namespace host of
     its own with a link shaped each way (a NIC each: workers_per_host = servers_per_host = 1), the
-    machine's cores shared by all."""
+    machine's cores shared by all. order: (cluster.send_order, cluster.inflight_mb), None = the
+    run config's."""
+    order = order or config_order(net_base)
     emulated = network == "pacer"
     cluster = sc.Cluster(workers=w, servers=s, link_gbps=link or NO_LINK_GBPS, mode="async", wal=sc.wal_from_config(net_base),
                          batch=net_base["worker"]["batch_size"], workers_per_host=w if emulated else 1,
                          cores_per_host=cores, emulated=emulated, colocated=True, link_burst_ms=0.0,
                          payload=sc.TBF_PAYLOAD,
-                         chunk_elems=net_base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS))
+                         chunk_elems=net_base["cluster"].get("chunk_elems", sc.DEFAULT_CHUNK_ELEMS),
+                         send_order=order[0], inflight_mb=order[1])
     return sc.predict(profile, tensors, rates, cluster, codec)
+
+
+def config_order(base):
+    """(cluster.send_order, cluster.inflight_mb) of a run config."""
+    cluster = base.get("cluster", {})
+    return cluster.get("send_order", "call"), cluster.get("inflight_mb", DEFAULT_INFLIGHT_MB)
+
+
+def parse_orders(text, inflight_mb):
+    """--send-orders: [(send_order, inflight_mb)], by layer with --inflight-mb, call order with the
+    config's window (it reorders nothing there)."""
+    orders = []
+    for name in text.split(","):
+        if name not in sc.SEND_ORDERS:
+            sys.exit(f"scaling_validate: --send-orders: unknown order {name!r} ({', '.join(sc.SEND_ORDERS)})")
+        orders.append((name, inflight_mb if name == "layer" else None))
+    return orders
+
+
+def order_name(order):
+    return "call" if order[0] == "call" else f"layer {order[1]:g} MiB"
 
 
 def emulated_profile(profile, step_ms):
@@ -395,9 +421,11 @@ def launch(args, net, run_dir, sets, who, extra=(), shaped=None):
     return summary, dr.worker_files(files)
 
 
-def run_job(args, net, index, w, s, link, codec, data, repeat=0):
+def run_job(args, net, index, w, s, link, codec, data, repeat=0, order=("call", None)):
     """One job; returns (run_dir, summary, measured images/s from median steps)."""
     name = f"{net}-w{w}-s{s}-{'nolink' if not link else f'{link:g}g'}-{codec.name.replace('+', '_').replace(':', '')}"
+    if order[0] == "layer":
+        name += f"-layer{order[1]:g}"
     if args.repeats > 1:
         name += f"-r{repeat + 1}"
     run_dir = os.path.join(args.work, name)
@@ -412,6 +440,9 @@ def run_job(args, net, index, w, s, link, codec, data, repeat=0):
         sets.append(f"checkpoint.wal={'true' if args.wal == 'on' else 'false'}")
     if args.batch:
         sets.append(f"worker.batch_size={args.batch}")
+    sets.append(f'cluster.send_order="{order[0]}"')
+    if order[0] == "layer":
+        sets.append(f"cluster.inflight_mb={order[1]}")
     if link and args.network == "pacer":
         sets.append(f"cluster.link_gbps={link:g}")
     if args.emulated.get(net) is not None:
@@ -439,9 +470,9 @@ def rejoin(args, path):
     probe = os.path.join(where, "netns-probe.json")
     by_link = probe_rates(rates, probe) if data.get("network") == "netns" and os.path.exists(probe) else {}
     profiles, tensors, coruns = {}, {}, {}
-    lines = ["| net | W | S | link Gbit/s | codec | measured img/s | old predicted | old error | new predicted | "
+    lines = ["| net | W | S | link Gbit/s | codec | order | measured img/s | old predicted | old error | new predicted | "
              "new error | new bound | new within 20% |",
-             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+             "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     rows = []
     for r in data.get("rows", []):
         net = r["net"]
@@ -457,9 +488,11 @@ def rejoin(args, path):
         base["worker"]["batch_size"] = profiles[net].batch
         if "wal" in r:  # the job's checkpoint.wal (rows written before it was recorded: the config's)
             base.setdefault("checkpoint", {})["wal"] = r["wal"]
+        order = (r.get("send_order", "call"), r.get("inflight_mb"))  # rows before orders were recorded: call
         p = predict(corun_profile(profiles[net], coruns[net].get(r["workers"], 1.0)), tensors[net],
                     by_link.get(r["link_gbps"] or 0.0, rates), base, r["workers"], r["servers"], r["link_gbps"],
-                    sc.parse_codec(r["codec"]), args.cores, data.get("network", "pacer"))
+                    sc.parse_codec(r["codec"]), args.cores, data.get("network", "pacer"),
+                    (order[0], order[1] or config_order(base)[1]))
         m = r.get("measured_images_per_s")
         new_err = p.images_per_s / m - 1 if m else None
         row = dict(r, old_predicted_images_per_s=r["predicted_images_per_s"], old_error=r.get("error"),
@@ -467,6 +500,7 @@ def rejoin(args, path):
                    predicted_step_ms=1e3 * p.step_s, predicted_bound=p.bound, error=new_err)
         rows.append(row)
         lines.append(f"| {net} | {r['workers']} | {r['servers']} | {r['link_gbps'] or 'none'} | {r['codec']} | "
+                     f"{order_name(order)} | "
                      f"{dr.fmt(m, '.1f')} | {r['predicted_images_per_s']:.1f} | {percent(r.get('error'))} | "
                      f"{p.images_per_s:.1f} | {percent(new_err)} | {p.bound} | "
                      f"{'—' if new_err is None else ('yes' if abs(new_err) <= 0.2 else 'NO')} |")
@@ -503,6 +537,10 @@ def main():
                          "links emulated by cluster.link_gbps. Default: netns where namespaces can be made "
                          "(root), else pacer, with a line saying why")
     ap.add_argument("--codecs", default="fp32", help="downpour-scaling codec names, comma-separated")
+    ap.add_argument("--send-orders", default="call",
+                    help="cluster.send_order of the jobs, comma-separated: call, layer (default call)")
+    ap.add_argument("--inflight-mb", type=int, default=16,
+                    help="cluster.inflight_mb of the layer jobs (default 16; call order keeps the config's)")
     ap.add_argument("--steps", type=int, help="steps per worker (default: fmnist 300, alexnet 8)")
     ap.add_argument("--batch", type=int, help="batch per worker (default: the run config's)")
     ap.add_argument("--rates", help="rates JSON for the model")
@@ -547,6 +585,9 @@ def main():
         sys.exit("scaling_validate: --retime times the CPU compute, which --emulate-step-ms replaces: give one")
     if args.repeats < 1:
         sys.exit(f"scaling_validate: --repeats {args.repeats}: must be >= 1")
+    if not 1 <= args.inflight_mb <= 4096:
+        sys.exit(f"scaling_validate: --inflight-mb {args.inflight_mb}: must be in 1..4096 (cluster.inflight_mb)")
+    orders = parse_orders(args.send_orders, args.inflight_mb)
     args.work = args.work or "/tmp/downpour-scaling-validate"
     netns.exit_on_sigterm()
     if args.network is None:
@@ -622,20 +663,26 @@ def main():
             for codec in codecs:
                 for s in servers:
                     for w in workers:
-                        p = predict(corun_profile(profile, corun[net].get(w, 1.0)), tensors, by_link.get(link, rates),
-                                    base, w, s, link, codec, args.cores, args.network)
-                        row = {"net": net, "workers": w, "servers": s, "link_gbps": link or None, "codec": codec.name,
-                               "wal": sc.wal_from_config(base),
-                               "predicted_images_per_s": p.images_per_s, "predicted_step_ms": 1e3 * p.step_s,
-                               "predicted_bound": p.bound, "push_bytes": p.push_bytes, "pull_bytes": p.pull_bytes}
-                        print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}: "
-                              f"{p.images_per_s:.1f} img/s (step {1e3 * p.step_s:.0f} ms, {p.bound})", flush=True)
-                        results.append(row)
-                        cells.append((row, p, (net, w, s, link, codec, data)))
+                        for order in orders:
+                            model_order = (order[0], order[1] or config_order(base)[1])
+                            p = predict(corun_profile(profile, corun[net].get(w, 1.0)), tensors,
+                                        by_link.get(link, rates), base, w, s, link, codec, args.cores, args.network,
+                                        model_order)
+                            row = {"net": net, "workers": w, "servers": s, "link_gbps": link or None,
+                                   "codec": codec.name, "send_order": order[0], "inflight_mb": order[1],
+                                   "wal": sc.wal_from_config(base),
+                                   "predicted_images_per_s": p.images_per_s, "predicted_step_ms": 1e3 * p.step_s,
+                                   "predicted_bound": p.bound, "push_bytes": p.push_bytes, "pull_bytes": p.pull_bytes}
+                            print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name} "
+                                  f"{order_name(model_order)}: {p.images_per_s:.1f} img/s "
+                                  f"(step {1e3 * p.step_s:.0f} ms, {p.bound})", flush=True)
+                            results.append(row)
+                            cells.append((row, p, (net, w, s, link, codec, data, order)))
     if not args.dry_run:
         index = 0
         for repeat in range(args.repeats):
-            for row, p, (net, w, s, link, codec, data) in cells:
+            for row, p, (net, w, s, link, codec, data, order) in cells:
+                model_order = (order[0], order[1] or config_order(bases[net])[1])
                 retimed = None
                 if args.retime:
                     base = bases[net]
@@ -643,12 +690,12 @@ def main():
                                               path=os.path.join(args.work, f"{net}.time-job{index}.json"))
                     retimed = predict(corun_profile(profile, corun[net].get(w, 1.0)), tensors_by_net[net],
                                       by_link.get(link, rates), base, w, s, link, codec, args.cores,
-                                      args.network)
+                                      args.network, model_order)
                     print(f"  predict {net} W={w} S={s} link={link or 'none'} {codec.name}, re-timed "
                           f"({1e3 * profile.compute_s:.1f} ms alone): {retimed.images_per_s:.1f} img/s "
                           f"(step {1e3 * retimed.step_s:.0f} ms, {retimed.bound})", flush=True)
                 load_before = os.getloadavg()[0]
-                run_dir, summary, measured = run_job(args, net, index, w, s, link, codec, data, repeat)
+                run_dir, summary, measured = run_job(args, net, index, w, s, link, codec, data, repeat, order)
                 index += 1
                 row.setdefault("runs", []).append({
                     "run_dir": run_dir, "measured_images_per_s": measured,
@@ -661,7 +708,7 @@ def main():
                                            retimed_compute_ms=1e3 * retimed.compute_s,
                                            retimed_predicted_step_ms=1e3 * retimed.step_s)
                 err = (retimed or p).images_per_s / measured - 1 if measured else None
-                print(f"  measured {net} W={w} S={s} link={link or 'none'} {codec.name}"
+                print(f"  measured {net} W={w} S={s} link={link or 'none'} {codec.name} {order_name(model_order)}"
                       f"{f' (pass {repeat + 1} of {args.repeats})' if args.repeats > 1 else ''}: {measured:.1f} img/s "
                       f"(whole run {summary['images_per_s']:.1f}); "
                       f"{'re-timed ' if retimed else ''}prediction {percent(err)}", flush=True)
@@ -681,13 +728,13 @@ def main():
                 retimed = statistics.median(r["retimed_predicted_images_per_s"] for r in runs)
                 row.update(retimed_predicted_images_per_s=retimed,
                            retimed_error=retimed / measured - 1 if measured else None)
-    lines = ["| net | W | S | link Gbit/s | codec | log | predicted img/s | measured img/s (median steps"
+    lines = ["| net | W | S | link Gbit/s | codec | order | log | predicted img/s | measured img/s (median steps"
              + (f", median of {args.repeats} runs) | runs' range" if args.repeats > 1 else ")")
              + " | whole run img/s | prediction error | within 20% |"
              + (" re-timed prediction img/s" + (" (median)" if args.repeats > 1 else "")
                 + " | its error | within 20% |" if args.retime else "")
              + " push MB/step predicted / measured | pull MB/step predicted / measured | load average |",
-             "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |" + (" ---: |" if args.repeats > 1 else "")
+             "| --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: |" + (" ---: |" if args.repeats > 1 else "")
              + " ---: | ---: | --- |" + (" ---: | ---: | --- |" if args.retime else "") + " ---: | ---: | --- |"]
     for r in results:
         m = r.get("measured_images_per_s")
@@ -696,8 +743,9 @@ def main():
         spread = ""
         if args.repeats > 1:
             spread = (" — |" if m is None else f" {r['measured_min']:.1f}–{r['measured_max']:.1f} |")
+        order = (r["send_order"], r["inflight_mb"] or config_order(bases[r["net"]])[1])
         lines.append(f"| {r['net']} | {r['workers']} | {r['servers']} | {r['link_gbps'] or 'none'} | {r['codec']} | "
-                     f"{'on' if r['wal'] else 'off'} | {r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} |"
+                     f"{order_name(order)} | {'on' if r['wal'] else 'off'} | {r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} |"
                      + spread + f" {dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
                      f"{percent(r.get('error'))} | "
                      f"{'—' if r.get('error') is None else ('yes' if abs(r['error']) <= 0.2 else 'NO')} | "

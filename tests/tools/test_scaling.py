@@ -944,11 +944,13 @@ class ValidateRepeats(unittest.TestCase):
         self.sv.data_sets = lambda args, net: []
         self.sv.sgemm_ceiling = lambda args: None
         self.calls = []
+        self.orders = []
         # W = 1 then W = 2 in each pass; three passes.
         self.measured = iter([10.0, 5.0, 30.0, 7.0, 20.0, 6.0])
 
-        def run_job(args, net, index, w, s, link, codec, data, repeat=0):
+        def run_job(args, net, index, w, s, link, codec, data, repeat=0, order=("call", None)):
             self.calls.append((w, repeat, index))
+            self.orders.append(order)
             self.events.append(("job", w))
             m = next(self.measured)
             return f"{args.work}/w{w}-r{repeat}", {"images_per_s": m / 2}, m
@@ -1022,6 +1024,38 @@ class ValidateRepeats(unittest.TestCase):
         self.assertLess(text.index("re-timed (4000.0 ms alone)"), text.index("measured alexnet W=1"))
         with open(os.path.join(self._tmp.name, "validation.md")) as f:
             self.assertIn("re-timed prediction img/s (median)", f.read())
+
+    def test_send_orders_make_a_row_each_with_its_own_prediction(self):
+        """--send-orders call,layer --inflight-mb 16: each cell's jobs in both orders, the layer
+        job told its window, each row predicted in its own order (AlexNet at 1 Gbit/s: by layer
+        the next forward's weights come first, so it predicts more images/s)."""
+        argv = sys.argv
+        self.measured = iter([10.0, 12.0])
+        sys.argv = ["scaling_validate.py", "--nets", "alexnet", "--workers", "1", "--links", "1",
+                    "--send-orders", "call,layer", "--inflight-mb", "16", "--network", "pacer", "--work", self._tmp.name]
+        try:
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+                self.sv.main()
+        finally:
+            sys.argv = argv
+        self.assertEqual(self.orders, [("call", None), ("layer", 16)])
+        with open(os.path.join(self._tmp.name, "validation.json")) as f:
+            call, layer = json.load(f)["rows"]
+        self.assertEqual((call["send_order"], call["inflight_mb"]), ("call", None))
+        self.assertEqual((layer["send_order"], layer["inflight_mb"]), ("layer", 16))
+        self.assertGreater(layer["predicted_images_per_s"], call["predicted_images_per_s"])
+        with open(os.path.join(self._tmp.name, "validation.md")) as f:
+            table = f.read()
+        self.assertIn("| call |", table)
+        self.assertIn("| layer 16 MiB |", table)
+        for bad, what in ((["--send-orders", "fifo"], "unknown order 'fifo'"), (["--inflight-mb", "0"], "--inflight-mb 0")):
+            sys.argv = ["scaling_validate.py", *bad, "--work", self._tmp.name]
+            try:
+                with self.assertRaises(SystemExit) as e:
+                    self.sv.main()
+            finally:
+                sys.argv = argv
+            self.assertIn(what, str(e.exception.code))
 
     def test_repeats_below_one_is_refused(self):
         argv = sys.argv
