@@ -734,10 +734,10 @@ def layer_order_egress(parts, start, rate_of, window, held_push, held_pull):
     one while it does not fit (client/ps/send_queue.h). The egress carries what the links handed
     over first in, first out, so a lower layer's push waits behind what is already handed over,
     at most a window's bytes a link, and a window below bandwidth × round trip idles the link.
-    A window counts a push message's bytes until held_push(layer, server, share, delivered), its
-    acknowledgement, and a pull request's pulled bytes until held_pull(layer, server, share,
-    through, delivered), when the weights have landed; a message larger than the window goes
-    alone on an empty one (client/ps/delivery.h ByteWindow). A pull request's own bytes are not
+    A link has a window each way: one counts a push message's bytes until held_push(layer,
+    server, share, delivered), its acknowledgement, the other a pull request's pulled bytes until
+    held_pull(layer, server, share, through, delivered), when the weights have landed; a message
+    larger than its window goes alone on an empty one (client/ps/delivery.h ByteWindow). A pull request's own bytes are not
     counted: it waits only behind its own link's pushes (a host interleaves a small message's
     packets with another flow's). parts: [(layer, server, push bytes, pull bytes, ready,
     chunks)], a part's chunks equal shares of its bytes; rate_of(layer): B/s. held_pull is called
@@ -750,7 +750,7 @@ def layer_order_egress(parts, start, rate_of, window, held_push, held_pull):
         n = max(1, n)
         info[(j, server)] = (push / n, pull / n, ready, 1.0 / n)
         pending.setdefault(server, []).extend((j, c, kind) for c in range(n) for kind in (0, 1))
-    held = {server: [] for server in pending}  # server: [(until, bytes)]
+    held = {server: [] for server in pending}  # server: [(until, bytes, kind)]
     out = {(j, server): [] for j, server, _, _, _, _ in parts}
     pushed = {}  # (layer, server, chunk): when its push message was delivered
     link_free = {server: start for server in pending}  # when a link's last push is through
@@ -761,13 +761,13 @@ def layer_order_egress(parts, start, rate_of, window, held_push, held_pull):
             for server, msgs in pending.items():
                 if not msgs:
                     continue
-                held[server] = [(u, b) for u, b in held[server] if u > t]
+                held[server] = [(u, b, k) for u, b, k in held[server] if u > t]
                 for j, c, kind in sorted(msgs):
                     push, pull, ready, _ = info[(j, server)]
                     if ready > t or (kind == 1 and (j, server, c) not in pushed):
                         continue  # not made yet; a pull request follows its chunk's push
                     size = push if kind == 0 else pull
-                    used = sum(b for _, b in held[server])
+                    used = sum(b for _, b, k in held[server] if k == kind)  # a window each way
                     if used == 0 or used + size <= window:
                         if best is None or (j, c, kind, server) < best:
                             best = (j, c, kind, server)
@@ -780,16 +780,16 @@ def layer_order_egress(parts, start, rate_of, window, held_push, held_pull):
             if kind == 0:
                 egress = max(egress, t) + push / rate_of(j)
                 pushed[(j, server, c)] = link_free[server] = egress
-                held[server].append((held_push(j, server, share, egress), push))
+                held[server].append((held_push(j, server, share, egress), push, 0))
             else:
                 # A request's own bytes are few: it waits behind its own connection's bytes only
                 # (a host interleaves a small message's packets with another flow's).
                 through = max(link_free[server], t)
                 out[(j, server)].append((pushed[(j, server, c)], through))
-                held[server].append((held_pull(j, server, share, through, pushed[(j, server, c)]), pull))
+                held[server].append((held_pull(j, server, share, through, pushed[(j, server, c)]), pull, 1))
         later = [info[(j, server)][2] for server, msgs in pending.items() for j, _, _ in msgs
                  if info[(j, server)][2] > t]
-        later += [u for server in pending for u, _ in held[server] if u > t]
+        later += [u for server in pending for u, _, _ in held[server] if u > t]
         if not later:
             break
         t = min(later)

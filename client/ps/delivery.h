@@ -1,6 +1,6 @@
 // delivery.h — the parts of a link's reliable delivery that hold state of their own, kept apart
 // from the I/O loop that uses them (ps_client.cc LinkRunner):
-//   ByteWindow       flow control: payload bytes on the wire, bounded by max_inflight_bytes;
+//   ByteWindow       flow control: payload bytes on the wire one way, bounded by max_inflight_bytes;
 //   IncarnationTracker  which server process answers, so that a restart is told from a late reply
 //                    of a process already replaced;
 //   LogRefusals      the backoff of a message the server's write-ahead log refused.

@@ -346,8 +346,9 @@ double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 // a chunk's own parts always in call order: a pull issued after a push leaves after it (the
 // server answers it after applying the push), while the push's acks and the pull's weights
 // travel at the same time. Replies are matched to their part by request id; an operation is done
-// when every part is answered. What is on the wire is bounded by max_inflight_bytes (payload
-// sent plus payload asked for, unanswered).
+// when every part is answered. What is on the wire is bounded by max_inflight_bytes each way:
+// payload sent and unanswered (the egress a lower layer cannot overtake once handed over), and
+// apart, payload asked for by pulls and not received (the server's reply queue for this worker).
 //
 // A silent server is probed; a restarted or moved one gets a fresh register and every
 // unanswered part again (see ps_client.h).
@@ -428,6 +429,7 @@ class PsClient::Impl::LinkRunner {
     active_.clear();
     queue_->Clear();
     window_.Clear();
+    pull_window_.Clear();
     if (registering_) link_.needs_register = link_.registered;
     registering_ = register_unsent_ = false;
     register_refusals_ = {};
@@ -664,7 +666,7 @@ class PsClient::Impl::LinkRunner {
   // A part no longer on the wire (answered, to be resent, or its operation failed).
   void Release(Part& p) {
     if (p.state != Part::State::kSent) return;
-    window_.Remove(p.bytes);
+    WindowOf(p).Remove(p.bytes);
     if (p.via_region) {
       link_.shm->Release(p.header);
       p.via_region = false;
@@ -714,7 +716,7 @@ class PsClient::Impl::LinkRunner {
   // not (or a transient failure left it unsent): no later part may overtake it this round.
   Status SendPart(Active& a, Part& p, bool* stop) {
     *stop = true;
-    if (!window_.Fits(p.bytes)) return Status::Ok();  // the window is full
+    if (!WindowOf(p).Fits(p.bytes)) return Status::Ok();  // the window is full
     // A part whose chunks' area still holds an unanswered one waits, and every later part
     // with it, to keep call order (shm_path.h).
     bool wait = false;
@@ -744,7 +746,7 @@ class PsClient::Impl::LinkRunner {
     }
     p.state = Part::State::kSent;  // on the wire unless the send fails (then SendAgain undoes it)
     queue_->Gone(a.op.id, PartIndex(a, p));
-    window_.Add(p.bytes);
+    WindowOf(p).Add(p.bytes);
     const Status s = link_.endpoint->Send(std::move(frames));
     if (!s.ok()) {
       SendAgain(a, p);
@@ -958,7 +960,11 @@ class PsClient::Impl::LinkRunner {
   const uint64_t per_;  // the server's connections (part numbers interleave over them)
   const int trace_track_;  // -1 = no timeline
   std::map<RequestId, Active> active_;  // by id = call order
-  ByteWindow window_{o_.max_inflight_bytes};  // bytes of parts sent and not answered
+  // A pull's bytes come back the other way: its own window, so that pulls waiting for their
+  // pushes' apply do not hold the pushes (bench/RESULTS.md §11.5.10).
+  ByteWindow& WindowOf(const Part& p) { return p.header.type == MsgType::kPull ? pull_window_ : window_; }
+  ByteWindow window_{o_.max_inflight_bytes};       // payload of pushes (and the rest) sent, unanswered
+  ByteWindow pull_window_{o_.max_inflight_bytes};  // payload pulls asked for, not received
   // Which unsent part goes next (cluster.send_order); follows active_.
   std::unique_ptr<SendQueue> queue_ =
       SendQueue::Make(o_.send_order, impl_.owner->layout_.num_chunks(), o_.reply_timeout);

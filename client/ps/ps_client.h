@@ -57,8 +57,9 @@ struct PsClientOptions {
   // Chunks per message (0 = a server's share in one). A server validates and applies each
   // message whole, so when one is refused other messages of the same Push may have applied.
   int max_chunks_per_message = 1;
-  // Payload outstanding per connection (> 0): sent and unacknowledged for a push, asked for and
-  // not received for a pull; a larger part goes alone (cluster.inflight_mb).
+  // Payload outstanding per connection and way (> 0): pushes (and other requests) sent and not
+  // answered, and, apart, pulls asked for and not received; a larger part goes alone on an
+  // empty window (cluster.inflight_mb).
   uint64_t max_inflight_bytes = uint64_t{128} << 20;
   // Which waiting part goes next when the window has room (cluster.send_order): call order, or
   // by layer — the part whose first chunk comes first in the layout (the next forward reads it

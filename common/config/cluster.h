@@ -111,7 +111,7 @@ struct ClusterConfig {
     v.Key("connections_per_server", s.connections_per_server, InRange(1, kMaxConnectionsPerServer),
           "connections each worker opens to each server, its chunks dealt over them");
     v.Key("inflight_mb", s.inflight_mb, InRange(1, kMaxInflightMb),
-          "MiB of payload a worker keeps sent and unanswered on each connection to a server");
+          "MiB of payload a worker keeps sent and unanswered on each connection to a server, each way");
     v.Named("send_order", s.send_order, Names{kSendOrderNames},
             "order in which a worker's waiting request parts leave: as made, or by layer");
     v.Key("trace_events", s.trace_events, InRange<int64_t>(0, kMaxTraceEvents, "0 = off"),

@@ -782,8 +782,11 @@ class GatedEndpoint : public ServerEndpoint {
       if (held.load()) std::this_thread::sleep_for(std::min(timeout, std::chrono::milliseconds(2)));
       DP_RETURN_IF_ERROR(inner_->Receive(from, frames, held.load() ? std::chrono::milliseconds(0) : timeout, info));
       if (held.load()) {  // a Receive already waiting when the gate closed keeps its message too
+        MessageHeader h;
+        if (ParseHeader(*frames, &h).ok() && (h.type == MsgType::kPush || h.type == MsgType::kPull)) {
+          stashed.fetch_add(1);
+        }
         stash_.push_back({*from, std::move(*frames), info != nullptr ? *info : PeerInfo{}});
-        stashed.fetch_add(1);
         return Timeout("held");
       }
     }
@@ -813,7 +816,7 @@ class GatedEndpoint : public ServerEndpoint {
   std::atomic<int> slow_ms{0};  // each message taken this late (a slow link)
   std::atomic<int> refuse_one_in{0};  // > 0: every n-th push or pull refused by "the log" (kLogWrite)
   std::atomic<int> refused{0};
-  std::atomic<int> stashed{0};  // messages kept aside while held
+  std::atomic<int> stashed{0};  // pushes and pulls kept aside while held (not probes)
   std::mutex mu;
   std::vector<std::string> taken;  // guarded by mu
 
@@ -937,6 +940,29 @@ TEST_P(SendOrderTest, ALaterStepsPushWaitsForTheEarlierStepsButAPullDoesNot) {
   const std::vector<std::string> by_call = {"push 4", "push 5", "push 6", "push 7", "push 0", "pull 1"};
   const std::vector<std::string> by_layer = {"push 4", "pull 1", "push 5", "push 6", "push 7", "push 0"};
   EXPECT_EQ(taken, GetParam() == SendOrder::kCall ? by_call : by_layer) << fmt::format("{}", fmt::join(taken, ", "));
+}
+
+// A connection's window holds pushes and pulls apart (each way its own): by layer, chunk 4's pull
+// goes right behind its push while the pushes' window is full, and waits only for that push's
+// apply on the server; in call order it still waits behind push 5.
+TEST_P(SendOrderTest, APullHasAWindowOfItsOwn) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  gate_->held = true;
+  std::vector<float> g(n_, 1.0f), w(n_, 7.0f);
+  const std::vector<int32_t> pushed = {4, 5}, pulled = {4};
+  const uint64_t before = c_->taken_requests(0);
+  const RequestId push = c_->PushChunks(g, pushed, 0);
+  const RequestId pull = c_->PullChunks(w, pulled);
+  ASSERT_TRUE(TakenRequests(before, 2));
+  if (GetParam() == SendOrder::kLayer) EXPECT_TRUE(Stashed(2));  // "push 4" and "pull 4", held
+  gate_->held = false;
+  ASSERT_TRUE(c_->Wait(push, 5000ms).ok());
+  ASSERT_TRUE(c_->Wait(pull, 5000ms).ok());
+  const std::vector<std::string> taken = Taken();
+  const std::vector<std::string> by_call = {"push 4", "push 5", "pull 4"};
+  const std::vector<std::string> by_layer = {"push 4", "pull 4", "push 5"};
+  EXPECT_EQ(taken, GetParam() == SendOrder::kCall ? by_call : by_layer) << fmt::format("{}", fmt::join(taken, ", "));
+  for (size_t i = 64; i < 80; ++i) EXPECT_EQ(w[i], -1.0f) << i;  // chunk 4 pulled after its push
 }
 
 // Parts of low chunks that never stop coming do not starve a high chunk's part past its reply
