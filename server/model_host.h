@@ -32,6 +32,7 @@
 // shards' own thread-safe calls may be made from any thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -76,7 +77,9 @@ class ModelHost {
     for (const auto& s : shards_) s->Fence();
     Stop();
   }
-  bool fenced() const { return shards_[0]->fenced(); }
+  bool fenced() const {
+    return std::any_of(shards_.begin(), shards_.end(), [](const auto& s) { return s->fenced(); });
+  }
 
   int models() const { return static_cast<int>(shards_.size()); }
   ShardServer* shard(int model) const { return shards_[static_cast<size_t>(model)].get(); }

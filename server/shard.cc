@@ -354,7 +354,7 @@ Status ShardServer::Finish(ServerEndpoint* ep) {
   deferred_.clear();
   store_->Drain();
   ShardLog& log = durability_->log();
-  if (fenced_.load()) {  // out of the run: its log is another process's now
+  if (fenced()) {  // out of the run: its log is another process's now
     log.Abandon();
     return Status::Ok();
   }

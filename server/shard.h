@@ -202,11 +202,12 @@ class ShardServer {
   // the lanes, not the loop, were the bound.
   uint64_t lane_wait_ns() const { return store_->lane_wait_ns(); }
   bool shutdown_requested() const { return shutdown_.load(); }
-  // Thread-safe. Fencing: another process took this server's id (the coordinator says so), so this
-  // one must take and answer nothing more. Finish then closes the log without writing anything
-  // more and sends no held reply; no checkpoint may follow (the caller's part).
+  // Thread-safe. Fencing: another process took this server's id (the coordinator says so, or its
+  // log was taken over: ShardLog::CheckOwned), so this one must take and answer nothing more.
+  // Finish then closes the log without writing anything more and sends no held reply; no
+  // checkpoint may follow (the caller's part; SaveCheckpoint refuses one anyway).
   void Fence() { fenced_.store(true); }
-  bool fenced() const { return fenced_.load(); }
+  bool fenced() const { return fenced_.load() || durability_->log().superseded(); }
   // The write-ahead log takes nothing more: the loop has stopped or is stopping (see Serve).
   bool log_failed() const { return durability_->log().failed(); }
   // Ok unless log_failed(); then the error, naming the log. On the loop's thread, or after Join.

@@ -56,6 +56,11 @@ void ShardDurability::AfterChange() {
 
 void ShardDurability::Tick() {
   if (!bound_failure_.ok()) SaveAtBound();
+  const auto now = std::chrono::steady_clock::now();
+  if (log_.open() && now >= next_owner_check_) {  // a replaced process stops within a second
+    next_owner_check_ = now + kOwnerCheckEvery;
+    (void)log_.CheckOwned();
+  }
 }
 
 void ShardDurability::SaveAtBound() {
@@ -82,6 +87,8 @@ void ShardDurability::SaveAtBound() {
 }
 
 Status ShardDurability::Save(const std::string& path) {
+  // Its own checkpoint empties its log: only while the log at the path is still this process's.
+  if (path == o_.checkpoint_path) DP_RETURN_IF_ERROR(log_.CheckOwned());
   DP_RETURN_IF_ERROR(WriteTensorFile(path, shard_->Checkpoint(seq_)));
   ++counts_.checkpoints_written;
   spdlog::info("shard {}: checkpoint written to {} ({} updates, log seq {})", o_.server_id, path, shard_->updates(),

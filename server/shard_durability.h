@@ -88,13 +88,15 @@ class ShardDurability {
   // goes on. One at the bound that fails (a full disk) holds the bound instead: Stage refuses
   // every change, and the checkpoint is tried again every bound_retry until it goes through.
   void AfterChange();
-  // On the loop after every receive or timeout: tries a failed bound checkpoint again when due.
+  // On the loop after every receive or timeout: tries a failed bound checkpoint again when due,
+  // and once a second checks the log is still this process's (ShardLog::CheckOwned).
   void Tick();
   // Ok, or why the log is held at its bound (the failed checkpoint's error).
   const Status& bound_failure() const { return bound_failure_; }
 
   // A checkpoint to `path`; to checkpoint_path it empties the log (replay skips seq <= the
-  // checkpoint's, so a crash between the two is safe).
+  // checkpoint's, so a crash between the two is safe), and is refused, writing nothing, once the
+  // log was taken over by another process (ShardLog::CheckOwned).
   Status Save(const std::string& path);
   Status Load(const std::string& path);
   // Rebuilds a dead process's shard: loads checkpoint_path and replays the log past it (either
@@ -126,6 +128,8 @@ class ShardDurability {
   int64_t rounds_at_last_checkpoint_ = 0;
   Status bound_failure_;
   std::chrono::steady_clock::time_point bound_retry_at_;
+  static constexpr std::chrono::seconds kOwnerCheckEvery{1};
+  std::chrono::steady_clock::time_point next_owner_check_{};
   ShardStatsWire counts_;  // only the fields AddStats names
 };
 

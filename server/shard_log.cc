@@ -77,6 +77,19 @@ Status ShardLog::Restart() {
   return Status::Ok();
 }
 
+Status ShardLog::CheckOwned() {
+  if (!wal_) return Status::Ok();
+  if (!superseded_.load() && wal_->WritesFileAt(o_.path)) return Status::Ok();
+  if (!superseded_.exchange(true)) {
+    spdlog::error(
+        "server {}: {} is no longer the file this process writes: another process serves this server's id "
+        "and took the log over; writing nothing more in the run directory",
+        o_.server_id, o_.path);
+  }
+  return FailedPrecondition("server {}: {} was taken over by another process serving this server's id", o_.server_id,
+                            o_.path);
+}
+
 Status ShardLog::Retire(uint64_t last_seq) {
   if (wal_ != nullptr) return FailedPrecondition("server {}: {}: the log is open", o_.server_id, o_.path);
   std::error_code ec;

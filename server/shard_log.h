@@ -86,6 +86,13 @@ class ShardLog {
     held_.clear();
   }
   bool failed() const { return failed_.load(); }
+  // Whether the open log is still the file at its path. Another process serving this server's id
+  // (started with --recover while this one was stopped or cut off) retires the file and opens its
+  // own there; from then on this process must write nothing in the run directory (a checkpoint
+  // would overwrite that process's, and moving the log aside would move its log): superseded()
+  // for good, one error line, FailedPrecondition. Ok without an open log.
+  Status CheckOwned();
+  bool superseded() const { return superseded_.load(); }  // thread-safe
   Status Failure() const { return wal_ ? wal_->Failure() : Status::Ok(); }
   Status Sync() { return wal_ ? wal_->Sync() : Status::Ok(); }
   // A checkpoint covers everything in the log: empty it, or with keep_segments move it aside and
@@ -112,6 +119,7 @@ class ShardLog {
   std::unique_ptr<WalWriter> wal_;
   std::deque<Held> held_;
   std::atomic<bool> failed_{false};
+  std::atomic<bool> superseded_{false};
 };
 
 }  // namespace downpour

@@ -541,6 +541,13 @@ Status WalWriter::Drain() {
   return Status::Ok();
 }
 
+bool WalWriter::WritesFileAt(const std::string& path) const {
+  struct stat mine;
+  struct stat there;
+  if (fstat(fd_, &mine) != 0 || stat(path.c_str(), &there) != 0) return false;
+  return mine.st_dev == there.st_dev && mine.st_ino == there.st_ino;
+}
+
 Status WalWriter::Sync() {
   DP_RETURN_IF_ERROR(Drain());
   std::lock_guard<std::mutex> lock(mu_);

@@ -194,6 +194,9 @@ class WalWriter {
   uint64_t sync_cpu_ns() const { return sync_cpu_ns_.load(std::memory_order_relaxed); }
   bool direct() const { return direct_; }
   const std::string& path() const { return path_; }
+  // Whether the file at `path` is the one this writer writes (same device and inode); false once
+  // it was unlinked or replaced there, or on an error reading either.
+  bool WritesFileAt(const std::string& path) const;
 
  private:
   struct BlockFree {

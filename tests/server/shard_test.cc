@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +40,7 @@
 #include "server/shard_log.h"
 #include "server/wal.h"
 #include "tests/testing/fault_env.h"
+#include "tests/testing/harness.h"
 #include "tests/testing/release_counting_endpoint.h"
 
 namespace downpour {
@@ -2451,6 +2453,45 @@ TEST_F(ShardFixture, ARecoveredShardLogsIntoANewFileThatAnOldWriterCannotReach) 
   ASSERT_TRUE(ScanWal(wal, nullptr, &info).ok()) << "the new log was written over";
   EXPECT_EQ(info.records, 1u);
   EXPECT_EQ(info.first_seq, 3u);
+}
+
+// The process a replacement took over may still try a checkpoint before it hears it is out (a
+// periodic one, or one on its way out after the link came back): it writes nothing, since its
+// checkpoint would overwrite the replacement's and moving its log aside would move the
+// replacement's log, and it is fenced. With the history kept, as where this was seen.
+TEST_F(ShardFixture, AProcessWhoseLogWasTakenOverWritesNoCheckpointAndIsFenced) {
+  UsePersistDir();
+  ShardOptions o = PlainSgd();
+  o.checkpoint.history = true;  // kept segments: the replacement copies the old log aside
+  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+  auto c = Client(0);
+  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());
+  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
+  const ShardOptions mine = ForServer(o, 0);
+  ASSERT_TRUE(shards_[0]->SaveCheckpoint(mine.checkpoint_path).ok());  // still its own log
+  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 1), 5000ms).ok());
+  std::unique_ptr<ShardServer> replacement;  // started with --recover while the first still runs
+  ASSERT_TRUE(ShardServer::Create(layout_, mine, &replacement).ok());
+  RecoverReport rep;
+  ASSERT_TRUE(replacement->Recover(&rep).ok());
+  EXPECT_EQ(rep.replayed_pushes, 1u);
+  const std::string checkpoint = test::ReadFile(mine.checkpoint_path);
+  struct stat before {};
+  ASSERT_EQ(::stat(mine.wal_path.c_str(), &before), 0);
+  const auto kept = std::distance(std::filesystem::directory_iterator(persist_dir_), {});
+  EXPECT_FALSE(shards_[0]->fenced());
+  const Status s = shards_[0]->SaveCheckpoint(mine.checkpoint_path);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("taken over by another process"), std::string::npos) << s.message();
+  EXPECT_TRUE(shards_[0]->fenced());
+  EXPECT_EQ(test::ReadFile(mine.checkpoint_path), checkpoint) << "the replacement's checkpoint was overwritten";
+  struct stat after {};
+  ASSERT_EQ(::stat(mine.wal_path.c_str(), &after), 0) << "the replacement's log was moved";
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(persist_dir_), {}), kept);
+  // The replacement's own checkpoint goes through.
+  EXPECT_TRUE(replacement->SaveCheckpoint(mine.checkpoint_path).ok());
+  EXPECT_FALSE(replacement->fenced());
 }
 
 TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
