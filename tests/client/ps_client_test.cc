@@ -789,6 +789,13 @@ class GatedEndpoint : public ServerEndpoint {
         stash_.push_back({*from, std::move(*frames), info != nullptr ? *info : PeerInfo{}});
         return Timeout("held");
       }
+      if (!stash_.empty()) {  // the gate opened while this Receive waited: what came first goes first
+        stash_.push_back({*from, std::move(*frames), info != nullptr ? *info : PeerInfo{}});
+        *from = stash_.front().from;
+        *frames = std::move(stash_.front().frames);
+        if (info != nullptr) *info = stash_.front().info;
+        stash_.pop_front();
+      }
     }
     if (const int ms = slow_ms.load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     MessageHeader h;
