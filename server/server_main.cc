@@ -339,6 +339,8 @@ Status Run(const Flags& f, bool* serving) {
     const Status c = shard->SaveCheckpoint(path);
     if (c.ok()) {
       spdlog::info("server {}: checkpoint {} written on stop ({} updates)", f.id, path, shard->updates());
+    } else if (shard->fenced()) {  // its log was taken over (ShardLog::CheckOwned): out of the run
+      spdlog::warn("server {}: out of the run (another process took its log over); exiting without a checkpoint", f.id);
     } else {
       spdlog::error("server {}: checkpoint {} on stop failed: {}", f.id, path, c.ToString());
       if (s.ok()) s = c;

@@ -354,6 +354,7 @@ Status ShardServer::Finish(ServerEndpoint* ep) {
   deferred_.clear();
   store_->Drain();
   ShardLog& log = durability_->log();
+  (void)log.CheckOwned();  // replaced while it was stopped or cut off: no held reply goes out
   if (fenced()) {  // out of the run: its log is another process's now
     log.Abandon();
     return Status::Ok();

@@ -144,6 +144,27 @@ class ShardFixture : public ::testing::Test {
     }
     EXPECT_EQ(a.Stats().pushes_by_worker, b.Stats().pushes_by_worker);
   }
+  // One server with one chunk of 8 floats (plain SGD, history kept), checkpointed after worker
+  // 0's initial weights and one gradient, then a second gradient logged; then replacement_
+  // recovers from its checkpoint and log while it still runs (downpour-server --recover on another
+  // host while this one is cut off). Returns its options.
+  ShardOptions ServedThenReplaced() {
+    UsePersistDir();
+    ShardOptions o = PlainSgd();
+    o.checkpoint.history = true;  // kept segments: the replacement copies the old log aside
+    StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
+    auto c = Client(0);
+    EXPECT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());
+    EXPECT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
+    EXPECT_TRUE(shards_[0]->SaveCheckpoint(ForServer(o, 0).checkpoint_path).ok());  // still its own log
+    EXPECT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 1), 5000ms).ok());
+    EXPECT_TRUE(ShardServer::Create(layout_, ForServer(o, 0), &replacement_).ok());
+    RecoverReport rep;
+    EXPECT_TRUE(replacement_->Recover(&rep).ok());
+    EXPECT_EQ(rep.replayed_pushes, 1u);
+    return o;
+  }
+  std::unique_ptr<ShardServer> replacement_;
   // One server with one chunk of 8 floats (plain SGD), its checkpoint and log in a fresh persist
   // directory: worker 0's initial weights (5) and one gradient (1) acknowledged. Returns its options.
   ShardOptions OneChunkInitAndOnePush() {
@@ -2460,21 +2481,8 @@ TEST_F(ShardFixture, ARecoveredShardLogsIntoANewFileThatAnOldWriterCannotReach) 
 // checkpoint would overwrite the replacement's and moving its log aside would move the
 // replacement's log, and it is fenced. With the history kept, as where this was seen.
 TEST_F(ShardFixture, AProcessWhoseLogWasTakenOverWritesNoCheckpointAndIsFenced) {
-  UsePersistDir();
-  ShardOptions o = PlainSgd();
-  o.checkpoint.history = true;  // kept segments: the replacement copies the old log aside
-  StartShards({{"a", {8}, 1, 1}}, 1, 8, o);
-  auto c = Client(0);
-  ASSERT_TRUE(c->Wait(c->PushInit(std::vector<float>(8, 5.0f)), 5000ms).ok());
-  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 0), 5000ms).ok());
-  const ShardOptions mine = ForServer(o, 0);
-  ASSERT_TRUE(shards_[0]->SaveCheckpoint(mine.checkpoint_path).ok());  // still its own log
-  ASSERT_TRUE(c->Wait(c->Push(std::vector<float>(8, 1.0f), 1), 5000ms).ok());
-  std::unique_ptr<ShardServer> replacement;  // started with --recover while the first still runs
-  ASSERT_TRUE(ShardServer::Create(layout_, mine, &replacement).ok());
-  RecoverReport rep;
-  ASSERT_TRUE(replacement->Recover(&rep).ok());
-  EXPECT_EQ(rep.replayed_pushes, 1u);
+  const ShardOptions mine = ForServer(ServedThenReplaced(), 0);
+  std::unique_ptr<ShardServer> replacement = std::move(replacement_);
   const std::string checkpoint = test::ReadFile(mine.checkpoint_path);
   struct stat before {};
   ASSERT_EQ(::stat(mine.wal_path.c_str(), &before), 0);
@@ -2492,6 +2500,18 @@ TEST_F(ShardFixture, AProcessWhoseLogWasTakenOverWritesNoCheckpointAndIsFenced) 
   // The replacement's own checkpoint goes through.
   EXPECT_TRUE(replacement->SaveCheckpoint(mine.checkpoint_path).ok());
   EXPECT_FALSE(replacement->fenced());
+}
+
+// The same process stopped (the run ending, or a signal) before it tried a checkpoint: its loop's
+// end finds the log taken over, so it is fenced and sends no held reply; downpour-server then
+// exits without a checkpoint.
+TEST_F(ShardFixture, AProcessWhoseLogWasTakenOverIsFencedWhenItStops) {
+  ServedThenReplaced();
+  EXPECT_FALSE(shards_[0]->fenced());
+  shards_[0]->Stop();
+  EXPECT_TRUE(shards_[0]->Join().ok());
+  EXPECT_TRUE(shards_[0]->fenced());
+  EXPECT_FALSE(replacement_->fenced());
 }
 
 TEST_F(ShardFixture, ServerKilledBeforeItsFirstCheckpointReplaysTheWholeLogAndDropsATornTail) {
