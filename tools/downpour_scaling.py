@@ -750,6 +750,8 @@ def layer_order_egress(parts, start, rate_of, window, held_push, held_pull):
         n = max(1, n)
         info[(j, server)] = (push / n, pull / n, ready, 1.0 / n)
         pending.setdefault(server, []).extend((j, c, kind) for c in range(n) for kind in (0, 1))
+    for msgs in pending.values():
+        msgs.sort()  # (layer, chunk, kind): the link's order; removals keep it
     held = {server: [] for server in pending}  # server: [(until, bytes, kind)]
     out = {(j, server): [] for j, server, _, _, _, _ in parts}
     pushed = {}  # (layer, server, chunk): when its push message was delivered
@@ -762,7 +764,7 @@ def layer_order_egress(parts, start, rate_of, window, held_push, held_pull):
                 if not msgs:
                     continue
                 held[server] = [(u, b, k) for u, b, k in held[server] if u > t]
-                for j, c, kind in sorted(msgs):
+                for j, c, kind in msgs:
                     push, pull, ready, _ = info[(j, server)]
                     if ready > t or (kind == 1 and (j, server, c) not in pushed):
                         continue  # not made yet; a pull request follows its chunk's push
@@ -853,14 +855,20 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
         new_ready = [0.0] * n
         acked = [0.0] * n
 
+        def applied_at(j, share, delivered):
+            return delivered + (ack_s[j] * share if ack_s is not None else 0.0)
+
+        def ack_leaves(server, applied):
+            """The ack follows the pull replies already on its way back."""
+            return max(applied, ingress.get(server if per_server_pull else 0, 0.0) if ack_s is not None else 0.0)
+
         def serve(j, server, share, delivered, through=0.0):
             """The part's ack and its pull (requested once its request is `through`): when its
             weights land on the worker."""
             pull = layers[j][3]
-            applied = delivered + (ack_s[j] * share if ack_s is not None else 0.0)
+            applied = applied_at(j, share, delivered)
             queue = server if per_server_pull else 0
-            # The ack follows the pull replies already on its way back.
-            acked[j] = max(acked[j], applied, ingress.get(queue, 0.0) if ack_s is not None else 0.0)
+            acked[j] = max(acked[j], ack_leaves(server, applied))
             if sync:  # answered once every worker's push of the layer is applied
                 request = max(delivered + apply_s[j], t) + latency_s
             elif overlap:  # the pull follows the layer's push (and its apply) on the connection
@@ -872,12 +880,6 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             new_ready[j] = max(new_ready[j], arrived)
             return arrived
 
-        def acked_at(j, server, share, delivered):
-            """When a push part's acknowledgement is back (as serve() counts it, plus the way)."""
-            applied = delivered + (ack_s[j] * share if ack_s is not None else 0.0)
-            queue = server if per_server_pull else 0
-            return max(applied, ingress.get(queue, 0.0) if ack_s is not None else 0.0) + latency_s
-
         # Each part's push and pull: a whole part in call order (a layer's pull requests leave
         # behind all of its push messages); by layer chunk by chunk, each chunk's pull request
         # overtaking the layer's later chunks' pushes (a lower key).
@@ -886,7 +888,8 @@ def simulate_worker(layers, push_rate, pull_rate, sync, overlap, latency_s, appl
             _, egress = layer_order_egress(
                 [(j, server, layers[j][2].get(server, 0), layers[j][3].get(server, 0), grad[j],
                   (chunks[j].get(server, 1) if chunks else 1)) for j, server in order],
-                egress, lambda j: at_layer(push_rate, j), window, acked_at,
+                egress, lambda j: at_layer(push_rate, j), window,
+                lambda j, server, share, delivered: ack_leaves(server, applied_at(j, share, delivered)) + latency_s,
                 lambda j, server, share, through, pushed: serve(j, server, share, pushed, through))
         else:
             for j, server in order:

@@ -363,6 +363,11 @@ def config_order(base):
     return cluster.get("send_order", "call"), cluster.get("inflight_mb", DEFAULT_INFLIGHT_MB)
 
 
+def resolved_order(order, base):
+    """(send_order, inflight_mb) as the model takes it: a row's window, else the config's."""
+    return order[0], order[1] or config_order(base)[1]
+
+
 def parse_orders(text, inflight_mb):
     """--send-orders: [(send_order, inflight_mb)], by layer with --inflight-mb, call order with the
     config's window (it reorders nothing there)."""
@@ -492,7 +497,7 @@ def rejoin(args, path):
         p = predict(corun_profile(profiles[net], coruns[net].get(r["workers"], 1.0)), tensors[net],
                     by_link.get(r["link_gbps"] or 0.0, rates), base, r["workers"], r["servers"], r["link_gbps"],
                     sc.parse_codec(r["codec"]), args.cores, data.get("network", "pacer"),
-                    (order[0], order[1] or config_order(base)[1]))
+                    resolved_order(order, base))
         m = r.get("measured_images_per_s")
         new_err = p.images_per_s / m - 1 if m else None
         row = dict(r, old_predicted_images_per_s=r["predicted_images_per_s"], old_error=r.get("error"),
@@ -664,7 +669,7 @@ def main():
                 for s in servers:
                     for w in workers:
                         for order in orders:
-                            model_order = (order[0], order[1] or config_order(base)[1])
+                            model_order = resolved_order(order, base)
                             p = predict(corun_profile(profile, corun[net].get(w, 1.0)), tensors,
                                         by_link.get(link, rates), base, w, s, link, codec, args.cores, args.network,
                                         model_order)
@@ -682,7 +687,7 @@ def main():
         index = 0
         for repeat in range(args.repeats):
             for row, p, (net, w, s, link, codec, data, order) in cells:
-                model_order = (order[0], order[1] or config_order(bases[net])[1])
+                model_order = resolved_order(order, bases[net])
                 retimed = None
                 if args.retime:
                     base = bases[net]
@@ -743,7 +748,7 @@ def main():
         spread = ""
         if args.repeats > 1:
             spread = (" — |" if m is None else f" {r['measured_min']:.1f}–{r['measured_max']:.1f} |")
-        order = (r["send_order"], r["inflight_mb"] or config_order(bases[r["net"]])[1])
+        order = resolved_order((r["send_order"], r["inflight_mb"]), bases[r["net"]])
         lines.append(f"| {r['net']} | {r['workers']} | {r['servers']} | {r['link_gbps'] or 'none'} | {r['codec']} | "
                      f"{order_name(order)} | {'on' if r['wal'] else 'off'} | {r['predicted_images_per_s']:.1f} | {dr.fmt(m, '.1f')} |"
                      + spread + f" {dr.fmt(r.get('whole_run_images_per_s'), '.1f')} | "
